@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Waystone needs to build and test. Idempotent:
+# when everything is present it prints nothing and touches nothing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libsqlite3-dev sqlite3 libcurl4-openssl-dev libssl-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,14 @@
+#pragma once
+
+#include <string_view>
+
+namespace waystone {
+
+// Kills this process with SIGKILL when WAYSTONE_CRASH_AT equals "<point>:<step>"
+// (for example "before-call:create-order"). Tests use it to crash a worker at an
+// exact place; builds configured with WAYSTONE_CRASH_POINTS=OFF compile it to nothing.
+// Points: before-call, after-call (response received, nothing recorded yet),
+// before-compensate, after-compensate.
+void CrashPoint(std::string_view point, std::string_view step);
+
+}  // namespace waystone

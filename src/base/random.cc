@@ -1,0 +1,36 @@
+#include "base/random.h"
+
+namespace waystone {
+
+int64_t Random::UniformInclusive(int64_t bound) {
+  if (bound <= 0) return 0;
+  const uint64_t span = static_cast<uint64_t>(bound) + 1;
+  return static_cast<int64_t>(Next() % span);
+}
+
+std::string Random::Hex(int bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(static_cast<size_t>(bytes) * 2);
+  uint64_t word = 0;
+  for (int i = 0; i < bytes; ++i) {
+    if (i % 8 == 0) word = Next();
+    const unsigned byte = static_cast<unsigned>(word & 0xff);
+    word >>= 8;
+    out.push_back(kDigits[byte >> 4]);
+    out.push_back(kDigits[byte & 0xf]);
+  }
+  return out;
+}
+
+SeededRandom::SeededRandom() : engine_(std::random_device{}()) {
+  // Mix in a second draw so two processes started in the same instant differ.
+  engine_.seed((static_cast<uint64_t>(std::random_device{}()) << 32) ^ engine_());
+}
+
+uint64_t SeededRandom::Next() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_();
+}
+
+}  // namespace waystone

@@ -1,0 +1,37 @@
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <string>
+
+namespace waystone {
+
+// Random is the injected source of randomness (jitter, event ids, trace ids).
+// Implementations are thread-safe.
+class Random {
+ public:
+  virtual ~Random() = default;
+  // Returns a uniformly distributed 64-bit value.
+  virtual uint64_t Next() = 0;
+
+  // Returns a value uniformly distributed in [0, bound]; 0 when bound <= 0.
+  int64_t UniformInclusive(int64_t bound);
+  // Returns `bytes` random bytes as lowercase hex (2 * bytes characters).
+  std::string Hex(int bytes);
+};
+
+// SeededRandom is a mutex-guarded mt19937_64; seeded from std::random_device
+// unless a seed is given (tests). Thread-safe.
+class SeededRandom final : public Random {
+ public:
+  SeededRandom();
+  explicit SeededRandom(uint64_t seed) : engine_(seed) {}
+  uint64_t Next() override;
+
+ private:
+  std::mutex mu_;
+  std::mt19937_64 engine_;
+};
+
+}  // namespace waystone

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace waystone::cli {
+
+// Exit codes of the `waystone` binary.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;       // bad input, unreachable database, ...
+inline constexpr int kExitUsage = 2;       // bad command line
+inline constexpr int kExitNotCompleted = 3;  // `run`: the instance rests, but not completed
+
+// Options every command shares.
+struct GlobalOptions {
+  std::string db;            // --db, WAYSTONE_DB, ./waystone.db
+  std::string tenant = "default";
+  std::string secrets_file;  // --secrets
+  std::string lease = "30s"; // --lease
+  bool verbose = false;
+};
+
+struct RunOptions {
+  std::string definition;
+  std::string input;         // JSON text or @file
+  std::string event_source;
+  std::string event_id;
+};
+
+struct WorkerOptions {
+  std::string definitions_dir;
+  int workers = 16;
+  bool exit_when_idle = false;
+};
+
+struct StartOptions {
+  std::string definition;
+  std::string input;         // JSON text or @file
+  std::string inputs_file;   // one JSON object per line
+  std::string event_source;
+  std::string event_id;
+};
+
+struct StatusOptions {
+  std::string key;
+  bool json = false;
+  std::string sim_url;       // add the simulator's counts to the summary
+};
+
+struct ListOptions {
+  std::string state;
+  std::string workflow;
+  int limit = 100;
+  bool json = false;
+};
+
+struct SimOptions {
+  std::string host = "127.0.0.1";
+  int port = 8900;
+  std::string faults;        // JSON text or @file
+  uint64_t seed = 42;
+};
+
+int Run(const GlobalOptions& global, const RunOptions& options);
+int Worker(const GlobalOptions& global, const WorkerOptions& options);
+int Start(const GlobalOptions& global, const StartOptions& options);
+int Status(const GlobalOptions& global, const StatusOptions& options);
+int List(const GlobalOptions& global, const ListOptions& options);
+int Lint(const std::vector<std::string>& files);
+int Plan(const std::string& file);
+int Sim(const SimOptions& options);
+
+// Entry point: parses argv and runs the command.
+int Main(int argc, char** argv);
+
+}  // namespace waystone::cli

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cli/commands.h"
+#include "store/store.h"
+
+namespace waystone::cli {
+
+// Returns the database named by --db, else WAYSTONE_DB, else ./waystone.db.
+std::string DatabasePath(const GlobalOptions& global);
+
+// Opens the store for a command.
+absl::StatusOr<std::unique_ptr<Store>> OpenStoreFor(const GlobalOptions& global);
+
+// Returns `arg` itself, or the contents of the file when it starts with '@'.
+absl::StatusOr<std::string> TextOrFile(const std::string& arg, size_t max_bytes);
+
+// Prints "waystone: <message>" to stderr and returns kExitError.
+int Fail(const absl::Status& status);
+
+}  // namespace waystone::cli
+
+namespace waystone::cli {
+
+// Prints an instance with its steps, alerts and reason; JSON when `json`.
+absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool json);
+
+}  // namespace waystone::cli

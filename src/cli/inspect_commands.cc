@@ -1,0 +1,243 @@
+#include <cstdio>
+#include <ctime>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status_macros.h"
+#include "cli/common.h"
+#include "connectors/http/http_client.h"
+#include "definition/loader.h"
+#include "definition/plan.h"
+
+namespace waystone::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Time(Millis at) {
+  if (at <= 0) return "";
+  const time_t seconds = static_cast<time_t>(at / 1000);
+  tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &utc);
+  return std::string(text) + "." + std::to_string(1000 + at % 1000).substr(1) + "Z";
+}
+
+Json InstanceJson(const InstanceRecord& r) {
+  return {{"id", r.id},
+          {"tenant", r.tenant},
+          {"key", r.key},
+          {"workflow", r.workflow},
+          {"state", ToString(r.state)},
+          {"status_reason", r.status_reason},
+          {"definition_hash", r.definition_hash},
+          {"input_hash", r.input_hash},
+          {"trace_id", r.trace_id},
+          {"created_at", Time(r.created_at)},
+          {"updated_at", Time(r.updated_at)}};
+}
+
+Json StepJson(const StepRecord& s) {
+  Json step = {{"name", s.name},
+               {"state", ToString(s.state)},
+               {"attempts", s.attempts},
+               {"external_id", s.external_id},
+               {"idempotency_key", s.idempotency_key},
+               {"error_class", ToString(s.error_class)},
+               {"error_message", s.error_message},
+               {"resolution", ToString(s.resolution)},
+               {"unknown_outcomes", s.unknowns},
+               {"lookups", s.lookups},
+               {"compensation_attempts", s.compensation_attempts}};
+  if (s.next_attempt_at > 0) step["next_attempt_at"] = Time(s.next_attempt_at);
+  return step;
+}
+
+}  // namespace
+
+absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool json) {
+  WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store.GetSteps(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
+  if (json) {
+    Json out = InstanceJson(instance);
+    out["steps"] = Json::array();
+    for (const auto& step : steps) out["steps"].push_back(StepJson(step));
+    out["alerts"] = Json::array();
+    for (const auto& alert : alerts) {
+      out["alerts"].push_back({{"kind", ToString(alert.kind)},
+                               {"state", ToString(alert.state)},
+                               {"step", alert.step},
+                               {"message", alert.message},
+                               {"created_at", Time(alert.created_at)}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return absl::OkStatus();
+  }
+  std::printf("instance  %s  (tenant %s, workflow %s)\n", instance.key.c_str(),
+              instance.tenant.c_str(), instance.workflow.c_str());
+  std::printf("state     %s — %s\n", std::string(ToString(instance.state)).c_str(),
+              instance.status_reason.c_str());
+  std::printf("trace     %s\n\n", instance.trace_id.c_str());
+  std::printf("  %-20s %-20s %8s  %-22s %s\n", "step", "state", "attempts", "external id",
+              "note");
+  for (const auto& s : steps) {
+    std::string note;
+    if (s.resolution != Resolution::kNone) note = std::string(ToString(s.resolution));
+    if (!s.error_message.empty()) {
+      note += (note.empty() ? "" : "; ");
+      if (s.error_class != ErrorClass::kNone) note += std::string(ToString(s.error_class)) + ": ";
+      note += s.error_message.substr(0, 80);
+    }
+    if (s.compensation_attempts > 0) {
+      note += (note.empty() ? "" : "; ") + std::string("compensation attempts ") +
+              std::to_string(s.compensation_attempts);
+    }
+    std::printf("  %-20s %-20s %8d  %-22s %s\n", s.name.c_str(),
+                std::string(ToString(s.state)).c_str(), s.attempts, s.external_id.c_str(),
+                note.c_str());
+  }
+  for (const auto& alert : alerts) {
+    std::printf("\n  alert [%s, %s] %s", std::string(ToString(alert.kind)).c_str(),
+                std::string(ToString(alert.state)).c_str(), alert.message.c_str());
+  }
+  if (!alerts.empty()) std::printf("\n");
+  return absl::OkStatus();
+}
+
+int Status(const GlobalOptions& global, const StatusOptions& options) {
+  auto store = OpenStoreFor(global);
+  if (!store.ok()) return Fail(store.status());
+  if (!options.key.empty()) {
+    auto instance = (*store)->FindInstance(global.tenant, options.key);
+    if (!instance.ok()) return Fail(instance.status());
+    auto printed = PrintInstance(**store, *instance, options.json);
+    return printed.ok() ? kExitOk : Fail(printed);
+  }
+  auto summary = (*store)->Summary();
+  if (!summary.ok()) return Fail(summary.status());
+  Json sim;
+  if (!options.sim_url.empty()) {
+    auto http = NewCurlHttpClient({});
+    HttpResponse response = http->Send({"GET", options.sim_url + "/_sim/stats", {}, "", 5000});
+    if (response.outcome.kind != CallOutcome::Kind::kResponse || response.outcome.status != 200) {
+      return Fail(absl::UnavailableError("simulator at " + options.sim_url + " did not answer: " +
+                                         response.error));
+    }
+    sim = Json::parse(response.body, nullptr, false);
+  }
+  Json out = Json::object();
+  int64_t total = 0;
+  for (const auto& [state, count] : summary->instances_by_state) {
+    out["instances"][std::string(ToString(state))] = count;
+    total += count;
+  }
+  out["instances"]["total"] = total;
+  out["retries"] = summary->retries;
+  out["unknown_outcomes"] = summary->unknown_outcomes;
+  out["unknown_resolved_by_lookup"] = summary->resolved_by_lookup;
+  out["resubmitted_after_unknown"] = summary->resubmitted_after_lookup;
+  out["steps_compensated"] = summary->compensations;
+  out["open_alerts"] = summary->open_alerts;
+  out["outbox_events"] = summary->outbox_events;
+  if (!sim.is_null()) out["simulator"] = sim;
+  if (options.json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return kExitOk;
+  }
+  auto count = [&](const char* state) { return out["instances"].value(state, 0); };
+  std::printf("+------------------------------------------+----------+\n");
+  std::printf("| %-40s | %8s |\n", "waystone summary", "count");
+  std::printf("+------------------------------------------+----------+\n");
+  std::printf("| %-40s | %8lld |\n", "instances", static_cast<long long>(total));
+  for (const char* state : {"completed", "compensated", "needs_attention", "failed", "running",
+                            "compensating", "closed"}) {
+    std::printf("|   %-38s | %8d |\n", state, count(state));
+  }
+  std::printf("| %-40s | %8lld |\n", "retries", static_cast<long long>(summary->retries));
+  std::printf("| %-40s | %8lld |\n", "unknown outcomes",
+              static_cast<long long>(summary->unknown_outcomes));
+  std::printf("|   %-38s | %8lld |\n", "resolved by lookup (adopted)",
+              static_cast<long long>(summary->resolved_by_lookup));
+  std::printf("|   %-38s | %8lld |\n", "resubmitted under the same key",
+              static_cast<long long>(summary->resubmitted_after_lookup));
+  std::printf("| %-40s | %8lld |\n", "steps compensated",
+              static_cast<long long>(summary->compensations));
+  std::printf("| %-40s | %8lld |\n", "open alerts", static_cast<long long>(summary->open_alerts));
+  std::printf("| %-40s | %8lld |\n", "outbox events",
+              static_cast<long long>(summary->outbox_events));
+  if (!sim.is_null()) {
+    std::printf("+------------------------------------------+----------+\n");
+    for (const char* field : {"orders", "orders_cancelled", "shipments", "line_messages", "emails",
+                              "crm_writebacks", "duplicate_orders", "duplicate_shipments",
+                              "duplicate_line_messages", "duplicate_emails"}) {
+      std::printf("| sim %-36s | %8lld |\n", field,
+                  static_cast<long long>(sim.value(field, int64_t{-1})));
+    }
+  }
+  std::printf("+------------------------------------------+----------+\n");
+  return kExitOk;
+}
+
+int List(const GlobalOptions& global, const ListOptions& options) {
+  auto store = OpenStoreFor(global);
+  if (!store.ok()) return Fail(store.status());
+  InstanceFilter filter;
+  filter.tenant = global.tenant;
+  filter.limit = options.limit;
+  if (!options.workflow.empty()) filter.workflow = options.workflow;
+  if (!options.state.empty()) {
+    auto state = ParseInstanceState(options.state);
+    if (!state) {
+      return Fail(absl::InvalidArgumentError(
+          "--state '" + options.state +
+          "' is not one of running, completed, compensating, compensated, failed, "
+          "needs_attention, closed"));
+    }
+    filter.state = *state;
+  }
+  auto instances = (*store)->ListInstances(filter);
+  if (!instances.ok()) return Fail(instances.status());
+  if (options.json) {
+    Json out = Json::array();
+    for (const auto& r : *instances) out.push_back(InstanceJson(r));
+    std::printf("%s\n", out.dump(2).c_str());
+    return kExitOk;
+  }
+  for (const auto& r : *instances) {
+    std::printf("%-32s %-16s %-16s %s\n", r.key.c_str(), r.workflow.c_str(),
+                std::string(ToString(r.state)).c_str(), r.status_reason.c_str());
+  }
+  return kExitOk;
+}
+
+int Lint(const std::vector<std::string>& files) {
+  int problems = 0;
+  for (const std::string& file : files) {
+    std::string text;
+    if (auto status = ReadFileText(file, kMaxDefinitionBytes, &text); !status.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
+      ++problems;
+      continue;
+    }
+    for (const Diagnostic& d : LintDefinitionText(text, file, nullptr)) {
+      std::fprintf(stderr, "%s\n", d.ToString().c_str());
+      ++problems;
+    }
+  }
+  if (problems == 0) {
+    std::printf("%zu definition(s) ok\n", files.size());
+    return kExitOk;
+  }
+  std::fprintf(stderr, "%d problem(s)\n", problems);
+  return kExitError;
+}
+
+int Plan(const std::string& file) {
+  auto definition = LoadDefinitionFile(file);
+  if (!definition.ok()) return Fail(definition.status());
+  std::printf("%s", RenderPlan(*definition).c_str());
+  return kExitOk;
+}
+
+}  // namespace waystone::cli

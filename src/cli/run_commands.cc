@@ -1,0 +1,152 @@
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "base/clock.h"
+#include "base/random.h"
+#include "base/status_macros.h"
+#include "cli/common.h"
+#include "cli/signals.h"
+#include "connectors/http/http_client.h"
+#include "definition/loader.h"
+#include "engine/engine.h"
+#include "model/duration.h"
+
+namespace waystone::cli {
+namespace {
+
+// Everything a command that runs instances needs, owned together.
+struct Runtime {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<HttpClient> http;
+  SeededRandom random;
+  std::unique_ptr<Engine> engine;
+};
+
+absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global, int workers) {
+  auto runtime = std::make_unique<Runtime>();
+  WS_ASSIGN_OR_RETURN(runtime->store, OpenStoreFor(global));
+  runtime->http = NewCurlHttpClient({});
+  EngineOptions options;
+  options.workers = workers;
+  options.secrets_file = global.secrets_file;
+  auto lease = ParseDuration(global.lease);
+  if (!lease) return absl::InvalidArgumentError("--lease '" + global.lease + "' is not a duration");
+  options.lease_duration = *lease;
+  WS_ASSIGN_OR_RETURN(runtime->engine,
+                      Engine::Create(runtime->store.get(), runtime->http.get(), SystemClock::Get(),
+                                     &runtime->random, options));
+  return runtime;
+}
+
+const char* OutcomeText(StartOutcome outcome) {
+  switch (outcome) {
+    case StartOutcome::kCreated: return "started";
+    case StartOutcome::kExisting: return "exists";
+    case StartOutcome::kDuplicateEvent: return "duplicate event";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int Run(const GlobalOptions& global, const RunOptions& options) {
+  std::stop_token stop = StopOnSignals();
+  auto definition = LoadDefinitionFile(options.definition);
+  if (!definition.ok()) return Fail(definition.status());
+  auto input = TextOrFile(options.input, kMaxInputBytes);
+  if (!input.ok()) return Fail(input.status());
+  auto runtime = OpenRuntime(global, 1);
+  if (!runtime.ok()) return Fail(runtime.status());
+  Runtime& rt = **runtime;
+  StartRequest request{global.tenant, *input, options.event_source, options.event_id};
+  auto started = rt.engine->StartInstance(*definition, request);
+  if (!started.ok()) return Fail(started.status());
+  std::fprintf(stderr, "waystone: %s instance %s\n", OutcomeText(started->outcome),
+               started->instance.key.c_str());
+  auto state = rt.engine->RunUntilRest(started->instance.id, stop);
+  if (!state.ok()) return Fail(state.status());
+  auto record = rt.store->GetInstance(started->instance.id);
+  if (!record.ok()) return Fail(record.status());
+  if (auto printed = PrintInstance(*rt.store, *record, false); !printed.ok()) return Fail(printed);
+  return *state == InstanceState::kCompleted ? kExitOk : kExitNotCompleted;
+}
+
+int Start(const GlobalOptions& global, const StartOptions& options) {
+  auto definition = LoadDefinitionFile(options.definition);
+  if (!definition.ok()) return Fail(definition.status());
+  std::vector<std::string> inputs;
+  if (!options.inputs_file.empty()) {
+    std::ifstream file(options.inputs_file);
+    if (!file) return Fail(absl::NotFoundError(options.inputs_file + ": cannot be read"));
+    std::string line;
+    while (std::getline(file, line)) {
+      if (!line.empty()) inputs.push_back(line);
+    }
+  } else if (!options.input.empty()) {
+    auto input = TextOrFile(options.input, kMaxInputBytes);
+    if (!input.ok()) return Fail(input.status());
+    inputs.push_back(*input);
+  } else {
+    return Fail(absl::InvalidArgumentError("give --input or --inputs"));
+  }
+  auto runtime = OpenRuntime(global, 1);
+  if (!runtime.ok()) return Fail(runtime.status());
+  int line = 0;
+  for (const std::string& input : inputs) {
+    ++line;
+    StartRequest request{global.tenant, input, options.event_source, options.event_id};
+    auto started = (*runtime)->engine->StartInstance(*definition, request);
+    if (!started.ok()) {
+      const std::string where =
+          options.inputs_file.empty() ? "" : options.inputs_file + ":" + std::to_string(line) + ": ";
+      return Fail(absl::Status(started.status().code(),
+                               where + std::string(started.status().message())));
+    }
+    std::printf("%s\t%s\t%s\n", OutcomeText(started->outcome), started->instance.key.c_str(),
+                std::string(ToString(started->instance.state)).c_str());
+  }
+  return kExitOk;
+}
+
+int Worker(const GlobalOptions& global, const WorkerOptions& options) {
+  std::stop_token stop = StopOnSignals();
+  std::vector<WorkflowDefinition> definitions;
+  if (!options.definitions_dir.empty()) {
+    std::error_code ec;
+    std::vector<std::filesystem::path> files;
+    for (const auto& entry : std::filesystem::directory_iterator(options.definitions_dir, ec)) {
+      const auto ext = entry.path().extension();
+      if (ext == ".yaml" || ext == ".yml" || ext == ".json") files.push_back(entry.path());
+    }
+    if (ec) return Fail(absl::NotFoundError(options.definitions_dir + ": " + ec.message()));
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files) {
+      auto definition = LoadDefinitionFile(file.string());
+      if (!definition.ok()) return Fail(definition.status());
+      definitions.push_back(std::move(*definition));
+    }
+  }
+  auto runtime = OpenRuntime(global, options.workers);
+  if (!runtime.ok()) return Fail(runtime.status());
+  Engine& engine = *(*runtime)->engine;
+  for (const auto& definition : definitions) {
+    if (auto status = engine.Register(definition); !status.ok()) return Fail(status);
+  }
+  std::fprintf(stderr, "waystone: worker %s running with %d threads on %s\n",
+               engine.owner().c_str(), options.workers, DatabasePath(global).c_str());
+  engine.Start();
+  while (!stop.stop_requested()) {
+    SystemClock::Get()->SleepFor(200, stop);
+    if (options.exit_when_idle) {
+      auto idle = engine.Idle();
+      if (idle.ok() && *idle) break;
+    }
+  }
+  std::fprintf(stderr, "waystone: worker draining\n");
+  engine.Stop();
+  std::fprintf(stderr, "waystone: worker stopped\n");
+  return kExitOk;
+}
+
+}  // namespace waystone::cli

@@ -1,0 +1,77 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/clock.h"
+#include "model/classify.h"
+#include "model/retry_policy.h"
+#include "model/states.h"
+
+namespace waystone {
+
+// A loaded, validated workflow definition. Immutable value types; templates are
+// kept as text (and JSON template trees as JSON text) so this header stays light.
+
+// An HTTP request whose strings are templates.
+struct RequestSpec {
+  std::string method;                                        // upper case: GET, POST, ...
+  std::string url;                                           // template
+  std::vector<std::pair<std::string, std::string>> headers;  // name, value template
+  std::string body_json;                                     // JSON template tree; empty: no body
+  Millis timeout = 10'000;
+
+  // Returns true for methods that change something on the other side.
+  bool SideEffecting() const;
+};
+
+// How to ask the target whether an earlier submission took effect.
+struct LookupSpec {
+  RequestSpec request;
+  std::string found;        // JSON pointer into the lookup response; present and not null = found
+  std::string external_id;  // JSON pointer to the external id inside the lookup response
+};
+
+struct CompensationSpec {
+  RequestSpec request;
+  RetryPolicy retry;
+};
+
+enum class StepKind : uint8_t {
+  kHttp = 1,       // calls an HTTP API
+  kTransform = 2,  // computes a JSON value from templates; no I/O
+};
+
+struct StepDefinition {
+  std::string name;
+  int line = 0;  // where the step starts in its file (1-based)
+  StepKind kind = StepKind::kHttp;
+  RecoveryClass recovery = RecoveryClass::kRepeatable;
+  RequestSpec request;                 // kind == kHttp
+  std::string transform_json;          // kind == kTransform: JSON template tree
+  std::string result_external_id;      // JSON pointer into the response; empty: none
+  std::optional<LookupSpec> lookup;
+  std::optional<CompensationSpec> compensate;
+  RetryPolicy retry;
+  StatusOverrides errors;
+  std::string idempotency_key;         // template; empty: "<instance key>:<step name>"
+  bool idempotency_honored = false;    // the target deduplicates on Idempotency-Key
+};
+
+struct WorkflowDefinition {
+  std::string name;          // `workflow:`
+  std::string description;
+  std::string key;           // template over input and env: the business key
+  std::vector<StepDefinition> steps;
+  std::string source;        // file name (or "<inline>") used in messages
+  std::string text;          // the exact text loaded; pinned on instances
+  std::string content_hash;  // SHA-256 of `text`
+
+  // Returns the index of the step named `name`, or -1.
+  int StepIndex(std::string_view step_name) const;
+};
+
+}  // namespace waystone

@@ -1,0 +1,429 @@
+#include "definition/loader.h"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "base/sha256.h"
+#include "definition/validate.h"
+#include "model/duration.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// Reads one YAML document into a WorkflowDefinition, recording problems with the
+// line they were found on. yaml-cpp exceptions stop at this class.
+class Reader {
+ public:
+  Reader(std::string_view source, std::vector<Diagnostic>* diagnostics)
+      : source_(source), diagnostics_(diagnostics) {}
+
+  void Read(const YAML::Node& root, WorkflowDefinition* out) {
+    if (!root.IsMap()) {
+      Error(root, "", "a definition is a mapping with 'workflow', 'key' and 'steps'");
+      return;
+    }
+    CheckFields(root, "", {"workflow", "description", "key", "steps"}, "definition");
+    out->name = RequiredString(root, "workflow", "");
+    out->description = OptionalString(root, "description", "");
+    out->key = RequiredString(root, "key", "");
+    if (!out->name.empty() && !ValidName(out->name)) {
+      Error(root["workflow"], "", "workflow name '" + out->name +
+                                      "' may only use letters, digits, '-', '_' and '.'");
+    }
+    const YAML::Node steps = root["steps"];
+    if (!steps) {
+      Error(root, "", "missing field 'steps'");
+      return;
+    }
+    if (!steps.IsSequence() || steps.size() == 0) {
+      Error(steps, "", "'steps' must be a non-empty list");
+      return;
+    }
+    std::set<std::string> names;
+    for (const auto& node : steps) {
+      StepDefinition step;
+      ReadStep(node, &step);
+      if (!step.name.empty() && !names.insert(step.name).second) {
+        Error(node, step.name, "duplicate step name");
+      }
+      out->steps.push_back(std::move(step));
+    }
+  }
+
+ private:
+  static bool ValidName(const std::string& name) {
+    for (char c : name) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '-' || c == '_' || c == '.';
+      if (!ok) return false;
+    }
+    return !name.empty();
+  }
+
+  void Error(const YAML::Node& node, const std::string& step, const std::string& message) {
+    const int line = node.IsDefined() ? node.Mark().line + 1 : 0;
+    diagnostics_->push_back({std::string(source_), line, step, message});
+  }
+
+  void CheckFields(const YAML::Node& map, const std::string& step,
+                   std::initializer_list<std::string_view> allowed, const std::string& where) {
+    if (!map.IsMap()) return;
+    for (const auto& entry : map) {
+      const std::string key = entry.first.Scalar();
+      bool known = false;
+      for (auto name : allowed) known = known || key == name;
+      if (!known) {
+        std::string list;
+        for (auto name : allowed) list += (list.empty() ? "" : ", ") + std::string(name);
+        Error(entry.first, step, "unknown field '" + key + "' in " + where + " (allowed: " + list +
+                                     ")");
+      }
+    }
+  }
+
+  std::string RequiredString(const YAML::Node& map, const char* field, const std::string& step) {
+    const YAML::Node node = map[field];
+    if (!node) {
+      Error(map, step, std::string("missing field '") + field + "'");
+      return "";
+    }
+    if (!node.IsScalar() || node.Scalar().empty()) {
+      Error(node, step, std::string("'") + field + "' must be a non-empty string");
+      return "";
+    }
+    return node.Scalar();
+  }
+
+  std::string OptionalString(const YAML::Node& map, const char* field, const std::string& step) {
+    const YAML::Node node = map[field];
+    if (!node) return "";
+    if (!node.IsScalar()) {
+      Error(node, step, std::string("'") + field + "' must be a string");
+      return "";
+    }
+    return node.Scalar();
+  }
+
+  Millis Duration(const YAML::Node& map, const char* field, Millis fallback,
+                  const std::string& step) {
+    const YAML::Node node = map[field];
+    if (!node) return fallback;
+    auto parsed = node.IsScalar() ? ParseDuration(node.Scalar()) : std::nullopt;
+    if (!parsed.has_value()) {
+      Error(node, step, std::string("'") + field +
+                            "' must be a duration such as 200ms, 2s or 1m");
+      return fallback;
+    }
+    return *parsed;
+  }
+
+  // Converts YAML to JSON: quoted scalars stay strings, plain ones become numbers,
+  // booleans or null when they read as such.
+  Json ToJson(const YAML::Node& node) {
+    switch (node.Type()) {
+      case YAML::NodeType::Map: {
+        Json out = Json::object();
+        for (const auto& entry : node) out[entry.first.Scalar()] = ToJson(entry.second);
+        return out;
+      }
+      case YAML::NodeType::Sequence: {
+        Json out = Json::array();
+        for (const auto& element : node) out.push_back(ToJson(element));
+        return out;
+      }
+      case YAML::NodeType::Scalar: {
+        const std::string& text = node.Scalar();
+        if (node.Tag() == "?") {
+          if (text == "true") return true;
+          if (text == "false") return false;
+          if (text == "null" || text == "~") return nullptr;
+          Json number = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+          if (number.is_number()) return number;
+        }
+        return text;
+      }
+      case YAML::NodeType::Null:
+      case YAML::NodeType::Undefined:
+        return nullptr;
+    }
+    return nullptr;
+  }
+
+  void ReadRequest(const YAML::Node& node, const std::string& step, const std::string& where,
+                   RequestSpec* out) {
+    if (!node.IsMap()) {
+      Error(node, step, where + " must be a mapping with 'method' and 'url'");
+      return;
+    }
+    CheckFields(node, step, {"method", "url", "headers", "body", "timeout"}, where);
+    out->method = RequiredString(node, "method", step);
+    for (auto& c : out->method) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    static const std::set<std::string> kMethods = {"GET",   "HEAD",   "OPTIONS", "POST",
+                                                   "PUT",   "PATCH",  "DELETE"};
+    if (!out->method.empty() && !kMethods.contains(out->method)) {
+      Error(node["method"], step, "unsupported method '" + out->method + "'");
+    }
+    out->url = RequiredString(node, "url", step);
+    out->timeout = Duration(node, "timeout", out->timeout, step);
+    if (out->timeout <= 0) Error(node["timeout"], step, "'timeout' must be positive");
+    if (const YAML::Node headers = node["headers"]) {
+      if (!headers.IsMap()) {
+        Error(headers, step, "'headers' must be a mapping of name to value");
+      } else {
+        for (const auto& entry : headers) {
+          if (!entry.second.IsScalar()) {
+            Error(entry.second, step, "header '" + entry.first.Scalar() + "' must be a string");
+            continue;
+          }
+          out->headers.emplace_back(entry.first.Scalar(), entry.second.Scalar());
+        }
+      }
+    }
+    if (const YAML::Node body = node["body"]) out->body_json = ToJson(body).dump();
+  }
+
+  void ReadRetry(const YAML::Node& node, const std::string& step, RetryPolicy* out) {
+    if (!node) return;
+    if (!node.IsMap()) {
+      Error(node, step, "'retry' must be a mapping");
+      return;
+    }
+    CheckFields(node, step, {"max_attempts", "initial_interval", "max_interval", "multiplier"},
+                "retry");
+    if (const YAML::Node attempts = node["max_attempts"]) {
+      int value = 0;
+      if (!YAML::convert<int>::decode(attempts, value) || value < 1 || value > 1000) {
+        Error(attempts, step, "'max_attempts' must be a whole number from 1 to 1000");
+      } else {
+        out->max_attempts = value;
+      }
+    }
+    out->initial_interval = Duration(node, "initial_interval", out->initial_interval, step);
+    out->max_interval = Duration(node, "max_interval", out->max_interval, step);
+    if (const YAML::Node multiplier = node["multiplier"]) {
+      double value = 0;
+      if (!YAML::convert<double>::decode(multiplier, value) || !(value >= 1.0) || value > 100) {
+        Error(multiplier, step, "'multiplier' must be a number from 1 to 100");
+      } else {
+        out->multiplier = value;
+      }
+    }
+    if (out->max_interval < out->initial_interval) {
+      Error(node, step, "'max_interval' is shorter than 'initial_interval'");
+    }
+  }
+
+  void ReadStep(const YAML::Node& node, StepDefinition* step) {
+    step->line = node.Mark().line + 1;
+    if (!node.IsMap()) {
+      Error(node, "", "a step is a mapping with at least 'name'");
+      return;
+    }
+    step->name = RequiredString(node, "name", "");
+    const std::string& name = step->name;
+    if (!name.empty() && !ValidName(name)) {
+      Error(node["name"], name, "step names may only use letters, digits, '-', '_' and '.'");
+    }
+    CheckFields(node, name,
+                {"name", "description", "recovery", "request", "transform", "result", "lookup",
+                 "compensate", "retry", "errors", "idempotency"},
+                "step");
+    const YAML::Node request = node["request"];
+    const YAML::Node transform = node["transform"];
+    if (request && transform) {
+      Error(node, name, "a step has either 'request' or 'transform', not both");
+    } else if (request) {
+      step->kind = StepKind::kHttp;
+      ReadRequest(request, name, "request", &step->request);
+    } else if (transform) {
+      step->kind = StepKind::kTransform;
+      step->transform_json = ToJson(transform).dump();
+    } else {
+      Error(node, name, "a step needs 'request' (an HTTP call) or 'transform' (a computed value)");
+    }
+
+    if (const YAML::Node recovery = node["recovery"]) {
+      auto parsed = recovery.IsScalar() ? ParseRecoveryClass(recovery.Scalar()) : std::nullopt;
+      if (!parsed) {
+        Error(recovery, name, "'recovery' must be one of repeatable, lookup, compensable, manual");
+      } else {
+        step->recovery = *parsed;
+      }
+    }
+
+    if (const YAML::Node result = node["result"]) {
+      if (!result.IsMap()) {
+        Error(result, name, "'result' must be a mapping such as { external_id: \"/id\" }");
+      } else {
+        CheckFields(result, name, {"external_id"}, "result");
+        step->result_external_id = OptionalString(result, "external_id", name);
+        CheckPointer(result["external_id"], name, step->result_external_id);
+      }
+    }
+
+    if (const YAML::Node lookup = node["lookup"]) {
+      LookupSpec spec;
+      if (!lookup.IsMap()) {
+        Error(lookup, name, "'lookup' must be a mapping with 'request' and 'found'");
+      } else {
+        CheckFields(lookup, name, {"request", "found", "external_id"}, "lookup");
+        if (const YAML::Node lookup_request = lookup["request"]) {
+          ReadRequest(lookup_request, name, "lookup.request", &spec.request);
+          if (spec.request.SideEffecting()) {
+            Error(lookup_request, name, "a lookup must not change anything: use GET");
+          }
+        } else {
+          Error(lookup, name, "lookup needs 'request'");
+        }
+        spec.found = RequiredString(lookup, "found", name);
+        CheckPointer(lookup["found"], name, spec.found);
+        spec.external_id = OptionalString(lookup, "external_id", name);
+        CheckPointer(lookup["external_id"], name, spec.external_id);
+      }
+      step->lookup = std::move(spec);
+    }
+
+    if (const YAML::Node compensate = node["compensate"]) {
+      CompensationSpec spec;
+      if (!compensate.IsMap()) {
+        Error(compensate, name, "'compensate' must be a mapping with 'request'");
+      } else {
+        CheckFields(compensate, name, {"request", "retry"}, "compensate");
+        if (const YAML::Node compensate_request = compensate["request"]) {
+          ReadRequest(compensate_request, name, "compensate.request", &spec.request);
+        } else {
+          Error(compensate, name, "compensate needs 'request'");
+        }
+        ReadRetry(compensate["retry"], name, &spec.retry);
+      }
+      step->compensate = std::move(spec);
+    }
+
+    ReadRetry(node["retry"], name, &step->retry);
+
+    if (const YAML::Node errors = node["errors"]) {
+      if (!errors.IsMap()) {
+        Error(errors, name, "'errors' must map HTTP status codes to transient, rejected or unknown");
+      } else {
+        for (const auto& entry : errors) {
+          int status = 0;
+          if (!YAML::convert<int>::decode(entry.first, status) || status < 100 || status > 599) {
+            Error(entry.first, name, "'" + entry.first.Scalar() + "' is not an HTTP status code");
+            continue;
+          }
+          auto parsed =
+              entry.second.IsScalar() ? ParseErrorClass(entry.second.Scalar()) : std::nullopt;
+          if (!parsed) {
+            Error(entry.second, name, "error class for " + entry.first.Scalar() +
+                                          " must be transient, rejected or unknown");
+            continue;
+          }
+          step->errors[status] = *parsed;
+        }
+      }
+    }
+
+    if (const YAML::Node idempotency = node["idempotency"]) {
+      if (!idempotency.IsMap()) {
+        Error(idempotency, name, "'idempotency' must be a mapping with 'key' and/or 'honored'");
+      } else {
+        CheckFields(idempotency, name, {"key", "honored"}, "idempotency");
+        step->idempotency_key = OptionalString(idempotency, "key", name);
+        if (const YAML::Node honored = idempotency["honored"]) {
+          bool value = false;
+          if (!YAML::convert<bool>::decode(honored, value)) {
+            Error(honored, name, "'honored' must be true or false");
+          }
+          step->idempotency_honored = value;
+        }
+      }
+    }
+  }
+
+  void CheckPointer(const YAML::Node& node, const std::string& step, const std::string& pointer) {
+    if (pointer.empty()) return;
+    if (pointer[0] != '/') {
+      Error(node, step, "'" + pointer + "' is not a JSON pointer (it must start with '/')");
+    }
+  }
+
+  std::string_view source_;
+  std::vector<Diagnostic>* diagnostics_;
+};
+
+}  // namespace
+
+std::string Diagnostic::ToString() const {
+  std::string out = source;
+  if (line > 0) out += ":" + std::to_string(line);
+  out += ": ";
+  if (!step.empty()) out += "step '" + step + "': ";
+  out += message;
+  return out;
+}
+
+std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_view source,
+                                           WorkflowDefinition* out) {
+  std::vector<Diagnostic> diagnostics;
+  WorkflowDefinition definition;
+  if (text.size() > kMaxDefinitionBytes) {
+    diagnostics.push_back({std::string(source), 0, "",
+                           "definition is " + std::to_string(text.size()) +
+                               " bytes; the limit is " + std::to_string(kMaxDefinitionBytes)});
+    return diagnostics;
+  }
+  try {
+    const YAML::Node root = YAML::Load(std::string(text));
+    Reader(source, &diagnostics).Read(root, &definition);
+  } catch (const YAML::Exception& e) {
+    diagnostics.push_back(
+        {std::string(source), e.mark.is_null() ? 0 : e.mark.line + 1, "", "malformed YAML/JSON: " + e.msg});
+    return diagnostics;
+  }
+  if (diagnostics.empty()) ValidateDefinition(definition, &diagnostics);
+  definition.source = std::string(source);
+  definition.text = std::string(text);
+  definition.content_hash = Sha256Hex(text);
+  if (out != nullptr) *out = std::move(definition);
+  return diagnostics;
+}
+
+absl::StatusOr<WorkflowDefinition> LoadDefinitionText(std::string_view text,
+                                                      std::string_view source) {
+  WorkflowDefinition definition;
+  auto diagnostics = LintDefinitionText(text, source, &definition);
+  if (!diagnostics.empty()) {
+    std::string message;
+    for (const auto& d : diagnostics) message += (message.empty() ? "" : "\n") + d.ToString();
+    return absl::InvalidArgumentError(message);
+  }
+  return definition;
+}
+
+absl::Status ReadFileText(const std::string& path, size_t max_bytes, std::string* out) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::NotFoundError(path + ": cannot be read");
+  std::ostringstream buffer;
+  buffer << file.rdbuf();
+  if (buffer.str().size() > max_bytes) {
+    return absl::InvalidArgumentError(path + ": " + std::to_string(buffer.str().size()) +
+                                      " bytes; the limit is " + std::to_string(max_bytes));
+  }
+  *out = buffer.str();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkflowDefinition> LoadDefinitionFile(const std::string& path) {
+  std::string text;
+  if (auto status = ReadFileText(path, kMaxDefinitionBytes, &text); !status.ok()) return status;
+  return LoadDefinitionText(text, path);
+}
+
+}  // namespace waystone

@@ -1,0 +1,85 @@
+#include "definition/plan.h"
+
+#include <sstream>
+
+namespace waystone {
+namespace {
+
+std::string Key(const StepDefinition& step) {
+  return step.idempotency_key.empty() ? "{{instance.key}}:" + step.name : step.idempotency_key;
+}
+
+std::string RetryText(const RetryPolicy& retry) {
+  std::ostringstream out;
+  out << "retry up to " << retry.max_attempts << " attempts in all, backoff "
+      << retry.initial_interval << "ms x" << retry.multiplier << " up to " << retry.max_interval
+      << "ms with full jitter, Retry-After honoured";
+  return out.str();
+}
+
+}  // namespace
+
+std::string RenderPlan(const WorkflowDefinition& definition) {
+  std::ostringstream out;
+  out << "Recovery plan for workflow '" << definition.name << "' (" << definition.source << ")\n";
+  out << "business key: " << definition.key << "\n";
+  out << "definition hash: " << definition.content_hash.substr(0, 16) << "\n\n";
+  int number = 1;
+  for (const auto& step : definition.steps) {
+    out << number++ << ". " << step.name << "  [" << ToString(step.recovery) << "]\n";
+    if (step.kind == StepKind::kTransform) {
+      out << "   computes a value from templates; no external call; rerun on recovery\n\n";
+      continue;
+    }
+    const bool side_effecting = step.request.SideEffecting();
+    out << "   call:       " << step.request.method << " " << step.request.url << "  (timeout "
+        << step.request.timeout << "ms)\n";
+    if (side_effecting) {
+      out << "   idem. key:  " << Key(step) << "  (sent as Idempotency-Key on every attempt"
+          << (step.idempotency_honored ? "; the target honours it" : "") << ")\n";
+    }
+    out << "   transient:  " << RetryText(step.retry) << "; when exhausted: "
+        << (step.recovery == RecoveryClass::kManual ? "pause for an operator"
+                                                    : "fail the instance and compensate")
+        << "\n";
+    out << "   rejected:   no retry; "
+        << (step.recovery == RecoveryClass::kManual ? "pause for an operator"
+                                                    : "fail the instance and compensate")
+        << "\n";
+    out << "   unknown:    ";
+    if (!side_effecting) {
+      out << "safe to repeat: retry\n";
+    } else if (step.lookup) {
+      out << "look up " << step.lookup->request.method << " " << step.lookup->request.url
+          << "; found at " << step.lookup->found << " -> adopt it";
+      if (!step.lookup->external_id.empty()) out << " (external id " << step.lookup->external_id << ")";
+      out << "; not found -> resubmit with the same idempotency key\n";
+    } else if (step.recovery == RecoveryClass::kManual) {
+      out << "pause; an operator confirms what happened\n";
+    } else {
+      out << "resubmit with the same idempotency key (the target deduplicates)\n";
+    }
+    if (!step.errors.empty()) {
+      out << "   overrides:  ";
+      bool first = true;
+      for (const auto& [status, error_class] : step.errors) {
+        out << (first ? "" : ", ") << status << " -> " << ToString(error_class);
+        first = false;
+      }
+      out << "\n";
+    }
+    if (step.compensate) {
+      out << "   compensate: " << step.compensate->request.method << " "
+          << step.compensate->request.url << "  key " << Key(step) << ":compensate; "
+          << RetryText(step.compensate->retry)
+          << "; when it fails: stop, alert, step compensation_failed\n";
+    } else if (side_effecting) {
+      out << "   compensate: none (stays done if a later step fails)\n";
+    }
+    out << "\n";
+  }
+  out << "On failure, completed steps with a compensation are compensated in reverse order.\n";
+  return out.str();
+}
+
+}  // namespace waystone

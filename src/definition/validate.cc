@@ -1,0 +1,167 @@
+#include "definition/validate.h"
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "model/template.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+using Path = std::vector<std::string>;
+
+// Where a template sits decides what it may refer to.
+struct Scope {
+  std::set<std::string> roots;  // allowed first segments
+  int visible_steps = 0;        // steps[0 .. visible_steps) may be referred to
+};
+
+class Validator {
+ public:
+  Validator(const WorkflowDefinition& definition, std::vector<Diagnostic>* out)
+      : definition_(definition), out_(out) {}
+
+  void Run() {
+    CheckText(definition_.key, {{"input", "env"}, 0}, 0, "", "key");
+    for (size_t i = 0; i < definition_.steps.size(); ++i) CheckStep(static_cast<int>(i));
+  }
+
+ private:
+  void Error(int line, const std::string& step, const std::string& message) {
+    out_->push_back({definition_.source, line, step, message});
+  }
+
+  void CheckPath(const Path& path, const Scope& scope, int line, const std::string& step,
+                 const std::string& where) {
+    const std::string shown = "{{" + JoinPath(path) + "}}";
+    if (!scope.roots.contains(path[0])) {
+      std::string allowed;
+      for (const auto& root : scope.roots) allowed += (allowed.empty() ? "" : ", ") + root;
+      Error(line, step, where + ": " + shown + " cannot be used here (allowed roots: " + allowed +
+                            ")");
+      return;
+    }
+    if (path[0] == "instance") {
+      static const std::set<std::string> kFields = {"key", "tenant", "id", "trace_id"};
+      if (path.size() != 2 || !kFields.contains(path[1])) {
+        Error(line, step, where + ": " + shown + " is not one of instance.key, instance.tenant, "
+                                              "instance.id, instance.trace_id");
+      }
+    } else if (path[0] == "step") {
+      static const std::set<std::string> kFields = {"name", "idempotency_key"};
+      if (path.size() != 2 || !kFields.contains(path[1])) {
+        Error(line, step, where + ": " + shown + " is not one of step.name, step.idempotency_key");
+      }
+    } else if (path[0] == "env" || path[0] == "secret") {
+      if (path.size() != 2) Error(line, step, where + ": " + shown + " must name one variable");
+    } else if (path[0] == "steps") {
+      if (path.size() < 3) {
+        Error(line, step, where + ": " + shown +
+                              " must name a step and a field (response, external_id or output)");
+        return;
+      }
+      const int index = definition_.StepIndex(path[1]);
+      if (index < 0) {
+        Error(line, step, where + ": " + shown + " refers to step '" + path[1] +
+                              "', which does not exist");
+        return;
+      }
+      if (index >= scope.visible_steps) {
+        Error(line, step, where + ": " + shown + " refers to step '" + path[1] +
+                              "', which has not run yet at this point");
+        return;
+      }
+      static const std::set<std::string> kFields = {"response", "external_id", "output"};
+      if (!kFields.contains(path[2])) {
+        Error(line, step, where + ": " + shown + " must use response, external_id or output of a "
+                                              "step");
+      }
+    }
+  }
+
+  void CheckText(const std::string& text, const Scope& scope, int line, const std::string& step,
+                 const std::string& where) {
+    auto parsed = Template::Parse(text);
+    if (!parsed.ok()) {
+      Error(line, step, where + ": " + std::string(parsed.status().message()));
+      return;
+    }
+    for (const auto& path : parsed->references()) CheckPath(path, scope, line, step, where);
+  }
+
+  void CheckTree(const std::string& json_text, const Scope& scope, int line,
+                 const std::string& step, const std::string& where) {
+    if (json_text.empty()) return;
+    std::vector<Path> references;
+    auto status = CollectTreeReferences(Json::parse(json_text), &references);
+    if (!status.ok()) {
+      Error(line, step, where + ": " + std::string(status.message()));
+      return;
+    }
+    for (const auto& path : references) CheckPath(path, scope, line, step, where);
+  }
+
+  void CheckRequest(const RequestSpec& request, const Scope& scope, int line,
+                    const std::string& step, const std::string& where) {
+    CheckText(request.url, scope, line, step, where + ".url");
+    for (const auto& [name, value] : request.headers) {
+      CheckText(value, scope, line, step, where + ".headers." + name);
+    }
+    CheckTree(request.body_json, scope, line, step, where + ".body");
+  }
+
+  void CheckStep(int index) {
+    const StepDefinition& step = definition_.steps[index];
+    const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index};
+    const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1};
+    if (step.kind == StepKind::kTransform) {
+      CheckTree(step.transform_json, before, step.line, step.name, "transform");
+      if (step.recovery != RecoveryClass::kRepeatable) {
+        Error(step.line, step.name, "a transform step has no side effect; its recovery is "
+                                    "'repeatable'");
+      }
+      if (step.lookup || step.compensate) {
+        Error(step.line, step.name, "a transform step has no side effect to look up or compensate");
+      }
+      return;
+    }
+    CheckRequest(step.request, before, step.line, step.name, "request");
+    CheckText(step.idempotency_key, before, step.line, step.name, "idempotency.key");
+    if (step.lookup) CheckRequest(step.lookup->request, before, step.line, step.name, "lookup");
+    if (step.compensate) {
+      CheckRequest(step.compensate->request, including_self, step.line, step.name, "compensate");
+    }
+    const bool side_effecting = step.request.SideEffecting();
+    if (side_effecting && !step.lookup && !step.idempotency_honored &&
+        step.recovery != RecoveryClass::kManual) {
+      Error(step.line, step.name,
+            "side-effecting " + step.request.method +
+                " has no 'lookup', does not declare 'idempotency: { honored: true }' and is not "
+                "'recovery: manual': a retry after a timeout could act twice");
+    }
+    if (step.recovery == RecoveryClass::kCompensable && !step.compensate) {
+      Error(step.line, step.name, "recovery 'compensable' needs a 'compensate' request");
+    }
+    if (step.recovery == RecoveryClass::kLookup && !step.lookup) {
+      Error(step.line, step.name, "recovery 'lookup' needs a 'lookup' request");
+    }
+    if (step.recovery == RecoveryClass::kRepeatable && side_effecting && !step.idempotency_honored) {
+      Error(step.line, step.name,
+            "recovery 'repeatable' means safe to redo, but " + step.request.method +
+                " changes something and the target does not honour its idempotency key");
+    }
+  }
+
+  const WorkflowDefinition& definition_;
+  std::vector<Diagnostic>* out_;
+};
+
+}  // namespace
+
+void ValidateDefinition(const WorkflowDefinition& definition, std::vector<Diagnostic>* out) {
+  Validator(definition, out).Run();
+}
+
+}  // namespace waystone

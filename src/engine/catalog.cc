@@ -1,0 +1,43 @@
+#include "engine/catalog.h"
+
+#include "definition/loader.h"
+
+namespace waystone {
+
+absl::Status DefinitionCatalog::Register(const WorkflowDefinition& definition, Millis now) {
+  auto status = store_->PutDefinition(definition.content_hash, definition.name,
+                                      definition.source, definition.text, now);
+  if (!status.ok()) return status;
+  auto shared = std::make_shared<const WorkflowDefinition>(definition);
+  std::lock_guard<std::mutex> lock(mu_);
+  by_hash_[definition.content_hash] = shared;
+  current_[definition.name] = shared;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> DefinitionCatalog::Get(
+    const std::string& hash) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = by_hash_.find(hash); it != by_hash_.end()) return it->second;
+  }
+  auto text = store_->GetDefinition(hash);
+  if (!text.ok()) return text.status();
+  auto definition = LoadDefinitionText(*text, "definition " + hash.substr(0, 12));
+  if (!definition.ok()) {
+    return absl::DataLossError("stored definition " + hash.substr(0, 12) +
+                               " no longer loads: " + std::string(definition.status().message()));
+  }
+  auto shared = std::make_shared<const WorkflowDefinition>(std::move(*definition));
+  std::lock_guard<std::mutex> lock(mu_);
+  by_hash_.emplace(hash, shared);
+  return shared;
+}
+
+std::shared_ptr<const WorkflowDefinition> DefinitionCatalog::Current(const std::string& workflow) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = current_.find(workflow);
+  return it == current_.end() ? nullptr : it->second;
+}
+
+}  // namespace waystone

@@ -1,0 +1,41 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "definition/definition.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// DefinitionCatalog hands the engine the exact definition an instance is pinned
+// to, by content hash: registered ones from memory, others parsed from the text
+// the store kept. Thread-safe.
+class DefinitionCatalog {
+ public:
+  explicit DefinitionCatalog(Store* store) : store_(store) {}
+  DefinitionCatalog(const DefinitionCatalog&) = delete;
+  DefinitionCatalog& operator=(const DefinitionCatalog&) = delete;
+
+  // Stores the definition's text under its hash and makes it the current version
+  // of its workflow name.
+  absl::Status Register(const WorkflowDefinition& definition, Millis now);
+
+  // Returns the definition with `hash`. Shared between the catalog's cache and
+  // the runners that use it; immutable.
+  absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> Get(const std::string& hash);
+
+  // Returns the current registered version of `workflow`, or nullptr.
+  std::shared_ptr<const WorkflowDefinition> Current(const std::string& workflow);
+
+ private:
+  Store* store_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const WorkflowDefinition>> by_hash_;  // guarded by mu_
+  std::map<std::string, std::shared_ptr<const WorkflowDefinition>> current_;  // guarded by mu_
+};
+
+}  // namespace waystone

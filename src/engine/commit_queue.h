@@ -1,0 +1,55 @@
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "store/store.h"
+
+namespace waystone {
+
+struct CommitQueueOptions {
+  // Most changes put into one transaction.
+  int max_batch = 256;
+};
+
+// CommitQueue groups the changes of concurrently running instances into shared
+// transactions (group commit), so a batch of checkpoints costs one fsync. Callers
+// block until their change is durable. Owns one committer thread between Start()
+// and Stop(). Thread-safe.
+class CommitQueue {
+ public:
+  CommitQueue(Store* store, CommitQueueOptions options);
+  ~CommitQueue();
+  CommitQueue(const CommitQueue&) = delete;
+  CommitQueue& operator=(const CommitQueue&) = delete;
+
+  void Start();
+  // Commits what is queued, then stops; later Commit calls return Unavailable.
+  void Stop();
+
+  // Commits `change` with whatever else is waiting. Returns its own status: OK,
+  // Aborted (lease lost), FailedPrecondition (idempotency conflict), or the
+  // transaction's error (Unavailable: nothing was written).
+  absl::Status Commit(const Change& change);
+
+ private:
+  struct Pending {
+    const Change* change;
+    absl::Status result;
+    bool done = false;
+  };
+  void Loop(std::stop_token stop);
+
+  Store* store_;
+  CommitQueueOptions options_;
+  std::mutex mu_;
+  std::condition_variable_any wake_;  // committer: work arrived
+  std::condition_variable done_;      // callers: their batch finished
+  std::deque<Pending*> queue_;        // guarded by mu_
+  bool running_ = false;              // guarded by mu_
+  std::jthread thread_;
+};
+
+}  // namespace waystone

@@ -1,0 +1,40 @@
+#pragma once
+
+// Engine-internal: includes nlohmann/json. Not for widely included headers.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// Values templates may read besides the instance itself: `env` (the process
+// environment) and `secret` (WAYSTONE_SECRET_<NAME> variables and a secrets file).
+// Secrets are only ever placed into requests; they are never stored or logged.
+// Immutable after Load; thread-safe to share.
+class TemplateEnvironment {
+ public:
+  // Reads the environment, then `secrets_file` (lines NAME=value, '#' comments)
+  // when not empty. Variables WAYSTONE_SECRET_NAME win over the file.
+  static absl::StatusOr<TemplateEnvironment> Load(const std::string& secrets_file);
+
+  // Returns a context with input, instance, steps (completed results), env, secret.
+  nlohmann::json Build(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
+                       const std::string& step_name, const std::string& idempotency_key) const;
+
+  // Returns a context for the business key template: input and env only.
+  nlohmann::json BuildForKey(const nlohmann::json& input) const;
+
+  const nlohmann::json& env() const { return env_; }
+
+ private:
+  nlohmann::json env_ = nlohmann::json::object();
+  nlohmann::json secret_ = nlohmann::json::object();
+};
+
+}  // namespace waystone

@@ -1,0 +1,303 @@
+#include "engine/engine.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "engine/catalog.h"
+#include "engine/commit_queue.h"
+#include "engine/context.h"
+#include "engine/events.h"
+#include "engine/instance_runner.h"
+#include "engine/lease_reaper.h"
+#include "model/template.h"
+
+namespace waystone {
+
+class Engine::Impl {
+ public:
+  Impl(Store* store, HttpClient* http, const Clock* clock, Random* random,
+       const EngineOptions& options, TemplateEnvironment environment)
+      : store_(store),
+        http_(http),
+        clock_(clock),
+        random_(random),
+        options_(options),
+        environment_(std::move(environment)),
+        catalog_(store),
+        commits_(store, CommitQueueOptions{options.max_batch}) {
+    if (options_.owner.empty()) options_.owner = MakeOwnerName(random_->Hex(4));
+    commits_.Start();
+  }
+
+  ~Impl() {
+    Stop();
+    commits_.Stop();
+  }
+
+  RunnerDeps Deps() {
+    return RunnerDeps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
+                      options_.lease_duration, options_.idempotency_retention};
+  }
+
+  absl::Status Register(const WorkflowDefinition& definition) {
+    for (const StepDefinition& step : definition.steps) {
+      if (step.kind != StepKind::kHttp) continue;
+      Millis longest = step.request.timeout;
+      if (step.lookup) longest = std::max(longest, step.lookup->request.timeout);
+      if (step.compensate) longest = std::max(longest, step.compensate->request.timeout);
+      if (longest + 1000 > options_.lease_duration) {
+        return absl::InvalidArgumentError(
+            definition.source + ":" + std::to_string(step.line) + ": step '" + step.name +
+            "': timeout " + std::to_string(longest) + "ms does not fit in the lease of " +
+            std::to_string(options_.lease_duration) + "ms (raise --lease)");
+      }
+    }
+    return catalog_.Register(definition, clock_->NowMillis());
+  }
+
+  absl::StatusOr<StartResult> StartInstance(const WorkflowDefinition& definition,
+                                            const StartRequest& request) {
+    if (request.input_json.size() > kMaxInputBytes) {
+      return absl::InvalidArgumentError("input is " + std::to_string(request.input_json.size()) +
+                                        " bytes; the limit is " + std::to_string(kMaxInputBytes));
+    }
+    if (request.tenant.empty()) return absl::InvalidArgumentError("tenant must not be empty");
+    nlohmann::json input = nlohmann::json::parse(request.input_json, nullptr, false);
+    if (input.is_discarded()) {
+      return absl::InvalidArgumentError("input is not valid JSON");
+    }
+    if (!input.is_object()) return absl::InvalidArgumentError("input must be a JSON object");
+    WS_ASSIGN_OR_RETURN(Template key_template, Template::Parse(definition.key));
+    auto key = key_template.RenderText(environment_.BuildForKey(input));
+    if (!key.ok()) {
+      return absl::InvalidArgumentError("business key '" + definition.key +
+                                        "' cannot be built from this input: " +
+                                        std::string(key.status().message()));
+    }
+    if (key->empty()) return absl::InvalidArgumentError("business key renders empty");
+    WS_RETURN_IF_ERROR(Register(definition));
+
+    NewInstance in;
+    in.tenant = request.tenant;
+    in.key = *key;
+    in.workflow = definition.name;
+    in.definition_hash = definition.content_hash;
+    in.input_json = input.dump();  // canonical: keys sorted
+    in.input_hash = Sha256Hex(in.input_json);
+    in.trace_id = random_->Hex(16);
+    in.event_source = request.event_source;
+    in.event_id = request.event_id;
+    in.now = clock_->NowMillis();
+    for (const auto& step : definition.steps) in.step_names.push_back(step.name);
+    InstanceRecord shown;
+    shown.key = in.key;
+    shown.tenant = in.tenant;
+    shown.workflow = in.workflow;
+    shown.trace_id = in.trace_id;
+    in.started_event = MakeEvent("waystone.instance.started", shown, nullptr, "", *random_, in.now);
+    auto result = store_->StartInstance(in);
+    if (result.ok() && result->outcome == StartOutcome::kCreated) wake_.notify_all();
+    return result;
+  }
+
+  void Start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return;
+    started_ = true;
+    for (int i = 0; i < options_.workers; ++i) {
+      workers_.emplace_back([this](std::stop_token stop) { WorkerLoop(stop); });
+    }
+    dispatcher_ = std::jthread([this](std::stop_token stop) { DispatchLoop(stop); });
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!started_) return;
+      started_ = false;
+    }
+    dispatcher_.request_stop();
+    wake_.notify_all();
+    if (dispatcher_.joinable()) dispatcher_.join();
+    for (auto& worker : workers_) worker.request_stop();
+    wake_.notify_all();
+    for (auto& worker : workers_) {
+      if (worker.joinable()) worker.join();
+    }
+    workers_.clear();
+    // Leases claimed but never started are handed back.
+    std::deque<Lease> unstarted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      unstarted.swap(ready_);
+    }
+    for (const Lease& lease : unstarted) {
+      Change release;
+      release.lease = lease;
+      release.now = clock_->NowMillis();
+      release.lease_expires_at = 0;
+      auto status = commits_.Commit(release);
+      if (!status.ok()) Log(LogLevel::kWarning, "releasing lease: " + status.ToString());
+    }
+  }
+
+  absl::StatusOr<InstanceState> RunUntilRest(int64_t instance_id, std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      if (options_.reap_dead_local_owners) {
+        (void)ReapDeadLocalOwners(*store_, clock_->NowMillis());
+      }
+      auto lease = store_->ClaimInstance(instance_id, options_.owner, clock_->NowMillis(),
+                                         options_.lease_duration);
+      if (absl::IsFailedPrecondition(lease.status())) {
+        clock_->SleepFor(100, stop);  // another live worker holds it
+        continue;
+      }
+      if (!lease.ok()) return lease.status();
+      InstanceRunner runner(Deps(), *lease);
+      WS_ASSIGN_OR_RETURN(DriveResult result, runner.Drive(stop));
+      if (result.lease_lost) continue;
+      if (result.wake_at) {
+        clock_->SleepFor(*result.wake_at - clock_->NowMillis(), stop);
+        continue;
+      }
+      if (result.state != InstanceState::kRunning &&
+          result.state != InstanceState::kCompensating) {
+        return result.state;
+      }
+    }
+    return absl::CancelledError("stopped before the instance came to rest");
+  }
+
+  absl::StatusOr<bool> Idle() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (in_flight_ > 0 || !ready_.empty()) return false;
+    }
+    WS_ASSIGN_OR_RETURN(std::optional<Millis> due, store_->NextDueTime());
+    return !due.has_value();
+  }
+
+  DefinitionCatalog& catalog() { return catalog_; }
+  const std::string& owner() const { return options_.owner; }
+
+ private:
+  void DispatchLoop(std::stop_token stop) {
+    Millis last_reap = 0;
+    while (!stop.stop_requested()) {
+      const Millis now = clock_->NowMillis();
+      if (options_.reap_dead_local_owners && now - last_reap >= 1000) {
+        last_reap = now;
+        auto reaped = ReapDeadLocalOwners(*store_, now);
+        if (!reaped.ok()) Log(LogLevel::kWarning, "lease reaper: " + reaped.status().ToString());
+      }
+      int free = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        free = options_.workers - in_flight_ - static_cast<int>(ready_.size());
+      }
+      int claimed = 0;
+      if (free > 0) {
+        auto leases = store_->ClaimRunnable(options_.owner, now, options_.lease_duration, free);
+        if (!leases.ok()) {
+          Log(LogLevel::kWarning, "claim: " + leases.status().ToString());
+        } else {
+          claimed = static_cast<int>(leases->size());
+          std::lock_guard<std::mutex> lock(mu_);
+          for (auto& lease : *leases) ready_.push_back(std::move(lease));
+        }
+      }
+      if (claimed > 0) wake_.notify_all();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (claimed > 0 && claimed == free) continue;  // maybe more due; claim again when a slot frees
+      wake_.wait_for(lock, stop, std::chrono::milliseconds(options_.poll_interval),
+                     [&] { return slot_freed_; });
+      slot_freed_ = false;
+    }
+  }
+
+  void WorkerLoop(std::stop_token stop) {
+    while (true) {
+      Lease lease;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, stop, [&] { return !ready_.empty(); });
+        if (stop.stop_requested() || ready_.empty()) return;
+        lease = std::move(ready_.front());
+        ready_.pop_front();
+        ++in_flight_;
+      }
+      InstanceRunner runner(Deps(), lease);
+      auto result = runner.Drive(stop);
+      if (!result.ok()) {
+        Log(LogLevel::kWarning, "instance " + std::to_string(lease.instance_id) + ": " +
+                                    result.status().ToString());
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --in_flight_;
+        slot_freed_ = true;
+      }
+      wake_.notify_all();
+    }
+  }
+
+  Store* store_;
+  HttpClient* http_;
+  const Clock* clock_;
+  Random* random_;
+  EngineOptions options_;
+  TemplateEnvironment environment_;
+  DefinitionCatalog catalog_;
+  CommitQueue commits_;
+
+  std::mutex mu_;
+  std::condition_variable_any wake_;
+  std::deque<Lease> ready_;  // guarded by mu_
+  int in_flight_ = 0;        // guarded by mu_
+  bool slot_freed_ = false;  // guarded by mu_
+  bool started_ = false;     // guarded by mu_
+  std::jthread dispatcher_;
+  std::vector<std::jthread> workers_;
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Store* store, HttpClient* http,
+                                                       const Clock* clock, Random* random,
+                                                       const EngineOptions& options) {
+  if (options.workers < 1) return absl::InvalidArgumentError("workers must be at least 1");
+  if (options.lease_duration < 2000) {
+    return absl::InvalidArgumentError("lease duration must be at least 2s");
+  }
+  WS_ASSIGN_OR_RETURN(TemplateEnvironment environment,
+                      TemplateEnvironment::Load(options.secrets_file));
+  return std::unique_ptr<Engine>(new Engine(
+      std::make_unique<Impl>(store, http, clock, random, options, std::move(environment))));
+}
+
+absl::Status Engine::Register(const WorkflowDefinition& definition) {
+  return impl_->Register(definition);
+}
+absl::StatusOr<StartResult> Engine::StartInstance(const WorkflowDefinition& definition,
+                                                  const StartRequest& request) {
+  return impl_->StartInstance(definition, request);
+}
+void Engine::Start() { impl_->Start(); }
+void Engine::Stop() { impl_->Stop(); }
+absl::StatusOr<InstanceState> Engine::RunUntilRest(int64_t instance_id, std::stop_token stop) {
+  return impl_->RunUntilRest(instance_id, stop);
+}
+absl::StatusOr<bool> Engine::Idle() { return impl_->Idle(); }
+DefinitionCatalog& Engine::catalog() { return impl_->catalog(); }
+const std::string& Engine::owner() const { return impl_->owner(); }
+
+}  // namespace waystone

@@ -1,0 +1,98 @@
+#pragma once
+
+#include <memory>
+#include <stop_token>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "base/random.h"
+#include "connectors/http/http_client.h"
+#include "definition/definition.h"
+#include "store/store.h"
+
+namespace waystone {
+
+class DefinitionCatalog;
+
+// Inputs larger than this are refused.
+inline constexpr size_t kMaxInputBytes = 256 * 1024;
+
+struct EngineOptions {
+  // Worker threads, each driving one instance at a time.
+  int workers = 16;
+  // How long a claim lasts without a commit; every commit renews it. Must exceed
+  // the longest step timeout.
+  Millis lease_duration = 30'000;
+  // How often an idle dispatcher looks for due instances.
+  Millis poll_interval = 25;
+  // How long an idempotency record pins its key to one request.
+  Millis idempotency_retention = 7LL * 24 * 3600 * 1000;
+  // Lease owner name; empty: "<host>/<pid>/<random>".
+  std::string owner;
+  // Take over at once the leases of dead processes on this host.
+  bool reap_dead_local_owners = true;
+  // File of NAME=value secrets for {{secret.NAME}}; empty: environment only.
+  std::string secrets_file;
+  // Most changes per group commit.
+  int max_batch = 256;
+};
+
+// How to start an instance.
+struct StartRequest {
+  std::string tenant = "default";
+  std::string input_json;
+  // When both are set, (source, id) is claimed in the inbox with the start: the
+  // same event delivered again has no second effect.
+  std::string event_source;
+  std::string event_id;
+};
+
+// Engine runs workflow instances: it starts them, and its worker pool claims
+// runnable instances under leases and drives them. Owns a commit queue thread,
+// and between Start() and Stop() a dispatcher thread and `workers` worker threads.
+// Thread-safe.
+class Engine {
+ public:
+  // Creates an engine; the pointers must outlive it.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(Store* store, HttpClient* http,
+                                                        const Clock* clock, Random* random,
+                                                        const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Checks `definition` against engine limits (step timeouts vs lease) and stores it.
+  absl::Status Register(const WorkflowDefinition& definition);
+
+  // Starts an instance of `definition` (registering it), or returns the existing
+  // one with the same business key. InvalidArgument for bad input (not a JSON
+  // object, too large, key template fails); FailedPrecondition for the same key
+  // with another input.
+  absl::StatusOr<StartResult> StartInstance(const WorkflowDefinition& definition,
+                                            const StartRequest& request);
+
+  // Starts the worker pool.
+  void Start();
+  // Stops claiming, lets each worker finish the action under way, releases every
+  // lease held, and joins the threads.
+  void Stop();
+
+  // Drives one instance from the calling thread until it is completed, compensated,
+  // failed or waiting for an operator, sleeping through retry timers and waiting
+  // out other workers' leases. Returns the state it rests in.
+  absl::StatusOr<InstanceState> RunUntilRest(int64_t instance_id, std::stop_token stop);
+
+  // Returns true when no instance is runnable now or later and none is in flight.
+  absl::StatusOr<bool> Idle();
+
+  DefinitionCatalog& catalog();
+  const std::string& owner() const;
+
+ private:
+  class Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace waystone

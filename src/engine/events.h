@@ -1,0 +1,18 @@
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "base/random.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// Returns an outbox event of `type` ("waystone.step.completed", ...) about
+// `instance` and, when given, one of its steps. The id is random and stable: the
+// relay delivers it unchanged on every attempt.
+EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
+                      const StepRecord* step, std::string_view message, Random& random,
+                      Millis now);
+
+}  // namespace waystone

@@ -1,0 +1,587 @@
+#include "engine/instance_runner.h"
+
+#include <nlohmann/json.hpp>
+
+#include "base/crash_point.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "engine/context.h"
+#include "engine/events.h"
+#include "engine/state_machine.h"
+#include "model/keys.h"
+#include "model/template.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kMaxStoredMessage = 500;
+
+std::string Shorten(std::string_view text) {
+  if (text.size() <= kMaxStoredMessage) return std::string(text);
+  return std::string(text.substr(0, kMaxStoredMessage)) + "...";
+}
+
+// Parses a response body; a body that is not JSON is kept as a JSON string.
+Json ParseBody(const std::string& body) {
+  if (body.empty()) return nullptr;
+  Json parsed = Json::parse(body, nullptr, false);
+  if (parsed.is_discarded()) return body;
+  return parsed;
+}
+
+// Returns the value at a JSON pointer, or nullptr when absent or malformed.
+const Json* AtPointer(const Json& root, const std::string& pointer) {
+  try {
+    const Json::json_pointer p(pointer);
+    if (!root.contains(p)) return nullptr;
+    return &root.at(p);
+  } catch (const Json::exception&) {
+    return nullptr;
+  }
+}
+
+std::string IdText(const Json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_null()) return "";
+  return value.dump();
+}
+
+std::string EventTypeFor(InstanceState state) {
+  return "waystone.instance." + std::string(ToString(state));
+}
+
+}  // namespace
+
+class InstanceRunner::Impl {
+ public:
+  Impl(const RunnerDeps& deps, Lease lease) : d_(deps), lease_(std::move(lease)) {}
+
+  absl::StatusOr<DriveResult> Drive(std::stop_token stop) {
+    WS_RETURN_IF_ERROR(Load());
+    while (true) {
+      const Millis now = d_.clock->NowMillis();
+      if (stop.stop_requested()) {
+        Change release = NewChange();
+        release.lease_expires_at = 0;
+        return Finish(CommitChange(release), std::nullopt);
+      }
+      const NextAction action = Decide(*definition_, instance_, steps_, now);
+      absl::Status status;
+      switch (action.kind) {
+        case NextAction::Kind::kIdle: {
+          Change release = NewChange();
+          release.lease_expires_at = 0;
+          return Finish(CommitChange(release), std::nullopt);
+        }
+        case NextAction::Kind::kWait: {
+          Change release = NewChange();
+          release.lease_expires_at = 0;
+          release.next_run_at = action.wait_until;
+          return Finish(CommitChange(release), action.wait_until);
+        }
+        case NextAction::Kind::kFinish:
+          return Finish(Complete(action.final_state), std::nullopt);
+        case NextAction::Kind::kRunStep:
+          status = RunStep(action.step);
+          break;
+        case NextAction::Kind::kRecoverRunning:
+          status = RecoverRunning(action.step);
+          break;
+        case NextAction::Kind::kResolveUnknown:
+          status = ResolveUnknown(action.step);
+          break;
+        case NextAction::Kind::kCompensate:
+          status = Compensate(action.step);
+          break;
+      }
+      if (!status.ok()) return Finish(status, std::nullopt);
+    }
+  }
+
+ private:
+  absl::StatusOr<DriveResult> Finish(const absl::Status& status, std::optional<Millis> wake_at) {
+    if (absl::IsAborted(status)) {
+      Log(LogLevel::kInfo, "instance " + instance_.key + ": " + std::string(status.message()));
+      return DriveResult{instance_.state, std::nullopt, true};
+    }
+    if (!status.ok()) return status;
+    return DriveResult{instance_.state, wake_at, false};
+  }
+
+  absl::Status Load() {
+    WS_ASSIGN_OR_RETURN(instance_, d_.store->GetInstance(lease_.instance_id));
+    WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
+    WS_ASSIGN_OR_RETURN(definition_, d_.catalog->Get(instance_.definition_hash));
+    if (steps_.size() != definition_->steps.size()) {
+      return absl::DataLossError("instance " + instance_.key + " has " +
+                                 std::to_string(steps_.size()) + " step rows but its definition " +
+                                 std::to_string(definition_->steps.size()) + " steps");
+    }
+    return absl::OkStatus();
+  }
+
+  Change NewChange() {
+    Change change;
+    change.lease = lease_;
+    change.now = d_.clock->NowMillis();
+    change.lease_expires_at = change.now + d_.lease_duration;
+    return change;
+  }
+
+  // Commits `change` and, once durable, mirrors it into the in-memory view.
+  absl::Status CommitChange(const Change& change) {
+    WS_RETURN_IF_ERROR(d_.commits->Commit(change));
+    if (change.state) instance_.state = *change.state;
+    if (change.status_reason) instance_.status_reason = *change.status_reason;
+    if (change.next_run_at) instance_.next_run_at = *change.next_run_at;
+    for (const StepRecord& step : change.steps) steps_[step.index] = step;
+    return absl::OkStatus();
+  }
+
+  void AddEvent(Change& change, std::string_view type, const StepRecord* step,
+                std::string_view message = {}) {
+    change.events.push_back(
+        MakeEvent(type, instance_, step, message, *d_.random, change.now));
+  }
+
+  void AddAlert(Change& change, AlertKind kind, const std::string& step,
+                const std::string& message) {
+    change.alerts.push_back({0, instance_.id, instance_.tenant, step, kind, AlertState::kOpen,
+                             message, change.now});
+  }
+
+  // Moves the instance to `state` with its event and, for a pause, an alert.
+  void SetInstanceState(Change& change, InstanceState state, const std::string& reason) {
+    change.state = state;
+    change.status_reason = reason;
+    change.next_run_at = change.now;
+    AddEvent(change, EventTypeFor(state), nullptr, reason);
+  }
+
+  absl::Status Complete(InstanceState final_state) {
+    Change change = NewChange();
+    change.lease_expires_at = 0;
+    const std::string reason = final_state == InstanceState::kCompleted
+                                   ? "all steps completed"
+                                   : (final_state == InstanceState::kCompensated
+                                          ? "completed steps were compensated"
+                                          : instance_.status_reason);
+    SetInstanceState(change, final_state, reason);
+    return CommitChange(change);
+  }
+
+  Json Context(int step_index, const std::string& key) const {
+    return d_.environment->Build(instance_, steps_, definition_->steps[step_index].name, key);
+  }
+
+  absl::StatusOr<HttpRequest> Render(const RequestSpec& spec, const Json& context) const {
+    HttpRequest request;
+    request.method = spec.method;
+    request.timeout = spec.timeout;
+    WS_ASSIGN_OR_RETURN(Template url, Template::Parse(spec.url));
+    WS_ASSIGN_OR_RETURN(request.url, url.RenderText(context));
+    for (const auto& [name, value] : spec.headers) {
+      WS_ASSIGN_OR_RETURN(Template header, Template::Parse(value));
+      WS_ASSIGN_OR_RETURN(std::string text, header.RenderText(context));
+      request.headers.emplace_back(name, std::move(text));
+    }
+    if (!spec.body_json.empty()) {
+      WS_ASSIGN_OR_RETURN(Json body, RenderTree(Json::parse(spec.body_json), context));
+      request.body = body.dump();
+    }
+    return request;
+  }
+
+  // Adds trace context and, for a side-effecting call, the idempotency key.
+  std::string Decorate(HttpRequest& request, const std::string& idempotency_key) {
+    const std::string span = d_.random->Hex(8);
+    request.headers.emplace_back("traceparent", "00-" + instance_.trace_id + "-" + span + "-01");
+    if (!idempotency_key.empty()) request.headers.emplace_back("Idempotency-Key", idempotency_key);
+    return span;
+  }
+
+  std::string StepKey(int index) {
+    const StepRecord& record = steps_[index];
+    if (!record.idempotency_key.empty()) return record.idempotency_key;
+    const StepDefinition& step = definition_->steps[index];
+    if (step.idempotency_key.empty()) return DefaultIdempotencyKey(instance_.key, step.name);
+    // A key template is rendered once and then stored: every retry reuses it.
+    auto parsed = Template::Parse(step.idempotency_key);
+    if (!parsed.ok()) return "";
+    auto text = parsed->RenderText(Context(index, ""));
+    return text.ok() ? *text : "";
+  }
+
+  // Records a failed step and moves the instance on: compensation, failed, or a pause.
+  absl::Status FailStep(StepRecord step, ErrorClass error_class, const std::string& message,
+                        std::optional<AlertKind> alert) {
+    Change change = NewChange();
+    step.state = StepState::kFailed;
+    step.error_class = error_class;
+    step.error_message = Shorten(message);
+    step.finished_at = change.now;
+    step.next_attempt_at = 0;
+    change.steps.push_back(step);
+    std::vector<StepRecord> after = steps_;
+    after[step.index] = step;
+    const InstanceState next = StateAfterFailure(*definition_, after, step.index);
+    const std::string reason = "step '" + step.name + "' failed (" +
+                               std::string(ToString(error_class)) + "): " + Shorten(message);
+    AddEvent(change, "waystone.step.failed", &step, message);
+    if (alert) AddAlert(change, *alert, step.name, reason);
+    if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
+      AddAlert(change, AlertKind::kNeedsOperator, step.name,
+               reason + "; manual step: an operator decides");
+    }
+    SetInstanceState(change, next, reason);
+    return CommitChange(change);
+  }
+
+  // Pauses the instance for an operator, leaving the step as it is.
+  absl::Status Pause(StepRecord step, AlertKind alert, const std::string& reason) {
+    Change change = NewChange();
+    change.steps.push_back(step);
+    AddAlert(change, alert, step.name, reason);
+    SetInstanceState(change, InstanceState::kNeedsAttention, reason);
+    return CommitChange(change);
+  }
+
+  // Schedules the step's next attempt (or lookup) after a backoff.
+  absl::Status Retry(StepRecord step, StepState state, int attempts_made,
+                     const RetryPolicy& policy, std::optional<Millis> retry_after) {
+    Change change = NewChange();
+    step.state = state;
+    step.next_attempt_at = change.now + policy.NextDelay(attempts_made, retry_after, *d_.random);
+    change.steps.push_back(step);
+    return CommitChange(change);
+  }
+
+  absl::Status RunTransform(int index) {
+    const StepDefinition& def = definition_->steps[index];
+    StepRecord step = steps_[index];
+    const Millis started = d_.clock->NowMillis();
+    auto output = RenderTree(Json::parse(def.transform_json), Context(index, ""));
+    if (!output.ok()) {
+      step.attempts += 1;
+      return FailStep(step, ErrorClass::kRejected, std::string(output.status().message()),
+                      std::nullopt);
+    }
+    Change change = NewChange();
+    step.state = StepState::kCompleted;
+    step.attempts += 1;
+    step.response_json = output->dump();
+    step.started_at = started;
+    step.finished_at = change.now;
+    step.error_class = ErrorClass::kNone;
+    step.error_message.clear();
+    change.steps.push_back(step);
+    AddEvent(change, "waystone.step.completed", &step);
+    return CommitChange(change);
+  }
+
+  absl::Status RunStep(int index) {
+    const StepDefinition& def = definition_->steps[index];
+    if (def.kind == StepKind::kTransform) return RunTransform(index);
+    StepRecord step = steps_[index];
+    const bool side_effecting = def.request.SideEffecting();
+    const std::string key = side_effecting ? StepKey(index) : "";
+    if (side_effecting && key.empty()) {
+      return FailStep(step, ErrorClass::kRejected,
+                      "idempotency key template did not render", std::nullopt);
+    }
+    auto request = Render(def.request, Context(index, key));
+    if (!request.ok()) {
+      return FailStep(step, ErrorClass::kRejected, std::string(request.status().message()),
+                      std::nullopt);
+    }
+    const std::string hash = RequestHash(request->method, request->url, request->body);
+    if (side_effecting && !step.request_hash.empty() && step.request_hash != hash) {
+      return FailStep(step, ErrorClass::kRejected,
+                      "the request changed since the last attempt under idempotency key '" + key +
+                          "' (was " + step.request_hash.substr(0, 16) + ", now " +
+                          hash.substr(0, 16) + ")",
+                      AlertKind::kIdempotencyConflict);
+    }
+
+    // Checkpoint `running` before the call: a crash from here on is an unknown outcome.
+    Change before = NewChange();
+    step.state = StepState::kRunning;
+    step.attempts += 1;
+    step.idempotency_key = key;
+    step.request_hash = hash;
+    step.next_attempt_at = 0;
+    if (step.started_at == 0) step.started_at = before.now;
+    step.span_id = Decorate(*request, key);
+    before.steps.push_back(step);
+    if (side_effecting) {
+      before.idempotency = IdempotencyClaim{instance_.tenant, key, hash, instance_.id, def.name,
+                                            before.now + d_.idempotency_retention};
+    }
+    absl::Status claimed = CommitChange(before);
+    if (absl::IsFailedPrecondition(claimed)) {
+      step = steps_[index];
+      return FailStep(step, ErrorClass::kRejected, std::string(claimed.message()),
+                      AlertKind::kIdempotencyConflict);
+    }
+    WS_RETURN_IF_ERROR(claimed);
+
+    CrashPoint("before-call", def.name);
+    const HttpResponse response = d_.http->Send(*request);
+    CrashPoint("after-call", def.name);
+    return RecordOutcome(index, step, response);
+  }
+
+  absl::Status RecordOutcome(int index, StepRecord step, const HttpResponse& response) {
+    const StepDefinition& def = definition_->steps[index];
+    const ErrorClass error_class = Classify(response.outcome, def.errors);
+    const std::string detail =
+        response.outcome.kind == CallOutcome::Kind::kResponse
+            ? "HTTP " + std::to_string(response.outcome.status) +
+                  (response.body.empty() ? "" : ": " + Shorten(response.body))
+            : response.error;
+    switch (error_class) {
+      case ErrorClass::kNone: {
+        Change change = NewChange();
+        const Json body = ParseBody(response.body);
+        step.state = StepState::kCompleted;
+        step.response_json = body.dump();
+        step.error_class = ErrorClass::kNone;
+        step.error_message.clear();
+        step.finished_at = change.now;
+        if (!def.result_external_id.empty()) {
+          const Json* id = AtPointer(body, def.result_external_id);
+          if (id != nullptr) {
+            step.external_id = IdText(*id);
+          } else {
+            step.error_message = "response has nothing at " + def.result_external_id;
+          }
+        }
+        change.steps.push_back(step);
+        AddEvent(change, "waystone.step.completed", &step);
+        return CommitChange(change);
+      }
+      case ErrorClass::kTransient: {
+        step.error_class = error_class;
+        step.error_message = Shorten(detail);
+        if (def.retry.Exhausted(step.attempts)) {
+          return FailStep(step, error_class,
+                          "retries exhausted after " + std::to_string(step.attempts) +
+                              " attempts; last: " + detail,
+                          AlertKind::kRetriesExhausted);
+        }
+        return Retry(step, StepState::kPending, step.attempts, def.retry,
+                     response.outcome.retry_after);
+      }
+      case ErrorClass::kRejected:
+        return FailStep(step, error_class, detail, std::nullopt);
+      case ErrorClass::kUnknown: {
+        Change change = NewChange();
+        step.state = StepState::kUnknown;
+        step.error_class = ErrorClass::kUnknown;
+        step.error_message = Shorten(detail);
+        step.unknowns += 1;
+        change.steps.push_back(step);
+        AddEvent(change, "waystone.step.unknown", &step, detail);
+        return CommitChange(change);
+      }
+    }
+    return absl::InternalError("unhandled error class");
+  }
+
+  absl::Status RecoverRunning(int index) {
+    Change change = NewChange();
+    StepRecord step = steps_[index];
+    step.state = StepState::kUnknown;
+    step.error_class = ErrorClass::kUnknown;
+    step.error_message = "the worker stopped during the call; its outcome is not known";
+    step.unknowns += 1;
+    change.steps.push_back(step);
+    AddEvent(change, "waystone.step.unknown", &step, step.error_message);
+    return CommitChange(change);
+  }
+
+  // The outcome is not known and nothing proves the call did not happen: either
+  // resubmit under the same key (the target deduplicates), or stop.
+  absl::Status ResubmitOrStop(StepRecord step, const std::string& why) {
+    const StepDefinition& def = definition_->steps[step.index];
+    if (def.recovery == RecoveryClass::kManual) {
+      return Pause(step, AlertKind::kNeedsOperator,
+                   "step '" + step.name + "' outcome unknown (" + why +
+                       "); manual step: confirm what happened");
+    }
+    if (def.retry.Exhausted(step.attempts)) {
+      return FailStep(step, ErrorClass::kUnknown,
+                      "retries exhausted after " + std::to_string(step.attempts) +
+                          " attempts; outcome of the last one unknown (" + why + ")",
+                      AlertKind::kRetriesExhausted);
+    }
+    Change change = NewChange();
+    step.state = StepState::kPending;
+    step.resolution = Resolution::kResubmitted;
+    step.next_attempt_at = 0;
+    change.steps.push_back(step);
+    return CommitChange(change);
+  }
+
+  absl::Status ResolveUnknown(int index) {
+    const StepDefinition& def = definition_->steps[index];
+    StepRecord step = steps_[index];
+    if (!def.request.SideEffecting()) {
+      // A read is safe to repeat.
+      if (def.retry.Exhausted(step.attempts)) {
+        return FailStep(step, ErrorClass::kUnknown,
+                        "retries exhausted after " + std::to_string(step.attempts) + " attempts",
+                        AlertKind::kRetriesExhausted);
+      }
+      return Retry(step, StepState::kPending, step.attempts, def.retry, std::nullopt);
+    }
+    if (!def.lookup) {
+      if (def.idempotency_honored && def.recovery != RecoveryClass::kManual) {
+        return ResubmitOrStop(step, "the target deduplicates on the idempotency key");
+      }
+      return Pause(step, AlertKind::kNeedsOperator,
+                   "step '" + step.name +
+                       "' outcome unknown and it has no lookup; confirm what happened");
+    }
+
+    auto request = Render(def.lookup->request, Context(index, step.idempotency_key));
+    if (!request.ok()) {
+      return Pause(step, AlertKind::kNeedsOperator,
+                   "lookup of step '" + step.name +
+                       "' cannot be built: " + std::string(request.status().message()));
+    }
+    Decorate(*request, "");
+    step.lookups += 1;
+    const HttpResponse response = d_.http->Send(*request);
+    const ErrorClass error_class = Classify(response.outcome, {{404, ErrorClass::kNone}});
+    if (error_class == ErrorClass::kTransient || error_class == ErrorClass::kUnknown) {
+      if (def.retry.Exhausted(step.lookups)) {
+        return Pause(step, AlertKind::kRetriesExhausted,
+                     "lookup of step '" + step.name + "' keeps failing: " + response.error +
+                         (response.outcome.status ? " HTTP " + std::to_string(response.outcome.status)
+                                                  : ""));
+      }
+      return Retry(step, StepState::kUnknown, step.lookups, def.retry,
+                   response.outcome.retry_after);
+    }
+    if (error_class == ErrorClass::kRejected) {
+      return Pause(step, AlertKind::kNeedsOperator,
+                   "lookup of step '" + step.name + "' was refused: HTTP " +
+                       std::to_string(response.outcome.status));
+    }
+    const Json body = response.outcome.status == 404 ? Json(nullptr) : ParseBody(response.body);
+    const Json* found = body.is_null() ? nullptr : AtPointer(body, def.lookup->found);
+    if (found == nullptr || found->is_null()) {
+      return ResubmitOrStop(step, "the lookup found nothing");
+    }
+    std::string external_id;
+    if (!def.lookup->external_id.empty()) {
+      if (const Json* id = AtPointer(body, def.lookup->external_id)) external_id = IdText(*id);
+    }
+    if (!step.external_id.empty() && !external_id.empty() && external_id != step.external_id) {
+      return Pause(step, AlertKind::kLookupContradiction,
+                   "lookup of step '" + step.name + "' found " + external_id +
+                       " but the recorded result is " + step.external_id);
+    }
+    Change change = NewChange();
+    step.state = StepState::kCompleted;
+    step.resolution = Resolution::kLookupFound;
+    step.external_id = external_id.empty() ? step.external_id : external_id;
+    step.response_json = found->dump();
+    step.error_class = ErrorClass::kNone;
+    step.error_message.clear();
+    step.finished_at = change.now;
+    change.steps.push_back(step);
+    AddEvent(change, "waystone.step.completed", &step, "outcome found by lookup");
+    return CommitChange(change);
+  }
+
+  absl::Status CompensationFailed(StepRecord step, const std::string& message) {
+    Change change = NewChange();
+    step.state = StepState::kCompensationFailed;
+    step.error_message = Shorten(message);
+    step.next_attempt_at = 0;
+    change.steps.push_back(step);
+    const std::string reason = "compensation of step '" + step.name + "' (external id '" +
+                               step.external_id + "', key '" +
+                               CompensationKey(step.idempotency_key) + "') failed after " +
+                               std::to_string(step.compensation_attempts) +
+                               " attempts: " + Shorten(message);
+    AddEvent(change, "waystone.step.compensation_failed", &step, message);
+    AddAlert(change, AlertKind::kCompensationFailed, step.name, reason);
+    SetInstanceState(change, InstanceState::kNeedsAttention, reason);
+    return CommitChange(change);
+  }
+
+  absl::Status Compensate(int index) {
+    const StepDefinition& def = definition_->steps[index];
+    const CompensationSpec& spec = *def.compensate;
+    StepRecord step = steps_[index];
+    const std::string step_key =
+        step.idempotency_key.empty() ? DefaultIdempotencyKey(instance_.key, def.name)
+                                     : step.idempotency_key;
+    const std::string key = CompensationKey(step_key);
+    auto request = Render(spec.request, Context(index, key));
+    if (!request.ok()) {
+      return CompensationFailed(step, "compensation request cannot be built: " +
+                                          std::string(request.status().message()));
+    }
+    Change before = NewChange();
+    step.state = StepState::kCompensating;
+    step.compensation_attempts += 1;
+    step.next_attempt_at = 0;
+    Decorate(*request, key);
+    before.steps.push_back(step);
+    WS_RETURN_IF_ERROR(CommitChange(before));
+
+    CrashPoint("before-compensate", def.name);
+    const HttpResponse response = d_.http->Send(*request);
+    CrashPoint("after-compensate", def.name);
+
+    const ErrorClass error_class = Classify(response.outcome, {});
+    const std::string detail =
+        response.outcome.kind == CallOutcome::Kind::kResponse
+            ? "HTTP " + std::to_string(response.outcome.status) +
+                  (response.body.empty() ? "" : ": " + Shorten(response.body))
+            : response.error;
+    switch (error_class) {
+      case ErrorClass::kNone: {
+        Change change = NewChange();
+        step.state = StepState::kCompensated;
+        step.error_message.clear();
+        change.steps.push_back(step);
+        AddEvent(change, "waystone.step.compensated", &step);
+        return CommitChange(change);
+      }
+      case ErrorClass::kRejected:
+        return CompensationFailed(step, detail);
+      case ErrorClass::kTransient:
+      case ErrorClass::kUnknown:
+        if (spec.retry.Exhausted(step.compensation_attempts)) {
+          return CompensationFailed(step, "retries exhausted; last: " + detail);
+        }
+        step.error_message = Shorten(detail);
+        return Retry(step, StepState::kCompensating, step.compensation_attempts, spec.retry,
+                     response.outcome.retry_after);
+    }
+    return absl::InternalError("unhandled error class");
+  }
+
+  RunnerDeps d_;
+  Lease lease_;
+  InstanceRecord instance_;
+  std::vector<StepRecord> steps_;
+  std::shared_ptr<const WorkflowDefinition> definition_;
+};
+
+InstanceRunner::InstanceRunner(const RunnerDeps& deps, Lease lease)
+    : impl_(std::make_unique<Impl>(deps, std::move(lease))) {}
+InstanceRunner::~InstanceRunner() = default;
+
+absl::StatusOr<DriveResult> InstanceRunner::Drive(std::stop_token stop) {
+  return impl_->Drive(stop);
+}
+
+}  // namespace waystone

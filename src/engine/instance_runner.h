@@ -1,0 +1,62 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "base/random.h"
+#include "connectors/http/http_client.h"
+#include "definition/definition.h"
+#include "engine/catalog.h"
+#include "engine/commit_queue.h"
+#include "store/store.h"
+
+namespace waystone {
+
+class TemplateEnvironment;
+
+// What a runner needs; all pointers outlive the runner.
+struct RunnerDeps {
+  Store* store = nullptr;
+  CommitQueue* commits = nullptr;
+  HttpClient* http = nullptr;
+  const Clock* clock = nullptr;
+  Random* random = nullptr;
+  DefinitionCatalog* catalog = nullptr;
+  const TemplateEnvironment* environment = nullptr;
+  Millis lease_duration = 30'000;
+  Millis idempotency_retention = 7LL * 24 * 3600 * 1000;
+};
+
+// Where a drive left the instance.
+struct DriveResult {
+  InstanceState state = InstanceState::kRunning;
+  std::optional<Millis> wake_at;  // set when it waits for a retry timer
+  bool lease_lost = false;        // another worker took over; nothing more was written
+};
+
+// InstanceRunner drives one claimed instance: decide, checkpoint, call, classify,
+// checkpoint, until the instance waits, finishes, pauses or the lease is lost.
+// Every write goes through the CommitQueue with the lease as fencing token.
+// Single-threaded: one runner per claimed instance.
+class InstanceRunner {
+ public:
+  InstanceRunner(const RunnerDeps& deps, Lease lease);
+  ~InstanceRunner();
+  InstanceRunner(const InstanceRunner&) = delete;
+  InstanceRunner& operator=(const InstanceRunner&) = delete;
+
+  // Drives the instance. When `stop` is requested it finishes the action under
+  // way, releases the lease and returns. Errors other than a lost lease leave the
+  // lease to expire so another worker retries.
+  absl::StatusOr<DriveResult> Drive(std::stop_token stop);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace waystone

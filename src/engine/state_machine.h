@@ -1,0 +1,41 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "definition/definition.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// What to do next for one instance. Produced by Decide; a value type.
+struct NextAction {
+  enum class Kind : uint8_t {
+    kRunStep = 1,          // submit step `step` (first attempt or retry)
+    kRecoverRunning = 2,   // step `step` was found running: its outcome is unknown
+    kResolveUnknown = 3,   // step `step` is unknown: look up, resubmit or pause
+    kCompensate = 4,       // run the compensation of step `step`
+    kWait = 5,             // nothing is due before `wait_until`
+    kFinish = 6,           // move the instance to `final_state`
+    kIdle = 7,             // terminal or paused: nothing to do
+  };
+  Kind kind = Kind::kIdle;
+  int step = -1;
+  Millis wait_until = 0;
+  InstanceState final_state = InstanceState::kCompleted;
+
+  bool operator==(const NextAction&) const = default;
+};
+
+// Decides the next action from the checkpoints alone. Pure: no I/O, no clock but
+// `now`. Steps run in order; after a failure (instance compensating) completed steps
+// with a compensation are undone in reverse order.
+NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                  const std::vector<StepRecord>& steps, Millis now);
+
+// Returns the instance state that follows a step's failure: needs_attention for a
+// manual step, compensating when a completed step has a compensation, else failed.
+InstanceState StateAfterFailure(const WorkflowDefinition& definition,
+                                const std::vector<StepRecord>& steps, int failed_step);
+
+}  // namespace waystone

@@ -1,0 +1,43 @@
+#include "model/classify.h"
+
+namespace waystone {
+namespace {
+
+ErrorClass DefaultForStatus(int status) {
+  if (status >= 200 && status < 300) return ErrorClass::kNone;
+  switch (status) {
+    case 408:  // the server gave up waiting for the request: it did not act
+    case 425:
+    case 429:
+    case 502:
+    case 503:
+      return ErrorClass::kTransient;
+    case 504:  // a gateway timed out: the origin may have acted
+      return ErrorClass::kUnknown;
+    default:
+      break;
+  }
+  // Other 5xx: the server failed while handling the request; whether it acted
+  // before failing is not known.
+  if (status >= 500) return ErrorClass::kUnknown;
+  return ErrorClass::kRejected;
+}
+
+}  // namespace
+
+ErrorClass Classify(const CallOutcome& outcome, const StatusOverrides& overrides) {
+  switch (outcome.kind) {
+    case CallOutcome::Kind::kNotSent:
+      return ErrorClass::kTransient;
+    case CallOutcome::Kind::kLostAfterSend:
+      return ErrorClass::kUnknown;
+    case CallOutcome::Kind::kInvalid:
+      return ErrorClass::kRejected;
+    case CallOutcome::Kind::kResponse:
+      break;
+  }
+  if (auto it = overrides.find(outcome.status); it != overrides.end()) return it->second;
+  return DefaultForStatus(outcome.status);
+}
+
+}  // namespace waystone

@@ -1,0 +1,32 @@
+#pragma once
+
+#include <map>
+#include <optional>
+
+#include "base/clock.h"
+#include "model/states.h"
+
+namespace waystone {
+
+// What one external call did, as far as the caller can tell. Produced by a
+// connector, consumed by Classify. A value type.
+struct CallOutcome {
+  enum class Kind : uint8_t {
+    kResponse = 1,       // a complete HTTP response arrived
+    kNotSent = 2,        // failed before the request left (DNS, refused, connect timeout)
+    kLostAfterSend = 3,  // sent, then timed out or the connection broke
+    kInvalid = 4,        // could not be sent as written (malformed URL, unsupported scheme)
+  };
+  Kind kind = Kind::kResponse;
+  int status = 0;                        // HTTP status when kind == kResponse
+  std::optional<Millis> retry_after;     // parsed Retry-After, when present
+};
+
+// Per-step overrides of the default class for an HTTP status (the `errors:` map).
+using StatusOverrides = std::map<int, ErrorClass>;
+
+// Returns the error class of an outcome: kNone for a 2xx response, otherwise
+// transient / rejected / unknown per DESIGN.md, after `overrides`.
+ErrorClass Classify(const CallOutcome& outcome, const StatusOverrides& overrides);
+
+}  // namespace waystone

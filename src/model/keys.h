@@ -1,0 +1,19 @@
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace waystone {
+
+// Returns the default idempotency key of a step: "<instance key>:<step name>".
+// The same key is sent on every attempt of that step.
+std::string DefaultIdempotencyKey(std::string_view instance_key, std::string_view step);
+
+// Returns the key of a compensation: "<step key>:compensate".
+std::string CompensationKey(std::string_view step_key);
+
+// Returns the hash that pins a request to its idempotency key: SHA-256 over the
+// method, URL and body (headers are left out: they carry secrets and trace ids).
+std::string RequestHash(std::string_view method, std::string_view url, std::string_view body);
+
+}  // namespace waystone

@@ -1,0 +1,125 @@
+#include "model/states.h"
+
+namespace waystone {
+
+std::string_view ToString(StepState state) {
+  switch (state) {
+    case StepState::kPending: return "pending";
+    case StepState::kRunning: return "running";
+    case StepState::kCompleted: return "completed";
+    case StepState::kFailed: return "failed";
+    case StepState::kUnknown: return "unknown";
+    case StepState::kCompensating: return "compensating";
+    case StepState::kCompensated: return "compensated";
+    case StepState::kCompensationFailed: return "compensation_failed";
+    case StepState::kSkipped: return "skipped";
+  }
+  return "invalid";
+}
+
+std::string_view ToString(InstanceState state) {
+  switch (state) {
+    case InstanceState::kRunning: return "running";
+    case InstanceState::kCompleted: return "completed";
+    case InstanceState::kCompensating: return "compensating";
+    case InstanceState::kCompensated: return "compensated";
+    case InstanceState::kFailed: return "failed";
+    case InstanceState::kNeedsAttention: return "needs_attention";
+    case InstanceState::kClosed: return "closed";
+  }
+  return "invalid";
+}
+
+std::string_view ToString(ErrorClass error_class) {
+  switch (error_class) {
+    case ErrorClass::kNone: return "none";
+    case ErrorClass::kTransient: return "transient";
+    case ErrorClass::kRejected: return "rejected";
+    case ErrorClass::kUnknown: return "unknown";
+  }
+  return "invalid";
+}
+
+std::string_view ToString(RecoveryClass recovery) {
+  switch (recovery) {
+    case RecoveryClass::kRepeatable: return "repeatable";
+    case RecoveryClass::kLookup: return "lookup";
+    case RecoveryClass::kCompensable: return "compensable";
+    case RecoveryClass::kManual: return "manual";
+  }
+  return "invalid";
+}
+
+std::string_view ToString(Resolution resolution) {
+  switch (resolution) {
+    case Resolution::kNone: return "none";
+    case Resolution::kLookupFound: return "lookup_found";
+    case Resolution::kResubmitted: return "resubmitted";
+    case Resolution::kOperator: return "operator";
+  }
+  return "invalid";
+}
+
+std::optional<ErrorClass> ParseErrorClass(std::string_view text) {
+  for (ErrorClass c : {ErrorClass::kTransient, ErrorClass::kRejected, ErrorClass::kUnknown}) {
+    if (ToString(c) == text) return c;
+  }
+  return std::nullopt;
+}
+
+std::optional<RecoveryClass> ParseRecoveryClass(std::string_view text) {
+  for (RecoveryClass c : {RecoveryClass::kRepeatable, RecoveryClass::kLookup,
+                          RecoveryClass::kCompensable, RecoveryClass::kManual}) {
+    if (ToString(c) == text) return c;
+  }
+  return std::nullopt;
+}
+
+std::optional<InstanceState> ParseInstanceState(std::string_view text) {
+  for (int i = 1; i <= 7; ++i) {
+    auto state = static_cast<InstanceState>(i);
+    if (ToString(state) == text) return state;
+  }
+  return std::nullopt;
+}
+
+bool IsTerminal(InstanceState state) {
+  switch (state) {
+    case InstanceState::kRunning:
+    case InstanceState::kCompensating:
+      return false;
+    case InstanceState::kCompleted:
+    case InstanceState::kCompensated:
+    case InstanceState::kFailed:
+    case InstanceState::kNeedsAttention:
+    case InstanceState::kClosed:
+      return true;
+  }
+  return true;
+}
+
+}  // namespace waystone
+
+namespace waystone {
+
+std::string_view ToString(AlertKind kind) {
+  switch (kind) {
+    case AlertKind::kRetriesExhausted: return "retries_exhausted";
+    case AlertKind::kLookupContradiction: return "lookup_contradiction";
+    case AlertKind::kCompensationFailed: return "compensation_failed";
+    case AlertKind::kIdempotencyConflict: return "idempotency_conflict";
+    case AlertKind::kNeedsOperator: return "needs_operator";
+  }
+  return "invalid";
+}
+
+std::string_view ToString(AlertState state) {
+  switch (state) {
+    case AlertState::kOpen: return "open";
+    case AlertState::kAcknowledged: return "acknowledged";
+    case AlertState::kResolved: return "resolved";
+  }
+  return "invalid";
+}
+
+}  // namespace waystone

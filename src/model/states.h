@@ -1,0 +1,87 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace waystone {
+
+// Persisted enums: the numeric values are frozen (they are stored), the string
+// forms below are the ones the CLI, API, console and docs use.
+
+enum class StepState : uint8_t {
+  kPending = 1,
+  kRunning = 2,
+  kCompleted = 3,
+  kFailed = 4,
+  kUnknown = 5,
+  kCompensating = 6,
+  kCompensated = 7,
+  kCompensationFailed = 8,
+  kSkipped = 9,
+};
+
+enum class InstanceState : uint8_t {
+  kRunning = 1,         // has work to do now or at next_run_at
+  kCompleted = 2,       // every step completed
+  kCompensating = 3,    // a step failed; compensations are running
+  kCompensated = 4,     // compensations finished; the business action was undone
+  kFailed = 5,          // a step failed and there was nothing to compensate
+  kNeedsAttention = 6,  // paused until an operator acts
+  kClosed = 7,          // closed by an operator
+};
+
+enum class ErrorClass : uint8_t {
+  kNone = 0,
+  kTransient = 1,  // nothing happened on the other side; retry with backoff
+  kRejected = 2,   // the other side refused; never retry
+  kUnknown = 3,    // the other side may have acted; look up before resubmitting
+};
+
+enum class RecoveryClass : uint8_t {
+  kRepeatable = 1,
+  kLookup = 2,
+  kCompensable = 3,
+  kManual = 4,
+};
+
+// How an `unknown` outcome was settled; recorded on the step.
+enum class Resolution : uint8_t {
+  kNone = 0,
+  kLookupFound = 1,      // the lookup found the object; its id was adopted
+  kResubmitted = 2,      // the lookup (or its absence) allowed resubmission
+  kOperator = 3,         // an operator confirmed the outcome
+};
+
+std::string_view ToString(StepState state);
+std::string_view ToString(InstanceState state);
+std::string_view ToString(ErrorClass error_class);
+std::string_view ToString(RecoveryClass recovery);
+std::string_view ToString(Resolution resolution);
+
+std::optional<ErrorClass> ParseErrorClass(std::string_view text);
+std::optional<RecoveryClass> ParseRecoveryClass(std::string_view text);
+std::optional<InstanceState> ParseInstanceState(std::string_view text);
+
+// Returns true for states no worker will move out of without an operator.
+bool IsTerminal(InstanceState state);
+
+}  // namespace waystone
+
+namespace waystone {
+
+// Why an alert was raised. Persisted; values frozen.
+enum class AlertKind : uint8_t {
+  kRetriesExhausted = 1,
+  kLookupContradiction = 2,
+  kCompensationFailed = 3,
+  kIdempotencyConflict = 4,
+  kNeedsOperator = 5,  // an unknown outcome on a manual step, or a failure that needs a decision
+};
+
+enum class AlertState : uint8_t { kOpen = 1, kAcknowledged = 2, kResolved = 3 };
+
+std::string_view ToString(AlertKind kind);
+std::string_view ToString(AlertState state);
+
+}  // namespace waystone

@@ -1,0 +1,181 @@
+#include "model/template.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+bool IsPathChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-' || c == '.';
+}
+
+std::string Trim(std::string_view text) {
+  size_t begin = text.find_first_not_of(" \t");
+  if (begin == std::string_view::npos) return "";
+  size_t end = text.find_last_not_of(" \t");
+  return std::string(text.substr(begin, end - begin + 1));
+}
+
+absl::StatusOr<std::string> ScalarText(const Json& value, const std::string& where) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number() || value.is_boolean()) return value.dump();
+  return absl::InvalidArgumentError("template {{" + where +
+                                    "}} is an object, array or null and cannot be put in text");
+}
+
+}  // namespace
+
+std::string JoinPath(const std::vector<std::string>& path) {
+  std::string out;
+  for (const auto& segment : path) {
+    if (!out.empty()) out.push_back('.');
+    out += segment;
+  }
+  return out;
+}
+
+absl::StatusOr<Template> Template::Parse(std::string_view text) {
+  Template result;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t open = text.find("{{", at);
+    if (open == std::string_view::npos) {
+      result.pieces_.push_back({std::string(text.substr(at)), {}});
+      break;
+    }
+    if (open > at) result.pieces_.push_back({std::string(text.substr(at, open - at)), {}});
+    const size_t close = text.find("}}", open + 2);
+    if (close == std::string_view::npos) {
+      return absl::InvalidArgumentError("unclosed '{{' in template \"" + std::string(text) + "\"");
+    }
+    const std::string inner = Trim(text.substr(open + 2, close - open - 2));
+    if (inner.empty()) {
+      return absl::InvalidArgumentError("empty '{{}}' in template \"" + std::string(text) + "\"");
+    }
+    std::vector<std::string> path;
+    size_t start = 0;
+    for (size_t i = 0; i <= inner.size(); ++i) {
+      if (i < inner.size() && !IsPathChar(inner[i])) {
+        return absl::InvalidArgumentError("'{{" + inner + "}}' is not a path (letters, digits, "
+                                          "'_', '-' separated by '.')");
+      }
+      if (i == inner.size() || inner[i] == '.') {
+        if (i == start) {
+          return absl::InvalidArgumentError("'{{" + inner + "}}' has an empty path segment");
+        }
+        path.push_back(inner.substr(start, i - start));
+        start = i + 1;
+      }
+    }
+    result.references_.push_back(path);
+    result.pieces_.push_back({"", std::move(path)});
+    at = close + 2;
+  }
+  return result;
+}
+
+const Json* Resolve(const Json& root, const std::vector<std::string>& path) {
+  const Json* node = &root;
+  for (const auto& segment : path) {
+    if (node->is_object()) {
+      auto it = node->find(segment);
+      if (it == node->end()) return nullptr;
+      node = &*it;
+    } else if (node->is_array()) {
+      size_t index = 0;
+      for (char c : segment) {
+        if (c < '0' || c > '9') return nullptr;
+        index = index * 10 + static_cast<size_t>(c - '0');
+      }
+      if (index >= node->size()) return nullptr;
+      node = &(*node)[index];
+    } else {
+      return nullptr;
+    }
+  }
+  return node;
+}
+
+absl::StatusOr<Json> Template::Render(const Json& context) const {
+  if (pieces_.size() == 1 && !pieces_[0].path.empty()) {
+    const Json* value = Resolve(context, pieces_[0].path);
+    if (value == nullptr) {
+      return absl::InvalidArgumentError("template {{" + JoinPath(pieces_[0].path) +
+                                        "}} refers to a value that is not there");
+    }
+    return *value;
+  }
+  std::string out;
+  for (const auto& piece : pieces_) {
+    if (piece.path.empty()) {
+      out += piece.literal;
+      continue;
+    }
+    const std::string where = JoinPath(piece.path);
+    const Json* value = Resolve(context, piece.path);
+    if (value == nullptr) {
+      return absl::InvalidArgumentError("template {{" + where +
+                                        "}} refers to a value that is not there");
+    }
+    auto text = ScalarText(*value, where);
+    if (!text.ok()) return text.status();
+    out += *text;
+  }
+  return Json(out);
+}
+
+absl::StatusOr<std::string> Template::RenderText(const Json& context) const {
+  auto value = Render(context);
+  if (!value.ok()) return value.status();
+  return ScalarText(*value, references_.empty() ? "" : JoinPath(references_.front()));
+}
+
+absl::StatusOr<Json> RenderTree(const Json& tree, const Json& context) {
+  if (tree.is_string()) {
+    auto parsed = Template::Parse(tree.get<std::string>());
+    if (!parsed.ok()) return parsed.status();
+    return parsed->Render(context);
+  }
+  if (tree.is_object()) {
+    Json out = Json::object();
+    for (auto it = tree.begin(); it != tree.end(); ++it) {
+      auto value = RenderTree(it.value(), context);
+      if (!value.ok()) return value.status();
+      out[it.key()] = std::move(*value);
+    }
+    return out;
+  }
+  if (tree.is_array()) {
+    Json out = Json::array();
+    for (const auto& element : tree) {
+      auto value = RenderTree(element, context);
+      if (!value.ok()) return value.status();
+      out.push_back(std::move(*value));
+    }
+    return out;
+  }
+  return tree;
+}
+
+absl::Status CollectTreeReferences(const Json& tree,
+                                   std::vector<std::vector<std::string>>* references) {
+  if (tree.is_string()) {
+    auto parsed = Template::Parse(tree.get<std::string>());
+    if (!parsed.ok()) return parsed.status();
+    for (const auto& ref : parsed->references()) references->push_back(ref);
+    return absl::OkStatus();
+  }
+  if (tree.is_object() || tree.is_array()) {
+    for (const auto& element : tree) {
+      if (auto status = CollectTreeReferences(element, references); !status.ok()) return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace waystone

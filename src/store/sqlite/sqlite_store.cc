@@ -1,0 +1,624 @@
+#include "store/sqlite/sqlite_store.h"
+
+#include "base/status_macros.h"
+#include "store/migration.h"
+#include "store/sqlite/sqlite_db.h"
+
+namespace waystone {
+namespace {
+
+constexpr char kInstanceColumns[] =
+    "id, tenant, business_key, workflow, definition_hash, input_json, input_hash, state, "
+    "status_reason, next_run_at, lease_owner, lease_expires_at, lease_epoch, trace_id, "
+    "source_event, created_at, updated_at";
+
+InstanceRecord ReadInstance(const SqliteStatement& s) {
+  InstanceRecord r;
+  r.id = s.Int(0);
+  r.tenant = s.Text(1);
+  r.key = s.Text(2);
+  r.workflow = s.Text(3);
+  r.definition_hash = s.Text(4);
+  r.input_json = s.Text(5);
+  r.input_hash = s.Text(6);
+  r.state = static_cast<InstanceState>(s.Int(7));
+  r.status_reason = s.Text(8);
+  r.next_run_at = s.Int(9);
+  r.lease_owner = s.Text(10);
+  r.lease_expires_at = s.Int(11);
+  r.lease_epoch = s.Int(12);
+  r.trace_id = s.Text(13);
+  r.source_event = s.Text(14);
+  r.created_at = s.Int(15);
+  r.updated_at = s.Int(16);
+  return r;
+}
+
+constexpr char kStepColumns[] =
+    "instance_id, step_index, name, state, attempts, error_class, error_message, external_id, "
+    "response_json, idempotency_key, request_hash, resolution, unknowns, lookups, "
+    "compensation_attempts, next_attempt_at, started_at, finished_at, span_id";
+
+StepRecord ReadStep(const SqliteStatement& s) {
+  StepRecord r;
+  r.instance_id = s.Int(0);
+  r.index = static_cast<int>(s.Int(1));
+  r.name = s.Text(2);
+  r.state = static_cast<StepState>(s.Int(3));
+  r.attempts = static_cast<int>(s.Int(4));
+  r.error_class = static_cast<ErrorClass>(s.Int(5));
+  r.error_message = s.Text(6);
+  r.external_id = s.Text(7);
+  r.response_json = s.Text(8);
+  r.idempotency_key = s.Text(9);
+  r.request_hash = s.Text(10);
+  r.resolution = static_cast<Resolution>(s.Int(11));
+  r.unknowns = static_cast<int>(s.Int(12));
+  r.lookups = static_cast<int>(s.Int(13));
+  r.compensation_attempts = static_cast<int>(s.Int(14));
+  r.next_attempt_at = s.Int(15);
+  r.started_at = s.Int(16);
+  r.finished_at = s.Int(17);
+  r.span_id = s.Text(18);
+  return r;
+}
+
+// Runs `body` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any error.
+template <typename Body>
+absl::Status InWriteTransaction(SqliteDb& db, Body&& body) {
+  WS_RETURN_IF_ERROR(db.Exec("BEGIN IMMEDIATE"));
+  absl::Status status = body();
+  if (status.ok()) status = db.Exec("COMMIT");
+  if (!status.ok()) (void)db.Exec("ROLLBACK");
+  return status;
+}
+
+}  // namespace
+
+SqliteStore::SqliteStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
+SqliteStore::~SqliteStore() = default;
+
+absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOptions& options) {
+  WS_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout)));
+  if (options.synchronous != "FULL" && options.synchronous != "NORMAL" &&
+      options.synchronous != "OFF" && options.synchronous != "EXTRA") {
+    return absl::InvalidArgumentError("synchronous must be OFF, NORMAL, FULL or EXTRA");
+  }
+  WS_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=WAL"));
+  WS_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=" + options.synchronous));
+  WS_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));
+  auto store = std::unique_ptr<SqliteStore>(new SqliteStore(std::move(db)));
+  WS_RETURN_IF_ERROR(store->Migrate());
+  return store;
+}
+
+absl::Status SqliteStore::Migrate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_RETURN_IF_ERROR(db_->Exec(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+        "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
+    WS_ASSIGN_OR_RETURN(SqliteStatement * max,
+                        db_->Prepare("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
+    WS_ASSIGN_OR_RETURN(bool row, max->Step());
+    const int current = row ? static_cast<int>(max->Int(0)) : 0;
+    max->Reset();
+    const auto& migrations = sqlite_migrations();
+    const int newest = migrations.empty() ? 0 : migrations.back().version;
+    if (current > newest) {
+      return absl::FailedPreconditionError(
+          "database schema is version " + std::to_string(current) + " but this build knows only " +
+          "up to " + std::to_string(newest) + "; use a newer waystone");
+    }
+    for (const auto& migration : migrations) {
+      if (migration.version <= current) continue;
+      WS_RETURN_IF_ERROR(db_->Exec(migration.sql));
+      WS_ASSIGN_OR_RETURN(SqliteStatement * insert,
+                          db_->Prepare("INSERT INTO schema_migrations VALUES (?, ?, "
+                                       "CAST(strftime('%s','now') AS INTEGER) * 1000)"));
+      WS_RETURN_IF_ERROR(insert->BindAll(migration.version, migration.name).Run());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<int> SqliteStore::SchemaVersion() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare("SELECT MAX(version) FROM schema_migrations"));
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  const int version = row ? static_cast<int>(s->Int(0)) : 0;
+  s->Reset();
+  return version;
+}
+
+absl::Status SqliteStore::PutDefinition(const std::string& hash, const std::string& workflow,
+                                        const std::string& source, const std::string& text,
+                                        Millis now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("INSERT OR IGNORE INTO definitions VALUES (?, ?, ?, ?, ?)"));
+  return s->BindAll(hash, workflow, source, text, now).Run();
+}
+
+absl::StatusOr<std::string> SqliteStore::GetDefinition(const std::string& hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare("SELECT body FROM definitions WHERE hash = ?"));
+  s->BindAll(hash);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  if (!row) return absl::NotFoundError("no definition with hash " + hash);
+  std::string body = s->Text(0);
+  s->Reset();
+  return body;
+}
+
+absl::StatusOr<InstanceRecord> SqliteStore::LoadInstance(const std::string& where_sql, int64_t id,
+                                                         const std::string& tenant,
+                                                         const std::string& key) {
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare(std::string("SELECT ") + kInstanceColumns +
+                                   " FROM instances WHERE " + where_sql));
+  if (id != 0) {
+    s->BindAll(id);
+  } else {
+    s->BindAll(tenant, key);
+  }
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  if (!row) {
+    s->Reset();
+    return absl::NotFoundError(id != 0 ? "no instance with id " + std::to_string(id)
+                                       : "no instance '" + key + "' in tenant '" + tenant + "'");
+  }
+  InstanceRecord record = ReadInstance(*s);
+  s->Reset();
+  return record;
+}
+
+absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StartResult result;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    const bool has_event = !in.event_source.empty() && !in.event_id.empty();
+    if (has_event) {
+      WS_ASSIGN_OR_RETURN(SqliteStatement * claim,
+                          db_->Prepare("INSERT OR IGNORE INTO inbox (source, event_id, "
+                                       "received_at) VALUES (?, ?, ?)"));
+      WS_RETURN_IF_ERROR(claim->BindAll(in.event_source, in.event_id, in.now).Run());
+      if (db_->Changes() == 0) {
+        WS_ASSIGN_OR_RETURN(SqliteStatement * prior,
+                            db_->Prepare("SELECT instance_id FROM inbox WHERE source = ? AND "
+                                         "event_id = ?"));
+        prior->BindAll(in.event_source, in.event_id);
+        WS_ASSIGN_OR_RETURN(bool row, prior->Step());
+        const int64_t prior_id = row ? prior->Int(0) : 0;
+        prior->Reset();
+        WS_ASSIGN_OR_RETURN(result.instance, LoadInstance("id = ?", prior_id, "", ""));
+        result.outcome = StartOutcome::kDuplicateEvent;
+        return absl::OkStatus();
+      }
+    }
+    auto existing = LoadInstance("tenant = ? AND business_key = ?", 0, in.tenant, in.key);
+    if (existing.ok()) {
+      if (existing->input_hash != in.input_hash) {
+        return absl::FailedPreconditionError(
+            "instance '" + in.key + "' already exists with input hash " +
+            existing->input_hash.substr(0, 16) + "; this start has input hash " +
+            in.input_hash.substr(0, 16) + " (same business key, different input)");
+      }
+      result.outcome = StartOutcome::kExisting;
+      result.instance = *existing;
+    } else if (absl::IsNotFound(existing.status())) {
+      WS_ASSIGN_OR_RETURN(
+          SqliteStatement * insert,
+          db_->Prepare("INSERT INTO instances (tenant, business_key, workflow, definition_hash, "
+                       "input_json, input_hash, state, next_run_at, trace_id, source_event, "
+                       "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+      const std::string source_event =
+          has_event ? in.event_source + " " + in.event_id : std::string();
+      WS_RETURN_IF_ERROR(insert
+                             ->BindAll(in.tenant, in.key, in.workflow, in.definition_hash,
+                                       in.input_json, in.input_hash,
+                                       static_cast<int64_t>(InstanceState::kRunning), in.now,
+                                       in.trace_id, source_event, in.now, in.now)
+                             .Run());
+      const int64_t id = db_->LastInsertRowId();
+      WS_ASSIGN_OR_RETURN(SqliteStatement * step,
+                          db_->Prepare("INSERT INTO steps (instance_id, step_index, name, state) "
+                                       "VALUES (?, ?, ?, ?)"));
+      for (size_t i = 0; i < in.step_names.size(); ++i) {
+        WS_RETURN_IF_ERROR(step->BindAll(id, static_cast<int64_t>(i), in.step_names[i],
+                                         static_cast<int64_t>(StepState::kPending))
+                               .Run());
+        step->Reset();
+      }
+      WS_ASSIGN_OR_RETURN(SqliteStatement * event,
+                          db_->Prepare("INSERT INTO outbox (event_id, instance_id, tenant, type, "
+                                       "payload, created_at) VALUES (?, ?, ?, ?, ?, ?)"));
+      WS_RETURN_IF_ERROR(event
+                             ->BindAll(in.started_event.event_id, id, in.tenant,
+                                       in.started_event.type, in.started_event.payload_json, in.now)
+                             .Run());
+      result.outcome = StartOutcome::kCreated;
+      WS_ASSIGN_OR_RETURN(result.instance, LoadInstance("id = ?", id, "", ""));
+    } else {
+      return existing.status();
+    }
+    if (has_event) {
+      WS_ASSIGN_OR_RETURN(SqliteStatement * link,
+                          db_->Prepare("UPDATE inbox SET instance_id = ? WHERE source = ? AND "
+                                       "event_id = ?"));
+      WS_RETURN_IF_ERROR(link->BindAll(result.instance.id, in.event_source, in.event_id).Run());
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::StatusOr<std::vector<Lease>> SqliteStore::ClaimRunnable(const std::string& owner,
+                                                              Millis now, Millis lease_duration,
+                                                              int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Lease> leases;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * s,
+        db_->Prepare("UPDATE instances SET lease_owner = ?1, lease_expires_at = ?2 + ?3, "
+                     "lease_epoch = lease_epoch + 1 WHERE id IN (SELECT id FROM instances "
+                     "WHERE state IN (1, 3) AND next_run_at <= ?2 AND lease_expires_at <= ?2 "
+                     "ORDER BY next_run_at LIMIT ?4) RETURNING id, lease_epoch"));
+      s->BindAll(owner, now, lease_duration, limit);
+    while (true) {
+      WS_ASSIGN_OR_RETURN(bool row, s->Step());
+      if (!row) break;
+      leases.push_back({s->Int(0), s->Int(1), owner});
+    }
+    s->Reset();
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return leases;
+}
+
+absl::StatusOr<Lease> SqliteStore::ClaimInstance(int64_t instance_id, const std::string& owner,
+                                                 Millis now, Millis lease_duration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Lease lease;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * s,
+        db_->Prepare("UPDATE instances SET lease_owner = ?1, lease_expires_at = ?2 + ?3, "
+                     "lease_epoch = lease_epoch + 1 WHERE id = ?4 AND lease_expires_at <= ?2 "
+                     "RETURNING id, lease_epoch"));
+    s->BindAll(owner, now, lease_duration, instance_id);
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (row) lease = {s->Int(0), s->Int(1), owner};
+    s->Reset();
+    if (row) return absl::OkStatus();
+    WS_ASSIGN_OR_RETURN(InstanceRecord record, LoadInstance("id = ?", instance_id, "", ""));
+    return absl::FailedPreconditionError("instance " + record.key + " is leased by " +
+                                         record.lease_owner + " until " +
+                                         std::to_string(record.lease_expires_at));
+  });
+  if (!status.ok()) return status;
+  return lease;
+}
+
+absl::StatusOr<std::vector<std::string>> SqliteStore::LeaseOwners(Millis now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT DISTINCT lease_owner FROM instances WHERE "
+                                   "lease_expires_at > ? AND lease_owner <> ''"));
+  s->BindAll(now);
+  std::vector<std::string> owners;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    owners.push_back(s->Text(0));
+  }
+  s->Reset();
+  return owners;
+}
+
+absl::Status SqliteStore::ExpireLeases(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("UPDATE instances SET lease_expires_at = 0 WHERE "
+                                   "lease_owner = ? AND lease_expires_at > 0"));
+  return s->BindAll(owner).Run();
+}
+
+absl::Status SqliteStore::ApplyChange(const Change& c) {
+  // Fencing first: nothing else is written unless this worker still holds the lease.
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * fence,
+      db_->Prepare("UPDATE instances SET updated_at = ?1, lease_expires_at = ?2, "
+                   "lease_owner = CASE WHEN ?2 = 0 THEN '' ELSE lease_owner END, "
+                   "state = COALESCE(?3, state), status_reason = COALESCE(?4, status_reason), "
+                   "next_run_at = COALESCE(?5, next_run_at) "
+                   "WHERE id = ?6 AND lease_epoch = ?7 AND lease_owner = ?8"));
+  fence->Bind(1, c.now).Bind(2, c.lease_expires_at);
+  if (c.state) fence->Bind(3, static_cast<int64_t>(*c.state)); else fence->BindNull(3);
+  if (c.status_reason) fence->Bind(4, std::string_view(*c.status_reason)); else fence->BindNull(4);
+  if (c.next_run_at) fence->Bind(5, *c.next_run_at); else fence->BindNull(5);
+  fence->Bind(6, c.lease.instance_id).Bind(7, c.lease.epoch).Bind(8, std::string_view(c.lease.owner));
+  WS_RETURN_IF_ERROR(fence->Run());
+  if (db_->Changes() != 1) {
+    return absl::AbortedError("lease lost on instance " + std::to_string(c.lease.instance_id) +
+                              " (epoch " + std::to_string(c.lease.epoch) + ")");
+  }
+
+  if (c.idempotency) {
+    const IdempotencyClaim& claim = *c.idempotency;
+    WS_ASSIGN_OR_RETURN(SqliteStatement * get,
+                        db_->Prepare("SELECT request_hash, expires_at FROM idempotency_keys "
+                                     "WHERE tenant = ? AND key = ?"));
+    get->BindAll(claim.tenant, claim.key);
+    WS_ASSIGN_OR_RETURN(bool row, get->Step());
+    const std::string stored_hash = row ? get->Text(0) : "";
+    const Millis expires_at = row ? get->Int(1) : 0;
+    get->Reset();
+    if (row && expires_at > c.now && stored_hash != claim.request_hash) {
+      return absl::FailedPreconditionError(
+          "idempotency key '" + claim.key + "' was used for request hash " +
+          stored_hash.substr(0, 16) + "; this request has hash " +
+          claim.request_hash.substr(0, 16) + " (the request changed under the same key)");
+    }
+    WS_ASSIGN_OR_RETURN(SqliteStatement * put,
+                        db_->Prepare("INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?) "
+                                     "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
+                                     "excluded.request_hash, expires_at = excluded.expires_at"));
+    WS_RETURN_IF_ERROR(put->BindAll(claim.tenant, claim.key, claim.request_hash,
+                                    claim.instance_id, claim.step, c.now, claim.expires_at)
+                           .Run());
+  }
+
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * step,
+      db_->Prepare("UPDATE steps SET state = ?, attempts = ?, error_class = ?, error_message = ?, "
+                   "external_id = ?, response_json = ?, idempotency_key = ?, request_hash = ?, "
+                   "resolution = ?, unknowns = ?, lookups = ?, compensation_attempts = ?, "
+                   "next_attempt_at = ?, started_at = ?, finished_at = ?, span_id = ? "
+                   "WHERE instance_id = ? AND step_index = ?"));
+  for (const StepRecord& s : c.steps) {
+    WS_RETURN_IF_ERROR(step->BindAll(static_cast<int64_t>(s.state), s.attempts,
+                                     static_cast<int64_t>(s.error_class), s.error_message,
+                                     s.external_id, s.response_json, s.idempotency_key,
+                                     s.request_hash, static_cast<int64_t>(s.resolution),
+                                     s.unknowns, s.lookups, s.compensation_attempts,
+                                     s.next_attempt_at, s.started_at, s.finished_at, s.span_id,
+                                     c.lease.instance_id, s.index)
+                             .Run());
+    if (db_->Changes() != 1) {
+      return absl::InternalError("step " + std::to_string(s.index) + " of instance " +
+                                 std::to_string(c.lease.instance_id) + " does not exist");
+    }
+    step->Reset();
+  }
+
+  WS_ASSIGN_OR_RETURN(SqliteStatement * event,
+                      db_->Prepare("INSERT INTO outbox (event_id, instance_id, tenant, type, "
+                                   "payload, created_at) VALUES (?, ?, ?, ?, ?, ?)"));
+  for (const EventRecord& e : c.events) {
+    WS_RETURN_IF_ERROR(
+        event->BindAll(e.event_id, c.lease.instance_id, e.tenant, e.type, e.payload_json, c.now)
+            .Run());
+    event->Reset();
+  }
+
+  WS_ASSIGN_OR_RETURN(SqliteStatement * alert,
+                      db_->Prepare("INSERT INTO alerts (instance_id, tenant, step_name, kind, "
+                                   "state, message, created_at, updated_at) VALUES "
+                                   "(?, ?, ?, ?, ?, ?, ?, ?)"));
+  for (const AlertRecord& a : c.alerts) {
+    WS_RETURN_IF_ERROR(alert
+                           ->BindAll(c.lease.instance_id, a.tenant, a.step,
+                                     static_cast<int64_t>(a.kind),
+                                     static_cast<int64_t>(AlertState::kOpen), a.message, c.now,
+                                     c.now)
+                           .Run());
+    alert->Reset();
+  }
+
+  WS_ASSIGN_OR_RETURN(SqliteStatement * audit,
+                      db_->Prepare("INSERT INTO audit_log (at, actor, tenant, instance_id, action, "
+                                   "reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?)"));
+  for (const AuditRecord& a : c.audits) {
+    WS_RETURN_IF_ERROR(audit
+                           ->BindAll(c.now, a.actor, a.tenant, c.lease.instance_id, a.action,
+                                     a.reason, a.detail_json.empty() ? "{}" : a.detail_json)
+                           .Run());
+    audit->Reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<Change>& changes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<absl::Status> results;
+  results.reserve(changes.size());
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    for (const Change& change : changes) {
+      WS_RETURN_IF_ERROR(db_->Exec("SAVEPOINT change"));
+      absl::Status applied = ApplyChange(change);
+      if (!applied.ok()) {
+        // A lost lease or key conflict undoes this change only; anything else
+        // (I/O, busy, bug) fails the whole group so every caller retries.
+        WS_RETURN_IF_ERROR(db_->Exec("ROLLBACK TO change"));
+        if (!absl::IsAborted(applied) && !absl::IsFailedPrecondition(applied)) return applied;
+      }
+      WS_RETURN_IF_ERROR(db_->Exec("RELEASE change"));
+      results.push_back(applied);
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return results;
+}
+
+absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LoadInstance("id = ?", id, "", "");
+}
+
+absl::StatusOr<InstanceRecord> SqliteStore::FindInstance(const std::string& tenant,
+                                                         const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LoadInstance("tenant = ? AND business_key = ?", 0, tenant, key);
+}
+
+absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare(std::string("SELECT ") + kStepColumns +
+                                   " FROM steps WHERE instance_id = ? ORDER BY step_index"));
+  s->BindAll(instance_id);
+  std::vector<StepRecord> steps;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    steps.push_back(ReadStep(*s));
+  }
+  s->Reset();
+  return steps;
+}
+
+absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
+    const InstanceFilter& filter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db_->Prepare(std::string("SELECT ") + kInstanceColumns +
+                   " FROM instances WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR "
+                   "workflow = ?2) AND (?3 IS NULL OR state = ?3) ORDER BY id LIMIT ?4"));
+  if (filter.tenant) s->Bind(1, std::string_view(*filter.tenant)); else s->BindNull(1);
+  if (filter.workflow) s->Bind(2, std::string_view(*filter.workflow)); else s->BindNull(2);
+  if (filter.state) s->Bind(3, static_cast<int64_t>(*filter.state)); else s->BindNull(3);
+  s->Bind(4, static_cast<int64_t>(filter.limit));
+  std::vector<InstanceRecord> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back(ReadInstance(*s));
+  }
+  s->Reset();
+  return out;
+}
+
+absl::StatusOr<std::vector<EventRecord>> SqliteStore::ListEvents(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT seq, event_id, instance_id, tenant, type, payload, "
+                                   "created_at FROM outbox WHERE instance_id = ? ORDER BY seq"));
+  s->BindAll(instance_id);
+  std::vector<EventRecord> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back({s->Int(0), s->Text(1), s->Int(2), s->Text(3), s->Text(4), s->Text(5), s->Int(6)});
+  }
+  s->Reset();
+  return out;
+}
+
+absl::StatusOr<std::vector<AlertRecord>> SqliteStore::ListAlerts(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT id, instance_id, tenant, step_name, kind, state, "
+                                   "message, created_at FROM alerts WHERE (?1 = 0 OR "
+                                   "instance_id = ?1) ORDER BY id"));
+  s->BindAll(instance_id);
+  std::vector<AlertRecord> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back({s->Int(0), s->Int(1), s->Text(2), s->Text(3),
+                   static_cast<AlertKind>(s->Int(4)), static_cast<AlertState>(s->Int(5)),
+                   s->Text(6), s->Int(7)});
+  }
+  s->Reset();
+  return out;
+}
+
+absl::StatusOr<std::vector<AuditRecord>> SqliteStore::ListAudit(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT seq, at, actor, tenant, instance_id, action, reason, "
+                                   "detail FROM audit_log WHERE instance_id = ? ORDER BY seq"));
+  s->BindAll(instance_id);
+  std::vector<AuditRecord> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back({s->Int(0), s->Int(1), s->Text(2), s->Text(3), s->Int(4), s->Text(5),
+                   s->Text(6), s->Text(7)});
+  }
+  s->Reset();
+  return out;
+}
+
+absl::StatusOr<std::optional<IdempotencyClaim>> SqliteStore::GetIdempotencyClaim(
+    const std::string& tenant, const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT request_hash, instance_id, step_name, expires_at FROM "
+                                   "idempotency_keys WHERE tenant = ? AND key = ?"));
+  s->BindAll(tenant, key);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  std::optional<IdempotencyClaim> claim;
+  if (row) claim = IdempotencyClaim{tenant, key, s->Text(0), s->Int(1), s->Text(2), s->Int(3)};
+  s->Reset();
+  return claim;
+}
+
+absl::StatusOr<StoreSummary> SqliteStore::Summary() {
+  std::lock_guard<std::mutex> lock(mu_);
+  StoreSummary summary;
+  WS_ASSIGN_OR_RETURN(SqliteStatement * by_state,
+                      db_->Prepare("SELECT state, COUNT(*) FROM instances GROUP BY state "
+                                   "ORDER BY state"));
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, by_state->Step());
+    if (!row) break;
+    summary.instances_by_state.emplace_back(static_cast<InstanceState>(by_state->Int(0)),
+                                            by_state->Int(1));
+  }
+  by_state->Reset();
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * steps,
+      db_->Prepare("SELECT COALESCE(SUM(MAX(attempts - 1, 0)), 0), COALESCE(SUM(unknowns), 0), "
+                   "COALESCE(SUM(resolution = 1), 0), COALESCE(SUM(resolution = 2), 0), "
+                   "COALESCE(SUM(state = 7), 0) FROM steps"));
+  WS_ASSIGN_OR_RETURN(bool row, steps->Step());
+  if (row) {
+    summary.retries = steps->Int(0);
+    summary.unknown_outcomes = steps->Int(1);
+    summary.resolved_by_lookup = steps->Int(2);
+    summary.resubmitted_after_lookup = steps->Int(3);
+    summary.compensations = steps->Int(4);
+  }
+  steps->Reset();
+  WS_ASSIGN_OR_RETURN(SqliteStatement * counts,
+                      db_->Prepare("SELECT (SELECT COUNT(*) FROM alerts WHERE state = 1), "
+                                   "(SELECT COUNT(*) FROM outbox)"));
+  WS_ASSIGN_OR_RETURN(row, counts->Step());
+  if (row) {
+    summary.open_alerts = counts->Int(0);
+    summary.outbox_events = counts->Int(1);
+  }
+  counts->Reset();
+  return summary;
+}
+
+absl::StatusOr<std::optional<Millis>> SqliteStore::NextDueTime() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT MIN(MAX(next_run_at, lease_expires_at)) FROM "
+                                   "instances WHERE state IN (1, 3)"));
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  std::optional<Millis> due;
+  if (row && !s->IsNull(0)) due = s->Int(0);
+  s->Reset();
+  return due;
+}
+
+}  // namespace waystone

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "store/store.h"
+
+namespace waystone {
+
+class SqliteDb;
+
+// Store on one SQLite file in WAL mode. Several processes may open the same file;
+// SQLite's write lock serializes their transactions. Thread-safe: one connection
+// guarded by a mutex.
+class SqliteStore final : public Store {
+ public:
+  // Opens or creates the database, applies pending migrations, and refuses a file
+  // whose schema is newer than this build (FailedPrecondition).
+  static absl::StatusOr<std::unique_ptr<SqliteStore>> Open(const StoreOptions& options);
+  ~SqliteStore() override;
+
+  absl::Status PutDefinition(const std::string& hash, const std::string& workflow,
+                             const std::string& source, const std::string& text,
+                             Millis now) override;
+  absl::StatusOr<std::string> GetDefinition(const std::string& hash) override;
+  absl::StatusOr<StartResult> StartInstance(const NewInstance& instance) override;
+  absl::StatusOr<std::vector<Lease>> ClaimRunnable(const std::string& owner, Millis now,
+                                                   Millis lease_duration, int limit) override;
+  absl::StatusOr<Lease> ClaimInstance(int64_t instance_id, const std::string& owner, Millis now,
+                                      Millis lease_duration) override;
+  absl::StatusOr<std::vector<std::string>> LeaseOwners(Millis now) override;
+  absl::Status ExpireLeases(const std::string& owner) override;
+  absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& changes) override;
+  absl::StatusOr<InstanceRecord> GetInstance(int64_t id) override;
+  absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,
+                                              const std::string& key) override;
+  absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) override;
+  absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& filter) override;
+  absl::StatusOr<std::vector<EventRecord>> ListEvents(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AlertRecord>> ListAlerts(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AuditRecord>> ListAudit(int64_t instance_id) override;
+  absl::StatusOr<std::optional<IdempotencyClaim>> GetIdempotencyClaim(
+      const std::string& tenant, const std::string& key) override;
+  absl::StatusOr<StoreSummary> Summary() override;
+  absl::StatusOr<std::optional<Millis>> NextDueTime() override;
+
+  // Returns the schema version (the highest applied migration).
+  absl::StatusOr<int> SchemaVersion();
+
+ private:
+  explicit SqliteStore(std::unique_ptr<SqliteDb> db);
+  absl::Status Migrate();
+  absl::Status ApplyChange(const Change& change);
+  absl::StatusOr<InstanceRecord> LoadInstance(const std::string& where_sql, int64_t id,
+                                              const std::string& tenant,
+                                              const std::string& key);
+
+  std::mutex mu_;
+  std::unique_ptr<SqliteDb> db_;  // guarded by mu_
+};
+
+}  // namespace waystone

@@ -1,0 +1,242 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "model/states.h"
+
+namespace waystone {
+
+// The store is the one place that speaks SQL. This header holds its records (plain
+// values) and the narrow interface the engine, CLI and server use; sqlite/ and (later)
+// postgres/ implement it with the same semantics.
+
+struct InstanceRecord {
+  int64_t id = 0;
+  std::string tenant;
+  std::string key;              // business key, unique per tenant
+  std::string workflow;
+  std::string definition_hash;  // pinned: a resume uses this definition, never a newer one
+  std::string input_json;
+  std::string input_hash;
+  InstanceState state = InstanceState::kRunning;
+  std::string status_reason;    // why it stopped where it did, for operators
+  Millis next_run_at = 0;
+  std::string lease_owner;
+  Millis lease_expires_at = 0;
+  int64_t lease_epoch = 0;
+  std::string trace_id;
+  std::string source_event;     // "source id" of the event that started it, if any
+  Millis created_at = 0;
+  Millis updated_at = 0;
+};
+
+// One checkpoint: the latest state of one step of one instance.
+struct StepRecord {
+  int64_t instance_id = 0;
+  int index = 0;
+  std::string name;
+  StepState state = StepState::kPending;
+  int attempts = 0;                 // submissions of the step's request
+  ErrorClass error_class = ErrorClass::kNone;  // of the last failed attempt
+  std::string error_message;
+  std::string external_id;          // order number, object location, message id
+  std::string response_json;        // the response body (or a transform's output)
+  std::string idempotency_key;
+  std::string request_hash;
+  Resolution resolution = Resolution::kNone;
+  int unknowns = 0;                 // times an attempt ended with an unknown outcome
+  int lookups = 0;                  // lookups made
+  int compensation_attempts = 0;
+  Millis next_attempt_at = 0;
+  Millis started_at = 0;
+  Millis finished_at = 0;
+  std::string span_id;              // W3C trace-context parent id of the last call
+};
+
+// An outbox row: an event that leaves only once its transaction commits.
+struct EventRecord {
+  int64_t seq = 0;
+  std::string event_id;
+  int64_t instance_id = 0;
+  std::string tenant;
+  std::string type;         // e.g. waystone.step.completed
+  std::string payload_json;
+  Millis created_at = 0;
+};
+
+struct AlertRecord {
+  int64_t id = 0;
+  int64_t instance_id = 0;
+  std::string tenant;
+  std::string step;
+  AlertKind kind = AlertKind::kNeedsOperator;
+  AlertState state = AlertState::kOpen;
+  std::string message;
+  Millis created_at = 0;
+};
+
+struct AuditRecord {
+  int64_t seq = 0;
+  Millis at = 0;
+  std::string actor;
+  std::string tenant;
+  int64_t instance_id = 0;
+  std::string action;
+  std::string reason;
+  std::string detail_json;
+};
+
+// A claim of an idempotency key for a request hash. Committed with the step's
+// `running` checkpoint: a second claim with another hash is a conflict.
+struct IdempotencyClaim {
+  std::string tenant;
+  std::string key;
+  std::string request_hash;
+  int64_t instance_id = 0;
+  std::string step;
+  Millis expires_at = 0;
+};
+
+// The right to change one instance: valid while the stored epoch and owner match.
+struct Lease {
+  int64_t instance_id = 0;
+  int64_t epoch = 0;
+  std::string owner;
+  bool operator==(const Lease&) const = default;
+};
+
+// Everything one worker commits for one instance at once. Applied all-or-nothing,
+// and only while `lease` still holds (fencing).
+struct Change {
+  Lease lease;
+  Millis now = 0;
+  std::optional<InstanceState> state;
+  std::optional<std::string> status_reason;
+  std::optional<Millis> next_run_at;
+  Millis lease_expires_at = 0;  // renewal; 0 releases the lease
+  std::vector<StepRecord> steps;
+  std::vector<EventRecord> events;
+  std::vector<AlertRecord> alerts;
+  std::vector<AuditRecord> audits;
+  std::optional<IdempotencyClaim> idempotency;
+};
+
+struct NewInstance {
+  std::string tenant;
+  std::string key;
+  std::string workflow;
+  std::string definition_hash;
+  std::string input_json;
+  std::string input_hash;
+  std::string trace_id;
+  std::string event_source;  // with event_id: claimed in the inbox in the same transaction
+  std::string event_id;
+  std::vector<std::string> step_names;
+  EventRecord started_event;
+  Millis now = 0;
+};
+
+enum class StartOutcome : uint8_t {
+  kCreated = 1,
+  kExisting = 2,        // same key and same input: the existing instance
+  kDuplicateEvent = 3,  // the event was already claimed: no second effect
+};
+
+struct StartResult {
+  StartOutcome outcome = StartOutcome::kCreated;
+  InstanceRecord instance;
+};
+
+struct InstanceFilter {
+  std::optional<std::string> tenant;
+  std::optional<std::string> workflow;
+  std::optional<InstanceState> state;
+  int limit = 100;
+};
+
+struct StoreSummary {
+  std::vector<std::pair<InstanceState, int64_t>> instances_by_state;
+  int64_t retries = 0;                 // attempts beyond the first, over all steps
+  int64_t unknown_outcomes = 0;
+  int64_t resolved_by_lookup = 0;
+  int64_t resubmitted_after_lookup = 0;
+  int64_t compensations = 0;           // steps compensated
+  int64_t open_alerts = 0;
+  int64_t outbox_events = 0;
+};
+
+// Store is the durable state of Waystone. Implementations are thread-safe; every
+// method is one transaction. Statuses: Aborted = lease lost (fencing), retry after
+// re-claiming; FailedPrecondition = a conflict that retrying will not fix;
+// Unavailable = the database is busy or unreachable, retry with backoff.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Saves a definition's exact text under its hash (no-op when present).
+  virtual absl::Status PutDefinition(const std::string& hash, const std::string& workflow,
+                                     const std::string& source, const std::string& text,
+                                     Millis now) = 0;
+  // Returns the text stored under `hash`; NotFound when absent.
+  virtual absl::StatusOr<std::string> GetDefinition(const std::string& hash) = 0;
+
+  // Creates the instance with its pending steps and `started_event`, or returns the
+  // existing one for the same tenant and key. The same key with another input hash
+  // is FailedPrecondition naming both hashes.
+  virtual absl::StatusOr<StartResult> StartInstance(const NewInstance& instance) = 0;
+
+  // Claims up to `limit` runnable instances (running or compensating, due, lease
+  // free or expired), bumping each lease epoch.
+  virtual absl::StatusOr<std::vector<Lease>> ClaimRunnable(const std::string& owner, Millis now,
+                                                           Millis lease_duration, int limit) = 0;
+  // Claims one instance if it is runnable or its lease has expired (its due time is
+  // not checked); NotFound when absent, FailedPrecondition when leased by another.
+  virtual absl::StatusOr<Lease> ClaimInstance(int64_t instance_id, const std::string& owner,
+                                              Millis now, Millis lease_duration) = 0;
+  // Returns the distinct owners of unexpired leases.
+  virtual absl::StatusOr<std::vector<std::string>> LeaseOwners(Millis now) = 0;
+  // Ends every lease held by `owner` (an owner known to be dead).
+  virtual absl::Status ExpireLeases(const std::string& owner) = 0;
+
+  // Applies each change in one shared transaction (group commit); each change is
+  // all-or-nothing on its own. Returns one status per change: OK, Aborted (lease
+  // lost) or FailedPrecondition (idempotency key reused with another request).
+  // A non-OK return means the transaction as a whole failed and nothing was applied.
+  virtual absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& changes) = 0;
+
+  virtual absl::StatusOr<InstanceRecord> GetInstance(int64_t id) = 0;
+  virtual absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,
+                                                      const std::string& key) = 0;
+  virtual absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) = 0;
+  virtual absl::StatusOr<std::vector<InstanceRecord>> ListInstances(
+      const InstanceFilter& filter) = 0;
+  virtual absl::StatusOr<std::vector<EventRecord>> ListEvents(int64_t instance_id) = 0;
+  virtual absl::StatusOr<std::vector<AlertRecord>> ListAlerts(int64_t instance_id) = 0;
+  virtual absl::StatusOr<std::vector<AuditRecord>> ListAudit(int64_t instance_id) = 0;
+  virtual absl::StatusOr<std::optional<IdempotencyClaim>> GetIdempotencyClaim(
+      const std::string& tenant, const std::string& key) = 0;
+  virtual absl::StatusOr<StoreSummary> Summary() = 0;
+  // Returns the earliest next_run_at of a runnable instance, if any.
+  virtual absl::StatusOr<std::optional<Millis>> NextDueTime() = 0;
+};
+
+struct StoreOptions {
+  // "sqlite" path or file URI. Created when absent.
+  std::string path = "waystone.db";
+  // SQLite synchronous mode: FULL (default) makes every commit durable on power loss.
+  std::string synchronous = "FULL";
+  // How long to wait for another process's write lock before Unavailable.
+  Millis busy_timeout = 10'000;
+};
+
+// Opens (creating and migrating) the store named by `options.path`.
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(const StoreOptions& options);
+
+}  // namespace waystone
