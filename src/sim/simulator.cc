@@ -18,7 +18,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-enum class FaultKind { kNone, kDropResponse, kDelay, kUnavailable, kRateLimit, kFail };
+enum class FaultKind { kNone, kDropResponse, kDelay, kUnavailable, kRateLimit, kFail, kError };
 
 std::string_view FaultName(FaultKind kind) {
   switch (kind) {
@@ -28,6 +28,7 @@ std::string_view FaultName(FaultKind kind) {
     case FaultKind::kUnavailable: return "unavailable";
     case FaultKind::kRateLimit: return "rate_limit";
     case FaultKind::kFail: return "fail";
+    case FaultKind::kError: return "error";
   }
   return "none";
 }
@@ -40,6 +41,7 @@ struct Fault {
   double unavailable = 0;    // 503 with Retry-After, nothing committed
   double rate_limit = 0;     // 429 with Retry-After, nothing committed
   double fail = 0;           // 503 without Retry-After, nothing committed
+  double error = 0;          // 500, nothing committed (the caller cannot know that)
   int delay_ms = 3000;
   int retry_after_s = 1;
   std::deque<FaultKind> next;
@@ -102,7 +104,7 @@ class Simulator::Impl {
             FaultKind parsed = FaultKind::kNone;
             for (FaultKind f : {FaultKind::kDropResponse, FaultKind::kDelay,
                                 FaultKind::kUnavailable, FaultKind::kRateLimit, FaultKind::kFail,
-                                FaultKind::kNone}) {
+                                FaultKind::kError, FaultKind::kNone}) {
               if (FaultName(f) == k) parsed = f;
             }
             if (FaultName(parsed) != k) {
@@ -121,6 +123,7 @@ class Simulator::Impl {
         else if (name == "unavailable") fault.unavailable = value;
         else if (name == "rate_limit") fault.rate_limit = value;
         else if (name == "fail") fault.fail = value;
+        else if (name == "error") fault.error = value;
         else if (name == "delay_ms") fault.delay_ms = static_cast<int>(value);
         else if (name == "retry_after_s") fault.retry_after_s = static_cast<int>(value);
         else return absl::InvalidArgumentError("unknown knob '" + name + "' for " + it.key());
@@ -154,6 +157,9 @@ class Simulator::Impl {
     stats["duplicate_emails"] = Duplicates(email_by_content_);
     stats["crm_writebacks"] = writebacks_.size();
     stats["requests"] = requests_;
+    Json keys = Json::object();
+    for (const auto& [route, distinct] : keys_) keys[route] = distinct.size();
+    stats["distinct_idempotency_keys"] = keys;
     stats["faults"] = faults_injected_;
     return stats.dump();
   }
@@ -175,8 +181,9 @@ class Simulator::Impl {
   }
 
   // Counts the request and draws its fault. Caller holds mu_.
-  FaultKind Draw(const std::string& route) {
+  FaultKind Draw(const std::string& route, const std::string& key) {
     requests_[route] = requests_.value(route, 0) + 1;
+    if (!key.empty()) keys_[route].insert(key);
     auto it = faults_.find(route);
     if (it == faults_.end()) return FaultKind::kNone;
     Fault& fault = it->second;
@@ -191,7 +198,8 @@ class Simulator::Impl {
           {fault.delay, FaultKind::kDelay},
           {fault.unavailable, FaultKind::kUnavailable},
           {fault.rate_limit, FaultKind::kRateLimit},
-          {fault.fail, FaultKind::kFail}};
+          {fault.fail, FaultKind::kFail},
+          {fault.error, FaultKind::kError}};
       for (const auto& [p, k] : table) {
         if (p > 0 && roll(random_) < p) {
           kind = k;
@@ -214,9 +222,9 @@ class Simulator::Impl {
     int retry_after_s = 0;
   };
 
-  Drawn DrawLocked(const std::string& route) {
+  Drawn DrawLocked(const std::string& route, const httplib::Request& req) {
     Drawn d;
-    d.kind = Draw(route);
+    d.kind = Draw(route, KeyOf(req));
     auto it = faults_.find(route);
     if (it != faults_.end()) {
       d.delay_ms = it->second.delay_ms;
@@ -241,6 +249,10 @@ class Simulator::Impl {
       case FaultKind::kFail:
         res.status = 503;
         res.set_content(R"({"error":"backend failure"})", "application/json");
+        return true;
+      case FaultKind::kError:
+        res.status = 500;
+        res.set_content(R"({"error":"internal error"})", "application/json");
         return true;
       case FaultKind::kNone:
       case FaultKind::kDropResponse:
@@ -299,7 +311,7 @@ class Simulator::Impl {
       Drawn d;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("crm.get_customer");
+        d = DrawLocked("crm.get_customer", req);
       }
       if (RefuseBeforeCommit(d, res)) return;
       const std::string id = req.matches[1];
@@ -324,7 +336,7 @@ class Simulator::Impl {
       Drawn d;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("crm.writeback");
+        d = DrawLocked("crm.writeback", req);
         if (RefuseBeforeCommit(d, res)) return;
         writebacks_[std::string(req.matches[1]) + "/" + std::string(req.matches[2])] = body;
       }
@@ -350,7 +362,7 @@ class Simulator::Impl {
       Json order;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("erp.create_order");
+        d = DrawLocked("erp.create_order", req);
         if (RefuseBeforeCommit(d, res)) return;
         // This ERP does not deduplicate: a second POST creates a second order.
         const std::string id = "SO-" + std::to_string(100000 + ++order_seq_);
@@ -367,7 +379,7 @@ class Simulator::Impl {
       Json items = Json::array();
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("erp.find_orders");
+        d = DrawLocked("erp.find_orders", req);
         if (RefuseBeforeCommit(d, res)) return;
         const std::string ref = req.get_param_value("ref");
         auto it = orders_by_ref_.find(ref);
@@ -384,7 +396,7 @@ class Simulator::Impl {
       Json order;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("erp.cancel_order");
+        d = DrawLocked("erp.cancel_order", req);
         if (RefuseBeforeCommit(d, res)) return;
         ++cancel_requests_;
         auto it = orders_.find(req.matches[1]);
@@ -413,7 +425,7 @@ class Simulator::Impl {
       Json shipment;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("erp.create_shipment");
+        d = DrawLocked("erp.create_shipment", req);
         if (RefuseBeforeCommit(d, res)) return;
         if (Replay(shipments_by_key_, key, d, res)) return;
         const std::string order_id = body.value("order_id", "");
@@ -434,7 +446,7 @@ class Simulator::Impl {
       Json sent;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("line.push");
+        d = DrawLocked("line.push", req);
         if (RefuseBeforeCommit(d, res)) return;
         if (Replay(line_by_key_, key, d, res)) return;
         line_by_content_[body.value("to", "") + "|" + body["messages"].dump()] += 1;
@@ -453,7 +465,7 @@ class Simulator::Impl {
       Json sent;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        d = DrawLocked("email.send");
+        d = DrawLocked("email.send", req);
         if (RefuseBeforeCommit(d, res)) return;
         if (Replay(email_by_key_, key, d, res)) return;
         email_by_content_[body.value("to", "") + "|" + body.value("subject", "")] += 1;
@@ -498,6 +510,7 @@ class Simulator::Impl {
   std::map<std::string, int64_t> email_by_content_;
   std::map<std::string, Json> email_by_key_;
   std::map<std::string, Json> writebacks_;
+  std::map<std::string, std::set<std::string>> keys_;  // route -> Idempotency-Keys seen
 };
 
 Simulator::Simulator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

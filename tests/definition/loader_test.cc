@@ -1,0 +1,244 @@
+#include "definition/loader.h"
+
+#include <gtest/gtest.h>
+
+#include "support/process.h"
+
+namespace waystone {
+namespace {
+
+constexpr char kValid[] = R"(workflow: demo
+key: "{{input.id}}"
+steps:
+  - name: read
+    request: { method: GET, url: "{{env.URL}}/x/{{input.id}}" }
+  - name: write
+    recovery: lookup
+    request:
+      method: POST
+      url: "{{env.URL}}/orders"
+      body: { ref: "{{instance.key}}", from: "{{steps.read.response.id}}", n: 3 }
+    result: { external_id: "/id" }
+    lookup:
+      request: { method: GET, url: "{{env.URL}}/orders?ref={{instance.key}}" }
+      found: /items/0
+      external_id: /items/0/id
+    compensate:
+      request: { method: POST, url: "{{env.URL}}/orders/{{steps.write.external_id}}/cancel" }
+)";
+
+std::vector<Diagnostic> Lint(const std::string& text) {
+  return LintDefinitionText(text, "flow.yaml", nullptr);
+}
+
+// Returns true when one diagnostic contains `fragment`, at `line` when given.
+bool Has(const std::vector<Diagnostic>& diagnostics, const std::string& fragment, int line = 0,
+         const std::string& step = "") {
+  for (const auto& d : diagnostics) {
+    if (d.ToString().find(fragment) == std::string::npos) continue;
+    if (line != 0 && d.line != line) continue;
+    if (!step.empty() && d.step != step) continue;
+    return true;
+  }
+  return false;
+}
+
+std::string All(const std::vector<Diagnostic>& diagnostics) {
+  std::string out;
+  for (const auto& d : diagnostics) out += d.ToString() + "\n";
+  return out;
+}
+
+TEST(LoaderTest, ValidDefinitionLoads) {
+  auto definition = LoadDefinitionText(kValid, "flow.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  EXPECT_EQ(definition->name, "demo");
+  ASSERT_EQ(definition->steps.size(), 2u);
+  const StepDefinition& write = definition->steps[1];
+  EXPECT_EQ(write.name, "write");
+  EXPECT_EQ(write.line, 6);
+  EXPECT_EQ(write.recovery, RecoveryClass::kLookup);
+  EXPECT_EQ(write.request.method, "POST");
+  EXPECT_EQ(write.result_external_id, "/id");
+  ASSERT_TRUE(write.lookup.has_value());
+  EXPECT_EQ(write.lookup->found, "/items/0");
+  ASSERT_TRUE(write.compensate.has_value());
+  EXPECT_NE(write.request.body_json.find("\"n\":3"), std::string::npos);
+  EXPECT_EQ(definition->content_hash.size(), 64u);
+}
+
+TEST(LoaderTest, ExampleDefinitionsLoad) {
+  auto definition =
+      LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  EXPECT_EQ(definition->steps.size(), 6u);
+}
+
+TEST(LoaderTest, JsonIsAccepted) {
+  auto definition = LoadDefinitionText(
+      R"({"workflow": "j", "key": "{{input.id}}", "steps": [
+          {"name": "a", "request": {"method": "GET", "url": "http://x/{{input.id}}"}}]})",
+      "flow.json");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  EXPECT_EQ(definition->steps[0].name, "a");
+}
+
+TEST(LoaderTest, MalformedYamlNamesTheLine) {
+  auto d = Lint("workflow: x\nkey: \"{{input.id}}\"\nsteps:\n  - name: [unclosed\n");
+  ASSERT_FALSE(d.empty());
+  EXPECT_TRUE(Has(d, "malformed YAML")) << All(d);
+  EXPECT_GT(d[0].line, 0);
+  EXPECT_EQ(d[0].ToString().rfind("flow.yaml:", 0), 0u);
+}
+
+TEST(LoaderTest, UnknownFieldsAreRefusedWithLineAndStep) {
+  std::string text = kValid;
+  text.replace(text.find("    result:"), 0, "    retries: 3\n");
+  auto d = Lint(text);
+  EXPECT_TRUE(Has(d, "unknown field 'retries'", 12, "write")) << All(d);
+
+  auto top = Lint(std::string(kValid) + "owner: me\n");
+  EXPECT_TRUE(Has(top, "unknown field 'owner'", 19)) << All(top);
+}
+
+TEST(LoaderTest, BadTemplateIsRefused) {
+  std::string text = kValid;
+  text.replace(text.find("{{input.id}}\" }"), 12, "{{input.id");
+  auto d = Lint(text);
+  EXPECT_TRUE(Has(d, "unclosed", 0, "read")) << All(d);
+}
+
+TEST(LoaderTest, ReferenceToLaterStepIsRefused) {
+  std::string text = kValid;
+  text.replace(text.find("{{input.id}}\" }"), 12, "{{steps.write.external_id}}");
+  auto d = Lint(text);
+  EXPECT_TRUE(Has(d, "has not run yet", 4, "read")) << All(d);
+}
+
+TEST(LoaderTest, ReferenceToMissingStepIsRefused) {
+  std::string text = kValid;
+  text.replace(text.find("steps.read.response.id"), 22, "steps.reed.response.id");
+  auto d = Lint(text);
+  EXPECT_TRUE(Has(d, "'reed', which does not exist", 6, "write")) << All(d);
+}
+
+TEST(LoaderTest, UnknownTemplateRootIsRefused) {
+  std::string text = kValid;
+  text.replace(text.find("{{env.URL}}/orders\""), 11, "{{config.URL}}");
+  auto d = Lint(text);
+  EXPECT_TRUE(Has(d, "{{config.URL}} cannot be used here", 6, "write")) << All(d);
+}
+
+TEST(LoaderTest, KeyMayOnlyUseInputAndEnv) {
+  std::string text = kValid;
+  text.replace(text.find("{{input.id}}"), 12, "{{steps.read.response.id}}");
+  auto d = Lint(text);
+  EXPECT_TRUE(Has(d, "key: {{steps.read.response.id}} cannot be used here")) << All(d);
+}
+
+TEST(LoaderTest, SideEffectWithoutProtectionIsRefused) {
+  auto d = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: notify
+    request: { method: POST, url: "http://line/push" }
+)");
+  EXPECT_TRUE(Has(d, "side-effecting POST has no 'lookup'", 4, "notify")) << All(d);
+}
+
+TEST(LoaderTest, SideEffectIsAcceptedWithHonoredKeyOrManual) {
+  auto honored = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: notify
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://line/push" }
+)");
+  EXPECT_TRUE(honored.empty()) << All(honored);
+  auto manual = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: approve
+    recovery: manual
+    request: { method: POST, url: "http://approvals" }
+)");
+  EXPECT_TRUE(manual.empty()) << All(manual);
+}
+
+TEST(LoaderTest, CompensableNeedsCompensate) {
+  auto d = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: book
+    recovery: compensable
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/book" }
+)");
+  EXPECT_TRUE(Has(d, "'compensable' needs a 'compensate'", 4, "book")) << All(d);
+}
+
+TEST(LoaderTest, LookupRecoveryNeedsLookup) {
+  auto d = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: book
+    recovery: lookup
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/book" }
+)");
+  EXPECT_TRUE(Has(d, "recovery 'lookup' needs a 'lookup'", 4, "book")) << All(d);
+}
+
+TEST(LoaderTest, DuplicateStepNamesAndBadValues) {
+  auto d = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    request: { method: GET, url: "http://x", timeout: soon }
+    retry: { max_attempts: 0 }
+    errors: { "999": rejected, "409": maybe }
+  - name: a
+    recovery: sometimes
+    request: { method: FETCH, url: "http://x" }
+)");
+  EXPECT_TRUE(Has(d, "'timeout' must be a duration", 5, "a")) << All(d);
+  EXPECT_TRUE(Has(d, "'max_attempts' must be a whole number", 6, "a")) << All(d);
+  EXPECT_TRUE(Has(d, "'999' is not an HTTP status code", 7)) << All(d);
+  EXPECT_TRUE(Has(d, "must be transient, rejected or unknown", 7)) << All(d);
+  EXPECT_TRUE(Has(d, "duplicate step name", 8)) << All(d);
+  EXPECT_TRUE(Has(d, "'recovery' must be one of", 9)) << All(d);
+  EXPECT_TRUE(Has(d, "unsupported method 'FETCH'", 10)) << All(d);
+}
+
+TEST(LoaderTest, MissingTopLevelFields) {
+  auto d = Lint("description: nothing\n");
+  EXPECT_TRUE(Has(d, "missing field 'workflow'")) << All(d);
+  EXPECT_TRUE(Has(d, "missing field 'key'")) << All(d);
+  EXPECT_TRUE(Has(d, "missing field 'steps'")) << All(d);
+  EXPECT_TRUE(Has(Lint("- a\n- b\n"), "a definition is a mapping"));
+}
+
+TEST(LoaderTest, OversizedDefinitionIsRefused) {
+  std::string text(kMaxDefinitionBytes + 1, '#');
+  auto d = Lint(text);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_TRUE(Has(d, "the limit is")) << All(d);
+}
+
+TEST(LoaderTest, LoadJoinsAllDiagnostics) {
+  auto definition = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    request: { method: POST, url: "http://x" }
+    colour: blue
+)", "w.yaml");
+  ASSERT_FALSE(definition.ok());
+  EXPECT_EQ(definition.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(definition.status().message().find("w.yaml:6: step 'a': unknown field 'colour'"),
+            std::string::npos)
+      << definition.status();
+}
+
+}  // namespace
+}  // namespace waystone

@@ -1,0 +1,27 @@
+#include "definition/plan.h"
+
+#include <gtest/gtest.h>
+
+#include "definition/loader.h"
+#include "support/process.h"
+
+namespace waystone {
+namespace {
+
+TEST(PlanTest, NamesEveryStepWithItsRecovery) {
+  auto definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const std::string plan = RenderPlan(*definition);
+  for (const auto& step : definition->steps) {
+    EXPECT_NE(plan.find(step.name + "  [" + std::string(ToString(step.recovery)) + "]"),
+              std::string::npos)
+        << step.name;
+  }
+  EXPECT_NE(plan.find("look up GET"), std::string::npos);
+  EXPECT_NE(plan.find("{{instance.key}}:create-order:compensate"), std::string::npos);
+  EXPECT_NE(plan.find("409 -> rejected"), std::string::npos);
+  EXPECT_NE(plan.find("reverse order"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace waystone

@@ -1,0 +1,372 @@
+#include "engine/engine.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "definition/loader.h"
+#include "sim/simulator.h"
+#include "store/store.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// An engine on a fresh SQLite file, a real libcurl client and a simulator on
+// loopback. Time is a FakeClock: retry timers pass instantly and are measured.
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto sim = Simulator::Start({});
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    sim_ = std::move(*sim);
+    for (const char* name : {"CRM_URL", "ERP_URL", "LINE_URL", "EMAIL_URL"}) {
+      setenv(name, sim_->base_url().c_str(), 1);
+    }
+    setenv("WAYSTONE_SECRET_ERP_TOKEN", "erp-secret", 1);
+    setenv("WAYSTONE_SECRET_LINE_TOKEN", "line-secret", 1);
+    StoreOptions options;
+    options.path = dir_.File("engine.db");
+    auto store = OpenStore(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    http_ = NewCurlHttpClient({});
+    EngineOptions engine_options;
+    engine_options.lease_duration = 30'000;
+    auto engine = Engine::Create(store_.get(), http_.get(), &clock_, &random_, engine_options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    auto definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
+    ASSERT_TRUE(definition.ok()) << definition.status();
+    example_ = *definition;
+  }
+
+  void TearDown() override {
+    engine_.reset();
+    sim_->Stop();
+  }
+
+  static std::string Order(const std::string& id, const std::string& customer = "C-1") {
+    return Json{{"source", "crm"}, {"order_id", id}, {"customer_id", customer}, {"amount", 120}}
+        .dump();
+  }
+
+  // Starts an instance of `definition` and drives it until it rests.
+  InstanceRecord Run(const WorkflowDefinition& definition, const std::string& input) {
+    auto started = engine_->StartInstance(definition, {"default", input});
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return {};
+    auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return *store_->GetInstance(started->instance.id);
+  }
+
+  std::vector<StepRecord> Steps(const InstanceRecord& instance) {
+    auto steps = store_->GetSteps(instance.id);
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    return steps.ok() ? *steps : std::vector<StepRecord>{};
+  }
+
+  std::vector<EventRecord> Events(const InstanceRecord& instance) {
+    auto events = store_->ListEvents(instance.id);
+    EXPECT_TRUE(events.ok()) << events.status();
+    return events.ok() ? *events : std::vector<EventRecord>{};
+  }
+
+  StepRecord Step(const InstanceRecord& instance, const std::string& name) {
+    for (const auto& step : Steps(instance)) {
+      if (step.name == name) return step;
+    }
+    ADD_FAILURE() << "no step " << name;
+    return {};
+  }
+
+  Json Stats() { return Json::parse(sim_->StatsJson()); }
+
+  std::vector<std::string> EventTypes(const InstanceRecord& instance) {
+    std::vector<std::string> types;
+    for (const auto& e : Events(instance)) types.push_back(e.type);
+    return types;
+  }
+
+  void ExpectExactlyOneOfEach() {
+    Json stats = Stats();
+    EXPECT_EQ(stats["orders"], 1) << stats.dump();
+    EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
+    EXPECT_EQ(stats["shipments"], 1) << stats.dump();
+    EXPECT_EQ(stats["line_messages"], 1) << stats.dump();
+    EXPECT_EQ(stats["emails"], 1) << stats.dump();
+    EXPECT_EQ(stats["crm_writebacks"], 1) << stats.dump();
+  }
+
+  testing::TempDir dir_;
+  FakeClock clock_{1'800'000'000'000};
+  SeededRandom random_{11};
+  std::unique_ptr<Simulator> sim_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<HttpClient> http_;
+  std::unique_ptr<Engine> engine_;
+  WorkflowDefinition example_;
+};
+
+TEST_F(EngineTest, HappyPathCompletesEveryStepOnceWithEvents) {
+  InstanceRecord instance = Run(example_, Order("1"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  for (const auto& step : Steps(instance)) {
+    EXPECT_EQ(step.state, StepState::kCompleted) << step.name;
+    EXPECT_EQ(step.attempts, 1) << step.name;
+  }
+  EXPECT_EQ(Step(instance, "create-order").external_id, "SO-100001");
+  EXPECT_EQ(Step(instance, "create-order").idempotency_key, "crm:1:create-order");
+  ExpectExactlyOneOfEach();
+  auto types = EventTypes(instance);
+  ASSERT_EQ(types.size(), 8u);
+  EXPECT_EQ(types.front(), "waystone.instance.started");
+  EXPECT_EQ(std::count(types.begin(), types.end(), "waystone.step.completed"), 6);
+  EXPECT_EQ(types.back(), "waystone.instance.completed");
+}
+
+TEST_F(EngineTest, LostResponseBecomesUnknownAndTheLookupAdoptsTheOrder) {
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"next": ["drop_response"]}})").ok());
+  InstanceRecord instance = Run(example_, Order("2"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  StepRecord order = Step(instance, "create-order");
+  EXPECT_EQ(order.resolution, Resolution::kLookupFound);
+  EXPECT_EQ(order.unknowns, 1);
+  EXPECT_EQ(order.attempts, 1);
+  EXPECT_EQ(order.external_id, "SO-100001");
+  ExpectExactlyOneOfEach();
+  EXPECT_EQ(Stats()["requests"]["erp.create_order"], 1);
+  auto types = EventTypes(instance);
+  EXPECT_EQ(std::count(types.begin(), types.end(), "waystone.step.unknown"), 1);
+}
+
+TEST_F(EngineTest, TimeoutAfterTheEffectIsResolvedByLookup) {
+  ASSERT_TRUE(
+      sim_->SetFaults(R"({"erp.create_order": {"next": ["delay"], "delay_ms": 2600}})").ok());
+  InstanceRecord instance = Run(example_, Order("3"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  EXPECT_EQ(Step(instance, "create-order").resolution, Resolution::kLookupFound);
+  ExpectExactlyOneOfEach();
+}
+
+TEST_F(EngineTest, UnknownWithNothingFoundResubmitsUnderTheSameKey) {
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"next": ["error"]}})").ok());
+  InstanceRecord instance = Run(example_, Order("4"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  StepRecord order = Step(instance, "create-order");
+  EXPECT_EQ(order.resolution, Resolution::kResubmitted);
+  EXPECT_EQ(order.attempts, 2);
+  EXPECT_EQ(order.lookups, 1);
+  Json stats = Stats();
+  EXPECT_EQ(stats["requests"]["erp.create_order"], 2);
+  EXPECT_EQ(stats["distinct_idempotency_keys"]["erp.create_order"], 1);
+  EXPECT_EQ(stats["requests"]["erp.find_orders"], 1);
+  ExpectExactlyOneOfEach();
+}
+
+TEST_F(EngineTest, TransientErrorsAreRetriedHonouringRetryAfter) {
+  ASSERT_TRUE(sim_->SetFaults(
+      R"({"line.push": {"next": ["unavailable", "rate_limit"], "retry_after_s": 3}})").ok());
+  const Millis before = clock_.NowMillis();
+  InstanceRecord instance = Run(example_, Order("5"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  EXPECT_EQ(Step(instance, "notify-line").attempts, 3);
+  EXPECT_GE(clock_.NowMillis() - before, 6000);  // two Retry-After: 3 waits
+  Json stats = Stats();
+  EXPECT_EQ(stats["distinct_idempotency_keys"]["line.push"], 1);
+  ExpectExactlyOneOfEach();
+}
+
+TEST_F(EngineTest, ExhaustedRetriesAlertAndCompensate) {
+  ASSERT_TRUE(sim_->SetFaults(R"({"email.send": {"fail": 1.0}})").ok());
+  InstanceRecord instance = Run(example_, Order("6"));
+  EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
+  StepRecord email = Step(instance, "send-email");
+  EXPECT_EQ(email.state, StepState::kFailed);
+  EXPECT_EQ(email.attempts, 6);
+  EXPECT_EQ(email.error_class, ErrorClass::kTransient);
+  EXPECT_EQ(Step(instance, "create-order").state, StepState::kCompensated);
+  auto alerts = *store_->ListAlerts(instance.id);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kRetriesExhausted);
+  EXPECT_EQ(alerts[0].step, "send-email");
+  Json stats = Stats();
+  EXPECT_EQ(stats["requests"]["email.send"], 6);
+  EXPECT_EQ(stats["cancel_requests"], 1);
+  EXPECT_EQ(stats["orders_cancelled"], 1);
+}
+
+TEST_F(EngineTest, RejectionAtTheThirdStepCancelsTheOrderExactlyOnce) {
+  InstanceRecord instance = Run(example_, Order("7", "C-BLOCKED-7"));
+  EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
+  StepRecord shipment = Step(instance, "reserve-shipment");
+  EXPECT_EQ(shipment.state, StepState::kFailed);
+  EXPECT_EQ(shipment.error_class, ErrorClass::kRejected);
+  EXPECT_EQ(shipment.attempts, 1);
+  StepRecord order = Step(instance, "create-order");
+  EXPECT_EQ(order.state, StepState::kCompensated);
+  EXPECT_EQ(order.compensation_attempts, 1);
+  EXPECT_EQ(Step(instance, "notify-line").state, StepState::kPending);
+  Json stats = Stats();
+  EXPECT_EQ(stats["cancel_requests"], 1);
+  EXPECT_EQ(stats["orders_cancelled"], 1);
+  EXPECT_EQ(stats["line_messages"], 0);
+  EXPECT_EQ(stats["distinct_idempotency_keys"]["erp.cancel_order"], 1);
+  auto types = EventTypes(instance);
+  EXPECT_EQ(std::count(types.begin(), types.end(), "waystone.step.compensated"), 1);
+  EXPECT_EQ(types.back(), "waystone.instance.compensated");
+}
+
+TEST_F(EngineTest, FailingCancelIsRetriedThenStopsWithAlertAndContext) {
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.cancel_order": {"fail": 1.0}})").ok());
+  InstanceRecord instance = Run(example_, Order("8", "C-BLOCKED-8"));
+  EXPECT_EQ(instance.state, InstanceState::kNeedsAttention);
+  StepRecord order = Step(instance, "create-order");
+  EXPECT_EQ(order.state, StepState::kCompensationFailed);
+  EXPECT_EQ(order.compensation_attempts, 4);
+  auto alerts = *store_->ListAlerts(instance.id);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kCompensationFailed);
+  // The operator sees which object, which key and what went wrong.
+  EXPECT_NE(alerts[0].message.find(order.external_id), std::string::npos) << alerts[0].message;
+  EXPECT_NE(alerts[0].message.find("crm:8:create-order:compensate"), std::string::npos);
+  EXPECT_NE(alerts[0].message.find("503"), std::string::npos);
+  EXPECT_NE(instance.status_reason.find("compensation"), std::string::npos);
+  EXPECT_EQ(Stats()["requests"]["erp.cancel_order"], 4);
+}
+
+TEST_F(EngineTest, ManualStepWithUnknownOutcomePausesForAnOperator) {
+  auto definition = LoadDefinitionText(R"(workflow: manual-notify
+key: "{{input.id}}"
+steps:
+  - name: push
+    recovery: manual
+    request:
+      method: POST
+      url: "{{env.LINE_URL}}/line/push"
+      body: { to: "U1", messages: [ { type: text, text: "hello {{input.id}}" } ] }
+      timeout: 1s
+)", "manual.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  ASSERT_TRUE(sim_->SetFaults(R"({"line.push": {"next": ["delay"], "delay_ms": 1500}})").ok());
+  InstanceRecord instance = Run(*definition, R"({"id": "m1"})");
+  EXPECT_EQ(instance.state, InstanceState::kNeedsAttention);
+  EXPECT_EQ(Step(instance, "push").state, StepState::kUnknown);
+  auto alerts = *store_->ListAlerts(instance.id);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kNeedsOperator);
+  EXPECT_EQ(Stats()["requests"]["line.push"], 1);  // never resubmitted on its own
+}
+
+TEST_F(EngineTest, ReusedKeyWithAnotherRequestIsAnIdempotencyConflict) {
+  auto definition = LoadDefinitionText(R"(workflow: shared-key
+key: "{{input.id}}"
+steps:
+  - name: push
+    idempotency: { key: "notify:{{input.customer}}", honored: true }
+    request:
+      method: POST
+      url: "{{env.LINE_URL}}/line/push"
+      body: { to: "{{input.customer}}", messages: [ { type: text, text: "{{input.id}}" } ] }
+)", "shared.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  InstanceRecord first = Run(*definition, R"({"id": "a", "customer": "U9"})");
+  EXPECT_EQ(first.state, InstanceState::kCompleted);
+  InstanceRecord second = Run(*definition, R"({"id": "b", "customer": "U9"})");
+  EXPECT_EQ(second.state, InstanceState::kFailed);
+  StepRecord push = Step(second, "push");
+  EXPECT_EQ(push.state, StepState::kFailed);
+  EXPECT_NE(push.error_message.find("notify:U9"), std::string::npos) << push.error_message;
+  auto alerts = *store_->ListAlerts(second.id);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kIdempotencyConflict);
+  EXPECT_EQ(Stats()["line_messages"], 1);
+}
+
+TEST_F(EngineTest, SecretsReachRequestsButAreNeverStored) {
+  InstanceRecord instance = Run(example_, Order("9"));
+  ASSERT_EQ(instance.state, InstanceState::kCompleted);
+  for (const auto& step : Steps(instance)) {
+    EXPECT_EQ(step.response_json.find("erp-secret"), std::string::npos);
+  }
+  for (const auto& event : Events(instance)) {
+    EXPECT_EQ(event.payload_json.find("erp-secret"), std::string::npos);
+  }
+}
+
+TEST_F(EngineTest, BadInputIsRefusedAndWritesNothing) {
+  const std::string big = Json{{"source", "crm"}, {"order_id", "x"},
+                               {"pad", std::string(kMaxInputBytes, 'x')}}.dump();
+  for (const std::string& input : {std::string("not json"), std::string("[1,2]"),
+                                   std::string(R"({"source": "crm"})"), big}) {
+    auto started = engine_->StartInstance(example_, {"default", input});
+    ASSERT_FALSE(started.ok()) << input.substr(0, 40);
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(store_->ListInstances({})->empty());
+  EXPECT_EQ(Stats()["requests"].size(), 0u);
+}
+
+TEST_F(EngineTest, SameStartTwiceAndConcurrentStartsMakeOneInstance) {
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<StartResult>> results(8, absl::UnknownError("not run"));
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] { results[i] = engine_->StartInstance(example_, {"default", Order("10")}); });
+  }
+  for (auto& t : threads) t.join();
+  int created = 0;
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    created += r->outcome == StartOutcome::kCreated ? 1 : 0;
+    EXPECT_EQ(r->instance.id, results[0]->instance.id);
+  }
+  EXPECT_EQ(created, 1);
+  StartRequest event{"default", Order("11"), "crm", "evt-11"};
+  auto first = engine_->StartInstance(example_, event);
+  auto again = engine_->StartInstance(example_, event);
+  ASSERT_TRUE(first.ok() && again.ok());
+  EXPECT_EQ(again->outcome, StartOutcome::kDuplicateEvent);
+  EXPECT_EQ(store_->ListInstances({})->size(), 2u);
+  auto conflict = engine_->StartInstance(example_, {"default", Order("10", "C-other")});
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
+  // The pool's timers run on real time.
+  engine_.reset();
+  EngineOptions options;
+  options.workers = 8;
+  auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  engine_ = std::move(*engine);
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.2},
+                                  "line.push": {"unavailable": 0.2, "retry_after_s": 0}})").ok());
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(engine_->StartInstance(example_, {"default", Order("p" + std::to_string(i), "C-" + std::to_string(i))}).ok());
+  }
+  engine_->Start();
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto idle = engine_->Idle();
+        return idle.ok() && *idle;
+      },
+      std::chrono::seconds(60)));
+  engine_->Stop();
+  auto completed = store_->ListInstances({std::nullopt, std::nullopt, InstanceState::kCompleted, 100});
+  EXPECT_EQ(completed->size(), 30u);
+  Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 30) << stats.dump();
+  EXPECT_EQ(stats["duplicate_orders"], 0);
+  EXPECT_EQ(stats["line_messages"], 30);
+  EXPECT_EQ(stats["duplicate_line_messages"], 0);
+  EXPECT_EQ(stats["emails"], 30);
+}
+
+}  // namespace
+}  // namespace waystone

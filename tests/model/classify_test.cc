@@ -1,0 +1,50 @@
+#include "model/classify.h"
+
+#include <gtest/gtest.h>
+
+namespace waystone {
+namespace {
+
+CallOutcome Response(int status) { return {CallOutcome::Kind::kResponse, status, std::nullopt}; }
+
+TEST(ClassifyTest, SuccessIsNone) {
+  EXPECT_EQ(Classify(Response(200), {}), ErrorClass::kNone);
+  EXPECT_EQ(Classify(Response(201), {}), ErrorClass::kNone);
+  EXPECT_EQ(Classify(Response(204), {}), ErrorClass::kNone);
+}
+
+TEST(ClassifyTest, TransientStatuses) {
+  for (int status : {408, 429, 502, 503}) {
+    EXPECT_EQ(Classify(Response(status), {}), ErrorClass::kTransient) << status;
+  }
+}
+
+TEST(ClassifyTest, RejectedStatuses) {
+  for (int status : {400, 401, 403, 404, 409, 422}) {
+    EXPECT_EQ(Classify(Response(status), {}), ErrorClass::kRejected) << status;
+  }
+}
+
+TEST(ClassifyTest, GatewayTimeoutAndServerErrorsAreUnknown) {
+  EXPECT_EQ(Classify(Response(504), {}), ErrorClass::kUnknown);
+  EXPECT_EQ(Classify(Response(500), {}), ErrorClass::kUnknown);
+}
+
+TEST(ClassifyTest, TransportOutcomes) {
+  EXPECT_EQ(Classify({CallOutcome::Kind::kNotSent, 0, std::nullopt}, {}), ErrorClass::kTransient);
+  EXPECT_EQ(Classify({CallOutcome::Kind::kLostAfterSend, 0, std::nullopt}, {}),
+            ErrorClass::kUnknown);
+  EXPECT_EQ(Classify({CallOutcome::Kind::kInvalid, 0, std::nullopt}, {}), ErrorClass::kRejected);
+}
+
+TEST(ClassifyTest, OverridesWinForResponsesOnly) {
+  StatusOverrides overrides = {{409, ErrorClass::kTransient}, {503, ErrorClass::kRejected}};
+  EXPECT_EQ(Classify(Response(409), overrides), ErrorClass::kTransient);
+  EXPECT_EQ(Classify(Response(503), overrides), ErrorClass::kRejected);
+  EXPECT_EQ(Classify(Response(422), overrides), ErrorClass::kRejected);
+  EXPECT_EQ(Classify({CallOutcome::Kind::kLostAfterSend, 409, std::nullopt}, overrides),
+            ErrorClass::kUnknown);
+}
+
+}  // namespace
+}  // namespace waystone

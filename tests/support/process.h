@@ -1,0 +1,58 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+namespace waystone::testing {
+
+// The result of a finished child process.
+struct ProcessResult {
+  int exit_code = -1;    // when it exited
+  int signal = 0;        // when a signal ended it
+  std::string out;       // stdout
+  std::string err;       // stderr
+};
+
+// A child process started with posix_spawn (no shell), stdout and stderr going
+// to files. Killed with SIGKILL on destruction if still running.
+class Process {
+ public:
+  // Starts `argv` with the current environment plus `env` overrides.
+  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+          const std::string& output_dir);
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void Signal(int signal);
+  // Waits for the process to end (up to `timeout`; then kills it and fails).
+  ProcessResult Wait(std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  bool running() const { return running_; }
+
+ private:
+  pid_t pid_ = -1;
+  bool running_ = false;
+  std::string out_path_;
+  std::string err_path_;
+};
+
+// Runs a command to completion.
+ProcessResult RunProcess(const std::vector<std::string>& argv,
+                         const std::map<std::string, std::string>& env,
+                         const std::string& output_dir,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+// Polls `condition` until true or `timeout`; returns its last value.
+bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
+
+// The waystone binary under test.
+inline std::string WaystoneBinary() { return WAYSTONE_BINARY; }
+inline std::string SourceDir() { return WAYSTONE_SOURCE_DIR; }
+
+}  // namespace waystone::testing
