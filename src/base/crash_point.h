@@ -9,6 +9,9 @@ namespace waystone {
 // exact place; builds configured with WAYSTONE_CRASH_POINTS=OFF compile it to nothing.
 // Points: before-call, after-call (response received, nothing recorded yet),
 // before-compensate, after-compensate.
+//
+// Likewise pauses the calling thread when WAYSTONE_PAUSE_AT equals
+// "<point>:<step>=<milliseconds>", so tests can make a worker outlive its lease.
 void CrashPoint(std::string_view point, std::string_view step);
 
 }  // namespace waystone
