@@ -405,6 +405,13 @@ class Simulator::Impl {
           res.set_content(R"({"error":"no such order"})", "application/json");
           return;
         }
+        // Deterministic failing cancel: orders of customers marked STUCK.
+        if (it->second.value("customer", "").find("STUCK") != std::string::npos) {
+          res.status = 503;
+          res.set_content(R"({"error":"cancellation service down for this account"})",
+                          "application/json");
+          return;
+        }
         it->second["status"] = "cancelled";  // cancelling twice is harmless
         order = it->second;
       }
