@@ -88,6 +88,8 @@ struct CrashCase {
   std::string step;
 };
 
+void PrintTo(const CrashCase& c, std::ostream* os) { *os << c.point << ":" << c.step; }
+
 std::string CaseName(const ::testing::TestParamInfo<CrashCase>& info) {
   std::string name = info.param.point + "_" + info.param.step;
   for (char& c : name) {

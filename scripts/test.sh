@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up everything and runs every test: the release build's full suite (unit,
+# integration, crash), then the suite under ASan+UBSan, then the concurrency
+# tests under TSan. WAYSTONE_SANITIZERS=0 skips the sanitizer builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+jobs="$(nproc)"
+
+echo "== release build"
+cmake --preset release >/dev/null
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
+  echo "== ASan + UBSan build"
+  cmake --preset asan >/dev/null
+  cmake --build build-asan -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+  echo "== TSan build (concurrency tests)"
+  cmake --preset tsan >/dev/null
+  cmake --build build-tsan -j "$jobs" --target engine_test sqlite_store_test
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" -R '^(EngineTest|SqliteStoreTest)\.'
+fi
