@@ -35,6 +35,8 @@ int Main(int argc, char** argv) {
   worker_cmd->add_option("--workers", worker.workers, "Worker threads")->capture_default_str();
   worker_cmd->add_flag("--exit-when-idle", worker.exit_when_idle,
                        "Exit once no instance is runnable now or later");
+  worker_cmd->add_option("--relay-config", worker.relay_config,
+                         "Also deliver outbox events with this relay config");
   add_global(worker_cmd);
   add_engine(worker_cmd);
 
@@ -73,6 +75,15 @@ int Main(int argc, char** argv) {
   CLI::App* plan_cmd = app.add_subcommand("plan", "Print the recovery plan of a definition");
   plan_cmd->add_option("file", plan_file, "Definition file")->required();
 
+  RelayOptions relay;
+  CLI::App* relay_cmd = app.add_subcommand("relay", "Deliver outbox events to webhooks and NATS");
+  relay_cmd->add_option("--config", relay.config, "Relay config (YAML)")->required();
+  relay_cmd->add_option("--enable-sink", relay.enable_sink,
+                        "Re-enable a sink that was disabled after HTTP 410, then exit");
+  relay_cmd->add_flag("--until-drained", relay.until_drained,
+                      "Exit once nothing is left to deliver now");
+  add_global(relay_cmd);
+
   SimOptions sim;
   CLI::App* sim_cmd = app.add_subcommand("sim", "Serve simulated CRM/ERP/LINE/email endpoints");
   sim_cmd->add_option("--host", sim.host, "Address to listen on")->capture_default_str();
@@ -95,6 +106,7 @@ int Main(int argc, char** argv) {
   if (*lint_cmd) return Lint(lint_files);
   if (*plan_cmd) return Plan(plan_file);
   if (*sim_cmd) return Sim(sim);
+  if (*relay_cmd) return Relay(global, relay);
   return kExitUsage;
 }
 

@@ -31,6 +31,13 @@ struct WorkerOptions {
   std::string definitions_dir;
   int workers = 16;
   bool exit_when_idle = false;
+  std::string relay_config;  // also run the outbox relay with this config
+};
+
+struct RelayOptions {
+  std::string config;
+  std::string enable_sink;   // re-enable a sink disabled after a 410, then exit
+  bool until_drained = false;  // exit once nothing is left to deliver now
 };
 
 struct StartOptions {
@@ -69,6 +76,7 @@ int List(const GlobalOptions& global, const ListOptions& options);
 int Lint(const std::vector<std::string>& files);
 int Plan(const std::string& file);
 int Sim(const SimOptions& options);
+int Relay(const GlobalOptions& global, const RelayOptions& options);
 
 // Entry point: parses argv and runs the command.
 int Main(int argc, char** argv);

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/clock.h"
 #include "base/status_macros.h"
 #include "cli/common.h"
 #include "connectors/http/http_client.h"
@@ -59,6 +60,7 @@ Json StepJson(const StepRecord& s) {
 absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool json) {
   WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store.GetSteps(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
   if (json) {
     Json out = InstanceJson(instance);
     out["steps"] = Json::array();
@@ -70,6 +72,16 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
                                {"step", alert.step},
                                {"message", alert.message},
                                {"created_at", Time(alert.created_at)}});
+    }
+    out["deliveries"] = Json::array();
+    for (const auto& d : deliveries) {
+      out["deliveries"].push_back({{"event_id", d.event_id},
+                                   {"type", d.event_type},
+                                   {"sink", d.sink},
+                                   {"state", ToString(d.state)},
+                                   {"attempts", d.attempts},
+                                   {"last_error", d.last_error},
+                                   {"delivered_at", Time(d.delivered_at)}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return absl::OkStatus();
@@ -102,6 +114,14 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
                 std::string(ToString(alert.state)).c_str(), alert.message.c_str());
   }
   if (!alerts.empty()) std::printf("\n");
+  if (!deliveries.empty()) {
+    std::printf("\n  %-36s %-12s %-10s %8s  %s\n", "event", "sink", "delivery", "attempts",
+                "last error");
+    for (const auto& d : deliveries) {
+      std::printf("  %-36s %-12s %-10s %8d  %s\n", d.event_type.c_str(), d.sink.c_str(),
+                  std::string(ToString(d.state)).c_str(), d.attempts, d.last_error.c_str());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -141,6 +161,18 @@ int Status(const GlobalOptions& global, const StatusOptions& options) {
   out["open_alerts"] = summary->open_alerts;
   out["outbox_events"] = summary->outbox_events;
   if (!sim.is_null()) out["simulator"] = sim;
+  auto sinks = (*store)->DeliveryStats();
+  if (!sinks.ok()) return Fail(sinks.status());
+  const Millis now = SystemClock::Get()->NowMillis();
+  for (const auto& sink : *sinks) {
+    out["relay"][sink.sink] = {
+        {"pending", sink.pending},
+        {"delivered", sink.delivered},
+        {"parked", sink.parked},
+        {"failed_attempts", sink.failed_attempts},
+        {"lag_seconds", sink.oldest_pending_at == 0 ? 0.0 : (now - sink.oldest_pending_at) / 1000.0},
+        {"disabled", sink.disabled}};
+  }
   if (options.json) {
     std::printf("%s\n", out.dump(2).c_str());
     return kExitOk;
@@ -166,6 +198,15 @@ int Status(const GlobalOptions& global, const StatusOptions& options) {
   std::printf("| %-40s | %8lld |\n", "open alerts", static_cast<long long>(summary->open_alerts));
   std::printf("| %-40s | %8lld |\n", "outbox events",
               static_cast<long long>(summary->outbox_events));
+  for (const auto& sink : *sinks) {
+    std::printf("+------------------------------------------+----------+\n");
+    std::printf("| relay sink %-29s | %8s |\n", sink.sink.c_str(), sink.disabled ? "DISABLED" : "");
+    std::printf("|   %-38s | %8lld |\n", "delivered", static_cast<long long>(sink.delivered));
+    std::printf("|   %-38s | %8lld |\n", "pending", static_cast<long long>(sink.pending));
+    std::printf("|   %-38s | %8lld |\n", "parked", static_cast<long long>(sink.parked));
+    std::printf("|   %-38s | %8lld |\n", "failed attempts",
+                static_cast<long long>(sink.failed_attempts));
+  }
   if (!sim.is_null()) {
     std::printf("+------------------------------------------+----------+\n");
     for (const char* field : {"orders", "orders_cancelled", "shipments", "line_messages", "emails",

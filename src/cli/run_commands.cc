@@ -10,6 +10,8 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "engine/lease_reaper.h"
+#include "messaging/relay.h"
 #include "model/duration.h"
 
 namespace waystone::cli {
@@ -127,15 +129,30 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options) {
       definitions.push_back(std::move(*definition));
     }
   }
+  std::optional<RelayConfig> relay_config;
+  if (!options.relay_config.empty()) {
+    auto loaded = LoadRelayConfig(options.relay_config);
+    if (!loaded.ok()) return Fail(loaded.status());
+    relay_config = *loaded;
+  }
   auto runtime = OpenRuntime(global, options.workers);
   if (!runtime.ok()) return Fail(runtime.status());
   Engine& engine = *(*runtime)->engine;
+  std::unique_ptr<waystone::Relay> relay;
+  if (relay_config) {
+    auto created = waystone::Relay::Create((*runtime)->store.get(), (*runtime)->http.get(),
+                                           SystemClock::Get(), &(*runtime)->random, *relay_config,
+                                           engine.owner() + "/relay");
+    if (!created.ok()) return Fail(created.status());
+    relay = std::move(*created);
+  }
   for (const auto& definition : definitions) {
     if (auto status = engine.Register(definition); !status.ok()) return Fail(status);
   }
   std::fprintf(stderr, "waystone: worker %s running with %d threads on %s\n",
                engine.owner().c_str(), options.workers, DatabasePath(global).c_str());
   engine.Start();
+  if (relay) relay->Start();
   while (!stop.stop_requested()) {
     SystemClock::Get()->SleepFor(200, stop);
     if (options.exit_when_idle) {
@@ -145,6 +162,7 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options) {
   }
   std::fprintf(stderr, "waystone: worker draining\n");
   engine.Stop();
+  if (relay) relay->Stop();
   std::fprintf(stderr, "waystone: worker stopped\n");
   return kExitOk;
 }

@@ -150,6 +150,12 @@ class InstanceRunner::Impl {
                 const std::string& message) {
     change.alerts.push_back({0, instance_.id, instance_.tenant, step, kind, AlertState::kOpen,
                              message, change.now});
+    // Alerts are pushed, not only listed: each leaves through the outbox once.
+    StepRecord about;
+    about.name = step;
+    change.events.push_back(MakeEvent("waystone.alert." + std::string(ToString(kind)), instance_,
+                                      step.empty() ? nullptr : &about, message, *d_.random,
+                                      change.now));
   }
 
   // Moves the instance to `state` with its event and, for a pause, an alert.
@@ -219,6 +225,7 @@ class InstanceRunner::Impl {
                         std::optional<AlertKind> alert) {
     Change change = NewChange();
     step.state = StepState::kFailed;
+    step.unknown_since = 0;
     step.error_class = error_class;
     step.error_message = Shorten(message);
     step.finished_at = change.now;
@@ -346,6 +353,7 @@ class InstanceRunner::Impl {
         Change change = NewChange();
         const Json body = ParseBody(response.body);
         step.state = StepState::kCompleted;
+        step.unknown_since = 0;
         step.response_json = body.dump();
         step.error_class = ErrorClass::kNone;
         step.error_message.clear();
@@ -382,6 +390,7 @@ class InstanceRunner::Impl {
         step.error_class = ErrorClass::kUnknown;
         step.error_message = Shorten(detail);
         step.unknowns += 1;
+        if (step.unknown_since == 0) step.unknown_since = change.now;
         change.steps.push_back(step);
         AddEvent(change, "waystone.step.unknown", &step, detail);
         return CommitChange(change);
@@ -397,6 +406,7 @@ class InstanceRunner::Impl {
     step.error_class = ErrorClass::kUnknown;
     step.error_message = "the worker stopped during the call; its outcome is not known";
     step.unknowns += 1;
+    if (step.unknown_since == 0) step.unknown_since = change.now;
     change.steps.push_back(step);
     AddEvent(change, "waystone.step.unknown", &step, step.error_message);
     return CommitChange(change);
@@ -487,6 +497,7 @@ class InstanceRunner::Impl {
     }
     Change change = NewChange();
     step.state = StepState::kCompleted;
+    step.unknown_since = 0;
     step.resolution = Resolution::kLookupFound;
     step.external_id = external_id.empty() ? step.external_id : external_id;
     step.response_json = found->dump();

@@ -109,6 +109,9 @@ std::string_view ToString(AlertKind kind) {
     case AlertKind::kCompensationFailed: return "compensation_failed";
     case AlertKind::kIdempotencyConflict: return "idempotency_conflict";
     case AlertKind::kNeedsOperator: return "needs_operator";
+    case AlertKind::kDeliveryParked: return "delivery_parked";
+    case AlertKind::kSinkDisabled: return "sink_disabled";
+    case AlertKind::kUnknownUnresolved: return "unknown_unresolved";
   }
   return "invalid";
 }
@@ -118,6 +121,19 @@ std::string_view ToString(AlertState state) {
     case AlertState::kOpen: return "open";
     case AlertState::kAcknowledged: return "acknowledged";
     case AlertState::kResolved: return "resolved";
+  }
+  return "invalid";
+}
+
+}  // namespace waystone
+
+namespace waystone {
+
+std::string_view ToString(DeliveryState state) {
+  switch (state) {
+    case DeliveryState::kPending: return "pending";
+    case DeliveryState::kDelivered: return "delivered";
+    case DeliveryState::kParked: return "parked";
   }
   return "invalid";
 }

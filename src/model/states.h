@@ -77,7 +77,14 @@ enum class AlertKind : uint8_t {
   kCompensationFailed = 3,
   kIdempotencyConflict = 4,
   kNeedsOperator = 5,  // an unknown outcome on a manual step, or a failure that needs a decision
+  kDeliveryParked = 6,     // an outbox event kept failing to reach a sink
+  kSinkDisabled = 7,       // a sink answered 410; its events wait
+  kUnknownUnresolved = 8,  // an unknown outcome stayed unresolved past the threshold
 };
+
+// Where one outbox event stands with one sink. Persisted; values frozen.
+enum class DeliveryState : uint8_t { kPending = 1, kDelivered = 2, kParked = 3 };
+std::string_view ToString(DeliveryState state);
 
 enum class AlertState : uint8_t { kOpen = 1, kAcknowledged = 2, kResolved = 3 };
 

@@ -58,6 +58,7 @@ class Simulator::Impl {
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server_.set_keep_alive_max_count(1000);
     server_.set_read_timeout(5, 0);
+    server_.set_keep_alive_timeout(1);
     Routes();
     if (options_.port == 0) {
       port_ = server_.bind_to_any_port(options_.host);

@@ -58,6 +58,7 @@ struct StepRecord {
   Millis started_at = 0;
   Millis finished_at = 0;
   std::string span_id;              // W3C trace-context parent id of the last call
+  Millis unknown_since = 0;         // when the outcome became unknown; 0 when it is not
 };
 
 // An outbox row: an event that leaves only once its transaction commits.
@@ -126,6 +127,60 @@ struct Change {
   std::vector<AlertRecord> alerts;
   std::vector<AuditRecord> audits;
   std::optional<IdempotencyClaim> idempotency;
+};
+
+// A delivery of one outbox event to one sink, claimed by a relay under a lease.
+struct DeliveryClaim {
+  int64_t id = 0;
+  int64_t epoch = 0;
+  std::string owner;
+  std::string sink;
+  int attempts = 0;
+  EventRecord event;
+};
+
+// How a delivery attempt ended; applied with the claim as fencing token.
+struct DeliveryUpdate {
+  Millis now = 0;
+  DeliveryState state = DeliveryState::kPending;
+  int attempts = 0;
+  Millis next_attempt_at = 0;
+  std::string error;
+  std::optional<AlertRecord> alert;        // raised with its event in the same transaction
+  std::optional<EventRecord> alert_event;
+  bool disable_sink = false;
+};
+
+struct DeliveryRecord {
+  int64_t id = 0;
+  int64_t outbox_seq = 0;
+  std::string sink;
+  DeliveryState state = DeliveryState::kPending;
+  int attempts = 0;
+  Millis next_attempt_at = 0;
+  std::string last_error;
+  Millis created_at = 0;
+  Millis delivered_at = 0;
+  std::string event_id;
+  std::string event_type;
+};
+
+struct SinkStats {
+  std::string sink;
+  int64_t pending = 0;
+  int64_t delivered = 0;
+  int64_t parked = 0;
+  int64_t failed_attempts = 0;
+  Millis oldest_pending_at = 0;  // 0 when nothing is pending
+  bool disabled = false;
+};
+
+// A step whose outcome has been unknown since `unknown_since`, with no alert yet.
+struct StaleUnknown {
+  int64_t instance_id = 0;
+  std::string tenant;
+  std::string step;
+  Millis unknown_since = 0;
 };
 
 struct NewInstance {
@@ -225,6 +280,42 @@ class Store {
   virtual absl::StatusOr<StoreSummary> Summary() = 0;
   // Returns the earliest next_run_at of a runnable instance, if any.
   virtual absl::StatusOr<std::optional<Millis>> NextDueTime() = 0;
+
+  // --- Outbox delivery (the relay) ---
+
+  // Returns the last outbox seq expanded for `sink` (0 when none).
+  virtual absl::StatusOr<int64_t> OutboxCursor(const std::string& sink) = 0;
+  // Returns up to `limit` outbox rows with seq > `after_seq`, in seq order.
+  virtual absl::StatusOr<std::vector<EventRecord>> ReadOutbox(int64_t after_seq, int limit) = 0;
+  // Creates a pending delivery to `sink` for each (seq, instance id) in `wanted`
+  // and moves the sink's cursor from `expected_cursor` to `new_cursor`, in one
+  // transaction; Aborted when another relay moved the cursor first.
+  virtual absl::Status AddDeliveries(const std::string& sink, int64_t expected_cursor,
+                                     int64_t new_cursor,
+                                     const std::vector<std::pair<int64_t, int64_t>>& wanted,
+                                     Millis now) = 0;
+  // Claims up to `limit` due deliveries to `sinks`: only the oldest pending
+  // delivery of each instance per sink (order per instance), lease free or expired.
+  virtual absl::StatusOr<std::vector<DeliveryClaim>> ClaimDeliveries(
+      const std::string& owner, Millis now, Millis lease_duration, int limit,
+      const std::vector<std::string>& sinks) = 0;
+  // Records an attempt's outcome and releases the claim; Aborted when the lease
+  // was lost (another relay owns the delivery now).
+  virtual absl::Status FinishDelivery(const DeliveryClaim& claim,
+                                      const DeliveryUpdate& update) = 0;
+  // Returns the owners of unexpired delivery leases; ends those of one owner.
+  virtual absl::StatusOr<std::vector<std::string>> DeliveryLeaseOwners(Millis now) = 0;
+  virtual absl::Status ExpireDeliveryLeases(const std::string& owner) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> DisabledSinks() = 0;
+  virtual absl::Status EnableSink(const std::string& sink, Millis now) = 0;
+  virtual absl::StatusOr<std::vector<DeliveryRecord>> ListDeliveries(int64_t instance_id) = 0;
+  virtual absl::StatusOr<std::vector<SinkStats>> DeliveryStats() = 0;
+  // Returns unknown steps unknown since before `unknown_before` without an
+  // unknown_unresolved alert raised since.
+  virtual absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) = 0;
+  // Raises an alert outside any instance lease, with its outbox event.
+  virtual absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert,
+                                             const EventRecord& event) = 0;
 };
 
 struct StoreOptions {

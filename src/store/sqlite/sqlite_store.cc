@@ -37,7 +37,7 @@ InstanceRecord ReadInstance(const SqliteStatement& s) {
 constexpr char kStepColumns[] =
     "instance_id, step_index, name, state, attempts, error_class, error_message, external_id, "
     "response_json, idempotency_key, request_hash, resolution, unknowns, lookups, "
-    "compensation_attempts, next_attempt_at, started_at, finished_at, span_id";
+    "compensation_attempts, next_attempt_at, started_at, finished_at, span_id, unknown_since";
 
 StepRecord ReadStep(const SqliteStatement& s) {
   StepRecord r;
@@ -60,6 +60,7 @@ StepRecord ReadStep(const SqliteStatement& s) {
   r.started_at = s.Int(16);
   r.finished_at = s.Int(17);
   r.span_id = s.Text(18);
+  r.unknown_since = s.Int(19);
   return r;
 }
 
@@ -327,6 +328,26 @@ absl::Status SqliteStore::ExpireLeases(const std::string& owner) {
   return s->BindAll(owner).Run();
 }
 
+absl::Status SqliteStore::InsertEvent(const EventRecord& e, int64_t instance_id, Millis now) {
+  WS_ASSIGN_OR_RETURN(SqliteStatement * event,
+                      db_->Prepare("INSERT INTO outbox (event_id, instance_id, tenant, type, "
+                                   "payload, created_at) VALUES (?, ?, ?, ?, ?, ?)"));
+  return event->BindAll(e.event_id, instance_id, e.tenant, e.type, e.payload_json, now).Run();
+}
+
+absl::StatusOr<int64_t> SqliteStore::InsertAlert(const AlertRecord& a, int64_t instance_id,
+                                                 Millis now) {
+  WS_ASSIGN_OR_RETURN(SqliteStatement * alert,
+                      db_->Prepare("INSERT INTO alerts (instance_id, tenant, step_name, kind, "
+                                   "state, message, created_at, updated_at) VALUES "
+                                   "(?, ?, ?, ?, ?, ?, ?, ?)"));
+  WS_RETURN_IF_ERROR(alert
+                         ->BindAll(instance_id, a.tenant, a.step, static_cast<int64_t>(a.kind),
+                                   static_cast<int64_t>(AlertState::kOpen), a.message, now, now)
+                         .Run());
+  return db_->LastInsertRowId();
+}
+
 absl::Status SqliteStore::ApplyChange(const Change& c) {
   // Fencing first: nothing else is written unless this worker still holds the lease.
   WS_ASSIGN_OR_RETURN(
@@ -377,7 +398,7 @@ absl::Status SqliteStore::ApplyChange(const Change& c) {
       db_->Prepare("UPDATE steps SET state = ?, attempts = ?, error_class = ?, error_message = ?, "
                    "external_id = ?, response_json = ?, idempotency_key = ?, request_hash = ?, "
                    "resolution = ?, unknowns = ?, lookups = ?, compensation_attempts = ?, "
-                   "next_attempt_at = ?, started_at = ?, finished_at = ?, span_id = ? "
+                   "next_attempt_at = ?, started_at = ?, finished_at = ?, span_id = ?, unknown_since = ? "
                    "WHERE instance_id = ? AND step_index = ?"));
   for (const StepRecord& s : c.steps) {
     WS_RETURN_IF_ERROR(step->BindAll(static_cast<int64_t>(s.state), s.attempts,
@@ -386,7 +407,7 @@ absl::Status SqliteStore::ApplyChange(const Change& c) {
                                      s.request_hash, static_cast<int64_t>(s.resolution),
                                      s.unknowns, s.lookups, s.compensation_attempts,
                                      s.next_attempt_at, s.started_at, s.finished_at, s.span_id,
-                                     c.lease.instance_id, s.index)
+                                     s.unknown_since, c.lease.instance_id, s.index)
                              .Run());
     if (db_->Changes() != 1) {
       return absl::InternalError("step " + std::to_string(s.index) + " of instance " +
@@ -395,28 +416,11 @@ absl::Status SqliteStore::ApplyChange(const Change& c) {
     step->Reset();
   }
 
-  WS_ASSIGN_OR_RETURN(SqliteStatement * event,
-                      db_->Prepare("INSERT INTO outbox (event_id, instance_id, tenant, type, "
-                                   "payload, created_at) VALUES (?, ?, ?, ?, ?, ?)"));
   for (const EventRecord& e : c.events) {
-    WS_RETURN_IF_ERROR(
-        event->BindAll(e.event_id, c.lease.instance_id, e.tenant, e.type, e.payload_json, c.now)
-            .Run());
-    event->Reset();
+    WS_RETURN_IF_ERROR(InsertEvent(e, c.lease.instance_id, c.now));
   }
-
-  WS_ASSIGN_OR_RETURN(SqliteStatement * alert,
-                      db_->Prepare("INSERT INTO alerts (instance_id, tenant, step_name, kind, "
-                                   "state, message, created_at, updated_at) VALUES "
-                                   "(?, ?, ?, ?, ?, ?, ?, ?)"));
   for (const AlertRecord& a : c.alerts) {
-    WS_RETURN_IF_ERROR(alert
-                           ->BindAll(c.lease.instance_id, a.tenant, a.step,
-                                     static_cast<int64_t>(a.kind),
-                                     static_cast<int64_t>(AlertState::kOpen), a.message, c.now,
-                                     c.now)
-                           .Run());
-    alert->Reset();
+    WS_RETURN_IF_ERROR(InsertAlert(a, c.lease.instance_id, c.now).status());
   }
 
   WS_ASSIGN_OR_RETURN(SqliteStatement * audit,
@@ -619,6 +623,280 @@ absl::StatusOr<std::optional<Millis>> SqliteStore::NextDueTime() {
   if (row && !s->IsNull(0)) due = s->Int(0);
   s->Reset();
   return due;
+}
+
+absl::StatusOr<int64_t> SqliteStore::OutboxCursor(const std::string& sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT last_seq FROM relay_cursors WHERE sink = ?"));
+  s->BindAll(sink);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  const int64_t cursor = row ? s->Int(0) : 0;
+  s->Reset();
+  return cursor;
+}
+
+absl::StatusOr<std::vector<EventRecord>> SqliteStore::ReadOutbox(int64_t after_seq, int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT seq, event_id, instance_id, tenant, type, payload, "
+                                   "created_at FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?"));
+  s->BindAll(after_seq, limit);
+  std::vector<EventRecord> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back({s->Int(0), s->Text(1), s->Int(2), s->Text(3), s->Text(4), s->Text(5), s->Int(6)});
+  }
+  s->Reset();
+  return out;
+}
+
+absl::Status SqliteStore::AddDeliveries(const std::string& sink, int64_t expected_cursor,
+                                        int64_t new_cursor,
+                                        const std::vector<std::pair<int64_t, int64_t>>& wanted,
+                                        Millis now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * get,
+                        db_->Prepare("SELECT last_seq FROM relay_cursors WHERE sink = ?"));
+    get->BindAll(sink);
+    WS_ASSIGN_OR_RETURN(bool row, get->Step());
+    const int64_t cursor = row ? get->Int(0) : 0;
+    get->Reset();
+    if (cursor != expected_cursor) {
+      return absl::AbortedError("outbox cursor of sink " + sink + " moved");
+    }
+    WS_ASSIGN_OR_RETURN(SqliteStatement * insert,
+                        db_->Prepare("INSERT OR IGNORE INTO deliveries (outbox_seq, sink, "
+                                     "instance_id, state, created_at) VALUES (?, ?, ?, 1, ?)"));
+    for (const auto& [seq, instance_id] : wanted) {
+      WS_RETURN_IF_ERROR(insert->BindAll(seq, sink, instance_id, now).Run());
+      insert->Reset();
+    }
+    WS_ASSIGN_OR_RETURN(SqliteStatement * move,
+                        db_->Prepare("INSERT INTO relay_cursors VALUES (?, ?) ON CONFLICT (sink) "
+                                     "DO UPDATE SET last_seq = excluded.last_seq"));
+    return move->BindAll(sink, new_cursor).Run();
+  });
+}
+
+absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
+    const std::string& owner, Millis now, Millis lease_duration, int limit,
+    const std::vector<std::string>& sinks) {
+  std::string sink_list = "[";
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    if (i > 0) sink_list += ",";
+    sink_list += "\"";
+    for (char c : sinks[i]) {
+      if (c == '"' || c == '\\') sink_list += '\\';
+      sink_list += c;
+    }
+    sink_list += "\"";
+  }
+  sink_list += "]";
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<DeliveryClaim> claims;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    // Only the oldest pending delivery of an instance per sink is eligible, so a
+    // later event never overtakes an earlier one that is still being retried.
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * claim,
+        db_->Prepare("UPDATE deliveries SET lease_owner = ?1, lease_expires_at = ?2 + ?3, "
+                     "lease_epoch = lease_epoch + 1 WHERE id IN (SELECT d.id FROM deliveries d "
+                     "WHERE d.state = 1 AND d.next_attempt_at <= ?2 AND d.lease_expires_at <= ?2 "
+                     "AND d.sink IN (SELECT value FROM json_each(?5)) AND NOT EXISTS (SELECT 1 "
+                     "FROM deliveries e WHERE e.sink = d.sink AND e.instance_id = d.instance_id "
+                     "AND e.state = 1 AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq "
+                     "LIMIT ?4) RETURNING id, lease_epoch, sink, attempts, outbox_seq"));
+    claim->BindAll(owner, now, lease_duration, limit, sink_list);
+    std::vector<int64_t> seqs;
+    while (true) {
+      WS_ASSIGN_OR_RETURN(bool row, claim->Step());
+      if (!row) break;
+      DeliveryClaim c;
+      c.id = claim->Int(0);
+      c.epoch = claim->Int(1);
+      c.owner = owner;
+      c.sink = claim->Text(2);
+      c.attempts = static_cast<int>(claim->Int(3));
+      seqs.push_back(claim->Int(4));
+      claims.push_back(std::move(c));
+    }
+    claim->Reset();
+    WS_ASSIGN_OR_RETURN(SqliteStatement * event,
+                        db_->Prepare("SELECT seq, event_id, instance_id, tenant, type, payload, "
+                                     "created_at FROM outbox WHERE seq = ?"));
+    for (size_t i = 0; i < claims.size(); ++i) {
+      event->BindAll(seqs[i]);
+      WS_ASSIGN_OR_RETURN(bool row, event->Step());
+      if (!row) return absl::DataLossError("delivery of missing outbox row " + std::to_string(seqs[i]));
+      claims[i].event = {event->Int(0), event->Text(1), event->Int(2), event->Text(3),
+                         event->Text(4), event->Text(5), event->Int(6)};
+      event->Reset();
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  // Deliver in outbox order: the RETURNING order is not guaranteed.
+  std::sort(claims.begin(), claims.end(),
+            [](const DeliveryClaim& a, const DeliveryClaim& b) { return a.event.seq < b.event.seq; });
+  return claims;
+}
+
+absl::Status SqliteStore::FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& u) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * finish,
+        db_->Prepare("UPDATE deliveries SET state = ?1, attempts = ?2, next_attempt_at = ?3, "
+                     "last_error = ?4, delivered_at = CASE WHEN ?1 = 2 THEN ?5 ELSE delivered_at "
+                     "END, lease_owner = '', lease_expires_at = 0 WHERE id = ?6 AND "
+                     "lease_epoch = ?7 AND lease_owner = ?8"));
+    WS_RETURN_IF_ERROR(finish
+                           ->BindAll(static_cast<int64_t>(u.state), u.attempts, u.next_attempt_at,
+                                     u.error, u.now, claim.id, claim.epoch, claim.owner)
+                           .Run());
+    if (db_->Changes() != 1) {
+      return absl::AbortedError("delivery " + std::to_string(claim.id) + " lease lost");
+    }
+    if (u.state == DeliveryState::kDelivered) {
+      WS_ASSIGN_OR_RETURN(SqliteStatement * mark,
+                          db_->Prepare("UPDATE outbox SET delivered_at = ?1 WHERE seq = ?2 AND "
+                                       "NOT EXISTS (SELECT 1 FROM deliveries WHERE outbox_seq = "
+                                       "?2 AND state <> 2)"));
+      WS_RETURN_IF_ERROR(mark->BindAll(u.now, claim.event.seq).Run());
+    }
+    if (u.alert) WS_RETURN_IF_ERROR(InsertAlert(*u.alert, u.alert->instance_id, u.now).status());
+    if (u.alert_event) {
+      WS_RETURN_IF_ERROR(InsertEvent(*u.alert_event, u.alert_event->instance_id, u.now));
+    }
+    if (u.disable_sink) {
+      WS_ASSIGN_OR_RETURN(SqliteStatement * disable,
+                          db_->Prepare("INSERT INTO relay_sinks VALUES (?, 1, ?, ?) ON CONFLICT "
+                                       "(sink) DO UPDATE SET disabled = 1, reason = "
+                                       "excluded.reason, updated_at = excluded.updated_at"));
+      WS_RETURN_IF_ERROR(disable->BindAll(claim.sink, u.error, u.now).Run());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> SqliteStore::DeliveryLeaseOwners(Millis now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT DISTINCT lease_owner FROM deliveries WHERE "
+                                   "lease_expires_at > ? AND lease_owner <> ''"));
+  s->BindAll(now);
+  std::vector<std::string> owners;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    owners.push_back(s->Text(0));
+  }
+  s->Reset();
+  return owners;
+}
+
+absl::Status SqliteStore::ExpireDeliveryLeases(const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("UPDATE deliveries SET lease_expires_at = 0 WHERE "
+                                   "lease_owner = ? AND lease_expires_at > 0"));
+  return s->BindAll(owner).Run();
+}
+
+absl::StatusOr<std::vector<std::string>> SqliteStore::DisabledSinks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT sink FROM relay_sinks WHERE disabled = 1"));
+  std::vector<std::string> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back(s->Text(0));
+  }
+  s->Reset();
+  return out;
+}
+
+absl::Status SqliteStore::EnableSink(const std::string& sink, Millis now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("UPDATE relay_sinks SET disabled = 0, reason = 'enabled', "
+                                   "updated_at = ? WHERE sink = ?"));
+  return s->BindAll(now, sink).Run();
+}
+
+absl::StatusOr<std::vector<DeliveryRecord>> SqliteStore::ListDeliveries(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db_->Prepare("SELECT d.id, d.outbox_seq, d.sink, d.state, d.attempts, d.next_attempt_at, "
+                   "d.last_error, d.created_at, d.delivered_at, o.event_id, o.type FROM "
+                   "deliveries d JOIN outbox o ON o.seq = d.outbox_seq WHERE d.instance_id = ? "
+                   "ORDER BY d.outbox_seq, d.sink"));
+  s->BindAll(instance_id);
+  std::vector<DeliveryRecord> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back({s->Int(0), s->Int(1), s->Text(2), static_cast<DeliveryState>(s->Int(3)),
+                   static_cast<int>(s->Int(4)), s->Int(5), s->Text(6), s->Int(7), s->Int(8),
+                   s->Text(9), s->Text(10)});
+  }
+  s->Reset();
+  return out;
+}
+
+absl::StatusOr<std::vector<SinkStats>> SqliteStore::DeliveryStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db_->Prepare("SELECT d.sink, SUM(d.state = 1), SUM(d.state = 2), SUM(d.state = 3), "
+                   "SUM(d.attempts) - SUM(d.state = 2), COALESCE(MIN(CASE WHEN d.state = 1 THEN "
+                   "d.created_at END), 0), COALESCE((SELECT disabled FROM relay_sinks r WHERE "
+                   "r.sink = d.sink), 0) FROM deliveries d GROUP BY d.sink ORDER BY d.sink"));
+  std::vector<SinkStats> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back({s->Text(0), s->Int(1), s->Int(2), s->Int(3), s->Int(4), s->Int(5),
+                   s->Int(6) != 0});
+  }
+  s->Reset();
+  return out;
+}
+
+absl::StatusOr<std::vector<StaleUnknown>> SqliteStore::StaleUnknownSteps(Millis unknown_before) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db_->Prepare("SELECT s.instance_id, i.tenant, s.name, s.unknown_since FROM steps s JOIN "
+                   "instances i ON i.id = s.instance_id WHERE s.state = 5 AND s.unknown_since > 0 "
+                   "AND s.unknown_since <= ?1 AND NOT EXISTS (SELECT 1 FROM alerts a WHERE "
+                   "a.instance_id = s.instance_id AND a.step_name = s.name AND a.kind = 8 AND "
+                   "a.created_at >= s.unknown_since)"));
+  s->BindAll(unknown_before);
+  std::vector<StaleUnknown> out;
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool row, s->Step());
+    if (!row) break;
+    out.push_back({s->Int(0), s->Text(1), s->Text(2), s->Int(3)});
+  }
+  s->Reset();
+  return out;
+}
+
+absl::StatusOr<int64_t> SqliteStore::RaiseAlert(const AlertRecord& alert, const EventRecord& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t id = 0;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(id, InsertAlert(alert, alert.instance_id, alert.created_at));
+    return InsertEvent(event, event.instance_id, alert.created_at);
+  });
+  if (!status.ok()) return status;
+  return id;
 }
 
 }  // namespace waystone

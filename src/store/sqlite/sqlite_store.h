@@ -43,6 +43,23 @@ class SqliteStore final : public Store {
       const std::string& tenant, const std::string& key) override;
   absl::StatusOr<StoreSummary> Summary() override;
   absl::StatusOr<std::optional<Millis>> NextDueTime() override;
+  absl::StatusOr<int64_t> OutboxCursor(const std::string& sink) override;
+  absl::StatusOr<std::vector<EventRecord>> ReadOutbox(int64_t after_seq, int limit) override;
+  absl::Status AddDeliveries(const std::string& sink, int64_t expected_cursor, int64_t new_cursor,
+                             const std::vector<std::pair<int64_t, int64_t>>& wanted,
+                             Millis now) override;
+  absl::StatusOr<std::vector<DeliveryClaim>> ClaimDeliveries(
+      const std::string& owner, Millis now, Millis lease_duration, int limit,
+      const std::vector<std::string>& sinks) override;
+  absl::Status FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& update) override;
+  absl::StatusOr<std::vector<std::string>> DeliveryLeaseOwners(Millis now) override;
+  absl::Status ExpireDeliveryLeases(const std::string& owner) override;
+  absl::StatusOr<std::vector<std::string>> DisabledSinks() override;
+  absl::Status EnableSink(const std::string& sink, Millis now) override;
+  absl::StatusOr<std::vector<DeliveryRecord>> ListDeliveries(int64_t instance_id) override;
+  absl::StatusOr<std::vector<SinkStats>> DeliveryStats() override;
+  absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) override;
+  absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
 
   // Returns the schema version (the highest applied migration).
   absl::StatusOr<int> SchemaVersion();
@@ -51,6 +68,8 @@ class SqliteStore final : public Store {
   explicit SqliteStore(std::unique_ptr<SqliteDb> db);
   absl::Status Migrate();
   absl::Status ApplyChange(const Change& change);
+  absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now);
+  absl::StatusOr<int64_t> InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now);
   absl::StatusOr<InstanceRecord> LoadInstance(const std::string& where_sql, int64_t id,
                                               const std::string& tenant,
                                               const std::string& key);

@@ -1,0 +1,56 @@
+#include <cstdio>
+
+#include "base/clock.h"
+#include "base/random.h"
+#include "cli/common.h"
+#include "cli/signals.h"
+#include "connectors/http/http_client.h"
+#include "engine/lease_reaper.h"
+#include "messaging/relay.h"
+
+namespace waystone::cli {
+
+int Relay(const GlobalOptions& global, const RelayOptions& options) {
+  std::stop_token stop = StopOnSignals();
+  auto config = LoadRelayConfig(options.config);
+  if (!config.ok()) return Fail(config.status());
+  auto store = OpenStoreFor(global);
+  if (!store.ok()) return Fail(store.status());
+  if (!options.enable_sink.empty()) {
+    auto status = (*store)->EnableSink(options.enable_sink, SystemClock::Get()->NowMillis());
+    if (!status.ok()) return Fail(status);
+    std::printf("sink %s enabled\n", options.enable_sink.c_str());
+    return kExitOk;
+  }
+  auto http = NewCurlHttpClient({});
+  SeededRandom random;
+  auto relay = waystone::Relay::Create(store->get(), http.get(), SystemClock::Get(), &random,
+                                       *config, MakeOwnerName(random.Hex(4)));
+  if (!relay.ok()) return Fail(relay.status());
+  std::fprintf(stderr, "waystone: relay delivering to %zu sink(s) from %s\n", config->sinks.size(),
+               DatabasePath(global).c_str());
+  while (!stop.stop_requested()) {
+    auto attempted = (*relay)->RunOnce();
+    if (!attempted.ok()) {
+      std::fprintf(stderr, "waystone: relay: %s\n", std::string(attempted.status().message()).c_str());
+    }
+    if (attempted.ok() && *attempted == 0) {
+      if (options.until_drained) {
+        // Done when nothing waits on an enabled sink (retries included).
+        auto stats = (*store)->DeliveryStats();
+        bool waiting = !stats.ok();
+        for (const auto& sink : stats.ok() ? *stats : std::vector<SinkStats>{}) {
+          waiting = waiting || (sink.pending > 0 && !sink.disabled);
+        }
+        if (!waiting) break;
+      }
+      SystemClock::Get()->SleepFor(config->poll_interval, stop);
+    } else if (!attempted.ok()) {
+      SystemClock::Get()->SleepFor(1000, stop);
+    }
+  }
+  std::fprintf(stderr, "waystone: relay stopped\n");
+  return kExitOk;
+}
+
+}  // namespace waystone::cli

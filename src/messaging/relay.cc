@@ -1,0 +1,204 @@
+#include "messaging/relay.h"
+
+#include <set>
+
+#include "base/crash_point.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "engine/events.h"
+#include "engine/lease_reaper.h"
+#include "messaging/cloudevent.h"
+
+namespace waystone {
+namespace {
+
+constexpr int kExpandBatch = 500;
+constexpr Millis kUnknownScanInterval = 5'000;
+
+bool IsAlertType(const std::string& type) { return type.starts_with("waystone.alert."); }
+
+}  // namespace
+
+Relay::Relay(Store* store, const Clock* clock, Random* random, const RelayConfig& config,
+             const std::string& owner)
+    : store_(store), clock_(clock), random_(random), config_(config), owner_(owner) {}
+
+Relay::~Relay() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<Relay>> Relay::Create(Store* store, HttpClient* http,
+                                                     const Clock* clock, Random* random,
+                                                     const RelayConfig& config,
+                                                     const std::string& owner) {
+  if (config.sinks.empty()) return absl::InvalidArgumentError("the relay needs at least one sink");
+  auto relay = std::unique_ptr<Relay>(new Relay(store, clock, random, config, owner));
+  for (const SinkConfig& sink : config.sinks) {
+    switch (sink.kind) {
+      case SinkKind::kWebhook:
+        relay->sinks_[sink.name] = NewWebhookSink(sink, http, clock);
+        break;
+      case SinkKind::kNats:
+        relay->sinks_[sink.name] = NewNatsSink(sink);
+        break;
+    }
+  }
+  return relay;
+}
+
+void Relay::SetSinkForTest(const std::string& name, std::unique_ptr<Sink> sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sinks_[name] = std::move(sink);
+}
+
+void Relay::Start() {
+  thread_ = std::jthread([this](std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      auto attempted = RunOnce();
+      if (!attempted.ok()) {
+        Log(LogLevel::kWarning, "relay: " + attempted.status().ToString());
+      }
+      if (!attempted.ok() || *attempted == 0) clock_->SleepFor(config_.poll_interval, stop);
+    }
+  });
+}
+
+void Relay::Stop() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    thread_.join();
+  }
+}
+
+absl::StatusOr<int> Relay::RunOnce() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Millis now = clock_->NowMillis();
+  if (now - last_unknown_scan_ >= kUnknownScanInterval) {
+    last_unknown_scan_ = now;
+    WS_RETURN_IF_ERROR(RaiseStaleUnknownAlerts());
+  }
+  WS_RETURN_IF_ERROR(Expand());
+  // A relay on this host that died mid-delivery leaves leases behind: take them now.
+  WS_ASSIGN_OR_RETURN(std::vector<std::string> owners, store_->DeliveryLeaseOwners(now));
+  for (const std::string& owner : owners) {
+    if (IsDeadLocalOwner(owner)) WS_RETURN_IF_ERROR(store_->ExpireDeliveryLeases(owner));
+  }
+  WS_ASSIGN_OR_RETURN(std::vector<std::string> disabled, store_->DisabledSinks());
+  std::vector<std::string> enabled;
+  for (const auto& sink : config_.sinks) {
+    if (std::find(disabled.begin(), disabled.end(), sink.name) == disabled.end()) {
+      enabled.push_back(sink.name);
+    }
+  }
+  if (enabled.empty()) return 0;
+  WS_ASSIGN_OR_RETURN(std::vector<DeliveryClaim> claims,
+                      store_->ClaimDeliveries(owner_, clock_->NowMillis(), config_.lease,
+                                              config_.batch, enabled));
+  for (const DeliveryClaim& claim : claims) {
+    auto status = DeliverOne(claim);
+    if (absl::IsAborted(status)) {
+      Log(LogLevel::kInfo, "relay: " + std::string(status.message()));
+    } else if (!status.ok()) {
+      return status;
+    }
+  }
+  return static_cast<int>(claims.size());
+}
+
+absl::Status Relay::Expand() {
+  for (const SinkConfig& sink : config_.sinks) {
+    WS_ASSIGN_OR_RETURN(int64_t cursor, store_->OutboxCursor(sink.name));
+    WS_ASSIGN_OR_RETURN(std::vector<EventRecord> rows, store_->ReadOutbox(cursor, kExpandBatch));
+    if (rows.empty()) continue;
+    std::vector<std::pair<int64_t, int64_t>> wanted;  // seq, instance id
+    for (const EventRecord& row : rows) {
+      const bool wants = IsAlertType(row.type) ? sink.name == config_.alert_sink ||
+                                                     (!sink.events.empty() &&
+                                                      sink.Wants(row.type, WorkflowOf(row)))
+                                               : sink.Wants(row.type, WorkflowOf(row));
+      if (wants) wanted.emplace_back(row.seq, row.instance_id);
+    }
+    auto status = store_->AddDeliveries(sink.name, cursor, rows.back().seq, wanted,
+                                        clock_->NowMillis());
+    if (absl::IsAborted(status)) continue;  // another relay expanded these rows
+    WS_RETURN_IF_ERROR(status);
+  }
+  return absl::OkStatus();
+}
+
+EventRecord Relay::AlertEvent(const AlertRecord& alert, Millis now) {
+  InstanceRecord instance;
+  if (auto found = store_->GetInstance(alert.instance_id); found.ok()) instance = *found;
+  instance.id = alert.instance_id;
+  StepRecord step;
+  step.name = alert.step;
+  return MakeEvent("waystone.alert." + std::string(ToString(alert.kind)), instance,
+                   alert.step.empty() ? nullptr : &step, alert.message, *random_, now);
+}
+
+absl::Status Relay::RaiseStaleUnknownAlerts() {
+  const Millis now = clock_->NowMillis();
+  WS_ASSIGN_OR_RETURN(std::vector<StaleUnknown> stale,
+                      store_->StaleUnknownSteps(now - config_.unknown_alert_after));
+  for (const StaleUnknown& s : stale) {
+    AlertRecord alert{0, s.instance_id, s.tenant, s.step, AlertKind::kUnknownUnresolved,
+                      AlertState::kOpen,
+                      "outcome of step '" + s.step + "' unknown since " +
+                          std::to_string((now - s.unknown_since) / 1000) + "s ago",
+                      now};
+    WS_RETURN_IF_ERROR(store_->RaiseAlert(alert, AlertEvent(alert, now)).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Relay::DeliverOne(const DeliveryClaim& claim) {
+  auto it = sinks_.find(claim.sink);
+  if (it == sinks_.end()) return absl::InternalError("no sink named " + claim.sink);
+  const std::string body = ToCloudEventJson(claim.event, config_.deployment);
+  CrashPoint("before-deliver", claim.sink);
+  const DeliveryOutcome outcome = it->second->Deliver(claim.event, body);
+  CrashPoint("after-deliver", claim.sink);
+
+  const Millis now = clock_->NowMillis();
+  DeliveryUpdate update;
+  update.now = now;
+  update.attempts = claim.attempts + 1;
+  update.error = outcome.detail;
+  switch (outcome.result) {
+    case DeliveryOutcome::Result::kDelivered:
+      update.state = DeliveryState::kDelivered;
+      update.error.clear();
+      break;
+    case DeliveryOutcome::Result::kRetry:
+      if (config_.retry.Exhausted(update.attempts)) {
+        update.state = DeliveryState::kParked;
+        AlertRecord alert{0, claim.event.instance_id, claim.event.tenant, "",
+                          AlertKind::kDeliveryParked, AlertState::kOpen,
+                          "event " + claim.event.event_id + " (" + claim.event.type +
+                              ") parked for sink '" + claim.sink + "' after " +
+                              std::to_string(update.attempts) + " attempts: " + outcome.detail,
+                          now};
+        update.alert = alert;
+        update.alert_event = AlertEvent(alert, now);
+      } else {
+        update.state = DeliveryState::kPending;
+        update.next_attempt_at =
+            now + config_.retry.NextDelay(update.attempts, outcome.retry_after, *random_);
+      }
+      break;
+    case DeliveryOutcome::Result::kEndpointGone: {
+      // The endpoint refuses for good: stop sending to it, keep every delivery.
+      update.state = DeliveryState::kPending;
+      update.disable_sink = true;
+      AlertRecord alert{0, claim.event.instance_id, claim.event.tenant, "",
+                        AlertKind::kSinkDisabled, AlertState::kOpen,
+                        "sink '" + claim.sink + "' answered " + outcome.detail +
+                            " (gone); it is disabled and its events wait until it is enabled",
+                        now};
+      update.alert = alert;
+      update.alert_event = AlertEvent(alert, now);
+      break;
+    }
+  }
+  return store_->FinishDelivery(claim, update);
+}
+
+}  // namespace waystone

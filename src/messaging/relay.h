@@ -1,0 +1,67 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "base/random.h"
+#include "connectors/http/http_client.h"
+#include "messaging/relay_config.h"
+#include "messaging/sink.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// Relay delivers committed outbox rows to sinks, at least once, in order per
+// instance and sink. Each round it (1) raises alerts for unknown outcomes left
+// unresolved too long, (2) expands new outbox rows into one delivery per wanting
+// sink, (3) claims due deliveries — only the oldest undelivered one of each
+// instance per sink, under a lease, so relays never deliver the same row at once
+// — and (4) delivers them, marking each delivered only after the sink
+// acknowledged it. Failures are retried with backoff and jitter; a delivery that
+// keeps failing is parked with an alert; a 410 disables the sink (its deliveries
+// wait) with an alert. Owns one thread between Start() and Stop(). Thread-safe.
+class Relay {
+ public:
+  // The pointers must outlive the relay. `owner` names it in leases.
+  static absl::StatusOr<std::unique_ptr<Relay>> Create(Store* store, HttpClient* http,
+                                                       const Clock* clock, Random* random,
+                                                       const RelayConfig& config,
+                                                       const std::string& owner);
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  void Start();
+  void Stop();
+
+  // Runs one round; returns how many deliveries were attempted.
+  absl::StatusOr<int> RunOnce();
+
+  // Replaces a sink (tests inject failing ones).
+  void SetSinkForTest(const std::string& name, std::unique_ptr<Sink> sink);
+
+ private:
+  Relay(Store* store, const Clock* clock, Random* random, const RelayConfig& config,
+        const std::string& owner);
+  absl::Status Expand();
+  absl::Status RaiseStaleUnknownAlerts();
+  absl::Status DeliverOne(const DeliveryClaim& claim);
+  EventRecord AlertEvent(const AlertRecord& alert, Millis now);
+
+  Store* store_;
+  const Clock* clock_;
+  Random* random_;
+  RelayConfig config_;
+  std::string owner_;
+  std::mutex mu_;  // one round at a time
+  std::map<std::string, std::unique_ptr<Sink>> sinks_;
+  Millis last_unknown_scan_ = 0;
+  std::jthread thread_;
+};
+
+}  // namespace waystone

@@ -1,0 +1,60 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "model/retry_policy.h"
+
+namespace waystone {
+
+enum class SinkKind : uint8_t { kWebhook = 1, kNats = 2 };
+
+// One destination of outbox events. A value type.
+struct SinkConfig {
+  std::string name;
+  SinkKind kind = SinkKind::kWebhook;
+  // Event types this sink receives: exact types or prefixes ending in '*'
+  // ("waystone.step.*"); default: every type except alerts.
+  std::vector<std::string> events;
+  // Workflows whose events it receives; empty: all.
+  std::vector<std::string> workflows;
+  // Webhook: endpoint, signing secret ("whsec_…", read from secret_env or
+  // secret_file, never written in the config), timeout.
+  std::string url;
+  std::string secret;
+  Millis timeout = 5'000;
+  // NATS JetStream: server URL and stream (created with subjects "waystone.>"
+  // when missing); each event is published on a subject equal to its type.
+  std::string nats_url;
+  std::string stream = "WAYSTONE";
+
+  // Returns true when this sink takes an event of `type` from `workflow`.
+  bool Wants(const std::string& type, const std::string& workflow) const;
+};
+
+struct RelayConfig {
+  // Names this deployment in CloudEvents `source`: waystone://<deployment>/<workflow>.
+  std::string deployment = "waystone";
+  std::vector<SinkConfig> sinks;
+  // The sink that receives alert events (waystone.alert.*); empty: none.
+  std::string alert_sink;
+  // Delivery retries; a delivery failing this many times is parked and alerted.
+  RetryPolicy retry{10, 500, 60'000, 2.0};
+  // How long a relay owns a claimed delivery.
+  Millis lease = 30'000;
+  // An unknown step outcome unresolved for this long raises an alert.
+  Millis unknown_alert_after = 15 * 60'000;
+  // Deliveries claimed per round.
+  int batch = 64;
+  // Idle polling interval.
+  Millis poll_interval = 100;
+};
+
+// Loads a relay config (YAML). Errors name the file and line; secrets are read from
+// the environment variable or file each sink names.
+absl::StatusOr<RelayConfig> LoadRelayConfig(const std::string& path);
+absl::StatusOr<RelayConfig> ParseRelayConfig(const std::string& text, const std::string& source);
+
+}  // namespace waystone

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "connectors/http/http_client.h"
+#include "messaging/relay_config.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// What one delivery attempt achieved.
+struct DeliveryOutcome {
+  enum class Result : uint8_t {
+    kDelivered = 1,     // the sink acknowledged the event
+    kRetry = 2,         // not acknowledged; try again later
+    kEndpointGone = 3,  // the endpoint says it will never accept (HTTP 410)
+  };
+  Result result = Result::kRetry;
+  std::string detail;
+  std::optional<Millis> retry_after;
+};
+
+// A destination for outbox events. Deliver is called from one relay thread at a
+// time; implementations need not be thread-safe.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual const std::string& name() const = 0;
+  // Delivers one CloudEvent (`cloudevent_json`, structured mode) of `event`.
+  virtual DeliveryOutcome Deliver(const EventRecord& event, const std::string& cloudevent_json) = 0;
+};
+
+// Returns a webhook sink: POST in CloudEvents structured mode, signed per the
+// Standard Webhooks spec (webhook-id, webhook-timestamp, webhook-signature).
+std::unique_ptr<Sink> NewWebhookSink(const SinkConfig& config, HttpClient* http,
+                                     const Clock* clock);
+
+// Returns a NATS JetStream sink: publishes on the event's type as subject with
+// Nats-Msg-Id = event id and waits for the stream's acknowledgement. Connects
+// lazily and reconnects; creates the stream (subjects "waystone.>") if missing.
+std::unique_ptr<Sink> NewNatsSink(const SinkConfig& config);
+
+}  // namespace waystone

@@ -1,0 +1,246 @@
+// The relay as a real process: SIGKILLed between the sink's acknowledgement and
+// marking the row delivered, restarted; and against a real nats-server with
+// JetStream that is itself restarted mid-run.
+
+#include <arpa/inet.h>
+#include <nats/nats.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "sim/simulator.h"
+#include "store/store.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kSecret[] = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool PortOpen(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool open = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return open;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class RelayProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto sim = Simulator::Start({});
+    ASSERT_TRUE(sim.ok());
+    sim_ = std::move(*sim);
+    db_ = dir_.File("relay.db");
+  }
+
+  std::map<std::string, std::string> Env(std::map<std::string, std::string> extra = {}) {
+    std::map<std::string, std::string> env = {
+        {"CRM_URL", sim_->base_url()},      {"ERP_URL", sim_->base_url()},
+        {"LINE_URL", sim_->base_url()},     {"EMAIL_URL", sim_->base_url()},
+        {"WAYSTONE_SECRET_ERP_TOKEN", "t"}, {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
+        {"WAYSTONE_DB", db_},               {"WEBHOOK_SECRET", kSecret},
+        {"WAYSTONE_CRASH_AT", ""}};
+    for (auto& [k, v] : extra) env[k] = v;
+    return env;
+  }
+
+  testing::ProcessResult Waystone(const std::vector<std::string>& args,
+                                  std::map<std::string, std::string> extra = {}) {
+    std::vector<std::string> argv = {testing::WaystoneBinary()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::RunProcess(argv, Env(extra), dir_.path());
+  }
+
+  // Starts and completes `count` orders through the CLI.
+  void RunOrders(int count, const std::string& prefix) {
+    std::string lines;
+    for (int i = 0; i < count; ++i) {
+      lines += Json{{"source", "crm"}, {"order_id", prefix + std::to_string(i)},
+                    {"customer_id", "C-" + std::to_string(i)}, {"amount", 3}}.dump() + "\n";
+    }
+    testing::WriteFile(dir_.File(prefix + ".jsonl"), lines);
+    ASSERT_EQ(Waystone({"start", testing::SourceDir() + "/examples/order-to-erp.yaml", "--inputs",
+                        dir_.File(prefix + ".jsonl")}).exit_code, 0);
+    auto worker = Waystone({"worker", "--exit-when-idle"});
+    ASSERT_EQ(worker.exit_code, 0) << worker.err;
+  }
+
+  std::vector<EventRecord> Committed() {
+    auto store = OpenStore({db_});
+    std::vector<EventRecord> all;
+    auto instances = (*store)->ListInstances({std::nullopt, std::nullopt, std::nullopt, 10000});
+    for (const auto& instance : *instances) {
+      auto events = (*store)->ListEvents(instance.id);
+      all.insert(all.end(), events->begin(), events->end());
+    }
+    return all;
+  }
+
+  testing::TempDir dir_;
+  std::string db_;
+  std::unique_ptr<Simulator> sim_;
+};
+
+TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppliesItOnce) {
+  testing::Process consumer({WAYSTONE_CONSUMER, "--port", "0", "--db", dir_.File("consumer.db"),
+                             "--secret-env", "WEBHOOK_SECRET"},
+                            Env(), dir_.path());
+  std::string consumer_url;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+          const std::string text = ReadFile(entry.path());
+          const size_t at = text.find("consumer listening on ");
+          if (at != std::string::npos) {
+            consumer_url = text.substr(at + 22, text.find('\n', at) - at - 22);
+            return true;
+          }
+        }
+        return false;
+      },
+      std::chrono::seconds(10)));
+  testing::WriteFile(dir_.File("relay.yaml"),
+                     "deployment: crash-test\nretry: { initial_interval: 50ms, max_interval: 200ms }\n"
+                     "sinks:\n  - { name: consumer, type: webhook, url: \"" + consumer_url +
+                         "/events\", secret_env: WEBHOOK_SECRET }\n");
+  RunOrders(2, "k");
+  const auto committed = Committed();
+  ASSERT_EQ(committed.size(), 16u);
+
+  auto killed = Waystone({"relay", "--config", dir_.File("relay.yaml"), "--until-drained"},
+                         {{"WAYSTONE_CRASH_AT", "after-deliver:consumer"}});
+  ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
+  auto resumed = Waystone({"relay", "--config", dir_.File("relay.yaml"), "--until-drained"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+
+  auto stats_result = testing::RunProcess({"/usr/bin/curl", "-s", consumer_url + "/stats"}, {},
+                                          dir_.path());
+  Json stats = Json::parse(stats_result.out);
+  EXPECT_EQ(stats["received"], 17) << stats.dump();    // the first event twice
+  EXPECT_EQ(stats["applied"], 16) << stats.dump();     // once each
+  EXPECT_EQ(stats["duplicates"], 1) << stats.dump();
+  EXPECT_EQ(stats["rejected"], 0) << stats.dump();
+  // Applied in commit order per instance, across the restart.
+  auto applied_result = testing::RunProcess({"/usr/bin/curl", "-s", consumer_url + "/applied"}, {},
+                                            dir_.path());
+  Json applied = Json::parse(applied_result.out);
+  std::map<std::string, std::vector<std::string>> arrived, expected;
+  for (const auto& row : applied) arrived[row[0]].push_back(row[2]);
+  for (const auto& e : committed) {
+    expected[Json::parse(e.payload_json)["instance_key"]].push_back(e.event_id);
+  }
+  EXPECT_EQ(arrived, expected);
+}
+
+// Reads every message of a JetStream stream; returns their CloudEvent ids.
+std::vector<std::string> StreamIds(int port, const std::string& stream) {
+  std::vector<std::string> ids;
+  natsConnection* connection = nullptr;
+  if (natsConnection_ConnectTo(&connection, ("nats://127.0.0.1:" + std::to_string(port)).c_str()) !=
+      NATS_OK) {
+    ADD_FAILURE() << "cannot connect to nats-server";
+    return ids;
+  }
+  jsCtx* js = nullptr;
+  natsConnection_JetStream(&js, connection, nullptr);
+  jsStreamInfo* info = nullptr;
+  jsErrCode error;
+  if (js_GetStreamInfo(&info, js, stream.c_str(), nullptr, &error) == NATS_OK) {
+    const uint64_t last = info->State.LastSeq;
+    for (uint64_t seq = info->State.FirstSeq; seq <= last && seq > 0; ++seq) {
+      natsMsg* msg = nullptr;
+      if (js_GetMsg(&msg, js, stream.c_str(), seq, nullptr, &error) != NATS_OK) continue;
+      Json event = Json::parse(std::string(natsMsg_GetData(msg), natsMsg_GetDataLength(msg)));
+      const char* msg_id = nullptr;
+      natsMsgHeader_Get(msg, "Nats-Msg-Id", &msg_id);
+      EXPECT_EQ(event["id"], msg_id == nullptr ? "" : msg_id);
+      ids.push_back(event["id"]);
+      natsMsg_Destroy(msg);
+    }
+    jsStreamInfo_Destroy(info);
+  } else {
+    ADD_FAILURE() << "stream " << stream << " not found";
+  }
+  jsCtx_Destroy(js);
+  natsConnection_Destroy(connection);
+  return ids;
+}
+
+TEST_F(RelayProcessTest, NatsGetsEachEventOnceAcrossRelayAndServerRestarts) {
+  const int port = FreePort();
+  const std::string store_dir = dir_.File("jetstream");
+  std::vector<std::string> nats = {"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
+                                   std::to_string(port), "-sd", store_dir};
+  auto server = std::make_unique<testing::Process>(nats, Env(), dir_.path());
+  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+  testing::WriteFile(dir_.File("relay.yaml"),
+                     "retry: { max_attempts: 100, initial_interval: 50ms, max_interval: 500ms }\n"
+                     "sinks:\n  - { name: bus, type: nats, url: \"nats://127.0.0.1:" +
+                         std::to_string(port) + "\", stream: ORDERS }\n");
+  RunOrders(3, "n");
+  auto killed = Waystone({"relay", "--config", dir_.File("relay.yaml"), "--until-drained"},
+                         {{"WAYSTONE_CRASH_AT", "after-deliver:bus"}});
+  ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
+
+  // The server goes down; more work is committed meanwhile; a relay keeps trying.
+  server->Signal(SIGTERM);
+  server->Wait();
+  RunOrders(3, "m");
+  testing::Process relay({testing::WaystoneBinary(), "relay", "--config", dir_.File("relay.yaml")},
+                         Env(), dir_.path());
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  server = std::make_unique<testing::Process>(nats, Env(), dir_.path());
+  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+  auto store = OpenStore({db_});
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto stats = (*store)->DeliveryStats();
+        if (!stats.ok() || stats->empty()) return false;
+        return (*stats)[0].pending == 0 && (*stats)[0].delivered > 0;
+      },
+      std::chrono::seconds(60)));
+  relay.Signal(SIGTERM);
+  EXPECT_EQ(relay.Wait().exit_code, 0);
+
+  const auto committed = Committed();
+  ASSERT_EQ(committed.size(), 48u);
+  const auto ids = StreamIds(port, "ORDERS");
+  std::set<std::string> unique(ids.begin(), ids.end());
+  EXPECT_EQ(ids.size(), unique.size()) << "an event id appears twice on the stream";
+  EXPECT_EQ(ids.size(), committed.size());
+  for (const auto& e : committed) EXPECT_TRUE(unique.contains(e.event_id)) << e.type;
+}
+
+}  // namespace
+}  // namespace waystone

@@ -1,0 +1,423 @@
+// The outbox relay in-process against real webhook endpoints on loopback, with a
+// FakeClock to step through retry timers. Signatures are checked by an
+// implementation written here from the Standard Webhooks spec, not by the relay's.
+
+#include "messaging/relay.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "definition/loader.h"
+#include "engine/engine.h"
+#include "messaging/webhook_signature.h"
+#include "sim/simulator.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kSecret[] = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+// Verifies a Standard Webhooks signature: "v1,<base64 HMAC-SHA256(key, id.ts.body)>".
+bool IndependentVerify(const std::string& id, const std::string& timestamp,
+                       const std::string& body, const std::string& header, long long now_s) {
+  if (std::llabs(now_s - std::atoll(timestamp.c_str())) > 300) return false;
+  const std::string b64 = std::string(kSecret).substr(6);
+  std::vector<unsigned char> key(b64.size());
+  int n = EVP_DecodeBlock(key.data(), reinterpret_cast<const unsigned char*>(b64.data()),
+                          static_cast<int>(b64.size()));
+  for (size_t i = b64.size(); i > 0 && b64[i - 1] == '='; --i) --n;
+  const std::string content = id + "." + timestamp + "." + body;
+  unsigned char mac[32];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), n, reinterpret_cast<const unsigned char*>(content.data()),
+       content.size(), mac, &len);
+  std::string sig(44, '\0');
+  EVP_EncodeBlock(reinterpret_cast<unsigned char*>(sig.data()), mac, 32);
+  return header == "v1," + sig;
+}
+
+// A webhook endpoint on loopback: records what it accepts, can fail every other
+// request or answer 410.
+class Receiver {
+ public:
+  enum class Mode { kOk, kFailHalf, kGone, kAlwaysFail };
+
+  Receiver() {
+    server_.Post("/hook", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++requests_;
+      const long long now_s = now_s_.load();
+      if (!IndependentVerify(req.get_header_value("webhook-id"),
+                             req.get_header_value("webhook-timestamp"), req.body,
+                             req.get_header_value("webhook-signature"), now_s)) {
+        ++bad_signatures_;
+        res.status = 401;
+        return;
+      }
+      if (mode_ == Mode::kGone) {
+        res.status = 410;
+        return;
+      }
+      if (mode_ == Mode::kAlwaysFail || (mode_ == Mode::kFailHalf && requests_ % 2 == 1)) {
+        res.status = 500;
+        return;
+      }
+      Json event = Json::parse(req.body);
+      EXPECT_EQ(event["id"], req.get_header_value("webhook-id"));
+      EXPECT_EQ(req.get_header_value("Content-Type"), "application/cloudevents+json");
+      received_.push_back(event);
+      res.status = 204;
+    });
+    server_.set_keep_alive_timeout(1);
+    server_.set_read_timeout(1, 0);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~Receiver() {
+    server_.stop();
+    thread_.join();
+  }
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/hook"; }
+  void set_mode(Mode mode) {
+    std::lock_guard<std::mutex> lock(mu_);
+    mode_ = mode;
+  }
+  void set_now(long long seconds) { now_s_ = seconds; }
+  std::vector<Json> received() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received_;
+  }
+  int bad_signatures() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bad_signatures_;
+  }
+
+ private:
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::mutex mu_;
+  Mode mode_ = Mode::kOk;
+  int requests_ = 0;
+  int bad_signatures_ = 0;
+  std::atomic<long long> now_s_{0};
+  std::vector<Json> received_;
+};
+
+class RelayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto sim = Simulator::Start({});
+    ASSERT_TRUE(sim.ok());
+    sim_ = std::move(*sim);
+    for (const char* name : {"CRM_URL", "ERP_URL", "LINE_URL", "EMAIL_URL"}) {
+      setenv(name, sim_->base_url().c_str(), 1);
+    }
+    setenv("WAYSTONE_SECRET_ERP_TOKEN", "t", 1);
+    setenv("WAYSTONE_SECRET_LINE_TOKEN", "t", 1);
+    setenv("TEST_WEBHOOK_SECRET", kSecret, 1);
+    auto store = OpenStore({dir_.File("relay.db")});
+    ASSERT_TRUE(store.ok());
+    store_ = std::move(*store);
+    http_ = NewCurlHttpClient({});
+    auto engine = Engine::Create(store_.get(), http_.get(), &clock_, &random_, {});
+    ASSERT_TRUE(engine.ok());
+    engine_ = std::move(*engine);
+    auto definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
+    ASSERT_TRUE(definition.ok());
+    example_ = *definition;
+    SyncReceivers();
+  }
+
+  void SyncReceivers() {
+    hooks_.set_now(clock_.NowMillis() / 1000);
+    ops_.set_now(clock_.NowMillis() / 1000);
+  }
+
+  std::unique_ptr<Relay> MakeRelay(int max_attempts = 10, Millis unknown_alert_after = 60'000) {
+    const std::string yaml = "deployment: test\nalert_sink: ops\n"
+                             "retry: { max_attempts: " + std::to_string(max_attempts) +
+                             ", initial_interval: 100ms, max_interval: 1s }\n"
+                             "unknown_alert_after: " + std::to_string(unknown_alert_after) + "ms\n"
+                             "sinks:\n"
+                             "  - { name: hooks, type: webhook, url: \"" + hooks_.url() +
+                             "\", secret_env: TEST_WEBHOOK_SECRET }\n"
+                             "  - { name: ops, type: webhook, url: \"" + ops_.url() +
+                             "\", secret_env: TEST_WEBHOOK_SECRET, events: [\"waystone.alert.*\"] }\n";
+    auto config = ParseRelayConfig(yaml, "relay.yaml");
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
+    EXPECT_TRUE(relay.ok());
+    return std::move(*relay);
+  }
+
+  // Runs relay rounds, moving the fake clock past retry timers, until a round
+  // finds nothing due and nothing waits, or `rounds` ran out.
+  void Drain(Relay& relay, int rounds = 400) {
+    for (int i = 0; i < rounds; ++i) {
+      SyncReceivers();
+      auto attempted = relay.RunOnce();
+      ASSERT_TRUE(attempted.ok()) << attempted.status();
+      if (*attempted == 0) {
+        bool waiting = false;
+        for (const auto& s : SinkStatsNow()) waiting = waiting || (s.pending > 0 && !s.disabled);
+        if (!waiting) return;
+        clock_.Advance(200);
+      }
+    }
+  }
+
+  std::vector<SinkStats> SinkStatsNow() {
+    auto stats = store_->DeliveryStats();
+    EXPECT_TRUE(stats.ok());
+    return stats.ok() ? *stats : std::vector<SinkStats>{};
+  }
+  std::vector<InstanceRecord> InstancesNow() {
+    auto list = store_->ListInstances({});
+    EXPECT_TRUE(list.ok());
+    return list.ok() ? *list : std::vector<InstanceRecord>{};
+  }
+  std::vector<EventRecord> EventsOf(int64_t id) {
+    auto events = store_->ListEvents(id);
+    EXPECT_TRUE(events.ok());
+    return events.ok() ? *events : std::vector<EventRecord>{};
+  }
+
+  InstanceRecord RunOrder(const std::string& id, const std::string& customer = "C-1") {
+    auto started = engine_->StartInstance(
+        example_, {"default", Json{{"source", "crm"}, {"order_id", id}, {"customer_id", customer},
+                                   {"amount", 5}}.dump()});
+    EXPECT_TRUE(started.ok());
+    EXPECT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
+    return *store_->GetInstance(started->instance.id);
+  }
+
+  std::vector<EventRecord> AllEvents() {
+    std::vector<EventRecord> all;
+    for (const auto& instance : InstancesNow()) {
+      auto events = EventsOf(instance.id);
+      all.insert(all.end(), events.begin(), events.end());
+    }
+    return all;
+  }
+
+  testing::TempDir dir_;
+  FakeClock clock_{1'900'000'000'000};
+  SeededRandom random_{3};
+  Receiver hooks_;
+  Receiver ops_;
+  std::unique_ptr<Simulator> sim_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<HttpClient> http_;
+  std::unique_ptr<Engine> engine_;
+  WorkflowDefinition example_;
+};
+
+TEST_F(RelayTest, EveryCommittedEventArrivesOnceAsASignedCloudEvent) {
+  for (int i = 0; i < 5; ++i) RunOrder("e" + std::to_string(i));
+  auto relay = MakeRelay();
+  Drain(*relay);
+  auto received = hooks_.received();
+  auto committed = AllEvents();
+  ASSERT_EQ(received.size(), committed.size());
+  std::set<std::string> ids;
+  for (const auto& e : received) ids.insert(e["id"].get<std::string>());
+  for (const auto& e : committed) EXPECT_TRUE(ids.contains(e.event_id)) << e.type;
+  EXPECT_EQ(hooks_.bad_signatures(), 0);
+  const Json& first = received.front();
+  EXPECT_EQ(first["specversion"], "1.0");
+  EXPECT_EQ(first["type"], "waystone.instance.started");
+  EXPECT_EQ(first["source"], "waystone://test/order-to-erp");
+  EXPECT_EQ(first["subject"], "crm:e0");
+  EXPECT_EQ(first["aggregatetype"], "order-to-erp");
+  EXPECT_EQ(first["aggregateid"], "crm:e0");
+  EXPECT_EQ(first["data"]["tenant"], "default");
+  for (const auto& e : received) {
+    if (e["type"] == "waystone.step.completed" && e["data"]["step"] == "create-order") {
+      EXPECT_TRUE(e["data"]["external_id"].get<std::string>().starts_with("SO-"));
+      EXPECT_EQ(e["data"]["trace_id"].get<std::string>().size(), 32u);
+    }
+  }
+  for (const auto& s : SinkStatsNow()) {
+    if (s.sink == "hooks") {
+      EXPECT_EQ(s.pending, 0);
+      EXPECT_EQ(s.delivered, static_cast<int64_t>(committed.size()));
+    }
+  }
+}
+
+TEST_F(RelayTest, FlakyEndpointGetsEverythingInOrderPerInstance) {
+  hooks_.set_mode(Receiver::Mode::kFailHalf);
+  for (int i = 0; i < 4; ++i) RunOrder("f" + std::to_string(i));
+  auto relay = MakeRelay();
+  Drain(*relay);
+  auto received = hooks_.received();
+  auto committed = AllEvents();
+  ASSERT_EQ(received.size(), committed.size());
+  // Per instance, events arrive in the order they were committed.
+  std::map<std::string, std::vector<std::string>> arrived, expected;
+  for (const auto& e : received) arrived[e["subject"]].push_back(e["id"]);
+  for (const auto& instance : InstancesNow()) {
+    for (const auto& e : EventsOf(instance.id)) expected[instance.key].push_back(e.event_id);
+  }
+  EXPECT_EQ(arrived, expected);
+  int64_t failed = 0;
+  for (const auto& s : SinkStatsNow()) failed += s.failed_attempts;
+  EXPECT_GT(failed, 0);
+}
+
+TEST_F(RelayTest, GoneEndpointIsDisabledWithOneAlertAndLosesNothing) {
+  hooks_.set_mode(Receiver::Mode::kGone);
+  RunOrder("g1");
+  auto relay = MakeRelay();
+  Drain(*relay);
+  EXPECT_TRUE(hooks_.received().empty());
+  auto disabled = *store_->DisabledSinks();
+  ASSERT_EQ(disabled, std::vector<std::string>{"hooks"});
+  auto alerts = *store_->ListAlerts(0);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kSinkDisabled);
+  // The alert itself was pushed to the ops sink, once.
+  auto ops = ops_.received();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0]["type"], "waystone.alert.sink_disabled");
+  // Nothing was dropped: once the endpoint is back and the sink enabled, all arrive.
+  hooks_.set_mode(Receiver::Mode::kOk);
+  ASSERT_TRUE(store_->EnableSink("hooks", clock_.NowMillis()).ok());
+  Drain(*relay);
+  EXPECT_EQ(hooks_.received().size(), AllEvents().size() - 1);  // all but the ops-only alert
+}
+
+TEST_F(RelayTest, EventThatKeepsFailingIsParkedAndAlertedOnce) {
+  hooks_.set_mode(Receiver::Mode::kAlwaysFail);
+  RunOrder("p1");
+  auto relay = MakeRelay(/*max_attempts=*/3);
+  Drain(*relay);
+  auto stats = SinkStatsNow();
+  int64_t parked = 0, pending = 0;
+  for (const auto& s : stats) {
+    if (s.sink == "hooks") {
+      parked = s.parked;
+      pending = s.pending;
+    }
+  }
+  // Each instance event is parked once in turn (head of line moves on).
+  EXPECT_EQ(pending, 0);
+  EXPECT_EQ(parked, 8);
+  auto alerts = *store_->ListAlerts(0);
+  EXPECT_EQ(alerts.size(), 8u);
+  for (const auto& alert : alerts) EXPECT_EQ(alert.kind, AlertKind::kDeliveryParked);
+  auto ops = ops_.received();
+  EXPECT_EQ(ops.size(), 8u);
+  std::set<std::string> ids;
+  for (const auto& e : ops) ids.insert(e["id"]);
+  EXPECT_EQ(ids.size(), 8u);
+}
+
+TEST_F(RelayTest, RetriesAndCompensationAlertsArePushedOncePerAlert) {
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.cancel_order": {"fail": 1.0}})").ok());
+  RunOrder("a1", "C-BLOCKED-1");  // shipment 422 -> cancel fails -> compensation_failed
+  auto relay = MakeRelay();
+  Drain(*relay);
+  Drain(*relay);
+  auto ops = ops_.received();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0]["type"], "waystone.alert.compensation_failed");
+  EXPECT_EQ(ops[0]["subject"], "crm:a1");
+  for (const auto& e : hooks_.received()) {
+    EXPECT_FALSE(e["type"].get<std::string>().starts_with("waystone.alert.")) << e.dump();
+  }
+}
+
+TEST_F(RelayTest, UnknownOutcomeUnresolvedTooLongRaisesOneAlert) {
+  auto definition = LoadDefinitionText(R"(workflow: manual-push
+key: "{{input.id}}"
+steps:
+  - name: push
+    recovery: manual
+    request: { method: POST, url: "{{env.LINE_URL}}/line/push", body: { to: "U1", messages: [] }, timeout: 1s }
+)", "manual.yaml");
+  ASSERT_TRUE(definition.ok());
+  ASSERT_TRUE(sim_->SetFaults(R"({"line.push": {"next": ["drop_response"]}})").ok());
+  auto started = engine_->StartInstance(*definition, {"default", R"({"id": "u1"})"});
+  ASSERT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
+  auto relay = MakeRelay(10, /*unknown_alert_after=*/60'000);
+  Drain(*relay);
+  const size_t before = ops_.received().size();  // the needs_operator alert
+  clock_.Advance(61'000);
+  Drain(*relay);
+  clock_.Advance(61'000);
+  Drain(*relay);
+  auto ops = ops_.received();
+  ASSERT_EQ(ops.size(), before + 1);
+  EXPECT_EQ(ops.back()["type"], "waystone.alert.unknown_unresolved");
+  EXPECT_EQ(ops.back()["data"]["step"], "push");
+}
+
+TEST_F(RelayTest, AChangeThatRollsBackProducesNoEvent) {
+  auto started = engine_->StartInstance(
+      example_, {"default", R"({"source":"crm","order_id":"r1","customer_id":"C-1","amount":1})"});
+  ASSERT_TRUE(started.ok());
+  const int64_t id = started->instance.id;
+  auto stale = *store_->ClaimRunnable("old", clock_.NowMillis(), 5000, 10);
+  clock_.Advance(6000);
+  auto fresh = *store_->ClaimRunnable("new", clock_.NowMillis(), 5000, 10);
+  ASSERT_EQ(stale.size(), 1u);
+  ASSERT_EQ(fresh.size(), 1u);
+  Change change;
+  change.lease = stale[0];
+  change.now = clock_.NowMillis();
+  change.lease_expires_at = change.now + 5000;
+  change.events.push_back({0, "rolled-back-event", id, "default", "waystone.step.completed", "{}", 0});
+  auto results = store_->Commit({change});
+  ASSERT_TRUE(results.ok());
+  EXPECT_TRUE(absl::IsAborted((*results)[0]));
+  auto relay = MakeRelay();
+  Drain(*relay);
+  for (const auto& e : hooks_.received()) EXPECT_NE(e["id"], "rolled-back-event");
+  EXPECT_EQ(hooks_.received().size(), 1u);  // only instance.started
+}
+
+TEST(WebhookSignatureTest, MatchesAnIndependentImplementationAndCatchesTampering) {
+  const long long now = 1'900'000'000;
+  const std::string body = R"({"id":"ev1","type":"waystone.step.completed"})";
+  auto signature = SignStandardWebhook(kSecret, "ev1", now, body);
+  ASSERT_TRUE(signature.ok());
+  EXPECT_TRUE(IndependentVerify("ev1", std::to_string(now), body, *signature, now));
+  EXPECT_FALSE(IndependentVerify("ev1", std::to_string(now), body + " ", *signature, now));
+  EXPECT_FALSE(IndependentVerify("ev2", std::to_string(now), body, *signature, now));
+  auto stale = SignStandardWebhook(kSecret, "ev1", now - 3600, body);
+  EXPECT_FALSE(IndependentVerify("ev1", std::to_string(now - 3600), body, *stale, now));
+  // The published test vector of the Standard Webhooks specification.
+  auto vector = SignStandardWebhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                                    1614265330, R"({"test": 2432232314})");
+  ASSERT_TRUE(vector.ok());
+  EXPECT_EQ(*vector, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+  EXPECT_FALSE(SignStandardWebhook("whsec_***", "id", 1, "x").ok());
+}
+
+TEST(RelayConfigTest, ErrorsNameTheLine) {
+  auto config = ParseRelayConfig("sinks:\n  - { name: a, type: carrier-pigeon, url: x }\n", "r.yaml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("r.yaml:2"), std::string::npos) << config.status();
+  auto no_secret = ParseRelayConfig("sinks:\n  - { name: a, type: webhook, url: http://x }\n", "r.yaml");
+  EXPECT_NE(no_secret.status().message().find("secret_env"), std::string::npos);
+  auto unknown = ParseRelayConfig("sinks: []\ncolour: red\n", "r.yaml");
+  EXPECT_NE(unknown.status().message().find("unknown field 'colour'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace waystone
