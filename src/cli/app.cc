@@ -82,6 +82,8 @@ int Main(int argc, char** argv) {
                         "Re-enable a sink that was disabled after HTTP 410, then exit");
   relay_cmd->add_flag("--until-drained", relay.until_drained,
                       "Exit once nothing is left to deliver now");
+  relay_cmd->add_option("--metrics-listen", relay.metrics_listen,
+                        "Serve Prometheus /metrics on host:port (port 0 picks one)");
   add_global(relay_cmd);
 
   SimOptions sim;

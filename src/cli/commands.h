@@ -38,6 +38,7 @@ struct RelayOptions {
   std::string config;
   std::string enable_sink;   // re-enable a sink disabled after a 410, then exit
   bool until_drained = false;  // exit once nothing is left to deliver now
+  std::string metrics_listen;  // serve /metrics on host:port
 };
 
 struct StartOptions {

@@ -7,6 +7,7 @@
 #include "connectors/http/http_client.h"
 #include "engine/lease_reaper.h"
 #include "messaging/relay.h"
+#include "server/metrics_server.h"
 
 namespace waystone::cli {
 
@@ -27,6 +28,14 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   auto relay = waystone::Relay::Create(store->get(), http.get(), SystemClock::Get(), &random,
                                        *config, MakeOwnerName(random.Hex(4)));
   if (!relay.ok()) return Fail(relay.status());
+  std::unique_ptr<MetricsServer> metrics;
+  if (!options.metrics_listen.empty()) {
+    auto started = MetricsServer::Start(options.metrics_listen, store->get(), SystemClock::Get());
+    if (!started.ok()) return Fail(started.status());
+    metrics = std::move(*started);
+    std::printf("metrics on http://127.0.0.1:%d/metrics\n", metrics->port());
+    std::fflush(stdout);
+  }
   std::fprintf(stderr, "waystone: relay delivering to %zu sink(s) from %s\n", config->sinks.size(),
                DatabasePath(global).c_str());
   while (!stop.stop_requested()) {

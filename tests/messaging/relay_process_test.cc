@@ -163,6 +163,56 @@ TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppli
   EXPECT_EQ(arrived, expected);
 }
 
+TEST_F(RelayProcessTest, MetricsShowLagAndFailuresAndPassPromtool) {
+  const int dead_port = FreePort();  // nothing listens there: every delivery fails
+  testing::WriteFile(dir_.File("relay.yaml"),
+                     "retry: { max_attempts: 1000, initial_interval: 20ms, max_interval: 50ms }\n"
+                     "sinks:\n  - { name: dead, type: webhook, url: \"http://127.0.0.1:" +
+                         std::to_string(dead_port) + "/x\", secret_env: WEBHOOK_SECRET }\n");
+  RunOrders(1, "q");
+  testing::Process relay({testing::WaystoneBinary(), "relay", "--config", dir_.File("relay.yaml"),
+                          "--metrics-listen", "127.0.0.1:0"},
+                         Env(), dir_.path());
+  std::string url;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+          const std::string text = ReadFile(entry.path());
+          const size_t at = text.find("metrics on ");
+          if (at != std::string::npos) {
+            url = text.substr(at + 11, text.find('\n', at) - at - 11);
+            return true;
+          }
+        }
+        return false;
+      },
+      std::chrono::seconds(10)));
+  std::string metrics;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        metrics = testing::RunProcess({"/usr/bin/curl", "-s", url}, {}, dir_.path()).out;
+        return metrics.find("waystone_relay_failed_attempts_total{sink=\"dead\"} ") !=
+                   std::string::npos &&
+               metrics.find("waystone_relay_failed_attempts_total{sink=\"dead\"} 0\n") ==
+                   std::string::npos;
+      },
+      std::chrono::seconds(20)))
+      << metrics;
+  EXPECT_NE(metrics.find("waystone_relay_pending_deliveries{sink=\"dead\"} 8\n"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("waystone_instances{state=\"completed\"} 1\n"), std::string::npos);
+  EXPECT_EQ(metrics.find("waystone_relay_lag_seconds{sink=\"dead\"} 0.000"), std::string::npos)
+      << "lag should be above zero while events wait";
+  testing::WriteFile(dir_.File("metrics.txt"), metrics);
+  // promtool reads the exposition from standard input.
+  auto check = testing::RunProcess({"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < \"$0\"",
+                                    dir_.File("metrics.txt")},
+                                   {}, dir_.path());
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  relay.Signal(SIGTERM);
+  EXPECT_EQ(relay.Wait().exit_code, 0);
+}
+
 // Reads every message of a JetStream stream; returns their CloudEvent ids.
 std::vector<std::string> StreamIds(int port, const std::string& stream) {
   std::vector<std::string> ids;
