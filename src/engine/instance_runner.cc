@@ -48,6 +48,14 @@ std::string IdText(const Json& value) {
   return value.dump();
 }
 
+// Describes a failed call for checkpoints and alerts: "HTTP 422: <body>" or the
+// transport error.
+std::string Describe(const HttpResponse& response) {
+  if (response.outcome.kind != CallOutcome::Kind::kResponse) return response.error;
+  return "HTTP " + std::to_string(response.outcome.status) +
+         (response.body.empty() ? "" : ": " + Shorten(response.body));
+}
+
 std::string EventTypeFor(InstanceState state) {
   return "waystone.instance." + std::string(ToString(state));
 }
@@ -343,11 +351,7 @@ class InstanceRunner::Impl {
   absl::Status RecordOutcome(int index, StepRecord step, const HttpResponse& response) {
     const StepDefinition& def = definition_->steps[index];
     const ErrorClass error_class = Classify(response.outcome, def.errors);
-    const std::string detail =
-        response.outcome.kind == CallOutcome::Kind::kResponse
-            ? "HTTP " + std::to_string(response.outcome.status) +
-                  (response.body.empty() ? "" : ": " + Shorten(response.body))
-            : response.error;
+    const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {
         Change change = NewChange();
@@ -552,11 +556,7 @@ class InstanceRunner::Impl {
     CrashPoint("after-compensate", def.name);
 
     const ErrorClass error_class = Classify(response.outcome, {});
-    const std::string detail =
-        response.outcome.kind == CallOutcome::Kind::kResponse
-            ? "HTTP " + std::to_string(response.outcome.status) +
-                  (response.body.empty() ? "" : ": " + Shorten(response.body))
-            : response.error;
+    const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {
         Change change = NewChange();

@@ -64,6 +64,27 @@ StepRecord ReadStep(const SqliteStatement& s) {
   return r;
 }
 
+// Steps `statement` to the end, reading each row with `read`, then resets it.
+template <typename Read>
+auto CollectRows(SqliteStatement* statement, Read read)
+    -> absl::StatusOr<std::vector<decltype(read(*statement))>> {
+  std::vector<decltype(read(*statement))> rows;
+  while (true) {
+    auto row = statement->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    rows.push_back(read(*statement));
+  }
+  statement->Reset();
+  return rows;
+}
+
+std::string ReadText0(const SqliteStatement& s) { return s.Text(0); }
+
+EventRecord ReadEvent(const SqliteStatement& s) {
+  return {s.Int(0), s.Text(1), s.Int(2), s.Text(3), s.Text(4), s.Text(5), s.Int(6)};
+}
+
 // Runs `body` inside BEGIN IMMEDIATE ... COMMIT; rolls back on any error.
 template <typename Body>
 absl::Status InWriteTransaction(SqliteDb& db, Body&& body) {
@@ -304,28 +325,29 @@ absl::StatusOr<Lease> SqliteStore::ClaimInstance(int64_t instance_id, const std:
   return lease;
 }
 
-absl::StatusOr<std::vector<std::string>> SqliteStore::LeaseOwners(Millis now) {
+absl::StatusOr<std::vector<std::string>> SqliteStore::OwnersIn(const char* table, Millis now) {
   std::lock_guard<std::mutex> lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("SELECT DISTINCT lease_owner FROM instances WHERE "
-                                   "lease_expires_at > ? AND lease_owner <> ''"));
+                      db_->Prepare(std::string("SELECT DISTINCT lease_owner FROM ") + table +
+                                   " WHERE lease_expires_at > ? AND lease_owner <> ''"));
   s->BindAll(now);
-  std::vector<std::string> owners;
-  while (true) {
-    WS_ASSIGN_OR_RETURN(bool row, s->Step());
-    if (!row) break;
-    owners.push_back(s->Text(0));
-  }
-  s->Reset();
-  return owners;
+  return CollectRows(s, ReadText0);
+}
+
+absl::Status SqliteStore::ExpireIn(const char* table, const std::string& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare(std::string("UPDATE ") + table + " SET lease_expires_at = 0 "
+                                   "WHERE lease_owner = ? AND lease_expires_at > 0"));
+  return s->BindAll(owner).Run();
+}
+
+absl::StatusOr<std::vector<std::string>> SqliteStore::LeaseOwners(Millis now) {
+  return OwnersIn("instances", now);
 }
 
 absl::Status SqliteStore::ExpireLeases(const std::string& owner) {
-  std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("UPDATE instances SET lease_expires_at = 0 WHERE "
-                                   "lease_owner = ? AND lease_expires_at > 0"));
-  return s->BindAll(owner).Run();
+  return ExpireIn("instances", owner);
 }
 
 absl::Status SqliteStore::InsertEvent(const EventRecord& e, int64_t instance_id, Millis now) {
@@ -476,14 +498,7 @@ absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_i
                       db_->Prepare(std::string("SELECT ") + kStepColumns +
                                    " FROM steps WHERE instance_id = ? ORDER BY step_index"));
   s->BindAll(instance_id);
-  std::vector<StepRecord> steps;
-  while (true) {
-    WS_ASSIGN_OR_RETURN(bool row, s->Step());
-    if (!row) break;
-    steps.push_back(ReadStep(*s));
-  }
-  s->Reset();
-  return steps;
+  return CollectRows(s, ReadStep);
 }
 
 absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
@@ -498,14 +513,7 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
   if (filter.workflow) s->Bind(2, std::string_view(*filter.workflow)); else s->BindNull(2);
   if (filter.state) s->Bind(3, static_cast<int64_t>(*filter.state)); else s->BindNull(3);
   s->Bind(4, static_cast<int64_t>(filter.limit));
-  std::vector<InstanceRecord> out;
-  while (true) {
-    WS_ASSIGN_OR_RETURN(bool row, s->Step());
-    if (!row) break;
-    out.push_back(ReadInstance(*s));
-  }
-  s->Reset();
-  return out;
+  return CollectRows(s, ReadInstance);
 }
 
 absl::StatusOr<std::vector<EventRecord>> SqliteStore::ListEvents(int64_t instance_id) {
@@ -514,14 +522,7 @@ absl::StatusOr<std::vector<EventRecord>> SqliteStore::ListEvents(int64_t instanc
                       db_->Prepare("SELECT seq, event_id, instance_id, tenant, type, payload, "
                                    "created_at FROM outbox WHERE instance_id = ? ORDER BY seq"));
   s->BindAll(instance_id);
-  std::vector<EventRecord> out;
-  while (true) {
-    WS_ASSIGN_OR_RETURN(bool row, s->Step());
-    if (!row) break;
-    out.push_back({s->Int(0), s->Text(1), s->Int(2), s->Text(3), s->Text(4), s->Text(5), s->Int(6)});
-  }
-  s->Reset();
-  return out;
+  return CollectRows(s, ReadEvent);
 }
 
 absl::StatusOr<std::vector<AlertRecord>> SqliteStore::ListAlerts(int64_t instance_id) {
@@ -642,14 +643,7 @@ absl::StatusOr<std::vector<EventRecord>> SqliteStore::ReadOutbox(int64_t after_s
                       db_->Prepare("SELECT seq, event_id, instance_id, tenant, type, payload, "
                                    "created_at FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?"));
   s->BindAll(after_seq, limit);
-  std::vector<EventRecord> out;
-  while (true) {
-    WS_ASSIGN_OR_RETURN(bool row, s->Step());
-    if (!row) break;
-    out.push_back({s->Int(0), s->Text(1), s->Int(2), s->Text(3), s->Text(4), s->Text(5), s->Int(6)});
-  }
-  s->Reset();
-  return out;
+  return CollectRows(s, ReadEvent);
 }
 
 absl::Status SqliteStore::AddDeliveries(const std::string& sink, int64_t expected_cursor,
@@ -783,41 +777,18 @@ absl::Status SqliteStore::FinishDelivery(const DeliveryClaim& claim, const Deliv
 }
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::DeliveryLeaseOwners(Millis now) {
-  std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("SELECT DISTINCT lease_owner FROM deliveries WHERE "
-                                   "lease_expires_at > ? AND lease_owner <> ''"));
-  s->BindAll(now);
-  std::vector<std::string> owners;
-  while (true) {
-    WS_ASSIGN_OR_RETURN(bool row, s->Step());
-    if (!row) break;
-    owners.push_back(s->Text(0));
-  }
-  s->Reset();
-  return owners;
+  return OwnersIn("deliveries", now);
 }
 
 absl::Status SqliteStore::ExpireDeliveryLeases(const std::string& owner) {
-  std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("UPDATE deliveries SET lease_expires_at = 0 WHERE "
-                                   "lease_owner = ? AND lease_expires_at > 0"));
-  return s->BindAll(owner).Run();
+  return ExpireIn("deliveries", owner);
 }
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::DisabledSinks() {
   std::lock_guard<std::mutex> lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("SELECT sink FROM relay_sinks WHERE disabled = 1"));
-  std::vector<std::string> out;
-  while (true) {
-    WS_ASSIGN_OR_RETURN(bool row, s->Step());
-    if (!row) break;
-    out.push_back(s->Text(0));
-  }
-  s->Reset();
-  return out;
+  return CollectRows(s, ReadText0);
 }
 
 absl::Status SqliteStore::EnableSink(const std::string& sink, Millis now) {

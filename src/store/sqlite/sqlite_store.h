@@ -68,6 +68,9 @@ class SqliteStore final : public Store {
   explicit SqliteStore(std::unique_ptr<SqliteDb> db);
   absl::Status Migrate();
   absl::Status ApplyChange(const Change& change);
+  // Lease owners / expiry in `table` (instances or deliveries: fixed names, never input).
+  absl::StatusOr<std::vector<std::string>> OwnersIn(const char* table, Millis now);
+  absl::Status ExpireIn(const char* table, const std::string& owner);
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now);
   absl::StatusOr<int64_t> InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now);
   absl::StatusOr<InstanceRecord> LoadInstance(const std::string& where_sql, int64_t id,
