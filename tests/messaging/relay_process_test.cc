@@ -96,6 +96,29 @@ class RelayProcessTest : public ::testing::Test {
     ASSERT_EQ(worker.exit_code, 0) << worker.err;
   }
 
+  // Returns the rest of the first line starting with `prefix` in any output file.
+  std::string WaitForLine(const std::string& prefix) {
+    std::string found;
+    testing::WaitFor(
+        [&] {
+          for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+            const std::string text = ReadFile(entry.path());
+            const size_t at = text.find(prefix);
+            if (at != std::string::npos) {
+              found = text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());
+              return true;
+            }
+          }
+          return false;
+        },
+        std::chrono::seconds(10));
+    return found;
+  }
+
+  Json Get(const std::string& url) {
+    return Json::parse(testing::RunProcess({"/usr/bin/curl", "-s", url}, {}, dir_.path()).out);
+  }
+
   std::vector<EventRecord> Committed() {
     auto store = OpenStore({db_});
     std::vector<EventRecord> all;
@@ -116,20 +139,8 @@ TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppli
   testing::Process consumer({WAYSTONE_CONSUMER, "--port", "0", "--db", dir_.File("consumer.db"),
                              "--secret-env", "WEBHOOK_SECRET"},
                             Env(), dir_.path());
-  std::string consumer_url;
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
-          const std::string text = ReadFile(entry.path());
-          const size_t at = text.find("consumer listening on ");
-          if (at != std::string::npos) {
-            consumer_url = text.substr(at + 22, text.find('\n', at) - at - 22);
-            return true;
-          }
-        }
-        return false;
-      },
-      std::chrono::seconds(10)));
+  const std::string consumer_url = WaitForLine("consumer listening on ");
+  ASSERT_FALSE(consumer_url.empty());
   testing::WriteFile(dir_.File("relay.yaml"),
                      "deployment: crash-test\nretry: { initial_interval: 50ms, max_interval: 200ms }\n"
                      "sinks:\n  - { name: consumer, type: webhook, url: \"" + consumer_url +
@@ -144,23 +155,46 @@ TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppli
   auto resumed = Waystone({"relay", "--config", dir_.File("relay.yaml"), "--until-drained"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
 
-  auto stats_result = testing::RunProcess({"/usr/bin/curl", "-s", consumer_url + "/stats"}, {},
-                                          dir_.path());
-  Json stats = Json::parse(stats_result.out);
+  Json stats = Get(consumer_url + "/stats");
   EXPECT_EQ(stats["received"], 17) << stats.dump();    // the first event twice
   EXPECT_EQ(stats["applied"], 16) << stats.dump();     // once each
   EXPECT_EQ(stats["duplicates"], 1) << stats.dump();
   EXPECT_EQ(stats["rejected"], 0) << stats.dump();
   // Applied in commit order per instance, across the restart.
-  auto applied_result = testing::RunProcess({"/usr/bin/curl", "-s", consumer_url + "/applied"}, {},
-                                            dir_.path());
-  Json applied = Json::parse(applied_result.out);
+  Json applied = Get(consumer_url + "/applied");
   std::map<std::string, std::vector<std::string>> arrived, expected;
   for (const auto& row : applied) arrived[row[0]].push_back(row[2]);
   for (const auto& e : committed) {
     expected[Json::parse(e.payload_json)["instance_key"]].push_back(e.event_id);
   }
   EXPECT_EQ(arrived, expected);
+  // The instance view shows where each event stands.
+  auto status = Waystone({"status", "crm:k0", "--json"});
+  Json view = Json::parse(status.out);
+  ASSERT_EQ(view["deliveries"].size(), 8u);
+  for (const auto& d : view["deliveries"]) EXPECT_EQ(d["state"], "delivered") << d.dump();
+}
+
+TEST_F(RelayProcessTest, TwoRelaysAtOnceNeverDeliverTheSameRowTwice) {
+  testing::Process consumer({WAYSTONE_CONSUMER, "--port", "0", "--db", dir_.File("consumer.db"),
+                             "--secret-env", "WEBHOOK_SECRET"},
+                            Env(), dir_.path());
+  const std::string consumer_url = WaitForLine("consumer listening on ");
+  ASSERT_FALSE(consumer_url.empty());
+  testing::WriteFile(dir_.File("relay.yaml"),
+                     "batch: 4\nsinks:\n  - { name: consumer, type: webhook, url: \"" +
+                         consumer_url + "/events\", secret_env: WEBHOOK_SECRET }\n");
+  RunOrders(8, "two");
+  std::vector<std::string> relay = {testing::WaystoneBinary(), "relay", "--config",
+                                    dir_.File("relay.yaml"), "--until-drained"};
+  testing::Process a(relay, Env(), dir_.path());
+  testing::Process b(relay, Env(), dir_.path());
+  EXPECT_EQ(a.Wait().exit_code, 0);
+  EXPECT_EQ(b.Wait().exit_code, 0);
+  Json stats = Get(consumer_url + "/stats");
+  EXPECT_EQ(stats["received"], 64) << stats.dump();
+  EXPECT_EQ(stats["applied"], 64) << stats.dump();
+  EXPECT_EQ(stats["duplicates"], 0) << stats.dump();
 }
 
 TEST_F(RelayProcessTest, MetricsShowLagAndFailuresAndPassPromtool) {
@@ -173,20 +207,8 @@ TEST_F(RelayProcessTest, MetricsShowLagAndFailuresAndPassPromtool) {
   testing::Process relay({testing::WaystoneBinary(), "relay", "--config", dir_.File("relay.yaml"),
                           "--metrics-listen", "127.0.0.1:0"},
                          Env(), dir_.path());
-  std::string url;
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
-          const std::string text = ReadFile(entry.path());
-          const size_t at = text.find("metrics on ");
-          if (at != std::string::npos) {
-            url = text.substr(at + 11, text.find('\n', at) - at - 11);
-            return true;
-          }
-        }
-        return false;
-      },
-      std::chrono::seconds(10)));
+  const std::string url = WaitForLine("metrics on ");
+  ASSERT_FALSE(url.empty());
   std::string metrics;
   ASSERT_TRUE(testing::WaitFor(
       [&] {
