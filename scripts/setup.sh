@@ -8,7 +8,7 @@ packages=(
   libsqlite3-dev sqlite3 libcurl4-openssl-dev libssl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev curl
-  libnats-dev nats-server prometheus
+  libnats-dev nats-server prometheus libpq-dev postgresql
 )
 
 missing=()

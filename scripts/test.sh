@@ -8,6 +8,14 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs="$(nproc)"
 
+# One private PostgreSQL cluster for every test process (tests that restart the
+# server start their own). Stopped however this script ends.
+pg_dir="$(mktemp -d)"
+trap 'bash scripts/pg-test-cluster.sh stop "$pg_dir"' EXIT
+WAYSTONE_TEST_PG="$(bash scripts/pg-test-cluster.sh start "$pg_dir")"
+export WAYSTONE_TEST_PG
+echo "== PostgreSQL test cluster at $WAYSTONE_TEST_PG"
+
 echo "== release build"
 cmake --preset release >/dev/null
 cmake --build build -j "$jobs"
@@ -22,7 +30,7 @@ if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
 
   echo "== TSan build (concurrency tests)"
   cmake --preset tsan >/dev/null
-  cmake --build build-tsan -j "$jobs" --target engine_test sqlite_store_test
+  cmake --build build-tsan -j "$jobs" --target engine_test store_conformance_test
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
-    ctest --test-dir build-tsan --output-on-failure -j "$jobs" -R '^(EngineTest|SqliteStoreTest)\.'
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" -R 'EngineTest\.|StoreConformanceTest\.'
 fi

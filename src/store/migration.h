@@ -13,5 +13,6 @@ struct Migration {
 };
 
 const std::vector<Migration>& sqlite_migrations();
+const std::vector<Migration>& postgres_migrations();
 
 }  // namespace waystone

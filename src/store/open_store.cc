@@ -1,3 +1,4 @@
+#include "store/postgres/pg_store.h"
 #include "store/sqlite/sqlite_store.h"
 #include "store/store.h"
 
@@ -5,8 +6,9 @@ namespace waystone {
 
 absl::StatusOr<std::unique_ptr<Store>> OpenStore(const StoreOptions& options) {
   if (options.path.starts_with("postgres://") || options.path.starts_with("postgresql://")) {
-    return absl::UnimplementedError(
-        "PostgreSQL stores are not available in this build yet; use a SQLite file path");
+    auto store = PostgresStore::Open(options.path, options.max_connections);
+    if (!store.ok()) return store.status();
+    return std::unique_ptr<Store>(std::move(*store));
   }
   auto store = SqliteStore::Open(options);
   if (!store.ok()) return store.status();

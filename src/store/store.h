@@ -319,8 +319,10 @@ class Store {
 };
 
 struct StoreOptions {
-  // "sqlite" path or file URI. Created when absent.
+  // A SQLite file path (created when absent), or a postgresql:// URI.
   std::string path = "waystone.db";
+  // PostgreSQL: connections kept open for reuse.
+  int max_connections = 8;
   // SQLite synchronous mode: FULL (default) makes every commit durable on power loss.
   std::string synchronous = "FULL";
   // How long to wait for another process's write lock before Unavailable.

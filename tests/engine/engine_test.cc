@@ -9,6 +9,7 @@
 #include "definition/loader.h"
 #include "sim/simulator.h"
 #include "store/store.h"
+#include "support/backends.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -19,7 +20,7 @@ using Json = nlohmann::json;
 
 // An engine on a fresh SQLite file, a real libcurl client and a simulator on
 // loopback. Time is a FakeClock: retry timers pass instantly and are measured.
-class EngineTest : public ::testing::Test {
+class EngineTest : public ::testing::TestWithParam<testing::Backend> {
  protected:
   void SetUp() override {
     auto sim = Simulator::Start({});
@@ -31,7 +32,8 @@ class EngineTest : public ::testing::Test {
     setenv("WAYSTONE_SECRET_ERP_TOKEN", "erp-secret", 1);
     setenv("WAYSTONE_SECRET_LINE_TOKEN", "line-secret", 1);
     StoreOptions options;
-    options.path = dir_.File("engine.db");
+    options.path = testing::FreshStorePath(GetParam(), dir_, "engine");
+    ASSERT_FALSE(options.path.empty());
     auto store = OpenStore(options);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -114,7 +116,7 @@ class EngineTest : public ::testing::Test {
   WorkflowDefinition example_;
 };
 
-TEST_F(EngineTest, HappyPathCompletesEveryStepOnceWithEvents) {
+TEST_P(EngineTest, HappyPathCompletesEveryStepOnceWithEvents) {
   InstanceRecord instance = Run(example_, Order("1"));
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
   for (const auto& step : Steps(instance)) {
@@ -131,7 +133,7 @@ TEST_F(EngineTest, HappyPathCompletesEveryStepOnceWithEvents) {
   EXPECT_EQ(types.back(), "waystone.instance.completed");
 }
 
-TEST_F(EngineTest, LostResponseBecomesUnknownAndTheLookupAdoptsTheOrder) {
+TEST_P(EngineTest, LostResponseBecomesUnknownAndTheLookupAdoptsTheOrder) {
   ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"next": ["drop_response"]}})").ok());
   InstanceRecord instance = Run(example_, Order("2"));
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
@@ -146,7 +148,7 @@ TEST_F(EngineTest, LostResponseBecomesUnknownAndTheLookupAdoptsTheOrder) {
   EXPECT_EQ(std::count(types.begin(), types.end(), "waystone.step.unknown"), 1);
 }
 
-TEST_F(EngineTest, TimeoutAfterTheEffectIsResolvedByLookup) {
+TEST_P(EngineTest, TimeoutAfterTheEffectIsResolvedByLookup) {
   ASSERT_TRUE(
       sim_->SetFaults(R"({"erp.create_order": {"next": ["delay"], "delay_ms": 2600}})").ok());
   InstanceRecord instance = Run(example_, Order("3"));
@@ -155,7 +157,7 @@ TEST_F(EngineTest, TimeoutAfterTheEffectIsResolvedByLookup) {
   ExpectExactlyOneOfEach();
 }
 
-TEST_F(EngineTest, UnknownWithNothingFoundResubmitsUnderTheSameKey) {
+TEST_P(EngineTest, UnknownWithNothingFoundResubmitsUnderTheSameKey) {
   ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"next": ["error"]}})").ok());
   InstanceRecord instance = Run(example_, Order("4"));
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
@@ -170,7 +172,7 @@ TEST_F(EngineTest, UnknownWithNothingFoundResubmitsUnderTheSameKey) {
   ExpectExactlyOneOfEach();
 }
 
-TEST_F(EngineTest, TransientErrorsAreRetriedHonouringRetryAfter) {
+TEST_P(EngineTest, TransientErrorsAreRetriedHonouringRetryAfter) {
   ASSERT_TRUE(sim_->SetFaults(
       R"({"line.push": {"next": ["unavailable", "rate_limit"], "retry_after_s": 3}})").ok());
   const Millis before = clock_.NowMillis();
@@ -183,7 +185,7 @@ TEST_F(EngineTest, TransientErrorsAreRetriedHonouringRetryAfter) {
   ExpectExactlyOneOfEach();
 }
 
-TEST_F(EngineTest, ExhaustedRetriesAlertAndCompensate) {
+TEST_P(EngineTest, ExhaustedRetriesAlertAndCompensate) {
   ASSERT_TRUE(sim_->SetFaults(R"({"email.send": {"fail": 1.0}})").ok());
   InstanceRecord instance = Run(example_, Order("6"));
   EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
@@ -202,7 +204,7 @@ TEST_F(EngineTest, ExhaustedRetriesAlertAndCompensate) {
   EXPECT_EQ(stats["orders_cancelled"], 1);
 }
 
-TEST_F(EngineTest, RejectionAtTheThirdStepCancelsTheOrderExactlyOnce) {
+TEST_P(EngineTest, RejectionAtTheThirdStepCancelsTheOrderExactlyOnce) {
   InstanceRecord instance = Run(example_, Order("7", "C-BLOCKED-7"));
   EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
   StepRecord shipment = Step(instance, "reserve-shipment");
@@ -223,7 +225,7 @@ TEST_F(EngineTest, RejectionAtTheThirdStepCancelsTheOrderExactlyOnce) {
   EXPECT_EQ(types.back(), "waystone.instance.compensated");
 }
 
-TEST_F(EngineTest, FailingCancelIsRetriedThenStopsWithAlertAndContext) {
+TEST_P(EngineTest, FailingCancelIsRetriedThenStopsWithAlertAndContext) {
   ASSERT_TRUE(sim_->SetFaults(R"({"erp.cancel_order": {"fail": 1.0}})").ok());
   InstanceRecord instance = Run(example_, Order("8", "C-BLOCKED-8"));
   EXPECT_EQ(instance.state, InstanceState::kNeedsAttention);
@@ -241,7 +243,7 @@ TEST_F(EngineTest, FailingCancelIsRetriedThenStopsWithAlertAndContext) {
   EXPECT_EQ(Stats()["requests"]["erp.cancel_order"], 4);
 }
 
-TEST_F(EngineTest, ManualStepWithUnknownOutcomePausesForAnOperator) {
+TEST_P(EngineTest, ManualStepWithUnknownOutcomePausesForAnOperator) {
   auto definition = LoadDefinitionText(R"(workflow: manual-notify
 key: "{{input.id}}"
 steps:
@@ -264,7 +266,7 @@ steps:
   EXPECT_EQ(Stats()["requests"]["line.push"], 1);  // never resubmitted on its own
 }
 
-TEST_F(EngineTest, ReusedKeyWithAnotherRequestIsAnIdempotencyConflict) {
+TEST_P(EngineTest, ReusedKeyWithAnotherRequestIsAnIdempotencyConflict) {
   auto definition = LoadDefinitionText(R"(workflow: shared-key
 key: "{{input.id}}"
 steps:
@@ -289,7 +291,7 @@ steps:
   EXPECT_EQ(Stats()["line_messages"], 1);
 }
 
-TEST_F(EngineTest, SecretsReachRequestsButAreNeverStored) {
+TEST_P(EngineTest, SecretsReachRequestsButAreNeverStored) {
   InstanceRecord instance = Run(example_, Order("9"));
   ASSERT_EQ(instance.state, InstanceState::kCompleted);
   for (const auto& step : Steps(instance)) {
@@ -300,7 +302,7 @@ TEST_F(EngineTest, SecretsReachRequestsButAreNeverStored) {
   }
 }
 
-TEST_F(EngineTest, BadInputIsRefusedAndWritesNothing) {
+TEST_P(EngineTest, BadInputIsRefusedAndWritesNothing) {
   const std::string big = Json{{"source", "crm"}, {"order_id", "x"},
                                {"pad", std::string(kMaxInputBytes, 'x')}}.dump();
   for (const std::string& input : {std::string("not json"), std::string("[1,2]"),
@@ -313,7 +315,7 @@ TEST_F(EngineTest, BadInputIsRefusedAndWritesNothing) {
   EXPECT_EQ(Stats()["requests"].size(), 0u);
 }
 
-TEST_F(EngineTest, SameStartTwiceAndConcurrentStartsMakeOneInstance) {
+TEST_P(EngineTest, SameStartTwiceAndConcurrentStartsMakeOneInstance) {
   std::vector<std::thread> threads;
   std::vector<absl::StatusOr<StartResult>> results(8, absl::UnknownError("not run"));
   for (int i = 0; i < 8; ++i) {
@@ -337,7 +339,7 @@ TEST_F(EngineTest, SameStartTwiceAndConcurrentStartsMakeOneInstance) {
   EXPECT_EQ(conflict.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
+TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
   // The pool's timers run on real time.
   engine_.reset();
   EngineOptions options;
@@ -367,6 +369,10 @@ TEST_F(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
   EXPECT_EQ(stats["duplicate_line_messages"], 0);
   EXPECT_EQ(stats["emails"], 30);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, EngineTest,
+                         ::testing::Values(testing::Backend::kSqlite, testing::Backend::kPostgres),
+                         testing::BackendName);
 
 }  // namespace
 }  // namespace waystone

@@ -1,5 +1,7 @@
-#include "store/sqlite/sqlite_store.h"
+// One suite that pins the semantics of every store operation, run on SQLite and
+// on PostgreSQL (a private cluster; see tests/support/postgres_cluster.h).
 
+#include <libpq-fe.h>
 #include <sqlite3.h>
 
 #include <gtest/gtest.h>
@@ -8,25 +10,47 @@
 
 #include "base/sha256.h"
 #include "store/migration.h"
+#include "store/postgres/pg_store.h"
+#include "store/sqlite/sqlite_store.h"
+#include "support/backends.h"
+#include "support/postgres_cluster.h"
 #include "support/temp_dir.h"
 
 namespace waystone {
 namespace {
 
-class SqliteStoreTest : public ::testing::Test {
+using testing::Backend;
+
+class StoreConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    path_ = dir_.File("w.db");
+    if (GetParam() == Backend::kSqlite) {
+      path_ = dir_.File("w.db");
+    } else {
+      path_ = testing::FreshPostgresDatabase();
+      ASSERT_FALSE(path_.empty());
+    }
     store_ = Open();
+    ASSERT_NE(store_, nullptr);
     ASSERT_TRUE(store_->PutDefinition("defhash", "wf", "wf.yaml", "text", 1).ok());
   }
 
-  std::unique_ptr<SqliteStore> Open() {
+  std::unique_ptr<Store> Open() {
     StoreOptions options;
     options.path = path_;
-    auto store = SqliteStore::Open(options);
+    auto store = OpenStore(options);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? std::move(*store) : nullptr;
+  }
+
+  int SchemaVersion() {
+    if (auto* sqlite = dynamic_cast<SqliteStore*>(store_.get())) return *sqlite->SchemaVersion();
+    return *dynamic_cast<PostgresStore*>(store_.get())->SchemaVersion();
+  }
+
+  int NewestMigration() {
+    return GetParam() == Backend::kSqlite ? sqlite_migrations().back().version
+                                          : postgres_migrations().back().version;
   }
 
   NewInstance Instance(const std::string& key, const std::string& input = R"({"a":1})") {
@@ -44,21 +68,29 @@ class SqliteStoreTest : public ::testing::Test {
     return in;
   }
 
-  void RawExec(const std::string& sql, int expect_rc) {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-    char* error = nullptr;
-    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), expect_rc) << sql;
-    sqlite3_free(error);
-    sqlite3_close(db);
+  // Runs SQL behind the store's back; returns whether the database accepted it.
+  bool RawExec(const std::string& sql) {
+    if (GetParam() == Backend::kSqlite) {
+      sqlite3* db = nullptr;
+      EXPECT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+      const bool ok = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK;
+      sqlite3_close(db);
+      return ok;
+    }
+    PGconn* conn = PQconnectdb(path_.c_str());
+    PGresult* result = PQexec(conn, sql.c_str());
+    const bool ok = PQresultStatus(result) == PGRES_COMMAND_OK;
+    PQclear(result);
+    PQfinish(conn);
+    return ok;
   }
 
   testing::TempDir dir_;
   std::string path_;
-  std::unique_ptr<SqliteStore> store_;
+  std::unique_ptr<Store> store_;
 };
 
-TEST_F(SqliteStoreTest, StartCreatesInstanceStepsAndStartedEvent) {
+TEST_P(StoreConformanceTest, StartCreatesInstanceStepsAndStartedEvent) {
   auto started = store_->StartInstance(Instance("k1"));
   ASSERT_TRUE(started.ok()) << started.status();
   EXPECT_EQ(started->outcome, StartOutcome::kCreated);
@@ -74,7 +106,7 @@ TEST_F(SqliteStoreTest, StartCreatesInstanceStepsAndStartedEvent) {
   EXPECT_EQ((*events)[0].type, "waystone.instance.started");
 }
 
-TEST_F(SqliteStoreTest, SameKeySameInputReturnsExisting) {
+TEST_P(StoreConformanceTest, SameKeySameInputReturnsExisting) {
   auto first = store_->StartInstance(Instance("k1"));
   auto second = store_->StartInstance(Instance("k1"));
   ASSERT_TRUE(first.ok() && second.ok());
@@ -84,7 +116,7 @@ TEST_F(SqliteStoreTest, SameKeySameInputReturnsExisting) {
   EXPECT_EQ(events->size(), 1u);
 }
 
-TEST_F(SqliteStoreTest, SameKeyDifferentInputIsAConflictNamingBothHashes) {
+TEST_P(StoreConformanceTest, SameKeyDifferentInputIsAConflictNamingBothHashes) {
   ASSERT_TRUE(store_->StartInstance(Instance("k1", R"({"a":1})")).ok());
   auto conflict = store_->StartInstance(Instance("k1", R"({"a":2})"));
   ASSERT_FALSE(conflict.ok());
@@ -95,7 +127,7 @@ TEST_F(SqliteStoreTest, SameKeyDifferentInputIsAConflictNamingBothHashes) {
             std::string::npos);
 }
 
-TEST_F(SqliteStoreTest, SameEventTwiceHasOneEffect) {
+TEST_P(StoreConformanceTest, SameEventTwiceHasOneEffect) {
   NewInstance in = Instance("k1");
   in.event_source = "crm";
   in.event_id = "evt-1";
@@ -109,7 +141,7 @@ TEST_F(SqliteStoreTest, SameEventTwiceHasOneEffect) {
   EXPECT_EQ(list->size(), 1u);
 }
 
-TEST_F(SqliteStoreTest, ConcurrentIdenticalStartsFromTwoConnectionsMakeOneInstance) {
+TEST_P(StoreConformanceTest, ConcurrentIdenticalStartsFromTwoConnectionsMakeOneInstance) {
   auto other = Open();
   std::vector<absl::StatusOr<StartResult>> results(2, absl::UnknownError("not run"));
   std::thread a([&] { results[0] = store_->StartInstance(Instance("same")); });
@@ -123,7 +155,7 @@ TEST_F(SqliteStoreTest, ConcurrentIdenticalStartsFromTwoConnectionsMakeOneInstan
   EXPECT_EQ(store_->ListInstances({})->size(), 1u);
 }
 
-TEST_F(SqliteStoreTest, ClaimsExcludeLeasedInstancesUntilExpiry) {
+TEST_P(StoreConformanceTest, ClaimsExcludeLeasedInstancesUntilExpiry) {
   ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
   auto a = store_->ClaimRunnable("worker-a", 2000, 5000, 10);
   ASSERT_TRUE(a.ok());
@@ -138,7 +170,7 @@ TEST_F(SqliteStoreTest, ClaimsExcludeLeasedInstancesUntilExpiry) {
   EXPECT_EQ((*after_expiry)[0].epoch, 2);
 }
 
-TEST_F(SqliteStoreTest, NotDueInstancesAreNotClaimed) {
+TEST_P(StoreConformanceTest, NotDueInstancesAreNotClaimed) {
   NewInstance in = Instance("k1");
   in.now = 10'000;
   ASSERT_TRUE(store_->StartInstance(in).ok());
@@ -146,7 +178,7 @@ TEST_F(SqliteStoreTest, NotDueInstancesAreNotClaimed) {
   EXPECT_EQ(store_->ClaimRunnable("w", 10'000, 5000, 10)->size(), 1u);
 }
 
-TEST_F(SqliteStoreTest, StaleLeaseCommitsNothing) {
+TEST_P(StoreConformanceTest, StaleLeaseCommitsNothing) {
   auto started = store_->StartInstance(Instance("k1"));
   const int64_t id = started->instance.id;
   Lease old_lease = (*store_->ClaimRunnable("worker-a", 2000, 1000, 10))[0];
@@ -179,7 +211,7 @@ TEST_F(SqliteStoreTest, StaleLeaseCommitsNothing) {
   EXPECT_EQ(events[1].event_id, "owner-event");
 }
 
-TEST_F(SqliteStoreTest, StateChangeAndOutboxCommitTogetherOrNotAtAll) {
+TEST_P(StoreConformanceTest, StateChangeAndOutboxCommitTogetherOrNotAtAll) {
   auto started = store_->StartInstance(Instance("k1"));
   const int64_t id = started->instance.id;
   Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
@@ -196,7 +228,7 @@ TEST_F(SqliteStoreTest, StateChangeAndOutboxCommitTogetherOrNotAtAll) {
   EXPECT_EQ(store_->ListEvents(id)->size(), 1u);
 }
 
-TEST_F(SqliteStoreTest, IdempotencyKeyWithAnotherRequestHashIsAConflict) {
+TEST_P(StoreConformanceTest, IdempotencyKeyWithAnotherRequestHashIsAConflict) {
   auto started = store_->StartInstance(Instance("k1"));
   const int64_t id = started->instance.id;
   Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
@@ -224,7 +256,7 @@ TEST_F(SqliteStoreTest, IdempotencyKeyWithAnotherRequestHashIsAConflict) {
   EXPECT_TRUE((*store_->Commit({later}))[0].ok());
 }
 
-TEST_F(SqliteStoreTest, AuditLogIsAppendOnly) {
+TEST_P(StoreConformanceTest, AuditLogIsAppendOnly) {
   auto started = store_->StartInstance(Instance("k1"));
   Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
   Change change;
@@ -234,30 +266,30 @@ TEST_F(SqliteStoreTest, AuditLogIsAppendOnly) {
   change.audits.push_back({0, 0, "alice", "t1", 0, "retry", "customer called", "{}"});
   ASSERT_TRUE((*store_->Commit({change}))[0].ok());
   ASSERT_EQ(store_->ListAudit(started->instance.id)->size(), 1u);
-  RawExec("UPDATE audit_log SET reason = 'changed'", SQLITE_CONSTRAINT);
-  RawExec("DELETE FROM audit_log", SQLITE_CONSTRAINT);
+  EXPECT_FALSE(RawExec("UPDATE audit_log SET reason = 'changed'"));
+  EXPECT_FALSE(RawExec("DELETE FROM audit_log"));
   EXPECT_EQ((*store_->ListAudit(started->instance.id))[0].reason, "customer called");
 }
 
-TEST_F(SqliteStoreTest, MigrationsAreIdempotentAndRefuseNewerSchemas) {
-  const int newest = sqlite_migrations().back().version;
+TEST_P(StoreConformanceTest, MigrationsAreIdempotentAndRefuseNewerSchemas) {
+  const int newest = NewestMigration();
   EXPECT_GE(newest, 2);
-  EXPECT_EQ(*store_->SchemaVersion(), newest);
+  EXPECT_EQ(SchemaVersion(), newest);
   store_.reset();
   store_ = Open();
   ASSERT_NE(store_, nullptr);
-  EXPECT_EQ(*store_->SchemaVersion(), newest);
+  EXPECT_EQ(SchemaVersion(), newest);
   store_.reset();
-  RawExec("INSERT INTO schema_migrations VALUES (999, 'future', 0)", SQLITE_OK);
+  ASSERT_TRUE(RawExec("INSERT INTO schema_migrations VALUES (999, 'future', 0)"));
   StoreOptions options;
   options.path = path_;
-  auto refused = SqliteStore::Open(options);
+  auto refused = OpenStore(options);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("999"), std::string::npos);
 }
 
-TEST_F(SqliteStoreTest, ExpireLeasesFreesADeadOwnersInstances) {
+TEST_P(StoreConformanceTest, ExpireLeasesFreesADeadOwnersInstances) {
   ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
   ASSERT_EQ(store_->ClaimRunnable("dead", 2000, 60'000, 10)->size(), 1u);
   EXPECT_EQ(*store_->LeaseOwners(2001), std::vector<std::string>{"dead"});
@@ -265,6 +297,106 @@ TEST_F(SqliteStoreTest, ExpireLeasesFreesADeadOwnersInstances) {
   ASSERT_TRUE(store_->ExpireLeases("dead").ok());
   EXPECT_EQ(store_->ClaimRunnable("alive", 2003, 60'000, 10)->size(), 1u);
 }
+
+TEST_P(StoreConformanceTest, MigrationsFromManyConnectionsAtOnceApplyOnce) {
+  store_.reset();
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      auto store = OpenStore({path_});
+      results[i] = store.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& status : results) EXPECT_TRUE(status.ok()) << status;
+  store_ = Open();
+  EXPECT_EQ(SchemaVersion(), NewestMigration());
+}
+
+TEST_P(StoreConformanceTest, DeliveriesAreClaimedHeadOfLineAndFenced) {
+  auto started = store_->StartInstance(Instance("k1"));
+  const int64_t id = started->instance.id;
+  Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
+  Change change;
+  change.lease = lease;
+  change.now = 2001;
+  change.lease_expires_at = 7000;
+  change.events = {{0, "second", id, "t1", "waystone.step.completed", "{}", 0},
+                   {0, "third", id, "t1", "waystone.step.completed", "{}", 0}};
+  ASSERT_TRUE((*store_->Commit({change}))[0].ok());
+  auto rows = store_->ReadOutbox(*store_->OutboxCursor("s"), 100);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 3u);
+  std::vector<std::pair<int64_t, int64_t>> wanted;
+  for (const auto& r : *rows) wanted.emplace_back(r.seq, r.instance_id);
+  ASSERT_TRUE(store_->AddDeliveries("s", 0, rows->back().seq, wanted, 3000).ok());
+  // A second relay that read the same rows is refused.
+  EXPECT_TRUE(absl::IsAborted(store_->AddDeliveries("s", 0, rows->back().seq, wanted, 3000)));
+  EXPECT_TRUE(store_->ReadOutbox(*store_->OutboxCursor("s"), 100)->empty());
+  // Only the head of the instance is claimable.
+  auto a = *store_->ClaimDeliveries("relay-a", 4000, 1000, 10, {"s"});
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].event.event_id, "ev-k1");
+  EXPECT_TRUE(store_->ClaimDeliveries("relay-b", 4001, 1000, 10, {"s"})->empty());
+  // After the lease expires another relay takes it; the first one's finish is refused.
+  auto b = *store_->ClaimDeliveries("relay-b", 5001, 1000, 10, {"s"});
+  ASSERT_EQ(b.size(), 1u);
+  DeliveryUpdate delivered;
+  delivered.now = 5002;
+  delivered.state = DeliveryState::kDelivered;
+  delivered.attempts = 1;
+  EXPECT_TRUE(absl::IsAborted(store_->FinishDelivery(a[0], delivered)));
+  EXPECT_TRUE(store_->FinishDelivery(b[0], delivered).ok());
+  auto next = *store_->ClaimDeliveries("relay-b", 5003, 1000, 10, {"s"});
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].event.event_id, "second");
+  // Parking moves the head on and raises the alert with its event, atomically.
+  DeliveryUpdate parked;
+  parked.now = 5004;
+  parked.state = DeliveryState::kParked;
+  parked.attempts = 10;
+  parked.alert = AlertRecord{0, id, "t1", "", AlertKind::kDeliveryParked, AlertState::kOpen, "p", 5004};
+  parked.alert_event = EventRecord{0, "alert-1", id, "t1", "waystone.alert.delivery_parked", "{}", 0};
+  ASSERT_TRUE(store_->FinishDelivery(next[0], parked).ok());
+  auto third = *store_->ClaimDeliveries("relay-b", 5005, 1000, 10, {"s"});
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_EQ(third[0].event.event_id, "third");
+  EXPECT_EQ(store_->ListAlerts(id)->size(), 1u);
+  auto stats = *store_->DeliveryStats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].delivered, 1);
+  EXPECT_EQ(stats[0].parked, 1);
+  EXPECT_EQ(stats[0].pending, 1);
+  EXPECT_EQ(store_->ListDeliveries(id)->size(), 3u);
+}
+
+TEST_P(StoreConformanceTest, DisabledSinksAndStaleUnknownSteps) {
+  auto started = store_->StartInstance(Instance("k1"));
+  const int64_t id = started->instance.id;
+  Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
+  StepRecord step = (*store_->GetSteps(id))[0];
+  step.state = StepState::kUnknown;
+  step.unknown_since = 2001;
+  Change change;
+  change.lease = lease;
+  change.now = 2001;
+  change.lease_expires_at = 7000;
+  change.steps = {step};
+  ASSERT_TRUE((*store_->Commit({change}))[0].ok());
+  EXPECT_TRUE(store_->StaleUnknownSteps(2000)->empty());
+  auto stale = *store_->StaleUnknownSteps(3000);
+  ASSERT_EQ(stale.size(), 1u);
+  EXPECT_EQ(stale[0].step, "one");
+  AlertRecord alert{0, id, "t1", "one", AlertKind::kUnknownUnresolved, AlertState::kOpen, "x", 3000};
+  ASSERT_TRUE(store_->RaiseAlert(alert, {0, "a1", id, "t1", "waystone.alert.unknown_unresolved", "{}", 0}).ok());
+  EXPECT_TRUE(store_->StaleUnknownSteps(4000)->empty());
+  EXPECT_TRUE(store_->DisabledSinks()->empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
+                         ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         testing::BackendName);
 
 }  // namespace
 }  // namespace waystone

@@ -1,0 +1,81 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <libpq-fe.h>
+
+#include "absl/status/statusor.h"
+
+namespace waystone {
+
+// Text parameters of a statement; nullopt is SQL NULL.
+using PgParams = std::vector<std::optional<std::string>>;
+
+// Builds PgParams from values: integers and strings become text, nullopt NULL.
+inline std::optional<std::string> PgParam(int64_t v) { return std::to_string(v); }
+inline std::optional<std::string> PgParam(int v) { return std::to_string(v); }
+inline std::optional<std::string> PgParam(const std::string& v) { return v; }
+inline std::optional<std::string> PgParam(std::string_view v) { return std::string(v); }
+inline std::optional<std::string> PgParam(const char* v) { return std::string(v); }
+inline std::optional<std::string> PgParam(std::nullopt_t) { return std::nullopt; }
+template <typename T>
+std::optional<std::string> PgParam(const std::optional<T>& v) {
+  return v ? PgParam(*v) : std::nullopt;
+}
+template <typename... Args>
+PgParams Params(const Args&... args) {
+  return PgParams{PgParam(args)...};
+}
+
+// The rows of a finished statement. Owns the PGresult.
+class PgResult {
+ public:
+  explicit PgResult(PGresult* result) : result_(result) {}
+  PgResult(PgResult&& other) noexcept : result_(other.result_) { other.result_ = nullptr; }
+  PgResult& operator=(PgResult&& other) noexcept;
+  ~PgResult() { PQclear(result_); }
+
+  int rows() const { return PQntuples(result_); }
+  int64_t affected() const;
+  std::string Text(int row, int column) const;
+  int64_t Int(int row, int column) const;
+  bool IsNull(int row, int column) const { return PQgetisnull(result_, row, column) != 0; }
+
+ private:
+  PGresult* result_;
+};
+
+// Maps a failed result or connection to a status whose code carries the retry
+// meaning: lost connections, serialization failures and deadlocks are Unavailable,
+// unique violations AlreadyExists, lock_not_available Aborted.
+absl::Status PgStatus(PGconn* conn, PGresult* result, std::string_view what);
+
+// One libpq connection with a prepared-statement cache. Not thread-safe: the
+// store hands each connection to one caller at a time.
+class PgConnection {
+ public:
+  static absl::StatusOr<std::unique_ptr<PgConnection>> Connect(const std::string& conninfo);
+  ~PgConnection();
+  PgConnection(const PgConnection&) = delete;
+  PgConnection& operator=(const PgConnection&) = delete;
+
+  // Runs `sql` (prepared once per connection) with `params`.
+  absl::StatusOr<PgResult> Query(const std::string& sql, const PgParams& params = {});
+  // Runs statements without parameters or results (BEGIN, COMMIT, migrations).
+  absl::Status Exec(const std::string& sql);
+  // Returns true when the connection is unusable and must be replaced.
+  bool broken() const { return PQstatus(conn_) != CONNECTION_OK; }
+
+ private:
+  explicit PgConnection(PGconn* conn) : conn_(conn) {}
+  PGconn* conn_;
+  std::map<std::string, std::string, std::less<>> prepared_;
+};
+
+}  // namespace waystone

@@ -1,0 +1,94 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "store/store.h"
+
+namespace waystone {
+
+class PgConnection;
+
+// Store on PostgreSQL, for many worker processes on many hosts. Claims use
+// FOR UPDATE SKIP LOCKED; every commit checks the lease epoch. Holds a small pool
+// of connections; a broken connection is dropped and replaced on next use, and
+// the operation that saw it fails with Unavailable so the caller retries.
+// Thread-safe.
+class PostgresStore final : public Store {
+ public:
+  // Connects (`conninfo` is a libpq URI), applies pending migrations under an
+  // advisory lock (safe from several processes at once), and refuses a database
+  // whose schema is newer than this build.
+  static absl::StatusOr<std::unique_ptr<PostgresStore>> Open(const std::string& conninfo,
+                                                             int max_connections);
+  ~PostgresStore() override;
+
+  absl::Status PutDefinition(const std::string& hash, const std::string& workflow,
+                             const std::string& source, const std::string& text,
+                             Millis now) override;
+  absl::StatusOr<std::string> GetDefinition(const std::string& hash) override;
+  absl::StatusOr<StartResult> StartInstance(const NewInstance& instance) override;
+  absl::StatusOr<std::vector<Lease>> ClaimRunnable(const std::string& owner, Millis now,
+                                                   Millis lease_duration, int limit) override;
+  absl::StatusOr<Lease> ClaimInstance(int64_t instance_id, const std::string& owner, Millis now,
+                                      Millis lease_duration) override;
+  absl::StatusOr<std::vector<std::string>> LeaseOwners(Millis now) override;
+  absl::Status ExpireLeases(const std::string& owner) override;
+  absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& changes) override;
+  absl::StatusOr<InstanceRecord> GetInstance(int64_t id) override;
+  absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,
+                                              const std::string& key) override;
+  absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) override;
+  absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& filter) override;
+  absl::StatusOr<std::vector<EventRecord>> ListEvents(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AlertRecord>> ListAlerts(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AuditRecord>> ListAudit(int64_t instance_id) override;
+  absl::StatusOr<std::optional<IdempotencyClaim>> GetIdempotencyClaim(
+      const std::string& tenant, const std::string& key) override;
+  absl::StatusOr<StoreSummary> Summary() override;
+  absl::StatusOr<std::optional<Millis>> NextDueTime() override;
+  absl::StatusOr<int64_t> OutboxCursor(const std::string& sink) override;
+  absl::StatusOr<std::vector<EventRecord>> ReadOutbox(int64_t after_seq, int limit) override;
+  absl::Status AddDeliveries(const std::string& sink, int64_t expected_cursor, int64_t new_cursor,
+                             const std::vector<std::pair<int64_t, int64_t>>& wanted,
+                             Millis now) override;
+  absl::StatusOr<std::vector<DeliveryClaim>> ClaimDeliveries(
+      const std::string& owner, Millis now, Millis lease_duration, int limit,
+      const std::vector<std::string>& sinks) override;
+  absl::Status FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& update) override;
+  absl::StatusOr<std::vector<std::string>> DeliveryLeaseOwners(Millis now) override;
+  absl::Status ExpireDeliveryLeases(const std::string& owner) override;
+  absl::StatusOr<std::vector<std::string>> DisabledSinks() override;
+  absl::Status EnableSink(const std::string& sink, Millis now) override;
+  absl::StatusOr<std::vector<DeliveryRecord>> ListDeliveries(int64_t instance_id) override;
+  absl::StatusOr<std::vector<SinkStats>> DeliveryStats() override;
+  absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) override;
+  absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
+
+  // Returns the schema version (the highest applied migration).
+  absl::StatusOr<int> SchemaVersion();
+
+ private:
+  PostgresStore(std::string conninfo, int max_connections);
+
+  // A pooled connection, returned to the pool when destroyed (dropped if broken).
+  class Lent;
+  absl::StatusOr<Lent> Acquire();
+  void Release(std::unique_ptr<PgConnection> connection);
+
+  // Runs `body` on one connection inside BEGIN ... COMMIT (rolled back on error).
+  template <typename Body>
+  absl::Status InTransaction(Body&& body);
+
+  absl::Status Migrate();
+  absl::Status ApplyChange(PgConnection& c, const Change& change);
+
+  std::string conninfo_;
+  int max_connections_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mu_
+};
+
+}  // namespace waystone
