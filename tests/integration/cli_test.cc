@@ -181,9 +181,13 @@ TEST_F(CliTest, PlanPrintsEveryStep) {
 TEST_F(CliTest, WorkerAndSimulatorStopOnSigterm) {
   testing::Process worker({testing::WaystoneBinary(), "worker"}, Env(), dir_.path());
   testing::Process sim({testing::WaystoneBinary(), "sim", "--port", "0"}, Env(), dir_.path());
-  // Give both a moment to install their handlers, then ask them to stop.
-  ASSERT_TRUE(testing::WaitFor([&] { return InstanceCount() == 0; }, std::chrono::seconds(5)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Wait until both say they run (their signal handlers are in place by then).
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return worker.Errors().find("running with") != std::string::npos; },
+      std::chrono::seconds(30)));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return sim.Output().find("listening on") != std::string::npos; },
+      std::chrono::seconds(30)));
   worker.Signal(SIGTERM);
   sim.Signal(SIGTERM);
   auto w = worker.Wait(std::chrono::seconds(20));

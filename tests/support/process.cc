@@ -72,6 +72,9 @@ Process::~Process() {
   }
 }
 
+std::string Process::Output() const { return ReadAll(out_path_); }
+std::string Process::Errors() const { return ReadAll(err_path_); }
+
 void Process::Signal(int signal) {
   if (running_) ::kill(pid_, signal);
 }

@@ -34,6 +34,9 @@ class Process {
   // Waits for the process to end (up to `timeout`; then kills it and fails).
   ProcessResult Wait(std::chrono::milliseconds timeout = std::chrono::seconds(120));
   bool running() const { return running_; }
+  // Returns what the process wrote to stdout / stderr so far.
+  std::string Output() const;
+  std::string Errors() const;
 
  private:
   pid_t pid_ = -1;
