@@ -1,0 +1,200 @@
+// Many worker processes on one PostgreSQL: random SIGKILLs, a zombie worker
+// (SIGSTOP past its lease), and the database itself crashing and recovering.
+
+#include <signal.h>
+
+#include <random>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "sim/simulator.h"
+#include "store/store.h"
+#include "support/postgres_cluster.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+class PostgresCrashTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto sim = Simulator::Start({});
+    ASSERT_TRUE(sim.ok());
+    sim_ = std::move(*sim);
+  }
+
+  void UseDatabase(const std::string& url) {
+    db_ = url;
+    auto store = OpenStore({db_});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+
+  std::map<std::string, std::string> Env(std::map<std::string, std::string> extra = {}) {
+    std::map<std::string, std::string> env = {
+        {"CRM_URL", sim_->base_url()},      {"ERP_URL", sim_->base_url()},
+        {"LINE_URL", sim_->base_url()},     {"EMAIL_URL", sim_->base_url()},
+        {"WAYSTONE_SECRET_ERP_TOKEN", "t"}, {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
+        {"WAYSTONE_DB", db_},               {"WAYSTONE_CRASH_AT", ""},
+        {"WAYSTONE_PAUSE_AT", ""}};
+    for (auto& [k, v] : extra) env[k] = v;
+    return env;
+  }
+
+  std::vector<std::string> Worker(const std::string& lease, bool exit_when_idle) {
+    std::vector<std::string> argv = {testing::WaystoneBinary(), "worker", "--workers", "8",
+                                     "--lease", lease};
+    if (exit_when_idle) argv.push_back("--exit-when-idle");
+    return argv;
+  }
+
+  void StartOrders(int count, const std::string& prefix) {
+    std::string lines;
+    for (int i = 0; i < count; ++i) {
+      lines += Json{{"source", "crm"}, {"order_id", prefix + std::to_string(i)},
+                    {"customer_id", (i % 10 == 9 ? "C-BLOCKED-" : "C-") + std::to_string(i)},
+                    {"amount", 1 + i}}.dump() + "\n";
+    }
+    testing::WriteFile(dir_.File(prefix + ".jsonl"), lines);
+    auto started = testing::RunProcess({testing::WaystoneBinary(), "start",
+                                        testing::SourceDir() + "/examples/order-to-erp.yaml",
+                                        "--inputs", dir_.File(prefix + ".jsonl")},
+                                       Env(), dir_.path());
+    ASSERT_EQ(started.exit_code, 0) << started.err;
+  }
+
+  std::map<InstanceState, int64_t> ByState() {
+    auto summary = store_->Summary();
+    if (!summary.ok()) return {};
+    return {summary->instances_by_state.begin(), summary->instances_by_state.end()};
+  }
+
+  bool AllAtRest() {
+    auto by_state = ByState();
+    return !by_state.empty() && by_state[InstanceState::kRunning] == 0 &&
+           by_state[InstanceState::kCompensating] == 0;
+  }
+
+  Json Stats() { return Json::parse(sim_->StatsJson()); }
+
+  void ExpectNoDuplicatesAndEachStepOnce(int orders, int blocked) {
+    Json stats = Stats();
+    EXPECT_EQ(stats["orders"], orders) << stats.dump();
+    EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
+    EXPECT_EQ(stats["orders_cancelled"], blocked) << stats.dump();
+    EXPECT_EQ(stats["line_messages"], orders - blocked) << stats.dump();
+    EXPECT_EQ(stats["duplicate_line_messages"], 0) << stats.dump();
+    EXPECT_EQ(stats["emails"], orders - blocked) << stats.dump();
+    EXPECT_EQ(stats["duplicate_emails"], 0) << stats.dump();
+    EXPECT_EQ(stats["duplicate_shipments"], 0) << stats.dump();
+    auto instances = store_->ListInstances({std::nullopt, std::nullopt, std::nullopt, 100000});
+    ASSERT_TRUE(instances.ok());
+    for (const auto& instance : *instances) {
+      auto events = store_->ListEvents(instance.id);
+      ASSERT_TRUE(events.ok());
+      std::map<std::string, int> completed;
+      for (const auto& e : *events) {
+        if (e.type == "waystone.step.completed") {
+          completed[Json::parse(e.payload_json)["step"].get<std::string>()] += 1;
+        }
+      }
+      for (const auto& [step, n] : completed) EXPECT_EQ(n, 1) << instance.key << " " << step;
+    }
+  }
+
+  testing::TempDir dir_;
+  std::string db_;
+  std::unique_ptr<Simulator> sim_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(PostgresCrashTest, FourWorkersFiveHundredInstancesRandomKills) {
+  UseDatabase(testing::FreshPostgresDatabase());
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.1, "unavailable": 0.05, "retry_after_s": 0},
+                                  "line.push": {"drop_response": 0.05, "rate_limit": 0.05, "retry_after_s": 0},
+                                  "email.send": {"error": 0.05}})").ok());
+  StartOrders(500, "p");
+  std::vector<std::unique_ptr<testing::Process>> workers;
+  for (int i = 0; i < 4; ++i) {
+    workers.push_back(std::make_unique<testing::Process>(Worker("3s", false), Env(), dir_.path()));
+  }
+  std::mt19937 random(2026);
+  int kills = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  while (!AllAtRest() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700 + random() % 800));
+    const size_t victim = random() % workers.size();
+    workers[victim]->Signal(SIGKILL);
+    workers[victim]->Wait();
+    workers[victim] = std::make_unique<testing::Process>(Worker("3s", false), Env(), dir_.path());
+    ++kills;
+  }
+  for (auto& w : workers) {
+    w->Signal(SIGTERM);
+    w->Wait();
+  }
+  auto finisher = testing::RunProcess(Worker("3s", true), Env(), dir_.path());
+  ASSERT_EQ(finisher.exit_code, 0) << finisher.err;
+  EXPECT_GE(kills, 3) << "the run ended before the workers were killed a few times";
+  auto by_state = ByState();
+  EXPECT_EQ(by_state[InstanceState::kCompleted], 450);
+  EXPECT_EQ(by_state[InstanceState::kCompensated], 50);
+  ExpectNoDuplicatesAndEachStepOnce(500, 50);
+}
+
+TEST_F(PostgresCrashTest, ZombieWorkerStoppedPastItsLeaseWritesNothing) {
+  UseDatabase(testing::FreshPostgresDatabase());
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"next": ["delay"], "delay_ms": 1500}})").ok());
+  StartOrders(1, "z");
+  testing::Process a(Worker("3s", true), Env({{"WAYSTONE_LOG", "info"}}), dir_.path());
+  ASSERT_TRUE(testing::WaitFor([&] { return Stats()["requests"].value("erp.create_order", 0) == 1; },
+                               std::chrono::seconds(30)));
+  a.Signal(SIGSTOP);  // mid-call, holding the lease
+  auto b = testing::RunProcess(Worker("3s", true), Env(), dir_.path());
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  auto instance = store_->FindInstance("default", "crm:z0");
+  ASSERT_TRUE(instance.ok());
+  EXPECT_EQ(instance->state, InstanceState::kCompleted);
+  a.Signal(SIGCONT);
+  auto ra = a.Wait(std::chrono::seconds(60));
+  EXPECT_EQ(ra.exit_code, 0) << ra.err;
+  EXPECT_NE(ra.err.find("lease lost"), std::string::npos) << ra.err;
+  auto steps = store_->GetSteps(instance->id);
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ((*steps)[1].resolution, Resolution::kLookupFound) << "B adopted A's order";
+  ExpectNoDuplicatesAndEachStepOnce(1, 0);
+}
+
+TEST_F(PostgresCrashTest, DatabaseRestartedImmediatelySeveralTimes) {
+  auto cluster = testing::PostgresCluster::Start();
+  ASSERT_NE(cluster, nullptr);
+  UseDatabase(cluster->NewDatabase());
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_shipment": {"delay": 0.2, "delay_ms": 200}})").ok());
+  StartOrders(100, "r");
+  std::vector<std::unique_ptr<testing::Process>> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(std::make_unique<testing::Process>(Worker("3s", true), Env(), dir_.path()));
+  }
+  for (int restart = 0; restart < 3; ++restart) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    ASSERT_TRUE(cluster->RestartImmediate());
+  }
+  for (auto& w : workers) {
+    auto result = w->Wait(std::chrono::seconds(180));
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+  }
+  // The store of this test reconnects too.
+  ASSERT_TRUE(testing::WaitFor([&] { return AllAtRest(); }, std::chrono::seconds(30)));
+  auto by_state = ByState();
+  EXPECT_EQ(by_state[InstanceState::kCompleted], 90);
+  EXPECT_EQ(by_state[InstanceState::kCompensated], 10);
+  ExpectNoDuplicatesAndEachStepOnce(100, 10);
+}
+
+}  // namespace
+}  // namespace waystone
