@@ -16,6 +16,7 @@
 #include "engine/context.h"
 #include "engine/events.h"
 #include "engine/instance_runner.h"
+#include "engine/lease_keeper.h"
 #include "engine/lease_reaper.h"
 #include "model/template.h"
 
@@ -35,16 +36,18 @@ class Engine::Impl {
         commits_(store, CommitQueueOptions{options.max_batch}) {
     if (options_.owner.empty()) options_.owner = MakeOwnerName(random_->Hex(4));
     commits_.Start();
+    keeper_ = std::make_unique<LeaseKeeper>(&commits_, clock_, options_.lease_duration);
   }
 
   ~Impl() {
     Stop();
+    keeper_.reset();
     commits_.Stop();
   }
 
   RunnerDeps Deps() {
     return RunnerDeps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
-                      options_.lease_duration, options_.idempotency_retention};
+                      options_.lease_duration, options_.idempotency_retention, keeper_.get()};
   }
 
   absl::Status Register(const WorkflowDefinition& definition) {
@@ -53,10 +56,12 @@ class Engine::Impl {
       Millis longest = step.request.timeout;
       if (step.lookup) longest = std::max(longest, step.lookup->request.timeout);
       if (step.compensate) longest = std::max(longest, step.compensate->request.timeout);
-      if (longest + 1000 > options_.lease_duration) {
+      // Long calls keep their lease through the LeaseKeeper; a lease far shorter than
+      // a call would still depend on many renewals in a row, so that is refused.
+      if (longest > 20 * options_.lease_duration) {
         return absl::InvalidArgumentError(
             definition.source + ":" + std::to_string(step.line) + ": step '" + step.name +
-            "': timeout " + std::to_string(longest) + "ms does not fit in the lease of " +
+            "': timeout " + std::to_string(longest) + "ms is more than 20 leases of " +
             std::to_string(options_.lease_duration) + "ms (raise --lease)");
       }
     }
@@ -257,6 +262,7 @@ class Engine::Impl {
   TemplateEnvironment environment_;
   DefinitionCatalog catalog_;
   CommitQueue commits_;
+  std::unique_ptr<LeaseKeeper> keeper_;  // renews leases during long calls
 
   std::mutex mu_;
   std::condition_variable_any wake_;

@@ -342,9 +342,13 @@ class InstanceRunner::Impl {
     }
     WS_RETURN_IF_ERROR(claimed);
 
-    CrashPoint("before-call", def.name);
-    const HttpResponse response = d_.http->Send(*request);
-    CrashPoint("after-call", def.name);
+    HttpResponse response;
+    {
+      LeaseKeeper::Guard held(d_.keeper, lease_);  // a long call keeps the lease
+      CrashPoint("before-call", def.name);
+      response = d_.http->Send(*request);
+      CrashPoint("after-call", def.name);
+    }
     return RecordOutcome(index, step, response);
   }
 
@@ -468,7 +472,11 @@ class InstanceRunner::Impl {
     }
     Decorate(*request, "");
     step.lookups += 1;
-    const HttpResponse response = d_.http->Send(*request);
+    HttpResponse response;
+    {
+      LeaseKeeper::Guard held(d_.keeper, lease_);
+      response = d_.http->Send(*request);
+    }
     const ErrorClass error_class = Classify(response.outcome, {{404, ErrorClass::kNone}});
     if (error_class == ErrorClass::kTransient || error_class == ErrorClass::kUnknown) {
       if (def.retry.Exhausted(step.lookups)) {
@@ -551,9 +559,13 @@ class InstanceRunner::Impl {
     before.steps.push_back(step);
     WS_RETURN_IF_ERROR(CommitChange(before));
 
-    CrashPoint("before-compensate", def.name);
-    const HttpResponse response = d_.http->Send(*request);
-    CrashPoint("after-compensate", def.name);
+    HttpResponse response;
+    {
+      LeaseKeeper::Guard held(d_.keeper, lease_);
+      CrashPoint("before-compensate", def.name);
+      response = d_.http->Send(*request);
+      CrashPoint("after-compensate", def.name);
+    }
 
     const ErrorClass error_class = Classify(response.outcome, {});
     const std::string detail = Describe(response);

@@ -12,6 +12,7 @@
 #include "definition/definition.h"
 #include "engine/catalog.h"
 #include "engine/commit_queue.h"
+#include "engine/lease_keeper.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -29,6 +30,7 @@ struct RunnerDeps {
   const TemplateEnvironment* environment = nullptr;
   Millis lease_duration = 30'000;
   Millis idempotency_retention = 7LL * 24 * 3600 * 1000;
+  LeaseKeeper* keeper = nullptr;  // renews the lease during long calls; may be null
 };
 
 // Where a drive left the instance.

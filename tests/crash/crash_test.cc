@@ -294,5 +294,39 @@ TEST_F(CrashTest, WorkerThatOutlivesItsLeaseCommitsNothing) {
   ExpectEachStepCompletedOnce(*store);
 }
 
+TEST_F(CrashTest, ALongCallKeepsItsLeaseSoNoOtherWorkerTakesOver) {
+  testing::WriteFile(dir_.File("slow.yaml"), R"(workflow: slow-read
+key: "{{input.id}}"
+steps:
+  - name: read
+    request: { method: GET, url: "{{env.CRM_URL}}/crm/customers/{{input.id}}", timeout: 8s }
+)");
+  ASSERT_TRUE(sim_->SetFaults(R"({"crm.get_customer": {"next": ["delay"], "delay_ms": 4500}})").ok());
+  ASSERT_EQ(RunWaystone({"start", dir_.File("slow.yaml"), "--input", R"({"id": "C-1"})"}, Env())
+                .exit_code,
+            0);
+  std::vector<std::string> worker = {testing::WaystoneBinary(), "worker", "--lease", "2s",
+                                     "--exit-when-idle"};
+  testing::Process a(worker, Env({{"WAYSTONE_LOG", "info"}}), dir_.path());
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return Stats()["requests"].value("crm.get_customer", 0) == 1; },
+      std::chrono::seconds(20)));
+  // B polls throughout the 4.5 s call; the 2 s lease is renewed, so B finds nothing.
+  testing::Process b(worker, Env(), dir_.path());
+  auto ra = a.Wait();
+  auto rb = b.Wait();
+  EXPECT_EQ(ra.exit_code, 0) << ra.err;
+  EXPECT_EQ(rb.exit_code, 0) << rb.err;
+  EXPECT_EQ(ra.err.find("lease lost"), std::string::npos) << ra.err;
+  auto store = OpenDb();
+  auto instance = store->FindInstance("default", "C-1");
+  ASSERT_TRUE(instance.ok());
+  EXPECT_EQ(instance->state, InstanceState::kCompleted);
+  auto steps = store->GetSteps(instance->id);
+  EXPECT_EQ((*steps)[0].attempts, 1);
+  EXPECT_EQ((*steps)[0].unknowns, 0);
+  EXPECT_EQ(Stats()["requests"]["crm.get_customer"], 1);
+}
+
 }  // namespace
 }  // namespace waystone

@@ -1,0 +1,57 @@
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "base/clock.h"
+#include "engine/commit_queue.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// LeaseKeeper renews the leases of instances whose runner is blocked in a long
+// external call, so a step may take longer than the lease without another worker
+// taking the instance over. A renewal is an ordinary fenced commit: once a lease is
+// lost, renewing it fails and the runner's own next commit is refused as well.
+// Owns one thread. Thread-safe.
+class LeaseKeeper {
+ public:
+  LeaseKeeper(CommitQueue* commits, const Clock* clock, Millis lease_duration);
+  ~LeaseKeeper();
+  LeaseKeeper(const LeaseKeeper&) = delete;
+  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
+
+  // Renews `lease` every third of the lease duration until Release.
+  void Hold(const Lease& lease);
+  void Release(const Lease& lease);
+
+  // Holds a lease for the lifetime of the guard.
+  class Guard {
+   public:
+    Guard(LeaseKeeper* keeper, const Lease& lease) : keeper_(keeper), lease_(lease) {
+      if (keeper_ != nullptr) keeper_->Hold(lease_);
+    }
+    ~Guard() {
+      if (keeper_ != nullptr) keeper_->Release(lease_);
+    }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    LeaseKeeper* keeper_;
+    Lease lease_;
+  };
+
+ private:
+  void Loop(std::stop_token stop);
+
+  CommitQueue* commits_;
+  const Clock* clock_;
+  Millis lease_duration_;
+  std::mutex mu_;
+  std::map<int64_t, Lease> held_;  // by instance id; guarded by mu_
+  std::jthread thread_;
+};
+
+}  // namespace waystone
