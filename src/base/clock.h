@@ -1,7 +1,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <stop_token>
 
 namespace waystone {
@@ -17,7 +19,11 @@ class Clock {
   // Returns the current wall-clock time in milliseconds since the epoch.
   virtual Millis NowMillis() const = 0;
   // Blocks for `duration` or until `stop` is requested, whichever comes first.
+  // The caller's own wait: a fake clock moves forward instead of blocking.
   virtual void SleepFor(Millis duration, std::stop_token stop) const = 0;
+  // Blocks until `duration` has passed on this clock or `stop` is requested. For
+  // background timers: a fake clock blocks until something else moves it.
+  virtual void WaitFor(Millis duration, std::stop_token stop) const = 0;
 };
 
 // SystemClock reads std::chrono::system_clock. Thread-safe, stateless.
@@ -25,6 +31,7 @@ class SystemClock final : public Clock {
  public:
   Millis NowMillis() const override;
   void SleepFor(Millis duration, std::stop_token stop) const override;
+  void WaitFor(Millis duration, std::stop_token stop) const override { SleepFor(duration, stop); }
   // Returns the process-wide instance.
   static SystemClock* Get();
 };
@@ -35,12 +42,28 @@ class FakeClock final : public Clock {
   explicit FakeClock(Millis start) : now_(start) {}
   Millis NowMillis() const override { return now_.load(); }
   // Advances time instead of blocking.
-  void SleepFor(Millis duration, std::stop_token) const override { now_ += duration; }
-  void Advance(Millis by) { now_ += by; }
-  void Set(Millis at) { now_ = at; }
+  void SleepFor(Millis duration, std::stop_token) const override { Move(duration); }
+  void WaitFor(Millis duration, std::stop_token stop) const override {
+    const Millis deadline = now_.load() + duration;
+    std::unique_lock<std::mutex> lock(mu_);
+    moved_.wait(lock, stop, [&] { return now_.load() >= deadline; });
+  }
+  void Advance(Millis by) { Move(by); }
+  void Set(Millis at) {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ = at;
+    moved_.notify_all();
+  }
 
  private:
+  void Move(Millis by) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ += by;
+    moved_.notify_all();
+  }
   mutable std::atomic<Millis> now_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable_any moved_;
 };
 
 }  // namespace waystone

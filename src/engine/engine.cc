@@ -220,8 +220,21 @@ class Engine::Impl {
         }
       }
       if (claimed > 0) wake_.notify_all();
+      if (claimed > 0 && claimed == free) {
+        continue;  // maybe more are due; claim again
+      }
+      if (free > 0 && claimed == 0 && notifications_) {
+        // Nothing due: sleep until the next timer, or until the store says work arrived.
+        Millis wait = kIdleWait;
+        auto due = store_->NextDueTime();
+        if (due.ok() && due->has_value()) {
+          wait = std::clamp<Millis>(**due - clock_->NowMillis(), 0, kIdleWait);
+        }
+        auto waited = store_->WaitForWork(wait);
+        if (absl::IsUnimplemented(waited)) notifications_ = false;
+        if (waited.ok()) continue;
+      }
       std::unique_lock<std::mutex> lock(mu_);
-      if (claimed > 0 && claimed == free) continue;  // maybe more due; claim again when a slot frees
       wake_.wait_for(lock, stop, std::chrono::milliseconds(options_.poll_interval),
                      [&] { return slot_freed_; });
       slot_freed_ = false;
@@ -270,6 +283,8 @@ class Engine::Impl {
   int in_flight_ = 0;        // guarded by mu_
   bool slot_freed_ = false;  // guarded by mu_
   bool started_ = false;     // guarded by mu_
+  bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only
+  static constexpr Millis kIdleWait = 1000;
   std::jthread dispatcher_;
   std::vector<std::jthread> workers_;
 };

@@ -28,7 +28,7 @@ void LeaseKeeper::Release(const Lease& lease) {
 
 void LeaseKeeper::Loop(std::stop_token stop) {
   while (!stop.stop_requested()) {
-    clock_->SleepFor(lease_duration_ / 3, stop);
+    clock_->WaitFor(lease_duration_ / 3, stop);
     if (stop.stop_requested()) return;
     std::vector<Lease> leases;
     {

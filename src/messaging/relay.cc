@@ -56,7 +56,7 @@ void Relay::Start() {
       if (!attempted.ok()) {
         Log(LogLevel::kWarning, "relay: " + attempted.status().ToString());
       }
-      if (!attempted.ok() || *attempted == 0) clock_->SleepFor(config_.poll_interval, stop);
+      if (!attempted.ok() || *attempted == 0) clock_->WaitFor(config_.poll_interval, stop);
     }
   });
 }

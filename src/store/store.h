@@ -281,6 +281,14 @@ class Store {
   // Returns the earliest next_run_at of a runnable instance, if any.
   virtual absl::StatusOr<std::optional<Millis>> NextDueTime() = 0;
 
+  // Blocks up to `timeout` until the store signals that an instance became
+  // runnable (started, or released to run now) — or returns Unimplemented at once
+  // when the store has no such signal (callers then poll). Early returns are allowed.
+  virtual absl::Status WaitForWork(Millis timeout) {
+    (void)timeout;
+    return absl::UnimplementedError("no work notifications");
+  }
+
   // --- Outbox delivery (the relay) ---
 
   // Returns the last outbox seq expanded for `sink` (0 when none).

@@ -105,3 +105,17 @@ absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgPar
 }
 
 }  // namespace waystone
+
+namespace waystone {
+
+int PgConnection::DrainNotifications() {
+  if (PQconsumeInput(conn_) == 0) return -1;
+  int count = 0;
+  while (PGnotify* notify = PQnotifies(conn_)) {
+    PQfreemem(notify);
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace waystone

@@ -71,6 +71,10 @@ class PgConnection {
   absl::Status Exec(const std::string& sql);
   // Returns true when the connection is unusable and must be replaced.
   bool broken() const { return PQstatus(conn_) != CONNECTION_OK; }
+  // The socket to wait on for notifications.
+  int socket() const { return PQsocket(conn_); }
+  // Reads what arrived and returns how many notifications it held; -1 on error.
+  int DrainNotifications();
 
  private:
   explicit PgConnection(PGconn* conn) : conn_(conn) {}

@@ -1,5 +1,7 @@
 #include "store/postgres/pg_store.h"
 
+#include <poll.h>
+
 #include <algorithm>
 
 #include "base/status_macros.h"
@@ -286,6 +288,8 @@ absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) 
                                .status());
       }
       WS_RETURN_IF_ERROR(InsertEvent(c, in.started_event, id, in.now));
+      // Wakes idle workers when the transaction commits.
+      WS_RETURN_IF_ERROR(c.Query("SELECT pg_notify('waystone_work', '')").status());
       result.outcome = StartOutcome::kCreated;
       WS_ASSIGN_OR_RETURN(result.instance, LoadInstance(c, id));
     }
@@ -364,6 +368,12 @@ absl::Status PostgresStore::ApplyChange(PgConnection& c, const Change& ch) {
   if (fence.affected() != 1) {
     return absl::AbortedError("lease lost on instance " + std::to_string(ch.lease.instance_id) +
                               " (epoch " + std::to_string(ch.lease.epoch) + ")");
+  }
+  if (ch.lease_expires_at == 0 && ch.next_run_at && *ch.next_run_at <= ch.now &&
+      (!ch.state || *ch.state == InstanceState::kRunning ||
+       *ch.state == InstanceState::kCompensating)) {
+    // Released to run now (a drain, an operator): another worker may take it at once.
+    WS_RETURN_IF_ERROR(c.Query("SELECT pg_notify('waystone_work', '')").status());
   }
   if (ch.idempotency) {
     const IdempotencyClaim& claim = *ch.idempotency;
@@ -563,6 +573,21 @@ absl::StatusOr<std::optional<Millis>> PostgresStore::NextDueTime() {
                                            "FROM instances WHERE state IN (1, 3)"));
   if (r.IsNull(0, 0)) return std::optional<Millis>();
   return std::optional<Millis>(r.Int(0, 0));
+}
+
+absl::Status PostgresStore::WaitForWork(Millis timeout) {
+  std::lock_guard<std::mutex> lock(listen_mu_);
+  if (!listener_ || listener_->broken()) {
+    listener_.reset();
+    WS_ASSIGN_OR_RETURN(listener_, PgConnection::Connect(conninfo_));
+    WS_RETURN_IF_ERROR(listener_->Exec("LISTEN waystone_work"));
+  }
+  if (listener_->DrainNotifications() > 0) return absl::OkStatus();
+  pollfd fd{listener_->socket(), POLLIN, 0};
+  if (poll(&fd, 1, static_cast<int>(std::max<Millis>(0, timeout))) > 0) {
+    if (listener_->DrainNotifications() < 0) listener_.reset();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> PostgresStore::OutboxCursor(const std::string& sink) {

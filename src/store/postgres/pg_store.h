@@ -49,6 +49,8 @@ class PostgresStore final : public Store {
       const std::string& tenant, const std::string& key) override;
   absl::StatusOr<StoreSummary> Summary() override;
   absl::StatusOr<std::optional<Millis>> NextDueTime() override;
+  // LISTENs on channel waystone_work on a connection of its own.
+  absl::Status WaitForWork(Millis timeout) override;
   absl::StatusOr<int64_t> OutboxCursor(const std::string& sink) override;
   absl::StatusOr<std::vector<EventRecord>> ReadOutbox(int64_t after_seq, int limit) override;
   absl::Status AddDeliveries(const std::string& sink, int64_t expected_cursor, int64_t new_cursor,
@@ -89,6 +91,8 @@ class PostgresStore final : public Store {
   int max_connections_;
   std::mutex mu_;
   std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mu_
+  std::mutex listen_mu_;
+  std::unique_ptr<PgConnection> listener_;  // guarded by listen_mu_
 };
 
 }  // namespace waystone

@@ -394,6 +394,25 @@ TEST_P(StoreConformanceTest, DisabledSinksAndStaleUnknownSteps) {
   EXPECT_TRUE(store_->DisabledSinks()->empty());
 }
 
+TEST_P(StoreConformanceTest, StartingAnInstanceWakesIdleWorkers) {
+  if (GetParam() == Backend::kSqlite) {
+    EXPECT_TRUE(absl::IsUnimplemented(store_->WaitForWork(10)));  // SQLite workers poll
+    return;
+  }
+  ASSERT_TRUE(store_->WaitForWork(0).ok());  // subscribes
+  auto other = Open();
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(other->StartInstance(Instance("wake")).ok());
+  });
+  const auto begin = std::chrono::steady_clock::now();
+  ASSERT_TRUE(store_->WaitForWork(60'000).ok());
+  const auto waited = std::chrono::steady_clock::now() - begin;
+  starter.join();
+  // Woken by the notification, not by the 60 s timeout.
+  EXPECT_LT(waited, std::chrono::seconds(30));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          testing::BackendName);
