@@ -343,12 +343,12 @@ class InstanceRunner::Impl {
     WS_RETURN_IF_ERROR(claimed);
 
     HttpResponse response;
+    CrashPoint("before-call", def.name);
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);  // a long call keeps the lease
-      CrashPoint("before-call", def.name);
       response = d_.http->Send(*request);
-      CrashPoint("after-call", def.name);
     }
+    CrashPoint("after-call", def.name);
     return RecordOutcome(index, step, response);
   }
 
@@ -560,12 +560,12 @@ class InstanceRunner::Impl {
     WS_RETURN_IF_ERROR(CommitChange(before));
 
     HttpResponse response;
+    CrashPoint("before-compensate", def.name);
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
-      CrashPoint("before-compensate", def.name);
       response = d_.http->Send(*request);
-      CrashPoint("after-compensate", def.name);
     }
+    CrashPoint("after-compensate", def.name);
 
     const ErrorClass error_class = Classify(response.outcome, {});
     const std::string detail = Describe(response);
