@@ -67,6 +67,14 @@ int Main(int argc, char** argv) {
   list_cmd->add_flag("--json", list.json, "Print JSON");
   add_global(list_cmd);
 
+  GcOptions gc;
+  CLI::App* gc_cmd = app.add_subcommand(
+      "gc", "Remove finished instances whose events are delivered, and expired idempotency keys");
+  gc_cmd->add_option("--older-than", gc.older_than, "Finished before this long ago (30d, 12h)")
+      ->capture_default_str();
+  gc_cmd->add_flag("--dry-run", gc.dry_run, "Only count what would be removed");
+  add_global(gc_cmd);
+
   std::vector<std::string> lint_files;
   CLI::App* lint_cmd = app.add_subcommand("lint", "Validate definitions");
   lint_cmd->add_option("files", lint_files, "Definition files")->required();
@@ -106,6 +114,7 @@ int Main(int argc, char** argv) {
   if (*status_cmd) return Status(global, status);
   if (*list_cmd) return List(global, list);
   if (*lint_cmd) return Lint(lint_files);
+  if (*gc_cmd) return Gc(global, gc);
   if (*plan_cmd) return Plan(plan_file);
   if (*sim_cmd) return Sim(sim);
   if (*relay_cmd) return Relay(global, relay);

@@ -74,7 +74,13 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options);
 int Start(const GlobalOptions& global, const StartOptions& options);
 int Status(const GlobalOptions& global, const StatusOptions& options);
 int List(const GlobalOptions& global, const ListOptions& options);
+struct GcOptions {
+  std::string older_than = "30d";
+  bool dry_run = false;
+};
+
 int Lint(const std::vector<std::string>& files);
+int Gc(const GlobalOptions& global, const GcOptions& options);
 int Plan(const std::string& file);
 int Sim(const SimOptions& options);
 int Relay(const GlobalOptions& global, const RelayOptions& options);

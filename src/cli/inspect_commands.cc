@@ -9,6 +9,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "definition/plan.h"
+#include "model/duration.h"
 
 namespace waystone::cli {
 namespace {
@@ -272,6 +273,27 @@ int Lint(const std::vector<std::string>& files) {
   }
   std::fprintf(stderr, "%d problem(s)\n", problems);
   return kExitError;
+}
+
+int Gc(const GlobalOptions& global, const GcOptions& options) {
+  auto age = ParseDuration(options.older_than);
+  if (!age) {
+    return Fail(absl::InvalidArgumentError("--older-than '" + options.older_than +
+                                           "' is not a duration such as 30d or 12h"));
+  }
+  auto store = OpenStoreFor(global);
+  if (!store.ok()) return Fail(store.status());
+  const Millis now = SystemClock::Get()->NowMillis();
+  auto report = (*store)->CollectGarbage(now - *age, now, options.dry_run);
+  if (!report.ok()) return Fail(report.status());
+  std::printf("%s %lld instances (%lld steps, %lld events, %lld deliveries, %lld alerts) and "
+              "%lld expired idempotency keys\n",
+              options.dry_run ? "would remove" : "removed",
+              static_cast<long long>(report->instances), static_cast<long long>(report->steps),
+              static_cast<long long>(report->events), static_cast<long long>(report->deliveries),
+              static_cast<long long>(report->alerts),
+              static_cast<long long>(report->idempotency_keys));
+  return kExitOk;
 }
 
 int Plan(const std::string& file) {

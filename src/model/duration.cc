@@ -23,6 +23,7 @@ std::optional<Millis> ParseDuration(std::string_view text) {
   else if (unit == "s") scale = 1000;
   else if (unit == "m") scale = 60'000;
   else if (unit == "h") scale = 3'600'000;
+  else if (unit == "d") scale = 86'400'000;
   else return std::nullopt;
   const double ms = value * scale;
   if (!std::isfinite(ms) || ms < 0 || ms > 1e15) return std::nullopt;

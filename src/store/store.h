@@ -183,6 +183,16 @@ struct StaleUnknown {
   Millis unknown_since = 0;
 };
 
+// What garbage collection removed (or, in a dry run, would remove).
+struct GcReport {
+  int64_t instances = 0;
+  int64_t steps = 0;
+  int64_t events = 0;
+  int64_t deliveries = 0;
+  int64_t alerts = 0;
+  int64_t idempotency_keys = 0;
+};
+
 struct NewInstance {
   std::string tenant;
   std::string key;
@@ -321,6 +331,12 @@ class Store {
   // Returns unknown steps unknown since before `unknown_before` without an
   // unknown_unresolved alert raised since.
   virtual absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) = 0;
+  // Removes instances finished (completed, compensated, failed, closed) before
+  // `finished_before` whose events are all delivered, with their steps, events,
+  // deliveries and alerts (the audit log is kept), and idempotency records expired
+  // by `now`. With `dry_run` only counts. One transaction.
+  virtual absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
+                                                  bool dry_run) = 0;
   // Raises an alert outside any instance lease, with its outbox event.
   virtual absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert,
                                              const EventRecord& event) = 0;

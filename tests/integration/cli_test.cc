@@ -165,6 +165,13 @@ TEST_F(CliTest, RunStatusListAndExitCodes) {
   EXPECT_NE(list.out.find("crm:1"), std::string::npos);
   EXPECT_EQ(list.out.find("crm:2"), std::string::npos);
   ExpectOneLineError(Waystone({"list", "--state", "sleeping"}), "--state 'sleeping'");
+  auto dry = Waystone({"gc", "--older-than", "0s", "--dry-run"});
+  EXPECT_NE(dry.out.find("would remove 2 instances"), std::string::npos) << dry.out << dry.err;
+  EXPECT_EQ(InstanceCount(), 2u);
+  auto gc = Waystone({"gc", "--older-than", "0s"});
+  EXPECT_NE(gc.out.find("removed 2 instances"), std::string::npos) << gc.out << gc.err;
+  EXPECT_EQ(InstanceCount(), 0u);
+  ExpectOneLineError(Waystone({"gc", "--older-than", "soon"}), "--older-than 'soon'");
   ExpectOneLineError(Waystone({"status", "crm:404"}), "no instance 'crm:404'");
   EXPECT_EQ(Waystone({"frobnicate"}).exit_code, 2);
 }

@@ -605,6 +605,7 @@ absl::StatusOr<std::vector<EventRecord>> PostgresStore::ReadOutbox(int64_t after
       PgResult r,
       c->Query("SELECT seq, event_id, instance_id, tenant, type, payload, created_at FROM outbox "
                "WHERE (txid, seq) > (COALESCE((SELECT txid FROM outbox WHERE seq = $1::bigint), "
+               "(SELECT MAX(last_txid) FROM relay_cursors WHERE last_seq = $1::bigint), "
                "'0'::xid8), $1::bigint) AND txid < pg_snapshot_xmin(pg_current_snapshot()) "
                "ORDER BY txid, seq LIMIT $2::integer",
                Params(after_seq, limit)));
@@ -804,6 +805,50 @@ absl::StatusOr<int64_t> PostgresStore::RaiseAlert(const AlertRecord& alert,
   });
   if (!status.ok()) return status;
   return id;
+}
+
+absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, Millis now,
+                                                       bool dry_run) {
+  GcReport report;
+  absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
+    WS_RETURN_IF_ERROR(c.Exec("CREATE TEMP TABLE IF NOT EXISTS gc_ids (id BIGINT PRIMARY KEY) "
+                              "ON COMMIT DELETE ROWS"));
+    WS_RETURN_IF_ERROR(c.Query("INSERT INTO gc_ids SELECT id FROM instances i WHERE state IN "
+                               "(2, 4, 5, 7) AND updated_at < $1::bigint AND NOT EXISTS (SELECT 1 "
+                               "FROM deliveries d WHERE d.instance_id = i.id AND d.state = 1) FOR "
+                               "UPDATE SKIP LOCKED",
+                               Params(finished_before))
+                           .status());
+    WS_ASSIGN_OR_RETURN(
+        PgResult counts,
+        c.Query("SELECT (SELECT COUNT(*) FROM deliveries WHERE instance_id IN (SELECT id FROM "
+                "gc_ids)), (SELECT COUNT(*) FROM outbox WHERE instance_id IN (SELECT id FROM "
+                "gc_ids)), (SELECT COUNT(*) FROM steps WHERE instance_id IN (SELECT id FROM "
+                "gc_ids)), (SELECT COUNT(*) FROM alerts WHERE instance_id IN (SELECT id FROM "
+                "gc_ids)), (SELECT COUNT(*) FROM gc_ids), (SELECT COUNT(*) FROM "
+                "idempotency_keys WHERE expires_at < $1::bigint)",
+                Params(now)));
+    report.deliveries = counts.Int(0, 0);
+    report.events = counts.Int(0, 1);
+    report.steps = counts.Int(0, 2);
+    report.alerts = counts.Int(0, 3);
+    report.instances = counts.Int(0, 4);
+    report.idempotency_keys = counts.Int(0, 5);
+    if (dry_run) return absl::OkStatus();
+    for (const char* sql :
+         {"DELETE FROM inbox WHERE instance_id IN (SELECT id FROM gc_ids)",
+          "DELETE FROM deliveries WHERE instance_id IN (SELECT id FROM gc_ids)",
+          "DELETE FROM outbox WHERE instance_id IN (SELECT id FROM gc_ids)",
+          "DELETE FROM steps WHERE instance_id IN (SELECT id FROM gc_ids)",
+          "DELETE FROM alerts WHERE instance_id IN (SELECT id FROM gc_ids)",
+          "DELETE FROM instances WHERE id IN (SELECT id FROM gc_ids)"}) {
+      WS_RETURN_IF_ERROR(c.Exec(sql));
+    }
+    return c.Query("DELETE FROM idempotency_keys WHERE expires_at < $1::bigint", Params(now))
+        .status();
+  });
+  if (!status.ok()) return status;
+  return report;
 }
 
 }  // namespace waystone

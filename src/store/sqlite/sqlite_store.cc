@@ -870,4 +870,57 @@ absl::StatusOr<int64_t> SqliteStore::RaiseAlert(const AlertRecord& alert, const 
   return id;
 }
 
+absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Millis now,
+                                                     bool dry_run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GcReport report;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_RETURN_IF_ERROR(db_->Exec("CREATE TEMP TABLE IF NOT EXISTS gc_ids (id INTEGER PRIMARY KEY)"));
+    WS_RETURN_IF_ERROR(db_->Exec("DELETE FROM gc_ids"));
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * pick,
+        db_->Prepare("INSERT INTO gc_ids SELECT id FROM instances i WHERE state IN (2, 4, 5, 7) "
+                     "AND updated_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE "
+                     "d.instance_id = i.id AND d.state = 1)"));
+    WS_RETURN_IF_ERROR(pick->BindAll(finished_before).Run());
+    struct Part {
+      const char* count_sql;
+      const char* delete_sql;
+      int64_t* field;
+    };
+    const Part parts[] = {
+        {"SELECT COUNT(*) FROM deliveries WHERE instance_id IN (SELECT id FROM gc_ids)",
+         "DELETE FROM deliveries WHERE instance_id IN (SELECT id FROM gc_ids)", &report.deliveries},
+        {"SELECT COUNT(*) FROM outbox WHERE instance_id IN (SELECT id FROM gc_ids)",
+         "DELETE FROM outbox WHERE instance_id IN (SELECT id FROM gc_ids)", &report.events},
+        {"SELECT COUNT(*) FROM steps WHERE instance_id IN (SELECT id FROM gc_ids)",
+         "DELETE FROM steps WHERE instance_id IN (SELECT id FROM gc_ids)", &report.steps},
+        {"SELECT COUNT(*) FROM alerts WHERE instance_id IN (SELECT id FROM gc_ids)",
+         "DELETE FROM alerts WHERE instance_id IN (SELECT id FROM gc_ids)", &report.alerts},
+        {"SELECT COUNT(*) FROM gc_ids",
+         "DELETE FROM instances WHERE id IN (SELECT id FROM gc_ids)", &report.instances},
+    };
+    for (const Part& part : parts) {
+      WS_ASSIGN_OR_RETURN(SqliteStatement * count, db_->Prepare(part.count_sql));
+      WS_ASSIGN_OR_RETURN(bool row, count->Step());
+      *part.field = row ? count->Int(0) : 0;
+      count->Reset();
+    }
+    WS_ASSIGN_OR_RETURN(SqliteStatement * keys,
+                        db_->Prepare("SELECT COUNT(*) FROM idempotency_keys WHERE expires_at < ?"));
+    keys->BindAll(now);
+    WS_ASSIGN_OR_RETURN(bool row, keys->Step());
+    report.idempotency_keys = row ? keys->Int(0) : 0;
+    keys->Reset();
+    if (dry_run) return absl::OkStatus();
+    WS_RETURN_IF_ERROR(db_->Exec("DELETE FROM inbox WHERE instance_id IN (SELECT id FROM gc_ids)"));
+    for (const Part& part : parts) WS_RETURN_IF_ERROR(db_->Exec(part.delete_sql));
+    WS_ASSIGN_OR_RETURN(SqliteStatement * expire,
+                        db_->Prepare("DELETE FROM idempotency_keys WHERE expires_at < ?"));
+    return expire->BindAll(now).Run();
+  });
+  if (!status.ok()) return status;
+  return report;
+}
+
 }  // namespace waystone

@@ -60,6 +60,8 @@ class SqliteStore final : public Store {
   absl::StatusOr<std::vector<SinkStats>> DeliveryStats() override;
   absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) override;
   absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
+  absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
+                                          bool dry_run) override;
 
   // Returns the schema version (the highest applied migration).
   absl::StatusOr<int> SchemaVersion();

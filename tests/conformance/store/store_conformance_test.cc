@@ -420,6 +420,57 @@ TEST_P(StoreConformanceTest, StartingAnInstanceWakesIdleWorkers) {
   EXPECT_LT(waited, std::chrono::seconds(30));
 }
 
+TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
+  // k1 finished long ago; k2 finished long ago but has an undelivered event; k3 runs.
+  for (const char* key : {"k1", "k2", "k3"}) ASSERT_TRUE(store_->StartInstance(Instance(key)).ok());
+  auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 3u);
+  std::vector<Change> changes;
+  for (const Lease& lease : leases) {
+    Change c;
+    c.lease = lease;
+    c.now = 2001;
+    c.lease_expires_at = 0;
+    if (lease.instance_id != leases[2].instance_id) c.state = InstanceState::kCompleted;
+    if (lease.instance_id == leases[0].instance_id) {
+      c.idempotency = IdempotencyClaim{"t1", "old-key", "h", lease.instance_id, "one", 2500};
+    }
+    changes.push_back(c);
+  }
+  ASSERT_TRUE(store_->Commit(changes).ok());
+  const int64_t k2 = leases[1].instance_id;
+  absl::StatusOr<std::vector<EventRecord>> rows;
+  for (int i = 0; i < 200; ++i) {
+    rows = store_->ReadOutbox(0, 100);
+    if (rows.ok() && rows->size() == 3u) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(rows->size(), 3u);
+  std::vector<std::pair<int64_t, int64_t>> wanted;
+  for (const auto& r : *rows) {
+    if (r.instance_id == k2) wanted.emplace_back(r.seq, r.instance_id);
+  }
+  ASSERT_TRUE(store_->AddDeliveries("s", 0, rows->back().seq, wanted, 2002).ok());
+
+  auto dry = store_->CollectGarbage(3000, 3000, /*dry_run=*/true);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  EXPECT_EQ(dry->instances, 1);
+  EXPECT_EQ(dry->steps, 2);
+  EXPECT_EQ(dry->events, 1);
+  EXPECT_EQ(dry->idempotency_keys, 1);
+  EXPECT_EQ(store_->ListInstances({})->size(), 3u);  // a dry run changes nothing
+
+  auto done = store_->CollectGarbage(3000, 3000, /*dry_run=*/false);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->instances, 1);
+  auto left = *store_->ListInstances({});
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_TRUE(absl::IsNotFound(store_->FindInstance("t1", "k1").status()));
+  EXPECT_TRUE(store_->FindInstance("t1", "k2").ok());
+  EXPECT_TRUE(store_->FindInstance("t1", "k3").ok());
+  EXPECT_FALSE(store_->GetIdempotencyClaim("t1", "old-key")->has_value());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          testing::BackendName);
