@@ -49,7 +49,11 @@ absl::Status PgStatus(PGconn* conn, PGresult* result, std::string_view what) {
 }
 
 absl::StatusOr<std::unique_ptr<PgConnection>> PgConnection::Connect(const std::string& conninfo) {
-  PGconn* conn = PQconnectdb(conninfo.c_str());
+  // Keepalives let both sides notice a peer that vanished without closing.
+  const char* keys[] = {"dbname", "keepalives", "keepalives_idle", "keepalives_interval",
+                        "keepalives_count", "connect_timeout", nullptr};
+  const char* values[] = {conninfo.c_str(), "1", "5", "2", "3", "10", nullptr};
+  PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (PQstatus(conn) != CONNECTION_OK) {
     absl::Status status = absl::UnavailableError(std::string("connect to PostgreSQL: ") +
                                                  PQerrorMessage(conn));
@@ -57,7 +61,12 @@ absl::StatusOr<std::unique_ptr<PgConnection>> PgConnection::Connect(const std::s
     return status;
   }
   auto connection = std::unique_ptr<PgConnection>(new PgConnection(conn));
-  if (auto status = connection->Exec("SET client_min_messages = warning"); !status.ok()) {
+  // A worker cut off mid-transaction must not keep its row locks (and so its
+  // instances) forever: the server ends a transaction left idle this long. Waystone's
+  // own transactions never pause between statements.
+  if (auto status = connection->Exec("SET client_min_messages = warning; "
+                                     "SET idle_in_transaction_session_timeout = '10s'");
+      !status.ok()) {
     return status;
   }
   return connection;
