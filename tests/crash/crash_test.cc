@@ -27,14 +27,8 @@ class CrashTest : public ::testing::Test {
   }
 
   std::map<std::string, std::string> Env(std::map<std::string, std::string> extra = {}) {
-    std::map<std::string, std::string> env = {
-        {"CRM_URL", sim_->base_url()},       {"ERP_URL", sim_->base_url()},
-        {"LINE_URL", sim_->base_url()},      {"EMAIL_URL", sim_->base_url()},
-        {"WAYSTONE_SECRET_ERP_TOKEN", "t"},  {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
-        {"WAYSTONE_DB", db_},                {"WAYSTONE_CRASH_AT", ""},
-        {"WAYSTONE_PAUSE_AT", ""}};
-    for (auto& [k, v] : extra) env[k] = v;
-    return env;
+    extra.emplace("WAYSTONE_DB", db_);
+    return testing::SimulatorEnv(sim_->base_url(), extra);
   }
 
   static std::string Example() { return testing::SourceDir() + "/examples/order-to-erp.yaml"; }

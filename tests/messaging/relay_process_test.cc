@@ -27,17 +27,6 @@ using Json = nlohmann::json;
 
 constexpr char kSecret[] = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 bool PortOpen(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -65,14 +54,9 @@ class RelayProcessTest : public ::testing::Test {
   }
 
   std::map<std::string, std::string> Env(std::map<std::string, std::string> extra = {}) {
-    std::map<std::string, std::string> env = {
-        {"CRM_URL", sim_->base_url()},      {"ERP_URL", sim_->base_url()},
-        {"LINE_URL", sim_->base_url()},     {"EMAIL_URL", sim_->base_url()},
-        {"WAYSTONE_SECRET_ERP_TOKEN", "t"}, {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
-        {"WAYSTONE_DB", db_},               {"WEBHOOK_SECRET", kSecret},
-        {"WAYSTONE_CRASH_AT", ""}};
-    for (auto& [k, v] : extra) env[k] = v;
-    return env;
+    extra.emplace("WAYSTONE_DB", db_);
+    extra.emplace("WEBHOOK_SECRET", kSecret);
+    return testing::SimulatorEnv(sim_->base_url(), extra);
   }
 
   testing::ProcessResult Waystone(const std::vector<std::string>& args,
@@ -198,7 +182,7 @@ TEST_F(RelayProcessTest, TwoRelaysAtOnceNeverDeliverTheSameRowTwice) {
 }
 
 TEST_F(RelayProcessTest, MetricsShowLagAndFailuresAndPassPromtool) {
-  const int dead_port = FreePort();  // nothing listens there: every delivery fails
+  const int dead_port = testing::FreeLoopbackPort();  // nothing listens there: every delivery fails
   testing::WriteFile(dir_.File("relay.yaml"),
                      "retry: { max_attempts: 1000, initial_interval: 20ms, max_interval: 50ms }\n"
                      "sinks:\n  - { name: dead, type: webhook, url: \"http://127.0.0.1:" +
@@ -270,7 +254,7 @@ std::vector<std::string> StreamIds(int port, const std::string& stream) {
 }
 
 TEST_F(RelayProcessTest, NatsGetsEachEventOnceAcrossRelayAndServerRestarts) {
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   const std::string store_dir = dir_.File("jetstream");
   std::vector<std::string> nats = {"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
                                    std::to_string(port), "-sd", store_dir};

@@ -1,6 +1,9 @@
 #include "support/process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -110,6 +113,29 @@ ProcessResult RunProcess(const std::vector<std::string>& argv,
                          const std::string& output_dir, std::chrono::milliseconds timeout) {
   Process process(argv, env, output_dir);
   return process.Wait(timeout);
+}
+
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::map<std::string, std::string> SimulatorEnv(const std::string& base_url,
+                                                std::map<std::string, std::string> extra) {
+  std::map<std::string, std::string> env = {
+      {"CRM_URL", base_url},       {"ERP_URL", base_url},
+      {"LINE_URL", base_url},      {"EMAIL_URL", base_url},
+      {"WAYSTONE_SECRET_ERP_TOKEN", "t"}, {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
+      {"WAYSTONE_CRASH_AT", ""},   {"WAYSTONE_PAUSE_AT", ""}};
+  for (auto& [k, v] : extra) env[k] = v;
+  return env;
 }
 
 bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {

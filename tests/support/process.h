@@ -54,6 +54,14 @@ ProcessResult RunProcess(const std::vector<std::string>& argv,
 // Polls `condition` until true or `timeout`; returns its last value.
 bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
 
+// Returns a TCP port on 127.0.0.1 that was free a moment ago.
+int FreeLoopbackPort();
+
+// Returns the environment that points the example workflow at a simulator:
+// CRM/ERP/LINE/EMAIL URLs and the secrets it needs, plus `extra`.
+std::map<std::string, std::string> SimulatorEnv(const std::string& base_url,
+                                                std::map<std::string, std::string> extra = {});
+
 // The waystone binary under test.
 inline std::string WaystoneBinary() { return WAYSTONE_BINARY; }
 inline std::string SourceDir() { return WAYSTONE_SOURCE_DIR; }
