@@ -144,9 +144,20 @@ absl::StatusOr<PostgresStore::Lent> PostgresStore::Acquire() {
       idle_.pop_back();
       if (!c->broken()) return Lent(this, std::move(c));
     }
+    if (std::chrono::steady_clock::now() < next_connect_) {
+      return absl::UnavailableError("PostgreSQL unreachable; reconnecting with backoff (" +
+                                    std::to_string(connect_backoff_ms_) + "ms)");
+    }
   }
-  WS_ASSIGN_OR_RETURN(auto c, PgConnection::Connect(conninfo_));
-  return Lent(this, std::move(c));
+  auto c = PgConnection::Connect(conninfo_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!c.ok()) {
+    connect_backoff_ms_ = std::clamp<int64_t>(connect_backoff_ms_ * 2, 50, 2000);
+    next_connect_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(connect_backoff_ms_);
+    return c.status();
+  }
+  connect_backoff_ms_ = 0;
+  return Lent(this, std::move(*c));
 }
 
 void PostgresStore::Release(std::unique_ptr<PgConnection> connection) {

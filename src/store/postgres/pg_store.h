@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -93,6 +94,10 @@ class PostgresStore final : public Store {
   int max_connections_;
   std::mutex mu_;
   std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mu_
+  // After a failed connect, new connects wait this long (doubling up to 2 s), so an
+  // outage does not turn every caller into a reconnect storm.
+  int64_t connect_backoff_ms_ = 0;                    // guarded by mu_
+  std::chrono::steady_clock::time_point next_connect_;  // guarded by mu_
   std::mutex listen_mu_;
   std::unique_ptr<PgConnection> listener_;  // guarded by listen_mu_
 };
