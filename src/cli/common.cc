@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "base/clock.h"
 #include "definition/loader.h"
 
 namespace waystone::cli {
@@ -17,6 +18,23 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStoreFor(const GlobalOptions& global)
   StoreOptions options;
   options.path = DatabasePath(global);
   return OpenStore(options);
+}
+
+absl::StatusOr<std::unique_ptr<Store>> OpenStoreWaiting(const GlobalOptions& global,
+                                                        Millis patience) {
+  const Millis deadline = SystemClock::Get()->NowMillis() + patience;
+  Millis backoff = 100;
+  while (true) {
+    auto store = OpenStoreFor(global);
+    if (store.ok() || !absl::IsUnavailable(store.status()) ||
+        SystemClock::Get()->NowMillis() + backoff > deadline) {
+      return store;
+    }
+    std::fprintf(stderr, "waystone: %s; retrying in %lldms\n",
+                 std::string(store.status().message()).c_str(), static_cast<long long>(backoff));
+    SystemClock::Get()->SleepFor(backoff, std::stop_token());
+    backoff = std::min<Millis>(backoff * 2, 5000);
+  }
 }
 
 absl::StatusOr<std::string> TextOrFile(const std::string& arg, size_t max_bytes) {

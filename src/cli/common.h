@@ -15,6 +15,11 @@ std::string DatabasePath(const GlobalOptions& global);
 // Opens the store for a command.
 absl::StatusOr<std::unique_ptr<Store>> OpenStoreFor(const GlobalOptions& global);
 
+// Opens the store, retrying with backoff for up to `patience` while the database
+// is unreachable (a long-running worker that starts before its database does).
+absl::StatusOr<std::unique_ptr<Store>> OpenStoreWaiting(const GlobalOptions& global,
+                                                        Millis patience);
+
 // Returns `arg` itself, or the contents of the file when it starts with '@'.
 absl::StatusOr<std::string> TextOrFile(const std::string& arg, size_t max_bytes);
 

@@ -15,7 +15,7 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   std::stop_token stop = StopOnSignals();
   auto config = LoadRelayConfig(options.config);
   if (!config.ok()) return Fail(config.status());
-  auto store = OpenStoreFor(global);
+  auto store = options.enable_sink.empty() ? OpenStoreWaiting(global, 60'000) : OpenStoreFor(global);
   if (!store.ok()) return Fail(store.status());
   if (!options.enable_sink.empty()) {
     auto status = (*store)->EnableSink(options.enable_sink, SystemClock::Get()->NowMillis());

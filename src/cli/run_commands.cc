@@ -25,9 +25,13 @@ struct Runtime {
   std::unique_ptr<Engine> engine;
 };
 
-absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global, int workers) {
+// Long-running commands wait this long for an unreachable database at start.
+constexpr Millis kStartPatience = 60'000;
+
+absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global, int workers,
+                                                     Millis patience) {
   auto runtime = std::make_unique<Runtime>();
-  WS_ASSIGN_OR_RETURN(runtime->store, OpenStoreFor(global));
+  WS_ASSIGN_OR_RETURN(runtime->store, OpenStoreWaiting(global, patience));
   runtime->http = NewCurlHttpClient({});
   EngineOptions options;
   options.workers = workers;
@@ -58,7 +62,7 @@ int Run(const GlobalOptions& global, const RunOptions& options) {
   if (!definition.ok()) return Fail(definition.status());
   auto input = TextOrFile(options.input, kMaxInputBytes);
   if (!input.ok()) return Fail(input.status());
-  auto runtime = OpenRuntime(global, 1);
+  auto runtime = OpenRuntime(global, 1, 0);
   if (!runtime.ok()) return Fail(runtime.status());
   Runtime& rt = **runtime;
   StartRequest request{global.tenant, *input, options.event_source, options.event_id};
@@ -92,7 +96,7 @@ int Start(const GlobalOptions& global, const StartOptions& options) {
   } else {
     return Fail(absl::InvalidArgumentError("give --input or --inputs"));
   }
-  auto runtime = OpenRuntime(global, 1);
+  auto runtime = OpenRuntime(global, 1, 0);
   if (!runtime.ok()) return Fail(runtime.status());
   int line = 0;
   for (const std::string& input : inputs) {
@@ -135,7 +139,7 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options) {
     if (!loaded.ok()) return Fail(loaded.status());
     relay_config = *loaded;
   }
-  auto runtime = OpenRuntime(global, options.workers);
+  auto runtime = OpenRuntime(global, options.workers, kStartPatience);
   if (!runtime.ok()) return Fail(runtime.status());
   Engine& engine = *(*runtime)->engine;
   std::unique_ptr<waystone::Relay> relay;
