@@ -67,6 +67,27 @@ int Main(int argc, char** argv) {
   list_cmd->add_flag("--json", list.json, "Print JSON");
   add_global(list_cmd);
 
+  TokenOptions token;
+  CLI::App* token_cmd = app.add_subcommand("token", "Manage API tokens");
+  CLI::App* token_create = token_cmd->add_subcommand("create", "Create a token (shown once)");
+  token_cmd->require_subcommand(1);
+  token_create->add_option("--tenant", token.tenant, "Tenant, or '*' for all")->required();
+  token_create->add_option("--role", token.role, "viewer, operator or admin")->required();
+  token_create->add_option("--name", token.name, "A name for the audit trail")->capture_default_str();
+  token_create->add_option("--db", global.db, "Database (default $WAYSTONE_DB or ./waystone.db)");
+
+  ServeOptions serve;
+  CLI::App* serve_cmd = app.add_subcommand("serve", "Serve the HTTP API and run workers");
+  serve_cmd->add_option("--listen", serve.listen, "host:port of the API")->capture_default_str();
+  auto* api_only = serve_cmd->add_flag("--api-only", serve.api_only, "Serve the API, run no workers");
+  auto* workers_only = serve_cmd->add_flag("--workers-only", serve.workers_only, "Run workers, serve no API");
+  api_only->excludes(workers_only);
+  serve_cmd->add_option("--definitions", serve.worker.definitions_dir, "Folder of definitions to register");
+  serve_cmd->add_option("--workers", serve.worker.workers, "Worker threads")->capture_default_str();
+  serve_cmd->add_option("--relay-config", serve.worker.relay_config, "Also deliver outbox events");
+  add_global(serve_cmd);
+  add_engine(serve_cmd);
+
   GcOptions gc;
   CLI::App* gc_cmd = app.add_subcommand(
       "gc", "Remove finished instances whose events are delivered, and expired idempotency keys");
@@ -115,6 +136,8 @@ int Main(int argc, char** argv) {
   if (*list_cmd) return List(global, list);
   if (*lint_cmd) return Lint(lint_files);
   if (*gc_cmd) return Gc(global, gc);
+  if (*token_create) return TokenCreate(global, token);
+  if (*serve_cmd) return Serve(global, serve);
   if (*plan_cmd) return Plan(plan_file);
   if (*sim_cmd) return Sim(sim);
   if (*relay_cmd) return Relay(global, relay);

@@ -74,6 +74,19 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options);
 int Start(const GlobalOptions& global, const StartOptions& options);
 int Status(const GlobalOptions& global, const StatusOptions& options);
 int List(const GlobalOptions& global, const ListOptions& options);
+struct TokenOptions {
+  std::string tenant;
+  std::string role;
+  std::string name = "token";
+};
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:8080";
+  bool api_only = false;
+  bool workers_only = false;
+  WorkerOptions worker;
+};
+
 struct GcOptions {
   std::string older_than = "30d";
   bool dry_run = false;
@@ -81,6 +94,8 @@ struct GcOptions {
 
 int Lint(const std::vector<std::string>& files);
 int Gc(const GlobalOptions& global, const GcOptions& options);
+int TokenCreate(const GlobalOptions& global, const TokenOptions& options);
+int Serve(const GlobalOptions& global, const ServeOptions& options);
 int Plan(const std::string& file);
 int Sim(const SimOptions& options);
 int Relay(const GlobalOptions& global, const RelayOptions& options);

@@ -9,6 +9,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "definition/plan.h"
+#include "server/wire.h"
 #include "model/duration.h"
 
 namespace waystone::cli {
@@ -40,22 +41,6 @@ Json InstanceJson(const InstanceRecord& r) {
           {"updated_at", Time(r.updated_at)}};
 }
 
-Json StepJson(const StepRecord& s) {
-  Json step = {{"name", s.name},
-               {"state", ToString(s.state)},
-               {"attempts", s.attempts},
-               {"external_id", s.external_id},
-               {"idempotency_key", s.idempotency_key},
-               {"error_class", ToString(s.error_class)},
-               {"error_message", s.error_message},
-               {"resolution", ToString(s.resolution)},
-               {"unknown_outcomes", s.unknowns},
-               {"lookups", s.lookups},
-               {"compensation_attempts", s.compensation_attempts}};
-  if (s.next_attempt_at > 0) step["next_attempt_at"] = Time(s.next_attempt_at);
-  return step;
-}
-
 }  // namespace
 
 absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool json) {
@@ -63,28 +48,8 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
   WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
   if (json) {
-    Json out = InstanceJson(instance);
-    out["steps"] = Json::array();
-    for (const auto& step : steps) out["steps"].push_back(StepJson(step));
-    out["alerts"] = Json::array();
-    for (const auto& alert : alerts) {
-      out["alerts"].push_back({{"kind", ToString(alert.kind)},
-                               {"state", ToString(alert.state)},
-                               {"step", alert.step},
-                               {"message", alert.message},
-                               {"created_at", Time(alert.created_at)}});
-    }
-    out["deliveries"] = Json::array();
-    for (const auto& d : deliveries) {
-      out["deliveries"].push_back({{"event_id", d.event_id},
-                                   {"type", d.event_type},
-                                   {"sink", d.sink},
-                                   {"state", ToString(d.state)},
-                                   {"attempts", d.attempts},
-                                   {"last_error", d.last_error},
-                                   {"delivered_at", Time(d.delivered_at)}});
-    }
-    std::printf("%s\n", out.dump(2).c_str());
+    WS_ASSIGN_OR_RETURN(std::string view, InstanceViewJson(store, instance));
+    std::printf("%s\n", view.c_str());
     return absl::OkStatus();
   }
   std::printf("instance  %s  (tenant %s, workflow %s)\n", instance.key.c_str(),

@@ -12,6 +12,8 @@
 #include "engine/engine.h"
 #include "engine/lease_reaper.h"
 #include "messaging/relay.h"
+#include "server/api_server.h"
+#include "server/auth.h"
 #include "model/duration.h"
 
 namespace waystone::cli {
@@ -115,7 +117,12 @@ int Start(const GlobalOptions& global, const StartOptions& options) {
   return kExitOk;
 }
 
-int Worker(const GlobalOptions& global, const WorkerOptions& options) {
+namespace {
+
+// Runs workers (unless `api` only), and the API when `listen` is not empty, until a
+// stop signal; then drains.
+int RunService(const GlobalOptions& global, const WorkerOptions& options,
+               const std::string& listen, bool run_workers) {
   std::stop_token stop = StopOnSignals();
   std::vector<WorkflowDefinition> definitions;
   if (!options.definitions_dir.empty()) {
@@ -153,10 +160,22 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options) {
   for (const auto& definition : definitions) {
     if (auto status = engine.Register(definition); !status.ok()) return Fail(status);
   }
-  std::fprintf(stderr, "waystone: worker %s running with %d threads on %s\n",
-               engine.owner().c_str(), options.workers, DatabasePath(global).c_str());
-  engine.Start();
-  if (relay) relay->Start();
+  std::unique_ptr<ApiServer> api;
+  if (!listen.empty()) {
+    ApiServerOptions api_options;
+    api_options.listen = listen;
+    auto started = ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get());
+    if (!started.ok()) return Fail(started.status());
+    api = std::move(*started);
+    std::printf("api on http://127.0.0.1:%d\n", api->port());
+    std::fflush(stdout);
+  }
+  if (run_workers) {
+    std::fprintf(stderr, "waystone: worker %s running with %d threads on %s\n",
+                 engine.owner().c_str(), options.workers, DatabasePath(global).c_str());
+    engine.Start();
+    if (relay) relay->Start();
+  }
   while (!stop.stop_requested()) {
     SystemClock::Get()->SleepFor(200, stop);
     if (options.exit_when_idle) {
@@ -165,9 +184,38 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options) {
     }
   }
   std::fprintf(stderr, "waystone: worker draining\n");
+  api.reset();  // no new requests
   engine.Stop();
   if (relay) relay->Stop();
   std::fprintf(stderr, "waystone: worker stopped\n");
+  return kExitOk;
+}
+
+}  // namespace
+
+int Worker(const GlobalOptions& global, const WorkerOptions& options) {
+  return RunService(global, options, "", true);
+}
+
+int Serve(const GlobalOptions& global, const ServeOptions& options) {
+  return RunService(global, options.worker, options.workers_only ? "" : options.listen,
+                    !options.api_only);
+}
+
+int TokenCreate(const GlobalOptions& global, const TokenOptions& options) {
+  auto role = ParseRole(options.role);
+  if (!role) {
+    return Fail(absl::InvalidArgumentError("--role '" + options.role +
+                                           "' is not one of viewer, operator, admin"));
+  }
+  auto store = OpenStoreFor(global);
+  if (!store.ok()) return Fail(store.status());
+  auto token = CreateToken(**store, options.name, options.tenant, *role,
+                           SystemClock::Get()->NowMillis());
+  if (!token.ok()) return Fail(token.status());
+  std::printf("%s\n", token->c_str());
+  std::fprintf(stderr, "waystone: token '%s' for tenant %s, role %s; it is not shown again\n",
+               options.name.c_str(), options.tenant.c_str(), options.role.c_str());
   return kExitOk;
 }
 

@@ -38,6 +38,8 @@ class MetricsServer::Impl {
     port_ = port == 0 ? server_.bind_to_any_port(host) : (server_.bind_to_port(host, port) ? port : -1);
     if (port_ <= 0) return absl::UnavailableError("cannot listen on " + listen);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // stop() is a no-op before the loop runs: wait for it so destruction cannot hang.
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return absl::OkStatus();
   }
 

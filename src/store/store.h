@@ -183,6 +183,16 @@ struct StaleUnknown {
   Millis unknown_since = 0;
 };
 
+// An API token as stored: its hash, never the token itself.
+struct TokenRecord {
+  std::string token_hash;
+  std::string name;
+  std::string tenant;  // "*" for every tenant
+  std::string role;    // viewer | operator | admin
+  Millis created_at = 0;
+  Millis revoked_at = 0;
+};
+
 // What garbage collection removed (or, in a dry run, would remove).
 struct GcReport {
   int64_t instances = 0;
@@ -337,6 +347,10 @@ class Store {
   // by `now`. With `dry_run` only counts. One transaction.
   virtual absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
                                                   bool dry_run) = 0;
+  // Stores a token record (AlreadyExists for a hash already present).
+  virtual absl::Status PutToken(const TokenRecord& token) = 0;
+  // Returns the token with `token_hash`; NotFound when absent.
+  virtual absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) = 0;
   // Raises an alert outside any instance lease, with its outbox event.
   virtual absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert,
                                              const EventRecord& event) = 0;

@@ -205,5 +205,44 @@ TEST_F(CliTest, WorkerAndSimulatorStopOnSigterm) {
   EXPECT_NE(s.out.find("listening on http://127.0.0.1:"), std::string::npos) << s.out;
 }
 
+TEST_F(CliTest, ServeAnswersWithATokenCreatedOnTheCommandLine) {
+  ASSERT_EQ(Waystone({"start", Example(), "--input",
+                      R"({"source":"crm","order_id":"s1","customer_id":"C-1","amount":1})"})
+                .exit_code,
+            0);
+  auto created = Waystone({"token", "create", "--tenant", "default", "--role", "viewer"});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  const std::string token = created.out.substr(0, created.out.find('\n'));
+  ASSERT_TRUE(token.starts_with("wst_")) << created.out;
+  EXPECT_EQ(Waystone({"token", "create", "--tenant", "default", "--role", "god"}).exit_code, 1);
+
+  testing::Process serve({testing::WaystoneBinary(), "serve", "--api-only", "--listen",
+                          "127.0.0.1:0"},
+                         Env(), dir_.path());
+  std::string url;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        const std::string out = serve.Output();
+        const size_t at = out.find("api on ");
+        if (at == std::string::npos) return false;
+        url = out.substr(at + 7, out.find('\n', at) - at - 7);
+        return true;
+      },
+      std::chrono::seconds(30)));
+  auto listed = testing::RunProcess({"/usr/bin/curl", "-s", "-H", "Authorization: Bearer " + token,
+                                     url + "/v1/instances"},
+                                    {}, dir_.path());
+  Json items = Json::parse(listed.out, nullptr, false);
+  ASSERT_TRUE(items.is_object()) << listed.out;
+  EXPECT_EQ(items["items"].size(), 1u);
+  EXPECT_EQ(items["items"][0]["key"], "crm:s1");
+  auto refused = testing::RunProcess({"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                      url + "/v1/instances"},
+                                     {}, dir_.path());
+  EXPECT_EQ(refused.out, "401");
+  serve.Signal(SIGTERM);
+  EXPECT_EQ(serve.Wait(std::chrono::seconds(30)).exit_code, 0);
+}
+
 }  // namespace
 }  // namespace waystone

@@ -862,4 +862,21 @@ absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, M
   return report;
 }
 
+absl::Status PostgresStore::PutToken(const TokenRecord& t) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return c->Query("INSERT INTO api_tokens VALUES ($1, $2, $3, $4, $5::bigint, $6::bigint)",
+                  Params(t.token_hash, t.name, t.tenant, t.role, t.created_at, t.revoked_at))
+      .status();
+}
+
+absl::StatusOr<TokenRecord> PostgresStore::FindToken(const std::string& token_hash) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT token_hash, name, tenant, role, created_at, "
+                                           "revoked_at FROM api_tokens WHERE token_hash = $1",
+                                           Params(token_hash)));
+  if (r.rows() == 0) return absl::NotFoundError("no such token");
+  return TokenRecord{r.Text(0, 0), r.Text(0, 1), r.Text(0, 2), r.Text(0, 3), r.Int(0, 4),
+                     r.Int(0, 5)};
+}
+
 }  // namespace waystone

@@ -69,6 +69,8 @@ class PostgresStore final : public Store {
   absl::StatusOr<std::vector<SinkStats>> DeliveryStats() override;
   absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) override;
   absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
+  absl::Status PutToken(const TokenRecord& token) override;
+  absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
                                           bool dry_run) override;
 

@@ -923,4 +923,27 @@ absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Mil
   return report;
 }
 
+absl::Status SqliteStore::PutToken(const TokenRecord& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("INSERT INTO api_tokens VALUES (?, ?, ?, ?, ?, ?)"));
+  return s->BindAll(t.token_hash, t.name, t.tenant, t.role, t.created_at, t.revoked_at).Run();
+}
+
+absl::StatusOr<TokenRecord> SqliteStore::FindToken(const std::string& token_hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT token_hash, name, tenant, role, created_at, revoked_at "
+                                   "FROM api_tokens WHERE token_hash = ?"));
+  s->BindAll(token_hash);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  if (!row) {
+    s->Reset();
+    return absl::NotFoundError("no such token");
+  }
+  TokenRecord t{s->Text(0), s->Text(1), s->Text(2), s->Text(3), s->Int(4), s->Int(5)};
+  s->Reset();
+  return t;
+}
+
 }  // namespace waystone

@@ -1,0 +1,94 @@
+#include "server/wire.h"
+
+#include <ctime>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status_macros.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+Json Summary(const InstanceRecord& r) {
+  return {{"id", r.id},
+          {"tenant", r.tenant},
+          {"key", r.key},
+          {"workflow", r.workflow},
+          {"state", ToString(r.state)},
+          {"status_reason", r.status_reason},
+          {"definition_hash", r.definition_hash},
+          {"input_hash", r.input_hash},
+          {"trace_id", r.trace_id},
+          {"created_at", Rfc3339(r.created_at)},
+          {"updated_at", Rfc3339(r.updated_at)}};
+}
+
+}  // namespace
+
+std::string Rfc3339(Millis at) {
+  if (at <= 0) return "";
+  const time_t seconds = static_cast<time_t>(at / 1000);
+  tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &utc);
+  char millis[8];
+  std::snprintf(millis, sizeof(millis), ".%03lldZ", static_cast<long long>(at % 1000));
+  return std::string(text) + millis;
+}
+
+std::string InstanceSummaryJson(const InstanceRecord& instance) { return Summary(instance).dump(); }
+
+absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord& instance) {
+  WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store.GetSteps(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<AuditRecord> audit, store.ListAudit(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
+  Json out = Summary(instance);
+  out["steps"] = Json::array();
+  for (const auto& s : steps) {
+    Json step = {{"name", s.name},
+                 {"state", ToString(s.state)},
+                 {"attempts", s.attempts},
+                 {"external_id", s.external_id},
+                 {"idempotency_key", s.idempotency_key},
+                 {"error_class", ToString(s.error_class)},
+                 {"error_message", s.error_message},
+                 {"resolution", ToString(s.resolution)},
+                 {"unknown_outcomes", s.unknowns},
+                 {"lookups", s.lookups},
+                 {"compensation_attempts", s.compensation_attempts}};
+    if (s.next_attempt_at > 0) step["next_attempt_at"] = Rfc3339(s.next_attempt_at);
+    out["steps"].push_back(step);
+  }
+  out["alerts"] = Json::array();
+  for (const auto& a : alerts) {
+    out["alerts"].push_back({{"kind", ToString(a.kind)},
+                             {"state", ToString(a.state)},
+                             {"step", a.step},
+                             {"message", a.message},
+                             {"created_at", Rfc3339(a.created_at)}});
+  }
+  out["audit"] = Json::array();
+  for (const auto& a : audit) {
+    out["audit"].push_back({{"at", Rfc3339(a.at)},
+                            {"actor", a.actor},
+                            {"action", a.action},
+                            {"reason", a.reason}});
+  }
+  out["deliveries"] = Json::array();
+  for (const auto& d : deliveries) {
+    out["deliveries"].push_back({{"event_id", d.event_id},
+                                 {"type", d.event_type},
+                                 {"sink", d.sink},
+                                 {"state", ToString(d.state)},
+                                 {"attempts", d.attempts},
+                                 {"last_error", d.last_error},
+                                 {"delivered_at", Rfc3339(d.delivered_at)}});
+  }
+  return out.dump(2);
+}
+
+}  // namespace waystone

@@ -1,0 +1,154 @@
+// The HTTP API over a real server on loopback: every read route x every kind of
+// caller (no token, bad token, viewer of the tenant, viewer of another tenant,
+// all-tenants admin), problem+json errors, and tokens stored only as hashes.
+
+#include "server/api_server.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "base/sha256.h"
+#include "connectors/http/http_client.h"
+#include "server/auth.h"
+#include "support/backends.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+class ApiTest : public ::testing::TestWithParam<testing::Backend> {
+ protected:
+  void SetUp() override {
+    const std::string path = testing::FreshStorePath(GetParam(), dir_, "api");
+    ASSERT_FALSE(path.empty());
+    auto store = OpenStore({path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    ASSERT_TRUE(store_->PutDefinition("h", "wf", "wf.yaml", "text", 1).ok());
+    for (const auto& [tenant, key] : {std::pair{"t1", "k1"}, std::pair{"t2", "k2"}}) {
+      NewInstance in;
+      in.tenant = tenant;
+      in.key = key;
+      in.workflow = "wf";
+      in.definition_hash = "h";
+      in.input_json = "{}";
+      in.input_hash = Sha256Hex("{}");
+      in.trace_id = "trace";
+      in.step_names = {"one"};
+      in.started_event = {0, std::string("ev-") + key, 0, tenant, "waystone.instance.started", "{}", 0};
+      in.now = 1000;
+      ASSERT_TRUE(store_->StartInstance(in).ok());
+    }
+    viewer_t1_ = *CreateToken(*store_, "v1", "t1", Role::kViewer, 1);
+    viewer_t2_ = *CreateToken(*store_, "v2", "t2", Role::kViewer, 1);
+    admin_ = *CreateToken(*store_, "root", "*", Role::kAdmin, 1);
+    ApiServerOptions options;
+    options.listen = "127.0.0.1:0";
+    auto server = ApiServer::Start(options, store_.get(), SystemClock::Get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    http_ = NewCurlHttpClient({});
+  }
+
+  HttpResponse Get(const std::string& path, const std::string& token) {
+    HttpRequest request{"GET", "http://127.0.0.1:" + std::to_string(server_->port()) + path, {}, "",
+                        5000};
+    if (!token.empty()) request.headers.emplace_back("Authorization", "Bearer " + token);
+    return http_->Send(request);
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<ApiServer> server_;
+  std::unique_ptr<HttpClient> http_;
+  std::string viewer_t1_, viewer_t2_, admin_;
+};
+
+struct Case {
+  std::string path;
+  std::string caller;  // none | bad | viewer_t1 | viewer_t2 | admin
+  int status;
+};
+
+TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
+  const std::vector<Case> cases = {
+      {"/v1/instances", "none", 401},          {"/v1/instances", "bad", 401},
+      {"/v1/instances", "viewer_t1", 200},     {"/v1/instances", "viewer_t2", 200},
+      {"/v1/instances", "admin", 200},         {"/v1/instances/k1", "none", 401},
+      {"/v1/instances/k1", "bad", 401},        {"/v1/instances/k1", "viewer_t1", 200},
+      {"/v1/instances/k1", "viewer_t2", 404},  {"/v1/instances/k1", "admin", 400},
+      {"/v1/instances/k1?tenant=t1", "admin", 200},
+      {"/v1/alerts", "none", 401},             {"/v1/alerts", "bad", 401},
+      {"/v1/alerts", "viewer_t1", 200},        {"/v1/alerts", "admin", 200},
+      {"/healthz", "none", 200},               {"/readyz", "none", 200},
+      {"/metrics", "none", 200},
+  };
+  for (const Case& c : cases) {
+    const std::string token = c.caller == "bad"         ? "wst_not-a-token"
+                              : c.caller == "viewer_t1" ? viewer_t1_
+                              : c.caller == "viewer_t2" ? viewer_t2_
+                              : c.caller == "admin"     ? admin_
+                                                        : "";
+    auto response = Get(c.path, token);
+    ASSERT_EQ(response.outcome.kind, CallOutcome::Kind::kResponse) << c.path;
+    EXPECT_EQ(response.outcome.status, c.status) << c.path << " as " << c.caller << ": "
+                                                 << response.body;
+    if (c.status >= 400) {
+      Json problem = Json::parse(response.body, nullptr, false);
+      ASSERT_TRUE(problem.is_object()) << response.body;
+      EXPECT_EQ(problem["status"], c.status);
+      EXPECT_TRUE(problem["type"].get<std::string>().starts_with("urn:waystone:problem:"));
+      EXPECT_EQ(problem["instance"], c.path.substr(0, c.path.find('?')));
+    }
+  }
+}
+
+TEST_P(ApiTest, ATokenSeesOnlyItsTenant) {
+  Json t1 = Json::parse(Get("/v1/instances", viewer_t1_).body);
+  ASSERT_EQ(t1["items"].size(), 1u);
+  EXPECT_EQ(t1["items"][0]["key"], "k1");
+  Json all = Json::parse(Get("/v1/instances", admin_).body);
+  EXPECT_EQ(all["items"].size(), 2u);
+  Json view = Json::parse(Get("/v1/instances/k1", viewer_t1_).body);
+  EXPECT_EQ(view["tenant"], "t1");
+  EXPECT_EQ(view["steps"][0]["name"], "one");
+  EXPECT_TRUE(view.contains("audit"));
+  // Another tenant's instance is indistinguishable from a missing one.
+  auto other = Get("/v1/instances/k2", viewer_t1_);
+  auto missing = Get("/v1/instances/nope", viewer_t1_);
+  EXPECT_EQ(other.outcome.status, 404);
+  EXPECT_EQ(missing.outcome.status, 404);
+}
+
+TEST_P(ApiTest, BadQueriesAreProblemsAndUnknownRoutesToo) {
+  auto state = Get("/v1/instances?state=sleeping", viewer_t1_);
+  EXPECT_EQ(state.outcome.status, 400);
+  EXPECT_NE(state.body.find("sleeping"), std::string::npos);
+  EXPECT_EQ(Get("/v1/instances?limit=0", viewer_t1_).outcome.status, 400);
+  auto unknown = Get("/v2/everything", viewer_t1_);
+  EXPECT_EQ(unknown.outcome.status, 404);
+  EXPECT_TRUE(Json::parse(unknown.body, nullptr, false).is_object()) << unknown.body;
+  HttpRequest big{"POST", "http://127.0.0.1:" + std::to_string(server_->port()) + "/v1/instances",
+                  {{"Authorization", "Bearer " + viewer_t1_}}, std::string(2 << 20, 'x'), 5000};
+  auto too_large = http_->Send(big);
+  EXPECT_EQ(too_large.outcome.status, 413);
+}
+
+TEST_P(ApiTest, TokensAreStoredOnlyAsHashes) {
+  EXPECT_TRUE(viewer_t1_.starts_with("wst_"));
+  EXPECT_EQ(viewer_t1_.size(), 68u);
+  EXPECT_TRUE(store_->FindToken(Sha256Hex(viewer_t1_)).ok());
+  EXPECT_TRUE(absl::IsNotFound(store_->FindToken(viewer_t1_).status()));
+  auto stored = store_->FindToken(Sha256Hex(viewer_t1_));
+  EXPECT_EQ(stored->tenant, "t1");
+  EXPECT_EQ(stored->role, "viewer");
+  EXPECT_EQ(stored->token_hash.find(viewer_t1_.substr(4)), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ApiTest,
+                         ::testing::Values(testing::Backend::kSqlite, testing::Backend::kPostgres),
+                         testing::BackendName);
+
+}  // namespace
+}  // namespace waystone
