@@ -17,30 +17,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string Time(Millis at) {
-  if (at <= 0) return "";
-  const time_t seconds = static_cast<time_t>(at / 1000);
-  tm utc{};
-  gmtime_r(&seconds, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &utc);
-  return std::string(text) + "." + std::to_string(1000 + at % 1000).substr(1) + "Z";
-}
-
-Json InstanceJson(const InstanceRecord& r) {
-  return {{"id", r.id},
-          {"tenant", r.tenant},
-          {"key", r.key},
-          {"workflow", r.workflow},
-          {"state", ToString(r.state)},
-          {"status_reason", r.status_reason},
-          {"definition_hash", r.definition_hash},
-          {"input_hash", r.input_hash},
-          {"trace_id", r.trace_id},
-          {"created_at", Time(r.created_at)},
-          {"updated_at", Time(r.updated_at)}};
-}
-
 }  // namespace
 
 absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool json) {
@@ -207,7 +183,7 @@ int List(const GlobalOptions& global, const ListOptions& options) {
   if (!instances.ok()) return Fail(instances.status());
   if (options.json) {
     Json out = Json::array();
-    for (const auto& r : *instances) out.push_back(InstanceJson(r));
+    for (const auto& r : *instances) out.push_back(Json::parse(InstanceSummaryJson(r)));
     std::printf("%s\n", out.dump(2).c_str());
     return kExitOk;
   }

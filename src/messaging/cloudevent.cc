@@ -1,24 +1,10 @@
 #include "messaging/cloudevent.h"
 
-#include <ctime>
-
 #include <nlohmann/json.hpp>
 
+#include "base/time_format.h"
+
 namespace waystone {
-namespace {
-
-std::string Rfc3339(Millis at) {
-  const time_t seconds = static_cast<time_t>(at / 1000);
-  tm utc{};
-  gmtime_r(&seconds, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &utc);
-  char millis[8];
-  std::snprintf(millis, sizeof(millis), ".%03lldZ", static_cast<long long>(at % 1000));
-  return std::string(text) + millis;
-}
-
-}  // namespace
 
 std::string WorkflowOf(const EventRecord& event) {
   const auto data = nlohmann::json::parse(event.payload_json, nullptr, false);
@@ -36,7 +22,7 @@ std::string ToCloudEventJson(const EventRecord& event, const std::string& deploy
                         {"source", "waystone://" + deployment + "/" + workflow},
                         {"type", event.type},
                         {"subject", key},
-                        {"time", Rfc3339(event.created_at)},
+                        {"time", FormatRfc3339(event.created_at)},
                         {"datacontenttype", "application/json"},
                         {"aggregatetype", workflow},
                         {"aggregateid", key},

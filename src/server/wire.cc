@@ -1,10 +1,9 @@
 #include "server/wire.h"
 
-#include <ctime>
-
 #include <nlohmann/json.hpp>
 
 #include "base/status_macros.h"
+#include "base/time_format.h"
 
 namespace waystone {
 namespace {
@@ -27,17 +26,7 @@ Json Summary(const InstanceRecord& r) {
 
 }  // namespace
 
-std::string Rfc3339(Millis at) {
-  if (at <= 0) return "";
-  const time_t seconds = static_cast<time_t>(at / 1000);
-  tm utc{};
-  gmtime_r(&seconds, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &utc);
-  char millis[8];
-  std::snprintf(millis, sizeof(millis), ".%03lldZ", static_cast<long long>(at % 1000));
-  return std::string(text) + millis;
-}
+std::string Rfc3339(Millis at) { return at <= 0 ? "" : FormatRfc3339(at); }
 
 std::string InstanceSummaryJson(const InstanceRecord& instance) { return Summary(instance).dump(); }
 
