@@ -164,7 +164,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   if (!listen.empty()) {
     ApiServerOptions api_options;
     api_options.listen = listen;
-    auto started = ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get());
+    auto started = ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get(), &engine);
     if (!started.ok()) return Fail(started.status());
     api = std::move(*started);
     std::printf("api on http://127.0.0.1:%d\n", api->port());

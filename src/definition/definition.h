@@ -43,6 +43,7 @@ struct CompensationSpec {
 enum class StepKind : uint8_t {
   kHttp = 1,       // calls an HTTP API
   kTransform = 2,  // computes a JSON value from templates; no I/O
+  kWait = 3,       // waits for an event (POST /v1/events) of a type; its data is the result
 };
 
 struct StepDefinition {
@@ -52,6 +53,8 @@ struct StepDefinition {
   RecoveryClass recovery = RecoveryClass::kRepeatable;
   RequestSpec request;                 // kind == kHttp
   std::string transform_json;          // kind == kTransform: JSON template tree
+  std::string wait_event;              // kind == kWait: the CloudEvents type it waits for
+  Millis wait_timeout = 0;             // kind == kWait: fail after this long; 0: wait forever
   std::string result_external_id;      // JSON pointer into the response; empty: none
   std::optional<LookupSpec> lookup;
   std::optional<CompensationSpec> compensate;

@@ -232,13 +232,23 @@ class Reader {
       Error(node["name"], name, "step names may only use letters, digits, '-', '_' and '.'");
     }
     CheckFields(node, name,
-                {"name", "description", "recovery", "request", "transform", "result", "lookup",
-                 "compensate", "retry", "errors", "idempotency"},
+                {"name", "description", "recovery", "request", "transform", "wait", "result",
+                 "lookup", "compensate", "retry", "errors", "idempotency"},
                 "step");
     const YAML::Node request = node["request"];
     const YAML::Node transform = node["transform"];
-    if (request && transform) {
-      Error(node, name, "a step has either 'request' or 'transform', not both");
+    const YAML::Node wait = node["wait"];
+    if ((request ? 1 : 0) + (transform ? 1 : 0) + (wait ? 1 : 0) > 1) {
+      Error(node, name, "a step has one of 'request', 'transform' or 'wait'");
+    } else if (wait) {
+      step->kind = StepKind::kWait;
+      if (!wait.IsMap()) {
+        Error(wait, name, "'wait' must be a mapping such as { event: com.example.approved }");
+      } else {
+        CheckFields(wait, name, {"event", "timeout"}, "wait");
+        step->wait_event = RequiredString(wait, "event", name);
+        step->wait_timeout = Duration(wait, "timeout", 0, name);
+      }
     } else if (request) {
       step->kind = StepKind::kHttp;
       ReadRequest(request, name, "request", &step->request);
@@ -246,7 +256,8 @@ class Reader {
       step->kind = StepKind::kTransform;
       step->transform_json = ToJson(transform).dump();
     } else {
-      Error(node, name, "a step needs 'request' (an HTTP call) or 'transform' (a computed value)");
+      Error(node, name, "a step needs 'request' (an HTTP call), 'transform' (a computed value) "
+                        "or 'wait' (an event)");
     }
 
     if (const YAML::Node recovery = node["recovery"]) {

@@ -27,6 +27,13 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
   int number = 1;
   for (const auto& step : definition.steps) {
     out << number++ << ". " << step.name << "  [" << ToString(step.recovery) << "]\n";
+    if (step.kind == StepKind::kWait) {
+      out << "   waits for an event of type " << step.wait_event << " (POST /v1/events)"
+          << (step.wait_timeout > 0 ? "; fails after " + std::to_string(step.wait_timeout / 1000) + "s"
+                                    : std::string("; no deadline"))
+          << "; a redelivered event has no second effect\n\n";
+      continue;
+    }
     if (step.kind == StepKind::kTransform) {
       out << "   computes a value from templates; no external call; rerun on recovery\n\n";
       continue;

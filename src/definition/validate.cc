@@ -116,6 +116,16 @@ class Validator {
     const StepDefinition& step = definition_.steps[index];
     const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index};
     const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1};
+    if (step.kind == StepKind::kWait) {
+      if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kManual) {
+        Error(step.line, step.name, "a wait step calls nothing; its recovery is 'repeatable' or "
+                                    "'manual'");
+      }
+      if (step.lookup || step.compensate) {
+        Error(step.line, step.name, "a wait step has no side effect to look up or compensate");
+      }
+      return;
+    }
     if (step.kind == StepKind::kTransform) {
       CheckTree(step.transform_json, before, step.line, step.name, "transform");
       if (step.recovery != RecoveryClass::kRepeatable) {

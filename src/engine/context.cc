@@ -2,6 +2,9 @@
 
 #include <fstream>
 
+#include "model/keys.h"
+#include "model/template.h"
+
 extern char** environ;
 
 namespace waystone {
@@ -70,6 +73,20 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
 
 nlohmann::json TemplateEnvironment::BuildForKey(const nlohmann::json& input) const {
   return {{"input", input}, {"env", env_}};
+}
+
+std::string StepIdempotencyKey(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                               const std::vector<StepRecord>& steps, int index,
+                               const TemplateEnvironment& environment) {
+  const StepRecord& record = steps[index];
+  if (!record.idempotency_key.empty()) return record.idempotency_key;
+  const StepDefinition& step = definition.steps[index];
+  if (step.idempotency_key.empty()) return DefaultIdempotencyKey(instance.key, step.name);
+  // A key template is rendered once and then stored: every retry reuses it.
+  auto parsed = Template::Parse(step.idempotency_key);
+  if (!parsed.ok()) return "";
+  auto text = parsed->RenderText(environment.Build(instance, steps, step.name, ""));
+  return text.ok() ? *text : "";
 }
 
 }  // namespace waystone

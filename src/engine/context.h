@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "definition/definition.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -36,5 +37,12 @@ class TemplateEnvironment {
   nlohmann::json env_ = nlohmann::json::object();
   nlohmann::json secret_ = nlohmann::json::object();
 };
+
+// Returns the idempotency key of step `index`: the one stored on its first attempt,
+// else its key template rendered now, else "<instance key>:<step>". Empty when the
+// template does not render.
+std::string StepIdempotencyKey(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                               const std::vector<StepRecord>& steps, int index,
+                               const TemplateEnvironment& environment);
 
 }  // namespace waystone

@@ -18,6 +18,7 @@
 #include "engine/instance_runner.h"
 #include "engine/lease_keeper.h"
 #include "engine/lease_reaper.h"
+#include "engine/operations.h"
 #include "model/template.h"
 
 namespace waystone {
@@ -37,6 +38,8 @@ class Engine::Impl {
     if (options_.owner.empty()) options_.owner = MakeOwnerName(random_->Hex(4));
     commits_.Start();
     keeper_ = std::make_unique<LeaseKeeper>(&commits_, clock_, options_.lease_duration);
+    operations_ = std::make_unique<Operations>(store_, &catalog_, &environment_, clock_, random_,
+                                               options_.owner + "/ops", options_.lease_duration);
   }
 
   ~Impl() {
@@ -169,6 +172,7 @@ class Engine::Impl {
       InstanceRunner runner(Deps(), *lease);
       WS_ASSIGN_OR_RETURN(DriveResult result, runner.Drive(stop));
       if (result.lease_lost) continue;
+      if (result.awaiting_event && !result.wake_at) return result.state;  // until an event comes
       if (result.wake_at) {
         clock_->SleepFor(*result.wake_at - clock_->NowMillis(), stop);
         continue;
@@ -191,6 +195,7 @@ class Engine::Impl {
   }
 
   DefinitionCatalog& catalog() { return catalog_; }
+  Operations& operations() { return *operations_; }
   const std::string& owner() const { return options_.owner; }
 
  private:
@@ -276,6 +281,7 @@ class Engine::Impl {
   DefinitionCatalog catalog_;
   CommitQueue commits_;
   std::unique_ptr<LeaseKeeper> keeper_;  // renews leases during long calls
+  std::unique_ptr<Operations> operations_;
 
   std::mutex mu_;
   std::condition_variable_any wake_;
@@ -319,6 +325,7 @@ absl::StatusOr<InstanceState> Engine::RunUntilRest(int64_t instance_id, std::sto
 }
 absl::StatusOr<bool> Engine::Idle() { return impl_->Idle(); }
 DefinitionCatalog& Engine::catalog() { return impl_->catalog(); }
+Operations& Engine::operations() { return impl_->operations(); }
 const std::string& Engine::owner() const { return impl_->owner(); }
 
 }  // namespace waystone

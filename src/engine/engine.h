@@ -14,6 +14,7 @@
 namespace waystone {
 
 class DefinitionCatalog;
+class Operations;
 
 // Inputs larger than this are refused.
 inline constexpr size_t kMaxInputBytes = 256 * 1024;
@@ -87,6 +88,8 @@ class Engine {
   absl::StatusOr<bool> Idle();
 
   DefinitionCatalog& catalog();
+  // Operator actions and event signals, applied under the instance's lease.
+  Operations& operations();
   const std::string& owner() const;
 
  private:

@@ -89,6 +89,17 @@ class InstanceRunner::Impl {
           release.next_run_at = action.wait_until;
           return Finish(CommitChange(release), action.wait_until);
         }
+        case NextAction::Kind::kAwaitEvent: {
+          // Parked until POST /v1/events completes the step (which wakes it) or the deadline.
+          Change release = NewChange();
+          release.lease_expires_at = 0;
+          release.next_run_at = action.wait_until != 0 ? action.wait_until : kNoDueTime;
+          auto result = Finish(CommitChange(release), action.wait_until != 0
+                                                          ? std::optional<Millis>(action.wait_until)
+                                                          : std::nullopt);
+          if (result.ok()) result->awaiting_event = true;
+          return result;
+        }
         case NextAction::Kind::kFinish:
           return Finish(Complete(action.final_state), std::nullopt);
         case NextAction::Kind::kRunStep:
@@ -217,15 +228,7 @@ class InstanceRunner::Impl {
   }
 
   std::string StepKey(int index) {
-    const StepRecord& record = steps_[index];
-    if (!record.idempotency_key.empty()) return record.idempotency_key;
-    const StepDefinition& step = definition_->steps[index];
-    if (step.idempotency_key.empty()) return DefaultIdempotencyKey(instance_.key, step.name);
-    // A key template is rendered once and then stored: every retry reuses it.
-    auto parsed = Template::Parse(step.idempotency_key);
-    if (!parsed.ok()) return "";
-    auto text = parsed->RenderText(Context(index, ""));
-    return text.ok() ? *text : "";
+    return StepIdempotencyKey(*definition_, instance_, steps_, index, *d_.environment);
   }
 
   // Records a failed step and moves the instance on: compensation, failed, or a pause.
@@ -296,9 +299,30 @@ class InstanceRunner::Impl {
     return CommitChange(change);
   }
 
+  // Starts waiting for the step's event, or fails it when its deadline passed.
+  absl::Status RunWait(int index) {
+    const StepDefinition& def = definition_->steps[index];
+    StepRecord step = steps_[index];
+    if (step.state == StepState::kWaiting) {
+      step.attempts += 1;
+      return FailStep(step, ErrorClass::kRejected,
+                      "no event of type '" + def.wait_event + "' arrived within " +
+                          std::to_string(def.wait_timeout / 1000) + "s",
+                      std::nullopt);
+    }
+    Change change = NewChange();
+    step.state = StepState::kWaiting;
+    step.started_at = change.now;
+    step.next_attempt_at = def.wait_timeout > 0 ? change.now + def.wait_timeout : 0;
+    change.steps.push_back(step);
+    AddEvent(change, "waystone.step.waiting", &step, "waiting for event " + def.wait_event);
+    return CommitChange(change);
+  }
+
   absl::Status RunStep(int index) {
     const StepDefinition& def = definition_->steps[index];
     if (def.kind == StepKind::kTransform) return RunTransform(index);
+    if (def.kind == StepKind::kWait) return RunWait(index);
     StepRecord step = steps_[index];
     const bool side_effecting = def.request.SideEffecting();
     const std::string key = side_effecting ? StepKey(index) : "";

@@ -38,6 +38,7 @@ struct DriveResult {
   InstanceState state = InstanceState::kRunning;
   std::optional<Millis> wake_at;  // set when it waits for a retry timer
   bool lease_lost = false;        // another worker took over; nothing more was written
+  bool awaiting_event = false;    // a wait step waits for an event (wake_at: its deadline)
 };
 
 // InstanceRunner drives one claimed instance: decide, checkpoint, call, classify,

@@ -20,6 +20,11 @@ NextAction DecideForward(const std::vector<StepRecord>& steps, Millis now) {
         return {NextAction::Kind::kRecoverRunning, step.index, 0};
       case StepState::kUnknown:
         return Due(NextAction::Kind::kResolveUnknown, step.index, step.next_attempt_at, now);
+      case StepState::kWaiting:
+        if (step.next_attempt_at != 0 && step.next_attempt_at <= now) {
+          return {NextAction::Kind::kRunStep, step.index, 0};  // its deadline passed
+        }
+        return {NextAction::Kind::kAwaitEvent, step.index, step.next_attempt_at};
       case StepState::kFailed:
       case StepState::kCompensating:
       case StepState::kCompensated:
@@ -58,6 +63,7 @@ NextAction DecideCompensation(const WorkflowDefinition& definition,
       case StepState::kUnknown:
       case StepState::kFailed:
       case StepState::kSkipped:
+      case StepState::kWaiting:
         break;
     }
   }

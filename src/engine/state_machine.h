@@ -18,6 +18,7 @@ struct NextAction {
     kWait = 5,             // nothing is due before `wait_until`
     kFinish = 6,           // move the instance to `final_state`
     kIdle = 7,             // terminal or paused: nothing to do
+    kAwaitEvent = 8,       // step `step` waits for an event until `wait_until` (0: no deadline)
   };
   Kind kind = Kind::kIdle;
   int step = -1;

@@ -13,6 +13,7 @@ std::string_view ToString(StepState state) {
     case StepState::kCompensated: return "compensated";
     case StepState::kCompensationFailed: return "compensation_failed";
     case StepState::kSkipped: return "skipped";
+    case StepState::kWaiting: return "waiting";
   }
   return "invalid";
 }

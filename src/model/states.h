@@ -19,6 +19,7 @@ enum class StepState : uint8_t {
   kCompensated = 7,
   kCompensationFailed = 8,
   kSkipped = 9,
+  kWaiting = 10,  // a wait step: waiting for an event (or its timeout)
 };
 
 enum class InstanceState : uint8_t {

@@ -2,12 +2,16 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/clock.h"
+#include "server/server_config.h"
 #include "store/store.h"
 
 namespace waystone {
+
+class Engine;
 
 struct ApiServerOptions {
   // "host:port"; port 0 picks one.
@@ -16,17 +20,27 @@ struct ApiServerOptions {
   size_t max_body_bytes = 1 << 20;
   // Seconds a client may take to send a request.
   int read_timeout_seconds = 10;
+  // How long an Idempotency-Key pins its request and stored response.
+  Millis idempotency_retention = 24LL * 3600 * 1000;
+  // A key still in flight after this long belongs to a server that died: reclaimed.
+  Millis idempotency_stale_after = 60'000;
+  // Where POST /v1/events sends each event type.
+  std::vector<EventRoute> events;
 };
 
-// ApiServer serves Waystone's HTTP API (the read side so far): /healthz, /readyz,
-// /metrics, GET /v1/instances, GET /v1/instances/{key}, GET /v1/alerts. Every /v1
-// route needs a bearer token; a token sees only its tenant, and another tenant's
+// ApiServer serves Waystone's HTTP API: health, metrics, the OpenAPI document,
+// instances (list, show, start with Idempotency-Key), operator actions with
+// dry runs, alerts, and the CloudEvents inbox. Every /v1 route needs a bearer
+// token with the route's role; a token sees only its tenant, and another tenant's
 // instance is a 404. Errors are RFC 9457 application/problem+json. Owns its server
 // threads until destroyed. Thread-safe.
 class ApiServer {
  public:
+  // `engine` starts instances and applies actions; when null the server answers
+  // the write routes with 503 (a read-only API).
   static absl::StatusOr<std::unique_ptr<ApiServer>> Start(const ApiServerOptions& options,
-                                                         Store* store, const Clock* clock);
+                                                         Store* store, const Clock* clock,
+                                                         Engine* engine);
   ~ApiServer();
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;
@@ -37,5 +51,8 @@ class ApiServer {
   explicit ApiServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The OpenAPI 3 document of this API (docs/openapi.json, built in).
+std::string_view OpenApiDocument();
 
 }  // namespace waystone

@@ -29,6 +29,11 @@ Problem BadRequest(const std::string& detail) {
   return Make(400, "bad-request", "The request is not valid", detail);
 }
 
+Problem Unprocessable(const std::string& kind, const std::string& title,
+                      const std::string& detail) {
+  return Make(422, kind, title, detail);
+}
+
 Problem ProblemFromStatus(const absl::Status& status) {
   const std::string detail(status.message());
   switch (status.code()) {

@@ -25,5 +25,7 @@ Problem Unauthenticated(const std::string& detail);
 Problem Forbidden(const std::string& detail);
 Problem NotFound(const std::string& detail);
 Problem BadRequest(const std::string& detail);
+// 422: the request is well-formed but names something that cannot be used.
+Problem Unprocessable(const std::string& kind, const std::string& title, const std::string& detail);
 
 }  // namespace waystone

@@ -17,6 +17,9 @@ namespace waystone {
 // values) and the narrow interface the engine, CLI and server use; sqlite/ and (later)
 // postgres/ implement it with the same semantics.
 
+// next_run_at of an instance that waits for an event with no deadline: never due.
+inline constexpr Millis kNoDueTime = 4'000'000'000'000'000;
+
 struct InstanceRecord {
   int64_t id = 0;
   std::string tenant;
@@ -127,6 +130,11 @@ struct Change {
   std::vector<AlertRecord> alerts;
   std::vector<AuditRecord> audits;
   std::optional<IdempotencyClaim> idempotency;
+  // Resolves the instance's open and acknowledged alerts (an operator acted).
+  bool resolve_alerts = false;
+  // An event (source, id) claimed in the inbox with this change; the change is
+  // refused with AlreadyExists when it was claimed before.
+  std::optional<std::pair<std::string, std::string>> inbox;
 };
 
 // A delivery of one outbox event to one sink, claimed by a relay under a lease.
@@ -234,7 +242,43 @@ struct InstanceFilter {
   std::optional<std::string> workflow;
   std::optional<InstanceState> state;
   int limit = 100;
+  std::optional<ErrorClass> error_class;  // some step's last error has this class
+  bool with_alert = false;                // has an open or acknowledged alert ...
+  std::optional<AlertKind> alert_kind;    // ... of this kind (implies with_alert)
+  Millis created_from = 0;                // created_at >= created_from
+  Millis created_to = 0;                  // created_at < created_to; 0: no bound
+  int64_t after_id = 0;                   // cursor: only ids above this, in id order
 };
+
+// A request made with an HTTP Idempotency-Key, and once finished its response
+// (draft-ietf-httpapi-idempotency-key-header).
+struct ApiRequestRecord {
+  std::string tenant;
+  std::string key;
+  std::string request_hash;
+  bool done = false;
+  int status = 0;
+  std::string content_type;
+  std::string body;
+  Millis created_at = 0;
+  Millis expires_at = 0;
+};
+
+enum class ApiRequestOutcome : uint8_t {
+  kNew = 1,       // claimed: go ahead, then FinishApiRequest
+  kInFlight = 2,  // the same key is being processed now
+  kMismatch = 3,  // the key was used with another request
+  kReplay = 4,    // finished before: send `stored`
+};
+
+struct ApiRequestClaim {
+  ApiRequestOutcome outcome = ApiRequestOutcome::kNew;
+  ApiRequestRecord stored;
+};
+
+// Counters kept in the database, so every process adds to the same series.
+inline constexpr char kCounterLeaseTakeovers[] = "lease_takeovers";
+inline constexpr char kCounterInboxDuplicates[] = "inbox_duplicates";
 
 struct StoreSummary {
   std::vector<std::pair<InstanceState, int64_t>> instances_by_state;
@@ -245,6 +289,14 @@ struct StoreSummary {
   int64_t compensations = 0;           // steps compensated
   int64_t open_alerts = 0;
   int64_t outbox_events = 0;
+  int64_t attempts = 0;                // step submissions, over all steps
+  int64_t resolved_by_operator = 0;
+  int64_t compensation_attempts = 0;
+  int64_t compensation_failures = 0;   // steps whose compensation failed
+  std::vector<std::pair<ErrorClass, int64_t>> steps_by_error_class;  // last error of each step
+  std::vector<std::pair<StepState, int64_t>> steps_by_state;
+  int64_t lease_takeovers = 0;         // expired leases taken over by another owner
+  int64_t inbox_duplicates = 0;        // events received again and not applied
 };
 
 // Store is the durable state of Waystone. Implementations are thread-safe; every
@@ -282,7 +334,8 @@ class Store {
 
   // Applies each change in one shared transaction (group commit); each change is
   // all-or-nothing on its own. Returns one status per change: OK, Aborted (lease
-  // lost) or FailedPrecondition (idempotency key reused with another request).
+  // lost), FailedPrecondition (idempotency key reused with another request) or
+  // AlreadyExists (the change's inbox event was received before).
   // A non-OK return means the transaction as a whole failed and nothing was applied.
   virtual absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& changes) = 0;
 
@@ -354,6 +407,26 @@ class Store {
   // Raises an alert outside any instance lease, with its outbox event.
   virtual absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert,
                                              const EventRecord& event) = 0;
+  // Returns one alert; NotFound when absent.
+  virtual absl::StatusOr<AlertRecord> GetAlert(int64_t id) = 0;
+  // Moves an open alert to acknowledged with `audit`, in one transaction;
+  // FailedPrecondition when it is not open.
+  virtual absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) = 0;
+
+  // Claims `request.key` for `request.request_hash` (one transaction): kNew when
+  // free or expired (or in flight since before `stale_before`: its server died),
+  // else what the stored record says.
+  virtual absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,
+                                                          Millis stale_before) = 0;
+  // Stores the response of a claimed request.
+  virtual absl::Status FinishApiRequest(const ApiRequestRecord& finished) = 0;
+  // Frees a claimed key without a stored response (the request could not be served).
+  virtual absl::Status AbandonApiRequest(const std::string& tenant, const std::string& key) = 0;
+  // Returns true when (source, id) is already in the inbox.
+  virtual absl::StatusOr<bool> InboxContains(const std::string& source,
+                                             const std::string& id) = 0;
+  // Adds `delta` to a database counter (kCounter...).
+  virtual absl::Status AddToCounter(const std::string& name, int64_t delta) = 0;
 };
 
 struct StoreOptions {

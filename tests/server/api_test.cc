@@ -45,7 +45,7 @@ class ApiTest : public ::testing::TestWithParam<testing::Backend> {
     admin_ = *CreateToken(*store_, "root", "*", Role::kAdmin, 1);
     ApiServerOptions options;
     options.listen = "127.0.0.1:0";
-    auto server = ApiServer::Start(options, store_.get(), SystemClock::Get());
+    auto server = ApiServer::Start(options, store_.get(), SystemClock::Get(), nullptr);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     http_ = NewCurlHttpClient({});

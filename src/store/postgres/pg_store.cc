@@ -261,7 +261,7 @@ absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) 
                                     Params(in.event_source, in.event_id)));
         WS_ASSIGN_OR_RETURN(result.instance, LoadInstance(c, prior.Int(0, 0)));
         result.outcome = StartOutcome::kDuplicateEvent;
-        return absl::OkStatus();
+        return c.Exec("UPDATE counters SET value = value + 1 WHERE name = 'inbox_duplicates'");
       }
     }
     // ON CONFLICT makes concurrent identical starts wait for each other instead of failing.
@@ -322,13 +322,24 @@ absl::StatusOr<std::vector<Lease>> PostgresStore::ClaimRunnable(const std::strin
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(
       PgResult r,
-      c->Query("UPDATE instances SET lease_owner = $1, lease_expires_at = $2::bigint + $3::bigint, "
-               "lease_epoch = lease_epoch + 1 WHERE id IN (SELECT id FROM instances WHERE state "
+      c->Query("WITH picked AS (SELECT id, lease_owner AS previous FROM instances WHERE state "
                "IN (1, 3) AND next_run_at <= $2::bigint AND lease_expires_at <= $2::bigint ORDER BY "
-               "next_run_at LIMIT $4::integer FOR UPDATE SKIP LOCKED) RETURNING id, lease_epoch",
+               "next_run_at LIMIT $4::integer FOR UPDATE SKIP LOCKED) UPDATE instances i SET "
+               "lease_owner = $1, lease_expires_at = $2::bigint + $3::bigint, lease_epoch = "
+               "i.lease_epoch + 1 FROM picked WHERE i.id = picked.id RETURNING i.id, "
+               "i.lease_epoch, picked.previous",
                Params(owner, now, lease_duration, limit)));
   std::vector<Lease> leases;
-  for (int i = 0; i < r.rows(); ++i) leases.push_back({r.Int(i, 0), r.Int(i, 1), owner});
+  int64_t takeovers = 0;
+  for (int i = 0; i < r.rows(); ++i) {
+    leases.push_back({r.Int(i, 0), r.Int(i, 1), owner});
+    if (!r.Text(i, 2).empty()) ++takeovers;
+  }
+  if (takeovers > 0) {
+    // Rare (a worker died or stalled); best effort: the claim already committed.
+    (void)c->Query("UPDATE counters SET value = value + $1::bigint WHERE name = 'lease_takeovers'",
+                   Params(takeovers));
+  }
   return leases;
 }
 
@@ -337,11 +348,18 @@ absl::StatusOr<Lease> PostgresStore::ClaimInstance(int64_t instance_id, const st
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(
       PgResult r,
-      c->Query("UPDATE instances SET lease_owner = $1, lease_expires_at = $2::bigint + $3::bigint, "
-               "lease_epoch = lease_epoch + 1 WHERE id = $4::bigint AND lease_expires_at <= "
-               "$2::bigint RETURNING id, lease_epoch",
+      c->Query("WITH picked AS (SELECT id, lease_owner AS previous FROM instances WHERE id = "
+               "$4::bigint AND lease_expires_at <= $2::bigint FOR UPDATE) UPDATE instances i SET "
+               "lease_owner = $1, lease_expires_at = $2::bigint + $3::bigint, lease_epoch = "
+               "i.lease_epoch + 1 FROM picked WHERE i.id = picked.id AND i.lease_expires_at <= "
+               "$2::bigint RETURNING i.id, i.lease_epoch, picked.previous",
                Params(owner, now, lease_duration, instance_id)));
-  if (r.rows() == 1) return Lease{r.Int(0, 0), r.Int(0, 1), owner};
+  if (r.rows() == 1) {
+    if (!r.Text(0, 2).empty()) {
+      (void)c->Query("UPDATE counters SET value = value + 1 WHERE name = 'lease_takeovers'");
+    }
+    return Lease{r.Int(0, 0), r.Int(0, 1), owner};
+  }
   WS_ASSIGN_OR_RETURN(InstanceRecord record, LoadInstance(*c, instance_id));
   return absl::FailedPreconditionError("instance " + record.key + " is leased by " +
                                        record.lease_owner + " until " +
@@ -385,6 +403,23 @@ absl::Status PostgresStore::ApplyChange(PgConnection& c, const Change& ch) {
        *ch.state == InstanceState::kCompensating)) {
     // Released to run now (a drain, an operator): another worker may take it at once.
     WS_RETURN_IF_ERROR(c.Query("SELECT pg_notify('waystone_work', '')").status());
+  }
+  if (ch.inbox) {
+    WS_ASSIGN_OR_RETURN(PgResult claim,
+                        c.Query("INSERT INTO inbox (source, event_id, received_at, instance_id) "
+                                "VALUES ($1, $2, $3::bigint, $4::bigint) ON CONFLICT DO NOTHING",
+                                Params(ch.inbox->first, ch.inbox->second, ch.now,
+                                       ch.lease.instance_id)));
+    if (claim.affected() == 0) {
+      return absl::AlreadyExistsError("event " + ch.inbox->first + " " + ch.inbox->second +
+                                      " was received before");
+    }
+  }
+  if (ch.resolve_alerts) {
+    WS_RETURN_IF_ERROR(c.Query("UPDATE alerts SET state = 3, updated_at = $1::bigint WHERE "
+                               "instance_id = $2::bigint AND state IN (1, 2)",
+                               Params(ch.now, ch.lease.instance_id))
+                           .status());
   }
   if (ch.idempotency) {
     const IdempotencyClaim& claim = *ch.idempotency;
@@ -452,7 +487,10 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(const std::vecto
       absl::Status applied = ApplyChange(c, change);
       if (!applied.ok()) {
         WS_RETURN_IF_ERROR(c.Exec("ROLLBACK TO SAVEPOINT change"));
-        if (!absl::IsAborted(applied) && !absl::IsFailedPrecondition(applied)) return applied;
+        if (!absl::IsAborted(applied) && !absl::IsFailedPrecondition(applied) &&
+            !(absl::IsAlreadyExists(applied) && change.inbox)) {
+          return applied;
+        }
       }
       WS_RETURN_IF_ERROR(c.Exec("RELEASE SAVEPOINT change"));
       results.push_back(applied);
@@ -496,13 +534,23 @@ absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
   WS_ASSIGN_OR_RETURN(
       PgResult r,
       c->Query(std::string("SELECT ") + kInstanceColumns +
-                   " FROM instances WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS "
-                   "NULL OR workflow = $2) AND ($3::smallint IS NULL OR state = $3) ORDER BY id "
+                   " FROM instances i WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS "
+                   "NULL OR workflow = $2) AND ($3::smallint IS NULL OR state = $3) AND id > "
+                   "$5::bigint AND created_at >= $6::bigint AND ($7::bigint = 0 OR created_at < "
+                   "$7::bigint) AND ($8::smallint IS NULL OR EXISTS (SELECT 1 FROM steps s WHERE "
+                   "s.instance_id = i.id AND s.error_class = $8::smallint)) AND ($9::integer = 0 "
+                   "OR EXISTS (SELECT 1 FROM alerts a WHERE a.instance_id = i.id AND a.state IN "
+                   "(1, 2) AND ($10::smallint = 0 OR a.kind = $10::smallint))) ORDER BY id "
                    "LIMIT $4::integer",
                Params(filter.tenant, filter.workflow,
                       filter.state ? std::optional<int64_t>(static_cast<int64_t>(*filter.state))
                                    : std::nullopt,
-                      filter.limit)));
+                      filter.limit, filter.after_id, filter.created_from, filter.created_to,
+                      filter.error_class
+                          ? std::optional<int64_t>(static_cast<int64_t>(*filter.error_class))
+                          : std::nullopt,
+                      static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0),
+                      static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0))));
   return Rows(r, ReadInstance);
 }
 
@@ -575,13 +623,39 @@ absl::StatusOr<StoreSummary> PostgresStore::Summary() {
   summary.compensations = steps.Int(0, 4);
   summary.open_alerts = steps.Int(0, 5);
   summary.outbox_events = steps.Int(0, 6);
+  WS_ASSIGN_OR_RETURN(
+      PgResult more,
+      c->Query("SELECT COALESCE(SUM(attempts), 0), COUNT(*) FILTER (WHERE resolution = 3), "
+               "COALESCE(SUM(compensation_attempts), 0), COUNT(*) FILTER (WHERE state = 8), "
+               "(SELECT value FROM counters WHERE name = 'lease_takeovers'), (SELECT value FROM "
+               "counters WHERE name = 'inbox_duplicates') FROM steps"));
+  summary.attempts = more.Int(0, 0);
+  summary.resolved_by_operator = more.Int(0, 1);
+  summary.compensation_attempts = more.Int(0, 2);
+  summary.compensation_failures = more.Int(0, 3);
+  summary.lease_takeovers = more.Int(0, 4);
+  summary.inbox_duplicates = more.Int(0, 5);
+  WS_ASSIGN_OR_RETURN(PgResult classes,
+                      c->Query("SELECT error_class, COUNT(*) FROM steps WHERE error_class > 0 "
+                               "GROUP BY error_class ORDER BY error_class"));
+  for (int i = 0; i < classes.rows(); ++i) {
+    summary.steps_by_error_class.emplace_back(static_cast<ErrorClass>(classes.Int(i, 0)),
+                                              classes.Int(i, 1));
+  }
+  WS_ASSIGN_OR_RETURN(PgResult states,
+                      c->Query("SELECT state, COUNT(*) FROM steps GROUP BY state ORDER BY state"));
+  for (int i = 0; i < states.rows(); ++i) {
+    summary.steps_by_state.emplace_back(static_cast<StepState>(states.Int(i, 0)),
+                                        states.Int(i, 1));
+  }
   return summary;
 }
 
 absl::StatusOr<std::optional<Millis>> PostgresStore::NextDueTime() {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT MIN(GREATEST(next_run_at, lease_expires_at)) "
-                                           "FROM instances WHERE state IN (1, 3)"));
+                                           "FROM instances WHERE state IN (1, 3) AND next_run_at < "
+                                           "4000000000000000"));
   if (r.IsNull(0, 0)) return std::optional<Millis>();
   return std::optional<Millis>(r.Int(0, 0));
 }
@@ -855,8 +929,9 @@ absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, M
           "DELETE FROM instances WHERE id IN (SELECT id FROM gc_ids)"}) {
       WS_RETURN_IF_ERROR(c.Exec(sql));
     }
-    return c.Query("DELETE FROM idempotency_keys WHERE expires_at < $1::bigint", Params(now))
-        .status();
+    WS_RETURN_IF_ERROR(
+        c.Query("DELETE FROM idempotency_keys WHERE expires_at < $1::bigint", Params(now)).status());
+    return c.Query("DELETE FROM api_requests WHERE expires_at < $1::bigint", Params(now)).status();
   });
   if (!status.ok()) return status;
   return report;
@@ -877,6 +952,104 @@ absl::StatusOr<TokenRecord> PostgresStore::FindToken(const std::string& token_ha
   if (r.rows() == 0) return absl::NotFoundError("no such token");
   return TokenRecord{r.Text(0, 0), r.Text(0, 1), r.Text(0, 2), r.Text(0, 3), r.Int(0, 4),
                      r.Int(0, 5)};
+}
+
+absl::StatusOr<AlertRecord> PostgresStore::GetAlert(int64_t id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT id, instance_id, tenant, step_name, kind, "
+                                           "state, message, created_at FROM alerts WHERE id = "
+                                           "$1::bigint",
+                                           Params(id)));
+  if (r.rows() == 0) return absl::NotFoundError("no alert " + std::to_string(id));
+  return AlertRecord{r.Int(0, 0), r.Int(0, 1), r.Text(0, 2), r.Text(0, 3),
+                     static_cast<AlertKind>(r.Int(0, 4)), static_cast<AlertState>(r.Int(0, 5)),
+                     r.Text(0, 6), r.Int(0, 7)};
+}
+
+absl::Status PostgresStore::AcknowledgeAlert(int64_t id, const AuditRecord& audit) {
+  return InTransaction([&](PgConnection& c) -> absl::Status {
+    WS_ASSIGN_OR_RETURN(PgResult ack, c.Query("UPDATE alerts SET state = 2, updated_at = "
+                                              "$1::bigint WHERE id = $2::bigint AND state = 1",
+                                              Params(audit.at, id)));
+    if (ack.affected() != 1) {
+      return absl::FailedPreconditionError("alert " + std::to_string(id) + " is not open");
+    }
+    return c.Query("INSERT INTO audit_log (at, actor, tenant, instance_id, action, reason, "
+                   "detail) VALUES ($1::bigint, $2, $3, $4::bigint, $5, $6, $7)",
+                   Params(audit.at, audit.actor, audit.tenant, audit.instance_id, audit.action,
+                          audit.reason, audit.detail_json.empty() ? "{}" : audit.detail_json))
+        .status();
+  });
+}
+
+absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestRecord& request,
+                                                               Millis stale_before) {
+  ApiRequestClaim claim;
+  absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
+    // A concurrent first claim of the same key waits here for the other to commit.
+    WS_RETURN_IF_ERROR(c.Query("INSERT INTO api_requests (tenant, key, request_hash, "
+                               "created_at, expires_at) VALUES ($1, $2, '', 0, 0) ON CONFLICT "
+                               "DO NOTHING",
+                               Params(request.tenant, request.key))
+                           .status());
+    WS_ASSIGN_OR_RETURN(PgResult got,
+                        c.Query("SELECT request_hash, done, status, content_type, body, "
+                                "created_at, expires_at FROM api_requests WHERE tenant = $1 AND "
+                                "key = $2 FOR UPDATE",
+                                Params(request.tenant, request.key)));
+    claim.stored = {request.tenant, request.key, got.Text(0, 0), got.Text(0, 1) == "t",
+                    static_cast<int>(got.Int(0, 2)), got.Text(0, 3), got.Text(0, 4),
+                    got.Int(0, 5), got.Int(0, 6)};
+    const bool live = claim.stored.expires_at > request.created_at &&
+                      (claim.stored.done || claim.stored.created_at >= stale_before);
+    if (live) {
+      claim.outcome = claim.stored.request_hash != request.request_hash ? ApiRequestOutcome::kMismatch
+                      : claim.stored.done ? ApiRequestOutcome::kReplay
+                                          : ApiRequestOutcome::kInFlight;
+      return absl::OkStatus();
+    }
+    claim.outcome = ApiRequestOutcome::kNew;
+    claim.stored = request;
+    return c.Query("UPDATE api_requests SET request_hash = $3, done = FALSE, status = 0, "
+                   "content_type = '', body = '', created_at = $4::bigint, expires_at = "
+                   "$5::bigint WHERE tenant = $1 AND key = $2",
+                   Params(request.tenant, request.key, request.request_hash, request.created_at,
+                          request.expires_at))
+        .status();
+  });
+  if (!status.ok()) return status;
+  return claim;
+}
+
+absl::Status PostgresStore::FinishApiRequest(const ApiRequestRecord& r) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return c->Query("UPDATE api_requests SET done = TRUE, status = $1::integer, content_type = $2, "
+                  "body = $3 WHERE tenant = $4 AND key = $5 AND request_hash = $6",
+                  Params(r.status, r.content_type, r.body, r.tenant, r.key, r.request_hash))
+      .status();
+}
+
+absl::Status PostgresStore::AbandonApiRequest(const std::string& tenant, const std::string& key) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return c->Query("DELETE FROM api_requests WHERE tenant = $1 AND key = $2 AND NOT done",
+                  Params(tenant, key))
+      .status();
+}
+
+absl::StatusOr<bool> PostgresStore::InboxContains(const std::string& source,
+                                                  const std::string& id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT 1 FROM inbox WHERE source = $1 AND "
+                                           "event_id = $2",
+                                           Params(source, id)));
+  return r.rows() > 0;
+}
+
+absl::Status PostgresStore::AddToCounter(const std::string& name, int64_t delta) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return c->Query("UPDATE counters SET value = value + $1::bigint WHERE name = $2",
+                  Params(delta, name))
+      .status();
 }
 
 }  // namespace waystone

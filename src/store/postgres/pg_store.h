@@ -71,6 +71,14 @@ class PostgresStore final : public Store {
   absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
   absl::Status PutToken(const TokenRecord& token) override;
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
+  absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;
+  absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) override;
+  absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,
+                                                  Millis stale_before) override;
+  absl::Status FinishApiRequest(const ApiRequestRecord& finished) override;
+  absl::Status AbandonApiRequest(const std::string& tenant, const std::string& key) override;
+  absl::StatusOr<bool> InboxContains(const std::string& source, const std::string& id) override;
+  absl::Status AddToCounter(const std::string& name, int64_t delta) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
                                           bool dry_run) override;
 

@@ -215,7 +215,7 @@ absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
         prior->Reset();
         WS_ASSIGN_OR_RETURN(result.instance, LoadInstance("id = ?", prior_id, "", ""));
         result.outcome = StartOutcome::kDuplicateEvent;
-        return absl::OkStatus();
+        return db_->Exec("UPDATE counters SET value = value + 1 WHERE name = 'inbox_duplicates'");
       }
     }
     auto existing = LoadInstance("tenant = ? AND business_key = ?", 0, in.tenant, in.key);
@@ -282,6 +282,15 @@ absl::StatusOr<std::vector<Lease>> SqliteStore::ClaimRunnable(const std::string&
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Lease> leases;
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    // The same rows the claim below takes (one writer at a time): count those whose
+    // lease ran out without being released.
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * takeovers,
+        db_->Prepare("UPDATE counters SET value = value + (SELECT COUNT(*) FROM (SELECT "
+                     "lease_owner FROM instances WHERE state IN (1, 3) AND next_run_at <= ?1 AND "
+                     "lease_expires_at <= ?1 ORDER BY next_run_at LIMIT ?2) WHERE lease_owner <> "
+                     "'') WHERE name = 'lease_takeovers'"));
+    WS_RETURN_IF_ERROR(takeovers->BindAll(now, limit).Run());
     WS_ASSIGN_OR_RETURN(
         SqliteStatement * s,
         db_->Prepare("UPDATE instances SET lease_owner = ?1, lease_expires_at = ?2 + ?3, "
@@ -306,6 +315,12 @@ absl::StatusOr<Lease> SqliteStore::ClaimInstance(int64_t instance_id, const std:
   std::lock_guard<std::mutex> lock(mu_);
   Lease lease;
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * takeover,
+        db_->Prepare("UPDATE counters SET value = value + (SELECT COUNT(*) FROM instances WHERE "
+                     "id = ?1 AND lease_expires_at <= ?2 AND lease_owner <> '') WHERE name = "
+                     "'lease_takeovers'"));
+    WS_RETURN_IF_ERROR(takeover->BindAll(instance_id, now).Run());
     WS_ASSIGN_OR_RETURN(
         SqliteStatement * s,
         db_->Prepare("UPDATE instances SET lease_owner = ?1, lease_expires_at = ?2 + ?3, "
@@ -390,6 +405,23 @@ absl::Status SqliteStore::ApplyChange(const Change& c) {
                               " (epoch " + std::to_string(c.lease.epoch) + ")");
   }
 
+  if (c.inbox) {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * claim,
+                        db_->Prepare("INSERT OR IGNORE INTO inbox (source, event_id, "
+                                     "received_at, instance_id) VALUES (?, ?, ?, ?)"));
+    WS_RETURN_IF_ERROR(
+        claim->BindAll(c.inbox->first, c.inbox->second, c.now, c.lease.instance_id).Run());
+    if (db_->Changes() == 0) {
+      return absl::AlreadyExistsError("event " + c.inbox->first + " " + c.inbox->second +
+                                      " was received before");
+    }
+  }
+  if (c.resolve_alerts) {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * resolve,
+                        db_->Prepare("UPDATE alerts SET state = 3, updated_at = ? WHERE "
+                                     "instance_id = ? AND state IN (1, 2)"));
+    WS_RETURN_IF_ERROR(resolve->BindAll(c.now, c.lease.instance_id).Run());
+  }
   if (c.idempotency) {
     const IdempotencyClaim& claim = *c.idempotency;
     WS_ASSIGN_OR_RETURN(SqliteStatement * get,
@@ -467,10 +499,14 @@ absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<
       WS_RETURN_IF_ERROR(db_->Exec("SAVEPOINT change"));
       absl::Status applied = ApplyChange(change);
       if (!applied.ok()) {
-        // A lost lease or key conflict undoes this change only; anything else
-        // (I/O, busy, bug) fails the whole group so every caller retries.
+        // A lost lease, a key conflict or an event received before undoes this change
+        // only; anything else (I/O, busy, bug) fails the whole group so every caller
+        // retries.
         WS_RETURN_IF_ERROR(db_->Exec("ROLLBACK TO change"));
-        if (!absl::IsAborted(applied) && !absl::IsFailedPrecondition(applied)) return applied;
+        if (!absl::IsAborted(applied) && !absl::IsFailedPrecondition(applied) &&
+            !(absl::IsAlreadyExists(applied) && change.inbox)) {
+          return applied;
+        }
       }
       WS_RETURN_IF_ERROR(db_->Exec("RELEASE change"));
       results.push_back(applied);
@@ -507,12 +543,20 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
   WS_ASSIGN_OR_RETURN(
       SqliteStatement * s,
       db_->Prepare(std::string("SELECT ") + kInstanceColumns +
-                   " FROM instances WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR "
-                   "workflow = ?2) AND (?3 IS NULL OR state = ?3) ORDER BY id LIMIT ?4"));
+                   " FROM instances i WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR "
+                   "workflow = ?2) AND (?3 IS NULL OR state = ?3) AND id > ?5 AND created_at >= "
+                   "?6 AND (?7 = 0 OR created_at < ?7) AND (?8 IS NULL OR EXISTS (SELECT 1 FROM "
+                   "steps s WHERE s.instance_id = i.id AND s.error_class = ?8)) AND (?9 = 0 OR "
+                   "EXISTS (SELECT 1 FROM alerts a WHERE a.instance_id = i.id AND a.state IN "
+                   "(1, 2) AND (?10 = 0 OR a.kind = ?10))) ORDER BY id LIMIT ?4"));
   if (filter.tenant) s->Bind(1, std::string_view(*filter.tenant)); else s->BindNull(1);
   if (filter.workflow) s->Bind(2, std::string_view(*filter.workflow)); else s->BindNull(2);
   if (filter.state) s->Bind(3, static_cast<int64_t>(*filter.state)); else s->BindNull(3);
   s->Bind(4, static_cast<int64_t>(filter.limit));
+  s->Bind(5, filter.after_id).Bind(6, filter.created_from).Bind(7, filter.created_to);
+  if (filter.error_class) s->Bind(8, static_cast<int64_t>(*filter.error_class)); else s->BindNull(8);
+  s->Bind(9, static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0));
+  s->Bind(10, static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0));
   return CollectRows(s, ReadInstance);
 }
 
@@ -602,15 +646,45 @@ absl::StatusOr<StoreSummary> SqliteStore::Summary() {
     summary.compensations = steps->Int(4);
   }
   steps->Reset();
-  WS_ASSIGN_OR_RETURN(SqliteStatement * counts,
-                      db_->Prepare("SELECT (SELECT COUNT(*) FROM alerts WHERE state = 1), "
-                                   "(SELECT COUNT(*) FROM outbox)"));
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * counts,
+      db_->Prepare("SELECT (SELECT COUNT(*) FROM alerts WHERE state = 1), (SELECT COUNT(*) FROM "
+                   "outbox), (SELECT COALESCE(SUM(attempts), 0) FROM steps), (SELECT COUNT(*) "
+                   "FROM steps WHERE resolution = 3), (SELECT COALESCE(SUM(compensation_attempts), "
+                   "0) FROM steps), (SELECT COUNT(*) FROM steps WHERE state = 8), (SELECT value "
+                   "FROM counters WHERE name = 'lease_takeovers'), (SELECT value FROM counters "
+                   "WHERE name = 'inbox_duplicates')"));
   WS_ASSIGN_OR_RETURN(row, counts->Step());
   if (row) {
     summary.open_alerts = counts->Int(0);
     summary.outbox_events = counts->Int(1);
+    summary.attempts = counts->Int(2);
+    summary.resolved_by_operator = counts->Int(3);
+    summary.compensation_attempts = counts->Int(4);
+    summary.compensation_failures = counts->Int(5);
+    summary.lease_takeovers = counts->Int(6);
+    summary.inbox_duplicates = counts->Int(7);
   }
   counts->Reset();
+  WS_ASSIGN_OR_RETURN(SqliteStatement * classes,
+                      db_->Prepare("SELECT error_class, COUNT(*) FROM steps WHERE error_class > 0 "
+                                   "GROUP BY error_class ORDER BY error_class"));
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool more, classes->Step());
+    if (!more) break;
+    summary.steps_by_error_class.emplace_back(static_cast<ErrorClass>(classes->Int(0)),
+                                              classes->Int(1));
+  }
+  classes->Reset();
+  WS_ASSIGN_OR_RETURN(SqliteStatement * states,
+                      db_->Prepare("SELECT state, COUNT(*) FROM steps GROUP BY state ORDER BY "
+                                   "state"));
+  while (true) {
+    WS_ASSIGN_OR_RETURN(bool more, states->Step());
+    if (!more) break;
+    summary.steps_by_state.emplace_back(static_cast<StepState>(states->Int(0)), states->Int(1));
+  }
+  states->Reset();
   return summary;
 }
 
@@ -618,7 +692,7 @@ absl::StatusOr<std::optional<Millis>> SqliteStore::NextDueTime() {
   std::lock_guard<std::mutex> lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("SELECT MIN(MAX(next_run_at, lease_expires_at)) FROM "
-                                   "instances WHERE state IN (1, 3)"));
+                                   "instances WHERE state IN (1, 3) AND next_run_at < 4000000000000000"));
   WS_ASSIGN_OR_RETURN(bool row, s->Step());
   std::optional<Millis> due;
   if (row && !s->IsNull(0)) due = s->Int(0);
@@ -917,7 +991,10 @@ absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Mil
     for (const Part& part : parts) WS_RETURN_IF_ERROR(db_->Exec(part.delete_sql));
     WS_ASSIGN_OR_RETURN(SqliteStatement * expire,
                         db_->Prepare("DELETE FROM idempotency_keys WHERE expires_at < ?"));
-    return expire->BindAll(now).Run();
+    WS_RETURN_IF_ERROR(expire->BindAll(now).Run());
+    WS_ASSIGN_OR_RETURN(SqliteStatement * requests,
+                        db_->Prepare("DELETE FROM api_requests WHERE expires_at < ?"));
+    return requests->BindAll(now).Run();
   });
   if (!status.ok()) return status;
   return report;
@@ -944,6 +1021,113 @@ absl::StatusOr<TokenRecord> SqliteStore::FindToken(const std::string& token_hash
   TokenRecord t{s->Text(0), s->Text(1), s->Text(2), s->Text(3), s->Int(4), s->Int(5)};
   s->Reset();
   return t;
+}
+
+absl::StatusOr<AlertRecord> SqliteStore::GetAlert(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT id, instance_id, tenant, step_name, kind, state, "
+                                   "message, created_at FROM alerts WHERE id = ?"));
+  s->BindAll(id);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  if (!row) {
+    s->Reset();
+    return absl::NotFoundError("no alert " + std::to_string(id));
+  }
+  AlertRecord a{s->Int(0), s->Int(1), s->Text(2), s->Text(3), static_cast<AlertKind>(s->Int(4)),
+                static_cast<AlertState>(s->Int(5)), s->Text(6), s->Int(7)};
+  s->Reset();
+  return a;
+}
+
+absl::Status SqliteStore::AcknowledgeAlert(int64_t id, const AuditRecord& audit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * ack,
+                        db_->Prepare("UPDATE alerts SET state = 2, updated_at = ? WHERE id = ? "
+                                     "AND state = 1"));
+    WS_RETURN_IF_ERROR(ack->BindAll(audit.at, id).Run());
+    if (db_->Changes() != 1) {
+      return absl::FailedPreconditionError("alert " + std::to_string(id) + " is not open");
+    }
+    WS_ASSIGN_OR_RETURN(SqliteStatement * log,
+                        db_->Prepare("INSERT INTO audit_log (at, actor, tenant, instance_id, "
+                                     "action, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?)"));
+    return log->BindAll(audit.at, audit.actor, audit.tenant, audit.instance_id, audit.action,
+                        audit.reason, audit.detail_json.empty() ? "{}" : audit.detail_json)
+        .Run();
+  });
+}
+
+absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRecord& request,
+                                                             Millis stale_before) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ApiRequestClaim claim;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * get,
+                        db_->Prepare("SELECT request_hash, done, status, content_type, body, "
+                                     "created_at, expires_at FROM api_requests WHERE tenant = ? "
+                                     "AND key = ?"));
+    get->BindAll(request.tenant, request.key);
+    WS_ASSIGN_OR_RETURN(bool row, get->Step());
+    if (row) {
+      claim.stored = {request.tenant, request.key, get->Text(0), get->Int(1) != 0,
+                      static_cast<int>(get->Int(2)), get->Text(3), get->Text(4), get->Int(5),
+                      get->Int(6)};
+    }
+    get->Reset();
+    const bool live = row && claim.stored.expires_at > request.created_at &&
+                      (claim.stored.done || claim.stored.created_at >= stale_before);
+    if (live) {
+      claim.outcome = claim.stored.request_hash != request.request_hash ? ApiRequestOutcome::kMismatch
+                      : claim.stored.done ? ApiRequestOutcome::kReplay
+                                          : ApiRequestOutcome::kInFlight;
+      return absl::OkStatus();
+    }
+    WS_ASSIGN_OR_RETURN(SqliteStatement * put,
+                        db_->Prepare("INSERT OR REPLACE INTO api_requests (tenant, key, "
+                                     "request_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?)"));
+    claim.outcome = ApiRequestOutcome::kNew;
+    claim.stored = request;
+    return put->BindAll(request.tenant, request.key, request.request_hash, request.created_at,
+                        request.expires_at)
+        .Run();
+  });
+  if (!status.ok()) return status;
+  return claim;
+}
+
+absl::Status SqliteStore::FinishApiRequest(const ApiRequestRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("UPDATE api_requests SET done = 1, status = ?, content_type = "
+                                   "?, body = ? WHERE tenant = ? AND key = ? AND request_hash = ?"));
+  return s->BindAll(r.status, r.content_type, r.body, r.tenant, r.key, r.request_hash).Run();
+}
+
+absl::Status SqliteStore::AbandonApiRequest(const std::string& tenant, const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("DELETE FROM api_requests WHERE tenant = ? AND key = ? AND "
+                                   "done = 0"));
+  return s->BindAll(tenant, key).Run();
+}
+
+absl::StatusOr<bool> SqliteStore::InboxContains(const std::string& source, const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT 1 FROM inbox WHERE source = ? AND event_id = ?"));
+  s->BindAll(source, id);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  s->Reset();
+  return row;
+}
+
+absl::Status SqliteStore::AddToCounter(const std::string& name, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("UPDATE counters SET value = value + ? WHERE name = ?"));
+  return s->BindAll(delta, name).Run();
 }
 
 }  // namespace waystone

@@ -64,6 +64,14 @@ class SqliteStore final : public Store {
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
                                           bool dry_run) override;
+  absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;
+  absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) override;
+  absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,
+                                                  Millis stale_before) override;
+  absl::Status FinishApiRequest(const ApiRequestRecord& finished) override;
+  absl::Status AbandonApiRequest(const std::string& tenant, const std::string& key) override;
+  absl::StatusOr<bool> InboxContains(const std::string& source, const std::string& id) override;
+  absl::Status AddToCounter(const std::string& name, int64_t delta) override;
 
   // Returns the schema version (the highest applied migration).
   absl::StatusOr<int> SchemaVersion();

@@ -1,0 +1,208 @@
+#include "engine/operations.h"
+
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status_macros.h"
+#include "engine/catalog.h"
+#include "engine/context.h"
+#include "engine/events.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// A signal waits this long for a worker to let go of the instance.
+constexpr Millis kClaimPatience = 3000;
+
+}  // namespace
+
+Operations::Operations(Store* store, DefinitionCatalog* catalog,
+                       const TemplateEnvironment* environment, const Clock* clock, Random* random,
+                       std::string owner, Millis lease_duration)
+    : store_(store),
+      catalog_(catalog),
+      environment_(environment),
+      clock_(clock),
+      random_(random),
+      owner_(std::move(owner)),
+      lease_duration_(lease_duration) {}
+
+absl::StatusOr<Lease> Operations::Claim(int64_t instance_id) {
+  const Millis deadline = clock_->NowMillis() + kClaimPatience;
+  while (true) {
+    auto lease = store_->ClaimInstance(instance_id, owner_, clock_->NowMillis(), lease_duration_);
+    if (!absl::IsFailedPrecondition(lease.status())) return lease;
+    if (clock_->NowMillis() >= deadline) {
+      return absl::AbortedError(std::string(lease.status().message()) +
+                                    "; a worker is on it, try again shortly");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+absl::Status Operations::Release(const Lease& lease) {
+  Change release;
+  release.lease = lease;
+  release.now = clock_->NowMillis();
+  release.lease_expires_at = 0;
+  WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({release}));
+  return results.front();
+}
+
+absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const std::string& key,
+                                               const OperatorRequest& request) {
+  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
+  std::optional<Lease> lease;
+  if (!request.dry_run) {
+    WS_ASSIGN_OR_RETURN(lease, Claim(instance.id));
+    // Read again under the lease: no worker changes it from here on.
+    auto fresh = store_->GetInstance(instance.id);
+    if (!fresh.ok()) {
+      (void)Release(*lease);
+      return fresh.status();
+    }
+    instance = *fresh;
+  }
+  auto planned = [&]() -> absl::StatusOr<ActionPlan> {
+    WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
+    WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+    auto step_key = [&](int index) {
+      return StepIdempotencyKey(*definition, instance, steps, index, *environment_);
+    };
+    return PlanOperatorAction(*definition, instance, steps, request, clock_->NowMillis(), step_key);
+  }();
+  if (!planned.ok() || request.dry_run) {
+    if (lease) (void)Release(*lease);
+    if (!planned.ok()) return planned.status();
+    return ActionResult{*planned, instance, false};
+  }
+
+  const ActionPlan& plan = *planned;
+  Change change;
+  change.lease = *lease;
+  change.now = clock_->NowMillis();
+  change.lease_expires_at = 0;
+  change.state = plan.state_after;
+  change.status_reason = plan.status_reason;
+  change.next_run_at = change.now;  // released to run now
+  change.steps = plan.changed_steps;
+  change.resolve_alerts = true;
+  Json detail = {{"step", request.step},
+                 {"state_before", ToString(plan.state_before)},
+                 {"state_after", ToString(plan.state_after)}};
+  if (request.happened) detail["happened"] = *request.happened;
+  if (!request.external_id.empty()) detail["external_id"] = request.external_id;
+  change.audits.push_back({0, change.now, request.actor, instance.tenant, instance.id,
+                           std::string(ToString(request.action)), request.reason, detail.dump()});
+  const StepRecord* about = nullptr;
+  for (const StepRecord& step : plan.changed_steps) {
+    if (step.name == request.step) about = &step;
+  }
+  change.events.push_back(MakeEvent("waystone.operator." + std::string(ToString(request.action)),
+                                    instance, about, request.reason, *random_, change.now));
+  if (plan.state_after != plan.state_before) {
+    change.events.push_back(MakeEvent("waystone.instance." + std::string(ToString(plan.state_after)),
+                                      instance, nullptr, plan.status_reason, *random_, change.now));
+  }
+  WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({change}));
+  WS_RETURN_IF_ERROR(results.front());
+  WS_ASSIGN_OR_RETURN(InstanceRecord after, store_->GetInstance(instance.id));
+  return ActionResult{plan, after, true};
+}
+
+absl::StatusOr<AlertRecord> Operations::AcknowledgeAlert(const std::string& tenant, int64_t id,
+                                                         const std::string& actor,
+                                                         const std::string& reason, bool dry_run) {
+  if (reason.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError("a reason is required");
+  }
+  WS_ASSIGN_OR_RETURN(AlertRecord alert, store_->GetAlert(id));
+  if (tenant != "*" && alert.tenant != tenant) {
+    return absl::NotFoundError("no alert " + std::to_string(id));
+  }
+  if (alert.state != AlertState::kOpen) {
+    return absl::FailedPreconditionError("alert " + std::to_string(id) + " is " +
+                                         std::string(ToString(alert.state)) + ", not open");
+  }
+  if (dry_run) return alert;
+  const Json detail = {{"alert", id}, {"kind", ToString(alert.kind)}, {"step", alert.step}};
+  WS_RETURN_IF_ERROR(store_->AcknowledgeAlert(
+      id, {0, clock_->NowMillis(), actor, alert.tenant, alert.instance_id, "acknowledge", reason,
+           detail.dump()}));
+  return store_->GetAlert(id);
+}
+
+absl::StatusOr<SignalOutcome> Operations::Deliver(const Signal& signal) {
+  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(signal.tenant, signal.key));
+  WS_ASSIGN_OR_RETURN(bool seen, store_->InboxContains(signal.source, signal.id));
+  if (seen) {
+    WS_RETURN_IF_ERROR(store_->AddToCounter(kCounterInboxDuplicates, 1));
+    return SignalOutcome::kDuplicate;
+  }
+  WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
+  auto committed = [&]() -> absl::StatusOr<SignalOutcome> {
+    WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
+    WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
+    WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+    if (instance.state != InstanceState::kRunning &&
+        instance.state != InstanceState::kNeedsAttention) {
+      return absl::FailedPreconditionError("instance '" + instance.key + "' is " +
+                                           std::string(ToString(instance.state)) +
+                                           "; it takes no more events");
+    }
+    const StepRecord* waiting = nullptr;
+    for (const StepRecord& step : steps) {
+      const StepDefinition& def = definition->steps[step.index];
+      if (def.kind == StepKind::kWait && def.wait_event == signal.event_type &&
+          (step.state == StepState::kPending || step.state == StepState::kWaiting)) {
+        waiting = &step;
+        break;
+      }
+    }
+    if (waiting == nullptr) {
+      return absl::FailedPreconditionError("instance '" + instance.key +
+                                           "' has no step waiting for event type '" +
+                                           signal.event_type + "'");
+    }
+    Change change;
+    change.lease = lease;
+    change.now = clock_->NowMillis();
+    change.lease_expires_at = 0;
+    if (instance.state == InstanceState::kRunning) change.next_run_at = change.now;
+    change.inbox = std::make_pair(signal.source, signal.id);
+    StepRecord step = *waiting;
+    step.state = StepState::kCompleted;
+    step.attempts += 1;
+    step.response_json = signal.data_json.empty() ? "null" : signal.data_json;
+    step.external_id = signal.id;
+    if (step.started_at == 0) step.started_at = change.now;
+    step.finished_at = change.now;
+    step.next_attempt_at = 0;
+    step.error_class = ErrorClass::kNone;
+    step.error_message.clear();
+    change.steps.push_back(step);
+    change.events.push_back(MakeEvent("waystone.step.completed", instance, &step,
+                                      "event " + signal.event_type + " from " + signal.source,
+                                      *random_, change.now));
+    const Json detail = {{"step", step.name}, {"type", signal.event_type},
+                         {"source", signal.source}, {"id", signal.id}};
+    change.audits.push_back({0, change.now, signal.actor, instance.tenant, instance.id, "signal",
+                             "event " + signal.event_type, detail.dump()});
+    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({change}));
+    if (absl::IsAlreadyExists(results.front())) {
+      // Claimed by a concurrent delivery of the same event between the check and now.
+      WS_RETURN_IF_ERROR(Release(lease));
+      WS_RETURN_IF_ERROR(store_->AddToCounter(kCounterInboxDuplicates, 1));
+      return SignalOutcome::kDuplicate;
+    }
+    WS_RETURN_IF_ERROR(results.front());
+    return SignalOutcome::kApplied;
+  }();
+  if (!committed.ok()) (void)Release(lease);
+  return committed;
+}
+
+}  // namespace waystone

@@ -1,0 +1,80 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "base/random.h"
+#include "engine/operator_plan.h"
+#include "store/store.h"
+
+namespace waystone {
+
+class DefinitionCatalog;
+class TemplateEnvironment;
+
+// What an applied (or previewed) operator action did.
+struct ActionResult {
+  ActionPlan plan;
+  InstanceRecord instance;  // after the action (unchanged for a dry run)
+  bool applied = false;
+};
+
+// How a signal (an event for a waiting step) ended.
+enum class SignalOutcome : uint8_t {
+  kApplied = 1,    // the waiting step completed with the event's data
+  kDuplicate = 2,  // (source, id) was received before: no second effect
+};
+
+struct Signal {
+  std::string tenant;
+  std::string key;          // the business key of the instance
+  std::string event_type;   // matched against the wait steps' `event`
+  std::string source;       // with id: claimed in the inbox with the effect
+  std::string id;
+  std::string data_json;    // becomes the step's response
+  std::string actor;
+};
+
+// Operations applies operator actions and signals to instances outside the
+// worker pool: it takes the instance's lease (so no worker is mid-step), applies
+// one fenced change with its audit record and events, and releases the instance
+// to run. Thread-safe; the pointers outlive it.
+class Operations {
+ public:
+  Operations(Store* store, DefinitionCatalog* catalog, const TemplateEnvironment* environment,
+             const Clock* clock, Random* random, std::string owner, Millis lease_duration);
+
+  // Plans `request` on instance `key` of `tenant` and, unless it is a dry run,
+  // applies it. NotFound for no such instance; FailedPrecondition when the state
+  // refuses it; Aborted when a worker holds the instance (try again shortly).
+  absl::StatusOr<ActionResult> Apply(const std::string& tenant, const std::string& key,
+                                     const OperatorRequest& request);
+
+  // Acknowledges alert `id` of `tenant` with an audit record. NotFound when the
+  // alert is absent or another tenant's; FailedPrecondition when it is not open.
+  absl::StatusOr<AlertRecord> AcknowledgeAlert(const std::string& tenant, int64_t id,
+                                               const std::string& actor,
+                                               const std::string& reason, bool dry_run);
+
+  // Completes the step of instance `signal.key` waiting for `signal.event_type`
+  // with the event's data, claiming (source, id) in the inbox in the same
+  // transaction. NotFound for no such instance; FailedPrecondition when no step
+  // waits for this type; Aborted when a worker holds the instance.
+  absl::StatusOr<SignalOutcome> Deliver(const Signal& signal);
+
+ private:
+  absl::StatusOr<Lease> Claim(int64_t instance_id);
+  absl::Status Release(const Lease& lease);
+
+  Store* store_;
+  DefinitionCatalog* catalog_;
+  const TemplateEnvironment* environment_;
+  const Clock* clock_;
+  Random* random_;
+  std::string owner_;
+  Millis lease_duration_;
+};
+
+}  // namespace waystone

@@ -1,0 +1,369 @@
+#include "engine/operator_plan.h"
+
+#include "model/keys.h"
+
+namespace waystone {
+namespace {
+
+bool Done(StepState state) { return state == StepState::kCompleted || state == StepState::kSkipped; }
+
+// The step the forward run stops at: the first one neither completed nor skipped.
+int Blocking(const std::vector<StepRecord>& steps) {
+  for (const StepRecord& step : steps) {
+    if (!Done(step.state)) return step.index;
+  }
+  return -1;
+}
+
+absl::Status Refuse(const std::string& why) { return absl::FailedPreconditionError(why); }
+
+std::string Where(const InstanceRecord& instance) {
+  return "instance '" + instance.key + "' is " + std::string(ToString(instance.state));
+}
+
+std::string StepWhere(const StepRecord& step) {
+  return "step '" + step.name + "' is " + std::string(ToString(step.state));
+}
+
+PlannedCall Call(const StepDefinition& def, std::string phase, const RequestSpec& request,
+                 std::string key) {
+  return {def.name, std::move(phase), request.method, request.url, std::move(key), ""};
+}
+
+void PreviewForward(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps,
+                    const StepKeyFn& step_key, ActionPlan& plan) {
+  bool stopped = false;
+  for (const StepRecord& step : steps) {
+    const StepDefinition& def = definition.steps[step.index];
+    if (stopped) {
+      plan.would_skip.push_back({step.name, "not reached: an earlier step failed"});
+      continue;
+    }
+    switch (step.state) {
+      case StepState::kCompleted:
+        plan.would_skip.push_back(
+            {step.name, step.external_id.empty() ? "completed"
+                                                 : "completed (external id " + step.external_id + ")"});
+        break;
+      case StepState::kSkipped:
+        plan.would_skip.push_back({step.name, "skipped by an operator"});
+        break;
+      case StepState::kPending:
+      case StepState::kRunning:
+      case StepState::kWaiting:
+        if (def.kind == StepKind::kWait) {
+          plan.would_execute.push_back({def.name, "wait", "", "", "", def.wait_event});
+        } else if (def.kind == StepKind::kTransform) {
+          plan.would_execute.push_back({def.name, "transform", "", "", "", ""});
+        } else {
+          plan.would_execute.push_back(Call(def, "call", def.request,
+                                            def.request.SideEffecting() ? step_key(step.index) : ""));
+        }
+        break;
+      case StepState::kUnknown:
+        if (def.request.SideEffecting() && def.lookup) {
+          plan.would_execute.push_back(Call(def, "lookup", def.lookup->request, ""));
+          plan.would_execute.push_back(
+              Call(def, "call_if_not_found", def.request, step_key(step.index)));
+        } else {
+          plan.would_execute.push_back(Call(def, "call", def.request,
+                                            def.request.SideEffecting() ? step_key(step.index) : ""));
+        }
+        break;
+      case StepState::kFailed:
+      case StepState::kCompensating:
+      case StepState::kCompensated:
+      case StepState::kCompensationFailed:
+        plan.would_skip.push_back({step.name, "stays " + std::string(ToString(step.state))});
+        stopped = true;
+        break;
+    }
+  }
+}
+
+void PreviewCompensation(const WorkflowDefinition& definition,
+                         const std::vector<StepRecord>& steps, const StepKeyFn& step_key,
+                         ActionPlan& plan) {
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const StepRecord& step = *it;
+    const StepDefinition& def = definition.steps[step.index];
+    const bool undo = def.compensate && (step.state == StepState::kCompleted ||
+                                         step.state == StepState::kCompensating);
+    if (undo) {
+      plan.would_execute.push_back(
+          Call(def, "compensate", def.compensate->request, CompensationKey(step_key(step.index))));
+    } else if (step.state == StepState::kCompensated) {
+      plan.would_skip.push_back({step.name, "already compensated"});
+    } else if (step.state == StepState::kCompleted) {
+      plan.would_skip.push_back({step.name, "completed; it has no compensation"});
+    } else {
+      plan.would_skip.push_back(
+          {step.name, std::string(ToString(step.state)) + ": nothing to undo"});
+    }
+  }
+}
+
+void Preview(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps,
+             const StepKeyFn& step_key, ActionPlan& plan) {
+  if (plan.state_after == InstanceState::kRunning) {
+    PreviewForward(definition, steps, step_key, plan);
+  } else if (plan.state_after == InstanceState::kCompensating) {
+    PreviewCompensation(definition, steps, step_key, plan);
+  } else {
+    for (const StepRecord& step : steps) {
+      if (Done(step.state)) continue;
+      plan.would_skip.push_back(
+          {step.name, "instance " + std::string(ToString(plan.state_after)) + ": nothing runs"});
+    }
+  }
+}
+
+absl::StatusOr<int> FindStep(const WorkflowDefinition& definition, const OperatorRequest& request) {
+  if (request.step.empty()) {
+    return absl::InvalidArgumentError(std::string(ToString(request.action)) + " needs a step");
+  }
+  const int index = definition.StepIndex(request.step);
+  if (index < 0) {
+    return absl::InvalidArgumentError("workflow '" + definition.name + "' has no step '" +
+                                      request.step + "'");
+  }
+  return index;
+}
+
+bool ForwardPaused(InstanceState state) {
+  return state == InstanceState::kNeedsAttention || state == InstanceState::kFailed ||
+         state == InstanceState::kRunning;
+}
+
+absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                       std::vector<StepRecord>& steps, int index, ActionPlan& plan) {
+  StepRecord& step = steps[index];
+  const StepDefinition& def = definition.steps[index];
+  if (step.state == StepState::kCompensationFailed || step.state == StepState::kCompensating) {
+    if (instance.state != InstanceState::kNeedsAttention &&
+        instance.state != InstanceState::kCompensating) {
+      return Refuse(Where(instance) + "; a compensation is retried only while compensating or "
+                                      "needing attention");
+    }
+    step.state = StepState::kCompensating;
+    step.next_attempt_at = 0;
+    plan.state_after = InstanceState::kCompensating;
+    return absl::OkStatus();
+  }
+  if (!ForwardPaused(instance.state)) {
+    return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
+                                    "failed or needs attention");
+  }
+  if (Blocking(steps) != index) {
+    return Refuse(StepWhere(step) + "; only the step the instance stopped at can be retried" +
+                  (Blocking(steps) >= 0 ? " ('" + steps[Blocking(steps)].name + "')" : ""));
+  }
+  if (instance.state == InstanceState::kFailed) {
+    for (const StepRecord& other : steps) {
+      if (other.state == StepState::kCompensated || other.state == StepState::kCompensating) {
+        return Refuse(Where(instance) + " after compensating step '" + other.name +
+                      "'; it cannot go forward again");
+      }
+    }
+  }
+  switch (step.state) {
+    case StepState::kFailed:
+    case StepState::kPending:
+      step.state = StepState::kPending;
+      step.next_attempt_at = 0;
+      break;
+    case StepState::kUnknown:
+      if (def.request.SideEffecting() && def.lookup) {
+        step.next_attempt_at = 0;  // look it up again
+        step.lookups = 0;
+      } else if (!def.request.SideEffecting() ||
+                 (def.idempotency_honored && def.recovery != RecoveryClass::kManual)) {
+        step.state = StepState::kPending;  // a read, or the target deduplicates on the key
+        step.next_attempt_at = 0;
+      } else {
+        return Refuse(StepWhere(step) +
+                      " and it has no lookup; confirm whether it happened instead of retrying");
+      }
+      break;
+    default:
+      return Refuse(StepWhere(step) + "; only a failed, unknown or waiting step can be retried");
+  }
+  plan.state_after = InstanceState::kRunning;
+  return absl::OkStatus();
+}
+
+absl::Status PlanConfirm(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                         std::vector<StepRecord>& steps, int index, const OperatorRequest& request,
+                         ActionPlan& plan) {
+  StepRecord& step = steps[index];
+  const StepDefinition& def = definition.steps[index];
+  if (!request.happened) {
+    return absl::InvalidArgumentError("confirm needs \"happened\": true or false");
+  }
+  const bool unknown = step.state == StepState::kUnknown ||
+                       (step.state == StepState::kFailed && step.error_class == ErrorClass::kUnknown);
+  if (!unknown) return Refuse(StepWhere(step) + "; only an unknown outcome can be confirmed");
+  if (!ForwardPaused(instance.state)) {
+    return Refuse(Where(instance) + "; outcomes are confirmed while it is running, failed or "
+                                    "needs attention");
+  }
+  const bool wants_id = !def.result_external_id.empty() ||
+                        (def.lookup && !def.lookup->external_id.empty());
+  step.resolution = Resolution::kOperator;
+  step.unknown_since = 0;
+  step.next_attempt_at = 0;
+  if (*request.happened) {
+    if (wants_id && request.external_id.empty()) {
+      return absl::InvalidArgumentError("step '" + step.name +
+                                        "' records an external id: give \"external_id\"");
+    }
+    step.state = StepState::kCompleted;
+    step.external_id = request.external_id.empty() ? step.external_id : request.external_id;
+    step.response_json = request.response_json.empty() ? "{}" : request.response_json;
+    step.error_class = ErrorClass::kNone;
+    step.error_message.clear();
+  } else {
+    if (!request.external_id.empty()) {
+      return absl::InvalidArgumentError("external_id is only for an outcome that happened");
+    }
+    step.state = StepState::kPending;  // resubmitted under the same idempotency key
+  }
+  plan.state_after = InstanceState::kRunning;
+  return absl::OkStatus();
+}
+
+absl::Status PlanCompensate(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                            std::vector<StepRecord>& steps, ActionPlan& plan) {
+  if (instance.state != InstanceState::kNeedsAttention &&
+      instance.state != InstanceState::kFailed && instance.state != InstanceState::kCompleted &&
+      instance.state != InstanceState::kRunning) {
+    return Refuse(Where(instance) + "; compensation starts from running, needs_attention, "
+                                    "failed or completed");
+  }
+  bool any = false;
+  for (const StepRecord& step : steps) {
+    if (step.state == StepState::kUnknown || step.state == StepState::kRunning) {
+      return Refuse(StepWhere(step) + "; confirm its outcome before compensating");
+    }
+    if (step.state == StepState::kCompensationFailed) {
+      return Refuse(StepWhere(step) + "; retry its compensation instead");
+    }
+    if (step.state == StepState::kCompleted && definition.steps[step.index].compensate) any = true;
+  }
+  if (!any) return Refuse("no completed step of instance '" + instance.key + "' has a compensation");
+  plan.state_after = InstanceState::kCompensating;
+  return absl::OkStatus();
+}
+
+absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                      std::vector<StepRecord>& steps, int index, ActionPlan& plan) {
+  StepRecord& step = steps[index];
+  if (definition.steps[index].recovery != RecoveryClass::kManual) {
+    return Refuse("step '" + step.name + "' is " +
+                  std::string(ToString(definition.steps[index].recovery)) +
+                  "; only manual steps can be skipped");
+  }
+  if (!ForwardPaused(instance.state)) {
+    return Refuse(Where(instance) + "; a step is skipped while it is running, failed or needs "
+                                    "attention");
+  }
+  if (Blocking(steps) != index) {
+    return Refuse(StepWhere(step) + "; only the step the instance stopped at can be skipped");
+  }
+  if (step.state != StepState::kFailed && step.state != StepState::kUnknown &&
+      step.state != StepState::kPending) {
+    return Refuse(StepWhere(step) + "; only a failed, unknown or pending step can be skipped");
+  }
+  step.state = StepState::kSkipped;
+  step.next_attempt_at = 0;
+  step.unknown_since = 0;
+  step.resolution = Resolution::kOperator;
+  plan.state_after = InstanceState::kRunning;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view ToString(OperatorAction action) {
+  switch (action) {
+    case OperatorAction::kRetry: return "retry";
+    case OperatorAction::kConfirm: return "confirm";
+    case OperatorAction::kCompensate: return "compensate";
+    case OperatorAction::kSkip: return "skip";
+    case OperatorAction::kClose: return "close";
+  }
+  return "?";
+}
+
+std::optional<OperatorAction> ParseOperatorAction(std::string_view text) {
+  for (auto action : {OperatorAction::kRetry, OperatorAction::kConfirm, OperatorAction::kCompensate,
+                      OperatorAction::kSkip, OperatorAction::kClose}) {
+    if (ToString(action) == text) return action;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definition,
+                                              const InstanceRecord& instance,
+                                              const std::vector<StepRecord>& steps,
+                                              const OperatorRequest& request, Millis now,
+                                              const StepKeyFn& step_key) {
+  (void)now;
+  if (request.reason.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError("a reason is required");
+  }
+  if (request.reason.size() > 2000) {
+    return absl::InvalidArgumentError("reason is longer than 2000 characters");
+  }
+  if (steps.size() != definition.steps.size()) {
+    return absl::DataLossError("instance '" + instance.key + "' does not match its definition");
+  }
+  ActionPlan plan;
+  plan.state_before = instance.state;
+  std::vector<StepRecord> after = steps;
+  const std::string by = " by " + request.actor + ": " + request.reason;
+  switch (request.action) {
+    case OperatorAction::kRetry: {
+      auto index = FindStep(definition, request);
+      if (!index.ok()) return index.status();
+      if (auto s = PlanRetry(definition, instance, after, *index, plan); !s.ok()) return s;
+      plan.status_reason = "step '" + request.step + "' retried" + by;
+      break;
+    }
+    case OperatorAction::kConfirm: {
+      auto index = FindStep(definition, request);
+      if (!index.ok()) return index.status();
+      if (auto s = PlanConfirm(definition, instance, after, *index, request, plan); !s.ok()) return s;
+      plan.status_reason = "outcome of step '" + request.step + "' confirmed as " +
+                           (*request.happened ? "happened" : "not happened") + by;
+      break;
+    }
+    case OperatorAction::kCompensate:
+      if (auto s = PlanCompensate(definition, instance, after, plan); !s.ok()) return s;
+      plan.status_reason = "compensation started" + by;
+      break;
+    case OperatorAction::kSkip: {
+      auto index = FindStep(definition, request);
+      if (!index.ok()) return index.status();
+      if (auto s = PlanSkip(definition, instance, after, *index, plan); !s.ok()) return s;
+      plan.status_reason = "step '" + request.step + "' skipped" + by;
+      break;
+    }
+    case OperatorAction::kClose:
+      if (instance.state == InstanceState::kClosed) return Refuse(Where(instance) + " already");
+      plan.state_after = InstanceState::kClosed;
+      plan.status_reason = "closed" + by;
+      break;
+  }
+  for (size_t i = 0; i < after.size(); ++i) {
+    if (!(after[i].state == steps[i].state && after[i].next_attempt_at == steps[i].next_attempt_at &&
+          after[i].resolution == steps[i].resolution && after[i].lookups == steps[i].lookups &&
+          after[i].external_id == steps[i].external_id)) {
+      plan.changed_steps.push_back(after[i]);
+    }
+  }
+  Preview(definition, after, step_key, plan);
+  return plan;
+}
+
+}  // namespace waystone

@@ -1,0 +1,154 @@
+#include "server/server_config.h"
+
+#include <filesystem>
+#include <set>
+
+#include <yaml-cpp/yaml.h>
+
+#include "definition/loader.h"
+#include "model/duration.h"
+
+namespace waystone {
+namespace {
+
+class ConfigReader {
+ public:
+  explicit ConfigReader(std::string source) : source_(std::move(source)) {}
+
+  absl::StatusOr<ServerConfig> Read(const YAML::Node& root) {
+    ServerConfig config;
+    if (!root.IsMap()) return Error(root, "a server config is a mapping");
+    static const std::set<std::string> kFields = {
+        "database", "listen", "workers", "definitions", "relay_config", "secrets_file", "lease",
+        "api", "events"};
+    for (const auto& entry : root) {
+      if (!kFields.contains(entry.first.Scalar())) {
+        return Error(entry.first, "unknown field '" + entry.first.Scalar() + "'");
+      }
+    }
+    config.database = Text(root, "database");
+    config.listen = Text(root, "listen");
+    config.definitions = Path(Text(root, "definitions"));
+    config.relay_config = Path(Text(root, "relay_config"));
+    config.secrets_file = Path(Text(root, "secrets_file"));
+    config.lease = Text(root, "lease");
+    if (!config.lease.empty() && !ParseDuration(config.lease)) {
+      return Error(root["lease"], "'lease' must be a duration such as 30s");
+    }
+    if (const YAML::Node workers = root["workers"]) {
+      if (!YAML::convert<int>::decode(workers, config.workers) || config.workers < 1) {
+        return Error(workers, "'workers' must be a whole number from 1");
+      }
+    }
+    if (const YAML::Node api = root["api"]) {
+      if (!api.IsMap()) return Error(api, "'api' is a mapping");
+      static const std::set<std::string> kApiFields = {"max_body_bytes", "read_timeout",
+                                                       "idempotency_retention"};
+      for (const auto& entry : api) {
+        if (!kApiFields.contains(entry.first.Scalar())) {
+          return Error(entry.first, "unknown field '" + entry.first.Scalar() + "' in api");
+        }
+      }
+      if (const YAML::Node bytes = api["max_body_bytes"]) {
+        long long value = 0;
+        if (!YAML::convert<long long>::decode(bytes, value) || value < 1024 ||
+            value > (64LL << 20)) {
+          return Error(bytes, "'max_body_bytes' must be from 1024 to 67108864");
+        }
+        config.max_body_bytes = static_cast<size_t>(value);
+      }
+      if (const YAML::Node timeout = api["read_timeout"]) {
+        auto parsed = timeout.IsScalar() ? ParseDuration(timeout.Scalar()) : std::nullopt;
+        if (!parsed || *parsed < 1000) return Error(timeout, "'read_timeout' must be at least 1s");
+        config.read_timeout_seconds = static_cast<int>(*parsed / 1000);
+      }
+      if (const YAML::Node retention = api["idempotency_retention"]) {
+        auto parsed = retention.IsScalar() ? ParseDuration(retention.Scalar()) : std::nullopt;
+        if (!parsed || *parsed < 1000) {
+          return Error(retention, "'idempotency_retention' must be a duration of at least 1s");
+        }
+        config.idempotency_retention = *parsed;
+      }
+    }
+    if (const YAML::Node events = root["events"]) {
+      if (!events.IsSequence()) return Error(events, "'events' is a list of routes");
+      std::set<std::string> types;
+      for (const auto& node : events) {
+        auto route = ReadRoute(node);
+        if (!route.ok()) return route.status();
+        if (!types.insert(route->type).second) {
+          return Error(node, "event type '" + route->type + "' is routed twice");
+        }
+        config.events.push_back(*route);
+      }
+    }
+    return config;
+  }
+
+ private:
+  absl::StatusOr<EventRoute> ReadRoute(const YAML::Node& node) {
+    EventRoute route;
+    route.line = node.Mark().line + 1;
+    if (!node.IsMap()) return Error(node, "an event route is a mapping with 'type'");
+    for (const auto& entry : node) {
+      const std::string field = entry.first.Scalar();
+      if (field != "type" && field != "start" && field != "signal") {
+        return Error(entry.first, "unknown field '" + field + "' in event route");
+      }
+    }
+    route.type = Text(node, "type");
+    if (route.type.empty()) return Error(node, "event route needs 'type'");
+    route.start = Text(node, "start");
+    if (const YAML::Node signal = node["signal"]) {
+      if (!signal.IsMap() || !signal["key"] || !signal["key"].IsScalar()) {
+        return Error(signal, "'signal' must be a mapping such as { key: /order_ref }");
+      }
+      route.signal_key = signal["key"].Scalar();
+      if (!route.signal_key.starts_with("/")) {
+        return Error(signal["key"], "'signal.key' is a JSON pointer into the event's data, "
+                                    "starting with '/'");
+      }
+    }
+    if (route.start.empty() == route.signal_key.empty()) {
+      return Error(node, "event route '" + route.type + "' needs either 'start' or 'signal'");
+    }
+    return route;
+  }
+
+  std::string Text(const YAML::Node& map, const char* field) {
+    const YAML::Node node = map[field];
+    return node && node.IsScalar() ? node.Scalar() : "";
+  }
+
+  std::string Path(const std::string& path) {
+    if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
+    return (std::filesystem::path(source_).parent_path() / path).lexically_normal().string();
+  }
+
+  absl::Status Error(const YAML::Node& node, const std::string& message) {
+    const int line = node.IsDefined() ? node.Mark().line + 1 : 0;
+    return absl::InvalidArgumentError(source_ + ":" + std::to_string(line) + ": " + message);
+  }
+
+  std::string source_;
+};
+
+}  // namespace
+
+absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const std::string& source) {
+  try {
+    return ConfigReader(source).Read(YAML::Load(text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(source + ":" + std::to_string(e.mark.line + 1) +
+                                      ": malformed YAML: " + e.msg);
+  }
+}
+
+absl::StatusOr<ServerConfig> LoadServerConfig(const std::string& path) {
+  std::string text;
+  auto status = ReadFileText(path, 1 << 20, &text);
+  if (!status.ok()) return status;
+  return ParseServerConfig(text, path);
+}
+
+}  // namespace waystone

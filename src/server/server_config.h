@@ -1,0 +1,43 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+
+namespace waystone {
+
+// Where an incoming CloudEvent goes, chosen by its `type`.
+struct EventRoute {
+  std::string type;
+  std::string start;       // start this workflow with the event's data as input, or
+  std::string signal_key;  // complete the waiting step of the instance whose business
+                           // key is at this JSON pointer into the data ("/order_ref")
+  int line = 0;            // in the config file
+};
+
+// `waystone serve --config FILE`: the server's settings. Flags and environment
+// variables override the file. Secrets never go here: the database password comes
+// from WAYSTONE_DB or libpq's own PGPASSWORD/.pgpass, step secrets from
+// WAYSTONE_SECRET_* or --secrets. A value type.
+struct ServerConfig {
+  std::string database;      // SQLite path or postgresql:// URI; "" = not set
+  std::string listen;        // host:port; "" = not set
+  int workers = 0;           // 0 = not set
+  std::string definitions;   // folder of workflow definitions
+  std::string relay_config;  // relay config file: deliver outbox events too
+  std::string secrets_file;
+  std::string lease;         // duration text, e.g. "30s"
+  size_t max_body_bytes = 1 << 20;
+  int read_timeout_seconds = 10;
+  Millis idempotency_retention = 24LL * 3600 * 1000;  // Idempotency-Key records
+  std::vector<EventRoute> events;
+};
+
+// Parses a config; errors name the file and line. Relative paths are taken from
+// the config file's folder.
+absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const std::string& source);
+absl::StatusOr<ServerConfig> LoadServerConfig(const std::string& path);
+
+}  // namespace waystone
