@@ -1,3 +1,5 @@
+#include <map>
+
 #include <CLI/CLI.hpp>
 
 #include "base/log.h"
@@ -78,15 +80,85 @@ int Main(int argc, char** argv) {
 
   ServeOptions serve;
   CLI::App* serve_cmd = app.add_subcommand("serve", "Serve the HTTP API and run workers");
-  serve_cmd->add_option("--listen", serve.listen, "host:port of the API")->capture_default_str();
+  serve_cmd->add_option("--config", serve.config, "Server config (YAML; default $WAYSTONE_CONFIG)");
+  serve_cmd->add_option("--listen", serve.listen,
+                        "host:port of the API (default $WAYSTONE_LISTEN, config, 127.0.0.1:8080)");
   auto* api_only = serve_cmd->add_flag("--api-only", serve.api_only, "Serve the API, run no workers");
   auto* workers_only = serve_cmd->add_flag("--workers-only", serve.workers_only, "Run workers, serve no API");
   api_only->excludes(workers_only);
   serve_cmd->add_option("--definitions", serve.worker.definitions_dir, "Folder of definitions to register");
-  serve_cmd->add_option("--workers", serve.worker.workers, "Worker threads")->capture_default_str();
+  auto* serve_workers =
+      serve_cmd->add_option("--workers", serve.worker.workers, "Worker threads")->capture_default_str();
   serve_cmd->add_option("--relay-config", serve.worker.relay_config, "Also deliver outbox events");
   add_global(serve_cmd);
   add_engine(serve_cmd);
+
+  ApiOptions api;
+  auto add_api = [&](CLI::App* sub) {
+    sub->add_option("--server", api.server,
+                    "API base URL (default $WAYSTONE_SERVER or http://127.0.0.1:8080)");
+    sub->add_option("--tenant", api.tenant, "Tenant, for a token of all tenants");
+  };
+  InstancesOptions instances;
+  CLI::App* instances_cmd = app.add_subcommand("instances", "List instances (over the API)");
+  instances_cmd->add_option("--state", instances.state, "Only this state");
+  instances_cmd->add_option("--workflow", instances.workflow, "Only this workflow");
+  instances_cmd->add_option("--error-class", instances.error_class,
+                            "Only with a step whose last error is transient, rejected or unknown");
+  instances_cmd->add_option("--alert", instances.alert, "Only with an open alert: any or a kind");
+  instances_cmd->add_option("--created-after", instances.created_after, "RFC 3339 time");
+  instances_cmd->add_option("--created-before", instances.created_before, "RFC 3339 time");
+  instances_cmd->add_option("--limit", instances.limit, "Page size")->capture_default_str();
+  instances_cmd->add_option("--cursor", instances.cursor, "Next page, as printed");
+  instances_cmd->add_flag("--json", instances.json, "Print JSON");
+  add_api(instances_cmd);
+
+  ShowOptions show;
+  CLI::App* show_cmd = app.add_subcommand("show", "Show one instance in full (over the API)");
+  show_cmd->add_option("key", show.key, "Business key")->required();
+  show_cmd->add_flag("--json", show.json, "Print JSON");
+  add_api(show_cmd);
+
+  ActOptions act;
+  std::vector<CLI::App*> act_cmds;
+  for (const char* action : {"retry", "confirm", "compensate", "skip", "close"}) {
+    static const std::map<std::string, std::string> kHelp = {
+        {"retry", "Retry the step an instance stopped at, now"},
+        {"confirm", "Confirm whether an unknown step's call happened"},
+        {"compensate", "Undo an instance's completed steps"},
+        {"skip", "Skip a manual step"},
+        {"close", "Close the case"}};
+    CLI::App* cmd = app.add_subcommand(action, kHelp.at(action) + " (over the API)");
+    cmd->add_option("key", act.key, "Business key")->required();
+    cmd->add_option("--reason", act.reason, "Why (kept in the audit trail)")->required();
+    if (std::string(action) == "retry" || std::string(action) == "confirm" ||
+        std::string(action) == "skip") {
+      cmd->add_option("--step", act.step, "Step name")->required();
+    }
+    if (std::string(action) == "confirm") {
+      auto* yes = cmd->add_flag("--happened", act.happened, "The call took effect");
+      auto* no = cmd->add_flag("--not-happened", act.not_happened, "The call did not take effect");
+      yes->excludes(no);
+      cmd->add_option("--external-id", act.external_id, "With --happened: the id it created");
+    }
+    cmd->add_flag("--dry-run", act.dry_run, "Show what would happen; change nothing");
+    cmd->add_flag("--json", act.json, "Print JSON");
+    add_api(cmd);
+    act_cmds.push_back(cmd);
+  }
+
+  AlertsOptions alerts;
+  CLI::App* alerts_cmd = app.add_subcommand("alerts", "List alerts (over the API)");
+  alerts_cmd->add_option("--state", alerts.state, "open, acknowledged or resolved");
+  alerts_cmd->add_flag("--json", alerts.json, "Print JSON");
+  add_api(alerts_cmd);
+
+  AckOptions ack;
+  CLI::App* ack_cmd = app.add_subcommand("ack", "Acknowledge an alert (over the API)");
+  ack_cmd->add_option("id", ack.id, "Alert id")->required();
+  ack_cmd->add_option("--reason", ack.reason, "Why")->required();
+  ack_cmd->add_flag("--dry-run", ack.dry_run, "Check only");
+  add_api(ack_cmd);
 
   GcOptions gc;
   CLI::App* gc_cmd = app.add_subcommand(
@@ -137,7 +209,21 @@ int Main(int argc, char** argv) {
   if (*lint_cmd) return Lint(lint_files);
   if (*gc_cmd) return Gc(global, gc);
   if (*token_create) return TokenCreate(global, token);
-  if (*serve_cmd) return Serve(global, serve);
+  if (*serve_cmd) {
+    serve.workers_given = serve_workers->count() > 0;
+    serve.lease_given = serve_cmd->get_option("--lease")->count() > 0;
+    return Serve(global, serve);
+  }
+  if (*instances_cmd) return Instances(api, instances);
+  if (*show_cmd) return Show(api, show);
+  for (CLI::App* cmd : act_cmds) {
+    if (*cmd) {
+      act.action = cmd->get_name();
+      return Act(api, act);
+    }
+  }
+  if (*alerts_cmd) return Alerts(api, alerts);
+  if (*ack_cmd) return Ack(api, ack);
   if (*plan_cmd) return Plan(plan_file);
   if (*sim_cmd) return Sim(sim);
   if (*relay_cmd) return Relay(global, relay);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -81,16 +82,66 @@ struct TokenOptions {
 };
 
 struct ServeOptions {
-  std::string listen = "127.0.0.1:8080";
+  std::string config;        // --config, WAYSTONE_CONFIG: settings below the flags
+  std::string listen;        // --listen, WAYSTONE_LISTEN, config, 127.0.0.1:8080
   bool api_only = false;
   bool workers_only = false;
   WorkerOptions worker;
+  bool workers_given = false;  // --workers was on the command line
+  bool lease_given = false;    // --lease was on the command line
 };
 
 struct GcOptions {
   std::string older_than = "30d";
   bool dry_run = false;
 };
+
+// Commands over the HTTP API of a running server.
+struct ApiOptions {
+  std::string server;  // --server, WAYSTONE_SERVER, http://127.0.0.1:8080
+  std::string tenant;  // for an all-tenants token
+};
+
+struct InstancesOptions {
+  std::string state, workflow, error_class, alert, created_after, created_before, cursor;
+  int limit = 50;
+  bool json = false;
+};
+
+struct ShowOptions {
+  std::string key;
+  bool json = false;
+};
+
+// retry | confirm | compensate | skip | close
+struct ActOptions {
+  std::string action;
+  std::string key;
+  std::string step;
+  std::string reason;
+  bool happened = false;
+  bool not_happened = false;
+  std::string external_id;
+  bool dry_run = false;
+  bool json = false;
+};
+
+struct AlertsOptions {
+  std::string state;
+  bool json = false;
+};
+
+struct AckOptions {
+  int64_t id = 0;
+  std::string reason;
+  bool dry_run = false;
+};
+
+int Instances(const ApiOptions& api, const InstancesOptions& options);
+int Show(const ApiOptions& api, const ShowOptions& options);
+int Act(const ApiOptions& api, const ActOptions& options);
+int Alerts(const ApiOptions& api, const AlertsOptions& options);
+int Ack(const ApiOptions& api, const AckOptions& options);
 
 int Lint(const std::vector<std::string>& files);
 int Gc(const GlobalOptions& global, const GcOptions& options);

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -9,11 +10,13 @@
 #include "cli/signals.h"
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
+#include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/lease_reaper.h"
 #include "messaging/relay.h"
 #include "server/api_server.h"
 #include "server/auth.h"
+#include "server/server_config.h"
 #include "model/duration.h"
 
 namespace waystone::cli {
@@ -122,7 +125,8 @@ namespace {
 // Runs workers (unless `api` only), and the API when `listen` is not empty, until a
 // stop signal; then drains.
 int RunService(const GlobalOptions& global, const WorkerOptions& options,
-               const std::string& listen, bool run_workers) {
+               const std::string& listen, bool run_workers, ApiServerOptions api_options = {},
+               const std::string& config_path = "") {
   std::stop_token stop = StopOnSignals();
   std::vector<WorkflowDefinition> definitions;
   if (!options.definitions_dir.empty()) {
@@ -160,9 +164,16 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   for (const auto& definition : definitions) {
     if (auto status = engine.Register(definition); !status.ok()) return Fail(status);
   }
+  for (const EventRoute& route : api_options.events) {
+    if (!route.start.empty() && engine.catalog().Current(route.start) == nullptr) {
+      return Fail(absl::InvalidArgumentError(
+          config_path + ":" + std::to_string(route.line) + ": event type '" + route.type +
+          "' starts workflow '" + route.start + "', which is not among the definitions" +
+          (options.definitions_dir.empty() ? " (no --definitions given)" : "")));
+    }
+  }
   std::unique_ptr<ApiServer> api;
   if (!listen.empty()) {
-    ApiServerOptions api_options;
     api_options.listen = listen;
     auto started = ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get(), &engine);
     if (!started.ok()) return Fail(started.status());
@@ -197,9 +208,37 @@ int Worker(const GlobalOptions& global, const WorkerOptions& options) {
   return RunService(global, options, "", true);
 }
 
-int Serve(const GlobalOptions& global, const ServeOptions& options) {
+int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
+  // Flags win over environment variables, which win over the config file.
+  GlobalOptions global = global_flags;
+  ServeOptions options = flags;
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value == nullptr ? "" : value;
+  };
+  const std::string config_path = options.config.empty() ? env("WAYSTONE_CONFIG") : options.config;
+  ServerConfig config;
+  if (!config_path.empty()) {
+    auto loaded = LoadServerConfig(config_path);
+    if (!loaded.ok()) return Fail(loaded.status());
+    config = *loaded;
+  }
+  if (global.db.empty() && env("WAYSTONE_DB").empty()) global.db = config.database;
+  if (options.listen.empty()) options.listen = env("WAYSTONE_LISTEN");
+  if (options.listen.empty()) options.listen = config.listen;
+  if (options.listen.empty()) options.listen = "127.0.0.1:8080";
+  if (!options.workers_given && config.workers > 0) options.worker.workers = config.workers;
+  if (!options.lease_given && !config.lease.empty()) global.lease = config.lease;
+  if (options.worker.definitions_dir.empty()) options.worker.definitions_dir = config.definitions;
+  if (options.worker.relay_config.empty()) options.worker.relay_config = config.relay_config;
+  if (global.secrets_file.empty()) global.secrets_file = config.secrets_file;
+  ApiServerOptions api;
+  api.max_body_bytes = config.max_body_bytes;
+  api.read_timeout_seconds = config.read_timeout_seconds;
+  api.idempotency_retention = config.idempotency_retention;
+  api.events = config.events;
   return RunService(global, options.worker, options.workers_only ? "" : options.listen,
-                    !options.api_only);
+                    !options.api_only, api, config_path);
 }
 
 int TokenCreate(const GlobalOptions& global, const TokenOptions& options) {

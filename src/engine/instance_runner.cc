@@ -1,10 +1,13 @@
 #include "engine/instance_runner.h"
 
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "engine/call_metrics.h"
 #include "engine/context.h"
 #include "engine/events.h"
 #include "engine/state_machine.h"
@@ -219,6 +222,14 @@ class InstanceRunner::Impl {
     return request;
   }
 
+  HttpResponse TimedSend(CallPhase phase, const HttpRequest& request) {
+    const auto start = std::chrono::steady_clock::now();
+    HttpResponse response = d_.http->Send(request);
+    RecordCallLatency(phase, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                                 .count());
+    return response;
+  }
+
   // Adds trace context and, for a side-effecting call, the idempotency key.
   std::string Decorate(HttpRequest& request, const std::string& idempotency_key) {
     const std::string span = d_.random->Hex(8);
@@ -370,7 +381,7 @@ class InstanceRunner::Impl {
     CrashPoint("before-call", def.name);
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);  // a long call keeps the lease
-      response = d_.http->Send(*request);
+      response = TimedSend(CallPhase::kCall, *request);
     }
     CrashPoint("after-call", def.name);
     return RecordOutcome(index, step, response);
@@ -499,7 +510,7 @@ class InstanceRunner::Impl {
     HttpResponse response;
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
-      response = d_.http->Send(*request);
+      response = TimedSend(CallPhase::kLookup, *request);
     }
     const ErrorClass error_class = Classify(response.outcome, {{404, ErrorClass::kNone}});
     if (error_class == ErrorClass::kTransient || error_class == ErrorClass::kUnknown) {
@@ -587,7 +598,7 @@ class InstanceRunner::Impl {
     CrashPoint("before-compensate", def.name);
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
-      response = d_.http->Send(*request);
+      response = TimedSend(CallPhase::kCompensate, *request);
     }
     CrashPoint("after-compensate", def.name);
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "base/status_macros.h"
+#include "engine/call_metrics.h"
 
 namespace waystone {
 namespace {
@@ -49,6 +50,66 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now) {
   out << "waystone_unknown_outcomes_total " << summary.unknown_outcomes << "\n";
   Header(out, "waystone_outbox_events_total", "counter", "Events written to the outbox.");
   out << "waystone_outbox_events_total " << summary.outbox_events << "\n";
+  Header(out, "waystone_step_attempts_total", "counter", "Step submissions, over all steps.");
+  out << "waystone_step_attempts_total " << summary.attempts << "\n";
+  Header(out, "waystone_steps", "gauge", "Steps by state.");
+  for (int i = 1; i <= 10; ++i) {
+    const auto state = static_cast<StepState>(i);
+    int64_t count = 0;
+    for (const auto& [s, n] : summary.steps_by_state) {
+      if (s == state) count = n;
+    }
+    out << "waystone_steps{state=\"" << ToString(state) << "\"} " << count << "\n";
+  }
+  Header(out, "waystone_step_outcomes", "gauge",
+         "Steps whose last failed attempt had this error class (transient, rejected, unknown).");
+  for (int i = 1; i <= 3; ++i) {
+    const auto error_class = static_cast<ErrorClass>(i);
+    int64_t count = 0;
+    for (const auto& [c, n] : summary.steps_by_error_class) {
+      if (c == error_class) count = n;
+    }
+    out << "waystone_step_outcomes{class=\"" << ToString(error_class) << "\"} " << count << "\n";
+  }
+  Header(out, "waystone_unknown_resolutions_total", "counter",
+         "Unknown outcomes settled, by how: found by lookup, resubmitted, confirmed by an operator.");
+  out << "waystone_unknown_resolutions_total{how=\"lookup_found\"} " << summary.resolved_by_lookup
+      << "\n";
+  out << "waystone_unknown_resolutions_total{how=\"resubmitted\"} "
+      << summary.resubmitted_after_lookup << "\n";
+  out << "waystone_unknown_resolutions_total{how=\"operator\"} " << summary.resolved_by_operator
+      << "\n";
+  Header(out, "waystone_compensations_total", "counter", "Steps compensated.");
+  out << "waystone_compensations_total " << summary.compensations << "\n";
+  Header(out, "waystone_compensation_attempts_total", "counter", "Compensation calls made.");
+  out << "waystone_compensation_attempts_total " << summary.compensation_attempts << "\n";
+  Header(out, "waystone_compensation_failures", "gauge", "Steps whose compensation failed.");
+  out << "waystone_compensation_failures " << summary.compensation_failures << "\n";
+  Header(out, "waystone_lease_takeovers_total", "counter",
+         "Instances claimed after another owner's lease ran out unreleased.");
+  out << "waystone_lease_takeovers_total " << summary.lease_takeovers << "\n";
+  Header(out, "waystone_inbox_duplicates_total", "counter",
+         "Events received again and acknowledged without a second effect.");
+  out << "waystone_inbox_duplicates_total " << summary.inbox_duplicates << "\n";
+  Header(out, "waystone_step_duration_seconds", "histogram",
+         "Duration of the external calls made by this process, by phase.");
+  for (size_t p = 0; p < kCallPhaseNames.size(); ++p) {
+    const CallLatency latency = CallLatencySnapshot(static_cast<CallPhase>(p));
+    const std::string phase(kCallPhaseNames[p]);
+    for (size_t i = 0; i < kCallLatencyBuckets.size(); ++i) {
+      char bound[32];
+      std::snprintf(bound, sizeof(bound), "%g", kCallLatencyBuckets[i]);
+      out << "waystone_step_duration_seconds_bucket{phase=\"" << phase << "\",le=\"" << bound
+          << "\"} " << latency.buckets[i] << "\n";
+    }
+    out << "waystone_step_duration_seconds_bucket{phase=\"" << phase << "\",le=\"+Inf\"} "
+        << latency.count << "\n";
+    char sum[32];
+    std::snprintf(sum, sizeof(sum), "%.6f", latency.sum_seconds);
+    out << "waystone_step_duration_seconds_sum{phase=\"" << phase << "\"} " << sum << "\n";
+    out << "waystone_step_duration_seconds_count{phase=\"" << phase << "\"} " << latency.count
+        << "\n";
+  }
 
   Header(out, "waystone_relay_delivered_total", "counter", "Events delivered, by sink.");
   for (const auto& s : sinks) {

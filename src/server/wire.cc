@@ -50,11 +50,14 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
                  {"lookups", s.lookups},
                  {"compensation_attempts", s.compensation_attempts}};
     if (s.next_attempt_at > 0) step["next_attempt_at"] = Rfc3339(s.next_attempt_at);
+    if (s.started_at > 0) step["started_at"] = Rfc3339(s.started_at);
+    if (s.finished_at > 0) step["finished_at"] = Rfc3339(s.finished_at);
     out["steps"].push_back(step);
   }
   out["alerts"] = Json::array();
   for (const auto& a : alerts) {
-    out["alerts"].push_back({{"kind", ToString(a.kind)},
+    out["alerts"].push_back({{"id", a.id},
+                             {"kind", ToString(a.kind)},
                              {"state", ToString(a.state)},
                              {"step", a.step},
                              {"message", a.message},
@@ -65,7 +68,10 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
     out["audit"].push_back({{"at", Rfc3339(a.at)},
                             {"actor", a.actor},
                             {"action", a.action},
-                            {"reason", a.reason}});
+                            {"reason", a.reason},
+                            {"detail", Json::parse(a.detail_json, nullptr, false).is_discarded()
+                                           ? Json(a.detail_json)
+                                           : Json::parse(a.detail_json)}});
   }
   out["deliveries"] = Json::array();
   for (const auto& d : deliveries) {

@@ -1,0 +1,224 @@
+// Commands that talk to a running `waystone serve` over its HTTP API.
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "connectors/http/http_client.h"
+
+namespace waystone::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Encode(const std::string& text) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == ':') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// Sends one request to the server; returns the parsed JSON body of a 2xx answer,
+// or prints the problem and returns nullopt.
+std::optional<Json> Call(const ApiOptions& api, const std::string& method, std::string path,
+                         const Json* body) {
+  std::string server = api.server;
+  if (server.empty()) {
+    const char* env = std::getenv("WAYSTONE_SERVER");
+    server = env != nullptr && *env != '\0' ? env : "http://127.0.0.1:8080";
+  }
+  while (!server.empty() && server.back() == '/') server.pop_back();
+  const char* token = std::getenv("WAYSTONE_TOKEN");
+  if (token == nullptr || *token == '\0') {
+    Fail(absl::InvalidArgumentError("set WAYSTONE_TOKEN to an API token (waystone token create)"));
+    return std::nullopt;
+  }
+  if (!api.tenant.empty()) {
+    path += (path.find('?') == std::string::npos ? "?" : "&") + std::string("tenant=") +
+            Encode(api.tenant);
+  }
+  HttpRequest request{method, server + path, {{"Authorization", std::string("Bearer ") + token}},
+                      "", 30'000};
+  if (body != nullptr) {
+    request.body = body->dump();
+    request.headers.emplace_back("Content-Type", "application/json");
+  }
+  auto http = NewCurlHttpClient({});
+  HttpResponse response = http->Send(request);
+  if (response.outcome.kind != CallOutcome::Kind::kResponse) {
+    Fail(absl::UnavailableError("no answer from " + server + ": " + response.error));
+    return std::nullopt;
+  }
+  Json parsed = Json::parse(response.body, nullptr, false);
+  const int status = response.outcome.status;
+  if (status < 200 || status >= 300) {
+    std::string text = "HTTP " + std::to_string(status);
+    if (parsed.is_object()) {
+      text = parsed.value("title", text) + ": " + parsed.value("detail", "") + " (HTTP " +
+             std::to_string(status) + ")";
+    }
+    std::fprintf(stderr, "waystone: %s\n", text.c_str());
+    return std::nullopt;
+  }
+  if (parsed.is_discarded()) {
+    Fail(absl::DataLossError("the server answered with something that is not JSON"));
+    return std::nullopt;
+  }
+  return parsed;
+}
+
+std::string Str(const Json& object, const char* name) {
+  if (!object.contains(name) || object[name].is_null()) return "";
+  return object[name].is_string() ? object[name].get<std::string>() : object[name].dump();
+}
+
+void PrintPlan(const Json& plan) {
+  std::printf("%s %s %s: %s -> %s\n", plan.value("applied", false) ? "APPLIED" : "DRY RUN",
+              Str(plan, "action").c_str(), Str(plan["instance"], "key").c_str(),
+              Str(plan, "state_before").c_str(), Str(plan, "state_after").c_str());
+  std::printf("would execute:%s\n", plan["would_execute"].empty() ? " nothing" : "");
+  for (const Json& call : plan["would_execute"]) {
+    std::string what = Str(call, "method") + " " + Str(call, "url");
+    if (call.contains("event")) what = "event " + Str(call, "event");
+    if (Str(call, "phase") == "transform") what = "(computed, no call)";
+    std::printf("  %-20s %-18s %s%s\n", Str(call, "step").c_str(), Str(call, "phase").c_str(),
+                what.c_str(),
+                call.contains("idempotency_key") ? ("  key " + Str(call, "idempotency_key")).c_str()
+                                                 : "");
+  }
+  std::printf("would skip:%s\n", plan["would_skip"].empty() ? " nothing" : "");
+  for (const Json& skip : plan["would_skip"]) {
+    std::printf("  %-20s %s\n", Str(skip, "step").c_str(), Str(skip, "why").c_str());
+  }
+}
+
+}  // namespace
+
+int Instances(const ApiOptions& api, const InstancesOptions& options) {
+  std::string path = "/v1/instances?limit=" + std::to_string(options.limit);
+  for (const auto& [name, value] :
+       {std::pair{"state", options.state}, std::pair{"workflow", options.workflow},
+        std::pair{"error_class", options.error_class}, std::pair{"alert", options.alert},
+        std::pair{"created_after", options.created_after},
+        std::pair{"created_before", options.created_before},
+        std::pair{"cursor", options.cursor}}) {
+    if (!value.empty()) path += std::string("&") + name + "=" + Encode(value);
+  }
+  auto page = Call(api, "GET", path, nullptr);
+  if (!page) return kExitError;
+  if (options.json) {
+    std::printf("%s\n", page->dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%-28s %-18s %-16s %-24s %s\n", "key", "workflow", "state", "updated", "reason");
+  for (const Json& item : (*page)["items"]) {
+    std::printf("%-28s %-18s %-16s %-24s %s\n", Str(item, "key").c_str(),
+                Str(item, "workflow").c_str(), Str(item, "state").c_str(),
+                Str(item, "updated_at").c_str(), Str(item, "status_reason").substr(0, 80).c_str());
+  }
+  if (!(*page)["next_cursor"].is_null()) {
+    std::printf("more: --cursor %s\n", Str(*page, "next_cursor").c_str());
+  }
+  return kExitOk;
+}
+
+int Show(const ApiOptions& api, const ShowOptions& options) {
+  auto view = Call(api, "GET", "/v1/instances/" + Encode(options.key), nullptr);
+  if (!view) return kExitError;
+  if (options.json) {
+    std::printf("%s\n", view->dump(2).c_str());
+    return kExitOk;
+  }
+  const Json& v = *view;
+  std::printf("instance  %s  (tenant %s, workflow %s)\n", Str(v, "key").c_str(),
+              Str(v, "tenant").c_str(), Str(v, "workflow").c_str());
+  std::printf("state     %s — %s\n", Str(v, "state").c_str(), Str(v, "status_reason").c_str());
+  std::printf("trace     %s\n\n", Str(v, "trace_id").c_str());
+  std::printf("  %-20s %-20s %8s  %-22s %s\n", "step", "state", "attempts", "external id", "note");
+  for (const Json& s : v["steps"]) {
+    std::string note = Str(s, "resolution") == "none" ? "" : Str(s, "resolution");
+    if (!Str(s, "error_message").empty()) {
+      note += (note.empty() ? "" : "; ") + Str(s, "error_class") + ": " +
+              Str(s, "error_message").substr(0, 80);
+    }
+    if (s.contains("next_attempt_at")) note += (note.empty() ? "" : "; ") + std::string("next ") + Str(s, "next_attempt_at");
+    std::printf("  %-20s %-20s %8s  %-22s %s\n", Str(s, "name").c_str(), Str(s, "state").c_str(),
+                Str(s, "attempts").c_str(), Str(s, "external_id").c_str(), note.c_str());
+  }
+  for (const Json& a : v["alerts"]) {
+    std::printf("\n  alert %s [%s, %s] %s", Str(a, "id").c_str(), Str(a, "kind").c_str(),
+                Str(a, "state").c_str(), Str(a, "message").c_str());
+  }
+  if (!v["alerts"].empty()) std::printf("\n");
+  if (!v["audit"].empty()) std::printf("\n  audit\n");
+  for (const Json& a : v["audit"]) {
+    std::printf("  %s  %-10s %-12s %s\n", Str(a, "at").c_str(), Str(a, "actor").c_str(),
+                Str(a, "action").c_str(), Str(a, "reason").c_str());
+  }
+  return kExitOk;
+}
+
+int Act(const ApiOptions& api, const ActOptions& options) {
+  Json body = {{"reason", options.reason}};
+  if (!options.step.empty()) body["step"] = options.step;
+  if (options.action == "confirm") {
+    if (options.happened == options.not_happened) {
+      return Fail(absl::InvalidArgumentError("confirm needs --happened or --not-happened"));
+    }
+    body["happened"] = options.happened;
+  }
+  if (!options.external_id.empty()) body["external_id"] = options.external_id;
+  std::string path = "/v1/instances/" + Encode(options.key) + "/" + options.action;
+  if (options.dry_run) path += "?dry_run=true";
+  auto result = Call(api, "POST", path, &body);
+  if (!result) return kExitError;
+  if (options.json) {
+    std::printf("%s\n", result->dump(2).c_str());
+  } else {
+    PrintPlan(*result);
+  }
+  return kExitOk;
+}
+
+int Alerts(const ApiOptions& api, const AlertsOptions& options) {
+  std::string path = "/v1/alerts";
+  if (!options.state.empty()) path += "?state=" + Encode(options.state);
+  auto alerts = Call(api, "GET", path, nullptr);
+  if (!alerts) return kExitError;
+  if (options.json) {
+    std::printf("%s\n", alerts->dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%-6s %-24s %-20s %-13s %s\n", "id", "instance", "kind", "state", "message");
+  for (const Json& a : (*alerts)["items"]) {
+    std::printf("%-6s %-24s %-20s %-13s %s\n", Str(a, "id").c_str(), Str(a, "instance").c_str(),
+                Str(a, "kind").c_str(), Str(a, "state").c_str(),
+                Str(a, "message").substr(0, 100).c_str());
+  }
+  return kExitOk;
+}
+
+int Ack(const ApiOptions& api, const AckOptions& options) {
+  Json body = {{"reason", options.reason}};
+  std::string path = "/v1/alerts/" + std::to_string(options.id) + "/acknowledge";
+  if (options.dry_run) path += "?dry_run=true";
+  auto alert = Call(api, "POST", path, &body);
+  if (!alert) return kExitError;
+  std::printf("%s alert %s (%s): %s\n", options.dry_run ? "would acknowledge" : "acknowledged",
+              Str(*alert, "id").c_str(), Str(*alert, "kind").c_str(),
+              Str(*alert, "message").c_str());
+  return kExitOk;
+}
+
+}  // namespace waystone::cli

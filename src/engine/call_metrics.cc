@@ -1,0 +1,37 @@
+#include "engine/call_metrics.h"
+
+#include <mutex>
+
+namespace waystone {
+namespace {
+
+struct Histograms {
+  std::mutex mu;
+  std::array<CallLatency, kCallPhaseNames.size()> phases;  // guarded by mu
+};
+
+Histograms& Get() {
+  static Histograms* histograms = new Histograms();  // never destroyed: used until exit
+  return *histograms;
+}
+
+}  // namespace
+
+void RecordCallLatency(CallPhase phase, double seconds) {
+  Histograms& h = Get();
+  std::lock_guard<std::mutex> lock(h.mu);
+  CallLatency& latency = h.phases[static_cast<size_t>(phase)];
+  for (size_t i = 0; i < kCallLatencyBuckets.size(); ++i) {
+    if (seconds <= kCallLatencyBuckets[i]) ++latency.buckets[i];
+  }
+  ++latency.count;
+  latency.sum_seconds += seconds;
+}
+
+CallLatency CallLatencySnapshot(CallPhase phase) {
+  Histograms& h = Get();
+  std::lock_guard<std::mutex> lock(h.mu);
+  return h.phases[static_cast<size_t>(phase)];
+}
+
+}  // namespace waystone

@@ -1,0 +1,30 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace waystone {
+
+// Latency of the external calls this process made, by phase (call, lookup,
+// compensate): a Prometheus histogram kept in memory. Counts start at zero when
+// the process starts, like any Prometheus counter. Thread-safe.
+inline constexpr std::array<double, 12> kCallLatencyBuckets = {
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+
+enum class CallPhase : uint8_t { kCall = 0, kLookup = 1, kCompensate = 2 };
+inline constexpr std::array<std::string_view, 3> kCallPhaseNames = {"call", "lookup", "compensate"};
+
+struct CallLatency {
+  std::array<uint64_t, kCallLatencyBuckets.size()> buckets{};  // cumulative: <= bound
+  uint64_t count = 0;
+  double sum_seconds = 0;
+};
+
+// Records one call's duration.
+void RecordCallLatency(CallPhase phase, double seconds);
+
+// Returns the histogram of one phase so far.
+CallLatency CallLatencySnapshot(CallPhase phase);
+
+}  // namespace waystone

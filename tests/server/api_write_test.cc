@@ -1,0 +1,710 @@
+// The HTTP API's write side over a real server on loopback, with a real engine
+// calling a recording fake of the external systems: operator actions (effect,
+// audit, dry run equal to what then runs, refusals), Idempotency-Key, the
+// CloudEvents inbox, roles and tenants on every write route, bad input.
+
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "connectors/http/http_client.h"
+#include "definition/loader.h"
+#include "engine/engine.h"
+#include "server/api_server.h"
+#include "server/auth.h"
+#include "support/backends.h"
+#include "support/process.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// A fake external system that records every call and answers as told.
+class Recorder {
+ public:
+  struct Call {
+    std::string method;
+    std::string path;
+    std::string key;  // Idempotency-Key
+  };
+
+  Recorder() {
+    server_.set_keep_alive_max_count(1);
+    auto handle = [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls_.push_back({req.method, req.path, req.get_header_value("Idempotency-Key")});
+      int status = req.path.starts_with("/find") ? 404 : 200;
+      for (const auto& [prefix, s] : status_) {
+        if (req.path.starts_with(prefix)) status = s;
+      }
+      res.status = status;
+      res.set_content(Json{{"id", "X-" + std::to_string(++ids_)}}.dump(), "application/json");
+    };
+    server_.Get(".*", handle);
+    server_.Post(".*", handle);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~Recorder() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  void Answer(const std::string& prefix, int status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_[prefix] = status;
+  }
+  std::vector<Call> Calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  // Calls made since `from` (an earlier Calls().size()).
+  std::vector<Call> Since(size_t from) {
+    auto all = Calls();
+    return std::vector<Call>(all.begin() + static_cast<long>(std::min(from, all.size())), all.end());
+  }
+  int Count(const std::string& prefix) {
+    int n = 0;
+    for (const auto& c : Calls()) n += c.path.starts_with(prefix) ? 1 : 0;
+    return n;
+  }
+
+ private:
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::vector<Call> calls_;
+  std::map<std::string, int> status_;
+  int ids_ = 0;
+};
+
+constexpr char kWorkflow[] = R"(workflow: wf
+key: "{{input.id}}"
+steps:
+  - name: read
+    request: { method: GET, url: "{{env.REC_URL}}/read/{{input.id}}", timeout: 2s }
+    retry: { max_attempts: 1 }
+  - name: create
+    recovery: lookup
+    request:
+      method: POST
+      url: "{{env.REC_URL}}/create"
+      body: { id: "{{input.id}}" }
+      timeout: 2s
+    result: { external_id: "/id" }
+    lookup:
+      request: { method: GET, url: "{{env.REC_URL}}/find/{{input.id}}", timeout: 2s }
+      found: "/id"
+      external_id: "/id"
+    compensate:
+      request: { method: POST, url: "{{env.REC_URL}}/cancel/{{steps.create.external_id}}", timeout: 2s }
+      retry: { max_attempts: 1 }
+    retry: { max_attempts: 1 }
+  - name: charge
+    recovery: manual
+    request: { method: POST, url: "{{env.REC_URL}}/charge", timeout: 2s }
+    result: { external_id: "/id" }
+    retry: { max_attempts: 1 }
+  - name: approval
+    wait: { event: com.acme.approved }
+  - name: notify
+    idempotency: { honored: true }
+    request: { method: POST, url: "{{env.REC_URL}}/notify", timeout: 2s }
+    retry: { max_attempts: 1 }
+)";
+
+class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
+ protected:
+  void SetUp() override {
+    setenv("REC_URL", recorder_.url().c_str(), 1);
+    const std::string path = testing::FreshStorePath(GetParam(), dir_, "api");
+    ASSERT_FALSE(path.empty());
+    auto store = OpenStore({path});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    http_ = NewCurlHttpClient({});
+    EngineOptions options;
+    options.workers = 1;
+    options.lease_duration = 5000;
+    auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    auto definition = LoadDefinitionText(kWorkflow, "wf.yaml");
+    ASSERT_TRUE(definition.ok()) << definition.status();
+    ASSERT_TRUE(engine_->Register(*definition).ok());
+    viewer_ = *CreateToken(*store_, "viewer1", "t1", Role::kViewer, 1);
+    operator_ = *CreateToken(*store_, "op1", "t1", Role::kOperator, 1);
+    operator_t2_ = *CreateToken(*store_, "op2", "t2", Role::kOperator, 1);
+    admin_ = *CreateToken(*store_, "root", "*", Role::kAdmin, 1);
+    ApiServerOptions api;
+    api.listen = "127.0.0.1:0";
+    api.max_body_bytes = 64 * 1024;
+    api.events = {{"com.acme.order.received", "wf", "", 1},
+                  {"com.acme.approved", "", "/order", 2}};
+    auto server = ApiServer::Start(api, store_.get(), &clock_, engine_.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+
+  void TearDown() override {
+    server_.reset();
+    engine_.reset();
+  }
+
+  HttpResponse Send(const std::string& method, const std::string& path, const std::string& token,
+                    const std::string& body = "",
+                    std::vector<std::pair<std::string, std::string>> headers = {}) {
+    HttpRequest request{method, "http://127.0.0.1:" + std::to_string(server_->port()) + path,
+                        std::move(headers), body, 10'000};
+    if (!token.empty()) request.headers.emplace_back("Authorization", "Bearer " + token);
+    if (!body.empty() && !HasHeader(request, "Content-Type")) {
+      request.headers.emplace_back("Content-Type", "application/json");
+    }
+    return http_->Send(request);
+  }
+
+  static bool HasHeader(const HttpRequest& r, const std::string& name) {
+    for (const auto& [n, v] : r.headers) {
+      if (n == name) return true;
+    }
+    return false;
+  }
+
+  Json Post(const std::string& path, const Json& body, int want, const std::string& token = "") {
+    auto response = Send("POST", path, token.empty() ? operator_ : token, body.dump());
+    EXPECT_EQ(response.outcome.status, want) << path << ": " << response.body;
+    return Json::parse(response.body, nullptr, false);
+  }
+
+  Json Get(const std::string& path, const std::string& token = "") {
+    auto response = Send("GET", path, token.empty() ? viewer_ : token);
+    EXPECT_EQ(response.outcome.status, 200) << path << ": " << response.body;
+    return Json::parse(response.body, nullptr, false);
+  }
+
+  // Starts instance `id` over the API and drives it until it rests.
+  InstanceState StartAndDrive(const std::string& id) {
+    Post("/v1/instances", {{"workflow", "wf"}, {"input", {{"id", id}}}}, 201);
+    return Drive(id);
+  }
+
+  InstanceState Drive(const std::string& key) {
+    auto instance = store_->FindInstance("t1", key);
+    EXPECT_TRUE(instance.ok()) << instance.status();
+    std::stop_source stop;
+    auto state = engine_->RunUntilRest(instance->id, stop.get_token());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return state.ok() ? *state : InstanceState::kFailed;
+  }
+
+  Json Step(const std::string& key, const std::string& name) {
+    Json view = Get("/v1/instances/" + key);
+    for (const Json& step : view["steps"]) {
+      if (step["name"] == name) return step;
+    }
+    return nullptr;
+  }
+
+  // Sends the approval event for `key` in binary mode.
+  Json Approve(const std::string& key, const std::string& event_id, int want = 200) {
+    auto response = Send("POST", "/v1/events", operator_, Json{{"order", key}}.dump(),
+                         {{"ce-specversion", "1.0"}, {"ce-id", event_id},
+                          {"ce-source", "/approvals"}, {"ce-type", "com.acme.approved"},
+                          {"Content-Type", "application/json"}});
+    EXPECT_EQ(response.outcome.status, want) << response.body;
+    return Json::parse(response.body, nullptr, false);
+  }
+
+  // Checks that the calls made match a plan's would_execute, in order.
+  void ExpectCallsMatch(const std::vector<Recorder::Call>& calls, const Json& would_execute) {
+    std::vector<Json> planned;
+    for (const Json& p : would_execute) {
+      if (p["phase"] != "wait") planned.push_back(p);
+    }
+    ASSERT_EQ(calls.size(), planned.size()) << would_execute.dump();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i].method, planned[i]["method"]) << i;
+      const std::string url = planned[i]["url"];
+      const std::string path_template = url.substr(url.find("}}") + 2);
+      EXPECT_TRUE(calls[i].path.starts_with(path_template.substr(0, path_template.find("{{"))))
+          << calls[i].path << " vs " << url;
+      EXPECT_EQ(calls[i].key, planned[i].value("idempotency_key", "")) << calls[i].path;
+    }
+  }
+
+  testing::TempDir dir_;
+  Recorder recorder_;
+  FakeClock clock_{1'700'000'000'000};
+  SeededRandom random_{7};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<HttpClient> http_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ApiServer> server_;
+  std::string viewer_, operator_, operator_t2_, admin_;
+};
+
+TEST_P(ApiWriteTest, RetryOfAFailedManualStepIsPreviewedAppliedAndAudited) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("o1"), InstanceState::kNeedsAttention);
+  const Json reason = {{"step", "charge"}, {"reason", "card limit raised, INC-1"}};
+
+  Json dry = Post("/v1/instances/o1/retry?dry_run=true", reason, 200);
+  EXPECT_EQ(dry["applied"], false);
+  EXPECT_EQ(dry["state_after"], "running");
+  ASSERT_EQ(dry["would_execute"].size(), 3u) << dry.dump();
+  EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "o1:charge");
+  EXPECT_EQ(dry["would_execute"][1]["phase"], "wait");
+  // A dry run changes nothing.
+  Json view = Get("/v1/instances/o1");
+  EXPECT_EQ(view["state"], "needs_attention");
+  EXPECT_TRUE(view["audit"].empty());
+
+  recorder_.Answer("/charge", 200);
+  const size_t before = recorder_.Calls().size();
+  Json real = Post("/v1/instances/o1/retry", reason, 200);
+  EXPECT_EQ(real["applied"], true);
+  EXPECT_EQ(real["would_execute"], dry["would_execute"]);
+  EXPECT_EQ(real["would_skip"], dry["would_skip"]);
+  view = Get("/v1/instances/o1");
+  ASSERT_EQ(view["audit"].size(), 1u);
+  EXPECT_EQ(view["audit"][0]["action"], "retry");
+  EXPECT_EQ(view["audit"][0]["actor"], "op1");
+  EXPECT_EQ(view["audit"][0]["reason"], "card limit raised, INC-1");
+  for (const Json& alert : view["alerts"]) EXPECT_EQ(alert["state"], "resolved");
+
+  EXPECT_EQ(Drive("o1"), InstanceState::kRunning);  // waiting for the approval
+  EXPECT_EQ(Step("o1", "approval")["state"], "waiting");
+  Json signalled = Approve("o1", "appr-1");
+  EXPECT_EQ(signalled["results"][0]["outcome"], "signalled");
+  EXPECT_EQ(Drive("o1"), InstanceState::kCompleted);
+  ExpectCallsMatch(recorder_.Since(before), dry["would_execute"]);
+
+  auto again = Send("POST", "/v1/instances/o1/retry", operator_, reason.dump());
+  EXPECT_EQ(again.outcome.status, 409);
+  EXPECT_EQ(Json::parse(again.body)["type"], "urn:waystone:problem:state-conflict");
+}
+
+TEST_P(ApiWriteTest, ConfirmingThatAnUnknownCallHappenedResumesWithoutCallingAgain) {
+  recorder_.Answer("/charge", 504);  // the gateway timed out: did the charge happen?
+  ASSERT_EQ(StartAndDrive("o2"), InstanceState::kNeedsAttention);
+  EXPECT_EQ(Step("o2", "charge")["state"], "unknown");
+  EXPECT_EQ(recorder_.Count("/charge"), 1);
+
+  // The step records an external id: confirming it happened needs one.
+  Post("/v1/instances/o2/confirm", {{"step", "charge"}, {"happened", true}, {"reason", "r"}}, 400);
+  const Json confirm = {{"step", "charge"}, {"happened", true}, {"external_id", "CH-9"},
+                        {"reason", "payment provider shows CH-9"}};
+  Json dry = Post("/v1/instances/o2/confirm?dry_run=true", confirm, 200);
+  ASSERT_EQ(dry["would_execute"].size(), 2u) << dry.dump();
+  EXPECT_EQ(dry["would_execute"][1]["step"], "notify");
+  EXPECT_EQ(Step("o2", "charge")["state"], "unknown");
+
+  const size_t before = recorder_.Calls().size();
+  Json real = Post("/v1/instances/o2/confirm", confirm, 200);
+  EXPECT_EQ(real["would_execute"], dry["would_execute"]);
+  Json charge = Step("o2", "charge");
+  EXPECT_EQ(charge["state"], "completed");
+  EXPECT_EQ(charge["external_id"], "CH-9");
+  EXPECT_EQ(charge["resolution"], "operator");
+  EXPECT_EQ(Drive("o2"), InstanceState::kRunning);
+  Approve("o2", "appr-2");
+  EXPECT_EQ(Drive("o2"), InstanceState::kCompleted);
+  EXPECT_EQ(recorder_.Count("/charge"), 1) << "the charge must not be sent again";
+  ExpectCallsMatch(recorder_.Since(before), dry["would_execute"]);
+  Json audit = Get("/v1/instances/o2")["audit"];
+  ASSERT_FALSE(audit.empty());
+  EXPECT_EQ(audit[0]["detail"]["external_id"], "CH-9");
+  Post("/v1/instances/o2/confirm", confirm, 409);
+}
+
+TEST_P(ApiWriteTest, ConfirmingThatItDidNotHappenResubmitsUnderTheSameKey) {
+  recorder_.Answer("/charge", 504);
+  ASSERT_EQ(StartAndDrive("o3"), InstanceState::kNeedsAttention);
+  recorder_.Answer("/charge", 200);
+  const Json confirm = {{"step", "charge"}, {"happened", false}, {"reason", "no such charge"}};
+  Json dry = Post("/v1/instances/o3/confirm?dry_run=true", confirm, 200);
+  const size_t before = recorder_.Calls().size();
+  Post("/v1/instances/o3/confirm", confirm, 200);
+  EXPECT_EQ(Drive("o3"), InstanceState::kRunning);
+  auto charges = recorder_.Calls();
+  std::vector<std::string> keys;
+  for (const auto& c : charges) {
+    if (c.path == "/charge") keys.push_back(c.key);
+  }
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_EQ(keys[0], "o3:charge");
+  EXPECT_EQ(keys[1], "o3:charge");
+  Approve("o3", "appr-3");
+  EXPECT_EQ(Drive("o3"), InstanceState::kCompleted);
+  ExpectCallsMatch(recorder_.Since(before), dry["would_execute"]);
+}
+
+TEST_P(ApiWriteTest, CompensateUndoesTheCreatedObjectWithItsOwnKey) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("o4"), InstanceState::kNeedsAttention);
+  const std::string order = Step("o4", "create")["external_id"];
+  Json dry = Post("/v1/instances/o4/compensate?dry_run=true", {{"reason", "customer cancelled"}}, 200);
+  ASSERT_EQ(dry["would_execute"].size(), 1u) << dry.dump();
+  EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "o4:create:compensate");
+  const size_t before = recorder_.Calls().size();
+  Json real = Post("/v1/instances/o4/compensate", {{"reason", "customer cancelled"}}, 200);
+  EXPECT_EQ(real["would_execute"], dry["would_execute"]);
+  EXPECT_EQ(Drive("o4"), InstanceState::kCompensated);
+  auto calls = recorder_.Since(before);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].path, "/cancel/" + order);
+  ExpectCallsMatch(calls, dry["would_execute"]);
+  Post("/v1/instances/o4/compensate", {{"reason", "again"}}, 409);
+}
+
+TEST_P(ApiWriteTest, OnlyManualStepsAreSkippedAndCloseEndsTheCase) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("o5"), InstanceState::kNeedsAttention);
+  auto refused = Send("POST", "/v1/instances/o5/skip", operator_,
+                      Json{{"step", "create"}, {"reason", "x"}}.dump());
+  EXPECT_EQ(refused.outcome.status, 409);
+  EXPECT_NE(refused.body.find("manual"), std::string::npos);
+  Json skipped = Post("/v1/instances/o5/skip", {{"step", "charge"}, {"reason", "paid by invoice"}}, 200);
+  EXPECT_EQ(skipped["changed_steps"][0]["state"], "skipped");
+  EXPECT_EQ(Drive("o5"), InstanceState::kRunning);
+  EXPECT_EQ(Step("o5", "charge")["state"], "skipped");
+
+  Json dry = Post("/v1/instances/o5/close?dry_run=true", {{"reason", "duplicate order"}}, 200);
+  EXPECT_TRUE(dry["would_execute"].empty());
+  Json closed = Post("/v1/instances/o5/close", {{"reason", "duplicate order"}}, 200);
+  EXPECT_EQ(closed["instance"]["state"], "closed");
+  EXPECT_EQ(Drive("o5"), InstanceState::kClosed);
+  // An event for a closed case is refused and changes nothing.
+  Approve("o5", "appr-5", 409);
+  EXPECT_EQ(Step("o5", "approval")["state"], "waiting");
+  Post("/v1/instances/o5/close", {{"reason", "again"}}, 409);
+  Json audit = Get("/v1/instances/o5")["audit"];
+  ASSERT_EQ(audit.size(), 2u);
+  EXPECT_EQ(audit[0]["action"], "skip");
+  EXPECT_EQ(audit[1]["action"], "close");
+}
+
+TEST_P(ApiWriteTest, AlertsAreAcknowledgedOnceWithAReason) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("o6"), InstanceState::kNeedsAttention);
+  Json open = Get("/v1/alerts?state=open");
+  ASSERT_FALSE(open["items"].empty());
+  const int64_t id = open["items"][0]["id"];
+  EXPECT_EQ(open["items"][0]["instance"], "o6");
+  const std::string path = "/v1/alerts/" + std::to_string(id) + "/acknowledge";
+  Post(path, {{"reason", "looking"}}, 403, viewer_);
+  Post(path, {{"reason", "looking"}}, 404, operator_t2_);
+  Post(path, Json::object(), 400);
+  Json dry = Post(path + "?dry_run=true", {{"reason", "looking"}}, 200);
+  EXPECT_EQ(dry["state"], "open");
+  Json acked = Post(path, {{"reason", "looking into it"}}, 200);
+  EXPECT_EQ(acked["state"], "acknowledged");
+  Post(path, {{"reason", "again"}}, 409);
+  Json audit = Get("/v1/instances/o6")["audit"];
+  ASSERT_EQ(audit.size(), 1u);
+  EXPECT_EQ(audit[0]["action"], "acknowledge");
+}
+
+TEST_P(ApiWriteTest, MalformedActionsAreProblemsAndChangeNothing) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("o7"), InstanceState::kNeedsAttention);
+  struct Bad {
+    std::string path;
+    std::string body;
+    int status;
+  };
+  const std::vector<Bad> cases = {
+      {"/v1/instances/o7/retry", R"({"step":"charge"})", 400},                 // no reason
+      {"/v1/instances/o7/retry", R"({"step":"charge","reason":7})", 400},      // wrong type
+      {"/v1/instances/o7/retry", R"({"step":"charge","reason":"r","x":1})", 400},  // unknown field
+      {"/v1/instances/o7/retry", R"({"step":"nope","reason":"r"})", 400},      // unknown step
+      {"/v1/instances/o7/retry", R"({"step":"charge","reason":)", 400},        // malformed
+      {"/v1/instances/o7/retry", R"([1,2])", 400},                             // not an object
+      {"/v1/instances/o7/confirm", R"({"step":"charge","reason":"r","happened":"yes"})", 400},
+      {"/v1/instances/zz/retry", R"({"step":"charge","reason":"r"})", 404},    // no instance
+      {"/v1/instances/o7/retry?dry_run=maybe", R"({"step":"charge","reason":"r"})", 400},
+  };
+  for (const Bad& c : cases) {
+    auto response = Send("POST", c.path, operator_, c.body);
+    EXPECT_EQ(response.outcome.status, c.status) << c.path << " " << c.body << ": " << response.body;
+    Json problem = Json::parse(response.body, nullptr, false);
+    ASSERT_TRUE(problem.is_object()) << response.body;
+    EXPECT_TRUE(problem["type"].get<std::string>().starts_with("urn:waystone:problem:"));
+  }
+  // Another tenant's instance is a 404 for its operator too.
+  Post("/v1/instances/o7/close", {{"reason", "r"}}, 404, operator_t2_);
+  Json view = Get("/v1/instances/o7");
+  EXPECT_EQ(view["state"], "needs_attention");
+  EXPECT_TRUE(view["audit"].empty());
+}
+
+TEST_P(ApiWriteTest, IdempotencyKeyReplaysRefusesChangedPayloadsAndExpires) {
+  const std::string body = Json{{"workflow", "wf"}, {"input", {{"id", "i1"}}}}.dump();
+  auto first = Send("POST", "/v1/instances", operator_, body, {{"Idempotency-Key", "key-1"}});
+  ASSERT_EQ(first.outcome.status, 201) << first.body;
+  auto replay = Send("POST", "/v1/instances", operator_, body, {{"Idempotency-Key", "key-1"}});
+  EXPECT_EQ(replay.outcome.status, 201);
+  EXPECT_EQ(replay.body, first.body);
+  const std::string changed = Json{{"workflow", "wf"}, {"input", {{"id", "i2"}}}}.dump();
+  auto reused = Send("POST", "/v1/instances", operator_, changed, {{"Idempotency-Key", "key-1"}});
+  EXPECT_EQ(reused.outcome.status, 422);
+  EXPECT_EQ(Json::parse(reused.body)["type"], "urn:waystone:problem:idempotency-key-reused");
+  EXPECT_TRUE(absl::IsNotFound(store_->FindInstance("t1", "i2").status()));
+  // Without a key the business key still makes the start exactly-once.
+  auto existing = Send("POST", "/v1/instances", operator_, body);
+  EXPECT_EQ(existing.outcome.status, 200);
+  EXPECT_EQ(Json::parse(existing.body)["created"], false);
+
+  // Errors are stored and replayed too.
+  const std::string unknown = Json{{"workflow", "nope"}, {"input", Json::object()}}.dump();
+  auto error = Send("POST", "/v1/instances", operator_, unknown, {{"Idempotency-Key", "key-2"}});
+  EXPECT_EQ(error.outcome.status, 422);
+  auto error_again = Send("POST", "/v1/instances", operator_, unknown, {{"Idempotency-Key", "key-2"}});
+  EXPECT_EQ(error_again.outcome.status, 422);
+  EXPECT_EQ(error_again.body, error.body);
+
+  // After the retention the key is free again.
+  clock_.Advance(24LL * 3600 * 1000 + 1000);
+  auto later = Send("POST", "/v1/instances", operator_, changed, {{"Idempotency-Key", "key-1"}});
+  EXPECT_EQ(later.outcome.status, 201) << later.body;
+  EXPECT_TRUE(store_->FindInstance("t1", "i2").ok());
+  auto invalid =
+      Send("POST", "/v1/instances", operator_, body, {{"Idempotency-Key", std::string(300, 'k')}});
+  EXPECT_EQ(invalid.outcome.status, 400);
+}
+
+TEST_P(ApiWriteTest, CloudEventsStartAndSignalOnceInEveryMode) {
+  auto event = [](const std::string& id, const std::string& order) {
+    return Json{{"specversion", "1.0"}, {"id", id}, {"source", "/shop"},
+                {"type", "com.acme.order.received"}, {"data", {{"id", order}}}};
+  };
+  auto structured = [&](const Json& e) {
+    return Send("POST", "/v1/events", operator_, e.dump(),
+                {{"Content-Type", "application/cloudevents+json"}});
+  };
+  auto started = structured(event("e1", "c1"));
+  ASSERT_EQ(started.outcome.status, 200) << started.body;
+  EXPECT_EQ(Json::parse(started.body)["results"][0]["outcome"], "started");
+  auto again = structured(event("e1", "c1"));
+  ASSERT_EQ(again.outcome.status, 200);
+  EXPECT_EQ(Json::parse(again.body)["results"][0]["outcome"], "duplicate");
+
+  const Json batch = Json::array({event("e2", "c2"), event("e1", "c1")});
+  auto batched = Send("POST", "/v1/events", operator_, batch.dump(),
+                      {{"Content-Type", "application/cloudevents-batch+json"}});
+  ASSERT_EQ(batched.outcome.status, 200) << batched.body;
+  Json results = Json::parse(batched.body)["results"];
+  EXPECT_EQ(results[0]["outcome"], "started");
+  EXPECT_EQ(results[1]["outcome"], "duplicate");
+  EXPECT_EQ(Get("/v1/instances")["items"].size(), 2u);
+
+  // c1 runs to the approval; the approval arrives in binary mode, twice.
+  ASSERT_EQ(Drive("c1"), InstanceState::kRunning);
+  EXPECT_EQ(Approve("c1", "a1")["results"][0]["outcome"], "signalled");
+  EXPECT_EQ(Approve("c1", "a1")["results"][0]["outcome"], "duplicate");
+  Json approval = Step("c1", "approval");
+  EXPECT_EQ(approval["state"], "completed");
+  EXPECT_EQ(approval["attempts"], 1);
+  EXPECT_EQ(Drive("c1"), InstanceState::kCompleted);
+  EXPECT_EQ(recorder_.Count("/notify"), 1);
+  auto summary = store_->Summary();
+  EXPECT_EQ(summary->inbox_duplicates, 3);
+}
+
+TEST_P(ApiWriteTest, MalformedEventsAreRefusedNamingTheProblem) {
+  struct Bad {
+    std::string body;
+    std::vector<std::pair<std::string, std::string>> headers;
+    int status;
+    std::string says;
+  };
+  const std::string ce = "application/cloudevents+json";
+  const std::vector<Bad> cases = {
+      {R"({"specversion":"1.0","id":"x","type":"com.acme.order.received","data":{"id":"m"}})",
+       {{"Content-Type", ce}}, 400, "'source'"},
+      {R"({"specversion":"0.3","id":"x","source":"/s","type":"com.acme.order.received"})",
+       {{"Content-Type", ce}}, 400, "specversion"},
+      {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.order.received",)",
+       {{"Content-Type", ce}}, 400, "JSON"},
+      {R"({"id":"m"})",
+       {{"Content-Type", "application/json"}, {"ce-specversion", "1.0"}, {"ce-id", "x"},
+        {"ce-source", "/s"}},
+       400, "'type'"},
+      {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.unknown"})",
+       {{"Content-Type", ce}}, 422, "no route"},
+      {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.order.received","data":[1]})",
+       {{"Content-Type", ce}}, 400, "data must be a JSON object"},
+      {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.approved","data":{}})",
+       {{"Content-Type", ce}}, 400, "/order"},
+      {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.approved","data":{"order":"zz"}})",
+       {{"Content-Type", ce}}, 404, "zz"},
+      {R"({"not":"a batch"})", {{"Content-Type", "application/cloudevents-batch+json"}}, 400,
+       "array"},
+      {R"([{"specversion":"1.0","id":"y","source":"/s","type":"com.acme.order.received","data":{"id":"n"}},{"specversion":"1.0","id":"z"}])",
+       {{"Content-Type", "application/cloudevents-batch+json"}}, 400, "event 1"},
+  };
+  for (const Bad& c : cases) {
+    auto response = Send("POST", "/v1/events", operator_, c.body, c.headers);
+    EXPECT_EQ(response.outcome.status, c.status) << c.body << ": " << response.body;
+    EXPECT_NE(response.body.find(c.says), std::string::npos) << response.body;
+  }
+  // Nothing was started, not even the good first event of the bad batch.
+  EXPECT_TRUE(Get("/v1/instances")["items"].empty());
+  EXPECT_FALSE(*store_->InboxContains("/s", "y"));
+}
+
+TEST_P(ApiWriteTest, BadStartsAreProblemsAndStartNothing) {
+  struct Bad {
+    std::string body;
+    int status;
+  };
+  const std::vector<Bad> cases = {
+      {R"({"workflow":"wf","input":{"id":"b1"})", 400},            // malformed
+      {R"({"workflow":"wf"})", 400},                               // no input
+      {R"({"workflow":"wf","input":[1]})", 400},                   // input not an object
+      {R"({"workflow":7,"input":{"id":"b1"}})", 400},              // wrong type
+      {R"({"workflow":"nope","input":{"id":"b1"}})", 422},         // unknown definition
+      {R"({"workflow":"wf","input":{"id":"b1"},"extra":1})", 400}, // unknown field
+      {R"({"workflow":"wf","input":{"other":"b1"}})", 400},        // business key cannot be built
+      {R"({"workflow":"wf","input":{"id":"b1"},"tenant":"t2"})", 403},  // another tenant
+  };
+  for (const Bad& c : cases) {
+    auto response = Send("POST", "/v1/instances", operator_, c.body);
+    EXPECT_EQ(response.outcome.status, c.status) << c.body << ": " << response.body;
+    EXPECT_TRUE(Json::parse(response.body, nullptr, false).contains("type")) << response.body;
+  }
+  auto large = Send("POST", "/v1/instances", operator_,
+                    Json{{"workflow", "wf"}, {"input", {{"id", std::string(100 * 1024, 'x')}}}}.dump());
+  EXPECT_EQ(large.outcome.status, 413);
+  auto text = Send("POST", "/v1/instances", operator_, "workflow=wf", {{"Content-Type", "text/plain"}});
+  EXPECT_EQ(text.outcome.status, 415);
+  EXPECT_TRUE(Get("/v1/instances?tenant=t1", admin_)["items"].empty());
+  EXPECT_TRUE(Get("/v1/instances?tenant=t2", admin_)["items"].empty());
+}
+
+TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("w1"), InstanceState::kNeedsAttention);
+  const int64_t alert = Get("/v1/alerts?state=open")["items"][0]["id"];
+  const std::string start = Json{{"workflow", "wf"}, {"input", {{"id", "w2"}}}}.dump();
+  const std::string close = Json{{"reason", "r"}}.dump();
+  const std::string event = Json{{"specversion", "1.0"}, {"id", "ev"}, {"source", "/s"},
+                                 {"type", "com.acme.order.received"}, {"data", {{"id", "w3"}}}}
+                                .dump();
+  struct Case {
+    std::string path;
+    std::string body;
+    std::string caller;
+    int status;
+  };
+  const std::string ack = "/v1/alerts/" + std::to_string(alert) + "/acknowledge?dry_run=true";
+  const std::vector<Case> cases = {
+      {"/v1/instances", start, "none", 401},
+      {"/v1/instances", start, "bad", 401},
+      {"/v1/instances", start, "viewer", 403},
+      {"/v1/instances", start, "operator", 201},
+      {"/v1/instances", start, "operator_t2", 201},  // its own tenant's w2
+      {"/v1/instances", start, "admin", 400},        // must name a tenant
+      {"/v1/instances/w1/close?dry_run=true", close, "none", 401},
+      {"/v1/instances/w1/close?dry_run=true", close, "bad", 401},
+      {"/v1/instances/w1/close?dry_run=true", close, "viewer", 403},
+      {"/v1/instances/w1/close?dry_run=true", close, "operator", 200},
+      {"/v1/instances/w1/close?dry_run=true", close, "operator_t2", 404},
+      {"/v1/instances/w1/close?dry_run=true", close, "admin", 400},
+      {"/v1/instances/w1/close?dry_run=true&tenant=t1", close, "admin", 200},
+      {ack, close, "none", 401},
+      {ack, close, "viewer", 403},
+      {ack, close, "operator", 200},
+      {ack, close, "operator_t2", 404},
+      {ack, close, "admin", 200},
+      {"/v1/events", event, "none", 401},
+      {"/v1/events", event, "bad", 401},
+      {"/v1/events", event, "viewer", 403},
+      {"/v1/events", event, "operator_t2", 200},
+      {"/v1/events", event, "admin", 400},  // the event must name its tenant
+  };
+  for (const Case& c : cases) {
+    const std::string token = c.caller == "bad"           ? "wst_not-a-token"
+                              : c.caller == "viewer"      ? viewer_
+                              : c.caller == "operator"    ? operator_
+                              : c.caller == "operator_t2" ? operator_t2_
+                              : c.caller == "admin"       ? admin_
+                                                          : "";
+    const bool is_event = c.path == "/v1/events";
+    auto response = Send("POST", c.path, token, c.body,
+                         is_event ? std::vector<std::pair<std::string, std::string>>{
+                                        {"Content-Type", "application/cloudevents+json"}}
+                                  : std::vector<std::pair<std::string, std::string>>{});
+    EXPECT_EQ(response.outcome.status, c.status) << c.path << " as " << c.caller << ": "
+                                                 << response.body;
+    if (c.status >= 400) {
+      EXPECT_EQ(Json::parse(response.body, nullptr, false)["status"], c.status) << response.body;
+    }
+  }
+  // Every read route lets an operator and an admin read too.
+  for (const std::string& token : {operator_, admin_}) {
+    EXPECT_EQ(Send("GET", "/v1/instances", token).outcome.status, 200);
+    EXPECT_EQ(Send("GET", "/v1/alerts", token).outcome.status, 200);
+  }
+  EXPECT_EQ(Send("GET", "/v1/openapi.json", "").outcome.status, 200);
+}
+
+TEST_P(ApiWriteTest, ListsArePagedAndFiltered) {
+  recorder_.Answer("/charge", 422);
+  for (const char* id : {"p1", "p2", "p3"}) ASSERT_EQ(StartAndDrive(id), InstanceState::kNeedsAttention);
+  recorder_.Answer("/charge", 200);
+  for (const char* id : {"p4", "p5"}) ASSERT_EQ(StartAndDrive(id), InstanceState::kRunning);
+  std::vector<std::string> seen;
+  std::string cursor;
+  int pages = 0;
+  do {
+    Json page = Get("/v1/instances?limit=2" + (cursor.empty() ? "" : "&cursor=" + cursor));
+    for (const Json& item : page["items"]) seen.push_back(item["key"]);
+    cursor = page["next_cursor"].is_null() ? "" : page["next_cursor"].get<std::string>();
+    ++pages;
+  } while (!cursor.empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen, (std::vector<std::string>{"p1", "p2", "p3", "p4", "p5"}));
+  EXPECT_EQ(Get("/v1/instances?state=needs_attention")["items"].size(), 3u);
+  EXPECT_EQ(Get("/v1/instances?error_class=rejected")["items"].size(), 3u);
+  EXPECT_EQ(Get("/v1/instances?alert=any")["items"].size(), 3u);
+  EXPECT_EQ(Get("/v1/instances?alert=needs_operator")["items"].size(), 3u);
+  EXPECT_EQ(Get("/v1/instances?alert=compensation_failed")["items"].size(), 0u);
+  EXPECT_EQ(Get("/v1/instances?created_after=2999-01-01T00:00:00Z")["items"].size(), 0u);
+  EXPECT_EQ(Get("/v1/instances?created_before=2999-01-01T00:00:00%2B09:00")["items"].size(), 5u);
+  EXPECT_EQ(Send("GET", "/v1/instances?created_after=yesterday", viewer_).outcome.status, 400);
+  EXPECT_EQ(Send("GET", "/v1/instances?cursor=abc", viewer_).outcome.status, 400);
+  EXPECT_EQ(Send("GET", "/v1/instances?error_class=none", viewer_).outcome.status, 400);
+}
+
+TEST_P(ApiWriteTest, MetricsPassPromtool) {
+  recorder_.Answer("/charge", 504);
+  ASSERT_EQ(StartAndDrive("m1"), InstanceState::kNeedsAttention);
+  auto metrics = Send("GET", "/metrics", "");
+  ASSERT_EQ(metrics.outcome.status, 200);
+  for (const char* series : {"waystone_step_attempts_total", "waystone_step_outcomes",
+                             "waystone_unknown_resolutions_total", "waystone_lease_takeovers_total",
+                             "waystone_inbox_duplicates_total", "waystone_step_duration_seconds_bucket",
+                             "waystone_compensations_total", "waystone_open_alerts"}) {
+    EXPECT_NE(metrics.body.find(series), std::string::npos) << series;
+  }
+  testing::WriteFile(dir_.File("metrics.txt"), metrics.body);
+  auto check = testing::RunProcess({"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < \"$0\"",
+                                    dir_.File("metrics.txt")},
+                                   {}, dir_.path());
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ApiWriteTest,
+                         ::testing::Values(testing::Backend::kSqlite, testing::Backend::kPostgres),
+                         testing::BackendName);
+
+}  // namespace
+}  // namespace waystone
