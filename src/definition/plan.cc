@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "model/duration.h"
+
 namespace waystone {
 namespace {
 
@@ -29,7 +31,7 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     out << number++ << ". " << step.name << "  [" << ToString(step.recovery) << "]\n";
     if (step.kind == StepKind::kWait) {
       out << "   waits for an event of type " << step.wait_event << " (POST /v1/events)"
-          << (step.wait_timeout > 0 ? "; fails after " + std::to_string(step.wait_timeout / 1000) + "s"
+          << (step.wait_timeout > 0 ? "; fails after " + FormatDuration(step.wait_timeout)
                                     : std::string("; no deadline"))
           << "; a redelivered event has no second effect\n\n";
       continue;

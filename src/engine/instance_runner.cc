@@ -11,6 +11,7 @@
 #include "engine/context.h"
 #include "engine/events.h"
 #include "engine/state_machine.h"
+#include "model/duration.h"
 #include "model/keys.h"
 #include "model/template.h"
 
@@ -318,7 +319,7 @@ class InstanceRunner::Impl {
       step.attempts += 1;
       return FailStep(step, ErrorClass::kRejected,
                       "no event of type '" + def.wait_event + "' arrived within " +
-                          std::to_string(def.wait_timeout / 1000) + "s",
+                          FormatDuration(def.wait_timeout),
                       std::nullopt);
     }
     Change change = NewChange();

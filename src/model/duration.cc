@@ -30,4 +30,18 @@ std::optional<Millis> ParseDuration(std::string_view text) {
   return static_cast<Millis>(std::llround(ms));
 }
 
+std::string FormatDuration(Millis duration) {
+  struct Unit {
+    Millis size;
+    const char* suffix;
+  };
+  static constexpr Unit kUnits[] = {{86'400'000, "d"}, {3'600'000, "h"}, {60'000, "m"}, {1000, "s"}};
+  for (const Unit& unit : kUnits) {
+    if (duration != 0 && duration % unit.size == 0) {
+      return std::to_string(duration / unit.size) + unit.suffix;
+    }
+  }
+  return std::to_string(duration) + "ms";
+}
+
 }  // namespace waystone

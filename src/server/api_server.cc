@@ -12,6 +12,7 @@
 #include "base/time_format.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
+#include "engine/lease_reaper.h"
 #include "engine/operations.h"
 #include "server/auth.h"
 #include "server/cloudevents_in.h"
@@ -94,7 +95,11 @@ bool ValidIdempotencyKey(const std::string& key) {
 class ApiServer::Impl {
  public:
   Impl(const ApiServerOptions& options, Store* store, const Clock* clock, Engine* engine)
-      : options_(options), store_(store), clock_(clock), engine_(engine) {
+      : options_(options),
+        store_(store),
+        clock_(clock),
+        engine_(engine),
+        owner_(engine != nullptr ? engine->owner() + "/api" : MakeOwnerName("api")) {
     for (const EventRoute& route : options_.events) routes_[route.type] = route;
   }
   ~Impl() {
@@ -241,7 +246,15 @@ class ApiServer::Impl {
                                     req.get_param_value("dry_run") + "\n" + req.body);
     record.created_at = now;
     record.expires_at = now + options_.idempotency_retention;
-    auto claim = store_->BeginApiRequest(record, now - options_.idempotency_stale_after);
+    record.owner = owner_;
+    auto claim = store_->BeginApiRequest(record, now - options_.idempotency_stale_after, "");
+    if (claim.ok() && claim->outcome == ApiRequestOutcome::kInFlight &&
+        IsDeadLocalOwner(claim->stored.owner)) {
+      // Its server was killed mid-request: this request takes over (the work it
+      // did is idempotent under the business key or the event id).
+      claim = store_->BeginApiRequest(record, now - options_.idempotency_stale_after,
+                                      claim->stored.owner);
+    }
     if (!claim.ok()) return Send(res, ProblemFromStatus(claim.status()), req.path);
     switch (claim->outcome) {
       case ApiRequestOutcome::kInFlight:
@@ -686,6 +699,7 @@ class ApiServer::Impl {
   Store* store_;
   const Clock* clock_;
   Engine* engine_;
+  std::string owner_;  // names this server on its Idempotency-Key claims
   std::map<std::string, EventRoute> routes_;
   httplib::Server server_;
   std::thread thread_;

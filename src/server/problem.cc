@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/log.h"
+
 namespace waystone {
 namespace {
 
@@ -57,6 +59,7 @@ Problem ProblemFromStatus(const absl::Status& status) {
       return Make(503, "unavailable", "Temporarily unavailable", "retry later");
     default:
       // Internal details stay in the logs.
+      Log(LogLevel::kWarning, "internal error answered with 500: " + status.ToString());
       return Make(500, "internal", "Internal error", "an internal error occurred");
   }
 }

@@ -262,6 +262,7 @@ struct ApiRequestRecord {
   std::string body;
   Millis created_at = 0;
   Millis expires_at = 0;
+  std::string owner;  // the server process handling it ("<host>/<pid>/<nonce>")
 };
 
 enum class ApiRequestOutcome : uint8_t {
@@ -414,10 +415,11 @@ class Store {
   virtual absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) = 0;
 
   // Claims `request.key` for `request.request_hash` (one transaction): kNew when
-  // free or expired (or in flight since before `stale_before`: its server died),
-  // else what the stored record says.
+  // free or expired, or in flight since before `stale_before` or by `dead_owner`
+  // (its server died), else what the stored record says.
   virtual absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,
-                                                          Millis stale_before) = 0;
+                                                          Millis stale_before,
+                                                          const std::string& dead_owner) = 0;
   // Stores the response of a claimed request.
   virtual absl::Status FinishApiRequest(const ApiRequestRecord& finished) = 0;
   // Frees a claimed key without a stored response (the request could not be served).

@@ -983,7 +983,8 @@ absl::Status PostgresStore::AcknowledgeAlert(int64_t id, const AuditRecord& audi
 }
 
 absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestRecord& request,
-                                                               Millis stale_before) {
+                                                               Millis stale_before,
+                                                               const std::string& dead_owner) {
   ApiRequestClaim claim;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
     // A concurrent first claim of the same key waits here for the other to commit.
@@ -994,14 +995,16 @@ absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestR
                            .status());
     WS_ASSIGN_OR_RETURN(PgResult got,
                         c.Query("SELECT request_hash, done, status, content_type, body, "
-                                "created_at, expires_at FROM api_requests WHERE tenant = $1 AND "
-                                "key = $2 FOR UPDATE",
+                                "created_at, expires_at, owner FROM api_requests WHERE tenant = "
+                                "$1 AND key = $2 FOR UPDATE",
                                 Params(request.tenant, request.key)));
     claim.stored = {request.tenant, request.key, got.Text(0, 0), got.Text(0, 1) == "t",
                     static_cast<int>(got.Int(0, 2)), got.Text(0, 3), got.Text(0, 4),
-                    got.Int(0, 5), got.Int(0, 6)};
+                    got.Int(0, 5), got.Int(0, 6), got.Text(0, 7)};
+    const bool abandoned = claim.stored.created_at < stale_before ||
+                           (!dead_owner.empty() && claim.stored.owner == dead_owner);
     const bool live = claim.stored.expires_at > request.created_at &&
-                      (claim.stored.done || claim.stored.created_at >= stale_before);
+                      (claim.stored.done || !abandoned);
     if (live) {
       claim.outcome = claim.stored.request_hash != request.request_hash ? ApiRequestOutcome::kMismatch
                       : claim.stored.done ? ApiRequestOutcome::kReplay
@@ -1012,9 +1015,9 @@ absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestR
     claim.stored = request;
     return c.Query("UPDATE api_requests SET request_hash = $3, done = FALSE, status = 0, "
                    "content_type = '', body = '', created_at = $4::bigint, expires_at = "
-                   "$5::bigint WHERE tenant = $1 AND key = $2",
+                   "$5::bigint, owner = $6 WHERE tenant = $1 AND key = $2",
                    Params(request.tenant, request.key, request.request_hash, request.created_at,
-                          request.expires_at))
+                          request.expires_at, request.owner))
         .status();
   });
   if (!status.ok()) return status;

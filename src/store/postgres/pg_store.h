@@ -74,7 +74,8 @@ class PostgresStore final : public Store {
   absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;
   absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) override;
   absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,
-                                                  Millis stale_before) override;
+                                                  Millis stale_before,
+                                                  const std::string& dead_owner) override;
   absl::Status FinishApiRequest(const ApiRequestRecord& finished) override;
   absl::Status AbandonApiRequest(const std::string& tenant, const std::string& key) override;
   absl::StatusOr<bool> InboxContains(const std::string& source, const std::string& id) override;

@@ -1060,24 +1060,27 @@ absl::Status SqliteStore::AcknowledgeAlert(int64_t id, const AuditRecord& audit)
 }
 
 absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRecord& request,
-                                                             Millis stale_before) {
+                                                             Millis stale_before,
+                                                             const std::string& dead_owner) {
   std::lock_guard<std::mutex> lock(mu_);
   ApiRequestClaim claim;
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
     WS_ASSIGN_OR_RETURN(SqliteStatement * get,
                         db_->Prepare("SELECT request_hash, done, status, content_type, body, "
-                                     "created_at, expires_at FROM api_requests WHERE tenant = ? "
-                                     "AND key = ?"));
+                                     "created_at, expires_at, owner FROM api_requests WHERE "
+                                     "tenant = ? AND key = ?"));
     get->BindAll(request.tenant, request.key);
     WS_ASSIGN_OR_RETURN(bool row, get->Step());
     if (row) {
       claim.stored = {request.tenant, request.key, get->Text(0), get->Int(1) != 0,
                       static_cast<int>(get->Int(2)), get->Text(3), get->Text(4), get->Int(5),
-                      get->Int(6)};
+                      get->Int(6), get->Text(7)};
     }
     get->Reset();
+    const bool abandoned = claim.stored.created_at < stale_before ||
+                           (!dead_owner.empty() && claim.stored.owner == dead_owner);
     const bool live = row && claim.stored.expires_at > request.created_at &&
-                      (claim.stored.done || claim.stored.created_at >= stale_before);
+                      (claim.stored.done || !abandoned);
     if (live) {
       claim.outcome = claim.stored.request_hash != request.request_hash ? ApiRequestOutcome::kMismatch
                       : claim.stored.done ? ApiRequestOutcome::kReplay
@@ -1086,11 +1089,12 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
     }
     WS_ASSIGN_OR_RETURN(SqliteStatement * put,
                         db_->Prepare("INSERT OR REPLACE INTO api_requests (tenant, key, "
-                                     "request_hash, created_at, expires_at) VALUES (?, ?, ?, ?, ?)"));
+                                     "request_hash, created_at, expires_at, owner) VALUES (?, ?, "
+                                     "?, ?, ?, ?)"));
     claim.outcome = ApiRequestOutcome::kNew;
     claim.stored = request;
     return put->BindAll(request.tenant, request.key, request.request_hash, request.created_at,
-                        request.expires_at)
+                        request.expires_at, request.owner)
         .Run();
   });
   if (!status.ok()) return status;

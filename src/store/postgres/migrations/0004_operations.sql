@@ -9,6 +9,7 @@ CREATE TABLE api_requests (
   body          TEXT NOT NULL DEFAULT '',
   created_at    BIGINT NOT NULL,
   expires_at    BIGINT NOT NULL,
+  owner         TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (tenant, key)
 );
 CREATE INDEX api_requests_expiry ON api_requests (expires_at);
