@@ -87,7 +87,9 @@ void PrintPlan(const Json& plan) {
   std::printf("%s %s %s: %s -> %s\n", plan.value("applied", false) ? "APPLIED" : "DRY RUN",
               Str(plan, "action").c_str(), Str(plan["instance"], "key").c_str(),
               Str(plan, "state_before").c_str(), Str(plan, "state_after").c_str());
-  std::printf("would execute:%s\n", plan["would_execute"].empty() ? " nothing" : "");
+  const bool applied = plan.value("applied", false);
+  std::printf("%s:%s\n", applied ? "runs next" : "would execute",
+              plan["would_execute"].empty() ? " nothing" : "");
   for (const Json& call : plan["would_execute"]) {
     std::string what = Str(call, "method") + " " + Str(call, "url");
     if (call.contains("event")) what = "event " + Str(call, "event");
@@ -97,7 +99,7 @@ void PrintPlan(const Json& plan) {
                 call.contains("idempotency_key") ? ("  key " + Str(call, "idempotency_key")).c_str()
                                                  : "");
   }
-  std::printf("would skip:%s\n", plan["would_skip"].empty() ? " nothing" : "");
+  std::printf("%s:%s\n", applied ? "skips" : "would skip", plan["would_skip"].empty() ? " nothing" : "");
   for (const Json& skip : plan["would_skip"]) {
     std::printf("  %-20s %s\n", Str(skip, "step").c_str(), Str(skip, "why").c_str());
   }
@@ -149,7 +151,8 @@ int Show(const ApiOptions& api, const ShowOptions& options) {
   for (const Json& s : v["steps"]) {
     std::string note = Str(s, "resolution") == "none" ? "" : Str(s, "resolution");
     if (!Str(s, "error_message").empty()) {
-      note += (note.empty() ? "" : "; ") + Str(s, "error_class") + ": " +
+      const std::string error_class = Str(s, "error_class");
+      note += (note.empty() ? "" : "; ") + (error_class == "none" ? "" : error_class + ": ") +
               Str(s, "error_message").substr(0, 80);
     }
     if (s.contains("next_attempt_at")) note += (note.empty() ? "" : "; ") + std::string("next ") + Str(s, "next_attempt_at");

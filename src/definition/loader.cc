@@ -398,8 +398,8 @@ std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_vi
         {std::string(source), e.mark.is_null() ? 0 : e.mark.line + 1, "", "malformed YAML/JSON: " + e.msg});
     return diagnostics;
   }
+  definition.source = std::string(source);  // before validating: its messages name the file
   if (diagnostics.empty()) ValidateDefinition(definition, &diagnostics);
-  definition.source = std::string(source);
   definition.text = std::string(text);
   definition.content_hash = Sha256Hex(text);
   if (out != nullptr) *out = std::move(definition);

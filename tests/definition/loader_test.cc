@@ -242,3 +242,47 @@ steps:
 
 }  // namespace
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+TEST(LoaderWaitTest, WaitStepsLoadAndTheirMistakesAreNamed) {
+  auto good = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: approval
+    wait: { event: com.acme.approved, timeout: 2d }
+  - name: use
+    transform: { by: "{{steps.approval.response.approver}}" }
+)", "w.yaml");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->steps[0].kind, StepKind::kWait);
+  EXPECT_EQ(good->steps[0].wait_event, "com.acme.approved");
+  EXPECT_EQ(good->steps[0].wait_timeout, 2LL * 86'400'000);
+
+  struct Bad {
+    std::string step;
+    std::string says;
+  };
+  const std::vector<Bad> cases = {
+      {"    wait: { timeout: 1d }\n", "event"},
+      {"    wait: { event: e, soon: 1 }\n", "unknown field 'soon'"},
+      {"    wait: { event: e }\n    request: { method: GET, url: \"http://x\" }\n",
+       "one of 'request', 'transform' or 'wait'"},
+      {"    wait: { event: e }\n    recovery: lookup\n    lookup: { request: { method: GET, url: \"http://x\" }, found: /a }\n",
+       "wait step"},
+      {"    wait: { event: e, timeout: later }\n", "timeout"},
+  };
+  for (const Bad& c : cases) {
+    auto definition = LoadDefinitionText(
+        "workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: approval\n" + c.step, "w.yaml");
+    ASSERT_FALSE(definition.ok()) << c.step;
+    EXPECT_NE(definition.status().message().find(c.says), std::string::npos)
+        << definition.status().message();
+    EXPECT_NE(definition.status().message().find("w.yaml:"), std::string::npos)
+        << definition.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace waystone

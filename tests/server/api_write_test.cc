@@ -702,6 +702,58 @@ TEST_P(ApiWriteTest, MetricsPassPromtool) {
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
 }
 
+TEST_P(ApiWriteTest, AWaitWithADeadlineFailsWhenNoEventCame) {
+  auto definition = LoadDefinitionText(R"(workflow: short
+key: "{{input.id}}"
+steps:
+  - name: approval
+    wait: { event: com.acme.approved, timeout: 1s }
+)", "short.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  ASSERT_TRUE(engine_->Register(*definition).ok());
+  Post("/v1/instances", {{"workflow", "short"}, {"input", {{"id", "d1"}}}}, 201);
+  EXPECT_EQ(Drive("d1"), InstanceState::kFailed);
+  Json approval = Step("d1", "approval");
+  EXPECT_EQ(approval["state"], "failed");
+  EXPECT_NE(approval["error_message"].get<std::string>().find("no event of type "
+                                                              "'com.acme.approved' arrived within 1s"),
+            std::string::npos)
+      << approval.dump();
+  // A late event changes nothing.
+  Approve("d1", "late-1", 409);
+}
+
+TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
+  auto response = Send("GET", "/v1/openapi.json", "");
+  ASSERT_EQ(response.outcome.status, 200);
+  Json doc = Json::parse(response.body, nullptr, false);
+  ASSERT_TRUE(doc.is_object());
+  EXPECT_EQ(doc["openapi"].get<std::string>().substr(0, 2), "3.");
+  const std::vector<std::pair<std::string, std::string>> routes = {
+      {"/healthz", "get"}, {"/readyz", "get"}, {"/metrics", "get"}, {"/v1/openapi.json", "get"},
+      {"/v1/instances", "get"}, {"/v1/instances", "post"}, {"/v1/instances/{key}", "get"},
+      {"/v1/instances/{key}/retry", "post"}, {"/v1/instances/{key}/confirm", "post"},
+      {"/v1/instances/{key}/compensate", "post"}, {"/v1/instances/{key}/skip", "post"},
+      {"/v1/instances/{key}/close", "post"}, {"/v1/alerts", "get"},
+      {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}};
+  for (const auto& [path, method] : routes) {
+    EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
+        << method << " " << path;
+  }
+  // And every documented path is served: nothing answers "no route".
+  for (auto it = doc["paths"].begin(); it != doc["paths"].end(); ++it) {
+    std::string path = it.key();
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"{key}", "nobody"},
+                                   {"{id}", "999"}}) {
+      if (auto at = path.find(from); at != std::string::npos) path.replace(at, from.size(), to);
+    }
+    for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+      auto answer = Send(m.key() == "get" ? "GET" : "POST", path, operator_, "{}");
+      EXPECT_EQ(answer.body.find("no route"), std::string::npos) << m.key() << " " << path;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ApiWriteTest,
                          ::testing::Values(testing::Backend::kSqlite, testing::Backend::kPostgres),
                          testing::BackendName);

@@ -471,6 +471,125 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
   EXPECT_FALSE(store_->GetIdempotencyClaim("t1", "old-key")->has_value());
 }
 
+TEST_P(StoreConformanceTest, ApiRequestsClaimReplayAndAreTakenOverWhenAbandoned) {
+  ApiRequestRecord r{"t1", "k", "hash-a", false, 0, "", "", 1000, 100000, "host/1/x"};
+  auto first = store_->BeginApiRequest(r, 0, "");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->outcome, ApiRequestOutcome::kNew);
+  EXPECT_EQ(store_->BeginApiRequest(r, 0, "")->outcome, ApiRequestOutcome::kInFlight);
+  ApiRequestRecord other = r;
+  other.request_hash = "hash-b";
+  EXPECT_EQ(store_->BeginApiRequest(other, 0, "")->outcome, ApiRequestOutcome::kMismatch);
+  // An in-flight claim of a dead owner, or an old one, is taken over.
+  EXPECT_EQ(store_->BeginApiRequest(r, 0, "host/1/x")->outcome, ApiRequestOutcome::kNew);
+  EXPECT_EQ(store_->BeginApiRequest(r, 2000, "")->outcome, ApiRequestOutcome::kNew);
+  ApiRequestRecord done = r;
+  done.status = 201;
+  done.content_type = "application/json";
+  done.body = "{}";
+  ASSERT_TRUE(store_->FinishApiRequest(done).ok());
+  auto replay = store_->BeginApiRequest(r, 999999, "host/1/x");
+  EXPECT_EQ(replay->outcome, ApiRequestOutcome::kReplay);
+  EXPECT_EQ(replay->stored.status, 201);
+  EXPECT_EQ(replay->stored.body, "{}");
+  // Expired: free again.
+  ApiRequestRecord later = other;
+  later.created_at = 200000;
+  later.expires_at = 300000;
+  EXPECT_EQ(store_->BeginApiRequest(later, 0, "")->outcome, ApiRequestOutcome::kNew);
+  ASSERT_TRUE(store_->AbandonApiRequest("t1", "k").ok());
+  EXPECT_EQ(store_->BeginApiRequest(r, 0, "")->outcome, ApiRequestOutcome::kNew);
+}
+
+TEST_P(StoreConformanceTest, AChangeClaimsItsInboxEventOnceAndResolvesAlerts) {
+  auto started = store_->StartInstance(Instance("k1"));
+  const int64_t id = started->instance.id;
+  Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
+  Change pause;
+  pause.lease = lease;
+  pause.now = 2001;
+  pause.lease_expires_at = 7000;
+  pause.alerts = {{0, id, "t1", "a", AlertKind::kNeedsOperator, AlertState::kOpen, "look", 0}};
+  ASSERT_TRUE((*store_->Commit({pause}))[0].ok());
+  const int64_t alert = (*store_->ListAlerts(id))[0].id;
+  ASSERT_TRUE(store_->AcknowledgeAlert(alert, {0, 2002, "op", "t1", id, "acknowledge", "r", ""}).ok());
+  EXPECT_EQ(store_->GetAlert(alert)->state, AlertState::kAcknowledged);
+  EXPECT_EQ(store_->AcknowledgeAlert(alert, {0, 2003, "op", "t1", id, "acknowledge", "r", ""}).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  Change signal;
+  signal.lease = lease;
+  signal.now = 2004;
+  signal.lease_expires_at = 7000;
+  signal.inbox = std::make_pair(std::string("/src"), std::string("ev-1"));
+  signal.resolve_alerts = true;
+  signal.events = {{0, "e-signal", id, "t1", "x", "{}", 0}};
+  ASSERT_TRUE((*store_->Commit({signal}))[0].ok());
+  EXPECT_TRUE(*store_->InboxContains("/src", "ev-1"));
+  EXPECT_EQ(store_->GetAlert(alert)->state, AlertState::kResolved);
+  // The same event again: that change alone is refused, nothing of it is written.
+  signal.events = {{0, "e-signal-2", id, "t1", "x", "{}", 0}};
+  Change other;
+  other.lease = lease;
+  other.now = 2005;
+  other.lease_expires_at = 7000;
+  other.status_reason = "still here";
+  auto results = store_->Commit({signal, other});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE((*results)[1].ok());
+  EXPECT_EQ(store_->ListEvents(id)->size(), 2u);  // started + the first signal's
+  EXPECT_EQ(store_->ListAudit(id)->size(), 1u);
+  EXPECT_EQ(store_->GetInstance(id)->status_reason, "still here");
+}
+
+TEST_P(StoreConformanceTest, ListsFilterByErrorClassAlertAndTimeAndPageById) {
+  for (int i = 0; i < 4; ++i) {
+    auto in = Instance("k" + std::to_string(i));
+    in.now = 1000 + i * 1000;
+    ASSERT_TRUE(store_->StartInstance(in).ok());
+  }
+  Lease lease = *store_->ClaimInstance(store_->FindInstance("t1", "k2")->id, "w", 10000, 5000);
+  Change change;
+  change.lease = lease;
+  change.now = 10001;
+  change.lease_expires_at = 15000;  // held, then it runs out
+  StepRecord step = (*store_->GetSteps(lease.instance_id))[0];
+  step.state = StepState::kUnknown;
+  step.error_class = ErrorClass::kUnknown;
+  change.steps = {step};
+  change.alerts = {{0, lease.instance_id, "t1", "a", AlertKind::kNeedsOperator, AlertState::kOpen, "m", 0}};
+  ASSERT_TRUE((*store_->Commit({change}))[0].ok());
+
+  InstanceFilter filter;
+  filter.error_class = ErrorClass::kUnknown;
+  auto found = *store_->ListInstances(filter);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].key, "k2");
+  filter = {};
+  filter.alert_kind = AlertKind::kNeedsOperator;
+  EXPECT_EQ(store_->ListInstances(filter)->size(), 1u);
+  filter.alert_kind = AlertKind::kCompensationFailed;
+  EXPECT_EQ(store_->ListInstances(filter)->size(), 0u);
+  filter = {};
+  filter.created_from = 2000;
+  filter.created_to = 4000;
+  auto window = *store_->ListInstances(filter);
+  ASSERT_EQ(window.size(), 2u);
+  EXPECT_EQ(window[0].key, "k1");
+  filter = {};
+  filter.limit = 2;
+  auto page = *store_->ListInstances(filter);
+  ASSERT_EQ(page.size(), 2u);
+  filter.after_id = page[1].id;
+  auto next = *store_->ListInstances(filter);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[0].key, "k2");
+  // A lease that ran out unreleased and is claimed again is a takeover.
+  ASSERT_TRUE(store_->ClaimInstance(lease.instance_id, "w2", 20000, 5000).ok());
+  EXPECT_EQ(store_->Summary()->lease_takeovers, 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          testing::BackendName);

@@ -1,0 +1,132 @@
+// The serve config file and the CloudEvents parser: accepted forms and errors
+// that name the file and line, or the event and attribute.
+
+#include <gtest/gtest.h>
+
+#include "server/cloudevents_in.h"
+#include "server/server_config.h"
+
+namespace waystone {
+namespace {
+
+TEST(ServerConfigTest, ReadsEveryFieldAndResolvesPathsFromTheFile) {
+  auto config = ParseServerConfig(R"(listen: 0.0.0.0:9000
+workers: 4
+lease: 45s
+definitions: defs
+api: { max_body_bytes: 65536, read_timeout: 5s, idempotency_retention: 2h }
+events:
+  - type: a.start
+    start: wf
+  - type: a.signal
+    signal: { key: /ref }
+)", "/etc/waystone/serve.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen, "0.0.0.0:9000");
+  EXPECT_EQ(config->workers, 4);
+  EXPECT_EQ(config->definitions, "/etc/waystone/defs");
+  EXPECT_EQ(config->max_body_bytes, 65536u);
+  EXPECT_EQ(config->read_timeout_seconds, 5);
+  EXPECT_EQ(config->idempotency_retention, 2 * 3600 * 1000);
+  ASSERT_EQ(config->events.size(), 2u);
+  EXPECT_EQ(config->events[0].start, "wf");
+  EXPECT_EQ(config->events[1].signal_key, "/ref");
+  EXPECT_EQ(config->events[1].line, 9);
+}
+
+TEST(ServerConfigTest, DefaultsWhenAbsent) {
+  auto config = ParseServerConfig("listen: 127.0.0.1:1\n", "c.yaml");
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->idempotency_retention, 24LL * 3600 * 1000);
+  EXPECT_EQ(config->max_body_bytes, 1u << 20);
+}
+
+TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
+  struct Bad {
+    std::string text;
+    std::string says;
+  };
+  const std::vector<Bad> cases = {
+      {"listen: x\nport: 1\n", "c.yaml:2: unknown field 'port'"},
+      {"workers: many\n", "c.yaml:1: 'workers'"},
+      {"events:\n  - type: t\n", "c.yaml:2: event route 't' needs either 'start' or 'signal'"},
+      {"events:\n  - type: t\n    start: w\n    signal: { key: /k }\n", "either 'start' or 'signal'"},
+      {"events:\n  - type: t\n    signal: { key: k }\n", "c.yaml:3: 'signal.key' is a JSON pointer"},
+      {"events:\n  - {type: t, start: a}\n  - {type: t, start: b}\n", "c.yaml:3: event type 't' is routed twice"},
+      {"api: { idempotency_retention: soon }\n", "idempotency_retention"},
+      {"listen: [\n", "c.yaml:2: malformed YAML"},
+      {"lease: forever\n", "'lease'"},
+  };
+  for (const Bad& c : cases) {
+    auto config = ParseServerConfig(c.text, "c.yaml");
+    ASSERT_FALSE(config.ok()) << c.text;
+    EXPECT_NE(config.status().message().find(c.says), std::string::npos)
+        << c.text << " -> " << config.status().message();
+  }
+}
+
+HeaderLookup Headers(std::map<std::string, std::string> headers) {
+  return [headers](std::string_view name) -> std::optional<std::string> {
+    auto it = headers.find(std::string(name));
+    if (it == headers.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(CloudEventsInTest, StructuredBinaryAndBatch) {
+  auto structured = ParseCloudEvents(
+      "application/cloudevents+json; charset=utf-8", Headers({}),
+      R"({"specversion":"1.0","id":"1","source":"/s","type":"t","tenant":"acme","data":{"a":1}})");
+  ASSERT_TRUE(structured.ok()) << structured.status();
+  EXPECT_EQ((*structured)[0].tenant, "acme");
+  EXPECT_EQ((*structured)[0].data_json, R"({"a":1})");
+
+  auto binary = ParseCloudEvents(
+      "application/json",
+      Headers({{"ce-specversion", "1.0"}, {"ce-id", "2"}, {"ce-source", "/s"}, {"ce-type", "t"}}),
+      R"({"b":2})");
+  ASSERT_TRUE(binary.ok()) << binary.status();
+  EXPECT_EQ((*binary)[0].id, "2");
+  EXPECT_EQ((*binary)[0].data_json, R"({"b":2})");
+  auto text = ParseCloudEvents(
+      "text/plain",
+      Headers({{"ce-specversion", "1.0"}, {"ce-id", "3"}, {"ce-source", "/s"}, {"ce-type", "t"}}),
+      "hello");
+  EXPECT_EQ((*text)[0].data_json, "\"hello\"");
+
+  auto batch = ParseCloudEvents("application/cloudevents-batch+json", Headers({}),
+                                R"([{"specversion":"1.0","id":"4","source":"/s","type":"t"},
+                                    {"specversion":"1.0","id":"5","source":"/s","type":"t"}])");
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(batch->size(), 2u);
+  EXPECT_EQ((*batch)[1].data_json, "null");
+}
+
+TEST(CloudEventsInTest, MissingOrMalformedAttributesAreNamed) {
+  auto missing_id = ParseCloudEvents("application/cloudevents+json", Headers({}),
+                                     R"({"specversion":"1.0","source":"/s","type":"t"})");
+  EXPECT_NE(missing_id.status().message().find("'id'"), std::string::npos);
+  auto empty_type = ParseCloudEvents("application/cloudevents+json", Headers({}),
+                                     R"({"specversion":"1.0","id":"1","source":"/s","type":""})");
+  EXPECT_NE(empty_type.status().message().find("'type'"), std::string::npos);
+  auto binary = ParseCloudEvents("application/json",
+                                 Headers({{"ce-specversion", "1.0"}, {"ce-type", "t"},
+                                          {"ce-source", "/s"}}),
+                                 "{}");
+  EXPECT_NE(binary.status().message().find("header ce-id"), std::string::npos);
+  auto bad_data = ParseCloudEvents(
+      "application/json",
+      Headers({{"ce-specversion", "1.0"}, {"ce-id", "2"}, {"ce-source", "/s"}, {"ce-type", "t"}}),
+      "{nope");
+  EXPECT_FALSE(bad_data.ok());
+  auto batch = ParseCloudEvents("application/cloudevents-batch+json", Headers({}),
+                                R"([{"specversion":"1.0","id":"4","source":"/s","type":"t"},
+                                    {"specversion":"1.0","id":"5","type":"t"}])");
+  EXPECT_NE(batch.status().message().find("event 1: missing required attribute 'source'"),
+            std::string::npos)
+      << batch.status();
+  EXPECT_FALSE(ParseCloudEvents("application/cloudevents-batch+json", Headers({}), "[]").ok());
+}
+
+}  // namespace
+}  // namespace waystone
