@@ -8,6 +8,7 @@ namespace {
 struct Histograms {
   std::mutex mu;
   std::array<CallLatency, kCallPhaseNames.size()> phases;  // guarded by mu
+  std::array<std::array<uint64_t, 4>, kCallPhaseNames.size()> outcomes{};  // guarded by mu
 };
 
 Histograms& Get() {
@@ -26,6 +27,18 @@ void RecordCallLatency(CallPhase phase, double seconds) {
   }
   ++latency.count;
   latency.sum_seconds += seconds;
+}
+
+void RecordCallOutcome(CallPhase phase, ErrorClass error_class) {
+  Histograms& h = Get();
+  std::lock_guard<std::mutex> lock(h.mu);
+  ++h.outcomes[static_cast<size_t>(phase)][static_cast<size_t>(error_class) % 4];
+}
+
+uint64_t CallOutcomeCount(CallPhase phase, ErrorClass error_class) {
+  Histograms& h = Get();
+  std::lock_guard<std::mutex> lock(h.mu);
+  return h.outcomes[static_cast<size_t>(phase)][static_cast<size_t>(error_class) % 4];
 }
 
 CallLatency CallLatencySnapshot(CallPhase phase) {

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "model/states.h"
+
 namespace waystone {
 
 // Latency of the external calls this process made, by phase (call, lookup,
@@ -23,6 +25,12 @@ struct CallLatency {
 
 // Records one call's duration.
 void RecordCallLatency(CallPhase phase, double seconds);
+
+// Records how one call ended: its error class (kNone for success).
+void RecordCallOutcome(CallPhase phase, ErrorClass error_class);
+
+// Returns the calls of one phase that ended with `error_class`, so far.
+uint64_t CallOutcomeCount(CallPhase phase, ErrorClass error_class);
 
 // Returns the histogram of one phase so far.
 CallLatency CallLatencySnapshot(CallPhase phase);

@@ -391,6 +391,7 @@ class InstanceRunner::Impl {
   absl::Status RecordOutcome(int index, StepRecord step, const HttpResponse& response) {
     const StepDefinition& def = definition_->steps[index];
     const ErrorClass error_class = Classify(response.outcome, def.errors);
+    RecordCallOutcome(CallPhase::kCall, error_class);
     const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {
@@ -514,6 +515,7 @@ class InstanceRunner::Impl {
       response = TimedSend(CallPhase::kLookup, *request);
     }
     const ErrorClass error_class = Classify(response.outcome, {{404, ErrorClass::kNone}});
+    RecordCallOutcome(CallPhase::kLookup, error_class);
     if (error_class == ErrorClass::kTransient || error_class == ErrorClass::kUnknown) {
       if (def.retry.Exhausted(step.lookups)) {
         return Pause(step, AlertKind::kRetriesExhausted,
@@ -604,6 +606,7 @@ class InstanceRunner::Impl {
     CrashPoint("after-compensate", def.name);
 
     const ErrorClass error_class = Classify(response.outcome, {});
+    RecordCallOutcome(CallPhase::kCompensate, error_class);
     const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {

@@ -91,6 +91,16 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now) {
   Header(out, "waystone_inbox_duplicates_total", "counter",
          "Events received again and acknowledged without a second effect.");
   out << "waystone_inbox_duplicates_total " << summary.inbox_duplicates << "\n";
+  Header(out, "waystone_step_calls_total", "counter",
+         "External calls made by this process, by phase and outcome class (none = success).");
+  for (size_t p = 0; p < kCallPhaseNames.size(); ++p) {
+    for (int c = 0; c <= 3; ++c) {
+      const auto error_class = static_cast<ErrorClass>(c);
+      out << "waystone_step_calls_total{phase=\"" << kCallPhaseNames[p] << "\",class=\""
+          << ToString(error_class) << "\"} "
+          << CallOutcomeCount(static_cast<CallPhase>(p), error_class) << "\n";
+    }
+  }
   Header(out, "waystone_step_duration_seconds", "histogram",
          "Duration of the external calls made by this process, by phase.");
   for (size_t p = 0; p < kCallPhaseNames.size(); ++p) {

@@ -32,6 +32,7 @@ class MetricsServer::Impl {
       }
       res.set_content(*text, "text/plain; version=0.0.4; charset=utf-8");
     });
+    server_.set_tcp_nodelay(true);
     server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("ok\n", "text/plain");
     });

@@ -59,6 +59,7 @@ class Simulator::Impl {
     server_.set_keep_alive_max_count(1000);
     server_.set_read_timeout(5, 0);
     server_.set_keep_alive_timeout(1);
+    server_.set_tcp_nodelay(true);  // no Nagle/delayed-ACK stall between headers and body
     Routes();
     if (options_.port == 0) {
       port_ = server_.bind_to_any_port(options_.host);

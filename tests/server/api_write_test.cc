@@ -361,6 +361,11 @@ TEST_P(ApiWriteTest, CompensateUndoesTheCreatedObjectWithItsOwnKey) {
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].path, "/cancel/" + order);
   ExpectCallsMatch(calls, dry["would_execute"]);
+  Json audit = Get("/v1/instances/o4")["audit"];
+  ASSERT_EQ(audit.size(), 1u);
+  EXPECT_EQ(audit[0]["action"], "compensate");
+  EXPECT_EQ(audit[0]["reason"], "customer cancelled");
+  EXPECT_EQ(audit[0]["detail"]["state_after"], "compensating");
   Post("/v1/instances/o4/compensate", {{"reason", "again"}}, 409);
 }
 
@@ -371,9 +376,16 @@ TEST_P(ApiWriteTest, OnlyManualStepsAreSkippedAndCloseEndsTheCase) {
                       Json{{"step", "create"}, {"reason", "x"}}.dump());
   EXPECT_EQ(refused.outcome.status, 409);
   EXPECT_NE(refused.body.find("manual"), std::string::npos);
-  Json skipped = Post("/v1/instances/o5/skip", {{"step", "charge"}, {"reason", "paid by invoice"}}, 200);
+  const Json skip = {{"step", "charge"}, {"reason", "paid by invoice"}};
+  Json skip_dry = Post("/v1/instances/o5/skip?dry_run=true", skip, 200);
+  EXPECT_EQ(Step("o5", "charge")["state"], "failed");
+  const size_t before = recorder_.Calls().size();
+  Json skipped = Post("/v1/instances/o5/skip", skip, 200);
   EXPECT_EQ(skipped["changed_steps"][0]["state"], "skipped");
+  EXPECT_EQ(skipped["would_execute"], skip_dry["would_execute"]);
+  EXPECT_EQ(skipped["would_skip"], skip_dry["would_skip"]);
   EXPECT_EQ(Drive("o5"), InstanceState::kRunning);
+  EXPECT_TRUE(recorder_.Since(before).empty());  // the wait comes next: no call yet
   EXPECT_EQ(Step("o5", "charge")["state"], "skipped");
 
   Json dry = Post("/v1/instances/o5/close?dry_run=true", {{"reason", "duplicate order"}}, 200);
@@ -690,6 +702,7 @@ TEST_P(ApiWriteTest, MetricsPassPromtool) {
   auto metrics = Send("GET", "/metrics", "");
   ASSERT_EQ(metrics.outcome.status, 200);
   for (const char* series : {"waystone_step_attempts_total", "waystone_step_outcomes",
+                             "waystone_step_calls_total{phase=\"call\",class=\"unknown\"}",
                              "waystone_unknown_resolutions_total", "waystone_lease_takeovers_total",
                              "waystone_inbox_duplicates_total", "waystone_step_duration_seconds_bucket",
                              "waystone_compensations_total", "waystone_open_alerts"}) {
