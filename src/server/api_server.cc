@@ -245,8 +245,9 @@ class ApiServer::Impl {
     ApiRequestRecord record;
     record.tenant = principal.tenant;
     record.key = key;
-    record.request_hash = Sha256Hex(req.method + " " + req.path + " " +
-                                    req.get_param_value("dry_run") + "\n" + req.body);
+    record.request_hash = Sha256Hex(req.method + " " + req.path + " dry_run=" +
+                                    req.get_param_value("dry_run") + " tenant=" +
+                                    req.get_param_value("tenant") + "\n" + req.body);
     record.created_at = now;
     record.expires_at = now + options_.idempotency_retention;
     record.owner = owner_;
