@@ -173,6 +173,11 @@ class Engine::Impl {
       WS_ASSIGN_OR_RETURN(DriveResult result, runner.Drive(stop));
       if (result.lease_lost) continue;
       if (result.awaiting_event && !result.wake_at) return result.state;  // until an event comes
+      if (result.awaiting_event) {
+        // An event may complete the step before its deadline: look again every second.
+        clock_->SleepFor(std::min<Millis>(*result.wake_at - clock_->NowMillis(), 1000), stop);
+        continue;
+      }
       if (result.wake_at) {
         clock_->SleepFor(*result.wake_at - clock_->NowMillis(), stop);
         continue;

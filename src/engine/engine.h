@@ -81,7 +81,9 @@ class Engine {
 
   // Drives one instance from the calling thread until it is completed, compensated,
   // failed or waiting for an operator, sleeping through retry timers and waiting
-  // out other workers' leases. Returns the state it rests in.
+  // out other workers' leases. Returns the state it rests in; `running` when it
+  // waits for an event with no deadline (a wait step with a deadline is watched
+  // until the event or the deadline comes).
   absl::StatusOr<InstanceState> RunUntilRest(int64_t instance_id, std::stop_token stop);
 
   // Returns true when no instance is runnable now or later and none is in flight.

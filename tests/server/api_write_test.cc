@@ -736,6 +736,33 @@ steps:
   Approve("d1", "late-1", 409);
 }
 
+TEST_P(ApiWriteTest, AnEventBeforeTheDeadlineIsSeenByADriverWaitingForIt) {
+  auto definition = LoadDefinitionText(R"(workflow: long
+key: "{{input.id}}"
+steps:
+  - name: approval
+    wait: { event: com.acme.approved, timeout: 60s }
+  - name: after
+    transform: { by: "{{steps.approval.response.by}}" }
+)", "long.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  ASSERT_TRUE(engine_->Register(*definition).ok());
+  Post("/v1/instances", {{"workflow", "long"}, {"input", {{"id", "e1"}}}}, 201);
+  const auto started = std::chrono::steady_clock::now();
+  std::thread approve([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    auto response = Send("POST", "/v1/events", operator_,
+                         Json{{"order", "e1"}, {"by", "mika"}}.dump(),
+                         {{"ce-specversion", "1.0"}, {"ce-id", "early-1"}, {"ce-source", "/a"},
+                          {"ce-type", "com.acme.approved"}, {"Content-Type", "application/json"}});
+    EXPECT_EQ(response.outcome.status, 200) << response.body;
+  });
+  EXPECT_EQ(Drive("e1"), InstanceState::kCompleted);
+  approve.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
+  EXPECT_EQ(Step("e1", "approval")["external_id"], "early-1");
+}
+
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   auto response = Send("GET", "/v1/openapi.json", "");
   ASSERT_EQ(response.outcome.status, 200);
