@@ -67,6 +67,8 @@ echo
 echo
 echo "An instance that waits for an operator:"
 "$W" list --state needs_attention
+echo "(an operator acts on it through the API: waystone serve, then"
+echo " waystone retry|confirm|compensate|skip|close KEY --reason ... [--dry-run]; see docs/operations.md)"
 
 summary="$("$W" status --json --sim "$sim_url")"
 dups="$(echo "$summary" | { grep -o '"duplicate_[a-z_]*": [0-9]*' || true; } | awk '{s += $2} END {print s + 0}')"
