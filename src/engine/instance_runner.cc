@@ -74,33 +74,19 @@ class InstanceRunner::Impl {
     WS_RETURN_IF_ERROR(Load());
     while (true) {
       const Millis now = d_.clock->NowMillis();
-      if (stop.stop_requested()) {
-        Change release = NewChange();
-        release.lease_expires_at = 0;
-        return Finish(CommitChange(release), std::nullopt);
-      }
+      if (stop.stop_requested()) return Release(std::nullopt);
       const NextAction action = Decide(*definition_, instance_, steps_, now);
       absl::Status status;
       switch (action.kind) {
-        case NextAction::Kind::kIdle: {
-          Change release = NewChange();
-          release.lease_expires_at = 0;
-          return Finish(CommitChange(release), std::nullopt);
-        }
-        case NextAction::Kind::kWait: {
-          Change release = NewChange();
-          release.lease_expires_at = 0;
-          release.next_run_at = action.wait_until;
-          return Finish(CommitChange(release), action.wait_until);
-        }
+        case NextAction::Kind::kIdle:
+          return Release(std::nullopt);
+        case NextAction::Kind::kWait:
+          return Release(action.wait_until);
         case NextAction::Kind::kAwaitEvent: {
           // Parked until POST /v1/events completes the step (which wakes it) or the deadline.
-          Change release = NewChange();
-          release.lease_expires_at = 0;
-          release.next_run_at = action.wait_until != 0 ? action.wait_until : kNoDueTime;
-          auto result = Finish(CommitChange(release), action.wait_until != 0
-                                                          ? std::optional<Millis>(action.wait_until)
-                                                          : std::nullopt);
+          auto result = Release(action.wait_until != 0 ? std::optional<Millis>(action.wait_until)
+                                                       : std::nullopt,
+                                kNoDueTime);
           if (result.ok()) result->awaiting_event = true;
           return result;
         }
@@ -124,6 +110,16 @@ class InstanceRunner::Impl {
   }
 
  private:
+  // Lets go of the instance until `wake_at` (its next_run_at; without one the
+  // instance keeps `otherwise` when given, or its current due time).
+  absl::StatusOr<DriveResult> Release(std::optional<Millis> wake_at,
+                                      std::optional<Millis> otherwise = std::nullopt) {
+    Change release = NewChange();
+    release.lease_expires_at = 0;
+    release.next_run_at = wake_at ? wake_at : otherwise;
+    return Finish(CommitChange(release), wake_at);
+  }
+
   absl::StatusOr<DriveResult> Finish(const absl::Status& status, std::optional<Millis> wake_at) {
     if (absl::IsAborted(status)) {
       Log(LogLevel::kInfo, "instance " + instance_.key + ": " + std::string(status.message()));

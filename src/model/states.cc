@@ -139,4 +139,20 @@ std::string_view ToString(DeliveryState state) {
   return "invalid";
 }
 
+std::optional<AlertKind> ParseAlertKind(std::string_view text) {
+  for (int i = 1; i <= 8; ++i) {
+    auto kind = static_cast<AlertKind>(i);
+    if (ToString(kind) == text) return kind;
+  }
+  return std::nullopt;
+}
+
+std::optional<AlertState> ParseAlertState(std::string_view text) {
+  for (int i = 1; i <= 3; ++i) {
+    auto state = static_cast<AlertState>(i);
+    if (ToString(state) == text) return state;
+  }
+  return std::nullopt;
+}
+
 }  // namespace waystone

@@ -91,5 +91,7 @@ enum class AlertState : uint8_t { kOpen = 1, kAcknowledged = 2, kResolved = 3 };
 
 std::string_view ToString(AlertKind kind);
 std::string_view ToString(AlertState state);
+std::optional<AlertKind> ParseAlertKind(std::string_view text);
+std::optional<AlertState> ParseAlertState(std::string_view text);
 
 }  // namespace waystone

@@ -19,6 +19,7 @@
 #include "server/metrics.h"
 #include "server/problem.h"
 #include "server/wire.h"
+#include "server/wire_json.h"
 
 namespace waystone {
 namespace {
@@ -60,26 +61,6 @@ Json PlanJson(const ActionPlan& plan) {
           {"changed_steps", changed},
           {"would_execute", execute},
           {"would_skip", skip}};
-}
-
-Json AlertJson(const AlertRecord& a, const std::string& instance_key) {
-  return {{"id", a.id},          {"instance", instance_key},     {"instance_id", a.instance_id},
-          {"tenant", a.tenant},  {"step", a.step},              {"kind", ToString(a.kind)},
-          {"state", ToString(a.state)}, {"message", a.message}, {"created_at", Rfc3339(a.created_at)}};
-}
-
-std::optional<AlertKind> ParseAlertKind(std::string_view text) {
-  for (int i = 1; i <= 8; ++i) {
-    if (ToString(static_cast<AlertKind>(i)) == text) return static_cast<AlertKind>(i);
-  }
-  return std::nullopt;
-}
-
-std::optional<AlertState> ParseAlertState(std::string_view text) {
-  for (int i = 1; i <= 3; ++i) {
-    if (ToString(static_cast<AlertState>(i)) == text) return static_cast<AlertState>(i);
-  }
-  return std::nullopt;
 }
 
 bool ValidIdempotencyKey(const std::string& key) {
@@ -430,7 +411,7 @@ class ApiServer::Impl {
         next = std::to_string((*instances)[i - 1].id);
         break;
       }
-      items.push_back(Json::parse(InstanceSummaryJson((*instances)[i])));
+      items.push_back(wire::InstanceSummary((*instances)[i]));
     }
     SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
   }
@@ -479,7 +460,7 @@ class ApiServer::Impl {
     CrashPoint("api-started", workflow);
     const bool created = started->outcome == StartOutcome::kCreated;
     res.set_header("Location", "/v1/instances/" + started->instance.key);
-    Json out = Json::parse(InstanceSummaryJson(started->instance));
+    Json out = wire::InstanceSummary(started->instance);
     out["created"] = created;
     SendJson(res, created ? 201 : 200, out);
   }
@@ -524,7 +505,7 @@ class ApiServer::Impl {
     out["action"] = action_name;
     out["dry_run"] = request.dry_run;
     out["applied"] = result->applied;
-    out["instance"] = Json::parse(InstanceSummaryJson(result->instance));
+    out["instance"] = wire::InstanceSummary(result->instance);
     SendJson(res, 200, out);
   }
 
@@ -551,7 +532,7 @@ class ApiServer::Impl {
         auto instance = store_->GetInstance(a.instance_id);
         it->second = instance.ok() ? instance->key : "";
       }
-      items.push_back(AlertJson(a, it->second));
+      items.push_back(wire::Alert(a, it->second));
     }
     SendJson(res, 200, {{"items", items}});
   }
@@ -569,7 +550,7 @@ class ApiServer::Impl {
                                                         dry == "true");
     if (!alert.ok()) return Send(res, ProblemFromStatus(alert.status()), req.path);
     auto instance = store_->GetInstance(alert->instance_id);
-    Json out = AlertJson(*alert, instance.ok() ? instance->key : "");
+    Json out = wire::Alert(*alert, instance.ok() ? instance->key : "");
     out["dry_run"] = dry == "true";
     if (dry == "true") out["state_after"] = "acknowledged";
     SendJson(res, 200, out);

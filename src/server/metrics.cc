@@ -22,6 +22,21 @@ std::string Label(const std::string& value) {
   return out;
 }
 
+// Writes one line per enum value from `first` to `last`, with the count of `counts`
+// (0 when absent) and the value's name as label `label`.
+template <typename Enum>
+void CountsByEnum(std::ostringstream& out, const char* name, const char* label, int first, int last,
+                  const std::vector<std::pair<Enum, int64_t>>& counts) {
+  for (int i = first; i <= last; ++i) {
+    const auto value = static_cast<Enum>(i);
+    int64_t count = 0;
+    for (const auto& [v, n] : counts) {
+      if (v == value) count = n;
+    }
+    out << name << "{" << label << "=\"" << ToString(value) << "\"} " << count << "\n";
+  }
+}
+
 void Header(std::ostringstream& out, const char* name, const char* type, const char* help) {
   out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
 }
@@ -33,14 +48,7 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now) {
   WS_ASSIGN_OR_RETURN(std::vector<SinkStats> sinks, store.DeliveryStats());
   std::ostringstream out;
   Header(out, "waystone_instances", "gauge", "Workflow instances by state.");
-  for (int i = 1; i <= 7; ++i) {
-    const auto state = static_cast<InstanceState>(i);
-    int64_t count = 0;
-    for (const auto& [s, n] : summary.instances_by_state) {
-      if (s == state) count = n;
-    }
-    out << "waystone_instances{state=\"" << ToString(state) << "\"} " << count << "\n";
-  }
+  CountsByEnum(out, "waystone_instances", "state", 1, 7, summary.instances_by_state);
   Header(out, "waystone_open_alerts", "gauge", "Alerts not yet acknowledged or resolved.");
   out << "waystone_open_alerts " << summary.open_alerts << "\n";
   Header(out, "waystone_step_retries_total", "counter", "Step attempts beyond the first.");
@@ -53,24 +61,10 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now) {
   Header(out, "waystone_step_attempts_total", "counter", "Step submissions, over all steps.");
   out << "waystone_step_attempts_total " << summary.attempts << "\n";
   Header(out, "waystone_steps", "gauge", "Steps by state.");
-  for (int i = 1; i <= 10; ++i) {
-    const auto state = static_cast<StepState>(i);
-    int64_t count = 0;
-    for (const auto& [s, n] : summary.steps_by_state) {
-      if (s == state) count = n;
-    }
-    out << "waystone_steps{state=\"" << ToString(state) << "\"} " << count << "\n";
-  }
+  CountsByEnum(out, "waystone_steps", "state", 1, 10, summary.steps_by_state);
   Header(out, "waystone_step_outcomes", "gauge",
          "Steps whose last failed attempt had this error class (transient, rejected, unknown).");
-  for (int i = 1; i <= 3; ++i) {
-    const auto error_class = static_cast<ErrorClass>(i);
-    int64_t count = 0;
-    for (const auto& [c, n] : summary.steps_by_error_class) {
-      if (c == error_class) count = n;
-    }
-    out << "waystone_step_outcomes{class=\"" << ToString(error_class) << "\"} " << count << "\n";
-  }
+  CountsByEnum(out, "waystone_step_outcomes", "class", 1, 3, summary.steps_by_error_class);
   Header(out, "waystone_unknown_resolutions_total", "counter",
          "Unknown outcomes settled, by how: found by lookup, resubmitted, confirmed by an operator.");
   out << "waystone_unknown_resolutions_total{how=\"lookup_found\"} " << summary.resolved_by_lookup

@@ -4,13 +4,12 @@
 
 #include "base/status_macros.h"
 #include "base/time_format.h"
+#include "server/wire_json.h"
 
 namespace waystone {
-namespace {
+namespace wire {
 
-using Json = nlohmann::json;
-
-Json Summary(const InstanceRecord& r) {
+nlohmann::json InstanceSummary(const InstanceRecord& r) {
   return {{"id", r.id},
           {"tenant", r.tenant},
           {"key", r.key},
@@ -24,18 +23,36 @@ Json Summary(const InstanceRecord& r) {
           {"updated_at", Rfc3339(r.updated_at)}};
 }
 
+nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key) {
+  return {{"id", a.id},
+          {"instance", instance_key},
+          {"instance_id", a.instance_id},
+          {"tenant", a.tenant},
+          {"step", a.step},
+          {"kind", ToString(a.kind)},
+          {"state", ToString(a.state)},
+          {"message", a.message},
+          {"created_at", Rfc3339(a.created_at)}};
+}
+
+}  // namespace wire
+
+namespace {
+using Json = nlohmann::json;
 }  // namespace
 
 std::string Rfc3339(Millis at) { return at <= 0 ? "" : FormatRfc3339(at); }
 
-std::string InstanceSummaryJson(const InstanceRecord& instance) { return Summary(instance).dump(); }
+std::string InstanceSummaryJson(const InstanceRecord& instance) {
+  return wire::InstanceSummary(instance).dump();
+}
 
 absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord& instance) {
   WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store.GetSteps(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AuditRecord> audit, store.ListAudit(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
-  Json out = Summary(instance);
+  Json out = wire::InstanceSummary(instance);
   out["steps"] = Json::array();
   for (const auto& s : steps) {
     Json step = {{"name", s.name},
@@ -55,14 +72,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
     out["steps"].push_back(step);
   }
   out["alerts"] = Json::array();
-  for (const auto& a : alerts) {
-    out["alerts"].push_back({{"id", a.id},
-                             {"kind", ToString(a.kind)},
-                             {"state", ToString(a.state)},
-                             {"step", a.step},
-                             {"message", a.message},
-                             {"created_at", Rfc3339(a.created_at)}});
-  }
+  for (const auto& a : alerts) out["alerts"].push_back(wire::Alert(a, instance.key));
   out["audit"] = Json::array();
   for (const auto& a : audit) {
     out["audit"].push_back({{"at", Rfc3339(a.at)},

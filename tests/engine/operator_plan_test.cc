@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "definition/loader.h"
+#include "support/records.h"
 #include "engine/state_machine.h"
 
 namespace waystone {
@@ -42,26 +43,8 @@ steps:
 using S = StepState;
 using I = InstanceState;
 
-std::vector<StepRecord> Steps(std::initializer_list<StepState> states) {
-  std::vector<StepRecord> steps;
-  int i = 0;
-  for (StepState state : states) {
-    StepRecord s;
-    s.index = i;
-    s.name = std::string(1, static_cast<char>('a' + i));
-    s.state = state;
-    steps.push_back(s);
-    ++i;
-  }
-  return steps;
-}
-
-InstanceRecord Instance(InstanceState state) {
-  InstanceRecord r;
-  r.key = "k";
-  r.state = state;
-  return r;
-}
+using testing::Instance;
+using testing::Steps;
 
 std::string Key(int index) { return "k:" + std::string(1, static_cast<char>('a' + index)); }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "definition/loader.h"
+#include "support/records.h"
 
 namespace waystone {
 namespace {
@@ -29,25 +30,8 @@ steps:
   return *definition;
 }
 
-std::vector<StepRecord> Steps(std::initializer_list<StepState> states) {
-  std::vector<StepRecord> steps;
-  int i = 0;
-  for (StepState state : states) {
-    StepRecord s;
-    s.index = i;
-    s.name = std::string(1, static_cast<char>('a' + i));
-    s.state = state;
-    steps.push_back(s);
-    ++i;
-  }
-  return steps;
-}
-
-InstanceRecord Instance(InstanceState state) {
-  InstanceRecord r;
-  r.state = state;
-  return r;
-}
+using testing::Instance;
+using testing::Steps;
 
 using K = NextAction::Kind;
 using S = StepState;

@@ -998,21 +998,13 @@ absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestR
                                 "created_at, expires_at, owner FROM api_requests WHERE tenant = "
                                 "$1 AND key = $2 FOR UPDATE",
                                 Params(request.tenant, request.key)));
-    claim.stored = {request.tenant, request.key, got.Text(0, 0), got.Text(0, 1) == "t",
-                    static_cast<int>(got.Int(0, 2)), got.Text(0, 3), got.Text(0, 4),
-                    got.Int(0, 5), got.Int(0, 6), got.Text(0, 7)};
-    const bool abandoned = claim.stored.created_at < stale_before ||
-                           (!dead_owner.empty() && claim.stored.owner == dead_owner);
-    const bool live = claim.stored.expires_at > request.created_at &&
-                      (claim.stored.done || !abandoned);
-    if (live) {
-      claim.outcome = claim.stored.request_hash != request.request_hash ? ApiRequestOutcome::kMismatch
-                      : claim.stored.done ? ApiRequestOutcome::kReplay
-                                          : ApiRequestOutcome::kInFlight;
-      return absl::OkStatus();
-    }
-    claim.outcome = ApiRequestOutcome::kNew;
-    claim.stored = request;
+    // The placeholder row just inserted has expired at 0: a fresh key decides kNew.
+    const ApiRequestRecord stored{request.tenant, request.key, got.Text(0, 0),
+                                  got.Text(0, 1) == "t", static_cast<int>(got.Int(0, 2)),
+                                  got.Text(0, 3), got.Text(0, 4), got.Int(0, 5), got.Int(0, 6),
+                                  got.Text(0, 7)};
+    claim = DecideApiRequest(stored, request, stale_before, dead_owner);
+    if (claim.outcome != ApiRequestOutcome::kNew) return absl::OkStatus();
     return c.Query("UPDATE api_requests SET request_hash = $3, done = FALSE, status = 0, "
                    "content_type = '', body = '', created_at = $4::bigint, expires_at = "
                    "$5::bigint, owner = $6 WHERE tenant = $1 AND key = $2",

@@ -1071,28 +1071,19 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
                                      "tenant = ? AND key = ?"));
     get->BindAll(request.tenant, request.key);
     WS_ASSIGN_OR_RETURN(bool row, get->Step());
+    std::optional<ApiRequestRecord> stored;
     if (row) {
-      claim.stored = {request.tenant, request.key, get->Text(0), get->Int(1) != 0,
-                      static_cast<int>(get->Int(2)), get->Text(3), get->Text(4), get->Int(5),
-                      get->Int(6), get->Text(7)};
+      stored = ApiRequestRecord{request.tenant, request.key, get->Text(0), get->Int(1) != 0,
+                                static_cast<int>(get->Int(2)), get->Text(3), get->Text(4),
+                                get->Int(5), get->Int(6), get->Text(7)};
     }
     get->Reset();
-    const bool abandoned = claim.stored.created_at < stale_before ||
-                           (!dead_owner.empty() && claim.stored.owner == dead_owner);
-    const bool live = row && claim.stored.expires_at > request.created_at &&
-                      (claim.stored.done || !abandoned);
-    if (live) {
-      claim.outcome = claim.stored.request_hash != request.request_hash ? ApiRequestOutcome::kMismatch
-                      : claim.stored.done ? ApiRequestOutcome::kReplay
-                                          : ApiRequestOutcome::kInFlight;
-      return absl::OkStatus();
-    }
+    claim = DecideApiRequest(stored, request, stale_before, dead_owner);
+    if (claim.outcome != ApiRequestOutcome::kNew) return absl::OkStatus();
     WS_ASSIGN_OR_RETURN(SqliteStatement * put,
                         db_->Prepare("INSERT OR REPLACE INTO api_requests (tenant, key, "
                                      "request_hash, created_at, expires_at, owner) VALUES (?, ?, "
                                      "?, ?, ?, ?)"));
-    claim.outcome = ApiRequestOutcome::kNew;
-    claim.stored = request;
     return put->BindAll(request.tenant, request.key, request.request_hash, request.created_at,
                         request.expires_at, request.owner)
         .Run();

@@ -1,0 +1,20 @@
+#pragma once
+
+// The wire model as JSON values, for the server's own translation units (it
+// includes nlohmann/json; wire.h is the light header for everyone else).
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "store/store.h"
+
+namespace waystone::wire {
+
+// The summary of one instance as used in lists and answers.
+nlohmann::json InstanceSummary(const InstanceRecord& instance);
+
+// One alert, with the business key of its instance.
+nlohmann::json Alert(const AlertRecord& alert, const std::string& instance_key);
+
+}  // namespace waystone::wire
