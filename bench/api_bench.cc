@@ -81,6 +81,7 @@ Result Run(const std::string& db_path, int clients, int requests, bool with_key)
                              {"Content-Type", "application/json"}},
                             "{\"workflow\":\"bench-api\",\"input\":{\"n\":" + std::to_string(n) + "}}",
                             10'000};
+        request.reuse = ConnectionReuse::kReuse;  // a client of the API, not an engine call
         if (with_key) request.headers.emplace_back("Idempotency-Key", "k-" + std::to_string(n));
         HttpResponse response = client->Send(request);
         if (response.outcome.status != 201) failures.fetch_add(1);

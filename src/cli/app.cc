@@ -166,6 +166,9 @@ int Main(int argc, char** argv) {
   gc_cmd->add_option("--older-than", gc.older_than, "Finished before this long ago (30d, 12h)")
       ->capture_default_str();
   gc_cmd->add_flag("--dry-run", gc.dry_run, "Only count what would be removed");
+  gc_cmd->add_option("--keep-protection", gc.keep_protection,
+                     "Keep inbox claims and tombstones of removed instances this long (default "
+                     "400d; must exceed the longest upstream redelivery period)");
   add_global(gc_cmd);
 
   std::vector<std::string> lint_files;

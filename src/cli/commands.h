@@ -93,6 +93,9 @@ struct ServeOptions {
 
 struct GcOptions {
   std::string older_than = "30d";
+  // Inbox claims and tombstones (the protection against late redeliveries) are kept
+  // this long: longer than any upstream retries and as long as audits need.
+  std::string keep_protection = "400d";
   bool dry_run = false;
 };
 

@@ -222,18 +222,29 @@ int Gc(const GlobalOptions& global, const GcOptions& options) {
     return Fail(absl::InvalidArgumentError("--older-than '" + options.older_than +
                                            "' is not a duration such as 30d or 12h"));
   }
+  auto protection = ParseDuration(options.keep_protection);
+  if (!protection) {
+    return Fail(absl::InvalidArgumentError("--keep-protection '" + options.keep_protection +
+                                           "' is not a duration such as 400d"));
+  }
   auto store = OpenStoreFor(global);
   if (!store.ok()) return Fail(store.status());
   const Millis now = SystemClock::Get()->NowMillis();
-  auto report = (*store)->CollectGarbage(now - *age, now, options.dry_run);
+  auto report = (*store)->CollectGarbage(now - *age, now, now - *protection, options.dry_run);
   if (!report.ok()) return Fail(report.status());
   std::printf("%s %lld instances (%lld steps, %lld events, %lld deliveries, %lld alerts) and "
-              "%lld expired idempotency keys\n",
+              "%lld expired idempotency keys; %s %lld tombstones; %s %lld inbox claims and %lld "
+              "tombstones older than %s\n",
               options.dry_run ? "would remove" : "removed",
               static_cast<long long>(report->instances), static_cast<long long>(report->steps),
               static_cast<long long>(report->events), static_cast<long long>(report->deliveries),
               static_cast<long long>(report->alerts),
-              static_cast<long long>(report->idempotency_keys));
+              static_cast<long long>(report->idempotency_keys),
+              options.dry_run ? "would keep" : "kept",
+              static_cast<long long>(report->tombstones_written),
+              options.dry_run ? "would remove" : "removed",
+              static_cast<long long>(report->inbox_claims),
+              static_cast<long long>(report->tombstones), options.keep_protection.c_str());
   return kExitOk;
 }
 

@@ -12,6 +12,7 @@
 #include "definition/loader.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
+#include "engine/operations.h"
 #include "engine/lease_reaper.h"
 #include "messaging/relay.h"
 #include "server/api_server.h"
@@ -55,8 +56,18 @@ const char* OutcomeText(StartOutcome outcome) {
     case StartOutcome::kCreated: return "started";
     case StartOutcome::kExisting: return "exists";
     case StartOutcome::kDuplicateEvent: return "duplicate event";
+    case StartOutcome::kEventConflict: return "conflicting event";
+    case StartOutcome::kCollected: return "collected";
   }
   return "?";
+}
+
+// Returns the error for a start that acted on nothing because its event id was
+// used before with other data.
+absl::Status EventConflict(const StartRequest& request, const StartResult& started) {
+  return absl::FailedPreconditionError(
+      InboxConflictMessage(request.event_source, request.event_id, started.stored_data_hash,
+                           EventDataHash(request.input_json)));
 }
 
 }  // namespace
@@ -73,8 +84,17 @@ int Run(const GlobalOptions& global, const RunOptions& options) {
   StartRequest request{global.tenant, *input, options.event_source, options.event_id};
   auto started = rt.engine->StartInstance(*definition, request);
   if (!started.ok()) return Fail(started.status());
+  if (started->outcome == StartOutcome::kEventConflict) {
+    return Fail(EventConflict(request, *started));
+  }
   std::fprintf(stderr, "waystone: %s instance %s\n", OutcomeText(started->outcome),
                started->instance.key.c_str());
+  if (started->tombstone || started->instance.key.empty()) {
+    // Removed by gc (only its tombstone is left): nothing to run again.
+    std::printf("%s\t%s\n", started->instance.key.c_str(),
+                std::string(ToString(started->instance.state)).c_str());
+    return started->instance.state == InstanceState::kCompleted ? kExitOk : kExitNotCompleted;
+  }
   auto state = rt.engine->RunUntilRest(started->instance.id, stop);
   if (!state.ok()) return Fail(state.status());
   auto record = rt.store->GetInstance(started->instance.id);
@@ -108,6 +128,9 @@ int Start(const GlobalOptions& global, const StartOptions& options) {
     ++line;
     StartRequest request{global.tenant, input, options.event_source, options.event_id};
     auto started = (*runtime)->engine->StartInstance(*definition, request);
+    if (started.ok() && started->outcome == StartOutcome::kEventConflict) {
+      started = EventConflict(request, *started);
+    }
     if (!started.ok()) {
       const std::string where =
           options.inputs_file.empty() ? "" : options.inputs_file + ":" + std::to_string(line) + ": ";

@@ -103,6 +103,7 @@ class Engine::Impl {
     in.trace_id = random_->Hex(16);
     in.event_source = request.event_source;
     in.event_id = request.event_id;
+    in.event_data_hash = in.input_hash;  // a start event's data is the input
     in.now = clock_->NowMillis();
     for (const auto& step : definition.steps) in.step_names.push_back(step.name);
     InstanceRecord shown;
@@ -113,6 +114,16 @@ class Engine::Impl {
     in.started_event = MakeEvent("waystone.instance.started", shown, nullptr, "", *random_, in.now);
     auto result = store_->StartInstance(in);
     if (result.ok() && result->outcome == StartOutcome::kCreated) wake_.notify_all();
+    if (result.ok() && result->outcome == StartOutcome::kEventConflict) {
+      InstanceRecord about = result->instance;
+      about.tenant = in.tenant;
+      AlertRecord alert{0, about.id, in.tenant, "", AlertKind::kInboxConflict, AlertState::kOpen,
+                        InboxConflictMessage(in.event_source, in.event_id,
+                                             result->stored_data_hash, in.event_data_hash),
+                        in.now};
+      WS_RETURN_IF_ERROR(
+          store_->RaiseAlert(alert, MakeAlertEvent(alert, about, *random_, in.now)).status());
+    }
     return result;
   }
 

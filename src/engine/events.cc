@@ -35,4 +35,12 @@ EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
   return event;
 }
 
+EventRecord MakeAlertEvent(const AlertRecord& alert, const InstanceRecord& instance,
+                           Random& random, Millis now) {
+  StepRecord step;
+  step.name = alert.step;
+  return MakeEvent("waystone.alert." + std::string(ToString(alert.kind)), instance,
+                   alert.step.empty() ? nullptr : &step, alert.message, random, now);
+}
+
 }  // namespace waystone

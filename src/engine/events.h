@@ -15,4 +15,8 @@ EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
                       const StepRecord* step, std::string_view message, Random& random,
                       Millis now);
 
+// Returns the outbox event that pushes `alert` (about `instance`) to the sinks.
+EventRecord MakeAlertEvent(const AlertRecord& alert, const InstanceRecord& instance,
+                           Random& random, Millis now);
+
 }  // namespace waystone

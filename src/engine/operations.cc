@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/sha256.h"
 #include "base/status_macros.h"
 #include "engine/catalog.h"
 #include "engine/context.h"
@@ -135,15 +136,47 @@ absl::StatusOr<AlertRecord> Operations::AcknowledgeAlert(const std::string& tena
   return store_->GetAlert(id);
 }
 
-absl::StatusOr<SignalOutcome> Operations::Deliver(const Signal& signal) {
-  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(signal.tenant, signal.key));
-  WS_ASSIGN_OR_RETURN(bool seen, store_->InboxContains(signal.source, signal.id));
-  if (seen) {
-    WS_RETURN_IF_ERROR(store_->AddToCounter(kCounterInboxDuplicates, 1));
-    return SignalOutcome::kDuplicate;
+std::string InboxConflictMessage(const std::string& source, const std::string& id,
+                                 const std::string& stored_hash, const std::string& new_hash) {
+  return "event " + source + " " + id + " came again with other data (received first with data "
+         "hash " + stored_hash.substr(0, 16) + ", now " + new_hash.substr(0, 16) +
+         "); it was not applied";
+}
+
+std::string EventDataHash(const std::string& data_json) {
+  const Json data = Json::parse(data_json, nullptr, false);
+  return Sha256Hex(data.is_discarded() ? data_json : data.dump());
+}
+
+absl::StatusOr<SignalResult> Operations::SeenBefore(const Signal& signal,
+                                                    const InstanceRecord& instance,
+                                                    const std::string& data_hash) {
+  WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
+                      store_->LookupInbox(signal.tenant, signal.source, signal.id));
+  if (!seen) return absl::NotFoundError("not in the inbox");
+  SignalResult result{SignalOutcome::kDuplicate, data_hash, seen->data_hash};
+  if (!seen->data_hash.empty() && seen->data_hash != data_hash) {
+    result.outcome = SignalOutcome::kConflict;
+    const Millis now = clock_->NowMillis();
+    AlertRecord alert{0, instance.id, instance.tenant, "", AlertKind::kInboxConflict,
+                      AlertState::kOpen,
+                      InboxConflictMessage(signal.source, signal.id, seen->data_hash, data_hash),
+                      now};
+    WS_RETURN_IF_ERROR(
+        store_->RaiseAlert(alert, MakeAlertEvent(alert, instance, *random_, now)).status());
+    return result;
   }
+  WS_RETURN_IF_ERROR(store_->AddToCounter(kCounterInboxDuplicates, 1));
+  return result;
+}
+
+absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
+  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(signal.tenant, signal.key));
+  const std::string data_hash = EventDataHash(signal.data_json);
+  auto seen = SeenBefore(signal, instance, data_hash);
+  if (seen.ok() || !absl::IsNotFound(seen.status())) return seen;
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
-  auto committed = [&]() -> absl::StatusOr<SignalOutcome> {
+  auto committed = [&]() -> absl::StatusOr<SignalResult> {
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
@@ -172,7 +205,7 @@ absl::StatusOr<SignalOutcome> Operations::Deliver(const Signal& signal) {
     change.now = clock_->NowMillis();
     change.lease_expires_at = 0;
     if (instance.state == InstanceState::kRunning) change.next_run_at = change.now;
-    change.inbox = std::make_pair(signal.source, signal.id);
+    change.inbox = InboxClaim{signal.tenant, signal.source, signal.id, data_hash};
     StepRecord step = *waiting;
     step.state = StepState::kCompleted;
     step.attempts += 1;
@@ -195,11 +228,10 @@ absl::StatusOr<SignalOutcome> Operations::Deliver(const Signal& signal) {
     if (absl::IsAlreadyExists(results.front())) {
       // Claimed by a concurrent delivery of the same event between the check and now.
       WS_RETURN_IF_ERROR(Release(lease));
-      WS_RETURN_IF_ERROR(store_->AddToCounter(kCounterInboxDuplicates, 1));
-      return SignalOutcome::kDuplicate;
+      return SeenBefore(signal, instance, data_hash);
     }
     WS_RETURN_IF_ERROR(results.front());
-    return SignalOutcome::kApplied;
+    return SignalResult{SignalOutcome::kApplied, data_hash, ""};
   }();
   if (!committed.ok()) (void)Release(lease);
   return committed;

@@ -24,8 +24,23 @@ struct ActionResult {
 // How a signal (an event for a waiting step) ended.
 enum class SignalOutcome : uint8_t {
   kApplied = 1,    // the waiting step completed with the event's data
-  kDuplicate = 2,  // (source, id) was received before: no second effect
+  kDuplicate = 2,  // (tenant, source, id) was received before with the same data: no effect
+  kConflict = 3,   // ... with other data: no effect, an inbox_conflict alert is raised
 };
+
+struct SignalResult {
+  SignalOutcome outcome = SignalOutcome::kApplied;
+  std::string data_hash;         // of this event's data
+  std::string stored_data_hash;  // kConflict: of the data received first
+};
+
+// Returns the message of an inbox_conflict alert and problem: the event, both hashes.
+std::string InboxConflictMessage(const std::string& source, const std::string& id,
+                                 const std::string& stored_hash, const std::string& new_hash);
+
+// Returns the hash the inbox keeps of an event's data: SHA-256 of its canonical JSON
+// (keys sorted), or of the text itself when it is not JSON.
+std::string EventDataHash(const std::string& data_json);
 
 struct Signal {
   std::string tenant;
@@ -59,13 +74,17 @@ class Operations {
                                                const std::string& reason, bool dry_run);
 
   // Completes the step of instance `signal.key` waiting for `signal.event_type`
-  // with the event's data, claiming (source, id) in the inbox in the same
-  // transaction. NotFound for no such instance; FailedPrecondition when no step
+  // with the event's data, claiming (tenant, source, id) with the data's hash in the
+  // inbox in the same transaction. NotFound for no such instance; FailedPrecondition when no step
   // waits for this type; Aborted when a worker holds the instance.
-  absl::StatusOr<SignalOutcome> Deliver(const Signal& signal);
+  absl::StatusOr<SignalResult> Deliver(const Signal& signal);
 
  private:
   absl::StatusOr<Lease> Claim(int64_t instance_id);
+  // Returns kDuplicate or kConflict (raising its alert) when the inbox holds the
+  // signal's event; NotFound when it does not.
+  absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const InstanceRecord& instance,
+                                          const std::string& data_hash);
   absl::Status Release(const Lease& lease);
 
   Store* store_;

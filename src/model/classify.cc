@@ -25,6 +25,15 @@ ErrorClass DefaultForStatus(int status) {
 
 }  // namespace
 
+std::string_view ToString(ConnectionUsed connection) {
+  switch (connection) {
+    case ConnectionUsed::kNone: return "none";
+    case ConnectionUsed::kNew: return "new";
+    case ConnectionUsed::kReused: return "reused";
+  }
+  return "none";
+}
+
 ErrorClass Classify(const CallOutcome& outcome, const StatusOverrides& overrides) {
   switch (outcome.kind) {
     case CallOutcome::Kind::kNotSent:

@@ -2,11 +2,21 @@
 
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "base/clock.h"
 #include "model/states.h"
 
 namespace waystone {
+
+// Which connection a request went out on, as far as the client knows. Persisted
+// on attempt records; values frozen.
+enum class ConnectionUsed : uint8_t {
+  kNone = 0,    // no connection was made (refused, DNS, malformed URL)
+  kNew = 1,     // opened for this request
+  kReused = 2,  // kept alive from an earlier request
+};
+std::string_view ToString(ConnectionUsed connection);
 
 // What one external call did, as far as the caller can tell. Produced by a
 // connector, consumed by Classify. A value type.
@@ -20,6 +30,8 @@ struct CallOutcome {
   Kind kind = Kind::kResponse;
   int status = 0;                        // HTTP status when kind == kResponse
   std::optional<Millis> retry_after;     // parsed Retry-After, when present
+  bool sent = false;                     // some of the request left this process
+  ConnectionUsed connection = ConnectionUsed::kNone;
 };
 
 // Per-step overrides of the default class for an HTTP status (the `errors:` map).

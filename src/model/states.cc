@@ -113,6 +113,17 @@ std::string_view ToString(AlertKind kind) {
     case AlertKind::kDeliveryParked: return "delivery_parked";
     case AlertKind::kSinkDisabled: return "sink_disabled";
     case AlertKind::kUnknownUnresolved: return "unknown_unresolved";
+    case AlertKind::kInboxConflict: return "inbox_conflict";
+    case AlertKind::kResultMissing: return "result_missing";
+  }
+  return "invalid";
+}
+
+std::string_view ToString(AttemptPhase phase) {
+  switch (phase) {
+    case AttemptPhase::kCall: return "call";
+    case AttemptPhase::kLookup: return "lookup";
+    case AttemptPhase::kCompensate: return "compensate";
   }
   return "invalid";
 }
@@ -140,7 +151,7 @@ std::string_view ToString(DeliveryState state) {
 }
 
 std::optional<AlertKind> ParseAlertKind(std::string_view text) {
-  for (int i = 1; i <= 8; ++i) {
+  for (int i = 1; i <= 10; ++i) {
     auto kind = static_cast<AlertKind>(i);
     if (ToString(kind) == text) return kind;
   }

@@ -81,7 +81,13 @@ enum class AlertKind : uint8_t {
   kDeliveryParked = 6,     // an outbox event kept failing to reach a sink
   kSinkDisabled = 7,       // a sink answered 410; its events wait
   kUnknownUnresolved = 8,  // an unknown outcome stayed unresolved past the threshold
+  kInboxConflict = 9,      // an event id came again with different data
+  kResultMissing = 10,     // a 2xx answer lacked the external id the step records
 };
+
+// Which request of a step an attempt record describes. Persisted; values frozen.
+enum class AttemptPhase : uint8_t { kCall = 1, kLookup = 2, kCompensate = 3 };
+std::string_view ToString(AttemptPhase phase);
 
 // Where one outbox event stands with one sink. Persisted; values frozen.
 enum class DeliveryState : uint8_t { kPending = 1, kDelivered = 2, kParked = 3 };

@@ -24,6 +24,17 @@
 namespace waystone {
 namespace {
 
+std::string StartOutcomeName(StartOutcome outcome) {
+  switch (outcome) {
+    case StartOutcome::kCreated: return "started";
+    case StartOutcome::kExisting: return "existing";
+    case StartOutcome::kCollected: return "existing";  // with its tombstone
+    case StartOutcome::kDuplicateEvent: return "duplicate";
+    case StartOutcome::kEventConflict: return "conflict";
+  }
+  return "unknown";
+}
+
 using Json = nlohmann::json;
 
 void Send(httplib::Response& res, const Problem& problem, const std::string& path,
@@ -451,7 +462,7 @@ class ApiServer::Impl {
     if (!started.ok()) {
       if (absl::IsFailedPrecondition(started.status())) {
         return Send(res, {409, "urn:waystone:problem:business-key-conflict",
-                          "An instance with this business key has other input",
+                          "The business key is held with other input or by another workflow",
                           std::string(started.status().message())},
                     req.path);
       }
@@ -462,6 +473,11 @@ class ApiServer::Impl {
     res.set_header("Location", "/v1/instances/" + started->instance.key);
     Json out = wire::InstanceSummary(started->instance);
     out["created"] = created;
+    if (started->tombstone) {
+      // Removed by gc: answered as existing, from what gc kept; nothing is started.
+      out["collected"] = true;
+      out["tombstone"] = wire::Tombstone(*started->tombstone);
+    }
     SendJson(res, created ? 201 : 200, out);
   }
 
@@ -633,14 +649,17 @@ class ApiServer::Impl {
       const Routed& r = routed[i];
       Json result = {{"id", r.event.id}, {"source", r.event.source}, {"type", r.event.type}};
       absl::Status failed;
+      std::string conflict;
       if (r.definition) {
         StartRequest start{r.tenant, r.event.data_json, r.event.source, r.event.id};
         auto started = engine_->StartInstance(*r.definition, start);
-        if (started.ok()) {
+        if (started.ok() && started->outcome == StartOutcome::kEventConflict) {
+          conflict = InboxConflictMessage(r.event.source, r.event.id, started->stored_data_hash,
+                                          EventDataHash(r.event.data_json));
+        } else if (started.ok()) {
           result["instance"] = started->instance.key;
-          result["outcome"] = started->outcome == StartOutcome::kCreated    ? "started"
-                              : started->outcome == StartOutcome::kExisting ? "existing"
-                                                                            : "duplicate";
+          result["outcome"] = StartOutcomeName(started->outcome);
+          if (started->tombstone) result["tombstone"] = wire::Tombstone(*started->tombstone);
         } else {
           failed = started.status();
         }
@@ -649,11 +668,30 @@ class ApiServer::Impl {
                       r.event.data_json, principal.token_name};
         auto delivered = engine_->operations().Deliver(signal);
         result["instance"] = r.key;
-        if (delivered.ok()) {
-          result["outcome"] = *delivered == SignalOutcome::kApplied ? "signalled" : "duplicate";
+        if (delivered.ok() && delivered->outcome == SignalOutcome::kConflict) {
+          conflict = InboxConflictMessage(r.event.source, r.event.id, delivered->stored_data_hash,
+                                          delivered->data_hash);
+        } else if (delivered.ok()) {
+          result["outcome"] =
+              delivered->outcome == SignalOutcome::kApplied ? "signalled" : "duplicate";
         } else {
           failed = delivered.status();
         }
+      }
+      if (!conflict.empty()) {
+        // The same id with other data is never a duplicate: refused, with an alert.
+        for (size_t j = i + 1; j < routed.size(); ++j) {
+          results.push_back({{"id", routed[j].event.id}, {"source", routed[j].event.source},
+                             {"type", routed[j].event.type}, {"outcome", "not_processed"}});
+        }
+        result["outcome"] = "conflict";
+        result["error"] = conflict;
+        results.insert(results.begin() + static_cast<long>(i), result);
+        return Send(res,
+                    {409, "urn:waystone:problem:inbox-conflict",
+                     "This event id was received before with other data",
+                     (batch ? "event " + std::to_string(i) + ": " : "") + conflict},
+                    req.path, {{"results", results}});
       }
       if (!failed.ok()) {
         // Events before this one are applied (and a redelivery of them is a

@@ -35,6 +35,18 @@ nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key) {
           {"created_at", Rfc3339(a.created_at)}};
 }
 
+nlohmann::json Tombstone(const TombstoneRecord& t) {
+  nlohmann::json ids = nlohmann::json::parse(t.external_ids_json, nullptr, false);
+  return {{"tenant", t.tenant},
+          {"key", t.key},
+          {"workflow", t.workflow},
+          {"input_hash", t.input_hash},
+          {"final_state", ToString(t.final_state)},
+          {"external_ids", ids.is_discarded() ? nlohmann::json::object() : ids},
+          {"finished_at", Rfc3339(t.finished_at)},
+          {"collected_at", Rfc3339(t.collected_at)}};
+}
+
 }  // namespace wire
 
 namespace {
@@ -52,6 +64,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
   WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AuditRecord> audit, store.ListAudit(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store.ListAttempts(instance.id));
   Json out = wire::InstanceSummary(instance);
   out["steps"] = Json::array();
   for (const auto& s : steps) {
@@ -69,6 +82,20 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
     if (s.next_attempt_at > 0) step["next_attempt_at"] = Rfc3339(s.next_attempt_at);
     if (s.started_at > 0) step["started_at"] = Rfc3339(s.started_at);
     if (s.finished_at > 0) step["finished_at"] = Rfc3339(s.finished_at);
+    // Every request sent for the step: whether it left, on which connection, what came back.
+    step["requests"] = Json::array();
+    for (const AttemptRecord& a : attempts) {
+      if (a.step_index != s.index) continue;
+      step["requests"].push_back({{"seq", a.seq},
+                                  {"phase", ToString(a.phase)},
+                                  {"sent", a.sent},
+                                  {"connection", ToString(a.connection)},
+                                  {"status", a.status},
+                                  {"error_class", ToString(a.error_class)},
+                                  {"detail", a.detail},
+                                  {"started_at", Rfc3339(a.started_at)},
+                                  {"finished_at", Rfc3339(a.finished_at)}});
+    }
     out["steps"].push_back(step);
   }
   out["alerts"] = Json::array();

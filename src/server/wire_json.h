@@ -17,4 +17,7 @@ nlohmann::json InstanceSummary(const InstanceRecord& instance);
 // One alert, with the business key of its instance.
 nlohmann::json Alert(const AlertRecord& alert, const std::string& instance_key);
 
+// What gc left of an instance.
+nlohmann::json Tombstone(const TombstoneRecord& tombstone);
+
 }  // namespace waystone::wire

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/clock.h"
+#include "model/classify.h"
 #include "model/states.h"
 
 namespace waystone {
@@ -62,6 +63,52 @@ struct StepRecord {
   Millis finished_at = 0;
   std::string span_id;              // W3C trace-context parent id of the last call
   Millis unknown_since = 0;         // when the outcome became unknown; 0 when it is not
+};
+
+// One request sent for a step (its call, a lookup or its compensation): whether it
+// left, on which connection, and what came back. One row per request the engine
+// decided to send; nothing below the engine sends one without a row.
+struct AttemptRecord {
+  int step_index = 0;
+  int seq = 0;  // 1, 2, ... per step over all phases
+  AttemptPhase phase = AttemptPhase::kCall;
+  bool sent = false;
+  ConnectionUsed connection = ConnectionUsed::kNone;
+  int status = 0;  // HTTP status; 0 when no complete response arrived
+  ErrorClass error_class = ErrorClass::kNone;
+  std::string detail;  // transport error or a short description of the answer
+  Millis started_at = 0;
+  Millis finished_at = 0;
+};
+
+// An event claimed in the inbox: per tenant, with a hash of its data so that the
+// same id with other data is a conflict, never a silent duplicate.
+struct InboxClaim {
+  std::string tenant;
+  std::string source;
+  std::string id;
+  std::string data_hash;
+};
+
+// What the inbox holds for one (tenant, source, id).
+struct InboxEntry {
+  std::string data_hash;
+  int64_t instance_id = 0;
+  Millis received_at = 0;
+};
+
+// What remains of an instance removed by gc: enough to answer a late start or
+// start event for its key as existing, and to show what it did.
+struct TombstoneRecord {
+  std::string tenant;
+  std::string workflow;
+  std::string key;
+  std::string input_hash;
+  InstanceState final_state = InstanceState::kCompleted;
+  std::string external_ids_json;  // {"step": "external id", ...}
+  int64_t instance_id = 0;
+  Millis finished_at = 0;
+  Millis collected_at = 0;
 };
 
 // An outbox row: an event that leaves only once its transaction commits.
@@ -130,11 +177,13 @@ struct Change {
   std::vector<AlertRecord> alerts;
   std::vector<AuditRecord> audits;
   std::optional<IdempotencyClaim> idempotency;
+  // Requests sent since the last change, recorded with their outcome.
+  std::vector<AttemptRecord> attempts;
   // Resolves the instance's open and acknowledged alerts (an operator acted).
   bool resolve_alerts = false;
-  // An event (source, id) claimed in the inbox with this change; the change is
-  // refused with AlreadyExists when it was claimed before.
-  std::optional<std::pair<std::string, std::string>> inbox;
+  // An event claimed in the inbox with this change; the change is refused with
+  // AlreadyExists when (tenant, source, id) was claimed before.
+  std::optional<InboxClaim> inbox;
 };
 
 // A delivery of one outbox event to one sink, claimed by a relay under a lease.
@@ -209,6 +258,9 @@ struct GcReport {
   int64_t deliveries = 0;
   int64_t alerts = 0;
   int64_t idempotency_keys = 0;
+  int64_t tombstones_written = 0;  // one per instance removed
+  int64_t inbox_claims = 0;        // claims past the protection window, removed
+  int64_t tombstones = 0;          // tombstones past the protection window, removed
 };
 
 struct NewInstance {
@@ -221,6 +273,7 @@ struct NewInstance {
   std::string trace_id;
   std::string event_source;  // with event_id: claimed in the inbox in the same transaction
   std::string event_id;
+  std::string event_data_hash;
   std::vector<std::string> step_names;
   EventRecord started_event;
   Millis now = 0;
@@ -230,11 +283,16 @@ enum class StartOutcome : uint8_t {
   kCreated = 1,
   kExisting = 2,        // same key and same input: the existing instance
   kDuplicateEvent = 3,  // the event was already claimed: no second effect
+  kEventConflict = 4,   // the event id was claimed before with other data: nothing done
+  kCollected = 5,       // the key belonged to an instance gc removed: `tombstone`, nothing done
 };
 
 struct StartResult {
   StartOutcome outcome = StartOutcome::kCreated;
-  InstanceRecord instance;
+  InstanceRecord instance;  // for kCollected (or an event whose instance was
+                            // collected): key, workflow, state from the tombstone
+  std::optional<TombstoneRecord> tombstone;
+  std::string stored_data_hash;  // kEventConflict: the hash the inbox holds
 };
 
 struct InstanceFilter {
@@ -324,8 +382,9 @@ class Store {
   virtual absl::StatusOr<std::string> GetDefinition(const std::string& hash) = 0;
 
   // Creates the instance with its pending steps and `started_event`, or returns the
-  // existing one for the same tenant and key. The same key with another input hash
-  // is FailedPrecondition naming both hashes.
+  // existing one for the same tenant and key (kCollected with the tombstone when gc
+  // removed it). A business key is unique per tenant: the same key with another
+  // input hash, or held by another workflow, is FailedPrecondition naming both.
   virtual absl::StatusOr<StartResult> StartInstance(const NewInstance& instance) = 0;
 
   // Claims up to `limit` runnable instances (running or compensating, due, lease
@@ -352,6 +411,11 @@ class Store {
   virtual absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,
                                                       const std::string& key) = 0;
   virtual absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) = 0;
+  // Returns the attempt records of an instance in (step, seq) order.
+  virtual absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) = 0;
+  // Returns the tombstone of a collected key; NotFound when there is none.
+  virtual absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& tenant,
+                                                        const std::string& key) = 0;
   virtual absl::StatusOr<std::vector<InstanceRecord>> ListInstances(
       const InstanceFilter& filter) = 0;
   virtual absl::StatusOr<std::vector<EventRecord>> ListEvents(int64_t instance_id) = 0;
@@ -404,11 +468,13 @@ class Store {
   // unknown_unresolved alert raised since.
   virtual absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) = 0;
   // Removes instances finished (completed, compensated, failed, closed) before
-  // `finished_before` whose events are all delivered, with their steps, events,
-  // deliveries and alerts (the audit log is kept), and idempotency records expired
-  // by `now`. With `dry_run` only counts. One transaction.
+  // `finished_before` whose events are all delivered, with their steps, attempts,
+  // events, deliveries and alerts (the audit log is kept), leaving a tombstone of
+  // each; idempotency records expired by `now`; and inbox claims and tombstones
+  // older than `protect_before` (the protection against late redeliveries lives
+  // that long). With `dry_run` only counts. One transaction.
   virtual absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
-                                                  bool dry_run) = 0;
+                                                  Millis protect_before, bool dry_run) = 0;
   // Stores a token record (AlreadyExists for a hash already present).
   virtual absl::Status PutToken(const TokenRecord& token) = 0;
   // Returns the token with `token_hash`; NotFound when absent.
@@ -432,9 +498,10 @@ class Store {
   virtual absl::Status FinishApiRequest(const ApiRequestRecord& finished) = 0;
   // Frees a claimed key without a stored response (the request could not be served).
   virtual absl::Status AbandonApiRequest(const std::string& tenant, const std::string& key) = 0;
-  // Returns true when (source, id) is already in the inbox.
-  virtual absl::StatusOr<bool> InboxContains(const std::string& source,
-                                             const std::string& id) = 0;
+  // Returns what the inbox holds for (tenant, source, id), if anything.
+  virtual absl::StatusOr<std::optional<InboxEntry>> LookupInbox(const std::string& tenant,
+                                                                const std::string& source,
+                                                                const std::string& id) = 0;
   // Adds `delta` to a database counter (kCounter...).
   virtual absl::Status AddToCounter(const std::string& name, int64_t delta) = 0;
 };

@@ -569,7 +569,8 @@ TEST_P(ApiWriteTest, MalformedEventsAreRefusedNamingTheProblem) {
   }
   // Nothing was started, not even the good first event of the bad batch.
   EXPECT_TRUE(Get("/v1/instances")["items"].empty());
-  EXPECT_FALSE(*store_->InboxContains("/s", "y"));
+  EXPECT_FALSE(store_->LookupInbox("t1", "/s", "y")->has_value());
+  EXPECT_FALSE(store_->LookupInbox("default", "/s", "y")->has_value());
 }
 
 TEST_P(ApiWriteTest, BadStartsAreProblemsAndStartNothing) {

@@ -109,9 +109,28 @@ class CurlHttpClient final : public HttpClient {
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L);
+    // HTTP/1.1 only: an HTTP/2 REFUSED_STREAM makes libcurl send the request again.
+    curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+    curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+    if (request.reuse == ConnectionReuse::kFresh) {
+      // libcurl resends a request by itself only on a reused connection that died
+      // before the first response byte; a connection of its own rules that out.
+      curl_easy_setopt(curl, CURLOPT_FRESH_CONNECT, 1L);
+      curl_easy_setopt(curl, CURLOPT_FORBID_REUSE, 1L);
+    }
 
     const CURLcode rc = curl_easy_perform(curl);
     curl_slist_free_all(headers);
+    long request_size = 0;
+    curl_easy_getinfo(curl, CURLINFO_REQUEST_SIZE, &request_size);
+    long new_connections = 0;
+    curl_easy_getinfo(curl, CURLINFO_NUM_CONNECTS, &new_connections);
+    long connected_port = 0;
+    curl_easy_getinfo(curl, CURLINFO_PRIMARY_PORT, &connected_port);
+    response.outcome.sent = request_size > 0;
+    response.outcome.connection = new_connections > 0    ? ConnectionUsed::kNew
+                          : connected_port > 0 ? ConnectionUsed::kReused
+                                               : ConnectionUsed::kNone;
     if (rc == CURLE_OK) {
       long status = 0;
       curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
@@ -121,8 +140,6 @@ class CurlHttpClient final : public HttpClient {
       return response;
     }
     // Whether the request left decides transient (nothing happened) vs unknown.
-    long request_size = 0;
-    curl_easy_getinfo(curl, CURLINFO_REQUEST_SIZE, &request_size);
     const bool invalid = rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_URL_MALFORMAT;
     const bool not_sent = request_size == 0 || rc == CURLE_COULDNT_CONNECT ||
                           rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY ||

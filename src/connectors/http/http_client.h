@@ -1,7 +1,9 @@
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -10,6 +12,15 @@
 
 namespace waystone {
 
+// Whether a request may travel on a kept-alive connection. A request on a reused
+// connection that the server closes before any response byte is resent by libcurl on
+// its own ("connection died, retrying a fresh connect"): one recorded attempt, two
+// requests on the wire. Calls made for the engine therefore always take a fresh one.
+enum class ConnectionReuse : uint8_t {
+  kFresh = 1,  // a new connection, closed after the response: exactly one request is sent
+  kReuse = 2,  // a kept-alive connection when one is idle (the library may resend)
+};
+
 // One HTTP request to an external system. A value type.
 struct HttpRequest {
   std::string method;
@@ -17,6 +28,7 @@ struct HttpRequest {
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
   Millis timeout = 10'000;
+  ConnectionReuse reuse = ConnectionReuse::kFresh;
 };
 
 // What came back. `outcome` says whether a response arrived, and if not, whether
@@ -43,7 +55,9 @@ struct HttpClientOptions {
   bool verify_tls = true;
 };
 
-// Returns a libcurl-based client; connections are kept alive per thread.
+// Returns a libcurl-based client. Requests marked kReuse share a kept-alive
+// connection per thread; kFresh requests (the default) never do, and the client
+// never sends one request twice (no redirects, no HTTP/2 stream retries).
 std::unique_ptr<HttpClient> NewCurlHttpClient(const HttpClientOptions& options);
 
 }  // namespace waystone

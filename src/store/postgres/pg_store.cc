@@ -7,6 +7,7 @@
 #include "base/status_macros.h"
 #include "store/migration.h"
 #include "store/postgres/pg_connection.h"
+#include "store/start_decision.h"
 
 namespace waystone {
 namespace {
@@ -245,52 +246,92 @@ absl::StatusOr<std::string> PostgresStore::GetDefinition(const std::string& hash
   return r.Text(0, 0);
 }
 
+namespace {
+
+constexpr char kTombstoneColumns[] =
+    "tenant, workflow, business_key, input_hash, final_state, external_ids, instance_id, "
+    "finished_at, collected_at";
+
+TombstoneRecord ReadTombstone(const PgResult& r, int i) {
+  return {r.Text(i, 0), r.Text(i, 1), r.Text(i, 2), r.Text(i, 3),
+          static_cast<InstanceState>(r.Int(i, 4)), r.Text(i, 5), r.Int(i, 6), r.Int(i, 7),
+          r.Int(i, 8)};
+}
+
+absl::StatusOr<std::optional<InboxEntry>> ReadInbox(PgConnection& c, const std::string& tenant,
+                                                    const std::string& source,
+                                                    const std::string& id) {
+  WS_ASSIGN_OR_RETURN(PgResult r, c.Query("SELECT data_hash, COALESCE(instance_id, 0), "
+                                          "received_at FROM inbox WHERE tenant = $1 AND source = "
+                                          "$2 AND event_id = $3",
+                                          Params(tenant, source, id)));
+  if (r.rows() == 0) return std::optional<InboxEntry>();
+  return std::optional<InboxEntry>(InboxEntry{r.Text(0, 0), r.Int(0, 1), r.Int(0, 2)});
+}
+
+}  // namespace
+
 absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) {
   StartResult result;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
+    result = StartResult{};
     const bool has_event = !in.event_source.empty() && !in.event_id.empty();
     if (has_event) {
       WS_ASSIGN_OR_RETURN(PgResult claim,
-                          c.Query("INSERT INTO inbox (source, event_id, received_at) VALUES "
-                                  "($1, $2, $3::bigint) ON CONFLICT DO NOTHING",
-                                  Params(in.event_source, in.event_id, in.now)));
+                          c.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
+                                  "received_at) VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT "
+                                  "DO NOTHING",
+                                  Params(in.tenant, in.event_source, in.event_id,
+                                         in.event_data_hash, in.now)));
       if (claim.affected() == 0) {
-        WS_ASSIGN_OR_RETURN(PgResult prior,
-                            c.Query("SELECT instance_id FROM inbox WHERE source = $1 AND "
-                                    "event_id = $2",
-                                    Params(in.event_source, in.event_id)));
-        WS_ASSIGN_OR_RETURN(result.instance, LoadInstance(c, prior.Int(0, 0)));
-        result.outcome = StartOutcome::kDuplicateEvent;
+        WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> prior,
+                            ReadInbox(c, in.tenant, in.event_source, in.event_id));
+        if (!prior) return absl::UnavailableError("inbox claim not visible yet; retry");
+        result.outcome = DecideClaimedEvent(*prior, in.event_data_hash);
+        result.stored_data_hash = prior->data_hash;
+        auto instance = LoadInstance(c, prior->instance_id);
+        if (instance.ok()) {
+          result.instance = *instance;
+        } else if (absl::IsNotFound(instance.status())) {
+          WS_ASSIGN_OR_RETURN(PgResult t, c.Query(std::string("SELECT ") + kTombstoneColumns +
+                                                      " FROM tombstones WHERE instance_id = "
+                                                      "$1::bigint",
+                                                  Params(prior->instance_id)));
+          if (t.rows() > 0) {
+            result.tombstone = ReadTombstone(t, 0);
+            result.instance = InstanceFromTombstone(*result.tombstone);
+          }
+        } else {
+          return instance.status();
+        }
+        if (result.outcome == StartOutcome::kEventConflict) return absl::OkStatus();
         return c.Exec("UPDATE counters SET value = value + 1 WHERE name = 'inbox_duplicates'");
       }
     }
-    // ON CONFLICT makes concurrent identical starts wait for each other instead of failing.
-    const std::string source_event = has_event ? in.event_source + " " + in.event_id : "";
-    WS_ASSIGN_OR_RETURN(
-        PgResult inserted,
-        c.Query("INSERT INTO instances (tenant, business_key, workflow, definition_hash, "
-                "input_json, input_hash, state, next_run_at, trace_id, source_event, created_at, "
-                "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7::smallint, $8::bigint, $9, $10, "
-                "$8::bigint, $8::bigint) ON CONFLICT (tenant, business_key) DO NOTHING RETURNING id",
-                Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
-                       in.input_hash, static_cast<int64_t>(InstanceState::kRunning), in.now,
-                       in.trace_id, source_event)));
-    if (inserted.rows() == 0) {
-      WS_ASSIGN_OR_RETURN(PgResult existing,
-                          c.Query(std::string("SELECT ") + kInstanceColumns +
-                                      " FROM instances WHERE tenant = $1 AND business_key = $2",
-                                  Params(in.tenant, in.key)));
-      InstanceRecord record = ReadInstance(existing, 0);
-      if (record.input_hash != in.input_hash) {
-        return absl::FailedPreconditionError(
-            "instance '" + in.key + "' already exists with input hash " +
-            record.input_hash.substr(0, 16) + "; this start has input hash " +
-            in.input_hash.substr(0, 16) + " (same business key, different input)");
-      }
-      result.outcome = StartOutcome::kExisting;
-      result.instance = record;
-    } else {
-      const int64_t id = inserted.Int(0, 0);
+    WS_ASSIGN_OR_RETURN(PgResult buried, c.Query(std::string("SELECT ") + kTombstoneColumns +
+                                                     " FROM tombstones WHERE tenant = $1 AND "
+                                                     "business_key = $2",
+                                                 Params(in.tenant, in.key)));
+    if (buried.rows() > 0) {
+      result.tombstone = ReadTombstone(buried, 0);
+    }
+    std::optional<int64_t> created;
+    if (!result.tombstone) {
+      // ON CONFLICT makes concurrent identical starts wait for each other instead of failing.
+      const std::string source_event = has_event ? in.event_source + " " + in.event_id : "";
+      WS_ASSIGN_OR_RETURN(
+          PgResult inserted,
+          c.Query("INSERT INTO instances (tenant, business_key, workflow, definition_hash, "
+                  "input_json, input_hash, state, next_run_at, trace_id, source_event, created_at, "
+                  "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7::smallint, $8::bigint, $9, $10, "
+                  "$8::bigint, $8::bigint) ON CONFLICT (tenant, business_key) DO NOTHING RETURNING id",
+                  Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
+                         in.input_hash, static_cast<int64_t>(InstanceState::kRunning), in.now,
+                         in.trace_id, source_event)));
+      if (inserted.rows() > 0) created = inserted.Int(0, 0);
+    }
+    if (created) {
+      const int64_t id = *created;
       for (size_t i = 0; i < in.step_names.size(); ++i) {
         WS_RETURN_IF_ERROR(c.Query("INSERT INTO steps (instance_id, step_index, name, state) "
                                    "VALUES ($1::bigint, $2::integer, $3, $4::smallint)",
@@ -303,11 +344,27 @@ absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) 
       WS_RETURN_IF_ERROR(c.Query("SELECT pg_notify('waystone_work', '')").status());
       result.outcome = StartOutcome::kCreated;
       WS_ASSIGN_OR_RETURN(result.instance, LoadInstance(c, id));
+    } else if (result.tombstone) {
+      WS_RETURN_IF_ERROR(CheckStartAgainst(result.tombstone->workflow,
+                                           result.tombstone->input_hash, in, true));
+      result.outcome = StartOutcome::kCollected;
+      result.instance = InstanceFromTombstone(*result.tombstone);
+    } else {
+      WS_ASSIGN_OR_RETURN(PgResult existing,
+                          c.Query(std::string("SELECT ") + kInstanceColumns +
+                                      " FROM instances WHERE tenant = $1 AND business_key = $2",
+                                  Params(in.tenant, in.key)));
+      if (existing.rows() == 0) return absl::UnavailableError("instance not visible yet; retry");
+      InstanceRecord record = ReadInstance(existing, 0);
+      WS_RETURN_IF_ERROR(CheckStartAgainst(record.workflow, record.input_hash, in, false));
+      result.outcome = StartOutcome::kExisting;
+      result.instance = record;
     }
     if (has_event) {
-      WS_RETURN_IF_ERROR(c.Query("UPDATE inbox SET instance_id = $1::bigint WHERE source = $2 AND "
-                                 "event_id = $3",
-                                 Params(result.instance.id, in.event_source, in.event_id))
+      WS_RETURN_IF_ERROR(c.Query("UPDATE inbox SET instance_id = $1::bigint WHERE tenant = $2 "
+                                 "AND source = $3 AND event_id = $4",
+                                 Params(result.instance.id, in.tenant, in.event_source,
+                                        in.event_id))
                              .status());
     }
     return absl::OkStatus();
@@ -406,12 +463,13 @@ absl::Status PostgresStore::ApplyChange(PgConnection& c, const Change& ch) {
   }
   if (ch.inbox) {
     WS_ASSIGN_OR_RETURN(PgResult claim,
-                        c.Query("INSERT INTO inbox (source, event_id, received_at, instance_id) "
-                                "VALUES ($1, $2, $3::bigint, $4::bigint) ON CONFLICT DO NOTHING",
-                                Params(ch.inbox->first, ch.inbox->second, ch.now,
-                                       ch.lease.instance_id)));
+                        c.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
+                                "received_at, instance_id) VALUES ($1, $2, $3, $4, $5::bigint, "
+                                "$6::bigint) ON CONFLICT DO NOTHING",
+                                Params(ch.inbox->tenant, ch.inbox->source, ch.inbox->id,
+                                       ch.inbox->data_hash, ch.now, ch.lease.instance_id)));
     if (claim.affected() == 0) {
-      return absl::AlreadyExistsError("event " + ch.inbox->first + " " + ch.inbox->second +
+      return absl::AlreadyExistsError("event " + ch.inbox->source + " " + ch.inbox->id +
                                       " was received before");
     }
   }
@@ -461,6 +519,20 @@ absl::Status PostgresStore::ApplyChange(PgConnection& c, const Change& ch) {
       return absl::InternalError("step " + std::to_string(s.index) + " of instance " +
                                  std::to_string(ch.lease.instance_id) + " does not exist");
     }
+  }
+  for (const AttemptRecord& a : ch.attempts) {
+    WS_RETURN_IF_ERROR(
+        c.Query("INSERT INTO attempts VALUES ($1::bigint, $2::integer, $3::integer, $4::smallint, "
+                "$5::boolean, $6::smallint, $7::integer, $8::smallint, $9, $10::bigint, "
+                "$11::bigint) ON CONFLICT (instance_id, step_index, seq) DO UPDATE SET phase = "
+                "excluded.phase, sent = excluded.sent, connection = excluded.connection, status = "
+                "excluded.status, error_class = excluded.error_class, detail = excluded.detail, "
+                "started_at = excluded.started_at, finished_at = excluded.finished_at",
+                Params(ch.lease.instance_id, a.step_index, a.seq, static_cast<int64_t>(a.phase),
+                       a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
+                       static_cast<int64_t>(a.error_class), a.detail, a.started_at,
+                       a.finished_at))
+            .status());
   }
   for (const EventRecord& e : ch.events) {
     WS_RETURN_IF_ERROR(InsertEvent(c, e, ch.lease.instance_id, ch.now));
@@ -526,6 +598,35 @@ absl::StatusOr<std::vector<StepRecord>> PostgresStore::GetSteps(int64_t instance
                                                "BY step_index",
                                            Params(instance_id)));
   return Rows(r, ReadStep);
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> PostgresStore::ListAttempts(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT step_index, seq, phase, sent::int, connection, "
+                                           "status, error_class, detail, started_at, finished_at "
+                                           "FROM attempts WHERE instance_id = $1::bigint ORDER BY "
+                                           "step_index, seq",
+                                           Params(instance_id)));
+  return Rows(r, [](const PgResult& x, int i) {
+    return AttemptRecord{static_cast<int>(x.Int(i, 0)), static_cast<int>(x.Int(i, 1)),
+                         static_cast<AttemptPhase>(x.Int(i, 2)), x.Int(i, 3) != 0,
+                         static_cast<ConnectionUsed>(x.Int(i, 4)), static_cast<int>(x.Int(i, 5)),
+                         static_cast<ErrorClass>(x.Int(i, 6)), x.Text(i, 7), x.Int(i, 8),
+                         x.Int(i, 9)};
+  });
+}
+
+absl::StatusOr<TombstoneRecord> PostgresStore::FindTombstone(const std::string& tenant,
+                                                             const std::string& key) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(std::string("SELECT ") + kTombstoneColumns +
+                                               " FROM tombstones WHERE tenant = $1 AND "
+                                               "business_key = $2",
+                                           Params(tenant, key)));
+  if (r.rows() == 0) {
+    return absl::NotFoundError("no tombstone for '" + key + "' in tenant '" + tenant + "'");
+  }
+  return ReadTombstone(r, 0);
 }
 
 absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
@@ -893,9 +994,10 @@ absl::StatusOr<int64_t> PostgresStore::RaiseAlert(const AlertRecord& alert,
 }
 
 absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, Millis now,
-                                                       bool dry_run) {
+                                                       Millis protect_before, bool dry_run) {
   GcReport report;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
+    report = GcReport{};
     WS_RETURN_IF_ERROR(c.Exec("CREATE TEMP TABLE IF NOT EXISTS gc_ids (id BIGINT PRIMARY KEY) "
                               "ON COMMIT DELETE ROWS"));
     WS_RETURN_IF_ERROR(c.Query("INSERT INTO gc_ids SELECT id FROM instances i WHERE state IN "
@@ -904,6 +1006,9 @@ absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, M
                                "UPDATE SKIP LOCKED",
                                Params(finished_before))
                            .status());
+    // Inbox claims and tombstones are the protection against late redeliveries:
+    // they go only past the protection window, and a claim only once its instance
+    // is gone too.
     WS_ASSIGN_OR_RETURN(
         PgResult counts,
         c.Query("SELECT (SELECT COUNT(*) FROM deliveries WHERE instance_id IN (SELECT id FROM "
@@ -911,17 +1016,39 @@ absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, M
                 "gc_ids)), (SELECT COUNT(*) FROM steps WHERE instance_id IN (SELECT id FROM "
                 "gc_ids)), (SELECT COUNT(*) FROM alerts WHERE instance_id IN (SELECT id FROM "
                 "gc_ids)), (SELECT COUNT(*) FROM gc_ids), (SELECT COUNT(*) FROM "
-                "idempotency_keys WHERE expires_at < $1::bigint)",
-                Params(now)));
+                "idempotency_keys WHERE expires_at < $1::bigint), (SELECT COUNT(*) FROM inbox "
+                "WHERE received_at < $2::bigint AND (instance_id IS NULL OR instance_id IN "
+                "(SELECT id FROM gc_ids) OR NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = "
+                "inbox.instance_id))), (SELECT COUNT(*) FROM tombstones WHERE collected_at < "
+                "$2::bigint)",
+                Params(now, protect_before)));
     report.deliveries = counts.Int(0, 0);
     report.events = counts.Int(0, 1);
     report.steps = counts.Int(0, 2);
     report.alerts = counts.Int(0, 3);
     report.instances = counts.Int(0, 4);
+    report.tombstones_written = counts.Int(0, 4);
     report.idempotency_keys = counts.Int(0, 5);
+    report.inbox_claims = counts.Int(0, 6);
+    report.tombstones = counts.Int(0, 7);
     if (dry_run) return absl::OkStatus();
+    // Old tombstones go before new ones are written, so a fresh one is never lost.
+    WS_RETURN_IF_ERROR(c.Query("DELETE FROM tombstones WHERE collected_at < $1::bigint",
+                               Params(protect_before))
+                           .status());
+    WS_RETURN_IF_ERROR(
+        c.Query("INSERT INTO tombstones SELECT tenant, business_key, workflow, input_hash, state, "
+                "COALESCE((SELECT json_object_agg(s.name, s.external_id)::text FROM steps s "
+                "WHERE s.instance_id = i.id AND s.external_id <> ''), '{}'), id, updated_at, "
+                "$1::bigint FROM instances i WHERE id IN (SELECT id FROM gc_ids) ON CONFLICT "
+                "(tenant, business_key) DO UPDATE SET workflow = excluded.workflow, input_hash = "
+                "excluded.input_hash, final_state = excluded.final_state, external_ids = "
+                "excluded.external_ids, instance_id = excluded.instance_id, finished_at = "
+                "excluded.finished_at, collected_at = excluded.collected_at",
+                Params(now))
+            .status());
     for (const char* sql :
-         {"DELETE FROM inbox WHERE instance_id IN (SELECT id FROM gc_ids)",
+         {"DELETE FROM attempts WHERE instance_id IN (SELECT id FROM gc_ids)",
           "DELETE FROM deliveries WHERE instance_id IN (SELECT id FROM gc_ids)",
           "DELETE FROM outbox WHERE instance_id IN (SELECT id FROM gc_ids)",
           "DELETE FROM steps WHERE instance_id IN (SELECT id FROM gc_ids)",
@@ -929,6 +1056,11 @@ absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, M
           "DELETE FROM instances WHERE id IN (SELECT id FROM gc_ids)"}) {
       WS_RETURN_IF_ERROR(c.Exec(sql));
     }
+    WS_RETURN_IF_ERROR(c.Query("DELETE FROM inbox WHERE received_at < $1::bigint AND "
+                               "(instance_id IS NULL OR NOT EXISTS (SELECT 1 FROM instances i "
+                               "WHERE i.id = inbox.instance_id))",
+                               Params(protect_before))
+                           .status());
     WS_RETURN_IF_ERROR(
         c.Query("DELETE FROM idempotency_keys WHERE expires_at < $1::bigint", Params(now)).status());
     return c.Query("DELETE FROM api_requests WHERE expires_at < $1::bigint", Params(now)).status();
@@ -1031,13 +1163,11 @@ absl::Status PostgresStore::AbandonApiRequest(const std::string& tenant, const s
       .status();
 }
 
-absl::StatusOr<bool> PostgresStore::InboxContains(const std::string& source,
-                                                  const std::string& id) {
+absl::StatusOr<std::optional<InboxEntry>> PostgresStore::LookupInbox(const std::string& tenant,
+                                                                     const std::string& source,
+                                                                     const std::string& id) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT 1 FROM inbox WHERE source = $1 AND "
-                                           "event_id = $2",
-                                           Params(source, id)));
-  return r.rows() > 0;
+  return ReadInbox(*c, tenant, source, id);
 }
 
 absl::Status PostgresStore::AddToCounter(const std::string& name, int64_t delta) {

@@ -42,6 +42,9 @@ class PostgresStore final : public Store {
   absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,
                                               const std::string& key) override;
   absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) override;
+  absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& tenant,
+                                                const std::string& key) override;
   absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& filter) override;
   absl::StatusOr<std::vector<EventRecord>> ListEvents(int64_t instance_id) override;
   absl::StatusOr<std::vector<AlertRecord>> ListAlerts(int64_t instance_id) override;
@@ -78,10 +81,12 @@ class PostgresStore final : public Store {
                                                   const std::string& dead_owner) override;
   absl::Status FinishApiRequest(const ApiRequestRecord& finished) override;
   absl::Status AbandonApiRequest(const std::string& tenant, const std::string& key) override;
-  absl::StatusOr<bool> InboxContains(const std::string& source, const std::string& id) override;
+  absl::StatusOr<std::optional<InboxEntry>> LookupInbox(const std::string& tenant,
+                                                        const std::string& source,
+                                                        const std::string& id) override;
   absl::Status AddToCounter(const std::string& name, int64_t delta) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
-                                          bool dry_run) override;
+                                          Millis protect_before, bool dry_run) override;
 
   // Returns the schema version (the highest applied migration).
   absl::StatusOr<int> SchemaVersion();

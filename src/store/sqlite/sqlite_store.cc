@@ -2,6 +2,7 @@
 
 #include "base/status_macros.h"
 #include "store/migration.h"
+#include "store/start_decision.h"
 #include "store/sqlite/sqlite_db.h"
 
 namespace waystone {
@@ -202,78 +203,123 @@ absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
     const bool has_event = !in.event_source.empty() && !in.event_id.empty();
     if (has_event) {
       WS_ASSIGN_OR_RETURN(SqliteStatement * claim,
-                          db_->Prepare("INSERT OR IGNORE INTO inbox (source, event_id, "
-                                       "received_at) VALUES (?, ?, ?)"));
-      WS_RETURN_IF_ERROR(claim->BindAll(in.event_source, in.event_id, in.now).Run());
+                          db_->Prepare("INSERT OR IGNORE INTO inbox (tenant, source, event_id, "
+                                       "data_hash, received_at) VALUES (?, ?, ?, ?, ?)"));
+      WS_RETURN_IF_ERROR(
+          claim->BindAll(in.tenant, in.event_source, in.event_id, in.event_data_hash, in.now)
+              .Run());
       if (db_->Changes() == 0) {
-        WS_ASSIGN_OR_RETURN(SqliteStatement * prior,
-                            db_->Prepare("SELECT instance_id FROM inbox WHERE source = ? AND "
-                                         "event_id = ?"));
-        prior->BindAll(in.event_source, in.event_id);
-        WS_ASSIGN_OR_RETURN(bool row, prior->Step());
-        const int64_t prior_id = row ? prior->Int(0) : 0;
-        prior->Reset();
-        WS_ASSIGN_OR_RETURN(result.instance, LoadInstance("id = ?", prior_id, "", ""));
-        result.outcome = StartOutcome::kDuplicateEvent;
+        WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> prior,
+                            ReadInbox(in.tenant, in.event_source, in.event_id));
+        if (!prior) return absl::InternalError("inbox claim vanished inside its transaction");
+        result.outcome = DecideClaimedEvent(*prior, in.event_data_hash);
+        result.stored_data_hash = prior->data_hash;
+        auto instance = LoadInstance("id = ?", prior->instance_id, "", "");
+        if (instance.ok()) {
+          result.instance = *instance;
+        } else if (absl::IsNotFound(instance.status())) {
+          WS_ASSIGN_OR_RETURN(result.tombstone, ReadTombstone("instance_id = ?", prior->instance_id,
+                                                              "", ""));
+          if (result.tombstone) result.instance = InstanceFromTombstone(*result.tombstone);
+        } else {
+          return instance.status();
+        }
+        if (result.outcome == StartOutcome::kEventConflict) return absl::OkStatus();
         return db_->Exec("UPDATE counters SET value = value + 1 WHERE name = 'inbox_duplicates'");
       }
     }
     auto existing = LoadInstance("tenant = ? AND business_key = ?", 0, in.tenant, in.key);
     if (existing.ok()) {
-      if (existing->input_hash != in.input_hash) {
-        return absl::FailedPreconditionError(
-            "instance '" + in.key + "' already exists with input hash " +
-            existing->input_hash.substr(0, 16) + "; this start has input hash " +
-            in.input_hash.substr(0, 16) + " (same business key, different input)");
-      }
+      WS_RETURN_IF_ERROR(CheckStartAgainst(existing->workflow, existing->input_hash, in, false));
       result.outcome = StartOutcome::kExisting;
       result.instance = *existing;
-    } else if (absl::IsNotFound(existing.status())) {
-      WS_ASSIGN_OR_RETURN(
-          SqliteStatement * insert,
-          db_->Prepare("INSERT INTO instances (tenant, business_key, workflow, definition_hash, "
-                       "input_json, input_hash, state, next_run_at, trace_id, source_event, "
-                       "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
-      const std::string source_event =
-          has_event ? in.event_source + " " + in.event_id : std::string();
-      WS_RETURN_IF_ERROR(insert
-                             ->BindAll(in.tenant, in.key, in.workflow, in.definition_hash,
-                                       in.input_json, in.input_hash,
-                                       static_cast<int64_t>(InstanceState::kRunning), in.now,
-                                       in.trace_id, source_event, in.now, in.now)
-                             .Run());
-      const int64_t id = db_->LastInsertRowId();
-      WS_ASSIGN_OR_RETURN(SqliteStatement * step,
-                          db_->Prepare("INSERT INTO steps (instance_id, step_index, name, state) "
-                                       "VALUES (?, ?, ?, ?)"));
-      for (size_t i = 0; i < in.step_names.size(); ++i) {
-        WS_RETURN_IF_ERROR(step->BindAll(id, static_cast<int64_t>(i), in.step_names[i],
-                                         static_cast<int64_t>(StepState::kPending))
-                               .Run());
-        step->Reset();
-      }
-      WS_ASSIGN_OR_RETURN(SqliteStatement * event,
-                          db_->Prepare("INSERT INTO outbox (event_id, instance_id, tenant, type, "
-                                       "payload, created_at) VALUES (?, ?, ?, ?, ?, ?)"));
-      WS_RETURN_IF_ERROR(event
-                             ->BindAll(in.started_event.event_id, id, in.tenant,
-                                       in.started_event.type, in.started_event.payload_json, in.now)
-                             .Run());
-      result.outcome = StartOutcome::kCreated;
-      WS_ASSIGN_OR_RETURN(result.instance, LoadInstance("id = ?", id, "", ""));
-    } else {
+    } else if (!absl::IsNotFound(existing.status())) {
       return existing.status();
+    } else {
+      WS_ASSIGN_OR_RETURN(result.tombstone,
+                          ReadTombstone("tenant = ? AND business_key = ?", 0, in.tenant, in.key));
+      if (result.tombstone) {
+        WS_RETURN_IF_ERROR(CheckStartAgainst(result.tombstone->workflow,
+                                             result.tombstone->input_hash, in, true));
+        result.outcome = StartOutcome::kCollected;
+        result.instance = InstanceFromTombstone(*result.tombstone);
+      } else {
+        WS_ASSIGN_OR_RETURN(int64_t id, InsertInstance(in, has_event));
+        result.outcome = StartOutcome::kCreated;
+        WS_ASSIGN_OR_RETURN(result.instance, LoadInstance("id = ?", id, "", ""));
+      }
     }
     if (has_event) {
       WS_ASSIGN_OR_RETURN(SqliteStatement * link,
-                          db_->Prepare("UPDATE inbox SET instance_id = ? WHERE source = ? AND "
-                                       "event_id = ?"));
-      WS_RETURN_IF_ERROR(link->BindAll(result.instance.id, in.event_source, in.event_id).Run());
+                          db_->Prepare("UPDATE inbox SET instance_id = ? WHERE tenant = ? AND "
+                                       "source = ? AND event_id = ?"));
+      WS_RETURN_IF_ERROR(
+          link->BindAll(result.instance.id, in.tenant, in.event_source, in.event_id).Run());
     }
     return absl::OkStatus();
   });
   if (!status.ok()) return status;
   return result;
+}
+
+absl::StatusOr<int64_t> SqliteStore::InsertInstance(const NewInstance& in, bool has_event) {
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * insert,
+      db_->Prepare("INSERT INTO instances (tenant, business_key, workflow, definition_hash, "
+                   "input_json, input_hash, state, next_run_at, trace_id, source_event, "
+                   "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+  const std::string source_event = has_event ? in.event_source + " " + in.event_id : std::string();
+  WS_RETURN_IF_ERROR(insert
+                         ->BindAll(in.tenant, in.key, in.workflow, in.definition_hash,
+                                   in.input_json, in.input_hash,
+                                   static_cast<int64_t>(InstanceState::kRunning), in.now,
+                                   in.trace_id, source_event, in.now, in.now)
+                         .Run());
+  const int64_t id = db_->LastInsertRowId();
+  WS_ASSIGN_OR_RETURN(SqliteStatement * step,
+                      db_->Prepare("INSERT INTO steps (instance_id, step_index, name, state) "
+                                   "VALUES (?, ?, ?, ?)"));
+  for (size_t i = 0; i < in.step_names.size(); ++i) {
+    WS_RETURN_IF_ERROR(step->BindAll(id, static_cast<int64_t>(i), in.step_names[i],
+                                     static_cast<int64_t>(StepState::kPending))
+                           .Run());
+    step->Reset();
+  }
+  WS_RETURN_IF_ERROR(InsertEvent(in.started_event, id, in.now));
+  return id;
+}
+
+absl::StatusOr<std::optional<InboxEntry>> SqliteStore::ReadInbox(const std::string& tenant,
+                                                                 const std::string& source,
+                                                                 const std::string& id) {
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT data_hash, COALESCE(instance_id, 0), received_at FROM "
+                                   "inbox WHERE tenant = ? AND source = ? AND event_id = ?"));
+  s->BindAll(tenant, source, id);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  std::optional<InboxEntry> entry;
+  if (row) entry = InboxEntry{s->Text(0), s->Int(1), s->Int(2)};
+  s->Reset();
+  return entry;
+}
+
+absl::StatusOr<std::optional<TombstoneRecord>> SqliteStore::ReadTombstone(
+    const std::string& where_sql, int64_t instance_id, const std::string& tenant,
+    const std::string& key) {
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT tenant, workflow, business_key, input_hash, "
+                                   "final_state, external_ids, instance_id, finished_at, "
+                                   "collected_at FROM tombstones WHERE " + where_sql));
+  if (instance_id != 0) s->BindAll(instance_id); else s->BindAll(tenant, key);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  std::optional<TombstoneRecord> t;
+  if (row) {
+    t = TombstoneRecord{s->Text(0), s->Text(1), s->Text(2), s->Text(3),
+                        static_cast<InstanceState>(s->Int(4)), s->Text(5), s->Int(6), s->Int(7),
+                        s->Int(8)};
+  }
+  s->Reset();
+  return t;
 }
 
 absl::StatusOr<std::vector<Lease>> SqliteStore::ClaimRunnable(const std::string& owner,
@@ -407,12 +453,15 @@ absl::Status SqliteStore::ApplyChange(const Change& c) {
 
   if (c.inbox) {
     WS_ASSIGN_OR_RETURN(SqliteStatement * claim,
-                        db_->Prepare("INSERT OR IGNORE INTO inbox (source, event_id, "
-                                     "received_at, instance_id) VALUES (?, ?, ?, ?)"));
-    WS_RETURN_IF_ERROR(
-        claim->BindAll(c.inbox->first, c.inbox->second, c.now, c.lease.instance_id).Run());
+                        db_->Prepare("INSERT OR IGNORE INTO inbox (tenant, source, event_id, "
+                                     "data_hash, received_at, instance_id) VALUES (?, ?, ?, ?, ?, "
+                                     "?)"));
+    WS_RETURN_IF_ERROR(claim
+                           ->BindAll(c.inbox->tenant, c.inbox->source, c.inbox->id,
+                                     c.inbox->data_hash, c.now, c.lease.instance_id)
+                           .Run());
     if (db_->Changes() == 0) {
-      return absl::AlreadyExistsError("event " + c.inbox->first + " " + c.inbox->second +
+      return absl::AlreadyExistsError("event " + c.inbox->source + " " + c.inbox->id +
                                       " was received before");
     }
   }
@@ -470,6 +519,21 @@ absl::Status SqliteStore::ApplyChange(const Change& c) {
     step->Reset();
   }
 
+  if (!c.attempts.empty()) {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * attempt,
+                        db_->Prepare("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, "
+                                     "?, ?, ?, ?, ?)"));
+    for (const AttemptRecord& a : c.attempts) {
+      WS_RETURN_IF_ERROR(attempt
+                             ->BindAll(c.lease.instance_id, a.step_index, a.seq,
+                                       static_cast<int64_t>(a.phase), a.sent ? 1 : 0,
+                                       static_cast<int64_t>(a.connection), a.status,
+                                       static_cast<int64_t>(a.error_class), a.detail,
+                                       a.started_at, a.finished_at)
+                             .Run());
+      attempt->Reset();
+    }
+  }
   for (const EventRecord& e : c.events) {
     WS_RETURN_IF_ERROR(InsertEvent(e, c.lease.instance_id, c.now));
   }
@@ -535,6 +599,30 @@ absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_i
                                    " FROM steps WHERE instance_id = ? ORDER BY step_index"));
   s->BindAll(instance_id);
   return CollectRows(s, ReadStep);
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> SqliteStore::ListAttempts(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT step_index, seq, phase, sent, connection, status, "
+                                   "error_class, detail, started_at, finished_at FROM attempts "
+                                   "WHERE instance_id = ? ORDER BY step_index, seq"));
+  s->BindAll(instance_id);
+  return CollectRows(s, [](const SqliteStatement& r) {
+    return AttemptRecord{static_cast<int>(r.Int(0)), static_cast<int>(r.Int(1)),
+                         static_cast<AttemptPhase>(r.Int(2)), r.Int(3) != 0,
+                         static_cast<ConnectionUsed>(r.Int(4)), static_cast<int>(r.Int(5)),
+                         static_cast<ErrorClass>(r.Int(6)), r.Text(7), r.Int(8), r.Int(9)};
+  });
+}
+
+absl::StatusOr<TombstoneRecord> SqliteStore::FindTombstone(const std::string& tenant,
+                                                           const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(std::optional<TombstoneRecord> t,
+                      ReadTombstone("tenant = ? AND business_key = ?", 0, tenant, key));
+  if (!t) return absl::NotFoundError("no tombstone for '" + key + "' in tenant '" + tenant + "'");
+  return *t;
 }
 
 absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
@@ -945,7 +1033,7 @@ absl::StatusOr<int64_t> SqliteStore::RaiseAlert(const AlertRecord& alert, const 
 }
 
 absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Millis now,
-                                                     bool dry_run) {
+                                                     Millis protect_before, bool dry_run) {
   std::lock_guard<std::mutex> lock(mu_);
   GcReport report;
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
@@ -957,12 +1045,16 @@ absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Mil
                      "AND updated_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE "
                      "d.instance_id = i.id AND d.state = 1)"));
     WS_RETURN_IF_ERROR(pick->BindAll(finished_before).Run());
+    // ?1 = now, ?2 = protect_before. Inbox claims and tombstones are the protection
+    // against late redeliveries: they go only past the protection window, and a
+    // claim only once its instance is gone too.
     struct Part {
       const char* count_sql;
-      const char* delete_sql;
+      const char* delete_sql;  // nullptr: counted only
       int64_t* field;
     };
     const Part parts[] = {
+        {"SELECT COUNT(*) FROM gc_ids", nullptr, &report.tombstones_written},
         {"SELECT COUNT(*) FROM deliveries WHERE instance_id IN (SELECT id FROM gc_ids)",
          "DELETE FROM deliveries WHERE instance_id IN (SELECT id FROM gc_ids)", &report.deliveries},
         {"SELECT COUNT(*) FROM outbox WHERE instance_id IN (SELECT id FROM gc_ids)",
@@ -973,25 +1065,52 @@ absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Mil
          "DELETE FROM alerts WHERE instance_id IN (SELECT id FROM gc_ids)", &report.alerts},
         {"SELECT COUNT(*) FROM gc_ids",
          "DELETE FROM instances WHERE id IN (SELECT id FROM gc_ids)", &report.instances},
+        {"SELECT COUNT(*) FROM idempotency_keys WHERE expires_at < ?1",
+         "DELETE FROM idempotency_keys WHERE expires_at < ?1", &report.idempotency_keys},
+        {"SELECT COUNT(*) FROM inbox WHERE received_at < ?2 AND (instance_id IS NULL OR "
+         "instance_id IN (SELECT id FROM gc_ids) OR instance_id NOT IN (SELECT id FROM instances))",
+         "DELETE FROM inbox WHERE received_at < ?2 AND (instance_id IS NULL OR instance_id NOT IN "
+         "(SELECT id FROM instances))",
+         &report.inbox_claims},
+        {"SELECT COUNT(*) FROM tombstones WHERE collected_at < ?2",
+         "DELETE FROM tombstones WHERE collected_at < ?2", &report.tombstones},
     };
     for (const Part& part : parts) {
       WS_ASSIGN_OR_RETURN(SqliteStatement * count, db_->Prepare(part.count_sql));
+      if (std::string_view(part.count_sql).find("?1") != std::string_view::npos) count->Bind(1, now);
+      if (std::string_view(part.count_sql).find("?2") != std::string_view::npos) {
+        count->Bind(2, protect_before);
+      }
       WS_ASSIGN_OR_RETURN(bool row, count->Step());
       *part.field = row ? count->Int(0) : 0;
       count->Reset();
     }
-    WS_ASSIGN_OR_RETURN(SqliteStatement * keys,
-                        db_->Prepare("SELECT COUNT(*) FROM idempotency_keys WHERE expires_at < ?"));
-    keys->BindAll(now);
-    WS_ASSIGN_OR_RETURN(bool row, keys->Step());
-    report.idempotency_keys = row ? keys->Int(0) : 0;
-    keys->Reset();
     if (dry_run) return absl::OkStatus();
-    WS_RETURN_IF_ERROR(db_->Exec("DELETE FROM inbox WHERE instance_id IN (SELECT id FROM gc_ids)"));
-    for (const Part& part : parts) WS_RETURN_IF_ERROR(db_->Exec(part.delete_sql));
-    WS_ASSIGN_OR_RETURN(SqliteStatement * expire,
-                        db_->Prepare("DELETE FROM idempotency_keys WHERE expires_at < ?"));
-    WS_RETURN_IF_ERROR(expire->BindAll(now).Run());
+    // Tombstones first (they read the instances and steps about to go); old ones
+    // past the window go before new ones are written, so a fresh one is never lost.
+    WS_ASSIGN_OR_RETURN(SqliteStatement * expired,
+                        db_->Prepare("DELETE FROM tombstones WHERE collected_at < ?"));
+    WS_RETURN_IF_ERROR(expired->BindAll(protect_before).Run());
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * bury,
+        db_->Prepare("INSERT OR REPLACE INTO tombstones SELECT tenant, business_key, workflow, "
+                     "input_hash, state, COALESCE((SELECT json_group_object(s.name, "
+                     "s.external_id) FROM steps s WHERE s.instance_id = i.id AND s.external_id "
+                     "<> ''), '{}'), id, updated_at, ? FROM instances i WHERE id IN (SELECT id "
+                     "FROM gc_ids)"));
+    WS_RETURN_IF_ERROR(bury->BindAll(now).Run());
+    WS_RETURN_IF_ERROR(db_->Exec("DELETE FROM attempts WHERE instance_id IN (SELECT id FROM gc_ids)"));
+    for (const Part& part : parts) {
+      if (part.delete_sql == nullptr || part.field == &report.tombstones) continue;
+      WS_ASSIGN_OR_RETURN(SqliteStatement * remove, db_->Prepare(part.delete_sql));
+      if (std::string_view(part.delete_sql).find("?1") != std::string_view::npos) {
+        remove->Bind(1, now);
+      }
+      if (std::string_view(part.delete_sql).find("?2") != std::string_view::npos) {
+        remove->Bind(2, protect_before);
+      }
+      WS_RETURN_IF_ERROR(remove->Run());
+    }
     WS_ASSIGN_OR_RETURN(SqliteStatement * requests,
                         db_->Prepare("DELETE FROM api_requests WHERE expires_at < ?"));
     return requests->BindAll(now).Run();
@@ -1108,14 +1227,11 @@ absl::Status SqliteStore::AbandonApiRequest(const std::string& tenant, const std
   return s->BindAll(tenant, key).Run();
 }
 
-absl::StatusOr<bool> SqliteStore::InboxContains(const std::string& source, const std::string& id) {
+absl::StatusOr<std::optional<InboxEntry>> SqliteStore::LookupInbox(const std::string& tenant,
+                                                                   const std::string& source,
+                                                                   const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("SELECT 1 FROM inbox WHERE source = ? AND event_id = ?"));
-  s->BindAll(source, id);
-  WS_ASSIGN_OR_RETURN(bool row, s->Step());
-  s->Reset();
-  return row;
+  return ReadInbox(tenant, source, id);
 }
 
 absl::Status SqliteStore::AddToCounter(const std::string& name, int64_t delta) {

@@ -35,6 +35,9 @@ class SqliteStore final : public Store {
   absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,
                                               const std::string& key) override;
   absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) override;
+  absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& tenant,
+                                                const std::string& key) override;
   absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& filter) override;
   absl::StatusOr<std::vector<EventRecord>> ListEvents(int64_t instance_id) override;
   absl::StatusOr<std::vector<AlertRecord>> ListAlerts(int64_t instance_id) override;
@@ -63,7 +66,7 @@ class SqliteStore final : public Store {
   absl::Status PutToken(const TokenRecord& token) override;
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
-                                          bool dry_run) override;
+                                          Millis protect_before, bool dry_run) override;
   absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;
   absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) override;
   absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,
@@ -71,7 +74,9 @@ class SqliteStore final : public Store {
                                                   const std::string& dead_owner) override;
   absl::Status FinishApiRequest(const ApiRequestRecord& finished) override;
   absl::Status AbandonApiRequest(const std::string& tenant, const std::string& key) override;
-  absl::StatusOr<bool> InboxContains(const std::string& source, const std::string& id) override;
+  absl::StatusOr<std::optional<InboxEntry>> LookupInbox(const std::string& tenant,
+                                                        const std::string& source,
+                                                        const std::string& id) override;
   absl::Status AddToCounter(const std::string& name, int64_t delta) override;
 
   // Returns the schema version (the highest applied migration).
@@ -86,6 +91,15 @@ class SqliteStore final : public Store {
   absl::Status ExpireIn(const char* table, const std::string& owner);
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now);
   absl::StatusOr<int64_t> InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now);
+  absl::StatusOr<int64_t> InsertInstance(const NewInstance& in, bool has_event);
+  absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
+                                                      const std::string& source,
+                                                      const std::string& id);
+  // Reads one tombstone by `instance_id` (when not 0) or by tenant and key.
+  absl::StatusOr<std::optional<TombstoneRecord>> ReadTombstone(const std::string& where_sql,
+                                                              int64_t instance_id,
+                                                              const std::string& tenant,
+                                                              const std::string& key);
   absl::StatusOr<InstanceRecord> LoadInstance(const std::string& where_sql, int64_t id,
                                               const std::string& tenant,
                                               const std::string& key);

@@ -452,7 +452,7 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
   }
   ASSERT_TRUE(store_->AddDeliveries("s", 0, rows->back().seq, wanted, 2002).ok());
 
-  auto dry = store_->CollectGarbage(3000, 3000, /*dry_run=*/true);
+  auto dry = store_->CollectGarbage(3000, 3000, /*protect_before=*/0, /*dry_run=*/true);
   ASSERT_TRUE(dry.ok()) << dry.status();
   EXPECT_EQ(dry->instances, 1);
   EXPECT_EQ(dry->steps, 2);
@@ -460,7 +460,7 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
   EXPECT_EQ(dry->idempotency_keys, 1);
   EXPECT_EQ(store_->ListInstances({})->size(), 3u);  // a dry run changes nothing
 
-  auto done = store_->CollectGarbage(3000, 3000, /*dry_run=*/false);
+  auto done = store_->CollectGarbage(3000, 3000, /*protect_before=*/0, /*dry_run=*/false);
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->instances, 1);
   auto left = *store_->ListInstances({});
@@ -469,6 +469,18 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
   EXPECT_TRUE(store_->FindInstance("t1", "k2").ok());
   EXPECT_TRUE(store_->FindInstance("t1", "k3").ok());
   EXPECT_FALSE(store_->GetIdempotencyClaim("t1", "old-key")->has_value());
+  // What is left of k1 answers a late start for its key; nothing is created.
+  auto tombstone = store_->FindTombstone("t1", "k1");
+  ASSERT_TRUE(tombstone.ok()) << tombstone.status();
+  EXPECT_EQ(tombstone->workflow, "wf");
+  auto again = store_->StartInstance(Instance("k1"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, StartOutcome::kCollected);
+  ASSERT_TRUE(again->tombstone.has_value());
+  EXPECT_EQ(store_->ListInstances({})->size(), 2u);
+  NewInstance changed = Instance("k1");
+  changed.input_hash = "other-input";
+  EXPECT_EQ(store_->StartInstance(changed).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_P(StoreConformanceTest, ApiRequestsClaimReplayAndAreTakenOverWhenAbandoned) {
@@ -521,11 +533,15 @@ TEST_P(StoreConformanceTest, AChangeClaimsItsInboxEventOnceAndResolvesAlerts) {
   signal.lease = lease;
   signal.now = 2004;
   signal.lease_expires_at = 7000;
-  signal.inbox = std::make_pair(std::string("/src"), std::string("ev-1"));
+  signal.inbox = InboxClaim{"t1", "/src", "ev-1", "hash-1"};
   signal.resolve_alerts = true;
   signal.events = {{0, "e-signal", id, "t1", "x", "{}", 0}};
   ASSERT_TRUE((*store_->Commit({signal}))[0].ok());
-  EXPECT_TRUE(*store_->InboxContains("/src", "ev-1"));
+  auto claimed = store_->LookupInbox("t1", "/src", "ev-1");
+  ASSERT_TRUE(claimed.ok() && claimed->has_value());
+  EXPECT_EQ((*claimed)->data_hash, "hash-1");
+  EXPECT_EQ((*claimed)->instance_id, id);
+  EXPECT_FALSE(store_->LookupInbox("t2", "/src", "ev-1")->has_value());  // per tenant
   EXPECT_EQ(store_->GetAlert(alert)->state, AlertState::kResolved);
   // The same event again: that change alone is refused, nothing of it is written.
   signal.events = {{0, "e-signal-2", id, "t1", "x", "{}", 0}};
@@ -588,6 +604,82 @@ TEST_P(StoreConformanceTest, ListsFilterByErrorClassAlertAndTimeAndPageById) {
   // A lease that ran out unreleased and is claimed again is a takeover.
   ASSERT_TRUE(store_->ClaimInstance(lease.instance_id, "w2", 20000, 5000).ok());
   EXPECT_EQ(store_->Summary()->lease_takeovers, 1);
+}
+
+TEST_P(StoreConformanceTest, StartEventsAreClaimedPerTenantWithTheirData) {
+  NewInstance a = Instance("k1");
+  a.event_source = "/crm";
+  a.event_id = "ev-9";
+  a.event_data_hash = "data-a";
+  auto first = store_->StartInstance(a);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->outcome, StartOutcome::kCreated);
+  // Another tenant, the same (source, id): its own effect.
+  NewInstance b = a;
+  b.tenant = "t2";
+  b.started_event.event_id = "ev-k1-t2";
+  auto second = store_->StartInstance(b);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->outcome, StartOutcome::kCreated);
+  EXPECT_NE(second->instance.id, first->instance.id);
+  EXPECT_EQ(second->instance.tenant, "t2");
+  // Same tenant, same id, same data: a duplicate naming this tenant's instance.
+  auto again = store_->StartInstance(a);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outcome, StartOutcome::kDuplicateEvent);
+  EXPECT_EQ(again->instance.id, first->instance.id);
+  // Same tenant, same id, other data: a conflict naming the stored hash; nothing made.
+  NewInstance changed = a;
+  changed.key = "k-other";
+  changed.event_data_hash = "data-b";
+  auto conflict = store_->StartInstance(changed);
+  ASSERT_TRUE(conflict.ok()) << conflict.status();
+  EXPECT_EQ(conflict->outcome, StartOutcome::kEventConflict);
+  EXPECT_EQ(conflict->stored_data_hash, "data-a");
+  EXPECT_TRUE(absl::IsNotFound(store_->FindInstance("t1", "k-other").status()));
+}
+
+TEST_P(StoreConformanceTest, ABusinessKeyHeldByOneWorkflowIsAConflictForAnother) {
+  ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
+  NewInstance other = Instance("k1");
+  other.workflow = "other-wf";
+  auto started = store_->StartInstance(other);
+  ASSERT_EQ(started.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(started.status().message().find("workflow 'wf'"), std::string::npos)
+      << started.status();
+}
+
+TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
+  auto started = store_->StartInstance(Instance("k1"));
+  ASSERT_TRUE(started.ok());
+  Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
+  Change change;
+  change.lease = lease;
+  change.now = 2001;
+  change.lease_expires_at = 7000;
+  change.attempts = {
+      {1, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 0, ErrorClass::kUnknown,
+       "Server returned nothing", 2000, 2001},
+      {1, 2, AttemptPhase::kLookup, true, ConnectionUsed::kNew, 200, ErrorClass::kNone, "HTTP 200",
+       2001, 2001}};
+  ASSERT_TRUE((*store_->Commit({change}))[0].ok());
+  auto attempts = store_->ListAttempts(started->instance.id);
+  ASSERT_TRUE(attempts.ok()) << attempts.status();
+  ASSERT_EQ(attempts->size(), 2u);
+  EXPECT_EQ((*attempts)[0].phase, AttemptPhase::kCall);
+  EXPECT_TRUE((*attempts)[0].sent);
+  EXPECT_EQ((*attempts)[0].connection, ConnectionUsed::kNew);
+  EXPECT_EQ((*attempts)[0].error_class, ErrorClass::kUnknown);
+  EXPECT_EQ((*attempts)[0].detail, "Server returned nothing");
+  EXPECT_EQ((*attempts)[1].phase, AttemptPhase::kLookup);
+  EXPECT_EQ((*attempts)[1].status, 200);
+  // A change whose lease is lost records nothing.
+  Change stale = change;
+  stale.lease.epoch += 10;
+  stale.attempts = {{0, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201,
+                     ErrorClass::kNone, "", 2002, 2002}};
+  EXPECT_TRUE(absl::IsAborted((*store_->Commit({stale}))[0]));
+  EXPECT_EQ(store_->ListAttempts(started->instance.id)->size(), 2u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
