@@ -196,6 +196,7 @@ int List(const GlobalOptions& global, const ListOptions& options) {
 
 int Lint(const std::vector<std::string>& files) {
   int problems = 0;
+  int warnings = 0;
   for (const std::string& file : files) {
     std::string text;
     if (auto status = ReadFileText(file, kMaxDefinitionBytes, &text); !status.ok()) {
@@ -205,11 +206,12 @@ int Lint(const std::vector<std::string>& files) {
     }
     for (const Diagnostic& d : LintDefinitionText(text, file, nullptr)) {
       std::fprintf(stderr, "%s\n", d.ToString().c_str());
-      ++problems;
+      ++(d.severity == Severity::kWarning ? warnings : problems);
     }
   }
   if (problems == 0) {
-    std::printf("%zu definition(s) ok\n", files.size());
+    std::printf("%zu definition(s) ok%s\n", files.size(),
+                warnings == 0 ? "" : (", " + std::to_string(warnings) + " warning(s)").c_str());
     return kExitOk;
   }
   std::fprintf(stderr, "%d problem(s)\n", problems);

@@ -29,10 +29,17 @@ struct RequestSpec {
 };
 
 // How to ask the target whether an earlier submission took effect.
+// With `found`, the object at that pointer is the one found (and `external_id`
+// points into the whole response). With `items`, the array at that pointer holds
+// candidates (and `external_id` points into the one candidate). Either way a
+// candidate counts only when every `match` pointer (relative to it) equals its
+// rendered template; more than one candidate is a contradiction.
 struct LookupSpec {
   RequestSpec request;
-  std::string found;        // JSON pointer into the lookup response; present and not null = found
-  std::string external_id;  // JSON pointer to the external id inside the lookup response
+  std::string found;        // JSON pointer: present and not null = found
+  std::string items;        // JSON pointer to an array of candidates (instead of `found`)
+  std::string external_id;  // JSON pointer to the external id
+  std::vector<std::pair<std::string, std::string>> match;  // pointer, value template
 };
 
 struct CompensationSpec {

@@ -1,5 +1,6 @@
 #include "definition/loader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -284,7 +285,7 @@ class Reader {
       if (!lookup.IsMap()) {
         Error(lookup, name, "'lookup' must be a mapping with 'request' and 'found'");
       } else {
-        CheckFields(lookup, name, {"request", "found", "external_id"}, "lookup");
+        CheckFields(lookup, name, {"request", "found", "items", "match", "external_id"}, "lookup");
         if (const YAML::Node lookup_request = lookup["request"]) {
           ReadRequest(lookup_request, name, "lookup.request", &spec.request);
           if (spec.request.SideEffecting()) {
@@ -293,8 +294,31 @@ class Reader {
         } else {
           Error(lookup, name, "lookup needs 'request'");
         }
-        spec.found = RequiredString(lookup, "found", name);
-        CheckPointer(lookup["found"], name, spec.found);
+        if (lookup["found"] && lookup["items"]) {
+          Error(lookup, name, "a lookup has 'found' (one object) or 'items' (candidates), not both");
+        } else if (lookup["items"]) {
+          spec.items = RequiredString(lookup, "items", name);
+          CheckPointer(lookup["items"], name, spec.items);
+        } else {
+          spec.found = RequiredString(lookup, "found", name);
+          CheckPointer(lookup["found"], name, spec.found);
+        }
+        if (const YAML::Node match = lookup["match"]) {
+          if (!match.IsMap() || match.size() == 0) {
+            Error(match, name, "'lookup.match' maps JSON pointers to expected values, e.g. "
+                               "{ \"/ref\": \"{{instance.ref}}\" }");
+          } else {
+            for (const auto& entry : match) {
+              const std::string pointer = entry.first.Scalar();
+              CheckPointer(entry.first, name, pointer);
+              if (!entry.second.IsScalar()) {
+                Error(entry.second, name, "lookup.match " + pointer + " must be a string");
+                continue;
+              }
+              spec.match.emplace_back(pointer, entry.second.Scalar());
+            }
+          }
+        }
         spec.external_id = OptionalString(lookup, "external_id", name);
         CheckPointer(lookup["external_id"], name, spec.external_id);
       }
@@ -375,6 +399,7 @@ std::string Diagnostic::ToString() const {
   std::string out = source;
   if (line > 0) out += ":" + std::to_string(line);
   out += ": ";
+  if (severity == Severity::kWarning) out += "warning: ";
   if (!step.empty()) out += "step '" + step + "': ";
   out += message;
   return out;
@@ -400,6 +425,9 @@ std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_vi
   }
   definition.source = std::string(source);  // before validating: its messages name the file
   if (diagnostics.empty()) ValidateDefinition(definition, &diagnostics);
+  // Errors first, then warnings, each in the order found.
+  std::stable_partition(diagnostics.begin(), diagnostics.end(),
+                        [](const Diagnostic& d) { return d.severity == Severity::kError; });
   definition.text = std::string(text);
   definition.content_hash = Sha256Hex(text);
   if (out != nullptr) *out = std::move(definition);
@@ -410,11 +438,12 @@ absl::StatusOr<WorkflowDefinition> LoadDefinitionText(std::string_view text,
                                                       std::string_view source) {
   WorkflowDefinition definition;
   auto diagnostics = LintDefinitionText(text, source, &definition);
-  if (!diagnostics.empty()) {
-    std::string message;
-    for (const auto& d : diagnostics) message += (message.empty() ? "" : "\n") + d.ToString();
-    return absl::InvalidArgumentError(message);
+  std::string message;
+  for (const auto& d : diagnostics) {
+    if (d.severity != Severity::kError) continue;  // warnings are lint's to show
+    message += (message.empty() ? "" : "\n") + d.ToString();
   }
+  if (!message.empty()) return absl::InvalidArgumentError(message);
   return definition;
 }
 

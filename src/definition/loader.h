@@ -13,11 +13,17 @@ namespace waystone {
 inline constexpr size_t kMaxDefinitionBytes = 1 << 20;
 
 // One problem found in a definition: "file:line: step 'x': message".
+enum class Severity : uint8_t {
+  kError = 1,    // the definition is refused
+  kWarning = 2,  // loaded, but lint reports it
+};
+
 struct Diagnostic {
   std::string source;
   int line = 0;
   std::string step;  // empty when the problem is not inside a step
   std::string message;
+  Severity severity = Severity::kError;
 
   std::string ToString() const;
 };

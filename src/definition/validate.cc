@@ -44,10 +44,10 @@ class Validator {
       return;
     }
     if (path[0] == "instance") {
-      static const std::set<std::string> kFields = {"key", "tenant", "id", "trace_id"};
+      static const std::set<std::string> kFields = {"key", "ref", "tenant", "id", "trace_id"};
       if (path.size() != 2 || !kFields.contains(path[1])) {
-        Error(line, step, where + ": " + shown + " is not one of instance.key, instance.tenant, "
-                                              "instance.id, instance.trace_id");
+        Error(line, step, where + ": " + shown + " is not one of instance.key, instance.ref, "
+                                              "instance.tenant, instance.id, instance.trace_id");
       }
     } else if (path[0] == "step") {
       static const std::set<std::string> kFields = {"name", "idempotency_key"};
@@ -106,6 +106,11 @@ class Validator {
   void CheckRequest(const RequestSpec& request, const Scope& scope, int line,
                     const std::string& step, const std::string& where) {
     CheckText(request.url, scope, line, step, where + ".url");
+    if (auto parsed = Template::Parse(request.url); parsed.ok()) {
+      if (auto unsafe = parsed->CheckUrl(); !unsafe.ok()) {
+        Error(line, step, where + ".url: " + std::string(unsafe.message()));
+      }
+    }
     for (const auto& [name, value] : request.headers) {
       CheckText(value, scope, line, step, where + ".headers." + name);
     }
@@ -139,7 +144,12 @@ class Validator {
     }
     CheckRequest(step.request, before, step.line, step.name, "request");
     CheckText(step.idempotency_key, before, step.line, step.name, "idempotency.key");
-    if (step.lookup) CheckRequest(step.lookup->request, before, step.line, step.name, "lookup");
+    if (step.lookup) {
+      CheckRequest(step.lookup->request, before, step.line, step.name, "lookup");
+      for (const auto& [pointer, value] : step.lookup->match) {
+        CheckText(value, before, step.line, step.name, "lookup.match." + pointer);
+      }
+    }
     if (step.compensate) {
       CheckRequest(step.compensate->request, including_self, step.line, step.name, "compensate");
     }
@@ -157,11 +167,48 @@ class Validator {
     if (step.recovery == RecoveryClass::kLookup && !step.lookup) {
       Error(step.line, step.name, "recovery 'lookup' needs a 'lookup' request");
     }
+    if (side_effecting) WarnWithoutTenant(step);
     if (step.recovery == RecoveryClass::kRepeatable && side_effecting && !step.idempotency_honored) {
       Error(step.line, step.name,
             "recovery 'repeatable' means safe to redo, but " + step.request.method +
                 " changes something and the target does not honour its idempotency key");
     }
+  }
+
+  // Returns true when `text` refers to the tenant (instance.tenant or instance.ref).
+  static bool NamesTenant(const std::string& text) {
+    auto parsed = Template::Parse(text);
+    if (!parsed.ok()) return false;
+    for (const auto& path : parsed->references()) {
+      if (path.size() == 2 && path[0] == "instance" && (path[1] == "tenant" || path[1] == "ref")) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Warns where an identity sent outside leaves the tenant out: two tenants using
+  // the same target would meet there (share a key, adopt each other's objects).
+  void WarnWithoutTenant(const StepDefinition& step) {
+    if (!step.idempotency_key.empty() && !NamesTenant(step.idempotency_key)) {
+      Warn(step.line, step.name,
+           "idempotency.key does not include {{instance.tenant}} or {{instance.ref}}: served to "
+           "more than one tenant, two tenants' requests could share a key at the target");
+    }
+    if (step.lookup) {
+      bool names = NamesTenant(step.lookup->request.url);
+      for (const auto& [pointer, value] : step.lookup->match) names = names || NamesTenant(value);
+      if (!names) {
+        Warn(step.line, step.name,
+             "the lookup neither queries nor matches {{instance.ref}} (or {{instance.tenant}}): "
+             "served to more than one tenant, it could adopt another tenant's object; add "
+             "match: { \"/ref\": \"{{instance.ref}}\" }");
+      }
+    }
+  }
+
+  void Warn(int line, const std::string& step, const std::string& message) {
+    out_->push_back({definition_.source, line, step, message, Severity::kWarning});
   }
 
   const WorkflowDefinition& definition_;

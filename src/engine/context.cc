@@ -51,6 +51,7 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
   nlohmann::json context = nlohmann::json::object();
   context["input"] = nlohmann::json::parse(instance.input_json, nullptr, false);
   context["instance"] = {{"key", instance.key},
+                         {"ref", InstanceRef(instance.tenant, instance.key)},
                          {"tenant", instance.tenant},
                          {"id", instance.id},
                          {"trace_id", instance.trace_id}};
@@ -81,7 +82,9 @@ std::string StepIdempotencyKey(const WorkflowDefinition& definition, const Insta
   const StepRecord& record = steps[index];
   if (!record.idempotency_key.empty()) return record.idempotency_key;
   const StepDefinition& step = definition.steps[index];
-  if (step.idempotency_key.empty()) return DefaultIdempotencyKey(instance.key, step.name);
+  if (step.idempotency_key.empty()) {
+    return DefaultIdempotencyKey(instance.tenant, instance.key, step.name);
+  }
   // A key template is rendered once and then stored: every retry reuses it.
   auto parsed = Template::Parse(step.idempotency_key);
   if (!parsed.ok()) return "";

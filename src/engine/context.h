@@ -39,7 +39,7 @@ class TemplateEnvironment {
 };
 
 // Returns the idempotency key of step `index`: the one stored on its first attempt,
-// else its key template rendered now, else "<instance key>:<step>". Empty when the
+// else its key template rendered now, else "<tenant>:<instance key>:<step>". Empty when the
 // template does not render.
 std::string StepIdempotencyKey(const WorkflowDefinition& definition, const InstanceRecord& instance,
                                const std::vector<StepRecord>& steps, int index,

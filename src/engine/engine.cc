@@ -19,6 +19,7 @@
 #include "engine/lease_keeper.h"
 #include "engine/lease_reaper.h"
 #include "engine/operations.h"
+#include "model/keys.h"
 #include "model/template.h"
 
 namespace waystone {
@@ -77,7 +78,11 @@ class Engine::Impl {
       return absl::InvalidArgumentError("input is " + std::to_string(request.input_json.size()) +
                                         " bytes; the limit is " + std::to_string(kMaxInputBytes));
     }
-    if (request.tenant.empty()) return absl::InvalidArgumentError("tenant must not be empty");
+    if (!ValidTenantName(request.tenant)) {
+      return absl::InvalidArgumentError("tenant '" + request.tenant +
+                                        "' is not a tenant name (1 to 64 letters, digits, '.', "
+                                        "'_' or '-')");
+    }
     nlohmann::json input = nlohmann::json::parse(request.input_json, nullptr, false);
     if (input.is_discarded()) {
       return absl::InvalidArgumentError("input is not valid JSON");

@@ -60,6 +60,16 @@ std::string Describe(const HttpResponse& response) {
          (response.body.empty() ? "" : ": " + Shorten(response.body));
 }
 
+// A lookup answered 404 found nothing: that is an answer, not a failure.
+ErrorClass ClassifyLookup(const CallOutcome& outcome, const StatusOverrides&) {
+  return Classify(outcome, {{404, ErrorClass::kNone}});
+}
+
+// Returns true when a JSON value is a usable external id (not absent, null or "").
+bool HasId(const Json* value) {
+  return value != nullptr && !value->is_null() && !(value->is_string() && value->empty());
+}
+
 std::string EventTypeFor(InstanceState state) {
   return "waystone.instance." + std::string(ToString(state));
 }
@@ -141,11 +151,15 @@ class InstanceRunner::Impl {
     return absl::OkStatus();
   }
 
+  // Returns a change under this drive's lease, carrying the attempt records of the
+  // requests sent since the last one (they commit with the outcome they led to).
   Change NewChange() {
     Change change;
     change.lease = lease_;
     change.now = d_.clock->NowMillis();
     change.lease_expires_at = change.now + d_.lease_duration;
+    change.attempts = std::move(pending_attempts_);
+    pending_attempts_.clear();
     return change;
   }
 
@@ -206,10 +220,15 @@ class InstanceRunner::Impl {
     request.method = spec.method;
     request.timeout = spec.timeout;
     WS_ASSIGN_OR_RETURN(Template url, Template::Parse(spec.url));
-    WS_ASSIGN_OR_RETURN(request.url, url.RenderText(context));
+    WS_ASSIGN_OR_RETURN(request.url, url.RenderUrl(context));
     for (const auto& [name, value] : spec.headers) {
       WS_ASSIGN_OR_RETURN(Template header, Template::Parse(value));
       WS_ASSIGN_OR_RETURN(std::string text, header.RenderText(context));
+      // A CR or LF would end the header and start another (header injection).
+      if (text.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+        return absl::InvalidArgumentError("header '" + name +
+                                          "' would contain a line break or NUL; refused");
+      }
       request.headers.emplace_back(name, std::move(text));
     }
     if (!spec.body_json.empty()) {
@@ -219,11 +238,31 @@ class InstanceRunner::Impl {
     return request;
   }
 
-  HttpResponse TimedSend(CallPhase phase, const HttpRequest& request) {
+  // Sends one request and keeps its attempt record for the next change. `seq`
+  // numbers the step's requests over all phases.
+  HttpResponse TimedSend(CallPhase phase, const HttpRequest& request, const StepRecord& step,
+                         ErrorClass (*classify)(const CallOutcome&, const StatusOverrides&),
+                         const StatusOverrides& overrides) {
+    const Millis started_at = d_.clock->NowMillis();
     const auto start = std::chrono::steady_clock::now();
     HttpResponse response = d_.http->Send(request);
     RecordCallLatency(phase, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
                                  .count());
+    AttemptRecord attempt;
+    attempt.step_index = step.index;
+    attempt.seq = step.attempts + step.lookups + step.compensation_attempts;
+    attempt.phase = phase == CallPhase::kCall     ? AttemptPhase::kCall
+                    : phase == CallPhase::kLookup ? AttemptPhase::kLookup
+                                                  : AttemptPhase::kCompensate;
+    attempt.sent = response.outcome.sent;
+    attempt.connection = response.outcome.connection;
+    attempt.status = response.outcome.kind == CallOutcome::Kind::kResponse
+                         ? response.outcome.status : 0;
+    attempt.error_class = classify(response.outcome, overrides);
+    attempt.detail = Shorten(Describe(response));
+    attempt.started_at = started_at;
+    attempt.finished_at = d_.clock->NowMillis();
+    pending_attempts_.push_back(std::move(attempt));
     return response;
   }
 
@@ -378,7 +417,7 @@ class InstanceRunner::Impl {
     CrashPoint("before-call", def.name);
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);  // a long call keeps the lease
-      response = TimedSend(CallPhase::kCall, *request);
+      response = TimedSend(CallPhase::kCall, *request, step, Classify, def.errors);
     }
     CrashPoint("after-call", def.name);
     return RecordOutcome(index, step, response);
@@ -391,22 +430,20 @@ class InstanceRunner::Impl {
     const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {
-        Change change = NewChange();
         const Json body = ParseBody(response.body);
+        const Json* id = def.result_external_id.empty()
+                             ? nullptr : AtPointer(body, def.result_external_id);
+        if (!def.result_external_id.empty() && !HasId(id)) {
+          return ResultMissing(index, step, body, response.outcome.status);
+        }
+        Change change = NewChange();
         step.state = StepState::kCompleted;
         step.unknown_since = 0;
         step.response_json = body.dump();
         step.error_class = ErrorClass::kNone;
         step.error_message.clear();
         step.finished_at = change.now;
-        if (!def.result_external_id.empty()) {
-          const Json* id = AtPointer(body, def.result_external_id);
-          if (id != nullptr) {
-            step.external_id = IdText(*id);
-          } else {
-            step.error_message = "response has nothing at " + def.result_external_id;
-          }
-        }
+        if (id != nullptr) step.external_id = IdText(*id);
         change.steps.push_back(step);
         AddEvent(change, "waystone.step.completed", &step);
         return CommitChange(change);
@@ -440,9 +477,41 @@ class InstanceRunner::Impl {
     return absl::InternalError("unhandled error class");
   }
 
+  // A 2xx without the external id the step records: something happened, but not
+  // what the definition expects. Later URLs would read "/orders//cancel", so it never
+  // completes this way: with a lookup the outcome is settled by looking (a lookup
+  // that then finds nothing is a contradiction), otherwise an operator decides.
+  absl::Status ResultMissing(int index, StepRecord step, const Json& body, int status) {
+    const StepDefinition& def = definition_->steps[index];
+    const std::string what = "HTTP " + std::to_string(status) + " had no external id at " +
+                             def.result_external_id;
+    Change change = NewChange();
+    step.state = StepState::kUnknown;
+    step.error_class = ErrorClass::kUnknown;
+    step.error_message = Shorten(what);
+    step.response_json = body.is_null() ? "{}" : body.dump();  // marks "the target said yes"
+    step.unknowns += 1;
+    if (step.unknown_since == 0) step.unknown_since = change.now;
+    change.steps.push_back(step);
+    AddEvent(change, "waystone.step.unknown", &step, what);
+    if (def.lookup) return CommitChange(change);
+    const std::string reason = "step '" + step.name + "': " + what +
+                               "; confirm the outcome with its external reference";
+    AddAlert(change, AlertKind::kResultMissing, step.name, reason);
+    SetInstanceState(change, InstanceState::kNeedsAttention, reason);
+    return CommitChange(change);
+  }
+
   absl::Status RecoverRunning(int index) {
     Change change = NewChange();
     StepRecord step = steps_[index];
+    // The request of the interrupted attempt may or may not have left.
+    change.attempts.push_back({step.index, step.attempts + step.lookups + step.compensation_attempts,
+                               AttemptPhase::kCall, false, ConnectionUsed::kNone, 0,
+                               ErrorClass::kUnknown,
+                               "the worker stopped during the call: whether the request left "
+                               "is not known",
+                               step.started_at, change.now});
     step.state = StepState::kUnknown;
     step.error_class = ErrorClass::kUnknown;
     step.error_message = "the worker stopped during the call; its outcome is not known";
@@ -463,13 +532,16 @@ class InstanceRunner::Impl {
                        "); manual step: confirm what happened");
     }
     if (def.retry.Exhausted(step.attempts)) {
-      return FailStep(step, ErrorClass::kUnknown,
-                      "retries exhausted after " + std::to_string(step.attempts) +
-                          " attempts; outcome of the last one unknown (" + why + ")",
-                      AlertKind::kRetriesExhausted);
+      // It may have happened: the step stays unknown (never failed, never skipped by
+      // a compensation) until an operator confirms what the target did.
+      return Pause(step, AlertKind::kRetriesExhausted,
+                   "step '" + step.name + "': retries exhausted after " +
+                       std::to_string(step.attempts) + " attempts; outcome of the last one "
+                       "unknown (" + why + "); confirm what happened");
     }
     Change change = NewChange();
     step.state = StepState::kPending;
+    step.response_json.clear();
     step.resolution = Resolution::kResubmitted;
     step.next_attempt_at = 0;
     change.steps.push_back(step);
@@ -508,9 +580,9 @@ class InstanceRunner::Impl {
     HttpResponse response;
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
-      response = TimedSend(CallPhase::kLookup, *request);
+      response = TimedSend(CallPhase::kLookup, *request, step, ClassifyLookup, {});
     }
-    const ErrorClass error_class = Classify(response.outcome, {{404, ErrorClass::kNone}});
+    const ErrorClass error_class = ClassifyLookup(response.outcome, {});
     RecordCallOutcome(CallPhase::kLookup, error_class);
     if (error_class == ErrorClass::kTransient || error_class == ErrorClass::kUnknown) {
       if (def.retry.Exhausted(step.lookups)) {
@@ -528,13 +600,38 @@ class InstanceRunner::Impl {
                        std::to_string(response.outcome.status));
     }
     const Json body = response.outcome.status == 404 ? Json(nullptr) : ParseBody(response.body);
-    const Json* found = body.is_null() ? nullptr : AtPointer(body, def.lookup->found);
-    if (found == nullptr || found->is_null()) {
+    auto candidates = Candidates(index, body);
+    if (!candidates.ok()) {
+      return Pause(step, AlertKind::kLookupContradiction,
+                   "lookup of step '" + step.name + "': " + std::string(candidates.status().message()));
+    }
+    if (candidates->size() > 1) {
+      return Pause(step, AlertKind::kLookupContradiction,
+                   "lookup of step '" + step.name + "' found " +
+                       std::to_string(candidates->size()) +
+                       " objects that each could be this step's; an operator decides which");
+    }
+    if (candidates->empty()) {
+      if (!step.response_json.empty()) {
+        // The target answered 2xx to this step, yet the lookup finds nothing.
+        return Pause(step, AlertKind::kLookupContradiction,
+                     "step '" + step.name + "' was answered with success (" + step.error_message +
+                         ") but its lookup finds nothing");
+      }
       return ResubmitOrStop(step, "the lookup found nothing");
     }
+    const Json* found = candidates->front();
     std::string external_id;
     if (!def.lookup->external_id.empty()) {
-      if (const Json* id = AtPointer(body, def.lookup->external_id)) external_id = IdText(*id);
+      const Json& within = def.lookup->items.empty() ? body : *found;
+      if (const Json* id = AtPointer(within, def.lookup->external_id); HasId(id)) {
+        external_id = IdText(*id);
+      }
+    }
+    if (!def.result_external_id.empty() && external_id.empty() && step.external_id.empty()) {
+      return Pause(step, AlertKind::kLookupContradiction,
+                   "lookup of step '" + step.name + "' found an object without an external id at " +
+                       def.lookup->external_id);
     }
     if (!step.external_id.empty() && !external_id.empty() && external_id != step.external_id) {
       return Pause(step, AlertKind::kLookupContradiction,
@@ -555,6 +652,62 @@ class InstanceRunner::Impl {
     return CommitChange(change);
   }
 
+  // Returns the objects a lookup answer holds that could be step `index`'s: the one
+  // at `found` or each at `items`, kept only when every `match` pointer equals its
+  // rendered value. An `items` that is not an array is an error.
+  absl::StatusOr<std::vector<const Json*>> Candidates(int index, const Json& body) {
+    const LookupSpec& lookup = *definition_->steps[index].lookup;
+    std::vector<const Json*> all;
+    if (body.is_null()) return all;
+    if (!lookup.items.empty()) {
+      const Json* items = AtPointer(body, lookup.items);
+      if (items == nullptr || !items->is_array()) {
+        return absl::InvalidArgumentError("the answer has no array at " + lookup.items);
+      }
+      for (const Json& item : *items) all.push_back(&item);
+    } else if (const Json* found = AtPointer(body, lookup.found); found && !found->is_null()) {
+      all.push_back(found);
+    }
+    if (lookup.match.empty()) return all;
+    const Json context = Context(index, steps_[index].idempotency_key);
+    std::vector<std::pair<std::string, std::string>> expected;
+    for (const auto& [pointer, value] : lookup.match) {
+      WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(value));
+      WS_ASSIGN_OR_RETURN(std::string text, parsed.RenderText(context));
+      expected.emplace_back(pointer, std::move(text));
+    }
+    std::vector<const Json*> matching;
+    for (const Json* candidate : all) {
+      bool ok = true;
+      for (const auto& [pointer, text] : expected) {
+        const Json* value = AtPointer(*candidate, pointer);
+        ok = ok && value != nullptr && IdText(*value) == text;
+      }
+      if (ok) matching.push_back(candidate);
+    }
+    return matching;
+  }
+
+  // Returns the idempotency key of step's compensation: "<step key>:compensate".
+  std::string CompensationKeyOf(const StepRecord& step) const {
+    return CompensationKey(step.idempotency_key.empty()
+                               ? DefaultIdempotencyKey(instance_.tenant, instance_.key, step.name)
+                               : step.idempotency_key);
+  }
+
+  // An audit record of a compensation the engine ran by itself, with its cause.
+  AuditRecord EngineAudit(const StepRecord& step, const std::string& action,
+                          const std::string& detail) const {
+    const Json about = {{"step", step.name},
+                        {"external_id", step.external_id},
+                        {"key", CompensationKeyOf(step)},
+                        {"attempt", step.compensation_attempts},
+                        {"detail", detail}};
+    return {0, 0, "engine", instance_.tenant, instance_.id, action,
+            instance_.status_reason.empty() ? "compensation" : Shorten(instance_.status_reason),
+            about.dump()};
+  }
+
   absl::Status CompensationFailed(StepRecord step, const std::string& message) {
     Change change = NewChange();
     step.state = StepState::kCompensationFailed;
@@ -563,10 +716,11 @@ class InstanceRunner::Impl {
     change.steps.push_back(step);
     const std::string reason = "compensation of step '" + step.name + "' (external id '" +
                                step.external_id + "', key '" +
-                               CompensationKey(step.idempotency_key) + "') failed after " +
+                               CompensationKeyOf(step) + "') failed after " +
                                std::to_string(step.compensation_attempts) +
                                " attempts: " + Shorten(message);
     AddEvent(change, "waystone.step.compensation_failed", &step, message);
+    change.audits.push_back(EngineAudit(step, "compensation_failed", Shorten(message)));
     AddAlert(change, AlertKind::kCompensationFailed, step.name, reason);
     SetInstanceState(change, InstanceState::kNeedsAttention, reason);
     return CommitChange(change);
@@ -576,10 +730,7 @@ class InstanceRunner::Impl {
     const StepDefinition& def = definition_->steps[index];
     const CompensationSpec& spec = *def.compensate;
     StepRecord step = steps_[index];
-    const std::string step_key =
-        step.idempotency_key.empty() ? DefaultIdempotencyKey(instance_.key, def.name)
-                                     : step.idempotency_key;
-    const std::string key = CompensationKey(step_key);
+    const std::string key = CompensationKeyOf(step);
     auto request = Render(spec.request, Context(index, key));
     if (!request.ok()) {
       return CompensationFailed(step, "compensation request cannot be built: " +
@@ -591,13 +742,15 @@ class InstanceRunner::Impl {
     step.next_attempt_at = 0;
     Decorate(*request, key);
     before.steps.push_back(step);
+    before.audits.push_back(EngineAudit(step, "compensate", "attempt " +
+                                        std::to_string(step.compensation_attempts) + " sent"));
     WS_RETURN_IF_ERROR(CommitChange(before));
 
     HttpResponse response;
     CrashPoint("before-compensate", def.name);
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
-      response = TimedSend(CallPhase::kCompensate, *request);
+      response = TimedSend(CallPhase::kCompensate, *request, step, Classify, {});
     }
     CrashPoint("after-compensate", def.name);
 
@@ -610,6 +763,7 @@ class InstanceRunner::Impl {
         step.state = StepState::kCompensated;
         step.error_message.clear();
         change.steps.push_back(step);
+        change.audits.push_back(EngineAudit(step, "compensated", detail));
         AddEvent(change, "waystone.step.compensated", &step);
         return CommitChange(change);
       }
@@ -628,6 +782,7 @@ class InstanceRunner::Impl {
   }
 
   RunnerDeps d_;
+  std::vector<AttemptRecord> pending_attempts_;  // sent, not yet committed
   Lease lease_;
   InstanceRecord instance_;
   std::vector<StepRecord> steps_;

@@ -4,8 +4,25 @@
 
 namespace waystone {
 
-std::string DefaultIdempotencyKey(std::string_view instance_key, std::string_view step) {
-  std::string key(instance_key);
+std::string InstanceRef(std::string_view tenant, std::string_view instance_key) {
+  std::string ref(tenant);
+  ref.append(":").append(instance_key);
+  return ref;
+}
+
+bool ValidTenantName(std::string_view tenant) {
+  if (tenant.empty() || tenant.size() > 64) return false;
+  for (char c : tenant) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string DefaultIdempotencyKey(std::string_view tenant, std::string_view instance_key,
+                                  std::string_view step) {
+  std::string key = InstanceRef(tenant, instance_key);
   key.append(":").append(step);
   return key;
 }

@@ -5,9 +5,18 @@
 
 namespace waystone {
 
-// Returns the default idempotency key of a step: "<instance key>:<step name>".
+// Returns the reference of an instance outside Waystone, `{{instance.ref}}`:
+// "<tenant>:<business key>". Tenants never meet at a shared target under it.
+std::string InstanceRef(std::string_view tenant, std::string_view instance_key);
+
+// Returns true for a tenant name: 1 to 64 of letters, digits, '.', '_' and '-'
+// (so that "<tenant>:" never runs into the business key).
+bool ValidTenantName(std::string_view tenant);
+
+// Returns the default idempotency key of a step: "<tenant>:<instance key>:<step name>".
 // The same key is sent on every attempt of that step.
-std::string DefaultIdempotencyKey(std::string_view instance_key, std::string_view step);
+std::string DefaultIdempotencyKey(std::string_view tenant, std::string_view instance_key,
+                                  std::string_view step);
 
 // Returns the key of a compensation: "<step key>:compensate".
 std::string CompensationKey(std::string_view step_key);

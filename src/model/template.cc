@@ -135,6 +135,114 @@ absl::StatusOr<std::string> Template::RenderText(const Json& context) const {
   return ScalarText(*value, references_.empty() ? "" : JoinPath(references_.front()));
 }
 
+std::string PercentEncode(std::string_view value, UrlPart part) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(value.size());
+  for (unsigned char c : value) {
+    const bool unreserved = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                            (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' || c == '~';
+    const bool kept = unreserved || (part == UrlPart::kPathSegment && (c == ':' || c == '@'));
+    if (kept) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Where the text so far has reached inside a URL.
+enum class UrlState { kStart, kAuthority, kPath, kQuery };
+
+// Moves `state` across literal URL text.
+UrlState Advance(UrlState state, std::string_view literal, bool at_start) {
+  size_t at = 0;
+  if (state == UrlState::kStart) {
+    if (!at_start) return UrlState::kPath;  // after a base URL placeholder
+    const size_t scheme = literal.find("://");
+    if (scheme == std::string_view::npos) return UrlState::kPath;
+    at = scheme + 3;
+    state = UrlState::kAuthority;
+  }
+  for (; at < literal.size(); ++at) {
+    const char c = literal[at];
+    if (state == UrlState::kAuthority && c == '/') state = UrlState::kPath;
+    if (state != UrlState::kQuery && (c == '?' || c == '#')) state = UrlState::kQuery;
+  }
+  return state;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Template::RenderUrl(const Json& context) const {
+  std::string out;
+  UrlState state = UrlState::kStart;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& piece = pieces_[i];
+    if (piece.path.empty()) {
+      out += piece.literal;
+      state = Advance(state, piece.literal, i == 0);
+      continue;
+    }
+    const std::string where = JoinPath(piece.path);
+    const Json* value = Resolve(context, piece.path);
+    if (value == nullptr) {
+      return absl::InvalidArgumentError("template {{" + where +
+                                        "}} refers to a value that is not there");
+    }
+    auto text = ScalarText(*value, where);
+    if (!text.ok()) return text.status();
+    switch (state) {
+      case UrlState::kStart:
+        out += *text;  // the base URL, as configured
+        state = UrlState::kPath;
+        if (text->find('?') != std::string::npos) state = UrlState::kQuery;
+        break;
+      case UrlState::kAuthority:
+        // The deployment's own configuration (a host or port from env) is trusted as written.
+        if (piece.path[0] == "env") {
+          out += *text;
+          break;
+        }
+        return absl::InvalidArgumentError("template {{" + where +
+                                          "}} stands in the host part of a URL and cannot be "
+                                          "encoded safely");
+      case UrlState::kPath:
+        out += PercentEncode(*text, UrlPart::kPathSegment);
+        break;
+      case UrlState::kQuery:
+        out += PercentEncode(*text, UrlPart::kQuery);
+        break;
+    }
+  }
+  return out;
+}
+
+absl::Status Template::CheckUrl() const {
+  UrlState state = UrlState::kStart;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& piece = pieces_[i];
+    if (piece.path.empty()) {
+      state = Advance(state, piece.literal, i == 0);
+      continue;
+    }
+    if (state == UrlState::kAuthority && piece.path[0] != "env") {
+      return absl::InvalidArgumentError("{{" + JoinPath(piece.path) +
+                                        "}} stands in the scheme or host of the URL, where "
+                                        "percent-encoding cannot make a value safe; only env "
+                                        "values, a placeholder at the very start (a base URL) "
+                                        "or one in the path, query or fragment is allowed");
+    }
+    if (state == UrlState::kStart) state = UrlState::kPath;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Json> RenderTree(const Json& tree, const Json& context) {
   if (tree.is_string()) {
     auto parsed = Template::Parse(tree.get<std::string>());

@@ -29,6 +29,19 @@ class Template {
   // Renders and requires a string, number or boolean result, returned as text.
   absl::StatusOr<std::string> RenderText(const nlohmann::json& context) const;
 
+  // Renders a URL: literal text stays as written, and every placeholder value is
+  // percent-encoded (RFC 3986) by the rules of the part it stands in: a path
+  // segment (only unreserved characters, ':' and '@' kept; '/' is encoded) or a
+  // query or fragment value (only unreserved characters kept; '&', '=', '+', '#',
+  // space are encoded). A placeholder at the very start is the base URL
+  // (`{{env.ERP_URL}}/orders`) and is inserted as written.
+  absl::StatusOr<std::string> RenderUrl(const nlohmann::json& context) const;
+
+  // Returns an error when a placeholder sits where percent-encoding cannot make
+  // its value safe: inside the scheme or authority (host, port, user) after a
+  // literal beginning, e.g. "http://{{input.host}}/x" (env values are allowed).
+  absl::Status CheckUrl() const;
+
  private:
   struct Piece {
     std::string literal;                // used when path is empty
@@ -49,6 +62,12 @@ absl::Status CollectTreeReferences(const nlohmann::json& tree,
 
 // Returns the value at `path` inside `root`, or nullptr when any segment is missing.
 const nlohmann::json* Resolve(const nlohmann::json& root, const std::vector<std::string>& path);
+
+// Which part of a URL a value is placed in.
+enum class UrlPart : uint8_t { kPathSegment = 1, kQuery = 2 };
+
+// Percent-encodes `value` for `part` (UTF-8 bytes outside the kept set become %XX).
+std::string PercentEncode(std::string_view value, UrlPart part);
 
 // Joins a path back into its dotted form, for messages.
 std::string JoinPath(const std::vector<std::string>& path);

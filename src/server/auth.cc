@@ -2,6 +2,7 @@
 
 #include "base/secure_token.h"
 #include "base/sha256.h"
+#include "model/keys.h"
 
 namespace waystone {
 
@@ -14,7 +15,10 @@ std::optional<Role> ParseRole(std::string_view text) {
 
 absl::StatusOr<std::string> CreateToken(Store& store, const std::string& name,
                                         const std::string& tenant, Role role, Millis now) {
-  if (tenant.empty()) return absl::InvalidArgumentError("a token needs a tenant (or '*')");
+  if (tenant != "*" && !ValidTenantName(tenant)) {
+    return absl::InvalidArgumentError("a token needs a tenant (1 to 64 letters, digits, '.', '_' "
+                                      "or '-') or '*'");
+  }
   const std::string secret = SecureRandomHex(32);
   if (secret.empty()) return absl::InternalError("no randomness for a token");
   const std::string token = "wst_" + secret;

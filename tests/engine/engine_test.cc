@@ -124,7 +124,7 @@ TEST_P(EngineTest, HappyPathCompletesEveryStepOnceWithEvents) {
     EXPECT_EQ(step.attempts, 1) << step.name;
   }
   EXPECT_EQ(Step(instance, "create-order").external_id, "SO-100001");
-  EXPECT_EQ(Step(instance, "create-order").idempotency_key, "crm:1:create-order");
+  EXPECT_EQ(Step(instance, "create-order").idempotency_key, "default:crm:1:create-order");
   ExpectExactlyOneOfEach();
   auto types = EventTypes(instance);
   ASSERT_EQ(types.size(), 8u);

@@ -5,13 +5,27 @@
 namespace waystone {
 namespace {
 
-TEST(KeysTest, DefaultKeyIsInstanceKeyAndStep) {
-  EXPECT_EQ(DefaultIdempotencyKey("crm:order-10042", "create-order"), "crm:order-10042:create-order");
+TEST(KeysTest, DefaultKeyIsTenantInstanceKeyAndStep) {
+  EXPECT_EQ(DefaultIdempotencyKey("acme", "crm:order-10042", "create-order"),
+            "acme:crm:order-10042:create-order");
+  // Two tenants with the same business key never share a key at a target.
+  EXPECT_NE(DefaultIdempotencyKey("t1", "crm:900", "ship"),
+            DefaultIdempotencyKey("t2", "crm:900", "ship"));
+  EXPECT_EQ(InstanceRef("t1", "crm:900"), "t1:crm:900");
+}
+
+TEST(KeysTest, TenantNamesCannotRunIntoTheKey) {
+  EXPECT_TRUE(ValidTenantName("acme-eu.prod_1"));
+  EXPECT_FALSE(ValidTenantName(""));
+  EXPECT_FALSE(ValidTenantName("a:b"));
+  EXPECT_FALSE(ValidTenantName("a/b"));
+  EXPECT_FALSE(ValidTenantName("*"));
+  EXPECT_FALSE(ValidTenantName(std::string(65, 'a')));
 }
 
 TEST(KeysTest, CompensationKeyIsDistinctAndStable) {
-  const std::string key = DefaultIdempotencyKey("crm:1", "create-order");
-  EXPECT_EQ(CompensationKey(key), "crm:1:create-order:compensate");
+  const std::string key = DefaultIdempotencyKey("t", "crm:1", "create-order");
+  EXPECT_EQ(CompensationKey(key), "t:crm:1:create-order:compensate");
   EXPECT_NE(CompensationKey(key), key);
 }
 

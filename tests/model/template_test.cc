@@ -80,5 +80,37 @@ TEST(TemplateTest, RenderTreeRendersEveryString) {
   EXPECT_EQ((*out)["list"][0], "http://erp/x");
 }
 
+TEST(TemplateTest, UrlValuesArePercentEncodedByTheirPart) {
+  const Json context = {{"env", {{"ERP_URL", "http://erp:81/api"}}},
+                        {"input", {{"k", "crm:A&B #7"}, {"p", "x/y?z=1"}, {"s", "sp ace+plus%25"},
+                                   {"u", "Größe"}}}};
+  auto t = Template::Parse("{{env.ERP_URL}}/orders/{{input.p}}/{{input.k}}?ref={{input.k}}"
+                           "&s={{input.s}}&u={{input.u}}&p={{input.p}}");
+  ASSERT_TRUE(t.ok());
+  auto url = t->RenderUrl(context);
+  ASSERT_TRUE(url.ok()) << url.status();
+  EXPECT_EQ(*url, "http://erp:81/api/orders/x%2Fy%3Fz%3D1/crm:A%26B%20%237?ref=crm%3AA%26B%20%237"
+                  "&s=sp%20ace%2Bplus%2525&u=Gr%C3%B6%C3%9Fe&p=x%2Fy%3Fz%3D1");
+  // Literal text and the base URL stay as written.
+  auto literal = Template::Parse("http://erp/a b?x=1&y={{input.k}}#{{input.p}}");
+  ASSERT_TRUE(literal.ok());
+  EXPECT_EQ(*literal->RenderUrl(context), "http://erp/a b?x=1&y=crm%3AA%26B%20%237#x%2Fy%3Fz%3D1");
+}
+
+TEST(TemplateTest, PlaceholdersInTheHostAreRefusedUnlessFromEnv) {
+  auto host = Template::Parse("http://{{input.k}}/x");
+  ASSERT_TRUE(host.ok());
+  EXPECT_FALSE(host->CheckUrl().ok());
+  EXPECT_FALSE(host->RenderUrl({{"input", {{"k", "evil.example"}}}}).ok());
+  auto port = Template::Parse("http://127.0.0.1:{{env.PORT}}/x/{{input.k}}");
+  ASSERT_TRUE(port.ok());
+  EXPECT_TRUE(port->CheckUrl().ok());
+  EXPECT_EQ(*port->RenderUrl({{"env", {{"PORT", "81"}}}, {"input", {{"k", "a b"}}}}),
+            "http://127.0.0.1:81/x/a%20b");
+  auto base = Template::Parse("{{env.ERP_URL}}/x");
+  ASSERT_TRUE(base.ok());
+  EXPECT_TRUE(base->CheckUrl().ok());
+}
+
 }  // namespace
 }  // namespace waystone

@@ -259,7 +259,7 @@ TEST_P(ApiWriteTest, RetryOfAFailedManualStepIsPreviewedAppliedAndAudited) {
   EXPECT_EQ(dry["applied"], false);
   EXPECT_EQ(dry["state_after"], "running");
   ASSERT_EQ(dry["would_execute"].size(), 3u) << dry.dump();
-  EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "o1:charge");
+  EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "t1:o1:charge");
   EXPECT_EQ(dry["would_execute"][1]["phase"], "wait");
   // A dry run changes nothing.
   Json view = Get("/v1/instances/o1");
@@ -339,8 +339,8 @@ TEST_P(ApiWriteTest, ConfirmingThatItDidNotHappenResubmitsUnderTheSameKey) {
     if (c.path == "/charge") keys.push_back(c.key);
   }
   ASSERT_EQ(keys.size(), 2u);
-  EXPECT_EQ(keys[0], "o3:charge");
-  EXPECT_EQ(keys[1], "o3:charge");
+  EXPECT_EQ(keys[0], "t1:o3:charge");
+  EXPECT_EQ(keys[1], "t1:o3:charge");
   Approve("o3", "appr-3");
   EXPECT_EQ(Drive("o3"), InstanceState::kCompleted);
   ExpectCallsMatch(recorder_.Since(before), dry["would_execute"]);
@@ -352,7 +352,7 @@ TEST_P(ApiWriteTest, CompensateUndoesTheCreatedObjectWithItsOwnKey) {
   const std::string order = Step("o4", "create")["external_id"];
   Json dry = Post("/v1/instances/o4/compensate?dry_run=true", {{"reason", "customer cancelled"}}, 200);
   ASSERT_EQ(dry["would_execute"].size(), 1u) << dry.dump();
-  EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "o4:create:compensate");
+  EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "t1:o4:create:compensate");
   const size_t before = recorder_.Calls().size();
   Json real = Post("/v1/instances/o4/compensate", {{"reason", "customer cancelled"}}, 200);
   EXPECT_EQ(real["would_execute"], dry["would_execute"]);
@@ -362,10 +362,18 @@ TEST_P(ApiWriteTest, CompensateUndoesTheCreatedObjectWithItsOwnKey) {
   EXPECT_EQ(calls[0].path, "/cancel/" + order);
   ExpectCallsMatch(calls, dry["would_execute"]);
   Json audit = Get("/v1/instances/o4")["audit"];
-  ASSERT_EQ(audit.size(), 1u);
+  ASSERT_EQ(audit.size(), 3u) << audit.dump();
   EXPECT_EQ(audit[0]["action"], "compensate");
+  EXPECT_EQ(audit[0]["actor"], "op1");
   EXPECT_EQ(audit[0]["reason"], "customer cancelled");
   EXPECT_EQ(audit[0]["detail"]["state_after"], "compensating");
+  // The compensation the engine then ran is audited too, in its own changes.
+  EXPECT_EQ(audit[1]["actor"], "engine");
+  EXPECT_EQ(audit[1]["action"], "compensate");
+  EXPECT_EQ(audit[1]["detail"]["key"], "t1:o4:create:compensate");
+  EXPECT_EQ(audit[2]["actor"], "engine");
+  EXPECT_EQ(audit[2]["action"], "compensated");
+  EXPECT_EQ(audit[2]["detail"]["external_id"], order);
   Post("/v1/instances/o4/compensate", {{"reason", "again"}}, 409);
 }
 
