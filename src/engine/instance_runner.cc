@@ -478,9 +478,11 @@ class InstanceRunner::Impl {
   }
 
   // A 2xx without the external id the step records: something happened, but not
-  // what the definition expects. Later URLs would read "/orders//cancel", so it never
-  // completes this way: with a lookup the outcome is settled by looking (a lookup
-  // that then finds nothing is a contradiction), otherwise an operator decides.
+  // what the definition expects (a truncated answer reads this way too). Later URLs
+  // would read "/orders//cancel", so it never completes this way: with a lookup the
+  // outcome is settled by looking (a lookup that then finds nothing is a
+  // contradiction), with an honoured key by asking again under the same key,
+  // otherwise an operator decides.
   absl::Status ResultMissing(int index, StepRecord step, const Json& body, int status) {
     const StepDefinition& def = definition_->steps[index];
     const std::string what = "HTTP " + std::to_string(status) + " had no external id at " +
@@ -494,7 +496,8 @@ class InstanceRunner::Impl {
     if (step.unknown_since == 0) step.unknown_since = change.now;
     change.steps.push_back(step);
     AddEvent(change, "waystone.step.unknown", &step, what);
-    if (def.lookup) return CommitChange(change);
+    const bool resubmit = def.idempotency_honored && def.recovery != RecoveryClass::kManual;
+    if (def.lookup || resubmit) return CommitChange(change);
     const std::string reason = "step '" + step.name + "': " + what +
                                "; confirm the outcome with its external reference";
     AddAlert(change, AlertKind::kResultMissing, step.name, reason);

@@ -9,9 +9,9 @@ ErrorClass DefaultForStatus(int status) {
     case 408:  // the server gave up waiting for the request: it did not act
     case 425:
     case 429:
-    case 502:
     case 503:
       return ErrorClass::kTransient;
+    case 502:  // a gateway got a bad answer from the origin, which may have acted
     case 504:  // a gateway timed out: the origin may have acted
       return ErrorClass::kUnknown;
     default:

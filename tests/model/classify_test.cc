@@ -14,7 +14,7 @@ TEST(ClassifyTest, SuccessIsNone) {
 }
 
 TEST(ClassifyTest, TransientStatuses) {
-  for (int status : {408, 429, 502, 503}) {
+  for (int status : {408, 429, 503}) {
     EXPECT_EQ(Classify(Response(status), {}), ErrorClass::kTransient) << status;
   }
 }
@@ -27,6 +27,8 @@ TEST(ClassifyTest, RejectedStatuses) {
 
 TEST(ClassifyTest, GatewayTimeoutAndServerErrorsAreUnknown) {
   EXPECT_EQ(Classify(Response(504), {}), ErrorClass::kUnknown);
+  // A bad gateway means the origin's answer was lost, not that it did nothing.
+  EXPECT_EQ(Classify(Response(502), {}), ErrorClass::kUnknown);
   EXPECT_EQ(Classify(Response(500), {}), ErrorClass::kUnknown);
 }
 
