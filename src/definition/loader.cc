@@ -397,7 +397,7 @@ class Reader {
 
 std::string Diagnostic::ToString() const {
   std::string out = source;
-  if (line > 0) out += ":" + std::to_string(line);
+  if (line > 0) out.append(":").append(std::to_string(line));
   out += ": ";
   if (severity == Severity::kWarning) out += "warning: ";
   if (!step.empty()) out += "step '" + step + "': ";
@@ -441,7 +441,8 @@ absl::StatusOr<WorkflowDefinition> LoadDefinitionText(std::string_view text,
   std::string message;
   for (const auto& d : diagnostics) {
     if (d.severity != Severity::kError) continue;  // warnings are lint's to show
-    message += (message.empty() ? "" : "\n") + d.ToString();
+    if (!message.empty()) message.push_back('\n');
+    message += d.ToString();
   }
   if (!message.empty()) return absl::InvalidArgumentError(message);
   return definition;

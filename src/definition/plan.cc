@@ -59,10 +59,19 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     if (!side_effecting) {
       out << "safe to repeat: retry\n";
     } else if (step.lookup) {
-      out << "look up " << step.lookup->request.method << " " << step.lookup->request.url
-          << "; found at " << step.lookup->found << " -> adopt it";
+      out << "look up " << step.lookup->request.method << " " << step.lookup->request.url;
+      if (step.lookup->items.empty()) {
+        out << "; found at " << step.lookup->found;
+      } else {
+        out << "; candidates at " << step.lookup->items;
+      }
+      for (const auto& [pointer, value] : step.lookup->match) {
+        out << ", " << pointer << " = " << value;
+      }
+      out << " -> adopt it";
       if (!step.lookup->external_id.empty()) out << " (external id " << step.lookup->external_id << ")";
-      out << "; not found -> resubmit with the same idempotency key\n";
+      out << "; several -> pause (lookup_contradiction); not found -> resubmit with the same "
+             "idempotency key\n";
     } else if (step.recovery == RecoveryClass::kManual) {
       out << "pause; an operator confirms what happened\n";
     } else {

@@ -141,6 +141,7 @@ class InstanceRunner::Impl {
 
   absl::Status Load() {
     WS_ASSIGN_OR_RETURN(instance_, d_.store->GetInstance(lease_.instance_id));
+    lease_until_ = instance_.lease_epoch == lease_.epoch ? instance_.lease_expires_at : 0;
     WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
     WS_ASSIGN_OR_RETURN(definition_, d_.catalog->Get(instance_.definition_hash));
     if (steps_.size() != definition_->steps.size()) {
@@ -166,6 +167,7 @@ class InstanceRunner::Impl {
   // Commits `change` and, once durable, mirrors it into the in-memory view.
   absl::Status CommitChange(const Change& change) {
     WS_RETURN_IF_ERROR(d_.commits->Commit(change));
+    lease_until_ = change.lease_expires_at;
     if (change.state) instance_.state = *change.state;
     if (change.status_reason) instance_.status_reason = *change.status_reason;
     if (change.next_run_at) instance_.next_run_at = *change.next_run_at;
@@ -236,6 +238,14 @@ class InstanceRunner::Impl {
       request.body = body.dump();
     }
     return request;
+  }
+
+  // Returns Aborted when the lease ran out since the last commit (this process
+  // was stopped or stalled): another worker may own the instance, so nothing is sent.
+  absl::Status StillLeased() const {
+    if (d_.clock->NowMillis() < lease_until_) return absl::OkStatus();
+    return absl::AbortedError("lease of instance " + instance_.key +
+                              " ran out before the call; the request was not sent");
   }
 
   // Sends one request and keeps its attempt record for the next change. `seq`
@@ -415,6 +425,7 @@ class InstanceRunner::Impl {
 
     HttpResponse response;
     CrashPoint("before-call", def.name);
+    WS_RETURN_IF_ERROR(StillLeased());
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);  // a long call keeps the lease
       response = TimedSend(CallPhase::kCall, *request, step, Classify, def.errors);
@@ -579,6 +590,7 @@ class InstanceRunner::Impl {
                        "' cannot be built: " + std::string(request.status().message()));
     }
     Decorate(*request, "");
+    WS_RETURN_IF_ERROR(StillLeased());
     step.lookups += 1;
     HttpResponse response;
     {
@@ -751,6 +763,7 @@ class InstanceRunner::Impl {
 
     HttpResponse response;
     CrashPoint("before-compensate", def.name);
+    WS_RETURN_IF_ERROR(StillLeased());
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
       response = TimedSend(CallPhase::kCompensate, *request, step, Classify, {});
@@ -786,6 +799,7 @@ class InstanceRunner::Impl {
 
   RunnerDeps d_;
   std::vector<AttemptRecord> pending_attempts_;  // sent, not yet committed
+  Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
   Lease lease_;
   InstanceRecord instance_;
   std::vector<StepRecord> steps_;

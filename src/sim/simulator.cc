@@ -325,7 +325,7 @@ class Simulator::Impl {
       Json customer = {{"id", id},
                        {"name", "Customer " + id},
                        {"email", id + "@example.test"},
-                       {"line_user_id", "U" + std::to_string(std::hash<std::string>{}(id) % 1000000)},
+                       {"line_user_id", std::string("U").append(std::to_string(std::hash<std::string>{}(id) % 1000000))},
                        {"address_ok", !id.starts_with("C-BLOCKED")}};
       Respond(d, res, 200, customer.dump());
     });
@@ -478,7 +478,7 @@ class Simulator::Impl {
         if (RefuseBeforeCommit(d, res)) return;
         if (Replay(email_by_key_, key, d, res)) return;
         email_by_content_[body.value("to", "") + "|" + body.value("subject", "")] += 1;
-        sent = {{"message_id", "<" + std::to_string(900000 + ++email_seq_) + "@sim.test>"}};
+        sent = {{"message_id", std::string("<").append(std::to_string(900000 + ++email_seq_)).append("@sim.test>")}};
         if (!key.empty()) email_by_key_[key] = sent;
       }
       Respond(d, res, 202, sent.dump());

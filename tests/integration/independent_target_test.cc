@@ -21,45 +21,15 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr char kWorkflow[] = R"(
-workflow: target-order
-key: "crm:{{input.order_id}}"
-steps:
-  # A read first, as real flows do: with a kept-alive connection the create would
-  # then travel on a reused one.
-  - name: check-existing
-    request:
-      method: GET
-      url: "{{env.TARGET_URL}}/erp/orders?ref=check-{{instance.ref}}"
-  - name: create-order
-    recovery: lookup
-    request:
-      method: POST
-      url: "{{env.TARGET_URL}}/erp/orders"
-      body: { ref: "{{instance.ref}}", amount: "{{input.amount}}" }
-      timeout: 700ms
-    result: { external_id: "/id" }
-    lookup:
-      request: { method: GET, url: "{{env.TARGET_URL}}/erp/orders?ref={{instance.ref}}" }
-      items: "/items"
-      match: { "/ref": "{{instance.ref}}" }
-      external_id: "/id"
-    compensate:
-      request:
-        method: POST
-        url: "{{env.TARGET_URL}}/erp/orders/{{steps.create-order.external_id}}/cancel"
-    retry: { max_attempts: 4, initial_interval: 10ms }
-  - name: notify
-    recovery: repeatable
-    idempotency: { honored: true }
-    request:
-      method: POST
-      url: "{{env.TARGET_URL}}/notify/messages"
-      body: { to: "{{input.customer}}", text: "order {{steps.create-order.external_id}} confirmed" }
-      timeout: 700ms
-    result: { external_id: "/id" }
-    retry: { max_attempts: 4, initial_interval: 10ms }
-)";
+// tests/fixtures/target-order.yaml: check-existing (read), create-order (lookup by
+// {{instance.ref}} with match, compensation), notify (honoured key).
+std::string WorkflowText() {
+  std::string text;
+  EXPECT_TRUE(ReadFileText(testing::SourceDir() + "/tests/fixtures/target-order.yaml", 1 << 20,
+                           &text)
+                  .ok());
+  return text;
+}
 
 class IndependentTargetTest : public ::testing::Test {
  protected:
@@ -74,7 +44,7 @@ class IndependentTargetTest : public ::testing::Test {
     auto engine = Engine::Create(store_.get(), http_.get(), &clock_, &random_, {});
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
-    definition_ = Load(kWorkflow);
+    definition_ = Load(WorkflowText());
   }
 
   static WorkflowDefinition Load(const std::string& text) {
@@ -269,7 +239,7 @@ TEST_F(IndependentTargetTest, ALookupMatchingTwoObjectsIsAContradictionNotAnAdop
 
 TEST_F(IndependentTargetTest, A2xxWithoutItsExternalIdNeverCompletesSilently) {
   // The step expects its id at /order_no, which this target never sends.
-  std::string text = kWorkflow;
+  std::string text = WorkflowText();
   text.replace(text.find("result: { external_id: \"/id\" }"), 30,
                "result: { external_id: \"/order_no\" }");
   WorkflowDefinition with_lookup = Load(text);
