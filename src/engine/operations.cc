@@ -149,11 +149,15 @@ std::string EventDataHash(const std::string& data_json) {
 }
 
 absl::StatusOr<SignalResult> Operations::SeenBefore(const Signal& signal,
-                                                    const InstanceRecord& instance,
                                                     const std::string& data_hash) {
   WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
                       store_->LookupInbox(signal.tenant, signal.source, signal.id));
   if (!seen) return absl::NotFoundError("not in the inbox");
+  // The instance may be gone (gc): the alert names what the claim remembers.
+  InstanceRecord instance;
+  instance.id = seen->instance_id;
+  instance.tenant = signal.tenant;
+  instance.key = signal.key;
   SignalResult result{SignalOutcome::kDuplicate, data_hash, seen->data_hash};
   if (!seen->data_hash.empty() && seen->data_hash != data_hash) {
     result.outcome = SignalOutcome::kConflict;
@@ -171,10 +175,11 @@ absl::StatusOr<SignalResult> Operations::SeenBefore(const Signal& signal,
 }
 
 absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
-  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(signal.tenant, signal.key));
   const std::string data_hash = EventDataHash(signal.data_json);
-  auto seen = SeenBefore(signal, instance, data_hash);
+  // The inbox first: a redelivery is answered even after gc removed its instance.
+  auto seen = SeenBefore(signal, data_hash);
   if (seen.ok() || !absl::IsNotFound(seen.status())) return seen;
+  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(signal.tenant, signal.key));
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   auto committed = [&]() -> absl::StatusOr<SignalResult> {
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
@@ -228,7 +233,7 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     if (absl::IsAlreadyExists(results.front())) {
       // Claimed by a concurrent delivery of the same event between the check and now.
       WS_RETURN_IF_ERROR(Release(lease));
-      return SeenBefore(signal, instance, data_hash);
+      return SeenBefore(signal, data_hash);
     }
     WS_RETURN_IF_ERROR(results.front());
     return SignalResult{SignalOutcome::kApplied, data_hash, ""};

@@ -83,8 +83,7 @@ class Operations {
   absl::StatusOr<Lease> Claim(int64_t instance_id);
   // Returns kDuplicate or kConflict (raising its alert) when the inbox holds the
   // signal's event; NotFound when it does not.
-  absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const InstanceRecord& instance,
-                                          const std::string& data_hash);
+  absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const std::string& data_hash);
   absl::Status Release(const Lease& lease);
 
   Store* store_;

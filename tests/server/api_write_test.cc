@@ -538,6 +538,90 @@ TEST_P(ApiWriteTest, CloudEventsStartAndSignalOnceInEveryMode) {
   EXPECT_EQ(summary->inbox_duplicates, 3);
 }
 
+TEST_P(ApiWriteTest, TheInboxIsPerTenantAndTheSameIdWithOtherDataIsAConflict) {
+  auto send = [&](const std::string& token, const std::string& id, const Json& data) {
+    const Json event = {{"specversion", "1.0"}, {"id", id}, {"source", "/shop"},
+                        {"type", "com.acme.order.received"}, {"data", data}};
+    return Send("POST", "/v1/events", token, event.dump(),
+                {{"Content-Type", "application/cloudevents+json"}});
+  };
+  auto first = send(operator_, "e-7", {{"id", "n7"}});
+  ASSERT_EQ(first.outcome.status, 200) << first.body;
+  EXPECT_EQ(Json::parse(first.body)["results"][0]["outcome"], "started");
+  // Another tenant, the same (source, id): its own instance, not a duplicate.
+  auto other = send(operator_t2_, "e-7", {{"id", "n7"}});
+  ASSERT_EQ(other.outcome.status, 200) << other.body;
+  EXPECT_EQ(Json::parse(other.body)["results"][0]["outcome"], "started");
+  EXPECT_TRUE(store_->FindInstance("t2", "n7").ok());
+  EXPECT_EQ(Get("/v1/instances")["items"].size(), 1u);  // t1 sees only its own
+  // The same tenant and id with other data: refused, never a duplicate, alerted.
+  auto changed = send(operator_, "e-7", {{"id", "n8"}});
+  ASSERT_EQ(changed.outcome.status, 409) << changed.body;
+  const Json problem = Json::parse(changed.body);
+  EXPECT_EQ(problem["type"], "urn:waystone:problem:inbox-conflict");
+  EXPECT_NE(problem["detail"].get<std::string>().find("data hash"), std::string::npos);
+  EXPECT_EQ(problem["results"][0]["outcome"], "conflict");
+  EXPECT_TRUE(absl::IsNotFound(store_->FindInstance("t1", "n8").status()));
+  Json alerts = Get("/v1/alerts");
+  bool raised = false;
+  for (const Json& alert : alerts["items"]) raised = raised || alert["kind"] == "inbox_conflict";
+  EXPECT_TRUE(raised) << alerts.dump();
+  // A signal redelivered with other data is a conflict too.
+  ASSERT_EQ(Drive("n7"), InstanceState::kRunning);
+  EXPECT_EQ(Approve("n7", "ap-7")["results"][0]["outcome"], "signalled");
+  auto signal = Send("POST", "/v1/events", operator_, Json{{"order", "n7"}, {"note", "x"}}.dump(),
+                     {{"ce-specversion", "1.0"}, {"ce-id", "ap-7"}, {"ce-source", "/approvals"},
+                      {"ce-type", "com.acme.approved"}, {"Content-Type", "application/json"}});
+  EXPECT_EQ(signal.outcome.status, 409) << signal.body;
+}
+
+TEST_P(ApiWriteTest, AfterGcARedeliveredStartOrSignalChangesNothing) {
+  auto start_event = Json{{"specversion", "1.0"}, {"id", "e-9"}, {"source", "/shop"},
+                          {"type", "com.acme.order.received"}, {"data", {{"id", "g9"}}}};
+  auto send_start = [&] {
+    return Send("POST", "/v1/events", operator_, start_event.dump(),
+                {{"Content-Type", "application/cloudevents+json"}});
+  };
+  ASSERT_EQ(send_start().outcome.status, 200);
+  ASSERT_EQ(Drive("g9"), InstanceState::kRunning);
+  EXPECT_EQ(Approve("g9", "ap-9")["results"][0]["outcome"], "signalled");
+  ASSERT_EQ(Drive("g9"), InstanceState::kCompleted);
+  const std::string order = Step("g9", "create")["external_id"];
+  const int creates = recorder_.Count("/create");
+  const int notifies = recorder_.Count("/notify");
+
+  // The engine of this suite runs on the system clock.
+  const Millis later = SystemClock::Get()->NowMillis() + 60'000;
+  auto gc = store_->CollectGarbage(later, later, /*protect_before=*/0, /*dry_run=*/false);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  ASSERT_EQ(gc->instances, 1);
+  EXPECT_EQ(gc->inbox_claims, 0);
+  ASSERT_TRUE(absl::IsNotFound(store_->FindInstance("t1", "g9").status()));
+
+  // The start event again: answered as existing from the tombstone; nothing runs.
+  auto again = send_start();
+  ASSERT_EQ(again.outcome.status, 200) << again.body;
+  const Json result = Json::parse(again.body)["results"][0];
+  EXPECT_EQ(result["outcome"], "duplicate");
+  EXPECT_EQ(result["tombstone"]["final_state"], "completed");
+  EXPECT_EQ(result["tombstone"]["external_ids"]["create"], order);
+  // A start over the API for the same key: the same answer, no new instance.
+  Json started = Post("/v1/instances", {{"workflow", "wf"}, {"input", {{"id", "g9"}}}}, 200);
+  EXPECT_EQ(started["collected"], true);
+  EXPECT_EQ(started["created"], false);
+  // The signal again: a duplicate, not an error, though its instance is gone.
+  EXPECT_EQ(Approve("g9", "ap-9")["results"][0]["outcome"], "duplicate");
+  EXPECT_TRUE(absl::IsNotFound(store_->FindInstance("t1", "g9").status()));
+  EXPECT_EQ(recorder_.Count("/create"), creates);
+  EXPECT_EQ(recorder_.Count("/notify"), notifies);
+
+  // Past the protection window the claims go too (and only then).
+  gc = store_->CollectGarbage(0, later + 1, later + 1, /*dry_run=*/false);
+  ASSERT_TRUE(gc.ok());
+  EXPECT_EQ(gc->inbox_claims, 2);
+  EXPECT_EQ(gc->tombstones, 1);
+}
+
 TEST_P(ApiWriteTest, MalformedEventsAreRefusedNamingTheProblem) {
   struct Bad {
     std::string body;
