@@ -20,6 +20,10 @@ int Main(int argc, char** argv) {
   auto add_engine = [&](CLI::App* sub) {
     sub->add_option("--secrets", global.secrets_file, "File of NAME=value secrets for {{secret.NAME}}");
     sub->add_option("--lease", global.lease, "Lease duration, e.g. 30s")->capture_default_str();
+    sub->add_option("--step-key-retention", global.step_key_retention,
+                    "How long a step's idempotency key stays pinned to its request (a workflow's "
+                    "retention.step_keys wins)")
+        ->capture_default_str();
   };
 
   RunOptions run;
@@ -215,6 +219,7 @@ int Main(int argc, char** argv) {
   if (*serve_cmd) {
     serve.workers_given = serve_workers->count() > 0;
     serve.lease_given = serve_cmd->get_option("--lease")->count() > 0;
+    serve.step_key_retention_given = serve_cmd->get_option("--step-key-retention")->count() > 0;
     return Serve(global, serve);
   }
   if (*instances_cmd) return Instances(api, instances);

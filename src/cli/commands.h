@@ -18,6 +18,9 @@ struct GlobalOptions {
   std::string tenant = "default";
   std::string secrets_file;  // --secrets
   std::string lease = "30s"; // --lease
+  // --step-key-retention: how long a step's idempotency key stays pinned to its
+  // request (longer than the targets keep their keys); a workflow may set its own.
+  std::string step_key_retention = "7d";
   bool verbose = false;
 };
 
@@ -89,6 +92,7 @@ struct ServeOptions {
   WorkerOptions worker;
   bool workers_given = false;  // --workers was on the command line
   bool lease_given = false;    // --lease was on the command line
+  bool step_key_retention_given = false;
 };
 
 struct GcOptions {

@@ -45,6 +45,12 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
   auto lease = ParseDuration(global.lease);
   if (!lease) return absl::InvalidArgumentError("--lease '" + global.lease + "' is not a duration");
   options.lease_duration = *lease;
+  auto retention = ParseDuration(global.step_key_retention);
+  if (!retention || *retention < 1000) {
+    return absl::InvalidArgumentError("--step-key-retention '" + global.step_key_retention +
+                                      "' is not a duration of at least 1s");
+  }
+  options.idempotency_retention = *retention;
   WS_ASSIGN_OR_RETURN(runtime->engine,
                       Engine::Create(runtime->store.get(), runtime->http.get(), SystemClock::Get(),
                                      &runtime->random, options));
@@ -252,6 +258,9 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   if (options.listen.empty()) options.listen = "127.0.0.1:8080";
   if (!options.workers_given && config.workers > 0) options.worker.workers = config.workers;
   if (!options.lease_given && !config.lease.empty()) global.lease = config.lease;
+  if (!options.step_key_retention_given && !config.step_key_retention.empty()) {
+    global.step_key_retention = config.step_key_retention;
+  }
   if (options.worker.definitions_dir.empty()) options.worker.definitions_dir = config.definitions;
   if (options.worker.relay_config.empty()) options.worker.relay_config = config.relay_config;
   if (global.secrets_file.empty()) global.secrets_file = config.secrets_file;

@@ -75,6 +75,9 @@ struct WorkflowDefinition {
   std::string name;          // `workflow:`
   std::string description;
   std::string key;           // template over input and env: the business key
+  // `retention: { step_keys: 30d }`: how long each step's idempotency key stays
+  // pinned to its request; 0 = the engine's default.
+  Millis step_key_retention = 0;
   std::vector<StepDefinition> steps;
   std::string source;        // file name (or "<inline>") used in messages
   std::string text;          // the exact text loaded; pinned on instances

@@ -30,7 +30,18 @@ class Reader {
       Error(root, "", "a definition is a mapping with 'workflow', 'key' and 'steps'");
       return;
     }
-    CheckFields(root, "", {"workflow", "description", "key", "steps"}, "definition");
+    CheckFields(root, "", {"workflow", "description", "key", "retention", "steps"}, "definition");
+    if (const YAML::Node retention = root["retention"]) {
+      if (!retention.IsMap()) {
+        Error(retention, "", "'retention' must be a mapping such as { step_keys: 30d }");
+      } else {
+        CheckFields(retention, "", {"step_keys"}, "retention");
+        out->step_key_retention = Duration(retention, "step_keys", 0, "");
+        if (retention["step_keys"] && out->step_key_retention < 1000) {
+          Error(retention["step_keys"], "", "'retention.step_keys' must be at least 1s");
+        }
+      }
+    }
     out->name = RequiredString(root, "workflow", "");
     out->description = OptionalString(root, "description", "");
     out->key = RequiredString(root, "key", "");

@@ -413,7 +413,9 @@ class InstanceRunner::Impl {
     before.steps.push_back(step);
     if (side_effecting) {
       before.idempotency = IdempotencyClaim{instance_.tenant, key, hash, instance_.id, def.name,
-                                            before.now + d_.idempotency_retention};
+                                            before.now + (definition_->step_key_retention > 0
+                                                              ? definition_->step_key_retention
+                                                              : d_.idempotency_retention)};
     }
     absl::Status claimed = CommitChange(before);
     if (absl::IsFailedPrecondition(claimed)) {

@@ -20,6 +20,7 @@ class ConfigReader {
     if (!root.IsMap()) return Error(root, "a server config is a mapping");
     static const std::set<std::string> kFields = {
         "database", "listen", "workers", "definitions", "relay_config", "secrets_file", "lease",
+        "step_key_retention",
         "api", "events"};
     for (const auto& entry : root) {
       if (!kFields.contains(entry.first.Scalar())) {
@@ -34,6 +35,14 @@ class ConfigReader {
     config.lease = Text(root, "lease");
     if (!config.lease.empty() && !ParseDuration(config.lease)) {
       return Error(root["lease"], "'lease' must be a duration such as 30s");
+    }
+    config.step_key_retention = Text(root, "step_key_retention");
+    if (!config.step_key_retention.empty()) {
+      auto parsed = ParseDuration(config.step_key_retention);
+      if (!parsed || *parsed < 1000) {
+        return Error(root["step_key_retention"],
+                     "'step_key_retention' must be a duration of at least 1s, such as 30d");
+      }
     }
     if (const YAML::Node workers = root["workers"]) {
       if (!YAML::convert<int>::decode(workers, config.workers) || config.workers < 1) {

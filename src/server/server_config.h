@@ -29,6 +29,7 @@ struct ServerConfig {
   std::string relay_config;  // relay config file: deliver outbox events too
   std::string secrets_file;
   std::string lease;         // duration text, e.g. "30s"
+  std::string step_key_retention;  // duration text; "" = not set
   size_t max_body_bytes = 1 << 20;
   int read_timeout_seconds = 10;
   Millis idempotency_retention = 24LL * 3600 * 1000;  // Idempotency-Key records

@@ -284,5 +284,39 @@ steps:
   }
 }
 
+TEST(LoaderTest, AWorkflowMayKeepItsStepKeysLonger) {
+  std::string text = kValid;
+  text.replace(text.find("steps:"), 6, "retention: { step_keys: 30d }\nsteps:");
+  auto loaded = LoadDefinitionText(text, "flow.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step_key_retention, 30LL * 24 * 3600 * 1000);
+  EXPECT_EQ(LoadDefinitionText(kValid, "flow.yaml")->step_key_retention, 0);
+  std::string bad = kValid;
+  bad.replace(bad.find("steps:"), 6, "retention: { step_keys: 0s, keep: 1d }\nsteps:");
+  auto diagnostics = Lint(bad);
+  EXPECT_TRUE(Has(diagnostics, "'retention.step_keys' must be at least 1s", 3));
+  EXPECT_TRUE(Has(diagnostics, "unknown field 'keep'", 3));
+}
+
+TEST(LoaderTest, UrlsAndLookupsAreCheckedForTenantsAndSafety) {
+  std::string host = kValid;
+  host.replace(host.find("\"{{env.URL}}/orders\""), 20, "\"http://{{input.host}}/orders\"");
+  EXPECT_TRUE(Has(Lint(host), "stands in the scheme or host", 0, "write")) << host;
+  // A lookup that neither asks for nor matches the tenant's reference: a warning.
+  auto diagnostics = Lint(kValid);
+  ASSERT_FALSE(diagnostics.empty());
+  for (const auto& d : diagnostics) EXPECT_EQ(d.severity, Severity::kWarning) << d.ToString();
+  EXPECT_TRUE(Has(diagnostics, "warning: step 'write': the lookup neither queries nor matches"));
+  EXPECT_TRUE(LoadDefinitionText(kValid, "flow.yaml").ok()) << "a warning refuses nothing";
+  std::string tenanted = kValid;
+  tenanted.replace(tenanted.find("found: /items/0"), 15,
+                   "items: /items\n      match: { /ref: \"{{instance.ref}}\" }");
+  tenanted.replace(tenanted.find("external_id: /items/0/id"), 24, "external_id: /id");
+  EXPECT_TRUE(Lint(tenanted).empty()) << Lint(tenanted)[0].ToString();
+  std::string both = tenanted;
+  both.replace(both.find("items: /items"), 13, "items: /items\n      found: /items/0");
+  EXPECT_TRUE(Has(Lint(both), "'found' (one object) or 'items' (candidates), not both"));
+}
+
 }  // namespace
 }  // namespace waystone

@@ -13,6 +13,7 @@ TEST(ServerConfigTest, ReadsEveryFieldAndResolvesPathsFromTheFile) {
   auto config = ParseServerConfig(R"(listen: 0.0.0.0:9000
 workers: 4
 lease: 45s
+step_key_retention: 30d
 definitions: defs
 api: { max_body_bytes: 65536, read_timeout: 5s, idempotency_retention: 2h }
 events:
@@ -31,7 +32,8 @@ events:
   ASSERT_EQ(config->events.size(), 2u);
   EXPECT_EQ(config->events[0].start, "wf");
   EXPECT_EQ(config->events[1].signal_key, "/ref");
-  EXPECT_EQ(config->events[1].line, 9);
+  EXPECT_EQ(config->events[1].line, 10);
+  EXPECT_EQ(config->step_key_retention, "30d");
 }
 
 TEST(ServerConfigTest, DefaultsWhenAbsent) {
@@ -48,6 +50,7 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
   };
   const std::vector<Bad> cases = {
       {"listen: x\nport: 1\n", "c.yaml:2: unknown field 'port'"},
+      {"listen: x\nstep_key_retention: soon\n", "c.yaml:2: 'step_key_retention' must be a duration"},
       {"workers: many\n", "c.yaml:1: 'workers'"},
       {"events:\n  - type: t\n", "c.yaml:2: event route 't' needs either 'start' or 'signal'"},
       {"events:\n  - type: t\n    start: w\n    signal: { key: /k }\n", "either 'start' or 'signal'"},
