@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -41,6 +42,16 @@ std::string FindBinDir() {
   return "";
 }
 
+
+// Returns a database name no other test process uses: the pid alone is reused
+// across runs against a long-lived cluster, so the start time goes in too.
+std::string UniqueDatabaseName(int counter) {
+  static const long long started =
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::system_clock::now().time_since_epoch()).count() % 1'000'000'000'000LL;
+  return "t" + std::to_string(getpid()) + "_" + std::to_string(started) + "_" +
+         std::to_string(counter);
+}
 
 // Prefixes argv so the command runs as `postgres` when we are root.
 std::vector<std::string> AsServerUser(std::vector<std::string> argv) {
@@ -139,7 +150,7 @@ PostgresCluster::~PostgresCluster() {
 
 std::string PostgresCluster::NewDatabase() {
   const std::string server = "postgresql://waystone@127.0.0.1:" + std::to_string(port_);
-  const std::string name = "t" + std::to_string(getpid()) + "_" + std::to_string(++databases_);
+  const std::string name = UniqueDatabaseName(++databases_);
   Execute(server + "/postgres", "CREATE DATABASE " + name);
   return server + "/" + name;
 }
@@ -150,7 +161,7 @@ std::string FreshPostgresDatabase() {
   static int counter = 0;
   std::lock_guard<std::mutex> lock(mu);
   if (const char* server = std::getenv("WAYSTONE_TEST_PG"); server != nullptr && *server) {
-    const std::string name = "t" + std::to_string(getpid()) + "_" + std::to_string(++counter);
+    const std::string name = UniqueDatabaseName(++counter);
     Execute(std::string(server) + "/postgres", "CREATE DATABASE " + name);
     return std::string(server) + "/" + name;
   }
