@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything and runs every test: the release build's full suite (unit,
 # integration, crash), then the suite under ASan+UBSan, then the concurrency
-# tests under TSan. WAYSTONE_SANITIZERS=0 skips the sanitizer builds.
+# tests under TSan, then each libFuzzer target for a bounded time.
+# WAYSTONE_SANITIZERS=0 skips the sanitizer builds; WAYSTONE_FUZZ_SECONDS (default 20)
+# sets the time per fuzz target, 0 skips them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,4 +36,10 @@ if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
       -R 'EngineTest\.|StoreConformanceTest\.|ApiWriteTest\.'
+fi
+
+fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
+if [[ "$fuzz_seconds" != "0" ]]; then
+  echo "== libFuzzer targets, ${fuzz_seconds}s each"
+  bash scripts/fuzz.sh "$fuzz_seconds"
 fi

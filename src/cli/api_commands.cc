@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "connectors/http/http_client.h"
+#include "model/json_text.h"
 
 namespace waystone::cli {
 namespace {
@@ -80,7 +81,7 @@ std::optional<Json> Call(const ApiOptions& api, const std::string& method, std::
 
 std::string Str(const Json& object, const char* name) {
   if (!object.contains(name) || object[name].is_null()) return "";
-  return object[name].is_string() ? object[name].get<std::string>() : object[name].dump();
+  return object[name].is_string() ? object[name].get<std::string>() : JsonText(object[name]);
 }
 
 void PrintPlan(const Json& plan) {

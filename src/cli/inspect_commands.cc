@@ -9,8 +9,9 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "definition/plan.h"
-#include "server/wire.h"
 #include "model/duration.h"
+#include "model/json_text.h"
+#include "server/wire.h"
 
 namespace waystone::cli {
 namespace {
@@ -116,7 +117,7 @@ int Status(const GlobalOptions& global, const StatusOptions& options) {
         {"disabled", sink.disabled}};
   }
   if (options.json) {
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", JsonText(out, 2).c_str());
     return kExitOk;
   }
   auto count = [&](const char* state) { return out["instances"].value(state, 0); };
@@ -184,7 +185,7 @@ int List(const GlobalOptions& global, const ListOptions& options) {
   if (options.json) {
     Json out = Json::array();
     for (const auto& r : *instances) out.push_back(Json::parse(InstanceSummaryJson(r)));
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", JsonText(out, 2).c_str());
     return kExitOk;
   }
   for (const auto& r : *instances) {

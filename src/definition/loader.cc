@@ -10,8 +10,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include "base/sha256.h"
+#include "base/utf8.h"
 #include "definition/validate.h"
 #include "model/duration.h"
+#include "model/json_text.h"
 
 namespace waystone {
 namespace {
@@ -198,7 +200,7 @@ class Reader {
         }
       }
     }
-    if (const YAML::Node body = node["body"]) out->body_json = ToJson(body).dump();
+    if (const YAML::Node body = node["body"]) out->body_json = JsonText(ToJson(body));
   }
 
   void ReadRetry(const YAML::Node& node, const std::string& step, RetryPolicy* out) {
@@ -266,7 +268,7 @@ class Reader {
       ReadRequest(request, name, "request", &step->request);
     } else if (transform) {
       step->kind = StepKind::kTransform;
-      step->transform_json = ToJson(transform).dump();
+      step->transform_json = JsonText(ToJson(transform));
     } else {
       Error(node, name, "a step needs 'request' (an HTTP call), 'transform' (a computed value) "
                         "or 'wait' (an event)");
@@ -424,6 +426,12 @@ std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_vi
     diagnostics.push_back({std::string(source), 0, "",
                            "definition is " + std::to_string(text.size()) +
                                " bytes; the limit is " + std::to_string(kMaxDefinitionBytes)});
+    return diagnostics;
+  }
+  if (const size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
+    const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + bad, '\n'));
+    diagnostics.push_back({std::string(source), line, "",
+                           "not valid UTF-8 (byte " + std::to_string(bad) + ")"});
     return diagnostics;
   }
   try {

@@ -19,6 +19,7 @@
 #include "engine/lease_keeper.h"
 #include "engine/lease_reaper.h"
 #include "engine/operations.h"
+#include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
 
@@ -103,7 +104,7 @@ class Engine::Impl {
     in.key = *key;
     in.workflow = definition.name;
     in.definition_hash = definition.content_hash;
-    in.input_json = input.dump();  // canonical: keys sorted
+    in.input_json = JsonText(input);  // canonical: keys sorted
     in.input_hash = Sha256Hex(in.input_json);
     in.trace_id = random_->Hex(16);
     in.event_source = request.event_source;

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/json_text.h"
+
 namespace waystone {
 
 EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
@@ -30,7 +32,7 @@ EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
   event.instance_id = instance.id;
   event.tenant = instance.tenant;
   event.type = std::string(type);
-  event.payload_json = data.dump();
+  event.payload_json = JsonText(data);
   event.created_at = now;
   return event;
 }

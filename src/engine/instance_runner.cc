@@ -12,6 +12,7 @@
 #include "engine/events.h"
 #include "engine/state_machine.h"
 #include "model/duration.h"
+#include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
 
@@ -49,7 +50,7 @@ const Json* AtPointer(const Json& root, const std::string& pointer) {
 std::string IdText(const Json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_null()) return "";
-  return value.dump();
+  return JsonText(value);
 }
 
 // Describes a failed call for checkpoints and alerts: "HTTP 422: <body>" or the
@@ -235,7 +236,7 @@ class InstanceRunner::Impl {
     }
     if (!spec.body_json.empty()) {
       WS_ASSIGN_OR_RETURN(Json body, RenderTree(Json::parse(spec.body_json), context));
-      request.body = body.dump();
+      request.body = JsonText(body);
     }
     return request;
   }
@@ -452,7 +453,7 @@ class InstanceRunner::Impl {
         Change change = NewChange();
         step.state = StepState::kCompleted;
         step.unknown_since = 0;
-        step.response_json = body.dump();
+        step.response_json = JsonText(body);
         step.error_class = ErrorClass::kNone;
         step.error_message.clear();
         step.finished_at = change.now;
@@ -504,7 +505,7 @@ class InstanceRunner::Impl {
     step.state = StepState::kUnknown;
     step.error_class = ErrorClass::kUnknown;
     step.error_message = Shorten(what);
-    step.response_json = body.is_null() ? "{}" : body.dump();  // marks "the target said yes"
+    step.response_json = body.is_null() ? "{}" : JsonText(body);  // marks "the target said yes"
     step.unknowns += 1;
     if (step.unknown_since == 0) step.unknown_since = change.now;
     change.steps.push_back(step);
@@ -722,7 +723,7 @@ class InstanceRunner::Impl {
                         {"detail", detail}};
     return {0, 0, "engine", instance_.tenant, instance_.id, action,
             instance_.status_reason.empty() ? "compensation" : Shorten(instance_.status_reason),
-            about.dump()};
+            JsonText(about)};
   }
 
   absl::Status CompensationFailed(StepRecord step, const std::string& message) {

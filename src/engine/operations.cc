@@ -9,6 +9,7 @@
 #include "engine/catalog.h"
 #include "engine/context.h"
 #include "engine/events.h"
+#include "model/json_text.h"
 
 namespace waystone {
 namespace {
@@ -97,7 +98,7 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
   if (request.happened) detail["happened"] = *request.happened;
   if (!request.external_id.empty()) detail["external_id"] = request.external_id;
   change.audits.push_back({0, change.now, request.actor, instance.tenant, instance.id,
-                           std::string(ToString(request.action)), request.reason, detail.dump()});
+                           std::string(ToString(request.action)), request.reason, JsonText(detail)});
   const StepRecord* about = nullptr;
   for (const StepRecord& step : plan.changed_steps) {
     if (step.name == request.step) about = &step;
@@ -132,7 +133,7 @@ absl::StatusOr<AlertRecord> Operations::AcknowledgeAlert(const std::string& tena
   const Json detail = {{"alert", id}, {"kind", ToString(alert.kind)}, {"step", alert.step}};
   WS_RETURN_IF_ERROR(store_->AcknowledgeAlert(
       id, {0, clock_->NowMillis(), actor, alert.tenant, alert.instance_id, "acknowledge", reason,
-           detail.dump()}));
+           JsonText(detail)}));
   return store_->GetAlert(id);
 }
 
@@ -145,7 +146,7 @@ std::string InboxConflictMessage(const std::string& source, const std::string& i
 
 std::string EventDataHash(const std::string& data_json) {
   const Json data = Json::parse(data_json, nullptr, false);
-  return Sha256Hex(data.is_discarded() ? data_json : data.dump());
+  return Sha256Hex(data.is_discarded() ? data_json : JsonText(data));
 }
 
 absl::StatusOr<SignalResult> Operations::SeenBefore(const Signal& signal,
@@ -228,7 +229,7 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     const Json detail = {{"step", step.name}, {"type", signal.event_type},
                          {"source", signal.source}, {"id", signal.id}};
     change.audits.push_back({0, change.now, signal.actor, instance.tenant, instance.id, "signal",
-                             "event " + signal.event_type, detail.dump()});
+                             "event " + signal.event_type, JsonText(detail)});
     WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({change}));
     if (absl::IsAlreadyExists(results.front())) {
       // Claimed by a concurrent delivery of the same event between the check and now.

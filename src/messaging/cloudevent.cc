@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/time_format.h"
+#include "model/json_text.h"
 
 namespace waystone {
 
@@ -27,7 +28,7 @@ std::string ToCloudEventJson(const EventRecord& event, const std::string& deploy
                         {"aggregatetype", workflow},
                         {"aggregateid", key},
                         {"data", data}};
-  return doc.dump();
+  return JsonText(doc);
 }
 
 }  // namespace waystone

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "model/json_text.h"
 
 namespace waystone {
 namespace {
@@ -23,7 +24,7 @@ std::string Trim(std::string_view text) {
 
 absl::StatusOr<std::string> ScalarText(const Json& value, const std::string& where) {
   if (value.is_string()) return value.get<std::string>();
-  if (value.is_number() || value.is_boolean()) return value.dump();
+  if (value.is_number() || value.is_boolean()) return JsonText(value);
   return absl::InvalidArgumentError("template {{" + where +
                                     "}} is an object, array or null and cannot be put in text");
 }

@@ -14,10 +14,12 @@
 #include "engine/engine.h"
 #include "engine/lease_reaper.h"
 #include "engine/operations.h"
+#include "model/json_text.h"
 #include "server/auth.h"
 #include "server/cloudevents_in.h"
 #include "server/metrics.h"
 #include "server/problem.h"
+#include "server/request_bodies.h"
 #include "server/wire.h"
 #include "server/wire_json.h"
 
@@ -43,12 +45,12 @@ void Send(httplib::Response& res, const Problem& problem, const std::string& pat
   Json body = Json::parse(problem.ToJson(path));
   for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
   if (problem.status == 503) res.set_header("Retry-After", "1");
-  res.set_content(body.dump(), "application/problem+json");
+  res.set_content(JsonText(body), "application/problem+json");
 }
 
 void SendJson(httplib::Response& res, int status, const Json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(JsonText(body), "application/json");
 }
 
 Json PlanJson(const ActionPlan& plan) {
@@ -183,7 +185,10 @@ class ApiServer::Impl {
   }
 
   // Parses a JSON object body; writes a problem and returns nullopt otherwise.
-  std::optional<Json> ObjectBody(const httplib::Request& req, httplib::Response& res) {
+  // Parses a JSON body with `parse` (request_bodies.h), answering 415 or 400 itself.
+  template <typename Parse>
+  auto JsonBody(const httplib::Request& req, httplib::Response& res, Parse parse)
+      -> std::optional<typename decltype(parse(req.body))::value_type> {
     const std::string type = req.get_header_value("Content-Type");
     if (!req.body.empty() && !type.empty() && !type.starts_with("application/json")) {
       Send(res, {415, "urn:waystone:problem:unsupported-media-type", "Unsupported media type",
@@ -191,30 +196,15 @@ class ApiServer::Impl {
            req.path);
       return std::nullopt;
     }
-    Json body = req.body.empty() ? Json::object() : Json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) {
-      Send(res, BadRequest("the body is not valid JSON"), req.path);
+    auto parsed = parse(req.body);
+    if (!parsed.ok()) {
+      Send(res, BadRequest(std::string(parsed.status().message())), req.path);
       return std::nullopt;
     }
-    if (!body.is_object()) {
-      Send(res, BadRequest("the body must be a JSON object"), req.path);
-      return std::nullopt;
-    }
-    return body;
+    return std::move(*parsed);
   }
 
   // Reads an optional string member; writes a problem when it has another type.
-  bool StringField(const Json& body, const char* name, std::string* out,
-                   const httplib::Request& req, httplib::Response& res) {
-    if (!body.contains(name) || body[name].is_null()) return true;
-    if (!body[name].is_string()) {
-      Send(res, BadRequest(std::string("'") + name + "' must be a string"), req.path);
-      return false;
-    }
-    *out = body[name].get<std::string>();
-    return true;
-  }
-
   bool NeedEngine(const httplib::Request& req, httplib::Response& res) {
     if (engine_ != nullptr) return true;
     Send(res, ProblemFromStatus(absl::UnavailableError("read-only server")), req.path);
@@ -429,24 +419,10 @@ class ApiServer::Impl {
 
   void StartInstance(const Principal& principal, const httplib::Request& req,
                      httplib::Response& res) {
-    auto body = ObjectBody(req, res);
+    auto body = JsonBody(req, res, ParseStartBody);
     if (!body) return;
-    std::string workflow, tenant_asked;
-    if (!StringField(*body, "workflow", &workflow, req, res) ||
-        !StringField(*body, "tenant", &tenant_asked, req, res)) {
-      return;
-    }
-    if (workflow.empty()) return Send(res, BadRequest("'workflow' is required"), req.path);
-    if (!body->contains("input")) return Send(res, BadRequest("'input' is required"), req.path);
-    if (!(*body)["input"].is_object()) {
-      return Send(res, BadRequest("'input' must be a JSON object"), req.path);
-    }
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      if (it.key() != "workflow" && it.key() != "input" && it.key() != "tenant") {
-        return Send(res, BadRequest("unknown field '" + it.key() + "'"), req.path);
-      }
-    }
-    auto tenant = WriteTenant(principal, tenant_asked, req, res);
+    const std::string& workflow = body->workflow;
+    auto tenant = WriteTenant(principal, body->tenant, req, res);
     if (!tenant) return;
     auto definition = engine_->catalog().Current(workflow);
     if (definition == nullptr) {
@@ -457,7 +433,7 @@ class ApiServer::Impl {
     CrashPoint("api-start", workflow);
     StartRequest start;
     start.tenant = *tenant;
-    start.input_json = (*body)["input"].dump();
+    start.input_json = body->input_json;
     auto started = engine_->StartInstance(*definition, start);
     if (!started.ok()) {
       if (absl::IsFailedPrecondition(started.status())) {
@@ -484,11 +460,11 @@ class ApiServer::Impl {
   void Act(const Principal& principal, const httplib::Request& req, httplib::Response& res) {
     const std::string key = req.matches[1];
     const std::string action_name = req.matches[2];
-    auto body = ObjectBody(req, res);
+    auto body = JsonBody(req, res, ParseActionBody);
     if (!body) return;
     auto tenant = WriteTenant(principal, req.get_param_value("tenant"), req, res);
     if (!tenant) return;
-    OperatorRequest request;
+    OperatorRequest request = *body;
     request.action = *ParseOperatorAction(action_name);
     request.actor = principal.token_name;
     const std::string dry = req.get_param_value("dry_run");
@@ -496,25 +472,6 @@ class ApiServer::Impl {
       return Send(res, BadRequest("dry_run must be true or false"), req.path);
     }
     request.dry_run = dry == "true";
-    if (!StringField(*body, "reason", &request.reason, req, res) ||
-        !StringField(*body, "step", &request.step, req, res) ||
-        !StringField(*body, "external_id", &request.external_id, req, res)) {
-      return;
-    }
-    if (body->contains("happened")) {
-      if (!(*body)["happened"].is_boolean()) {
-        return Send(res, BadRequest("'happened' must be true or false"), req.path);
-      }
-      request.happened = (*body)["happened"].get<bool>();
-    }
-    if (body->contains("response")) request.response_json = (*body)["response"].dump();
-    for (auto it = body->begin(); it != body->end(); ++it) {
-      static const std::set<std::string> kFields = {"reason", "step", "external_id", "happened",
-                                                    "response"};
-      if (!kFields.contains(it.key())) {
-        return Send(res, BadRequest("unknown field '" + it.key() + "'"), req.path);
-      }
-    }
     auto result = engine_->operations().Apply(*tenant, key, request);
     if (!result.ok()) return Send(res, ProblemFromStatus(result.status()), req.path);
     Json out = PlanJson(result->plan);
@@ -555,10 +512,9 @@ class ApiServer::Impl {
 
   void Acknowledge(const Principal& principal, const httplib::Request& req,
                    httplib::Response& res) {
-    auto body = ObjectBody(req, res);
+    auto body = JsonBody(req, res, ParseReasonBody);
     if (!body) return;
-    std::string reason;
-    if (!StringField(*body, "reason", &reason, req, res)) return;
+    const std::string& reason = *body;
     const std::string dry = req.get_param_value("dry_run");
     const int64_t id = std::strtoll(std::string(req.matches[1]).c_str(), nullptr, 10);
     auto alert = engine_->operations().AcknowledgeAlert(principal.tenant, id,

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/json_text.h"
+
 namespace waystone {
 namespace {
 
@@ -46,9 +48,9 @@ absl::StatusOr<IncomingEvent> FromStructured(const Json& object, const std::stri
     return absl::InvalidArgumentError(where + "an event has 'data' or 'data_base64', not both");
   }
   if (object.contains("data")) {
-    event.data_json = object["data"].dump();
+    event.data_json = JsonText(object["data"]);
   } else if (object.contains("data_base64")) {
-    event.data_json = object["data_base64"].dump();  // kept as its base64 text
+    event.data_json = JsonText(object["data_base64"]);  // kept as its base64 text
   } else {
     event.data_json = "null";
   }
@@ -105,9 +107,9 @@ absl::StatusOr<std::vector<IncomingEvent>> ParseCloudEvents(std::string_view con
     if (data.is_discarded()) {
       return absl::InvalidArgumentError("the body (the event's data) is not valid JSON");
     }
-    event.data_json = data.dump();
+    event.data_json = JsonText(data);
   } else {
-    event.data_json = Json(body).dump();
+    event.data_json = JsonText(Json(body));
   }
   events.push_back(std::move(event));
   return events;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "model/json_text.h"
 
 namespace waystone {
 namespace {
@@ -15,9 +16,8 @@ Problem Make(int status, const std::string& kind, const std::string& title,
 }  // namespace
 
 std::string Problem::ToJson(const std::string& instance) const {
-  return nlohmann::json{{"type", type}, {"title", title}, {"status", status},
-                        {"detail", detail}, {"instance", instance}}
-      .dump();
+  return JsonText(nlohmann::json{{"type", type}, {"title", title}, {"status", status},
+                                 {"detail", detail}, {"instance", instance}});
 }
 
 Problem Unauthenticated(const std::string& detail) {

@@ -4,6 +4,7 @@
 
 #include "base/status_macros.h"
 #include "base/time_format.h"
+#include "model/json_text.h"
 #include "server/wire_json.h"
 
 namespace waystone {
@@ -56,7 +57,7 @@ using Json = nlohmann::json;
 std::string Rfc3339(Millis at) { return at <= 0 ? "" : FormatRfc3339(at); }
 
 std::string InstanceSummaryJson(const InstanceRecord& instance) {
-  return wire::InstanceSummary(instance).dump();
+  return JsonText(wire::InstanceSummary(instance));
 }
 
 absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord& instance) {
@@ -120,7 +121,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
                                  {"last_error", d.last_error},
                                  {"delivered_at", Rfc3339(d.delivered_at)}});
   }
-  return out.dump(2);
+  return JsonText(out, 2);
 }
 
 }  // namespace waystone

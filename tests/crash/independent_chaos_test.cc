@@ -122,6 +122,10 @@ class IndependentChaosTest : public ::testing::Test {
     std::map<InstanceState, int64_t> by_state(summary->instances_by_state.begin(),
                                               summary->instances_by_state.end());
     EXPECT_EQ(by_state[InstanceState::kCompleted], instances);
+    auto resting = store_->ListInstances({std::nullopt, std::nullopt, InstanceState::kNeedsAttention});
+    if (resting.ok()) {
+      for (const auto& r : *resting) ADD_FAILURE() << r.key << ": " << r.status_reason;
+    }
     EXPECT_EQ(stats["orders"], instances) << stats.dump();
     EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
     EXPECT_EQ(stats["messages"], instances) << stats.dump();

@@ -318,5 +318,11 @@ TEST(LoaderTest, UrlsAndLookupsAreCheckedForTenantsAndSafety) {
   EXPECT_TRUE(Has(Lint(both), "'found' (one object) or 'items' (candidates), not both"));
 }
 
+TEST(LoaderTest, InvalidUtf8IsRefusedNamingTheLine) {
+  // Found by the fuzzer: a byte that is not UTF-8 inside a transform used to throw.
+  auto diagnostics = Lint("workflow: w\nkey: k\nsteps:\n  - name: t\n    transform: { a: \"\xff\" }\n");
+  EXPECT_TRUE(Has(diagnostics, "flow.yaml:5: not valid UTF-8")) << diagnostics[0].ToString();
+}
+
 }  // namespace
 }  // namespace waystone

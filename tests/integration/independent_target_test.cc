@@ -269,8 +269,8 @@ TEST_F(IndependentTargetTest, AnOutcomeStillUnknownWhenRetriesRunOutStaysUnknown
   EXPECT_EQ(instance.state, InstanceState::kNeedsAttention) << instance.status_reason;
   const StepRecord notify = Step(instance, "notify");
   EXPECT_EQ(notify.state, StepState::kUnknown);
-  EXPECT_EQ(notify.attempts, 4);
-  EXPECT_EQ(Received(Stats(), "send_message"), 4);
+  EXPECT_EQ(notify.attempts, 8);  // the fixture's max_attempts
+  EXPECT_EQ(Received(Stats(), "send_message"), 8);
   auto alerts = Alerts(instance);
   ASSERT_FALSE(alerts.empty());
   EXPECT_EQ(alerts.back().kind, AlertKind::kRetriesExhausted);

@@ -1,0 +1,80 @@
+#include "server/request_bodies.h"
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status_macros.h"
+#include "model/json_text.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::StatusOr<Json> ObjectOf(const std::string& body) {
+  Json parsed = body.empty() ? Json::object() : Json::parse(body, nullptr, false);
+  if (parsed.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
+  if (!parsed.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  return parsed;
+}
+
+// Reads an optional string field; null counts as absent.
+absl::Status StringField(const Json& body, const char* name, std::string* out) {
+  if (!body.contains(name) || body[name].is_null()) return absl::OkStatus();
+  if (!body[name].is_string()) {
+    return absl::InvalidArgumentError(std::string("'") + name + "' must be a string");
+  }
+  *out = body[name].get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status OnlyFields(const Json& body, const std::set<std::string>& allowed) {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (!allowed.contains(it.key())) {
+      return absl::InvalidArgumentError("unknown field '" + it.key() + "'");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StartBody> ParseStartBody(const std::string& text) {
+  WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
+  StartBody out;
+  WS_RETURN_IF_ERROR(StringField(body, "workflow", &out.workflow));
+  WS_RETURN_IF_ERROR(StringField(body, "tenant", &out.tenant));
+  if (out.workflow.empty()) return absl::InvalidArgumentError("'workflow' is required");
+  if (!body.contains("input")) return absl::InvalidArgumentError("'input' is required");
+  if (!body["input"].is_object()) return absl::InvalidArgumentError("'input' must be a JSON object");
+  WS_RETURN_IF_ERROR(OnlyFields(body, {"workflow", "input", "tenant"}));
+  out.input_json = JsonText(body["input"]);
+  return out;
+}
+
+absl::StatusOr<OperatorRequest> ParseActionBody(const std::string& text) {
+  WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
+  OperatorRequest request;
+  WS_RETURN_IF_ERROR(StringField(body, "reason", &request.reason));
+  WS_RETURN_IF_ERROR(StringField(body, "step", &request.step));
+  WS_RETURN_IF_ERROR(StringField(body, "external_id", &request.external_id));
+  if (body.contains("happened")) {
+    if (!body["happened"].is_boolean()) {
+      return absl::InvalidArgumentError("'happened' must be true or false");
+    }
+    request.happened = body["happened"].get<bool>();
+  }
+  if (body.contains("response")) request.response_json = JsonText(body["response"]);
+  WS_RETURN_IF_ERROR(OnlyFields(body, {"reason", "step", "external_id", "happened", "response"}));
+  return request;
+}
+
+absl::StatusOr<std::string> ParseReasonBody(const std::string& text) {
+  WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
+  std::string reason;
+  WS_RETURN_IF_ERROR(StringField(body, "reason", &reason));
+  return reason;
+}
+
+}  // namespace waystone

@@ -1,0 +1,29 @@
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/operator_plan.h"
+
+namespace waystone {
+
+// The JSON bodies of the API's write routes, parsed and checked without I/O.
+// Errors are InvalidArgument with the text the 400 problem shows. Pure; the
+// fuzz targets call these exactly as the handlers do.
+
+// POST /v1/instances: {"workflow", "input" (object), "tenant"?}.
+struct StartBody {
+  std::string workflow;
+  std::string tenant;      // "" = the token's
+  std::string input_json;  // canonical JSON of the input object
+};
+absl::StatusOr<StartBody> ParseStartBody(const std::string& body);
+
+// POST /v1/instances/{key}/{action}: {"reason", "step"?, "external_id"?,
+// "happened"?, "response"?}. Fills those fields of an OperatorRequest.
+absl::StatusOr<OperatorRequest> ParseActionBody(const std::string& body);
+
+// POST /v1/alerts/{id}/acknowledge: {"reason"}. Returns the reason.
+absl::StatusOr<std::string> ParseReasonBody(const std::string& body);
+
+}  // namespace waystone
