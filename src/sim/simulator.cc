@@ -4,6 +4,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -12,13 +13,49 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "sim/lost_response.h"
 
 namespace waystone {
 namespace {
 
 using Json = nlohmann::json;
 
-enum class FaultKind { kNone, kDropResponse, kDelay, kUnavailable, kRateLimit, kFail, kError };
+enum class FaultKind {
+  kNone, kDropResponse, kDelay, kUnavailable, kRateLimit, kFail, kError,
+  // After the commit, as real servers and proxies lose answers (lost_response.h):
+  kCloseBeforeBytes, kCloseBeforeBytesReused, kReset, kPartialStatus, kPartialHeaders,
+  kStatus500, kStatus502, kStatus504,
+};
+
+// The shapes that take the connection away from the HTTP library, and how.
+std::optional<LostResponse> LossOf(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kCloseBeforeBytes:
+    case FaultKind::kCloseBeforeBytesReused: return LostResponse::kCloseBeforeBytes;
+    case FaultKind::kReset: return LostResponse::kReset;
+    case FaultKind::kPartialStatus: return LostResponse::kPartialStatus;
+    case FaultKind::kPartialHeaders: return LostResponse::kPartialHeaders;
+    case FaultKind::kNone:
+    case FaultKind::kDropResponse:
+    case FaultKind::kDelay:
+    case FaultKind::kUnavailable:
+    case FaultKind::kRateLimit:
+    case FaultKind::kFail:
+    case FaultKind::kError:
+    case FaultKind::kStatus500:
+    case FaultKind::kStatus502:
+    case FaultKind::kStatus504:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+constexpr FaultKind kAllFaults[] = {
+    FaultKind::kDropResponse, FaultKind::kDelay, FaultKind::kUnavailable, FaultKind::kRateLimit,
+    FaultKind::kFail, FaultKind::kError, FaultKind::kCloseBeforeBytes,
+    FaultKind::kCloseBeforeBytesReused, FaultKind::kReset, FaultKind::kPartialStatus,
+    FaultKind::kPartialHeaders, FaultKind::kStatus500, FaultKind::kStatus502,
+    FaultKind::kStatus504, FaultKind::kNone};
 
 std::string_view FaultName(FaultKind kind) {
   switch (kind) {
@@ -29,6 +66,14 @@ std::string_view FaultName(FaultKind kind) {
     case FaultKind::kRateLimit: return "rate_limit";
     case FaultKind::kFail: return "fail";
     case FaultKind::kError: return "error";
+    case FaultKind::kCloseBeforeBytes: return "close_before_bytes";
+    case FaultKind::kCloseBeforeBytesReused: return "close_before_bytes_reused";
+    case FaultKind::kReset: return "reset";
+    case FaultKind::kPartialStatus: return "partial_status";
+    case FaultKind::kPartialHeaders: return "partial_headers";
+    case FaultKind::kStatus500: return "status_500";
+    case FaultKind::kStatus502: return "status_502";
+    case FaultKind::kStatus504: return "status_504";
   }
   return "none";
 }
@@ -45,6 +90,8 @@ struct Fault {
   int delay_ms = 3000;
   int retry_after_s = 1;
   std::deque<FaultKind> next;
+  // Probabilities of the lost-response shapes, by kind (knobs named as the shapes).
+  std::map<FaultKind, double> shapes;
 };
 
 }  // namespace
@@ -104,9 +151,7 @@ class Simulator::Impl {
           for (const auto& kind : *knob) {
             const std::string k = kind.is_string() ? kind.get<std::string>() : "";
             FaultKind parsed = FaultKind::kNone;
-            for (FaultKind f : {FaultKind::kDropResponse, FaultKind::kDelay,
-                                FaultKind::kUnavailable, FaultKind::kRateLimit, FaultKind::kFail,
-                                FaultKind::kError, FaultKind::kNone}) {
+            for (FaultKind f : kAllFaults) {
               if (FaultName(f) == k) parsed = f;
             }
             if (FaultName(parsed) != k) {
@@ -128,7 +173,19 @@ class Simulator::Impl {
         else if (name == "error") fault.error = value;
         else if (name == "delay_ms") fault.delay_ms = static_cast<int>(value);
         else if (name == "retry_after_s") fault.retry_after_s = static_cast<int>(value);
-        else return absl::InvalidArgumentError("unknown knob '" + name + "' for " + it.key());
+        else {
+          bool shape = false;
+          for (FaultKind f : kAllFaults) {
+            if (LossOf(f) || f == FaultKind::kStatus500 || f == FaultKind::kStatus502 ||
+                f == FaultKind::kStatus504) {
+              if (FaultName(f) == name) {
+                fault.shapes[f] = value;
+                shape = true;
+              }
+            }
+          }
+          if (!shape) return absl::InvalidArgumentError("unknown knob '" + name + "' for " + it.key());
+        }
       }
       faults[it.key()] = std::move(fault);
     }
@@ -182,8 +239,9 @@ class Simulator::Impl {
     return total;
   }
 
-  // Counts the request and draws its fault. Caller holds mu_.
-  FaultKind Draw(const std::string& route, const std::string& key) {
+  // Counts the request and draws its fault; a reused-connection-only fault waits
+  // for a request on a reused connection. Caller holds mu_.
+  FaultKind Draw(const std::string& route, const std::string& key, bool reused_connection) {
     requests_[route] = requests_.value(route, 0) + 1;
     if (!key.empty()) keys_[route].insert(key);
     auto it = faults_.find(route);
@@ -191,6 +249,9 @@ class Simulator::Impl {
     Fault& fault = it->second;
     FaultKind kind = FaultKind::kNone;
     if (!fault.next.empty()) {
+      if (fault.next.front() == FaultKind::kCloseBeforeBytesReused && !reused_connection) {
+        return FaultKind::kNone;
+      }
       kind = fault.next.front();
       fault.next.pop_front();
     } else {
@@ -208,6 +269,11 @@ class Simulator::Impl {
           break;
         }
       }
+      for (const auto& [k, p] : fault.shapes) {
+        if (kind != FaultKind::kNone) break;
+        if (k == FaultKind::kCloseBeforeBytesReused && !reused_connection) continue;
+        if (p > 0 && roll(random_) < p) kind = k;
+      }
     }
     if (kind != FaultKind::kNone) {
       Json& counts = faults_injected_[route];
@@ -222,11 +288,17 @@ class Simulator::Impl {
     FaultKind kind = FaultKind::kNone;
     int delay_ms = 0;
     int retry_after_s = 0;
+    int fd = -1;  // the request's connection, for the shapes that take it over
   };
 
   Drawn DrawLocked(const std::string& route, const httplib::Request& req) {
     Drawn d;
-    d.kind = Draw(route, KeyOf(req));
+    // Which connection the request came on, and whether it came on it before.
+    d.fd = FindConnectionSocket(req.remote_addr, req.remote_port, req.local_port);
+    const uint64_t connection = ConnectionId(d.fd);
+    if (requests_on_connection_.size() > 100'000) requests_on_connection_.clear();
+    const int64_t seen = connection == 0 ? 0 : requests_on_connection_[connection]++;
+    d.kind = Draw(route, KeyOf(req), seen > 0);
     auto it = faults_.find(route);
     if (it != faults_.end()) {
       d.delay_ms = it->second.delay_ms;
@@ -259,6 +331,14 @@ class Simulator::Impl {
       case FaultKind::kNone:
       case FaultKind::kDropResponse:
       case FaultKind::kDelay:
+      case FaultKind::kCloseBeforeBytes:
+      case FaultKind::kCloseBeforeBytesReused:
+      case FaultKind::kReset:
+      case FaultKind::kPartialStatus:
+      case FaultKind::kPartialHeaders:
+      case FaultKind::kStatus500:
+      case FaultKind::kStatus502:
+      case FaultKind::kStatus504:
         return false;
     }
     return false;
@@ -269,6 +349,18 @@ class Simulator::Impl {
     res.status = status;
     if (d.kind == FaultKind::kDelay) {
       std::this_thread::sleep_for(std::chrono::milliseconds(d.delay_ms));
+    }
+    if (auto loss = LossOf(d.kind); loss && d.fd >= 0 && LoseResponse(d.fd, *loss)) {
+      // The connection is gone; what the library writes now goes nowhere.
+      res.set_content(body, "application/json");
+      return;
+    }
+    if (d.kind == FaultKind::kStatus500 || d.kind == FaultKind::kStatus502 ||
+        d.kind == FaultKind::kStatus504) {
+      // Committed, then the server (or a gateway in front of it) answers an error.
+      res.status = d.kind == FaultKind::kStatus500 ? 500 : d.kind == FaultKind::kStatus502 ? 502 : 504;
+      res.set_content(R"({"error":"failed after commit"})", "application/json");
+      return;
     }
     if (d.kind == FaultKind::kDropResponse) {
       // Headers go out, then the connection closes before the body: the client
@@ -510,6 +602,7 @@ class Simulator::Impl {
   Json faults_injected_ = Json::object();                    // guarded by mu_
   int64_t order_seq_ = 0, shipment_seq_ = 0, line_seq_ = 0, email_seq_ = 0;
   std::map<std::string, Json> orders_;                       // by order id
+  std::map<uint64_t, int64_t> requests_on_connection_;  // by connection id, guarded by mu_
   std::map<std::string, std::vector<std::string>> orders_by_ref_;
   int64_t cancel_requests_ = 0;
   std::map<std::string, int64_t> shipments_by_order_;

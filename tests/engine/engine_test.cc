@@ -370,6 +370,63 @@ TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
   EXPECT_EQ(stats["emails"], 30);
 }
 
+// Every shape in which the simulator loses an answer after committing, on the
+// order (a create with a lookup; the simulated ERP honours no key for it) and on
+// the LINE push (an honoured key): one of everything, attempts = requests received.
+class SimulatorShapeTest : public EngineTest {};
+
+TEST_P(SimulatorShapeTest, EveryLostResponseShapeEndsWithOneOfEverything) {
+  for (const std::string shape :
+       {"close_before_bytes", "reset", "partial_status", "partial_headers", "drop_response",
+        "delay", "status_500", "status_502", "status_504"}) {
+    ASSERT_TRUE(sim_->SetFaults(Json{{"erp.create_order", {{"next", {shape}}, {"delay_ms", 2200}}},
+                                     {"line.push", {{"next", {shape}}, {"delay_ms", 2200}}}}
+                                    .dump())
+                    .ok());
+    const Json before = Stats();
+    InstanceRecord instance = Run(example_, Order("shape-" + shape));
+    EXPECT_EQ(instance.state, InstanceState::kCompleted) << shape << ": " << instance.status_reason;
+    const Json after = Stats();
+    EXPECT_EQ(after["faults"]["erp.create_order"][shape].get<int>() -
+                  before["faults"].value("erp.create_order", Json::object()).value(shape, 0),
+              1)
+        << shape << " was not applied";
+    auto received = [&](const char* route) {
+      return after["requests"].value(route, 0) - before["requests"].value(route, 0);
+    };
+    EXPECT_EQ(Step(instance, "create-order").attempts, received("erp.create_order")) << shape;
+    EXPECT_EQ(Step(instance, "create-order").lookups, received("erp.find_orders")) << shape;
+    EXPECT_EQ(Step(instance, "notify-line").attempts, received("line.push")) << shape;
+    EXPECT_EQ(after["duplicate_orders"], 0) << shape;
+    EXPECT_EQ(after["duplicate_line_messages"], 0) << shape;
+    EXPECT_EQ(after["orders"].get<int>() - before["orders"].get<int>(), 1) << shape;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SimulatorShapeTest,
+                         ::testing::Values(testing::Backend::kSqlite), testing::BackendName);
+
+// The reused-connection shape hits only a request on a kept-alive connection: what
+// libcurl then does by itself (send it again) is why the engine never reuses one.
+TEST(SimulatorTest, TheReusedConnectionShapeOnlyHitsReusedConnections) {
+  auto sim = Simulator::Start({});
+  ASSERT_TRUE(sim.ok());
+  ASSERT_TRUE((*sim)->SetFaults(R"({"erp.create_order": {"next": ["close_before_bytes_reused"]}})").ok());
+  auto client = NewCurlHttpClient({});
+  const std::string url = (*sim)->base_url() + "/erp/orders";
+  for (ConnectionReuse reuse : {ConnectionReuse::kFresh, ConnectionReuse::kReuse}) {
+    for (int i = 0; i < 2; ++i) {
+      HttpRequest create{"POST", url, {}, Json{{"ref", "r"}, {"customer", "C-1"}}.dump(), 2000, reuse};
+      EXPECT_EQ(client->Send(create).outcome.status, 201);
+    }
+  }
+  const Json stats = Json::parse((*sim)->StatsJson());
+  // Fresh: never faulted. Reused: the second request lost its answer before any
+  // byte and libcurl sent it again on a new connection, unseen by its caller.
+  EXPECT_EQ(stats["faults"]["erp.create_order"]["close_before_bytes_reused"], 1) << stats.dump();
+  EXPECT_EQ(stats["requests"]["erp.create_order"], 5) << stats.dump();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EngineTest,
                          ::testing::Values(testing::Backend::kSqlite, testing::Backend::kPostgres),
                          testing::BackendName);
