@@ -69,14 +69,14 @@ int main(int argc, char** argv) {
   }
   const std::string url = (*sim)->base_url() + "/crm/customers/C-1";
   std::printf("GET %s, %d calls each\n\n", url.c_str(), calls);
-  std::printf("%-8s %-22s %12s %10s %14s\n", "threads", "connection", "calls/s", "p50 ms",
+  std::printf("%-8s %-30s %12s %10s %14s\n", "threads", "connection", "calls/s", "p50 ms",
               "vs kept-alive");
   for (int threads : {1, 8}) {
     const auto kept = waystone::Measure(url, waystone::ConnectionReuse::kReuse, threads, calls);
     const auto fresh = waystone::Measure(url, waystone::ConnectionReuse::kFresh, threads, calls);
-    std::printf("%-8d %-22s %12.0f %10.3f %14s\n", threads, "kept-alive (baseline)",
+    std::printf("%-8d %-30s %12.0f %10.3f %14s\n", threads, "kept-alive (baseline)",
                 kept.calls_per_second, kept.median_ms, "1.00");
-    std::printf("%-8d %-22s %12.0f %10.3f %14.2f\n", threads, "fresh (what the engine uses)",
+    std::printf("%-8d %-30s %12.0f %10.3f %14.2f\n", threads, "fresh (what the engine uses)",
                 fresh.calls_per_second, fresh.median_ms,
                 fresh.calls_per_second / kept.calls_per_second);
     if (kept.failures + fresh.failures > 0) {

@@ -24,6 +24,7 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
   WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store.GetSteps(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store.ListAttempts(instance.id));
   if (json) {
     WS_ASSIGN_OR_RETURN(std::string view, InstanceViewJson(store, instance));
     std::printf("%s\n", view.c_str());
@@ -51,6 +52,24 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
     std::printf("  %-20s %-20s %8d  %-22s %s\n", s.name.c_str(),
                 std::string(ToString(s.state)).c_str(), s.attempts, s.external_id.c_str(),
                 note.c_str());
+  }
+  if (!attempts.empty()) {
+    // Every request sent: which step and phase, whether it left, on which connection,
+    // and what came back.
+    std::printf("\n  %-20s %3s  %-10s %-4s %-6s %6s  %s\n", "request of", "#", "phase", "sent",
+                "conn", "status", "outcome");
+    for (const auto& a : attempts) {
+      const std::string step = a.step_index < static_cast<int>(steps.size())
+                                   ? steps[a.step_index].name : std::to_string(a.step_index);
+      const std::string outcome = a.error_class == ErrorClass::kNone
+                                      ? "ok"
+                                      : std::string(ToString(a.error_class)) + ": " +
+                                            a.detail.substr(0, 60);
+      std::printf("  %-20s %3d  %-10s %-4s %-6s %6s  %s\n", step.c_str(), a.seq,
+                  std::string(ToString(a.phase)).c_str(), a.sent ? "yes" : "no",
+                  std::string(ToString(a.connection)).c_str(),
+                  a.status == 0 ? "-" : std::to_string(a.status).c_str(), outcome.c_str());
+    }
   }
   for (const auto& alert : alerts) {
     std::printf("\n  alert [%s, %s] %s", std::string(ToString(alert.kind)).c_str(),
