@@ -294,5 +294,20 @@ TEST_F(IndependentTargetTest, AnOutcomeStillUnknownWhenRetriesRunOutStaysUnknown
   EXPECT_EQ(Stats()["messages"], 1);
 }
 
+TEST_F(IndependentTargetTest, AHeaderThatWouldCarryALineBreakIsNeverSent) {
+  std::string text = WorkflowText();
+  const std::string notify_url = "url: \"{{env.TARGET_URL}}/notify/messages\"";
+  text.replace(text.find(notify_url), notify_url.size(),
+               notify_url + "\n      headers: { X-Customer: \"{{input.customer}}\" }");
+  InstanceRecord instance = Run(Load(text), Order("6", "U-6\r\nX-Injected: yes"));
+  // The notification is refused before anything leaves; the order is compensated.
+  EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
+  const StepRecord notify = Step(instance, "notify");
+  EXPECT_EQ(notify.state, StepState::kFailed);
+  EXPECT_NE(notify.error_message.find("line break"), std::string::npos) << notify.error_message;
+  EXPECT_EQ(Received(Stats(), "send_message"), 0);
+  EXPECT_EQ(Stats()["cancels"][Step(instance, "create-order").external_id], 1);
+}
+
 }  // namespace
 }  // namespace waystone
