@@ -29,6 +29,18 @@ absl::StatusOr<std::string> ScalarText(const Json& value, const std::string& whe
                                     "}} is an object, array or null and cannot be put in text");
 }
 
+// Returns the text of the value at `path`; errors name the placeholder.
+absl::StatusOr<std::string> PlaceholderText(const std::vector<std::string>& path,
+                                            const Json& context) {
+  const std::string where = JoinPath(path);
+  const Json* value = Resolve(context, path);
+  if (value == nullptr) {
+    return absl::InvalidArgumentError("template {{" + where +
+                                      "}} refers to a value that is not there");
+  }
+  return ScalarText(*value, where);
+}
+
 }  // namespace
 
 std::string JoinPath(const std::vector<std::string>& path) {
@@ -117,13 +129,7 @@ absl::StatusOr<Json> Template::Render(const Json& context) const {
       out += piece.literal;
       continue;
     }
-    const std::string where = JoinPath(piece.path);
-    const Json* value = Resolve(context, piece.path);
-    if (value == nullptr) {
-      return absl::InvalidArgumentError("template {{" + where +
-                                        "}} refers to a value that is not there");
-    }
-    auto text = ScalarText(*value, where);
+    auto text = PlaceholderText(piece.path, context);
     if (!text.ok()) return text.status();
     out += *text;
   }
@@ -191,12 +197,7 @@ absl::StatusOr<std::string> Template::RenderUrl(const Json& context) const {
       continue;
     }
     const std::string where = JoinPath(piece.path);
-    const Json* value = Resolve(context, piece.path);
-    if (value == nullptr) {
-      return absl::InvalidArgumentError("template {{" + where +
-                                        "}} refers to a value that is not there");
-    }
-    auto text = ScalarText(*value, where);
+    auto text = PlaceholderText(piece.path, context);
     if (!text.ok()) return text.status();
     switch (state) {
       case UrlState::kStart:
