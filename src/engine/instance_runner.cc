@@ -408,6 +408,7 @@ class InstanceRunner::Impl {
     step.attempts += 1;
     step.idempotency_key = key;
     step.request_hash = hash;
+    step.response_json.clear();  // an earlier 2xx-without-id answer no longer speaks for it
     step.next_attempt_at = 0;
     if (step.started_at == 0) step.started_at = before.now;
     step.span_id = Decorate(*request, key);
