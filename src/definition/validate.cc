@@ -164,6 +164,11 @@ class Validator {
     if (step.recovery == RecoveryClass::kCompensable && !step.compensate) {
       Error(step.line, step.name, "recovery 'compensable' needs a 'compensate' request");
     }
+    if (step.lookup && !step.result_external_id.empty() && step.lookup->external_id.empty()) {
+      Error(step.line, step.name,
+            "the step records result.external_id, so its lookup needs 'external_id' too: an "
+            "adopted object must bring its id");
+    }
     if (step.recovery == RecoveryClass::kLookup && !step.lookup) {
       Error(step.line, step.name, "recovery 'lookup' needs a 'lookup' request");
     }

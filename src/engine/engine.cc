@@ -97,6 +97,12 @@ class Engine::Impl {
                                         std::string(key.status().message()));
     }
     if (key->empty()) return absl::InvalidArgumentError("business key renders empty");
+    // The key travels in headers (Idempotency-Key) and URLs: no control characters.
+    for (unsigned char c : *key) {
+      if (c < 0x20 || c == 0x7F) {
+        return absl::InvalidArgumentError("business key contains a control character");
+      }
+    }
     WS_RETURN_IF_ERROR(Register(definition));
 
     NewInstance in;

@@ -347,7 +347,7 @@ class InstanceRunner::Impl {
     Change change = NewChange();
     step.state = StepState::kCompleted;
     step.attempts += 1;
-    step.response_json = output->dump();
+    step.response_json = JsonText(*output);
     step.started_at = started;
     step.finished_at = change.now;
     step.error_class = ErrorClass::kNone;
@@ -387,6 +387,11 @@ class InstanceRunner::Impl {
     if (side_effecting && key.empty()) {
       return FailStep(step, ErrorClass::kRejected,
                       "idempotency key template did not render", std::nullopt);
+    }
+    if (key.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+      return FailStep(step, ErrorClass::kRejected,
+                      "the idempotency key would contain a line break or NUL; refused",
+                      std::nullopt);
     }
     auto request = Render(def.request, Context(index, key));
     if (!request.ok()) {
@@ -662,7 +667,7 @@ class InstanceRunner::Impl {
     step.unknown_since = 0;
     step.resolution = Resolution::kLookupFound;
     step.external_id = external_id.empty() ? step.external_id : external_id;
-    step.response_json = found->dump();
+    step.response_json = JsonText(*found);
     step.error_class = ErrorClass::kNone;
     step.error_message.clear();
     step.finished_at = change.now;

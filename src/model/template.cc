@@ -201,7 +201,12 @@ absl::StatusOr<std::string> Template::RenderUrl(const Json& context) const {
     if (!text.ok()) return text.status();
     switch (state) {
       case UrlState::kStart:
-        out += *text;  // the base URL, as configured
+        // The base URL, as configured: only the deployment's env may choose scheme and host.
+        if (piece.path[0] != "env") {
+          return absl::InvalidArgumentError("template {{" + where +
+                                            "}} starts the URL but is not an env value");
+        }
+        out += *text;
         state = UrlState::kPath;
         if (text->find('?') != std::string::npos) state = UrlState::kQuery;
         break;
@@ -215,7 +220,9 @@ absl::StatusOr<std::string> Template::RenderUrl(const Json& context) const {
                                           "}} stands in the host part of a URL and cannot be "
                                           "encoded safely");
       case UrlState::kPath:
-        out += PercentEncode(*text, UrlPart::kPathSegment);
+        // "." and ".." would be dot-segments that move the path: encode them.
+        out += *text == "." || *text == ".." ? std::string(text->size() == 1 ? "%2E" : "%2E%2E")
+                                             : PercentEncode(*text, UrlPart::kPathSegment);
         break;
       case UrlState::kQuery:
         out += PercentEncode(*text, UrlPart::kQuery);
@@ -232,6 +239,11 @@ absl::Status Template::CheckUrl() const {
     if (piece.path.empty()) {
       state = Advance(state, piece.literal, i == 0);
       continue;
+    }
+    if (state == UrlState::kStart && piece.path[0] != "env") {
+      return absl::InvalidArgumentError("{{" + JoinPath(piece.path) +
+                                        "}} starts the URL, so it would choose the scheme and "
+                                        "host; only an env value (a configured base URL) may");
     }
     if (state == UrlState::kAuthority && piece.path[0] != "env") {
       return absl::InvalidArgumentError("{{" + JoinPath(piece.path) +

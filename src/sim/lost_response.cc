@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -78,10 +79,11 @@ uint64_t ConnectionId(int fd) {
 }
 
 bool LoseResponse(int fd, LostResponse how) {
-  const int connection = dup(fd);
+  // Close-on-exec throughout: a child started meanwhile must not keep the connection.
+  const int connection = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (connection < 0) return false;
   const int placeholder = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (placeholder < 0 || dup2(placeholder, fd) < 0) {
+  if (placeholder < 0 || dup3(placeholder, fd, O_CLOEXEC) < 0) {
     if (placeholder >= 0) close(placeholder);
     close(connection);
     return false;

@@ -70,7 +70,7 @@ struct StepRecord {
 // decided to send; nothing below the engine sends one without a row.
 struct AttemptRecord {
   int step_index = 0;
-  int seq = 0;  // 1, 2, ... per step over all phases
+  int seq = 0;  // 1, 2, ... per step over all phases; assigned by the store on commit
   AttemptPhase phase = AttemptPhase::kCall;
   bool sent = false;
   ConnectionUsed connection = ConnectionUsed::kNone;

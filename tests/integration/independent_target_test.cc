@@ -294,6 +294,13 @@ TEST_F(IndependentTargetTest, AnOutcomeStillUnknownWhenRetriesRunOutStaysUnknown
   EXPECT_EQ(Stats()["messages"], 1);
 }
 
+TEST_F(IndependentTargetTest, ABusinessKeyWithALineBreakIsRefusedAtStart) {
+  // The key travels in the Idempotency-Key header of every side-effecting call.
+  auto started = engine_->StartInstance(definition_, {"default", Order("A\r\nX-Admin: 1")});
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument) << started.status();
+  EXPECT_TRUE(Stats()["requests"].empty());
+}
+
 TEST_F(IndependentTargetTest, AHeaderThatWouldCarryALineBreakIsNeverSent) {
   std::string text = WorkflowText();
   const std::string notify_url = "url: \"{{env.TARGET_URL}}/notify/messages\"";

@@ -97,6 +97,18 @@ TEST(TemplateTest, UrlValuesArePercentEncodedByTheirPart) {
   EXPECT_EQ(*literal->RenderUrl(context), "http://erp/a b?x=1&y=crm%3AA%26B%20%237#x%2Fy%3Fz%3D1");
 }
 
+TEST(TemplateTest, DotSegmentsAndForeignBaseUrlsCannotMoveTheRequest) {
+  const Json context = {{"env", {{"ERP", "http://erp"}}},
+                        {"input", {{"up", ".."}, {"here", "."}, {"url", "http://evil"}}}};
+  auto t = Template::Parse("{{env.ERP}}/tenants/t/orders/{{input.up}}/{{input.here}}/cancel");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t->RenderUrl(context), "http://erp/tenants/t/orders/%2E%2E/%2E/cancel");
+  auto foreign = Template::Parse("{{input.url}}/x");
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_FALSE(foreign->CheckUrl().ok());
+  EXPECT_FALSE(foreign->RenderUrl(context).ok());
+}
+
 TEST(TemplateTest, PlaceholdersInTheHostAreRefusedUnlessFromEnv) {
   auto host = Template::Parse("http://{{input.k}}/x");
   ASSERT_TRUE(host.ok());

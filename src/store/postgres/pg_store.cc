@@ -248,6 +248,8 @@ absl::StatusOr<std::string> PostgresStore::GetDefinition(const std::string& hash
 
 namespace {
 
+constexpr char kCollectedMeanwhile[] = "collected by a concurrent gc; start again";
+
 constexpr char kTombstoneColumns[] =
     "tenant, workflow, business_key, input_hash, final_state, external_ids, instance_id, "
     "finished_at, collected_at";
@@ -273,7 +275,18 @@ absl::StatusOr<std::optional<InboxEntry>> ReadInbox(PgConnection& c, const std::
 
 absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) {
   StartResult result;
-  absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
+  absl::Status status;
+  for (int round = 0; round < 3; ++round) {
+    status = StartOnce(in, &result);
+    if (!(absl::IsAborted(status) && status.message() == kCollectedMeanwhile)) break;
+  }
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::Status PostgresStore::StartOnce(const NewInstance& in, StartResult* out) {
+  StartResult& result = *out;
+  return InTransaction([&](PgConnection& c) -> absl::Status {
     result = StartResult{};
     const bool has_event = !in.event_source.empty() && !in.event_id.empty();
     if (has_event) {
@@ -329,6 +342,14 @@ absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) 
                          in.input_hash, static_cast<int64_t>(InstanceState::kRunning), in.now,
                          in.trace_id, source_event)));
       if (inserted.rows() > 0) created = inserted.Int(0, 0);
+      if (created) {
+        // The insert may have waited for a gc that removed an instance with this key
+        // and buried it meanwhile: a tombstone now visible wins (undo, start over).
+        WS_ASSIGN_OR_RETURN(PgResult late, c.Query("SELECT 1 FROM tombstones WHERE tenant = $1 AND "
+                                                   "business_key = $2",
+                                                   Params(in.tenant, in.key)));
+        if (late.rows() > 0) return absl::AbortedError(kCollectedMeanwhile);
+      }
     }
     if (created) {
       const int64_t id = *created;
@@ -369,8 +390,6 @@ absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) 
     }
     return absl::OkStatus();
   });
-  if (!status.ok()) return status;
-  return result;
 }
 
 absl::StatusOr<std::vector<Lease>> PostgresStore::ClaimRunnable(const std::string& owner,
@@ -522,13 +541,13 @@ absl::Status PostgresStore::ApplyChange(PgConnection& c, const Change& ch) {
   }
   for (const AttemptRecord& a : ch.attempts) {
     WS_RETURN_IF_ERROR(
-        c.Query("INSERT INTO attempts VALUES ($1::bigint, $2::integer, $3::integer, $4::smallint, "
-                "$5::boolean, $6::smallint, $7::integer, $8::smallint, $9, $10::bigint, "
-                "$11::bigint) ON CONFLICT (instance_id, step_index, seq) DO UPDATE SET phase = "
-                "excluded.phase, sent = excluded.sent, connection = excluded.connection, status = "
-                "excluded.status, error_class = excluded.error_class, detail = excluded.detail, "
-                "started_at = excluded.started_at, finished_at = excluded.finished_at",
-                Params(ch.lease.instance_id, a.step_index, a.seq, static_cast<int64_t>(a.phase),
+        // The store numbers a step's requests: 1, 2, ... in the order they were recorded
+        // (only the lease holder writes them, so MAX + 1 does not race).
+        c.Query("INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + 1, "
+                "$3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
+                "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
+                "step_index = $2::integer",
+                Params(ch.lease.instance_id, a.step_index, static_cast<int64_t>(a.phase),
                        a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
                        static_cast<int64_t>(a.error_class), a.detail, a.started_at,
                        a.finished_at))

@@ -105,6 +105,8 @@ class PostgresStore final : public Store {
 
   absl::Status Migrate();
   absl::Status ApplyChange(PgConnection& c, const Change& change);
+  // One transaction of StartInstance; Aborted when a concurrent gc buried the key.
+  absl::Status StartOnce(const NewInstance& in, StartResult* result);
 
   std::string conninfo_;
   int max_connections_;

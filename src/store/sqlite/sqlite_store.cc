@@ -520,12 +520,14 @@ absl::Status SqliteStore::ApplyChange(const Change& c) {
   }
 
   if (!c.attempts.empty()) {
+    // The store numbers a step's requests: 1, 2, ... in the order they were recorded.
     WS_ASSIGN_OR_RETURN(SqliteStatement * attempt,
-                        db_->Prepare("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?, ?, ?, "
-                                     "?, ?, ?, ?, ?)"));
+                        db_->Prepare("INSERT INTO attempts SELECT ?1, ?2, COALESCE(MAX(seq), 0) + 1, "
+                                     "?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10 FROM attempts WHERE "
+                                     "instance_id = ?1 AND step_index = ?2"));
     for (const AttemptRecord& a : c.attempts) {
       WS_RETURN_IF_ERROR(attempt
-                             ->BindAll(c.lease.instance_id, a.step_index, a.seq,
+                             ->BindAll(c.lease.instance_id, a.step_index,
                                        static_cast<int64_t>(a.phase), a.sent ? 1 : 0,
                                        static_cast<int64_t>(a.connection), a.status,
                                        static_cast<int64_t>(a.error_class), a.detail,

@@ -673,13 +673,25 @@ TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
   EXPECT_EQ((*attempts)[0].detail, "Server returned nothing");
   EXPECT_EQ((*attempts)[1].phase, AttemptPhase::kLookup);
   EXPECT_EQ((*attempts)[1].status, 200);
+  // The store numbers them: a later change never overwrites an earlier request.
+  Change later = change;
+  later.now = 2002;
+  later.attempts = {{1, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201,
+                     ErrorClass::kNone, "again", 2002, 2002}};
+  ASSERT_TRUE((*store_->Commit({later}))[0].ok());
+  attempts = store_->ListAttempts(started->instance.id);
+  ASSERT_EQ(attempts->size(), 3u);
+  EXPECT_EQ((*attempts)[0].seq, 1);
+  EXPECT_EQ((*attempts)[0].detail, "Server returned nothing");
+  EXPECT_EQ((*attempts)[2].seq, 3);
+  EXPECT_EQ((*attempts)[2].detail, "again");
   // A change whose lease is lost records nothing.
   Change stale = change;
   stale.lease.epoch += 10;
   stale.attempts = {{0, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201,
                      ErrorClass::kNone, "", 2002, 2002}};
   EXPECT_TRUE(absl::IsAborted((*store_->Commit({stale}))[0]));
-  EXPECT_EQ(store_->ListAttempts(started->instance.id)->size(), 2u);
+  EXPECT_EQ(store_->ListAttempts(started->instance.id)->size(), 3u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
