@@ -62,8 +62,11 @@ std::string Describe(const HttpResponse& response) {
 }
 
 // A lookup answered 404 found nothing: that is an answer, not a failure.
-ErrorClass ClassifyLookup(const CallOutcome& outcome, const StatusOverrides&) {
-  return Classify(outcome, {{404, ErrorClass::kNone}});
+const StatusOverrides kLookupStatuses = {{404, ErrorClass::kNone}};
+
+// Returns true when a rendered header value would end its line (header injection).
+bool BreaksHeaderLine(std::string_view value) {
+  return value.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos;
 }
 
 // Returns true when a JSON value is a usable external id (not absent, null or "").
@@ -227,8 +230,7 @@ class InstanceRunner::Impl {
     for (const auto& [name, value] : spec.headers) {
       WS_ASSIGN_OR_RETURN(Template header, Template::Parse(value));
       WS_ASSIGN_OR_RETURN(std::string text, header.RenderText(context));
-      // A CR or LF would end the header and start another (header injection).
-      if (text.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+      if (BreaksHeaderLine(text)) {
         return absl::InvalidArgumentError("header '" + name +
                                           "' would contain a line break or NUL; refused");
       }
@@ -249,19 +251,27 @@ class InstanceRunner::Impl {
                               " ran out before the call; the request was not sent");
   }
 
-  // Sends one request and keeps its attempt record for the next change. `seq`
-  // numbers the step's requests over all phases.
-  HttpResponse TimedSend(CallPhase phase, const HttpRequest& request, const StepRecord& step,
-                         ErrorClass (*classify)(const CallOutcome&, const StatusOverrides&),
-                         const StatusOverrides& overrides) {
+  // One request sent and what it means.
+  struct Sent {
+    HttpResponse response;
+    ErrorClass error_class = ErrorClass::kNone;  // by Classify, after the step's overrides
+  };
+
+  // Sends one request for step `step_index`, classifies the outcome once (with
+  // `overrides`), counts it in the call metrics, and keeps its attempt record for
+  // the next change (the store numbers it).
+  Sent TimedSend(CallPhase phase, const HttpRequest& request, int step_index,
+                 const StatusOverrides& overrides) {
     const Millis started_at = d_.clock->NowMillis();
     const auto start = std::chrono::steady_clock::now();
-    HttpResponse response = d_.http->Send(request);
+    Sent sent{d_.http->Send(request)};
+    const HttpResponse& response = sent.response;
     RecordCallLatency(phase, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
                                  .count());
+    sent.error_class = Classify(response.outcome, overrides);
+    RecordCallOutcome(phase, sent.error_class);
     AttemptRecord attempt;
-    attempt.step_index = step.index;
-    attempt.seq = step.attempts + step.lookups + step.compensation_attempts;
+    attempt.step_index = step_index;
     attempt.phase = phase == CallPhase::kCall     ? AttemptPhase::kCall
                     : phase == CallPhase::kLookup ? AttemptPhase::kLookup
                                                   : AttemptPhase::kCompensate;
@@ -269,12 +279,12 @@ class InstanceRunner::Impl {
     attempt.connection = response.outcome.connection;
     attempt.status = response.outcome.kind == CallOutcome::Kind::kResponse
                          ? response.outcome.status : 0;
-    attempt.error_class = classify(response.outcome, overrides);
+    attempt.error_class = sent.error_class;
     attempt.detail = Shorten(Describe(response));
     attempt.started_at = started_at;
     attempt.finished_at = d_.clock->NowMillis();
     pending_attempts_.push_back(std::move(attempt));
-    return response;
+    return sent;
   }
 
   // Adds trace context and, for a side-effecting call, the idempotency key.
@@ -388,7 +398,7 @@ class InstanceRunner::Impl {
       return FailStep(step, ErrorClass::kRejected,
                       "idempotency key template did not render", std::nullopt);
     }
-    if (key.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+    if (BreaksHeaderLine(key)) {  // it is sent as the Idempotency-Key header
       return FailStep(step, ErrorClass::kRejected,
                       "the idempotency key would contain a line break or NUL; refused",
                       std::nullopt);
@@ -432,21 +442,21 @@ class InstanceRunner::Impl {
     }
     WS_RETURN_IF_ERROR(claimed);
 
-    HttpResponse response;
+    Sent sent;
     CrashPoint("before-call", def.name);
     WS_RETURN_IF_ERROR(StillLeased());
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);  // a long call keeps the lease
-      response = TimedSend(CallPhase::kCall, *request, step, Classify, def.errors);
+      sent = TimedSend(CallPhase::kCall, *request, index, def.errors);
     }
     CrashPoint("after-call", def.name);
-    return RecordOutcome(index, step, response);
+    return RecordOutcome(index, step, sent);
   }
 
-  absl::Status RecordOutcome(int index, StepRecord step, const HttpResponse& response) {
+  absl::Status RecordOutcome(int index, StepRecord step, const Sent& sent) {
     const StepDefinition& def = definition_->steps[index];
-    const ErrorClass error_class = Classify(response.outcome, def.errors);
-    RecordCallOutcome(CallPhase::kCall, error_class);
+    const HttpResponse& response = sent.response;
+    const ErrorClass error_class = sent.error_class;
     const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {
@@ -529,8 +539,7 @@ class InstanceRunner::Impl {
     Change change = NewChange();
     StepRecord step = steps_[index];
     // The request of the interrupted attempt may or may not have left.
-    change.attempts.push_back({step.index, step.attempts + step.lookups + step.compensation_attempts,
-                               AttemptPhase::kCall, false, ConnectionUsed::kNone, 0,
+    change.attempts.push_back({step.index, 0, AttemptPhase::kCall, false, ConnectionUsed::kNone, 0,
                                ErrorClass::kUnknown,
                                "the worker stopped during the call: whether the request left "
                                "is not known",
@@ -601,13 +610,13 @@ class InstanceRunner::Impl {
     Decorate(*request, "");
     WS_RETURN_IF_ERROR(StillLeased());
     step.lookups += 1;
-    HttpResponse response;
+    Sent sent;
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
-      response = TimedSend(CallPhase::kLookup, *request, step, ClassifyLookup, {});
+      sent = TimedSend(CallPhase::kLookup, *request, index, kLookupStatuses);
     }
-    const ErrorClass error_class = ClassifyLookup(response.outcome, {});
-    RecordCallOutcome(CallPhase::kLookup, error_class);
+    const HttpResponse& response = sent.response;
+    const ErrorClass error_class = sent.error_class;
     if (error_class == ErrorClass::kTransient || error_class == ErrorClass::kUnknown) {
       if (def.retry.Exhausted(step.lookups)) {
         return Pause(step, AlertKind::kRetriesExhausted,
@@ -713,15 +722,13 @@ class InstanceRunner::Impl {
   }
 
   // Returns the idempotency key of step's compensation: "<step key>:compensate".
-  std::string CompensationKeyOf(const StepRecord& step) const {
-    return CompensationKey(step.idempotency_key.empty()
-                               ? DefaultIdempotencyKey(instance_.tenant, instance_.key, step.name)
-                               : step.idempotency_key);
+  std::string CompensationKeyOf(const StepRecord& step) {
+    return CompensationKey(StepKey(step.index));
   }
 
   // An audit record of a compensation the engine ran by itself, with its cause.
   AuditRecord EngineAudit(const StepRecord& step, const std::string& action,
-                          const std::string& detail) const {
+                          const std::string& detail) {
     const Json about = {{"step", step.name},
                         {"external_id", step.external_id},
                         {"key", CompensationKeyOf(step)},
@@ -770,17 +777,17 @@ class InstanceRunner::Impl {
                                         std::to_string(step.compensation_attempts) + " sent"));
     WS_RETURN_IF_ERROR(CommitChange(before));
 
-    HttpResponse response;
+    Sent sent;
     CrashPoint("before-compensate", def.name);
     WS_RETURN_IF_ERROR(StillLeased());
     {
       LeaseKeeper::Guard held(d_.keeper, lease_);
-      response = TimedSend(CallPhase::kCompensate, *request, step, Classify, {});
+      sent = TimedSend(CallPhase::kCompensate, *request, index, {});
     }
     CrashPoint("after-compensate", def.name);
 
-    const ErrorClass error_class = Classify(response.outcome, {});
-    RecordCallOutcome(CallPhase::kCompensate, error_class);
+    const HttpResponse& response = sent.response;
+    const ErrorClass error_class = sent.error_class;
     const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {
