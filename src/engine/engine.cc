@@ -129,12 +129,9 @@ class Engine::Impl {
     if (result.ok() && result->outcome == StartOutcome::kEventConflict) {
       InstanceRecord about = result->instance;
       about.tenant = in.tenant;
-      AlertRecord alert{0, about.id, in.tenant, "", AlertKind::kInboxConflict, AlertState::kOpen,
-                        InboxConflictMessage(in.event_source, in.event_id,
-                                             result->stored_data_hash, in.event_data_hash),
-                        in.now};
-      WS_RETURN_IF_ERROR(
-          store_->RaiseAlert(alert, MakeAlertEvent(alert, about, *random_, in.now)).status());
+      WS_RETURN_IF_ERROR(RaiseInboxConflict(*store_, *random_, about, in.event_source, in.event_id,
+                                            result->stored_data_hash, in.event_data_hash,
+                                            in.now));
     }
     return result;
   }

@@ -144,6 +144,16 @@ std::string InboxConflictMessage(const std::string& source, const std::string& i
          "); it was not applied";
 }
 
+absl::Status RaiseInboxConflict(Store& store, Random& random, const InstanceRecord& instance,
+                                const std::string& source, const std::string& id,
+                                const std::string& stored_hash, const std::string& new_hash,
+                                Millis now) {
+  AlertRecord alert{0, instance.id, instance.tenant, "", AlertKind::kInboxConflict,
+                    AlertState::kOpen, InboxConflictMessage(source, id, stored_hash, new_hash),
+                    now};
+  return store.RaiseAlert(alert, MakeAlertEvent(alert, instance, random, now)).status();
+}
+
 std::string EventDataHash(const std::string& data_json) {
   const Json data = Json::parse(data_json, nullptr, false);
   return Sha256Hex(data.is_discarded() ? data_json : JsonText(data));
@@ -162,13 +172,8 @@ absl::StatusOr<SignalResult> Operations::SeenBefore(const Signal& signal,
   SignalResult result{SignalOutcome::kDuplicate, data_hash, seen->data_hash};
   if (!seen->data_hash.empty() && seen->data_hash != data_hash) {
     result.outcome = SignalOutcome::kConflict;
-    const Millis now = clock_->NowMillis();
-    AlertRecord alert{0, instance.id, instance.tenant, "", AlertKind::kInboxConflict,
-                      AlertState::kOpen,
-                      InboxConflictMessage(signal.source, signal.id, seen->data_hash, data_hash),
-                      now};
-    WS_RETURN_IF_ERROR(
-        store_->RaiseAlert(alert, MakeAlertEvent(alert, instance, *random_, now)).status());
+    WS_RETURN_IF_ERROR(RaiseInboxConflict(*store_, *random_, instance, signal.source, signal.id,
+                                          seen->data_hash, data_hash, clock_->NowMillis()));
     return result;
   }
   WS_RETURN_IF_ERROR(store_->AddToCounter(kCounterInboxDuplicates, 1));

@@ -38,6 +38,13 @@ struct SignalResult {
 std::string InboxConflictMessage(const std::string& source, const std::string& id,
                                  const std::string& stored_hash, const std::string& new_hash);
 
+// Raises the inbox_conflict alert (with its outbox event) about `instance` (whose
+// id may name one gc removed) for event (source, id) received again with other data.
+absl::Status RaiseInboxConflict(Store& store, Random& random, const InstanceRecord& instance,
+                                const std::string& source, const std::string& id,
+                                const std::string& stored_hash, const std::string& new_hash,
+                                Millis now);
+
 // Returns the hash the inbox keeps of an event's data: SHA-256 of its canonical JSON
 // (keys sorted), or of the text itself when it is not JSON.
 std::string EventDataHash(const std::string& data_json);
