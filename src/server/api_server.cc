@@ -601,6 +601,19 @@ class ApiServer::Impl {
     }
 
     Json results = Json::array();
+    // Ends the batch at event `i`: the events before it are applied (a redelivery of
+    // them is a duplicate); it and the rest are not.
+    auto stop_at = [&](size_t i, Json result, const char* outcome, const std::string& error,
+                       const Problem& problem) {
+      for (size_t j = i + 1; j < routed.size(); ++j) {
+        results.push_back({{"id", routed[j].event.id}, {"source", routed[j].event.source},
+                           {"type", routed[j].event.type}, {"outcome", "not_processed"}});
+      }
+      result["outcome"] = outcome;
+      result["error"] = error;
+      results.insert(results.begin() + static_cast<long>(i), std::move(result));
+      Send(res, problem, req.path, {{"results", results}});
+    };
     for (size_t i = 0; i < routed.size(); ++i) {
       const Routed& r = routed[i];
       Json result = {{"id", r.event.id}, {"source", r.event.source}, {"type", r.event.type}};
@@ -636,29 +649,12 @@ class ApiServer::Impl {
       }
       if (!conflict.empty()) {
         // The same id with other data is never a duplicate: refused, with an alert.
-        for (size_t j = i + 1; j < routed.size(); ++j) {
-          results.push_back({{"id", routed[j].event.id}, {"source", routed[j].event.source},
-                             {"type", routed[j].event.type}, {"outcome", "not_processed"}});
-        }
-        result["outcome"] = "conflict";
-        result["error"] = conflict;
-        results.insert(results.begin() + static_cast<long>(i), result);
-        return Send(res,
-                    {409, "urn:waystone:problem:inbox-conflict",
-                     "This event id was received before with other data",
-                     (batch ? "event " + std::to_string(i) + ": " : "") + conflict},
-                    req.path, {{"results", results}});
+        return stop_at(i, std::move(result), "conflict", conflict,
+                       {409, "urn:waystone:problem:inbox-conflict",
+                        "This event id was received before with other data",
+                        (batch ? "event " + std::to_string(i) + ": " : "") + conflict});
       }
       if (!failed.ok()) {
-        // Events before this one are applied (and a redelivery of them is a
-        // duplicate); this one and the rest are not.
-        for (size_t j = i + 1; j < routed.size(); ++j) {
-          results.push_back({{"id", routed[j].event.id}, {"source", routed[j].event.source},
-                             {"type", routed[j].event.type}, {"outcome", "not_processed"}});
-        }
-        result["outcome"] = "failed";
-        result["error"] = std::string(failed.message());
-        results.insert(results.begin() + static_cast<long>(i), result);
         // A busy instance is worth redelivering.
         const absl::Status shown = absl::IsAborted(failed)
                                        ? absl::UnavailableError(failed.message())
@@ -667,7 +663,7 @@ class ApiServer::Impl {
         if (problem.status != 503 && problem.status != 500) {
           problem.detail = (batch ? "event " + std::to_string(i) + ": " : "") + problem.detail;
         }
-        return Send(res, problem, req.path, {{"results", results}});
+        return stop_at(i, std::move(result), "failed", std::string(failed.message()), problem);
       }
       results.push_back(result);
     }
