@@ -50,6 +50,14 @@ std::optional<LostResponse> LossOf(FaultKind kind) {
   return std::nullopt;
 }
 
+// The shapes that answer an error after the commit, with their status.
+std::optional<int> StatusAfterCommit(FaultKind kind) {
+  if (kind == FaultKind::kStatus500) return 500;
+  if (kind == FaultKind::kStatus502) return 502;
+  if (kind == FaultKind::kStatus504) return 504;
+  return std::nullopt;
+}
+
 constexpr FaultKind kAllFaults[] = {
     FaultKind::kDropResponse, FaultKind::kDelay, FaultKind::kUnavailable, FaultKind::kRateLimit,
     FaultKind::kFail, FaultKind::kError, FaultKind::kCloseBeforeBytes,
@@ -176,12 +184,9 @@ class Simulator::Impl {
         else {
           bool shape = false;
           for (FaultKind f : kAllFaults) {
-            if (LossOf(f) || f == FaultKind::kStatus500 || f == FaultKind::kStatus502 ||
-                f == FaultKind::kStatus504) {
-              if (FaultName(f) == name) {
-                fault.shapes[f] = value;
-                shape = true;
-              }
+            if ((LossOf(f) || StatusAfterCommit(f)) && FaultName(f) == name) {
+              fault.shapes[f] = value;
+              shape = true;
             }
           }
           if (!shape) return absl::InvalidArgumentError("unknown knob '" + name + "' for " + it.key());
@@ -189,8 +194,16 @@ class Simulator::Impl {
       }
       faults[it.key()] = std::move(fault);
     }
+    bool takes_connections = false;
+    for (const auto& [route, fault] : faults) {
+      for (FaultKind kind : fault.next) takes_connections = takes_connections || LossOf(kind);
+      for (const auto& [kind, p] : fault.shapes) {
+        takes_connections = takes_connections || (LossOf(kind) && p > 0);
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     faults_ = std::move(faults);
+    takes_connections_ = takes_connections;
     return absl::OkStatus();
   }
 
@@ -293,11 +306,16 @@ class Simulator::Impl {
 
   Drawn DrawLocked(const std::string& route, const httplib::Request& req) {
     Drawn d;
-    // Which connection the request came on, and whether it came on it before.
-    d.fd = FindConnectionSocket(req.remote_addr, req.remote_port, req.local_port);
-    const uint64_t connection = ConnectionId(d.fd);
-    if (requests_on_connection_.size() > 100'000) requests_on_connection_.clear();
-    const int64_t seen = connection == 0 ? 0 : requests_on_connection_[connection]++;
+    // Which connection the request came on, and whether it came on it before: only
+    // while some route has a shape that takes its connection (the lookup reads
+    // /proc/self/fd; connections are counted from then on).
+    int64_t seen = 0;
+    if (takes_connections_) {
+      d.fd = FindConnectionSocket(req.remote_addr, req.remote_port, req.local_port);
+      const uint64_t connection = ConnectionId(d.fd);
+      if (requests_on_connection_.size() > 100'000) requests_on_connection_.clear();
+      seen = connection == 0 ? 0 : requests_on_connection_[connection]++;
+    }
     d.kind = Draw(route, KeyOf(req), seen > 0);
     auto it = faults_.find(route);
     if (it != faults_.end()) {
@@ -355,10 +373,9 @@ class Simulator::Impl {
       res.set_content(body, "application/json");
       return;
     }
-    if (d.kind == FaultKind::kStatus500 || d.kind == FaultKind::kStatus502 ||
-        d.kind == FaultKind::kStatus504) {
+    if (auto status = StatusAfterCommit(d.kind)) {
       // Committed, then the server (or a gateway in front of it) answers an error.
-      res.status = d.kind == FaultKind::kStatus500 ? 500 : d.kind == FaultKind::kStatus502 ? 502 : 504;
+      res.status = *status;
       res.set_content(R"({"error":"failed after commit"})", "application/json");
       return;
     }
@@ -603,6 +620,7 @@ class Simulator::Impl {
   int64_t order_seq_ = 0, shipment_seq_ = 0, line_seq_ = 0, email_seq_ = 0;
   std::map<std::string, Json> orders_;                       // by order id
   std::map<uint64_t, int64_t> requests_on_connection_;  // by connection id, guarded by mu_
+  bool takes_connections_ = false;  // a configured shape takes a connection; guarded by mu_
   std::map<std::string, std::vector<std::string>> orders_by_ref_;
   int64_t cancel_requests_ = 0;
   std::map<std::string, int64_t> shipments_by_order_;
