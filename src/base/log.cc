@@ -7,6 +7,8 @@
 #include <mutex>
 #include <string>
 
+#include "base/redact.h"
+
 namespace waystone {
 namespace {
 
@@ -40,10 +42,11 @@ void SetLogThreshold(LogLevel level) { Threshold() = static_cast<int>(level); }
 
 void Log(LogLevel level, std::string_view message) {
   if (static_cast<int>(level) < Threshold().load()) return;
+  const std::string text = RedactSecrets(message);
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  std::fprintf(stderr, "waystone %s: %.*s\n", Name(level), static_cast<int>(message.size()),
-               message.data());
+  std::fprintf(stderr, "waystone %s: %.*s\n", Name(level), static_cast<int>(text.size()),
+               text.data());
 }
 
 }  // namespace waystone

@@ -77,10 +77,22 @@ int Main(int argc, char** argv) {
   CLI::App* token_cmd = app.add_subcommand("token", "Manage API tokens");
   CLI::App* token_create = token_cmd->add_subcommand("create", "Create a token (shown once)");
   token_cmd->require_subcommand(1);
-  token_create->add_option("--tenant", token.tenant, "Tenant, or '*' for all")->required();
+  token_create->add_option("--tenant", token.tenant, "Tenant, or '*' for all (admin only)")
+      ->required();
   token_create->add_option("--role", token.role, "viewer, operator or admin")->required();
-  token_create->add_option("--name", token.name, "A name for the audit trail")->capture_default_str();
+  token_create->add_option("--name", token.name, "A unique name, shown in the audit trail")
+      ->required();
+  token_create->add_option("--expires", token.expires,
+                           "Valid for this long (e.g. 90d, 12h); default until revoked");
   token_create->add_option("--db", global.db, "Database (default $WAYSTONE_DB or ./waystone.db)");
+  bool token_list_json = false;
+  CLI::App* token_list = token_cmd->add_subcommand("list", "List tokens (never their secrets)");
+  token_list->add_flag("--json", token_list_json, "Print JSON");
+  token_list->add_option("--db", global.db, "Database (default $WAYSTONE_DB or ./waystone.db)");
+  std::string revoke_name;
+  CLI::App* token_revoke = token_cmd->add_subcommand("revoke", "Revoke a token by name, at once");
+  token_revoke->add_option("--name", revoke_name, "The token's name")->required();
+  token_revoke->add_option("--db", global.db, "Database (default $WAYSTONE_DB or ./waystone.db)");
 
   ServeOptions serve;
   CLI::App* serve_cmd = app.add_subcommand("serve", "Serve the HTTP API and run workers");
@@ -216,6 +228,8 @@ int Main(int argc, char** argv) {
   if (*lint_cmd) return Lint(lint_files);
   if (*gc_cmd) return Gc(global, gc);
   if (*token_create) return TokenCreate(global, token);
+  if (*token_list) return TokenList(global, token_list_json);
+  if (*token_revoke) return TokenRevoke(global, revoke_name);
   if (*serve_cmd) {
     serve.workers_given = serve_workers->count() > 0;
     serve.lease_given = serve_cmd->get_option("--lease")->count() > 0;

@@ -1,8 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "engine/tenant_policy.h"
 
 namespace waystone::cli {
 
@@ -22,6 +25,9 @@ struct GlobalOptions {
   // request (longer than the targets keep their keys); a workflow may set its own.
   std::string step_key_retention = "7d";
   bool verbose = false;
+  // From the server config's `tenants:` (serve only).
+  std::map<std::string, TenantPolicy> tenants;
+  std::map<std::string, int> tenant_lines;
 };
 
 struct RunOptions {
@@ -81,7 +87,8 @@ int List(const GlobalOptions& global, const ListOptions& options);
 struct TokenOptions {
   std::string tenant;
   std::string role;
-  std::string name = "token";
+  std::string name;     // unique
+  std::string expires;  // a duration such as 90d; "" = until revoked
 };
 
 struct ServeOptions {
@@ -153,6 +160,8 @@ int Ack(const ApiOptions& api, const AckOptions& options);
 int Lint(const std::vector<std::string>& files);
 int Gc(const GlobalOptions& global, const GcOptions& options);
 int TokenCreate(const GlobalOptions& global, const TokenOptions& options);
+int TokenList(const GlobalOptions& global, bool json);
+int TokenRevoke(const GlobalOptions& global, const std::string& name);
 int Serve(const GlobalOptions& global, const ServeOptions& options);
 int Plan(const std::string& file);
 int Sim(const SimOptions& options);

@@ -3,9 +3,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "base/clock.h"
+#include "base/log.h"
 #include "base/random.h"
 #include "base/status_macros.h"
+#include "base/time_format.h"
+#include "model/json_text.h"
 #include "cli/common.h"
 #include "cli/signals.h"
 #include "connectors/http/http_client.h"
@@ -42,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
   EngineOptions options;
   options.workers = workers;
   options.secrets_file = global.secrets_file;
+  options.tenants = global.tenants;
   auto lease = ParseDuration(global.lease);
   if (!lease) return absl::InvalidArgumentError("--lease '" + global.lease + "' is not a duration");
   options.lease_duration = *lease;
@@ -193,6 +199,20 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   for (const auto& definition : definitions) {
     if (auto status = engine.Register(definition); !status.ok()) return Fail(status);
   }
+  for (const auto& [tenant, policy] : global.tenants) {
+    for (const std::string& workflow : policy.workflows) {
+      if (engine.catalog().Current(workflow) != nullptr) continue;
+      auto line = global.tenant_lines.find(tenant);
+      return Fail(absl::InvalidArgumentError(
+          config_path + ":" + std::to_string(line == global.tenant_lines.end() ? 0 : line->second) +
+          ": tenant '" + tenant + "' may start workflow '" + workflow +
+          "', which is not among the definitions"));
+    }
+  }
+  if (!listen.empty() && global.tenants.empty()) {
+    Log(LogLevel::kWarning, "no tenants: in the config: every tenant may start every workflow "
+                            "and renders this process's secrets (docs/operations.md#tenants)");
+  }
   for (const EventRoute& route : api_options.events) {
     if (!route.start.empty() && engine.catalog().Current(route.start) == nullptr) {
       return Fail(absl::InvalidArgumentError(
@@ -269,6 +289,10 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   api.read_timeout_seconds = config.read_timeout_seconds;
   api.idempotency_retention = config.idempotency_retention;
   api.events = config.events;
+  api.max_connections = config.max_connections;
+  api.handler_threads = config.handler_threads;
+  global.tenants = config.tenants;
+  global.tenant_lines = config.tenant_lines;
   return RunService(global, options.worker, options.workers_only ? "" : options.listen,
                     !options.api_only, api, config_path);
 }
@@ -279,14 +303,65 @@ int TokenCreate(const GlobalOptions& global, const TokenOptions& options) {
     return Fail(absl::InvalidArgumentError("--role '" + options.role +
                                            "' is not one of viewer, operator, admin"));
   }
+  const Millis now = SystemClock::Get()->NowMillis();
+  Millis expires_at = 0;
+  if (!options.expires.empty()) {
+    auto valid_for = ParseDuration(options.expires);
+    if (!valid_for || *valid_for < 1000) {
+      return Fail(absl::InvalidArgumentError("--expires '" + options.expires +
+                                             "' is not a duration of at least 1s, such as 90d"));
+    }
+    expires_at = now + *valid_for;
+  }
   auto store = OpenStoreFor(global);
   if (!store.ok()) return Fail(store.status());
-  auto token = CreateToken(**store, options.name, options.tenant, *role,
-                           SystemClock::Get()->NowMillis());
+  auto token = CreateToken(**store, options.name, options.tenant, *role, now, expires_at);
   if (!token.ok()) return Fail(token.status());
   std::printf("%s\n", token->c_str());
-  std::fprintf(stderr, "waystone: token '%s' for tenant %s, role %s; it is not shown again\n",
-               options.name.c_str(), options.tenant.c_str(), options.role.c_str());
+  std::fprintf(stderr, "waystone: token '%s' for tenant %s, role %s%s; it is not shown again\n",
+               options.name.c_str(), options.tenant.c_str(), options.role.c_str(),
+               expires_at ? (", expires " + FormatRfc3339(expires_at)).c_str() : "");
+  return kExitOk;
+}
+
+int TokenList(const GlobalOptions& global, bool json) {
+  auto store = OpenStoreFor(global);
+  if (!store.ok()) return Fail(store.status());
+  auto tokens = (*store)->ListTokens();
+  if (!tokens.ok()) return Fail(tokens.status());
+  const Millis now = SystemClock::Get()->NowMillis();
+  auto state = [now](const TokenRecord& t) {
+    if (t.revoked_at != 0) return "revoked";
+    if (t.expires_at != 0 && t.expires_at <= now) return "expired";
+    return "active";
+  };
+  auto when = [](Millis at) { return at == 0 ? std::string("-") : FormatRfc3339(at); };
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const TokenRecord& t : *tokens) {
+      out.push_back({{"name", t.name}, {"tenant", t.tenant}, {"role", t.role},
+                     {"state", state(t)}, {"created_at", when(t.created_at)},
+                     {"expires_at", when(t.expires_at)}, {"revoked_at", when(t.revoked_at)}});
+    }
+    std::printf("%s\n", JsonText(out, 2).c_str());
+    return kExitOk;
+  }
+  std::printf("%-24s %-16s %-9s %-8s %-24s %s\n", "NAME", "TENANT", "ROLE", "STATE", "CREATED",
+              "EXPIRES");
+  for (const TokenRecord& t : *tokens) {
+    std::printf("%-24s %-16s %-9s %-8s %-24s %s\n", t.name.c_str(), t.tenant.c_str(),
+                t.role.c_str(), state(t), when(t.created_at).c_str(), when(t.expires_at).c_str());
+  }
+  return kExitOk;
+}
+
+int TokenRevoke(const GlobalOptions& global, const std::string& name) {
+  auto store = OpenStoreFor(global);
+  if (!store.ok()) return Fail(store.status());
+  if (auto revoked = (*store)->RevokeToken(name, SystemClock::Get()->NowMillis()); !revoked.ok()) {
+    return Fail(revoked);
+  }
+  std::fprintf(stderr, "waystone: token '%s' revoked; it is refused from now on\n", name.c_str());
   return kExitOk;
 }
 

@@ -140,16 +140,25 @@ class Reader {
 
   // Converts YAML to JSON: quoted scalars stay strings, plain ones become numbers,
   // booleans or null when they read as such.
-  Json ToJson(const YAML::Node& node) {
+  // Deeper than kMaxJsonDepth is an error at `step`: what we render, store and
+  // send stays bounded.
+  Json ToJson(const YAML::Node& node, const std::string& step, int depth = 0) {
+    if ((node.IsMap() || node.IsSequence()) && depth >= kMaxJsonDepth) {
+      Error(node, step, "nests mappings and lists deeper than " + std::to_string(kMaxJsonDepth) +
+                            " levels");
+      return nullptr;
+    }
     switch (node.Type()) {
       case YAML::NodeType::Map: {
         Json out = Json::object();
-        for (const auto& entry : node) out[entry.first.Scalar()] = ToJson(entry.second);
+        for (const auto& entry : node) {
+          out[entry.first.Scalar()] = ToJson(entry.second, step, depth + 1);
+        }
         return out;
       }
       case YAML::NodeType::Sequence: {
         Json out = Json::array();
-        for (const auto& element : node) out.push_back(ToJson(element));
+        for (const auto& element : node) out.push_back(ToJson(element, step, depth + 1));
         return out;
       }
       case YAML::NodeType::Scalar: {
@@ -200,7 +209,7 @@ class Reader {
         }
       }
     }
-    if (const YAML::Node body = node["body"]) out->body_json = JsonText(ToJson(body));
+    if (const YAML::Node body = node["body"]) out->body_json = JsonText(ToJson(body, step));
   }
 
   void ReadRetry(const YAML::Node& node, const std::string& step, RetryPolicy* out) {
@@ -268,7 +277,7 @@ class Reader {
       ReadRequest(request, name, "request", &step->request);
     } else if (transform) {
       step->kind = StepKind::kTransform;
-      step->transform_json = JsonText(ToJson(transform));
+      step->transform_json = JsonText(ToJson(transform, name));
     } else {
       Error(node, name, "a step needs 'request' (an HTTP call), 'transform' (a computed value) "
                         "or 'wait' (an event)");

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "engine/redaction.h"
+
 namespace waystone {
 
 CommitQueue::CommitQueue(Store* store, CommitQueueOptions options)
@@ -53,7 +55,10 @@ void CommitQueue::Loop(std::stop_token stop) {
     }
     changes.clear();
     changes.reserve(batch.size());
-    for (Pending* p : batch) changes.push_back(*p->change);
+    for (Pending* p : batch) {
+      changes.push_back(*p->change);
+      RedactChange(changes.back());  // nothing stored carries a secret a downstream echoed
+    }
     auto results = store_->Commit(changes);
     {
       std::lock_guard<std::mutex> lock(mu_);

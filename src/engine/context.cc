@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "base/redact.h"
 #include "model/keys.h"
 #include "model/template.h"
 
@@ -9,24 +10,48 @@ extern char** environ;
 
 namespace waystone {
 
-absl::StatusOr<TemplateEnvironment> TemplateEnvironment::Load(const std::string& secrets_file) {
+namespace {
+
+// Reads NAME=value lines ('#' comments, blank lines) into `out`.
+absl::Status ReadSecretsFile(const std::string& path, nlohmann::json* out) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError("secrets file " + path + " cannot be read");
+  std::string line;
+  int number = 0;
+  while (std::getline(file, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(path + ":" + std::to_string(number) +
+                                        ": expected NAME=value");
+    }
+    const std::string value = line.substr(eq + 1);
+    if (!value.empty() && value.size() < kMinRedactedSecret) {
+      return absl::InvalidArgumentError(path + ":" + std::to_string(number) + ": secret '" +
+                                        line.substr(0, eq) + "' is shorter than " +
+                                        std::to_string(kMinRedactedSecret) +
+                                        " characters; it could not be told apart when echoed");
+    }
+    (*out)[line.substr(0, eq)] = value;
+  }
+  return absl::OkStatus();
+}
+
+void RegisterAll(const nlohmann::json& secrets) {
+  for (auto it = secrets.begin(); it != secrets.end(); ++it) {
+    if (it.value().is_string()) RegisterSecretValue(it.value().get<std::string>());
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TemplateEnvironment> TemplateEnvironment::Load(
+    const std::string& secrets_file, const std::map<std::string, TenantPolicy>& tenants) {
   TemplateEnvironment result;
   if (!secrets_file.empty()) {
-    std::ifstream file(secrets_file);
-    if (!file) return absl::NotFoundError("secrets file " + secrets_file + " cannot be read");
-    std::string line;
-    int number = 0;
-    while (std::getline(file, line)) {
-      ++number;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.empty() || line[0] == '#') continue;
-      const size_t eq = line.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        return absl::InvalidArgumentError(secrets_file + ":" + std::to_string(number) +
-                                          ": expected NAME=value");
-      }
-      result.secret_[line.substr(0, eq)] = line.substr(eq + 1);
-    }
+    if (auto read = ReadSecretsFile(secrets_file, &result.secret_); !read.ok()) return read;
   }
   constexpr std::string_view kSecretPrefix = "WAYSTONE_SECRET_";
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
@@ -41,7 +66,33 @@ absl::StatusOr<TemplateEnvironment> TemplateEnvironment::Load(const std::string&
       result.env_[name] = value;
     }
   }
+  RegisterAll(result.secret_);
+  result.per_tenant_ = !tenants.empty();
+  for (const auto& [tenant, policy] : tenants) {
+    nlohmann::json secrets = nlohmann::json::object();
+    if (!policy.secrets_file.empty()) {
+      if (auto read = ReadSecretsFile(policy.secrets_file, &secrets); !read.ok()) return read;
+    }
+    RegisterAll(secrets);
+    result.tenant_secret_[tenant] = std::move(secrets);
+    nlohmann::json env = result.env_;
+    for (const auto& [name, value] : policy.env) env[name] = value;
+    result.tenant_env_[tenant] = std::move(env);
+  }
   return result;
+}
+
+const nlohmann::json& TemplateEnvironment::env(const std::string& tenant) const {
+  if (!per_tenant_) return env_;
+  auto found = tenant_env_.find(tenant);
+  return found != tenant_env_.end() ? found->second : env_;
+}
+
+const nlohmann::json& TemplateEnvironment::secret(const std::string& tenant) const {
+  static const nlohmann::json kNone = nlohmann::json::object();
+  if (!per_tenant_) return secret_;
+  auto found = tenant_secret_.find(tenant);
+  return found != tenant_secret_.end() ? found->second : kNone;
 }
 
 nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
@@ -66,14 +117,15 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
                           {"external_id", step.external_id}};
   }
   context["steps"] = std::move(by_name);
-  context["env"] = env_;
-  context["secret"] = secret_;
+  context["env"] = env(instance.tenant);
+  context["secret"] = secret(instance.tenant);
   context["step"] = {{"name", step_name}, {"idempotency_key", idempotency_key}};
   return context;
 }
 
-nlohmann::json TemplateEnvironment::BuildForKey(const nlohmann::json& input) const {
-  return {{"input", input}, {"env", env_}};
+nlohmann::json TemplateEnvironment::BuildForKey(const nlohmann::json& input,
+                                                const std::string& tenant) const {
+  return {{"input", input}, {"env", env(tenant)}};
 }
 
 std::string StepIdempotencyKey(const WorkflowDefinition& definition, const InstanceRecord& instance,

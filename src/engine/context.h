@@ -10,32 +10,43 @@
 
 #include "absl/status/statusor.h"
 #include "definition/definition.h"
+#include "engine/tenant_policy.h"
 #include "store/store.h"
 
 namespace waystone {
 
 // Values templates may read besides the instance itself: `env` (the process
 // environment) and `secret` (WAYSTONE_SECRET_<NAME> variables and a secrets file).
-// Secrets are only ever placed into requests; they are never stored or logged.
+// With tenant policies, each tenant reads its own secrets only, and its `env`
+// over the process's. Secrets are only ever placed into requests; every value is
+// registered for RedactSecrets, so an echo of one is never stored or logged.
 // Immutable after Load; thread-safe to share.
 class TemplateEnvironment {
  public:
   // Reads the environment, then `secrets_file` (lines NAME=value, '#' comments)
-  // when not empty. Variables WAYSTONE_SECRET_NAME win over the file.
-  static absl::StatusOr<TemplateEnvironment> Load(const std::string& secrets_file);
+  // when not empty. Variables WAYSTONE_SECRET_NAME win over the file. With
+  // `tenants`, reads each tenant's secrets file too.
+  static absl::StatusOr<TemplateEnvironment> Load(
+      const std::string& secrets_file, const std::map<std::string, TenantPolicy>& tenants = {});
 
   // Returns a context with input, instance, steps (completed results), env, secret.
   nlohmann::json Build(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
                        const std::string& step_name, const std::string& idempotency_key) const;
 
   // Returns a context for the business key template: input and env only.
-  nlohmann::json BuildForKey(const nlohmann::json& input) const;
+  nlohmann::json BuildForKey(const nlohmann::json& input, const std::string& tenant) const;
 
-  const nlohmann::json& env() const { return env_; }
+  // The `env` a tenant's templates read.
+  const nlohmann::json& env(const std::string& tenant) const;
 
  private:
+  const nlohmann::json& secret(const std::string& tenant) const;
+
   nlohmann::json env_ = nlohmann::json::object();
   nlohmann::json secret_ = nlohmann::json::object();
+  bool per_tenant_ = false;
+  std::map<std::string, nlohmann::json> tenant_env_;
+  std::map<std::string, nlohmann::json> tenant_secret_;
 };
 
 // Returns the idempotency key of step `index`: the one stored on its first attempt,

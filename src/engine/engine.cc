@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -84,13 +85,23 @@ class Engine::Impl {
                                         "' is not a tenant name (1 to 64 letters, digits, '.', "
                                         "'_' or '-')");
     }
-    nlohmann::json input = nlohmann::json::parse(request.input_json, nullptr, false);
-    if (input.is_discarded()) {
-      return absl::InvalidArgumentError("input is not valid JSON");
+    if (!options_.tenants.empty()) {
+      auto policy = options_.tenants.find(request.tenant);
+      if (policy == options_.tenants.end()) {
+        return absl::PermissionDeniedError("tenant '" + request.tenant +
+                                           "' is not configured on this server (tenants:)");
+      }
+      const auto& allowed = policy->second.workflows;
+      if (std::find(allowed.begin(), allowed.end(), definition.name) == allowed.end()) {
+        return absl::PermissionDeniedError("tenant '" + request.tenant + "' may not start '" +
+                                           definition.name + "' (tenants." + request.tenant +
+                                           ".workflows)");
+      }
     }
+    WS_ASSIGN_OR_RETURN(nlohmann::json input, ParseBoundedJson(request.input_json, "input"));
     if (!input.is_object()) return absl::InvalidArgumentError("input must be a JSON object");
     WS_ASSIGN_OR_RETURN(Template key_template, Template::Parse(definition.key));
-    auto key = key_template.RenderText(environment_.BuildForKey(input));
+    auto key = key_template.RenderText(environment_.BuildForKey(input, request.tenant));
     if (!key.ok()) {
       return absl::InvalidArgumentError("business key '" + definition.key +
                                         "' cannot be built from this input: " +
@@ -331,7 +342,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Store* store, HttpClient*
     return absl::InvalidArgumentError("lease duration must be at least 2s");
   }
   WS_ASSIGN_OR_RETURN(TemplateEnvironment environment,
-                      TemplateEnvironment::Load(options.secrets_file));
+                      TemplateEnvironment::Load(options.secrets_file, options.tenants));
   return std::unique_ptr<Engine>(new Engine(
       std::make_unique<Impl>(store, http, clock, random, options, std::move(environment))));
 }

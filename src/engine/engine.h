@@ -1,5 +1,6 @@
 #pragma once
 
+#include <map>
 #include <memory>
 #include <stop_token>
 #include <string>
@@ -9,6 +10,7 @@
 #include "base/random.h"
 #include "connectors/http/http_client.h"
 #include "definition/definition.h"
+#include "engine/tenant_policy.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -34,7 +36,11 @@ struct EngineOptions {
   // Take over at once the leases of dead processes on this host.
   bool reap_dead_local_owners = true;
   // File of NAME=value secrets for {{secret.NAME}}; empty: environment only.
+  // With `tenants`, these are no tenant's: each tenant renders only its own.
   std::string secrets_file;
+  // Tenants as a boundary (the server config's `tenants:`). Empty: one trust
+  // domain, every tenant may start every workflow with the process's secrets.
+  std::map<std::string, TenantPolicy> tenants;
   // Most changes per group commit.
   int max_batch = 256;
 };

@@ -28,11 +28,17 @@ std::string Shorten(std::string_view text) {
   return std::string(text.substr(0, kMaxStoredMessage)) + "...";
 }
 
-// Parses a response body; a body that is not JSON is kept as a JSON string.
-Json ParseBody(const std::string& body) {
+// Parses a response body; a body that is not JSON is kept as a JSON string. JSON
+// nested deeper than kMaxJsonDepth is refused: what a step keeps is rendered,
+// stored and serialized again, and must stay bounded.
+absl::StatusOr<Json> ParseBody(const std::string& body) {
   if (body.empty()) return nullptr;
   Json parsed = Json::parse(body, nullptr, false);
   if (parsed.is_discarded()) return body;
+  if (JsonNestsDeeperThan(body)) {
+    return absl::InvalidArgumentError("the answer nests arrays and objects deeper than " +
+                                      std::to_string(kMaxJsonDepth) + " levels");
+  }
   return parsed;
 }
 
@@ -460,7 +466,14 @@ class InstanceRunner::Impl {
     const std::string detail = Describe(response);
     switch (error_class) {
       case ErrorClass::kNone: {
-        const Json body = ParseBody(response.body);
+        auto parsed = ParseBody(response.body);
+        if (!parsed.ok()) {
+          return FailStep(step, ErrorClass::kRejected,
+                          "HTTP " + std::to_string(response.outcome.status) + ": " +
+                              std::string(parsed.status().message()),
+                          std::nullopt);
+        }
+        const Json body = std::move(*parsed);
         const Json* id = def.result_external_id.empty()
                              ? nullptr : AtPointer(body, def.result_external_id);
         if (!def.result_external_id.empty() && !HasId(id)) {
@@ -632,7 +645,13 @@ class InstanceRunner::Impl {
                    "lookup of step '" + step.name + "' was refused: HTTP " +
                        std::to_string(response.outcome.status));
     }
-    const Json body = response.outcome.status == 404 ? Json(nullptr) : ParseBody(response.body);
+    auto parsed = response.outcome.status == 404 ? absl::StatusOr<Json>(nullptr)
+                                                 : ParseBody(response.body);
+    if (!parsed.ok()) {
+      return Pause(step, AlertKind::kNeedsOperator,
+                   "lookup of step '" + step.name + "': " + std::string(parsed.status().message()));
+    }
+    const Json body = std::move(*parsed);
     auto candidates = Candidates(index, body);
     if (!candidates.ok()) {
       return Pause(step, AlertKind::kLookupContradiction,

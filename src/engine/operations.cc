@@ -9,10 +9,17 @@
 #include "engine/catalog.h"
 #include "engine/context.h"
 #include "engine/events.h"
+#include "engine/redaction.h"
 #include "model/json_text.h"
 
 namespace waystone {
 namespace {
+
+// What a change stores: without the secrets a downstream or an operator echoed.
+Change Redacted(Change change) {
+  RedactChange(change);
+  return change;
+}
 
 using Json = nlohmann::json;
 
@@ -109,7 +116,7 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
     change.events.push_back(MakeEvent("waystone.instance." + std::string(ToString(plan.state_after)),
                                       instance, nullptr, plan.status_reason, *random_, change.now));
   }
-  WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({change}));
+  WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
   WS_RETURN_IF_ERROR(results.front());
   WS_ASSIGN_OR_RETURN(InstanceRecord after, store_->GetInstance(instance.id));
   return ActionResult{plan, after, true};
@@ -235,7 +242,7 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
                          {"source", signal.source}, {"id", signal.id}};
     change.audits.push_back({0, change.now, signal.actor, instance.tenant, instance.id, "signal",
                              "event " + signal.event_type, JsonText(detail)});
-    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({change}));
+    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
     if (absl::IsAlreadyExists(results.front())) {
       // Claimed by a concurrent delivery of the same event between the check and now.
       WS_RETURN_IF_ERROR(Release(lease));

@@ -1,15 +1,16 @@
 #include "server/api_server.h"
 
 #include <map>
-#include <thread>
+#include <set>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
 #include "base/log.h"
+#include "base/redact.h"
 #include "base/sha256.h"
 #include "base/time_format.h"
+#include "base/utf8.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/lease_reaper.h"
@@ -17,6 +18,7 @@
 #include "model/json_text.h"
 #include "server/auth.h"
 #include "server/cloudevents_in.h"
+#include "server/http_front.h"
 #include "server/metrics.h"
 #include "server/problem.h"
 #include "server/request_bodies.h"
@@ -39,18 +41,161 @@ std::string StartOutcomeName(StartOutcome outcome) {
 
 using Json = nlohmann::json;
 
-void Send(httplib::Response& res, const Problem& problem, const std::string& path,
+void Send(ServerResponse& res, const Problem& problem, const std::string& path,
           const Json& extra = Json::object()) {
   res.status = problem.status;
   Json body = Json::parse(problem.ToJson(path));
   for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
-  if (problem.status == 503) res.set_header("Retry-After", "1");
-  res.set_content(JsonText(body), "application/problem+json");
+  if (problem.status == 503) res.SetHeader("Retry-After", "1");
+  res.SetContent(RedactSecrets(JsonText(body)), "application/problem+json");
 }
 
-void SendJson(httplib::Response& res, int status, const Json& body) {
+// Every answer passes RedactSecrets: previews render templates now, and a secret
+// must not leave in one.
+void SendJson(ServerResponse& res, int status, const Json& body) {
   res.status = status;
-  res.set_content(JsonText(body), "application/json");
+  res.SetContent(RedactSecrets(JsonText(body)), "application/json");
+}
+
+// The routes of the API.
+enum class RouteId {
+  kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
+  kAcknowledge, kEvents,
+};
+
+struct RouteSpec {
+  RouteId id;
+  const char* method;
+  Role role;              // the least role; kNone-like routes set `open`
+  bool open;              // no token needed
+  bool writes;            // needs an engine
+  std::set<std::string> params;  // the query parameters it takes
+};
+
+// A request matched to its route, with what its path named; kept from the screen
+// for the handler.
+struct Screened {
+  const RouteSpec* route = nullptr;
+  std::string key;     // instance routes
+  std::string action;  // kAct
+  int64_t alert_id = 0;
+  Principal principal;
+};
+
+const RouteSpec kRoutes[] = {
+    {RouteId::kHealth, "GET", Role::kViewer, true, false, {}},
+    {RouteId::kReady, "GET", Role::kViewer, true, false, {}},
+    {RouteId::kMetrics, "GET", Role::kAdmin, false, false, {}},
+    {RouteId::kOpenApi, "GET", Role::kViewer, true, false, {}},
+    {RouteId::kListInstances, "GET", Role::kViewer, false, false,
+     {"tenant", "workflow", "state", "error_class", "alert", "created_after", "created_before",
+      "limit", "cursor"}},
+    {RouteId::kStart, "POST", Role::kOperator, false, true, {}},
+    {RouteId::kShow, "GET", Role::kViewer, false, false, {"tenant"}},
+    {RouteId::kAct, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
+    {RouteId::kListAlerts, "GET", Role::kViewer, false, false, {"tenant", "state"}},
+    {RouteId::kAcknowledge, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
+    {RouteId::kEvents, "POST", Role::kOperator, false, true, {}},
+};
+
+const RouteSpec& Spec(RouteId id) {
+  for (const RouteSpec& spec : kRoutes) {
+    if (spec.id == id) return spec;
+  }
+  return kRoutes[0];
+}
+
+// Matches a path to the routes that serve it (GET and POST may share a path).
+// Instance keys may hold '/': an action is the last segment.
+std::vector<Screened> MatchPath(const std::string& path) {
+  std::vector<Screened> out;
+  auto add = [&out](RouteId id, std::string key = "", std::string action = "",
+                    int64_t alert = 0) {
+    out.push_back({&Spec(id), std::move(key), std::move(action), alert, {}});
+  };
+  if (path == "/healthz") add(RouteId::kHealth);
+  else if (path == "/readyz") add(RouteId::kReady);
+  else if (path == "/metrics") add(RouteId::kMetrics);
+  else if (path == "/v1/openapi.json") add(RouteId::kOpenApi);
+  else if (path == "/v1/instances") {
+    add(RouteId::kListInstances);
+    add(RouteId::kStart);
+  } else if (path == "/v1/alerts") {
+    add(RouteId::kListAlerts);
+  } else if (path == "/v1/events") {
+    add(RouteId::kEvents);
+  } else if (path.starts_with("/v1/alerts/") && path.ends_with("/acknowledge")) {
+    const std::string id = path.substr(11, path.size() - 11 - 12);
+    if (!id.empty() && id.size() <= 18 &&
+        id.find_first_not_of("0123456789") == std::string::npos) {
+      add(RouteId::kAcknowledge, "", "", std::stoll(id));
+    }
+  } else if (path.starts_with("/v1/instances/") && path.size() > 14) {
+    const std::string rest = path.substr(14);
+    add(RouteId::kShow, rest);
+    const size_t slash = rest.rfind('/');
+    if (slash != std::string::npos && slash > 0) {
+      const std::string action = rest.substr(slash + 1);
+      if (ParseOperatorAction(action)) add(RouteId::kAct, rest.substr(0, slash), action);
+    }
+  }
+  return out;
+}
+
+// The one reading of `dry_run`: exactly true or false.
+std::optional<bool> DryRun(const ServerRequest& req) {
+  const std::string* value = req.Query("dry_run");
+  if (value == nullptr) return false;
+  if (*value == "true") return true;
+  if (*value == "false") return false;
+  return std::nullopt;
+}
+
+// Checks the query against the route: known names only, each at most once,
+// booleans exactly true or false. The reason when refused.
+std::optional<std::string> CheckQuery(const ServerRequest& req, const RouteSpec& route) {
+  for (const auto& [name, value] : req.query) {
+    if (!route.params.contains(name)) {
+      return "unknown query parameter '" + name + "'" +
+             (route.params.empty() ? std::string(" (this route takes none)") : std::string());
+    }
+    if (req.QueryCount(name) > 1) return "query parameter '" + name + "' is given more than once";
+  }
+  if (!DryRun(req)) return "dry_run must be exactly true or false";
+  return std::nullopt;
+}
+
+// The query parameter, or "" when absent (CheckQuery ran: never repeated).
+std::string Param(const ServerRequest& req, std::string_view name) {
+  const std::string* value = req.Query(name);
+  return value == nullptr ? "" : *value;
+}
+
+std::string HexOf(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : text) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+std::optional<std::string> FromHex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    auto digit = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    const int high = digit(hex[i]);
+    const int low = digit(hex[i + 1]);
+    if (high < 0 || low < 0) return std::nullopt;
+    out.push_back(static_cast<char>(high * 16 + low));
+  }
+  return out;
 }
 
 Json PlanJson(const ActionPlan& plan) {
@@ -96,80 +241,124 @@ class ApiServer::Impl {
         owner_(engine != nullptr ? engine->owner() + "/api" : MakeOwnerName("api")) {
     for (const EventRoute& route : options_.events) routes_[route.type] = route;
   }
-  ~Impl() {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
 
   absl::Status Listen() {
-    const size_t colon = options_.listen.rfind(':');
-    if (colon == std::string::npos) {
-      return absl::InvalidArgumentError("--listen '" + options_.listen + "' is not host:port");
-    }
-    const std::string host = options_.listen.substr(0, colon);
-    const int port = std::atoi(options_.listen.substr(colon + 1).c_str());
-    server_.set_payload_max_length(options_.max_body_bytes);
-    server_.set_read_timeout(options_.read_timeout_seconds, 0);
-    server_.set_write_timeout(10, 0);
-    server_.set_keep_alive_timeout(2);
-    // Headers and body go out in separate writes: without this, Nagle's algorithm
-    // and the client's delayed ACK add ~40 ms to every response.
-    server_.set_tcp_nodelay(true);
-    server_.set_exception_handler([](const httplib::Request& req, httplib::Response& res,
-                                     std::exception_ptr) {
-      Send(res, ProblemFromStatus(absl::InternalError("handler threw")), req.path);
-    });
-    server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;  // a handler already wrote a problem
-      if (res.status == 413) {
-        Send(res, {413, "urn:waystone:problem:payload-too-large", "Request body too large", ""},
-             req.path);
-      } else if (res.status == 404) {
-        Send(res, NotFound("no route " + req.method + " " + req.path), req.path);
-      } else if (res.status == 400) {
-        Send(res, BadRequest("the request could not be read"), req.path);
-      }
-    });
-    Routes();
-    port_ = port == 0 ? server_.bind_to_any_port(host)
-                      : (server_.bind_to_port(host, port) ? port : -1);
-    if (port_ <= 0) return absl::UnavailableError("cannot listen on " + options_.listen);
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    // stop() is a no-op before the loop runs: wait for it so destruction cannot hang.
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    HttpFrontOptions front;
+    front.listen = options_.listen;
+    front.max_body_bytes = options_.max_body_bytes;
+    front.request_deadline_seconds = options_.read_timeout_seconds;
+    front.max_connections = options_.max_connections;
+    front.handler_threads = options_.handler_threads;
+    auto started = HttpFront::Start(
+        front, [this](ServerRequest& head, ServerResponse& res) { return Screen(head, res); },
+        [this](const ServerRequest& req, ServerResponse& res) { Handle(req, res); });
+    if (!started.ok()) return started.status();
+    front_ = std::move(*started);
     return absl::OkStatus();
   }
 
-  int port() const { return port_; }
+  int port() const { return front_->port(); }
+
+  // Everything a request can be refused for before its body is read: its route,
+  // method, query, token and role. Keeps the match and the principal for Handle.
+  bool Screen(ServerRequest& head, ServerResponse& res) {
+    std::vector<Screened> matches = MatchPath(head.path);
+    if (matches.empty()) {
+      Send(res, NotFound("no route " + head.method + " " + head.path), head.path);
+      return true;
+    }
+    auto match = std::find_if(matches.begin(), matches.end(), [&](const Screened& m) {
+      return head.method == m.route->method;
+    });
+    if (match == matches.end()) {
+      std::string allow;
+      for (const Screened& m : matches) allow += (allow.empty() ? "" : ", ") + std::string(m.route->method);
+      res.SetHeader("Allow", allow);
+      Send(res, {405, "urn:waystone:problem:method-not-allowed", "Method not allowed",
+                 head.method + " " + head.path + " is not served; use " + allow},
+           head.path);
+      return true;
+    }
+    if (auto why = CheckQuery(head, *match->route)) {
+      Send(res, BadRequest(*why), head.path);
+      return true;
+    }
+    if (!match->route->open) {
+      const std::string* authorization = head.Header("authorization");
+      auto principal = Authenticate(*store_, authorization ? *authorization : "",
+                                    clock_->NowMillis());
+      if (!principal.ok()) {
+        Send(res, ProblemFromStatus(principal.status()), head.path);
+        return true;
+      }
+      const Role need = match->route->role;
+      if (static_cast<int>(principal->role) < static_cast<int>(need)) {
+        Send(res, Forbidden("this route needs the " + std::string(RoleName(need)) + " role"),
+             head.path);
+        return true;
+      }
+      match->principal = *principal;
+    }
+    if (match->route->writes && engine_ == nullptr) {
+      Send(res, ProblemFromStatus(absl::UnavailableError("read-only server")), head.path);
+      return true;
+    }
+    head.screened = std::move(*match);
+    return false;
+  }
+
+  void Handle(const ServerRequest& req, ServerResponse& res) {
+    const auto& match = std::any_cast<const Screened&>(req.screened);
+    const Principal& principal = match.principal;
+    switch (match.route->id) {
+      case RouteId::kHealth:
+        return res.SetContent("ok\n", "text/plain");
+      case RouteId::kReady: {
+        auto summary = store_->Summary();
+        if (!summary.ok()) return Send(res, ProblemFromStatus(summary.status()), req.path);
+        return res.SetContent("ready\n", "text/plain");
+      }
+      case RouteId::kMetrics: {
+        auto text = RenderMetrics(*store_, clock_->NowMillis());
+        if (!text.ok()) return Send(res, ProblemFromStatus(text.status()), req.path);
+        return res.SetContent(*text, "text/plain; version=0.0.4; charset=utf-8");
+      }
+      case RouteId::kOpenApi:
+        return res.SetContent(std::string(OpenApiDocument()), "application/json");
+      case RouteId::kListInstances:
+        return ListInstances(principal, req, res);
+      case RouteId::kStart:
+        return Idempotent(principal, req, res, [&] { StartInstance(principal, req, res); });
+      case RouteId::kShow:
+        return Show(principal, match.key, req, res);
+      case RouteId::kAct:
+        return Idempotent(principal, req, res,
+                          [&] { Act(principal, match.key, match.action, req, res); });
+      case RouteId::kListAlerts:
+        return ListAlerts(principal, req, res);
+      case RouteId::kAcknowledge:
+        return Idempotent(principal, req, res,
+                          [&] { Acknowledge(principal, match.alert_id, req, res); });
+      case RouteId::kEvents:
+        return Idempotent(principal, req, res, [&] { ReceiveEvents(principal, req, res); });
+    }
+  }
 
  private:
-  // Authenticates the request and checks the role; writes the problem and returns
-  // nullopt when refused.
-  std::optional<Principal> Allow(const httplib::Request& req, httplib::Response& res, Role need) {
-    auto principal = Authenticate(*store_, req.get_header_value("Authorization"));
-    if (!principal.ok()) {
-      Send(res, ProblemFromStatus(principal.status()), req.path);
-      return std::nullopt;
-    }
-    if (static_cast<int>(principal->role) < static_cast<int>(need)) {
-      Send(res, Forbidden("this route needs the " + std::string(need == Role::kAdmin ? "admin" : "operator") +
-                          " role"),
-           req.path);
-      return std::nullopt;
-    }
-    return *principal;
+  static const char* RoleName(Role role) {
+    return role == Role::kAdmin ? "admin" : role == Role::kOperator ? "operator" : "viewer";
   }
 
   // The tenant a request reads: the token's, or ?tenant= for an all-tenants token.
-  std::optional<std::string> TenantOf(const Principal& p, const httplib::Request& req) {
-    const std::string asked = req.get_param_value("tenant");
+  std::optional<std::string> TenantOf(const Principal& p, const ServerRequest& req) {
+    const std::string asked = Param(req, "tenant");
     if (p.tenant == "*") return asked.empty() ? std::nullopt : std::optional<std::string>(asked);
     return p.tenant;
   }
 
   // The one tenant a write acts in: the token's, or `asked` for an all-tenants token.
   std::optional<std::string> WriteTenant(const Principal& p, const std::string& asked,
-                                         const httplib::Request& req, httplib::Response& res) {
+                                         const ServerRequest& req, ServerResponse& res) {
     if (p.tenant == "*") {
       if (asked.empty()) {
         Send(res, BadRequest("an all-tenants token must name the tenant"), req.path);
@@ -184,13 +373,12 @@ class ApiServer::Impl {
     return p.tenant;
   }
 
-  // Parses a JSON object body; writes a problem and returns nullopt otherwise.
   // Parses a JSON body with `parse` (request_bodies.h), answering 415 or 400 itself.
   template <typename Parse>
-  auto JsonBody(const httplib::Request& req, httplib::Response& res, Parse parse)
+  auto JsonBody(const ServerRequest& req, ServerResponse& res, Parse parse)
       -> std::optional<typename decltype(parse(req.body))::value_type> {
-    const std::string type = req.get_header_value("Content-Type");
-    if (!req.body.empty() && !type.empty() && !type.starts_with("application/json")) {
+    const std::string* type = req.Header("content-type");
+    if (!req.body.empty() && type != nullptr && !type->starts_with("application/json")) {
       Send(res, {415, "urn:waystone:problem:unsupported-media-type", "Unsupported media type",
                  "send application/json"},
            req.path);
@@ -204,21 +392,15 @@ class ApiServer::Impl {
     return std::move(*parsed);
   }
 
-  // Reads an optional string member; writes a problem when it has another type.
-  bool NeedEngine(const httplib::Request& req, httplib::Response& res) {
-    if (engine_ != nullptr) return true;
-    Send(res, ProblemFromStatus(absl::UnavailableError("read-only server")), req.path);
-    return false;
-  }
-
   // Runs `handle` under the request's Idempotency-Key, if it has one
   // (draft-ietf-httpapi-idempotency-key-header): a repeated key replays the stored
   // response, a key in flight is 409, a key reused for another request is 422.
   template <typename Handle>
-  void Idempotent(const Principal& principal, const httplib::Request& req,
-                  httplib::Response& res, Handle&& handle) {
-    if (!req.has_header("Idempotency-Key")) return handle();
-    const std::string key = req.get_header_value("Idempotency-Key");
+  void Idempotent(const Principal& principal, const ServerRequest& req, ServerResponse& res,
+                  Handle&& handle) {
+    const std::string* header = req.Header("idempotency-key");
+    if (header == nullptr) return handle();
+    const std::string key = *header;
     if (!ValidIdempotencyKey(key)) {
       return Send(res, BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters"),
                   req.path);
@@ -228,8 +410,8 @@ class ApiServer::Impl {
     record.tenant = principal.tenant;
     record.key = key;
     record.request_hash = Sha256Hex(req.method + " " + req.path + " dry_run=" +
-                                    req.get_param_value("dry_run") + " tenant=" +
-                                    req.get_param_value("tenant") + "\n" + req.body);
+                                    Param(req, "dry_run") + " tenant=" + Param(req, "tenant") +
+                                    "\n" + req.body);
     record.created_at = now;
     record.expires_at = now + options_.idempotency_retention;
     record.owner = owner_;
@@ -244,7 +426,7 @@ class ApiServer::Impl {
     if (!claim.ok()) return Send(res, ProblemFromStatus(claim.status()), req.path);
     switch (claim->outcome) {
       case ApiRequestOutcome::kInFlight:
-        res.set_header("Retry-After", "1");
+        res.SetHeader("Retry-After", "1");
         return Send(res, {409, "urn:waystone:problem:idempotency-key-in-flight",
                           "A request with this Idempotency-Key is being processed",
                           "retry after it finished"},
@@ -257,8 +439,8 @@ class ApiServer::Impl {
                     req.path);
       case ApiRequestOutcome::kReplay:
         res.status = claim->stored.status;
-        res.set_header("Idempotent-Replayed", "true");
-        res.set_content(claim->stored.body, claim->stored.content_type);
+        res.SetHeader("Idempotent-Replayed", "true");
+        res.SetContent(claim->stored.body, claim->stored.content_type);
         return;
       case ApiRequestOutcome::kNew:
         break;
@@ -270,7 +452,7 @@ class ApiServer::Impl {
       return;
     }
     record.status = res.status;
-    record.content_type = res.get_header_value("Content-Type");
+    record.content_type = res.Header("Content-Type");
     record.body = res.body;
     record.done = true;
     if (auto stored = store_->FinishApiRequest(record); !stored.ok()) {
@@ -278,75 +460,25 @@ class ApiServer::Impl {
     }
   }
 
-  void Routes() {
-    server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("ok\n", "text/plain");
-    });
-    server_.Get("/readyz", [this](const httplib::Request& req, httplib::Response& res) {
-      auto summary = store_->Summary();
-      if (!summary.ok()) return Send(res, ProblemFromStatus(summary.status()), req.path);
-      res.set_content("ready\n", "text/plain");
-    });
-    server_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-      auto text = RenderMetrics(*store_, clock_->NowMillis());
-      if (!text.ok()) return Send(res, ProblemFromStatus(text.status()), req.path);
-      res.set_content(*text, "text/plain; version=0.0.4; charset=utf-8");
-    });
-    server_.Get("/v1/openapi.json", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(std::string(OpenApiDocument()), "application/json");
-    });
-    server_.Get("/v1/instances", [this](const httplib::Request& req, httplib::Response& res) {
-      ListInstances(req, res);
-    });
-    server_.Post("/v1/instances", [this](const httplib::Request& req, httplib::Response& res) {
-      auto principal = Allow(req, res, Role::kOperator);
-      if (!principal || !NeedEngine(req, res)) return;
-      Idempotent(*principal, req, res, [&] { StartInstance(*principal, req, res); });
-    });
-    server_.Get(R"(/v1/instances/(.+))", [this](const httplib::Request& req,
-                                                httplib::Response& res) {
-      auto principal = Allow(req, res, Role::kViewer);
-      if (!principal) return;
-      auto tenant = TenantOf(*principal, req);
-      const std::string key = req.matches[1];
-      if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
-      auto instance = store_->FindInstance(*tenant, key);
-      // Another tenant's instance and a missing one look the same.
-      if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
-      auto view = InstanceViewJson(*store_, *instance);
-      if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
-      res.set_content(*view, "application/json");
-    });
-    server_.Post(R"(/v1/instances/(.+)/(retry|confirm|compensate|skip|close))",
-                 [this](const httplib::Request& req, httplib::Response& res) {
-                   auto principal = Allow(req, res, Role::kOperator);
-                   if (!principal || !NeedEngine(req, res)) return;
-                   Idempotent(*principal, req, res, [&] { Act(*principal, req, res); });
-                 });
-    server_.Get("/v1/alerts", [this](const httplib::Request& req, httplib::Response& res) {
-      ListAlerts(req, res);
-    });
-    server_.Post(R"(/v1/alerts/(\d+)/acknowledge)", [this](const httplib::Request& req,
-                                                         httplib::Response& res) {
-      auto principal = Allow(req, res, Role::kOperator);
-      if (!principal || !NeedEngine(req, res)) return;
-      Idempotent(*principal, req, res, [&] { Acknowledge(*principal, req, res); });
-    });
-    server_.Post("/v1/events", [this](const httplib::Request& req, httplib::Response& res) {
-      auto principal = Allow(req, res, Role::kOperator);
-      if (!principal || !NeedEngine(req, res)) return;
-      Idempotent(*principal, req, res, [&] { ReceiveEvents(*principal, req, res); });
-    });
+  void Show(const Principal& principal, const std::string& key, const ServerRequest& req,
+            ServerResponse& res) {
+    auto tenant = TenantOf(principal, req);
+    if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
+    auto instance = store_->FindInstance(*tenant, key);
+    // Another tenant's instance and a missing one look the same.
+    if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
+    auto view = InstanceViewJson(*store_, *instance);
+    if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
+    res.SetContent(RedactSecrets(*view), "application/json");
   }
 
-  void ListInstances(const httplib::Request& req, httplib::Response& res) {
-    auto principal = Allow(req, res, Role::kViewer);
-    if (!principal) return;
+  void ListInstances(const Principal& principal, const ServerRequest& req, ServerResponse& res) {
     InstanceFilter filter;
-    filter.tenant = TenantOf(*principal, req);
-    auto param = [&](const char* name) { return req.get_param_value(name); };
-    if (req.has_param("workflow")) filter.workflow = param("workflow");
-    if (req.has_param("state")) {
+    filter.tenant = TenantOf(principal, req);
+    auto param = [&](const char* name) { return Param(req, name); };
+    auto has = [&](const char* name) { return req.Query(name) != nullptr; };
+    if (has("workflow")) filter.workflow = param("workflow");
+    if (has("state")) {
       auto state = ParseInstanceState(param("state"));
       if (!state) {
         return Send(res, BadRequest("state '" + param("state") + "' is not an instance state"),
@@ -354,7 +486,7 @@ class ApiServer::Impl {
       }
       filter.state = *state;
     }
-    if (req.has_param("error_class")) {
+    if (has("error_class")) {
       auto error_class = ParseErrorClass(param("error_class"));
       if (!error_class || *error_class == ErrorClass::kNone) {
         return Send(res, BadRequest("error_class must be transient, rejected or unknown"),
@@ -362,7 +494,7 @@ class ApiServer::Impl {
       }
       filter.error_class = *error_class;
     }
-    if (req.has_param("alert")) {
+    if (has("alert")) {
       if (param("alert") == "any") {
         filter.with_alert = true;
       } else if (auto kind = ParseAlertKind(param("alert"))) {
@@ -375,7 +507,7 @@ class ApiServer::Impl {
     }
     for (const auto& [name, field] : {std::pair{"created_after", &filter.created_from},
                                       std::pair{"created_before", &filter.created_to}}) {
-      if (!req.has_param(name)) continue;
+      if (!has(name)) continue;
       auto at = ParseRfc3339(param(name));
       if (!at) {
         return Send(res, BadRequest(std::string(name) + " must be an RFC 3339 time such as "
@@ -384,7 +516,7 @@ class ApiServer::Impl {
       }
       *field = *at;
     }
-    if (req.has_param("limit")) {
+    if (has("limit")) {
       const std::string text = param("limit");
       const int limit = std::atoi(text.c_str());
       if (limit < 1 || limit > 1000 || std::to_string(limit) != text) {
@@ -392,14 +524,25 @@ class ApiServer::Impl {
       }
       filter.limit = limit;
     }
-    if (req.has_param("cursor")) {
-      const std::string text = param("cursor");
-      char* end = nullptr;
-      const long long after = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || after < 0) {
+    if (has("cursor")) {
+      // Opaque: it names the last instance of the page (tenant and key), never a
+      // number that counts other tenants' instances.
+      auto named = FromHex(param("cursor"));
+      const size_t cut = named ? named->find('\n') : std::string::npos;
+      if (cut == std::string::npos) {
         return Send(res, BadRequest("cursor is not one this server returned"), req.path);
       }
-      filter.after_id = after;
+      const std::string tenant = named->substr(0, cut);
+      if (!principal.Sees(tenant)) {
+        return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+      }
+      auto last = store_->FindInstance(tenant, named->substr(cut + 1));
+      if (absl::IsNotFound(last.status())) {
+        return Send(res, BadRequest("the cursor's page is gone (collected); list from the start"),
+                    req.path);
+      }
+      if (!last.ok()) return Send(res, ProblemFromStatus(last.status()), req.path);
+      filter.after_id = last->id;
     }
     const int page = filter.limit;
     filter.limit = page + 1;  // one more tells whether there is a next page
@@ -409,7 +552,8 @@ class ApiServer::Impl {
     Json next = nullptr;
     for (size_t i = 0; i < instances->size(); ++i) {
       if (static_cast<int>(i) == page) {
-        next = std::to_string((*instances)[i - 1].id);
+        const InstanceRecord& last = (*instances)[i - 1];
+        next = HexOf(last.tenant + "\n" + last.key);
         break;
       }
       items.push_back(wire::InstanceSummary((*instances)[i]));
@@ -417,8 +561,7 @@ class ApiServer::Impl {
     SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
   }
 
-  void StartInstance(const Principal& principal, const httplib::Request& req,
-                     httplib::Response& res) {
+  void StartInstance(const Principal& principal, const ServerRequest& req, ServerResponse& res) {
     auto body = JsonBody(req, res, ParseStartBody);
     if (!body) return;
     const std::string& workflow = body->workflow;
@@ -436,6 +579,9 @@ class ApiServer::Impl {
     start.input_json = body->input_json;
     auto started = engine_->StartInstance(*definition, start);
     if (!started.ok()) {
+      if (absl::IsPermissionDenied(started.status())) {
+        return Send(res, Forbidden(std::string(started.status().message())), req.path);
+      }
       if (absl::IsFailedPrecondition(started.status())) {
         return Send(res, {409, "urn:waystone:problem:business-key-conflict",
                           "The business key is held with other input or by another workflow",
@@ -446,7 +592,7 @@ class ApiServer::Impl {
     }
     CrashPoint("api-started", workflow);
     const bool created = started->outcome == StartOutcome::kCreated;
-    res.set_header("Location", "/v1/instances/" + started->instance.key);
+    res.SetHeader("Location", "/v1/instances/" + started->instance.key);
     Json out = wire::InstanceSummary(started->instance);
     out["created"] = created;
     if (started->tombstone) {
@@ -457,21 +603,16 @@ class ApiServer::Impl {
     SendJson(res, created ? 201 : 200, out);
   }
 
-  void Act(const Principal& principal, const httplib::Request& req, httplib::Response& res) {
-    const std::string key = req.matches[1];
-    const std::string action_name = req.matches[2];
+  void Act(const Principal& principal, const std::string& key, const std::string& action_name,
+           const ServerRequest& req, ServerResponse& res) {
     auto body = JsonBody(req, res, ParseActionBody);
     if (!body) return;
-    auto tenant = WriteTenant(principal, req.get_param_value("tenant"), req, res);
+    auto tenant = WriteTenant(principal, Param(req, "tenant"), req, res);
     if (!tenant) return;
     OperatorRequest request = *body;
     request.action = *ParseOperatorAction(action_name);
     request.actor = principal.token_name;
-    const std::string dry = req.get_param_value("dry_run");
-    if (!dry.empty() && dry != "true" && dry != "false") {
-      return Send(res, BadRequest("dry_run must be true or false"), req.path);
-    }
-    request.dry_run = dry == "true";
+    request.dry_run = DryRun(req).value_or(false);
     auto result = engine_->operations().Apply(*tenant, key, request);
     if (!result.ok()) return Send(res, ProblemFromStatus(result.status()), req.path);
     Json out = PlanJson(result->plan);
@@ -482,19 +623,17 @@ class ApiServer::Impl {
     SendJson(res, 200, out);
   }
 
-  void ListAlerts(const httplib::Request& req, httplib::Response& res) {
-    auto principal = Allow(req, res, Role::kViewer);
-    if (!principal) return;
+  void ListAlerts(const Principal& principal, const ServerRequest& req, ServerResponse& res) {
     std::optional<AlertState> state;
-    if (req.has_param("state")) {
-      state = ParseAlertState(req.get_param_value("state"));
+    if (req.Query("state") != nullptr) {
+      state = ParseAlertState(Param(req, "state"));
       if (!state) {
         return Send(res, BadRequest("state must be open, acknowledged or resolved"), req.path);
       }
     }
     auto alerts = store_->ListAlerts(0);
     if (!alerts.ok()) return Send(res, ProblemFromStatus(alerts.status()), req.path);
-    auto tenant = TenantOf(*principal, req);
+    auto tenant = TenantOf(principal, req);
     std::map<int64_t, std::string> keys;
     Json items = Json::array();
     for (const auto& a : *alerts) {
@@ -510,21 +649,19 @@ class ApiServer::Impl {
     SendJson(res, 200, {{"items", items}});
   }
 
-  void Acknowledge(const Principal& principal, const httplib::Request& req,
-                   httplib::Response& res) {
+  void Acknowledge(const Principal& principal, int64_t id, const ServerRequest& req,
+                   ServerResponse& res) {
     auto body = JsonBody(req, res, ParseReasonBody);
     if (!body) return;
     const std::string& reason = *body;
-    const std::string dry = req.get_param_value("dry_run");
-    const int64_t id = std::strtoll(std::string(req.matches[1]).c_str(), nullptr, 10);
+    const bool dry = DryRun(req).value_or(false);
     auto alert = engine_->operations().AcknowledgeAlert(principal.tenant, id,
-                                                        principal.token_name, reason,
-                                                        dry == "true");
+                                                        principal.token_name, reason, dry);
     if (!alert.ok()) return Send(res, ProblemFromStatus(alert.status()), req.path);
     auto instance = store_->GetInstance(alert->instance_id);
     Json out = wire::Alert(*alert, instance.ok() ? instance->key : "");
-    out["dry_run"] = dry == "true";
-    if (dry == "true") out["state_after"] = "acknowledged";
+    out["dry_run"] = dry;
+    if (dry) out["state_after"] = "acknowledged";
     SendJson(res, 200, out);
   }
 
@@ -537,18 +674,25 @@ class ApiServer::Impl {
     std::string key;                                       // signal
   };
 
-  void ReceiveEvents(const Principal& principal, const httplib::Request& req,
-                     httplib::Response& res) {
+  void ReceiveEvents(const Principal& principal, const ServerRequest& req, ServerResponse& res) {
+    // Every attribute is text: checked before anything is claimed or committed.
+    for (const auto& [name, value] : req.headers) {
+      if (name.starts_with("ce-") && FirstInvalidUtf8(value) != std::string::npos) {
+        return Send(res, BadRequest("header " + name + " is not UTF-8 text"), req.path);
+      }
+    }
     auto header = [&req](std::string_view name) -> std::optional<std::string> {
-      const std::string n(name);
-      if (!req.has_header(n)) return std::nullopt;
-      return req.get_header_value(n);
+      std::string lower(name);
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const std::string* value = req.Header(lower);
+      if (value == nullptr) return std::nullopt;
+      return *value;
     };
-    auto events = ParseCloudEvents(req.get_header_value("Content-Type"), header, req.body);
+    const std::string content_type = header("content-type").value_or("");
+    auto events = ParseCloudEvents(content_type, header, req.body);
     if (!events.ok()) return Send(res, ProblemFromStatus(events.status()), req.path);
     const bool batch = events->size() > 1 ||
-                       req.get_header_value("Content-Type").starts_with(
-                           "application/cloudevents-batch+json");
+                       content_type.starts_with("application/cloudevents-batch+json");
     std::vector<Routed> routed;
     for (size_t i = 0; i < events->size(); ++i) {
       IncomingEvent& event = (*events)[i];
@@ -574,7 +718,7 @@ class ApiServer::Impl {
         }
         r.tenant = principal.tenant;
       }
-      const Json data = Json::parse(event.data_json, nullptr, false);
+      const Json data = Json::parse(event.data_json, nullptr, false);  // ours, bounded
       if (!r.route->start.empty()) {
         r.definition = engine_->catalog().Current(r.route->start);
         if (r.definition == nullptr) {
@@ -676,9 +820,8 @@ class ApiServer::Impl {
   Engine* engine_;
   std::string owner_;  // names this server on its Idempotency-Key claims
   std::map<std::string, EventRoute> routes_;
-  httplib::Server server_;
-  std::thread thread_;
-  int port_ = -1;
+  // Last: destroyed first, so no handler runs once the rest is gone.
+  std::unique_ptr<HttpFront> front_;
 };
 
 ApiServer::ApiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -18,8 +18,12 @@ struct ApiServerOptions {
   std::string listen = "127.0.0.1:8080";
   // Request bodies larger than this are refused with 413.
   size_t max_body_bytes = 1 << 20;
-  // Seconds a client may take to send a request.
+  // Seconds a client may take to send a whole request, head and body.
   int read_timeout_seconds = 10;
+  // Open connections at most; more are answered 503 and closed.
+  int max_connections = 1024;
+  // Threads that run handlers; slow clients never hold one.
+  int handler_threads = 8;
   // How long an Idempotency-Key pins its request and stored response.
   Millis idempotency_retention = 24LL * 3600 * 1000;
   // A key still in flight after this long belongs to a server that died: reclaimed.

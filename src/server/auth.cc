@@ -2,6 +2,7 @@
 
 #include "base/secure_token.h"
 #include "base/sha256.h"
+#include "base/utf8.h"
 #include "model/keys.h"
 
 namespace waystone {
@@ -14,22 +15,35 @@ std::optional<Role> ParseRole(std::string_view text) {
 }
 
 absl::StatusOr<std::string> CreateToken(Store& store, const std::string& name,
-                                        const std::string& tenant, Role role, Millis now) {
+                                        const std::string& tenant, Role role, Millis now,
+                                        Millis expires_at) {
   if (tenant != "*" && !ValidTenantName(tenant)) {
     return absl::InvalidArgumentError("a token needs a tenant (1 to 64 letters, digits, '.', '_' "
                                       "or '-') or '*'");
+  }
+  if (tenant == "*" && role != Role::kAdmin) {
+    return absl::InvalidArgumentError("only an admin token may be for every tenant ('*'); give a "
+                                      "viewer or operator token one tenant");
+  }
+  if (name.empty() || name.size() > 128 || FirstInvalidUtf8(name) != std::string::npos ||
+      name.find_first_of("\r\n\t") != std::string::npos) {
+    return absl::InvalidArgumentError("a token needs a name of 1 to 128 characters, on one line");
+  }
+  if (expires_at != 0 && expires_at <= now) {
+    return absl::InvalidArgumentError("the token would expire before it is made");
   }
   const std::string secret = SecureRandomHex(32);
   if (secret.empty()) return absl::InternalError("no randomness for a token");
   const std::string token = "wst_" + secret;
   const char* role_name = role == Role::kAdmin ? "admin" : role == Role::kOperator ? "operator"
                                                                                   : "viewer";
-  auto status = store.PutToken({Sha256Hex(token), name, tenant, role_name, now, 0});
+  auto status = store.PutToken({Sha256Hex(token), name, tenant, role_name, now, 0, expires_at});
   if (!status.ok()) return status;
   return token;
 }
 
-absl::StatusOr<Principal> Authenticate(Store& store, const std::string& authorization) {
+absl::StatusOr<Principal> Authenticate(Store& store, const std::string& authorization,
+                                       Millis now) {
   constexpr std::string_view kBearer = "Bearer ";
   if (!authorization.starts_with(kBearer) || authorization.size() == kBearer.size()) {
     return absl::UnauthenticatedError("send 'Authorization: Bearer <token>'");
@@ -38,6 +52,9 @@ absl::StatusOr<Principal> Authenticate(Store& store, const std::string& authoriz
   if (absl::IsNotFound(token.status())) return absl::UnauthenticatedError("unknown token");
   if (!token.ok()) return token.status();
   if (token->revoked_at != 0) return absl::UnauthenticatedError("revoked token");
+  if (token->expires_at != 0 && token->expires_at <= now) {
+    return absl::UnauthenticatedError("expired token");
+  }
   auto role = ParseRole(token->role);
   if (!role) return absl::UnauthenticatedError("token has an unknown role");
   return Principal{token->name, token->tenant, *role};

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/utf8.h"
 #include "model/json_text.h"
 
 namespace waystone {
@@ -65,8 +66,9 @@ absl::StatusOr<std::vector<IncomingEvent>> ParseCloudEvents(std::string_view con
   const std::string_view media = content_type.substr(0, content_type.find(';'));
   std::vector<IncomingEvent> events;
   if (media == "application/cloudevents+json" || media == "application/cloudevents-batch+json") {
-    const Json parsed = Json::parse(body, nullptr, false);
-    if (parsed.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
+    auto bounded = ParseBoundedJson(body, "the body");
+    if (!bounded.ok()) return bounded.status();
+    const Json& parsed = *bounded;
     if (media == "application/cloudevents+json") {
       auto event = FromStructured(parsed, "");
       if (!event.ok()) return event.status();
@@ -86,6 +88,14 @@ absl::StatusOr<std::vector<IncomingEvent>> ParseCloudEvents(std::string_view con
   }
   // Binary mode: the attributes are ce-* headers, the body is the data.
   IncomingEvent event;
+  for (const char* attribute : {"specversion", "id", "source", "type", "subject", "tenant",
+                                "time", "dataschema"}) {
+    auto value = header(std::string("ce-") + attribute);
+    if (value && FirstInvalidUtf8(*value) != std::string::npos) {
+      return absl::InvalidArgumentError(std::string("header ce-") + attribute +
+                                        " is not UTF-8 text");
+    }
+  }
   for (const char* attribute : kRequired) {
     auto value = header(std::string("ce-") + attribute);
     if (!value || value->empty()) {
@@ -103,12 +113,15 @@ absl::StatusOr<std::vector<IncomingEvent>> ParseCloudEvents(std::string_view con
   if (body.empty()) {
     event.data_json = "null";
   } else if (IsJsonType(content_type)) {
-    const Json data = Json::parse(body, nullptr, false);
-    if (data.is_discarded()) {
-      return absl::InvalidArgumentError("the body (the event's data) is not valid JSON");
-    }
-    event.data_json = JsonText(data);
+    auto data = ParseBoundedJson(body, "the body (the event's data)");
+    if (!data.ok()) return data.status();
+    event.data_json = JsonText(*data);
   } else {
+    // Kept as a JSON string: it must be text.
+    if (const size_t bad = FirstInvalidUtf8(body); bad != std::string::npos) {
+      return absl::InvalidArgumentError("the body (the event's data) is not UTF-8 text: byte " +
+                                        std::to_string(bad) + " is not");
+    }
     event.data_json = JsonText(Json(body));
   }
   events.push_back(std::move(event));

@@ -1,57 +1,53 @@
 #include "server/metrics_server.h"
 
-#include <thread>
-
-#include <httplib.h>
-
+#include "server/http_front.h"
 #include "server/metrics.h"
 
 namespace waystone {
 
+// The metrics listener: /metrics and /healthz only, no token. Meant for an internal
+// address that only the scraper reaches; the numbers carry no tenant names.
 class MetricsServer::Impl {
  public:
   Impl(Store* store, const Clock* clock) : store_(store), clock_(clock) {}
-  ~Impl() {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
 
   absl::Status Listen(const std::string& listen) {
-    const size_t colon = listen.rfind(':');
-    if (colon == std::string::npos) {
-      return absl::InvalidArgumentError("--metrics-listen '" + listen + "' is not host:port");
-    }
-    const std::string host = listen.substr(0, colon);
-    const int port = std::atoi(listen.substr(colon + 1).c_str());
-    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      auto text = RenderMetrics(*store_, clock_->NowMillis());
-      if (!text.ok()) {
-        res.status = 503;
-        res.set_content("metrics unavailable\n", "text/plain");
-        return;
-      }
-      res.set_content(*text, "text/plain; version=0.0.4; charset=utf-8");
-    });
-    server_.set_tcp_nodelay(true);
-    server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("ok\n", "text/plain");
-    });
-    port_ = port == 0 ? server_.bind_to_any_port(host) : (server_.bind_to_port(host, port) ? port : -1);
-    if (port_ <= 0) return absl::UnavailableError("cannot listen on " + listen);
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    // stop() is a no-op before the loop runs: wait for it so destruction cannot hang.
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    HttpFrontOptions options;
+    options.listen = listen;
+    options.max_body_bytes = 0;
+    options.handler_threads = 2;
+    options.max_connections = 64;
+    auto started = HttpFront::Start(
+        options, [](ServerRequest& head, ServerResponse& res) { return Screen(head, res); },
+        [this](const ServerRequest& req, ServerResponse& res) { Handle(req, res); });
+    if (!started.ok()) return started.status();
+    front_ = std::move(*started);
     return absl::OkStatus();
   }
 
-  int port() const { return port_; }
+  int port() const { return front_->port(); }
 
  private:
+  static bool Screen(const ServerRequest& head, ServerResponse& res) {
+    if (head.method == "GET" && (head.path == "/metrics" || head.path == "/healthz")) return false;
+    res.status = 404;
+    res.SetContent("not found\n", "text/plain");
+    return true;
+  }
+
+  void Handle(const ServerRequest& req, ServerResponse& res) {
+    if (req.path == "/healthz") return res.SetContent("ok\n", "text/plain");
+    auto text = RenderMetrics(*store_, clock_->NowMillis());
+    if (!text.ok()) {
+      res.status = 503;
+      return res.SetContent("metrics unavailable\n", "text/plain");
+    }
+    res.SetContent(*text, "text/plain; version=0.0.4; charset=utf-8");
+  }
+
   Store* store_;
   const Clock* clock_;
-  httplib::Server server_;
-  std::thread thread_;
-  int port_ = -1;
+  std::unique_ptr<HttpFront> front_;  // last: destroyed first
 };
 
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -13,8 +13,8 @@ namespace {
 using Json = nlohmann::json;
 
 absl::StatusOr<Json> ObjectOf(const std::string& body) {
-  Json parsed = body.empty() ? Json::object() : Json::parse(body, nullptr, false);
-  if (parsed.is_discarded()) return absl::InvalidArgumentError("the body is not valid JSON");
+  if (body.empty()) return Json::object();
+  WS_ASSIGN_OR_RETURN(Json parsed, ParseBoundedJson(body, "the body"));
   if (!parsed.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
   return parsed;
 }

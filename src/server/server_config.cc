@@ -2,11 +2,13 @@
 
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
 #include "definition/loader.h"
 #include "model/duration.h"
+#include "model/keys.h"
 
 namespace waystone {
 namespace {
@@ -21,7 +23,7 @@ class ConfigReader {
     static const std::set<std::string> kFields = {
         "database", "listen", "workers", "definitions", "relay_config", "secrets_file", "lease",
         "step_key_retention",
-        "api", "events"};
+        "api", "events", "tenants"};
     for (const auto& entry : root) {
       if (!kFields.contains(entry.first.Scalar())) {
         return Error(entry.first, "unknown field '" + entry.first.Scalar() + "'");
@@ -52,7 +54,8 @@ class ConfigReader {
     if (const YAML::Node api = root["api"]) {
       if (!api.IsMap()) return Error(api, "'api' is a mapping");
       static const std::set<std::string> kApiFields = {"max_body_bytes", "read_timeout",
-                                                       "idempotency_retention"};
+                                                       "idempotency_retention", "max_connections",
+                                                       "handler_threads"};
       for (const auto& entry : api) {
         if (!kApiFields.contains(entry.first.Scalar())) {
           return Error(entry.first, "unknown field '" + entry.first.Scalar() + "' in api");
@@ -70,6 +73,16 @@ class ConfigReader {
         auto parsed = timeout.IsScalar() ? ParseDuration(timeout.Scalar()) : std::nullopt;
         if (!parsed || *parsed < 1000) return Error(timeout, "'read_timeout' must be at least 1s");
         config.read_timeout_seconds = static_cast<int>(*parsed / 1000);
+      }
+      for (const auto& [field, out, low, high] :
+           {std::tuple{"max_connections", &config.max_connections, 8, 100000},
+            std::tuple{"handler_threads", &config.handler_threads, 1, 256}}) {
+        if (const YAML::Node value = api[field]) {
+          if (!YAML::convert<int>::decode(value, *out) || *out < low || *out > high) {
+            return Error(value, "'" + std::string(field) + "' must be a whole number from " +
+                                    std::to_string(low) + " to " + std::to_string(high));
+          }
+        }
       }
       if (const YAML::Node retention = api["idempotency_retention"]) {
         auto parsed = retention.IsScalar() ? ParseDuration(retention.Scalar()) : std::nullopt;
@@ -91,10 +104,55 @@ class ConfigReader {
         config.events.push_back(*route);
       }
     }
+    if (const YAML::Node tenants = root["tenants"]) {
+      if (!tenants.IsMap() || tenants.size() == 0) {
+        return Error(tenants, "'tenants' maps each tenant to its workflows, secrets_file, env");
+      }
+      for (const auto& entry : tenants) {
+        auto policy = ReadTenant(entry.first, entry.second);
+        if (!policy.ok()) return policy.status();
+        config.tenant_lines[entry.first.Scalar()] = entry.first.Mark().line + 1;
+        config.tenants[entry.first.Scalar()] = std::move(*policy);
+      }
+    }
     return config;
   }
 
  private:
+  absl::StatusOr<TenantPolicy> ReadTenant(const YAML::Node& name, const YAML::Node& node) {
+    const std::string tenant = name.Scalar();
+    if (!ValidTenantName(tenant)) {
+      return Error(name, "'" + tenant + "' is not a tenant name (1 to 64 letters, digits, '.', "
+                         "'_' or '-')");
+    }
+    if (!node.IsMap()) return Error(node, "tenant '" + tenant + "' is a mapping with 'workflows'");
+    for (const auto& entry : node) {
+      const std::string field = entry.first.Scalar();
+      if (field != "workflows" && field != "secrets_file" && field != "env") {
+        return Error(entry.first, "unknown field '" + field + "' in tenant '" + tenant + "'");
+      }
+    }
+    TenantPolicy policy;
+    const YAML::Node workflows = node["workflows"];
+    if (!workflows || !workflows.IsSequence()) {
+      return Error(workflows ? workflows : node,
+                   "tenant '" + tenant + "' needs 'workflows', the list it may start");
+    }
+    for (const auto& workflow : workflows) {
+      if (!workflow.IsScalar()) return Error(workflow, "a workflow is named by a string");
+      policy.workflows.push_back(workflow.Scalar());
+    }
+    policy.secrets_file = Path(Text(node, "secrets_file"));
+    if (const YAML::Node env = node["env"]) {
+      if (!env.IsMap()) return Error(env, "'env' maps names to values");
+      for (const auto& entry : env) {
+        if (!entry.second.IsScalar()) return Error(entry.second, "an env value is a string");
+        policy.env[entry.first.Scalar()] = entry.second.Scalar();
+      }
+    }
+    return policy;
+  }
+
   absl::StatusOr<EventRoute> ReadRoute(const YAML::Node& node) {
     EventRoute route;
     route.line = node.Mark().line + 1;

@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/clock.h"
+#include "engine/tenant_policy.h"
 
 namespace waystone {
 
@@ -34,6 +35,12 @@ struct ServerConfig {
   int read_timeout_seconds = 10;
   Millis idempotency_retention = 24LL * 3600 * 1000;  // Idempotency-Key records
   std::vector<EventRoute> events;
+  int max_connections = 1024;
+  int handler_threads = 8;
+  // `tenants:`: per tenant, the workflows it may start, its secrets file and env.
+  // Empty: one trust domain.
+  std::map<std::string, TenantPolicy> tenants;
+  std::map<std::string, int> tenant_lines;  // where each is named, for errors
 };
 
 // Parses a config; errors name the file and line. Relative paths are taken from

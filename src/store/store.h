@@ -248,6 +248,7 @@ struct TokenRecord {
   std::string role;    // viewer | operator | admin
   Millis created_at = 0;
   Millis revoked_at = 0;
+  Millis expires_at = 0;  // 0 = never
 };
 
 // What garbage collection removed (or, in a dry run, would remove).
@@ -475,10 +476,15 @@ class Store {
   // that long). With `dry_run` only counts. One transaction.
   virtual absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
                                                   Millis protect_before, bool dry_run) = 0;
-  // Stores a token record (AlreadyExists for a hash already present).
+  // Stores a token record (AlreadyExists for a hash or a name already present).
   virtual absl::Status PutToken(const TokenRecord& token) = 0;
   // Returns the token with `token_hash`; NotFound when absent.
   virtual absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) = 0;
+  // Every token, by name (their hashes included: they are not the tokens).
+  virtual absl::StatusOr<std::vector<TokenRecord>> ListTokens() = 0;
+  // Revokes the token named `name` at `now`; NotFound when there is none,
+  // FailedPrecondition when it is revoked already.
+  virtual absl::Status RevokeToken(const std::string& name, Millis now) = 0;
   // Raises an alert outside any instance lease, with its outbox event.
   virtual absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert,
                                              const EventRecord& event) = 0;

@@ -210,11 +210,14 @@ TEST_F(CliTest, ServeAnswersWithATokenCreatedOnTheCommandLine) {
                       R"({"source":"crm","order_id":"s1","customer_id":"C-1","amount":1})"})
                 .exit_code,
             0);
-  auto created = Waystone({"token", "create", "--tenant", "default", "--role", "viewer"});
+  auto created = Waystone(
+      {"token", "create", "--tenant", "default", "--role", "viewer", "--name", "cli-viewer"});
   ASSERT_EQ(created.exit_code, 0) << created.err;
   const std::string token = created.out.substr(0, created.out.find('\n'));
   ASSERT_TRUE(token.starts_with("wst_")) << created.out;
-  EXPECT_EQ(Waystone({"token", "create", "--tenant", "default", "--role", "god"}).exit_code, 1);
+  EXPECT_EQ(Waystone({"token", "create", "--tenant", "default", "--role", "god", "--name", "x"})
+                .exit_code,
+            1);
 
   testing::Process serve({testing::WaystoneBinary(), "serve", "--api-only", "--listen",
                           "127.0.0.1:0"},

@@ -82,7 +82,17 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
       {"/v1/alerts", "none", 401},             {"/v1/alerts", "bad", 401},
       {"/v1/alerts", "viewer_t1", 200},        {"/v1/alerts", "admin", 200},
       {"/healthz", "none", 200},               {"/readyz", "none", 200},
-      {"/metrics", "none", 200},
+      // The API's /metrics counts every tenant: admin only (the metrics listener
+      // serves scrapers without a token, without tenant names).
+      {"/metrics", "none", 401},               {"/metrics", "viewer_t1", 403},
+      {"/metrics", "admin", 200},
+      // One reading of the query on every route.
+      {"/v1/instances?limit=2&limit=3", "viewer_t1", 400},
+      {"/v1/instances?colour=red", "viewer_t1", 400},
+      {"/v1/instances/k1?tenant=t1&tenant=t2", "admin", 400},
+      {"/v1/alerts?state=open&state=open", "viewer_t1", 400},
+      {"/healthz?verbose=1", "none", 400},
+      {"/v1/nothing-here", "none", 404},
   };
   for (const Case& c : cases) {
     const std::string token = c.caller == "bad"         ? "wst_not-a-token"

@@ -792,7 +792,8 @@ TEST_P(ApiWriteTest, ListsArePagedAndFiltered) {
 TEST_P(ApiWriteTest, MetricsPassPromtool) {
   recorder_.Answer("/charge", 504);
   ASSERT_EQ(StartAndDrive("m1"), InstanceState::kNeedsAttention);
-  auto metrics = Send("GET", "/metrics", "");
+  EXPECT_EQ(Send("GET", "/metrics", "").outcome.status, 401);
+  auto metrics = Send("GET", "/metrics", admin_);
   ASSERT_EQ(metrics.outcome.status, 200);
   for (const char* series : {"waystone_step_attempts_total", "waystone_step_outcomes",
                              "waystone_step_calls_total{phase=\"call\",class=\"unknown\"}",

@@ -1090,19 +1090,56 @@ absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, M
 
 absl::Status PostgresStore::PutToken(const TokenRecord& t) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return c->Query("INSERT INTO api_tokens VALUES ($1, $2, $3, $4, $5::bigint, $6::bigint)",
-                  Params(t.token_hash, t.name, t.tenant, t.role, t.created_at, t.revoked_at))
-      .status();
+  auto status = c->Query("INSERT INTO api_tokens (token_hash, name, tenant, role, created_at, "
+                         "revoked_at, expires_at) VALUES ($1, $2, $3, $4, $5::bigint, $6::bigint, "
+                         "$7::bigint)",
+                         Params(t.token_hash, t.name, t.tenant, t.role, t.created_at, t.revoked_at,
+                                t.expires_at))
+                    .status();
+  if (absl::IsAlreadyExists(status) ||
+      (!status.ok() &&
+       std::string(status.message()).find("api_tokens_name") != std::string::npos)) {
+    return absl::AlreadyExistsError("a token named '" + t.name + "' exists");
+  }
+  return status;
 }
+
+namespace {
+constexpr const char* kPgTokenColumns =
+    "SELECT token_hash, name, tenant, role, created_at, revoked_at, expires_at FROM api_tokens ";
+TokenRecord PgTokenRow(const PgResult& r, int i) {
+  return TokenRecord{r.Text(i, 0), r.Text(i, 1), r.Text(i, 2), r.Text(i, 3),
+                     r.Int(i, 4),  r.Int(i, 5),  r.Int(i, 6)};
+}
+}  // namespace
 
 absl::StatusOr<TokenRecord> PostgresStore::FindToken(const std::string& token_hash) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT token_hash, name, tenant, role, created_at, "
-                                           "revoked_at FROM api_tokens WHERE token_hash = $1",
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(std::string(kPgTokenColumns) + "WHERE token_hash = $1",
                                            Params(token_hash)));
   if (r.rows() == 0) return absl::NotFoundError("no such token");
-  return TokenRecord{r.Text(0, 0), r.Text(0, 1), r.Text(0, 2), r.Text(0, 3), r.Int(0, 4),
-                     r.Int(0, 5)};
+  return PgTokenRow(r, 0);
+}
+
+absl::StatusOr<std::vector<TokenRecord>> PostgresStore::ListTokens() {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(std::string(kPgTokenColumns) + "ORDER BY name", Params()));
+  std::vector<TokenRecord> out;
+  for (int i = 0; i < r.rows(); ++i) out.push_back(PgTokenRow(r, i));
+  return out;
+}
+
+absl::Status PostgresStore::RevokeToken(const std::string& name, Millis now) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query("UPDATE api_tokens SET revoked_at = $1::bigint WHERE name = $2 "
+                               "AND revoked_at = 0 RETURNING name",
+                               Params(now, name)));
+  if (r.rows() == 1) return absl::OkStatus();
+  WS_ASSIGN_OR_RETURN(PgResult exists,
+                      c->Query("SELECT 1 FROM api_tokens WHERE name = $1", Params(name)));
+  if (exists.rows() == 0) return absl::NotFoundError("no token named '" + name + "'");
+  return absl::FailedPreconditionError("token '" + name + "' is revoked already");
 }
 
 absl::StatusOr<AlertRecord> PostgresStore::GetAlert(int64_t id) {

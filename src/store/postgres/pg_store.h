@@ -74,6 +74,8 @@ class PostgresStore final : public Store {
   absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
   absl::Status PutToken(const TokenRecord& token) override;
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
+  absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
+  absl::Status RevokeToken(const std::string& name, Millis now) override;
   absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;
   absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) override;
   absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,

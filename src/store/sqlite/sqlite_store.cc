@@ -1124,24 +1124,73 @@ absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Mil
 absl::Status SqliteStore::PutToken(const TokenRecord& t) {
   std::lock_guard<std::mutex> lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("INSERT INTO api_tokens VALUES (?, ?, ?, ?, ?, ?)"));
-  return s->BindAll(t.token_hash, t.name, t.tenant, t.role, t.created_at, t.revoked_at).Run();
+                      db_->Prepare("INSERT INTO api_tokens (token_hash, name, tenant, role, "
+                                   "created_at, revoked_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"));
+  auto status =
+      s->BindAll(t.token_hash, t.name, t.tenant, t.role, t.created_at, t.revoked_at, t.expires_at)
+          .Run();
+  if (status.code() == absl::StatusCode::kAlreadyExists ||
+      (!status.ok() && std::string(status.message()).find("UNIQUE") != std::string::npos)) {
+    return absl::AlreadyExistsError("a token named '" + t.name + "' exists");
+  }
+  return status;
 }
+
+namespace {
+constexpr const char* kTokenColumns =
+    "SELECT token_hash, name, tenant, role, created_at, revoked_at, expires_at FROM api_tokens ";
+TokenRecord TokenRow(SqliteStatement* s) {
+  return TokenRecord{s->Text(0), s->Text(1), s->Text(2), s->Text(3),
+                     s->Int(4),  s->Int(5),  s->Int(6)};
+}
+}  // namespace
 
 absl::StatusOr<TokenRecord> SqliteStore::FindToken(const std::string& token_hash) {
   std::lock_guard<std::mutex> lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("SELECT token_hash, name, tenant, role, created_at, revoked_at "
-                                   "FROM api_tokens WHERE token_hash = ?"));
+                      db_->Prepare(std::string(kTokenColumns) + "WHERE token_hash = ?"));
   s->BindAll(token_hash);
   WS_ASSIGN_OR_RETURN(bool row, s->Step());
   if (!row) {
     s->Reset();
     return absl::NotFoundError("no such token");
   }
-  TokenRecord t{s->Text(0), s->Text(1), s->Text(2), s->Text(3), s->Int(4), s->Int(5)};
+  TokenRecord t = TokenRow(s);
   s->Reset();
   return t;
+}
+
+absl::StatusOr<std::vector<TokenRecord>> SqliteStore::ListTokens() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare(std::string(kTokenColumns) + "ORDER BY name"));
+  std::vector<TokenRecord> out;
+  while (true) {
+    auto row = s->Step();
+    if (!row.ok()) {
+      s->Reset();
+      return row.status();
+    }
+    if (!*row) break;
+    out.push_back(TokenRow(s));
+  }
+  s->Reset();
+  return out;
+}
+
+absl::Status SqliteStore::RevokeToken(const std::string& name, Millis now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * find,
+                      db_->Prepare("SELECT revoked_at FROM api_tokens WHERE name = ?"));
+  find->BindAll(name);
+  WS_ASSIGN_OR_RETURN(bool row, find->Step());
+  const Millis revoked = row ? find->Int(0) : 0;
+  find->Reset();
+  if (!row) return absl::NotFoundError("no token named '" + name + "'");
+  if (revoked != 0) return absl::FailedPreconditionError("token '" + name + "' is revoked already");
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("UPDATE api_tokens SET revoked_at = ? WHERE name = ?"));
+  return s->BindAll(now, name).Run();
 }
 
 absl::StatusOr<AlertRecord> SqliteStore::GetAlert(int64_t id) {

@@ -65,6 +65,8 @@ class SqliteStore final : public Store {
   absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
   absl::Status PutToken(const TokenRecord& token) override;
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
+  absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
+  absl::Status RevokeToken(const std::string& name, Millis now) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
                                           Millis protect_before, bool dry_run) override;
   absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;

@@ -1,0 +1,14 @@
+#pragma once
+
+#include "store/store.h"
+
+namespace waystone {
+
+// Replaces every secret value the process renders (base/redact.h) in the texts a
+// change stores: status reason, step error messages and answers, alert messages,
+// audit reasons and details, outbox event payloads, attempt details. Called on
+// every change before it is committed, so nothing stored, served or relayed
+// carries a secret a downstream echoed.
+void RedactChange(Change& change);
+
+}  // namespace waystone

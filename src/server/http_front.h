@@ -1,0 +1,104 @@
+#pragma once
+
+// The HTTP/1.1 server Waystone faces other systems with. Lean on purpose: the
+// server library (Boost.Beast) stays inside http_front.cc.
+
+#include <any>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace waystone {
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+// One request as the handlers see it. Path and query are percent-decoded and
+// valid UTF-8 (the front refuses anything else with 400).
+struct ServerRequest {
+  std::string method;
+  std::string target;  // as sent
+  std::string path;
+  HeaderList query;    // in the order sent; a name may repeat
+  HeaderList headers;  // names lower-cased, in the order sent
+  std::string body;    // empty until the body is read
+  std::any screened;   // what the screen found out (e.g. who is asking), for the handler
+
+  // The first header of that (lower-case) name, or nullptr.
+  const std::string* Header(std::string_view name) const;
+  // How often the query names `name`.
+  size_t QueryCount(std::string_view name) const;
+  // The first value of `name` in the query, or nullptr.
+  const std::string* Query(std::string_view name) const;
+};
+
+struct ServerResponse {
+  int status = 200;
+  HeaderList headers;
+  std::string body;
+
+  void SetHeader(std::string name, std::string value);
+  void SetContent(std::string content, std::string content_type);
+  // The value of a header set on the response, or "".
+  std::string Header(std::string_view name) const;
+};
+
+struct HttpFrontOptions {
+  std::string listen = "127.0.0.1:8080";  // host:port; port 0 picks one
+  // Bodies beyond this are refused with 413 as they arrive, chunked or not.
+  size_t max_body_bytes = 1 << 20;
+  // The request line and headers together; beyond it 431.
+  size_t max_header_bytes = 16 * 1024;
+  size_t max_headers = 100;
+  // For the whole request, head and body, from its first byte (or from the end of
+  // the previous response on a kept-alive connection). Past it the connection closes.
+  int request_deadline_seconds = 10;
+  int write_deadline_seconds = 10;
+  // Open connections; beyond it new ones get 503 and are closed.
+  int max_connections = 1024;
+  // Threads that run handlers (they may wait on the database). Reading and
+  // writing never wait on them: a slow client holds a socket, not a thread.
+  int handler_threads = 8;
+  int io_threads = 2;
+};
+
+// Runs after the head is read and before the body is: returns true when it
+// answered `res` itself (a missing token, an unknown route), and the body is then
+// never read. May set `head.screened` for the handler.
+using ScreenFn = std::function<bool(ServerRequest& head, ServerResponse& res)>;
+using HandleFn = std::function<void(const ServerRequest& req, ServerResponse& res)>;
+
+// HttpFront accepts HTTP/1.1 connections and hands complete requests to the
+// handler, on a thread pool of its own. It protects itself: a deadline for each
+// whole request, limits on header count and size, the body limit enforced while a
+// chunked body arrives, a connection limit, no ranges. Failures of the front
+// (unreadable request, too large) are answered as RFC 9457 problems. A handler that
+// throws answers 500. Stops and joins its threads when destroyed.
+class HttpFront {
+ public:
+  static absl::StatusOr<std::unique_ptr<HttpFront>> Start(const HttpFrontOptions& options,
+                                                         ScreenFn screen, HandleFn handle);
+  ~HttpFront();
+  HttpFront(const HttpFront&) = delete;
+  HttpFront& operator=(const HttpFront&) = delete;
+  int port() const;
+
+  class Impl;
+
+ private:
+  explicit HttpFront(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads `raw` as the bytes a client sent on one connection, with the same parser,
+// limits, screen and handler as a served connection, and returns the bytes the
+// server would answer. For the fuzzer and for tests of the parser's edges.
+std::string ServeBytes(std::string_view raw, const HttpFrontOptions& options,
+                       const ScreenFn& screen, const HandleFn& handle);
+
+}  // namespace waystone

@@ -1,0 +1,6 @@
+-- Tokens expire, are listed and revoked by name: names become unique (older
+-- duplicates keep their first holder's name; the others get '#<row>').
+ALTER TABLE api_tokens ADD COLUMN expires_at BIGINT NOT NULL DEFAULT 0;  -- 0 = never
+UPDATE api_tokens SET name = name || '#' || rowid
+ WHERE rowid NOT IN (SELECT MIN(rowid) FROM api_tokens GROUP BY name);
+CREATE UNIQUE INDEX api_tokens_name ON api_tokens (name);
