@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-20}"
-targets=(definition template cloudevents api_body)
+targets=(definition template cloudevents api_body http_front)
 
 cmake --preset fuzz >/dev/null
 cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/%/_fuzz}"

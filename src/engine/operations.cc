@@ -116,8 +116,13 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
     change.events.push_back(MakeEvent("waystone.instance." + std::string(ToString(plan.state_after)),
                                       instance, nullptr, plan.status_reason, *random_, change.now));
   }
-  WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
-  WS_RETURN_IF_ERROR(results.front());
+  auto results = store_->Commit({Redacted(change)});
+  const absl::Status committed = results.ok() ? results->front() : results.status();
+  if (!committed.ok()) {
+    // Nothing changed: the instance must not stay locked until the lease runs out.
+    (void)Release(*lease);
+    return committed;
+  }
   WS_ASSIGN_OR_RETURN(InstanceRecord after, store_->GetInstance(instance.id));
   return ActionResult{plan, after, true};
 }

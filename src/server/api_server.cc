@@ -243,18 +243,26 @@ class ApiServer::Impl {
   }
 
   absl::Status Listen() {
-    HttpFrontOptions front;
-    front.listen = options_.listen;
-    front.max_body_bytes = options_.max_body_bytes;
-    front.request_deadline_seconds = options_.read_timeout_seconds;
-    front.max_connections = options_.max_connections;
-    front.handler_threads = options_.handler_threads;
-    auto started = HttpFront::Start(
-        front, [this](ServerRequest& head, ServerResponse& res) { return Screen(head, res); },
-        [this](const ServerRequest& req, ServerResponse& res) { Handle(req, res); });
+    front_options_.listen = options_.listen;
+    front_options_.max_body_bytes = options_.max_body_bytes;
+    front_options_.request_deadline_seconds = options_.read_timeout_seconds;
+    front_options_.max_connections = options_.max_connections;
+    front_options_.handler_threads = options_.handler_threads;
+    auto started = HttpFront::Start(front_options_, MakeScreen(), MakeHandle());
     if (!started.ok()) return started.status();
     front_ = std::move(*started);
     return absl::OkStatus();
+  }
+
+  ScreenFn MakeScreen() {
+    return [this](ServerRequest& head, ServerResponse& res) { return Screen(head, res); };
+  }
+  HandleFn MakeHandle() {
+    return [this](const ServerRequest& req, ServerResponse& res) { Handle(req, res); };
+  }
+
+  std::string ServeBytesForTest(std::string_view raw) {
+    return ServeBytes(raw, front_options_, MakeScreen(), MakeHandle());
   }
 
   int port() const { return front_->port(); }
@@ -820,6 +828,7 @@ class ApiServer::Impl {
   Engine* engine_;
   std::string owner_;  // names this server on its Idempotency-Key claims
   std::map<std::string, EventRoute> routes_;
+  HttpFrontOptions front_options_;
   // Last: destroyed first, so no handler runs once the rest is gone.
   std::unique_ptr<HttpFront> front_;
 };
@@ -836,5 +845,9 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(const ApiServerOptio
 }
 
 int ApiServer::port() const { return impl_->port(); }
+
+std::string ApiServer::ServeBytesForTest(std::string_view raw) {
+  return impl_->ServeBytesForTest(raw);
+}
 
 }  // namespace waystone

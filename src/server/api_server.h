@@ -50,6 +50,11 @@ class ApiServer {
   ApiServer& operator=(const ApiServer&) = delete;
   int port() const;
 
+  // Answers `raw`, the bytes a client sent on one connection, exactly as a served
+  // connection would (the same parser, limits, screen and handlers), and returns
+  // the bytes of the answers. For the fuzzer and for tests of the parser's edges.
+  std::string ServeBytesForTest(std::string_view raw);
+
  private:
   class Impl;
   explicit ApiServer(std::unique_ptr<Impl> impl);
