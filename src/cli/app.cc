@@ -106,6 +106,8 @@ int Main(int argc, char** argv) {
   auto* serve_workers =
       serve_cmd->add_option("--workers", serve.worker.workers, "Worker threads")->capture_default_str();
   serve_cmd->add_option("--relay-config", serve.worker.relay_config, "Also deliver outbox events");
+  serve_cmd->add_option("--metrics-listen", serve.worker.metrics_listen,
+                        "host:port of /metrics without a token, for scrapers (internal address)");
   add_global(serve_cmd);
   add_engine(serve_cmd);
 

@@ -42,6 +42,7 @@ struct WorkerOptions {
   int workers = 16;
   bool exit_when_idle = false;
   std::string relay_config;  // also run the outbox relay with this config
+  std::string metrics_listen;  // host:port of a token-less /metrics for scrapers; "" = none
 };
 
 struct RelayOptions {

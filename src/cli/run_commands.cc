@@ -21,6 +21,7 @@
 #include "engine/lease_reaper.h"
 #include "messaging/relay.h"
 #include "server/api_server.h"
+#include "server/metrics_server.h"
 #include "server/auth.h"
 #include "server/server_config.h"
 #include "model/duration.h"
@@ -230,6 +231,13 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     std::printf("api on http://127.0.0.1:%d\n", api->port());
     std::fflush(stdout);
   }
+  std::unique_ptr<MetricsServer> metrics;
+  if (!options.metrics_listen.empty()) {
+    auto started = MetricsServer::Start(options.metrics_listen, (*runtime)->store.get(),
+                                        SystemClock::Get());
+    if (!started.ok()) return Fail(started.status());
+    metrics = std::move(*started);
+  }
   if (run_workers) {
     std::fprintf(stderr, "waystone: worker %s running with %d threads on %s\n",
                  engine.owner().c_str(), options.workers, DatabasePath(global).c_str());
@@ -283,6 +291,7 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   }
   if (options.worker.definitions_dir.empty()) options.worker.definitions_dir = config.definitions;
   if (options.worker.relay_config.empty()) options.worker.relay_config = config.relay_config;
+  if (options.worker.metrics_listen.empty()) options.worker.metrics_listen = config.metrics_listen;
   if (global.secrets_file.empty()) global.secrets_file = config.secrets_file;
   ApiServerOptions api;
   api.max_body_bytes = config.max_body_bytes;

@@ -23,7 +23,7 @@ class ConfigReader {
     static const std::set<std::string> kFields = {
         "database", "listen", "workers", "definitions", "relay_config", "secrets_file", "lease",
         "step_key_retention",
-        "api", "events", "tenants"};
+        "api", "events", "tenants", "metrics_listen"};
     for (const auto& entry : root) {
       if (!kFields.contains(entry.first.Scalar())) {
         return Error(entry.first, "unknown field '" + entry.first.Scalar() + "'");
@@ -33,6 +33,7 @@ class ConfigReader {
     config.listen = Text(root, "listen");
     config.definitions = Path(Text(root, "definitions"));
     config.relay_config = Path(Text(root, "relay_config"));
+    config.metrics_listen = Text(root, "metrics_listen");
     config.secrets_file = Path(Text(root, "secrets_file"));
     config.lease = Text(root, "lease");
     if (!config.lease.empty() && !ParseDuration(config.lease)) {

@@ -28,6 +28,7 @@ struct ServerConfig {
   int workers = 0;           // 0 = not set
   std::string definitions;   // folder of workflow definitions
   std::string relay_config;  // relay config file: deliver outbox events too
+  std::string metrics_listen;  // host:port of a token-less /metrics; "" = none
   std::string secrets_file;
   std::string lease;         // duration text, e.g. "30s"
   std::string step_key_retention;  // duration text; "" = not set

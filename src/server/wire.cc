@@ -11,8 +11,8 @@ namespace waystone {
 namespace wire {
 
 nlohmann::json InstanceSummary(const InstanceRecord& r) {
-  return {{"id", r.id},
-          {"tenant", r.tenant},
+  // No database id: it would count other tenants' instances. The key is the identity.
+  return {{"tenant", r.tenant},
           {"key", r.key},
           {"workflow", r.workflow},
           {"state", ToString(r.state)},
@@ -27,7 +27,6 @@ nlohmann::json InstanceSummary(const InstanceRecord& r) {
 nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key) {
   return {{"id", a.id},
           {"instance", instance_key},
-          {"instance_id", a.instance_id},
           {"tenant", a.tenant},
           {"step", a.step},
           {"kind", ToString(a.kind)},
