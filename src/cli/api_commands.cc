@@ -215,7 +215,7 @@ int Alerts(const ApiOptions& api, const AlertsOptions& options) {
 
 int Ack(const ApiOptions& api, const AckOptions& options) {
   Json body = {{"reason", options.reason}};
-  std::string path = "/v1/alerts/" + std::to_string(options.id) + "/acknowledge";
+  std::string path = "/v1/alerts/" + options.id + "/acknowledge";
   if (options.dry_run) path += "?dry_run=true";
   auto alert = Call(api, "POST", path, &body);
   if (!alert) return kExitError;

@@ -147,7 +147,7 @@ struct AlertsOptions {
 };
 
 struct AckOptions {
-  int64_t id = 0;
+  std::string id;  // the alert's public id, as the API shows it
   std::string reason;
   bool dry_run = false;
 };

@@ -26,7 +26,8 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store.ListAttempts(instance.id));
   if (json) {
-    WS_ASSIGN_OR_RETURN(std::string view, InstanceViewJson(store, instance));
+    WS_ASSIGN_OR_RETURN(PublicIds ids, PublicIdsOf(store));
+    WS_ASSIGN_OR_RETURN(std::string view, InstanceViewJson(store, instance, ids));
     std::printf("%s\n", view.c_str());
     return absl::OkStatus();
   }

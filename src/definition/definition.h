@@ -53,6 +53,16 @@ enum class StepKind : uint8_t {
   kWait = 3,       // waits for an event (POST /v1/events) of a type; its data is the result
 };
 
+// What a step keeps of the answer it got (`store_response`). Answers hold
+// personal data (names, e-mail addresses, LINE ids): by default a step keeps only
+// what the workflow's templates read from it.
+enum class ResponseKeep : uint8_t {
+  kNeeded = 1,  // default: the pointers the templates read (kept_pointers, derived)
+  kAll = 2,     // `store_response: all`
+  kNone = 3,    // `store_response: none`: nothing (null)
+  kListed = 4,  // `store_response: [/id, /status]`: those pointers (plus what is needed)
+};
+
 struct StepDefinition {
   std::string name;
   int line = 0;  // where the step starts in its file (1-based)
@@ -69,6 +79,10 @@ struct StepDefinition {
   StatusOverrides errors;
   std::string idempotency_key;         // template; empty: "<instance key>:<step name>"
   bool idempotency_honored = false;    // the target deduplicates on Idempotency-Key
+  ResponseKeep store_response = ResponseKeep::kNeeded;
+  // For kNeeded and kListed: the JSON pointers kept of the answer (kNeeded: derived
+  // from the templates by DeriveKeptResponses; "" = the whole answer is read).
+  std::vector<std::string> kept_pointers;
 };
 
 struct WorkflowDefinition {

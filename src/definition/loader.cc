@@ -256,7 +256,7 @@ class Reader {
     }
     CheckFields(node, name,
                 {"name", "description", "recovery", "request", "transform", "wait", "result",
-                 "lookup", "compensate", "retry", "errors", "idempotency"},
+                 "lookup", "compensate", "retry", "errors", "idempotency", "store_response"},
                 "step");
     const YAML::Node request = node["request"];
     const YAML::Node transform = node["transform"];
@@ -289,6 +289,26 @@ class Reader {
         Error(recovery, name, "'recovery' must be one of repeatable, lookup, compensable, manual");
       } else {
         step->recovery = *parsed;
+      }
+    }
+
+    if (const YAML::Node keep = node["store_response"]) {
+      if (keep.IsScalar() && keep.Scalar() == "all") {
+        step->store_response = ResponseKeep::kAll;
+      } else if (keep.IsScalar() && keep.Scalar() == "none") {
+        step->store_response = ResponseKeep::kNone;
+      } else if (keep.IsSequence()) {
+        step->store_response = ResponseKeep::kListed;
+        for (const auto& pointer : keep) {
+          if (!pointer.IsScalar() || !pointer.Scalar().starts_with("/")) {
+            Error(pointer, name, "'store_response' lists JSON pointers such as /id");
+            continue;
+          }
+          step->kept_pointers.push_back(pointer.Scalar());
+        }
+      } else {
+        Error(keep, name, "'store_response' is all, none or a list of JSON pointers such as "
+                          "[/id, /status]");
       }
     }
 
@@ -453,6 +473,7 @@ std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_vi
   }
   definition.source = std::string(source);  // before validating: its messages name the file
   if (diagnostics.empty()) ValidateDefinition(definition, &diagnostics);
+  if (diagnostics.empty()) DeriveKeptResponses(&definition);
   // Errors first, then warnings, each in the order found.
   std::stable_partition(diagnostics.begin(), diagnostics.end(),
                         [](const Diagnostic& d) { return d.severity == Severity::kError; });

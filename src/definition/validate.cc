@@ -226,4 +226,70 @@ void ValidateDefinition(const WorkflowDefinition& definition, std::vector<Diagno
   Validator(definition, out).Run();
 }
 
+namespace {
+
+// Every placeholder path in the workflow's templates.
+std::vector<Path> AllReferences(const WorkflowDefinition& definition) {
+  std::vector<Path> out;
+  auto text = [&out](const std::string& t) {
+    if (t.empty()) return;
+    auto parsed = Template::Parse(t);
+    if (!parsed.ok()) return;
+    out.insert(out.end(), parsed->references().begin(), parsed->references().end());
+  };
+  auto tree = [&out](const std::string& json_text) {
+    if (json_text.empty()) return;
+    const Json parsed = Json::parse(json_text, nullptr, false);
+    if (!parsed.is_discarded()) (void)CollectTreeReferences(parsed, &out);
+  };
+  auto request = [&](const RequestSpec& r) {
+    text(r.url);
+    for (const auto& [name, value] : r.headers) text(value);
+    tree(r.body_json);
+  };
+  for (const StepDefinition& step : definition.steps) {
+    request(step.request);
+    tree(step.transform_json);
+    text(step.idempotency_key);
+    if (step.lookup) {
+      request(step.lookup->request);
+      for (const auto& [pointer, value] : step.lookup->match) text(value);
+    }
+    if (step.compensate) request(step.compensate->request);
+  }
+  return out;
+}
+
+std::string PointerOf(const Path& path, size_t from) {
+  std::string pointer;
+  for (size_t i = from; i < path.size(); ++i) {
+    pointer += '/';
+    for (char c : path[i]) {
+      if (c == '~') pointer += "~0";
+      else if (c == '/') pointer += "~1";
+      else pointer += c;
+    }
+  }
+  return pointer;
+}
+
+}  // namespace
+
+void DeriveKeptResponses(WorkflowDefinition* definition) {
+  const std::vector<Path> references = AllReferences(*definition);
+  for (StepDefinition& step : definition->steps) {
+    if (step.store_response != ResponseKeep::kNeeded &&
+        step.store_response != ResponseKeep::kListed) {
+      continue;
+    }
+    std::set<std::string> kept(step.kept_pointers.begin(), step.kept_pointers.end());
+    for (const Path& path : references) {
+      if (path.size() < 3 || path[0] != "steps" || path[1] != step.name) continue;
+      if (path[2] != "response" && path[2] != "output") continue;
+      kept.insert(PointerOf(path, 3));  // "" when the whole answer is read
+    }
+    step.kept_pointers.assign(kept.begin(), kept.end());
+  }
+}
+
 }  // namespace waystone

@@ -12,4 +12,10 @@ namespace waystone {
 // `compensable` without `compensate`, `lookup` without a lookup. Appends to `out`.
 void ValidateDefinition(const WorkflowDefinition& definition, std::vector<Diagnostic>* out);
 
+// For every step that keeps what is needed (or a list), adds the JSON pointers into
+// its answer that the workflow's templates read (`{{steps.NAME.response.a.0.b}}`
+// is "/a/0/b"); a template reading the whole answer keeps it whole (""). Runs on a
+// valid definition. Pure.
+void DeriveKeptResponses(WorkflowDefinition* definition);
+
 }  // namespace waystone

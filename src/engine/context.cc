@@ -1,8 +1,11 @@
 #include "engine/context.h"
 
+#include <algorithm>
 #include <fstream>
 
+#include "base/log.h"
 #include "base/redact.h"
+#include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
 
@@ -64,6 +67,14 @@ absl::StatusOr<TemplateEnvironment> TemplateEnvironment::Load(
       result.secret_[name.substr(kSecretPrefix.size())] = value;
     } else {
       result.env_[name] = value;
+    }
+  }
+  for (auto it = result.secret_.begin(); it != result.secret_.end(); ++it) {
+    const std::string value = it.value().get<std::string>();
+    if (!value.empty() && value.size() < kMinRedactedSecret) {
+      Log(LogLevel::kWarning, "secret '" + it.key() + "' is shorter than " +
+                                  std::to_string(kMinRedactedSecret) +
+                                  " characters: an echo of it cannot be told apart and redacted");
     }
   }
   RegisterAll(result.secret_);
@@ -142,6 +153,31 @@ std::string StepIdempotencyKey(const WorkflowDefinition& definition, const Insta
   if (!parsed.ok()) return "";
   auto text = parsed->RenderText(environment.Build(instance, steps, step.name, ""));
   return text.ok() ? *text : "";
+}
+
+std::string KeptAnswer(const nlohmann::json& answer, const StepDefinition& step) {
+  using Json = nlohmann::json;
+  switch (step.store_response) {
+    case ResponseKeep::kAll:
+      return JsonText(answer);
+    case ResponseKeep::kNone:
+      return "{}";
+    case ResponseKeep::kNeeded:
+    case ResponseKeep::kListed:
+      break;
+  }
+  const auto& pointers = step.kept_pointers;
+  if (std::find(pointers.begin(), pointers.end(), "") != pointers.end()) return JsonText(answer);
+  Json kept = Json::object();
+  for (const std::string& pointer : pointers) {
+    try {
+      const Json::json_pointer at(pointer);
+      if (answer.contains(at)) kept[at] = answer.at(at);
+    } catch (const Json::exception&) {
+      // A pointer the answer's shape does not have: nothing to keep there.
+    }
+  }
+  return JsonText(kept);
 }
 
 }  // namespace waystone

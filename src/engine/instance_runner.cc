@@ -482,7 +482,7 @@ class InstanceRunner::Impl {
         Change change = NewChange();
         step.state = StepState::kCompleted;
         step.unknown_since = 0;
-        step.response_json = JsonText(body);
+        step.response_json = KeptAnswer(body, def);
         step.error_class = ErrorClass::kNone;
         step.error_message.clear();
         step.finished_at = change.now;
@@ -534,7 +534,7 @@ class InstanceRunner::Impl {
     step.state = StepState::kUnknown;
     step.error_class = ErrorClass::kUnknown;
     step.error_message = Shorten(what);
-    step.response_json = body.is_null() ? "{}" : JsonText(body);  // marks "the target said yes"
+    step.response_json = body.is_null() ? "{}" : KeptAnswer(body, def);  // "the target said yes"
     step.unknowns += 1;
     if (step.unknown_since == 0) step.unknown_since = change.now;
     change.steps.push_back(step);
@@ -695,7 +695,7 @@ class InstanceRunner::Impl {
     step.unknown_since = 0;
     step.resolution = Resolution::kLookupFound;
     step.external_id = external_id.empty() ? step.external_id : external_id;
-    step.response_json = JsonText(*found);
+    step.response_json = KeptAnswer(*found, def);
     step.error_class = ErrorClass::kNone;
     step.error_message.clear();
     step.finished_at = change.now;

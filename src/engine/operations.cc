@@ -232,7 +232,10 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     StepRecord step = *waiting;
     step.state = StepState::kCompleted;
     step.attempts += 1;
-    step.response_json = signal.data_json.empty() ? "null" : signal.data_json;
+    // What the workflow reads of the event's data, like any answer (store_response).
+    step.response_json = KeptAnswer(Json::parse(signal.data_json.empty() ? "null" : signal.data_json,
+                                                nullptr, false),
+                                    definition->steps[step.index]);
     step.external_id = signal.id;
     if (step.started_at == 0) step.started_at = change.now;
     step.finished_at = change.now;

@@ -76,9 +76,8 @@ struct RouteSpec {
 // for the handler.
 struct Screened {
   const RouteSpec* route = nullptr;
-  std::string key;     // instance routes
+  std::string key;     // instance routes; the alert's public id
   std::string action;  // kAct
-  int64_t alert_id = 0;
   Principal principal;
 };
 
@@ -109,9 +108,8 @@ const RouteSpec& Spec(RouteId id) {
 // Instance keys may hold '/': an action is the last segment.
 std::vector<Screened> MatchPath(const std::string& path) {
   std::vector<Screened> out;
-  auto add = [&out](RouteId id, std::string key = "", std::string action = "",
-                    int64_t alert = 0) {
-    out.push_back({&Spec(id), std::move(key), std::move(action), alert, {}});
+  auto add = [&out](RouteId id, std::string key = "", std::string action = "") {
+    out.push_back({&Spec(id), std::move(key), std::move(action), {}});
   };
   if (path == "/healthz") add(RouteId::kHealth);
   else if (path == "/readyz") add(RouteId::kReady);
@@ -124,12 +122,10 @@ std::vector<Screened> MatchPath(const std::string& path) {
     add(RouteId::kListAlerts);
   } else if (path == "/v1/events") {
     add(RouteId::kEvents);
-  } else if (path.starts_with("/v1/alerts/") && path.ends_with("/acknowledge")) {
-    const std::string id = path.substr(11, path.size() - 11 - 12);
-    if (!id.empty() && id.size() <= 18 &&
-        id.find_first_not_of("0123456789") == std::string::npos) {
-      add(RouteId::kAcknowledge, "", "", std::stoll(id));
-    }
+  } else if (path.starts_with("/v1/alerts/") && path.ends_with("/acknowledge") &&
+             path.size() > 11 + 12) {
+    // The public id; decoded by the handler (an id it did not make is a 404).
+    add(RouteId::kAcknowledge, path.substr(11, path.size() - 11 - 12));
   } else if (path.starts_with("/v1/instances/") && path.size() > 14) {
     const std::string rest = path.substr(14);
     add(RouteId::kShow, rest);
@@ -243,6 +239,9 @@ class ApiServer::Impl {
   }
 
   absl::Status Listen() {
+    auto ids = PublicIdsOf(*store_);
+    if (!ids.ok()) return ids.status();
+    ids_ = std::move(*ids);
     front_options_.listen = options_.listen;
     front_options_.max_body_bytes = options_.max_body_bytes;
     front_options_.request_deadline_seconds = options_.read_timeout_seconds;
@@ -346,7 +345,7 @@ class ApiServer::Impl {
         return ListAlerts(principal, req, res);
       case RouteId::kAcknowledge:
         return Idempotent(principal, req, res,
-                          [&] { Acknowledge(principal, match.alert_id, req, res); });
+                          [&] { Acknowledge(principal, match.key, req, res); });
       case RouteId::kEvents:
         return Idempotent(principal, req, res, [&] { ReceiveEvents(principal, req, res); });
     }
@@ -475,7 +474,7 @@ class ApiServer::Impl {
     auto instance = store_->FindInstance(*tenant, key);
     // Another tenant's instance and a missing one look the same.
     if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
-    auto view = InstanceViewJson(*store_, *instance);
+    auto view = InstanceViewJson(*store_, *instance, *ids_);
     if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
     res.SetContent(RedactSecrets(*view), "application/json");
   }
@@ -652,22 +651,28 @@ class ApiServer::Impl {
         auto instance = store_->GetInstance(a.instance_id);
         it->second = instance.ok() ? instance->key : "";
       }
-      items.push_back(wire::Alert(a, it->second));
+      items.push_back(wire::Alert(a, it->second, *ids_));
     }
     SendJson(res, 200, {{"items", items}});
   }
 
-  void Acknowledge(const Principal& principal, int64_t id, const ServerRequest& req,
-                   ServerResponse& res) {
+  void Acknowledge(const Principal& principal, const std::string& public_id,
+                   const ServerRequest& req, ServerResponse& res) {
     auto body = JsonBody(req, res, ParseReasonBody);
     if (!body) return;
+    const std::optional<int64_t> decoded = ids_->Decode(public_id);
+    if (!decoded) return Send(res, NotFound("no alert " + public_id), req.path);
+    const int64_t id = *decoded;
     const std::string& reason = *body;
     const bool dry = DryRun(req).value_or(false);
     auto alert = engine_->operations().AcknowledgeAlert(principal.tenant, id,
                                                         principal.token_name, reason, dry);
+    if (absl::IsNotFound(alert.status())) {
+      return Send(res, NotFound("no alert " + public_id), req.path);  // not the database id
+    }
     if (!alert.ok()) return Send(res, ProblemFromStatus(alert.status()), req.path);
     auto instance = store_->GetInstance(alert->instance_id);
-    Json out = wire::Alert(*alert, instance.ok() ? instance->key : "");
+    Json out = wire::Alert(*alert, instance.ok() ? instance->key : "", *ids_);
     out["dry_run"] = dry;
     if (dry) out["state_after"] = "acknowledged";
     SendJson(res, 200, out);
@@ -828,6 +833,7 @@ class ApiServer::Impl {
   Engine* engine_;
   std::string owner_;  // names this server on its Idempotency-Key claims
   std::map<std::string, EventRoute> routes_;
+  std::optional<PublicIds> ids_;  // alert ids as the API shows them
   HttpFrontOptions front_options_;
   // Last: destroyed first, so no handler runs once the rest is gone.
   std::unique_ptr<HttpFront> front_;

@@ -24,8 +24,9 @@ nlohmann::json InstanceSummary(const InstanceRecord& r) {
           {"updated_at", Rfc3339(r.updated_at)}};
 }
 
-nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key) {
-  return {{"id", a.id},
+nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key,
+                     const PublicIds& ids) {
+  return {{"id", ids.Encode(a.id)},
           {"instance", instance_key},
           {"tenant", a.tenant},
           {"step", a.step},
@@ -59,7 +60,13 @@ std::string InstanceSummaryJson(const InstanceRecord& instance) {
   return JsonText(wire::InstanceSummary(instance));
 }
 
-absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord& instance) {
+absl::StatusOr<PublicIds> PublicIdsOf(Store& store) {
+  WS_ASSIGN_OR_RETURN(std::string key, store.ServerKey("public_ids"));
+  return PublicIds(std::move(key));
+}
+
+absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord& instance,
+                                             const PublicIds& ids) {
   WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store.GetSteps(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AuditRecord> audit, store.ListAudit(instance.id));
@@ -99,7 +106,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
     out["steps"].push_back(step);
   }
   out["alerts"] = Json::array();
-  for (const auto& a : alerts) out["alerts"].push_back(wire::Alert(a, instance.key));
+  for (const auto& a : alerts) out["alerts"].push_back(wire::Alert(a, instance.key, ids));
   out["audit"] = Json::array();
   for (const auto& a : audit) {
     out["audit"].push_back({{"at", Rfc3339(a.at)},

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/public_id.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -12,7 +13,12 @@ namespace waystone {
 // Returns one instance in full: its state and reason, steps (state, attempts,
 // external id, last error and class, resolution, next retry), alerts, audit trail and
 // event deliveries.
-absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord& instance);
+// Alert ids are public ids (`ids`), never database ids.
+absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord& instance,
+                                             const PublicIds& ids);
+
+// The public ids of this database (its server key "public_ids").
+absl::StatusOr<PublicIds> PublicIdsOf(Store& store);
 
 // Returns the summary of one instance as used in lists.
 std::string InstanceSummaryJson(const InstanceRecord& instance);

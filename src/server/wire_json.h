@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/public_id.h"
 #include "store/store.h"
 
 namespace waystone::wire {
@@ -14,8 +15,9 @@ namespace waystone::wire {
 // The summary of one instance as used in lists and answers.
 nlohmann::json InstanceSummary(const InstanceRecord& instance);
 
-// One alert, with the business key of its instance.
-nlohmann::json Alert(const AlertRecord& alert, const std::string& instance_key);
+// One alert, with the business key of its instance and its public id.
+nlohmann::json Alert(const AlertRecord& alert, const std::string& instance_key,
+                     const PublicIds& ids);
 
 // What gc left of an instance.
 nlohmann::json Tombstone(const TombstoneRecord& tombstone);

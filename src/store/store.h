@@ -480,6 +480,9 @@ class Store {
   virtual absl::Status PutToken(const TokenRecord& token) = 0;
   // Returns the token with `token_hash`; NotFound when absent.
   virtual absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) = 0;
+  // The server key `name` (made by the migrations, e.g. "public_ids"); NotFound
+  // when there is none.
+  virtual absl::StatusOr<std::string> ServerKey(const std::string& name) = 0;
   // Every token, by name (their hashes included: they are not the tokens).
   virtual absl::StatusOr<std::vector<TokenRecord>> ListTokens() = 0;
   // Revokes the token named `name` at `now`; NotFound when there is none,

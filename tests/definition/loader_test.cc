@@ -324,5 +324,45 @@ TEST(LoaderTest, InvalidUtf8IsRefusedNamingTheLine) {
   EXPECT_TRUE(Has(diagnostics, "flow.yaml:5: not valid UTF-8")) << diagnostics[0].ToString();
 }
 
+TEST(LoaderKeepTest, AStepKeepsWhatTheTemplatesReadUnlessItSaysOtherwise) {
+  auto definition = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: fetch
+    request: { method: GET, url: "http://crm.test/customers/{{input.id}}" }
+  - name: all
+    store_response: all
+    request: { method: GET, url: "http://crm.test/x" }
+  - name: listed
+    store_response: [/status]
+    request: { method: GET, url: "http://crm.test/y" }
+  - name: notify
+    recovery: manual
+    request:
+      method: POST
+      url: "http://line.test/push/{{steps.fetch.response.line.id}}"
+      headers: { X-Seen: "{{steps.listed.output.when}}" }
+      body: { to: "{{steps.fetch.response.email}}", items: "{{steps.fetch.response.orders.0.no}}" }
+)",
+                                       "keep.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const auto& steps = definition->steps;
+  EXPECT_EQ(steps[0].store_response, ResponseKeep::kNeeded);
+  EXPECT_EQ(steps[0].kept_pointers,
+            (std::vector<std::string>{"/email", "/line/id", "/orders/0/no"}));
+  EXPECT_EQ(steps[1].store_response, ResponseKeep::kAll);
+  EXPECT_EQ(steps[2].kept_pointers, (std::vector<std::string>{"/status", "/when"}));
+  EXPECT_TRUE(steps[3].kept_pointers.empty());
+
+  auto d = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: fetch
+    store_response: some
+    request: { method: GET, url: "http://crm.test/customers" }
+)");
+  EXPECT_TRUE(Has(d, "'store_response' is all, none or a list", 5)) << All(d);
+}
+
 }  // namespace
 }  // namespace waystone

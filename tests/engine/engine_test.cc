@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <thread>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -299,6 +300,48 @@ TEST_P(EngineTest, SecretsReachRequestsButAreNeverStored) {
   }
   for (const auto& event : Events(instance)) {
     EXPECT_EQ(event.payload_json.find("erp-secret"), std::string::npos);
+  }
+}
+
+TEST_P(EngineTest, AStepKeepsOnlyWhatTheTemplatesReadOfItsAnswer) {
+  // The simulated CRM answers id, name, email, line_user_id, address_ok; the
+  // workflow reads all but the name, so the name is never stored.
+  InstanceRecord instance = Run(example_, Order("pii-1", "C-77"));
+  ASSERT_EQ(instance.state, InstanceState::kCompleted);
+  const Json kept = Json::parse(Step(instance, "fetch-customer").response_json);
+  EXPECT_EQ(kept["id"], "C-77");
+  EXPECT_TRUE(kept.contains("email") && kept.contains("line_user_id") &&
+              kept.contains("address_ok"))
+      << kept.dump();
+  EXPECT_FALSE(kept.contains("name")) << kept.dump();
+
+  // `store_response: none` keeps nothing, `all` everything, a list those pointers.
+  for (const auto& [keep, expect_name, expect_id] :
+       {std::tuple{"none", false, false}, std::tuple{"all", true, true},
+        std::tuple{"[/name]", true, true}}) {
+    std::string text = example_.text;
+    const std::string anchor = "  - name: fetch-customer\n";
+    const size_t at = text.find(anchor);
+    ASSERT_NE(at, std::string::npos);
+    text.insert(at + anchor.size(), std::string("    store_response: ") + keep + "\n");
+    if (std::string(keep) == "none") {
+      // Nothing kept: no later step may read it.
+      text = std::string(R"(workflow: keep-none
+key: "{{input.order_id}}"
+steps:
+  - name: fetch-customer
+    store_response: none
+    request: { method: GET, url: "{{env.CRM_URL}}/crm/customers/{{input.customer_id}}" }
+)");
+    }
+    auto definition = LoadDefinitionText(text, std::string("keep-") + keep + ".yaml");
+    ASSERT_TRUE(definition.ok()) << definition.status();
+    ASSERT_TRUE(engine_->Register(*definition).ok());
+    InstanceRecord run = Run(*definition, Order(std::string("pii-") + keep, "C-78"));
+    ASSERT_EQ(run.state, InstanceState::kCompleted) << keep << ": " << run.status_reason;
+    const Json stored = Json::parse(Step(run, "fetch-customer").response_json);
+    EXPECT_EQ(stored.contains("name"), expect_name) << keep << ": " << stored.dump();
+    EXPECT_EQ(stored.contains("id"), expect_id) << keep << ": " << stored.dump();
   }
 }
 

@@ -114,6 +114,22 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
   }
 }
 
+TEST_P(ApiTest, RevokedExpiredAndAllTenantNonAdminTokensAre401) {
+  // Stored as older versions made them, or as time made them.
+  ASSERT_TRUE(store_->PutToken({Sha256Hex("wst_old-star-operator"), "old-op", "*", "operator", 1,
+                                0, 0})
+                  .ok());
+  ASSERT_TRUE(store_->PutToken({Sha256Hex("wst_expired"), "gone", "t1", "viewer", 1, 0, 2}).ok());
+  EXPECT_EQ(Get("/v1/instances", "wst_old-star-operator").outcome.status, 401);
+  EXPECT_EQ(Get("/v1/instances", "wst_expired").outcome.status, 401);
+  EXPECT_EQ(Get("/v1/instances", viewer_t1_).outcome.status, 200);
+  ASSERT_TRUE(store_->RevokeToken("v1", 5).ok());
+  EXPECT_EQ(Get("/v1/instances", viewer_t1_).outcome.status, 401);
+  EXPECT_FALSE(CreateToken(*store_, "star-viewer", "*", Role::kViewer, 1).ok());
+  EXPECT_FALSE(CreateToken(*store_, "star-op", "*", Role::kOperator, 1).ok());
+  EXPECT_FALSE(CreateToken(*store_, "root", "t1", Role::kViewer, 1).ok());  // name taken
+}
+
 TEST_P(ApiTest, ATokenSeesOnlyItsTenant) {
   Json t1 = Json::parse(Get("/v1/instances", viewer_t1_).body);
   ASSERT_EQ(t1["items"].size(), 1u);

@@ -416,9 +416,14 @@ TEST_P(ApiWriteTest, AlertsAreAcknowledgedOnceWithAReason) {
   ASSERT_EQ(StartAndDrive("o6"), InstanceState::kNeedsAttention);
   Json open = Get("/v1/alerts?state=open");
   ASSERT_FALSE(open["items"].empty());
-  const int64_t id = open["items"][0]["id"];
+  // A public id: 16 hex characters, not the database's sequence.
+  const std::string id = open["items"][0]["id"];
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos);
   EXPECT_EQ(open["items"][0]["instance"], "o6");
-  const std::string path = "/v1/alerts/" + std::to_string(id) + "/acknowledge";
+  const std::string path = "/v1/alerts/" + id + "/acknowledge";
+  Post("/v1/alerts/1/acknowledge", {{"reason", "guessing"}}, 404);
+  Post("/v1/alerts/0123456789abcdef/acknowledge", {{"reason", "guessing"}}, 404);
   Post(path, {{"reason", "looking"}}, 403, viewer_);
   Post(path, {{"reason", "looking"}}, 404, operator_t2_);
   Post(path, Json::object(), 400);
@@ -697,7 +702,7 @@ TEST_P(ApiWriteTest, BadStartsAreProblemsAndStartNothing) {
 TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
   recorder_.Answer("/charge", 422);
   ASSERT_EQ(StartAndDrive("w1"), InstanceState::kNeedsAttention);
-  const int64_t alert = Get("/v1/alerts?state=open")["items"][0]["id"];
+  const std::string alert = Get("/v1/alerts?state=open")["items"][0]["id"];
   const std::string start = Json{{"workflow", "wf"}, {"input", {{"id", "w2"}}}}.dump();
   const std::string close = Json{{"reason", "r"}}.dump();
   const std::string event = Json{{"specversion", "1.0"}, {"id", "ev"}, {"source", "/s"},
@@ -709,7 +714,7 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
     std::string caller;
     int status;
   };
-  const std::string ack = "/v1/alerts/" + std::to_string(alert) + "/acknowledge?dry_run=true";
+  const std::string ack = "/v1/alerts/" + alert + "/acknowledge?dry_run=true";
   const std::vector<Case> cases = {
       {"/v1/instances", start, "none", 401},
       {"/v1/instances", start, "bad", 401},
@@ -883,7 +888,10 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
     }
     for (auto m = it.value().begin(); m != it.value().end(); ++m) {
       auto answer = Send(m.key() == "get" ? "GET" : "POST", path, operator_, "{}");
-      EXPECT_EQ(answer.body.find("no route"), std::string::npos) << m.key() << " " << path;
+      // (The document itself may say "no route"; only a 404 must not.)
+      if (answer.outcome.status == 404) {
+        EXPECT_EQ(answer.body.find("no route"), std::string::npos) << m.key() << " " << path;
+      }
     }
   }
 }

@@ -1129,6 +1129,14 @@ absl::StatusOr<std::vector<TokenRecord>> PostgresStore::ListTokens() {
   return out;
 }
 
+absl::StatusOr<std::string> PostgresStore::ServerKey(const std::string& name) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query("SELECT value FROM server_keys WHERE name = $1", Params(name)));
+  if (r.rows() == 0) return absl::NotFoundError("no server key '" + name + "'");
+  return r.Text(0, 0);
+}
+
 absl::Status PostgresStore::RevokeToken(const std::string& name, Millis now) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(PgResult r,

@@ -1178,6 +1178,18 @@ absl::StatusOr<std::vector<TokenRecord>> SqliteStore::ListTokens() {
   return out;
 }
 
+absl::StatusOr<std::string> SqliteStore::ServerKey(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT value FROM server_keys WHERE name = ?"));
+  s->BindAll(name);
+  WS_ASSIGN_OR_RETURN(bool row, s->Step());
+  std::string value = row ? s->Text(0) : "";
+  s->Reset();
+  if (!row) return absl::NotFoundError("no server key '" + name + "'");
+  return value;
+}
+
 absl::Status SqliteStore::RevokeToken(const std::string& name, Millis now) {
   std::lock_guard<std::mutex> lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * find,

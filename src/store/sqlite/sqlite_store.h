@@ -66,6 +66,7 @@ class SqliteStore final : public Store {
   absl::Status PutToken(const TokenRecord& token) override;
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
   absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
+  absl::StatusOr<std::string> ServerKey(const std::string& name) override;
   absl::Status RevokeToken(const std::string& name, Millis now) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
                                           Millis protect_before, bool dry_run) override;

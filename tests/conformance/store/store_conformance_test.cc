@@ -694,6 +694,22 @@ TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
   EXPECT_EQ(store_->ListAttempts(started->instance.id)->size(), 3u);
 }
 
+TEST_P(StoreConformanceTest, TokensHaveUniqueNamesExpireAndAreRevokedByName) {
+  ASSERT_TRUE(store_->PutToken({"h1", "alice", "t1", "operator", 10, 0, 0}).ok());
+  ASSERT_TRUE(store_->PutToken({"h2", "bob", "t1", "viewer", 11, 0, 5000}).ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(store_->PutToken({"h3", "alice", "t2", "viewer", 12, 0, 0})));
+  auto tokens = store_->ListTokens();
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(tokens->size(), 2u);
+  EXPECT_EQ((*tokens)[0].name, "alice");
+  EXPECT_EQ((*tokens)[1].expires_at, 5000);
+  ASSERT_TRUE(store_->RevokeToken("alice", 99).ok());
+  EXPECT_EQ(store_->FindToken("h1")->revoked_at, 99);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->RevokeToken("alice", 100)));
+  EXPECT_TRUE(absl::IsNotFound(store_->RevokeToken("carol", 100)));
+  EXPECT_EQ(store_->FindToken("h2")->revoked_at, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          testing::BackendName);

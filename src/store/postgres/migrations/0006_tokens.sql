@@ -5,3 +5,10 @@ UPDATE api_tokens t SET name = t.name || '#' || t.created_at || '-' || left(t.to
  WHERE EXISTS (SELECT 1 FROM api_tokens o
                 WHERE o.name = t.name AND (o.created_at, o.token_hash) < (t.created_at, t.token_hash));
 CREATE UNIQUE INDEX api_tokens_name ON api_tokens (name);
+
+-- Keys the server derives public ids from (base/public_id.h): made once, here.
+CREATE TABLE server_keys (
+  name   TEXT PRIMARY KEY,
+  value  TEXT NOT NULL
+);
+INSERT INTO server_keys VALUES ('public_ids', replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''));

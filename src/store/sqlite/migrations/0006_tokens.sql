@@ -4,3 +4,10 @@ ALTER TABLE api_tokens ADD COLUMN expires_at BIGINT NOT NULL DEFAULT 0;  -- 0 = 
 UPDATE api_tokens SET name = name || '#' || rowid
  WHERE rowid NOT IN (SELECT MIN(rowid) FROM api_tokens GROUP BY name);
 CREATE UNIQUE INDEX api_tokens_name ON api_tokens (name);
+
+-- Keys the server derives public ids from (base/public_id.h): made once, here.
+CREATE TABLE server_keys (
+  name   TEXT PRIMARY KEY,
+  value  TEXT NOT NULL
+);
+INSERT INTO server_keys VALUES ('public_ids', lower(hex(randomblob(32))));
