@@ -29,21 +29,6 @@ std::string JsonEscaped(const std::string& value) {
   return out;
 }
 
-std::string PercentEncoded(const std::string& value) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : value) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 void RegisterSecretValue(const std::string& value) {
@@ -51,7 +36,7 @@ void RegisterSecretValue(const std::string& value) {
   Registry& registry = Secrets();
   std::lock_guard<std::mutex> lock(registry.mu);
   auto values = std::make_shared<std::vector<std::string>>(*registry.values);
-  for (const std::string& form : {value, JsonEscaped(value), PercentEncoded(value)}) {
+  for (const std::string& form : {value, JsonEscaped(value)}) {
     if (std::find(values->begin(), values->end(), form) == values->end()) values->push_back(form);
   }
   // Longest first: a secret that contains another is replaced whole.

@@ -12,8 +12,8 @@ namespace waystone {
 
 inline constexpr std::string_view kRedacted = "***";
 
-// Adds `value` (and its JSON-escaped and percent-encoded forms) to the values
-// replaced. Values shorter than kMinRedactedSecret characters are not added (they
+// Adds `value` (and its JSON-escaped form) to the values replaced; register the
+// other forms a value travels in (percent-encoded in a URL) as values of their own. Values shorter than kMinRedactedSecret characters are not added (they
 // would blank out ordinary words); TemplateEnvironment refuses such secrets.
 // Thread-safe.
 inline constexpr size_t kMinRedactedSecret = 4;

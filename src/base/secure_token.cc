@@ -4,18 +4,14 @@
 
 #include <vector>
 
+#include "base/hex.h"
+
 namespace waystone {
 
 std::string SecureRandomHex(int bytes) {
   std::vector<unsigned char> buffer(static_cast<size_t>(bytes));
   if (RAND_bytes(buffer.data(), bytes) != 1) return "";
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : buffer) {
-    out.push_back(kDigits[b >> 4]);
-    out.push_back(kDigits[b & 0xf]);
-  }
-  return out;
+  return HexOf(std::string_view(reinterpret_cast<const char*>(buffer.data()), buffer.size()));
 }
 
 }  // namespace waystone

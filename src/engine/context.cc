@@ -42,9 +42,14 @@ absl::Status ReadSecretsFile(const std::string& path, nlohmann::json* out) {
   return absl::OkStatus();
 }
 
+// Every form a secret travels in: as is (headers, bodies), percent-encoded (URLs).
 void RegisterAll(const nlohmann::json& secrets) {
   for (auto it = secrets.begin(); it != secrets.end(); ++it) {
-    if (it.value().is_string()) RegisterSecretValue(it.value().get<std::string>());
+    if (!it.value().is_string()) continue;
+    const std::string value = it.value().get<std::string>();
+    RegisterSecretValue(value);
+    RegisterSecretValue(PercentEncode(value, UrlPart::kQuery));
+    RegisterSecretValue(PercentEncode(value, UrlPart::kPathSegment));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
+#include "base/hex.h"
 #include "base/log.h"
 #include "base/redact.h"
 #include "base/sha256.h"
@@ -165,33 +166,6 @@ std::optional<std::string> CheckQuery(const ServerRequest& req, const RouteSpec&
 std::string Param(const ServerRequest& req, std::string_view name) {
   const std::string* value = req.Query(name);
   return value == nullptr ? "" : *value;
-}
-
-std::string HexOf(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : text) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
-
-std::optional<std::string> FromHex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    auto digit = [](char c) -> int {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      return -1;
-    };
-    const int high = digit(hex[i]);
-    const int low = digit(hex[i + 1]);
-    if (high < 0 || low < 0) return std::nullopt;
-    out.push_back(static_cast<char>(high * 16 + low));
-  }
-  return out;
 }
 
 Json PlanJson(const ActionPlan& plan) {
