@@ -12,14 +12,19 @@ namespace waystone {
 
 inline constexpr std::string_view kRedacted = "***";
 
-// Adds `value` (and its JSON-escaped form) to the values replaced; register the
+// Adds `value` (and the forms JSON encoders escape it to: \" \\ \/ \u00XX) to the values replaced; register the
 // other forms a value travels in (percent-encoded in a URL) as values of their own. Values shorter than kMinRedactedSecret characters are not added (they
 // would blank out ordinary words); TemplateEnvironment refuses such secrets.
 // Thread-safe.
-inline constexpr size_t kMinRedactedSecret = 4;
+inline constexpr size_t kMinRedactedSecret = 8;
 void RegisterSecretValue(const std::string& value);
 
-// `text` with every registered secret value replaced by "***". Thread-safe.
+// True once any secret is registered (nothing to do before). Thread-safe.
+bool HaveSecrets();
+
+// `text` with every registered secret value replaced by "***". Thread-safe. For
+// JSON, RedactJsonText (model/json_text.h) replaces inside strings only, so the
+// text stays JSON whatever the secret looks like.
 std::string RedactSecrets(std::string_view text);
 
 }  // namespace waystone

@@ -34,6 +34,11 @@ int Main(int argc, char** argv) {
   run_cmd->add_option("--event-id", run.event_id, "Id of that event (claimed once)");
   add_global(run_cmd);
   add_engine(run_cmd);
+  auto add_tenants = [&](CLI::App* sub) {
+    sub->add_option("--config", global.config,
+                    "Server config whose tenants: apply here too (default $WAYSTONE_CONFIG)");
+  };
+  add_tenants(run_cmd);
 
   WorkerOptions worker;
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run instances until SIGTERM (drains gracefully)");
@@ -45,6 +50,7 @@ int Main(int argc, char** argv) {
                          "Also deliver outbox events with this relay config");
   add_global(worker_cmd);
   add_engine(worker_cmd);
+  add_tenants(worker_cmd);
 
   StartOptions start;
   CLI::App* start_cmd = app.add_subcommand("start", "Start instances without running them");
@@ -57,6 +63,7 @@ int Main(int argc, char** argv) {
   start_cmd->add_option("--event-id", start.event_id, "Id of the starting event (claimed once)");
   add_global(start_cmd);
   add_engine(start_cmd);
+  add_tenants(start_cmd);
 
   StatusOptions status;
   CLI::App* status_cmd = app.add_subcommand("status", "Show one instance, or a summary of all");

@@ -25,7 +25,9 @@ struct GlobalOptions {
   // request (longer than the targets keep their keys); a workflow may set its own.
   std::string step_key_retention = "7d";
   bool verbose = false;
-  // From the server config's `tenants:` (serve only).
+  // A server config (--config, WAYSTONE_CONFIG) whose `tenants:` every engine
+  // command obeys: serve reads it whole, run/start/worker its tenants and secrets.
+  std::string config;
   std::map<std::string, TenantPolicy> tenants;
   std::map<std::string, int> tenant_lines;
 };

@@ -49,6 +49,16 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
   options.workers = workers;
   options.secrets_file = global.secrets_file;
   options.tenants = global.tenants;
+  // A worker or start without serve's config would render every tenant with the
+  // process's secrets and skip the allow-list: the same config applies.
+  const char* env_config = std::getenv("WAYSTONE_CONFIG");
+  const std::string config_path =
+      !global.config.empty() ? global.config : env_config != nullptr ? env_config : "";
+  if (options.tenants.empty() && !config_path.empty()) {
+    WS_ASSIGN_OR_RETURN(ServerConfig config, LoadServerConfig(config_path));
+    options.tenants = config.tenants;
+    if (options.secrets_file.empty()) options.secrets_file = config.secrets_file;
+  }
   auto lease = ParseDuration(global.lease);
   if (!lease) return absl::InvalidArgumentError("--lease '" + global.lease + "' is not a duration");
   options.lease_duration = *lease;
@@ -274,6 +284,7 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
     return value == nullptr ? "" : value;
   };
   const std::string config_path = options.config.empty() ? env("WAYSTONE_CONFIG") : options.config;
+  global.config = config_path;
   ServerConfig config;
   if (!config_path.empty()) {
     auto loaded = LoadServerConfig(config_path);
@@ -348,18 +359,21 @@ int TokenList(const GlobalOptions& global, bool json) {
   if (json) {
     nlohmann::json out = nlohmann::json::array();
     for (const TokenRecord& t : *tokens) {
-      out.push_back({{"name", t.name}, {"tenant", t.tenant}, {"role", t.role},
+      out.push_back({{"name", t.name}, {"id", t.token_hash.substr(0, 12)},
+                     {"tenant", t.tenant}, {"role", t.role},
                      {"state", state(t)}, {"created_at", when(t.created_at)},
                      {"expires_at", when(t.expires_at)}, {"revoked_at", when(t.revoked_at)}});
     }
     std::printf("%s\n", JsonText(out, 2).c_str());
     return kExitOk;
   }
-  std::printf("%-24s %-16s %-9s %-8s %-24s %s\n", "NAME", "TENANT", "ROLE", "STATE", "CREATED",
-              "EXPIRES");
+  // ID: the start of the token's SHA-256 (never the token): tells tokens apart.
+  std::printf("%-24s %-12s %-16s %-9s %-8s %-24s %s\n", "NAME", "ID", "TENANT", "ROLE", "STATE",
+              "CREATED", "EXPIRES");
   for (const TokenRecord& t : *tokens) {
-    std::printf("%-24s %-16s %-9s %-8s %-24s %s\n", t.name.c_str(), t.tenant.c_str(),
-                t.role.c_str(), state(t), when(t.created_at).c_str(), when(t.expires_at).c_str());
+    std::printf("%-24s %-12s %-16s %-9s %-8s %-24s %s\n", t.name.c_str(),
+                t.token_hash.substr(0, 12).c_str(), t.tenant.c_str(), t.role.c_str(), state(t),
+                when(t.created_at).c_str(), when(t.expires_at).c_str());
   }
   return kExitOk;
 }

@@ -473,7 +473,11 @@ std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_vi
   }
   definition.source = std::string(source);  // before validating: its messages name the file
   if (diagnostics.empty()) ValidateDefinition(definition, &diagnostics);
-  if (diagnostics.empty()) DeriveKeptResponses(&definition);
+  // Warnings refuse nothing: a definition that loads keeps what its templates read.
+  if (std::none_of(diagnostics.begin(), diagnostics.end(),
+                   [](const Diagnostic& d) { return d.severity == Severity::kError; })) {
+    DeriveKeptResponses(&definition);
+  }
   // Errors first, then warnings, each in the order found.
   std::stable_partition(diagnostics.begin(), diagnostics.end(),
                         [](const Diagnostic& d) { return d.severity == Severity::kError; });

@@ -44,10 +44,12 @@ class Validator {
       return;
     }
     if (path[0] == "instance") {
-      static const std::set<std::string> kFields = {"key", "ref", "tenant", "id", "trace_id"};
+      // No instance.id: a database sequence shared by every tenant, it would tell a
+      // downstream how much the others do.
+      static const std::set<std::string> kFields = {"key", "ref", "tenant", "trace_id"};
       if (path.size() != 2 || !kFields.contains(path[1])) {
         Error(line, step, where + ": " + shown + " is not one of instance.key, instance.ref, "
-                                              "instance.tenant, instance.id, instance.trace_id");
+                                              "instance.tenant, instance.trace_id");
       }
     } else if (path[0] == "step") {
       static const std::set<std::string> kFields = {"name", "idempotency_key"};
@@ -77,6 +79,11 @@ class Validator {
       if (!kFields.contains(path[2])) {
         Error(line, step, where + ": " + shown + " must use response, external_id or output of a "
                                               "step");
+      }
+      if ((path[2] == "response" || path[2] == "output") &&
+          definition_.steps[index].store_response == ResponseKeep::kNone) {
+        Error(line, step, where + ": " + shown + " reads the answer of step '" + path[1] +
+                              "', which keeps none of it (store_response: none)");
       }
     }
   }

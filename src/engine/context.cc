@@ -120,7 +120,6 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
   context["instance"] = {{"key", instance.key},
                          {"ref", InstanceRef(instance.tenant, instance.key)},
                          {"tenant", instance.tenant},
-                         {"id", instance.id},
                          {"trace_id", instance.trace_id}};
   nlohmann::json by_name = nlohmann::json::object();
   for (const StepRecord& step : steps) {

@@ -108,6 +108,11 @@ class Engine::Impl {
                                         std::string(key.status().message()));
     }
     if (key->empty()) return absl::InvalidArgumentError("business key renders empty");
+    if (key->size() > kMaxBusinessKeyBytes) {
+      return absl::InvalidArgumentError("business key is " + std::to_string(key->size()) +
+                                        " bytes; the limit is " +
+                                        std::to_string(kMaxBusinessKeyBytes));
+    }
     // The key travels in headers (Idempotency-Key) and URLs: no control characters.
     for (unsigned char c : *key) {
       if (c < 0x20 || c == 0x7F) {

@@ -20,6 +20,8 @@ class Operations;
 
 // Inputs larger than this are refused.
 inline constexpr size_t kMaxInputBytes = 256 * 1024;
+// Business keys travel in URLs, headers (Idempotency-Key) and Location: bounded.
+inline constexpr size_t kMaxBusinessKeyBytes = 512;
 
 struct EngineOptions {
   // Worker threads, each driving one instance at a time.

@@ -138,8 +138,9 @@ absl::StatusOr<AlertRecord> Operations::AcknowledgeAlert(const std::string& tena
     return absl::NotFoundError("no alert " + std::to_string(id));
   }
   if (alert.state != AlertState::kOpen) {
-    return absl::FailedPreconditionError("alert " + std::to_string(id) + " is " +
-                                         std::string(ToString(alert.state)) + ", not open");
+    // No id in the text: callers show public ids, not the database's.
+    return absl::FailedPreconditionError("the alert is " + std::string(ToString(alert.state)) +
+                                         ", not open");
   }
   if (dry_run) return alert;
   const Json detail = {{"alert", id}, {"kind", ToString(alert.kind)}, {"step", alert.step}};

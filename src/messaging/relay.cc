@@ -4,6 +4,7 @@
 
 #include "base/crash_point.h"
 #include "base/log.h"
+#include "base/redact.h"
 #include "base/status_macros.h"
 #include "engine/events.h"
 #include "engine/lease_reaper.h"
@@ -154,8 +155,11 @@ absl::Status Relay::DeliverOne(const DeliveryClaim& claim) {
   if (it == sinks_.end()) return absl::InternalError("no sink named " + claim.sink);
   const std::string body = ToCloudEventJson(claim.event, config_.deployment);
   CrashPoint("before-deliver", claim.sink);
-  const DeliveryOutcome outcome = it->second->Deliver(claim.event, body);
+  DeliveryOutcome outcome = it->second->Deliver(claim.event, body);
   CrashPoint("after-deliver", claim.sink);
+  // A sink's answer may echo what it got (a signing secret, a template secret in
+  // the event): kept and alerted only redacted.
+  outcome.detail = RedactSecrets(outcome.detail);
 
   const Millis now = clock_->NowMillis();
   DeliveryUpdate update;

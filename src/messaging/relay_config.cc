@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "base/redact.h"
 #include "definition/loader.h"
 #include "model/duration.h"
 
@@ -150,12 +151,14 @@ class ConfigReader {
                               " is not set");
       }
       sink.secret = value;
+      RegisterSecretValue(sink.secret);
     } else if (const YAML::Node file = node["secret_file"]) {
       std::string text;
       auto status = ReadFileText(file.Scalar(), 4096, &text);
       if (!status.ok()) return Error(file, std::string(status.message()));
       while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
       sink.secret = text;
+      RegisterSecretValue(sink.secret);
     } else {
       return Error(node, "webhook sink '" + sink.name + "' needs 'secret_env' or 'secret_file'");
     }

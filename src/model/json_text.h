@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/json_depth.h"
+#include "base/redact.h"
 
 namespace waystone {
 
@@ -19,6 +20,35 @@ namespace waystone {
 // becomes U+FFFD instead: the text is always produced.
 inline std::string JsonText(const nlohmann::json& value, int indent = -1) {
   return value.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Replaces every registered secret inside the strings (and member names) of
+// `value`: the JSON stays JSON whatever a secret looks like. Bounded: what we hold
+// nests at most kMaxJsonDepth levels.
+inline void RedactStrings(nlohmann::json& value, int depth = 0) {
+  if (value.is_string()) {
+    value = RedactSecrets(value.get_ref<const std::string&>());
+  } else if (value.is_array() && depth < kMaxJsonDepth) {
+    for (auto& element : value) RedactStrings(element, depth + 1);
+  } else if (value.is_object() && depth < kMaxJsonDepth) {
+    nlohmann::json out = nlohmann::json::object();
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      nlohmann::json member = std::move(it.value());
+      RedactStrings(member, depth + 1);
+      out[RedactSecrets(it.key())] = std::move(member);
+    }
+    value = std::move(out);
+  }
+}
+
+// RedactStrings on JSON text; text that is not JSON is redacted as text.
+inline std::string RedactJsonText(const std::string& text) {
+  if (text.empty() || !HaveSecrets()) return text;
+  if (JsonNestsDeeperThan(text)) return RedactSecrets(text);
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return RedactSecrets(text);
+  RedactStrings(value);
+  return JsonText(value);
 }
 
 // Parses JSON that came from outside: refused, with `what` named, when it is not

@@ -48,14 +48,16 @@ void Send(ServerResponse& res, const Problem& problem, const std::string& path,
   Json body = Json::parse(problem.ToJson(path));
   for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
   if (problem.status == 503) res.SetHeader("Retry-After", "1");
-  res.SetContent(RedactSecrets(JsonText(body)), "application/problem+json");
+  RedactStrings(body);
+  res.SetContent(JsonText(body), "application/problem+json");
 }
 
 // Every answer passes RedactSecrets: previews render templates now, and a secret
 // must not leave in one.
-void SendJson(ServerResponse& res, int status, const Json& body) {
+void SendJson(ServerResponse& res, int status, Json body) {
   res.status = status;
-  res.SetContent(RedactSecrets(JsonText(body)), "application/json");
+  RedactStrings(body);
+  res.SetContent(JsonText(body), "application/json");
 }
 
 // The routes of the API.
@@ -221,6 +223,7 @@ class ApiServer::Impl {
     front_options_.request_deadline_seconds = options_.read_timeout_seconds;
     front_options_.max_connections = options_.max_connections;
     front_options_.handler_threads = options_.handler_threads;
+    front_options_.health_path = "/healthz";
     auto started = HttpFront::Start(front_options_, MakeScreen(), MakeHandle());
     if (!started.ok()) return started.status();
     front_ = std::move(*started);
@@ -248,8 +251,10 @@ class ApiServer::Impl {
       Send(res, NotFound("no route " + head.method + " " + head.path), head.path);
       return true;
     }
+    // HEAD is GET without the body (the front drops it).
+    const std::string method = head.method == "HEAD" ? "GET" : head.method;
     auto match = std::find_if(matches.begin(), matches.end(), [&](const Screened& m) {
-      return head.method == m.route->method;
+      return method == m.route->method;
     });
     if (match == matches.end()) {
       std::string allow;
@@ -450,7 +455,7 @@ class ApiServer::Impl {
     if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
     auto view = InstanceViewJson(*store_, *instance, *ids_);
     if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
-    res.SetContent(RedactSecrets(*view), "application/json");
+    res.SetContent(*view, "application/json");  // redacted by InstanceViewJson
   }
 
   void ListInstances(const Principal& principal, const ServerRequest& req, ServerResponse& res) {

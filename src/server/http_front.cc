@@ -220,23 +220,42 @@ void RunHandler(const HandleFn& handle, const ServerRequest& req, ServerResponse
   res = Internal(req.path);
 }
 
-BeastResponse ToBeast(ServerResponse&& res, unsigned version, bool keep_alive) {
+// The message for `res`. Never throws: a header Beast refuses (a line break that
+// would let a value write headers of its own, a value over its 64 KiB) is left out
+// and logged. For HEAD the length is kept and the body dropped.
+BeastResponse ToBeast(ServerResponse&& res, unsigned version, bool keep_alive, bool head) {
   BeastResponse out;
   out.version(version == 10 ? 10 : 11);
   out.result(static_cast<unsigned>(res.status));
   for (auto& [name, value] : res.headers) {
-    // A line break in a header would let a value write headers of its own.
     if (name.find_first_of("\r\n") != std::string::npos ||
-        value.find_first_of("\r\n") != std::string::npos) {
-      Log(LogLevel::kWarning, "response header '" + name + "' with a line break left out");
+        value.find_first_of("\r\n") != std::string::npos || name.size() > 256 ||
+        value.size() > 8192) {
+      Log(LogLevel::kWarning, "response header '" + name.substr(0, 64) +
+                                  "' left out: a line break or too long");
       continue;
     }
-    out.set(name, value);
+    try {
+      out.set(name, value);
+    } catch (const std::exception& e) {
+      Log(LogLevel::kWarning, "response header '" + name.substr(0, 64) + "' left out: " + e.what());
+    }
   }
-  out.body() = std::move(res.body);
+  const size_t length = res.body.size();
+  out.body() = head ? std::string() : std::move(res.body);
   out.keep_alive(keep_alive);
   out.prepare_payload();
+  if (head) out.content_length(length);
   return out;
+}
+
+// One plain answer of the front itself, written before any handler runs.
+std::string CannedAnswer(int status, const char* reason, const std::string& kind,
+                         const std::string& detail) {
+  const std::string body = Problem{status, "urn:waystone:problem:" + kind, reason, detail}.ToJson("");
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason +
+         "\r\nContent-Type: application/problem+json\r\nRetry-After: 1\r\nConnection: close\r\n"
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 void ConfigureParser(Parser& parser, const HttpFrontOptions& options) {
@@ -252,15 +271,23 @@ class HttpFront::Impl {
       : options_(options),
         screen_(std::move(screen)),
         handle_(std::move(handle)),
-        acceptor_(ioc_),
+        acceptor_(net::make_strand(ioc_)),
         pool_(static_cast<size_t>(std::max(1, options.handler_threads))),
-        retry_accept_(ioc_) {}
+        retry_accept_(acceptor_.get_executor()) {}
 
+  // Stops taking connections, lets the requests under way be answered for a
+  // moment, then stops: requests still queued for a handler are dropped unrun
+  // (nothing of theirs is committed), running handlers finish.
   ~Impl() {
-    net::post(ioc_, [this] {
+    stopping_ = true;
+    net::post(acceptor_.get_executor(), [this] {
       error_code ignored;
       acceptor_.close(ignored);
     });
+    const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (busy_.load() > 0 && std::chrono::steady_clock::now() < drain_until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     ioc_.stop();
     for (std::thread& t : threads_) t.join();
     pool_.stop();
@@ -292,7 +319,20 @@ class HttpFront::Impl {
     port_ = acceptor_.local_endpoint().port();
     Accept();
     for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
-      threads_.emplace_back([this] { ioc_.run(); });
+      threads_.emplace_back([this] {
+        // Nothing a request does may end the process: a handler that threw is
+        // logged and the loop goes on.
+        while (true) {
+          try {
+            ioc_.run();
+            return;
+          } catch (const std::exception& e) {
+            Log(LogLevel::kError, std::string("HTTP front: ") + e.what());
+          } catch (...) {
+            Log(LogLevel::kError, "HTTP front: unknown exception");
+          }
+        }
+      });
     }
     return absl::OkStatus();
   }
@@ -303,6 +343,9 @@ class HttpFront::Impl {
   const HandleFn& handle() const { return handle_; }
   net::thread_pool& pool() { return pool_; }
   std::atomic<int>& connections() { return connections_; }
+  // Requests read and not yet answered.
+  std::atomic<int>& busy() { return busy_; }
+  bool stopping() const { return stopping_.load(); }
 
  private:
   void Accept();
@@ -311,6 +354,8 @@ class HttpFront::Impl {
   ScreenFn screen_;
   HandleFn handle_;
   std::atomic<int> connections_{0};
+  std::atomic<int> busy_{0};
+  std::atomic<bool> stopping_{false};
   int port_ = -1;
   // Destroyed in reverse: the pool's queued work and the io_context's own hold
   // connections, whose sockets need the io_context.
@@ -332,7 +377,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : stream_(std::move(socket)), front_(front) {
     front_->connections().fetch_add(1);
   }
-  ~Connection() { front_->connections().fetch_sub(1); }
+  ~Connection() {
+    Busy(false);
+    front_->connections().fetch_sub(1);
+  }
 
   void Start() { ReadNextHead(); }
 
@@ -342,8 +390,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReadNextHead() {
     parser_.emplace();
     ConfigureParser(*parser_, options());
-    // One deadline for the whole request, head and body.
-    stream_.expires_after(std::chrono::seconds(options().request_deadline_seconds));
+    // One deadline for the whole request, head and body (time the request waits
+    // for a handler thread of ours is added back: it is not the client's).
+    deadline_ = std::chrono::steady_clock::now() +
+                std::chrono::seconds(options().request_deadline_seconds);
+    stream_.expires_at(deadline_);
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = shared_from_this()](error_code ec, size_t) {
                                self->OnHead(ec);
@@ -356,14 +407,34 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (auto refused = ReadHead(*parser_, options(), &request_)) {
       return Write(std::move(*refused), false);
     }
-    net::post(front_->pool(), [self = shared_from_this()] {
+    head_only_ = request_.method == "HEAD";
+    if (!options().health_path.empty() && request_.path == options().health_path &&
+        (request_.method == "GET" || head_only_) && request_.query.empty() &&
+        parser_->is_done()) {
+      // Answered here, on the I/O thread: busy handlers never delay it.
+      ServerResponse ok;
+      ok.SetContent("ok\n", "text/plain");
+      return Write(std::move(ok), parser_->get().keep_alive());
+    }
+    Busy(true);
+    const auto queued = std::chrono::steady_clock::now();
+    net::post(front_->pool(), [self = shared_from_this(), queued] {
+      const auto waited = std::chrono::steady_clock::now() - queued;
       auto res = std::make_shared<ServerResponse>();
       const bool answered = RunScreen(self->front_->screen(), self->request_, *res);
-      net::post(self->stream_.get_executor(), [self, res, answered] {
+      net::post(self->stream_.get_executor(), [self, res, answered, waited] {
         if (answered) return self->Write(std::move(*res), false);  // the body stays unread
+        self->deadline_ += std::chrono::duration_cast<std::chrono::steady_clock::duration>(waited);
+        self->stream_.expires_at(self->deadline_);
         self->ReadBody();
       });
     });
+  }
+
+  void Busy(bool now) {
+    if (now == busy_) return;
+    busy_ = now;
+    front_->busy().fetch_add(now ? 1 : -1);
   }
 
   void ReadBody() {
@@ -409,7 +480,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Write(ServerResponse res, bool keep_alive) {
-    response_ = ToBeast(std::move(res), version_, keep_alive);
+    Busy(false);
+    response_ = ToBeast(std::move(res), version_, keep_alive && !front_->stopping(), head_only_);
     stream_.expires_after(std::chrono::seconds(options().write_deadline_seconds));
     bhttp::async_write(stream_, response_, [self = shared_from_this()](error_code ec, size_t) {
       if (ec) return self->Close();
@@ -441,6 +513,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Close() {
+    Busy(false);
     error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -453,6 +526,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ServerRequest request_;
   BeastResponse response_;
   unsigned version_ = 11;
+  bool head_only_ = false;
+  bool busy_ = false;  // counted in front_->busy()
+  std::chrono::steady_clock::time_point deadline_;
   std::string drained_;
   size_t drained_total_ = 0;
 };
@@ -472,13 +548,11 @@ void HttpFront::Impl::Accept() {
     error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
     if (connections_.load() >= options_.max_connections) {
-      static constexpr std::string_view kBusy =
-          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
-          "Retry-After: 1\r\nConnection: close\r\nContent-Length: 112\r\n\r\n"
-          "{\"type\":\"urn:waystone:problem:unavailable\",\"title\":\"Temporarily unavailable\","
-          "\"status\":503,\"detail\":\"too many connections\"}";
+      static const std::string kBusy = CannedAnswer(503, "Service Unavailable", "unavailable",
+                                                    "too many connections; retry shortly");
       socket.non_blocking(true, ignored);
       socket.write_some(net::buffer(kBusy.data(), kBusy.size()), ignored);
+      socket.shutdown(tcp::socket::shutdown_send, ignored);
       socket.close(ignored);
     } else {
       std::make_shared<Connection>(std::move(socket), this)->Start();
@@ -502,8 +576,9 @@ int HttpFront::port() const { return impl_->port(); }
 std::string ServeBytes(std::string_view raw, const HttpFrontOptions& options,
                        const ScreenFn& screen, const HandleFn& handle) {
   std::string out;
-  auto emit = [&out](ServerResponse&& res, unsigned version, bool keep_alive) {
-    BeastResponse message = ToBeast(std::move(res), version, keep_alive);
+  bool head = false;
+  auto emit = [&out, &head](ServerResponse&& res, unsigned version, bool keep_alive) {
+    BeastResponse message = ToBeast(std::move(res), version, keep_alive, head);
     std::ostringstream text;
     text << message;
     out += text.str();
@@ -542,6 +617,7 @@ std::string ServeBytes(std::string_view raw, const HttpFrontOptions& options,
       emit(std::move(*refused), version, false);
       return out;
     }
+    head = request.method == "HEAD";
     ServerResponse res;
     if (RunScreen(screen, request, res)) {
       emit(std::move(res), version, false);

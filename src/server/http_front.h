@@ -65,6 +65,9 @@ struct HttpFrontOptions {
   // writing never wait on them: a slow client holds a socket, not a thread.
   int handler_threads = 8;
   int io_threads = 2;
+  // GET (or HEAD) of this path, without a query, is answered "ok" on the I/O
+  // thread itself, never queued behind handlers; "" = none.
+  std::string health_path;
 };
 
 // Runs after the head is read and before the body is: returns true when it

@@ -17,6 +17,7 @@ class MetricsServer::Impl {
     options.max_body_bytes = 0;
     options.handler_threads = 2;
     options.max_connections = 64;
+    options.health_path = "/healthz";
     auto started = HttpFront::Start(
         options, [](ServerRequest& head, ServerResponse& res) { return Screen(head, res); },
         [this](const ServerRequest& req, ServerResponse& res) { Handle(req, res); });
@@ -29,7 +30,10 @@ class MetricsServer::Impl {
 
  private:
   static bool Screen(const ServerRequest& head, ServerResponse& res) {
-    if (head.method == "GET" && (head.path == "/metrics" || head.path == "/healthz")) return false;
+    if ((head.method == "GET" || head.method == "HEAD") &&
+        (head.path == "/metrics" || head.path == "/healthz")) {
+      return false;
+    }
     res.status = 404;
     res.SetContent("not found\n", "text/plain");
     return true;

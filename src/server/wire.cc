@@ -109,13 +109,17 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
   for (const auto& a : alerts) out["alerts"].push_back(wire::Alert(a, instance.key, ids));
   out["audit"] = Json::array();
   for (const auto& a : audit) {
+    Json detail = Json::parse(a.detail_json, nullptr, false);
+    if (detail.is_discarded()) detail = a.detail_json;
+    // An acknowledgement names its alert by the database id: shown as the public one.
+    if (detail.is_object() && detail.contains("alert") && detail["alert"].is_number_integer()) {
+      detail["alert"] = ids.Encode(detail["alert"].get<int64_t>());
+    }
     out["audit"].push_back({{"at", Rfc3339(a.at)},
                             {"actor", a.actor},
                             {"action", a.action},
                             {"reason", a.reason},
-                            {"detail", Json::parse(a.detail_json, nullptr, false).is_discarded()
-                                           ? Json(a.detail_json)
-                                           : Json::parse(a.detail_json)}});
+                            {"detail", std::move(detail)}});
   }
   out["deliveries"] = Json::array();
   for (const auto& d : deliveries) {
@@ -127,6 +131,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
                                  {"last_error", d.last_error},
                                  {"delivered_at", Rfc3339(d.delivered_at)}});
   }
+  RedactStrings(out);  // what the API and the CLI show carries no secret
   return JsonText(out, 2);
 }
 

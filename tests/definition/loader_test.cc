@@ -362,6 +362,33 @@ steps:
     request: { method: GET, url: "http://crm.test/customers" }
 )");
   EXPECT_TRUE(Has(d, "'store_response' is all, none or a list", 5)) << All(d);
+
+  d = Lint(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: fetch
+    store_response: none
+    request: { method: GET, url: "http://crm.test/customers" }
+  - name: use
+    request: { method: GET, url: "http://crm.test/{{steps.fetch.response.id}}" }
+)");
+  EXPECT_TRUE(Has(d, "keeps none of it (store_response: none)", 0, "use")) << All(d);
+
+  // A definition with warnings (a lookup that names no tenant) loads, and keeps
+  // what its templates read all the same.
+  auto warned = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: create
+    recovery: lookup
+    request: { method: POST, url: "http://erp.test/orders" }
+    lookup: { request: { method: GET, url: "http://erp.test/orders?ref={{input.id}}" }, found: /id }
+  - name: notify
+    request: { method: GET, url: "http://line.test/{{steps.create.response.customer.id}}" }
+)",
+                                   "warned.yaml");
+  ASSERT_TRUE(warned.ok()) << warned.status();
+  EXPECT_EQ(warned->steps[0].kept_pointers, (std::vector<std::string>{"/customer/id"}));
 }
 
 }  // namespace

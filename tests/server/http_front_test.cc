@@ -5,12 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/json_depth.h"
 #include "base/random.h"
-#include "base/redact.h"
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
@@ -65,9 +71,10 @@ class HttpFrontTest : public ::testing::Test {
   }
 
   std::string Post(const std::string& target, const std::string& body,
-                   const std::string& extra_headers = "") {
+                   const std::string& extra_headers = "",
+                   const std::string& content_type = "application/json") {
     return "POST " + target + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token_ +
-           "\r\nContent-Type: application/json\r\n" + extra_headers +
+           "\r\nContent-Type: " + content_type + "\r\n" + extra_headers +
            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   }
 
@@ -139,12 +146,22 @@ TEST_F(HttpFrontTest, DeepJsonIsRefusedEverywhereAndChangesNothing) {
   // Within the body limit (4096 here), far past the depth limit.
   const std::string deep = std::string(1500, '[') + std::string(1500, ']');
   const std::string deep_input = R"({"workflow":"wf","input":{"ref":"d","x":)" + deep + "}}";
+  // Each body is otherwise valid: only its depth can refuse it.
   EXPECT_EQ(StatusOf(Post("/v1/instances", deep_input)), 400);
-  EXPECT_EQ(StatusOf(Post("/v1/instances/nobody/confirm?dry_run=true", deep)), 400);
-  EXPECT_EQ(StatusOf(Post("/v1/events", R"({"specversion":"1.0","id":"1","source":"s","type":"com.example.order","data":)" + deep + "}",
-                          "")),
+  EXPECT_EQ(StatusOf(Post("/v1/instances/nobody/confirm?dry_run=true",
+                          R"({"reason":"r","step":"create","happened":true,"response":{"x":)" +
+                              deep + "}}")),
             400);
-  EXPECT_EQ(Instances(), 0u);
+  const std::string event = R"({"specversion":"1.0","id":"1","source":"s",)"
+                            R"("type":"com.example.order","data":{"ref":"d","x":)";
+  const std::string structured = "application/cloudevents+json";
+  const std::string answer =
+      server_->ServeBytesForTest(Post("/v1/events", event + deep + "}}", "", structured));
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 400")) << answer;
+  EXPECT_NE(answer.find("deeper than 64 levels"), std::string::npos) << answer;
+  // The same, shallow, is served: the depth was the only fault.
+  EXPECT_EQ(StatusOf(Post("/v1/events", event + "[[1]]}}", "", structured)), 200);
+  EXPECT_EQ(Instances(), 1u);
   EXPECT_TRUE(JsonNestsDeeperThan(deep));
   EXPECT_FALSE(JsonNestsDeeperThan(R"({"a":[1,{"b":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}]})"));
 }
@@ -167,15 +184,93 @@ TEST_F(HttpFrontTest, CloudEventAttributesMustBeUtf8AndNothingIsCommitted) {
   EXPECT_EQ(Instances(), 1u);
 }
 
-TEST(RedactSecretsTest, EveryFormOfARegisteredValueIsReplaced) {
-  RegisterSecretValue("s3cr3t-\"value\"/x");
-  EXPECT_EQ(RedactSecrets("token s3cr3t-\"value\"/x here"), "token *** here");
-  EXPECT_EQ(RedactSecrets(R"({"echo":"s3cr3t-\"value\"/x"})"), R"({"echo":"***"})");
-  // Other forms (percent-encoded in a URL) are registered as values of their own
-  // (TemplateEnvironment does); unregistered, they stay.
-  EXPECT_EQ(RedactSecrets("q=s3cr3t-%22value%22%2Fx"), "q=s3cr3t-%22value%22%2Fx");
-  RegisterSecretValue("abc");  // too short to tell apart: not registered
-  EXPECT_EQ(RedactSecrets("abc"), "abc");
+// A real connection, not ServeBytes: the strand, the pool, keep-alive, 100-continue,
+// HEAD and the connection limit are the served code's own.
+class Socket {
+ public:
+  explicit Socket(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    timeval timeout{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  }
+  ~Socket() { ::close(fd_); }
+  bool connected() const { return connected_; }
+  void Send(const std::string& bytes) { ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size())); }
+  // Reads until `needle` arrived `times` times (or the peer closed, or 5 s passed).
+  std::string ReadUntil(const std::string& needle, int times = 1) {
+    auto count = [&] {
+      int n = 0;
+      for (size_t at = got_.find(needle); at != std::string::npos; at = got_.find(needle, at + 1)) ++n;
+      return n;
+    };
+    while (count() < times) {
+      char buffer[4096];
+      const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      got_.append(buffer, static_cast<size_t>(n));
+    }
+    return got_;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string got_;
+};
+
+TEST_F(HttpFrontTest, AServedConnectionKeepsAliveContinuesAndAnswersHead) {
+  Socket client(server_->port());
+  ASSERT_TRUE(client.connected());
+  client.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nHEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string got = client.ReadUntil("\r\n\r\n", 2);  // both heads
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  client.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");  // still alive after HEAD
+  got = client.ReadUntil("\r\n\r\n", 3);
+  EXPECT_EQ(got.find("HTTP/1.1 200"), 0u) << got;
+  const size_t second = got.find("HTTP/1.1 200", 5);
+  ASSERT_NE(second, std::string::npos) << got;
+  const size_t third = got.find("HTTP/1.1 200", second + 5);
+  ASSERT_NE(third, std::string::npos) << got;
+  // HEAD: the length of the GET's body, and no body before the next answer.
+  const std::string head_answer = got.substr(second, third - second);
+  EXPECT_NE(head_answer.find("Content-Length: 3"), std::string::npos) << got;
+  EXPECT_TRUE(head_answer.ends_with("\r\n\r\n")) << "HEAD answered a body: " << got;
+
+  const std::string body = R"({"workflow":"wf","input":{"ref":"c1"}})";
+  Socket expecting(server_->port());
+  expecting.Send("POST /v1/instances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token_ +
+                 "\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                 "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+  EXPECT_NE(expecting.ReadUntil("100 Continue\r\n\r\n").find("HTTP/1.1 100 Continue"),
+            std::string::npos);
+  expecting.Send(body);
+  EXPECT_NE(expecting.ReadUntil("\"created\":true").find("HTTP/1.1 201"), std::string::npos);
+  EXPECT_EQ(Instances(), 1u);
+}
+
+TEST_F(HttpFrontTest, ConnectionsBeyondTheLimitGetAWhole503) {
+  ApiServerOptions api;
+  api.listen = "127.0.0.1:0";
+  api.max_connections = 2;
+  auto small = ApiServer::Start(api, store_.get(), SystemClock::Get(), engine_.get());
+  ASSERT_TRUE(small.ok()) << small.status();
+  Socket first((*small)->port());
+  Socket second((*small)->port());
+  first.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  second.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_NE(first.ReadUntil("ok\n").find("200"), std::string::npos);
+  ASSERT_NE(second.ReadUntil("ok\n").find("200"), std::string::npos);
+  Socket third((*small)->port());
+  const std::string refused = third.ReadUntil("\"}");
+  ASSERT_EQ(refused.find("HTTP/1.1 503"), 0u) << refused;
+  const size_t body_at = refused.find("\r\n\r\n") + 4;
+  const size_t length_at = refused.find("Content-Length: ") + 16;
+  EXPECT_EQ(std::stoul(refused.substr(length_at)), refused.size() - body_at) << refused;
 }
 
 }  // namespace
