@@ -25,24 +25,26 @@ Registry& Secrets() {
 // escaped too (PHP), or with every ASCII punctuation as \u00XX (Go's HTML-safe
 // escaping, and others).
 std::vector<std::string> JsonForms(const std::string& value) {
-  std::string minimal;
-  std::string slashed;
-  std::string unicode;
-  static constexpr char kHex[] = "0123456789abcdef";
+  auto u = [](unsigned char c, bool upper) {
+    const char* hex = upper ? "0123456789ABCDEF" : "0123456789abcdef";
+    return std::string("\\u00") + hex[c >> 4] + hex[c & 15];
+  };
+  std::string minimal;  // " and \ escaped
+  std::string slashed;  // and / (PHP)
+  std::string html;     // and < > & as \u00XX (Go)
+  std::string lower;    // every ASCII punctuation as \u00xx
+  std::string upper;    // the same with upper-case hex (.NET)
   for (unsigned char c : value) {
+    const std::string plain(1, static_cast<char>(c));
     const bool quote = c == '"' || c == '\\';
-    minimal += quote ? std::string("\\") + static_cast<char>(c) : std::string(1, static_cast<char>(c));
-    slashed += quote || c == '/' ? std::string("\\") + static_cast<char>(c)
-                                 : std::string(1, static_cast<char>(c));
-    if (c < 0x80 && !std::isalnum(c)) {
-      unicode += "\\u00";
-      unicode.push_back(kHex[c >> 4]);
-      unicode.push_back(kHex[c & 15]);
-    } else {
-      unicode.push_back(static_cast<char>(c));
-    }
+    minimal += quote ? "\\" + plain : plain;
+    slashed += quote || c == '/' ? "\\" + plain : plain;
+    html += quote ? "\\" + plain : (c == '<' || c == '>' || c == '&') ? u(c, false) : plain;
+    const bool punctuation = c < 0x80 && !std::isalnum(c);
+    lower += punctuation ? u(c, false) : plain;
+    upper += punctuation ? u(c, true) : plain;
   }
-  return {minimal, slashed, unicode};
+  return {minimal, slashed, html, lower, upper};
 }
 
 }  // namespace

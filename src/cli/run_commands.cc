@@ -42,15 +42,13 @@ constexpr Millis kStartPatience = 60'000;
 
 absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global, int workers,
                                                      Millis patience) {
-  auto runtime = std::make_unique<Runtime>();
-  WS_ASSIGN_OR_RETURN(runtime->store, OpenStoreWaiting(global, patience));
-  runtime->http = NewCurlHttpClient({});
   EngineOptions options;
   options.workers = workers;
   options.secrets_file = global.secrets_file;
   options.tenants = global.tenants;
   // A worker or start without serve's config would render every tenant with the
-  // process's secrets and skip the allow-list: the same config applies.
+  // process's secrets and skip the allow-list: the same config applies (read
+  // before the database is waited for, so a mistake in it is told at once).
   const char* env_config = std::getenv("WAYSTONE_CONFIG");
   const std::string config_path =
       !global.config.empty() ? global.config : env_config != nullptr ? env_config : "";
@@ -59,6 +57,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
     options.tenants = config.tenants;
     if (options.secrets_file.empty()) options.secrets_file = config.secrets_file;
   }
+  auto runtime = std::make_unique<Runtime>();
+  WS_ASSIGN_OR_RETURN(runtime->store, OpenStoreWaiting(global, patience));
+  runtime->http = NewCurlHttpClient({});
   auto lease = ParseDuration(global.lease);
   if (!lease) return absl::InvalidArgumentError("--lease '" + global.lease + "' is not a duration");
   options.lease_duration = *lease;

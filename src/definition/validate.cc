@@ -44,12 +44,12 @@ class Validator {
       return;
     }
     if (path[0] == "instance") {
-      // No instance.id: a database sequence shared by every tenant, it would tell a
-      // downstream how much the others do.
-      static const std::set<std::string> kFields = {"key", "ref", "tenant", "trace_id"};
+      // instance.id renders as the instance's public id (base/public_id.h), never
+      // the database sequence that every tenant shares.
+      static const std::set<std::string> kFields = {"key", "ref", "tenant", "id", "trace_id"};
       if (path.size() != 2 || !kFields.contains(path[1])) {
         Error(line, step, where + ": " + shown + " is not one of instance.key, instance.ref, "
-                                              "instance.tenant, instance.trace_id");
+                                              "instance.tenant, instance.id, instance.trace_id");
       }
     } else if (path[0] == "step") {
       static const std::set<std::string> kFields = {"name", "idempotency_key"};

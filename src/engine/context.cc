@@ -120,6 +120,7 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
   context["instance"] = {{"key", instance.key},
                          {"ref", InstanceRef(instance.tenant, instance.key)},
                          {"tenant", instance.tenant},
+                         {"id", public_ids_ ? public_ids_->Encode(instance.id) : std::string()},
                          {"trace_id", instance.trace_id}};
   nlohmann::json by_name = nlohmann::json::object();
   for (const StepRecord& step : steps) {

@@ -3,12 +3,14 @@
 // Engine-internal: includes nlohmann/json. Not for widely included headers.
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "base/public_id.h"
 #include "definition/definition.h"
 #include "engine/tenant_policy.h"
 #include "store/store.h"
@@ -39,12 +41,16 @@ class TemplateEnvironment {
   // The `env` a tenant's templates read.
   const nlohmann::json& env(const std::string& tenant) const;
 
+  // What {{instance.id}} renders: the public id, never the database's sequence.
+  void set_public_ids(PublicIds ids) { public_ids_ = std::move(ids); }
+
  private:
   const nlohmann::json& secret(const std::string& tenant) const;
 
   nlohmann::json env_ = nlohmann::json::object();
   nlohmann::json secret_ = nlohmann::json::object();
   bool per_tenant_ = false;
+  std::optional<PublicIds> public_ids_;
   std::map<std::string, nlohmann::json> tenant_env_;
   std::map<std::string, nlohmann::json> tenant_secret_;
 };

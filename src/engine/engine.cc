@@ -348,6 +348,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Store* store, HttpClient*
   }
   WS_ASSIGN_OR_RETURN(TemplateEnvironment environment,
                       TemplateEnvironment::Load(options.secrets_file, options.tenants));
+  WS_ASSIGN_OR_RETURN(std::string public_ids_key, store->ServerKey("public_ids"));
+  environment.set_public_ids(PublicIds(std::move(public_ids_key)));
   return std::unique_ptr<Engine>(new Engine(
       std::make_unique<Impl>(store, http, clock, random, options, std::move(environment))));
 }

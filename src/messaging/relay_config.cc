@@ -162,6 +162,11 @@ class ConfigReader {
     } else {
       return Error(node, "webhook sink '" + sink.name + "' needs 'secret_env' or 'secret_file'");
     }
+    if (sink.secret.size() < kMinRedactedSecret + 6) {
+      return Error(node, "webhook sink '" + sink.name + "': the secret is too short to be told "
+                         "apart when echoed (whsec_ and at least " +
+                         std::to_string(kMinRedactedSecret) + " characters)");
+    }
     if (!sink.secret.starts_with("whsec_")) {
       return Error(node, "webhook sink '" + sink.name + "': the secret must start with whsec_");
     }

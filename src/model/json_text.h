@@ -23,14 +23,17 @@ inline std::string JsonText(const nlohmann::json& value, int indent = -1) {
 }
 
 // Replaces every registered secret inside the strings (and member names) of
-// `value`: the JSON stays JSON whatever a secret looks like. Bounded: what we hold
-// nests at most kMaxJsonDepth levels.
+// `value`: the JSON stays JSON whatever a secret looks like. What we hold nests at
+// most kMaxJsonDepth levels inside a few of our own; anything deeper still is
+// redacted as text (it becomes a string) rather than walked.
 inline void RedactStrings(nlohmann::json& value, int depth = 0) {
-  if (value.is_string()) {
+  if (depth > kMaxJsonDepth + 16 && value.is_structured()) {
+    value = RedactSecrets(value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else if (value.is_string()) {
     value = RedactSecrets(value.get_ref<const std::string&>());
-  } else if (value.is_array() && depth < kMaxJsonDepth) {
+  } else if (value.is_array()) {
     for (auto& element : value) RedactStrings(element, depth + 1);
-  } else if (value.is_object() && depth < kMaxJsonDepth) {
+  } else if (value.is_object()) {
     nlohmann::json out = nlohmann::json::object();
     for (auto it = value.begin(); it != value.end(); ++it) {
       nlohmann::json member = std::move(it.value());

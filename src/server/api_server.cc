@@ -258,7 +258,10 @@ class ApiServer::Impl {
     });
     if (match == matches.end()) {
       std::string allow;
-      for (const Screened& m : matches) allow += (allow.empty() ? "" : ", ") + std::string(m.route->method);
+      for (const Screened& m : matches) {
+        const std::string route_method = m.route->method;
+        allow += (allow.empty() ? "" : ", ") + route_method + (route_method == "GET" ? ", HEAD" : "");
+      }
       res.SetHeader("Allow", allow);
       Send(res, {405, "urn:waystone:problem:method-not-allowed", "Method not allowed",
                  head.method + " " + head.path + " is not served; use " + allow},

@@ -226,6 +226,11 @@ void RunHandler(const HandleFn& handle, const ServerRequest& req, ServerResponse
 BeastResponse ToBeast(ServerResponse&& res, unsigned version, bool keep_alive, bool head) {
   BeastResponse out;
   out.version(version == 10 ? 10 : 11);
+  if (res.status < 200 || res.status > 599) {
+    Log(LogLevel::kError, "a handler answered status " + std::to_string(res.status));
+    res = ProblemResponse(500, "internal", "Internal error", "an internal error occurred", "");
+  }
+  if (res.status == 204 || res.status == 304) res.body.clear();  // they carry none
   out.result(static_cast<unsigned>(res.status));
   for (auto& [name, value] : res.headers) {
     if (name.find_first_of("\r\n") != std::string::npos ||
@@ -349,6 +354,8 @@ class HttpFront::Impl {
 
  private:
   void Accept();
+  // Takes one accepted connection, or answers 503 when there are too many.
+  void Admit(tcp::socket socket);
 
   HttpFrontOptions options_;
   ScreenFn screen_;
@@ -395,6 +402,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     deadline_ = std::chrono::steady_clock::now() +
                 std::chrono::seconds(options().request_deadline_seconds);
     stream_.expires_at(deadline_);
+    head_only_ = false;  // until this request's method is known
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = shared_from_this()](error_code ec, size_t) {
                                self->OnHead(ec);
@@ -404,10 +412,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnHead(const error_code& ec) {
     if (ec) return OnReadError(ec);
     version_ = parser_->get().version();
+    head_only_ = parser_->get().method() == bhttp::verb::head;
     if (auto refused = ReadHead(*parser_, options(), &request_)) {
       return Write(std::move(*refused), false);
     }
-    head_only_ = request_.method == "HEAD";
+    if (front_->stopping()) {
+      // Draining: nothing new is started, not even a health check that would say "ok".
+      return Write(ProblemResponse(503, "unavailable", "Temporarily unavailable",
+                                   "the server is stopping; retry on another", request_.path),
+                   false);
+    }
     if (!options().health_path.empty() && request_.path == options().health_path &&
         (request_.method == "GET" || head_only_) && request_.query.empty() &&
         parser_->is_done()) {
@@ -418,16 +432,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     Busy(true);
     const auto queued = std::chrono::steady_clock::now();
-    net::post(front_->pool(), [self = shared_from_this(), queued] {
-      const auto waited = std::chrono::steady_clock::now() - queued;
+    OnPool([self = shared_from_this(), queued] {
       auto res = std::make_shared<ServerResponse>();
       const bool answered = RunScreen(self->front_->screen(), self->request_, *res);
-      net::post(self->stream_.get_executor(), [self, res, answered, waited] {
+      net::post(self->stream_.get_executor(), [self, res, answered, queued] {
         if (answered) return self->Write(std::move(*res), false);  // the body stays unread
-        self->deadline_ += std::chrono::duration_cast<std::chrono::steady_clock::duration>(waited);
+        // Our own time (the queue, the screen, the way back) is not the client's.
+        self->deadline_ += std::chrono::steady_clock::now() - queued;
         self->stream_.expires_at(self->deadline_);
         self->ReadBody();
       });
+    });
+  }
+
+  // Runs `work` on the handler pool; if it throws (out of memory, most likely),
+  // the connection is closed instead of the process ending.
+  template <typename Work>
+  void OnPool(Work work) {
+    net::post(front_->pool(), [self = shared_from_this(), work = std::move(work)]() mutable {
+      try {
+        work();
+      } catch (...) {
+        net::post(self->stream_.get_executor(), [self] { self->Close(); });
+      }
     });
   }
 
@@ -464,7 +491,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Dispatch() {
     request_.body = std::move(parser_->get().body());
     const bool keep_alive = parser_->get().keep_alive();
-    net::post(front_->pool(), [self = shared_from_this(), keep_alive] {
+    OnPool([self = shared_from_this(), keep_alive] {
       auto res = std::make_shared<ServerResponse>();
       RunHandler(self->front_->handle(), self->request_, *res);
       net::post(self->stream_.get_executor(), [self, res, keep_alive] {
@@ -480,10 +507,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Write(ServerResponse res, bool keep_alive) {
-    Busy(false);
     response_ = ToBeast(std::move(res), version_, keep_alive && !front_->stopping(), head_only_);
     stream_.expires_after(std::chrono::seconds(options().write_deadline_seconds));
     bhttp::async_write(stream_, response_, [self = shared_from_this()](error_code ec, size_t) {
+      self->Busy(false);  // answered (or the client is gone): the drain need not wait
       if (ec) return self->Close();
       if (self->response_.keep_alive()) return self->ReadNextHead();
       self->Linger();
@@ -545,6 +572,19 @@ void HttpFront::Impl::Accept() {
       retry_accept_.async_wait([this](error_code) { Accept(); });
       return;
     }
+    try {
+      Admit(std::move(socket));
+    } catch (const std::exception& e) {
+      Log(LogLevel::kError, std::string("admitting a connection: ") + e.what());
+    } catch (...) {
+      Log(LogLevel::kError, "admitting a connection failed");
+    }
+    Accept();  // always: a failure with one connection never stops the others
+  });
+}
+
+void HttpFront::Impl::Admit(tcp::socket socket) {
+  {
     error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
     if (connections_.load() >= options_.max_connections) {
@@ -553,12 +593,16 @@ void HttpFront::Impl::Accept() {
       socket.non_blocking(true, ignored);
       socket.write_some(net::buffer(kBusy.data(), kBusy.size()), ignored);
       socket.shutdown(tcp::socket::shutdown_send, ignored);
+      // Read what already arrived: closing with unread bytes would reset the
+      // connection, and some clients then drop the 503 they were sent.
+      char scratch[4096];
+      for (int i = 0; i < 16 && socket.read_some(net::buffer(scratch), ignored) > 0; ++i) {
+      }
       socket.close(ignored);
     } else {
       std::make_shared<Connection>(std::move(socket), this)->Start();
     }
-    Accept();
-  });
+  }
 }
 
 HttpFront::HttpFront(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -613,11 +657,11 @@ std::string ServeBytes(std::string_view raw, const HttpFrontOptions& options,
       return out;
     }
     const unsigned version = parser.get().version();
+    head = parser.get().method() == bhttp::verb::head;
     if (auto refused = ReadHead(parser, options, &request)) {
       emit(std::move(*refused), version, false);
       return out;
     }
-    head = request.method == "HEAD";
     ServerResponse res;
     if (RunScreen(screen, request, res)) {
       emit(std::move(res), version, false);

@@ -240,6 +240,12 @@ TEST_F(HttpFrontTest, AServedConnectionKeepsAliveContinuesAndAnswersHead) {
   const std::string head_answer = got.substr(second, third - second);
   EXPECT_NE(head_answer.find("Content-Length: 3"), std::string::npos) << got;
   EXPECT_TRUE(head_answer.ends_with("\r\n\r\n")) << "HEAD answered a body: " << got;
+  // After a HEAD, a refused request on the same connection still gets its body.
+  std::string many = "GET /healthz HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 150; ++i) many += "X-H-" + std::to_string(i) + ": v\r\n";
+  client.Send(many + "\r\n");
+  got = client.ReadUntil("header-fields-too-large");
+  EXPECT_NE(got.find("HTTP/1.1 431"), std::string::npos) << got;
 
   const std::string body = R"({"workflow":"wf","input":{"ref":"c1"}})";
   Socket expecting(server_->port());

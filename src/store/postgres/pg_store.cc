@@ -1168,7 +1168,7 @@ absl::Status PostgresStore::AcknowledgeAlert(int64_t id, const AuditRecord& audi
                                               "$1::bigint WHERE id = $2::bigint AND state = 1",
                                               Params(audit.at, id)));
     if (ack.affected() != 1) {
-      return absl::FailedPreconditionError("alert " + std::to_string(id) + " is not open");
+      return absl::FailedPreconditionError("the alert is not open");  // no database id: callers show public ones
     }
     return c.Query("INSERT INTO audit_log (at, actor, tenant, instance_id, action, reason, "
                    "detail) VALUES ($1::bigint, $2, $3, $4::bigint, $5, $6, $7)",

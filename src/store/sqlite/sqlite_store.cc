@@ -1230,7 +1230,7 @@ absl::Status SqliteStore::AcknowledgeAlert(int64_t id, const AuditRecord& audit)
                                      "AND state = 1"));
     WS_RETURN_IF_ERROR(ack->BindAll(audit.at, id).Run());
     if (db_->Changes() != 1) {
-      return absl::FailedPreconditionError("alert " + std::to_string(id) + " is not open");
+      return absl::FailedPreconditionError("the alert is not open");  // no database id: callers show public ones
     }
     WS_ASSIGN_OR_RETURN(SqliteStatement * log,
                         db_->Prepare("INSERT INTO audit_log (at, actor, tenant, instance_id, "

@@ -710,6 +710,14 @@ TEST_P(StoreConformanceTest, TokensHaveUniqueNamesExpireAndAreRevokedByName) {
   EXPECT_EQ(store_->FindToken("h2")->revoked_at, 0);
 }
 
+TEST_P(StoreConformanceTest, TheDatabaseMadeItsOwnPublicIdKey) {
+  auto key = store_->ServerKey("public_ids");
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(key->size(), 64u);
+  EXPECT_EQ(key->find_first_not_of("0123456789abcdef"), std::string::npos) << *key;
+  EXPECT_TRUE(absl::IsNotFound(store_->ServerKey("nothing").status()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          testing::BackendName);
