@@ -1,0 +1,90 @@
+#include "server/routes.h"
+
+#include "engine/operator_plan.h"
+
+namespace waystone {
+namespace {
+
+const RouteSpec kRoutes[] = {
+    {RouteId::kHealth, "GET", Role::kViewer, true, false, {}},
+    {RouteId::kReady, "GET", Role::kViewer, true, false, {}},
+    {RouteId::kMetrics, "GET", Role::kAdmin, false, false, {}},
+    {RouteId::kOpenApi, "GET", Role::kViewer, true, false, {}},
+    {RouteId::kListInstances, "GET", Role::kViewer, false, false,
+     {"tenant", "workflow", "state", "error_class", "alert", "created_after", "created_before",
+      "limit", "cursor"}},
+    {RouteId::kStart, "POST", Role::kOperator, false, true, {}},
+    {RouteId::kShow, "GET", Role::kViewer, false, false, {"tenant"}},
+    {RouteId::kAct, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
+    {RouteId::kListAlerts, "GET", Role::kViewer, false, false, {"tenant", "state"}},
+    {RouteId::kAcknowledge, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
+    {RouteId::kEvents, "POST", Role::kOperator, false, true, {}},
+};
+
+const RouteSpec& Spec(RouteId id) {
+  for (const RouteSpec& spec : kRoutes) {
+    if (spec.id == id) return spec;
+  }
+  return kRoutes[0];
+}
+
+}  // namespace
+
+std::vector<Screened> MatchPath(const std::string& path) {
+  std::vector<Screened> out;
+  auto add = [&out](RouteId id, std::string key = "", std::string action = "") {
+    out.push_back({&Spec(id), std::move(key), std::move(action), {}});
+  };
+  if (path == "/healthz") add(RouteId::kHealth);
+  else if (path == "/readyz") add(RouteId::kReady);
+  else if (path == "/metrics") add(RouteId::kMetrics);
+  else if (path == "/v1/openapi.json") add(RouteId::kOpenApi);
+  else if (path == "/v1/instances") {
+    add(RouteId::kListInstances);
+    add(RouteId::kStart);
+  } else if (path == "/v1/alerts") {
+    add(RouteId::kListAlerts);
+  } else if (path == "/v1/events") {
+    add(RouteId::kEvents);
+  } else if (path.starts_with("/v1/alerts/") && path.ends_with("/acknowledge") &&
+             path.size() > 11 + 12) {
+    // The public id; decoded by the handler (an id it did not make is a 404).
+    add(RouteId::kAcknowledge, path.substr(11, path.size() - 11 - 12));
+  } else if (path.starts_with("/v1/instances/") && path.size() > 14) {
+    const std::string rest = path.substr(14);
+    add(RouteId::kShow, rest);
+    const size_t slash = rest.rfind('/');
+    if (slash != std::string::npos && slash > 0) {
+      const std::string action = rest.substr(slash + 1);
+      if (ParseOperatorAction(action)) add(RouteId::kAct, rest.substr(0, slash), action);
+    }
+  }
+  return out;
+}
+
+std::optional<bool> DryRun(const ServerRequest& req) {
+  const std::string* value = req.Query("dry_run");
+  if (value == nullptr) return false;
+  if (*value == "true") return true;
+  if (*value == "false") return false;
+  return std::nullopt;
+}
+
+std::optional<std::string> CheckQuery(const ServerRequest& req, const RouteSpec& route) {
+  for (const auto& [name, value] : req.query) {
+    if (!route.params.contains(name)) {
+      return "unknown query parameter '" + name + "'" +
+             (route.params.empty() ? std::string(" (this route takes none)") : std::string());
+    }
+    if (req.QueryCount(name) > 1) return "query parameter '" + name + "' is given more than once";
+  }
+  if (!DryRun(req)) return "dry_run must be exactly true or false";
+  return std::nullopt;
+}
+
+std::string Param(const ServerRequest& req, std::string_view name) {
+  const std::string* value = req.Query(name);
+  return value == nullptr ? "" : *value;
+}
+
+}  // namespace waystone
