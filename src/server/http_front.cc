@@ -634,15 +634,17 @@ std::string ServeBytes(std::string_view raw, const HttpFrontOptions& options,
     while (!done()) {
       const size_t used = parser.put(net::buffer(raw.data() + offset, raw.size() - offset), ec);
       offset += used;
-      if (ec == bhttp::error::need_more) {
-        ec = {};
-        if (offset >= raw.size()) {
-          // The client sends no more: a connection would wait, then close.
-          parser.put_eof(ec);
-          if (!ec) ec = bhttp::error::partial_message;
-          return false;
+      // All that is left was offered: needing more, or taking none of it, means the
+      // client sends no more. A connection would wait for its deadline, then close.
+      if (ec == bhttp::error::need_more || (!ec && used == 0)) {
+        if (used > 0 && offset < raw.size()) {
+          ec = {};
+          continue;
         }
-        continue;
+        ec = {};
+        parser.put_eof(ec);
+        if (!ec) ec = bhttp::error::partial_message;
+        return false;
       }
       if (ec) return false;
     }
