@@ -194,7 +194,7 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
 
 absl::Status PlanConfirm(const WorkflowDefinition& definition, const InstanceRecord& instance,
                          std::vector<StepRecord>& steps, int index, const OperatorRequest& request,
-                         ActionPlan& plan) {
+                         Millis now, ActionPlan& plan) {
   StepRecord& step = steps[index];
   const StepDefinition& def = definition.steps[index];
   if (!request.happened) {
@@ -218,6 +218,7 @@ absl::Status PlanConfirm(const WorkflowDefinition& definition, const InstanceRec
                                         "' records an external id: give \"external_id\"");
     }
     step.state = StepState::kCompleted;
+    step.finished_at = now;  // as when the engine completes a step
     step.external_id = request.external_id.empty() ? step.external_id : request.external_id;
     step.response_json = request.response_json.empty() ? "{}" : request.response_json;
     step.error_class = ErrorClass::kNone;
@@ -256,7 +257,7 @@ absl::Status PlanCompensate(const WorkflowDefinition& definition, const Instance
 }
 
 absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord& instance,
-                      std::vector<StepRecord>& steps, int index, ActionPlan& plan) {
+                      std::vector<StepRecord>& steps, int index, Millis now, ActionPlan& plan) {
   StepRecord& step = steps[index];
   if (definition.steps[index].recovery != RecoveryClass::kManual) {
     return Refuse("step '" + step.name + "' is " +
@@ -275,6 +276,7 @@ absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord
     return Refuse(StepWhere(step) + "; only a failed, unknown or pending step can be skipped");
   }
   step.state = StepState::kSkipped;
+  step.finished_at = now;
   step.next_attempt_at = 0;
   step.unknown_since = 0;
   step.resolution = Resolution::kOperator;
@@ -308,7 +310,6 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
                                               const std::vector<StepRecord>& steps,
                                               const OperatorRequest& request, Millis now,
                                               const StepKeyFn& step_key) {
-  (void)now;
   if (request.reason.find_first_not_of(" \t\r\n") == std::string::npos) {
     return absl::InvalidArgumentError("a reason is required");
   }
@@ -333,7 +334,7 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
     case OperatorAction::kConfirm: {
       auto index = FindStep(definition, request);
       if (!index.ok()) return index.status();
-      if (auto s = PlanConfirm(definition, instance, after, *index, request, plan); !s.ok()) return s;
+      if (auto s = PlanConfirm(definition, instance, after, *index, request, now, plan); !s.ok()) return s;
       plan.status_reason = "outcome of step '" + request.step + "' confirmed as " +
                            (*request.happened ? "happened" : "not happened") + by;
       break;
@@ -345,7 +346,7 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
     case OperatorAction::kSkip: {
       auto index = FindStep(definition, request);
       if (!index.ok()) return index.status();
-      if (auto s = PlanSkip(definition, instance, after, *index, plan); !s.ok()) return s;
+      if (auto s = PlanSkip(definition, instance, after, *index, now, plan); !s.ok()) return s;
       plan.status_reason = "step '" + request.step + "' skipped" + by;
       break;
     }

@@ -132,6 +132,7 @@ TEST(OperatorPlanTest, UnknownManualStepWithoutLookupMustBeConfirmedNotRetried) 
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->changed_steps[0].state, S::kCompleted);
   EXPECT_EQ(plan->changed_steps[0].resolution, Resolution::kOperator);
+  EXPECT_EQ(plan->changed_steps[0].finished_at, 1000);  // like a step the engine completes
   // Nothing calls c again: the next call is e, after the wait.
   ASSERT_EQ(plan->would_execute.size(), 2u);
   EXPECT_EQ(plan->would_execute[0].step, "d");
@@ -188,6 +189,7 @@ TEST(OperatorPlanTest, OnlyManualStepsCanBeSkipped) {
   auto plan = Plan(I::kNeedsAttention, steps, Request(OperatorAction::kSkip, "c"));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->changed_steps[0].state, S::kSkipped);
+  EXPECT_EQ(plan->changed_steps[0].finished_at, 1000);
   EXPECT_EQ(plan->would_execute[0].step, "d");
 
   auto failed_b = Steps({S::kCompleted, S::kFailed, S::kPending, S::kPending, S::kPending});
