@@ -61,8 +61,20 @@ absl::StatusOr<IncomingEvent> FromStructured(const Json& object, const std::stri
 }  // namespace
 
 absl::StatusOr<std::vector<IncomingEvent>> ParseCloudEvents(std::string_view content_type,
-                                                            const HeaderLookup& header,
+                                                            const HeaderList& headers,
                                                             const std::string& body) {
+  // Every attribute is text: checked before anything is claimed or committed.
+  for (const auto& [name, value] : headers) {
+    if (name.starts_with("ce-") && FirstInvalidUtf8(value) != std::string::npos) {
+      return absl::InvalidArgumentError("header " + name + " is not UTF-8 text");
+    }
+  }
+  auto header = [&headers](const std::string& name) -> std::optional<std::string> {
+    for (const auto& [n, v] : headers) {
+      if (n == name) return v;
+    }
+    return std::nullopt;
+  };
   const std::string_view media = content_type.substr(0, content_type.find(';'));
   std::vector<IncomingEvent> events;
   if (media == "application/cloudevents+json" || media == "application/cloudevents-batch+json") {
@@ -88,14 +100,6 @@ absl::StatusOr<std::vector<IncomingEvent>> ParseCloudEvents(std::string_view con
   }
   // Binary mode: the attributes are ce-* headers, the body is the data.
   IncomingEvent event;
-  for (const char* attribute : {"specversion", "id", "source", "type", "subject", "tenant",
-                                "time", "dataschema"}) {
-    auto value = header(std::string("ce-") + attribute);
-    if (value && FirstInvalidUtf8(*value) != std::string::npos) {
-      return absl::InvalidArgumentError(std::string("header ce-") + attribute +
-                                        " is not UTF-8 text");
-    }
-  }
   for (const char* attribute : kRequired) {
     auto value = header(std::string("ce-") + attribute);
     if (!value || value->empty()) {

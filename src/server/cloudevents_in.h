@@ -1,12 +1,11 @@
 #pragma once
 
-#include <functional>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/http_front.h"
 
 namespace waystone {
 
@@ -20,15 +19,13 @@ struct IncomingEvent {
   std::string data_json;  // the data as JSON text; "null" when there is none
 };
 
-// Returns the value of a request header (case-insensitive name), if present.
-using HeaderLookup = std::function<std::optional<std::string>(std::string_view name)>;
-
 // Parses CloudEvents 1.0 from an HTTP request: structured mode
 // (application/cloudevents+json), batched (application/cloudevents-batch+json), or
-// binary mode (ce-* headers, the body is the data). InvalidArgument naming the
-// event and the missing or malformed attribute.
+// binary mode (ce-* headers, the body is the data). `headers` have lower-case
+// names, as HttpFront gives them; every ce-* one must be UTF-8 text, in any mode.
+// InvalidArgument naming the event and the missing or malformed attribute.
 absl::StatusOr<std::vector<IncomingEvent>> ParseCloudEvents(std::string_view content_type,
-                                                            const HeaderLookup& header,
+                                                            const HeaderList& headers,
                                                             const std::string& body);
 
 }  // namespace waystone

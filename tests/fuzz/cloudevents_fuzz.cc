@@ -37,14 +37,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (headers.contains("content-type")) content_type = headers["content-type"];
   }
-  auto lookup = [&](std::string_view name) -> std::optional<std::string> {
-    std::string lower(name);
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    auto it = headers.find(lower);
-    if (it == headers.end()) return std::nullopt;
-    return it->second;
-  };
-  auto events = waystone::ParseCloudEvents(content_type, lookup, body);
+  const waystone::HeaderList list(headers.begin(), headers.end());  // names lower-cased above
+  auto events = waystone::ParseCloudEvents(content_type, list, body);
   if (!events.ok() && events.status().message().empty()) std::abort();
   if (events.ok()) {
     for (const auto& e : *events) {

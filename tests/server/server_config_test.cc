@@ -68,12 +68,8 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
   }
 }
 
-HeaderLookup Headers(std::map<std::string, std::string> headers) {
-  return [headers](std::string_view name) -> std::optional<std::string> {
-    auto it = headers.find(std::string(name));
-    if (it == headers.end()) return std::nullopt;
-    return it->second;
-  };
+HeaderList Headers(std::map<std::string, std::string> headers) {
+  return HeaderList(headers.begin(), headers.end());
 }
 
 TEST(CloudEventsInTest, StructuredBinaryAndBatch) {
