@@ -254,13 +254,12 @@ BeastResponse ToBeast(ServerResponse&& res, unsigned version, bool keep_alive, b
   return out;
 }
 
-// One plain answer of the front itself, written before any handler runs.
-std::string CannedAnswer(int status, const char* reason, const std::string& kind,
-                         const std::string& detail) {
-  const std::string body = Problem{status, "urn:waystone:problem:" + kind, reason, detail}.ToJson("");
-  return "HTTP/1.1 " + std::to_string(status) + " " + reason +
-         "\r\nContent-Type: application/problem+json\r\nRetry-After: 1\r\nConnection: close\r\n"
-         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+// The bytes of `res` on the wire, as an async write would send them (ServeBytes,
+// and the 503 written before a connection is taken).
+std::string WireBytes(ServerResponse&& res, unsigned version, bool keep_alive, bool head) {
+  std::ostringstream text;
+  text << ToBeast(std::move(res), version, keep_alive, head);
+  return text.str();
 }
 
 void ConfigureParser(Parser& parser, const HttpFrontOptions& options) {
@@ -588,8 +587,12 @@ void HttpFront::Impl::Admit(tcp::socket socket) {
     error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
     if (connections_.load() >= options_.max_connections) {
-      static const std::string kBusy = CannedAnswer(503, "Service Unavailable", "unavailable",
-                                                    "too many connections; retry shortly");
+      static const std::string kBusy = [] {
+        ServerResponse busy = ProblemResponse(503, "unavailable", "Temporarily unavailable",
+                                              "too many connections; retry shortly", "");
+        busy.SetHeader("Retry-After", "1");
+        return WireBytes(std::move(busy), 11, false, false);
+      }();
       socket.non_blocking(true, ignored);
       socket.write_some(net::buffer(kBusy.data(), kBusy.size()), ignored);
       socket.shutdown(tcp::socket::shutdown_send, ignored);
@@ -622,10 +625,7 @@ std::string ServeBytes(std::string_view raw, const HttpFrontOptions& options,
   std::string out;
   bool head = false;
   auto emit = [&out, &head](ServerResponse&& res, unsigned version, bool keep_alive) {
-    BeastResponse message = ToBeast(std::move(res), version, keep_alive, head);
-    std::ostringstream text;
-    text << message;
-    out += text.str();
+    out += WireBytes(std::move(res), version, keep_alive, head);
   };
   // Feeds the parser until `done` holds; false when the bytes ran out or failed.
   size_t offset = 0;
