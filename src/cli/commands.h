@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,8 @@ struct GlobalOptions {
   // A server config (--config, WAYSTONE_CONFIG) whose `tenants:` every engine
   // command obeys: serve reads it whole, run/start/worker its tenants and secrets.
   std::string config;
-  std::map<std::string, TenantPolicy> tenants;
+  // The config's `tenants:` once read (serve reads them itself); nullopt = not read.
+  std::optional<std::map<std::string, TenantPolicy>> tenants;
   std::map<std::string, int> tenant_lines;
 };
 

@@ -27,6 +27,8 @@
 #include "model/duration.h"
 
 namespace waystone::cli {
+
+using TenantPolicies = std::map<std::string, TenantPolicy>;
 namespace {
 
 // Everything a command that runs instances needs, owned together.
@@ -45,14 +47,14 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
   EngineOptions options;
   options.workers = workers;
   options.secrets_file = global.secrets_file;
-  options.tenants = global.tenants;
+  if (global.tenants) options.tenants = *global.tenants;
   // A worker or start without serve's config would render every tenant with the
   // process's secrets and skip the allow-list: the same config applies (read
   // before the database is waited for, so a mistake in it is told at once).
   const char* env_config = std::getenv("WAYSTONE_CONFIG");
   const std::string config_path =
       !global.config.empty() ? global.config : env_config != nullptr ? env_config : "";
-  if (options.tenants.empty() && !config_path.empty()) {
+  if (!global.tenants && !config_path.empty()) {
     WS_ASSIGN_OR_RETURN(ServerConfig config, LoadServerConfig(config_path));
     options.tenants = config.tenants;
     if (options.secrets_file.empty()) options.secrets_file = config.secrets_file;
@@ -211,7 +213,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   for (const auto& definition : definitions) {
     if (auto status = engine.Register(definition); !status.ok()) return Fail(status);
   }
-  for (const auto& [tenant, policy] : global.tenants) {
+  for (const auto& [tenant, policy] : global.tenants.value_or(TenantPolicies())) {
     for (const std::string& workflow : policy.workflows) {
       if (engine.catalog().Current(workflow) != nullptr) continue;
       auto line = global.tenant_lines.find(tenant);
@@ -221,7 +223,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
           "', which is not among the definitions"));
     }
   }
-  if (!listen.empty() && global.tenants.empty()) {
+  if (!listen.empty() && global.tenants.value_or(TenantPolicies()).empty()) {
     Log(LogLevel::kWarning, "no tenants: in the config: every tenant may start every workflow "
                             "and renders this process's secrets (docs/operations.md#tenants)");
   }
@@ -285,7 +287,6 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
     return value == nullptr ? "" : value;
   };
   const std::string config_path = options.config.empty() ? env("WAYSTONE_CONFIG") : options.config;
-  global.config = config_path;
   ServerConfig config;
   if (!config_path.empty()) {
     auto loaded = LoadServerConfig(config_path);
