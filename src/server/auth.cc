@@ -55,13 +55,13 @@ absl::StatusOr<Principal> Authenticate(Store& store, const std::string& authoriz
   if (token->expires_at != 0 && token->expires_at <= now) {
     return absl::UnauthenticatedError("expired token");
   }
-  if (token->tenant == "*" && ParseRole(token->role) != Role::kAdmin) {
+  auto role = ParseRole(token->role);
+  if (!role) return absl::UnauthenticatedError("token has an unknown role");
+  if (token->tenant == "*" && *role != Role::kAdmin) {
     // Made before only admins could span tenants: no longer honoured.
     return absl::UnauthenticatedError("a " + token->role + " token for every tenant is no longer "
                                       "accepted; create one per tenant");
   }
-  auto role = ParseRole(token->role);
-  if (!role) return absl::UnauthenticatedError("token has an unknown role");
   return Principal{token->name, token->tenant, *role};
 }
 
