@@ -12,6 +12,38 @@ namespace {
 using Json = nlohmann::json;
 using Path = std::vector<std::string>;
 
+// Every template of `step`, with where it sits: visit(where, text, is_tree,
+// sees_itself). A compensation may read its own step's result; nothing else may.
+// The one walk the checks and DeriveKeptResponses share.
+template <typename Visit>
+void ForEachTemplate(const StepDefinition& step, Visit visit) {
+  auto request = [&](const RequestSpec& r, const std::string& where, bool sees_itself) {
+    visit(where + ".url", r.url, false, sees_itself);
+    for (const auto& [name, value] : r.headers) {
+      visit(where + ".headers." + name, value, false, sees_itself);
+    }
+    visit(where + ".body", r.body_json, true, sees_itself);
+  };
+  switch (step.kind) {
+    case StepKind::kWait:
+      return;
+    case StepKind::kTransform:
+      visit("transform", step.transform_json, true, false);
+      return;
+    case StepKind::kHttp:
+      break;
+  }
+  request(step.request, "request", false);
+  visit("idempotency.key", step.idempotency_key, false, false);
+  if (step.lookup) {
+    request(step.lookup->request, "lookup", false);
+    for (const auto& [pointer, value] : step.lookup->match) {
+      visit("lookup.match." + pointer, value, false, false);
+    }
+  }
+  if (step.compensate) request(step.compensate->request, "compensate", true);
+}
+
 // Where a template sits decides what it may refer to.
 struct Scope {
   std::set<std::string> roots;  // allowed first segments
@@ -110,24 +142,25 @@ class Validator {
     for (const auto& path : references) CheckPath(path, scope, line, step, where);
   }
 
-  void CheckRequest(const RequestSpec& request, const Scope& scope, int line,
-                    const std::string& step, const std::string& where) {
-    CheckText(request.url, scope, line, step, where + ".url");
-    if (auto parsed = Template::Parse(request.url); parsed.ok()) {
-      if (auto unsafe = parsed->CheckUrl(); !unsafe.ok()) {
-        Error(line, step, where + ".url: " + std::string(unsafe.message()));
-      }
-    }
-    for (const auto& [name, value] : request.headers) {
-      CheckText(value, scope, line, step, where + ".headers." + name);
-    }
-    CheckTree(request.body_json, scope, line, step, where + ".body");
-  }
-
   void CheckStep(int index) {
     const StepDefinition& step = definition_.steps[index];
     const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index};
     const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1};
+    auto check = [&](const std::string& where, const std::string& text, bool tree,
+                     bool sees_itself) {
+      const Scope& scope = sees_itself ? including_self : before;
+      if (tree) {
+        CheckTree(text, scope, step.line, step.name, where);
+        return;
+      }
+      CheckText(text, scope, step.line, step.name, where);
+      if (!where.ends_with(".url")) return;
+      if (auto parsed = Template::Parse(text); parsed.ok()) {
+        if (auto unsafe = parsed->CheckUrl(); !unsafe.ok()) {
+          Error(step.line, step.name, where + ": " + std::string(unsafe.message()));
+        }
+      }
+    };
     if (step.kind == StepKind::kWait) {
       if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kManual) {
         Error(step.line, step.name, "a wait step calls nothing; its recovery is 'repeatable' or "
@@ -139,7 +172,7 @@ class Validator {
       return;
     }
     if (step.kind == StepKind::kTransform) {
-      CheckTree(step.transform_json, before, step.line, step.name, "transform");
+      ForEachTemplate(step, check);
       if (step.recovery != RecoveryClass::kRepeatable) {
         Error(step.line, step.name, "a transform step has no side effect; its recovery is "
                                     "'repeatable'");
@@ -149,17 +182,7 @@ class Validator {
       }
       return;
     }
-    CheckRequest(step.request, before, step.line, step.name, "request");
-    CheckText(step.idempotency_key, before, step.line, step.name, "idempotency.key");
-    if (step.lookup) {
-      CheckRequest(step.lookup->request, before, step.line, step.name, "lookup");
-      for (const auto& [pointer, value] : step.lookup->match) {
-        CheckText(value, before, step.line, step.name, "lookup.match." + pointer);
-      }
-    }
-    if (step.compensate) {
-      CheckRequest(step.compensate->request, including_self, step.line, step.name, "compensate");
-    }
+    ForEachTemplate(step, check);
     const bool side_effecting = step.request.SideEffecting();
     if (side_effecting && !step.lookup && !step.idempotency_honored &&
         step.recovery != RecoveryClass::kManual) {
@@ -238,32 +261,17 @@ namespace {
 // Every placeholder path in the workflow's templates.
 std::vector<Path> AllReferences(const WorkflowDefinition& definition) {
   std::vector<Path> out;
-  auto text = [&out](const std::string& t) {
-    if (t.empty()) return;
-    auto parsed = Template::Parse(t);
-    if (!parsed.ok()) return;
-    out.insert(out.end(), parsed->references().begin(), parsed->references().end());
-  };
-  auto tree = [&out](const std::string& json_text) {
-    if (json_text.empty()) return;
-    const Json parsed = Json::parse(json_text, nullptr, false);
-    if (!parsed.is_discarded()) (void)CollectTreeReferences(parsed, &out);
-  };
-  auto request = [&](const RequestSpec& r) {
-    text(r.url);
-    for (const auto& [name, value] : r.headers) text(value);
-    tree(r.body_json);
-  };
-  for (const StepDefinition& step : definition.steps) {
-    request(step.request);
-    tree(step.transform_json);
-    text(step.idempotency_key);
-    if (step.lookup) {
-      request(step.lookup->request);
-      for (const auto& [pointer, value] : step.lookup->match) text(value);
+  auto collect = [&out](const std::string&, const std::string& text, bool tree, bool) {
+    if (text.empty()) return;
+    if (tree) {
+      const Json parsed = Json::parse(text, nullptr, false);
+      if (!parsed.is_discarded()) (void)CollectTreeReferences(parsed, &out);
+      return;
     }
-    if (step.compensate) request(step.compensate->request);
-  }
+    auto parsed = Template::Parse(text);
+    if (parsed.ok()) out.insert(out.end(), parsed->references().begin(), parsed->references().end());
+  };
+  for (const StepDefinition& step : definition.steps) ForEachTemplate(step, collect);
   return out;
 }
 
