@@ -1,5 +1,7 @@
 #include "model/template.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
@@ -199,6 +201,15 @@ absl::StatusOr<std::string> Template::RenderUrl(const Json& context) const {
     const std::string where = JoinPath(piece.path);
     auto text = PlaceholderText(piece.path, context);
     if (!text.ok()) return text.status();
+    // Where a value goes in raw (env as the base or the host), a control character
+    // would split the request line: refused, as no URL can carry one.
+    const bool raw = state == UrlState::kStart || state == UrlState::kAuthority;
+    if (raw && std::any_of(text->begin(), text->end(), [](char c) {
+          return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+        })) {
+      return absl::InvalidArgumentError("template {{" + where +
+                                        "}} holds a control character; a URL cannot carry it");
+    }
     switch (state) {
       case UrlState::kStart:
         // The base URL, as configured: only the deployment's env may choose scheme and host.

@@ -124,5 +124,16 @@ TEST(TemplateTest, PlaceholdersInTheHostAreRefusedUnlessFromEnv) {
   EXPECT_TRUE(base->CheckUrl().ok());
 }
 
+TEST(TemplateTest, AnEnvValueWithALineBreakCannotBeAUrlBaseOrHost) {
+  const nlohmann::json context = {{"env", {{"URL", "http://erp\r\nX: y"}, {"HOST", "a\nb"}}}};
+  for (const char* text : {"{{env.URL}}/orders", "http://{{env.HOST}}/orders"}) {
+    auto t = Template::Parse(text);
+    ASSERT_TRUE(t.ok()) << text;
+    auto url = t->RenderUrl(context);
+    ASSERT_FALSE(url.ok()) << text << " -> " << *url;
+    EXPECT_NE(url.status().message().find("control character"), std::string::npos) << text;
+  }
+}
+
 }  // namespace
 }  // namespace waystone
