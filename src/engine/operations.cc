@@ -10,6 +10,7 @@
 #include "engine/context.h"
 #include "engine/events.h"
 #include "engine/redaction.h"
+#include "engine/transitions.h"
 #include "model/json_text.h"
 
 namespace waystone {
@@ -90,32 +91,9 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
   }
 
   const ActionPlan& plan = *planned;
-  Change change;
+  Change change = ActionChange(instance, plan, request, clock_->NowMillis(), *random_);
   change.lease = *lease;
-  change.now = clock_->NowMillis();
   change.lease_expires_at = 0;
-  change.state = plan.state_after;
-  change.status_reason = plan.status_reason;
-  change.next_run_at = change.now;  // released to run now
-  change.steps = plan.changed_steps;
-  change.resolve_alerts = true;
-  Json detail = {{"step", request.step},
-                 {"state_before", ToString(plan.state_before)},
-                 {"state_after", ToString(plan.state_after)}};
-  if (request.happened) detail["happened"] = *request.happened;
-  if (!request.external_id.empty()) detail["external_id"] = request.external_id;
-  change.audits.push_back({0, change.now, request.actor, instance.tenant, instance.id,
-                           std::string(ToString(request.action)), request.reason, JsonText(detail)});
-  const StepRecord* about = nullptr;
-  for (const StepRecord& step : plan.changed_steps) {
-    if (step.name == request.step) about = &step;
-  }
-  change.events.push_back(MakeEvent("waystone.operator." + std::string(ToString(request.action)),
-                                    instance, about, request.reason, *random_, change.now));
-  if (plan.state_after != plan.state_before) {
-    change.events.push_back(MakeEvent("waystone.instance." + std::string(ToString(plan.state_after)),
-                                      instance, nullptr, plan.status_reason, *random_, change.now));
-  }
   auto results = store_->Commit({Redacted(change)});
   const absl::Status committed = results.ok() ? results->front() : results.status();
   if (!committed.ok()) {
@@ -224,29 +202,14 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
                                            "' has no step waiting for event type '" +
                                            signal.event_type + "'");
     }
-    Change change;
+    const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
+    Change change = EventArrived(facts, waiting->index, signal.data_json, signal.id,
+                                 "event " + signal.event_type + " from " + signal.source);
     change.lease = lease;
-    change.now = clock_->NowMillis();
     change.lease_expires_at = 0;
     if (instance.state == InstanceState::kRunning) change.next_run_at = change.now;
     change.inbox = InboxClaim{signal.tenant, signal.source, signal.id, data_hash};
-    StepRecord step = *waiting;
-    step.state = StepState::kCompleted;
-    step.attempts += 1;
-    // What the workflow reads of the event's data, like any answer (store_response).
-    step.response_json = KeptAnswer(Json::parse(signal.data_json.empty() ? "null" : signal.data_json,
-                                                nullptr, false),
-                                    definition->steps[step.index]);
-    step.external_id = signal.id;
-    if (step.started_at == 0) step.started_at = change.now;
-    step.finished_at = change.now;
-    step.next_attempt_at = 0;
-    step.error_class = ErrorClass::kNone;
-    step.error_message.clear();
-    change.steps.push_back(step);
-    change.events.push_back(MakeEvent("waystone.step.completed", instance, &step,
-                                      "event " + signal.event_type + " from " + signal.source,
-                                      *random_, change.now));
+    const StepRecord& step = change.steps.front();
     const Json detail = {{"step", step.name}, {"type", signal.event_type},
                          {"source", signal.source}, {"id", signal.id}};
     change.audits.push_back({0, change.now, signal.actor, instance.tenant, instance.id, "signal",

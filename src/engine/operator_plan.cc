@@ -1,5 +1,14 @@
 #include "engine/operator_plan.h"
 
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "base/random.h"
+#include "engine/events.h"
+#include "engine/state_machine.h"
+#include "engine/transitions.h"
+#include "model/json_text.h"
 #include "model/keys.h"
 
 namespace waystone {
@@ -30,92 +39,178 @@ PlannedCall Call(const StepDefinition& def, std::string phase, const RequestSpec
   return {def.name, std::move(phase), request.method, request.url, std::move(key), ""};
 }
 
-void PreviewForward(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps,
-                    const StepKeyFn& step_key, ActionPlan& plan) {
-  bool stopped = false;
-  for (const StepRecord& step : steps) {
-    const StepDefinition& def = definition.steps[step.index];
-    if (stopped) {
-      plan.would_skip.push_back({step.name, "not reached: an earlier step failed"});
+// What a step's call answers when the preview assumes it succeeds: a 200 carrying an
+// external id wherever the step records one.
+CallResult AssumedSuccess(const StepDefinition& def) {
+  CallResult result;
+  result.response.outcome.kind = CallOutcome::Kind::kResponse;
+  result.response.outcome.status = 200;
+  result.response.outcome.sent = true;
+  if (!def.result_external_id.empty()) {
+    nlohmann::json body = nlohmann::json::object();
+    try {
+      body[nlohmann::json::json_pointer(def.result_external_id)] = "(its external id)";
+    } catch (const nlohmann::json::exception&) {
+    }
+    result.response.body = JsonText(body);
+  }
+  return result;
+}
+
+// The instance as the preview runs it forward: the rules applied to a copy.
+struct Simulation {
+  const WorkflowDefinition& definition;
+  InstanceRecord instance;
+  std::vector<StepRecord> steps;
+  Millis now;
+  SeededRandom random{0};  // ids and jitter of changes that are never committed
+  std::vector<bool> reached = std::vector<bool>(steps.size(), false);
+
+  Facts Now() { return {definition, instance, steps, now, random}; }
+  void Apply(const Change& change) {
+    for (const StepRecord& step : change.steps) steps[step.index] = step;
+    if (change.state) instance.state = *change.state;
+    if (change.status_reason) instance.status_reason = *change.status_reason;
+  }
+};
+
+// Fills would_execute by running Decide and the transitions forward from the planned
+// steps, assuming every call succeeds and every awaited event arrives: the preview
+// is the rules, so the dry run names what the engine then does, in its order.
+void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
+  const int limit = 4 * static_cast<int>(sim.steps.size()) + 4;
+  for (int turn = 0; turn < limit; ++turn) {
+    const NextAction action = Decide(sim.definition, sim.instance, sim.steps, sim.now);
+    if (action.kind == NextAction::Kind::kIdle || action.kind == NextAction::Kind::kFinish) return;
+    if (action.kind == NextAction::Kind::kWait) {
+      sim.now = std::max(sim.now, action.wait_until);
       continue;
+    }
+    const int index = action.step;
+    const StepDefinition& def = sim.definition.steps[index];
+    const std::string key = def.request.SideEffecting() ? step_key(index) : "";
+    switch (action.kind) {
+      case NextAction::Kind::kAwaitEvent:
+        sim.reached[index] = true;
+        plan.would_execute.push_back({def.name, "wait", "", "", "", def.wait_event});
+        sim.Apply(EventArrived(sim.Now(), index, "null", "", "assumed"));
+        break;
+      case NextAction::Kind::kRunStep:
+        if (def.kind == StepKind::kWait) {
+          sim.Apply(RunWait(sim.Now(), index));  // waits (or its deadline passed)
+        } else if (def.kind == StepKind::kTransform) {
+          sim.reached[index] = true;
+          plan.would_execute.push_back({def.name, "transform", "", "", "", ""});
+          sim.Apply(RecordTransform(sim.Now(), index, std::string("{}"), sim.now));
+        } else {
+          sim.reached[index] = true;
+          plan.would_execute.push_back(Call(def, "call", def.request, key));
+          sim.Apply(BeginCall(sim.Now(), index, key, "", "", 0));
+          sim.Apply(RecordCall(sim.Now(), sim.steps[index], AssumedSuccess(def)));
+        }
+        break;
+      case NextAction::Kind::kRecoverRunning:
+        sim.Apply(RecoverRunning(sim.Now(), index));
+        break;
+      case NextAction::Kind::kResolveUnknown:
+        if (std::optional<Change> settled = ResolveWithoutLookup(sim.Now(), index)) {
+          sim.Apply(*settled);  // resubmitted (then called), or paused
+          break;
+        }
+        sim.reached[index] = true;
+        plan.would_execute.push_back(Call(def, "lookup", def.lookup->request, ""));
+        plan.would_execute.push_back(Call(def, "call_if_not_found", def.request, key));
+        sim.Apply(RecordCall(sim.Now(), sim.steps[index], AssumedSuccess(def)));
+        break;
+      case NextAction::Kind::kCompensate:
+        sim.reached[index] = true;
+        plan.would_execute.push_back(Call(def, "compensate", def.compensate->request,
+                                          CompensationKey(step_key(index))));
+        sim.Apply(BeginCompensation(sim.Now(), index, ""));
+        sim.Apply(RecordCompensation(sim.Now(), sim.steps[index], CallResult{}, ""));
+        break;
+      case NextAction::Kind::kIdle:
+      case NextAction::Kind::kFinish:
+      case NextAction::Kind::kWait:
+        return;
+    }
+  }
+}
+
+std::string CompletedWhy(const StepRecord& step) {
+  return step.external_id.empty() ? "completed"
+                                  : "completed (external id " + step.external_id + ")";
+}
+
+// Says why each step the simulation did not reach is left alone, in the order the
+// engine goes (reverse while compensating).
+void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
+                    ActionPlan& plan) {
+  const bool compensating = plan.state_after == InstanceState::kCompensating;
+  std::string stopped;  // why the steps after the one the run stopped at are not reached
+  auto explain = [&](const StepRecord& step) {
+    const StepDefinition& def = sim.definition.steps[step.index];
+    if (sim.reached[step.index]) return;
+    if (!stopped.empty()) {
+      plan.would_skip.push_back({step.name, stopped});
+      return;
     }
     switch (step.state) {
       case StepState::kCompleted:
-        plan.would_skip.push_back(
-            {step.name, step.external_id.empty() ? "completed"
-                                                 : "completed (external id " + step.external_id + ")"});
-        break;
+        plan.would_skip.push_back({step.name, !compensating ? CompletedWhy(step)
+                                              : def.compensate ? "completed; not reached"
+                                                               : "completed; it has no compensation"});
+        return;
       case StepState::kSkipped:
         plan.would_skip.push_back({step.name, "skipped by an operator"});
-        break;
-      case StepState::kPending:
-      case StepState::kRunning:
-      case StepState::kWaiting:
-        if (def.kind == StepKind::kWait) {
-          plan.would_execute.push_back({def.name, "wait", "", "", "", def.wait_event});
-        } else if (def.kind == StepKind::kTransform) {
-          plan.would_execute.push_back({def.name, "transform", "", "", "", ""});
-        } else {
-          plan.would_execute.push_back(Call(def, "call", def.request,
-                                            def.request.SideEffecting() ? step_key(step.index) : ""));
-        }
-        break;
-      case StepState::kUnknown:
-        if (def.request.SideEffecting() && def.lookup) {
-          plan.would_execute.push_back(Call(def, "lookup", def.lookup->request, ""));
-          plan.would_execute.push_back(
-              Call(def, "call_if_not_found", def.request, step_key(step.index)));
-        } else {
-          plan.would_execute.push_back(Call(def, "call", def.request,
-                                            def.request.SideEffecting() ? step_key(step.index) : ""));
-        }
-        break;
+        return;
+      case StepState::kCompensated:
+        plan.would_skip.push_back({step.name, "already compensated"});
+        return;
       case StepState::kFailed:
       case StepState::kCompensating:
-      case StepState::kCompensated:
       case StepState::kCompensationFailed:
+        if (compensating && step.state != StepState::kCompensationFailed) break;
         plan.would_skip.push_back({step.name, "stays " + std::string(ToString(step.state))});
-        stopped = true;
+        stopped = compensating ? "not reached: a compensation failed"
+                               : "not reached: an earlier step failed";
+        return;
+      default:
         break;
     }
-  }
-}
-
-void PreviewCompensation(const WorkflowDefinition& definition,
-                         const std::vector<StepRecord>& steps, const StepKeyFn& step_key,
-                         ActionPlan& plan) {
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    const StepRecord& step = *it;
-    const StepDefinition& def = definition.steps[step.index];
-    const bool undo = def.compensate && (step.state == StepState::kCompleted ||
-                                         step.state == StepState::kCompensating);
-    if (undo) {
-      plan.would_execute.push_back(
-          Call(def, "compensate", def.compensate->request, CompensationKey(step_key(step.index))));
-    } else if (step.state == StepState::kCompensated) {
-      plan.would_skip.push_back({step.name, "already compensated"});
-    } else if (step.state == StepState::kCompleted) {
-      plan.would_skip.push_back({step.name, "completed; it has no compensation"});
-    } else {
+    if (compensating) {
       plan.would_skip.push_back(
           {step.name, std::string(ToString(step.state)) + ": nothing to undo"});
+    } else {
+      // The run pauses here (an unknown outcome only an operator can settle).
+      plan.would_skip.push_back({step.name, "stops here: " + sim.instance.status_reason});
+      stopped = "not reached: an earlier step stops";
     }
+  };
+  if (compensating) {
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) explain(*it);
+  } else {
+    for (const StepRecord& step : steps) explain(step);
   }
 }
 
-void Preview(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps,
-             const StepKeyFn& step_key, ActionPlan& plan) {
-  if (plan.state_after == InstanceState::kRunning) {
-    PreviewForward(definition, steps, step_key, plan);
-  } else if (plan.state_after == InstanceState::kCompensating) {
-    PreviewCompensation(definition, steps, step_key, plan);
-  } else {
+void Preview(const WorkflowDefinition& definition, const InstanceRecord& instance,
+             const std::vector<StepRecord>& steps, Millis now, const StepKeyFn& step_key,
+             ActionPlan& plan) {
+  if (plan.state_after != InstanceState::kRunning &&
+      plan.state_after != InstanceState::kCompensating) {
     for (const StepRecord& step : steps) {
       if (Done(step.state)) continue;
       plan.would_skip.push_back(
           {step.name, "instance " + std::string(ToString(plan.state_after)) + ": nothing runs"});
     }
+    return;
   }
+  Simulation sim{definition, instance, steps, now};
+  sim.instance.state = plan.state_after;
+  sim.instance.status_reason = plan.status_reason;
+  Simulate(sim, step_key, plan);
+  ExplainSkipped(sim, steps, plan);
 }
 
 absl::StatusOr<int> FindStep(const WorkflowDefinition& definition, const OperatorRequest& request) {
@@ -217,12 +312,9 @@ absl::Status PlanConfirm(const WorkflowDefinition& definition, const InstanceRec
       return absl::InvalidArgumentError("step '" + step.name +
                                         "' records an external id: give \"external_id\"");
     }
-    step.state = StepState::kCompleted;
-    step.finished_at = now;  // as when the engine completes a step
+    MarkCompleted(step, now);  // as when the engine completes a step
     step.external_id = request.external_id.empty() ? step.external_id : request.external_id;
     step.response_json = request.response_json.empty() ? "{}" : request.response_json;
-    step.error_class = ErrorClass::kNone;
-    step.error_message.clear();
   } else {
     if (!request.external_id.empty()) {
       return absl::InvalidArgumentError("external_id is only for an outcome that happened");
@@ -363,8 +455,38 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
       plan.changed_steps.push_back(after[i]);
     }
   }
-  Preview(definition, after, step_key, plan);
+  Preview(definition, instance, after, now, step_key, plan);
   return plan;
+}
+
+Change ActionChange(const InstanceRecord& instance, const ActionPlan& plan,
+                    const OperatorRequest& request, Millis now, Random& random) {
+  Change change;
+  change.now = now;
+  change.state = plan.state_after;
+  change.status_reason = plan.status_reason;
+  change.next_run_at = now;  // released to run now
+  change.steps = plan.changed_steps;
+  change.resolve_alerts = true;
+  nlohmann::json detail = {{"step", request.step},
+                           {"state_before", ToString(plan.state_before)},
+                           {"state_after", ToString(plan.state_after)}};
+  if (request.happened) detail["happened"] = *request.happened;
+  if (!request.external_id.empty()) detail["external_id"] = request.external_id;
+  change.audits.push_back({0, now, request.actor, instance.tenant, instance.id,
+                           std::string(ToString(request.action)), request.reason,
+                           JsonText(detail)});
+  const StepRecord* about = nullptr;
+  for (const StepRecord& step : plan.changed_steps) {
+    if (step.name == request.step) about = &step;
+  }
+  change.events.push_back(MakeEvent("waystone.operator." + std::string(ToString(request.action)),
+                                    instance, about, request.reason, random, now));
+  if (plan.state_after != plan.state_before) {
+    change.events.push_back(MakeEvent("waystone.instance." + std::string(ToString(plan.state_after)),
+                                      instance, nullptr, plan.status_reason, random, now));
+  }
+  return change;
 }
 
 }  // namespace waystone

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/random.h"
 #include "definition/definition.h"
 #include "store/store.h"
 
@@ -73,5 +74,11 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
                                               const std::vector<StepRecord>& steps,
                                               const OperatorRequest& request, Millis now,
                                               const StepKeyFn& step_key);
+
+// Returns the change that applies an allowed `plan` at `now` (the runner's lease is the
+// caller's to add): the planned steps, the new state released to run now, the
+// instance's alerts resolved, the audit record and the operator's events. Pure.
+Change ActionChange(const InstanceRecord& instance, const ActionPlan& plan,
+                    const OperatorRequest& request, Millis now, Random& random);
 
 }  // namespace waystone

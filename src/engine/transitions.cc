@@ -1,0 +1,565 @@
+#include "engine/transitions.h"
+
+#include <nlohmann/json.hpp>
+
+#include "engine/context.h"
+#include "engine/events.h"
+#include "engine/state_machine.h"
+#include "model/duration.h"
+#include "model/json_text.h"
+#include "model/keys.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kMaxStoredMessage = 500;
+
+// A lookup answered 404 found nothing: that is an answer, not a failure.
+constexpr int kNotFound = 404;
+
+// Parses a response body; a body that is not JSON is kept as a JSON string. JSON
+// nested deeper than kMaxJsonDepth is refused: what a step keeps is rendered,
+// stored and serialized again, and must stay bounded.
+absl::StatusOr<Json> ParseBody(const std::string& body) {
+  if (body.empty()) return nullptr;
+  Json parsed = Json::parse(body, nullptr, false);
+  if (parsed.is_discarded()) return body;
+  if (JsonNestsDeeperThan(body)) {
+    return absl::InvalidArgumentError("the answer nests arrays and objects deeper than " +
+                                      std::to_string(kMaxJsonDepth) + " levels");
+  }
+  return parsed;
+}
+
+// Returns the value at a JSON pointer, or nullptr when absent or malformed.
+const Json* AtPointer(const Json& root, const std::string& pointer) {
+  try {
+    const Json::json_pointer p(pointer);
+    if (!root.contains(p)) return nullptr;
+    return &root.at(p);
+  } catch (const Json::exception&) {
+    return nullptr;
+  }
+}
+
+std::string IdText(const Json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_null()) return "";
+  return JsonText(value);
+}
+
+// Returns true when a JSON value is a usable external id (not absent, null or "").
+bool HasId(const Json* value) {
+  return value != nullptr && !value->is_null() && !(value->is_string() && value->empty());
+}
+
+std::string EventTypeFor(InstanceState state) {
+  return "waystone.instance." + std::string(ToString(state));
+}
+
+// A change at `facts.now`; the runner adds its lease.
+Change At(const Facts& facts) {
+  Change change;
+  change.now = facts.now;
+  return change;
+}
+
+void AddEvent(const Facts& facts, Change& change, std::string_view type, const StepRecord* step,
+              std::string_view message = {}) {
+  change.events.push_back(MakeEvent(type, facts.instance, step, message, facts.random, facts.now));
+}
+
+// Raises an alert; alerts are pushed, not only listed: each leaves through the outbox once.
+void AddAlert(const Facts& facts, Change& change, AlertKind kind, const std::string& step,
+              const std::string& message) {
+  AlertRecord alert{0, facts.instance.id, facts.instance.tenant, step, kind, AlertState::kOpen,
+                    message, facts.now};
+  change.events.push_back(MakeAlertEvent(alert, facts.instance, facts.random, facts.now));
+  change.alerts.push_back(std::move(alert));
+}
+
+// Moves the instance to `state` with its event (and releases it to run now).
+void SetInstanceState(const Facts& facts, Change& change, InstanceState state,
+                      const std::string& reason) {
+  change.state = state;
+  change.status_reason = reason;
+  change.next_run_at = facts.now;
+  AddEvent(facts, change, EventTypeFor(state), nullptr, reason);
+}
+
+// Schedules the step's next attempt (or lookup) after a backoff.
+Change Retry(const Facts& facts, StepRecord step, StepState state, int attempts_made,
+             const RetryPolicy& policy, std::optional<Millis> retry_after) {
+  Change change = At(facts);
+  step.state = state;
+  step.next_attempt_at = facts.now + policy.NextDelay(attempts_made, retry_after, facts.random);
+  change.steps.push_back(step);
+  return change;
+}
+
+// Marks `step` unknown (`what` happened), keeping when it first became so.
+void MarkUnknown(StepRecord& step, const std::string& what, Millis now) {
+  step.state = StepState::kUnknown;
+  step.error_class = ErrorClass::kUnknown;
+  step.error_message = ShortenMessage(what);
+  step.unknowns += 1;
+  if (step.unknown_since == 0) step.unknown_since = now;
+}
+
+// A 2xx without the external id the step records: something happened, but not
+// what the definition expects (a truncated answer reads this way too). Later URLs
+// would read "/orders//cancel", so it never completes this way: with a lookup the
+// outcome is settled by looking (a lookup that then finds nothing is a
+// contradiction), with an honoured key by asking again under the same key,
+// otherwise an operator decides.
+Change ResultMissing(const Facts& facts, StepRecord step, const Json& body, int status) {
+  const StepDefinition& def = facts.definition.steps[step.index];
+  const std::string what = "HTTP " + std::to_string(status) + " had no external id at " +
+                           def.result_external_id;
+  Change change = At(facts);
+  MarkUnknown(step, what, facts.now);
+  step.response_json = body.is_null() ? "{}" : KeptAnswer(body, def);  // "the target said yes"
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.unknown", &step, what);
+  const bool resubmit = def.idempotency_honored && def.recovery != RecoveryClass::kManual;
+  if (def.lookup || resubmit) return change;
+  const std::string reason = "step '" + step.name + "': " + what +
+                             "; confirm the outcome with its external reference";
+  AddAlert(facts, change, AlertKind::kResultMissing, step.name, reason);
+  SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
+  return change;
+}
+
+// The outcome is not known and nothing proves the call did not happen: either
+// resubmit under the same key (the target deduplicates), or stop.
+Change ResubmitOrStop(const Facts& facts, StepRecord step, const std::string& why) {
+  const StepDefinition& def = facts.definition.steps[step.index];
+  if (def.recovery == RecoveryClass::kManual) {
+    return Pause(facts, step, AlertKind::kNeedsOperator,
+                 "step '" + step.name + "' outcome unknown (" + why +
+                     "); manual step: confirm what happened");
+  }
+  if (def.retry.Exhausted(step.attempts)) {
+    // It may have happened: the step stays unknown (never failed, never skipped by
+    // a compensation) until an operator confirms what the target did.
+    return Pause(facts, step, AlertKind::kRetriesExhausted,
+                 "step '" + step.name + "': retries exhausted after " +
+                     std::to_string(step.attempts) + " attempts; outcome of the last one "
+                     "unknown (" + why + "); confirm what happened");
+  }
+  Change change = At(facts);
+  step.state = StepState::kPending;
+  step.response_json.clear();
+  step.resolution = Resolution::kResubmitted;
+  step.next_attempt_at = 0;
+  change.steps.push_back(step);
+  return change;
+}
+
+// Returns the objects a lookup answer holds that could be the step's: the one at
+// `found` or each at `items`, kept only when every `match` pointer equals its
+// expected value. An `items` that is not an array is an error.
+absl::StatusOr<std::vector<const Json*>> Candidates(const LookupSpec& lookup, const Json& body,
+                                                    const MatchValues& expected) {
+  std::vector<const Json*> all;
+  if (body.is_null()) return all;
+  if (!lookup.items.empty()) {
+    const Json* items = AtPointer(body, lookup.items);
+    if (items == nullptr || !items->is_array()) {
+      return absl::InvalidArgumentError("the answer has no array at " + lookup.items);
+    }
+    for (const Json& item : *items) all.push_back(&item);
+  } else if (const Json* found = AtPointer(body, lookup.found); found && !found->is_null()) {
+    all.push_back(found);
+  }
+  if (lookup.match.empty()) return all;
+  if (!expected.ok()) return expected.status();
+  std::vector<const Json*> matching;
+  for (const Json* candidate : all) {
+    bool ok = true;
+    for (const auto& [pointer, text] : *expected) {
+      const Json* value = AtPointer(*candidate, pointer);
+      ok = ok && value != nullptr && IdText(*value) == text;
+    }
+    if (ok) matching.push_back(candidate);
+  }
+  return matching;
+}
+
+// An audit record of a compensation the engine ran by itself, with its cause.
+AuditRecord EngineAudit(const Facts& facts, const StepRecord& step, const std::string& key,
+                        const std::string& action, const std::string& detail) {
+  const Json about = {{"step", step.name},
+                      {"external_id", step.external_id},
+                      {"key", key},
+                      {"attempt", step.compensation_attempts},
+                      {"detail", detail}};
+  const InstanceRecord& instance = facts.instance;
+  return {0, 0, "engine", instance.tenant, instance.id, action,
+          instance.status_reason.empty() ? "compensation" : ShortenMessage(instance.status_reason),
+          JsonText(about)};
+}
+
+}  // namespace
+
+std::string ShortenMessage(std::string_view text) {
+  if (text.size() <= kMaxStoredMessage) return std::string(text);
+  return std::string(text.substr(0, kMaxStoredMessage)) + "...";
+}
+
+std::string DescribeResponse(const HttpResponse& response) {
+  if (response.outcome.kind != CallOutcome::Kind::kResponse) return response.error;
+  return "HTTP " + std::to_string(response.outcome.status) +
+         (response.body.empty() ? "" : ": " + ShortenMessage(response.body));
+}
+
+void MarkCompleted(StepRecord& step, Millis now) {
+  step.state = StepState::kCompleted;
+  step.unknown_since = 0;
+  step.next_attempt_at = 0;
+  step.error_class = ErrorClass::kNone;
+  step.error_message.clear();
+  step.finished_at = now;
+}
+
+Change BeginCall(const Facts& facts, int index, const std::string& key, const std::string& hash,
+                 const std::string& span, Millis key_retention) {
+  const StepDefinition& def = facts.definition.steps[index];
+  StepRecord step = facts.steps[index];
+  Change change = At(facts);
+  step.state = StepState::kRunning;
+  step.attempts += 1;
+  step.idempotency_key = key;
+  step.request_hash = hash;
+  step.response_json.clear();  // an earlier 2xx-without-id answer no longer speaks for it
+  step.next_attempt_at = 0;
+  if (step.started_at == 0) step.started_at = facts.now;
+  step.span_id = span;
+  change.steps.push_back(step);
+  if (def.request.SideEffecting()) {
+    change.idempotency = IdempotencyClaim{facts.instance.tenant, key, hash, facts.instance.id,
+                                          def.name, facts.now + key_retention};
+  }
+  return change;
+}
+
+Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result) {
+  const StepDefinition& def = facts.definition.steps[step.index];
+  const HttpResponse& response = result.response;
+  const std::string detail = DescribeResponse(response);
+  switch (result.error_class) {
+    case ErrorClass::kNone: {
+      auto parsed = ParseBody(response.body);
+      if (!parsed.ok()) {
+        return FailStep(facts, step, ErrorClass::kRejected,
+                        "HTTP " + std::to_string(response.outcome.status) + ": " +
+                            std::string(parsed.status().message()),
+                        std::nullopt);
+      }
+      const Json body = std::move(*parsed);
+      const Json* id =
+          def.result_external_id.empty() ? nullptr : AtPointer(body, def.result_external_id);
+      if (!def.result_external_id.empty() && !HasId(id)) {
+        return ResultMissing(facts, step, body, response.outcome.status);
+      }
+      Change change = At(facts);
+      MarkCompleted(step, facts.now);
+      step.response_json = KeptAnswer(body, def);
+      if (id != nullptr) step.external_id = IdText(*id);
+      change.steps.push_back(step);
+      AddEvent(facts, change, "waystone.step.completed", &step);
+      return change;
+    }
+    case ErrorClass::kTransient:
+      step.error_class = result.error_class;
+      step.error_message = ShortenMessage(detail);
+      if (def.retry.Exhausted(step.attempts)) {
+        return FailStep(facts, step, result.error_class,
+                        "retries exhausted after " + std::to_string(step.attempts) +
+                            " attempts; last: " + detail,
+                        AlertKind::kRetriesExhausted);
+      }
+      return Retry(facts, step, StepState::kPending, step.attempts, def.retry,
+                   response.outcome.retry_after);
+    case ErrorClass::kRejected:
+      return FailStep(facts, step, result.error_class, detail, std::nullopt);
+    case ErrorClass::kUnknown: {
+      Change change = At(facts);
+      MarkUnknown(step, detail, facts.now);
+      change.steps.push_back(step);
+      AddEvent(facts, change, "waystone.step.unknown", &step, detail);
+      return change;
+    }
+  }
+  return FailStep(facts, step, ErrorClass::kRejected, "unhandled error class", std::nullopt);
+}
+
+Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
+                const std::string& message, std::optional<AlertKind> alert) {
+  Change change = At(facts);
+  step.state = StepState::kFailed;
+  step.unknown_since = 0;
+  step.error_class = error_class;
+  step.error_message = ShortenMessage(message);
+  step.finished_at = facts.now;
+  step.next_attempt_at = 0;
+  change.steps.push_back(step);
+  std::vector<StepRecord> after = facts.steps;
+  after[step.index] = step;
+  const InstanceState next = StateAfterFailure(facts.definition, after, step.index);
+  const std::string reason = "step '" + step.name + "' failed (" +
+                             std::string(ToString(error_class)) + "): " + ShortenMessage(message);
+  AddEvent(facts, change, "waystone.step.failed", &step, message);
+  if (alert) AddAlert(facts, change, *alert, step.name, reason);
+  if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
+    AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
+             reason + "; manual step: an operator decides");
+  }
+  SetInstanceState(facts, change, next, reason);
+  return change;
+}
+
+Change Pause(const Facts& facts, const StepRecord& step, AlertKind alert,
+             const std::string& reason) {
+  Change change = At(facts);
+  change.steps.push_back(step);
+  AddAlert(facts, change, alert, step.name, reason);
+  SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
+  return change;
+}
+
+Change RecoverRunning(const Facts& facts, int index) {
+  Change change = At(facts);
+  StepRecord step = facts.steps[index];
+  // The request of the interrupted attempt may or may not have left.
+  change.attempts.push_back({step.index, 0, AttemptPhase::kCall, false, ConnectionUsed::kNone, 0,
+                             ErrorClass::kUnknown,
+                             "the worker stopped during the call: whether the request left "
+                             "is not known",
+                             step.started_at, facts.now});
+  MarkUnknown(step, "the worker stopped during the call; its outcome is not known", facts.now);
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.unknown", &step, step.error_message);
+  return change;
+}
+
+std::optional<Change> ResolveWithoutLookup(const Facts& facts, int index) {
+  const StepDefinition& def = facts.definition.steps[index];
+  const StepRecord& step = facts.steps[index];
+  if (!def.request.SideEffecting()) {
+    // A read is safe to repeat.
+    if (def.retry.Exhausted(step.attempts)) {
+      return FailStep(facts, step, ErrorClass::kUnknown,
+                      "retries exhausted after " + std::to_string(step.attempts) + " attempts",
+                      AlertKind::kRetriesExhausted);
+    }
+    return Retry(facts, step, StepState::kPending, step.attempts, def.retry, std::nullopt);
+  }
+  if (def.lookup) return std::nullopt;
+  if (def.idempotency_honored && def.recovery != RecoveryClass::kManual) {
+    return ResubmitOrStop(facts, step, "the target deduplicates on the idempotency key");
+  }
+  return Pause(facts, step, AlertKind::kNeedsOperator,
+               "step '" + step.name +
+                   "' outcome unknown and it has no lookup; confirm what happened");
+}
+
+Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& result,
+                    const MatchValues& expected) {
+  const StepDefinition& def = facts.definition.steps[step.index];
+  const LookupSpec& lookup = *def.lookup;
+  const HttpResponse& response = result.response;
+  const std::string of = "lookup of step '" + step.name + "'";
+  if (result.error_class == ErrorClass::kTransient || result.error_class == ErrorClass::kUnknown) {
+    if (def.retry.Exhausted(step.lookups)) {
+      return Pause(facts, step, AlertKind::kRetriesExhausted,
+                   of + " keeps failing: " + response.error +
+                       (response.outcome.status ? " HTTP " + std::to_string(response.outcome.status)
+                                                : ""));
+    }
+    return Retry(facts, step, StepState::kUnknown, step.lookups, def.retry,
+                 response.outcome.retry_after);
+  }
+  if (result.error_class == ErrorClass::kRejected) {
+    return Pause(facts, step, AlertKind::kNeedsOperator,
+                 of + " was refused: HTTP " + std::to_string(response.outcome.status));
+  }
+  auto parsed = response.outcome.status == kNotFound ? absl::StatusOr<Json>(nullptr)
+                                                     : ParseBody(response.body);
+  if (!parsed.ok()) {
+    return Pause(facts, step, AlertKind::kNeedsOperator,
+                 of + ": " + std::string(parsed.status().message()));
+  }
+  const Json body = std::move(*parsed);
+  auto candidates = Candidates(lookup, body, expected);
+  if (!candidates.ok()) {
+    return Pause(facts, step, AlertKind::kLookupContradiction,
+                 of + ": " + std::string(candidates.status().message()));
+  }
+  if (candidates->size() > 1) {
+    return Pause(facts, step, AlertKind::kLookupContradiction,
+                 of + " found " + std::to_string(candidates->size()) +
+                     " objects that each could be this step's; an operator decides which");
+  }
+  if (candidates->empty()) {
+    if (!step.response_json.empty()) {
+      // The target answered 2xx to this step, yet the lookup finds nothing.
+      return Pause(facts, step, AlertKind::kLookupContradiction,
+                   "step '" + step.name + "' was answered with success (" + step.error_message +
+                       ") but its lookup finds nothing");
+    }
+    return ResubmitOrStop(facts, step, "the lookup found nothing");
+  }
+  const Json* found = candidates->front();
+  std::string external_id;
+  if (!lookup.external_id.empty()) {
+    const Json& within = lookup.items.empty() ? body : *found;
+    if (const Json* id = AtPointer(within, lookup.external_id); HasId(id)) {
+      external_id = IdText(*id);
+    }
+  }
+  if (!def.result_external_id.empty() && external_id.empty() && step.external_id.empty()) {
+    return Pause(facts, step, AlertKind::kLookupContradiction,
+                 of + " found an object without an external id at " + lookup.external_id);
+  }
+  if (!step.external_id.empty() && !external_id.empty() && external_id != step.external_id) {
+    return Pause(facts, step, AlertKind::kLookupContradiction,
+                 of + " found " + external_id + " but the recorded result is " + step.external_id);
+  }
+  Change change = At(facts);
+  MarkCompleted(step, facts.now);
+  step.resolution = Resolution::kLookupFound;
+  if (!external_id.empty()) step.external_id = external_id;
+  step.response_json = KeptAnswer(*found, def);
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.completed", &step, "outcome found by lookup");
+  return change;
+}
+
+Change RecordTransform(const Facts& facts, int index, const absl::StatusOr<std::string>& output,
+                       Millis started_at) {
+  StepRecord step = facts.steps[index];
+  step.attempts += 1;
+  if (!output.ok()) {
+    return FailStep(facts, step, ErrorClass::kRejected, std::string(output.status().message()),
+                    std::nullopt);
+  }
+  Change change = At(facts);
+  MarkCompleted(step, facts.now);
+  step.response_json = *output;
+  step.started_at = started_at;
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.completed", &step);
+  return change;
+}
+
+Change RunWait(const Facts& facts, int index) {
+  const StepDefinition& def = facts.definition.steps[index];
+  StepRecord step = facts.steps[index];
+  if (step.state == StepState::kWaiting) {
+    step.attempts += 1;
+    return FailStep(facts, step, ErrorClass::kRejected,
+                    "no event of type '" + def.wait_event + "' arrived within " +
+                        FormatDuration(def.wait_timeout),
+                    std::nullopt);
+  }
+  Change change = At(facts);
+  step.state = StepState::kWaiting;
+  step.started_at = facts.now;
+  step.next_attempt_at = def.wait_timeout > 0 ? facts.now + def.wait_timeout : 0;
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.waiting", &step, "waiting for event " + def.wait_event);
+  return change;
+}
+
+Change EventArrived(const Facts& facts, int index, const std::string& data_json,
+                    const std::string& event_id, const std::string& event) {
+  StepRecord step = facts.steps[index];
+  Change change = At(facts);
+  step.attempts += 1;
+  // What the workflow reads of the event's data, like any answer (store_response).
+  step.response_json = KeptAnswer(Json::parse(data_json.empty() ? "null" : data_json, nullptr,
+                                              false),
+                                  facts.definition.steps[index]);
+  step.external_id = event_id;
+  if (step.started_at == 0) step.started_at = facts.now;
+  MarkCompleted(step, facts.now);
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.completed", &step, event);
+  return change;
+}
+
+Change BeginCompensation(const Facts& facts, int index, const std::string& key) {
+  StepRecord step = facts.steps[index];
+  Change change = At(facts);
+  step.state = StepState::kCompensating;
+  step.compensation_attempts += 1;
+  step.next_attempt_at = 0;
+  change.steps.push_back(step);
+  change.audits.push_back(EngineAudit(facts, step, key, "compensate",
+                                      "attempt " + std::to_string(step.compensation_attempts) +
+                                          " sent"));
+  return change;
+}
+
+Change RecordCompensation(const Facts& facts, StepRecord step, const CallResult& result,
+                          const std::string& key) {
+  const CompensationSpec& spec = *facts.definition.steps[step.index].compensate;
+  const std::string detail = DescribeResponse(result.response);
+  switch (result.error_class) {
+    case ErrorClass::kNone: {
+      Change change = At(facts);
+      step.state = StepState::kCompensated;
+      step.error_message.clear();
+      change.steps.push_back(step);
+      change.audits.push_back(EngineAudit(facts, step, key, "compensated", detail));
+      AddEvent(facts, change, "waystone.step.compensated", &step);
+      return change;
+    }
+    case ErrorClass::kRejected:
+      return CompensationFailed(facts, step, detail, key);
+    case ErrorClass::kTransient:
+    case ErrorClass::kUnknown:
+      if (spec.retry.Exhausted(step.compensation_attempts)) {
+        return CompensationFailed(facts, step, "retries exhausted; last: " + detail, key);
+      }
+      step.error_message = ShortenMessage(detail);
+      return Retry(facts, step, StepState::kCompensating, step.compensation_attempts, spec.retry,
+                   result.response.outcome.retry_after);
+  }
+  return CompensationFailed(facts, step, "unhandled error class", key);
+}
+
+Change CompensationFailed(const Facts& facts, StepRecord step, const std::string& message,
+                          const std::string& key) {
+  Change change = At(facts);
+  step.state = StepState::kCompensationFailed;
+  step.error_message = ShortenMessage(message);
+  step.next_attempt_at = 0;
+  change.steps.push_back(step);
+  const std::string reason = "compensation of step '" + step.name + "' (external id '" +
+                             step.external_id + "', key '" + key + "') failed after " +
+                             std::to_string(step.compensation_attempts) +
+                             " attempts: " + ShortenMessage(message);
+  AddEvent(facts, change, "waystone.step.compensation_failed", &step, message);
+  change.audits.push_back(EngineAudit(facts, step, key, "compensation_failed",
+                                      ShortenMessage(message)));
+  AddAlert(facts, change, AlertKind::kCompensationFailed, step.name, reason);
+  SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
+  return change;
+}
+
+Change Finish(const Facts& facts, InstanceState final_state) {
+  Change change = At(facts);
+  const std::string reason = final_state == InstanceState::kCompleted
+                                 ? "all steps completed"
+                                 : (final_state == InstanceState::kCompensated
+                                        ? "completed steps were compensated"
+                                        : facts.instance.status_reason);
+  SetInstanceState(facts, change, final_state, reason);
+  return change;
+}
+
+}  // namespace waystone

@@ -1,0 +1,132 @@
+#pragma once
+
+// The rules of recovery: what a step's outcome does to its checkpoint and to the
+// instance. Each transition is a pure function of the instance as last committed,
+// its steps, what just happened (a call's outcome, a lookup's answer, an event, an
+// operator's action) and `now`; it returns the Change to commit — step rows,
+// instance state, outbox events, alerts, audit records, claims — and touches
+// nothing else. The runner renders requests, sends them, and commits what these
+// return (adding its lease and the attempt records); signals and operator actions
+// commit what the same builders return. Decide (state_machine.h) says which
+// transition is due; tests/engine/transitions_test.cc is the table of every rule.
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/random.h"
+#include "connectors/http/http_client.h"
+#include "definition/definition.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// The instance a transition applies to, as of its last commit. `random` gives the
+// outbox events their ids and retries their jitter (tests seed it).
+struct Facts {
+  const WorkflowDefinition& definition;
+  const InstanceRecord& instance;
+  const std::vector<StepRecord>& steps;
+  Millis now;
+  Random& random;
+};
+
+// One request sent and what it means: the answer (or the transport failure) and its
+// error class by Classify, after the step's status overrides.
+struct CallResult {
+  HttpResponse response;
+  ErrorClass error_class = ErrorClass::kNone;
+};
+
+// The values a lookup's `match` pointers must equal, rendered by the runner (or why
+// they could not be).
+using MatchValues = absl::StatusOr<std::vector<std::pair<std::string, std::string>>>;
+
+// --- Builders shared by the engine, signals and operators -------------------------
+
+// Marks `step` completed at `now`: no error, no longer unknown, nothing due.
+void MarkCompleted(StepRecord& step, Millis now);
+
+// --- Forward: calls ---------------------------------------------------------------
+
+// The checkpoint before a call: the step `running` with one more attempt, its key,
+// request hash and span, and for a side-effecting call the idempotency claim kept
+// for `key_retention`. A crash from here on leaves an unknown outcome.
+Change BeginCall(const Facts& facts, int index, const std::string& key, const std::string& hash,
+                 const std::string& span, Millis key_retention);
+
+// What a call's result does to the step `running` returned by BeginCall: completed
+// (with its external id), pending with a backoff (transient), failed (rejected, or
+// retries exhausted), unknown (sent, no answer; a 2xx without the external id too).
+Change RecordCall(const Facts& facts, StepRecord running, const CallResult& result);
+
+// Fails `step` (with `error_class` and `message`) and moves the instance on:
+// compensating, failed, or needs_attention for a manual step; raises `alert` if given.
+Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
+                const std::string& message, std::optional<AlertKind> alert);
+
+// Pauses the instance for an operator (needs_attention, with `alert`), leaving the step.
+Change Pause(const Facts& facts, const StepRecord& step, AlertKind alert,
+             const std::string& reason);
+
+// A step found `running` when its instance was claimed: the worker stopped during
+// the call, so its outcome is unknown (with an attempt record saying so).
+Change RecoverRunning(const Facts& facts, int index);
+
+// --- Forward: unknown outcomes ----------------------------------------------------
+
+// Settles an unknown step that needs no lookup: a read is repeated (or fails when
+// its retries ran out); with an honoured idempotency key it is resubmitted under the
+// same key; otherwise the instance pauses. nullopt: the step has a lookup to run.
+std::optional<Change> ResolveWithoutLookup(const Facts& facts, int index);
+
+// What a lookup's answer does to the unknown step (whose `lookups` counts this one):
+// exactly one matching object adopts it (completed, lookup_found); none resubmits it
+// under the same key; several, or one that contradicts the record, pause it.
+Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& result,
+                    const MatchValues& expected);
+
+// --- Forward: transforms and waits -----------------------------------------------
+
+// A transform step's output (JSON text), or why it could not be rendered.
+Change RecordTransform(const Facts& facts, int index, const absl::StatusOr<std::string>& output,
+                       Millis started_at);
+
+// A wait step becomes due: it starts waiting (until its timeout), or, when it was
+// waiting already, its deadline passed and it fails.
+Change RunWait(const Facts& facts, int index);
+
+// The event a waiting step waits for arrived: the step completes with what it keeps
+// of `data_json`, its external id the event's id. `event` describes it.
+Change EventArrived(const Facts& facts, int index, const std::string& data_json,
+                    const std::string& event_id, const std::string& event);
+
+// --- Compensation -----------------------------------------------------------------
+
+// The checkpoint before a compensation call (one more attempt, audited).
+Change BeginCompensation(const Facts& facts, int index, const std::string& key);
+
+// What a compensation call's result does: compensated, retried with a backoff, or
+// compensation_failed (the instance needs attention).
+Change RecordCompensation(const Facts& facts, StepRecord compensating, const CallResult& result,
+                          const std::string& key);
+
+// The compensation of `step` failed for good (`message`): needs_attention, alerted.
+Change CompensationFailed(const Facts& facts, StepRecord step, const std::string& message,
+                          const std::string& key);
+
+// --- The instance -----------------------------------------------------------------
+
+// Moves the instance to its final state (completed, compensated or failed).
+Change Finish(const Facts& facts, InstanceState final_state);
+
+// Returns the text an outbox event and a stored message say about a failed call:
+// "HTTP 422: <body>" or the transport error.
+std::string DescribeResponse(const HttpResponse& response);
+
+// Returns `text` cut to what a checkpoint stores.
+std::string ShortenMessage(std::string_view text);
+
+}  // namespace waystone
