@@ -1,0 +1,516 @@
+// The rules of recovery, as tables: what each outcome (a call's answer, a lookup's,
+// a compensation's, a crash, an event) does to a step of each recovery class, and to
+// its instance. Pure: no store, no sockets, no clock but `now`. This is the place to
+// learn the rules; engine/transitions.h says where each lives.
+
+#include "engine/transitions.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "definition/loader.h"
+#include "support/records.h"
+
+namespace waystone {
+namespace {
+
+using S = StepState;
+using I = InstanceState;
+using A = AlertKind;
+using testing::Instance;
+using testing::Steps;
+
+// One step of each kind the rules tell apart, in the order a workflow would have them.
+constexpr int kRead = 0;        // GET: repeatable, safe to repeat
+constexpr int kUndoable = 1;    // POST, compensable, honoured key, with a compensation
+constexpr int kLooked = 2;      // POST, recovery lookup, records an external id
+constexpr int kHonoured = 3;    // POST, repeatable: the target deduplicates on the key
+constexpr int kManual = 4;      // POST, manual, no lookup
+constexpr int kMissingId = 5;   // POST, manual, records an external id, no lookup
+constexpr int kWait = 6;        // waits for an event, 1 s deadline
+
+const WorkflowDefinition& Definition() {
+  static const WorkflowDefinition definition = [] {
+    auto loaded = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    request: { method: GET, url: "http://x/a" }
+    retry: { max_attempts: 3 }
+  - name: b
+    recovery: compensable
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/b" }
+    retry: { max_attempts: 3 }
+    compensate:
+      request: { method: POST, url: "http://x/b/undo" }
+      retry: { max_attempts: 2 }
+  - name: c
+    recovery: lookup
+    request: { method: POST, url: "http://x/c" }
+    result: { external_id: "/id" }
+    retry: { max_attempts: 3 }
+    lookup:
+      request: { method: GET, url: "http://x/c?ref={{instance.ref}}" }
+      items: "/items"
+      external_id: "/id"
+      match: { "/ref": "{{instance.ref}}" }
+  - name: d
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/d" }
+    retry: { max_attempts: 3 }
+  - name: e
+    recovery: manual
+    request: { method: POST, url: "http://x/e" }
+  - name: f
+    recovery: manual
+    request: { method: POST, url: "http://x/f" }
+    result: { external_id: "/id" }
+  - name: g
+    wait: { event: com.example.approved, timeout: 1s }
+)", "w.yaml");
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    return *loaded;
+  }();
+  return definition;
+}
+
+constexpr Millis kNow = 10'000;
+
+// An instance running at step `at`: the steps before it completed, the rest pending.
+struct World {
+  InstanceRecord instance = Instance(I::kRunning);
+  std::vector<StepRecord> steps;
+  SeededRandom random{7};
+
+  explicit World(int at, StepState state = S::kRunning) {
+    std::vector<StepState> states(Definition().steps.size(), S::kPending);
+    for (int i = 0; i < at; ++i) states[i] = S::kCompleted;
+    states[at] = state;
+    for (size_t i = 0; i < states.size(); ++i) {
+      StepRecord s;
+      s.index = static_cast<int>(i);
+      s.name = Definition().steps[i].name;
+      s.state = states[i];
+      steps.push_back(s);
+    }
+    steps[at].attempts = 1;
+  }
+  Facts Now() { return {Definition(), instance, steps, kNow, random}; }
+};
+
+CallResult Answer(int status, std::string body, ErrorClass error_class) {
+  CallResult result;
+  result.response.outcome.kind = CallOutcome::Kind::kResponse;
+  result.response.outcome.status = status;
+  result.response.outcome.sent = true;
+  result.response.body = std::move(body);
+  result.error_class = error_class;
+  return result;
+}
+
+CallResult Lost() {
+  CallResult result;
+  result.response.outcome.kind = CallOutcome::Kind::kLostAfterSend;
+  result.response.outcome.sent = true;
+  result.response.error = "timed out after the request was sent";
+  result.error_class = ErrorClass::kUnknown;
+  return result;
+}
+
+std::vector<std::string> EventTypes(const Change& change) {
+  std::vector<std::string> types;
+  for (const EventRecord& event : change.events) types.push_back(event.type);
+  return types;
+}
+
+std::vector<AlertKind> AlertKinds(const Change& change) {
+  std::vector<AlertKind> kinds;
+  for (const AlertRecord& alert : change.alerts) kinds.push_back(alert.kind);
+  return kinds;
+}
+
+// What a transition must leave: the step's state, whether it is due later, the
+// instance's next state (nullopt: unchanged), the alerts raised.
+struct Expect {
+  StepState step;
+  std::optional<InstanceState> instance;
+  std::vector<AlertKind> alerts;
+  bool backoff = false;  // the step's next attempt waits (next_attempt_at > now)
+};
+
+void Check(const Change& change, int index, const Expect& expect, const std::string& row) {
+  SCOPED_TRACE(row);
+  ASSERT_EQ(change.now, kNow);
+  ASSERT_FALSE(change.steps.empty());
+  const StepRecord& step = change.steps.front();
+  EXPECT_EQ(step.index, index);
+  EXPECT_EQ(step.state, expect.step) << ToString(step.state);
+  EXPECT_EQ(change.state, expect.instance);
+  EXPECT_EQ(AlertKinds(change), expect.alerts);
+  EXPECT_EQ(step.next_attempt_at > kNow, expect.backoff) << step.next_attempt_at;
+  // Every alert leaves through the outbox, and every instance move has its event.
+  const std::vector<std::string> types = EventTypes(change);
+  auto has = [&](const std::string& type) { return std::ranges::count(types, type) == 1; };
+  for (AlertKind kind : expect.alerts) {
+    EXPECT_TRUE(has("waystone.alert." + std::string(ToString(kind)))) << ToString(kind);
+  }
+  if (change.state) {
+    EXPECT_TRUE(has("waystone.instance." + std::string(ToString(*change.state))));
+    EXPECT_EQ(change.next_run_at, kNow);
+  }
+}
+
+// --- A call's outcome × the step's recovery class -----------------------------------
+
+struct CallRow {
+  const char* name;
+  int index;
+  CallResult result;
+  int attempts;  // made so far, this one included
+  Expect expect;
+};
+
+TEST(TransitionsTest, WhatACallsOutcomeDoesToEachKindOfStep) {
+  const CallResult ok_id = Answer(201, R"({"id":"ORD-1"})", ErrorClass::kNone);
+  const CallResult ok_bare = Answer(200, R"({"status":"accepted"})", ErrorClass::kNone);
+  const CallResult busy = Answer(503, "", ErrorClass::kTransient);
+  const CallResult refused = Answer(422, R"({"error":"bad sku"})", ErrorClass::kRejected);
+  const CallResult gateway = Answer(502, "", ErrorClass::kUnknown);
+  const std::vector<CallRow> table = {
+      // 2xx: completed; one without the external id the step records is unknown,
+      // and pauses only when nothing (lookup, honoured key) can settle it.
+      {"read 2xx", kRead, ok_bare, 1, {S::kCompleted, std::nullopt, {}}},
+      {"lookup step 2xx with id", kLooked, ok_id, 1, {S::kCompleted, std::nullopt, {}}},
+      {"lookup step 2xx without id", kLooked, ok_bare, 1, {S::kUnknown, std::nullopt, {}}},
+      {"manual step 2xx without id", kMissingId, ok_bare, 1,
+       {S::kUnknown, I::kNeedsAttention, {A::kResultMissing}}},
+      {"manual step 2xx (records no id)", kManual, ok_bare, 1, {S::kCompleted, std::nullopt, {}}},
+      // transient: retried after a backoff until max_attempts; then failed.
+      {"read 503", kRead, busy, 1, {S::kPending, std::nullopt, {}, true}},
+      {"honoured 503", kHonoured, busy, 2, {S::kPending, std::nullopt, {}, true}},
+      {"read 503 exhausted, nothing to undo before it", kRead, busy, 3,
+       {S::kFailed, I::kFailed, {A::kRetriesExhausted}}},
+      {"honoured 503 exhausted, a completed step to undo", kHonoured, busy, 3,
+       {S::kFailed, I::kCompensating, {A::kRetriesExhausted}}},
+      // rejected: failed at once; a manual step pauses for an operator instead.
+      {"read 422", kRead, refused, 1, {S::kFailed, I::kFailed, {}}},
+      {"lookup step 422 after a compensable step", kLooked, refused, 1,
+       {S::kFailed, I::kCompensating, {}}},
+      {"manual step 422", kManual, refused, 1,
+       {S::kFailed, I::kNeedsAttention, {A::kNeedsOperator}}},
+      // unknown (a gateway answered, or the answer was lost): unknown, settled next.
+      {"read 502", kRead, gateway, 1, {S::kUnknown, std::nullopt, {}}},
+      {"lookup step lost", kLooked, Lost(), 1, {S::kUnknown, std::nullopt, {}}},
+      {"manual step lost", kManual, Lost(), 1, {S::kUnknown, std::nullopt, {}}},
+      {"honoured lost, retries exhausted: still unknown", kHonoured, Lost(), 3,
+       {S::kUnknown, std::nullopt, {}}},
+  };
+  for (const CallRow& row : table) {
+    World world(row.index);
+    world.steps[row.index].attempts = row.attempts;
+    const Change change = RecordCall(world.Now(), world.steps[row.index], row.result);
+    Check(change, row.index, row.expect, row.name);
+  }
+}
+
+TEST(TransitionsTest, ACompletedCallKeepsItsExternalIdAndSaysSo) {
+  World world(kLooked);
+  world.steps[kLooked].unknown_since = 5;
+  const Change change = RecordCall(world.Now(), world.steps[kLooked],
+                                   Answer(201, R"({"id":"ORD-1"})", ErrorClass::kNone));
+  const StepRecord& step = change.steps.front();
+  EXPECT_EQ(step.external_id, "ORD-1");
+  EXPECT_EQ(step.finished_at, kNow);
+  EXPECT_EQ(step.unknown_since, 0);
+  EXPECT_EQ(step.error_class, ErrorClass::kNone);
+  EXPECT_EQ(EventTypes(change), std::vector<std::string>{"waystone.step.completed"});
+}
+
+TEST(TransitionsTest, AnAnswerNestedTooDeepFailsTheStepInsteadOfBeingKept) {
+  World world(kRead);
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  const Change change =
+      RecordCall(world.Now(), world.steps[kRead], Answer(200, deep, ErrorClass::kNone));
+  Check(change, kRead, {S::kFailed, I::kFailed, {}}, "deep");
+  EXPECT_NE(change.steps.front().error_message.find("deeper"), std::string::npos);
+}
+
+TEST(TransitionsTest, AnUnknownOutcomeRemembersWhenItBecameUnknown) {
+  World world(kLooked);
+  Change change = RecordCall(world.Now(), world.steps[kLooked], Lost());
+  EXPECT_EQ(change.steps.front().unknown_since, kNow);
+  EXPECT_EQ(change.steps.front().unknowns, 1);
+  world.steps[kLooked] = change.steps.front();
+  world.steps[kLooked].unknown_since = 3;  // it was unknown before this attempt
+  change = RecordCall(world.Now(), world.steps[kLooked], Lost());
+  EXPECT_EQ(change.steps.front().unknown_since, 3);
+  EXPECT_EQ(change.steps.front().unknowns, 2);
+}
+
+// --- The checkpoint before a call, and a crash during it ----------------------------
+
+TEST(TransitionsTest, BeforeACallTheStepIsRunningAndAWriteClaimsItsKey) {
+  World world(kHonoured, S::kPending);
+  world.steps[kHonoured].response_json = "{}";  // an earlier 2xx without id
+  Change change = BeginCall(world.Now(), kHonoured, "t:k:d", "hash", "span", 1000);
+  const StepRecord& step = change.steps.front();
+  EXPECT_EQ(step.state, S::kRunning);
+  EXPECT_EQ(step.attempts, 2);
+  EXPECT_EQ(step.idempotency_key, "t:k:d");
+  EXPECT_EQ(step.request_hash, "hash");
+  EXPECT_EQ(step.started_at, kNow);
+  EXPECT_TRUE(step.response_json.empty());
+  ASSERT_TRUE(change.idempotency.has_value());
+  EXPECT_EQ(change.idempotency->expires_at, kNow + 1000);
+  EXPECT_FALSE(change.state.has_value());
+
+  World read(kRead, S::kPending);
+  change = BeginCall(read.Now(), kRead, "", "hash", "span", 1000);
+  EXPECT_FALSE(change.idempotency.has_value());  // a read claims nothing
+}
+
+TEST(TransitionsTest, AStepFoundRunningIsUnknownNeverFailed) {
+  World world(kLooked, S::kRunning);
+  world.steps[kLooked].started_at = 4000;
+  const Change change = RecoverRunning(world.Now(), kLooked);
+  Check(change, kLooked, {S::kUnknown, std::nullopt, {}}, "recover");
+  ASSERT_EQ(change.attempts.size(), 1u);
+  EXPECT_EQ(change.attempts[0].error_class, ErrorClass::kUnknown);
+  EXPECT_EQ(change.attempts[0].started_at, 4000);
+  EXPECT_EQ(EventTypes(change), std::vector<std::string>{"waystone.step.unknown"});
+}
+
+// --- Settling an unknown outcome ----------------------------------------------------
+
+struct UnknownRow {
+  const char* name;
+  int index;
+  int attempts;
+  std::optional<Expect> expect;  // nullopt: it has a lookup to run
+  Resolution resolution = Resolution::kNone;
+};
+
+TEST(TransitionsTest, WhatAnUnknownOutcomeBecomesWithoutALookup) {
+  const std::vector<UnknownRow> table = {
+      {"read: repeated after a backoff", kRead, 1, Expect{S::kPending, std::nullopt, {}, true}},
+      {"read, retries exhausted: failed", kRead, 3,
+       Expect{S::kFailed, I::kFailed, {A::kRetriesExhausted}}},
+      {"honoured key: resubmitted under it", kHonoured, 1,
+       Expect{S::kPending, std::nullopt, {}}, Resolution::kResubmitted},
+      {"honoured key, retries exhausted: stays unknown, paused", kHonoured, 3,
+       Expect{S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}}},
+      {"compensable with honoured key: resubmitted", kUndoable, 1,
+       Expect{S::kPending, std::nullopt, {}}, Resolution::kResubmitted},
+      {"manual without lookup: paused for an operator", kManual, 1,
+       Expect{S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}},
+      {"with a lookup: look it up", kLooked, 1, std::nullopt},
+  };
+  for (const UnknownRow& row : table) {
+    World world(row.index, S::kUnknown);
+    world.steps[row.index].attempts = row.attempts;
+    const std::optional<Change> change = ResolveWithoutLookup(world.Now(), row.index);
+    ASSERT_EQ(change.has_value(), row.expect.has_value()) << row.name;
+    if (!change) continue;
+    Check(*change, row.index, *row.expect, row.name);
+    EXPECT_EQ(change->steps.front().resolution, row.resolution) << row.name;
+  }
+}
+
+struct LookupRow {
+  const char* name;
+  CallResult answer;
+  Expect expect;
+  std::string recorded_id;           // the step's external id before the lookup
+  bool answered_yes = false;         // a 2xx without id answered this step before
+  int lookups = 1;
+  Resolution resolution = Resolution::kNone;
+  std::string adopted_id;
+};
+
+TEST(TransitionsTest, WhatALookupsAnswerDoesToAnUnknownStep) {
+  auto items = [](std::string json) { return Answer(200, std::move(json), ErrorClass::kNone); };
+  const std::string ours = R"({"id":"ORD-7","ref":"t:k"})";
+  const std::string theirs = R"({"id":"ORD-8","ref":"t:other"})";
+  const std::vector<LookupRow> table = {
+      {"exactly one of ours: adopted", items(R"({"items":[)" + ours + "," + theirs + "]}"),
+       {S::kCompleted, std::nullopt, {}}, "", false, 1, Resolution::kLookupFound, "ORD-7"},
+      {"none: resubmitted under the same key", items(R"({"items":[)" + theirs + "]}"),
+       {S::kPending, std::nullopt, {}}, "", false, 1, Resolution::kResubmitted},
+      {"404 is none", Answer(404, "", ErrorClass::kNone), {S::kPending, std::nullopt, {}}, "",
+       false, 1, Resolution::kResubmitted},
+      {"none although the target said yes: contradiction", items(R"({"items":[]})"),
+       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}, "", true},
+      {"two of ours: an operator picks", items(R"({"items":[)" + ours + "," + ours + "]}"),
+       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
+      {"another id than recorded: contradiction", items(R"({"items":[)" + ours + "]}"),
+       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}, "ORD-1"},
+      {"no items array: contradiction", items(R"({"found":[]})"),
+       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
+      {"ours without an id: contradiction", items(R"({"items":[{"ref":"t:k"}]})"),
+       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
+      {"lookup busy: looked up again later", Answer(503, "", ErrorClass::kTransient),
+       {S::kUnknown, std::nullopt, {}, true}},
+      {"lookup lost, lookups exhausted: paused", Lost(),
+       {S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}}, "", false, 3},
+      {"lookup refused: paused", Answer(403, "", ErrorClass::kRejected),
+       {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}},
+  };
+  const MatchValues ref = std::vector<std::pair<std::string, std::string>>{{"/ref", "t:k"}};
+  for (const LookupRow& row : table) {
+    World world(kLooked, S::kUnknown);
+    StepRecord& step = world.steps[kLooked];
+    step.external_id = row.recorded_id;
+    step.lookups = row.lookups;
+    if (row.answered_yes) step.response_json = "{}";
+    const Change change = RecordLookup(world.Now(), step, row.answer, ref);
+    Check(change, kLooked, row.expect, row.name);
+    EXPECT_EQ(change.steps.front().resolution, row.resolution) << row.name;
+    if (!row.adopted_id.empty()) {
+      EXPECT_EQ(change.steps.front().external_id, row.adopted_id) << row.name;
+    }
+  }
+}
+
+TEST(TransitionsTest, AMatchThatCannotBeRenderedIsAContradictionNotAMatch) {
+  World world(kLooked, S::kUnknown);
+  const Change change =
+      RecordLookup(world.Now(), world.steps[kLooked],
+                   Answer(200, R"({"items":[{"id":"ORD-7","ref":"t:k"}]})", ErrorClass::kNone),
+                   absl::InvalidArgumentError("no value at instance.ref"));
+  Check(change, kLooked, {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}, "render");
+}
+
+// --- Compensation -------------------------------------------------------------------
+
+struct CompensationRow {
+  const char* name;
+  CallResult answer;
+  int attempts;
+  Expect expect;
+  std::vector<std::string> audits;
+};
+
+TEST(TransitionsTest, WhatACompensationsOutcomeDoes) {
+  const std::vector<CompensationRow> table = {
+      {"2xx: compensated", Answer(200, "", ErrorClass::kNone), 1,
+       {S::kCompensated, std::nullopt, {}}, {"compensated"}},
+      {"503: retried", Answer(503, "", ErrorClass::kTransient), 1,
+       {S::kCompensating, std::nullopt, {}, true}, {}},
+      {"lost: retried (the key makes it safe)", Lost(), 1,
+       {S::kCompensating, std::nullopt, {}, true}, {}},
+      {"503, exhausted: failed for good", Answer(503, "", ErrorClass::kTransient), 2,
+       {S::kCompensationFailed, I::kNeedsAttention, {A::kCompensationFailed}},
+       {"compensation_failed"}},
+      {"422: failed for good", Answer(422, "", ErrorClass::kRejected), 1,
+       {S::kCompensationFailed, I::kNeedsAttention, {A::kCompensationFailed}},
+       {"compensation_failed"}},
+  };
+  for (const CompensationRow& row : table) {
+    World world(kLooked, S::kFailed);
+    world.instance.state = I::kCompensating;
+    world.steps[kUndoable].state = S::kCompensating;
+    world.steps[kUndoable].compensation_attempts = row.attempts;
+    const Change change =
+        RecordCompensation(world.Now(), world.steps[kUndoable], row.answer, "t:k:b:compensate");
+    Check(change, kUndoable, row.expect, row.name);
+    std::vector<std::string> audits;
+    for (const AuditRecord& audit : change.audits) audits.push_back(audit.action);
+    EXPECT_EQ(audits, row.audits) << row.name;
+  }
+}
+
+TEST(TransitionsTest, ACompensationIsAuditedBeforeItIsSent) {
+  World world(kLooked, S::kFailed);
+  world.instance.state = I::kCompensating;
+  const Change change = BeginCompensation(world.Now(), kUndoable, "t:k:b:compensate");
+  EXPECT_EQ(change.steps.front().state, S::kCompensating);
+  EXPECT_EQ(change.steps.front().compensation_attempts, 1);
+  ASSERT_EQ(change.audits.size(), 1u);
+  EXPECT_EQ(change.audits[0].actor, "engine");
+  EXPECT_EQ(change.audits[0].action, "compensate");
+  EXPECT_NE(change.audits[0].detail_json.find("t:k:b:compensate"), std::string::npos);
+}
+
+// --- Transforms, waits and events ---------------------------------------------------
+
+TEST(TransitionsTest, AWaitStepWaitsUntilItsDeadlineThenFails) {
+  World world(kWait, S::kPending);
+  world.steps[kWait].attempts = 0;
+  Change change = RunWait(world.Now(), kWait);
+  Check(change, kWait, {S::kWaiting, std::nullopt, {}, true}, "starts waiting");
+  EXPECT_EQ(change.steps.front().next_attempt_at, kNow + 1000);
+  world.steps[kWait] = change.steps.front();
+  change = RunWait(world.Now(), kWait);  // Decide runs it again once the deadline passed
+  Check(change, kWait, {S::kFailed, I::kCompensating, {}}, "deadline passed");
+}
+
+TEST(TransitionsTest, AnEventCompletesTheStepItsWaitingFor) {
+  World world(kWait, S::kWaiting);
+  world.steps[kWait].attempts = 0;
+  const Change change = EventArrived(world.Now(), kWait, R"({"by":"kim"})", "evt-1",
+                                     "event com.example.approved from crm");
+  Check(change, kWait, {S::kCompleted, std::nullopt, {}}, "event");
+  EXPECT_EQ(change.steps.front().external_id, "evt-1");
+  EXPECT_EQ(change.steps.front().attempts, 1);
+  EXPECT_EQ(change.steps.front().finished_at, kNow);
+}
+
+TEST(TransitionsTest, ATransformCompletesWithItsOutputOrFails) {
+  World world(kRead, S::kPending);
+  world.steps[kRead].attempts = 0;
+  Change change = RecordTransform(world.Now(), kRead, std::string(R"({"x":1})"), 9000);
+  Check(change, kRead, {S::kCompleted, std::nullopt, {}}, "output");
+  EXPECT_EQ(change.steps.front().response_json, R"({"x":1})");
+  EXPECT_EQ(change.steps.front().started_at, 9000);
+  change = RecordTransform(world.Now(), kRead, absl::InvalidArgumentError("no input.x"), 9000);
+  Check(change, kRead, {S::kFailed, I::kFailed, {}}, "no output");
+}
+
+// --- The instance -------------------------------------------------------------------
+
+TEST(TransitionsTest, FinishingSaysWhy) {
+  World world(kRead);
+  world.instance.status_reason = "step 'a' failed";
+  EXPECT_EQ(*Finish(world.Now(), I::kCompleted).status_reason, "all steps completed");
+  EXPECT_EQ(*Finish(world.Now(), I::kCompensated).status_reason,
+            "completed steps were compensated");
+  EXPECT_EQ(*Finish(world.Now(), I::kFailed).status_reason, "step 'a' failed");
+  EXPECT_EQ(EventTypes(Finish(world.Now(), I::kCompleted)),
+            std::vector<std::string>{"waystone.instance.completed"});
+}
+
+TEST(TransitionsTest, AFailedStepMovesTheInstanceByWhatItCanUndo) {
+  struct Row {
+    const char* name;
+    int index;
+    InstanceState expected;
+  } table[] = {
+      {"nothing completed before it has a compensation", kRead, I::kFailed},
+      {"a completed compensable step before it", kLooked, I::kCompensating},
+      {"a manual step: an operator decides", kManual, I::kNeedsAttention},
+  };
+  for (const Row& row : table) {
+    World world(row.index);
+    const Change change = FailStep(world.Now(), world.steps[row.index], ErrorClass::kRejected,
+                                   "no", std::nullopt);
+    EXPECT_EQ(change.state, row.expected) << row.name;
+    EXPECT_EQ(change.steps.front().finished_at, kNow) << row.name;
+  }
+}
+
+TEST(TransitionsTest, ATransitionIsAFunctionOfItsFacts) {
+  // The same facts and the same seed give the same change: nothing else is read.
+  World one(kHonoured), two(kHonoured);
+  const Change a = RecordCall(one.Now(), one.steps[kHonoured], Answer(503, "", ErrorClass::kTransient));
+  const Change b = RecordCall(two.Now(), two.steps[kHonoured], Answer(503, "", ErrorClass::kTransient));
+  EXPECT_EQ(a.steps.front().next_attempt_at, b.steps.front().next_attempt_at);
+  ASSERT_EQ(one.steps[kHonoured].state, S::kRunning);  // the facts are not changed
+}
+
+}  // namespace
+}  // namespace waystone
