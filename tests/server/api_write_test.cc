@@ -398,9 +398,12 @@ TEST_P(ApiWriteTest, OnlyManualStepsAreSkippedAndCloseEndsTheCase) {
 
   Json dry = Post("/v1/instances/o5/close?dry_run=true", {{"reason", "duplicate order"}}, 200);
   EXPECT_TRUE(dry["would_execute"].empty());
+  const size_t before_close = recorder_.Calls().size();
   Json closed = Post("/v1/instances/o5/close", {{"reason", "duplicate order"}}, 200);
   EXPECT_EQ(closed["instance"]["state"], "closed");
+  EXPECT_EQ(closed["would_skip"], dry["would_skip"]);
   EXPECT_EQ(Drive("o5"), InstanceState::kClosed);
+  ExpectCallsMatch(recorder_.Since(before_close), dry["would_execute"]);  // nothing runs
   // An event for a closed case is refused and changes nothing.
   Approve("o5", "appr-5", 409);
   EXPECT_EQ(Step("o5", "approval")["state"], "waiting");
@@ -409,6 +412,23 @@ TEST_P(ApiWriteTest, OnlyManualStepsAreSkippedAndCloseEndsTheCase) {
   ASSERT_EQ(audit.size(), 2u);
   EXPECT_EQ(audit[0]["action"], "skip");
   EXPECT_EQ(audit[1]["action"], "close");
+}
+
+TEST_P(ApiWriteTest, ASkippedStepsRunGoesAsItsPreviewSaid) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("o7"), InstanceState::kNeedsAttention);
+  const Json skip = {{"step", "charge"}, {"reason", "paid by invoice"}};
+  Json dry = Post("/v1/instances/o7/skip?dry_run=true", skip, 200);
+  ASSERT_FALSE(dry["would_execute"].empty()) << dry.dump();
+  const size_t before = recorder_.Calls().size();
+  Json real = Post("/v1/instances/o7/skip", skip, 200);
+  EXPECT_EQ(real["would_execute"], dry["would_execute"]);
+  EXPECT_EQ(Drive("o7"), InstanceState::kRunning);
+  Approve("o7", "appr-7");
+  EXPECT_EQ(Drive("o7"), InstanceState::kCompleted);
+  // The whole run after the skip made exactly the calls the dry run named.
+  ExpectCallsMatch(recorder_.Since(before), dry["would_execute"]);
+  EXPECT_EQ(recorder_.Count("/charge"), 1) << "a skipped step is not called";
 }
 
 TEST_P(ApiWriteTest, AlertsAreAcknowledgedOnceWithAReason) {
