@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything and runs every test: the release build's full suite (unit,
 # integration, crash), then the suite under ASan+UBSan, then the concurrency
-# tests under TSan, then each libFuzzer target for a bounded time.
+# tests under TSan, then each libFuzzer target for a bounded time. Before them, clang
+# compiles the libraries with -Wthread-safety (every ABSL_GUARDED_BY checked).
 # WAYSTONE_SANITIZERS=0 skips the sanitizer builds; WAYSTONE_FUZZ_SECONDS (default 20)
 # sets the time per fuzz target, 0 skips them. First it builds what a user gets
 # (scripts/check-user-build.sh).
@@ -21,6 +22,11 @@ echo "== PostgreSQL test cluster at $WAYSTONE_TEST_PG"
 
 echo "== a user's build (Release, no test hooks, warning-clean)"
 bash scripts/check-user-build.sh
+
+echo "== clang -Wthread-safety: the libraries' locking, checked by the compiler (base/mutex.h)"
+cmake --preset thread-safety >/dev/null
+cmake --build build-tsa -j "$jobs" --target ws_base ws_model ws_definition ws_store ws_connectors \
+  ws_engine ws_messaging ws_server ws_sim ws_cli
 
 echo "== release build"
 cmake --preset release >/dev/null

@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 
+#include "base/mutex.h"
 #include "base/redact.h"
 
 namespace waystone {
@@ -43,8 +43,8 @@ void SetLogThreshold(LogLevel level) { Threshold() = static_cast<int>(level); }
 void Log(LogLevel level, std::string_view message) {
   if (static_cast<int>(level) < Threshold().load()) return;
   const std::string text = RedactSecrets(message);
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  static Mutex mu;
+  MutexLock lock(mu);
   std::fprintf(stderr, "waystone %s: %.*s\n", Name(level), static_cast<int>(text.size()),
                text.data());
 }

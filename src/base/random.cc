@@ -1,4 +1,5 @@
 #include "base/random.h"
+#include "base/mutex.h"
 
 namespace waystone {
 
@@ -29,7 +30,7 @@ SeededRandom::SeededRandom() : engine_(std::random_device{}()) {
 }
 
 uint64_t SeededRandom::Next() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return engine_();
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <random>
 #include <string>
+
+#include "base/mutex.h"
 
 namespace waystone {
 
@@ -30,8 +31,8 @@ class SeededRandom final : public Random {
   uint64_t Next() override;
 
  private:
-  std::mutex mu_;
-  std::mt19937_64 engine_;
+  Mutex mu_;
+  std::mt19937_64 engine_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace waystone

@@ -1,18 +1,18 @@
 #include "base/redact.h"
+#include "base/mutex.h"
 
 #include <algorithm>
 #include <cctype>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 namespace waystone {
 namespace {
 
 struct Registry {
-  std::mutex mu;
+  Mutex mu;
   // Replaced whole on every change, so readers copy a pointer, not the list.
-  std::shared_ptr<const std::vector<std::string>> values =
+  std::shared_ptr<const std::vector<std::string>> values ABSL_GUARDED_BY(mu) =
       std::make_shared<const std::vector<std::string>>();
 };
 
@@ -52,7 +52,7 @@ std::vector<std::string> JsonForms(const std::string& value) {
 void RegisterSecretValue(const std::string& value) {
   if (value.size() < kMinRedactedSecret) return;
   Registry& registry = Secrets();
-  std::lock_guard<std::mutex> lock(registry.mu);
+  MutexLock lock(registry.mu);
   auto values = std::make_shared<std::vector<std::string>>(*registry.values);
   std::vector<std::string> forms = JsonForms(value);
   forms.push_back(value);
@@ -67,7 +67,7 @@ void RegisterSecretValue(const std::string& value) {
 
 bool HaveSecrets() {
   Registry& registry = Secrets();
-  std::lock_guard<std::mutex> lock(registry.mu);
+  MutexLock lock(registry.mu);
   return !registry.values->empty();
 }
 
@@ -75,7 +75,7 @@ std::string RedactSecrets(std::string_view text) {
   std::shared_ptr<const std::vector<std::string>> values;
   {
     Registry& registry = Secrets();
-    std::lock_guard<std::mutex> lock(registry.mu);
+    MutexLock lock(registry.mu);
     values = registry.values;
   }
   std::string out(text);

@@ -1,5 +1,6 @@
 #include "engine/catalog.h"
 
+#include "base/mutex.h"
 #include "definition/loader.h"
 
 namespace waystone {
@@ -9,7 +10,7 @@ absl::Status DefinitionCatalog::Register(const WorkflowDefinition& definition, M
                                       definition.source, definition.text, now);
   if (!status.ok()) return status;
   auto shared = std::make_shared<const WorkflowDefinition>(definition);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   by_hash_[definition.content_hash] = shared;
   current_[definition.name] = shared;
   return absl::OkStatus();
@@ -18,7 +19,7 @@ absl::Status DefinitionCatalog::Register(const WorkflowDefinition& definition, M
 absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> DefinitionCatalog::Get(
     const std::string& hash) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = by_hash_.find(hash); it != by_hash_.end()) return it->second;
   }
   auto text = store_->GetDefinition(hash);
@@ -29,13 +30,13 @@ absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> DefinitionCatalog::Get
                                " no longer loads: " + std::string(definition.status().message()));
   }
   auto shared = std::make_shared<const WorkflowDefinition>(std::move(*definition));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   by_hash_.emplace(hash, shared);
   return shared;
 }
 
 std::shared_ptr<const WorkflowDefinition> DefinitionCatalog::Current(const std::string& workflow) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = current_.find(workflow);
   return it == current_.end() ? nullptr : it->second;
 }

@@ -2,9 +2,9 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "base/mutex.h"
 #include "absl/status/statusor.h"
 #include "definition/definition.h"
 #include "store/store.h"
@@ -33,9 +33,9 @@ class DefinitionCatalog {
 
  private:
   Store* store_;
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<const WorkflowDefinition>> by_hash_;  // guarded by mu_
-  std::map<std::string, std::shared_ptr<const WorkflowDefinition>> current_;  // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<const WorkflowDefinition>> by_hash_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const WorkflowDefinition>> current_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace waystone

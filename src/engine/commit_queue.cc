@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "base/mutex.h"
 #include "engine/redaction.h"
 
 namespace waystone {
@@ -12,7 +13,7 @@ CommitQueue::CommitQueue(Store* store, CommitQueueOptions options)
 CommitQueue::~CommitQueue() { Stop(); }
 
 void CommitQueue::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (running_) return;
   running_ = true;
   thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
@@ -20,7 +21,7 @@ void CommitQueue::Start() {
 
 void CommitQueue::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!running_) return;
     running_ = false;
   }
@@ -31,11 +32,11 @@ void CommitQueue::Stop() {
 
 absl::Status CommitQueue::Commit(const Change& change) {
   Pending pending{&change};
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!running_) return absl::UnavailableError("commit queue is stopped");
   queue_.push_back(&pending);
   wake_.notify_one();
-  done_.wait(lock, [&] { return pending.done; });
+  done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending.done; });
   return pending.result;
 }
 
@@ -44,8 +45,9 @@ void CommitQueue::Loop(std::stop_token stop) {
   std::vector<Change> changes;
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, stop, [&] { return !queue_.empty(); });
+      MutexLock lock(mu_);
+      wake_.wait(lock.native(), stop,
+                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); });
       if (queue_.empty()) return;  // stopped with nothing left to commit
       batch.clear();
       while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
@@ -61,7 +63,7 @@ void CommitQueue::Loop(std::stop_token stop) {
     }
     auto results = store_->Commit(changes);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (size_t i = 0; i < batch.size(); ++i) {
         batch[i]->result = results.ok() ? (*results)[i] : results.status();
         batch[i]->done = true;

@@ -2,9 +2,9 @@
 
 #include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -44,11 +44,11 @@ class CommitQueue {
 
   Store* store_;
   CommitQueueOptions options_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable_any wake_;  // committer: work arrived
   std::condition_variable done_;      // callers: their batch finished
-  std::deque<Pending*> queue_;        // guarded by mu_
-  bool running_ = false;              // guarded by mu_
+  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
   std::jthread thread_;
 };
 

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "base/mutex.h"
 #include "base/log.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
@@ -153,7 +153,7 @@ class Engine::Impl {
   }
 
   void Start() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (started_) return;
     started_ = true;
     for (int i = 0; i < options_.workers; ++i) {
@@ -164,7 +164,7 @@ class Engine::Impl {
 
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!started_) return;
       started_ = false;
     }
@@ -180,7 +180,7 @@ class Engine::Impl {
     // Leases claimed but never started are handed back.
     std::deque<Lease> unstarted;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       unstarted.swap(ready_);
     }
     for (const Lease& lease : unstarted) {
@@ -228,7 +228,7 @@ class Engine::Impl {
 
   absl::StatusOr<bool> Idle() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (in_flight_ > 0 || !ready_.empty()) return false;
     }
     WS_ASSIGN_OR_RETURN(std::optional<Millis> due, store_->NextDueTime());
@@ -251,7 +251,7 @@ class Engine::Impl {
       }
       int free = 0;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         free = options_.workers - in_flight_ - static_cast<int>(ready_.size());
       }
       int claimed = 0;
@@ -261,7 +261,7 @@ class Engine::Impl {
           Log(LogLevel::kWarning, "claim: " + leases.status().ToString());
         } else {
           claimed = static_cast<int>(leases->size());
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(mu_);
           for (auto& lease : *leases) ready_.push_back(std::move(lease));
         }
       }
@@ -280,9 +280,9 @@ class Engine::Impl {
         if (absl::IsUnimplemented(waited)) notifications_ = false;
         if (waited.ok()) continue;
       }
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait_for(lock, stop, std::chrono::milliseconds(options_.poll_interval),
-                     [&] { return slot_freed_; });
+      MutexLock lock(mu_);
+      wake_.wait_for(lock.native(), stop, std::chrono::milliseconds(options_.poll_interval),
+                     [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot_freed_; });
       slot_freed_ = false;
     }
   }
@@ -291,8 +291,9 @@ class Engine::Impl {
     while (true) {
       Lease lease;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, stop, [&] { return !ready_.empty(); });
+        MutexLock lock(mu_);
+        wake_.wait(lock.native(), stop,
+                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ready_.empty(); });
         if (stop.stop_requested() || ready_.empty()) return;
         lease = std::move(ready_.front());
         ready_.pop_front();
@@ -305,7 +306,7 @@ class Engine::Impl {
                                     result.status().ToString());
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         --in_flight_;
         slot_freed_ = true;
       }
@@ -324,12 +325,12 @@ class Engine::Impl {
   std::unique_ptr<LeaseKeeper> keeper_;  // renews leases during long calls
   std::unique_ptr<Operations> operations_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable_any wake_;
-  std::deque<Lease> ready_;  // guarded by mu_
-  int in_flight_ = 0;        // guarded by mu_
-  bool slot_freed_ = false;  // guarded by mu_
-  bool started_ = false;     // guarded by mu_
+  std::deque<Lease> ready_ ABSL_GUARDED_BY(mu_);
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool slot_freed_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only
   static constexpr Millis kIdleWait = 1000;
   std::jthread dispatcher_;

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/log.h"
 
 namespace waystone {
@@ -17,12 +18,12 @@ LeaseKeeper::~LeaseKeeper() {
 }
 
 void LeaseKeeper::Hold(const Lease& lease) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   held_[lease.instance_id] = lease;
 }
 
 void LeaseKeeper::Release(const Lease& lease) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   held_.erase(lease.instance_id);
 }
 
@@ -32,7 +33,7 @@ void LeaseKeeper::Loop(std::stop_token stop) {
     if (stop.stop_requested()) return;
     std::vector<Lease> leases;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (const auto& [id, lease] : held_) leases.push_back(lease);
     }
     for (const Lease& lease : leases) {

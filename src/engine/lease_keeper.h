@@ -1,9 +1,9 @@
 #pragma once
 
 #include <map>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "base/clock.h"
 #include "engine/commit_queue.h"
 #include "store/store.h"
@@ -49,8 +49,8 @@ class LeaseKeeper {
   CommitQueue* commits_;
   const Clock* clock_;
   Millis lease_duration_;
-  std::mutex mu_;
-  std::map<int64_t, Lease> held_;  // by instance id; guarded by mu_
+  Mutex mu_;
+  std::map<int64_t, Lease> held_ ABSL_GUARDED_BY(mu_);  // by instance id
   std::jthread thread_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "base/mutex.h"
 #include "base/crash_point.h"
 #include "base/log.h"
 #include "base/redact.h"
@@ -46,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Relay>> Relay::Create(Store* store, HttpClient* h
 }
 
 void Relay::SetSinkForTest(const std::string& name, std::unique_ptr<Sink> sink) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   sinks_[name] = std::move(sink);
 }
 
@@ -70,7 +71,7 @@ void Relay::Stop() {
 }
 
 absl::StatusOr<int> Relay::RunOnce() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Millis now = clock_->NowMillis();
   if (now - last_unknown_scan_ >= kUnknownScanInterval) {
     last_unknown_scan_ = now;

@@ -2,10 +2,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "base/mutex.h"
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/random.h"
@@ -58,7 +58,7 @@ class Relay {
   Random* random_;
   RelayConfig config_;
   std::string owner_;
-  std::mutex mu_;  // one round at a time
+  Mutex mu_;  // one round at a time
   std::map<std::string, std::unique_ptr<Sink>> sinks_;
   Millis last_unknown_scan_ = 0;
   std::jthread thread_;
