@@ -34,7 +34,9 @@ TEST_F(CommitQueueTest, ACommitReturnsOnceTheChangeIsInTheStore) {
 
 TEST_F(CommitQueueTest, AStaleLeaseIsAbortedAndTheOthersStillCommit) {
   std::vector<Lease> leases;
-  for (int i = 0; i < 8; ++i) leases.push_back(StartAndClaim("k" + std::to_string(i), 1000, 30'000));
+  for (int i = 0; i < 8; ++i) {
+    leases.push_back(StartAndClaim("k" + std::to_string(i), 1000, 30'000));
+  }
   Lease stale = leases[3];
   stale.epoch += 1;  // another worker's claim since
   CommitQueue queue(store_.get(), {2});  // several batches, each under savepoints
@@ -42,7 +44,8 @@ TEST_F(CommitQueueTest, AStaleLeaseIsAbortedAndTheOthersStillCommit) {
   std::vector<absl::Status> results(leases.size());
   std::vector<std::thread> callers;
   for (size_t i = 0; i < leases.size(); ++i) {
-    callers.emplace_back([&, i] { results[i] = queue.Commit(Finish(i == 3 ? stale : leases[i], 2000)); });
+    callers.emplace_back(
+        [&, i] { results[i] = queue.Commit(Finish(i == 3 ? stale : leases[i], 2000)); });
   }
   for (auto& t : callers) t.join();
   for (size_t i = 0; i < leases.size(); ++i) {
@@ -59,7 +62,9 @@ TEST_F(CommitQueueTest, AStaleLeaseIsAbortedAndTheOthersStillCommit) {
 TEST_F(CommitQueueTest, ManyCallersAtOnceAreEachAnsweredWithTheirOwnResult) {
   constexpr int kCallers = 40;
   std::vector<Lease> leases;
-  for (int i = 0; i < kCallers; ++i) leases.push_back(StartAndClaim("m" + std::to_string(i), 1000, 30'000));
+  for (int i = 0; i < kCallers; ++i) {
+    leases.push_back(StartAndClaim("m" + std::to_string(i), 1000, 30'000));
+  }
   CommitQueue queue(store_.get(), {});
   queue.Start();
   std::vector<absl::Status> results(kCallers, absl::UnknownError("not run"));

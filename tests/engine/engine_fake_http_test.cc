@@ -83,7 +83,8 @@ class EngineFakeHttpTest : public ::testing::TestWithParam<testing::Backend> {
     http_.Always(kLinkInCrm, FakeReply::Answer(200, R"({"status": "linked"})"));
   }
 
-  absl::StatusOr<StartResult> Start(const WorkflowDefinition& definition, const std::string& input) {
+  absl::StatusOr<StartResult> Start(const WorkflowDefinition& definition,
+                                    const std::string& input) {
     return engine_->StartInstance(definition, {"default", input});
   }
 

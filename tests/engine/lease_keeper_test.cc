@@ -15,6 +15,18 @@ constexpr Millis kStart = 1'000'000;
 // so a renewal is due whenever the keeper looks (it may start waiting after a move).
 class LeaseKeeperTest : public testing::StoreWithInstances {
  protected:
+  void SetUp() override {
+    StoreWithInstances::SetUp();
+    commits_ = std::make_unique<CommitQueue>(store_.get(), CommitQueueOptions{});
+    commits_->Start();
+    keeper_ = std::make_unique<LeaseKeeper>(commits_.get(), &clock_, kLease);
+  }
+
+  void TearDown() override {
+    keeper_.reset();
+    commits_.reset();
+  }
+
   // Moves the clock on until `instance_id`'s lease runs past `expires_at`.
   bool RenewedPast(int64_t instance_id, Millis expires_at) {
     return testing::WaitFor(
@@ -27,14 +39,13 @@ class LeaseKeeperTest : public testing::StoreWithInstances {
   }
 
   FakeClock clock_{kStart};
+  std::unique_ptr<CommitQueue> commits_;
+  std::unique_ptr<LeaseKeeper> keeper_;
 };
 
 TEST_F(LeaseKeeperTest, AHeldLeaseIsRenewedFromTheClock) {
-  CommitQueue commits(store_.get(), {});
-  commits.Start();
-  LeaseKeeper keeper(&commits, &clock_, kLease);
   const Lease lease = StartAndClaim("held", kStart, kLease);
-  keeper.Hold(lease);
+  keeper_->Hold(lease);
   ASSERT_TRUE(RenewedPast(lease.instance_id, kStart + kLease));
   const InstanceRecord instance = Get(lease.instance_id);
   EXPECT_EQ(instance.lease_owner, "worker-1");
@@ -44,34 +55,28 @@ TEST_F(LeaseKeeperTest, AHeldLeaseIsRenewedFromTheClock) {
 }
 
 TEST_F(LeaseKeeperTest, AReleasedLeaseIsLeftToRunOut) {
-  CommitQueue commits(store_.get(), {});
-  commits.Start();
-  LeaseKeeper keeper(&commits, &clock_, kLease);
   // `released` has the lower id: the keeper's pass renews in id order, so once the
   // witness is renewed, a pass that would have renewed `released` is over.
   const Lease released = StartAndClaim("released", kStart, kLease);
   const Lease witness = StartAndClaim("witness", kStart, kLease);
   ASSERT_LT(released.instance_id, witness.instance_id);
   {
-    LeaseKeeper::Guard guard(&keeper, released);
+    LeaseKeeper::Guard guard(keeper_.get(), released);
   }
-  keeper.Hold(witness);
+  keeper_->Hold(witness);
   ASSERT_TRUE(RenewedPast(witness.instance_id, kStart + kLease));
   EXPECT_EQ(Get(released.instance_id).lease_expires_at, kStart + kLease);
   LeaseKeeper::Guard no_keeper(nullptr, released);  // a runner without a keeper: nothing
 }
 
 TEST_F(LeaseKeeperTest, ALeaseTakenOverIsNotRenewedForTheLoser) {
-  CommitQueue commits(store_.get(), {});
-  commits.Start();
-  LeaseKeeper keeper(&commits, &clock_, kLease);
   const Lease lost = StartAndClaim("lost", kStart, kLease);
   const Lease witness = StartAndClaim("witness", kStart, kLease);
   // Another worker takes "lost" over once it expired.
   auto taken = store_->ClaimInstance(lost.instance_id, "worker-2", kStart + kLease + 1, kLease);
   ASSERT_TRUE(taken.ok()) << taken.status();
-  keeper.Hold(lost);
-  keeper.Hold(witness);
+  keeper_->Hold(lost);
+  keeper_->Hold(witness);
   ASSERT_TRUE(RenewedPast(witness.instance_id, kStart + kLease));
   const InstanceRecord instance = Get(lost.instance_id);
   EXPECT_EQ(instance.lease_owner, "worker-2");

@@ -71,7 +71,8 @@ class ServeProcessTest : public ::testing::Test {
   bool KeyInFlight(const std::string& key) {
     sqlite3* db = nullptr;
     bool in_flight = false;
-    if (sqlite3_open_v2(dir_.File("w.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    const std::string path = dir_.File("w.db");
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
       sqlite3_stmt* stmt = nullptr;
       if (sqlite3_prepare_v2(db, "SELECT count(*) FROM api_requests WHERE key = ? AND done = 0", -1,
                              &stmt, nullptr) == SQLITE_OK) {
