@@ -4,8 +4,8 @@
 # tests under TSan, then each libFuzzer target for a bounded time. Before them, clang
 # compiles the libraries with -Wthread-safety (every ABSL_GUARDED_BY checked).
 # WAYSTONE_SANITIZERS=0 skips the sanitizer builds; WAYSTONE_FUZZ_SECONDS (default 20)
-# sets the time per fuzz target, 0 skips them. First it builds what a user gets
-# (scripts/check-user-build.sh).
+# sets the time per fuzz target, 0 skips them. First it checks the layering of src/
+# (scripts/check-layers.sh), then builds what a user gets (scripts/check-user-build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +19,9 @@ trap 'bash scripts/pg-test-cluster.sh stop "$pg_dir"' EXIT
 WAYSTONE_TEST_PG="$(bash scripts/pg-test-cluster.sh start "$pg_dir")"
 export WAYSTONE_TEST_PG
 echo "== PostgreSQL test cluster at $WAYSTONE_TEST_PG"
+
+echo "== layers: every #include in src/ points down (scripts/check-layers.sh)"
+bash scripts/check-layers.sh
 
 echo "== a user's build (Release, no test hooks, warning-clean)"
 bash scripts/check-user-build.sh

@@ -2,10 +2,10 @@
 
 #include <csignal>
 #include <cstdlib>
-#include <chrono>
 #include <string>
-#include <thread>
 #include <unistd.h>
+
+#include "base/clock.h"
 
 namespace waystone {
 
@@ -22,7 +22,8 @@ void CrashPoint([[maybe_unused]] std::string_view point, [[maybe_unused]] std::s
     const size_t eq = spec.rfind('=');
     if (eq != std::string_view::npos && spec.substr(0, eq) == here) {
       const long ms = std::atol(std::string(spec.substr(eq + 1)).c_str());
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      // The point is to stall the real process (a SIGSTOP-like pause): real time.
+      SystemClock::Get()->SleepFor(ms, {});
     }
   }
 #endif

@@ -30,7 +30,8 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   if (!relay.ok()) return Fail(relay.status());
   std::unique_ptr<MetricsServer> metrics;
   if (!options.metrics_listen.empty()) {
-    auto started = MetricsServer::Start(options.metrics_listen, store->get(), SystemClock::Get());
+    auto started = MetricsServer::Start(options.metrics_listen, store->get(), SystemClock::Get(),
+                                        nullptr);
     if (!started.ok()) return Fail(started.status());
     metrics = std::move(*started);
     std::printf("metrics on http://127.0.0.1:%d/metrics\n", metrics->port());

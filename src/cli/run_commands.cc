@@ -247,7 +247,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   std::unique_ptr<MetricsServer> metrics;
   if (!options.metrics_listen.empty()) {
     auto started = MetricsServer::Start(options.metrics_listen, (*runtime)->store.get(),
-                                        SystemClock::Get());
+                                        SystemClock::Get(), &engine.call_metrics());
     if (!started.ok()) return Fail(started.status());
     metrics = std::move(*started);
   }

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <string_view>
 
 #include "model/states.h"
@@ -10,7 +11,7 @@ namespace waystone {
 
 // Latency of the external calls this process made, by phase (call, lookup,
 // compensate): a Prometheus histogram kept in memory. Counts start at zero when
-// the process starts, like any Prometheus counter. Thread-safe.
+// the process starts, like any Prometheus counter.
 inline constexpr std::array<double, 12> kCallLatencyBuckets = {
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
 
@@ -23,16 +24,23 @@ struct CallLatency {
   double sum_seconds = 0;
 };
 
-// Records one call's duration.
-void RecordCallLatency(CallPhase phase, double seconds);
+// CallMetrics counts the external calls of the engine it is given to (through
+// EngineOptions) and is read by whoever renders /metrics. Thread-safe.
+class CallMetrics {
+ public:
+  // Records one call's duration.
+  void RecordLatency(CallPhase phase, double seconds);
+  // Records how one call ended: its error class (kNone for success).
+  void RecordOutcome(CallPhase phase, ErrorClass error_class);
+  // Returns the calls of one phase that ended with `error_class`, so far.
+  uint64_t OutcomeCount(CallPhase phase, ErrorClass error_class) const;
+  // Returns the histogram of one phase so far.
+  CallLatency LatencySnapshot(CallPhase phase) const;
 
-// Records how one call ended: its error class (kNone for success).
-void RecordCallOutcome(CallPhase phase, ErrorClass error_class);
-
-// Returns the calls of one phase that ended with `error_class`, so far.
-uint64_t CallOutcomeCount(CallPhase phase, ErrorClass error_class);
-
-// Returns the histogram of one phase so far.
-CallLatency CallLatencySnapshot(CallPhase phase);
+ private:
+  mutable std::mutex mu_;
+  std::array<CallLatency, kCallPhaseNames.size()> phases_;                 // guarded by mu_
+  std::array<std::array<uint64_t, 4>, kCallPhaseNames.size()> outcomes_{};  // guarded by mu_
+};
 
 }  // namespace waystone

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
+#include "engine/call_metrics.h"
 #include "engine/catalog.h"
 #include "engine/commit_queue.h"
 #include "engine/context.h"
@@ -39,6 +40,7 @@ class Engine::Impl {
         catalog_(store),
         commits_(store, CommitQueueOptions{options.max_batch}) {
     if (options_.owner.empty()) options_.owner = MakeOwnerName(random_->Hex(4));
+    metrics_ = options_.call_metrics != nullptr ? options_.call_metrics : &own_metrics_;
     commits_.Start();
     keeper_ = std::make_unique<LeaseKeeper>(&commits_, clock_, options_.lease_duration);
     operations_ = std::make_unique<Operations>(store_, &catalog_, &environment_, clock_, random_,
@@ -53,7 +55,8 @@ class Engine::Impl {
 
   RunnerDeps Deps() {
     return RunnerDeps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
-                      options_.lease_duration, options_.idempotency_retention, keeper_.get()};
+                      options_.lease_duration, options_.idempotency_retention, keeper_.get(),
+                      metrics_};
   }
 
   absl::Status Register(const WorkflowDefinition& definition) {
@@ -238,6 +241,7 @@ class Engine::Impl {
   DefinitionCatalog& catalog() { return catalog_; }
   Operations& operations() { return *operations_; }
   const std::string& owner() const { return options_.owner; }
+  const CallMetrics& call_metrics() const { return *metrics_; }
 
  private:
   void DispatchLoop(std::stop_token stop) {
@@ -320,6 +324,8 @@ class Engine::Impl {
   Random* random_;
   EngineOptions options_;
   TemplateEnvironment environment_;
+  CallMetrics own_metrics_;  // counts the calls when the options bring no CallMetrics
+  CallMetrics* metrics_;     // options_.call_metrics or &own_metrics_
   DefinitionCatalog catalog_;
   CommitQueue commits_;
   std::unique_ptr<LeaseKeeper> keeper_;  // renews leases during long calls
@@ -371,5 +377,6 @@ absl::StatusOr<bool> Engine::Idle() { return impl_->Idle(); }
 DefinitionCatalog& Engine::catalog() { return impl_->catalog(); }
 Operations& Engine::operations() { return impl_->operations(); }
 const std::string& Engine::owner() const { return impl_->owner(); }
+const CallMetrics& Engine::call_metrics() const { return impl_->call_metrics(); }
 
 }  // namespace waystone

@@ -15,6 +15,7 @@
 
 namespace waystone {
 
+class CallMetrics;
 class DefinitionCatalog;
 class Operations;
 
@@ -45,6 +46,9 @@ struct EngineOptions {
   std::map<std::string, TenantPolicy> tenants;
   // Most changes per group commit.
   int max_batch = 256;
+  // Counts the external calls (what /metrics shows of this process); outlives the
+  // engine. Null: the engine keeps its own (see Engine::call_metrics()).
+  CallMetrics* call_metrics = nullptr;
 };
 
 // How to start an instance.
@@ -101,6 +105,8 @@ class Engine {
   // Operator actions and event signals, applied under the instance's lease.
   Operations& operations();
   const std::string& owner() const;
+  // The calls this engine made, by phase and outcome (options.call_metrics when given).
+  const CallMetrics& call_metrics() const;
 
  private:
   class Impl;

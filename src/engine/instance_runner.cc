@@ -213,10 +213,10 @@ class InstanceRunner::Impl {
     const auto start = std::chrono::steady_clock::now();
     CallResult sent{d_.http->Send(request)};
     const HttpResponse& response = sent.response;
-    RecordCallLatency(phase, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                                 .count());
+    d_.metrics->RecordLatency(
+        phase, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     sent.error_class = Classify(response.outcome, overrides);
-    RecordCallOutcome(phase, sent.error_class);
+    d_.metrics->RecordOutcome(phase, sent.error_class);
     AttemptRecord attempt;
     attempt.step_index = step_index;
     attempt.phase = AttemptPhaseOf(phase);

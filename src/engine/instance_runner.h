@@ -17,6 +17,7 @@
 
 namespace waystone {
 
+class CallMetrics;
 class TemplateEnvironment;
 
 // What a runner needs; all pointers outlive the runner.
@@ -31,6 +32,7 @@ struct RunnerDeps {
   Millis lease_duration = 30'000;
   Millis idempotency_retention = 7LL * 24 * 3600 * 1000;
   LeaseKeeper* keeper = nullptr;  // renews the lease during long calls; may be null
+  CallMetrics* metrics = nullptr;  // counts the calls made; required
 };
 
 // Where a drive left the instance.

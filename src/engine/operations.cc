@@ -49,7 +49,7 @@ absl::StatusOr<Lease> Operations::Claim(int64_t instance_id) {
       return absl::AbortedError(std::string(lease.status().message()) +
                                     "; a worker is on it, try again shortly");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    clock_->SleepFor(50, {});
   }
 }
 

@@ -11,6 +11,7 @@
 #include "base/redact.h"
 #include "base/sha256.h"
 #include "base/time_format.h"
+#include "engine/call_metrics.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/lease_reaper.h"
@@ -198,7 +199,8 @@ class ApiServer::Impl {
         return res.SetContent("ready\n", "text/plain");
       }
       case RouteId::kMetrics: {
-        auto text = RenderMetrics(*store_, clock_->NowMillis());
+        auto text = RenderMetrics(*store_, clock_->NowMillis(),
+                                  engine_ != nullptr ? &engine_->call_metrics() : nullptr);
         if (!text.ok()) return Send(res, ProblemFromStatus(text.status()), req.path);
         return res.SetContent(*text, "text/plain; version=0.0.4; charset=utf-8");
       }

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -288,9 +290,9 @@ class HttpFront::Impl {
       error_code ignored;
       acceptor_.close(ignored);
     });
-    const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-    while (busy_.load() > 0 && std::chrono::steady_clock::now() < drain_until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    {
+      std::unique_lock<std::mutex> lock(busy_mu_);
+      idle_.wait_for(lock, std::chrono::seconds(3), [this] { return busy_ == 0; });
     }
     ioc_.stop();
     for (std::thread& t : threads_) t.join();
@@ -347,8 +349,12 @@ class HttpFront::Impl {
   const HandleFn& handle() const { return handle_; }
   net::thread_pool& pool() { return pool_; }
   std::atomic<int>& connections() { return connections_; }
-  // Requests read and not yet answered.
-  std::atomic<int>& busy() { return busy_; }
+  // Counts requests read and not yet answered (+1 / -1); the destructor waits for none.
+  void AddBusy(int delta) {
+    std::lock_guard<std::mutex> lock(busy_mu_);
+    busy_ += delta;
+    if (busy_ == 0) idle_.notify_all();
+  }
   bool stopping() const { return stopping_.load(); }
 
  private:
@@ -360,7 +366,9 @@ class HttpFront::Impl {
   ScreenFn screen_;
   HandleFn handle_;
   std::atomic<int> connections_{0};
-  std::atomic<int> busy_{0};
+  std::mutex busy_mu_;
+  std::condition_variable idle_;  // busy_ reached 0
+  int busy_ = 0;                  // guarded by busy_mu_
   std::atomic<bool> stopping_{false};
   int port_ = -1;
   // Destroyed in reverse: the pool's queued work and the io_context's own hold
@@ -460,7 +468,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Busy(bool now) {
     if (now == busy_) return;
     busy_ = now;
-    front_->busy().fetch_add(now ? 1 : -1);
+    front_->AddBusy(now ? 1 : -1);
   }
 
   void ReadBody() {
@@ -553,7 +561,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   BeastResponse response_;
   unsigned version_ = 11;
   bool head_only_ = false;
-  bool busy_ = false;  // counted in front_->busy()
+  bool busy_ = false;  // counted in front_->AddBusy()
   std::chrono::steady_clock::time_point deadline_;
   std::string drained_;
   size_t drained_total_ = 0;

@@ -43,7 +43,9 @@ void Header(std::ostringstream& out, const char* name, const char* type, const c
 
 }  // namespace
 
-absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now) {
+absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now, const CallMetrics* calls) {
+  static const CallMetrics kNoCalls;
+  if (calls == nullptr) calls = &kNoCalls;
   WS_ASSIGN_OR_RETURN(StoreSummary summary, store.Summary());
   WS_ASSIGN_OR_RETURN(std::vector<SinkStats> sinks, store.DeliveryStats());
   std::ostringstream out;
@@ -92,13 +94,13 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now) {
       const auto error_class = static_cast<ErrorClass>(c);
       out << "waystone_step_calls_total{phase=\"" << kCallPhaseNames[p] << "\",class=\""
           << ToString(error_class) << "\"} "
-          << CallOutcomeCount(static_cast<CallPhase>(p), error_class) << "\n";
+          << calls->OutcomeCount(static_cast<CallPhase>(p), error_class) << "\n";
     }
   }
   Header(out, "waystone_step_duration_seconds", "histogram",
          "Duration of the external calls made by this process, by phase.");
   for (size_t p = 0; p < kCallPhaseNames.size(); ++p) {
-    const CallLatency latency = CallLatencySnapshot(static_cast<CallPhase>(p));
+    const CallLatency latency = calls->LatencySnapshot(static_cast<CallPhase>(p));
     const std::string phase(kCallPhaseNames[p]);
     for (size_t i = 0; i < kCallLatencyBuckets.size(); ++i) {
       char bound[32];

@@ -9,7 +9,8 @@ namespace waystone {
 // address that only the scraper reaches; the numbers carry no tenant names.
 class MetricsServer::Impl {
  public:
-  Impl(Store* store, const Clock* clock) : store_(store), clock_(clock) {}
+  Impl(Store* store, const Clock* clock, const CallMetrics* calls)
+      : store_(store), clock_(clock), calls_(calls) {}
 
   absl::Status Listen(const std::string& listen) {
     HttpFrontOptions options;
@@ -41,7 +42,7 @@ class MetricsServer::Impl {
 
   void Handle(const ServerRequest& req, ServerResponse& res) {
     if (req.path == "/healthz") return res.SetContent("ok\n", "text/plain");
-    auto text = RenderMetrics(*store_, clock_->NowMillis());
+    auto text = RenderMetrics(*store_, clock_->NowMillis(), calls_);
     if (!text.ok()) {
       res.status = 503;
       return res.SetContent("metrics unavailable\n", "text/plain");
@@ -51,6 +52,7 @@ class MetricsServer::Impl {
 
   Store* store_;
   const Clock* clock_;
+  const CallMetrics* calls_;
   std::unique_ptr<HttpFront> front_;  // last: destroyed first
 };
 
@@ -59,8 +61,9 @@ MetricsServer::~MetricsServer() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                                     Store* store,
-                                                                    const Clock* clock) {
-  auto impl = std::make_unique<Impl>(store, clock);
+                                                                    const Clock* clock,
+                                                                    const CallMetrics* calls) {
+  auto impl = std::make_unique<Impl>(store, clock, calls);
   if (auto status = impl->Listen(listen); !status.ok()) return status;
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }

@@ -9,12 +9,17 @@
 
 namespace waystone {
 
+class CallMetrics;
+
 // Serves GET /metrics (Prometheus text format) and GET /healthz on `listen`
-// ("host:port"; port 0 picks one). Owns its server thread until destroyed.
+// ("host:port"; port 0 picks one), with the external calls counted in `calls`
+// (null: this process makes none; else it outlives the server). Owns its server
+// thread until destroyed.
 class MetricsServer {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
-                                                             Store* store, const Clock* clock);
+                                                             Store* store, const Clock* clock,
+                                                             const CallMetrics* calls);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

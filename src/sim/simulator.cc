@@ -127,7 +127,7 @@ class Simulator::Impl {
     }
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     // The socket is already listening; connections queue until the loop accepts.
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (!server_.is_running()) options_.clock->SleepFor(1, {});
     return absl::OkStatus();
   }
 
@@ -363,10 +363,10 @@ class Simulator::Impl {
   }
 
   // Sends `body` after the committed effect, honouring drop/delay faults.
-  static void Respond(const Drawn& d, httplib::Response& res, int status, const std::string& body) {
+  void Respond(const Drawn& d, httplib::Response& res, int status, const std::string& body) {
     res.status = status;
     if (d.kind == FaultKind::kDelay) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(d.delay_ms));
+      options_.clock->SleepFor(d.delay_ms, {});
     }
     if (auto loss = LossOf(d.kind); loss && d.fd >= 0 && LoseResponse(d.fd, *loss)) {
       // The connection is gone; what the library writes now goes nowhere.

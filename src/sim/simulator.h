@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/clock.h"
 
 namespace waystone {
 
@@ -13,6 +14,8 @@ struct SimulatorOptions {
   uint64_t seed = 42;           // for probabilistic faults
   std::string faults_json;      // initial fault knobs (see docs/simulator.md)
   int threads = 64;             // delayed responses hold a thread each
+  // What a delay fault and the start-up wait sleep on; outlives the simulator.
+  const Clock* clock = SystemClock::Get();
 };
 
 // Simulator serves fake enterprise systems on loopback: a CRM, an ERP (orders,

@@ -202,6 +202,7 @@ TEST_F(IndependentChaosTest, ThreePostgresWorkersKilledAndOneFrozenPastItsLease)
   });
   if (frozen && !thawed) {
     // The run finished while it slept: it must still change nothing when it wakes.
+    // Deliberate: it stays stopped its full 3 s, past its leases, whatever else happened.
     std::this_thread::sleep_for(std::chrono::seconds(3) -
                                 (std::chrono::steady_clock::now() - frozen_at));
     workers[0]->Signal(SIGCONT);

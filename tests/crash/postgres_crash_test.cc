@@ -125,6 +125,7 @@ TEST_F(PostgresCrashTest, FourWorkersFiveHundredInstancesRandomKills) {
     // seconds, and the run must have been broken a few times to prove anything.
     const int pause = kills < 3 ? 200 + static_cast<int>(random() % 200)
                                 : 700 + static_cast<int>(random() % 800);
+    // Deliberate: the chaos is paced in time (let the workers get somewhere, then kill).
     std::this_thread::sleep_for(std::chrono::milliseconds(pause));
     const size_t victim = random() % workers.size();
     workers[victim]->Signal(SIGKILL);
@@ -179,6 +180,7 @@ TEST_F(PostgresCrashTest, DatabaseRestartedImmediatelySeveralTimes) {
     workers.push_back(std::make_unique<testing::Process>(Worker("3s", true), Env(), dir_.path()));
   }
   for (int restart = 0; restart < 3; ++restart) {
+    // Deliberate: the workers run a while between restarts, mid-flight when it goes.
     std::this_thread::sleep_for(std::chrono::milliseconds(600));
     ASSERT_TRUE(cluster->RestartImmediate());
   }

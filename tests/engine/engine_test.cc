@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <cstdlib>
-#include <thread>
 #include <tuple>
 
 #include <gtest/gtest.h>
@@ -244,54 +243,6 @@ TEST_P(EngineTest, FailingCancelIsRetriedThenStopsWithAlertAndContext) {
   EXPECT_EQ(Stats()["requests"]["erp.cancel_order"], 4);
 }
 
-TEST_P(EngineTest, ManualStepWithUnknownOutcomePausesForAnOperator) {
-  auto definition = LoadDefinitionText(R"(workflow: manual-notify
-key: "{{input.id}}"
-steps:
-  - name: push
-    recovery: manual
-    request:
-      method: POST
-      url: "{{env.LINE_URL}}/line/push"
-      body: { to: "U1", messages: [ { type: text, text: "hello {{input.id}}" } ] }
-      timeout: 1s
-)", "manual.yaml");
-  ASSERT_TRUE(definition.ok()) << definition.status();
-  ASSERT_TRUE(sim_->SetFaults(R"({"line.push": {"next": ["delay"], "delay_ms": 1500}})").ok());
-  InstanceRecord instance = Run(*definition, R"({"id": "m1"})");
-  EXPECT_EQ(instance.state, InstanceState::kNeedsAttention);
-  EXPECT_EQ(Step(instance, "push").state, StepState::kUnknown);
-  auto alerts = *store_->ListAlerts(instance.id);
-  ASSERT_EQ(alerts.size(), 1u);
-  EXPECT_EQ(alerts[0].kind, AlertKind::kNeedsOperator);
-  EXPECT_EQ(Stats()["requests"]["line.push"], 1);  // never resubmitted on its own
-}
-
-TEST_P(EngineTest, ReusedKeyWithAnotherRequestIsAnIdempotencyConflict) {
-  auto definition = LoadDefinitionText(R"(workflow: shared-key
-key: "{{input.id}}"
-steps:
-  - name: push
-    idempotency: { key: "notify:{{input.customer}}", honored: true }
-    request:
-      method: POST
-      url: "{{env.LINE_URL}}/line/push"
-      body: { to: "{{input.customer}}", messages: [ { type: text, text: "{{input.id}}" } ] }
-)", "shared.yaml");
-  ASSERT_TRUE(definition.ok()) << definition.status();
-  InstanceRecord first = Run(*definition, R"({"id": "a", "customer": "U9"})");
-  EXPECT_EQ(first.state, InstanceState::kCompleted);
-  InstanceRecord second = Run(*definition, R"({"id": "b", "customer": "U9"})");
-  EXPECT_EQ(second.state, InstanceState::kFailed);
-  StepRecord push = Step(second, "push");
-  EXPECT_EQ(push.state, StepState::kFailed);
-  EXPECT_NE(push.error_message.find("notify:U9"), std::string::npos) << push.error_message;
-  auto alerts = *store_->ListAlerts(second.id);
-  ASSERT_EQ(alerts.size(), 1u);
-  EXPECT_EQ(alerts[0].kind, AlertKind::kIdempotencyConflict);
-  EXPECT_EQ(Stats()["line_messages"], 1);
-}
-
 TEST_P(EngineTest, SecretsReachRequestsButAreNeverStored) {
   InstanceRecord instance = Run(example_, Order("9"));
   ASSERT_EQ(instance.state, InstanceState::kCompleted);
@@ -343,43 +294,6 @@ steps:
     EXPECT_EQ(stored.contains("name"), expect_name) << keep << ": " << stored.dump();
     EXPECT_EQ(stored.contains("id"), expect_id) << keep << ": " << stored.dump();
   }
-}
-
-TEST_P(EngineTest, BadInputIsRefusedAndWritesNothing) {
-  const std::string big = Json{{"source", "crm"}, {"order_id", "x"},
-                               {"pad", std::string(kMaxInputBytes, 'x')}}.dump();
-  for (const std::string& input : {std::string("not json"), std::string("[1,2]"),
-                                   std::string(R"({"source": "crm"})"), big}) {
-    auto started = engine_->StartInstance(example_, {"default", input});
-    ASSERT_FALSE(started.ok()) << input.substr(0, 40);
-    EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
-  }
-  EXPECT_TRUE(store_->ListInstances({})->empty());
-  EXPECT_EQ(Stats()["requests"].size(), 0u);
-}
-
-TEST_P(EngineTest, SameStartTwiceAndConcurrentStartsMakeOneInstance) {
-  std::vector<std::thread> threads;
-  std::vector<absl::StatusOr<StartResult>> results(8, absl::UnknownError("not run"));
-  for (int i = 0; i < 8; ++i) {
-    threads.emplace_back([&, i] { results[i] = engine_->StartInstance(example_, {"default", Order("10")}); });
-  }
-  for (auto& t : threads) t.join();
-  int created = 0;
-  for (const auto& r : results) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    created += r->outcome == StartOutcome::kCreated ? 1 : 0;
-    EXPECT_EQ(r->instance.id, results[0]->instance.id);
-  }
-  EXPECT_EQ(created, 1);
-  StartRequest event{"default", Order("11"), "crm", "evt-11"};
-  auto first = engine_->StartInstance(example_, event);
-  auto again = engine_->StartInstance(example_, event);
-  ASSERT_TRUE(first.ok() && again.ok());
-  EXPECT_EQ(again->outcome, StartOutcome::kDuplicateEvent);
-  EXPECT_EQ(store_->ListInstances({})->size(), 2u);
-  auto conflict = engine_->StartInstance(example_, {"default", Order("10", "C-other")});
-  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {

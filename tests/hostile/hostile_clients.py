@@ -561,7 +561,7 @@ def check_slowloris(c):
 
     t = threading.Thread(target=slow, daemon=True)
     t.start()
-    time.sleep(1.0)
+    time.sleep(1.0)    # deliberate: the slow connections are opened and trickling before we measure
     fails, worst, n = [], 0.0, 0
     end = time.monotonic() + duration
     while time.monotonic() < end:
@@ -580,7 +580,7 @@ def check_slowloris(c):
             worst = max(worst, lat)
             if lat > 1.0:
                 fails.append(f"{path} took {lat:.2f}s")
-        time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))    # deliberate: one probe per 0.5 s
     stop.set(); t.join(5)
     print(f"  slowloris: {n} requests, worst latency {worst:.3f}s, slow reconnects {stats['reconnects']}",
           flush=True)
@@ -673,7 +673,7 @@ def check_chunked_40mb(c):
             fails.append(f"{label}: {sent / 1e6:.1f} MB accepted before the server answered/closed (max ~4 MB)")
         if status is not None and status != want:
             fails.append(f"{label}: answered {status}, want {want}")
-    time.sleep(0.5)
+    time.sleep(0.5)    # deliberate: give a server that the floods broke time to die before asking
     why = c.alive(pid)
     if why:
         return fails + [why]
@@ -859,7 +859,7 @@ def utf8_case(c, n, mode, kind, attr, bad, tok, known):
                       '{"reason":"probe after the signal"}', op)
             if a.status != 409:
                 break
-            time.sleep(0.5)
+            time.sleep(0.5)    # deliberate: a back-off before trying again
         if a.status != 200:
             fails.append(f"{tag}: operator dry-run close after the signal answered {a!r}")
     return fails, known
@@ -970,7 +970,7 @@ def check_secret_echo(c):
         return False
     if not wait_for(failed, 15, 0.3):
         return [f"step call-erp did not fail: {c.instance(op, key)}"]
-    time.sleep(1.0)
+    time.sleep(1.0)    # deliberate: let what the engine writes after the failure land before the leak check
     with DOWN_LOCK:
         carried = [d for d in DOWN_RECORDS if d["path"] == "/echo/acme" and sec in d["auth"]]
     if not carried:
@@ -1083,7 +1083,7 @@ def check_tenants(c):
         fails.append(f"(d) token create --expires 2s failed ({rc}): {err[-200:]!r}")
     else:
         s0 = c.req("GET", "/v1/instances?limit=1", token=tok).status
-        time.sleep(3.0)
+        time.sleep(3.0)    # deliberate: the token's 2 s lifetime must pass
         s1 = c.req("GET", "/v1/instances?limit=1", token=tok).status
         if s0 != 200 or s1 != 401:
             fails.append(f"(d) expiring token: {s0} at once, {s1} after 3 s (want 200 then 401)")

@@ -275,6 +275,7 @@ TEST_F(RelayProcessTest, NatsGetsEachEventOnceAcrossRelayAndServerRestarts) {
   RunOrders(3, "m");
   testing::Process relay({testing::WaystoneBinary(), "relay", "--config", dir_.File("relay.yaml")},
                          Env(), dir_.path());
+  // Deliberate: the relay keeps failing against the absent server for a while first.
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
   server = std::make_unique<testing::Process>(nats, Env(), dir_.path());
   ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));

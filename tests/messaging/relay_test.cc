@@ -83,7 +83,7 @@ class Receiver {
     server_.set_read_timeout(1, 0);
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(testing::WaitFor([&] { return server_.is_running(); }, std::chrono::seconds(10)));
   }
   ~Receiver() {
     server_.stop();

@@ -49,7 +49,7 @@ class Recorder {
     server_.Post(".*", handle);
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(testing::WaitFor([&] { return server_.is_running(); }, std::chrono::seconds(10)));
   }
   ~Recorder() {
     server_.stop();
@@ -869,7 +869,14 @@ steps:
   Post("/v1/instances", {{"workflow", "long"}, {"input", {{"id", "e1"}}}}, 201);
   const auto started = std::chrono::steady_clock::now();
   std::thread approve([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // Once the driver waits for it: the step is committed waiting.
+    EXPECT_TRUE(testing::WaitFor(
+        [&] {
+          auto instance = store_->FindInstance("t1", "e1");
+          auto steps = instance.ok() ? store_->GetSteps(instance->id) : absl::NotFoundError("e1");
+          return steps.ok() && steps->size() == 2 && (*steps)[0].state == StepState::kWaiting;
+        },
+        std::chrono::seconds(15)));
     auto response = Send("POST", "/v1/events", operator_,
                          Json{{"order", "e1"}, {"by", "mika"}}.dump(),
                          {{"ce-specversion", "1.0"}, {"ce-id", "early-1"}, {"ce-source", "/a"},

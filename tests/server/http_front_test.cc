@@ -228,6 +228,7 @@ TEST_F(HttpFrontTest, AServedConnectionKeepsAliveContinuesAndAnswersHead) {
   ASSERT_TRUE(client.connected());
   client.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nHEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
   std::string got = client.ReadUntil("\r\n\r\n", 2);  // both heads
+  // Deliberate: time for a server that (wrongly) closes after a HEAD to do so.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   client.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");  // still alive after HEAD
   got = client.ReadUntil("\r\n\r\n", 3);

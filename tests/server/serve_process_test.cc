@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sqlite3.h>
 
 #include "connectors/http/http_client.h"
 #include "sim/simulator.h"
@@ -65,6 +66,25 @@ class ServeProcessTest : public ::testing::Test {
     return http_->Send(request);
   }
 
+  // Whether an Idempotency-Key is claimed and its request not finished (read behind
+  // the server's back from its SQLite file).
+  bool KeyInFlight(const std::string& key) {
+    sqlite3* db = nullptr;
+    bool in_flight = false;
+    const std::string path = dir_.File("w.db");
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+      sqlite3_stmt* stmt = nullptr;
+      if (sqlite3_prepare_v2(db, "SELECT count(*) FROM api_requests WHERE key = ? AND done = 0", -1,
+                             &stmt, nullptr) == SQLITE_OK) {
+        sqlite3_bind_text(stmt, 1, key.c_str(), -1, SQLITE_TRANSIENT);
+        in_flight = sqlite3_step(stmt) == SQLITE_ROW && sqlite3_column_int(stmt, 0) > 0;
+      }
+      sqlite3_finalize(stmt);
+    }
+    sqlite3_close(db);
+    return in_flight;
+  }
+
   std::string Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
   testing::ProcessResult Cli(const std::vector<std::string>& args, const std::string& token) {
@@ -105,7 +125,8 @@ TEST_F(ServeProcessTest, ADuplicateWhileTheFirstIsInFlightGets409) {
       {"Idempotency-Key", "dup-1"}, {"Content-Type", "application/json"}};
   HttpResponse first;
   std::thread slow([&] { first = Send("POST", "/v1/instances", operator_, body, headers); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The second is sent once the first has claimed the key (and is paused for 2 s).
+  ASSERT_TRUE(testing::WaitFor([&] { return KeyInFlight("dup-1"); }, std::chrono::seconds(10)));
   auto second = Send("POST", "/v1/instances", operator_, body, headers);
   slow.join();
   EXPECT_EQ(second.outcome.status, 409) << second.body;

@@ -14,6 +14,7 @@
 #include "store/sqlite/sqlite_store.h"
 #include "support/backends.h"
 #include "support/postgres_cluster.h"
+#include "support/process.h"
 #include "support/temp_dir.h"
 
 namespace waystone {
@@ -328,12 +329,13 @@ TEST_P(StoreConformanceTest, DeliveriesAreClaimedHeadOfLineAndFenced) {
   // PostgreSQL hands out rows only once every older transaction in the cluster has
   // ended; other tests sharing the cluster may hold that back for a moment.
   absl::StatusOr<std::vector<EventRecord>> rows;
-  for (int i = 0; i < 200; ++i) {
-    rows = store_->ReadOutbox(*store_->OutboxCursor("s"), 100);
-    ASSERT_TRUE(rows.ok()) << rows.status();
-    if (rows->size() == 3u) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  testing::WaitFor(
+      [&] {
+        rows = store_->ReadOutbox(*store_->OutboxCursor("s"), 100);
+        return !rows.ok() || rows->size() == 3u;
+      },
+      std::chrono::seconds(10));
+  ASSERT_TRUE(rows.ok()) << rows.status();
   ASSERT_EQ(rows->size(), 3u);
   std::vector<std::pair<int64_t, int64_t>> wanted;
   for (const auto& r : *rows) wanted.emplace_back(r.seq, r.instance_id);
@@ -409,6 +411,8 @@ TEST_P(StoreConformanceTest, StartingAnInstanceWakesIdleWorkers) {
   ASSERT_TRUE(store_->WaitForWork(0).ok());  // subscribes
   auto other = Open();
   std::thread starter([&] {
+    // Deliberate: the start must come while WaitForWork below is already waiting
+    // (what it waits in cannot be observed from here); 200 ms lets it get there.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_TRUE(other->StartInstance(Instance("wake")).ok());
   });
@@ -440,11 +444,13 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
   ASSERT_TRUE(store_->Commit(changes).ok());
   const int64_t k2 = leases[1].instance_id;
   absl::StatusOr<std::vector<EventRecord>> rows;
-  for (int i = 0; i < 200; ++i) {
-    rows = store_->ReadOutbox(0, 100);
-    if (rows.ok() && rows->size() == 3u) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  testing::WaitFor(
+      [&] {
+        rows = store_->ReadOutbox(0, 100);
+        return rows.ok() && rows->size() == 3u;
+      },
+      std::chrono::seconds(10));
+  ASSERT_TRUE(rows.ok()) << rows.status();
   ASSERT_EQ(rows->size(), 3u);
   std::vector<std::pair<int64_t, int64_t>> wanted;
   for (const auto& r : *rows) {

@@ -1,0 +1,320 @@
+// The engine against a scripted HttpClient (tests/support/fake_http_client.h):
+// no sockets, no simulator. What these tests check is the engine's side of a call
+// (which requests, how many, under which key, what it concludes), not transport.
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "definition/loader.h"
+#include "engine/call_metrics.h"
+#include "engine/engine.h"
+#include "engine/operations.h"
+#include "model/keys.h"
+#include "store/store.h"
+#include "support/backends.h"
+#include "support/fake_http_client.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+using testing::FakeReply;
+
+// The routes of examples/order-to-erp.yaml for customer C-1 (order SO-1).
+constexpr char kCustomer[] = "GET /crm/customers/C-1";
+constexpr char kCreateOrder[] = "POST /erp/orders";
+constexpr char kFindOrders[] = "GET /erp/orders";
+constexpr char kCancelOrder[] = "POST /erp/orders/SO-1/cancel";
+constexpr char kShipment[] = "POST /erp/shipments";
+constexpr char kLinePush[] = "POST /line/push";
+constexpr char kEmail[] = "POST /email/messages";
+constexpr char kLinkInCrm[] = "PUT /crm/customers/C-1/orders/SO-1";
+
+// An engine on a fresh store, a FakeHttpClient and a FakeClock (a timeout moves
+// it on by the request's timeout; retry timers pass instantly).
+class EngineFakeHttpTest : public ::testing::TestWithParam<testing::Backend> {
+ protected:
+  void SetUp() override {
+    for (const char* name : {"CRM_URL", "ERP_URL", "LINE_URL", "EMAIL_URL"}) {
+      setenv(name, "http://fake.invalid", 1);
+    }
+    setenv("WAYSTONE_SECRET_ERP_TOKEN", "erp-secret", 1);
+    setenv("WAYSTONE_SECRET_LINE_TOKEN", "line-secret", 1);
+    StoreOptions options;
+    options.path = testing::FreshStorePath(GetParam(), dir_, "engine");
+    ASSERT_FALSE(options.path.empty());
+    auto store = OpenStore(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    EngineOptions engine_options;
+    engine_options.lease_duration = 30'000;
+    engine_options.call_metrics = &metrics_;
+    auto engine = Engine::Create(store_.get(), &http_, &clock_, &random_, engine_options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    auto definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
+    ASSERT_TRUE(definition.ok()) << definition.status();
+    example_ = *definition;
+  }
+
+  void TearDown() override { engine_.reset(); }
+
+  static std::string Order(const std::string& id, const std::string& customer = "C-1") {
+    return Json{{"source", "crm"}, {"order_id", id}, {"customer_id", customer}, {"amount", 120}}
+        .dump();
+  }
+
+  // Every route of the example answers as a healthy downstream would.
+  void AnswerTheExample() {
+    http_.Always(kCustomer,
+                 FakeReply::Answer(200, Json{{"id", "C-1"}, {"name", "Aiko"}, {"email", "a@x"},
+                                             {"line_user_id", "U1"}, {"address_ok", true}}
+                                            .dump()));
+    http_.Always(kCreateOrder, FakeReply::Answer(201, R"({"id": "SO-1"})"));
+    http_.Always(kFindOrders, FakeReply::Answer(200, R"({"items": []})"));
+    http_.Always(kCancelOrder, FakeReply::Answer(200, R"({"status": "cancelled"})"));
+    http_.Always(kShipment, FakeReply::Answer(201, R"({"id": "SH-1"})"));
+    http_.Always(kLinePush, FakeReply::Answer(200, R"({"sentMessages": [{"id": "L-1"}]})"));
+    http_.Always(kEmail, FakeReply::Answer(202, R"({"message_id": "E-1"})"));
+    http_.Always(kLinkInCrm, FakeReply::Answer(200, R"({"status": "linked"})"));
+  }
+
+  absl::StatusOr<StartResult> Start(const WorkflowDefinition& definition,
+                                    const std::string& input) {
+    return engine_->StartInstance(definition, {"default", input});
+  }
+
+  InstanceRecord Drive(int64_t id) {
+    auto state = engine_->RunUntilRest(id, std::stop_token());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return *store_->GetInstance(id);
+  }
+
+  // Starts an instance of `definition` and drives it until it rests.
+  InstanceRecord Run(const WorkflowDefinition& definition, const std::string& input) {
+    auto started = Start(definition, input);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return {};
+    return Drive(started->instance.id);
+  }
+
+  StepRecord Step(const InstanceRecord& instance, const std::string& name) {
+    auto steps = store_->GetSteps(instance.id);
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    for (const auto& step : steps.ok() ? *steps : std::vector<StepRecord>{}) {
+      if (step.name == name) return step;
+    }
+    ADD_FAILURE() << "no step " << name;
+    return {};
+  }
+
+  // The distinct Idempotency-Key headers the requests on `route` carried.
+  std::set<std::string> KeysSentTo(const std::string& route) {
+    std::set<std::string> keys;
+    for (const HttpRequest& request : http_.Requests(route)) {
+      for (const auto& [name, value] : request.headers) {
+        if (name == "Idempotency-Key") keys.insert(value);
+      }
+    }
+    return keys;
+  }
+
+  testing::TempDir dir_;
+  FakeClock clock_{1'800'000'000'000};
+  testing::FakeHttpClient http_{&clock_};
+  CallMetrics metrics_;
+  SeededRandom random_{11};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Engine> engine_;
+  WorkflowDefinition example_;
+};
+
+TEST_P(EngineFakeHttpTest, TheExampleSendsOneRequestPerStepAndCountsThemInTheGivenMetrics) {
+  AnswerTheExample();
+  InstanceRecord instance = Run(example_, Order("1"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  for (const char* route : {kCustomer, kCreateOrder, kShipment, kLinePush, kEmail, kLinkInCrm}) {
+    EXPECT_EQ(http_.Count(route), 1) << route;
+  }
+  EXPECT_EQ(http_.Requests().size(), 6u);
+  EXPECT_EQ(Step(instance, "create-order").external_id, "SO-1");
+  EXPECT_EQ(Step(instance, "send-email").external_id, "E-1");
+  // The engine counted into the CallMetrics its options named, nowhere else.
+  EXPECT_EQ(&engine_->call_metrics(), &metrics_);
+  EXPECT_EQ(metrics_.OutcomeCount(CallPhase::kCall, ErrorClass::kNone), 6u);
+  EXPECT_EQ(metrics_.LatencySnapshot(CallPhase::kCall).count, 6u);
+  EXPECT_EQ(metrics_.LatencySnapshot(CallPhase::kLookup).count, 0u);
+  CallMetrics unused;
+  EXPECT_EQ(unused.LatencySnapshot(CallPhase::kCall).count, 0u);
+}
+
+TEST_P(EngineFakeHttpTest, AFailureBeforeSendingIsRetriedUnderTheSameKeyWithoutALookup) {
+  AnswerTheExample();
+  http_.Next(kCreateOrder, FakeReply::FailBeforeSend());
+  http_.Next(kCreateOrder, FakeReply::FailBeforeSend());
+  InstanceRecord instance = Run(example_, Order("2"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  StepRecord order = Step(instance, "create-order");
+  EXPECT_EQ(order.attempts, 3);
+  EXPECT_EQ(order.unknowns, 0);
+  EXPECT_EQ(order.lookups, 0);
+  EXPECT_EQ(http_.Count(kCreateOrder), 3);
+  EXPECT_EQ(http_.Count(kFindOrders), 0);
+  EXPECT_EQ(KeysSentTo(kCreateOrder).size(), 1u);
+  EXPECT_EQ(metrics_.OutcomeCount(CallPhase::kCall, ErrorClass::kTransient), 2u);
+}
+
+TEST_P(EngineFakeHttpTest, AFailureAfterSendingIsUnknownAndTheLookupAdoptsTheOrder) {
+  AnswerTheExample();
+  auto started = Start(example_, Order("3"));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string ref = InstanceRef(started->instance.tenant, started->instance.key);
+  http_.Next(kCreateOrder, FakeReply::FailAfterSend());
+  http_.Next(kFindOrders,
+             FakeReply::Answer(200, Json{{"items", {{{"id", "SO-1"}, {"ref", ref}}}}}.dump()));
+  InstanceRecord instance = Drive(started->instance.id);
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  StepRecord order = Step(instance, "create-order");
+  EXPECT_EQ(order.resolution, Resolution::kLookupFound);
+  EXPECT_EQ(order.unknowns, 1);
+  EXPECT_EQ(order.attempts, 1);
+  EXPECT_EQ(order.external_id, "SO-1");
+  EXPECT_EQ(http_.Count(kCreateOrder), 1);  // adopted, never sent again
+  EXPECT_EQ(http_.Count(kFindOrders), 1);
+  EXPECT_EQ(metrics_.OutcomeCount(CallPhase::kCall, ErrorClass::kUnknown), 1u);
+  EXPECT_EQ(metrics_.OutcomeCount(CallPhase::kLookup, ErrorClass::kNone), 1u);
+}
+
+TEST_P(EngineFakeHttpTest, RetryAfterIsWaitedOutOnTheClock) {
+  AnswerTheExample();
+  FakeReply unavailable = FakeReply::Answer(503, "{}");
+  unavailable.retry_after = 3000;
+  http_.Next(kLinePush, unavailable);
+  http_.Next(kLinePush, unavailable);
+  const Millis before = clock_.NowMillis();
+  InstanceRecord instance = Run(example_, Order("4"));
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  EXPECT_EQ(Step(instance, "notify-line").attempts, 3);
+  EXPECT_GE(clock_.NowMillis() - before, 6000);  // two Retry-After: 3 waits
+  EXPECT_EQ(KeysSentTo(kLinePush).size(), 1u);
+}
+
+TEST_P(EngineFakeHttpTest, ManualStepWithUnknownOutcomePausesForAnOperator) {
+  auto definition = LoadDefinitionText(R"(workflow: manual-notify
+key: "{{input.id}}"
+steps:
+  - name: push
+    recovery: manual
+    request:
+      method: POST
+      url: "{{env.LINE_URL}}/line/push"
+      body: { to: "U1", messages: [ { type: text, text: "hello {{input.id}}" } ] }
+      timeout: 1s
+)", "manual.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  http_.Next(kLinePush, FakeReply::Timeout());  // sent; no answer within the 1 s timeout
+  const Millis before = clock_.NowMillis();
+  InstanceRecord instance = Run(*definition, R"({"id": "m1"})");
+  EXPECT_EQ(instance.state, InstanceState::kNeedsAttention);
+  EXPECT_EQ(Step(instance, "push").state, StepState::kUnknown);
+  auto alerts = *store_->ListAlerts(instance.id);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kNeedsOperator);
+  EXPECT_EQ(http_.Count(kLinePush), 1);  // never resubmitted on its own
+  EXPECT_GE(clock_.NowMillis() - before, 1000);
+}
+
+TEST_P(EngineFakeHttpTest, ReusedKeyWithAnotherRequestIsAnIdempotencyConflict) {
+  auto definition = LoadDefinitionText(R"(workflow: shared-key
+key: "{{input.id}}"
+steps:
+  - name: push
+    idempotency: { key: "notify:{{input.customer}}", honored: true }
+    request:
+      method: POST
+      url: "{{env.LINE_URL}}/line/push"
+      body: { to: "{{input.customer}}", messages: [ { type: text, text: "{{input.id}}" } ] }
+)", "shared.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  http_.Always(kLinePush, FakeReply::Answer(200, R"({"sentMessages": [{"id": "L-1"}]})"));
+  InstanceRecord first = Run(*definition, R"({"id": "a", "customer": "U9"})");
+  EXPECT_EQ(first.state, InstanceState::kCompleted);
+  InstanceRecord second = Run(*definition, R"({"id": "b", "customer": "U9"})");
+  EXPECT_EQ(second.state, InstanceState::kFailed);
+  StepRecord push = Step(second, "push");
+  EXPECT_EQ(push.state, StepState::kFailed);
+  EXPECT_NE(push.error_message.find("notify:U9"), std::string::npos) << push.error_message;
+  auto alerts = *store_->ListAlerts(second.id);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kIdempotencyConflict);
+  EXPECT_EQ(http_.Count(kLinePush), 1);  // the second request never left
+}
+
+TEST_P(EngineFakeHttpTest, BadInputIsRefusedAndWritesNothing) {
+  const std::string big = Json{{"source", "crm"}, {"order_id", "x"},
+                               {"pad", std::string(kMaxInputBytes, 'x')}}.dump();
+  for (const std::string& input : {std::string("not json"), std::string("[1,2]"),
+                                   std::string(R"({"source": "crm"})"), big}) {
+    auto started = engine_->StartInstance(example_, {"default", input});
+    ASSERT_FALSE(started.ok()) << input.substr(0, 40);
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(store_->ListInstances({})->empty());
+  EXPECT_TRUE(http_.Requests().empty());
+}
+
+TEST_P(EngineFakeHttpTest, SameStartTwiceAndConcurrentStartsMakeOneInstance) {
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<StartResult>> results(8, absl::UnknownError("not run"));
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] { results[i] = engine_->StartInstance(example_, {"default", Order("10")}); });
+  }
+  for (auto& t : threads) t.join();
+  int created = 0;
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    created += r->outcome == StartOutcome::kCreated ? 1 : 0;
+    EXPECT_EQ(r->instance.id, results[0]->instance.id);
+  }
+  EXPECT_EQ(created, 1);
+  StartRequest event{"default", Order("11"), "crm", "evt-11"};
+  auto first = engine_->StartInstance(example_, event);
+  auto again = engine_->StartInstance(example_, event);
+  ASSERT_TRUE(first.ok() && again.ok());
+  EXPECT_EQ(again->outcome, StartOutcome::kDuplicateEvent);
+  EXPECT_EQ(store_->ListInstances({})->size(), 2u);
+  auto conflict = engine_->StartInstance(example_, {"default", Order("10", "C-other")});
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// An operator action waits for a worker's lease on the engine's clock: with a
+// FakeClock its patience runs out (it used to sleep on real time and, as the fake
+// clock never moved, wait forever).
+TEST_P(EngineFakeHttpTest, AnOperatorActionGivesUpOnAHeldLeaseAfterItsPatience) {
+  AnswerTheExample();
+  auto started = Start(example_, Order("12"));
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto held = store_->ClaimInstance(started->instance.id, "another-worker", clock_.NowMillis(),
+                                    60'000);
+  ASSERT_TRUE(held.ok()) << held.status();
+  const Millis before = clock_.NowMillis();
+  OperatorRequest close;
+  close.action = OperatorAction::kClose;
+  close.reason = "test";
+  close.actor = "op";
+  auto result = engine_->operations().Apply("default", started->instance.key, close);
+  EXPECT_TRUE(absl::IsAborted(result.status())) << result.status();
+  EXPECT_GE(clock_.NowMillis() - before, 3000);
+  EXPECT_EQ(store_->GetInstance(started->instance.id)->state, InstanceState::kRunning);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EngineFakeHttpTest,
+                         ::testing::Values(testing::Backend::kSqlite, testing::Backend::kPostgres),
+                         testing::BackendName);
+
+}  // namespace
+}  // namespace waystone
