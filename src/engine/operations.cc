@@ -1,7 +1,5 @@
 #include "engine/operations.h"
 
-#include <thread>
-
 #include <nlohmann/json.hpp>
 
 #include "base/sha256.h"
