@@ -12,4 +12,7 @@ namespace waystone {
 // pending and parked gauges, the delivery lag in seconds and whether it is disabled.
 absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now);
 
+// The Content-Type of what RenderMetrics renders.
+inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
 }  // namespace waystone

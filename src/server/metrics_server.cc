@@ -46,7 +46,7 @@ class MetricsServer::Impl {
       res.status = 503;
       return res.SetContent("metrics unavailable\n", "text/plain");
     }
-    res.SetContent(*text, "text/plain; version=0.0.4; charset=utf-8");
+    res.SetContent(*text, kMetricsContentType);
   }
 
   Store* store_;

@@ -18,6 +18,33 @@ struct Problem {
   std::string ToJson(const std::string& instance) const;
 };
 
+// Every kind of problem the HTTP front and the API answer with. Its status, type
+// and title are in one table (problem.cc); only the detail varies.
+enum class ProblemKind {
+  kBadRequest,              // 400 bad-request
+  kUnauthenticated,         // 401 unauthenticated
+  kForbidden,               // 403 forbidden
+  kNotFound,                // 404 not-found
+  kMethodNotAllowed,        // 405 method-not-allowed
+  kConflict,                // 409 conflict
+  kStateConflict,           // 409 state-conflict
+  kBusinessKeyConflict,     // 409 business-key-conflict
+  kInboxConflict,           // 409 inbox-conflict
+  kIdempotencyKeyInFlight,  // 409 idempotency-key-in-flight
+  kPayloadTooLarge,         // 413 payload-too-large
+  kUnsupportedMediaType,    // 415 unsupported-media-type
+  kUnknownWorkflow,         // 422 unknown-workflow
+  kUnroutedEvent,           // 422 unrouted-event
+  kIdempotencyKeyReused,    // 422 idempotency-key-reused
+  kHeaderFieldsTooLarge,    // 431 header-fields-too-large
+  kInternal,                // 500 internal
+  kUnavailable,             // 503 unavailable
+  kHttpVersionNotSupported,  // 505 http-version-not-supported
+};
+
+// The problem of `kind` with this occurrence's `detail`.
+Problem MakeProblem(ProblemKind kind, const std::string& detail);
+
 // The one table from status codes to HTTP problems.
 Problem ProblemFromStatus(const absl::Status& status);
 
@@ -25,7 +52,7 @@ Problem Unauthenticated(const std::string& detail);
 Problem Forbidden(const std::string& detail);
 Problem NotFound(const std::string& detail);
 Problem BadRequest(const std::string& detail);
-// 422: the request is well-formed but names something that cannot be used.
-Problem Unprocessable(const std::string& kind, const std::string& title, const std::string& detail);
+// The 500 answered for anything internal: its details stay in the logs.
+Problem InternalProblem();
 
 }  // namespace waystone
