@@ -109,7 +109,6 @@ class ApiServer::Impl {
     return false;
   }
 
-
   void Handle(const ServerRequest& req, ServerResponse& res) {
     const auto& match = std::any_cast<const Screened&>(req.screened);
     const Principal& principal = match.principal;

@@ -7,7 +7,7 @@ namespace waystone {
 
 // Raw-socket ways a server loses a response after it committed the effect, for the
 // simulator's handlers: the HTTP front would always answer, so the handler takes
-// the connection (ServerRequest::socket_fd) away from it first.
+// the connection (ServerRequest::socket_fd) away from it first. Linux (dup3).
 
 enum class LostResponse : uint8_t {
   kCloseBeforeBytes = 1,  // FIN without a single response byte
