@@ -28,7 +28,7 @@ bash scripts/check-user-build.sh
 
 echo "== clang -Wthread-safety: the libraries' locking, checked by the compiler (base/mutex.h)"
 cmake --preset thread-safety >/dev/null
-cmake --build build-tsa -j "$jobs" --target ws_base ws_model ws_definition ws_store ws_connectors \
+cmake --build build-tsa -j "$jobs" --target ws_base ws_model ws_http ws_definition ws_store ws_connectors \
   ws_engine ws_messaging ws_server ws_sim ws_cli
 
 echo "== release build"

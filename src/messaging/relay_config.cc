@@ -3,11 +3,9 @@
 #include <cstdlib>
 #include <set>
 
-#include <yaml-cpp/yaml.h>
-
 #include "base/redact.h"
 #include "definition/loader.h"
-#include "model/duration.h"
+#include "definition/yaml_config.h"
 
 namespace waystone {
 namespace {
@@ -20,21 +18,17 @@ bool Matches(const std::string& pattern, const std::string& type) {
   return pattern == type;
 }
 
-class ConfigReader {
+class ConfigReader : public YamlConfig {
  public:
-  explicit ConfigReader(const std::string& source) : source_(source) {}
+  using YamlConfig::YamlConfig;
 
   absl::StatusOr<RelayConfig> Read(const YAML::Node& root) {
     RelayConfig config;
     if (!root.IsMap()) return Error(root, "a relay config is a mapping with 'sinks'");
-    for (const auto& entry : root) {
-      static const std::set<std::string> kFields = {
-          "deployment", "sinks", "alert_sink", "retry", "lease", "unknown_alert_after", "batch",
-          "poll_interval"};
-      if (!kFields.contains(entry.first.Scalar())) {
-        return Error(entry.first, "unknown field '" + entry.first.Scalar() + "'");
-      }
-    }
+    static const std::set<std::string> kFields = {
+        "deployment", "sinks", "alert_sink", "retry", "lease", "unknown_alert_after", "batch",
+        "poll_interval"};
+    if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     if (root["deployment"]) config.deployment = root["deployment"].Scalar();
     if (root["alert_sink"]) config.alert_sink = root["alert_sink"].Scalar();
     if (auto s = Duration(root, "lease", config.lease); !s.ok()) return s.status();
@@ -84,19 +78,6 @@ class ConfigReader {
   }
 
  private:
-  absl::Status Error(const YAML::Node& node, const std::string& message) {
-    const int line = node.IsDefined() ? node.Mark().line + 1 : 0;
-    return absl::InvalidArgumentError(source_ + ":" + std::to_string(line) + ": " + message);
-  }
-
-  absl::StatusOr<Millis> Duration(const YAML::Node& map, const char* field, Millis fallback) {
-    const YAML::Node node = map[field];
-    if (!node) return fallback;
-    auto parsed = node.IsScalar() ? ParseDuration(node.Scalar()) : std::nullopt;
-    if (!parsed) return Error(node, std::string("'") + field + "' must be a duration such as 5s");
-    return *parsed;
-  }
-
   absl::StatusOr<std::vector<std::string>> List(const YAML::Node& node) {
     std::vector<std::string> out;
     if (!node) return out;
@@ -108,14 +89,10 @@ class ConfigReader {
   absl::StatusOr<SinkConfig> ReadSink(const YAML::Node& node) {
     SinkConfig sink;
     if (!node.IsMap()) return Error(node, "a sink is a mapping with 'name' and 'type'");
-    for (const auto& entry : node) {
-      static const std::set<std::string> kFields = {"name", "type", "events", "workflows", "url",
-                                                    "secret_env", "secret_file", "timeout",
-                                                    "stream"};
-      if (!kFields.contains(entry.first.Scalar())) {
-        return Error(entry.first, "unknown field '" + entry.first.Scalar() + "' in sink");
-      }
-    }
+    static const std::set<std::string> kFields = {"name", "type", "events", "workflows", "url",
+                                                  "secret_env", "secret_file", "timeout",
+                                                  "stream"};
+    if (auto status = CheckFields(node, kFields, "sink"); !status.ok()) return status;
     if (!node["name"]) return Error(node, "sink needs 'name'");
     sink.name = node["name"].Scalar();
     const std::string type = node["type"] ? node["type"].Scalar() : "";
@@ -172,8 +149,6 @@ class ConfigReader {
     }
     return sink;
   }
-
-  std::string source_;
 };
 
 }  // namespace
@@ -191,19 +166,12 @@ bool SinkConfig::Wants(const std::string& type, const std::string& workflow) con
 }
 
 absl::StatusOr<RelayConfig> ParseRelayConfig(const std::string& text, const std::string& source) {
-  try {
-    return ConfigReader(source).Read(YAML::Load(text));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(source + ":" + std::to_string(e.mark.line + 1) +
-                                      ": malformed YAML: " + e.msg);
-  }
+  return ParseYamlConfig(text, source,
+                         [&](const YAML::Node& root) { return ConfigReader(source).Read(root); });
 }
 
 absl::StatusOr<RelayConfig> LoadRelayConfig(const std::string& path) {
-  std::string text;
-  auto status = ReadFileText(path, 1 << 20, &text);
-  if (!status.ok()) return status;
-  return ParseRelayConfig(text, path);
+  return LoadYamlConfig(path, ParseRelayConfig);
 }
 
 }  // namespace waystone

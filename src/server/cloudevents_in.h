@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/http_front.h"
+#include "http/http_front.h"
 
 namespace waystone {
 

@@ -15,4 +15,7 @@ class CallMetrics;
 // and the external calls counted in `calls` (null: this process made none).
 absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now, const CallMetrics* calls);
 
+// The Content-Type of what RenderMetrics renders.
+inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
 }  // namespace waystone

@@ -1,6 +1,6 @@
 #include "server/metrics_server.h"
 
-#include "server/http_front.h"
+#include "http/http_front.h"
 #include "server/metrics.h"
 
 namespace waystone {
@@ -47,7 +47,7 @@ class MetricsServer::Impl {
       res.status = 503;
       return res.SetContent("metrics unavailable\n", "text/plain");
     }
-    res.SetContent(*text, "text/plain; version=0.0.4; charset=utf-8");
+    res.SetContent(*text, kMetricsContentType);
   }
 
   Store* store_;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "server/auth.h"
-#include "server/http_front.h"
+#include "http/http_front.h"
 
 namespace waystone {
 

@@ -1,21 +1,18 @@
 #include "server/server_config.h"
 
-#include <filesystem>
 #include <set>
 #include <tuple>
 
-#include <yaml-cpp/yaml.h>
-
-#include "definition/loader.h"
+#include "definition/yaml_config.h"
 #include "model/duration.h"
 #include "model/keys.h"
 
 namespace waystone {
 namespace {
 
-class ConfigReader {
+class ConfigReader : public YamlConfig {
  public:
-  explicit ConfigReader(std::string source) : source_(std::move(source)) {}
+  using YamlConfig::YamlConfig;
 
   absl::StatusOr<ServerConfig> Read(const YAML::Node& root) {
     ServerConfig config;
@@ -24,11 +21,7 @@ class ConfigReader {
         "database", "listen", "workers", "definitions", "relay_config", "secrets_file", "lease",
         "step_key_retention",
         "api", "events", "tenants", "metrics_listen"};
-    for (const auto& entry : root) {
-      if (!kFields.contains(entry.first.Scalar())) {
-        return Error(entry.first, "unknown field '" + entry.first.Scalar() + "'");
-      }
-    }
+    if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     config.database = Text(root, "database");
     config.listen = Text(root, "listen");
     config.definitions = Path(Text(root, "definitions"));
@@ -57,11 +50,7 @@ class ConfigReader {
       static const std::set<std::string> kApiFields = {"max_body_bytes", "read_timeout",
                                                        "idempotency_retention", "max_connections",
                                                        "handler_threads"};
-      for (const auto& entry : api) {
-        if (!kApiFields.contains(entry.first.Scalar())) {
-          return Error(entry.first, "unknown field '" + entry.first.Scalar() + "' in api");
-        }
-      }
+      if (auto status = CheckFields(api, kApiFields, "api"); !status.ok()) return status;
       if (const YAML::Node bytes = api["max_body_bytes"]) {
         long long value = 0;
         if (!YAML::convert<long long>::decode(bytes, value) || value < 1024 ||
@@ -127,11 +116,10 @@ class ConfigReader {
                          "'_' or '-')");
     }
     if (!node.IsMap()) return Error(node, "tenant '" + tenant + "' is a mapping with 'workflows'");
-    for (const auto& entry : node) {
-      const std::string field = entry.first.Scalar();
-      if (field != "workflows" && field != "secrets_file" && field != "env") {
-        return Error(entry.first, "unknown field '" + field + "' in tenant '" + tenant + "'");
-      }
+    if (auto status = CheckFields(node, {"workflows", "secrets_file", "env"},
+                                  "tenant '" + tenant + "'");
+        !status.ok()) {
+      return status;
     }
     TenantPolicy policy;
     const YAML::Node workflows = node["workflows"];
@@ -158,11 +146,9 @@ class ConfigReader {
     EventRoute route;
     route.line = node.Mark().line + 1;
     if (!node.IsMap()) return Error(node, "an event route is a mapping with 'type'");
-    for (const auto& entry : node) {
-      const std::string field = entry.first.Scalar();
-      if (field != "type" && field != "start" && field != "signal") {
-        return Error(entry.first, "unknown field '" + field + "' in event route");
-      }
+    if (auto status = CheckFields(node, {"type", "start", "signal"}, "event route");
+        !status.ok()) {
+      return status;
     }
     route.type = Text(node, "type");
     if (route.type.empty()) return Error(node, "event route needs 'type'");
@@ -182,41 +168,17 @@ class ConfigReader {
     }
     return route;
   }
-
-  std::string Text(const YAML::Node& map, const char* field) {
-    const YAML::Node node = map[field];
-    return node && node.IsScalar() ? node.Scalar() : "";
-  }
-
-  std::string Path(const std::string& path) {
-    if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
-    return (std::filesystem::path(source_).parent_path() / path).lexically_normal().string();
-  }
-
-  absl::Status Error(const YAML::Node& node, const std::string& message) {
-    const int line = node.IsDefined() ? node.Mark().line + 1 : 0;
-    return absl::InvalidArgumentError(source_ + ":" + std::to_string(line) + ": " + message);
-  }
-
-  std::string source_;
 };
 
 }  // namespace
 
 absl::StatusOr<ServerConfig> ParseServerConfig(const std::string& text, const std::string& source) {
-  try {
-    return ConfigReader(source).Read(YAML::Load(text));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(source + ":" + std::to_string(e.mark.line + 1) +
-                                      ": malformed YAML: " + e.msg);
-  }
+  return ParseYamlConfig(text, source,
+                         [&](const YAML::Node& root) { return ConfigReader(source).Read(root); });
 }
 
 absl::StatusOr<ServerConfig> LoadServerConfig(const std::string& path) {
-  std::string text;
-  auto status = ReadFileText(path, 1 << 20, &text);
-  if (!status.ok()) return status;
-  return ParseServerConfig(text, path);
+  return LoadYamlConfig(path, ParseServerConfig);
 }
 
 }  // namespace waystone

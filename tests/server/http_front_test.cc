@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "server/api_server.h"
 #include "server/auth.h"
+#include "http/http_front.h"
 #include "store/store.h"
 #include "support/temp_dir.h"
 
@@ -258,6 +259,38 @@ TEST_F(HttpFrontTest, AServedConnectionKeepsAliveContinuesAndAnswersHead) {
   expecting.Send(body);
   EXPECT_NE(expecting.ReadUntil("\"created\":true").find("HTTP/1.1 201"), std::string::npos);
   EXPECT_EQ(Instances(), 1u);
+}
+
+// What the front tells a handler about its connection (the simulator's lost
+// responses need both): how many requests came on it before, and its socket.
+TEST(HttpFrontConnectionTest, AHandlerKnowsItsConnection) {
+  HttpFrontOptions options;
+  options.listen = "127.0.0.1:0";
+  auto front = HttpFront::Start(
+      options, [](ServerRequest&, ServerResponse&) { return false; },
+      [](const ServerRequest& req, ServerResponse& res) {
+        sockaddr_in peer{};
+        socklen_t length = sizeof(peer);
+        const bool socket = req.socket_fd >= 0 &&
+                            ::getpeername(req.socket_fd, reinterpret_cast<sockaddr*>(&peer),
+                                          &length) == 0;
+        res.SetContent("earlier=" + std::to_string(req.earlier_requests) +
+                           " peer=" + (socket ? std::to_string(ntohs(peer.sin_port)) : "-") + ";",
+                       "text/plain");
+      });
+  ASSERT_TRUE(front.ok()) << front.status();
+  Socket client((*front)->port());
+  ASSERT_TRUE(client.connected());
+  const std::string get = "GET /x HTTP/1.1\r\nHost: x\r\n\r\n";
+  client.Send(get + get + get);
+  const std::string got = client.ReadUntil(";", 3);
+  EXPECT_NE(got.find("earlier=0 peer="), std::string::npos) << got;
+  EXPECT_NE(got.find("earlier=1 peer="), std::string::npos) << got;
+  EXPECT_NE(got.find("earlier=2 peer="), std::string::npos) << got;
+  EXPECT_EQ(got.find("peer=-"), std::string::npos) << "no socket handed over: " << got;
+  Socket fresh((*front)->port());
+  fresh.Send(get);
+  EXPECT_NE(fresh.ReadUntil(";").find("earlier=0 "), std::string::npos);
 }
 
 TEST_F(HttpFrontTest, ConnectionsBeyondTheLimitGetAWhole503) {

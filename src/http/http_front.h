@@ -1,7 +1,10 @@
 #pragma once
 
-// The HTTP/1.1 server Waystone faces other systems with. Lean on purpose: the
-// server library (Boost.Beast) stays inside http_front.cc.
+// The HTTP/1.1 server Waystone faces other systems with, and the one listener
+// of every server it runs (the API, the metrics listener, the simulator). Lean on
+// purpose: the server library (Boost.Beast) stays inside http_front.cc (the
+// connections) and http_message.cc (reading a request, its limits, the bytes of
+// an answer).
 
 #include <any>
 #include <cstddef>
@@ -28,6 +31,12 @@ struct ServerRequest {
   HeaderList headers;  // names lower-cased, in the order sent
   std::string body;    // empty until the body is read
   std::any screened;   // what the screen found out (e.g. who is asking), for the handler
+  // How many requests this connection carried before this one (0 on a fresh one).
+  size_t earlier_requests = 0;
+  // The connection's socket, for a handler that must end the connection itself
+  // (the simulator's lost responses, sim/lost_response.h): the front then writes
+  // its answer to whatever the descriptor has become. -1 in ServeBytes.
+  int socket_fd = -1;
 
   // The first header of that (lower-case) name, or nullptr.
   const std::string* Header(std::string_view name) const;

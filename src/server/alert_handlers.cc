@@ -1,0 +1,69 @@
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "engine/operations.h"
+#include "server/api_handlers.h"
+#include "server/request_bodies.h"
+#include "server/request_helpers.h"
+#include "server/wire_json.h"
+
+// GET /v1/alerts and POST /v1/alerts/{id}/acknowledge. Alerts are named by their
+// public ids, never by database ids.
+
+namespace waystone {
+
+using Json = nlohmann::json;
+
+void ListAlerts(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                ServerResponse& res) {
+  std::optional<AlertState> state;
+  if (req.Query("state") != nullptr) {
+    state = ParseAlertState(Param(req, "state"));
+    if (!state) {
+      return Send(res, BadRequest("state must be open, acknowledged or resolved"), req.path);
+    }
+  }
+  auto alerts = ctx.store->ListAlerts(0);
+  if (!alerts.ok()) return Send(res, ProblemFromStatus(alerts.status()), req.path);
+  auto tenant = TenantOf(principal, req);
+  std::map<int64_t, std::string> keys;
+  Json items = Json::array();
+  for (const auto& a : *alerts) {
+    if (tenant && a.tenant != *tenant) continue;
+    if (state && a.state != *state) continue;
+    auto [it, fresh] = keys.try_emplace(a.instance_id);
+    if (fresh) {
+      auto instance = ctx.store->GetInstance(a.instance_id);
+      it->second = instance.ok() ? instance->key : "";
+    }
+    items.push_back(wire::Alert(a, it->second, *ctx.ids));
+  }
+  SendJson(res, 200, {{"items", items}});
+}
+
+void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
+                      const std::string& public_id, const ServerRequest& req,
+                      ServerResponse& res) {
+  auto body = JsonBody(req, res, ParseReasonBody);
+  if (!body) return;
+  const std::optional<int64_t> decoded = ctx.ids->Decode(public_id);
+  if (!decoded) return Send(res, NotFound("no alert " + public_id), req.path);
+  const int64_t id = *decoded;
+  const std::string& reason = *body;
+  const bool dry = DryRun(req).value_or(false);
+  auto alert = ctx.engine->operations().AcknowledgeAlert(principal.tenant, id,
+                                                      principal.token_name, reason, dry);
+  if (absl::IsNotFound(alert.status())) {
+    return Send(res, NotFound("no alert " + public_id), req.path);  // not the database id
+  }
+  if (!alert.ok()) return Send(res, ProblemFromStatus(alert.status()), req.path);
+  auto instance = ctx.store->GetInstance(alert->instance_id);
+  Json out = wire::Alert(*alert, instance.ok() ? instance->key : "", *ctx.ids);
+  out["dry_run"] = dry;
+  if (dry) out["state_after"] = "acknowledged";
+  SendJson(res, 200, out);
+}
+
+}  // namespace waystone

@@ -1,0 +1,63 @@
+#pragma once
+
+// Inside the API server (its own .cc files only): what every handler shares, and
+// the handlers, one file per resource:
+//   health_handlers.cc    /healthz, /readyz, /metrics, /v1/openapi.json
+//   instance_handlers.cc  GET and POST /v1/instances, GET /v1/instances/{key}
+//   action_handlers.cc    POST /v1/instances/{key}/{action} (operator actions, dry runs)
+//   alert_handlers.cc     GET /v1/alerts, POST /v1/alerts/{id}/acknowledge
+//   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
+// Routing, tokens and roles are decided before (api_server.cc, routes.h); the
+// request helpers are request_helpers.h, Idempotency-Key is idempotency.h.
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "base/public_id.h"
+#include "server/api_server.h"
+#include "server/auth.h"
+#include "http/http_front.h"
+#include "server/routes.h"
+
+namespace waystone {
+
+class Engine;
+
+// The server's state the handlers read. Set up once before the first request;
+// read-only afterwards (the store and the engine are thread-safe).
+struct ApiContext {
+  ApiServerOptions options;
+  Store* store = nullptr;
+  const Clock* clock = nullptr;
+  Engine* engine = nullptr;  // null: a read-only server (write routes are screened out)
+  std::string owner;         // names this server on its Idempotency-Key claims
+  std::map<std::string, EventRoute> event_routes;  // by event type
+  std::optional<PublicIds> ids;                    // alert ids as the API shows them
+};
+
+// The routes that need no token: health, readiness, the OpenAPI document; and
+// /metrics (admin).
+void HandleHealth(const ApiContext& ctx, RouteId route, const ServerRequest& req,
+                  ServerResponse& res);
+
+void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res);
+void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::string& key,
+                  const ServerRequest& req, ServerResponse& res);
+void StartInstance(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res);
+
+void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::string& key,
+                 const std::string& action_name, const ServerRequest& req, ServerResponse& res);
+
+void ListAlerts(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                ServerResponse& res);
+void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
+                      const std::string& public_id, const ServerRequest& req,
+                      ServerResponse& res);
+
+void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res);
+
+}  // namespace waystone

@@ -1,0 +1,35 @@
+#include "engine/call_metrics.h"
+#include "engine/engine.h"
+#include "server/api_handlers.h"
+#include "server/metrics.h"
+#include "http/problem.h"
+#include "server/request_helpers.h"
+
+// The routes for load balancers, scrapers and clients' tooling: /healthz (also
+// answered by the front on its I/O thread), /readyz (the store answers), /metrics
+// (Prometheus text, admin) and the OpenAPI document.
+
+namespace waystone {
+
+void HandleHealth(const ApiContext& ctx, RouteId route, const ServerRequest& req,
+                  ServerResponse& res) {
+  switch (route) {
+    case RouteId::kReady: {
+      auto summary = ctx.store->Summary();
+      if (!summary.ok()) return Send(res, ProblemFromStatus(summary.status()), req.path);
+      return res.SetContent("ready\n", "text/plain");
+    }
+    case RouteId::kMetrics: {
+      auto text = RenderMetrics(*ctx.store, ctx.clock->NowMillis(),
+                                ctx.engine != nullptr ? &ctx.engine->call_metrics() : nullptr);
+      if (!text.ok()) return Send(res, ProblemFromStatus(text.status()), req.path);
+      return res.SetContent(*text, kMetricsContentType);
+    }
+    case RouteId::kOpenApi:
+      return res.SetContent(std::string(OpenApiDocument()), "application/json");
+    default:
+      return res.SetContent("ok\n", "text/plain");
+  }
+}
+
+}  // namespace waystone

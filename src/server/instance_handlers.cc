@@ -1,0 +1,165 @@
+#include <nlohmann/json.hpp>
+
+#include "base/crash_point.h"
+#include "base/hex.h"
+#include "base/time_format.h"
+#include "engine/catalog.h"
+#include "engine/engine.h"
+#include "server/api_handlers.h"
+#include "server/request_bodies.h"
+#include "server/request_helpers.h"
+#include "server/wire.h"
+#include "server/wire_json.h"
+
+// GET /v1/instances (a page, filtered), GET /v1/instances/{key} (one in full) and
+// POST /v1/instances (start one).
+
+namespace waystone {
+
+using Json = nlohmann::json;
+
+void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res) {
+  InstanceFilter filter;
+  filter.tenant = TenantOf(principal, req);
+  auto param = [&](const char* name) { return Param(req, name); };
+  auto has = [&](const char* name) { return req.Query(name) != nullptr; };
+  if (has("workflow")) filter.workflow = param("workflow");
+  if (has("state")) {
+    auto state = ParseInstanceState(param("state"));
+    if (!state) {
+      return Send(res, BadRequest("state '" + param("state") + "' is not an instance state"),
+                  req.path);
+    }
+    filter.state = *state;
+  }
+  if (has("error_class")) {
+    auto error_class = ParseErrorClass(param("error_class"));
+    if (!error_class || *error_class == ErrorClass::kNone) {
+      return Send(res, BadRequest("error_class must be transient, rejected or unknown"),
+                  req.path);
+    }
+    filter.error_class = *error_class;
+  }
+  if (has("alert")) {
+    if (param("alert") == "any") {
+      filter.with_alert = true;
+    } else if (auto kind = ParseAlertKind(param("alert"))) {
+      filter.alert_kind = *kind;
+    } else {
+      return Send(res, BadRequest("alert must be 'any' or an alert kind such as "
+                                  "needs_operator"),
+                  req.path);
+    }
+  }
+  for (const auto& [name, field] : {std::pair{"created_after", &filter.created_from},
+                                    std::pair{"created_before", &filter.created_to}}) {
+    if (!has(name)) continue;
+    auto at = ParseRfc3339(param(name));
+    if (!at) {
+      return Send(res, BadRequest(std::string(name) + " must be an RFC 3339 time such as "
+                                                     "2026-11-29T08:00:00Z"),
+                  req.path);
+    }
+    *field = *at;
+  }
+  if (has("limit")) {
+    const std::string text = param("limit");
+    const int limit = std::atoi(text.c_str());
+    if (limit < 1 || limit > 1000 || std::to_string(limit) != text) {
+      return Send(res, BadRequest("limit must be a whole number from 1 to 1000"), req.path);
+    }
+    filter.limit = limit;
+  }
+  if (has("cursor")) {
+    // Opaque: it names the last instance of the page (tenant and key), never a
+    // number that counts other tenants' instances.
+    auto named = FromHex(param("cursor"));
+    const size_t cut = named ? named->find('\n') : std::string::npos;
+    if (cut == std::string::npos) {
+      return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+    }
+    const std::string tenant = named->substr(0, cut);
+    if (!principal.Sees(tenant)) {
+      return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+    }
+    auto last = ctx.store->FindInstance(tenant, named->substr(cut + 1));
+    if (absl::IsNotFound(last.status())) {
+      return Send(res, BadRequest("the cursor's page is gone (collected); list from the start"),
+                  req.path);
+    }
+    if (!last.ok()) return Send(res, ProblemFromStatus(last.status()), req.path);
+    filter.after_id = last->id;
+  }
+  const int page = filter.limit;
+  filter.limit = page + 1;  // one more tells whether there is a next page
+  auto instances = ctx.store->ListInstances(filter);
+  if (!instances.ok()) return Send(res, ProblemFromStatus(instances.status()), req.path);
+  Json items = Json::array();
+  Json next = nullptr;
+  for (size_t i = 0; i < instances->size(); ++i) {
+    if (static_cast<int>(i) == page) {
+      const InstanceRecord& last = (*instances)[i - 1];
+      next = HexOf(last.tenant + "\n" + last.key);
+      break;
+    }
+    items.push_back(wire::InstanceSummary((*instances)[i]));
+  }
+  SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
+}
+
+void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::string& key,
+                  const ServerRequest& req, ServerResponse& res) {
+  auto tenant = TenantOf(principal, req);
+  if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
+  auto instance = ctx.store->FindInstance(*tenant, key);
+  // Another tenant's instance and a missing one look the same.
+  if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
+  auto view = InstanceViewJson(*ctx.store, *instance, *ctx.ids);
+  if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
+  res.SetContent(*view, "application/json");  // redacted by InstanceViewJson
+}
+
+void StartInstance(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res) {
+  auto body = JsonBody(req, res, ParseStartBody);
+  if (!body) return;
+  const std::string& workflow = body->workflow;
+  auto tenant = WriteTenant(principal, body->tenant, req, res);
+  if (!tenant) return;
+  auto definition = ctx.engine->catalog().Current(workflow);
+  if (definition == nullptr) {
+    return Send(res, MakeProblem(ProblemKind::kUnknownWorkflow,
+                                 "no workflow '" + workflow + "' is registered on this server"),
+                req.path);
+  }
+  CrashPoint("api-start", workflow);
+  StartRequest start;
+  start.tenant = *tenant;
+  start.input_json = body->input_json;
+  auto started = ctx.engine->StartInstance(*definition, start);
+  if (!started.ok()) {
+    if (absl::IsPermissionDenied(started.status())) {
+      return Send(res, Forbidden(std::string(started.status().message())), req.path);
+    }
+    if (absl::IsFailedPrecondition(started.status())) {
+      return Send(res, MakeProblem(ProblemKind::kBusinessKeyConflict,
+                                   std::string(started.status().message())),
+                  req.path);
+    }
+    return Send(res, ProblemFromStatus(started.status()), req.path);
+  }
+  CrashPoint("api-started", workflow);
+  const bool created = started->outcome == StartOutcome::kCreated;
+  res.SetHeader("Location", "/v1/instances/" + started->instance.key);
+  Json out = wire::InstanceSummary(started->instance);
+  out["created"] = created;
+  if (started->tombstone) {
+    // Removed by gc: answered as existing, from what gc kept; nothing is started.
+    out["collected"] = true;
+    out["tombstone"] = wire::Tombstone(*started->tombstone);
+  }
+  SendJson(res, created ? 201 : 200, out);
+}
+
+}  // namespace waystone

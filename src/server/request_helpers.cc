@@ -1,0 +1,59 @@
+#include "server/request_helpers.h"
+
+#include "model/json_text.h"
+#include "server/routes.h"
+
+namespace waystone {
+
+void Send(ServerResponse& res, const Problem& problem, const std::string& path,
+          const nlohmann::json& extra) {
+  res.status = problem.status;
+  nlohmann::json body = nlohmann::json::parse(problem.ToJson(path));
+  for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+  if (problem.status == 503) res.SetHeader("Retry-After", "1");
+  RedactStrings(body);
+  res.SetContent(JsonText(body), "application/problem+json");
+}
+
+void SendJson(ServerResponse& res, int status, nlohmann::json body) {
+  res.status = status;
+  RedactStrings(body);
+  res.SetContent(JsonText(body), "application/json");
+}
+
+const char* RoleName(Role role) {
+  return role == Role::kAdmin ? "admin" : role == Role::kOperator ? "operator" : "viewer";
+}
+
+std::optional<std::string> TenantOf(const Principal& p, const ServerRequest& req) {
+  const std::string asked = Param(req, "tenant");
+  if (p.tenant == "*") return asked.empty() ? std::nullopt : std::optional<std::string>(asked);
+  return p.tenant;
+}
+
+std::optional<std::string> WriteTenant(const Principal& p, const std::string& asked,
+                                       const ServerRequest& req, ServerResponse& res) {
+  if (p.tenant == "*") {
+    if (asked.empty()) {
+      Send(res, BadRequest("an all-tenants token must name the tenant"), req.path);
+      return std::nullopt;
+    }
+    return asked;
+  }
+  if (!asked.empty() && asked != p.tenant) {
+    Send(res, Forbidden("the token is for tenant '" + p.tenant + "'"), req.path);
+    return std::nullopt;
+  }
+  return p.tenant;
+}
+
+bool CheckJsonMediaType(const ServerRequest& req, ServerResponse& res) {
+  const std::string* type = req.Header("content-type");
+  if (!req.body.empty() && type != nullptr && !type->starts_with("application/json")) {
+    Send(res, MakeProblem(ProblemKind::kUnsupportedMediaType, "send application/json"), req.path);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace waystone

@@ -1,0 +1,55 @@
+#pragma once
+
+// Inside the API server: how a handler answers (every problem from problem.h's
+// table, every answer redacted) and reads what every route reads alike: the
+// tenant, a JSON body. Included by the server's own .cc files only.
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/auth.h"
+#include "http/http_front.h"
+#include "http/problem.h"
+
+namespace waystone {
+
+// Answers `problem` as application/problem+json for `path`, with the members of
+// `extra` added (a batch's results); a 503 says Retry-After. Redacted.
+void Send(ServerResponse& res, const Problem& problem, const std::string& path,
+          const nlohmann::json& extra = nlohmann::json::object());
+
+// Answers `body` as application/json. Every answer passes RedactSecrets:
+// previews render templates now, and a secret must not leave in one.
+void SendJson(ServerResponse& res, int status, nlohmann::json body);
+
+// The name of a role as the API spells it.
+const char* RoleName(Role role);
+
+// The tenant a request reads: the token's, or ?tenant= for an all-tenants token
+// (nullopt: all of them).
+std::optional<std::string> TenantOf(const Principal& p, const ServerRequest& req);
+
+// The one tenant a write acts in: the token's, or `asked` for an all-tenants
+// token; answers 400 or 403 itself (nullopt) when there is none.
+std::optional<std::string> WriteTenant(const Principal& p, const std::string& asked,
+                                       const ServerRequest& req, ServerResponse& res);
+
+// False, having answered 415, unless the body is empty or sent as application/json.
+bool CheckJsonMediaType(const ServerRequest& req, ServerResponse& res);
+
+// Parses a JSON body with `parse` (request_bodies.h), answering 415 or 400 itself.
+template <typename Parse>
+auto JsonBody(const ServerRequest& req, ServerResponse& res, Parse parse)
+    -> std::optional<typename decltype(parse(req.body))::value_type> {
+  if (!CheckJsonMediaType(req, res)) return std::nullopt;
+  auto parsed = parse(req.body);
+  if (!parsed.ok()) {
+    Send(res, BadRequest(std::string(parsed.status().message())), req.path);
+    return std::nullopt;
+  }
+  return std::move(*parsed);
+}
+
+}  // namespace waystone
