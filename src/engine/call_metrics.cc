@@ -1,9 +1,10 @@
 #include "engine/call_metrics.h"
+#include "base/mutex.h"
 
 namespace waystone {
 
 void CallMetrics::RecordLatency(CallPhase phase, double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   CallLatency& latency = phases_[static_cast<size_t>(phase)];
   for (size_t i = 0; i < kCallLatencyBuckets.size(); ++i) {
     if (seconds <= kCallLatencyBuckets[i]) ++latency.buckets[i];
@@ -13,17 +14,17 @@ void CallMetrics::RecordLatency(CallPhase phase, double seconds) {
 }
 
 void CallMetrics::RecordOutcome(CallPhase phase, ErrorClass error_class) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++outcomes_[static_cast<size_t>(phase)][static_cast<size_t>(error_class) % 4];
 }
 
 uint64_t CallMetrics::OutcomeCount(CallPhase phase, ErrorClass error_class) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return outcomes_[static_cast<size_t>(phase)][static_cast<size_t>(error_class) % 4];
 }
 
 CallLatency CallMetrics::LatencySnapshot(CallPhase phase) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return phases_[static_cast<size_t>(phase)];
 }
 

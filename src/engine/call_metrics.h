@@ -2,9 +2,9 @@
 
 #include <array>
 #include <cstdint>
-#include <mutex>
 #include <string_view>
 
+#include "base/mutex.h"
 #include "model/states.h"
 
 namespace waystone {
@@ -38,9 +38,9 @@ class CallMetrics {
   CallLatency LatencySnapshot(CallPhase phase) const;
 
  private:
-  mutable std::mutex mu_;
-  std::array<CallLatency, kCallPhaseNames.size()> phases_;                 // guarded by mu_
-  std::array<std::array<uint64_t, 4>, kCallPhaseNames.size()> outcomes_{};  // guarded by mu_
+  mutable Mutex mu_;
+  std::array<CallLatency, kCallPhaseNames.size()> phases_ ABSL_GUARDED_BY(mu_);
+  std::array<std::array<uint64_t, 4>, kCallPhaseNames.size()> outcomes_ ABSL_GUARDED_BY(mu_){};
 };
 
 }  // namespace waystone

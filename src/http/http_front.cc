@@ -3,7 +3,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -15,6 +14,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "base/mutex.h"
 #include "base/log.h"
 #include "http/http_message.h"
 
@@ -48,8 +48,9 @@ class HttpFront::Impl {
       acceptor_.close(ignored);
     });
     {
-      std::unique_lock<std::mutex> lock(busy_mu_);
-      idle_.wait_for(lock, std::chrono::seconds(3), [this] { return busy_ == 0; });
+      MutexLock lock(busy_mu_);
+      idle_.wait_for(lock.native(), std::chrono::seconds(3),
+                     [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(busy_mu_) { return busy_ == 0; });
     }
     ioc_.stop();
     for (std::thread& t : threads_) t.join();
@@ -108,7 +109,7 @@ class HttpFront::Impl {
   std::atomic<int>& connections() { return connections_; }
   // Counts requests read and not yet answered (+1 / -1); the destructor waits for none.
   void AddBusy(int delta) {
-    std::lock_guard<std::mutex> lock(busy_mu_);
+    MutexLock lock(busy_mu_);
     busy_ += delta;
     if (busy_ == 0) idle_.notify_all();
   }
@@ -123,9 +124,9 @@ class HttpFront::Impl {
   ScreenFn screen_;
   HandleFn handle_;
   std::atomic<int> connections_{0};
-  std::mutex busy_mu_;
+  Mutex busy_mu_;
   std::condition_variable idle_;  // busy_ reached 0
-  int busy_ = 0;                  // guarded by busy_mu_
+  int busy_ ABSL_GUARDED_BY(busy_mu_) = 0;
   std::atomic<bool> stopping_{false};
   int port_ = -1;
   // Destroyed in reverse: the pool's queued work and the io_context's own hold

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <random>
 #include <regex>
 #include <set>
@@ -11,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/mutex.h"
 #include "http/http_front.h"
 #include "sim/faults.h"
 #include "sim/lost_response.h"
@@ -52,13 +52,13 @@ class Simulator::Impl {
   absl::Status SetFaults(const std::string& text) {
     auto faults = ParseFaults(text, kRoutes);
     if (!faults.ok()) return faults.status();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     faults_ = std::move(*faults);
     return absl::OkStatus();
   }
 
   std::string StatsJson() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Json stats;
     int64_t open = 0, cancelled = 0;
     for (const auto& [id, order] : orders_) {
@@ -111,7 +111,8 @@ class Simulator::Impl {
 
   // Counts the request and draws its fault; a reused-connection-only fault waits
   // for a request on a reused connection. Caller holds mu_.
-  Drawn DrawLocked(const std::string& route, const ServerRequest& req) {
+  Drawn DrawLocked(const std::string& route, const ServerRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Drawn d;
     d.fd = req.socket_fd;
     requests_[route] = requests_.value(route, 0) + 1;
@@ -198,7 +199,7 @@ class Simulator::Impl {
 
   // Replays the stored answer for an idempotency key. Caller holds mu_.
   bool Replay(std::map<std::string, Json>& seen, const std::string& key, const Drawn& d,
-              ServerResponse& res) {
+              ServerResponse& res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (key.empty()) return false;
     auto it = seen.find(key);
     if (it == seen.end()) return false;
@@ -215,7 +216,7 @@ class Simulator::Impl {
     Drawn d;
     Json made;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       d = DrawLocked(route, req);
       if (RefuseBeforeCommit(d, res)) return;
       if (Replay(by_key, key, d, res)) return;
@@ -256,7 +257,7 @@ class Simulator::Impl {
   void GetCustomer(const ServerRequest& req, ServerResponse& res, const std::string& id) {
     Drawn d;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       d = DrawLocked("crm.get_customer", req);
     }
     if (RefuseBeforeCommit(d, res)) return;
@@ -275,7 +276,7 @@ class Simulator::Impl {
     if (!ok) return;
     Drawn d;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       d = DrawLocked("crm.writeback", req);
       if (RefuseBeforeCommit(d, res)) return;
       writebacks_[link] = body;
@@ -295,7 +296,7 @@ class Simulator::Impl {
     Drawn d;
     Json order;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       d = DrawLocked("erp.create_order", req);
       if (RefuseBeforeCommit(d, res)) return;
       // This ERP does not deduplicate: a second POST creates a second order.
@@ -312,7 +313,7 @@ class Simulator::Impl {
     Drawn d;
     Json items = Json::array();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       d = DrawLocked("erp.find_orders", req);
       if (RefuseBeforeCommit(d, res)) return;
       const std::string* ref = req.Query("ref");
@@ -328,7 +329,7 @@ class Simulator::Impl {
     Drawn d;
     Json order;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       d = DrawLocked("erp.cancel_order", req);
       if (RefuseBeforeCommit(d, res)) return;
       ++cancel_requests_;
@@ -385,11 +386,11 @@ class Simulator::Impl {
   SimulatorOptions options_;
   int port_ = -1;
 
-  std::mutex mu_;
-  std::mt19937_64 random_;                                   // guarded by mu_
-  std::map<std::string, Fault> faults_;                      // guarded by mu_
-  Json requests_ = Json::object();                           // guarded by mu_
-  Json faults_injected_ = Json::object();                    // guarded by mu_
+  Mutex mu_;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Fault> faults_ ABSL_GUARDED_BY(mu_);
+  Json requests_ ABSL_GUARDED_BY(mu_) = Json::object();
+  Json faults_injected_ ABSL_GUARDED_BY(mu_) = Json::object();
   int64_t order_seq_ = 0, shipment_seq_ = 0, line_seq_ = 0, email_seq_ = 0;
   std::map<std::string, Json> orders_;                       // by order id
   std::map<std::string, std::vector<std::string>> orders_by_ref_;
