@@ -16,7 +16,7 @@ namespace waystone {
 // the store kept. Thread-safe.
 class DefinitionCatalog {
  public:
-  explicit DefinitionCatalog(Store* store) : store_(store) {}
+  explicit DefinitionCatalog(DefinitionStore* store) : store_(store) {}
   DefinitionCatalog(const DefinitionCatalog&) = delete;
   DefinitionCatalog& operator=(const DefinitionCatalog&) = delete;
 
@@ -32,7 +32,7 @@ class DefinitionCatalog {
   std::shared_ptr<const WorkflowDefinition> Current(const std::string& workflow);
 
  private:
-  Store* store_;
+  DefinitionStore* store_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<const WorkflowDefinition>> by_hash_;  // guarded by mu_
   std::map<std::string, std::shared_ptr<const WorkflowDefinition>> current_;  // guarded by mu_
