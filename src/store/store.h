@@ -17,14 +17,6 @@ namespace waystone {
 // and postgres/ implement all of them with the same semantics, which
 // tests/conformance/store pins.
 
-// Decides a claim of `request` against the record stored under its key, if any:
-// kNew when there is none, it expired, or it is in flight since before
-// `stale_before` or by `dead_owner`; else what the stored record says. Pure: each
-// store applies it inside its transaction and writes the claim when kNew.
-ApiRequestClaim DecideApiRequest(const std::optional<ApiRequestRecord>& stored,
-                                 const ApiRequestRecord& request, Millis stale_before,
-                                 const std::string& dead_owner);
-
 // The definitions of workflows, each kept under the hash of its exact text, so a
 // started instance resumes with the definition it started with.
 // One slice of Store (below); thread-safe like it.

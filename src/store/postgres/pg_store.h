@@ -16,7 +16,10 @@ class PgConnection;
 // FOR UPDATE SKIP LOCKED; every commit checks the lease epoch. Holds a small pool
 // of connections; a broken connection is dropped and replaced on next use, and
 // the operation that saw it fails with Unavailable so the caller retries.
-// Thread-safe.
+// Thread-safe. Its methods live in files named by concern (pg_instances,
+// pg_leases, pg_commit, pg_relay, pg_alerts, pg_access, pg_maintenance; the same
+// names as in sqlite/), which hold only SQL: the rules they follow are the
+// dialect-neutral ones in store/.
 class PostgresStore final : public Store {
  public:
   // Connects (`conninfo` is a libpq URI), applies pending migrations under an
@@ -102,14 +105,12 @@ class PostgresStore final : public Store {
   absl::StatusOr<Lent> Acquire();
   void Release(std::unique_ptr<PgConnection> connection);
 
-  // Runs `body` on one connection inside BEGIN ... COMMIT (rolled back on error).
+  // Runs `body` on one connection inside BEGIN ... COMMIT (rolled back on error);
+  // defined in pg_rows.h.
   template <typename Body>
   absl::Status InTransaction(Body&& body);
 
   absl::Status Migrate();
-  absl::Status ApplyChange(PgConnection& c, const Change& change);
-  // One transaction of StartInstance; Aborted when a concurrent gc buried the key.
-  absl::Status StartOnce(const NewInstance& in, StartResult* result);
 
   std::string conninfo_;
   int max_connections_;

@@ -1,0 +1,202 @@
+// PostgresStore: outbox cursors and deliveries under leases (RelayStore).
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "store/postgres/pg_rows.h"
+#include "store/sql_values.h"
+
+namespace waystone {
+namespace {
+
+// `names` as a PostgreSQL text[] literal.
+std::string TextArray(const std::vector<std::string>& names) {
+  std::string array = "{";
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) array += ",";
+    array += "\"";
+    for (char ch : names[i]) {
+      if (ch == '"' || ch == '\\') array += '\\';
+      array += ch;
+    }
+    array += "\"";
+  }
+  return array + "}";
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> PostgresStore::OutboxCursor(const std::string& sink) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT last_seq FROM relay_cursors WHERE sink = $1",
+                                           Params(sink)));
+  return r.rows() == 0 ? 0 : r.Int(0, 0);
+}
+
+absl::StatusOr<std::vector<EventRecord>> PostgresStore::ReadOutbox(int64_t after_seq, int limit) {
+  // Rows are taken in (txid, seq) order and only from transactions older than every
+  // one still running: a transaction that commits later can only add rows after them.
+  static const std::string kRead = absl::StrCat(
+      "SELECT ", kEventColumns,
+      " FROM outbox WHERE (txid, seq) > (COALESCE((SELECT txid FROM outbox WHERE seq = "
+      "$1::bigint), (SELECT MAX(last_txid) FROM relay_cursors WHERE last_seq = $1::bigint), "
+      "'0'::xid8), $1::bigint) AND txid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY txid, "
+      "seq LIMIT $2::integer");
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kRead, Params(after_seq, limit)));
+  return PgRows(r, ReadEvent<PgRow>);
+}
+
+absl::Status PostgresStore::AddDeliveries(const std::string& sink, int64_t expected_cursor,
+                                          int64_t new_cursor,
+                                          const std::vector<std::pair<int64_t, int64_t>>& wanted,
+                                          Millis now) {
+  static const std::string kInsert = absl::StrCat(
+      "INSERT INTO deliveries (outbox_seq, sink, instance_id, state, created_at) VALUES "
+      "($1::bigint, $2, $3::bigint, ", SqlValue(DeliveryState::kPending),
+      ", $4::bigint) ON CONFLICT DO NOTHING");
+  return InTransaction([&](PgConnection& c) -> absl::Status {
+    WS_ASSIGN_OR_RETURN(PgResult got, c.Query("SELECT last_seq FROM relay_cursors WHERE sink = $1 "
+                                              "FOR UPDATE",
+                                              Params(sink)));
+    const int64_t cursor = got.rows() == 0 ? 0 : got.Int(0, 0);
+    if (cursor != expected_cursor) return absl::AbortedError("outbox cursor of " + sink + " moved");
+    for (const auto& [seq, instance_id] : wanted) {
+      WS_RETURN_IF_ERROR(c.Query(kInsert, Params(seq, sink, instance_id, now)).status());
+    }
+    return c.Query("INSERT INTO relay_cursors VALUES ($1, (SELECT txid FROM outbox WHERE seq = "
+                   "$2::bigint), $2::bigint) ON CONFLICT (sink) DO UPDATE SET last_txid = "
+                   "excluded.last_txid, last_seq = excluded.last_seq",
+                   Params(sink, new_cursor))
+        .status();
+  });
+}
+
+absl::StatusOr<std::vector<DeliveryClaim>> PostgresStore::ClaimDeliveries(
+    const std::string& owner, Millis now, Millis lease_duration, int limit,
+    const std::vector<std::string>& sinks) {
+  // Only the oldest pending delivery of an instance per sink is eligible, so a
+  // later event never overtakes an earlier one that is still being retried.
+  static const std::string kClaim = absl::StrCat(
+      "UPDATE deliveries SET lease_owner = $1, lease_expires_at = $2::bigint + $3::bigint, "
+      "lease_epoch = lease_epoch + 1 WHERE id IN (SELECT d.id FROM deliveries d WHERE d.state = ",
+      SqlValue(DeliveryState::kPending),
+      " AND d.next_attempt_at <= $2::bigint AND d.lease_expires_at <= $2::bigint AND d.sink = "
+      "ANY($5::text[]) AND NOT EXISTS (SELECT 1 FROM deliveries e WHERE e.sink = d.sink AND "
+      "e.instance_id = d.instance_id AND e.state = ", SqlValue(DeliveryState::kPending),
+      " AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq LIMIT $4::integer FOR UPDATE SKIP "
+      "LOCKED) RETURNING id, lease_epoch, sink, attempts, outbox_seq");
+  static const std::string kEvent =
+      absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = $1::bigint");
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kClaim, Params(owner, now, lease_duration, limit,
+                                                          TextArray(sinks))));
+  std::vector<DeliveryClaim> claims;
+  for (int i = 0; i < r.rows(); ++i) {
+    DeliveryClaim claim;
+    claim.id = r.Int(i, 0);
+    claim.epoch = r.Int(i, 1);
+    claim.owner = owner;
+    claim.sink = r.Text(i, 2);
+    claim.attempts = static_cast<int>(r.Int(i, 3));
+    WS_ASSIGN_OR_RETURN(PgResult event, c->Query(kEvent, Params(r.Int(i, 4))));
+    std::optional<EventRecord> row = PgFirstRow(event, ReadEvent<PgRow>);
+    if (!row) {
+      return absl::DataLossError("delivery of missing outbox row " + std::to_string(r.Int(i, 4)));
+    }
+    claim.event = *row;
+    claims.push_back(std::move(claim));
+  }
+  // Deliver in outbox order: the RETURNING order is not guaranteed.
+  std::sort(claims.begin(), claims.end(),
+            [](const DeliveryClaim& a, const DeliveryClaim& b) { return a.event.seq < b.event.seq; });
+  return claims;
+}
+
+absl::Status PostgresStore::FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& u) {
+  static const std::string kFinish = absl::StrCat(
+      "UPDATE deliveries SET state = $1::smallint, attempts = $2::integer, next_attempt_at = "
+      "$3::bigint, last_error = $4, delivered_at = CASE WHEN $1::smallint = ",
+      SqlValue(DeliveryState::kDelivered),
+      " THEN $5::bigint ELSE delivered_at END, lease_owner = '', lease_expires_at = 0 WHERE id = "
+      "$6::bigint AND lease_epoch = $7::bigint AND lease_owner = $8");
+  static const std::string kMarkDelivered = absl::StrCat(
+      "UPDATE outbox SET delivered_at = $1::bigint WHERE seq = $2::bigint AND NOT EXISTS (SELECT "
+      "1 FROM deliveries WHERE outbox_seq = $2::bigint AND state <> ",
+      SqlValue(DeliveryState::kDelivered), ")");
+  return InTransaction([&](PgConnection& c) -> absl::Status {
+    WS_ASSIGN_OR_RETURN(PgResult finish,
+                        c.Query(kFinish, Params(static_cast<int64_t>(u.state), u.attempts,
+                                                u.next_attempt_at, u.error, u.now, claim.id,
+                                                claim.epoch, claim.owner)));
+    if (finish.affected() != 1) {
+      return absl::AbortedError("delivery " + std::to_string(claim.id) + " lease lost");
+    }
+    if (u.state == DeliveryState::kDelivered) {
+      WS_RETURN_IF_ERROR(c.Query(kMarkDelivered, Params(u.now, claim.event.seq)).status());
+    }
+    if (u.alert) WS_RETURN_IF_ERROR(PgInsertAlert(c, *u.alert, u.alert->instance_id, u.now).status());
+    if (u.alert_event) {
+      WS_RETURN_IF_ERROR(PgInsertEvent(c, *u.alert_event, u.alert_event->instance_id, u.now));
+    }
+    if (u.disable_sink) {
+      WS_RETURN_IF_ERROR(c.Query("INSERT INTO relay_sinks VALUES ($1, 1, $2, $3::bigint) ON "
+                                 "CONFLICT (sink) DO UPDATE SET disabled = 1, reason = "
+                                 "excluded.reason, updated_at = excluded.updated_at",
+                                 Params(claim.sink, u.error, u.now))
+                             .status());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> PostgresStore::DeliveryLeaseOwners(Millis now) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return PgLeaseOwners(*c, "deliveries", now);
+}
+
+absl::Status PostgresStore::ExpireDeliveryLeases(const std::string& owner) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return PgExpireLeases(*c, "deliveries", owner);
+}
+
+absl::StatusOr<std::vector<std::string>> PostgresStore::DisabledSinks() {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT sink FROM relay_sinks WHERE disabled = 1"));
+  return PgRows(r, ReadText0<PgRow>);
+}
+
+absl::Status PostgresStore::EnableSink(const std::string& sink, Millis now) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return c->Query("UPDATE relay_sinks SET disabled = 0, reason = 'enabled', updated_at = "
+                  "$1::bigint WHERE sink = $2",
+                  Params(now, sink))
+      .status();
+}
+
+absl::StatusOr<std::vector<DeliveryRecord>> PostgresStore::ListDeliveries(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(absl::StrCat("SELECT ", kDeliveryColumns,
+                                                        " FROM deliveries d JOIN outbox o ON "
+                                                        "o.seq = d.outbox_seq WHERE d.instance_id "
+                                                        "= $1::bigint ORDER BY d.outbox_seq, "
+                                                        "d.sink"),
+                                           Params(instance_id)));
+  return PgRows(r, ReadDelivery<PgRow>);
+}
+
+absl::StatusOr<std::vector<SinkStats>> PostgresStore::DeliveryStats() {
+  static const std::string kStats = absl::StrCat(
+      "SELECT d.sink, COUNT(*) FILTER (WHERE d.state = ", SqlValue(DeliveryState::kPending),
+      "), COUNT(*) FILTER (WHERE d.state = ", SqlValue(DeliveryState::kDelivered),
+      "), COUNT(*) FILTER (WHERE d.state = ", SqlValue(DeliveryState::kParked),
+      "), SUM(d.attempts) - COUNT(*) FILTER (WHERE d.state = ", SqlValue(DeliveryState::kDelivered),
+      "), COALESCE(MIN(d.created_at) FILTER (WHERE d.state = ", SqlValue(DeliveryState::kPending),
+      "), 0), COALESCE(MAX(r.disabled), 0) FROM deliveries d LEFT JOIN relay_sinks r ON r.sink = "
+      "d.sink GROUP BY d.sink ORDER BY d.sink");
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kStats));
+  return PgRows(r, ReadSinkStats<PgRow>);
+}
+
+}  // namespace waystone
