@@ -7,6 +7,7 @@
 
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "store/records.h"
@@ -42,6 +43,23 @@ inline std::string SqlFinishedStates() {
 // Alerts still waiting for an operator: open or acknowledged.
 inline std::string SqlLiveAlertStates() {
   return SqlList(AlertState::kOpen, AlertState::kAcknowledged);
+}
+
+// Returns each of `names` in double quotes, `"` and `\` escaped with `\`, joined by
+// commas: the inside of a JSON array (SQLite's json_each) or of a PostgreSQL text[]
+// literal alike.
+inline std::string QuoteEach(const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& name : names) {
+    if (!list.empty()) list += ",";
+    list += "\"";
+    for (char c : name) {
+      if (c == '"' || c == '\\') list += '\\';
+      list += c;
+    }
+    list += "\"";
+  }
+  return list;
 }
 
 // kNoDueTime as SQL text.

@@ -110,6 +110,9 @@ absl::StatusOr<StoreSummary> PostgresStore::Summary() {
       SqlValue(StepState::kCompensationFailed), "), (SELECT value FROM counters WHERE name = '",
       kCounterLeaseTakeovers, "'), (SELECT value FROM counters WHERE name = '",
       kCounterInboxDuplicates, "') FROM steps");
+  static const std::string kClasses =
+      absl::StrCat("SELECT error_class, COUNT(*) FROM steps WHERE error_class <> ",
+                   SqlValue(ErrorClass::kNone), " GROUP BY error_class ORDER BY error_class");
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   StoreSummary summary;
   WS_ASSIGN_OR_RETURN(PgResult by_state,
@@ -131,9 +134,7 @@ absl::StatusOr<StoreSummary> PostgresStore::Summary() {
   summary.compensation_failures = steps.Int(0, 10);
   summary.lease_takeovers = steps.Int(0, 11);
   summary.inbox_duplicates = steps.Int(0, 12);
-  WS_ASSIGN_OR_RETURN(PgResult classes,
-                      c->Query("SELECT error_class, COUNT(*) FROM steps WHERE error_class > 0 "
-                               "GROUP BY error_class ORDER BY error_class"));
+  WS_ASSIGN_OR_RETURN(PgResult classes, c->Query(kClasses));
   summary.steps_by_error_class = PgRows(classes, [](const PgRow& r) {
     return std::pair(static_cast<ErrorClass>(r.Int(0)), r.Int(1));
   });

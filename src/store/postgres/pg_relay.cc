@@ -7,24 +7,6 @@
 #include "store/sql_values.h"
 
 namespace waystone {
-namespace {
-
-// `names` as a PostgreSQL text[] literal.
-std::string TextArray(const std::vector<std::string>& names) {
-  std::string array = "{";
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) array += ",";
-    array += "\"";
-    for (char ch : names[i]) {
-      if (ch == '"' || ch == '\\') array += '\\';
-      array += ch;
-    }
-    array += "\"";
-  }
-  return array + "}";
-}
-
-}  // namespace
 
 absl::StatusOr<int64_t> PostgresStore::OutboxCursor(const std::string& sink) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
@@ -90,7 +72,7 @@ absl::StatusOr<std::vector<DeliveryClaim>> PostgresStore::ClaimDeliveries(
       absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = $1::bigint");
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kClaim, Params(owner, now, lease_duration, limit,
-                                                          TextArray(sinks))));
+                                                          "{" + QuoteEach(sinks) + "}")));
   std::vector<DeliveryClaim> claims;
   for (int i = 0; i < r.rows(); ++i) {
     DeliveryClaim claim;

@@ -110,6 +110,9 @@ absl::StatusOr<StoreSummary> SqliteStore::Summary() {
       "COALESCE(SUM(state = ", SqlValue(StepState::kCompensationFailed),
       "), 0), (SELECT value FROM counters WHERE name = '", kCounterLeaseTakeovers,
       "'), (SELECT value FROM counters WHERE name = '", kCounterInboxDuplicates, "') FROM steps");
+  static const std::string kClasses =
+      absl::StrCat("SELECT error_class, COUNT(*) FROM steps WHERE error_class <> ",
+                   SqlValue(ErrorClass::kNone), " GROUP BY error_class ORDER BY error_class");
   std::lock_guard<std::mutex> lock(mu_);
   StoreSummary summary;
   WS_ASSIGN_OR_RETURN(SqliteStatement * by_state,
@@ -136,9 +139,7 @@ absl::StatusOr<StoreSummary> SqliteStore::Summary() {
     summary.inbox_duplicates = steps->Int(12);
   }
   steps->Reset();
-  WS_ASSIGN_OR_RETURN(SqliteStatement * classes,
-                      db_->Prepare("SELECT error_class, COUNT(*) FROM steps WHERE error_class > 0 "
-                                   "GROUP BY error_class ORDER BY error_class"));
+  WS_ASSIGN_OR_RETURN(SqliteStatement * classes, db_->Prepare(kClasses));
   WS_ASSIGN_OR_RETURN(summary.steps_by_error_class, CollectRows(classes, [](const SqliteStatement& r) {
                         return std::pair(static_cast<ErrorClass>(r.Int(0)), r.Int(1));
                       }));

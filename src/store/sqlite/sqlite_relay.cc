@@ -10,21 +10,6 @@
 namespace waystone {
 namespace {
 
-// `names` as a JSON array of strings, for json_each.
-std::string JsonStrings(const std::vector<std::string>& names) {
-  std::string list = "[";
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) list += ",";
-    list += "\"";
-    for (char c : names[i]) {
-      if (c == '"' || c == '\\') list += '\\';
-      list += c;
-    }
-    list += "\"";
-  }
-  return list + "]";
-}
-
 absl::StatusOr<int64_t> CursorOf(SqliteDb& db, const std::string& sink) {
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db.Prepare("SELECT last_seq FROM relay_cursors WHERE sink = ?"));
@@ -92,7 +77,7 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
       SqlValue(DeliveryState::kPending),
       " AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq LIMIT ?4) RETURNING id, "
       "lease_epoch, sink, attempts, outbox_seq");
-  const std::string sink_list = JsonStrings(sinks);
+  const std::string sink_list = "[" + QuoteEach(sinks) + "]";
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<DeliveryClaim> claims;
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
