@@ -6,6 +6,7 @@
 // the list's.
 
 #include <string>
+#include <utility>
 
 #include "store/records.h"
 
@@ -104,8 +105,14 @@ TombstoneRecord ReadTombstone(const Row& r) {
 
 template <typename Row>
 AlertRecord ReadAlert(const Row& r) {
-  return {r.Int(0),  r.Int(1), r.Text(2), r.Text(3), static_cast<AlertKind>(r.Int(4)),
-          static_cast<AlertState>(r.Int(5)), r.Text(6), r.Int(7)};
+  return {r.Int(0),
+          r.Int(1),
+          r.Text(2),
+          r.Text(3),
+          static_cast<AlertKind>(r.Int(4)),
+          static_cast<AlertState>(r.Int(5)),
+          r.Text(6),
+          r.Int(7)};
 }
 
 template <typename Row>
@@ -122,16 +129,30 @@ TokenRecord ReadToken(const Row& r) {
 // error_class, detail, started_at, finished_at.
 template <typename Row>
 AttemptRecord ReadAttempt(const Row& r) {
-  return {static_cast<int>(r.Int(0)),        static_cast<int>(r.Int(1)),
-          static_cast<AttemptPhase>(r.Int(2)), r.Int(3) != 0,
-          static_cast<ConnectionUsed>(r.Int(4)), static_cast<int>(r.Int(5)),
-          static_cast<ErrorClass>(r.Int(6)), r.Text(7), r.Int(8), r.Int(9)};
+  return {static_cast<int>(r.Int(0)),
+          static_cast<int>(r.Int(1)),
+          static_cast<AttemptPhase>(r.Int(2)),
+          r.Int(3) != 0,
+          static_cast<ConnectionUsed>(r.Int(4)),
+          static_cast<int>(r.Int(5)),
+          static_cast<ErrorClass>(r.Int(6)),
+          r.Text(7),
+          r.Int(8),
+          r.Int(9)};
 }
 
 template <typename Row>
 DeliveryRecord ReadDelivery(const Row& r) {
-  return {r.Int(0),  r.Int(1), r.Text(2), static_cast<DeliveryState>(r.Int(3)),
-          static_cast<int>(r.Int(4)), r.Int(5), r.Text(6), r.Int(7), r.Int(8), r.Text(9),
+  return {r.Int(0),
+          r.Int(1),
+          r.Text(2),
+          static_cast<DeliveryState>(r.Int(3)),
+          static_cast<int>(r.Int(4)),
+          r.Int(5),
+          r.Text(6),
+          r.Int(7),
+          r.Int(8),
+          r.Text(9),
           r.Text(10)};
 }
 
@@ -144,6 +165,34 @@ SinkStats ReadSinkStats(const Row& r) {
 template <typename Row>
 StaleUnknown ReadStaleUnknown(const Row& r) {
   return {r.Int(0), r.Text(1), r.Text(2), r.Int(3)};
+}
+
+// Reads the summary's counts from one row of the dialect's summary query, whose
+// columns are in this order: retries, unknown outcomes, resolved by lookup,
+// resubmitted after lookup, compensations, open alerts, outbox events, attempts,
+// resolved by operator, compensation attempts, compensation failures, lease
+// takeovers, inbox duplicates.
+template <typename Row>
+void ReadSummaryCounts(const Row& r, StoreSummary* summary) {
+  summary->retries = r.Int(0);
+  summary->unknown_outcomes = r.Int(1);
+  summary->resolved_by_lookup = r.Int(2);
+  summary->resubmitted_after_lookup = r.Int(3);
+  summary->compensations = r.Int(4);
+  summary->open_alerts = r.Int(5);
+  summary->outbox_events = r.Int(6);
+  summary->attempts = r.Int(7);
+  summary->resolved_by_operator = r.Int(8);
+  summary->compensation_attempts = r.Int(9);
+  summary->compensation_failures = r.Int(10);
+  summary->lease_takeovers = r.Int(11);
+  summary->inbox_duplicates = r.Int(12);
+}
+
+// Reads a (value, count) row of a GROUP BY over an enum column.
+template <typename Enum, typename Row>
+std::pair<Enum, int64_t> ReadCountOf(const Row& r) {
+  return {static_cast<Enum>(r.Int(0)), r.Int(1)};
 }
 
 template <typename Row>

@@ -53,12 +53,9 @@ class ChangeSql {
   virtual absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& step) = 0;
   // Inserts an attempt numbered after the step's last one.
   virtual absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& attempt) = 0;
-  virtual absl::Status InsertEvent(const EventRecord& event, int64_t instance_id,
-                                   Millis now) = 0;
-  virtual absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id,
-                                   Millis now) = 0;
-  virtual absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id,
-                                   Millis at) = 0;
+  virtual absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) = 0;
+  virtual absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now) = 0;
+  virtual absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id, Millis at) = 0;
 };
 
 // Returns FailedPrecondition when `stored` holds the claim's key, unexpired at

@@ -16,8 +16,7 @@ namespace waystone {
 
 // Returns the stored number of a persisted enum value ("3").
 template <typename Enum>
-  requires std::is_enum_v<Enum>
-std::string SqlValue(Enum value) {
+requires std::is_enum_v<Enum> std::string SqlValue(Enum value) {
   return std::to_string(static_cast<int>(value));
 }
 

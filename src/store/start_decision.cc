@@ -98,8 +98,8 @@ absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& 
     result.outcome = StartOutcome::kCreated;
     result.instance = *instance;
   } else if (result.tombstone) {
-    WS_RETURN_IF_ERROR(CheckStartAgainst(result.tombstone->workflow,
-                                         result.tombstone->input_hash, in, true));
+    WS_RETURN_IF_ERROR(
+        CheckStartAgainst(result.tombstone->workflow, result.tombstone->input_hash, in, true));
     result.outcome = StartOutcome::kCollected;
     result.instance = InstanceFromTombstone(*result.tombstone);
   } else {

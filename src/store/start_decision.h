@@ -40,12 +40,12 @@ class StartSql {
                                                               const std::string& source,
                                                               const std::string& id) = 0;
   virtual absl::StatusOr<std::optional<InstanceRecord>> InstanceById(int64_t id) = 0;
-  virtual absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(
-      const std::string& tenant, const std::string& key) = 0;
+  virtual absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(const std::string& tenant,
+                                                                      const std::string& key) = 0;
   virtual absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(
       int64_t instance_id) = 0;
-  virtual absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(
-      const std::string& tenant, const std::string& key) = 0;
+  virtual absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
+                                                                        const std::string& key) = 0;
   // Inserts the instance row (state running, due now) unless its key is taken;
   // returns its id, or nullopt when another instance holds the key.
   virtual absl::StatusOr<std::optional<int64_t>> InsertInstance(
@@ -57,8 +57,7 @@ class StartSql {
   // Inserts one pending row per step name, indexed from 0.
   virtual absl::Status InsertPendingSteps(int64_t instance_id,
                                           const std::vector<std::string>& names) = 0;
-  virtual absl::Status InsertEvent(const EventRecord& event, int64_t instance_id,
-                                   Millis now) = 0;
+  virtual absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) = 0;
   // Wakes idle workers once the transaction commits (or does nothing).
   virtual absl::Status SignalWork() = 0;
   // Records which instance the start's event led to.

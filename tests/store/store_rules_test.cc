@@ -2,11 +2,11 @@
 // interfaces (no database): the group commit, takeovers, the gc order, the start,
 // and a component that takes one slice of Store.
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/lease_reaper.h"
 #include "store/gc_order.h"
@@ -86,9 +86,8 @@ TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
   EXPECT_TRUE(absl::IsAborted((*results)[1]));
   EXPECT_TRUE((*results)[2].ok());
   const std::vector<std::string> expected = {
-      "savepoint", "fence 1", "step 0", "event", "release",
-      "savepoint", "fence 2", "rollback", "release",
-      "savepoint", "fence 3", "step 0", "event", "release"};
+      "savepoint", "fence 1", "step 0",    "event",   "release", "savepoint", "fence 2",
+      "rollback",  "release", "savepoint", "fence 3", "step 0",  "event",     "release"};
   EXPECT_EQ(sql.log, expected);
 }
 
@@ -112,7 +111,7 @@ TEST(StoreRulesTest, TheFenceComesFirstAndAReleaseToRunNowWakesWorkers) {
   c.alerts.push_back(AlertRecord{});
   c.audits.push_back(AuditRecord{});
   ASSERT_TRUE(ApplyChange(sql, c).ok());
-  const std::vector<std::string> expected = {"fence 1", "signal",  "inbox", "resolve",
+  const std::vector<std::string> expected = {"fence 1",  "signal",  "inbox",  "resolve",
                                              "read key", "put key", "step 0", "attempt",
                                              "event",    "alert",   "audit"};
   EXPECT_EQ(sql.log, expected);
@@ -180,10 +179,19 @@ TEST(StoreRulesTest, GcBuriesBeforeItDeletesAndChildrenGoBeforeParents) {
 
   FakeGcSql sql;
   ASSERT_TRUE(CollectGarbageWith(sql, 10, 20, 5, /*dry_run=*/false).ok());
-  const std::vector<std::string> expected = {
-      "pick", "count", "old tombstones", "bury", "DELETE FROM attempts",
-      "DELETE FROM deliveries", "DELETE FROM outbox", "DELETE FROM steps", "DELETE FROM alerts",
-      "DELETE FROM instances", "inbox", "keys", "requests"};
+  const std::vector<std::string> expected = {"pick",
+                                             "count",
+                                             "old tombstones",
+                                             "bury",
+                                             "DELETE FROM attempts",
+                                             "DELETE FROM deliveries",
+                                             "DELETE FROM outbox",
+                                             "DELETE FROM steps",
+                                             "DELETE FROM alerts",
+                                             "DELETE FROM instances",
+                                             "inbox",
+                                             "keys",
+                                             "requests"};
   EXPECT_EQ(sql.log, expected);
 }
 
@@ -267,8 +275,8 @@ TEST(StoreRulesTest, AStartCreatesAnswersFromTheExistingInstanceOrFromItsTombsto
   EXPECT_TRUE(absl::IsFailedPrecondition(StartInstanceWith(held, StartOf("h2")).status()));
 
   FakeStartSql buried;
-  buried.tombstone = TombstoneRecord{.tenant = "t", .workflow = "order", .key = "k",
-                                     .input_hash = "h1", .instance_id = 3};
+  buried.tombstone = TombstoneRecord{
+      .tenant = "t", .workflow = "order", .key = "k", .input_hash = "h1", .instance_id = 3};
   auto collected = StartInstanceWith(buried, StartOf("h1"));
   ASSERT_TRUE(collected.ok());
   EXPECT_EQ(collected->outcome, StartOutcome::kCollected);

@@ -77,17 +77,25 @@ absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestR
                                 "$1 AND key = $2 FOR UPDATE",
                                 Params(request.tenant, request.key)));
     // The placeholder row just inserted has expired at 0: a fresh key decides kNew.
-    const ApiRequestRecord stored{request.tenant, request.key, got.Text(0, 0),
-                                  got.Text(0, 1) == "t", static_cast<int>(got.Int(0, 2)),
-                                  got.Text(0, 3), got.Text(0, 4), got.Int(0, 5), got.Int(0, 6),
+    const ApiRequestRecord stored{request.tenant,
+                                  request.key,
+                                  got.Text(0, 0),
+                                  got.Text(0, 1) == "t",
+                                  static_cast<int>(got.Int(0, 2)),
+                                  got.Text(0, 3),
+                                  got.Text(0, 4),
+                                  got.Int(0, 5),
+                                  got.Int(0, 6),
                                   got.Text(0, 7)};
     claim = DecideApiRequest(stored, request, stale_before, dead_owner);
     if (claim.outcome != ApiRequestOutcome::kNew) return absl::OkStatus();
-    return c.Query("UPDATE api_requests SET request_hash = $3, done = FALSE, status = 0, "
-                   "content_type = '', body = '', created_at = $4::bigint, expires_at = "
-                   "$5::bigint, owner = $6 WHERE tenant = $1 AND key = $2",
-                   Params(request.tenant, request.key, request.request_hash, request.created_at,
-                          request.expires_at, request.owner))
+    return c
+        .Query(
+            "UPDATE api_requests SET request_hash = $3, done = FALSE, status = 0, "
+            "content_type = '', body = '', created_at = $4::bigint, expires_at = "
+            "$5::bigint, owner = $6 WHERE tenant = $1 AND key = $2",
+            Params(request.tenant, request.key, request.request_hash, request.created_at,
+                   request.expires_at, request.owner))
         .status();
   });
   if (!status.ok()) return status;
@@ -96,16 +104,19 @@ absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestR
 
 absl::Status PostgresStore::FinishApiRequest(const ApiRequestRecord& r) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return c->Query("UPDATE api_requests SET done = TRUE, status = $1::integer, content_type = $2, "
-                  "body = $3 WHERE tenant = $4 AND key = $5 AND request_hash = $6",
-                  Params(r.status, r.content_type, r.body, r.tenant, r.key, r.request_hash))
+  return c
+      ->Query(
+          "UPDATE api_requests SET done = TRUE, status = $1::integer, content_type = $2, "
+          "body = $3 WHERE tenant = $4 AND key = $5 AND request_hash = $6",
+          Params(r.status, r.content_type, r.body, r.tenant, r.key, r.request_hash))
       .status();
 }
 
 absl::Status PostgresStore::AbandonApiRequest(const std::string& tenant, const std::string& key) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return c->Query("DELETE FROM api_requests WHERE tenant = $1 AND key = $2 AND NOT done",
-                  Params(tenant, key))
+  return c
+      ->Query("DELETE FROM api_requests WHERE tenant = $1 AND key = $2 AND NOT done",
+              Params(tenant, key))
       .status();
 }
 

@@ -43,7 +43,8 @@ absl::Status PostgresStore::AcknowledgeAlert(int64_t id, const AuditRecord& audi
   return InTransaction([&](PgConnection& c) -> absl::Status {
     WS_ASSIGN_OR_RETURN(PgResult ack, c.Query(kAcknowledge, Params(audit.at, id)));
     if (ack.affected() != 1) {
-      return absl::FailedPreconditionError("the alert is not open");  // no database id: callers show public ones
+      return absl::FailedPreconditionError(
+          "the alert is not open");  // no database id: callers show public ones
     }
     return PgInsertAudit(c, audit, audit.instance_id, audit.at);
   });
@@ -52,7 +53,8 @@ absl::Status PostgresStore::AcknowledgeAlert(int64_t id, const AuditRecord& audi
 absl::StatusOr<std::vector<StaleUnknown>> PostgresStore::StaleUnknownSteps(Millis unknown_before) {
   static const std::string kStale = absl::StrCat(
       "SELECT s.instance_id, i.tenant, s.name, s.unknown_since FROM steps s JOIN instances i ON "
-      "i.id = s.instance_id WHERE s.state = ", SqlValue(StepState::kUnknown),
+      "i.id = s.instance_id WHERE s.state = ",
+      SqlValue(StepState::kUnknown),
       " AND s.unknown_since > 0 AND s.unknown_since <= $1::bigint AND NOT EXISTS (SELECT 1 FROM "
       "alerts a WHERE a.instance_id = s.instance_id AND a.step_name = s.name AND a.kind = ",
       SqlValue(AlertKind::kUnknownUnresolved), " AND a.created_at >= s.unknown_since)");

@@ -37,19 +37,19 @@ class PgChangeSql final : public ChangeSql {
   absl::Status SignalWork() override { return PgSignalWork(c_); }
   absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
                                   Millis now) override {
-    WS_ASSIGN_OR_RETURN(PgResult r,
-                        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
-                                 "received_at, instance_id) VALUES ($1, $2, $3, $4, $5::bigint, "
-                                 "$6::bigint) ON CONFLICT DO NOTHING",
-                                 Params(claim.tenant, claim.source, claim.id, claim.data_hash, now,
-                                        instance_id)));
+    WS_ASSIGN_OR_RETURN(
+        PgResult r,
+        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
+                 "received_at, instance_id) VALUES ($1, $2, $3, $4, $5::bigint, "
+                 "$6::bigint) ON CONFLICT DO NOTHING",
+                 Params(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id)));
     return r.affected() == 1;
   }
   absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
-    static const std::string kResolve = absl::StrCat(
-        "UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
-        ", updated_at = $1::bigint WHERE instance_id = $2::bigint AND state IN ",
-        SqlLiveAlertStates());
+    static const std::string kResolve =
+        absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
+                     ", updated_at = $1::bigint WHERE instance_id = $2::bigint AND state IN ",
+                     SqlLiveAlertStates());
     return c_.Query(kResolve, Params(now, instance_id)).status();
   }
   // FOR UPDATE: a concurrent claim of the same key waits for this transaction.
@@ -64,40 +64,43 @@ class PgChangeSql final : public ChangeSql {
     });
   }
   absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
-    return c_.Query("INSERT INTO idempotency_keys VALUES ($1, $2, $3, $4::bigint, $5, $6::bigint, "
-                    "$7::bigint) ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
-                    "excluded.request_hash, expires_at = excluded.expires_at",
-                    Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id,
-                           claim.step, now, claim.expires_at))
+    return c_
+        .Query(
+            "INSERT INTO idempotency_keys VALUES ($1, $2, $3, $4::bigint, $5, $6::bigint, "
+            "$7::bigint) ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
+            "excluded.request_hash, expires_at = excluded.expires_at",
+            Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
+                   claim.expires_at))
         .status();
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(
         PgResult updated,
-        c_.Query("UPDATE steps SET state = $1::smallint, attempts = $2::integer, error_class = "
-                 "$3::smallint, error_message = $4, external_id = $5, response_json = $6, "
-                 "idempotency_key = $7, request_hash = $8, resolution = $9::smallint, unknowns = "
-                 "$10::integer, lookups = $11::integer, compensation_attempts = $12::integer, "
-                 "next_attempt_at = $13::bigint, started_at = $14::bigint, finished_at = "
-                 "$15::bigint, span_id = $16, unknown_since = $17::bigint WHERE instance_id = "
-                 "$18::bigint AND step_index = $19::integer",
-                 Params(static_cast<int64_t>(s.state), s.attempts,
-                        static_cast<int64_t>(s.error_class), s.error_message, s.external_id,
-                        s.response_json, s.idempotency_key, s.request_hash,
-                        static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
-                        s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
-                        s.span_id, s.unknown_since, instance_id, s.index)));
+        c_.Query(
+            "UPDATE steps SET state = $1::smallint, attempts = $2::integer, error_class = "
+            "$3::smallint, error_message = $4, external_id = $5, response_json = $6, "
+            "idempotency_key = $7, request_hash = $8, resolution = $9::smallint, unknowns = "
+            "$10::integer, lookups = $11::integer, compensation_attempts = $12::integer, "
+            "next_attempt_at = $13::bigint, started_at = $14::bigint, finished_at = "
+            "$15::bigint, span_id = $16, unknown_since = $17::bigint WHERE instance_id = "
+            "$18::bigint AND step_index = $19::integer",
+            Params(static_cast<int64_t>(s.state), s.attempts, static_cast<int64_t>(s.error_class),
+                   s.error_message, s.external_id, s.response_json, s.idempotency_key,
+                   s.request_hash, static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
+                   s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
+                   s.span_id, s.unknown_since, instance_id, s.index)));
     return updated.affected() == 1;
   }
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
-    return c_.Query("INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + "
-                    "1, $3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
-                    "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
-                    "step_index = $2::integer",
-                    Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
-                           a.sent ? "true" : "false", static_cast<int64_t>(a.connection),
-                           a.status, static_cast<int64_t>(a.error_class), a.detail, a.started_at,
-                           a.finished_at))
+    return c_
+        .Query(
+            "INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + "
+            "1, $3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
+            "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
+            "step_index = $2::integer",
+            Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
+                   a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
+                   static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at))
         .status();
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
@@ -116,7 +119,8 @@ class PgChangeSql final : public ChangeSql {
 
 }  // namespace
 
-absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(const std::vector<Change>& changes) {
+absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
+    const std::vector<Change>& changes) {
   std::vector<absl::Status> results;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
     PgChangeSql sql(c);

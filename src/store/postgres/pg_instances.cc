@@ -15,12 +15,12 @@ class PgStartSql final : public StartSql {
   explicit PgStartSql(PgConnection& c) : c_(c) {}
 
   absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
-    WS_ASSIGN_OR_RETURN(PgResult claim,
-                        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
-                                 "received_at) VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
-                                 "NOTHING",
-                                 Params(in.tenant, in.event_source, in.event_id,
-                                        in.event_data_hash, in.now)));
+    WS_ASSIGN_OR_RETURN(
+        PgResult claim,
+        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
+                 "received_at) VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
+                 "NOTHING",
+                 Params(in.tenant, in.event_source, in.event_id, in.event_data_hash, in.now)));
     return claim.affected() == 1;
   }
   absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
@@ -48,13 +48,14 @@ class PgStartSql final : public StartSql {
     static const std::string kInsert = absl::StrCat(
         "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
         "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at) VALUES "
-        "($1, $2, $3, $4, $5, $6, ", SqlValue(InstanceState::kRunning),
+        "($1, $2, $3, $4, $5, $6, ",
+        SqlValue(InstanceState::kRunning),
         ", $7::bigint, $8, $9, $7::bigint, $7::bigint) ON CONFLICT (tenant, business_key) DO "
         "NOTHING RETURNING id");
-    WS_ASSIGN_OR_RETURN(PgResult inserted,
-                        c_.Query(kInsert, Params(in.tenant, in.key, in.workflow,
-                                                 in.definition_hash, in.input_json, in.input_hash,
-                                                 in.now, in.trace_id, source_event)));
+    WS_ASSIGN_OR_RETURN(
+        PgResult inserted,
+        c_.Query(kInsert, Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
+                                 in.input_hash, in.now, in.trace_id, source_event)));
     return PgFirstRow(inserted, [](const PgRow& r) { return r.Int(0); });
   }
   // The insert may have waited for a gc that removed an instance with this key and
@@ -68,7 +69,8 @@ class PgStartSql final : public StartSql {
   absl::Status InsertPendingSteps(int64_t id, const std::vector<std::string>& names) override {
     static const std::string kInsert = absl::StrCat(
         "INSERT INTO steps (instance_id, step_index, name, state) VALUES ($1::bigint, "
-        "$2::integer, $3, ", SqlValue(StepState::kPending), ")");
+        "$2::integer, $3, ",
+        SqlValue(StepState::kPending), ")");
     for (size_t i = 0; i < names.size(); ++i) {
       WS_RETURN_IF_ERROR(c_.Query(kInsert, Params(id, static_cast<int64_t>(i), names[i])).status());
     }
@@ -79,9 +81,11 @@ class PgStartSql final : public StartSql {
   }
   absl::Status SignalWork() override { return PgSignalWork(c_); }
   absl::Status LinkInbox(const NewInstance& in, int64_t instance_id) override {
-    return c_.Query("UPDATE inbox SET instance_id = $1::bigint WHERE tenant = $2 AND source = $3 "
-                    "AND event_id = $4",
-                    Params(instance_id, in.tenant, in.event_source, in.event_id))
+    return c_
+        .Query(
+            "UPDATE inbox SET instance_id = $1::bigint WHERE tenant = $2 AND source = $3 "
+            "AND event_id = $4",
+            Params(instance_id, in.tenant, in.event_source, in.event_id))
         .status();
   }
   absl::Status AddToCounter(const std::string& name, int64_t delta) override {
@@ -98,9 +102,11 @@ absl::Status PostgresStore::PutDefinition(const std::string& hash, const std::st
                                           const std::string& source, const std::string& text,
                                           Millis now) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return c->Query("INSERT INTO definitions VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
-                  "NOTHING",
-                  Params(hash, workflow, source, text, now))
+  return c
+      ->Query(
+          "INSERT INTO definitions VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
+          "NOTHING",
+          Params(hash, workflow, source, text, now))
       .status();
 }
 
@@ -193,7 +199,8 @@ absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
                           ? std::optional<int64_t>(static_cast<int64_t>(*filter.error_class))
                           : std::nullopt,
                       static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0),
-                      static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0))));
+                      static_cast<int64_t>(
+                          filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0))));
   return PgRows(r, ReadInstance<PgRow>);
 }
 

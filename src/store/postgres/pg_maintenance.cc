@@ -17,10 +17,11 @@ class PgGcSql final : public GcSql {
     static const std::string kPick = absl::StrCat(
         "INSERT INTO gc_ids SELECT id FROM instances i WHERE state IN ", SqlFinishedStates(),
         " AND updated_at < $1::bigint AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE "
-        "d.instance_id = i.id AND d.state = ", SqlValue(DeliveryState::kPending),
-        ") FOR UPDATE SKIP LOCKED");
-    WS_RETURN_IF_ERROR(c_.Exec("CREATE TEMP TABLE IF NOT EXISTS gc_ids (id BIGINT PRIMARY KEY) "
-                               "ON COMMIT DELETE ROWS"));
+        "d.instance_id = i.id AND d.state = ",
+        SqlValue(DeliveryState::kPending), ") FOR UPDATE SKIP LOCKED");
+    WS_RETURN_IF_ERROR(
+        c_.Exec("CREATE TEMP TABLE IF NOT EXISTS gc_ids (id BIGINT PRIMARY KEY) "
+                "ON COMMIT DELETE ROWS"));
     return c_.Query(kPick, Params(finished_before)).status();
   }
   absl::StatusOr<GcReport> CountGarbage(Millis now, Millis protect_before) override {
@@ -52,21 +53,23 @@ class PgGcSql final : public GcSql {
     return Run("DELETE FROM tombstones WHERE collected_at < $1::bigint", protect_before);
   }
   absl::Status BuryPicked(Millis now) override {
-    return Run("INSERT INTO tombstones SELECT tenant, business_key, workflow, input_hash, state, "
-               "COALESCE((SELECT json_object_agg(s.name, s.external_id)::text FROM steps s WHERE "
-               "s.instance_id = i.id AND s.external_id <> ''), '{}'), id, updated_at, $1::bigint "
-               "FROM instances i WHERE id IN (SELECT id FROM gc_ids) ON CONFLICT (tenant, "
-               "business_key) DO UPDATE SET workflow = excluded.workflow, input_hash = "
-               "excluded.input_hash, final_state = excluded.final_state, external_ids = "
-               "excluded.external_ids, instance_id = excluded.instance_id, finished_at = "
-               "excluded.finished_at, collected_at = excluded.collected_at",
-               now);
+    return Run(
+        "INSERT INTO tombstones SELECT tenant, business_key, workflow, input_hash, state, "
+        "COALESCE((SELECT json_object_agg(s.name, s.external_id)::text FROM steps s WHERE "
+        "s.instance_id = i.id AND s.external_id <> ''), '{}'), id, updated_at, $1::bigint "
+        "FROM instances i WHERE id IN (SELECT id FROM gc_ids) ON CONFLICT (tenant, "
+        "business_key) DO UPDATE SET workflow = excluded.workflow, input_hash = "
+        "excluded.input_hash, final_state = excluded.final_state, external_ids = "
+        "excluded.external_ids, instance_id = excluded.instance_id, finished_at = "
+        "excluded.finished_at, collected_at = excluded.collected_at",
+        now);
   }
   absl::Status Exec(std::string_view sql) override { return c_.Exec(std::string(sql)); }
   absl::Status DeleteInboxClaimsBefore(Millis protect_before) override {
-    return Run("DELETE FROM inbox WHERE received_at < $1::bigint AND (instance_id IS NULL OR NOT "
-               "EXISTS (SELECT 1 FROM instances i WHERE i.id = inbox.instance_id))",
-               protect_before);
+    return Run(
+        "DELETE FROM inbox WHERE received_at < $1::bigint AND (instance_id IS NULL OR NOT "
+        "EXISTS (SELECT 1 FROM instances i WHERE i.id = inbox.instance_id))",
+        protect_before);
   }
   absl::Status DeleteIdempotencyKeysBefore(Millis now) override {
     return Run("DELETE FROM idempotency_keys WHERE expires_at < $1::bigint", now);
@@ -100,12 +103,14 @@ absl::StatusOr<GcReport> PostgresStore::CollectGarbage(Millis finished_before, M
 absl::StatusOr<StoreSummary> PostgresStore::Summary() {
   static const std::string kSteps = absl::StrCat(
       "SELECT COALESCE(SUM(GREATEST(attempts - 1, 0)), 0), COALESCE(SUM(unknowns), 0), COUNT(*) "
-      "FILTER (WHERE resolution = ", SqlValue(Resolution::kLookupFound),
+      "FILTER (WHERE resolution = ",
+      SqlValue(Resolution::kLookupFound),
       "), COUNT(*) FILTER (WHERE resolution = ", SqlValue(Resolution::kResubmitted),
       "), COUNT(*) FILTER (WHERE state = ", SqlValue(StepState::kCompensated),
       "), (SELECT COUNT(*) FROM alerts WHERE state = ", SqlValue(AlertState::kOpen),
       "), (SELECT COUNT(*) FROM outbox), COALESCE(SUM(attempts), 0), COUNT(*) FILTER (WHERE "
-      "resolution = ", SqlValue(Resolution::kOperator),
+      "resolution = ",
+      SqlValue(Resolution::kOperator),
       "), COALESCE(SUM(compensation_attempts), 0), COUNT(*) FILTER (WHERE state = ",
       SqlValue(StepState::kCompensationFailed), "), (SELECT value FROM counters WHERE name = '",
       kCounterLeaseTakeovers, "'), (SELECT value FROM counters WHERE name = '",
@@ -115,34 +120,17 @@ absl::StatusOr<StoreSummary> PostgresStore::Summary() {
                    SqlValue(ErrorClass::kNone), " GROUP BY error_class ORDER BY error_class");
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   StoreSummary summary;
-  WS_ASSIGN_OR_RETURN(PgResult by_state,
-                      c->Query("SELECT state, COUNT(*) FROM instances GROUP BY state ORDER BY state"));
-  summary.instances_by_state = PgRows(by_state, [](const PgRow& r) {
-    return std::pair(static_cast<InstanceState>(r.Int(0)), r.Int(1));
-  });
+  WS_ASSIGN_OR_RETURN(
+      PgResult by_state,
+      c->Query("SELECT state, COUNT(*) FROM instances GROUP BY state ORDER BY state"));
+  summary.instances_by_state = PgRows(by_state, ReadCountOf<InstanceState, PgRow>);
   WS_ASSIGN_OR_RETURN(PgResult steps, c->Query(kSteps));
-  summary.retries = steps.Int(0, 0);
-  summary.unknown_outcomes = steps.Int(0, 1);
-  summary.resolved_by_lookup = steps.Int(0, 2);
-  summary.resubmitted_after_lookup = steps.Int(0, 3);
-  summary.compensations = steps.Int(0, 4);
-  summary.open_alerts = steps.Int(0, 5);
-  summary.outbox_events = steps.Int(0, 6);
-  summary.attempts = steps.Int(0, 7);
-  summary.resolved_by_operator = steps.Int(0, 8);
-  summary.compensation_attempts = steps.Int(0, 9);
-  summary.compensation_failures = steps.Int(0, 10);
-  summary.lease_takeovers = steps.Int(0, 11);
-  summary.inbox_duplicates = steps.Int(0, 12);
+  ReadSummaryCounts(PgRow(steps, 0), &summary);
   WS_ASSIGN_OR_RETURN(PgResult classes, c->Query(kClasses));
-  summary.steps_by_error_class = PgRows(classes, [](const PgRow& r) {
-    return std::pair(static_cast<ErrorClass>(r.Int(0)), r.Int(1));
-  });
+  summary.steps_by_error_class = PgRows(classes, ReadCountOf<ErrorClass, PgRow>);
   WS_ASSIGN_OR_RETURN(PgResult states,
                       c->Query("SELECT state, COUNT(*) FROM steps GROUP BY state ORDER BY state"));
-  summary.steps_by_state = PgRows(states, [](const PgRow& r) {
-    return std::pair(static_cast<StepState>(r.Int(0)), r.Int(1));
-  });
+  summary.steps_by_state = PgRows(states, ReadCountOf<StepState, PgRow>);
   return summary;
 }
 

@@ -10,8 +10,8 @@ namespace waystone {
 
 absl::StatusOr<int64_t> PostgresStore::OutboxCursor(const std::string& sink) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT last_seq FROM relay_cursors WHERE sink = $1",
-                                           Params(sink)));
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query("SELECT last_seq FROM relay_cursors WHERE sink = $1", Params(sink)));
   return r.rows() == 0 ? 0 : r.Int(0, 0);
 }
 
@@ -35,8 +35,8 @@ absl::Status PostgresStore::AddDeliveries(const std::string& sink, int64_t expec
                                           Millis now) {
   static const std::string kInsert = absl::StrCat(
       "INSERT INTO deliveries (outbox_seq, sink, instance_id, state, created_at) VALUES "
-      "($1::bigint, $2, $3::bigint, ", SqlValue(DeliveryState::kPending),
-      ", $4::bigint) ON CONFLICT DO NOTHING");
+      "($1::bigint, $2, $3::bigint, ",
+      SqlValue(DeliveryState::kPending), ", $4::bigint) ON CONFLICT DO NOTHING");
   return InTransaction([&](PgConnection& c) -> absl::Status {
     WS_ASSIGN_OR_RETURN(PgResult got, c.Query("SELECT last_seq FROM relay_cursors WHERE sink = $1 "
                                               "FOR UPDATE",
@@ -46,10 +46,12 @@ absl::Status PostgresStore::AddDeliveries(const std::string& sink, int64_t expec
     for (const auto& [seq, instance_id] : wanted) {
       WS_RETURN_IF_ERROR(c.Query(kInsert, Params(seq, sink, instance_id, now)).status());
     }
-    return c.Query("INSERT INTO relay_cursors VALUES ($1, (SELECT txid FROM outbox WHERE seq = "
-                   "$2::bigint), $2::bigint) ON CONFLICT (sink) DO UPDATE SET last_txid = "
-                   "excluded.last_txid, last_seq = excluded.last_seq",
-                   Params(sink, new_cursor))
+    return c
+        .Query(
+            "INSERT INTO relay_cursors VALUES ($1, (SELECT txid FROM outbox WHERE seq = "
+            "$2::bigint), $2::bigint) ON CONFLICT (sink) DO UPDATE SET last_txid = "
+            "excluded.last_txid, last_seq = excluded.last_seq",
+            Params(sink, new_cursor))
         .status();
   });
 }
@@ -65,7 +67,8 @@ absl::StatusOr<std::vector<DeliveryClaim>> PostgresStore::ClaimDeliveries(
       SqlValue(DeliveryState::kPending),
       " AND d.next_attempt_at <= $2::bigint AND d.lease_expires_at <= $2::bigint AND d.sink = "
       "ANY($5::text[]) AND NOT EXISTS (SELECT 1 FROM deliveries e WHERE e.sink = d.sink AND "
-      "e.instance_id = d.instance_id AND e.state = ", SqlValue(DeliveryState::kPending),
+      "e.instance_id = d.instance_id AND e.state = ",
+      SqlValue(DeliveryState::kPending),
       " AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq LIMIT $4::integer FOR UPDATE SKIP "
       "LOCKED) RETURNING id, lease_epoch, sink, attempts, outbox_seq");
   static const std::string kEvent =
@@ -90,8 +93,9 @@ absl::StatusOr<std::vector<DeliveryClaim>> PostgresStore::ClaimDeliveries(
     claims.push_back(std::move(claim));
   }
   // Deliver in outbox order: the RETURNING order is not guaranteed.
-  std::sort(claims.begin(), claims.end(),
-            [](const DeliveryClaim& a, const DeliveryClaim& b) { return a.event.seq < b.event.seq; });
+  std::sort(claims.begin(), claims.end(), [](const DeliveryClaim& a, const DeliveryClaim& b) {
+    return a.event.seq < b.event.seq;
+  });
   return claims;
 }
 
@@ -107,17 +111,18 @@ absl::Status PostgresStore::FinishDelivery(const DeliveryClaim& claim, const Del
       "1 FROM deliveries WHERE outbox_seq = $2::bigint AND state <> ",
       SqlValue(DeliveryState::kDelivered), ")");
   return InTransaction([&](PgConnection& c) -> absl::Status {
-    WS_ASSIGN_OR_RETURN(PgResult finish,
-                        c.Query(kFinish, Params(static_cast<int64_t>(u.state), u.attempts,
-                                                u.next_attempt_at, u.error, u.now, claim.id,
-                                                claim.epoch, claim.owner)));
+    WS_ASSIGN_OR_RETURN(
+        PgResult finish,
+        c.Query(kFinish, Params(static_cast<int64_t>(u.state), u.attempts, u.next_attempt_at,
+                                u.error, u.now, claim.id, claim.epoch, claim.owner)));
     if (finish.affected() != 1) {
       return absl::AbortedError("delivery " + std::to_string(claim.id) + " lease lost");
     }
     if (u.state == DeliveryState::kDelivered) {
       WS_RETURN_IF_ERROR(c.Query(kMarkDelivered, Params(u.now, claim.event.seq)).status());
     }
-    if (u.alert) WS_RETURN_IF_ERROR(PgInsertAlert(c, *u.alert, u.alert->instance_id, u.now).status());
+    if (u.alert)
+      WS_RETURN_IF_ERROR(PgInsertAlert(c, *u.alert, u.alert->instance_id, u.now).status());
     if (u.alert_event) {
       WS_RETURN_IF_ERROR(PgInsertEvent(c, *u.alert_event, u.alert_event->instance_id, u.now));
     }
@@ -150,9 +155,11 @@ absl::StatusOr<std::vector<std::string>> PostgresStore::DisabledSinks() {
 
 absl::Status PostgresStore::EnableSink(const std::string& sink, Millis now) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return c->Query("UPDATE relay_sinks SET disabled = 0, reason = 'enabled', updated_at = "
-                  "$1::bigint WHERE sink = $2",
-                  Params(now, sink))
+  return c
+      ->Query(
+          "UPDATE relay_sinks SET disabled = 0, reason = 'enabled', updated_at = "
+          "$1::bigint WHERE sink = $2",
+          Params(now, sink))
       .status();
 }
 

@@ -56,9 +56,11 @@ absl::StatusOr<std::optional<InboxEntry>> PgInboxEntry(PgConnection& c, const st
 }
 
 absl::Status PgInsertEvent(PgConnection& c, const EventRecord& e, int64_t instance_id, Millis now) {
-  return c.Query("INSERT INTO outbox (event_id, instance_id, tenant, type, payload, created_at) "
-                 "VALUES ($1, $2::bigint, $3, $4, $5, $6::bigint)",
-                 Params(e.event_id, instance_id, e.tenant, e.type, e.payload_json, now))
+  return c
+      .Query(
+          "INSERT INTO outbox (event_id, instance_id, tenant, type, payload, created_at) "
+          "VALUES ($1, $2::bigint, $3, $4, $5, $6::bigint)",
+          Params(e.event_id, instance_id, e.tenant, e.type, e.payload_json, now))
       .status();
 }
 
@@ -66,25 +68,27 @@ absl::StatusOr<int64_t> PgInsertAlert(PgConnection& c, const AlertRecord& a, int
                                       Millis now) {
   static const std::string kInsert = absl::StrCat(
       "INSERT INTO alerts (instance_id, tenant, step_name, kind, state, message, created_at, "
-      "updated_at) VALUES ($1::bigint, $2, $3, $4::smallint, ", SqlValue(AlertState::kOpen),
-      ", $5, $6::bigint, $6::bigint) RETURNING id");
-  WS_ASSIGN_OR_RETURN(PgResult r, c.Query(kInsert, Params(instance_id, a.tenant, a.step,
-                                                          static_cast<int64_t>(a.kind), a.message,
-                                                          now)));
+      "updated_at) VALUES ($1::bigint, $2, $3, $4::smallint, ",
+      SqlValue(AlertState::kOpen), ", $5, $6::bigint, $6::bigint) RETURNING id");
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c.Query(kInsert, Params(instance_id, a.tenant, a.step,
+                                              static_cast<int64_t>(a.kind), a.message, now)));
   return r.Int(0, 0);
 }
 
 absl::Status PgInsertAudit(PgConnection& c, const AuditRecord& a, int64_t instance_id, Millis at) {
-  return c.Query("INSERT INTO audit_log (at, actor, tenant, instance_id, action, reason, detail) "
-                 "VALUES ($1::bigint, $2, $3, $4::bigint, $5, $6, $7)",
-                 Params(at, a.actor, a.tenant, instance_id, a.action, a.reason,
-                        a.detail_json.empty() ? "{}" : a.detail_json))
+  return c
+      .Query(
+          "INSERT INTO audit_log (at, actor, tenant, instance_id, action, reason, detail) "
+          "VALUES ($1::bigint, $2, $3, $4::bigint, $5, $6, $7)",
+          Params(at, a.actor, a.tenant, instance_id, a.action, a.reason,
+                 a.detail_json.empty() ? "{}" : a.detail_json))
       .status();
 }
 
 absl::Status PgAddToCounter(PgConnection& c, const std::string& name, int64_t delta) {
-  return c.Query("UPDATE counters SET value = value + $1::bigint WHERE name = $2",
-                 Params(delta, name))
+  return c
+      .Query("UPDATE counters SET value = value + $1::bigint WHERE name = $2", Params(delta, name))
       .status();
 }
 
@@ -102,10 +106,11 @@ absl::StatusOr<std::vector<std::string>> PgLeaseOwners(PgConnection& c, const ch
 }
 
 absl::Status PgExpireLeases(PgConnection& c, const char* table, const std::string& owner) {
-  return c.Query(absl::StrCat("UPDATE ", table,
-                              " SET lease_expires_at = 0 WHERE lease_owner = $1 AND "
-                              "lease_expires_at > 0"),
-                 Params(owner))
+  return c
+      .Query(absl::StrCat("UPDATE ", table,
+                          " SET lease_expires_at = 0 WHERE lease_owner = $1 AND "
+                          "lease_expires_at > 0"),
+             Params(owner))
       .status();
 }
 

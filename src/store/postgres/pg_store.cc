@@ -35,7 +35,8 @@ absl::StatusOr<PostgresStore::Lent> PostgresStore::Acquire() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!c.ok()) {
     connect_backoff_ms_ = std::clamp<int64_t>(connect_backoff_ms_ * 2, 50, 2000);
-    next_connect_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(connect_backoff_ms_);
+    next_connect_ =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(connect_backoff_ms_);
     return c.status();
   }
   connect_backoff_ms_ = 0;
@@ -58,28 +59,31 @@ absl::StatusOr<std::unique_ptr<PostgresStore>> PostgresStore::Open(const std::st
 absl::Status PostgresStore::Migrate() {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   // A session lock: held across the migration transactions, released below.
-  WS_RETURN_IF_ERROR(c->Query("SELECT pg_advisory_lock($1::bigint)", Params(kMigrationLock)).status());
+  WS_RETURN_IF_ERROR(
+      c->Query("SELECT pg_advisory_lock($1::bigint)", Params(kMigrationLock)).status());
   absl::Status status = [&]() -> absl::Status {
-    WS_RETURN_IF_ERROR(c->Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER "
-                               "PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"));
+    WS_RETURN_IF_ERROR(
+        c->Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER "
+                "PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"));
     WS_ASSIGN_OR_RETURN(PgResult r,
                         c->Query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
     const int current = static_cast<int>(r.Int(0, 0));
     const auto& migrations = postgres_migrations();
     const int newest = migrations.empty() ? 0 : migrations.back().version;
     if (current > newest) {
-      return absl::FailedPreconditionError(
-          "database schema is version " + std::to_string(current) +
-          " but this build knows only up to " + std::to_string(newest) + "; use a newer waystone");
+      return absl::FailedPreconditionError("database schema is version " + std::to_string(current) +
+                                           " but this build knows only up to " +
+                                           std::to_string(newest) + "; use a newer waystone");
     }
     for (const auto& migration : migrations) {
       if (migration.version <= current) continue;
       WS_RETURN_IF_ERROR(c->Exec("BEGIN"));
       absl::Status applied = c->Exec(std::string(migration.sql));
       if (applied.ok()) {
-        applied = c->Query("INSERT INTO schema_migrations VALUES ($1::integer, $2, "
-                           "(extract(epoch from now()) * 1000)::bigint)",
-                           Params(migration.version, migration.name))
+        applied = c->Query(
+                       "INSERT INTO schema_migrations VALUES ($1::integer, $2, "
+                       "(extract(epoch from now()) * 1000)::bigint)",
+                       Params(migration.version, migration.name))
                       .status();
       }
       if (applied.ok()) applied = c->Exec("COMMIT");
@@ -96,7 +100,8 @@ absl::Status PostgresStore::Migrate() {
 
 absl::StatusOr<int> PostgresStore::SchemaVersion() {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
   return static_cast<int>(r.Int(0, 0));
 }
 

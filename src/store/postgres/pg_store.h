@@ -91,8 +91,8 @@ class PostgresStore final : public Store {
                                                         const std::string& source,
                                                         const std::string& id) override;
   absl::Status AddToCounter(const std::string& name, int64_t delta) override;
-  absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
-                                          Millis protect_before, bool dry_run) override;
+  absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now, Millis protect_before,
+                                          bool dry_run) override;
 
   // Returns the schema version (the highest applied migration).
   absl::StatusOr<int> SchemaVersion();
@@ -118,7 +118,7 @@ class PostgresStore final : public Store {
   std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mu_
   // After a failed connect, new connects wait this long (doubling up to 2 s), so an
   // outage does not turn every caller into a reconnect storm.
-  int64_t connect_backoff_ms_ = 0;                    // guarded by mu_
+  int64_t connect_backoff_ms_ = 0;                      // guarded by mu_
   std::chrono::steady_clock::time_point next_connect_;  // guarded by mu_
   std::mutex listen_mu_;
   std::unique_ptr<PgConnection> listener_;  // guarded by listen_mu_

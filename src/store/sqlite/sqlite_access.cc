@@ -35,9 +35,9 @@ absl::StatusOr<TokenRecord> SqliteStore::FindToken(const std::string& token_hash
 
 absl::StatusOr<std::vector<TokenRecord>> SqliteStore::ListTokens() {
   std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare(absl::StrCat("SELECT ", kTokenColumns,
-                                                " FROM api_tokens ORDER BY name")));
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db_->Prepare(absl::StrCat("SELECT ", kTokenColumns, " FROM api_tokens ORDER BY name")));
   return CollectRows(s, ReadToken<SqliteStatement>);
 }
 
@@ -78,21 +78,21 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
                                      "created_at, expires_at, owner FROM api_requests WHERE "
                                      "tenant = ? AND key = ?"));
     get->BindAll(request.tenant, request.key);
-    WS_ASSIGN_OR_RETURN(std::optional<ApiRequestRecord> stored,
-                        FirstRow(get, [&](const SqliteStatement& r) {
-                          return ApiRequestRecord{request.tenant, request.key, r.Text(0),
-                                                  r.Int(1) != 0, static_cast<int>(r.Int(2)),
-                                                  r.Text(3), r.Text(4), r.Int(5), r.Int(6),
-                                                  r.Text(7)};
-                        }));
+    WS_ASSIGN_OR_RETURN(
+        std::optional<ApiRequestRecord> stored, FirstRow(get, [&](const SqliteStatement& r) {
+          return ApiRequestRecord{
+              request.tenant, request.key, r.Text(0), r.Int(1) != 0, static_cast<int>(r.Int(2)),
+              r.Text(3),      r.Text(4),   r.Int(5),  r.Int(6),      r.Text(7)};
+        }));
     claim = DecideApiRequest(stored, request, stale_before, dead_owner);
     if (claim.outcome != ApiRequestOutcome::kNew) return absl::OkStatus();
     WS_ASSIGN_OR_RETURN(SqliteStatement * put,
                         db_->Prepare("INSERT OR REPLACE INTO api_requests (tenant, key, "
                                      "request_hash, created_at, expires_at, owner) VALUES (?, ?, "
                                      "?, ?, ?, ?)"));
-    return put->BindAll(request.tenant, request.key, request.request_hash, request.created_at,
-                        request.expires_at, request.owner)
+    return put
+        ->BindAll(request.tenant, request.key, request.request_hash, request.created_at,
+                  request.expires_at, request.owner)
         .Run();
   });
   if (!status.ok()) return status;
@@ -101,9 +101,10 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
 
 absl::Status SqliteStore::FinishApiRequest(const ApiRequestRecord& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("UPDATE api_requests SET done = 1, status = ?, content_type = "
-                                   "?, body = ? WHERE tenant = ? AND key = ? AND request_hash = ?"));
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db_->Prepare("UPDATE api_requests SET done = 1, status = ?, content_type = "
+                   "?, body = ? WHERE tenant = ? AND key = ? AND request_hash = ?"));
   return s->BindAll(r.status, r.content_type, r.body, r.tenant, r.key, r.request_hash).Run();
 }
 

@@ -7,7 +7,8 @@
 
 namespace waystone {
 
-absl::StatusOr<int64_t> SqliteStore::RaiseAlert(const AlertRecord& alert, const EventRecord& event) {
+absl::StatusOr<int64_t> SqliteStore::RaiseAlert(const AlertRecord& alert,
+                                                const EventRecord& event) {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t id = 0;
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
@@ -20,9 +21,8 @@ absl::StatusOr<int64_t> SqliteStore::RaiseAlert(const AlertRecord& alert, const 
 
 absl::StatusOr<AlertRecord> SqliteStore::GetAlert(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare(absl::StrCat("SELECT ", kAlertColumns,
-                                                " FROM alerts WHERE id = ?")));
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(absl::StrCat("SELECT ", kAlertColumns,
+                                                                     " FROM alerts WHERE id = ?")));
   s->BindAll(id);
   WS_ASSIGN_OR_RETURN(std::optional<AlertRecord> alert, FirstRow(s, ReadAlert<SqliteStatement>));
   if (!alert) return absl::NotFoundError("no alert " + std::to_string(id));
@@ -48,7 +48,8 @@ absl::Status SqliteStore::AcknowledgeAlert(int64_t id, const AuditRecord& audit)
     WS_ASSIGN_OR_RETURN(SqliteStatement * ack, db_->Prepare(kAcknowledge));
     WS_RETURN_IF_ERROR(ack->BindAll(audit.at, id).Run());
     if (db_->Changes() != 1) {
-      return absl::FailedPreconditionError("the alert is not open");  // no database id: callers show public ones
+      return absl::FailedPreconditionError(
+          "the alert is not open");  // no database id: callers show public ones
     }
     return SqliteInsertAudit(*db_, audit, audit.instance_id, audit.at);
   });
@@ -57,7 +58,8 @@ absl::Status SqliteStore::AcknowledgeAlert(int64_t id, const AuditRecord& audit)
 absl::StatusOr<std::vector<StaleUnknown>> SqliteStore::StaleUnknownSteps(Millis unknown_before) {
   static const std::string kStale = absl::StrCat(
       "SELECT s.instance_id, i.tenant, s.name, s.unknown_since FROM steps s JOIN instances i ON "
-      "i.id = s.instance_id WHERE s.state = ", SqlValue(StepState::kUnknown),
+      "i.id = s.instance_id WHERE s.state = ",
+      SqlValue(StepState::kUnknown),
       " AND s.unknown_since > 0 AND s.unknown_since <= ?1 AND NOT EXISTS (SELECT 1 FROM alerts a "
       "WHERE a.instance_id = s.instance_id AND a.step_name = s.name AND a.kind = ",
       SqlValue(AlertKind::kUnknownUnresolved), " AND a.created_at >= s.unknown_since)");

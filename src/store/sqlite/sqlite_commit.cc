@@ -27,9 +27,18 @@ class SqliteChangeSql final : public ChangeSql {
                     "next_run_at = COALESCE(?5, next_run_at) "
                     "WHERE id = ?6 AND lease_epoch = ?7 AND lease_owner = ?8"));
     fence->Bind(1, c.now).Bind(2, c.lease_expires_at);
-    if (c.state) fence->Bind(3, static_cast<int64_t>(*c.state)); else fence->BindNull(3);
-    if (c.status_reason) fence->Bind(4, std::string_view(*c.status_reason)); else fence->BindNull(4);
-    if (c.next_run_at) fence->Bind(5, *c.next_run_at); else fence->BindNull(5);
+    if (c.state)
+      fence->Bind(3, static_cast<int64_t>(*c.state));
+    else
+      fence->BindNull(3);
+    if (c.status_reason)
+      fence->Bind(4, std::string_view(*c.status_reason));
+    else
+      fence->BindNull(4);
+    if (c.next_run_at)
+      fence->Bind(5, *c.next_run_at);
+    else
+      fence->BindNull(5);
     fence->Bind(6, c.lease.instance_id).Bind(7, c.lease.epoch);
     fence->Bind(8, std::string_view(c.lease.owner));
     WS_RETURN_IF_ERROR(fence->Run());
@@ -68,8 +77,9 @@ class SqliteChangeSql final : public ChangeSql {
                         db_.Prepare("INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?) "
                                     "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
                                     "excluded.request_hash, expires_at = excluded.expires_at"));
-    return s->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step,
-                      now, claim.expires_at)
+    return s
+        ->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
+                  claim.expires_at)
         .Run();
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
@@ -83,10 +93,10 @@ class SqliteChangeSql final : public ChangeSql {
     WS_RETURN_IF_ERROR(step->BindAll(static_cast<int64_t>(s.state), s.attempts,
                                      static_cast<int64_t>(s.error_class), s.error_message,
                                      s.external_id, s.response_json, s.idempotency_key,
-                                     s.request_hash, static_cast<int64_t>(s.resolution),
-                                     s.unknowns, s.lookups, s.compensation_attempts,
-                                     s.next_attempt_at, s.started_at, s.finished_at, s.span_id,
-                                     s.unknown_since, instance_id, s.index)
+                                     s.request_hash, static_cast<int64_t>(s.resolution), s.unknowns,
+                                     s.lookups, s.compensation_attempts, s.next_attempt_at,
+                                     s.started_at, s.finished_at, s.span_id, s.unknown_since,
+                                     instance_id, s.index)
                            .Run());
     return db_.Changes() == 1;
   }
@@ -97,8 +107,8 @@ class SqliteChangeSql final : public ChangeSql {
                                     "instance_id = ?1 AND step_index = ?2"));
     return attempt
         ->BindAll(instance_id, a.step_index, static_cast<int64_t>(a.phase), a.sent ? 1 : 0,
-                  static_cast<int64_t>(a.connection), a.status,
-                  static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at)
+                  static_cast<int64_t>(a.connection), a.status, static_cast<int64_t>(a.error_class),
+                  a.detail, a.started_at, a.finished_at)
         .Run();
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {

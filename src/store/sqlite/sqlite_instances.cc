@@ -20,8 +20,7 @@ class SqliteStartSql final : public StartSql {
                         db_.Prepare("INSERT OR IGNORE INTO inbox (tenant, source, event_id, "
                                     "data_hash, received_at) VALUES (?, ?, ?, ?, ?)"));
     WS_RETURN_IF_ERROR(
-        claim->BindAll(in.tenant, in.event_source, in.event_id, in.event_data_hash, in.now)
-            .Run());
+        claim->BindAll(in.tenant, in.event_source, in.event_id, in.event_data_hash, in.now).Run());
     return db_.Changes() == 1;
   }
   absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
@@ -105,7 +104,8 @@ absl::Status SqliteStore::PutDefinition(const std::string& hash, const std::stri
 
 absl::StatusOr<std::string> SqliteStore::GetDefinition(const std::string& hash) {
   std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare("SELECT body FROM definitions WHERE hash = ?"));
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT body FROM definitions WHERE hash = ?"));
   s->BindAll(hash);
   WS_ASSIGN_OR_RETURN(std::optional<std::string> body, FirstRow(s, ReadText0<SqliteStatement>));
   if (!body) return absl::NotFoundError("no definition with hash " + hash);
@@ -180,22 +180,35 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
       SqlLiveAlertStates(), " AND (?10 = 0 OR a.kind = ?10))) ORDER BY id LIMIT ?4");
   std::lock_guard<std::mutex> lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kList));
-  if (filter.tenant) s->Bind(1, std::string_view(*filter.tenant)); else s->BindNull(1);
-  if (filter.workflow) s->Bind(2, std::string_view(*filter.workflow)); else s->BindNull(2);
-  if (filter.state) s->Bind(3, static_cast<int64_t>(*filter.state)); else s->BindNull(3);
+  if (filter.tenant)
+    s->Bind(1, std::string_view(*filter.tenant));
+  else
+    s->BindNull(1);
+  if (filter.workflow)
+    s->Bind(2, std::string_view(*filter.workflow));
+  else
+    s->BindNull(2);
+  if (filter.state)
+    s->Bind(3, static_cast<int64_t>(*filter.state));
+  else
+    s->BindNull(3);
   s->Bind(4, static_cast<int64_t>(filter.limit));
   s->Bind(5, filter.after_id).Bind(6, filter.created_from).Bind(7, filter.created_to);
-  if (filter.error_class) s->Bind(8, static_cast<int64_t>(*filter.error_class)); else s->BindNull(8);
+  if (filter.error_class)
+    s->Bind(8, static_cast<int64_t>(*filter.error_class));
+  else
+    s->BindNull(8);
   s->Bind(9, static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0));
-  s->Bind(10, static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0));
+  s->Bind(10,
+          static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0));
   return CollectRows(s, ReadInstance<SqliteStatement>);
 }
 
 absl::StatusOr<std::vector<EventRecord>> SqliteStore::ListEvents(int64_t instance_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare(absl::StrCat("SELECT ", kEventColumns,
-                                                " FROM outbox WHERE instance_id = ? ORDER BY seq")));
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(absl::StrCat(
+                                               "SELECT ", kEventColumns,
+                                               " FROM outbox WHERE instance_id = ? ORDER BY seq")));
   s->BindAll(instance_id);
   return CollectRows(s, ReadEvent<SqliteStatement>);
 }

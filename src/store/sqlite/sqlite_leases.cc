@@ -27,13 +27,14 @@ absl::StatusOr<std::vector<ClaimedRow>> TakeLeases(
   return rows;
 }
 
-std::pair<int64_t, std::string> ReadPicked(const SqliteStatement& r) { return {r.Int(0), r.Text(1)}; }
+std::pair<int64_t, std::string> ReadPicked(const SqliteStatement& r) {
+  return {r.Int(0), r.Text(1)};
+}
 
 }  // namespace
 
-absl::StatusOr<std::vector<Lease>> SqliteStore::ClaimRunnable(const std::string& owner,
-                                                              Millis now, Millis lease_duration,
-                                                              int limit) {
+absl::StatusOr<std::vector<Lease>> SqliteStore::ClaimRunnable(const std::string& owner, Millis now,
+                                                              Millis lease_duration, int limit) {
   static const std::string kPick = absl::StrCat(
       "SELECT id, lease_owner FROM instances WHERE state IN ", SqlRunnableStates(),
       " AND next_run_at <= ?1 AND lease_expires_at <= ?1 ORDER BY next_run_at LIMIT ?2");

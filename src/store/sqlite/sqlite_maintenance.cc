@@ -18,7 +18,8 @@ class SqliteGcSql final : public GcSql {
     static const std::string kPick = absl::StrCat(
         "INSERT INTO gc_ids SELECT id FROM instances i WHERE state IN ", SqlFinishedStates(),
         " AND updated_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.instance_id = "
-        "i.id AND d.state = ", SqlValue(DeliveryState::kPending), ")");
+        "i.id AND d.state = ",
+        SqlValue(DeliveryState::kPending), ")");
     WS_RETURN_IF_ERROR(db_.Exec("CREATE TEMP TABLE IF NOT EXISTS gc_ids (id INTEGER PRIMARY KEY)"));
     WS_RETURN_IF_ERROR(db_.Exec("DELETE FROM gc_ids"));
     WS_ASSIGN_OR_RETURN(SqliteStatement * pick, db_.Prepare(kPick));
@@ -55,17 +56,19 @@ class SqliteGcSql final : public GcSql {
     return Run("DELETE FROM tombstones WHERE collected_at < ?", protect_before);
   }
   absl::Status BuryPicked(Millis now) override {
-    return Run("INSERT OR REPLACE INTO tombstones SELECT tenant, business_key, workflow, "
-               "input_hash, state, COALESCE((SELECT json_group_object(s.name, s.external_id) "
-               "FROM steps s WHERE s.instance_id = i.id AND s.external_id <> ''), '{}'), id, "
-               "updated_at, ? FROM instances i WHERE id IN (SELECT id FROM gc_ids)",
-               now);
+    return Run(
+        "INSERT OR REPLACE INTO tombstones SELECT tenant, business_key, workflow, "
+        "input_hash, state, COALESCE((SELECT json_group_object(s.name, s.external_id) "
+        "FROM steps s WHERE s.instance_id = i.id AND s.external_id <> ''), '{}'), id, "
+        "updated_at, ? FROM instances i WHERE id IN (SELECT id FROM gc_ids)",
+        now);
   }
   absl::Status Exec(std::string_view sql) override { return db_.Exec(sql); }
   absl::Status DeleteInboxClaimsBefore(Millis protect_before) override {
-    return Run("DELETE FROM inbox WHERE received_at < ? AND (instance_id IS NULL OR instance_id "
-               "NOT IN (SELECT id FROM instances))",
-               protect_before);
+    return Run(
+        "DELETE FROM inbox WHERE received_at < ? AND (instance_id IS NULL OR instance_id "
+        "NOT IN (SELECT id FROM instances))",
+        protect_before);
   }
   absl::Status DeleteIdempotencyKeysBefore(Millis now) override {
     return Run("DELETE FROM idempotency_keys WHERE expires_at < ?", now);
@@ -101,15 +104,18 @@ absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Mil
 absl::StatusOr<StoreSummary> SqliteStore::Summary() {
   static const std::string kSteps = absl::StrCat(
       "SELECT COALESCE(SUM(MAX(attempts - 1, 0)), 0), COALESCE(SUM(unknowns), 0), "
-      "COALESCE(SUM(resolution = ", SqlValue(Resolution::kLookupFound),
+      "COALESCE(SUM(resolution = ",
+      SqlValue(Resolution::kLookupFound),
       "), 0), COALESCE(SUM(resolution = ", SqlValue(Resolution::kResubmitted),
       "), 0), COALESCE(SUM(state = ", SqlValue(StepState::kCompensated),
       "), 0), (SELECT COUNT(*) FROM alerts WHERE state = ", SqlValue(AlertState::kOpen),
       "), (SELECT COUNT(*) FROM outbox), COALESCE(SUM(attempts), 0), COALESCE(SUM(resolution = ",
-      SqlValue(Resolution::kOperator), "), 0), COALESCE(SUM(compensation_attempts), 0), "
-      "COALESCE(SUM(state = ", SqlValue(StepState::kCompensationFailed),
-      "), 0), (SELECT value FROM counters WHERE name = '", kCounterLeaseTakeovers,
-      "'), (SELECT value FROM counters WHERE name = '", kCounterInboxDuplicates, "') FROM steps");
+      SqlValue(Resolution::kOperator),
+      "), 0), COALESCE(SUM(compensation_attempts), 0), "
+      "COALESCE(SUM(state = ",
+      SqlValue(StepState::kCompensationFailed), "), 0), (SELECT value FROM counters WHERE name = '",
+      kCounterLeaseTakeovers, "'), (SELECT value FROM counters WHERE name = '",
+      kCounterInboxDuplicates, "') FROM steps");
   static const std::string kClasses =
       absl::StrCat("SELECT error_class, COUNT(*) FROM steps WHERE error_class <> ",
                    SqlValue(ErrorClass::kNone), " GROUP BY error_class ORDER BY error_class");
@@ -118,37 +124,20 @@ absl::StatusOr<StoreSummary> SqliteStore::Summary() {
   WS_ASSIGN_OR_RETURN(SqliteStatement * by_state,
                       db_->Prepare("SELECT state, COUNT(*) FROM instances GROUP BY state "
                                    "ORDER BY state"));
-  WS_ASSIGN_OR_RETURN(summary.instances_by_state, CollectRows(by_state, [](const SqliteStatement& r) {
-                        return std::pair(static_cast<InstanceState>(r.Int(0)), r.Int(1));
-                      }));
+  WS_ASSIGN_OR_RETURN(summary.instances_by_state,
+                      CollectRows(by_state, ReadCountOf<InstanceState, SqliteStatement>));
   WS_ASSIGN_OR_RETURN(SqliteStatement * steps, db_->Prepare(kSteps));
   WS_ASSIGN_OR_RETURN(bool row, steps->Step());
-  if (row) {
-    summary.retries = steps->Int(0);
-    summary.unknown_outcomes = steps->Int(1);
-    summary.resolved_by_lookup = steps->Int(2);
-    summary.resubmitted_after_lookup = steps->Int(3);
-    summary.compensations = steps->Int(4);
-    summary.open_alerts = steps->Int(5);
-    summary.outbox_events = steps->Int(6);
-    summary.attempts = steps->Int(7);
-    summary.resolved_by_operator = steps->Int(8);
-    summary.compensation_attempts = steps->Int(9);
-    summary.compensation_failures = steps->Int(10);
-    summary.lease_takeovers = steps->Int(11);
-    summary.inbox_duplicates = steps->Int(12);
-  }
+  if (row) ReadSummaryCounts(*steps, &summary);
   steps->Reset();
   WS_ASSIGN_OR_RETURN(SqliteStatement * classes, db_->Prepare(kClasses));
-  WS_ASSIGN_OR_RETURN(summary.steps_by_error_class, CollectRows(classes, [](const SqliteStatement& r) {
-                        return std::pair(static_cast<ErrorClass>(r.Int(0)), r.Int(1));
-                      }));
+  WS_ASSIGN_OR_RETURN(summary.steps_by_error_class,
+                      CollectRows(classes, ReadCountOf<ErrorClass, SqliteStatement>));
   WS_ASSIGN_OR_RETURN(SqliteStatement * states,
                       db_->Prepare("SELECT state, COUNT(*) FROM steps GROUP BY state ORDER BY "
                                    "state"));
-  WS_ASSIGN_OR_RETURN(summary.steps_by_state, CollectRows(states, [](const SqliteStatement& r) {
-                        return std::pair(static_cast<StepState>(r.Int(0)), r.Int(1));
-                      }));
+  WS_ASSIGN_OR_RETURN(summary.steps_by_state,
+                      CollectRows(states, ReadCountOf<StepState, SqliteStatement>));
   return summary;
 }
 

@@ -94,9 +94,9 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
                           return c;
                         }));
     claims = std::move(rows);
-    WS_ASSIGN_OR_RETURN(SqliteStatement * event,
-                        db_->Prepare(absl::StrCat("SELECT ", kEventColumns,
-                                                  " FROM outbox WHERE seq = ?")));
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * event,
+        db_->Prepare(absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = ?")));
     for (DeliveryClaim& c : claims) {
       event->BindAll(c.event.seq);
       WS_ASSIGN_OR_RETURN(std::optional<EventRecord> row,
@@ -110,8 +110,9 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
   });
   if (!status.ok()) return status;
   // Deliver in outbox order: the RETURNING order is not guaranteed.
-  std::sort(claims.begin(), claims.end(),
-            [](const DeliveryClaim& a, const DeliveryClaim& b) { return a.event.seq < b.event.seq; });
+  std::sort(claims.begin(), claims.end(), [](const DeliveryClaim& a, const DeliveryClaim& b) {
+    return a.event.seq < b.event.seq;
+  });
   return claims;
 }
 
@@ -144,7 +145,8 @@ absl::Status SqliteStore::FinishDelivery(const DeliveryClaim& claim, const Deliv
       WS_RETURN_IF_ERROR(SqliteInsertAlert(*db_, *u.alert, u.alert->instance_id, u.now).status());
     }
     if (u.alert_event) {
-      WS_RETURN_IF_ERROR(SqliteInsertEvent(*db_, *u.alert_event, u.alert_event->instance_id, u.now));
+      WS_RETURN_IF_ERROR(
+          SqliteInsertEvent(*db_, *u.alert_event, u.alert_event->instance_id, u.now));
     }
     if (u.disable_sink) {
       WS_ASSIGN_OR_RETURN(SqliteStatement * disable,
@@ -195,8 +197,9 @@ absl::StatusOr<std::vector<DeliveryRecord>> SqliteStore::ListDeliveries(int64_t 
 
 absl::StatusOr<std::vector<SinkStats>> SqliteStore::DeliveryStats() {
   static const std::string kStats = absl::StrCat(
-      "SELECT d.sink, SUM(d.state = ", SqlValue(DeliveryState::kPending), "), SUM(d.state = ",
-      SqlValue(DeliveryState::kDelivered), "), SUM(d.state = ", SqlValue(DeliveryState::kParked),
+      "SELECT d.sink, SUM(d.state = ", SqlValue(DeliveryState::kPending),
+      "), SUM(d.state = ", SqlValue(DeliveryState::kDelivered),
+      "), SUM(d.state = ", SqlValue(DeliveryState::kParked),
       "), SUM(d.attempts) - SUM(d.state = ", SqlValue(DeliveryState::kDelivered),
       "), COALESCE(MIN(CASE WHEN d.state = ", SqlValue(DeliveryState::kPending),
       " THEN d.created_at END), 0), COALESCE((SELECT disabled FROM relay_sinks r WHERE r.sink = "

@@ -9,9 +9,9 @@ namespace {
 template <typename... Args>
 absl::StatusOr<std::optional<InstanceRecord>> InstanceWhere(SqliteDb& db, const char* where,
                                                             const Args&... args) {
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db.Prepare(absl::StrCat("SELECT ", kInstanceColumns,
-                                              " FROM instances WHERE ", where)));
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db.Prepare(absl::StrCat("SELECT ", kInstanceColumns, " FROM instances WHERE ", where)));
   s->BindAll(args...);
   return FirstRow(s, ReadInstance<SqliteStatement>);
 }
@@ -19,9 +19,9 @@ absl::StatusOr<std::optional<InstanceRecord>> InstanceWhere(SqliteDb& db, const 
 template <typename... Args>
 absl::StatusOr<std::optional<TombstoneRecord>> TombstoneWhere(SqliteDb& db, const char* where,
                                                               const Args&... args) {
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db.Prepare(absl::StrCat("SELECT ", kTombstoneColumns,
-                                              " FROM tombstones WHERE ", where)));
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db.Prepare(absl::StrCat("SELECT ", kTombstoneColumns, " FROM tombstones WHERE ", where)));
   s->BindAll(args...);
   return FirstRow(s, ReadTombstone<SqliteStatement>);
 }
@@ -71,10 +71,10 @@ absl::Status SqliteInsertEvent(SqliteDb& db, const EventRecord& e, int64_t insta
 
 absl::StatusOr<int64_t> SqliteInsertAlert(SqliteDb& db, const AlertRecord& a, int64_t instance_id,
                                           Millis now) {
-  static const std::string kInsert =
-      absl::StrCat("INSERT INTO alerts (instance_id, tenant, step_name, kind, state, message, "
-                   "created_at, updated_at) VALUES (?, ?, ?, ?, ",
-                   SqlValue(AlertState::kOpen), ", ?, ?, ?)");
+  static const std::string kInsert = absl::StrCat(
+      "INSERT INTO alerts (instance_id, tenant, step_name, kind, state, message, "
+      "created_at, updated_at) VALUES (?, ?, ?, ?, ",
+      SqlValue(AlertState::kOpen), ", ?, ?, ?)");
   WS_ASSIGN_OR_RETURN(SqliteStatement * alert, db.Prepare(kInsert));
   WS_RETURN_IF_ERROR(alert
                          ->BindAll(instance_id, a.tenant, a.step, static_cast<int64_t>(a.kind),
@@ -83,8 +83,7 @@ absl::StatusOr<int64_t> SqliteInsertAlert(SqliteDb& db, const AlertRecord& a, in
   return db.LastInsertRowId();
 }
 
-absl::Status SqliteInsertAudit(SqliteDb& db, const AuditRecord& a, int64_t instance_id,
-                               Millis at) {
+absl::Status SqliteInsertAudit(SqliteDb& db, const AuditRecord& a, int64_t instance_id, Millis at) {
   WS_ASSIGN_OR_RETURN(SqliteStatement * audit,
                       db.Prepare("INSERT INTO audit_log (at, actor, tenant, instance_id, action, "
                                  "reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?)"));

@@ -9,7 +9,8 @@ SqliteStore::SqliteStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
 SqliteStore::~SqliteStore() = default;
 
 absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOptions& options) {
-  WS_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout)));
+  WS_ASSIGN_OR_RETURN(auto db,
+                      SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout)));
   if (options.synchronous != "FULL" && options.synchronous != "NORMAL" &&
       options.synchronous != "OFF" && options.synchronous != "EXTRA") {
     return absl::InvalidArgumentError("synchronous must be OFF, NORMAL, FULL or EXTRA");
@@ -25,9 +26,9 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOption
 absl::Status SqliteStore::Migrate() {
   std::lock_guard<std::mutex> lock(mu_);
   return InWriteTransaction(*db_, [&]() -> absl::Status {
-    WS_RETURN_IF_ERROR(db_->Exec(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-        "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
+    WS_RETURN_IF_ERROR(
+        db_->Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                  "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
     WS_ASSIGN_OR_RETURN(SqliteStatement * max,
                         db_->Prepare("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
     WS_ASSIGN_OR_RETURN(bool row, max->Step());
@@ -36,9 +37,9 @@ absl::Status SqliteStore::Migrate() {
     const auto& migrations = sqlite_migrations();
     const int newest = migrations.empty() ? 0 : migrations.back().version;
     if (current > newest) {
-      return absl::FailedPreconditionError(
-          "database schema is version " + std::to_string(current) + " but this build knows only " +
-          "up to " + std::to_string(newest) + "; use a newer waystone");
+      return absl::FailedPreconditionError("database schema is version " + std::to_string(current) +
+                                           " but this build knows only " + "up to " +
+                                           std::to_string(newest) + "; use a newer waystone");
     }
     for (const auto& migration : migrations) {
       if (migration.version <= current) continue;
@@ -54,7 +55,8 @@ absl::Status SqliteStore::Migrate() {
 
 absl::StatusOr<int> SqliteStore::SchemaVersion() {
   std::lock_guard<std::mutex> lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare("SELECT MAX(version) FROM schema_migrations"));
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT MAX(version) FROM schema_migrations"));
   WS_ASSIGN_OR_RETURN(bool row, s->Step());
   const int version = row ? static_cast<int>(s->Int(0)) : 0;
   s->Reset();
