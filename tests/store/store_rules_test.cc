@@ -12,6 +12,7 @@
 #include "store/gc_order.h"
 #include "store/group_commit.h"
 #include "store/lease_claims.h"
+#include "store/relay_rules.h"
 #include "store/sql_values.h"
 #include "store/start_decision.h"
 #include "store/store.h"
@@ -193,6 +194,63 @@ TEST(StoreRulesTest, GcBuriesBeforeItDeletesAndChildrenGoBeforeParents) {
                                              "keys",
                                              "requests"};
   EXPECT_EQ(sql.log, expected);
+}
+
+// Records a delivery's statements; `held` says whether the claim still holds.
+class FakeDeliverySql final : public DeliverySql {
+ public:
+  bool held = true;
+  std::vector<std::string> log;
+  absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) override {
+    if (seq == 404) return std::nullopt;
+    EventRecord e;
+    e.seq = seq;
+    return e;
+  }
+  absl::StatusOr<bool> FinishClaimed(const DeliveryClaim&, const DeliveryUpdate&) override {
+    log.push_back("finish");
+    return held;
+  }
+  absl::Status MarkEventDelivered(int64_t, Millis) override { return Note("mark"); }
+  absl::Status InsertAlert(const AlertRecord&, Millis) override { return Note("alert"); }
+  absl::Status InsertEvent(const EventRecord&, Millis) override { return Note("event"); }
+  absl::Status DisableSink(const std::string&, const std::string&, Millis) override {
+    return Note("disable");
+  }
+
+ private:
+  absl::Status Note(const std::string& what) {
+    log.push_back(what);
+    return absl::OkStatus();
+  }
+};
+
+TEST(StoreRulesTest, ADeliveryEndsUnderItsLeaseAndClaimsComeInOutboxOrder) {
+  DeliveryUpdate gone;
+  gone.state = DeliveryState::kPending;
+  gone.alert = AlertRecord{};
+  gone.alert_event = EventRecord{};
+  gone.disable_sink = true;
+  FakeDeliverySql sql;
+  ASSERT_TRUE(FinishDeliveryWith(sql, DeliveryClaim{}, gone).ok());
+  EXPECT_EQ(sql.log, (std::vector<std::string>{"finish", "alert", "event", "disable"}));
+
+  FakeDeliverySql lost;
+  lost.held = false;
+  DeliveryUpdate delivered;
+  delivered.state = DeliveryState::kDelivered;
+  EXPECT_TRUE(absl::IsAborted(FinishDeliveryWith(lost, DeliveryClaim{}, delivered)));
+  EXPECT_EQ(lost.log, (std::vector<std::string>{"finish"}));
+
+  std::vector<DeliveryClaim> claims(3);
+  claims[0].event.seq = 9;
+  claims[1].event.seq = 2;
+  claims[2].event.seq = 5;
+  ASSERT_TRUE(CompleteClaims(sql, &claims).ok());
+  EXPECT_EQ(claims[0].event.seq, 2);
+  EXPECT_EQ(claims[2].event.seq, 9);
+  claims[1].event.seq = 404;
+  EXPECT_TRUE(absl::IsDataLoss(CompleteClaims(sql, &claims)));
 }
 
 // A start against rows held in memory.

@@ -1,12 +1,66 @@
 // PostgresStore: outbox cursors and deliveries under leases (RelayStore).
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "store/postgres/pg_rows.h"
+#include "store/relay_rules.h"
 #include "store/sql_values.h"
 
 namespace waystone {
+namespace {
+
+// The SQL of a delivery's end; the rules are FinishDeliveryWith's.
+class PgDeliverySql final : public DeliverySql {
+ public:
+  explicit PgDeliverySql(PgConnection& c) : c_(c) {}
+
+  absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) override {
+    static const std::string kEvent =
+        absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = $1::bigint");
+    WS_ASSIGN_OR_RETURN(PgResult event, c_.Query(kEvent, Params(seq)));
+    return PgFirstRow(event, waystone::ReadEvent<PgRow>);
+  }
+  absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate& u) override {
+    static const std::string kFinish = absl::StrCat(
+        "UPDATE deliveries SET state = $1::smallint, attempts = $2::integer, next_attempt_at = "
+        "$3::bigint, last_error = $4, delivered_at = CASE WHEN $1::smallint = ",
+        SqlValue(DeliveryState::kDelivered),
+        " THEN $5::bigint ELSE delivered_at END, lease_owner = '', lease_expires_at = 0 WHERE id "
+        "= $6::bigint AND lease_epoch = $7::bigint AND lease_owner = $8");
+    WS_ASSIGN_OR_RETURN(
+        PgResult finish,
+        c_.Query(kFinish, Params(static_cast<int64_t>(u.state), u.attempts, u.next_attempt_at,
+                                 u.error, u.now, claim.id, claim.epoch, claim.owner)));
+    return finish.affected() == 1;
+  }
+  absl::Status MarkEventDelivered(int64_t seq, Millis now) override {
+    static const std::string kMark = absl::StrCat(
+        "UPDATE outbox SET delivered_at = $1::bigint WHERE seq = $2::bigint AND NOT EXISTS "
+        "(SELECT 1 FROM deliveries WHERE outbox_seq = $2::bigint AND state <> ",
+        SqlValue(DeliveryState::kDelivered), ")");
+    return c_.Query(kMark, Params(now, seq)).status();
+  }
+  absl::Status InsertAlert(const AlertRecord& alert, Millis now) override {
+    return PgInsertAlert(c_, alert, alert.instance_id, now).status();
+  }
+  absl::Status InsertEvent(const EventRecord& event, Millis now) override {
+    return PgInsertEvent(c_, event, event.instance_id, now);
+  }
+  absl::Status DisableSink(const std::string& sink, const std::string& reason,
+                           Millis now) override {
+    return c_
+        .Query(
+            "INSERT INTO relay_sinks VALUES ($1, 1, $2, $3::bigint) ON CONFLICT (sink) "
+            "DO UPDATE SET disabled = 1, reason = excluded.reason, updated_at = "
+            "excluded.updated_at",
+            Params(sink, reason, now))
+        .status();
+  }
+
+ private:
+  PgConnection& c_;
+};
+
+}  // namespace
 
 absl::StatusOr<int64_t> PostgresStore::OutboxCursor(const std::string& sink) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
@@ -71,69 +125,28 @@ absl::StatusOr<std::vector<DeliveryClaim>> PostgresStore::ClaimDeliveries(
       SqlValue(DeliveryState::kPending),
       " AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq LIMIT $4::integer FOR UPDATE SKIP "
       "LOCKED) RETURNING id, lease_epoch, sink, attempts, outbox_seq");
-  static const std::string kEvent =
-      absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = $1::bigint");
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kClaim, Params(owner, now, lease_duration, limit,
                                                           "{" + QuoteEach(sinks) + "}")));
-  std::vector<DeliveryClaim> claims;
-  for (int i = 0; i < r.rows(); ++i) {
+  std::vector<DeliveryClaim> claims = PgRows(r, [&](const PgRow& row) {
     DeliveryClaim claim;
-    claim.id = r.Int(i, 0);
-    claim.epoch = r.Int(i, 1);
+    claim.id = row.Int(0);
+    claim.epoch = row.Int(1);
     claim.owner = owner;
-    claim.sink = r.Text(i, 2);
-    claim.attempts = static_cast<int>(r.Int(i, 3));
-    WS_ASSIGN_OR_RETURN(PgResult event, c->Query(kEvent, Params(r.Int(i, 4))));
-    std::optional<EventRecord> row = PgFirstRow(event, ReadEvent<PgRow>);
-    if (!row) {
-      return absl::DataLossError("delivery of missing outbox row " + std::to_string(r.Int(i, 4)));
-    }
-    claim.event = *row;
-    claims.push_back(std::move(claim));
-  }
-  // Deliver in outbox order: the RETURNING order is not guaranteed.
-  std::sort(claims.begin(), claims.end(), [](const DeliveryClaim& a, const DeliveryClaim& b) {
-    return a.event.seq < b.event.seq;
+    claim.sink = row.Text(2);
+    claim.attempts = static_cast<int>(row.Int(3));
+    claim.event.seq = row.Int(4);
+    return claim;
   });
+  PgDeliverySql sql(*c);
+  WS_RETURN_IF_ERROR(CompleteClaims(sql, &claims));
   return claims;
 }
 
 absl::Status PostgresStore::FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& u) {
-  static const std::string kFinish = absl::StrCat(
-      "UPDATE deliveries SET state = $1::smallint, attempts = $2::integer, next_attempt_at = "
-      "$3::bigint, last_error = $4, delivered_at = CASE WHEN $1::smallint = ",
-      SqlValue(DeliveryState::kDelivered),
-      " THEN $5::bigint ELSE delivered_at END, lease_owner = '', lease_expires_at = 0 WHERE id = "
-      "$6::bigint AND lease_epoch = $7::bigint AND lease_owner = $8");
-  static const std::string kMarkDelivered = absl::StrCat(
-      "UPDATE outbox SET delivered_at = $1::bigint WHERE seq = $2::bigint AND NOT EXISTS (SELECT "
-      "1 FROM deliveries WHERE outbox_seq = $2::bigint AND state <> ",
-      SqlValue(DeliveryState::kDelivered), ")");
   return InTransaction([&](PgConnection& c) -> absl::Status {
-    WS_ASSIGN_OR_RETURN(
-        PgResult finish,
-        c.Query(kFinish, Params(static_cast<int64_t>(u.state), u.attempts, u.next_attempt_at,
-                                u.error, u.now, claim.id, claim.epoch, claim.owner)));
-    if (finish.affected() != 1) {
-      return absl::AbortedError("delivery " + std::to_string(claim.id) + " lease lost");
-    }
-    if (u.state == DeliveryState::kDelivered) {
-      WS_RETURN_IF_ERROR(c.Query(kMarkDelivered, Params(u.now, claim.event.seq)).status());
-    }
-    if (u.alert)
-      WS_RETURN_IF_ERROR(PgInsertAlert(c, *u.alert, u.alert->instance_id, u.now).status());
-    if (u.alert_event) {
-      WS_RETURN_IF_ERROR(PgInsertEvent(c, *u.alert_event, u.alert_event->instance_id, u.now));
-    }
-    if (u.disable_sink) {
-      WS_RETURN_IF_ERROR(c.Query("INSERT INTO relay_sinks VALUES ($1, 1, $2, $3::bigint) ON "
-                                 "CONFLICT (sink) DO UPDATE SET disabled = 1, reason = "
-                                 "excluded.reason, updated_at = excluded.updated_at",
-                                 Params(claim.sink, u.error, u.now))
-                             .status());
-    }
-    return absl::OkStatus();
+    PgDeliverySql sql(c);
+    return FinishDeliveryWith(sql, claim, u);
   });
 }
 

@@ -1,8 +1,7 @@
 // SqliteStore: outbox cursors and deliveries under leases (RelayStore).
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
+#include "store/relay_rules.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
 #include "store/sqlite/sqlite_store.h"
@@ -18,6 +17,59 @@ absl::StatusOr<int64_t> CursorOf(SqliteDb& db, const std::string& sink) {
                       FirstRow(s, [](const SqliteStatement& r) { return r.Int(0); }));
   return cursor.value_or(0);
 }
+
+// The SQL of a delivery's end; the rules are FinishDeliveryWith's.
+class SqliteDeliverySql final : public DeliverySql {
+ public:
+  explicit SqliteDeliverySql(SqliteDb& db) : db_(db) {}
+
+  absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) override {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * event,
+        db_.Prepare(absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = ?")));
+    event->BindAll(seq);
+    return FirstRow(event, waystone::ReadEvent<SqliteStatement>);
+  }
+  absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate& u) override {
+    static const std::string kFinish = absl::StrCat(
+        "UPDATE deliveries SET state = ?1, attempts = ?2, next_attempt_at = ?3, last_error = ?4, "
+        "delivered_at = CASE WHEN ?1 = ",
+        SqlValue(DeliveryState::kDelivered),
+        " THEN ?5 ELSE delivered_at END, lease_owner = '', lease_expires_at = 0 WHERE id = ?6 "
+        "AND lease_epoch = ?7 AND lease_owner = ?8");
+    WS_ASSIGN_OR_RETURN(SqliteStatement * finish, db_.Prepare(kFinish));
+    WS_RETURN_IF_ERROR(finish
+                           ->BindAll(static_cast<int64_t>(u.state), u.attempts, u.next_attempt_at,
+                                     u.error, u.now, claim.id, claim.epoch, claim.owner)
+                           .Run());
+    return db_.Changes() == 1;
+  }
+  absl::Status MarkEventDelivered(int64_t seq, Millis now) override {
+    static const std::string kMark = absl::StrCat(
+        "UPDATE outbox SET delivered_at = ?1 WHERE seq = ?2 AND NOT EXISTS (SELECT 1 FROM "
+        "deliveries WHERE outbox_seq = ?2 AND state <> ",
+        SqlValue(DeliveryState::kDelivered), ")");
+    WS_ASSIGN_OR_RETURN(SqliteStatement * mark, db_.Prepare(kMark));
+    return mark->BindAll(now, seq).Run();
+  }
+  absl::Status InsertAlert(const AlertRecord& alert, Millis now) override {
+    return SqliteInsertAlert(db_, alert, alert.instance_id, now).status();
+  }
+  absl::Status InsertEvent(const EventRecord& event, Millis now) override {
+    return SqliteInsertEvent(db_, event, event.instance_id, now);
+  }
+  absl::Status DisableSink(const std::string& sink, const std::string& reason,
+                           Millis now) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * disable,
+                        db_.Prepare("INSERT INTO relay_sinks VALUES (?, 1, ?, ?) ON CONFLICT "
+                                    "(sink) DO UPDATE SET disabled = 1, reason = "
+                                    "excluded.reason, updated_at = excluded.updated_at"));
+    return disable->BindAll(sink, reason, now).Run();
+  }
+
+ private:
+  SqliteDb& db_;
+};
 
 }  // namespace
 
@@ -83,7 +135,7 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
     WS_ASSIGN_OR_RETURN(SqliteStatement * claim, db_->Prepare(kClaim));
     claim->BindAll(owner, now, lease_duration, limit, sink_list);
-    WS_ASSIGN_OR_RETURN(auto rows, CollectRows(claim, [&](const SqliteStatement& r) {
+    WS_ASSIGN_OR_RETURN(claims, CollectRows(claim, [&](const SqliteStatement& r) {
                           DeliveryClaim c;
                           c.id = r.Int(0);
                           c.epoch = r.Int(1);
@@ -93,69 +145,18 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
                           c.event.seq = r.Int(4);
                           return c;
                         }));
-    claims = std::move(rows);
-    WS_ASSIGN_OR_RETURN(
-        SqliteStatement * event,
-        db_->Prepare(absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = ?")));
-    for (DeliveryClaim& c : claims) {
-      event->BindAll(c.event.seq);
-      WS_ASSIGN_OR_RETURN(std::optional<EventRecord> row,
-                          FirstRow(event, ReadEvent<SqliteStatement>));
-      if (!row) {
-        return absl::DataLossError("delivery of missing outbox row " + std::to_string(c.event.seq));
-      }
-      c.event = *row;
-    }
-    return absl::OkStatus();
+    SqliteDeliverySql sql(*db_);
+    return CompleteClaims(sql, &claims);
   });
   if (!status.ok()) return status;
-  // Deliver in outbox order: the RETURNING order is not guaranteed.
-  std::sort(claims.begin(), claims.end(), [](const DeliveryClaim& a, const DeliveryClaim& b) {
-    return a.event.seq < b.event.seq;
-  });
   return claims;
 }
 
 absl::Status SqliteStore::FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& u) {
-  static const std::string kFinish = absl::StrCat(
-      "UPDATE deliveries SET state = ?1, attempts = ?2, next_attempt_at = ?3, last_error = ?4, "
-      "delivered_at = CASE WHEN ?1 = ",
-      SqlValue(DeliveryState::kDelivered),
-      " THEN ?5 ELSE delivered_at END, lease_owner = '', lease_expires_at = 0 WHERE id = ?6 AND "
-      "lease_epoch = ?7 AND lease_owner = ?8");
-  static const std::string kMarkDelivered = absl::StrCat(
-      "UPDATE outbox SET delivered_at = ?1 WHERE seq = ?2 AND NOT EXISTS (SELECT 1 FROM "
-      "deliveries WHERE outbox_seq = ?2 AND state <> ",
-      SqlValue(DeliveryState::kDelivered), ")");
   std::lock_guard<std::mutex> lock(mu_);
   return InWriteTransaction(*db_, [&]() -> absl::Status {
-    WS_ASSIGN_OR_RETURN(SqliteStatement * finish, db_->Prepare(kFinish));
-    WS_RETURN_IF_ERROR(finish
-                           ->BindAll(static_cast<int64_t>(u.state), u.attempts, u.next_attempt_at,
-                                     u.error, u.now, claim.id, claim.epoch, claim.owner)
-                           .Run());
-    if (db_->Changes() != 1) {
-      return absl::AbortedError("delivery " + std::to_string(claim.id) + " lease lost");
-    }
-    if (u.state == DeliveryState::kDelivered) {
-      WS_ASSIGN_OR_RETURN(SqliteStatement * mark, db_->Prepare(kMarkDelivered));
-      WS_RETURN_IF_ERROR(mark->BindAll(u.now, claim.event.seq).Run());
-    }
-    if (u.alert) {
-      WS_RETURN_IF_ERROR(SqliteInsertAlert(*db_, *u.alert, u.alert->instance_id, u.now).status());
-    }
-    if (u.alert_event) {
-      WS_RETURN_IF_ERROR(
-          SqliteInsertEvent(*db_, *u.alert_event, u.alert_event->instance_id, u.now));
-    }
-    if (u.disable_sink) {
-      WS_ASSIGN_OR_RETURN(SqliteStatement * disable,
-                          db_->Prepare("INSERT INTO relay_sinks VALUES (?, 1, ?, ?) ON CONFLICT "
-                                       "(sink) DO UPDATE SET disabled = 1, reason = "
-                                       "excluded.reason, updated_at = excluded.updated_at"));
-      WS_RETURN_IF_ERROR(disable->BindAll(claim.sink, u.error, u.now).Run());
-    }
-    return absl::OkStatus();
+    SqliteDeliverySql sql(*db_);
+    return FinishDeliveryWith(sql, claim, u);
   });
 }
 
