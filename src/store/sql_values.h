@@ -23,9 +23,10 @@ requires std::is_enum_v<Enum> std::string SqlValue(Enum value) {
 // Returns the stored numbers of `values` as an SQL list: "(1, 3)".
 template <typename Enum, typename... More>
 std::string SqlList(Enum first, More... more) {
-  std::string list = "(" + SqlValue(first);
-  ((list += ", " + SqlValue(more)), ...);
-  return list + ")";
+  std::string list = absl::StrCat("(", SqlValue(first));
+  (absl::StrAppend(&list, ", ", SqlValue(more)), ...);
+  list += ")";
+  return list;
 }
 
 // Instances a worker drives: running or compensating.

@@ -126,8 +126,9 @@ absl::StatusOr<std::vector<DeliveryClaim>> PostgresStore::ClaimDeliveries(
       " AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq LIMIT $4::integer FOR UPDATE SKIP "
       "LOCKED) RETURNING id, lease_epoch, sink, attempts, outbox_seq");
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kClaim, Params(owner, now, lease_duration, limit,
-                                                          "{" + QuoteEach(sinks) + "}")));
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query(kClaim, Params(owner, now, lease_duration, limit,
+                                              absl::StrCat("{", QuoteEach(sinks), "}"))));
   std::vector<DeliveryClaim> claims = PgRows(r, [&](const PgRow& row) {
     DeliveryClaim claim;
     claim.id = row.Int(0);

@@ -129,7 +129,7 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
       SqlValue(DeliveryState::kPending),
       " AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq LIMIT ?4) RETURNING id, "
       "lease_epoch, sink, attempts, outbox_seq");
-  const std::string sink_list = "[" + QuoteEach(sinks) + "]";
+  const std::string sink_list = absl::StrCat("[", QuoteEach(sinks), "]");
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<DeliveryClaim> claims;
   absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
