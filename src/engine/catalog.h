@@ -16,7 +16,7 @@ namespace waystone {
 // the store kept. Thread-safe.
 class DefinitionCatalog {
  public:
-  explicit DefinitionCatalog(Store* store) : store_(store) {}
+  explicit DefinitionCatalog(DefinitionStore* store) : store_(store) {}
   DefinitionCatalog(const DefinitionCatalog&) = delete;
   DefinitionCatalog& operator=(const DefinitionCatalog&) = delete;
 
@@ -32,7 +32,7 @@ class DefinitionCatalog {
   std::shared_ptr<const WorkflowDefinition> Current(const std::string& workflow);
 
  private:
-  Store* store_;
+  DefinitionStore* store_;
   Mutex mu_;
   std::map<std::string, std::shared_ptr<const WorkflowDefinition>> by_hash_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<const WorkflowDefinition>> current_ ABSL_GUARDED_BY(mu_);

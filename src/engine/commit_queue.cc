@@ -7,7 +7,7 @@
 
 namespace waystone {
 
-CommitQueue::CommitQueue(Store* store, CommitQueueOptions options)
+CommitQueue::CommitQueue(InstanceStore* store, CommitQueueOptions options)
     : store_(store), options_(options) {}
 
 CommitQueue::~CommitQueue() { Stop(); }

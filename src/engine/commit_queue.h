@@ -20,7 +20,7 @@ struct CommitQueueOptions {
 // and Stop(). Thread-safe.
 class CommitQueue {
  public:
-  CommitQueue(Store* store, CommitQueueOptions options);
+  CommitQueue(InstanceStore* store, CommitQueueOptions options);
   ~CommitQueue();
   CommitQueue(const CommitQueue&) = delete;
   CommitQueue& operator=(const CommitQueue&) = delete;
@@ -42,7 +42,7 @@ class CommitQueue {
   };
   void Loop(std::stop_token stop);
 
-  Store* store_;
+  InstanceStore* store_;
   CommitQueueOptions options_;
   Mutex mu_;
   std::condition_variable_any wake_;  // committer: work arrived

@@ -31,7 +31,7 @@ bool IsDeadLocalOwner(const std::string& owner) {
   return ::kill(pid, 0) != 0 && errno == ESRCH;  // alive, or not ours to judge: false
 }
 
-absl::StatusOr<int> ReapDeadLocalOwners(Store& store, Millis now) {
+absl::StatusOr<int> ReapDeadLocalOwners(LeaseStore& store, Millis now) {
   auto owners = store.LeaseOwners(now);
   if (!owners.ok()) return owners.status();
   int reaped = 0;

@@ -15,6 +15,6 @@ bool IsDeadLocalOwner(const std::string& owner);
 // Ends the leases of owners on this host whose process no longer exists, so a
 // restarted worker does not wait for a dead one's leases to expire. Owners on
 // other hosts are left to lease expiry. Returns how many owners were reaped.
-absl::StatusOr<int> ReapDeadLocalOwners(Store& store, Millis now);
+absl::StatusOr<int> ReapDeadLocalOwners(LeaseStore& store, Millis now);
 
 }  // namespace waystone

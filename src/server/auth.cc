@@ -14,7 +14,7 @@ std::optional<Role> ParseRole(std::string_view text) {
   return std::nullopt;
 }
 
-absl::StatusOr<std::string> CreateToken(Store& store, const std::string& name,
+absl::StatusOr<std::string> CreateToken(AccessStore& store, const std::string& name,
                                         const std::string& tenant, Role role, Millis now,
                                         Millis expires_at) {
   if (tenant != "*" && !ValidTenantName(tenant)) {
@@ -42,7 +42,7 @@ absl::StatusOr<std::string> CreateToken(Store& store, const std::string& name,
   return token;
 }
 
-absl::StatusOr<Principal> Authenticate(Store& store, const std::string& authorization,
+absl::StatusOr<Principal> Authenticate(AccessStore& store, const std::string& authorization,
                                        Millis now) {
   constexpr std::string_view kBearer = "Bearer ";
   if (!authorization.starts_with(kBearer) || authorization.size() == kBearer.size()) {

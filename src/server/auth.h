@@ -25,12 +25,12 @@ std::optional<Role> ParseRole(std::string_view text);
 // `expires_at` (0 = until revoked); stores only its SHA-256 and returns the token
 // itself, which is shown once ("wst_" + 64 hex characters). Only an admin token
 // may be for every tenant ("*"): viewers and operators belong to one tenant.
-absl::StatusOr<std::string> CreateToken(Store& store, const std::string& name,
+absl::StatusOr<std::string> CreateToken(AccessStore& store, const std::string& name,
                                         const std::string& tenant, Role role, Millis now,
                                         Millis expires_at = 0);
 
 // Returns the principal of an "Authorization: Bearer <token>" header value at
 // `now`; Unauthenticated for a missing, unknown, revoked or expired token.
-absl::StatusOr<Principal> Authenticate(Store& store, const std::string& authorization, Millis now);
+absl::StatusOr<Principal> Authenticate(AccessStore& store, const std::string& authorization, Millis now);
 
 }  // namespace waystone

@@ -60,7 +60,7 @@ std::string InstanceSummaryJson(const InstanceRecord& instance) {
   return JsonText(wire::InstanceSummary(instance));
 }
 
-absl::StatusOr<PublicIds> PublicIdsOf(Store& store) {
+absl::StatusOr<PublicIds> PublicIdsOf(AccessStore& store) {
   WS_ASSIGN_OR_RETURN(std::string key, store.ServerKey("public_ids"));
   return PublicIds(std::move(key));
 }

@@ -18,7 +18,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
                                              const PublicIds& ids);
 
 // The public ids of this database (its server key "public_ids").
-absl::StatusOr<PublicIds> PublicIdsOf(Store& store);
+absl::StatusOr<PublicIds> PublicIdsOf(AccessStore& store);
 
 // Returns the summary of one instance as used in lists.
 std::string InstanceSummaryJson(const InstanceRecord& instance);

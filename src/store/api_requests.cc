@@ -1,4 +1,4 @@
-#include "store/store.h"
+#include "store/api_requests.h"
 
 namespace waystone {
 

@@ -1,5 +1,7 @@
 #include "store/start_decision.h"
 
+#include "base/status_macros.h"
+
 namespace waystone {
 
 absl::Status CheckStartAgainst(const std::string& held_by_workflow,
@@ -39,6 +41,81 @@ InstanceRecord InstanceFromTombstone(const TombstoneRecord& tombstone) {
   record.status_reason = "collected by gc; only its tombstone is kept";
   record.updated_at = tombstone.finished_at;
   return record;
+}
+
+}  // namespace waystone
+
+namespace waystone {
+namespace {
+
+// What an event claimed before led to: the instance, or its tombstone when gc
+// collected it. Counts a duplicate (not a conflict) as one.
+absl::StatusOr<StartResult> AnswerClaimedEvent(StartSql& sql, const NewInstance& in) {
+  WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> prior,
+                      sql.ReadInbox(in.tenant, in.event_source, in.event_id));
+  if (!prior) return absl::UnavailableError("inbox claim not visible yet; retry");
+  StartResult result;
+  result.outcome = DecideClaimedEvent(*prior, in.event_data_hash);
+  result.stored_data_hash = prior->data_hash;
+  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, sql.InstanceById(prior->instance_id));
+  if (instance) {
+    result.instance = *instance;
+  } else {
+    WS_ASSIGN_OR_RETURN(result.tombstone, sql.TombstoneOfInstance(prior->instance_id));
+    if (result.tombstone) result.instance = InstanceFromTombstone(*result.tombstone);
+  }
+  if (result.outcome == StartOutcome::kDuplicateEvent) {
+    WS_RETURN_IF_ERROR(sql.AddToCounter(kCounterInboxDuplicates, 1));
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& in) {
+  const bool has_event = !in.event_source.empty() && !in.event_id.empty();
+  if (has_event) {
+    WS_ASSIGN_OR_RETURN(bool claimed, sql.ClaimStartEvent(in));
+    if (!claimed) return AnswerClaimedEvent(sql, in);
+  }
+  StartResult result;
+  WS_ASSIGN_OR_RETURN(result.tombstone, sql.TombstoneOfKey(in.tenant, in.key));
+  std::optional<int64_t> created;
+  if (!result.tombstone) {
+    const std::string source_event = has_event ? in.event_source + " " + in.event_id : "";
+    WS_ASSIGN_OR_RETURN(created, sql.InsertInstance(in, source_event));
+    if (created) {
+      WS_ASSIGN_OR_RETURN(bool buried, sql.BuriedMeanwhile(in.tenant, in.key));
+      if (buried) return absl::AbortedError(kCollectedMeanwhile);  // the tombstone wins
+    }
+  }
+  if (created) {
+    WS_RETURN_IF_ERROR(sql.InsertPendingSteps(*created, in.step_names));
+    WS_RETURN_IF_ERROR(sql.InsertEvent(in.started_event, *created, in.now));
+    WS_RETURN_IF_ERROR(sql.SignalWork());
+    WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, sql.InstanceById(*created));
+    if (!instance) return absl::InternalError("instance vanished inside its transaction");
+    result.outcome = StartOutcome::kCreated;
+    result.instance = *instance;
+  } else if (result.tombstone) {
+    WS_RETURN_IF_ERROR(
+        CheckStartAgainst(result.tombstone->workflow, result.tombstone->input_hash, in, true));
+    result.outcome = StartOutcome::kCollected;
+    result.instance = InstanceFromTombstone(*result.tombstone);
+  } else {
+    WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> existing,
+                        sql.InstanceByKey(in.tenant, in.key));
+    if (!existing) return absl::UnavailableError("instance not visible yet; retry");
+    WS_RETURN_IF_ERROR(CheckStartAgainst(existing->workflow, existing->input_hash, in, false));
+    result.outcome = StartOutcome::kExisting;
+    result.instance = *existing;
+  }
+  if (has_event) WS_RETURN_IF_ERROR(sql.LinkInbox(in, result.instance.id));
+  return result;
+}
+
+bool StartAgain(const absl::Status& status) {
+  return absl::IsAborted(status) && status.message() == kCollectedMeanwhile;
 }
 
 }  // namespace waystone

@@ -1,12 +1,16 @@
 #pragma once
 
-// Store-internal: the dialect-neutral rules of a start, applied by each store
-// inside its transaction to the rows it read.
+// Store-internal: the dialect-neutral rules of a start, and the one algorithm both
+// stores run in their transaction (StartInstanceWith); a dialect supplies only the
+// SQL of each step (StartSql).
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
-#include "store/store.h"
+#include "absl/status/statusor.h"
+#include "store/records.h"
 
 namespace waystone {
 
@@ -23,5 +27,55 @@ StartOutcome DecideClaimedEvent(const InboxEntry& stored, const std::string& dat
 
 // Returns what an answer about a collected instance shows of it.
 InstanceRecord InstanceFromTombstone(const TombstoneRecord& tombstone);
+
+// The statements of a start, inside one open transaction. Not thread-safe.
+class StartSql {
+ public:
+  virtual ~StartSql() = default;
+
+  // Claims the start's event in the inbox (no instance yet); false when it was
+  // claimed before.
+  virtual absl::StatusOr<bool> ClaimStartEvent(const NewInstance& start) = 0;
+  virtual absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
+                                                              const std::string& source,
+                                                              const std::string& id) = 0;
+  virtual absl::StatusOr<std::optional<InstanceRecord>> InstanceById(int64_t id) = 0;
+  virtual absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(const std::string& tenant,
+                                                                      const std::string& key) = 0;
+  virtual absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(
+      int64_t instance_id) = 0;
+  virtual absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
+                                                                        const std::string& key) = 0;
+  // Inserts the instance row (state running, due now) unless its key is taken;
+  // returns its id, or nullopt when another instance holds the key.
+  virtual absl::StatusOr<std::optional<int64_t>> InsertInstance(
+      const NewInstance& start, const std::string& source_event) = 0;
+  // Returns true when a gc buried the key while the insert above waited for it (a
+  // dialect whose writers are serialized never sees one: false without a query).
+  virtual absl::StatusOr<bool> BuriedMeanwhile(const std::string& tenant,
+                                               const std::string& key) = 0;
+  // Inserts one pending row per step name, indexed from 0.
+  virtual absl::Status InsertPendingSteps(int64_t instance_id,
+                                          const std::vector<std::string>& names) = 0;
+  virtual absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) = 0;
+  // Wakes idle workers once the transaction commits (or does nothing).
+  virtual absl::Status SignalWork() = 0;
+  // Records which instance the start's event led to.
+  virtual absl::Status LinkInbox(const NewInstance& start, int64_t instance_id) = 0;
+  virtual absl::Status AddToCounter(const std::string& name, int64_t delta) = 0;
+};
+
+// Aborted with this message: a concurrent gc buried the key; the start runs again
+// in a new transaction.
+inline constexpr char kCollectedMeanwhile[] = "collected by a concurrent gc; start again";
+
+// Runs one start in the open transaction (see InstanceStore::StartInstance): claims
+// the event, returns what an event claimed before led to, answers from a tombstone
+// or the existing instance, or creates the instance with its pending steps and
+// started event.
+absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& start);
+
+// Returns true when `status` asks for the start to run again (kCollectedMeanwhile).
+bool StartAgain(const absl::Status& status);
 
 }  // namespace waystone

@@ -16,7 +16,10 @@ class PgConnection;
 // FOR UPDATE SKIP LOCKED; every commit checks the lease epoch. Holds a small pool
 // of connections; a broken connection is dropped and replaced on next use, and
 // the operation that saw it fails with Unavailable so the caller retries.
-// Thread-safe.
+// Thread-safe. Its methods live in files named by concern (pg_instances,
+// pg_leases, pg_commit, pg_relay, pg_alerts, pg_access, pg_maintenance; the same
+// names as in sqlite/), which hold only SQL: the rules they follow are the
+// dialect-neutral ones in store/.
 class PostgresStore final : public Store {
  public:
   // Connects (`conninfo` is a libpq URI), applies pending migrations under an
@@ -88,8 +91,8 @@ class PostgresStore final : public Store {
                                                         const std::string& source,
                                                         const std::string& id) override;
   absl::Status AddToCounter(const std::string& name, int64_t delta) override;
-  absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
-                                          Millis protect_before, bool dry_run) override;
+  absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now, Millis protect_before,
+                                          bool dry_run) override;
 
   // Returns the schema version (the highest applied migration).
   absl::StatusOr<int> SchemaVersion();
@@ -102,14 +105,12 @@ class PostgresStore final : public Store {
   absl::StatusOr<Lent> Acquire();
   void Release(std::unique_ptr<PgConnection> connection);
 
-  // Runs `body` on one connection inside BEGIN ... COMMIT (rolled back on error).
+  // Runs `body` on one connection inside BEGIN ... COMMIT (rolled back on error);
+  // defined in pg_rows.h.
   template <typename Body>
   absl::Status InTransaction(Body&& body);
 
   absl::Status Migrate();
-  absl::Status ApplyChange(PgConnection& c, const Change& change);
-  // One transaction of StartInstance; Aborted when a concurrent gc buried the key.
-  absl::Status StartOnce(const NewInstance& in, StartResult* result);
 
   std::string conninfo_;
   int max_connections_;
@@ -117,7 +118,7 @@ class PostgresStore final : public Store {
   std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mu_
   // After a failed connect, new connects wait this long (doubling up to 2 s), so an
   // outage does not turn every caller into a reconnect storm.
-  int64_t connect_backoff_ms_ = 0;                    // guarded by mu_
+  int64_t connect_backoff_ms_ = 0;                      // guarded by mu_
   std::chrono::steady_clock::time_point next_connect_;  // guarded by mu_
   std::mutex listen_mu_;
   std::unique_ptr<PgConnection> listener_;  // guarded by listen_mu_

@@ -11,7 +11,10 @@ class SqliteDb;
 
 // Store on one SQLite file in WAL mode. Several processes may open the same file;
 // SQLite's write lock serializes their transactions. Thread-safe: one connection
-// guarded by a mutex.
+// guarded by a mutex. Its methods live in files named by concern (sqlite_instances,
+// sqlite_leases, sqlite_commit, sqlite_relay, sqlite_alerts, sqlite_access,
+// sqlite_maintenance; the same names as in postgres/), which hold only SQL: the
+// rules they follow are the dialect-neutral ones in store/.
 class SqliteStore final : public Store {
  public:
   // Opens or creates the database, applies pending migrations, and refuses a file
@@ -68,8 +71,8 @@ class SqliteStore final : public Store {
   absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
   absl::StatusOr<std::string> ServerKey(const std::string& name) override;
   absl::Status RevokeToken(const std::string& name, Millis now) override;
-  absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now,
-                                          Millis protect_before, bool dry_run) override;
+  absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now, Millis protect_before,
+                                          bool dry_run) override;
   absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;
   absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) override;
   absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,
@@ -88,24 +91,6 @@ class SqliteStore final : public Store {
  private:
   explicit SqliteStore(std::unique_ptr<SqliteDb> db);
   absl::Status Migrate();
-  absl::Status ApplyChange(const Change& change);
-  // Lease owners / expiry in `table` (instances or deliveries: fixed names, never input).
-  absl::StatusOr<std::vector<std::string>> OwnersIn(const char* table, Millis now);
-  absl::Status ExpireIn(const char* table, const std::string& owner);
-  absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now);
-  absl::StatusOr<int64_t> InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now);
-  absl::StatusOr<int64_t> InsertInstance(const NewInstance& in, bool has_event);
-  absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
-                                                      const std::string& source,
-                                                      const std::string& id);
-  // Reads one tombstone by `instance_id` (when not 0) or by tenant and key.
-  absl::StatusOr<std::optional<TombstoneRecord>> ReadTombstone(const std::string& where_sql,
-                                                              int64_t instance_id,
-                                                              const std::string& tenant,
-                                                              const std::string& key);
-  absl::StatusOr<InstanceRecord> LoadInstance(const std::string& where_sql, int64_t id,
-                                              const std::string& tenant,
-                                              const std::string& key);
 
   std::mutex mu_;
   std::unique_ptr<SqliteDb> db_;  // guarded by mu_

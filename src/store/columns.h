@@ -1,0 +1,203 @@
+#pragma once
+
+// Store-internal: the column lists both dialects select, and the readers that turn
+// one result row into a record, written once. `Row` is a dialect's row view with
+// `int64_t Int(int column)` and `std::string Text(int column)`; the column order is
+// the list's.
+
+#include <string>
+#include <utility>
+
+#include "store/records.h"
+
+namespace waystone {
+
+inline constexpr char kInstanceColumns[] =
+    "id, tenant, business_key, workflow, definition_hash, input_json, input_hash, state, "
+    "status_reason, next_run_at, lease_owner, lease_expires_at, lease_epoch, trace_id, "
+    "source_event, created_at, updated_at";
+
+inline constexpr char kStepColumns[] =
+    "instance_id, step_index, name, state, attempts, error_class, error_message, external_id, "
+    "response_json, idempotency_key, request_hash, resolution, unknowns, lookups, "
+    "compensation_attempts, next_attempt_at, started_at, finished_at, span_id, unknown_since";
+
+inline constexpr char kEventColumns[] =
+    "seq, event_id, instance_id, tenant, type, payload, created_at";
+
+inline constexpr char kTombstoneColumns[] =
+    "tenant, workflow, business_key, input_hash, final_state, external_ids, instance_id, "
+    "finished_at, collected_at";
+
+inline constexpr char kAlertColumns[] =
+    "id, instance_id, tenant, step_name, kind, state, message, created_at";
+
+inline constexpr char kAuditColumns[] =
+    "seq, at, actor, tenant, instance_id, action, reason, detail";
+
+inline constexpr char kTokenColumns[] =
+    "token_hash, name, tenant, role, created_at, revoked_at, expires_at";
+
+// Deliveries `d` joined with their outbox rows `o`.
+inline constexpr char kDeliveryColumns[] =
+    "d.id, d.outbox_seq, d.sink, d.state, d.attempts, d.next_attempt_at, d.last_error, "
+    "d.created_at, d.delivered_at, o.event_id, o.type";
+
+template <typename Row>
+InstanceRecord ReadInstance(const Row& r) {
+  InstanceRecord i;
+  i.id = r.Int(0);
+  i.tenant = r.Text(1);
+  i.key = r.Text(2);
+  i.workflow = r.Text(3);
+  i.definition_hash = r.Text(4);
+  i.input_json = r.Text(5);
+  i.input_hash = r.Text(6);
+  i.state = static_cast<InstanceState>(r.Int(7));
+  i.status_reason = r.Text(8);
+  i.next_run_at = r.Int(9);
+  i.lease_owner = r.Text(10);
+  i.lease_expires_at = r.Int(11);
+  i.lease_epoch = r.Int(12);
+  i.trace_id = r.Text(13);
+  i.source_event = r.Text(14);
+  i.created_at = r.Int(15);
+  i.updated_at = r.Int(16);
+  return i;
+}
+
+template <typename Row>
+StepRecord ReadStep(const Row& r) {
+  StepRecord s;
+  s.instance_id = r.Int(0);
+  s.index = static_cast<int>(r.Int(1));
+  s.name = r.Text(2);
+  s.state = static_cast<StepState>(r.Int(3));
+  s.attempts = static_cast<int>(r.Int(4));
+  s.error_class = static_cast<ErrorClass>(r.Int(5));
+  s.error_message = r.Text(6);
+  s.external_id = r.Text(7);
+  s.response_json = r.Text(8);
+  s.idempotency_key = r.Text(9);
+  s.request_hash = r.Text(10);
+  s.resolution = static_cast<Resolution>(r.Int(11));
+  s.unknowns = static_cast<int>(r.Int(12));
+  s.lookups = static_cast<int>(r.Int(13));
+  s.compensation_attempts = static_cast<int>(r.Int(14));
+  s.next_attempt_at = r.Int(15);
+  s.started_at = r.Int(16);
+  s.finished_at = r.Int(17);
+  s.span_id = r.Text(18);
+  s.unknown_since = r.Int(19);
+  return s;
+}
+
+template <typename Row>
+EventRecord ReadEvent(const Row& r) {
+  return {r.Int(0), r.Text(1), r.Int(2), r.Text(3), r.Text(4), r.Text(5), r.Int(6)};
+}
+
+template <typename Row>
+TombstoneRecord ReadTombstone(const Row& r) {
+  return {r.Text(0), r.Text(1), r.Text(2), r.Text(3), static_cast<InstanceState>(r.Int(4)),
+          r.Text(5), r.Int(6),  r.Int(7),  r.Int(8)};
+}
+
+template <typename Row>
+AlertRecord ReadAlert(const Row& r) {
+  return {r.Int(0),
+          r.Int(1),
+          r.Text(2),
+          r.Text(3),
+          static_cast<AlertKind>(r.Int(4)),
+          static_cast<AlertState>(r.Int(5)),
+          r.Text(6),
+          r.Int(7)};
+}
+
+template <typename Row>
+AuditRecord ReadAudit(const Row& r) {
+  return {r.Int(0), r.Int(1), r.Text(2), r.Text(3), r.Int(4), r.Text(5), r.Text(6), r.Text(7)};
+}
+
+template <typename Row>
+TokenRecord ReadToken(const Row& r) {
+  return {r.Text(0), r.Text(1), r.Text(2), r.Text(3), r.Int(4), r.Int(5), r.Int(6)};
+}
+
+// Columns: step_index, seq, phase, sent (as an integer), connection, status,
+// error_class, detail, started_at, finished_at.
+template <typename Row>
+AttemptRecord ReadAttempt(const Row& r) {
+  return {static_cast<int>(r.Int(0)),
+          static_cast<int>(r.Int(1)),
+          static_cast<AttemptPhase>(r.Int(2)),
+          r.Int(3) != 0,
+          static_cast<ConnectionUsed>(r.Int(4)),
+          static_cast<int>(r.Int(5)),
+          static_cast<ErrorClass>(r.Int(6)),
+          r.Text(7),
+          r.Int(8),
+          r.Int(9)};
+}
+
+template <typename Row>
+DeliveryRecord ReadDelivery(const Row& r) {
+  return {r.Int(0),
+          r.Int(1),
+          r.Text(2),
+          static_cast<DeliveryState>(r.Int(3)),
+          static_cast<int>(r.Int(4)),
+          r.Int(5),
+          r.Text(6),
+          r.Int(7),
+          r.Int(8),
+          r.Text(9),
+          r.Text(10)};
+}
+
+// Columns: sink, pending, delivered, parked, failed attempts, oldest pending, disabled.
+template <typename Row>
+SinkStats ReadSinkStats(const Row& r) {
+  return {r.Text(0), r.Int(1), r.Int(2), r.Int(3), r.Int(4), r.Int(5), r.Int(6) != 0};
+}
+
+template <typename Row>
+StaleUnknown ReadStaleUnknown(const Row& r) {
+  return {r.Int(0), r.Text(1), r.Text(2), r.Int(3)};
+}
+
+// Reads the summary's counts from one row of the dialect's summary query, whose
+// columns are in this order: retries, unknown outcomes, resolved by lookup,
+// resubmitted after lookup, compensations, open alerts, outbox events, attempts,
+// resolved by operator, compensation attempts, compensation failures, lease
+// takeovers, inbox duplicates.
+template <typename Row>
+void ReadSummaryCounts(const Row& r, StoreSummary* summary) {
+  summary->retries = r.Int(0);
+  summary->unknown_outcomes = r.Int(1);
+  summary->resolved_by_lookup = r.Int(2);
+  summary->resubmitted_after_lookup = r.Int(3);
+  summary->compensations = r.Int(4);
+  summary->open_alerts = r.Int(5);
+  summary->outbox_events = r.Int(6);
+  summary->attempts = r.Int(7);
+  summary->resolved_by_operator = r.Int(8);
+  summary->compensation_attempts = r.Int(9);
+  summary->compensation_failures = r.Int(10);
+  summary->lease_takeovers = r.Int(11);
+  summary->inbox_duplicates = r.Int(12);
+}
+
+// Reads a (value, count) row of a GROUP BY over an enum column.
+template <typename Enum, typename Row>
+std::pair<Enum, int64_t> ReadCountOf(const Row& r) {
+  return {static_cast<Enum>(r.Int(0)), r.Int(1)};
+}
+
+template <typename Row>
+std::string ReadText0(const Row& r) {
+  return r.Text(0);
+}
+
+}  // namespace waystone

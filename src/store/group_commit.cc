@@ -1,0 +1,83 @@
+#include "store/group_commit.h"
+
+#include "base/status_macros.h"
+
+namespace waystone {
+
+absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
+                                 const std::optional<StoredIdempotencyKey>& stored, Millis now) {
+  if (!stored || stored->expires_at <= now || stored->request_hash == claim.request_hash) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      "idempotency key '" + claim.key + "' was used for request hash " +
+      stored->request_hash.substr(0, 16) + "; this request has hash " +
+      claim.request_hash.substr(0, 16) + " (the request changed under the same key)");
+}
+
+bool UndoesOnlyItself(const absl::Status& applied, const Change& change) {
+  return absl::IsAborted(applied) || absl::IsFailedPrecondition(applied) ||
+         (absl::IsAlreadyExists(applied) && change.inbox.has_value());
+}
+
+absl::Status ApplyChange(ChangeSql& sql, const Change& c) {
+  const int64_t id = c.lease.instance_id;
+  WS_ASSIGN_OR_RETURN(bool held, sql.Fence(c));
+  if (!held) {
+    return absl::AbortedError("lease lost on instance " + std::to_string(id) + " (epoch " +
+                              std::to_string(c.lease.epoch) + ")");
+  }
+  if (c.lease_expires_at == 0 && c.next_run_at && *c.next_run_at <= c.now &&
+      (!c.state || *c.state == InstanceState::kRunning ||
+       *c.state == InstanceState::kCompensating)) {
+    // Released to run now (a drain, an operator): another worker may take it at once.
+    WS_RETURN_IF_ERROR(sql.SignalWork());
+  }
+  if (c.inbox) {
+    WS_ASSIGN_OR_RETURN(bool claimed, sql.ClaimInbox(*c.inbox, id, c.now));
+    if (!claimed) {
+      return absl::AlreadyExistsError("event " + c.inbox->source + " " + c.inbox->id +
+                                      " was received before");
+    }
+  }
+  if (c.resolve_alerts) WS_RETURN_IF_ERROR(sql.ResolveAlerts(id, c.now));
+  if (c.idempotency) {
+    WS_ASSIGN_OR_RETURN(std::optional<StoredIdempotencyKey> stored,
+                        sql.ReadIdempotencyKey(c.idempotency->tenant, c.idempotency->key));
+    WS_RETURN_IF_ERROR(CheckIdempotencyKey(*c.idempotency, stored, c.now));
+    WS_RETURN_IF_ERROR(sql.PutIdempotencyKey(*c.idempotency, c.now));
+  }
+  for (const StepRecord& s : c.steps) {
+    WS_ASSIGN_OR_RETURN(bool updated, sql.UpdateStep(id, s));
+    if (!updated) {
+      return absl::InternalError("step " + std::to_string(s.index) + " of instance " +
+                                 std::to_string(id) + " does not exist");
+    }
+  }
+  // The store numbers a step's requests: 1, 2, ... in the order they were recorded
+  // (only the lease holder writes them, so MAX + 1 does not race).
+  for (const AttemptRecord& a : c.attempts) WS_RETURN_IF_ERROR(sql.InsertAttempt(id, a));
+  for (const EventRecord& e : c.events) WS_RETURN_IF_ERROR(sql.InsertEvent(e, id, c.now));
+  for (const AlertRecord& a : c.alerts) WS_RETURN_IF_ERROR(sql.InsertAlert(a, id, c.now));
+  for (const AuditRecord& a : c.audits) WS_RETURN_IF_ERROR(sql.InsertAudit(a, id, c.now));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
+                                                        const std::vector<Change>& changes) {
+  std::vector<absl::Status> results;
+  results.reserve(changes.size());
+  for (const Change& change : changes) {
+    WS_RETURN_IF_ERROR(sql.Savepoint());
+    absl::Status applied = ApplyChange(sql, change);
+    if (!applied.ok()) {
+      WS_RETURN_IF_ERROR(sql.RollbackToSavepoint());
+      if (!UndoesOnlyItself(applied, change)) return applied;
+    }
+    WS_RETURN_IF_ERROR(sql.ReleaseSavepoint());
+    results.push_back(applied);
+  }
+  return results;
+}
+
+}  // namespace waystone

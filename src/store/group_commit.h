@@ -1,0 +1,79 @@
+#pragma once
+
+// Store-internal: a group commit, written once for both dialects. Each change is
+// applied under its own savepoint in the transaction the dialect opened, in one
+// order: the fence first (nothing is written unless the lease holds), then the
+// inbox claim, alert resolution, idempotency key, steps, attempts, events, alerts
+// and audit records. A dialect supplies only the SQL of each step (ChangeSql).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "store/records.h"
+
+namespace waystone {
+
+// What the idempotency_keys table holds for one (tenant, key).
+struct StoredIdempotencyKey {
+  std::string request_hash;
+  Millis expires_at = 0;
+};
+
+// The statements of one change, inside an open transaction. Not thread-safe:
+// used by the one thread that holds the transaction.
+class ChangeSql {
+ public:
+  virtual ~ChangeSql() = default;
+
+  virtual absl::Status Savepoint() = 0;
+  virtual absl::Status RollbackToSavepoint() = 0;
+  virtual absl::Status ReleaseSavepoint() = 0;
+
+  // Applies the instance columns of `change` where its lease still holds; returns
+  // false (nothing written) when it does not.
+  virtual absl::StatusOr<bool> Fence(const Change& change) = 0;
+  // Wakes idle workers once the transaction commits; a dialect without such a
+  // signal does nothing.
+  virtual absl::Status SignalWork() = 0;
+  // Claims `claim` in the inbox for the instance; false when it was claimed before.
+  virtual absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
+                                          Millis now) = 0;
+  // Resolves the instance's open and acknowledged alerts.
+  virtual absl::Status ResolveAlerts(int64_t instance_id, Millis now) = 0;
+  // Reads (and where the dialect needs it, locks) the stored idempotency key.
+  virtual absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
+      const std::string& tenant, const std::string& key) = 0;
+  // Inserts the key or replaces its request hash and expiry.
+  virtual absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) = 0;
+  // Updates one step row; false when the instance has no such step.
+  virtual absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& step) = 0;
+  // Inserts an attempt numbered after the step's last one.
+  virtual absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& attempt) = 0;
+  virtual absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) = 0;
+  virtual absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now) = 0;
+  virtual absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id, Millis at) = 0;
+};
+
+// Returns FailedPrecondition when `stored` holds the claim's key, unexpired at
+// `now`, for another request hash.
+absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
+                                 const std::optional<StoredIdempotencyKey>& stored, Millis now);
+
+// Returns true when a change of `change`'s kind that ended with `applied` undoes
+// only itself (a lost lease, a key conflict, an event received before); anything
+// else (I/O, busy, a bug) fails the whole group so that every caller retries.
+bool UndoesOnlyItself(const absl::Status& applied, const Change& change);
+
+// Applies one change (the order above). Aborted when the lease is lost.
+absl::Status ApplyChange(ChangeSql& sql, const Change& change);
+
+// Applies each change under its own savepoint and returns one status per change
+// (see Store::Commit); a non-OK return fails the whole transaction.
+absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
+                                                        const std::vector<Change>& changes);
+
+}  // namespace waystone

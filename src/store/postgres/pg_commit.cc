@@ -1,0 +1,134 @@
+// PostgresStore: the group commit (InstanceStore::Commit). The loop and the order
+// of a change are CommitChanges'; this file holds their SQL.
+
+#include "absl/strings/str_cat.h"
+#include "store/group_commit.h"
+#include "store/postgres/pg_rows.h"
+#include "store/sql_values.h"
+
+namespace waystone {
+namespace {
+
+std::optional<int64_t> Number(const std::optional<InstanceState>& state) {
+  if (!state) return std::nullopt;
+  return static_cast<int64_t>(*state);
+}
+
+class PgChangeSql final : public ChangeSql {
+ public:
+  explicit PgChangeSql(PgConnection& c) : c_(c) {}
+
+  absl::Status Savepoint() override { return c_.Exec("SAVEPOINT change"); }
+  absl::Status RollbackToSavepoint() override { return c_.Exec("ROLLBACK TO SAVEPOINT change"); }
+  absl::Status ReleaseSavepoint() override { return c_.Exec("RELEASE SAVEPOINT change"); }
+
+  absl::StatusOr<bool> Fence(const Change& ch) override {
+    WS_ASSIGN_OR_RETURN(
+        PgResult fence,
+        c_.Query("UPDATE instances SET updated_at = $1::bigint, lease_expires_at = $2::bigint, "
+                 "lease_owner = CASE WHEN $2::bigint = 0 THEN '' ELSE lease_owner END, "
+                 "state = COALESCE($3::smallint, state), status_reason = COALESCE($4::text, "
+                 "status_reason), next_run_at = COALESCE($5::bigint, next_run_at) "
+                 "WHERE id = $6::bigint AND lease_epoch = $7::bigint AND lease_owner = $8",
+                 Params(ch.now, ch.lease_expires_at, Number(ch.state), ch.status_reason,
+                        ch.next_run_at, ch.lease.instance_id, ch.lease.epoch, ch.lease.owner)));
+    return fence.affected() == 1;
+  }
+  absl::Status SignalWork() override { return PgSignalWork(c_); }
+  absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
+                                  Millis now) override {
+    WS_ASSIGN_OR_RETURN(
+        PgResult r,
+        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
+                 "received_at, instance_id) VALUES ($1, $2, $3, $4, $5::bigint, "
+                 "$6::bigint) ON CONFLICT DO NOTHING",
+                 Params(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id)));
+    return r.affected() == 1;
+  }
+  absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
+    static const std::string kResolve =
+        absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
+                     ", updated_at = $1::bigint WHERE instance_id = $2::bigint AND state IN ",
+                     SqlLiveAlertStates());
+    return c_.Query(kResolve, Params(now, instance_id)).status();
+  }
+  // FOR UPDATE: a concurrent claim of the same key waits for this transaction.
+  absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
+      const std::string& tenant, const std::string& key) override {
+    WS_ASSIGN_OR_RETURN(PgResult r,
+                        c_.Query("SELECT request_hash, expires_at FROM idempotency_keys WHERE "
+                                 "tenant = $1 AND key = $2 FOR UPDATE",
+                                 Params(tenant, key)));
+    return PgFirstRow(r, [](const PgRow& row) {
+      return StoredIdempotencyKey{row.Text(0), row.Int(1)};
+    });
+  }
+  absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
+    return c_
+        .Query(
+            "INSERT INTO idempotency_keys VALUES ($1, $2, $3, $4::bigint, $5, $6::bigint, "
+            "$7::bigint) ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
+            "excluded.request_hash, expires_at = excluded.expires_at",
+            Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
+                   claim.expires_at))
+        .status();
+  }
+  absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
+    WS_ASSIGN_OR_RETURN(
+        PgResult updated,
+        c_.Query(
+            "UPDATE steps SET state = $1::smallint, attempts = $2::integer, error_class = "
+            "$3::smallint, error_message = $4, external_id = $5, response_json = $6, "
+            "idempotency_key = $7, request_hash = $8, resolution = $9::smallint, unknowns = "
+            "$10::integer, lookups = $11::integer, compensation_attempts = $12::integer, "
+            "next_attempt_at = $13::bigint, started_at = $14::bigint, finished_at = "
+            "$15::bigint, span_id = $16, unknown_since = $17::bigint WHERE instance_id = "
+            "$18::bigint AND step_index = $19::integer",
+            Params(static_cast<int64_t>(s.state), s.attempts, static_cast<int64_t>(s.error_class),
+                   s.error_message, s.external_id, s.response_json, s.idempotency_key,
+                   s.request_hash, static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
+                   s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
+                   s.span_id, s.unknown_since, instance_id, s.index)));
+    return updated.affected() == 1;
+  }
+  absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
+    return c_
+        .Query(
+            "INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + "
+            "1, $3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
+            "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
+            "step_index = $2::integer",
+            Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
+                   a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
+                   static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at))
+        .status();
+  }
+  absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
+    return PgInsertEvent(c_, event, instance_id, now);
+  }
+  absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now) override {
+    return PgInsertAlert(c_, alert, instance_id, now).status();
+  }
+  absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id, Millis at) override {
+    return PgInsertAudit(c_, audit, instance_id, at);
+  }
+
+ private:
+  PgConnection& c_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
+    const std::vector<Change>& changes) {
+  std::vector<absl::Status> results;
+  absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
+    PgChangeSql sql(c);
+    WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return results;
+}
+
+}  // namespace waystone

@@ -1,0 +1,244 @@
+// PostgresStore: definitions, starts and the reads of instances (InstanceStore,
+// DefinitionStore).
+
+#include "absl/strings/str_cat.h"
+#include "store/postgres/pg_rows.h"
+#include "store/sql_values.h"
+#include "store/start_decision.h"
+
+namespace waystone {
+namespace {
+
+// The SQL of a start; the algorithm is StartInstanceWith.
+class PgStartSql final : public StartSql {
+ public:
+  explicit PgStartSql(PgConnection& c) : c_(c) {}
+
+  absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
+    WS_ASSIGN_OR_RETURN(
+        PgResult claim,
+        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
+                 "received_at) VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
+                 "NOTHING",
+                 Params(in.tenant, in.event_source, in.event_id, in.event_data_hash, in.now)));
+    return claim.affected() == 1;
+  }
+  absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
+                                                      const std::string& source,
+                                                      const std::string& id) override {
+    return PgInboxEntry(c_, tenant, source, id);
+  }
+  absl::StatusOr<std::optional<InstanceRecord>> InstanceById(int64_t id) override {
+    return PgInstanceById(c_, id);
+  }
+  absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(const std::string& tenant,
+                                                              const std::string& key) override {
+    return PgInstanceByKey(c_, tenant, key);
+  }
+  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(int64_t id) override {
+    return PgTombstoneOfInstance(c_, id);
+  }
+  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
+                                                                const std::string& key) override {
+    return PgTombstoneOfKey(c_, tenant, key);
+  }
+  // ON CONFLICT makes concurrent identical starts wait for each other instead of failing.
+  absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance& in,
+                                                        const std::string& source_event) override {
+    static const std::string kInsert = absl::StrCat(
+        "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
+        "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at) VALUES "
+        "($1, $2, $3, $4, $5, $6, ",
+        SqlValue(InstanceState::kRunning),
+        ", $7::bigint, $8, $9, $7::bigint, $7::bigint) ON CONFLICT (tenant, business_key) DO "
+        "NOTHING RETURNING id");
+    WS_ASSIGN_OR_RETURN(
+        PgResult inserted,
+        c_.Query(kInsert, Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
+                                 in.input_hash, in.now, in.trace_id, source_event)));
+    return PgFirstRow(inserted, [](const PgRow& r) { return r.Int(0); });
+  }
+  // The insert may have waited for a gc that removed an instance with this key and
+  // buried it meanwhile.
+  absl::StatusOr<bool> BuriedMeanwhile(const std::string& tenant, const std::string& key) override {
+    WS_ASSIGN_OR_RETURN(PgResult late, c_.Query("SELECT 1 FROM tombstones WHERE tenant = $1 AND "
+                                                "business_key = $2",
+                                                Params(tenant, key)));
+    return late.rows() > 0;
+  }
+  absl::Status InsertPendingSteps(int64_t id, const std::vector<std::string>& names) override {
+    static const std::string kInsert = absl::StrCat(
+        "INSERT INTO steps (instance_id, step_index, name, state) VALUES ($1::bigint, "
+        "$2::integer, $3, ",
+        SqlValue(StepState::kPending), ")");
+    for (size_t i = 0; i < names.size(); ++i) {
+      WS_RETURN_IF_ERROR(c_.Query(kInsert, Params(id, static_cast<int64_t>(i), names[i])).status());
+    }
+    return absl::OkStatus();
+  }
+  absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
+    return PgInsertEvent(c_, event, instance_id, now);
+  }
+  absl::Status SignalWork() override { return PgSignalWork(c_); }
+  absl::Status LinkInbox(const NewInstance& in, int64_t instance_id) override {
+    return c_
+        .Query(
+            "UPDATE inbox SET instance_id = $1::bigint WHERE tenant = $2 AND source = $3 "
+            "AND event_id = $4",
+            Params(instance_id, in.tenant, in.event_source, in.event_id))
+        .status();
+  }
+  absl::Status AddToCounter(const std::string& name, int64_t delta) override {
+    return PgAddToCounter(c_, name, delta);
+  }
+
+ private:
+  PgConnection& c_;
+};
+
+}  // namespace
+
+absl::Status PostgresStore::PutDefinition(const std::string& hash, const std::string& workflow,
+                                          const std::string& source, const std::string& text,
+                                          Millis now) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return c
+      ->Query(
+          "INSERT INTO definitions VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
+          "NOTHING",
+          Params(hash, workflow, source, text, now))
+      .status();
+}
+
+absl::StatusOr<std::string> PostgresStore::GetDefinition(const std::string& hash) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query("SELECT body FROM definitions WHERE hash = $1", Params(hash)));
+  if (r.rows() == 0) return absl::NotFoundError("no definition with hash " + hash);
+  return r.Text(0, 0);
+}
+
+absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) {
+  StartResult result;
+  absl::Status status;
+  for (int round = 0; round < 3; ++round) {
+    status = InTransaction([&](PgConnection& c) -> absl::Status {
+      PgStartSql sql(c);
+      WS_ASSIGN_OR_RETURN(result, StartInstanceWith(sql, in));
+      return absl::OkStatus();
+    });
+    if (!StartAgain(status)) break;
+  }
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::StatusOr<InstanceRecord> PostgresStore::GetInstance(int64_t id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, PgInstanceById(*c, id));
+  if (!instance) return absl::NotFoundError("no instance with id " + std::to_string(id));
+  return *instance;
+}
+
+absl::StatusOr<InstanceRecord> PostgresStore::FindInstance(const std::string& tenant,
+                                                           const std::string& key) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, PgInstanceByKey(*c, tenant, key));
+  if (!instance) return absl::NotFoundError("no instance '" + key + "' in tenant '" + tenant + "'");
+  return *instance;
+}
+
+absl::StatusOr<std::vector<StepRecord>> PostgresStore::GetSteps(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(absl::StrCat("SELECT ", kStepColumns,
+                                                        " FROM steps WHERE instance_id = "
+                                                        "$1::bigint ORDER BY step_index"),
+                                           Params(instance_id)));
+  return PgRows(r, ReadStep<PgRow>);
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> PostgresStore::ListAttempts(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT step_index, seq, phase, sent::int, connection, "
+                                           "status, error_class, detail, started_at, finished_at "
+                                           "FROM attempts WHERE instance_id = $1::bigint ORDER BY "
+                                           "step_index, seq",
+                                           Params(instance_id)));
+  return PgRows(r, ReadAttempt<PgRow>);
+}
+
+absl::StatusOr<TombstoneRecord> PostgresStore::FindTombstone(const std::string& tenant,
+                                                             const std::string& key) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(std::optional<TombstoneRecord> t, PgTombstoneOfKey(*c, tenant, key));
+  if (!t) return absl::NotFoundError("no tombstone for '" + key + "' in tenant '" + tenant + "'");
+  return *t;
+}
+
+absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
+    const InstanceFilter& filter) {
+  static const std::string kList = absl::StrCat(
+      "SELECT ", kInstanceColumns,
+      " FROM instances i WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR "
+      "workflow = $2) AND ($3::smallint IS NULL OR state = $3) AND id > $5::bigint AND "
+      "created_at >= $6::bigint AND ($7::bigint = 0 OR created_at < $7::bigint) AND "
+      "($8::smallint IS NULL OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND "
+      "s.error_class = $8::smallint)) AND ($9::integer = 0 OR EXISTS (SELECT 1 FROM alerts a "
+      "WHERE a.instance_id = i.id AND a.state IN ",
+      SqlLiveAlertStates(),
+      " AND ($10::smallint = 0 OR a.kind = $10::smallint))) ORDER BY id LIMIT $4::integer");
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(
+      PgResult r,
+      c->Query(kList,
+               Params(filter.tenant, filter.workflow,
+                      filter.state ? std::optional<int64_t>(static_cast<int64_t>(*filter.state))
+                                   : std::nullopt,
+                      filter.limit, filter.after_id, filter.created_from, filter.created_to,
+                      filter.error_class
+                          ? std::optional<int64_t>(static_cast<int64_t>(*filter.error_class))
+                          : std::nullopt,
+                      static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0),
+                      static_cast<int64_t>(
+                          filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0))));
+  return PgRows(r, ReadInstance<PgRow>);
+}
+
+absl::StatusOr<std::vector<EventRecord>> PostgresStore::ListEvents(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(absl::StrCat("SELECT ", kEventColumns,
+                                                        " FROM outbox WHERE instance_id = "
+                                                        "$1::bigint ORDER BY seq"),
+                                           Params(instance_id)));
+  return PgRows(r, ReadEvent<PgRow>);
+}
+
+absl::StatusOr<std::vector<AuditRecord>> PostgresStore::ListAudit(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(absl::StrCat("SELECT ", kAuditColumns,
+                                                        " FROM audit_log WHERE instance_id = "
+                                                        "$1::bigint ORDER BY seq"),
+                                           Params(instance_id)));
+  return PgRows(r, ReadAudit<PgRow>);
+}
+
+absl::StatusOr<std::optional<IdempotencyClaim>> PostgresStore::GetIdempotencyClaim(
+    const std::string& tenant, const std::string& key) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query("SELECT request_hash, instance_id, step_name, expires_at FROM "
+                               "idempotency_keys WHERE tenant = $1 AND key = $2",
+                               Params(tenant, key)));
+  return PgFirstRow(r, [&](const PgRow& row) {
+    return IdempotencyClaim{tenant, key, row.Text(0), row.Int(1), row.Text(2), row.Int(3)};
+  });
+}
+
+absl::StatusOr<std::optional<InboxEntry>> PostgresStore::LookupInbox(const std::string& tenant,
+                                                                     const std::string& source,
+                                                                     const std::string& id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  return PgInboxEntry(*c, tenant, source, id);
+}
+
+}  // namespace waystone

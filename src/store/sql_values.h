@@ -1,0 +1,68 @@
+#pragma once
+
+// Store-internal: persisted enum values as SQL text, so that no number is typed by
+// hand into a statement. Both dialects build their statements from these (once,
+// into function-local statics), e.g.
+//   absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved), ...)
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "store/records.h"
+
+namespace waystone {
+
+// Returns the stored number of a persisted enum value ("3").
+template <typename Enum>
+requires std::is_enum_v<Enum> std::string SqlValue(Enum value) {
+  return std::to_string(static_cast<int>(value));
+}
+
+// Returns the stored numbers of `values` as an SQL list: "(1, 3)".
+template <typename Enum, typename... More>
+std::string SqlList(Enum first, More... more) {
+  std::string list = absl::StrCat("(", SqlValue(first));
+  (absl::StrAppend(&list, ", ", SqlValue(more)), ...);
+  list += ")";
+  return list;
+}
+
+// Instances a worker drives: running or compensating.
+inline std::string SqlRunnableStates() {
+  return SqlList(InstanceState::kRunning, InstanceState::kCompensating);
+}
+
+// Instances that have finished for good, which gc may collect.
+inline std::string SqlFinishedStates() {
+  return SqlList(InstanceState::kCompleted, InstanceState::kCompensated, InstanceState::kFailed,
+                 InstanceState::kClosed);
+}
+
+// Alerts still waiting for an operator: open or acknowledged.
+inline std::string SqlLiveAlertStates() {
+  return SqlList(AlertState::kOpen, AlertState::kAcknowledged);
+}
+
+// Returns each of `names` in double quotes, `"` and `\` escaped with `\`, joined by
+// commas: the inside of a JSON array (SQLite's json_each) or of a PostgreSQL text[]
+// literal alike.
+inline std::string QuoteEach(const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& name : names) {
+    if (!list.empty()) list += ",";
+    list += "\"";
+    for (char c : name) {
+      if (c == '"' || c == '\\') list += '\\';
+      list += c;
+    }
+    list += "\"";
+  }
+  return list;
+}
+
+// kNoDueTime as SQL text.
+inline std::string SqlNoDueTime() { return std::to_string(kNoDueTime); }
+
+}  // namespace waystone

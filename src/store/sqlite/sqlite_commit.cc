@@ -1,0 +1,142 @@
+// SqliteStore: the group commit (InstanceStore::Commit). The loop and the order of
+// a change are CommitChanges'; this file holds their SQL.
+
+#include "absl/strings/str_cat.h"
+#include "store/group_commit.h"
+#include "store/sql_values.h"
+#include "store/sqlite/sqlite_rows.h"
+#include "store/sqlite/sqlite_store.h"
+
+namespace waystone {
+namespace {
+
+class SqliteChangeSql final : public ChangeSql {
+ public:
+  explicit SqliteChangeSql(SqliteDb& db) : db_(db) {}
+
+  absl::Status Savepoint() override { return db_.Exec("SAVEPOINT change"); }
+  absl::Status RollbackToSavepoint() override { return db_.Exec("ROLLBACK TO change"); }
+  absl::Status ReleaseSavepoint() override { return db_.Exec("RELEASE change"); }
+
+  absl::StatusOr<bool> Fence(const Change& c) override {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * fence,
+        db_.Prepare("UPDATE instances SET updated_at = ?1, lease_expires_at = ?2, "
+                    "lease_owner = CASE WHEN ?2 = 0 THEN '' ELSE lease_owner END, "
+                    "state = COALESCE(?3, state), status_reason = COALESCE(?4, status_reason), "
+                    "next_run_at = COALESCE(?5, next_run_at) "
+                    "WHERE id = ?6 AND lease_epoch = ?7 AND lease_owner = ?8"));
+    fence->Bind(1, c.now).Bind(2, c.lease_expires_at);
+    if (c.state)
+      fence->Bind(3, static_cast<int64_t>(*c.state));
+    else
+      fence->BindNull(3);
+    if (c.status_reason)
+      fence->Bind(4, std::string_view(*c.status_reason));
+    else
+      fence->BindNull(4);
+    if (c.next_run_at)
+      fence->Bind(5, *c.next_run_at);
+    else
+      fence->BindNull(5);
+    fence->Bind(6, c.lease.instance_id).Bind(7, c.lease.epoch);
+    fence->Bind(8, std::string_view(c.lease.owner));
+    WS_RETURN_IF_ERROR(fence->Run());
+    return db_.Changes() == 1;
+  }
+  absl::Status SignalWork() override { return absl::OkStatus(); }  // workers poll
+  absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
+                                  Millis now) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                        db_.Prepare("INSERT OR IGNORE INTO inbox (tenant, source, event_id, "
+                                    "data_hash, received_at, instance_id) VALUES (?, ?, ?, ?, ?, "
+                                    "?)"));
+    WS_RETURN_IF_ERROR(
+        s->BindAll(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id).Run());
+    return db_.Changes() == 1;
+  }
+  absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
+    static const std::string kResolve =
+        absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
+                     ", updated_at = ? WHERE instance_id = ? AND state IN ", SqlLiveAlertStates());
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_.Prepare(kResolve));
+    return s->BindAll(now, instance_id).Run();
+  }
+  absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
+      const std::string& tenant, const std::string& key) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                        db_.Prepare("SELECT request_hash, expires_at FROM idempotency_keys "
+                                    "WHERE tenant = ? AND key = ?"));
+    s->BindAll(tenant, key);
+    return FirstRow(s, [](const SqliteStatement& r) {
+      return StoredIdempotencyKey{r.Text(0), r.Int(1)};
+    });
+  }
+  absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                        db_.Prepare("INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?) "
+                                    "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
+                                    "excluded.request_hash, expires_at = excluded.expires_at"));
+    return s
+        ->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
+                  claim.expires_at)
+        .Run();
+  }
+  absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * step,
+        db_.Prepare("UPDATE steps SET state = ?, attempts = ?, error_class = ?, error_message = ?, "
+                    "external_id = ?, response_json = ?, idempotency_key = ?, request_hash = ?, "
+                    "resolution = ?, unknowns = ?, lookups = ?, compensation_attempts = ?, "
+                    "next_attempt_at = ?, started_at = ?, finished_at = ?, span_id = ?, "
+                    "unknown_since = ? WHERE instance_id = ? AND step_index = ?"));
+    WS_RETURN_IF_ERROR(step->BindAll(static_cast<int64_t>(s.state), s.attempts,
+                                     static_cast<int64_t>(s.error_class), s.error_message,
+                                     s.external_id, s.response_json, s.idempotency_key,
+                                     s.request_hash, static_cast<int64_t>(s.resolution), s.unknowns,
+                                     s.lookups, s.compensation_attempts, s.next_attempt_at,
+                                     s.started_at, s.finished_at, s.span_id, s.unknown_since,
+                                     instance_id, s.index)
+                           .Run());
+    return db_.Changes() == 1;
+  }
+  absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * attempt,
+                        db_.Prepare("INSERT INTO attempts SELECT ?1, ?2, COALESCE(MAX(seq), 0) + "
+                                    "1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10 FROM attempts WHERE "
+                                    "instance_id = ?1 AND step_index = ?2"));
+    return attempt
+        ->BindAll(instance_id, a.step_index, static_cast<int64_t>(a.phase), a.sent ? 1 : 0,
+                  static_cast<int64_t>(a.connection), a.status, static_cast<int64_t>(a.error_class),
+                  a.detail, a.started_at, a.finished_at)
+        .Run();
+  }
+  absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
+    return SqliteInsertEvent(db_, event, instance_id, now);
+  }
+  absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now) override {
+    return SqliteInsertAlert(db_, alert, instance_id, now).status();
+  }
+  absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id, Millis at) override {
+    return SqliteInsertAudit(db_, audit, instance_id, at);
+  }
+
+ private:
+  SqliteDb& db_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<Change>& changes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<absl::Status> results;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    SqliteChangeSql sql(*db_);
+    WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return results;
+}
+
+}  // namespace waystone

@@ -1,0 +1,245 @@
+// SqliteStore: definitions, starts and the reads of instances (InstanceStore,
+// DefinitionStore).
+
+#include "absl/strings/str_cat.h"
+#include "store/sql_values.h"
+#include "store/sqlite/sqlite_rows.h"
+#include "store/sqlite/sqlite_store.h"
+#include "store/start_decision.h"
+
+namespace waystone {
+namespace {
+
+// The SQL of a start; the algorithm is StartInstanceWith.
+class SqliteStartSql final : public StartSql {
+ public:
+  explicit SqliteStartSql(SqliteDb& db) : db_(db) {}
+
+  absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * claim,
+                        db_.Prepare("INSERT OR IGNORE INTO inbox (tenant, source, event_id, "
+                                    "data_hash, received_at) VALUES (?, ?, ?, ?, ?)"));
+    WS_RETURN_IF_ERROR(
+        claim->BindAll(in.tenant, in.event_source, in.event_id, in.event_data_hash, in.now).Run());
+    return db_.Changes() == 1;
+  }
+  absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
+                                                      const std::string& source,
+                                                      const std::string& id) override {
+    return SqliteInboxEntry(db_, tenant, source, id);
+  }
+  absl::StatusOr<std::optional<InstanceRecord>> InstanceById(int64_t id) override {
+    return SqliteInstanceById(db_, id);
+  }
+  absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(const std::string& tenant,
+                                                              const std::string& key) override {
+    return SqliteInstanceByKey(db_, tenant, key);
+  }
+  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(int64_t id) override {
+    return SqliteTombstoneOfInstance(db_, id);
+  }
+  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
+                                                                const std::string& key) override {
+    return SqliteTombstoneOfKey(db_, tenant, key);
+  }
+  absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance& in,
+                                                        const std::string& source_event) override {
+    static const std::string kInsert = absl::StrCat(
+        "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
+        "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at) VALUES "
+        "(?1, ?2, ?3, ?4, ?5, ?6, ",
+        SqlValue(InstanceState::kRunning),
+        ", ?7, ?8, ?9, ?7, ?7) ON CONFLICT (tenant, business_key) DO NOTHING");
+    WS_ASSIGN_OR_RETURN(SqliteStatement * insert, db_.Prepare(kInsert));
+    WS_RETURN_IF_ERROR(insert
+                           ->BindAll(in.tenant, in.key, in.workflow, in.definition_hash,
+                                     in.input_json, in.input_hash, in.now, in.trace_id,
+                                     source_event)
+                           .Run());
+    if (db_.Changes() == 0) return std::optional<int64_t>();
+    return std::optional<int64_t>(db_.LastInsertRowId());
+  }
+  absl::StatusOr<bool> BuriedMeanwhile(const std::string&, const std::string&) override {
+    return false;  // BEGIN IMMEDIATE: no gc ran since the tombstone was read
+  }
+  absl::Status InsertPendingSteps(int64_t id, const std::vector<std::string>& names) override {
+    static const std::string kInsert =
+        absl::StrCat("INSERT INTO steps (instance_id, step_index, name, state) VALUES (?, ?, ?, ",
+                     SqlValue(StepState::kPending), ")");
+    WS_ASSIGN_OR_RETURN(SqliteStatement * step, db_.Prepare(kInsert));
+    for (size_t i = 0; i < names.size(); ++i) {
+      WS_RETURN_IF_ERROR(step->BindAll(id, static_cast<int64_t>(i), names[i]).Run());
+      step->Reset();
+    }
+    return absl::OkStatus();
+  }
+  absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
+    return SqliteInsertEvent(db_, event, instance_id, now);
+  }
+  absl::Status SignalWork() override { return absl::OkStatus(); }  // workers poll
+  absl::Status LinkInbox(const NewInstance& in, int64_t instance_id) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * link,
+                        db_.Prepare("UPDATE inbox SET instance_id = ? WHERE tenant = ? AND "
+                                    "source = ? AND event_id = ?"));
+    return link->BindAll(instance_id, in.tenant, in.event_source, in.event_id).Run();
+  }
+  absl::Status AddToCounter(const std::string& name, int64_t delta) override {
+    return SqliteAddToCounter(db_, name, delta);
+  }
+
+ private:
+  SqliteDb& db_;
+};
+
+}  // namespace
+
+absl::Status SqliteStore::PutDefinition(const std::string& hash, const std::string& workflow,
+                                        const std::string& source, const std::string& text,
+                                        Millis now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("INSERT OR IGNORE INTO definitions VALUES (?, ?, ?, ?, ?)"));
+  return s->BindAll(hash, workflow, source, text, now).Run();
+}
+
+absl::StatusOr<std::string> SqliteStore::GetDefinition(const std::string& hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT body FROM definitions WHERE hash = ?"));
+  s->BindAll(hash);
+  WS_ASSIGN_OR_RETURN(std::optional<std::string> body, FirstRow(s, ReadText0<SqliteStatement>));
+  if (!body) return absl::NotFoundError("no definition with hash " + hash);
+  return *body;
+}
+
+absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StartResult result;
+  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+    SqliteStartSql sql(*db_);
+    WS_ASSIGN_OR_RETURN(result, StartInstanceWith(sql, in));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, SqliteInstanceById(*db_, id));
+  if (!instance) return absl::NotFoundError("no instance with id " + std::to_string(id));
+  return *instance;
+}
+
+absl::StatusOr<InstanceRecord> SqliteStore::FindInstance(const std::string& tenant,
+                                                         const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance,
+                      SqliteInstanceByKey(*db_, tenant, key));
+  if (!instance) return absl::NotFoundError("no instance '" + key + "' in tenant '" + tenant + "'");
+  return *instance;
+}
+
+absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare(absl::StrCat("SELECT ", kStepColumns,
+                                                " FROM steps WHERE instance_id = ? ORDER BY "
+                                                "step_index")));
+  s->BindAll(instance_id);
+  return CollectRows(s, ReadStep<SqliteStatement>);
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> SqliteStore::ListAttempts(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT step_index, seq, phase, sent, connection, status, "
+                                   "error_class, detail, started_at, finished_at FROM attempts "
+                                   "WHERE instance_id = ? ORDER BY step_index, seq"));
+  s->BindAll(instance_id);
+  return CollectRows(s, ReadAttempt<SqliteStatement>);
+}
+
+absl::StatusOr<TombstoneRecord> SqliteStore::FindTombstone(const std::string& tenant,
+                                                           const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(std::optional<TombstoneRecord> t, SqliteTombstoneOfKey(*db_, tenant, key));
+  if (!t) return absl::NotFoundError("no tombstone for '" + key + "' in tenant '" + tenant + "'");
+  return *t;
+}
+
+absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
+    const InstanceFilter& filter) {
+  static const std::string kList = absl::StrCat(
+      "SELECT ", kInstanceColumns,
+      " FROM instances i WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR workflow = ?2) AND "
+      "(?3 IS NULL OR state = ?3) AND id > ?5 AND created_at >= ?6 AND (?7 = 0 OR created_at < "
+      "?7) AND (?8 IS NULL OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND "
+      "s.error_class = ?8)) AND (?9 = 0 OR EXISTS (SELECT 1 FROM alerts a WHERE a.instance_id = "
+      "i.id AND a.state IN ",
+      SqlLiveAlertStates(), " AND (?10 = 0 OR a.kind = ?10))) ORDER BY id LIMIT ?4");
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kList));
+  if (filter.tenant)
+    s->Bind(1, std::string_view(*filter.tenant));
+  else
+    s->BindNull(1);
+  if (filter.workflow)
+    s->Bind(2, std::string_view(*filter.workflow));
+  else
+    s->BindNull(2);
+  if (filter.state)
+    s->Bind(3, static_cast<int64_t>(*filter.state));
+  else
+    s->BindNull(3);
+  s->Bind(4, static_cast<int64_t>(filter.limit));
+  s->Bind(5, filter.after_id).Bind(6, filter.created_from).Bind(7, filter.created_to);
+  if (filter.error_class)
+    s->Bind(8, static_cast<int64_t>(*filter.error_class));
+  else
+    s->BindNull(8);
+  s->Bind(9, static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0));
+  s->Bind(10,
+          static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0));
+  return CollectRows(s, ReadInstance<SqliteStatement>);
+}
+
+absl::StatusOr<std::vector<EventRecord>> SqliteStore::ListEvents(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(absl::StrCat(
+                                               "SELECT ", kEventColumns,
+                                               " FROM outbox WHERE instance_id = ? ORDER BY seq")));
+  s->BindAll(instance_id);
+  return CollectRows(s, ReadEvent<SqliteStatement>);
+}
+
+absl::StatusOr<std::vector<AuditRecord>> SqliteStore::ListAudit(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare(absl::StrCat("SELECT ", kAuditColumns,
+                                                " FROM audit_log WHERE instance_id = ? ORDER BY "
+                                                "seq")));
+  s->BindAll(instance_id);
+  return CollectRows(s, ReadAudit<SqliteStatement>);
+}
+
+absl::StatusOr<std::optional<IdempotencyClaim>> SqliteStore::GetIdempotencyClaim(
+    const std::string& tenant, const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT request_hash, instance_id, step_name, expires_at FROM "
+                                   "idempotency_keys WHERE tenant = ? AND key = ?"));
+  s->BindAll(tenant, key);
+  return FirstRow(s, [&](const SqliteStatement& r) {
+    return IdempotencyClaim{tenant, key, r.Text(0), r.Int(1), r.Text(2), r.Int(3)};
+  });
+}
+
+absl::StatusOr<std::optional<InboxEntry>> SqliteStore::LookupInbox(const std::string& tenant,
+                                                                   const std::string& source,
+                                                                   const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return SqliteInboxEntry(*db_, tenant, source, id);
+}
+
+}  // namespace waystone

@@ -1,0 +1,381 @@
+// The dialect-neutral rules of the store, against fakes of their per-dialect
+// interfaces (no database): the group commit, takeovers, the gc order, the start,
+// and a component that takes one slice of Store.
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/lease_reaper.h"
+#include "store/gc_order.h"
+#include "store/group_commit.h"
+#include "store/lease_claims.h"
+#include "store/relay_rules.h"
+#include "store/sql_values.h"
+#include "store/start_decision.h"
+#include "store/store.h"
+
+namespace waystone {
+namespace {
+
+// Records the statements a commit makes; a change to `lost` fails its fence, and
+// `broken_step` fails a step update with an I/O error.
+class FakeChangeSql final : public ChangeSql {
+ public:
+  std::vector<std::string> log;
+  int64_t lost = -1;
+  int broken_step = -1;
+  std::optional<StoredIdempotencyKey> stored_key;
+
+  absl::Status Savepoint() override { return Note("savepoint"); }
+  absl::Status RollbackToSavepoint() override { return Note("rollback"); }
+  absl::Status ReleaseSavepoint() override { return Note("release"); }
+  absl::StatusOr<bool> Fence(const Change& c) override {
+    log.push_back("fence " + std::to_string(c.lease.instance_id));
+    return c.lease.instance_id != lost;
+  }
+  absl::Status SignalWork() override { return Note("signal"); }
+  absl::StatusOr<bool> ClaimInbox(const InboxClaim&, int64_t, Millis) override {
+    log.push_back("inbox");
+    return true;
+  }
+  absl::Status ResolveAlerts(int64_t, Millis) override { return Note("resolve"); }
+  absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
+      const std::string&, const std::string&) override {
+    log.push_back("read key");
+    return stored_key;
+  }
+  absl::Status PutIdempotencyKey(const IdempotencyClaim&, Millis) override {
+    return Note("put key");
+  }
+  absl::StatusOr<bool> UpdateStep(int64_t, const StepRecord& s) override {
+    log.push_back("step " + std::to_string(s.index));
+    if (s.index == broken_step) return absl::UnavailableError("disk gone");
+    return true;
+  }
+  absl::Status InsertAttempt(int64_t, const AttemptRecord&) override { return Note("attempt"); }
+  absl::Status InsertEvent(const EventRecord&, int64_t, Millis) override { return Note("event"); }
+  absl::Status InsertAlert(const AlertRecord&, int64_t, Millis) override { return Note("alert"); }
+  absl::Status InsertAudit(const AuditRecord&, int64_t, Millis) override { return Note("audit"); }
+
+ private:
+  absl::Status Note(const std::string& what) {
+    log.push_back(what);
+    return absl::OkStatus();
+  }
+};
+
+Change ChangeOf(int64_t instance_id) {
+  Change c;
+  c.lease = {instance_id, 1, "w"};
+  c.now = 100;
+  c.lease_expires_at = 200;
+  c.steps.push_back(StepRecord{.index = 0});
+  c.events.push_back(EventRecord{});
+  return c;
+}
+
+TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
+  FakeChangeSql sql;
+  sql.lost = 2;
+  auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2), ChangeOf(3)});
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  EXPECT_TRUE((*results)[0].ok());
+  EXPECT_TRUE(absl::IsAborted((*results)[1]));
+  EXPECT_TRUE((*results)[2].ok());
+  const std::vector<std::string> expected = {
+      "savepoint", "fence 1", "step 0",    "event",   "release", "savepoint", "fence 2",
+      "rollback",  "release", "savepoint", "fence 3", "step 0",  "event",     "release"};
+  EXPECT_EQ(sql.log, expected);
+}
+
+TEST(StoreRulesTest, AnErrorThatIsNotTheChangesOwnFailsTheWholeGroup) {
+  FakeChangeSql sql;
+  sql.broken_step = 0;
+  auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2)});
+  EXPECT_TRUE(absl::IsUnavailable(results.status())) << results.status();
+  EXPECT_EQ(sql.log.back(), "rollback");
+}
+
+TEST(StoreRulesTest, TheFenceComesFirstAndAReleaseToRunNowWakesWorkers) {
+  FakeChangeSql sql;
+  Change c = ChangeOf(1);
+  c.lease_expires_at = 0;
+  c.next_run_at = c.now;
+  c.inbox = InboxClaim{"t", "s", "e", "h"};
+  c.resolve_alerts = true;
+  c.idempotency = IdempotencyClaim{"t", "k", "hash", 1, "step", 500};
+  c.attempts.push_back(AttemptRecord{});
+  c.alerts.push_back(AlertRecord{});
+  c.audits.push_back(AuditRecord{});
+  ASSERT_TRUE(ApplyChange(sql, c).ok());
+  const std::vector<std::string> expected = {"fence 1",  "signal",  "inbox",  "resolve",
+                                             "read key", "put key", "step 0", "attempt",
+                                             "event",    "alert",   "audit"};
+  EXPECT_EQ(sql.log, expected);
+}
+
+TEST(StoreRulesTest, AnIdempotencyKeyHeldForAnotherRequestIsAConflictUntilItExpires) {
+  const IdempotencyClaim claim{"t", "k", "new-hash", 1, "step", 500};
+  EXPECT_TRUE(CheckIdempotencyKey(claim, std::nullopt, 100).ok());
+  EXPECT_TRUE(CheckIdempotencyKey(claim, StoredIdempotencyKey{"new-hash", 900}, 100).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      CheckIdempotencyKey(claim, StoredIdempotencyKey{"old-hash", 900}, 100)));
+  EXPECT_TRUE(CheckIdempotencyKey(claim, StoredIdempotencyKey{"old-hash", 100}, 100).ok());
+
+  FakeChangeSql sql;
+  sql.stored_key = StoredIdempotencyKey{"old-hash", 900};
+  Change c = ChangeOf(1);
+  c.idempotency = claim;
+  auto results = CommitChanges(sql, {c});
+  ASSERT_TRUE(results.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition((*results)[0]));
+}
+
+TEST(StoreRulesTest, ARowThatStillNamedAnOwnerIsATakeover) {
+  int64_t takeovers = 0;
+  const std::vector<Lease> leases =
+      LeasesOf({{1, 5, ""}, {2, 7, "dead/1/x"}, {3, 2, ""}}, "me", &takeovers);
+  EXPECT_EQ(takeovers, 1);
+  ASSERT_EQ(leases.size(), 3u);
+  EXPECT_EQ(leases[1], (Lease{2, 7, "me"}));
+}
+
+// Records a gc's statements.
+class FakeGcSql final : public GcSql {
+ public:
+  std::vector<std::string> log;
+  absl::Status PickCollectable(Millis) override { return Note("pick"); }
+  absl::StatusOr<GcReport> CountGarbage(Millis, Millis) override {
+    log.push_back("count");
+    GcReport report;
+    report.instances = 2;
+    return report;
+  }
+  absl::Status DeleteTombstonesBefore(Millis) override { return Note("old tombstones"); }
+  absl::Status BuryPicked(Millis) override { return Note("bury"); }
+  absl::Status Exec(std::string_view sql) override {
+    return Note(std::string(sql.substr(0, sql.find(" WHERE"))));
+  }
+  absl::Status DeleteInboxClaimsBefore(Millis) override { return Note("inbox"); }
+  absl::Status DeleteIdempotencyKeysBefore(Millis) override { return Note("keys"); }
+  absl::Status DeleteApiRequestsBefore(Millis) override { return Note("requests"); }
+
+ private:
+  absl::Status Note(const std::string& what) {
+    log.push_back(what);
+    return absl::OkStatus();
+  }
+};
+
+TEST(StoreRulesTest, GcBuriesBeforeItDeletesAndChildrenGoBeforeParents) {
+  FakeGcSql dry;
+  auto counted = CollectGarbageWith(dry, 10, 20, 5, /*dry_run=*/true);
+  ASSERT_TRUE(counted.ok());
+  EXPECT_EQ(counted->tombstones_written, 2);
+  EXPECT_EQ(dry.log, (std::vector<std::string>{"pick", "count"}));
+
+  FakeGcSql sql;
+  ASSERT_TRUE(CollectGarbageWith(sql, 10, 20, 5, /*dry_run=*/false).ok());
+  const std::vector<std::string> expected = {"pick",
+                                             "count",
+                                             "old tombstones",
+                                             "bury",
+                                             "DELETE FROM attempts",
+                                             "DELETE FROM deliveries",
+                                             "DELETE FROM outbox",
+                                             "DELETE FROM steps",
+                                             "DELETE FROM alerts",
+                                             "DELETE FROM instances",
+                                             "inbox",
+                                             "keys",
+                                             "requests"};
+  EXPECT_EQ(sql.log, expected);
+}
+
+// Records a delivery's statements; `held` says whether the claim still holds.
+class FakeDeliverySql final : public DeliverySql {
+ public:
+  bool held = true;
+  std::vector<std::string> log;
+  absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) override {
+    if (seq == 404) return std::nullopt;
+    EventRecord e;
+    e.seq = seq;
+    return e;
+  }
+  absl::StatusOr<bool> FinishClaimed(const DeliveryClaim&, const DeliveryUpdate&) override {
+    log.push_back("finish");
+    return held;
+  }
+  absl::Status MarkEventDelivered(int64_t, Millis) override { return Note("mark"); }
+  absl::Status InsertAlert(const AlertRecord&, Millis) override { return Note("alert"); }
+  absl::Status InsertEvent(const EventRecord&, Millis) override { return Note("event"); }
+  absl::Status DisableSink(const std::string&, const std::string&, Millis) override {
+    return Note("disable");
+  }
+
+ private:
+  absl::Status Note(const std::string& what) {
+    log.push_back(what);
+    return absl::OkStatus();
+  }
+};
+
+TEST(StoreRulesTest, ADeliveryEndsUnderItsLeaseAndClaimsComeInOutboxOrder) {
+  DeliveryUpdate gone;
+  gone.state = DeliveryState::kPending;
+  gone.alert = AlertRecord{};
+  gone.alert_event = EventRecord{};
+  gone.disable_sink = true;
+  FakeDeliverySql sql;
+  ASSERT_TRUE(FinishDeliveryWith(sql, DeliveryClaim{}, gone).ok());
+  EXPECT_EQ(sql.log, (std::vector<std::string>{"finish", "alert", "event", "disable"}));
+
+  FakeDeliverySql lost;
+  lost.held = false;
+  DeliveryUpdate delivered;
+  delivered.state = DeliveryState::kDelivered;
+  EXPECT_TRUE(absl::IsAborted(FinishDeliveryWith(lost, DeliveryClaim{}, delivered)));
+  EXPECT_EQ(lost.log, (std::vector<std::string>{"finish"}));
+
+  std::vector<DeliveryClaim> claims(3);
+  claims[0].event.seq = 9;
+  claims[1].event.seq = 2;
+  claims[2].event.seq = 5;
+  ASSERT_TRUE(CompleteClaims(sql, &claims).ok());
+  EXPECT_EQ(claims[0].event.seq, 2);
+  EXPECT_EQ(claims[2].event.seq, 9);
+  claims[1].event.seq = 404;
+  EXPECT_TRUE(absl::IsDataLoss(CompleteClaims(sql, &claims)));
+}
+
+// A start against rows held in memory.
+class FakeStartSql final : public StartSql {
+ public:
+  std::optional<InstanceRecord> existing;
+  std::optional<TombstoneRecord> tombstone;
+  std::map<std::string, int64_t> counters;
+  std::vector<std::string> log;
+
+  absl::StatusOr<bool> ClaimStartEvent(const NewInstance&) override { return true; }
+  absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string&, const std::string&,
+                                                      const std::string&) override {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::optional<InstanceRecord>> InstanceById(int64_t id) override {
+    InstanceRecord r;
+    r.id = id;
+    return r;
+  }
+  absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(const std::string&,
+                                                              const std::string&) override {
+    return existing;
+  }
+  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(int64_t) override {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string&,
+                                                                const std::string&) override {
+    return tombstone;
+  }
+  absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance&,
+                                                        const std::string&) override {
+    log.push_back("insert");
+    if (existing) return std::optional<int64_t>();
+    return std::optional<int64_t>(7);
+  }
+  absl::StatusOr<bool> BuriedMeanwhile(const std::string&, const std::string&) override {
+    return false;
+  }
+  absl::Status InsertPendingSteps(int64_t, const std::vector<std::string>& names) override {
+    log.push_back("steps " + std::to_string(names.size()));
+    return absl::OkStatus();
+  }
+  absl::Status InsertEvent(const EventRecord&, int64_t, Millis) override {
+    log.push_back("event");
+    return absl::OkStatus();
+  }
+  absl::Status SignalWork() override { return absl::OkStatus(); }
+  absl::Status LinkInbox(const NewInstance&, int64_t) override { return absl::OkStatus(); }
+  absl::Status AddToCounter(const std::string& name, int64_t delta) override {
+    counters[name] += delta;
+    return absl::OkStatus();
+  }
+};
+
+NewInstance StartOf(const std::string& input_hash) {
+  NewInstance in;
+  in.tenant = "t";
+  in.key = "k";
+  in.workflow = "order";
+  in.input_hash = input_hash;
+  in.step_names = {"a", "b"};
+  return in;
+}
+
+TEST(StoreRulesTest, AStartCreatesAnswersFromTheExistingInstanceOrFromItsTombstone) {
+  FakeStartSql fresh;
+  auto created = StartInstanceWith(fresh, StartOf("h1"));
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->outcome, StartOutcome::kCreated);
+  EXPECT_EQ(created->instance.id, 7);
+  EXPECT_EQ(fresh.log, (std::vector<std::string>{"insert", "steps 2", "event"}));
+
+  FakeStartSql held;
+  held.existing = InstanceRecord{.id = 3, .workflow = "order", .input_hash = "h1"};
+  auto existing = StartInstanceWith(held, StartOf("h1"));
+  ASSERT_TRUE(existing.ok());
+  EXPECT_EQ(existing->outcome, StartOutcome::kExisting);
+  EXPECT_TRUE(absl::IsFailedPrecondition(StartInstanceWith(held, StartOf("h2")).status()));
+
+  FakeStartSql buried;
+  buried.tombstone = TombstoneRecord{
+      .tenant = "t", .workflow = "order", .key = "k", .input_hash = "h1", .instance_id = 3};
+  auto collected = StartInstanceWith(buried, StartOf("h1"));
+  ASSERT_TRUE(collected.ok());
+  EXPECT_EQ(collected->outcome, StartOutcome::kCollected);
+  EXPECT_TRUE(buried.log.empty());  // nothing inserted under a tombstone
+}
+
+TEST(StoreRulesTest, EnumValuesInSqlAreTheirStoredNumbers) {
+  EXPECT_EQ(SqlValue(AlertState::kResolved), "3");
+  EXPECT_EQ(SqlRunnableStates(), "(1, 3)");
+  EXPECT_EQ(SqlFinishedStates(), "(2, 4, 5, 7)");
+  EXPECT_EQ(QuoteEach({"a", "b\"c"}), "\"a\",\"b\\\"c\"");
+}
+
+// A component that takes one slice needs a fake of that slice only.
+class FakeLeases final : public LeaseStore {
+ public:
+  std::vector<std::string> expired;
+  absl::StatusOr<std::vector<Lease>> ClaimRunnable(const std::string&, Millis, Millis,
+                                                   int) override {
+    return std::vector<Lease>();
+  }
+  absl::StatusOr<Lease> ClaimInstance(int64_t, const std::string&, Millis, Millis) override {
+    return absl::NotFoundError("none");
+  }
+  absl::StatusOr<std::vector<std::string>> LeaseOwners(Millis) override {
+    return std::vector<std::string>{"elsewhere/1/x"};
+  }
+  absl::Status ExpireLeases(const std::string& owner) override {
+    expired.push_back(owner);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<Millis>> NextDueTime() override { return std::nullopt; }
+};
+
+TEST(StoreRulesTest, TheLeaseReaperNeedsOnlyTheLeaseSlice) {
+  FakeLeases leases;
+  auto reaped = ReapDeadLocalOwners(leases, 0);
+  ASSERT_TRUE(reaped.ok());
+  EXPECT_EQ(*reaped, 0);  // an owner on another host is left to lease expiry
+  EXPECT_TRUE(leases.expired.empty());
+}
+
+}  // namespace
+}  // namespace waystone
