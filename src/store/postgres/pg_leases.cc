@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/lease_claims.h"
 #include "store/postgres/pg_rows.h"
 #include "store/sql_values.h"
@@ -77,7 +78,7 @@ absl::StatusOr<std::optional<Millis>> PostgresStore::NextDueTime() {
 }
 
 absl::Status PostgresStore::WaitForWork(Millis timeout) {
-  std::lock_guard<std::mutex> lock(listen_mu_);
+  MutexLock lock(listen_mu_);
   if (!listener_ || listener_->broken()) {
     listener_.reset();
     WS_ASSIGN_OR_RETURN(listener_, PgConnection::Connect(conninfo_));

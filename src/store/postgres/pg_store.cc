@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/mutex.h"
 #include "store/migration.h"
 #include "store/postgres/pg_rows.h"
 
@@ -20,7 +21,7 @@ PostgresStore::~PostgresStore() = default;
 
 absl::StatusOr<PostgresStore::Lent> PostgresStore::Acquire() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (!idle_.empty()) {
       auto c = std::move(idle_.back());
       idle_.pop_back();
@@ -32,7 +33,7 @@ absl::StatusOr<PostgresStore::Lent> PostgresStore::Acquire() {
     }
   }
   auto c = PgConnection::Connect(conninfo_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!c.ok()) {
     connect_backoff_ms_ = std::clamp<int64_t>(connect_backoff_ms_ * 2, 50, 2000);
     next_connect_ =
@@ -45,7 +46,7 @@ absl::StatusOr<PostgresStore::Lent> PostgresStore::Acquire() {
 
 void PostgresStore::Release(std::unique_ptr<PgConnection> connection) {
   if (connection->broken()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (static_cast<int>(idle_.size()) < max_connections_) idle_.push_back(std::move(connection));
 }
 

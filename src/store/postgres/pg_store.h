@@ -2,10 +2,10 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -114,14 +114,14 @@ class PostgresStore final : public Store {
 
   std::string conninfo_;
   int max_connections_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<PgConnection>> idle_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<std::unique_ptr<PgConnection>> idle_ ABSL_GUARDED_BY(mu_);
   // After a failed connect, new connects wait this long (doubling up to 2 s), so an
   // outage does not turn every caller into a reconnect storm.
-  int64_t connect_backoff_ms_ = 0;                      // guarded by mu_
-  std::chrono::steady_clock::time_point next_connect_;  // guarded by mu_
-  std::mutex listen_mu_;
-  std::unique_ptr<PgConnection> listener_;  // guarded by listen_mu_
+  int64_t connect_backoff_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point next_connect_ ABSL_GUARDED_BY(mu_);
+  Mutex listen_mu_;
+  std::unique_ptr<PgConnection> listener_ ABSL_GUARDED_BY(listen_mu_);
 };
 
 }  // namespace waystone

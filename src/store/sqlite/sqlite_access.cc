@@ -1,6 +1,7 @@
 // SqliteStore: API tokens, server keys and Idempotency-Key requests (AccessStore).
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/api_requests.h"
 #include "store/sqlite/sqlite_rows.h"
 #include "store/sqlite/sqlite_store.h"
@@ -8,7 +9,7 @@
 namespace waystone {
 
 absl::Status SqliteStore::PutToken(const TokenRecord& t) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare(absl::StrCat("INSERT INTO api_tokens (", kTokenColumns,
                                                 ") VALUES (?, ?, ?, ?, ?, ?, ?)")));
@@ -23,7 +24,7 @@ absl::Status SqliteStore::PutToken(const TokenRecord& t) {
 }
 
 absl::StatusOr<TokenRecord> SqliteStore::FindToken(const std::string& token_hash) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare(absl::StrCat("SELECT ", kTokenColumns,
                                                 " FROM api_tokens WHERE token_hash = ?")));
@@ -34,7 +35,7 @@ absl::StatusOr<TokenRecord> SqliteStore::FindToken(const std::string& token_hash
 }
 
 absl::StatusOr<std::vector<TokenRecord>> SqliteStore::ListTokens() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(
       SqliteStatement * s,
       db_->Prepare(absl::StrCat("SELECT ", kTokenColumns, " FROM api_tokens ORDER BY name")));
@@ -42,7 +43,7 @@ absl::StatusOr<std::vector<TokenRecord>> SqliteStore::ListTokens() {
 }
 
 absl::StatusOr<std::string> SqliteStore::ServerKey(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("SELECT value FROM server_keys WHERE name = ?"));
   s->BindAll(name);
@@ -52,7 +53,7 @@ absl::StatusOr<std::string> SqliteStore::ServerKey(const std::string& name) {
 }
 
 absl::Status SqliteStore::RevokeToken(const std::string& name, Millis now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * find,
                       db_->Prepare("SELECT revoked_at FROM api_tokens WHERE name = ?"));
   find->BindAll(name);
@@ -70,11 +71,12 @@ absl::Status SqliteStore::RevokeToken(const std::string& name, Millis now) {
 absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRecord& request,
                                                              Millis stale_before,
                                                              const std::string& dead_owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   ApiRequestClaim claim;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
     WS_ASSIGN_OR_RETURN(SqliteStatement * get,
-                        db_->Prepare("SELECT request_hash, done, status, content_type, body, "
+                        db.Prepare("SELECT request_hash, done, status, content_type, body, "
                                      "created_at, expires_at, owner FROM api_requests WHERE "
                                      "tenant = ? AND key = ?"));
     get->BindAll(request.tenant, request.key);
@@ -87,7 +89,7 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
     claim = DecideApiRequest(stored, request, stale_before, dead_owner);
     if (claim.outcome != ApiRequestOutcome::kNew) return absl::OkStatus();
     WS_ASSIGN_OR_RETURN(SqliteStatement * put,
-                        db_->Prepare("INSERT OR REPLACE INTO api_requests (tenant, key, "
+                        db.Prepare("INSERT OR REPLACE INTO api_requests (tenant, key, "
                                      "request_hash, created_at, expires_at, owner) VALUES (?, ?, "
                                      "?, ?, ?, ?)"));
     return put
@@ -100,7 +102,7 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
 }
 
 absl::Status SqliteStore::FinishApiRequest(const ApiRequestRecord& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(
       SqliteStatement * s,
       db_->Prepare("UPDATE api_requests SET done = 1, status = ?, content_type = "
@@ -109,7 +111,7 @@ absl::Status SqliteStore::FinishApiRequest(const ApiRequestRecord& r) {
 }
 
 absl::Status SqliteStore::AbandonApiRequest(const std::string& tenant, const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("DELETE FROM api_requests WHERE tenant = ? AND key = ? AND "
                                    "done = 0"));

@@ -1,6 +1,7 @@
 // SqliteStore: alerts outside an instance lease (AlertStore).
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
 #include "store/sqlite/sqlite_store.h"
@@ -9,18 +10,19 @@ namespace waystone {
 
 absl::StatusOr<int64_t> SqliteStore::RaiseAlert(const AlertRecord& alert,
                                                 const EventRecord& event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   int64_t id = 0;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
-    WS_ASSIGN_OR_RETURN(id, SqliteInsertAlert(*db_, alert, alert.instance_id, alert.created_at));
-    return SqliteInsertEvent(*db_, event, event.instance_id, alert.created_at);
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(id, SqliteInsertAlert(db, alert, alert.instance_id, alert.created_at));
+    return SqliteInsertEvent(db, event, event.instance_id, alert.created_at);
   });
   if (!status.ok()) return status;
   return id;
 }
 
 absl::StatusOr<AlertRecord> SqliteStore::GetAlert(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(absl::StrCat("SELECT ", kAlertColumns,
                                                                      " FROM alerts WHERE id = ?")));
   s->BindAll(id);
@@ -30,7 +32,7 @@ absl::StatusOr<AlertRecord> SqliteStore::GetAlert(int64_t id) {
 }
 
 absl::StatusOr<std::vector<AlertRecord>> SqliteStore::ListAlerts(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare(absl::StrCat("SELECT ", kAlertColumns,
                                                 " FROM alerts WHERE (?1 = 0 OR instance_id = ?1) "
@@ -43,15 +45,16 @@ absl::Status SqliteStore::AcknowledgeAlert(int64_t id, const AuditRecord& audit)
   static const std::string kAcknowledge =
       absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kAcknowledged),
                    ", updated_at = ? WHERE id = ? AND state = ", SqlValue(AlertState::kOpen));
-  std::lock_guard<std::mutex> lock(mu_);
-  return InWriteTransaction(*db_, [&]() -> absl::Status {
-    WS_ASSIGN_OR_RETURN(SqliteStatement * ack, db_->Prepare(kAcknowledge));
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  return InWriteTransaction(db, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * ack, db.Prepare(kAcknowledge));
     WS_RETURN_IF_ERROR(ack->BindAll(audit.at, id).Run());
-    if (db_->Changes() != 1) {
+    if (db.Changes() != 1) {
       return absl::FailedPreconditionError(
           "the alert is not open");  // no database id: callers show public ones
     }
-    return SqliteInsertAudit(*db_, audit, audit.instance_id, audit.at);
+    return SqliteInsertAudit(db, audit, audit.instance_id, audit.at);
   });
 }
 
@@ -63,7 +66,7 @@ absl::StatusOr<std::vector<StaleUnknown>> SqliteStore::StaleUnknownSteps(Millis 
       " AND s.unknown_since > 0 AND s.unknown_since <= ?1 AND NOT EXISTS (SELECT 1 FROM alerts a "
       "WHERE a.instance_id = s.instance_id AND a.step_name = s.name AND a.kind = ",
       SqlValue(AlertKind::kUnknownUnresolved), " AND a.created_at >= s.unknown_since)");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kStale));
   s->BindAll(unknown_before);
   return CollectRows(s, ReadStaleUnknown<SqliteStatement>);

@@ -2,6 +2,7 @@
 // a change are CommitChanges'; this file holds their SQL.
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/group_commit.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
@@ -128,10 +129,11 @@ class SqliteChangeSql final : public ChangeSql {
 }  // namespace
 
 absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<Change>& changes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   std::vector<absl::Status> results;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
-    SqliteChangeSql sql(*db_);
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    SqliteChangeSql sql(db);
     WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes));
     return absl::OkStatus();
   });

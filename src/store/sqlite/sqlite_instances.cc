@@ -2,6 +2,7 @@
 // DefinitionStore).
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
 #include "store/sqlite/sqlite_store.h"
@@ -96,14 +97,14 @@ class SqliteStartSql final : public StartSql {
 absl::Status SqliteStore::PutDefinition(const std::string& hash, const std::string& workflow,
                                         const std::string& source, const std::string& text,
                                         Millis now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("INSERT OR IGNORE INTO definitions VALUES (?, ?, ?, ?, ?)"));
   return s->BindAll(hash, workflow, source, text, now).Run();
 }
 
 absl::StatusOr<std::string> SqliteStore::GetDefinition(const std::string& hash) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("SELECT body FROM definitions WHERE hash = ?"));
   s->BindAll(hash);
@@ -113,10 +114,11 @@ absl::StatusOr<std::string> SqliteStore::GetDefinition(const std::string& hash) 
 }
 
 absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   StartResult result;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
-    SqliteStartSql sql(*db_);
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    SqliteStartSql sql(db);
     WS_ASSIGN_OR_RETURN(result, StartInstanceWith(sql, in));
     return absl::OkStatus();
   });
@@ -125,7 +127,7 @@ absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
 }
 
 absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, SqliteInstanceById(*db_, id));
   if (!instance) return absl::NotFoundError("no instance with id " + std::to_string(id));
   return *instance;
@@ -133,7 +135,7 @@ absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {
 
 absl::StatusOr<InstanceRecord> SqliteStore::FindInstance(const std::string& tenant,
                                                          const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance,
                       SqliteInstanceByKey(*db_, tenant, key));
   if (!instance) return absl::NotFoundError("no instance '" + key + "' in tenant '" + tenant + "'");
@@ -141,7 +143,7 @@ absl::StatusOr<InstanceRecord> SqliteStore::FindInstance(const std::string& tena
 }
 
 absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare(absl::StrCat("SELECT ", kStepColumns,
                                                 " FROM steps WHERE instance_id = ? ORDER BY "
@@ -151,7 +153,7 @@ absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_i
 }
 
 absl::StatusOr<std::vector<AttemptRecord>> SqliteStore::ListAttempts(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("SELECT step_index, seq, phase, sent, connection, status, "
                                    "error_class, detail, started_at, finished_at FROM attempts "
@@ -162,7 +164,7 @@ absl::StatusOr<std::vector<AttemptRecord>> SqliteStore::ListAttempts(int64_t ins
 
 absl::StatusOr<TombstoneRecord> SqliteStore::FindTombstone(const std::string& tenant,
                                                            const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(std::optional<TombstoneRecord> t, SqliteTombstoneOfKey(*db_, tenant, key));
   if (!t) return absl::NotFoundError("no tombstone for '" + key + "' in tenant '" + tenant + "'");
   return *t;
@@ -178,7 +180,7 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
       "s.error_class = ?8)) AND (?9 = 0 OR EXISTS (SELECT 1 FROM alerts a WHERE a.instance_id = "
       "i.id AND a.state IN ",
       SqlLiveAlertStates(), " AND (?10 = 0 OR a.kind = ?10))) ORDER BY id LIMIT ?4");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kList));
   if (filter.tenant)
     s->Bind(1, std::string_view(*filter.tenant));
@@ -205,7 +207,7 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
 }
 
 absl::StatusOr<std::vector<EventRecord>> SqliteStore::ListEvents(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(absl::StrCat(
                                                "SELECT ", kEventColumns,
                                                " FROM outbox WHERE instance_id = ? ORDER BY seq")));
@@ -214,7 +216,7 @@ absl::StatusOr<std::vector<EventRecord>> SqliteStore::ListEvents(int64_t instanc
 }
 
 absl::StatusOr<std::vector<AuditRecord>> SqliteStore::ListAudit(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare(absl::StrCat("SELECT ", kAuditColumns,
                                                 " FROM audit_log WHERE instance_id = ? ORDER BY "
@@ -225,9 +227,10 @@ absl::StatusOr<std::vector<AuditRecord>> SqliteStore::ListAudit(int64_t instance
 
 absl::StatusOr<std::optional<IdempotencyClaim>> SqliteStore::GetIdempotencyClaim(
     const std::string& tenant, const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("SELECT request_hash, instance_id, step_name, expires_at FROM "
+                      db.Prepare("SELECT request_hash, instance_id, step_name, expires_at FROM "
                                    "idempotency_keys WHERE tenant = ? AND key = ?"));
   s->BindAll(tenant, key);
   return FirstRow(s, [&](const SqliteStatement& r) {
@@ -238,7 +241,7 @@ absl::StatusOr<std::optional<IdempotencyClaim>> SqliteStore::GetIdempotencyClaim
 absl::StatusOr<std::optional<InboxEntry>> SqliteStore::LookupInbox(const std::string& tenant,
                                                                    const std::string& source,
                                                                    const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return SqliteInboxEntry(*db_, tenant, source, id);
 }
 

@@ -1,6 +1,7 @@
 // SqliteStore: claims under leases and when work is due (LeaseStore).
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/lease_claims.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
@@ -38,18 +39,19 @@ absl::StatusOr<std::vector<Lease>> SqliteStore::ClaimRunnable(const std::string&
   static const std::string kPick = absl::StrCat(
       "SELECT id, lease_owner FROM instances WHERE state IN ", SqlRunnableStates(),
       " AND next_run_at <= ?1 AND lease_expires_at <= ?1 ORDER BY next_run_at LIMIT ?2");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   std::vector<Lease> leases;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
-    WS_ASSIGN_OR_RETURN(SqliteStatement * pick, db_->Prepare(kPick));
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * pick, db.Prepare(kPick));
     pick->BindAll(now, limit);
     WS_ASSIGN_OR_RETURN(auto picked, CollectRows(pick, ReadPicked));
     WS_ASSIGN_OR_RETURN(std::vector<ClaimedRow> rows,
-                        TakeLeases(*db_, picked, owner, now, lease_duration));
+                        TakeLeases(db, picked, owner, now, lease_duration));
     int64_t takeovers = 0;
     leases = LeasesOf(rows, owner, &takeovers);
     if (takeovers == 0) return absl::OkStatus();
-    return SqliteAddToCounter(*db_, kCounterLeaseTakeovers, takeovers);
+    return SqliteAddToCounter(db, kCounterLeaseTakeovers, takeovers);
   });
   if (!status.ok()) return status;
   return leases;
@@ -57,38 +59,39 @@ absl::StatusOr<std::vector<Lease>> SqliteStore::ClaimRunnable(const std::string&
 
 absl::StatusOr<Lease> SqliteStore::ClaimInstance(int64_t instance_id, const std::string& owner,
                                                  Millis now, Millis lease_duration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   Lease lease;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
     WS_ASSIGN_OR_RETURN(SqliteStatement * pick,
-                        db_->Prepare("SELECT id, lease_owner FROM instances WHERE id = ?1 AND "
+                        db.Prepare("SELECT id, lease_owner FROM instances WHERE id = ?1 AND "
                                      "lease_expires_at <= ?2"));
     pick->BindAll(instance_id, now);
     WS_ASSIGN_OR_RETURN(auto picked, CollectRows(pick, ReadPicked));
     WS_ASSIGN_OR_RETURN(std::vector<ClaimedRow> rows,
-                        TakeLeases(*db_, picked, owner, now, lease_duration));
+                        TakeLeases(db, picked, owner, now, lease_duration));
     if (rows.empty()) {
       WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> record,
-                          SqliteInstanceById(*db_, instance_id));
+                          SqliteInstanceById(db, instance_id));
       if (!record) return absl::NotFoundError("no instance with id " + std::to_string(instance_id));
       return LeasedByAnother(*record);
     }
     int64_t takeovers = 0;
     lease = LeasesOf(rows, owner, &takeovers).front();
     if (takeovers == 0) return absl::OkStatus();
-    return SqliteAddToCounter(*db_, kCounterLeaseTakeovers, takeovers);
+    return SqliteAddToCounter(db, kCounterLeaseTakeovers, takeovers);
   });
   if (!status.ok()) return status;
   return lease;
 }
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::LeaseOwners(Millis now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return SqliteLeaseOwners(*db_, "instances", now);
 }
 
 absl::Status SqliteStore::ExpireLeases(const std::string& owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return SqliteExpireLeases(*db_, "instances", owner);
 }
 
@@ -96,7 +99,7 @@ absl::StatusOr<std::optional<Millis>> SqliteStore::NextDueTime() {
   static const std::string kNext =
       absl::StrCat("SELECT MIN(MAX(next_run_at, lease_expires_at)) FROM instances WHERE state IN ",
                    SqlRunnableStates(), " AND next_run_at < ", SqlNoDueTime());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kNext));
   WS_ASSIGN_OR_RETURN(std::optional<std::optional<Millis>> due,
                       FirstRow(s, [](const SqliteStatement& r) {

@@ -2,6 +2,7 @@
 // The order of a gc is CollectGarbageWith's; this file holds its SQL.
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/gc_order.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
@@ -89,10 +90,11 @@ class SqliteGcSql final : public GcSql {
 
 absl::StatusOr<GcReport> SqliteStore::CollectGarbage(Millis finished_before, Millis now,
                                                      Millis protect_before, bool dry_run) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   GcReport report;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
-    SqliteGcSql sql(*db_);
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    SqliteGcSql sql(db);
     WS_ASSIGN_OR_RETURN(report,
                         CollectGarbageWith(sql, finished_before, now, protect_before, dry_run));
     return absl::OkStatus();
@@ -119,7 +121,7 @@ absl::StatusOr<StoreSummary> SqliteStore::Summary() {
   static const std::string kClasses =
       absl::StrCat("SELECT error_class, COUNT(*) FROM steps WHERE error_class <> ",
                    SqlValue(ErrorClass::kNone), " GROUP BY error_class ORDER BY error_class");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   StoreSummary summary;
   WS_ASSIGN_OR_RETURN(SqliteStatement * by_state,
                       db_->Prepare("SELECT state, COUNT(*) FROM instances GROUP BY state "
@@ -142,7 +144,7 @@ absl::StatusOr<StoreSummary> SqliteStore::Summary() {
 }
 
 absl::Status SqliteStore::AddToCounter(const std::string& name, int64_t delta) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return SqliteAddToCounter(*db_, name, delta);
 }
 

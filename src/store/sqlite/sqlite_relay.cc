@@ -1,6 +1,7 @@
 // SqliteStore: outbox cursors and deliveries under leases (RelayStore).
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "store/relay_rules.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
@@ -74,12 +75,12 @@ class SqliteDeliverySql final : public DeliverySql {
 }  // namespace
 
 absl::StatusOr<int64_t> SqliteStore::OutboxCursor(const std::string& sink) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return CursorOf(*db_, sink);
 }
 
 absl::StatusOr<std::vector<EventRecord>> SqliteStore::ReadOutbox(int64_t after_seq, int limit) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare(absl::StrCat("SELECT ", kEventColumns,
                                                 " FROM outbox WHERE seq > ? ORDER BY seq LIMIT "
@@ -96,19 +97,20 @@ absl::Status SqliteStore::AddDeliveries(const std::string& sink, int64_t expecte
       "INSERT OR IGNORE INTO deliveries (outbox_seq, sink, instance_id, state, created_at) "
       "VALUES (?, ?, ?, ",
       SqlValue(DeliveryState::kPending), ", ?)");
-  std::lock_guard<std::mutex> lock(mu_);
-  return InWriteTransaction(*db_, [&]() -> absl::Status {
-    WS_ASSIGN_OR_RETURN(int64_t cursor, CursorOf(*db_, sink));
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  return InWriteTransaction(db, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(int64_t cursor, CursorOf(db, sink));
     if (cursor != expected_cursor) {
       return absl::AbortedError("outbox cursor of sink " + sink + " moved");
     }
-    WS_ASSIGN_OR_RETURN(SqliteStatement * insert, db_->Prepare(kInsert));
+    WS_ASSIGN_OR_RETURN(SqliteStatement * insert, db.Prepare(kInsert));
     for (const auto& [seq, instance_id] : wanted) {
       WS_RETURN_IF_ERROR(insert->BindAll(seq, sink, instance_id, now).Run());
       insert->Reset();
     }
     WS_ASSIGN_OR_RETURN(SqliteStatement * move,
-                        db_->Prepare("INSERT INTO relay_cursors VALUES (?, ?) ON CONFLICT (sink) "
+                        db.Prepare("INSERT INTO relay_cursors VALUES (?, ?) ON CONFLICT (sink) "
                                      "DO UPDATE SET last_seq = excluded.last_seq"));
     return move->BindAll(sink, new_cursor).Run();
   });
@@ -130,10 +132,11 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
       " AND e.outbox_seq < d.outbox_seq) ORDER BY d.outbox_seq LIMIT ?4) RETURNING id, "
       "lease_epoch, sink, attempts, outbox_seq");
   const std::string sink_list = absl::StrCat("[", QuoteEach(sinks), "]");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
   std::vector<DeliveryClaim> claims;
-  absl::Status status = InWriteTransaction(*db_, [&]() -> absl::Status {
-    WS_ASSIGN_OR_RETURN(SqliteStatement * claim, db_->Prepare(kClaim));
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * claim, db.Prepare(kClaim));
     claim->BindAll(owner, now, lease_duration, limit, sink_list);
     WS_ASSIGN_OR_RETURN(claims, CollectRows(claim, [&](const SqliteStatement& r) {
                           DeliveryClaim c;
@@ -145,7 +148,7 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
                           c.event.seq = r.Int(4);
                           return c;
                         }));
-    SqliteDeliverySql sql(*db_);
+    SqliteDeliverySql sql(db);
     return CompleteClaims(sql, &claims);
   });
   if (!status.ok()) return status;
@@ -153,32 +156,33 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
 }
 
 absl::Status SqliteStore::FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& u) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return InWriteTransaction(*db_, [&]() -> absl::Status {
-    SqliteDeliverySql sql(*db_);
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  return InWriteTransaction(db, [&]() -> absl::Status {
+    SqliteDeliverySql sql(db);
     return FinishDeliveryWith(sql, claim, u);
   });
 }
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::DeliveryLeaseOwners(Millis now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return SqliteLeaseOwners(*db_, "deliveries", now);
 }
 
 absl::Status SqliteStore::ExpireDeliveryLeases(const std::string& owner) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return SqliteExpireLeases(*db_, "deliveries", owner);
 }
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::DisabledSinks() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("SELECT sink FROM relay_sinks WHERE disabled = 1"));
   return CollectRows(s, ReadText0<SqliteStatement>);
 }
 
 absl::Status SqliteStore::EnableSink(const std::string& sink, Millis now) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("UPDATE relay_sinks SET disabled = 0, reason = 'enabled', "
                                    "updated_at = ? WHERE sink = ?"));
@@ -186,7 +190,7 @@ absl::Status SqliteStore::EnableSink(const std::string& sink, Millis now) {
 }
 
 absl::StatusOr<std::vector<DeliveryRecord>> SqliteStore::ListDeliveries(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare(absl::StrCat("SELECT ", kDeliveryColumns,
                                                 " FROM deliveries d JOIN outbox o ON o.seq = "
@@ -205,7 +209,7 @@ absl::StatusOr<std::vector<SinkStats>> SqliteStore::DeliveryStats() {
       "), COALESCE(MIN(CASE WHEN d.state = ", SqlValue(DeliveryState::kPending),
       " THEN d.created_at END), 0), COALESCE((SELECT disabled FROM relay_sinks r WHERE r.sink = "
       "d.sink), 0) FROM deliveries d GROUP BY d.sink ORDER BY d.sink");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kStats));
   return CollectRows(s, ReadSinkStats<SqliteStatement>);
 }

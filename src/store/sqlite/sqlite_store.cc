@@ -1,5 +1,6 @@
 #include "store/sqlite/sqlite_store.h"
 
+#include "base/mutex.h"
 #include "store/migration.h"
 #include "store/sqlite/sqlite_rows.h"
 
@@ -24,13 +25,14 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOption
 }
 
 absl::Status SqliteStore::Migrate() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return InWriteTransaction(*db_, [&]() -> absl::Status {
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  return InWriteTransaction(db, [&]() -> absl::Status {
     WS_RETURN_IF_ERROR(
-        db_->Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+        db.Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
                   "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
     WS_ASSIGN_OR_RETURN(SqliteStatement * max,
-                        db_->Prepare("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
+                        db.Prepare("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
     WS_ASSIGN_OR_RETURN(bool row, max->Step());
     const int current = row ? static_cast<int>(max->Int(0)) : 0;
     max->Reset();
@@ -43,9 +45,9 @@ absl::Status SqliteStore::Migrate() {
     }
     for (const auto& migration : migrations) {
       if (migration.version <= current) continue;
-      WS_RETURN_IF_ERROR(db_->Exec(migration.sql));
+      WS_RETURN_IF_ERROR(db.Exec(migration.sql));
       WS_ASSIGN_OR_RETURN(SqliteStatement * insert,
-                          db_->Prepare("INSERT INTO schema_migrations VALUES (?, ?, "
+                          db.Prepare("INSERT INTO schema_migrations VALUES (?, ?, "
                                        "CAST(strftime('%s','now') AS INTEGER) * 1000)"));
       WS_RETURN_IF_ERROR(insert->BindAll(migration.version, migration.name).Run());
     }
@@ -54,7 +56,7 @@ absl::Status SqliteStore::Migrate() {
 }
 
 absl::StatusOr<int> SqliteStore::SchemaVersion() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db_->Prepare("SELECT MAX(version) FROM schema_migrations"));
   WS_ASSIGN_OR_RETURN(bool row, s->Step());

@@ -1,8 +1,8 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -92,8 +92,8 @@ class SqliteStore final : public Store {
   explicit SqliteStore(std::unique_ptr<SqliteDb> db);
   absl::Status Migrate();
 
-  std::mutex mu_;
-  std::unique_ptr<SqliteDb> db_;  // guarded by mu_
+  Mutex mu_;
+  std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace waystone
