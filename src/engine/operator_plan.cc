@@ -123,6 +123,7 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
         sim.Apply(RecordCall(sim.Now(), sim.steps[index], AssumedSuccess(def)));
         break;
       case NextAction::Kind::kCompensate:
+        if (!def.compensate) return;  // a pinned definition always has it; never guess
         sim.reached[index] = true;
         plan.would_execute.push_back(Call(def, "compensate", def.compensate->request,
                                           CompensationKey(step_key(index))));
@@ -165,6 +166,11 @@ void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
         plan.would_skip.push_back({step.name, "skipped by an operator"});
         return;
       case StepState::kCompensated:
+        if (!compensating) {
+          plan.would_skip.push_back({step.name, "stays compensated"});
+          stopped = "not reached: an earlier step failed";
+          return;
+        }
         plan.would_skip.push_back({step.name, "already compensated"});
         return;
       case StepState::kFailed:
