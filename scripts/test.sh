@@ -45,11 +45,11 @@ if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
 
   echo "== TSan build (concurrency tests)"
   cmake --preset tsan >/dev/null
-  cmake --build build-tsan -j "$jobs" --target engine_test store_conformance_test api_write_test \
-    http_front_test
+  cmake --build build-tsan -j "$jobs" --target engine_test engine_parts_test \
+    store_conformance_test api_write_test http_front_test
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-      -R 'EngineTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFrontTest\.'
+      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.'
 fi
 
 fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
