@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs the engine benchmark on a private PostgreSQL cluster (fsync on) with 1, 2
-# and 4 worker processes, beside the cluster's raw commit rate.
+# Runs a benchmark on a private PostgreSQL cluster (fsync on) beside the cluster's
+# raw commit rate: engine_bench (1, 2 and 4 worker processes) by default, or the one
+# named by WAYSTONE_BENCH (e.g. WAYSTONE_BENCH=closed_loop_bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build build --target engine_bench
+bench="${WAYSTONE_BENCH:-engine_bench}"
+cmake --build build --target "$bench"
 dir="$(mktemp -d)"
 trap 'bash scripts/pg-test-cluster.sh stop "$dir"' EXIT
 server="$(bash scripts/pg-test-cluster.sh start "$dir")"
-build/bench/engine_bench --postgres "$server" "$@"
+"build/bench/$bench" --postgres "$server" "$@"

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -144,7 +146,13 @@ class Engine::Impl {
     shown.trace_id = in.trace_id;
     in.started_event = MakeEvent("waystone.instance.started", shown, nullptr, "", *random_, in.now);
     auto result = store_->StartInstance(in);
-    if (result.ok() && result->outcome == StartOutcome::kCreated) wake_.notify_all();
+    if (result.ok() && result->outcome == StartOutcome::kCreated) {
+      {
+        MutexLock lock(mu_);
+        work_arrived_ = true;  // the dispatcher claims it now, not at its next poll
+      }
+      wake_.notify_all();
+    }
     if (result.ok() && result->outcome == StartOutcome::kEventConflict) {
       InstanceRecord about = result->instance;
       about.tenant = in.tenant;
@@ -286,8 +294,11 @@ class Engine::Impl {
       }
       MutexLock lock(mu_);
       wake_.wait_for(lock.native(), stop, std::chrono::milliseconds(options_.poll_interval),
-                     [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot_freed_; });
+                     [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       return slot_freed_ || work_arrived_;
+                     });
       slot_freed_ = false;
+      work_arrived_ = false;
     }
   }
 
@@ -315,8 +326,53 @@ class Engine::Impl {
         slot_freed_ = true;
       }
       wake_.notify_all();
+      if (result.ok() && AtRest(result->state)) {
+        MutexLock lock(rest_mu_);
+        if (awaited_.contains(lease.instance_id)) {
+          rested_.insert(lease.instance_id);
+          rest_.notify_all();
+        }
+      }
     }
   }
+
+  // Completed, compensated, failed, closed, or waiting for an operator: nothing runs
+  // until someone acts.
+  static bool AtRest(InstanceState state) {
+    return state != InstanceState::kRunning && state != InstanceState::kCompensating;
+  }
+
+ public:
+  absl::StatusOr<InstanceRecord> AwaitRest(int64_t instance_id, Millis timeout) {
+    const Millis deadline = clock_->NowMillis() + timeout;
+    {
+      MutexLock lock(rest_mu_);
+      ++awaited_[instance_id];
+    }
+    auto result = [&]() -> absl::StatusOr<InstanceRecord> {
+      while (true) {
+        // The store answers for what this engine's workers did not drive (another
+        // process, an operator); a local worker's finish wakes the wait at once.
+        WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->GetInstance(instance_id));
+        const Millis left = deadline - clock_->NowMillis();
+        if (AtRest(instance.state) || left <= 0) return instance;
+        MutexLock lock(rest_mu_);
+        rest_.wait_for(lock.native(), std::chrono::milliseconds(std::min<Millis>(left, 250)),
+                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rest_mu_) {
+                         return rested_.contains(instance_id);
+                       });
+        rested_.erase(instance_id);
+      }
+    }();
+    MutexLock lock(rest_mu_);
+    if (--awaited_[instance_id] == 0) {
+      awaited_.erase(instance_id);
+      rested_.erase(instance_id);
+    }
+    return result;
+  }
+
+ private:
 
   Store* store_;
   HttpClient* http_;
@@ -337,6 +393,11 @@ class Engine::Impl {
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool slot_freed_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool work_arrived_ ABSL_GUARDED_BY(mu_) = false;  // a start since the dispatcher last looked
+  Mutex rest_mu_;
+  std::condition_variable_any rest_;  // an awaited instance came to rest here
+  std::map<int64_t, int> awaited_ ABSL_GUARDED_BY(rest_mu_);  // callers of AwaitRest, by id
+  std::set<int64_t> rested_ ABSL_GUARDED_BY(rest_mu_);        // awaited and at rest
   bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only
   static constexpr Millis kIdleWait = 1000;
   std::jthread dispatcher_;
@@ -372,6 +433,9 @@ void Engine::Start() { impl_->Start(); }
 void Engine::Stop() { impl_->Stop(); }
 absl::StatusOr<InstanceState> Engine::RunUntilRest(int64_t instance_id, std::stop_token stop) {
   return impl_->RunUntilRest(instance_id, stop);
+}
+absl::StatusOr<InstanceRecord> Engine::AwaitRest(int64_t instance_id, Millis timeout) {
+  return impl_->AwaitRest(instance_id, timeout);
 }
 absl::StatusOr<bool> Engine::Idle() { return impl_->Idle(); }
 DefinitionCatalog& Engine::catalog() { return impl_->catalog(); }

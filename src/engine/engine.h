@@ -98,6 +98,12 @@ class Engine {
   // until the event or the deadline comes).
   absl::StatusOr<InstanceState> RunUntilRest(int64_t instance_id, std::stop_token stop);
 
+  // Waits until instance `instance_id` is at rest — completed, compensated, failed,
+  // closed or waiting for an operator — while the worker pool (this process's or
+  // another's) drives it, and returns it; after `timeout` returns it as it is (still
+  // running or compensating). A local worker's finish wakes the wait at once.
+  absl::StatusOr<InstanceRecord> AwaitRest(int64_t instance_id, Millis timeout);
+
   // Returns true when no instance is runnable now or later and none is in flight.
   absl::StatusOr<bool> Idle();
 

@@ -133,6 +133,39 @@ class EngineFakeHttpTest : public ::testing::TestWithParam<testing::Backend> {
   WorkflowDefinition example_;
 };
 
+TEST_P(EngineFakeHttpTest, AStartWakesAnIdlePoolAndAwaitRestReturnsTheResult) {
+  AnswerTheExample();
+  // A pool that polls only every ten minutes, on real time: only a wake-up from the
+  // start can have it run the instance within the wait below.
+  EngineOptions options;
+  options.workers = 2;
+  options.poll_interval = 600'000;
+  options.call_metrics = &metrics_;
+  auto pool = Engine::Create(store_.get(), &http_, SystemClock::Get(), &random_, options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+
+  auto first = (*pool)->StartInstance(example_, {"default", Order("O-1")});
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Nobody drives it yet: the wait runs out and shows it as it is.
+  auto waited = (*pool)->AwaitRest(first->instance.id, 200);
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->state, InstanceState::kRunning);
+
+  (*pool)->Start();
+  waited = (*pool)->AwaitRest(first->instance.id, 20'000);
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->state, InstanceState::kCompleted) << waited->status_reason;
+
+  // Deliberately let the dispatcher find nothing more and go to sleep for its poll.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto second = (*pool)->StartInstance(example_, {"default", Order("O-2", "C-1")});
+  ASSERT_TRUE(second.ok()) << second.status();
+  waited = (*pool)->AwaitRest(second->instance.id, 20'000);
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->state, InstanceState::kCompleted) << "the start did not wake the pool";
+  (*pool)->Stop();
+}
+
 TEST_P(EngineFakeHttpTest, TheExampleSendsOneRequestPerStepAndCountsThemInTheGivenMetrics) {
   AnswerTheExample();
   InstanceRecord instance = Run(example_, Order("1"));

@@ -1,0 +1,229 @@
+// Closed-loop throughput and latency, the way peers measure theirs: N callers, each
+// starts a five-step workflow, waits until its final state is durable
+// (Engine::AwaitRest), then starts the next. A warm-up, then a fixed window;
+// workflows/s, p50 and p99 of start → durable result, CPU per workflow, and
+// steps/s beside the raw commit rate of the same database measured in the same
+// run. See docs/performance.md.
+//
+//   build/bench/closed_loop_bench [--dir DIR] [--seconds 5] [--callers 1,8,64]
+//   build/bench/closed_loop_bench --postgres postgresql://user@host:port [...]
+//     (bench/run-postgres.sh starts a private cluster and passes its URL)
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/random.h"
+#include "connectors/http/http_client.h"
+#include "definition/loader.h"
+#include "engine/engine.h"
+#include "store/postgres/raw_commit_probe.h"
+#include "store/sqlite/raw_commit_probe.h"
+#include "store/store.h"
+
+namespace waystone {
+namespace {
+
+// Five steps with no external I/O, as in engine_bench: each is its own durable
+// checkpoint, committed before the next begins.
+constexpr char kFiveTransforms[] = R"(workflow: bench-closed-loop
+key: "bench:{{input.caller}}:{{input.n}}"
+steps:
+  - name: s1
+    transform: { total: "{{input.n}}" }
+  - name: s2
+    transform: { previous: "{{steps.s1.output.total}}", label: "order {{input.n}}" }
+  - name: s3
+    transform: { label: "{{steps.s2.output.label}}", ok: true }
+  - name: s4
+    transform: { items: [ "{{input.n}}", "{{steps.s3.output.label}}" ] }
+  - name: s5
+    transform: { done: "{{steps.s4.output.items.1}}" }
+)";
+
+double CpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+struct Figures {
+  int callers = 0;
+  int64_t workflows = 0;
+  double seconds = 0;
+  double p50_ms = 0;
+  double p99_ms = 0;
+  double cpu_ms_per_workflow = 0;
+};
+
+// Runs `callers` closed loops on a fresh store at `path`: warm-up, then the window.
+absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, double warmup_s,
+                                      double window_s) {
+  StoreOptions store_options;
+  store_options.path = path;
+  store_options.max_connections = callers + 8;
+  auto store = OpenStore(store_options);
+  if (!store.ok()) return store.status();
+  auto http = NewCurlHttpClient({});
+  SeededRandom random;
+  EngineOptions options;
+  options.workers = std::max(callers, 2);
+  auto engine = Engine::Create(store->get(), http.get(), SystemClock::Get(), &random, options);
+  if (!engine.ok()) return engine.status();
+  auto definition = LoadDefinitionText(kFiveTransforms, "bench.yaml");
+  if (!definition.ok()) return definition.status();
+  (*engine)->Start();
+
+  using SteadyClock = std::chrono::steady_clock;
+  const auto begin = SteadyClock::now();
+  const auto measure_from = begin + std::chrono::duration<double>(warmup_s);
+  const auto measure_until = measure_from + std::chrono::duration<double>(window_s);
+  std::mutex mu;
+  std::vector<double> latencies_ms;
+  std::atomic<bool> failed{false};
+  std::atomic<double> cpu_at_start{0};
+  std::atomic<bool> cpu_taken{false};
+  std::vector<std::jthread> threads;
+  for (int caller = 0; caller < callers; ++caller) {
+    threads.emplace_back([&, caller] {
+      std::vector<double> mine;
+      for (int n = 0; !failed; ++n) {
+        const auto started_at = SteadyClock::now();
+        if (started_at >= measure_until) break;
+        if (started_at >= measure_from && !cpu_taken.exchange(true)) cpu_at_start = CpuSeconds();
+        const std::string input =
+            "{\"caller\": " + std::to_string(caller) + ", \"n\": " + std::to_string(n) + "}";
+        auto started = (*engine)->StartInstance(*definition, {"bench", input});
+        if (!started.ok()) {
+          std::fprintf(stderr, "start: %s\n", started.status().ToString().c_str());
+          failed = true;
+          break;
+        }
+        auto rested = (*engine)->AwaitRest(started->instance.id, 30'000);
+        if (!rested.ok() || rested->state != InstanceState::kCompleted) {
+          std::fprintf(stderr, "instance did not complete: %s\n",
+                       rested.ok() ? rested->status_reason.c_str()
+                                   : rested.status().ToString().c_str());
+          failed = true;
+          break;
+        }
+        const auto done_at = SteadyClock::now();
+        // Counted when it started inside the window and finished before its end.
+        if (started_at >= measure_from && done_at <= measure_until) {
+          mine.push_back(std::chrono::duration<double, std::milli>(done_at - started_at).count());
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      latencies_ms.insert(latencies_ms.end(), mine.begin(), mine.end());
+    });
+  }
+  threads.clear();  // joins
+  const double cpu = CpuSeconds() - cpu_at_start.load();
+  (*engine)->Stop();
+  if (failed) return absl::InternalError("a caller failed");
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  Figures figures;
+  figures.callers = callers;
+  figures.workflows = static_cast<int64_t>(latencies_ms.size());
+  figures.seconds = window_s;
+  if (!latencies_ms.empty()) {
+    figures.p50_ms = latencies_ms[latencies_ms.size() / 2];
+    figures.p99_ms = latencies_ms[std::min(latencies_ms.size() - 1, latencies_ms.size() * 99 / 100)];
+    figures.cpu_ms_per_workflow = cpu * 1000 / static_cast<double>(latencies_ms.size());
+  }
+  return figures;
+}
+
+std::vector<int> ParseCallers(const std::string& text) {
+  std::vector<int> callers;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (int n = std::atoi(item.c_str()); n > 0) callers.push_back(n);
+  }
+  return callers;
+}
+
+}  // namespace
+}  // namespace waystone
+
+int main(int argc, char** argv) {
+  using namespace waystone;
+  std::string dir = ".";
+  std::string postgres;
+  double window_s = 5;
+  double warmup_s = 1;
+  std::vector<int> callers = {1, 8, 64};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--dir") dir = argv[i + 1];
+    else if (flag == "--postgres") postgres = argv[i + 1];
+    else if (flag == "--seconds") window_s = std::atof(argv[i + 1]);
+    else if (flag == "--warmup") warmup_s = std::atof(argv[i + 1]);
+    else if (flag == "--callers") callers = ParseCallers(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  absl::StatusOr<double> raw;
+  if (postgres.empty()) {
+    const std::string probe = dir + "/bench-raw.db";
+    std::filesystem::remove(probe);
+    raw = MeasureSqliteRawCommitRate(probe, "FULL", 3000);
+    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(probe + suffix);
+    std::printf("SQLite WAL synchronous=FULL in %s\n", dir.c_str());
+  } else {
+    raw = MeasurePostgresRawCommitRate(postgres + "/postgres", 3000);
+    std::printf("PostgreSQL at %s\n", postgres.c_str());
+  }
+  if (!raw.ok()) {
+    std::fprintf(stderr, "raw probe: %s\n", raw.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("raw single-row commits/s (baseline, same run): %.0f\n", *raw);
+  std::printf("closed loop: start, wait until completed is durable, repeat; %.0f s warm-up, "
+              "%.0f s window\n\n",
+              warmup_s, window_s);
+  std::printf("%-8s %10s %12s %10s %10s %14s %12s %15s\n", "callers", "workflows",
+              "workflows/s", "p50 ms", "p99 ms", "CPU ms/wf", "steps/s", "steps/s / raw");
+  for (int n : callers) {
+    std::string path;
+    if (postgres.empty()) {
+      path = dir + "/bench-closed-loop.db";
+      for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+    } else {
+      const std::string name = "bench_closed_" + std::to_string(n);
+      if (!RecreatePostgresDatabase(postgres + "/postgres", name).ok()) return 1;
+      path = postgres + "/" + name;
+    }
+    auto figures = RunClosedLoop(path, n, warmup_s, window_s);
+    if (!figures.ok()) {
+      std::fprintf(stderr, "callers %d: %s\n", n, figures.status().ToString().c_str());
+      return 1;
+    }
+    const double per_second = static_cast<double>(figures->workflows) / figures->seconds;
+    std::printf("%-8d %10lld %12.1f %10.2f %10.2f %14.2f %12.1f %15.2f\n", n,
+                static_cast<long long>(figures->workflows), per_second, figures->p50_ms,
+                figures->p99_ms, figures->cpu_ms_per_workflow, per_second * 5,
+                per_second * 5 / *raw);
+  }
+  if (postgres.empty()) {
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+      std::filesystem::remove(dir + "/bench-closed-loop.db" + suffix);
+    }
+  }
+  return 0;
+}
