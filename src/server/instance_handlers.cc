@@ -1,5 +1,8 @@
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "base/crash_point.h"
 #include "base/hex.h"
 #include "base/time_format.h"
@@ -120,6 +123,43 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
   res.SetContent(*view, "application/json");  // redacted by InstanceViewJson
 }
 
+namespace {
+
+// The longest a start waits for its outcome (Prefer: wait=N): a waiting request
+// holds a handler thread.
+constexpr int kMaxPreferWaitSeconds = 30;
+
+// Returns the seconds of a `Prefer: wait=N` (RFC 7240), capped; 0 when absent or not
+// understood (a preference that is not understood is ignored).
+int PreferredWait(const ServerRequest& req) {
+  const std::string* prefer = req.Header("prefer");
+  if (prefer == nullptr) return 0;
+  size_t at = 0;
+  while (at < prefer->size()) {
+    size_t end = prefer->find_first_of(",;", at);
+    if (end == std::string::npos) end = prefer->size();
+    std::string token = prefer->substr(at, end - at);
+    token.erase(0, token.find_first_not_of(" \t"));
+    token.erase(token.find_last_not_of(" \t") + 1);
+    if (token.size() > 5 && absl::EqualsIgnoreCase(token.substr(0, 5), "wait=")) {
+      const std::string value = token.substr(5);
+      if (value.empty() || value.size() > 9 ||
+          value.find_first_not_of("0123456789") != std::string::npos) {
+        return 0;
+      }
+      return std::min(std::stoi(value), kMaxPreferWaitSeconds);
+    }
+    at = end + 1;
+  }
+  return 0;
+}
+
+bool AtRest(InstanceState state) {
+  return state != InstanceState::kRunning && state != InstanceState::kCompensating;
+}
+
+}  // namespace
+
 void StartInstance(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                    ServerResponse& res) {
   auto body = JsonBody(req, res, ParseStartBody);
@@ -152,6 +192,19 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
   CrashPoint("api-started", workflow);
   const bool created = started->outcome == StartOutcome::kCreated;
   res.SetHeader("Location", "/v1/instances/" + started->instance.key);
+  const int wait = started->tombstone ? 0 : PreferredWait(req);
+  if (wait > 0) {
+    // The caller wants the outcome (an ERP order number) in this answer: the
+    // instance as it rests, with its steps, or 202 and how far it got.
+    auto rested = ctx.engine->AwaitRest(started->instance.id, wait * 1000LL);
+    if (!rested.ok()) return Send(res, ProblemFromStatus(rested.status()), req.path);
+    auto view = InstanceViewJson(*ctx.store, *rested, *ctx.ids);
+    if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
+    Json out = Json::parse(*view);
+    out["created"] = created;
+    res.SetHeader("Preference-Applied", "wait=" + std::to_string(wait));
+    return SendJson(res, !AtRest(rested->state) ? 202 : created ? 201 : 200, out);
+  }
   Json out = wire::InstanceSummary(started->instance);
   out["created"] = created;
   if (started->tombstone) {

@@ -139,6 +139,40 @@ TEST_F(ServeProcessTest, ADuplicateWhileTheFirstIsInFlightGets409) {
   EXPECT_EQ(server->Wait(std::chrono::seconds(30)).exit_code, 0);
 }
 
+TEST_F(ServeProcessTest, PreferWaitAnswersWithTheOutcomeOrWith202AndHowFarItGot) {
+  auto server = Serve();
+  const std::vector<std::pair<std::string, std::string>> prefer = {
+      {"Prefer", "respond-async, wait=20"}, {"Content-Type", "application/json"}};
+  const std::string order =
+      Json{{"workflow", "order-to-erp"}, {"input", Json::parse(Order("api", 7, "C-1"))}}.dump();
+  auto done = Send("POST", "/v1/instances", operator_, order, prefer);
+  ASSERT_EQ(done.outcome.status, 201) << done.body;
+  Json view = Json::parse(done.body);
+  EXPECT_EQ(view["state"], "completed");
+  EXPECT_EQ(view["created"], true);
+  // The caller has the ERP's order number now, and it is the simulator's.
+  std::string order_number;
+  for (const Json& step : view["steps"]) {
+    if (step["name"] == "create-order") order_number = step.value("external_id", "");
+  }
+  EXPECT_FALSE(order_number.empty()) << done.body;
+  EXPECT_EQ(Json::parse(sim_->StatsJson())["orders"], 1);
+  // The same start again is answered as existing, with the same outcome.
+  auto again = Send("POST", "/v1/instances", operator_, order, prefer);
+  EXPECT_EQ(again.outcome.status, 200) << again.body;
+  EXPECT_EQ(Json::parse(again.body)["state"], "completed");
+
+  // One that waits for an approval does not rest within a second: 202, still running.
+  const std::string approval =
+      Json{{"workflow", "approved-order"}, {"input", Json::parse(Order("api", 8, "C-1"))}}.dump();
+  auto pending = Send("POST", "/v1/instances", operator_, approval,
+                      {{"Prefer", "wait=1"}, {"Content-Type", "application/json"}});
+  ASSERT_EQ(pending.outcome.status, 202) << pending.body;
+  EXPECT_EQ(Json::parse(pending.body)["state"], "running");
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->Wait(std::chrono::seconds(30)).exit_code, 0);
+}
+
 TEST_F(ServeProcessTest, AKeyInFlightOnAServerThatDiedIsTakenOverAtOnce) {
   // The server dies after starting the instance, before it stored the response.
   auto server = Serve({"--api-only"}, {{"WAYSTONE_CRASH_AT", "api-started:order-to-erp"}});
