@@ -5,9 +5,13 @@
 // steps/s beside the raw commit rate of the same database measured in the same
 // run. See docs/performance.md.
 //
-//   build/bench/closed_loop_bench [--dir DIR] [--seconds 5] [--callers 1,8,64]
+//   build/bench/closed_loop_bench [--dir DIR] [--seconds 5] [--callers 1,8,64] [--http 1]
 //   build/bench/closed_loop_bench --postgres postgresql://user@host:port [...]
 //     (bench/run-postgres.sh starts a private cluster and passes its URL)
+// In process, a caller is Engine::StartInstance then Engine::AwaitRest. With --http 1
+// it is a client of `waystone serve`'s API on loopback: POST /v1/instances with
+// `Prefer: wait=30`, one kept-alive connection per caller, answered once the
+// instance completed.
 
 #include <sys/resource.h>
 
@@ -28,6 +32,8 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "server/api_server.h"
+#include "server/auth.h"
 #include "store/postgres/raw_commit_probe.h"
 #include "store/sqlite/raw_commit_probe.h"
 #include "store/store.h"
@@ -70,7 +76,7 @@ struct Figures {
 
 // Runs `callers` closed loops on a fresh store at `path`: warm-up, then the window.
 absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, double warmup_s,
-                                      double window_s) {
+                                      double window_s, bool over_http) {
   StoreOptions store_options;
   store_options.path = path;
   store_options.max_connections = callers + 8;
@@ -85,6 +91,22 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   auto definition = LoadDefinitionText(kFiveTransforms, "bench.yaml");
   if (!definition.ok()) return definition.status();
   (*engine)->Start();
+  std::unique_ptr<ApiServer> server;
+  std::string url;
+  std::string token;
+  if (over_http) {
+    if (auto registered = (*engine)->Register(*definition); !registered.ok()) return registered;
+    auto created = CreateToken(**store, "bench", "bench", Role::kOperator, 1);
+    if (!created.ok()) return created.status();
+    token = *created;
+    ApiServerOptions api;
+    api.listen = "127.0.0.1:0";
+    api.handler_threads = callers + 4;  // a waiting start holds one
+    auto started = ApiServer::Start(api, store->get(), SystemClock::Get(), engine->get());
+    if (!started.ok()) return started.status();
+    server = std::move(*started);
+    url = "http://127.0.0.1:" + std::to_string(server->port()) + "/v1/instances";
+  }
 
   using SteadyClock = std::chrono::steady_clock;
   const auto begin = SteadyClock::now();
@@ -99,25 +121,44 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   for (int caller = 0; caller < callers; ++caller) {
     threads.emplace_back([&, caller] {
       std::vector<double> mine;
+      auto client = NewCurlHttpClient({});  // its own kept-alive connection
       for (int n = 0; !failed; ++n) {
         const auto started_at = SteadyClock::now();
         if (started_at >= measure_until) break;
         if (started_at >= measure_from && !cpu_taken.exchange(true)) cpu_at_start = CpuSeconds();
         const std::string input =
             "{\"caller\": " + std::to_string(caller) + ", \"n\": " + std::to_string(n) + "}";
-        auto started = (*engine)->StartInstance(*definition, {"bench", input});
-        if (!started.ok()) {
-          std::fprintf(stderr, "start: %s\n", started.status().ToString().c_str());
-          failed = true;
-          break;
-        }
-        auto rested = (*engine)->AwaitRest(started->instance.id, 30'000);
-        if (!rested.ok() || rested->state != InstanceState::kCompleted) {
-          std::fprintf(stderr, "instance did not complete: %s\n",
-                       rested.ok() ? rested->status_reason.c_str()
-                                   : rested.status().ToString().c_str());
-          failed = true;
-          break;
+        if (over_http) {
+          HttpRequest request{"POST", url,
+                              {{"Authorization", "Bearer " + token},
+                               {"Content-Type", "application/json"},
+                               {"Prefer", "wait=30"}},
+                              "{\"workflow\":\"bench-closed-loop\",\"input\":" + input + "}",
+                              40'000};
+          request.reuse = ConnectionReuse::kReuse;  // a client of the API, not an engine call
+          const HttpResponse response = client->Send(request);
+          if (response.outcome.status != 201 ||
+              response.body.find("\"state\":\"completed\"") == std::string::npos) {
+            std::fprintf(stderr, "POST answered %d: %s %s\n", response.outcome.status,
+                         response.error.c_str(), response.body.substr(0, 300).c_str());
+            failed = true;
+            break;
+          }
+        } else {
+          auto started = (*engine)->StartInstance(*definition, {"bench", input});
+          if (!started.ok()) {
+            std::fprintf(stderr, "start: %s\n", started.status().ToString().c_str());
+            failed = true;
+            break;
+          }
+          auto rested = (*engine)->AwaitRest(started->instance.id, 30'000);
+          if (!rested.ok() || rested->state != InstanceState::kCompleted) {
+            std::fprintf(stderr, "instance did not complete: %s\n",
+                         rested.ok() ? rested->status_reason.c_str()
+                                     : rested.status().ToString().c_str());
+            failed = true;
+            break;
+          }
         }
         const auto done_at = SteadyClock::now();
         // Counted when it started inside the window and finished before its end.
@@ -131,6 +172,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   }
   threads.clear();  // joins
   const double cpu = CpuSeconds() - cpu_at_start.load();
+  server.reset();
   (*engine)->Stop();
   if (failed) return absl::InternalError("a caller failed");
   std::sort(latencies_ms.begin(), latencies_ms.end());
@@ -166,6 +208,7 @@ int main(int argc, char** argv) {
   double window_s = 5;
   double warmup_s = 1;
   std::vector<int> callers = {1, 8, 64};
+  bool over_http = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--dir") dir = argv[i + 1];
@@ -173,6 +216,7 @@ int main(int argc, char** argv) {
     else if (flag == "--seconds") window_s = std::atof(argv[i + 1]);
     else if (flag == "--warmup") warmup_s = std::atof(argv[i + 1]);
     else if (flag == "--callers") callers = ParseCallers(argv[i + 1]);
+    else if (flag == "--http") over_http = std::strcmp(argv[i + 1], "0") != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -194,8 +238,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("raw single-row commits/s (baseline, same run): %.0f\n", *raw);
-  std::printf("closed loop: start, wait until completed is durable, repeat; %.0f s warm-up, "
+  std::printf("closed loop %s: start, wait until completed is durable, repeat; %.0f s warm-up, "
               "%.0f s window\n\n",
+              over_http ? "over HTTP (POST /v1/instances, Prefer: wait=30)" : "in process",
               warmup_s, window_s);
   std::printf("%-8s %10s %12s %10s %10s %14s %12s %15s\n", "callers", "workflows",
               "workflows/s", "p50 ms", "p99 ms", "CPU ms/wf", "steps/s", "steps/s / raw");
@@ -209,7 +254,7 @@ int main(int argc, char** argv) {
       if (!RecreatePostgresDatabase(postgres + "/postgres", name).ok()) return 1;
       path = postgres + "/" + name;
     }
-    auto figures = RunClosedLoop(path, n, warmup_s, window_s);
+    auto figures = RunClosedLoop(path, n, warmup_s, window_s, over_http);
     if (!figures.ok()) {
       std::fprintf(stderr, "callers %d: %s\n", n, figures.status().ToString().c_str());
       return 1;
