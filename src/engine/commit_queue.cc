@@ -40,21 +40,63 @@ absl::Status CommitQueue::Commit(const Change& change) {
   return pending.result;
 }
 
+absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
+  PendingStart pending{&start};
+  MutexLock lock(mu_);
+  if (!running_) return absl::UnavailableError("commit queue is stopped");
+  starts_.push_back(&pending);
+  wake_.notify_one();
+  done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending.done; });
+  return std::move(pending.result);
+}
+
+void CommitQueue::StartAll(const std::vector<PendingStart*>& batch) {
+  std::vector<NewInstance> starts;
+  starts.reserve(batch.size());
+  for (PendingStart* p : batch) starts.push_back(*p->start);
+  auto results = batch.size() == 1 ? absl::StatusOr<std::vector<absl::StatusOr<StartResult>>>(
+                                         std::vector{store_->StartInstance(starts.front())})
+                                   : store_->StartInstances(starts);
+  std::vector<absl::StatusOr<StartResult>> each;
+  if (results.ok()) {
+    each = std::move(*results);
+  } else {
+    for (const NewInstance& start : starts) each.push_back(store_->StartInstance(start));
+  }
+  MutexLock lock(mu_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i]->result = std::move(each[i]);
+    batch[i]->done = true;
+  }
+}
+
 void CommitQueue::Loop(std::stop_token stop) {
   std::vector<Pending*> batch;
+  std::vector<PendingStart*> start_batch;
   std::vector<Change> changes;
   while (true) {
     {
       MutexLock lock(mu_);
-      wake_.wait(lock.native(), stop,
-                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); });
-      if (queue_.empty()) return;  // stopped with nothing left to commit
+      wake_.wait(lock.native(), stop, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !queue_.empty() || !starts_.empty();
+      });
+      if (queue_.empty() && starts_.empty()) return;  // stopped with nothing left to commit
       batch.clear();
       while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
         batch.push_back(queue_.front());
         queue_.pop_front();
       }
+      start_batch.clear();
+      while (!starts_.empty() && static_cast<int>(start_batch.size()) < options_.max_batch) {
+        start_batch.push_back(starts_.front());
+        starts_.pop_front();
+      }
     }
+    if (!start_batch.empty()) {
+      StartAll(start_batch);
+      done_.notify_all();
+    }
+    if (batch.empty()) continue;
     changes.clear();
     changes.reserve(batch.size());
     for (Pending* p : batch) {

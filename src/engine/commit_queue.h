@@ -34,13 +34,26 @@ class CommitQueue {
   // transaction's error (Unavailable: nothing was written).
   absl::Status Commit(const Change& change);
 
+  // Starts `start` (InstanceStore::StartInstance) in one transaction with the starts
+  // of the other callers waiting at the same time (a transaction apart from the
+  // changes'). When the shared transaction fails as a whole, each start runs again
+  // on its own, so one caller's trouble is not another's. Unavailable once stopped.
+  absl::StatusOr<StartResult> Start(const NewInstance& start);
+
  private:
   struct Pending {
     const Change* change;
     absl::Status result;
     bool done = false;
   };
+  struct PendingStart {
+    const NewInstance* start;
+    absl::StatusOr<StartResult> result = absl::UnknownError("not started");
+    bool done = false;
+  };
   void Loop(std::stop_token stop);
+  // Runs a batch of starts in one transaction (or each alone when it fails).
+  void StartAll(const std::vector<PendingStart*>& batch);
 
   InstanceStore* store_;
   CommitQueueOptions options_;
@@ -48,6 +61,7 @@ class CommitQueue {
   std::condition_variable_any wake_;  // committer: work arrived
   std::condition_variable done_;      // callers: their batch finished
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingStart*> starts_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   std::jthread thread_;
 };

@@ -145,7 +145,7 @@ class Engine::Impl {
     shown.workflow = in.workflow;
     shown.trace_id = in.trace_id;
     in.started_event = MakeEvent("waystone.instance.started", shown, nullptr, "", *random_, in.now);
-    auto result = store_->StartInstance(in);
+    auto result = commits_.Start(in);  // group-committed with other callers' starts
     if (result.ok() && result->outcome == StartOutcome::kCreated) {
       {
         MutexLock lock(mu_);

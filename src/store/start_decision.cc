@@ -114,6 +114,23 @@ absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& 
   return result;
 }
 
+absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstancesWith(
+    StartSql& sql, const std::vector<NewInstance>& starts) {
+  std::vector<absl::StatusOr<StartResult>> results;
+  results.reserve(starts.size());
+  for (const NewInstance& start : starts) {
+    WS_RETURN_IF_ERROR(sql.Savepoint());
+    absl::StatusOr<StartResult> result = StartInstanceWith(sql, start);
+    if (!result.ok()) {
+      if (!absl::IsFailedPrecondition(result.status())) return result.status();
+      WS_RETURN_IF_ERROR(sql.RollbackToSavepoint());  // its business key is taken
+    }
+    WS_RETURN_IF_ERROR(sql.ReleaseSavepoint());
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
 bool StartAgain(const absl::Status& status) {
   return absl::IsAborted(status) && status.message() == kCollectedMeanwhile;
 }

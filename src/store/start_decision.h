@@ -33,6 +33,11 @@ class StartSql {
  public:
   virtual ~StartSql() = default;
 
+  // Each start of a batch runs under its own savepoint.
+  virtual absl::Status Savepoint() = 0;
+  virtual absl::Status RollbackToSavepoint() = 0;
+  virtual absl::Status ReleaseSavepoint() = 0;
+
   // Claims the start's event in the inbox (no instance yet); false when it was
   // claimed before.
   virtual absl::StatusOr<bool> ClaimStartEvent(const NewInstance& start) = 0;
@@ -74,6 +79,12 @@ inline constexpr char kCollectedMeanwhile[] = "collected by a concurrent gc; sta
 // or the existing instance, or creates the instance with its pending steps and
 // started event.
 absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& start);
+
+// Runs several starts in the open transaction, each under its own savepoint (see
+// InstanceStore::StartInstances): a start refused for its business key
+// (FailedPrecondition) undoes only itself; any other error fails the whole batch.
+absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstancesWith(
+    StartSql& sql, const std::vector<NewInstance>& starts);
 
 // Returns true when `status` asks for the start to run again (kCollectedMeanwhile).
 bool StartAgain(const absl::Status& status);

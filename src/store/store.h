@@ -81,6 +81,14 @@ class InstanceStore {
   // input hash, or held by another workflow, is FailedPrecondition naming both.
   virtual absl::StatusOr<StartResult> StartInstance(const NewInstance& instance) = 0;
 
+  // Starts several instances in one shared transaction (group commit), each exactly as
+  // StartInstance would and under its own savepoint: one result per start, in order
+  // (a start later in the batch sees the ones before it). A non-OK return means the
+  // transaction as a whole failed and nothing was written: each start may run again
+  // on its own.
+  virtual absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstances(
+      const std::vector<NewInstance>& starts) = 0;
+
   // Applies each change in one shared transaction (group commit); each change is
   // all-or-nothing on its own. Returns one status per change: OK, Aborted (lease
   // lost), FailedPrecondition (idempotency key reused with another request) or

@@ -2,6 +2,8 @@
 // interfaces (no database): the group commit, takeovers, the gc order, the start,
 // and a component that takes one slice of Store.
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -261,6 +263,20 @@ class FakeStartSql final : public StartSql {
   std::map<std::string, int64_t> counters;
   std::vector<std::string> log;
 
+  absl::Status fail_insert;  // the next InsertInstance answers this when set
+
+  absl::Status Savepoint() override {
+    log.push_back("savepoint");
+    return absl::OkStatus();
+  }
+  absl::Status RollbackToSavepoint() override {
+    log.push_back("rollback");
+    return absl::OkStatus();
+  }
+  absl::Status ReleaseSavepoint() override {
+    log.push_back("release");
+    return absl::OkStatus();
+  }
   absl::StatusOr<bool> ClaimStartEvent(const NewInstance&) override { return true; }
   absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string&, const std::string&,
                                                       const std::string&) override {
@@ -285,6 +301,7 @@ class FakeStartSql final : public StartSql {
   absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance&,
                                                         const std::string&) override {
     log.push_back("insert");
+    if (!fail_insert.ok()) return fail_insert;
     if (existing) return std::optional<int64_t>();
     return std::optional<int64_t>(7);
   }
@@ -375,6 +392,37 @@ TEST(StoreRulesTest, TheLeaseReaperNeedsOnlyTheLeaseSlice) {
   ASSERT_TRUE(reaped.ok());
   EXPECT_EQ(*reaped, 0);  // an owner on another host is left to lease expiry
   EXPECT_TRUE(leases.expired.empty());
+}
+
+TEST(StoreRulesTest, StartsInABatchEachUndoOnlyThemselvesUnlessTheStoreFails) {
+  FakeStartSql sql;
+  InstanceRecord held;
+  held.id = 3;
+  held.key = "k";
+  held.workflow = "order";
+  held.input_hash = "other";
+  sql.existing = held;
+  // One start whose key another input holds: refused and rolled back alone.
+  auto batch = StartInstancesWith(sql, {StartOf("h1")});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), 1u);
+  EXPECT_EQ((*batch)[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sql.log.front(), "savepoint");
+  EXPECT_NE(std::find(sql.log.begin(), sql.log.end(), "rollback"), sql.log.end());
+  EXPECT_EQ(sql.log.back(), "release");
+
+  // A start that fails for another reason (I/O, busy) fails the whole batch.
+  FakeStartSql broken;
+  broken.fail_insert = absl::UnavailableError("disk I/O error");
+  auto failed = StartInstancesWith(broken, {StartOf("h1"), StartOf("h2")});
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+
+  // Fresh starts each get their result, in order.
+  FakeStartSql fresh;
+  auto created = StartInstancesWith(fresh, {StartOf("h1")});
+  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_TRUE((*created)[0].ok()) << (*created)[0].status();
+  EXPECT_EQ((*created)[0]->outcome, StartOutcome::kCreated);
 }
 
 }  // namespace

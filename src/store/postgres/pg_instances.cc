@@ -14,6 +14,10 @@ class PgStartSql final : public StartSql {
  public:
   explicit PgStartSql(PgConnection& c) : c_(c) {}
 
+  absl::Status Savepoint() override { return c_.Exec("SAVEPOINT start"); }
+  absl::Status RollbackToSavepoint() override { return c_.Exec("ROLLBACK TO SAVEPOINT start"); }
+  absl::Status ReleaseSavepoint() override { return c_.Exec("RELEASE SAVEPOINT start"); }
+
   absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
     WS_ASSIGN_OR_RETURN(
         PgResult claim,
@@ -131,6 +135,19 @@ absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) 
   }
   if (!status.ok()) return status;
   return result;
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> PostgresStore::StartInstances(
+    const std::vector<NewInstance>& starts) {
+  std::vector<absl::StatusOr<StartResult>> results;
+  // A concurrent gc that buried a key fails the batch (kCollectedMeanwhile): each
+  // start then runs again on its own, where StartInstance retries it.
+  WS_RETURN_IF_ERROR(InTransaction([&](PgConnection& c) -> absl::Status {
+    PgStartSql sql(c);
+    WS_ASSIGN_OR_RETURN(results, StartInstancesWith(sql, starts));
+    return absl::OkStatus();
+  }));
+  return results;
 }
 
 absl::StatusOr<InstanceRecord> PostgresStore::GetInstance(int64_t id) {

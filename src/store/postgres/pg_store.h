@@ -34,6 +34,8 @@ class PostgresStore final : public Store {
                              Millis now) override;
   absl::StatusOr<std::string> GetDefinition(const std::string& hash) override;
   absl::StatusOr<StartResult> StartInstance(const NewInstance& instance) override;
+  absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstances(
+      const std::vector<NewInstance>& starts) override;
   absl::StatusOr<std::vector<Lease>> ClaimRunnable(const std::string& owner, Millis now,
                                                    Millis lease_duration, int limit) override;
   absl::StatusOr<Lease> ClaimInstance(int64_t instance_id, const std::string& owner, Millis now,

@@ -16,6 +16,10 @@ class SqliteStartSql final : public StartSql {
  public:
   explicit SqliteStartSql(SqliteDb& db) : db_(db) {}
 
+  absl::Status Savepoint() override { return db_.Exec("SAVEPOINT start"); }
+  absl::Status RollbackToSavepoint() override { return db_.Exec("ROLLBACK TO SAVEPOINT start"); }
+  absl::Status ReleaseSavepoint() override { return db_.Exec("RELEASE SAVEPOINT start"); }
+
   absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * claim,
                         db_.Prepare("INSERT OR IGNORE INTO inbox (tenant, source, event_id, "
@@ -124,6 +128,20 @@ absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
   });
   if (!status.ok()) return status;
   return result;
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> SqliteStore::StartInstances(
+    const std::vector<NewInstance>& starts) {
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  std::vector<absl::StatusOr<StartResult>> results;
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    SqliteStartSql sql(db);
+    WS_ASSIGN_OR_RETURN(results, StartInstancesWith(sql, starts));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return results;
 }
 
 absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {

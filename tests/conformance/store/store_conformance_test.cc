@@ -128,6 +128,35 @@ TEST_P(StoreConformanceTest, SameKeyDifferentInputIsAConflictNamingBothHashes) {
             std::string::npos);
 }
 
+TEST_P(StoreConformanceTest, StartsInOneBatchAreEachAsIfAlone) {
+  // In one transaction: a new key, the same start again, the same key with other
+  // input, and another new key. Each answers as StartInstance would, in order.
+  NewInstance other = Instance("k2");
+  other.started_event.event_id = "ev-k2";
+  auto batch = store_->StartInstances(
+      {Instance("k1"), Instance("k1"), Instance("k1", R"({"a":2})"), other});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), 4u);
+  ASSERT_TRUE((*batch)[0].ok()) << (*batch)[0].status();
+  EXPECT_EQ((*batch)[0]->outcome, StartOutcome::kCreated);
+  ASSERT_TRUE((*batch)[1].ok()) << (*batch)[1].status();
+  EXPECT_EQ((*batch)[1]->outcome, StartOutcome::kExisting);
+  EXPECT_EQ((*batch)[1]->instance.id, (*batch)[0]->instance.id);
+  EXPECT_EQ((*batch)[2].status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*batch)[3].ok()) << (*batch)[3].status();
+  EXPECT_EQ((*batch)[3]->outcome, StartOutcome::kCreated);
+  // What is stored: two instances, each with its steps and one started event; the
+  // refused start left nothing.
+  for (int i : {0, 3}) {
+    const int64_t id = (*batch)[i]->instance.id;
+    EXPECT_EQ(store_->GetSteps(id)->size(), 2u);
+    EXPECT_EQ(store_->ListEvents(id)->size(), 1u);
+  }
+  auto stored = store_->FindInstance("t1", "k1");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->input_hash, Sha256Hex(R"({"a":1})"));
+}
+
 TEST_P(StoreConformanceTest, SameEventTwiceHasOneEffect) {
   NewInstance in = Instance("k1");
   in.event_source = "crm";
