@@ -34,6 +34,7 @@
 #include "engine/engine.h"
 #include "server/api_server.h"
 #include "server/auth.h"
+#include "store/postgres/pg_connection.h"
 #include "store/postgres/raw_commit_probe.h"
 #include "store/sqlite/raw_commit_probe.h"
 #include "store/store.h"
@@ -65,8 +66,33 @@ double CpuSeconds() {
          (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
 }
 
+// What PostgreSQL counted for a database: statements executed (pg_stat_statements,
+// when the server preloads it) and WAL syncs (pg_stat_wal, the whole cluster).
+struct PgCounts {
+  double statements = -1;  // -1: not available
+  double wal_syncs = -1;
+};
+
+PgCounts ReadPgCounts(const std::string& conninfo) {
+  PgCounts counts;
+  auto c = PgConnection::Connect(conninfo);
+  if (!c.ok()) return counts;
+  if (auto wal = (*c)->Query("SELECT wal_sync FROM pg_stat_wal"); wal.ok()) {
+    counts.wal_syncs = std::atof(wal->Text(0, 0).c_str());
+  }
+  if ((*c)->Exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").ok()) {
+    auto calls = (*c)->Query(
+        "SELECT COALESCE(sum(calls), 0) FROM pg_stat_statements WHERE dbid = "
+        "(SELECT oid FROM pg_database WHERE datname = current_database())");
+    if (calls.ok()) counts.statements = std::atof(calls->Text(0, 0).c_str());
+  }
+  return counts;
+}
+
 struct Figures {
   int callers = 0;
+  double statements_per_workflow = -1;
+  double wal_syncs_per_workflow = -1;
   int64_t workflows = 0;
   double seconds = 0;
   double p50_ms = 0;
@@ -90,6 +116,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   if (!engine.ok()) return engine.status();
   auto definition = LoadDefinitionText(kFiveTransforms, "bench.yaml");
   if (!definition.ok()) return definition.status();
+  const bool postgres = path.starts_with("postgres");
   (*engine)->Start();
   std::unique_ptr<ApiServer> server;
   std::string url;
@@ -117,6 +144,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   std::atomic<bool> failed{false};
   std::atomic<double> cpu_at_start{0};
   std::atomic<bool> cpu_taken{false};
+  PgCounts pg_before;  // written once, by the caller that opens the window
   std::vector<std::jthread> threads;
   for (int caller = 0; caller < callers; ++caller) {
     threads.emplace_back([&, caller] {
@@ -125,7 +153,10 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
       for (int n = 0; !failed; ++n) {
         const auto started_at = SteadyClock::now();
         if (started_at >= measure_until) break;
-        if (started_at >= measure_from && !cpu_taken.exchange(true)) cpu_at_start = CpuSeconds();
+        if (started_at >= measure_from && !cpu_taken.exchange(true)) {
+          cpu_at_start = CpuSeconds();
+          if (postgres) pg_before = ReadPgCounts(path);
+        }
         const std::string input =
             "{\"caller\": " + std::to_string(caller) + ", \"n\": " + std::to_string(n) + "}";
         if (over_http) {
@@ -172,6 +203,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   }
   threads.clear();  // joins
   const double cpu = CpuSeconds() - cpu_at_start.load();
+  const PgCounts pg_after = postgres ? ReadPgCounts(path) : PgCounts{};
   server.reset();
   (*engine)->Stop();
   if (failed) return absl::InternalError("a caller failed");
@@ -184,6 +216,14 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
     figures.p50_ms = latencies_ms[latencies_ms.size() / 2];
     figures.p99_ms = latencies_ms[std::min(latencies_ms.size() - 1, latencies_ms.size() * 99 / 100)];
     figures.cpu_ms_per_workflow = cpu * 1000 / static_cast<double>(latencies_ms.size());
+    // Counted over the window; workflows that straddle its edges make this approximate.
+    const double n = static_cast<double>(latencies_ms.size());
+    if (pg_before.statements >= 0 && pg_after.statements >= 0) {
+      figures.statements_per_workflow = (pg_after.statements - pg_before.statements) / n;
+    }
+    if (pg_before.wal_syncs >= 0 && pg_after.wal_syncs >= 0) {
+      figures.wal_syncs_per_workflow = (pg_after.wal_syncs - pg_before.wal_syncs) / n;
+    }
   }
   return figures;
 }
@@ -242,8 +282,9 @@ int main(int argc, char** argv) {
               "%.0f s window\n\n",
               over_http ? "over HTTP (POST /v1/instances, Prefer: wait=30)" : "in process",
               warmup_s, window_s);
-  std::printf("%-8s %10s %12s %10s %10s %14s %12s %15s\n", "callers", "workflows",
-              "workflows/s", "p50 ms", "p99 ms", "CPU ms/wf", "steps/s", "steps/s / raw");
+  std::printf("%-8s %10s %12s %10s %10s %14s %12s %15s%s\n", "callers", "workflows",
+              "workflows/s", "p50 ms", "p99 ms", "CPU ms/wf", "steps/s", "steps/s / raw",
+              postgres.empty() ? "" : "  statements/wf  WAL syncs/wf");
   for (int n : callers) {
     std::string path;
     if (postgres.empty()) {
@@ -260,10 +301,16 @@ int main(int argc, char** argv) {
       return 1;
     }
     const double per_second = static_cast<double>(figures->workflows) / figures->seconds;
-    std::printf("%-8d %10lld %12.1f %10.2f %10.2f %14.2f %12.1f %15.2f\n", n,
+    std::printf("%-8d %10lld %12.1f %10.2f %10.2f %14.2f %12.1f %15.2f", n,
                 static_cast<long long>(figures->workflows), per_second, figures->p50_ms,
                 figures->p99_ms, figures->cpu_ms_per_workflow, per_second * 5,
                 per_second * 5 / *raw);
+    if (!postgres.empty()) {
+      auto shown = [](double v) { return v < 0 ? std::string("n/a") : std::to_string(v).substr(0, 5); };
+      std::printf("  %13s  %12s", shown(figures->statements_per_workflow).c_str(),
+                  shown(figures->wal_syncs_per_workflow).c_str());
+    }
+    std::printf("\n");
   }
   if (postgres.empty()) {
     for (const char* suffix : {"", "-wal", "-shm"}) {

@@ -1,5 +1,7 @@
 #include "engine/commit_queue.h"
 
+#include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "base/mutex.h"
@@ -17,6 +19,7 @@ void CommitQueue::Start() {
   if (running_) return;
   running_ = true;
   thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
+  start_thread_ = std::jthread([this](std::stop_token stop) { StartLoop(stop); });
 }
 
 void CommitQueue::Stop() {
@@ -26,8 +29,11 @@ void CommitQueue::Stop() {
     running_ = false;
   }
   thread_.request_stop();
+  start_thread_.request_stop();
   wake_.notify_all();
+  start_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (start_thread_.joinable()) start_thread_.join();
 }
 
 absl::Status CommitQueue::Commit(const Change& change) {
@@ -42,61 +48,82 @@ absl::Status CommitQueue::Commit(const Change& change) {
 
 absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
   PendingStart pending{&start};
-  MutexLock lock(mu_);
-  if (!running_) return absl::UnavailableError("commit queue is stopped");
-  starts_.push_back(&pending);
-  wake_.notify_one();
-  done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending.done; });
+  {
+    MutexLock lock(mu_);
+    if (!running_) return absl::UnavailableError("commit queue is stopped");
+    starts_.push_back(&pending);
+    start_wake_.notify_one();
+    done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending.done; });
+  }
+  // The shared transaction failed as a whole: this start runs again alone, on the
+  // caller's thread, beside the others (and the next batches).
+  if (pending.alone) return store_->StartInstance(start);
   return std::move(pending.result);
 }
 
 void CommitQueue::StartAll(const std::vector<PendingStart*>& batch) {
+  // In (tenant, key) order, so that two processes batching the same keys take their
+  // locks in the same order.
+  std::vector<size_t> order(batch.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const NewInstance& x = *batch[a]->start;
+    const NewInstance& y = *batch[b]->start;
+    return std::tie(x.tenant, x.key) < std::tie(y.tenant, y.key);
+  });
   std::vector<NewInstance> starts;
   starts.reserve(batch.size());
-  for (PendingStart* p : batch) starts.push_back(*p->start);
+  for (size_t i : order) starts.push_back(*batch[i]->start);
   auto results = batch.size() == 1 ? absl::StatusOr<std::vector<absl::StatusOr<StartResult>>>(
                                          std::vector{store_->StartInstance(starts.front())})
                                    : store_->StartInstances(starts);
-  std::vector<absl::StatusOr<StartResult>> each;
-  if (results.ok()) {
-    each = std::move(*results);
-  } else {
-    for (const NewInstance& start : starts) each.push_back(store_->StartInstance(start));
-  }
   MutexLock lock(mu_);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i]->result = std::move(each[i]);
-    batch[i]->done = true;
+  for (size_t n = 0; n < order.size(); ++n) {
+    PendingStart& pending = *batch[order[n]];
+    if (results.ok()) {
+      pending.result = std::move((*results)[n]);
+    } else {
+      pending.alone = batch.size() > 1;  // one start alone: its own error is the answer
+      pending.result = results.status();
+    }
+    pending.done = true;
+  }
+}
+
+void CommitQueue::StartLoop(std::stop_token stop) {
+  std::vector<PendingStart*> batch;
+  while (true) {
+    {
+      MutexLock lock(mu_);
+      start_wake_.wait(lock.native(), stop,
+                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !starts_.empty(); });
+      if (starts_.empty()) return;  // stopped with nothing left to start
+      batch.clear();
+      while (!starts_.empty() && static_cast<int>(batch.size()) < kMaxStartBatch) {
+        batch.push_back(starts_.front());
+        starts_.pop_front();
+      }
+    }
+    StartAll(batch);
+    done_.notify_all();
   }
 }
 
 void CommitQueue::Loop(std::stop_token stop) {
   std::vector<Pending*> batch;
-  std::vector<PendingStart*> start_batch;
   std::vector<Change> changes;
   while (true) {
     {
       MutexLock lock(mu_);
-      wake_.wait(lock.native(), stop, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || !starts_.empty();
-      });
-      if (queue_.empty() && starts_.empty()) return;  // stopped with nothing left to commit
+      wake_.wait(lock.native(), stop,
+                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped with nothing left to commit
       batch.clear();
       while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
         batch.push_back(queue_.front());
         queue_.pop_front();
       }
-      start_batch.clear();
-      while (!starts_.empty() && static_cast<int>(start_batch.size()) < options_.max_batch) {
-        start_batch.push_back(starts_.front());
-        starts_.pop_front();
-      }
     }
-    if (!start_batch.empty()) {
-      StartAll(start_batch);
-      done_.notify_all();
-    }
-    if (batch.empty()) continue;
     changes.clear();
     changes.reserve(batch.size());
     for (Pending* p : batch) {

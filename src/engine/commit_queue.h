@@ -16,8 +16,9 @@ struct CommitQueueOptions {
 
 // CommitQueue groups the changes of concurrently running instances into shared
 // transactions (group commit), so a batch of checkpoints costs one fsync. Callers
-// block until their change is durable. Owns one committer thread between Start()
-// and Stop(). Thread-safe.
+// block until their change is durable. Starts are grouped the same way, on a thread
+// of their own (so on PostgreSQL a batch of starts commits beside a batch of
+// checkpoints). Owns those two threads between Start() and Stop(). Thread-safe.
 class CommitQueue {
  public:
   CommitQueue(InstanceStore* store, CommitQueueOptions options);
@@ -50,20 +51,28 @@ class CommitQueue {
     const NewInstance* start;
     absl::StatusOr<StartResult> result = absl::UnknownError("not started");
     bool done = false;
+    bool alone = false;  // its batch failed: the caller starts it again by itself
   };
+  // Starts per transaction at most: each runs under a savepoint, and PostgreSQL
+  // keeps 64 subtransactions per backend in its fast cache.
+  static constexpr int kMaxStartBatch = 32;
   void Loop(std::stop_token stop);
+  void StartLoop(std::stop_token stop);
   // Runs a batch of starts in one transaction (or each alone when it fails).
   void StartAll(const std::vector<PendingStart*>& batch);
 
   InstanceStore* store_;
   CommitQueueOptions options_;
   Mutex mu_;
-  std::condition_variable_any wake_;  // committer: work arrived
+  std::condition_variable_any wake_;        // committer: changes arrived
+  std::condition_variable_any start_wake_;  // starter: starts arrived
   std::condition_variable done_;      // callers: their batch finished
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingStart*> starts_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::jthread thread_;
+  std::jthread thread_;        // commits changes
+  std::jthread start_thread_;  // commits starts: on PostgreSQL beside the changes, on another
+                               // connection
 };
 
 }  // namespace waystone

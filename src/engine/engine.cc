@@ -4,7 +4,6 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -328,8 +327,8 @@ class Engine::Impl {
       wake_.notify_all();
       if (result.ok() && AtRest(result->state)) {
         MutexLock lock(rest_mu_);
-        if (awaited_.contains(lease.instance_id)) {
-          rested_.insert(lease.instance_id);
+        if (auto it = awaited_.find(lease.instance_id); it != awaited_.end()) {
+          ++it->second.rests;  // every waiter on it looks again
           rest_.notify_all();
         }
       }
@@ -344,31 +343,36 @@ class Engine::Impl {
 
  public:
   absl::StatusOr<InstanceRecord> AwaitRest(int64_t instance_id, Millis timeout) {
-    const Millis deadline = clock_->NowMillis() + timeout;
+    // Real time: the caller waits on a socket or a benchmark clock, not on the
+    // engine's (possibly fake) clock.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout);
     {
       MutexLock lock(rest_mu_);
-      ++awaited_[instance_id];
+      ++awaited_[instance_id].waiters;
     }
     auto result = [&]() -> absl::StatusOr<InstanceRecord> {
       while (true) {
+        uint64_t seen = 0;
+        {
+          MutexLock lock(rest_mu_);
+          seen = awaited_[instance_id].rests;
+        }
         // The store answers for what this engine's workers did not drive (another
         // process, an operator); a local worker's finish wakes the wait at once.
         WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->GetInstance(instance_id));
-        const Millis left = deadline - clock_->NowMillis();
-        if (AtRest(instance.state) || left <= 0) return instance;
+        const auto now = std::chrono::steady_clock::now();
+        if (AtRest(instance.state) || now >= deadline) return instance;
         MutexLock lock(rest_mu_);
-        rest_.wait_for(lock.native(), std::chrono::milliseconds(std::min<Millis>(left, 250)),
+        rest_.wait_for(lock.native(),
+                       std::min<std::chrono::steady_clock::duration>(
+                           deadline - now, std::chrono::milliseconds(250)),
                        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rest_mu_) {
-                         return rested_.contains(instance_id);
+                         return awaited_[instance_id].rests != seen;
                        });
-        rested_.erase(instance_id);
       }
     }();
     MutexLock lock(rest_mu_);
-    if (--awaited_[instance_id] == 0) {
-      awaited_.erase(instance_id);
-      rested_.erase(instance_id);
-    }
+    if (--awaited_[instance_id].waiters == 0) awaited_.erase(instance_id);
     return result;
   }
 
@@ -396,8 +400,11 @@ class Engine::Impl {
   bool work_arrived_ ABSL_GUARDED_BY(mu_) = false;  // a start since the dispatcher last looked
   Mutex rest_mu_;
   std::condition_variable_any rest_;  // an awaited instance came to rest here
-  std::map<int64_t, int> awaited_ ABSL_GUARDED_BY(rest_mu_);  // callers of AwaitRest, by id
-  std::set<int64_t> rested_ ABSL_GUARDED_BY(rest_mu_);        // awaited and at rest
+  struct Awaited {
+    int waiters = 0;    // callers of AwaitRest on this instance
+    uint64_t rests = 0;  // times a local worker left it at rest since the first came
+  };
+  std::map<int64_t, Awaited> awaited_ ABSL_GUARDED_BY(rest_mu_);
   bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only
   static constexpr Millis kIdleWait = 1000;
   std::jthread dispatcher_;

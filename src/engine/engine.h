@@ -100,8 +100,10 @@ class Engine {
 
   // Waits until instance `instance_id` is at rest — completed, compensated, failed,
   // closed or waiting for an operator — while the worker pool (this process's or
-  // another's) drives it, and returns it; after `timeout` returns it as it is (still
-  // running or compensating). A local worker's finish wakes the wait at once.
+  // another's) drives it, and returns it; after `timeout` (real time, whatever the
+  // engine's clock) returns it as it is (still running or compensating). A local
+  // worker's finish wakes the wait at once. It does not check a tenant: the caller
+  // holds an id it was allowed to see.
   absl::StatusOr<InstanceRecord> AwaitRest(int64_t instance_id, Millis timeout);
 
   // Returns true when no instance is runnable now or later and none is in flight.

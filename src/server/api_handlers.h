@@ -10,6 +10,7 @@
 // Routing, tokens and roles are decided before (api_server.cc, routes.h); the
 // request helpers are request_helpers.h, Idempotency-Key is idempotency.h.
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <string>
@@ -34,6 +35,9 @@ struct ApiContext {
   std::string owner;         // names this server on its Idempotency-Key claims
   std::map<std::string, EventRoute> event_routes;  // by event type
   std::optional<PublicIds> ids;                    // alert ids as the API shows them
+  // Starts waiting for their outcome (Prefer: wait) now: each holds a handler thread,
+  // so at most half of them wait and the rest stay free for everything else.
+  mutable std::atomic<int> waiting_starts{0};
 };
 
 // The routes that need no token: health, readiness, the OpenAPI document; and

@@ -62,8 +62,9 @@ void RunIdempotent(const ApiContext& ctx, const Principal& principal, const Serv
       break;
   }
   handle();
-  if (res.status >= 500) {
-    // Not an answer to the request: a retry with the same key should try again.
+  if (res.status >= 500 || res.status == 202) {
+    // Not an answer to the request (a failure, or a start whose outcome was not there
+    // yet: Prefer: wait): a retry with the same key asks again.
     (void)ctx.store->AbandonApiRequest(record.tenant, record.key);
     return;
   }

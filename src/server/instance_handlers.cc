@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "base/crash_point.h"
 #include "base/hex.h"
 #include "base/time_format.h"
@@ -129,27 +130,34 @@ namespace {
 // holds a handler thread.
 constexpr int kMaxPreferWaitSeconds = 30;
 
-// Returns the seconds of a `Prefer: wait=N` (RFC 7240), capped; 0 when absent or not
-// understood (a preference that is not understood is ignored).
+// Returns the seconds of a `Prefer: wait=N` (RFC 7240: preferences separated by
+// commas, each with optional `;` parameters; `wait` is case-insensitive, its value a
+// token or quoted, with optional whitespace around "="), capped; 0 when absent or
+// not understood (a preference that is not understood is ignored). Every Prefer
+// header line counts, as one comma-joined list.
 int PreferredWait(const ServerRequest& req) {
-  const std::string* prefer = req.Header("prefer");
-  if (prefer == nullptr) return 0;
-  size_t at = 0;
-  while (at < prefer->size()) {
-    size_t end = prefer->find_first_of(",;", at);
-    if (end == std::string::npos) end = prefer->size();
-    std::string token = prefer->substr(at, end - at);
-    token.erase(0, token.find_first_not_of(" \t"));
-    token.erase(token.find_last_not_of(" \t") + 1);
-    if (token.size() > 5 && absl::EqualsIgnoreCase(token.substr(0, 5), "wait=")) {
-      const std::string value = token.substr(5);
-      if (value.empty() || value.size() > 9 ||
-          value.find_first_not_of("0123456789") != std::string::npos) {
-        return 0;
-      }
-      return std::min(std::stoi(value), kMaxPreferWaitSeconds);
+  std::string prefer;
+  for (const auto& [name, value] : req.headers) {
+    if (name == "prefer") prefer += value + ",";
+  }
+  auto trim = [](std::string text) {
+    text.erase(0, text.find_first_not_of(" \t"));
+    text.erase(text.find_last_not_of(" \t") + 1);
+    return text;
+  };
+  const std::vector<std::string> items = absl::StrSplit(prefer, ',');
+  for (const std::string& item : items) {
+    const std::string preference = trim(item.substr(0, item.find(';')));  // its parameters go
+    const size_t equals = preference.find('=');
+    if (equals == std::string::npos) continue;
+    if (!absl::EqualsIgnoreCase(trim(preference.substr(0, equals)), "wait")) continue;
+    std::string value = trim(preference.substr(equals + 1));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+      value = value.substr(1, value.size() - 2);
     }
-    at = end + 1;
+    if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) return 0;
+    if (value.size() > 4) return kMaxPreferWaitSeconds;
+    return std::min(std::stoi(value), kMaxPreferWaitSeconds);
   }
   return 0;
 }
@@ -193,17 +201,24 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
   const bool created = started->outcome == StartOutcome::kCreated;
   res.SetHeader("Location", "/v1/instances/" + started->instance.key);
   const int wait = started->tombstone ? 0 : PreferredWait(req);
-  if (wait > 0) {
+  const int max_waiting = std::max(1, ctx.options.handler_threads / 2);
+  if (wait > 0 && ctx.waiting_starts.fetch_add(1) < max_waiting) {
     // The caller wants the outcome (an ERP order number) in this answer: the
     // instance as it rests, with its steps, or 202 and how far it got.
     auto rested = ctx.engine->AwaitRest(started->instance.id, wait * 1000LL);
-    if (!rested.ok()) return Send(res, ProblemFromStatus(rested.status()), req.path);
-    auto view = InstanceViewJson(*ctx.store, *rested, *ctx.ids);
-    if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
-    Json out = Json::parse(*view);
-    out["created"] = created;
-    res.SetHeader("Preference-Applied", "wait=" + std::to_string(wait));
-    return SendJson(res, !AtRest(rested->state) ? 202 : created ? 201 : 200, out);
+    ctx.waiting_starts.fetch_sub(1);
+    absl::StatusOr<std::string> view =
+        rested.ok() ? InstanceViewJson(*ctx.store, *rested, *ctx.ids) : rested.status();
+    if (view.ok()) {
+      Json out = Json::parse(*view);
+      out["created"] = created;
+      res.SetHeader("Preference-Applied", "wait=" + std::to_string(wait));
+      return SendJson(res, !AtRest(rested->state) ? 202 : created ? 201 : 200, out);
+    }
+    // The start happened; only the wait failed (gc removed it meanwhile, the store
+    // blinked): the answer is the start's, as without a preference.
+  } else if (wait > 0) {
+    ctx.waiting_starts.fetch_sub(1);  // as many wait as may: answered at once
   }
   Json out = wire::InstanceSummary(started->instance);
   out["created"] = created;

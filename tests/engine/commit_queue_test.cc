@@ -1,14 +1,69 @@
 #include "engine/commit_queue.h"
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "base/sha256.h"
 #include "engine/engine_parts.h"
 
 namespace waystone {
 namespace {
+
+// The store's instance slice, whose shared start transaction always fails as a
+// whole (as a busy or lost database would): every start must then go through alone.
+class FailingBatchStore final : public InstanceStore {
+ public:
+  explicit FailingBatchStore(InstanceStore* real) : real_(real) {}
+  std::atomic<int> batches{0};
+  std::atomic<int> alone{0};
+
+  absl::StatusOr<StartResult> StartInstance(const NewInstance& in) override {
+    alone.fetch_add(1);
+    return real_->StartInstance(in);
+  }
+  absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstances(
+      const std::vector<NewInstance>&) override {
+    batches.fetch_add(1);
+    return absl::UnavailableError("database is locked");
+  }
+  absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& c) override {
+    return real_->Commit(c);
+  }
+  absl::StatusOr<InstanceRecord> GetInstance(int64_t id) override { return real_->GetInstance(id); }
+  absl::StatusOr<InstanceRecord> FindInstance(const std::string& t, const std::string& k) override {
+    return real_->FindInstance(t, k);
+  }
+  absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t id) override { return real_->GetSteps(id); }
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t id) override {
+    return real_->ListAttempts(id);
+  }
+  absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& t, const std::string& k) override {
+    return real_->FindTombstone(t, k);
+  }
+  absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& f) override {
+    return real_->ListInstances(f);
+  }
+  absl::StatusOr<std::vector<EventRecord>> ListEvents(int64_t id) override {
+    return real_->ListEvents(id);
+  }
+  absl::StatusOr<std::vector<AuditRecord>> ListAudit(int64_t id) override {
+    return real_->ListAudit(id);
+  }
+  absl::StatusOr<std::optional<IdempotencyClaim>> GetIdempotencyClaim(const std::string& t,
+                                                                      const std::string& k) override {
+    return real_->GetIdempotencyClaim(t, k);
+  }
+  absl::StatusOr<std::optional<InboxEntry>> LookupInbox(const std::string& t, const std::string& s,
+                                                        const std::string& id) override {
+    return real_->LookupInbox(t, s, id);
+  }
+
+ private:
+  InstanceStore* real_;
+};
 
 class CommitQueueTest : public testing::StoreWithInstances {
  protected:
@@ -94,6 +149,77 @@ TEST_F(CommitQueueTest, ANotStartedOrStoppedQueueRefusesAndWritesNothing) {
   EXPECT_TRUE(absl::IsUnavailable(queue.Commit(Finish(lease, 2000))));
   EXPECT_EQ(Get(lease.instance_id).state, InstanceState::kRunning);
   queue.Stop();  // a second Stop is harmless
+}
+
+NewInstance StartOf(const std::string& key) {
+  NewInstance in;
+  in.tenant = "t1";
+  in.key = key;
+  in.workflow = "wf";
+  in.definition_hash = "defhash";
+  in.input_json = R"({"a":1})";
+  in.input_hash = Sha256Hex(in.input_json);
+  in.trace_id = "trace-" + key;
+  in.step_names = {"one"};
+  in.started_event = {0, "ev-" + key, 0, "t1", "waystone.instance.started", "{}", 0};
+  in.now = 1000;
+  return in;
+}
+
+TEST_F(CommitQueueTest, ConcurrentStartsOfOneKeyMakeOneInstanceAndTheOthersFindIt) {
+  CommitQueue queue(store_.get(), {});
+  queue.Start();
+  constexpr int kCallers = 24;
+  std::vector<absl::StatusOr<StartResult>> results(kCallers, absl::UnknownError("not run"));
+  {
+    std::vector<std::jthread> callers;
+    for (int i = 0; i < kCallers; ++i) {
+      // Half start "same", half a key of their own.
+      callers.emplace_back([&, i] {
+        results[i] = queue.Start(StartOf(i % 2 == 0 ? "same" : "own-" + std::to_string(i)));
+      });
+    }
+  }
+  int created_same = 0;
+  int64_t same_id = 0;
+  for (int i = 0; i < kCallers; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    if (i % 2 == 1) {
+      EXPECT_EQ(results[i]->outcome, StartOutcome::kCreated) << i;
+      continue;
+    }
+    if (results[i]->outcome == StartOutcome::kCreated) ++created_same;
+    if (same_id == 0) same_id = results[i]->instance.id;
+    EXPECT_EQ(results[i]->instance.id, same_id) << i;
+  }
+  EXPECT_EQ(created_same, 1);
+  EXPECT_EQ(store_->ListEvents(same_id)->size(), 1u);
+  queue.Stop();
+  EXPECT_EQ(queue.Start(StartOf("late")).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(CommitQueueTest, WhenTheSharedStartTransactionFailsEachStartRunsAgainAlone) {
+  FailingBatchStore failing(store_.get());
+  CommitQueue queue(&failing, {});
+  queue.Start();
+  constexpr int kCallers = 16;
+  std::vector<absl::StatusOr<StartResult>> results(kCallers, absl::UnknownError("not run"));
+  {
+    std::vector<std::jthread> callers;
+    for (int i = 0; i < kCallers; ++i) {
+      callers.emplace_back([&, i] { results[i] = queue.Start(StartOf("k" + std::to_string(i))); });
+    }
+  }
+  for (int i = 0; i < kCallers; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->outcome, StartOutcome::kCreated);
+  }
+  // Each start was made exactly once: alone, after its batch (if it had one) failed.
+  EXPECT_EQ(failing.alone.load(), kCallers);
+  for (int i = 0; i < kCallers; ++i) {
+    EXPECT_TRUE(store_->FindInstance("t1", "k" + std::to_string(i)).ok()) << i;
+  }
+  queue.Stop();
 }
 
 }  // namespace

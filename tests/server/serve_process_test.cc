@@ -142,7 +142,7 @@ TEST_F(ServeProcessTest, ADuplicateWhileTheFirstIsInFlightGets409) {
 TEST_F(ServeProcessTest, PreferWaitAnswersWithTheOutcomeOrWith202AndHowFarItGot) {
   auto server = Serve();
   const std::vector<std::pair<std::string, std::string>> prefer = {
-      {"Prefer", "respond-async, wait=20"}, {"Content-Type", "application/json"}};
+      {"Prefer", "respond-async, WAIT = \"20\""}, {"Content-Type", "application/json"}};
   const std::string order =
       Json{{"workflow", "order-to-erp"}, {"input", Json::parse(Order("api", 7, "C-1"))}}.dump();
   auto done = Send("POST", "/v1/instances", operator_, order, prefer);
@@ -165,10 +165,22 @@ TEST_F(ServeProcessTest, PreferWaitAnswersWithTheOutcomeOrWith202AndHowFarItGot)
   // One that waits for an approval does not rest within a second: 202, still running.
   const std::string approval =
       Json{{"workflow", "approved-order"}, {"input", Json::parse(Order("api", 8, "C-1"))}}.dump();
-  auto pending = Send("POST", "/v1/instances", operator_, approval,
-                      {{"Prefer", "wait=1"}, {"Content-Type", "application/json"}});
+  const std::vector<std::pair<std::string, std::string>> wait_briefly = {
+      {"Prefer", "wait=1"}, {"Idempotency-Key", "appr-8"}, {"Content-Type", "application/json"}};
+  auto pending = Send("POST", "/v1/instances", operator_, approval, wait_briefly);
   ASSERT_EQ(pending.outcome.status, 202) << pending.body;
   EXPECT_EQ(Json::parse(pending.body)["state"], "running");
+  EXPECT_EQ(Json::parse(pending.body)["created"], true);
+  // A 202 is not the answer to keep under the key: asking again asks the instance again.
+  auto asked_again = Send("POST", "/v1/instances", operator_, approval, wait_briefly);
+  ASSERT_EQ(asked_again.outcome.status, 202) << asked_again.body;
+  EXPECT_EQ(Json::parse(asked_again.body)["created"], false) << "a stored 202 was replayed";
+  // `wait` as a parameter of another preference is not a preference: answered at once.
+  auto not_waited = Send("POST", "/v1/instances", operator_, approval,
+                         {{"Prefer", "return=minimal; wait=5"},
+                          {"Content-Type", "application/json"}});
+  EXPECT_EQ(not_waited.outcome.status, 200) << not_waited.body;
+  EXPECT_FALSE(Json::parse(not_waited.body).contains("steps"));
   server->Signal(SIGTERM);
   EXPECT_EQ(server->Wait(std::chrono::seconds(30)).exit_code, 0);
 }
