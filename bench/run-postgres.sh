@@ -10,5 +10,7 @@ bench="${WAYSTONE_BENCH:-engine_bench}"
 cmake --build build --target "$bench"
 dir="$(mktemp -d)"
 trap 'bash scripts/pg-test-cluster.sh stop "$dir"' EXIT
-server="$(bash scripts/pg-test-cluster.sh start "$dir")"
+# pg_stat_statements counts the statements per workflow closed_loop_bench reports.
+server="$(WAYSTONE_PG_SERVER_OPTIONS="-c shared_preload_libraries=pg_stat_statements" \
+  bash scripts/pg-test-cluster.sh start "$dir")"
 "build/bench/$bench" --postgres "$server" "$@"

@@ -2,7 +2,8 @@
 # Starts or stops the private PostgreSQL cluster the test command shares between
 # test processes:  pg-test-cluster.sh start DIR  (prints the server URI)
 #                  pg-test-cluster.sh stop DIR
-# The server listens on 127.0.0.1 only, with fsync on. As root it runs as the
+# The server listens on 127.0.0.1 only, with fsync on (WAYSTONE_PG_SERVER_OPTIONS adds
+# server options, e.g. "-c shared_preload_libraries=pg_stat_statements"). As root it runs as the
 # `postgres` user, since PostgreSQL refuses root.
 set -euo pipefail
 action="$1" dir="$2"
@@ -15,7 +16,7 @@ case "$action" in
     as_server "$bindir/initdb" -D "$dir/data" -U waystone --auth=trust -E UTF8 --no-sync >/dev/null
     port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || shuf -i 20000-60000 -n 1)"
     as_server "$bindir/pg_ctl" -D "$dir/data" -w -l "$dir/server.log" \
-      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=300" start >/dev/null
+      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=300 ${WAYSTONE_PG_SERVER_OPTIONS:-}" start >/dev/null
     echo "postgresql://waystone@127.0.0.1:$port"
     ;;
   stop)
