@@ -228,10 +228,7 @@ class Engine::Impl {
         clock_->SleepFor(*result.wake_at - clock_->NowMillis(), stop);
         continue;
       }
-      if (result.state != InstanceState::kRunning &&
-          result.state != InstanceState::kCompensating) {
-        return result.state;
-      }
+      if (IsTerminal(result.state)) return result.state;
     }
     return absl::CancelledError("stopped before the instance came to rest");
   }
@@ -325,7 +322,7 @@ class Engine::Impl {
         slot_freed_ = true;
       }
       wake_.notify_all();
-      if (result.ok() && AtRest(result->state)) {
+      if (result.ok() && IsTerminal(result->state)) {
         MutexLock lock(rest_mu_);
         if (auto it = awaited_.find(lease.instance_id); it != awaited_.end()) {
           ++it->second.rests;  // every waiter on it looks again
@@ -335,13 +332,9 @@ class Engine::Impl {
     }
   }
 
-  // Completed, compensated, failed, closed, or waiting for an operator: nothing runs
-  // until someone acts.
-  static bool AtRest(InstanceState state) {
-    return state != InstanceState::kRunning && state != InstanceState::kCompensating;
-  }
-
  public:
+  // At rest means IsTerminal: completed, compensated, failed, closed, or waiting for
+  // an operator; nothing runs until someone acts.
   absl::StatusOr<InstanceRecord> AwaitRest(int64_t instance_id, Millis timeout) {
     // Real time: the caller waits on a socket or a benchmark clock, not on the
     // engine's (possibly fake) clock.
@@ -361,7 +354,7 @@ class Engine::Impl {
         // process, an operator); a local worker's finish wakes the wait at once.
         WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->GetInstance(instance_id));
         const auto now = std::chrono::steady_clock::now();
-        if (AtRest(instance.state) || now >= deadline) return instance;
+        if (IsTerminal(instance.state) || now >= deadline) return instance;
         MutexLock lock(rest_mu_);
         rest_.wait_for(lock.native(),
                        std::min<std::chrono::steady_clock::duration>(
@@ -377,7 +370,6 @@ class Engine::Impl {
   }
 
  private:
-
   Store* store_;
   HttpClient* http_;
   const Clock* clock_;

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/crash_point.h"
 #include "base/hex.h"
@@ -138,32 +140,26 @@ constexpr int kMaxPreferWaitSeconds = 30;
 int PreferredWait(const ServerRequest& req) {
   std::string prefer;
   for (const auto& [name, value] : req.headers) {
-    if (name == "prefer") prefer += value + ",";
+    if (name == "prefer") absl::StrAppend(&prefer, value, ",");
   }
-  auto trim = [](std::string text) {
-    text.erase(0, text.find_first_not_of(" \t"));
-    text.erase(text.find_last_not_of(" \t") + 1);
-    return text;
-  };
-  const std::vector<std::string> items = absl::StrSplit(prefer, ',');
-  for (const std::string& item : items) {
-    const std::string preference = trim(item.substr(0, item.find(';')));  // its parameters go
+  for (absl::string_view item : absl::StrSplit(prefer, ',')) {
+    // A preference's `;` parameters are not preferences themselves.
+    const absl::string_view preference =
+        absl::StripAsciiWhitespace(item.substr(0, item.find(';')));
     const size_t equals = preference.find('=');
-    if (equals == std::string::npos) continue;
-    if (!absl::EqualsIgnoreCase(trim(preference.substr(0, equals)), "wait")) continue;
-    std::string value = trim(preference.substr(equals + 1));
+    if (equals == absl::string_view::npos) continue;
+    if (!absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(preference.substr(0, equals)), "wait")) {
+      continue;
+    }
+    absl::string_view value = absl::StripAsciiWhitespace(preference.substr(equals + 1));
     if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
       value = value.substr(1, value.size() - 2);
     }
-    if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) return 0;
+    if (value.empty() || value.find_first_not_of("0123456789") != absl::string_view::npos) return 0;
     if (value.size() > 4) return kMaxPreferWaitSeconds;
-    return std::min(std::stoi(value), kMaxPreferWaitSeconds);
+    return std::min(std::stoi(std::string(value)), kMaxPreferWaitSeconds);
   }
   return 0;
-}
-
-bool AtRest(InstanceState state) {
-  return state != InstanceState::kRunning && state != InstanceState::kCompensating;
 }
 
 }  // namespace
@@ -213,7 +209,7 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
       Json out = Json::parse(*view);
       out["created"] = created;
       res.SetHeader("Preference-Applied", "wait=" + std::to_string(wait));
-      return SendJson(res, !AtRest(rested->state) ? 202 : created ? 201 : 200, out);
+      return SendJson(res, !IsTerminal(rested->state) ? 202 : created ? 201 : 200, out);
     }
     // The start happened; only the wait failed (gc removed it meanwhile, the store
     // blinked): the answer is the start's, as without a preference.
