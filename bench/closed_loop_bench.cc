@@ -128,7 +128,8 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
     token = *created;
     ApiServerOptions api;
     api.listen = "127.0.0.1:0";
-    api.handler_threads = callers + 4;  // a waiting start holds one
+    // A waiting start holds a handler thread, and at most half of them wait.
+    api.handler_threads = 2 * callers + 4;
     auto started = ApiServer::Start(api, store->get(), SystemClock::Get(), engine->get());
     if (!started.ok()) return started.status();
     server = std::move(*started);
