@@ -36,28 +36,13 @@
 #include "server/auth.h"
 #include "store/postgres/pg_connection.h"
 #include "store/postgres/raw_commit_probe.h"
-#include "store/sqlite/raw_commit_probe.h"
 #include "store/store.h"
+#include "workloads.h"
 
 namespace waystone {
 namespace {
 
-// Five steps with no external I/O, as in engine_bench: each is its own durable
-// checkpoint, committed before the next begins.
-constexpr char kFiveTransforms[] = R"(workflow: bench-closed-loop
-key: "bench:{{input.caller}}:{{input.n}}"
-steps:
-  - name: s1
-    transform: { total: "{{input.n}}" }
-  - name: s2
-    transform: { previous: "{{steps.s1.output.total}}", label: "order {{input.n}}" }
-  - name: s3
-    transform: { label: "{{steps.s2.output.label}}", ok: true }
-  - name: s4
-    transform: { items: [ "{{input.n}}", "{{steps.s3.output.label}}" ] }
-  - name: s5
-    transform: { done: "{{steps.s4.output.items.1}}" }
-)";
+using bench::kFiveTransforms;
 
 double CpuSeconds() {
   rusage usage{};
@@ -143,29 +128,29 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   std::mutex mu;
   std::vector<double> latencies_ms;
   std::atomic<bool> failed{false};
+  std::atomic<int64_t> next_n{0};  // each start a business key of its own
   std::atomic<double> cpu_at_start{0};
   std::atomic<bool> cpu_taken{false};
   PgCounts pg_before;  // written once, by the caller that opens the window
   std::vector<std::jthread> threads;
   for (int caller = 0; caller < callers; ++caller) {
-    threads.emplace_back([&, caller] {
+    threads.emplace_back([&] {
       std::vector<double> mine;
       auto client = NewCurlHttpClient({});  // its own kept-alive connection
-      for (int n = 0; !failed; ++n) {
+      while (!failed) {
         const auto started_at = SteadyClock::now();
         if (started_at >= measure_until) break;
         if (started_at >= measure_from && !cpu_taken.exchange(true)) {
           cpu_at_start = CpuSeconds();
           if (postgres) pg_before = ReadPgCounts(path);
         }
-        const std::string input =
-            "{\"caller\": " + std::to_string(caller) + ", \"n\": " + std::to_string(n) + "}";
+        const std::string input = "{\"n\": " + std::to_string(next_n.fetch_add(1)) + "}";
         if (over_http) {
           HttpRequest request{"POST", url,
                               {{"Authorization", "Bearer " + token},
                                {"Content-Type", "application/json"},
                                {"Prefer", "wait=30"}},
-                              "{\"workflow\":\"bench-closed-loop\",\"input\":" + input + "}",
+                              "{\"workflow\":\"bench-transforms\",\"input\":" + input + "}",
                               40'000};
           request.reuse = ConnectionReuse::kReuse;  // a client of the API, not an engine call
           const HttpResponse response = client->Send(request);
@@ -265,10 +250,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<double> raw;
   if (postgres.empty()) {
-    const std::string probe = dir + "/bench-raw.db";
-    std::filesystem::remove(probe);
-    raw = MeasureSqliteRawCommitRate(probe, "FULL", 3000);
-    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(probe + suffix);
+    raw = bench::SqliteRawCommitRate(dir, "FULL");
     std::printf("SQLite WAL synchronous=FULL in %s\n", dir.c_str());
   } else {
     raw = MeasurePostgresRawCommitRate(postgres + "/postgres", 3000);
@@ -307,9 +289,11 @@ int main(int argc, char** argv) {
                 figures->p99_ms, figures->cpu_ms_per_workflow, per_second * 5,
                 per_second * 5 / *raw);
     if (!postgres.empty()) {
-      auto shown = [](double v) { return v < 0 ? std::string("n/a") : std::to_string(v).substr(0, 5); };
-      std::printf("  %13s  %12s", shown(figures->statements_per_workflow).c_str(),
-                  shown(figures->wal_syncs_per_workflow).c_str());
+      for (auto [value, width] : {std::pair{figures->statements_per_workflow, 13},
+                                  std::pair{figures->wal_syncs_per_workflow, 12}}) {
+        if (value < 0) std::printf("  %*s", width, "n/a");
+        else std::printf("  %*.2f", width, value);
+      }
     }
     std::printf("\n");
   }

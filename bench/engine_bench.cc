@@ -26,28 +26,13 @@ extern char** environ;
 #include "definition/loader.h"
 #include "engine/engine.h"
 #include "store/postgres/raw_commit_probe.h"
-#include "store/sqlite/raw_commit_probe.h"
 #include "store/store.h"
+#include "workloads.h"
 
 namespace waystone {
 namespace {
 
-// Five steps that do no external I/O: the cost measured is the engine's own
-// (claim, render, checkpoint, group commit).
-constexpr char kFiveTransforms[] = R"(workflow: bench-transforms
-key: "bench:{{input.n}}"
-steps:
-  - name: s1
-    transform: { total: "{{input.n}}" }
-  - name: s2
-    transform: { previous: "{{steps.s1.output.total}}", label: "order {{input.n}}" }
-  - name: s3
-    transform: { label: "{{steps.s2.output.label}}", ok: true }
-  - name: s4
-    transform: { items: [ "{{input.n}}", "{{steps.s3.output.label}}" ] }
-  - name: s5
-    transform: { done: "{{steps.s4.output.items.1}}" }
-)";
+using bench::kFiveTransforms;
 
 struct Result {
   int concurrency;
@@ -225,12 +210,7 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--instances") == 0) instances = std::atoi(argv[i + 1]);
     else if (std::strcmp(argv[i], "--synchronous") == 0) synchronous = argv[i + 1];
   }
-  const std::string probe = dir + "/bench-raw.db";
-  std::filesystem::remove(probe);
-  auto raw = waystone::MeasureSqliteRawCommitRate(probe, synchronous, 3000);
-  std::filesystem::remove(probe);
-  std::filesystem::remove(probe + "-wal");
-  std::filesystem::remove(probe + "-shm");
+  auto raw = waystone::bench::SqliteRawCommitRate(dir, synchronous);
   if (!raw.ok()) {
     std::fprintf(stderr, "raw probe: %s\n", raw.status().ToString().c_str());
     return 1;
