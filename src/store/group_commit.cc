@@ -65,19 +65,9 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c) {
 
 absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
                                                         const std::vector<Change>& changes) {
-  std::vector<absl::Status> results;
-  results.reserve(changes.size());
-  for (const Change& change : changes) {
-    WS_RETURN_IF_ERROR(sql.Savepoint());
-    absl::Status applied = ApplyChange(sql, change);
-    if (!applied.ok()) {
-      WS_RETURN_IF_ERROR(sql.RollbackToSavepoint());
-      if (!UndoesOnlyItself(applied, change)) return applied;
-    }
-    WS_RETURN_IF_ERROR(sql.ReleaseSavepoint());
-    results.push_back(applied);
-  }
-  return results;
+  return EachUnderSavepoint<absl::Status>(
+      sql, changes, [&](const Change& change) { return ApplyChange(sql, change); },
+      UndoesOnlyItself);
 }
 
 }  // namespace waystone

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "store/records.h"
+#include "store/savepoints.h"
 
 namespace waystone {
 
@@ -25,13 +26,8 @@ struct StoredIdempotencyKey {
 
 // The statements of one change, inside an open transaction. Not thread-safe:
 // used by the one thread that holds the transaction.
-class ChangeSql {
+class ChangeSql : public SavepointSql {
  public:
-  virtual ~ChangeSql() = default;
-
-  virtual absl::Status Savepoint() = 0;
-  virtual absl::Status RollbackToSavepoint() = 0;
-  virtual absl::Status ReleaseSavepoint() = 0;
 
   // Applies the instance columns of `change` where its lease still holds; returns
   // false (nothing written) when it does not.

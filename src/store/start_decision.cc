@@ -116,19 +116,11 @@ absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& 
 
 absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstancesWith(
     StartSql& sql, const std::vector<NewInstance>& starts) {
-  std::vector<absl::StatusOr<StartResult>> results;
-  results.reserve(starts.size());
-  for (const NewInstance& start : starts) {
-    WS_RETURN_IF_ERROR(sql.Savepoint());
-    absl::StatusOr<StartResult> result = StartInstanceWith(sql, start);
-    if (!result.ok()) {
-      if (!absl::IsFailedPrecondition(result.status())) return result.status();
-      WS_RETURN_IF_ERROR(sql.RollbackToSavepoint());  // its business key is taken
-    }
-    WS_RETURN_IF_ERROR(sql.ReleaseSavepoint());
-    results.push_back(std::move(result));
-  }
-  return results;
+  return EachUnderSavepoint<absl::StatusOr<StartResult>>(
+      sql, starts, [&](const NewInstance& start) { return StartInstanceWith(sql, start); },
+      [](const absl::Status& status, const NewInstance&) {
+        return absl::IsFailedPrecondition(status);  // its business key is taken
+      });
 }
 
 bool StartAgain(const absl::Status& status) {

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "store/records.h"
+#include "store/savepoints.h"
 
 namespace waystone {
 
@@ -29,14 +30,9 @@ StartOutcome DecideClaimedEvent(const InboxEntry& stored, const std::string& dat
 InstanceRecord InstanceFromTombstone(const TombstoneRecord& tombstone);
 
 // The statements of a start, inside one open transaction. Not thread-safe.
-class StartSql {
+// Each start of a batch runs under its own savepoint (SavepointSql).
+class StartSql : public SavepointSql {
  public:
-  virtual ~StartSql() = default;
-
-  // Each start of a batch runs under its own savepoint.
-  virtual absl::Status Savepoint() = 0;
-  virtual absl::Status RollbackToSavepoint() = 0;
-  virtual absl::Status ReleaseSavepoint() = 0;
 
   // Claims the start's event in the inbox (no instance yet); false when it was
   // claimed before.
