@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <optional>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -166,8 +168,10 @@ class Engine::Impl {
     MutexLock lock(mu_);
     if (started_) return;
     started_ = true;
+    stopping_ = false;
+    stop_ = std::stop_source();
     for (int i = 0; i < options_.workers; ++i) {
-      workers_.emplace_back([this](std::stop_token stop) { WorkerLoop(stop); });
+      workers_.emplace_back([this] { WorkerLoop(); });
     }
     dispatcher_ = std::jthread([this](std::stop_token stop) { DispatchLoop(stop); });
   }
@@ -177,11 +181,14 @@ class Engine::Impl {
       MutexLock lock(mu_);
       if (!started_) return;
       started_ = false;
+      stopping_ = true;
     }
     dispatcher_.request_stop();
     wake_.notify_all();
     if (dispatcher_.joinable()) dispatcher_.join();
-    for (auto& worker : workers_) worker.request_stop();
+    // Runners see the stop between actions; the workers stay until every call under
+    // way has come back and been recorded.
+    stop_.request_stop();
     wake_.notify_all();
     for (auto& worker : workers_) {
       if (worker.joinable()) worker.join();
@@ -236,7 +243,7 @@ class Engine::Impl {
   absl::StatusOr<bool> Idle() {
     {
       MutexLock lock(mu_);
-      if (in_flight_ > 0 || !ready_.empty()) return false;
+      if (busy_ > 0 || calling_ > 0 || !ready_.empty() || !answered_.empty()) return false;
     }
     WS_ASSIGN_OR_RETURN(std::optional<Millis> due, store_->NextDueTime());
     return !due.has_value();
@@ -259,8 +266,11 @@ class Engine::Impl {
       }
       int free = 0;
       {
+        // As many as there are idle workers, within the bound on instances held.
         MutexLock lock(mu_);
-        free = options_.workers - in_flight_ - static_cast<int>(ready_.size());
+        const int queued = static_cast<int>(ready_.size() + answered_.size());
+        free = std::min(options_.workers - busy_ - queued,
+                        options_.max_in_flight - busy_ - calling_ - queued);
       }
       int claimed = 0;
       if (free > 0) {
@@ -298,33 +308,73 @@ class Engine::Impl {
     }
   }
 
-  void WorkerLoop(std::stop_token stop) {
+  void WorkerLoop() {
     while (true) {
       Lease lease;
+      std::unique_ptr<InstanceRunner> runner;
+      std::optional<HttpResponse> response;
       {
+        // Answers first: their instance holds a lease and its outcome is not yet
+        // durable. New claims only while not stopping; leave once every call is back.
         MutexLock lock(mu_);
-        wake_.wait(lock.native(), stop,
-                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ready_.empty(); });
-        if (stop.stop_requested() || ready_.empty()) return;
-        lease = std::move(ready_.front());
-        ready_.pop_front();
-        ++in_flight_;
+        wake_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !answered_.empty() || (!stopping_ && !ready_.empty()) ||
+                 (stopping_ && calling_ == 0);
+        });
+        if (!answered_.empty()) {
+          runner = std::move(answered_.front().runner);
+          response = std::move(answered_.front().response);
+          answered_.pop_front();
+        } else if (!stopping_ && !ready_.empty()) {
+          lease = std::move(ready_.front());
+          ready_.pop_front();
+        } else {
+          return;
+        }
+        ++busy_;
       }
-      InstanceRunner runner(Deps(), lease);
-      auto result = runner.Drive(stop);
+      absl::StatusOr<DriveResult> result;
+      if (runner != nullptr) {
+        result = runner->Resume(std::move(*response), stop_.get_token());
+      } else {
+        runner = std::make_unique<InstanceRunner>(Deps(), lease);
+        result = runner->Drive(stop_.get_token(), /*async=*/true);
+      }
+      const int64_t instance_id = runner->instance_id();
+      if (result.ok() && result->calling) {
+        {
+          MutexLock lock(mu_);
+          --busy_;
+          ++calling_;
+          slot_freed_ = true;
+        }
+        wake_.notify_all();
+        HttpRequest request = runner->TakeRequest();
+        http_->SendAsync(std::move(request), [this, runner = std::move(runner)](
+                                                 HttpResponse response) mutable {
+          {
+            MutexLock lock(mu_);
+            --calling_;
+            answered_.push_back({std::move(runner), std::move(response)});
+          }
+          wake_.notify_all();
+        });
+        continue;
+      }
+      runner.reset();
       if (!result.ok()) {
-        Log(LogLevel::kWarning, "instance " + std::to_string(lease.instance_id) + ": " +
-                                    result.status().ToString());
+        Log(LogLevel::kWarning,
+            "instance " + std::to_string(instance_id) + ": " + result.status().ToString());
       }
       {
         MutexLock lock(mu_);
-        --in_flight_;
+        --busy_;
         slot_freed_ = true;
       }
       wake_.notify_all();
       if (result.ok() && IsTerminal(result->state)) {
         MutexLock lock(rest_mu_);
-        if (auto it = awaited_.find(lease.instance_id); it != awaited_.end()) {
+        if (auto it = awaited_.find(instance_id); it != awaited_.end()) {
           ++it->second.rests;  // every waiter on it looks again
           rest_.notify_all();
         }
@@ -385,8 +435,17 @@ class Engine::Impl {
 
   Mutex mu_;
   std::condition_variable_any wake_;
-  std::deque<Lease> ready_ ABSL_GUARDED_BY(mu_);
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // A runner whose call came back, with the response, waiting for a worker.
+  struct Answered {
+    std::unique_ptr<InstanceRunner> runner;
+    HttpResponse response;
+  };
+  std::deque<Lease> ready_ ABSL_GUARDED_BY(mu_);        // claimed, not yet driven
+  std::deque<Answered> answered_ ABSL_GUARDED_BY(mu_);  // answered, not yet recorded
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
+  int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances whose call is under way
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::stop_source stop_;  // runners stop between actions once Stop() requests it
   bool slot_freed_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool work_arrived_ ABSL_GUARDED_BY(mu_) = false;  // a start since the dispatcher last looked
@@ -400,7 +459,7 @@ class Engine::Impl {
   bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only
   static constexpr Millis kIdleWait = 1000;
   std::jthread dispatcher_;
-  std::vector<std::jthread> workers_;
+  std::vector<std::thread> workers_;
 };
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -410,6 +469,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Store* store, HttpClient*
                                                        const Clock* clock, Random* random,
                                                        const EngineOptions& options) {
   if (options.workers < 1) return absl::InvalidArgumentError("workers must be at least 1");
+  if (options.max_in_flight < options.workers) {
+    return absl::InvalidArgumentError("max_in_flight must be at least the number of workers");
+  }
   if (options.lease_duration < 2000) {
     return absl::InvalidArgumentError("lease duration must be at least 2s");
   }

@@ -25,8 +25,11 @@ inline constexpr size_t kMaxInputBytes = 256 * 1024;
 inline constexpr size_t kMaxBusinessKeyBytes = 512;
 
 struct EngineOptions {
-  // Worker threads, each driving one instance at a time.
+  // Worker threads, each driving one instance at a time between its calls. A call
+  // under way holds no worker: it waits on the HTTP client's event loop.
   int workers = 16;
+  // Most instances claimed at once, those whose call is under way included.
+  int max_in_flight = 10'000;
   // How long a claim lasts without a commit; every commit renews it. Must exceed
   // the longest step timeout.
   Millis lease_duration = 30'000;
@@ -62,7 +65,9 @@ struct StartRequest {
 };
 
 // Engine runs workflow instances: it starts them, and its worker pool claims
-// runnable instances under leases and drives them. Owns a commit queue thread,
+// runnable instances under leases and drives them. A worker hands each request to
+// the HttpClient's SendAsync and takes up other instances; whichever worker is free
+// when the response comes records it and drives on. Owns a commit queue thread,
 // and between Start() and Stop() a dispatcher thread and `workers` worker threads.
 // Thread-safe.
 class Engine {
@@ -87,8 +92,9 @@ class Engine {
 
   // Starts the worker pool.
   void Start();
-  // Stops claiming, lets each worker finish the action under way, releases every
-  // lease held, and joins the threads.
+  // Stops claiming, lets each instance finish the action under way (a call under
+  // way is waited for and its outcome recorded), releases every lease held, and
+  // joins the threads.
   void Stop();
 
   // Drives one instance from the calling thread until it is completed, compensated,

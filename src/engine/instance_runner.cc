@@ -1,6 +1,7 @@
 #include "engine/instance_runner.h"
 
 #include <chrono>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -46,8 +47,26 @@ class InstanceRunner::Impl {
  public:
   Impl(const RunnerDeps& deps, Lease lease) : d_(deps), lease_(std::move(lease)) {}
 
-  absl::StatusOr<DriveResult> Drive(std::stop_token stop) {
+  absl::StatusOr<DriveResult> Drive(std::stop_token stop, bool async) {
+    async_ = async;
     WS_RETURN_IF_ERROR(Load());
+    return Loop(stop);
+  }
+
+  HttpRequest TakeRequest() { return std::move(call_->request); }
+
+  absl::StatusOr<DriveResult> Resume(HttpResponse response, std::stop_token stop) {
+    absl::Status status = Answered(std::move(response));
+    if (!status.ok()) return Finish(status, std::nullopt);
+    return Loop(stop);
+  }
+
+  int64_t instance_id() const { return lease_.instance_id; }
+
+ private:
+  // Decides and acts until the instance rests, the lease is lost, or (asynchronous)
+  // a request is due.
+  absl::StatusOr<DriveResult> Loop(std::stop_token stop) {
     while (true) {
       const Millis now = d_.clock->NowMillis();
       if (stop.stop_requested()) return Release(std::nullopt);
@@ -84,11 +103,22 @@ class InstanceRunner::Impl {
           status = Compensate(action.step);
           break;
       }
+      if (status.ok() && call_) {
+        if (async_) {
+          held_.emplace(d_.keeper, lease_);  // a long call keeps the lease
+          DriveResult calling;
+          calling.state = instance_.state;
+          calling.calling = true;
+          return calling;
+        }
+        LeaseKeeper::Guard held(d_.keeper, lease_);
+        HttpResponse response = d_.http->Send(call_->request);
+        status = Answered(std::move(response));
+      }
       if (!status.ok()) return Finish(status, std::nullopt);
     }
   }
 
- private:
   // The instance as last committed, now: what a transition reads.
   Facts Now() const {
     return {*definition_, instance_, steps_, d_.clock->NowMillis(), *d_.random};
@@ -203,33 +233,45 @@ class InstanceRunner::Impl {
                               " ran out before the call; the request was not sent");
   }
 
-  // Sends one request for step `step_index` while the lease keeper renews the lease,
-  // classifies the outcome once (with `overrides`), counts it in the call metrics,
-  // and keeps its attempt record for the next change (the store numbers it).
-  CallResult TimedSend(CallPhase phase, const HttpRequest& request, int step_index,
-                       const StatusOverrides& overrides) {
-    LeaseKeeper::Guard held(d_.keeper, lease_);  // a long call keeps the lease
-    const Millis started_at = d_.clock->NowMillis();
-    const auto start = std::chrono::steady_clock::now();
-    CallResult sent{d_.http->Send(request)};
-    const HttpResponse& response = sent.response;
+  // What an outcome leads to once classified: the transition to commit.
+  using Then = std::function<absl::Status(const CallResult&)>;
+
+  // Makes `request` for step `step_index` the one to send next; its outcome, once
+  // classified with `overrides`, goes to `then`.
+  absl::Status Call(CallPhase phase, HttpRequest request, int step_index,
+                    const StatusOverrides& overrides, Then then) {
+    call_.emplace(PendingCall{phase, std::move(request), step_index, overrides, std::move(then),
+                              d_.clock->NowMillis(), std::chrono::steady_clock::now()});
+    return absl::OkStatus();
+  }
+
+  // Classifies the response to the pending call once, counts it in the call metrics,
+  // keeps its attempt record for the next change (the store numbers it), and
+  // commits what the call's transition makes of it.
+  absl::Status Answered(HttpResponse response) {
+    held_.reset();
+    PendingCall call = std::move(*call_);
+    call_.reset();
     d_.metrics->RecordLatency(
-        phase, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    sent.error_class = Classify(response.outcome, overrides);
-    d_.metrics->RecordOutcome(phase, sent.error_class);
+        call.phase,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - call.sent_at).count());
+    CallResult sent{std::move(response)};
+    sent.error_class = Classify(sent.response.outcome, call.overrides);
+    d_.metrics->RecordOutcome(call.phase, sent.error_class);
+    const HttpResponse& answer = sent.response;
     AttemptRecord attempt;
-    attempt.step_index = step_index;
-    attempt.phase = AttemptPhaseOf(phase);
-    attempt.sent = response.outcome.sent;
-    attempt.connection = response.outcome.connection;
-    attempt.status = response.outcome.kind == CallOutcome::Kind::kResponse
-                         ? response.outcome.status : 0;
+    attempt.step_index = call.step_index;
+    attempt.phase = AttemptPhaseOf(call.phase);
+    attempt.sent = answer.outcome.sent;
+    attempt.connection = answer.outcome.connection;
+    attempt.status = answer.outcome.kind == CallOutcome::Kind::kResponse ? answer.outcome.status
+                                                                         : 0;
     attempt.error_class = sent.error_class;
-    attempt.detail = ShortenMessage(DescribeResponse(response));
-    attempt.started_at = started_at;
+    attempt.detail = ShortenMessage(DescribeResponse(answer));
+    attempt.started_at = call.started_at;
     attempt.finished_at = d_.clock->NowMillis();
     pending_attempts_.push_back(std::move(attempt));
-    return sent;
+    return call.then(sent);
   }
 
   // Adds trace context and, for a side-effecting call, the idempotency key.
@@ -294,9 +336,11 @@ class InstanceRunner::Impl {
 
     CrashPoint("before-call", def.name);
     WS_RETURN_IF_ERROR(StillLeased());
-    const CallResult sent = TimedSend(CallPhase::kCall, *request, index, def.errors);
-    CrashPoint("after-call", def.name);
-    return Commit(RecordCall(Now(), steps_[index], sent));
+    return Call(CallPhase::kCall, std::move(*request), index, def.errors,
+                [this, index, name = def.name](const CallResult& sent) {
+                  CrashPoint("after-call", name);
+                  return Commit(RecordCall(Now(), steps_[index], sent));
+                });
   }
 
   absl::Status ResolveUnknown(int index) {
@@ -314,8 +358,10 @@ class InstanceRunner::Impl {
     Decorate(*request, "");
     WS_RETURN_IF_ERROR(StillLeased());
     step.lookups += 1;
-    const CallResult sent = TimedSend(CallPhase::kLookup, *request, index, kLookupStatuses);
-    return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));
+    return Call(CallPhase::kLookup, std::move(*request), index, kLookupStatuses,
+                [this, index, step](const CallResult& sent) {
+                  return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));
+                });
   }
 
   absl::Status Compensate(int index) {
@@ -333,12 +379,28 @@ class InstanceRunner::Impl {
 
     CrashPoint("before-compensate", def.name);
     WS_RETURN_IF_ERROR(StillLeased());
-    const CallResult sent = TimedSend(CallPhase::kCompensate, *request, index, {});
-    CrashPoint("after-compensate", def.name);
-    return Commit(RecordCompensation(Now(), steps_[index], sent, key));
+    return Call(CallPhase::kCompensate, std::move(*request), index, {},
+                [this, index, key, name = def.name](const CallResult& sent) {
+                  CrashPoint("after-compensate", name);
+                  return Commit(RecordCompensation(Now(), steps_[index], sent, key));
+                });
   }
 
+  // A request due to be sent (or on its way) and what its outcome leads to.
+  struct PendingCall {
+    CallPhase phase;
+    HttpRequest request;
+    int step_index;
+    StatusOverrides overrides;
+    Then then;
+    Millis started_at;                                // clock time, for the attempt record
+    std::chrono::steady_clock::time_point sent_at;    // for the latency metric
+  };
+
   RunnerDeps d_;
+  bool async_ = false;                 // Drive returns at each call instead of sending it
+  std::optional<PendingCall> call_;
+  std::optional<LeaseKeeper::Guard> held_;  // while an asynchronous call is out
   std::vector<AttemptRecord> pending_attempts_;  // sent, not yet committed
   Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
   Lease lease_;
@@ -351,8 +413,13 @@ InstanceRunner::InstanceRunner(const RunnerDeps& deps, Lease lease)
     : impl_(std::make_unique<Impl>(deps, std::move(lease))) {}
 InstanceRunner::~InstanceRunner() = default;
 
-absl::StatusOr<DriveResult> InstanceRunner::Drive(std::stop_token stop) {
-  return impl_->Drive(stop);
+absl::StatusOr<DriveResult> InstanceRunner::Drive(std::stop_token stop, bool async) {
+  return impl_->Drive(stop, async);
 }
+HttpRequest InstanceRunner::TakeRequest() { return impl_->TakeRequest(); }
+absl::StatusOr<DriveResult> InstanceRunner::Resume(HttpResponse response, std::stop_token stop) {
+  return impl_->Resume(std::move(response), stop);
+}
+int64_t InstanceRunner::instance_id() const { return impl_->instance_id(); }
 
 }  // namespace waystone

@@ -41,6 +41,9 @@ struct DriveResult {
   std::optional<Millis> wake_at;  // set when it waits for a retry timer
   bool lease_lost = false;        // another worker took over; nothing more was written
   bool awaiting_event = false;    // a wait step waits for an event (wake_at: its deadline)
+  // Set only by an asynchronous drive: a request is ready to go (TakeRequest); its
+  // response goes to Resume. Nothing else is set then.
+  bool calling = false;
 };
 
 // InstanceRunner drives one claimed instance: decide, checkpoint, call, classify,
@@ -57,7 +60,19 @@ class InstanceRunner {
   // Drives the instance. When `stop` is requested it finishes the action under
   // way, releases the lease and returns. Errors other than a lost lease leave the
   // lease to expire so another worker retries.
-  absl::StatusOr<DriveResult> Drive(std::stop_token stop);
+  //
+  // A synchronous drive (the default) sends each request itself and waits for it.
+  // An asynchronous one returns with `calling` set when a request is due, its
+  // checkpoint committed: the caller sends TakeRequest() however it likes (the lease
+  // keeper holds the lease meanwhile) and hands the response to Resume, on any
+  // thread, which records it and drives on. Either way the same rules run.
+  absl::StatusOr<DriveResult> Drive(std::stop_token stop, bool async = false);
+  // The request an asynchronous drive stopped for; once per `calling`.
+  HttpRequest TakeRequest();
+  // Records the response to TakeRequest() and drives on, as Drive does.
+  absl::StatusOr<DriveResult> Resume(HttpResponse response, std::stop_token stop);
+
+  int64_t instance_id() const;
 
  private:
   class Impl;

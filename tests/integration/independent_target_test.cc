@@ -57,11 +57,30 @@ class IndependentTargetTest : public ::testing::Test {
     return Json{{"order_id", id}, {"customer", customer}, {"amount", 5}}.dump();
   }
 
+  // From here on instances run on the engine's worker pool (two workers, real
+  // time), which hands each call to the client's event loop, instead of on the
+  // caller's thread.
+  void UsePool() {
+    engine_.reset();
+    EngineOptions options;
+    options.workers = 2;
+    auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    engine_->Start();
+    pool_ = true;
+  }
+
   InstanceRecord Run(const WorkflowDefinition& definition, const std::string& input,
                      const std::string& tenant = "default") {
     auto started = engine_->StartInstance(definition, {tenant, input});
     EXPECT_TRUE(started.ok()) << started.status();
     if (!started.ok()) return {};
+    if (pool_) {
+      auto rested = engine_->AwaitRest(started->instance.id, 30'000);
+      EXPECT_TRUE(rested.ok()) << rested.status();
+      return *store_->GetInstance(started->instance.id);
+    }
     auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
     EXPECT_TRUE(state.ok()) << state.status();
     return *store_->GetInstance(started->instance.id);
@@ -97,6 +116,7 @@ class IndependentTargetTest : public ::testing::Test {
   std::unique_ptr<HttpClient> http_;
   std::unique_ptr<Engine> engine_;
   WorkflowDefinition definition_;
+  bool pool_ = false;
 };
 
 // What the HTTP library does on its own when a kept-alive connection closes
@@ -127,12 +147,16 @@ TEST_F(IndependentTargetTest, OnlyAFreshConnectionSendsARequestExactlyOnce) {
 }
 
 // Every way a committed create's answer can be lost, for a create with a lookup
-// (the target honours no key) and for a notification whose key the target honours.
+// (the target honours no key) and for a notification whose key the target honours,
+// driven on the caller's thread and on the worker pool (whose calls wait on the
+// HTTP client's event loop, answered on whichever worker is free).
+using LostResponseParam = std::tuple<std::string, std::string, std::string>;
 class LostResponseTest : public IndependentTargetTest,
-                         public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
+                         public ::testing::WithParamInterface<LostResponseParam> {};
 
 TEST_P(LostResponseTest, OneBusinessObjectAndAttemptsEqualRequestsReceived) {
-  const auto& [route, shape] = GetParam();
+  const auto& [route, shape, driver] = GetParam();
+  if (driver == "pool") UsePool();
   ASSERT_TRUE(target_->Faults(
       Json{{route, {{"next", {shape}}, {"delay_ms", 1500}}}}.dump()));
   InstanceRecord instance = Run(definition_, Order("1"));
@@ -167,8 +191,8 @@ TEST_P(LostResponseTest, OneBusinessObjectAndAttemptsEqualRequestsReceived) {
   }
 }
 
-std::string ShapeName(const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& info) {
-  return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+std::string ShapeName(const ::testing::TestParamInfo<LostResponseParam>& info) {
+  return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" + std::get<2>(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -176,7 +200,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("create_order", "send_message"),
                        ::testing::Values("close_before_bytes", "reset", "partial_status",
                                          "partial_headers", "partial_body", "late", "status_500",
-                                         "status_502", "status_504", "refuse_503")),
+                                         "status_502", "status_504", "refuse_503"),
+                       ::testing::Values("caller", "pool")),
     ShapeName);
 
 TEST_F(IndependentTargetTest, KeysWithUrlSpecialCharactersReachTheTargetUnchanged) {

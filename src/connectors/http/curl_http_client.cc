@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <future>
+#include <map>
 #include <mutex>
+#include <thread>
+#include <vector>
 
+#include "base/mutex.h"
 #include "connectors/http/http_client.h"
 
 namespace waystone {
@@ -13,12 +18,8 @@ struct EasyDeleter {
   void operator()(CURL* handle) const { curl_easy_cleanup(handle); }
 };
 
-// One easy handle per thread keeps connections alive between calls of that thread.
-CURL* ThreadHandle() {
-  thread_local std::unique_ptr<CURL, EasyDeleter> handle(curl_easy_init());
-  curl_easy_reset(handle.get());
-  return handle.get();
-}
+// The receive buffer of one request (libcurl's minimum is 1 KiB, its default 16).
+constexpr long kReceiveBuffer = 4096;
 
 size_t WriteBody(char* data, size_t size, size_t count, void* user) {
   auto* body = static_cast<std::string*>(user);
@@ -60,100 +61,229 @@ size_t ReadHeader(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
+// One request on its way: the easy handle and everything libcurl points into
+// while it runs (the body is sent from `request.body`, not copied).
+struct Transfer {
+  HttpRequest request;
+  HttpDone done;
+  std::unique_ptr<CURL, EasyDeleter> easy{curl_easy_init()};
+  curl_slist* headers = nullptr;
+  HeaderState header_state;
+  HttpResponse response;
+
+  Transfer(HttpRequest r, HttpDone d) : request(std::move(r)), done(std::move(d)) {}
+  ~Transfer() { curl_slist_free_all(headers); }
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+};
+
+// Sets up `transfer`'s easy handle for its request.
+void Configure(Transfer& transfer, const HttpClientOptions& options) {
+  CURL* curl = transfer.easy.get();
+  const HttpRequest& request = transfer.request;
+  bool has_content_type = false;
+  for (const auto& [name, value] : request.headers) {
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+    has_content_type = has_content_type || lower == "content-type";
+    transfer.headers = curl_slist_append(transfer.headers, (name + ": " + value).c_str());
+  }
+  if (!request.body.empty() && !has_content_type) {
+    transfer.headers = curl_slist_append(transfer.headers, "Content-Type: application/json");
+  }
+  transfer.headers = curl_slist_append(transfer.headers, "Expect:");
+  curl_easy_setopt(curl, CURLOPT_PRIVATE, &transfer);
+  curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+  if (request.method == "HEAD") curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+  if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
+      request.method == "PATCH") {
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.c_str());
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(request.body.size()));
+  }
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, transfer.headers);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(request.timeout));
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(std::min(request.timeout, options.connect_timeout)));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &transfer.response.body);
+  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, ReadHeader);
+  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &transfer.header_state);
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, options.verify_tls ? 1L : 0L);
+  curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options.verify_tls ? 2L : 0L);
+  // A receive buffer per waiting request: API answers are small, and thousands wait.
+  curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, kReceiveBuffer);
+  // HTTP/1.1 only: an HTTP/2 REFUSED_STREAM makes libcurl send the request again.
+  curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+  if (request.reuse == ConnectionReuse::kFresh) {
+    // libcurl resends a request by itself only on a reused connection that died
+    // before the first response byte; a connection of its own rules that out.
+    curl_easy_setopt(curl, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(curl, CURLOPT_FORBID_REUSE, 1L);
+  }
+}
+
+// Fills in `transfer.response` from how its transfer ended.
+void Conclude(Transfer& transfer, CURLcode rc) {
+  CURL* curl = transfer.easy.get();
+  HttpResponse& response = transfer.response;
+  long request_size = 0;
+  curl_easy_getinfo(curl, CURLINFO_REQUEST_SIZE, &request_size);
+  long new_connections = 0;
+  curl_easy_getinfo(curl, CURLINFO_NUM_CONNECTS, &new_connections);
+  long connected_port = 0;
+  curl_easy_getinfo(curl, CURLINFO_PRIMARY_PORT, &connected_port);
+  response.outcome.sent = request_size > 0;
+  response.outcome.connection = new_connections > 0 ? ConnectionUsed::kNew
+                                : connected_port > 0 ? ConnectionUsed::kReused
+                                                     : ConnectionUsed::kNone;
+  if (rc == CURLE_OK) {
+    long status = 0;
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+    response.outcome.kind = CallOutcome::Kind::kResponse;
+    response.outcome.status = static_cast<int>(status);
+    response.outcome.retry_after = transfer.header_state.retry_after;
+    return;
+  }
+  // Whether the request left decides transient (nothing happened) vs unknown.
+  const bool invalid = rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_URL_MALFORMAT;
+  const bool not_sent = request_size == 0 || rc == CURLE_COULDNT_CONNECT ||
+                        rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY ||
+                        rc == CURLE_SSL_CONNECT_ERROR;
+  response.outcome.kind = invalid    ? CallOutcome::Kind::kInvalid
+                          : not_sent ? CallOutcome::Kind::kNotSent
+                                     : CallOutcome::Kind::kLostAfterSend;
+  response.error = curl_easy_strerror(rc);
+  response.body.clear();
+}
+
+// Hands a finished transfer's response to its caller, after freeing the handle.
+void Deliver(std::unique_ptr<Transfer> transfer) {
+  HttpResponse response = std::move(transfer->response);
+  HttpDone done = std::move(transfer->done);
+  transfer.reset();
+  std::move(done)(std::move(response));
+}
+
+// A response for a request that never left.
+void Refuse(std::unique_ptr<Transfer> transfer, std::string why) {
+  transfer->response.outcome.kind = CallOutcome::Kind::kNotSent;
+  transfer->response.error = std::move(why);
+  Deliver(std::move(transfer));
+}
+
+// Runs every request on one thread with libcurl's multi interface: a waiting
+// request costs its handle and socket, not a thread.
 class CurlHttpClient final : public HttpClient {
  public:
   explicit CurlHttpClient(const HttpClientOptions& options) : options_(options) {
     static std::once_flag once;
     std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+    multi_ = curl_multi_init();
+    loop_ = std::jthread([this] { Loop(); });
+  }
+
+  ~CurlHttpClient() override {
+    {
+      MutexLock lock(mu_);
+      stopping_ = true;
+    }
+    if (multi_ != nullptr) curl_multi_wakeup(multi_);
+    loop_.join();
+    if (multi_ != nullptr) curl_multi_cleanup(multi_);
   }
 
   HttpResponse Send(const HttpRequest& request) override {
-    HttpResponse response;
-    CURL* curl = ThreadHandle();
-    if (curl == nullptr) {
+    if (std::this_thread::get_id() == loop_.get_id()) {
+      HttpResponse response;
       response.outcome.kind = CallOutcome::Kind::kNotSent;
-      response.error = "curl_easy_init failed";
+      response.error = "Send called from a response callback of the same client";
       return response;
     }
-    curl_slist* headers = nullptr;
-    bool has_content_type = false;
-    for (const auto& [name, value] : request.headers) {
-      std::string lower = name;
-      std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-      has_content_type = has_content_type || lower == "content-type";
-      headers = curl_slist_append(headers, (name + ": " + value).c_str());
-    }
-    if (!request.body.empty() && !has_content_type) {
-      headers = curl_slist_append(headers, "Content-Type: application/json");
-    }
-    headers = curl_slist_append(headers, "Expect:");
-    HeaderState header_state;
-    curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
-    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
-    if (request.method == "HEAD") curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-    if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
-        request.method == "PATCH") {
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.c_str());
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
-                       static_cast<curl_off_t>(request.body.size()));
-    }
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(request.timeout));
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                     static_cast<long>(std::min(request.timeout, options_.connect_timeout)));
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
-    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, ReadHeader);
-    curl_easy_setopt(curl, CURLOPT_HEADERDATA, &header_state);
-    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L);
-    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L);
-    // HTTP/1.1 only: an HTTP/2 REFUSED_STREAM makes libcurl send the request again.
-    curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
-    curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
-    if (request.reuse == ConnectionReuse::kFresh) {
-      // libcurl resends a request by itself only on a reused connection that died
-      // before the first response byte; a connection of its own rules that out.
-      curl_easy_setopt(curl, CURLOPT_FRESH_CONNECT, 1L);
-      curl_easy_setopt(curl, CURLOPT_FORBID_REUSE, 1L);
-    }
+    std::promise<HttpResponse> answered;
+    std::future<HttpResponse> answer = answered.get_future();
+    SendAsync(request, [&answered](HttpResponse response) {
+      answered.set_value(std::move(response));
+    });
+    return answer.get();
+  }
 
-    const CURLcode rc = curl_easy_perform(curl);
-    curl_slist_free_all(headers);
-    long request_size = 0;
-    curl_easy_getinfo(curl, CURLINFO_REQUEST_SIZE, &request_size);
-    long new_connections = 0;
-    curl_easy_getinfo(curl, CURLINFO_NUM_CONNECTS, &new_connections);
-    long connected_port = 0;
-    curl_easy_getinfo(curl, CURLINFO_PRIMARY_PORT, &connected_port);
-    response.outcome.sent = request_size > 0;
-    response.outcome.connection = new_connections > 0    ? ConnectionUsed::kNew
-                          : connected_port > 0 ? ConnectionUsed::kReused
-                                               : ConnectionUsed::kNone;
-    if (rc == CURLE_OK) {
-      long status = 0;
-      curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-      response.outcome.kind = CallOutcome::Kind::kResponse;
-      response.outcome.status = static_cast<int>(status);
-      response.outcome.retry_after = header_state.retry_after;
-      return response;
+  void SendAsync(HttpRequest request, HttpDone done) override {
+    auto transfer = std::make_unique<Transfer>(std::move(request), std::move(done));
+    if (multi_ == nullptr || transfer->easy == nullptr) {
+      return Refuse(std::move(transfer), "curl_easy_init or curl_multi_init failed");
     }
-    // Whether the request left decides transient (nothing happened) vs unknown.
-    const bool invalid = rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_URL_MALFORMAT;
-    const bool not_sent = request_size == 0 || rc == CURLE_COULDNT_CONNECT ||
-                          rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY ||
-                          rc == CURLE_SSL_CONNECT_ERROR;
-    response.outcome.kind = invalid    ? CallOutcome::Kind::kInvalid
-                            : not_sent ? CallOutcome::Kind::kNotSent
-                                       : CallOutcome::Kind::kLostAfterSend;
-    response.error = curl_easy_strerror(rc);
-    response.body.clear();
-    return response;
+    Configure(*transfer, options_);
+    {
+      MutexLock lock(mu_);
+      if (!stopping_) {
+        incoming_.push_back(std::move(transfer));
+      }
+    }
+    if (transfer != nullptr) return Refuse(std::move(transfer), "the HTTP client is shutting down");
+    curl_multi_wakeup(multi_);
   }
 
  private:
+  void Loop() {
+    if (multi_ == nullptr) return;
+    std::map<CURL*, std::unique_ptr<Transfer>> active;
+    while (true) {
+      std::vector<std::unique_ptr<Transfer>> added;
+      bool stopping = false;
+      {
+        MutexLock lock(mu_);
+        added.swap(incoming_);
+        stopping = stopping_;
+      }
+      for (auto& transfer : added) {
+        CURL* easy = transfer->easy.get();
+        if (const CURLMcode rc = curl_multi_add_handle(multi_, easy); rc != CURLM_OK) {
+          Refuse(std::move(transfer), curl_multi_strerror(rc));
+          continue;
+        }
+        active.emplace(easy, std::move(transfer));
+      }
+      if (stopping) break;
+      int running = 0;
+      curl_multi_perform(multi_, &running);
+      int queued = 0;
+      while (CURLMsg* message = curl_multi_info_read(multi_, &queued)) {
+        if (message->msg != CURLMSG_DONE) continue;
+        // The message does not outlive curl_multi_remove_handle: copy it first.
+        CURL* easy = message->easy_handle;
+        const CURLcode result = message->data.result;
+        curl_multi_remove_handle(multi_, easy);
+        auto it = active.find(easy);
+        if (it == active.end()) continue;
+        std::unique_ptr<Transfer> transfer = std::move(it->second);
+        active.erase(it);
+        Conclude(*transfer, result);
+        Deliver(std::move(transfer));
+      }
+      curl_multi_poll(multi_, nullptr, 0, kPollMillis, nullptr);
+    }
+    // Shutting down: what is still under way ends here, sent or not as it stands.
+    for (auto& [easy, transfer] : active) {
+      curl_multi_remove_handle(multi_, easy);
+      Conclude(*transfer, CURLE_ABORTED_BY_CALLBACK);
+      transfer->response.error = "the HTTP client shut down during the request";
+      Deliver(std::move(transfer));
+    }
+  }
+
+  static constexpr int kPollMillis = 1000;
+
   HttpClientOptions options_;
+  CURLM* multi_ = nullptr;  // the loop thread's alone, but for curl_multi_wakeup
+  Mutex mu_;
+  std::vector<std::unique_ptr<Transfer>> incoming_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::jthread loop_;  // last: it starts once everything above is set
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "base/clock.h"
 #include "model/classify.h"
 
@@ -39,6 +40,9 @@ struct HttpResponse {
   std::string error;  // transport error text when no complete response arrived
 };
 
+// Receives the response of an asynchronous request, once.
+using HttpDone = absl::AnyInvocable<void(HttpResponse) &&>;
+
 // HttpClient sends requests to the outside world; the only place that does.
 // Implementations are thread-safe.
 class HttpClient {
@@ -46,6 +50,13 @@ class HttpClient {
   virtual ~HttpClient() = default;
   // Sends `request` and waits for the response or the timeout. Never throws.
   virtual HttpResponse Send(const HttpRequest& request) = 0;
+  // Sends `request` and returns at once; `done` gets the response (or the transport
+  // error) when it comes, on a thread of the client's: it must be quick and must not
+  // send or wait for another request on the same client. A waiting request holds no
+  // thread of the caller's. This default sends it with Send on the calling thread.
+  virtual void SendAsync(HttpRequest request, HttpDone done) {
+    std::move(done)(Send(request));
+  }
 };
 
 struct HttpClientOptions {
@@ -55,8 +66,10 @@ struct HttpClientOptions {
   bool verify_tls = true;
 };
 
-// Returns a libcurl-based client. Requests marked kReuse share a kept-alive
-// connection per thread; kFresh requests (the default) never do, and the client
+// Returns a libcurl-based client. Every request, Send or SendAsync, travels on one
+// event-loop thread of the client's (libcurl's multi interface), so thousands may
+// wait at once on that one thread. Requests marked kReuse share the kept-alive
+// connections of that loop; kFresh requests (the default) never do, and the client
 // never sends one request twice (no redirects, no HTTP/2 stream retries).
 std::unique_ptr<HttpClient> NewCurlHttpClient(const HttpClientOptions& options);
 
