@@ -1,4 +1,11 @@
 #include <curl/curl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <optional>
 
 #include <algorithm>
 #include <charconv>
@@ -176,14 +183,28 @@ void Refuse(std::unique_ptr<Transfer> transfer, std::string why) {
   Deliver(std::move(transfer));
 }
 
-// Runs every request on one thread with libcurl's multi interface: a waiting
-// request costs its handle and socket, not a thread.
+// Runs every request on one thread with libcurl's multi interface, driven by epoll
+// through curl_multi_socket_action: a waiting request costs its handle and socket,
+// not a thread, and each turn of the loop touches only the sockets that are ready
+// (curl_multi_poll would look at every socket, every turn).
 class CurlHttpClient final : public HttpClient {
  public:
   explicit CurlHttpClient(const HttpClientOptions& options) : options_(options) {
     static std::once_flag once;
     std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+    epoll_ = epoll_create1(EPOLL_CLOEXEC);
+    wakeup_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     multi_ = curl_multi_init();
+    if (epoll_ < 0 || wakeup_ < 0 || multi_ == nullptr) return;
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = wakeup_;
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, wakeup_, &event);
+    curl_multi_setopt(multi_, CURLMOPT_SOCKETFUNCTION, &CurlHttpClient::OnSocket);
+    curl_multi_setopt(multi_, CURLMOPT_SOCKETDATA, this);
+    curl_multi_setopt(multi_, CURLMOPT_TIMERFUNCTION, &CurlHttpClient::OnTimer);
+    curl_multi_setopt(multi_, CURLMOPT_TIMERDATA, this);
+    ready_ = true;
     loop_ = std::jthread([this] { Loop(); });
   }
 
@@ -192,9 +213,11 @@ class CurlHttpClient final : public HttpClient {
       MutexLock lock(mu_);
       stopping_ = true;
     }
-    if (multi_ != nullptr) curl_multi_wakeup(multi_);
-    loop_.join();
+    Wake();
+    if (loop_.joinable()) loop_.join();
     if (multi_ != nullptr) curl_multi_cleanup(multi_);
+    if (wakeup_ >= 0) close(wakeup_);
+    if (epoll_ >= 0) close(epoll_);
   }
 
   HttpResponse Send(const HttpRequest& request) override {
@@ -214,8 +237,8 @@ class CurlHttpClient final : public HttpClient {
 
   void SendAsync(HttpRequest request, HttpDone done) override {
     auto transfer = std::make_unique<Transfer>(std::move(request), std::move(done));
-    if (multi_ == nullptr || transfer->easy == nullptr) {
-      return Refuse(std::move(transfer), "curl_easy_init or curl_multi_init failed");
+    if (!ready_ || transfer->easy == nullptr) {
+      return Refuse(std::move(transfer), "curl_easy_init, curl_multi_init or epoll failed");
     }
     Configure(*transfer, options_);
     {
@@ -225,13 +248,64 @@ class CurlHttpClient final : public HttpClient {
       }
     }
     if (transfer != nullptr) return Refuse(std::move(transfer), "the HTTP client is shutting down");
-    curl_multi_wakeup(multi_);
+    Wake();
   }
 
  private:
+  void Wake() {
+    if (wakeup_ < 0) return;
+    const uint64_t one = 1;
+    ssize_t written = write(wakeup_, &one, sizeof(one));
+    (void)written;  // a full counter already wakes the loop
+  }
+
+  // libcurl says which events to watch on socket `s`.
+  static int OnSocket(CURL*, curl_socket_t s, int what, void* user, void*) {
+    auto* self = static_cast<CurlHttpClient*>(user);
+    if (what == CURL_POLL_REMOVE) {
+      epoll_ctl(self->epoll_, EPOLL_CTL_DEL, s, nullptr);
+      return 0;
+    }
+    epoll_event event{};
+    event.data.fd = s;
+    event.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) | (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
+    if (epoll_ctl(self->epoll_, EPOLL_CTL_MOD, s, &event) != 0 && errno == ENOENT) {
+      epoll_ctl(self->epoll_, EPOLL_CTL_ADD, s, &event);
+    }
+    return 0;
+  }
+
+  // libcurl asks to be called back after `timeout_ms` (-1: never).
+  static int OnTimer(CURLM*, long timeout_ms, void* user) {
+    auto* self = static_cast<CurlHttpClient*>(user);
+    self->timer_due_ = timeout_ms < 0 ? std::nullopt
+                                      : std::optional(std::chrono::steady_clock::now() +
+                                                      std::chrono::milliseconds(timeout_ms));
+    return 0;
+  }
+
+  // Hands every finished transfer to its caller.
+  void Harvest(std::map<CURL*, std::unique_ptr<Transfer>>& active) {
+    int queued = 0;
+    while (CURLMsg* message = curl_multi_info_read(multi_, &queued)) {
+      if (message->msg != CURLMSG_DONE) continue;
+      // The message does not outlive curl_multi_remove_handle: copy it first.
+      CURL* easy = message->easy_handle;
+      const CURLcode result = message->data.result;
+      curl_multi_remove_handle(multi_, easy);
+      auto it = active.find(easy);
+      if (it == active.end()) continue;
+      std::unique_ptr<Transfer> transfer = std::move(it->second);
+      active.erase(it);
+      Conclude(*transfer, result);
+      Deliver(std::move(transfer));
+    }
+  }
+
   void Loop() {
-    if (multi_ == nullptr) return;
     std::map<CURL*, std::unique_ptr<Transfer>> active;
+    std::vector<epoll_event> events(256);
+    int running = 0;
     while (true) {
       std::vector<std::unique_ptr<Transfer>> added;
       bool stopping = false;
@@ -249,23 +323,33 @@ class CurlHttpClient final : public HttpClient {
         active.emplace(easy, std::move(transfer));
       }
       if (stopping) break;
-      int running = 0;
-      curl_multi_perform(multi_, &running);
-      int queued = 0;
-      while (CURLMsg* message = curl_multi_info_read(multi_, &queued)) {
-        if (message->msg != CURLMSG_DONE) continue;
-        // The message does not outlive curl_multi_remove_handle: copy it first.
-        CURL* easy = message->easy_handle;
-        const CURLcode result = message->data.result;
-        curl_multi_remove_handle(multi_, easy);
-        auto it = active.find(easy);
-        if (it == active.end()) continue;
-        std::unique_ptr<Transfer> transfer = std::move(it->second);
-        active.erase(it);
-        Conclude(*transfer, result);
-        Deliver(std::move(transfer));
+      int wait_ms = kIdleMillis;
+      if (timer_due_) {
+        // Rounded up: a timer less than a millisecond away must not spin the loop.
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+            *timer_due_ - std::chrono::steady_clock::now());
+        wait_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, kIdleMillis));
       }
-      curl_multi_poll(multi_, nullptr, 0, kPollMillis, nullptr);
+      const int ready = epoll_wait(epoll_, events.data(), static_cast<int>(events.size()),
+                                   wait_ms);
+      for (int i = 0; i < ready; ++i) {
+        if (events[i].data.fd == wakeup_) {
+          uint64_t count = 0;
+          ssize_t got = read(wakeup_, &count, sizeof(count));
+          (void)got;  // drained; the incoming queue is read at the top of the loop
+          continue;
+        }
+        int mask = 0;
+        if (events[i].events & (EPOLLIN | EPOLLHUP)) mask |= CURL_CSELECT_IN;
+        if (events[i].events & EPOLLOUT) mask |= CURL_CSELECT_OUT;
+        if (events[i].events & EPOLLERR) mask |= CURL_CSELECT_ERR;
+        curl_multi_socket_action(multi_, events[i].data.fd, mask, &running);
+      }
+      if (timer_due_ && std::chrono::steady_clock::now() >= *timer_due_) {
+        timer_due_.reset();  // libcurl sets the next one from inside the call
+        curl_multi_socket_action(multi_, CURL_SOCKET_TIMEOUT, 0, &running);
+      }
+      Harvest(active);
     }
     // Shutting down: what is still under way ends here, sent or not as it stands.
     for (auto& [easy, transfer] : active) {
@@ -276,14 +360,18 @@ class CurlHttpClient final : public HttpClient {
     }
   }
 
-  static constexpr int kPollMillis = 1000;
+  static constexpr int kIdleMillis = 1000;
 
   HttpClientOptions options_;
-  CURLM* multi_ = nullptr;  // the loop thread's alone, but for curl_multi_wakeup
+  int epoll_ = -1;
+  int wakeup_ = -1;          // eventfd: SendAsync and the destructor wake the loop
+  CURLM* multi_ = nullptr;   // the loop thread's alone once it runs
+  bool ready_ = false;       // epoll, eventfd and multi handle exist
+  std::optional<std::chrono::steady_clock::time_point> timer_due_;  // loop thread only
   Mutex mu_;
   std::vector<std::unique_ptr<Transfer>> incoming_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::jthread loop_;  // last: it starts once everything above is set
+  std::jthread loop_;
 };
 
 }  // namespace
