@@ -44,6 +44,10 @@ int Main(int argc, char** argv) {
   CLI::App* worker_cmd = app.add_subcommand("worker", "Run instances until SIGTERM (drains gracefully)");
   worker_cmd->add_option("--definitions", worker.definitions_dir, "Folder of definitions to register");
   worker_cmd->add_option("--workers", worker.workers, "Worker threads")->capture_default_str();
+  worker_cmd->add_option("--max-in-flight", worker.max_in_flight,
+                         "Most instances held at once, those waiting on a call included")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1'000'000));
   worker_cmd->add_flag("--exit-when-idle", worker.exit_when_idle,
                        "Exit once no instance is runnable now or later");
   worker_cmd->add_option("--relay-config", worker.relay_config,
@@ -112,6 +116,11 @@ int Main(int argc, char** argv) {
   serve_cmd->add_option("--definitions", serve.worker.definitions_dir, "Folder of definitions to register");
   auto* serve_workers =
       serve_cmd->add_option("--workers", serve.worker.workers, "Worker threads")->capture_default_str();
+  auto* serve_in_flight =
+      serve_cmd->add_option("--max-in-flight", serve.worker.max_in_flight,
+                            "Most instances held at once, those waiting on a call included")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 1'000'000));
   serve_cmd->add_option("--relay-config", serve.worker.relay_config, "Also deliver outbox events");
   serve_cmd->add_option("--metrics-listen", serve.worker.metrics_listen,
                         "host:port of /metrics without a token, for scrapers (internal address)");
@@ -241,6 +250,7 @@ int Main(int argc, char** argv) {
   if (*token_revoke) return TokenRevoke(global, revoke_name);
   if (*serve_cmd) {
     serve.workers_given = serve_workers->count() > 0;
+    serve.max_in_flight_given = serve_in_flight->count() > 0;
     serve.lease_given = serve_cmd->get_option("--lease")->count() > 0;
     serve.step_key_retention_given = serve_cmd->get_option("--step-key-retention")->count() > 0;
     return Serve(global, serve);

@@ -44,6 +44,7 @@ struct RunOptions {
 struct WorkerOptions {
   std::string definitions_dir;
   int workers = 16;
+  int max_in_flight = 10'000;  // instances held at once, calls under way included
   bool exit_when_idle = false;
   std::string relay_config;  // also run the outbox relay with this config
   std::string metrics_listen;  // host:port of a token-less /metrics for scrapers; "" = none
@@ -103,6 +104,7 @@ struct ServeOptions {
   bool workers_only = false;
   WorkerOptions worker;
   bool workers_given = false;  // --workers was on the command line
+  bool max_in_flight_given = false;  // --max-in-flight was on the command line
   bool lease_given = false;    // --lease was on the command line
   bool step_key_retention_given = false;
 };

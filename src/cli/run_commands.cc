@@ -1,3 +1,5 @@
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -43,9 +45,11 @@ struct Runtime {
 constexpr Millis kStartPatience = 60'000;
 
 absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global, int workers,
-                                                     Millis patience) {
+                                                     Millis patience,
+                                                     int max_in_flight = 10'000) {
   EngineOptions options;
   options.workers = workers;
+  options.max_in_flight = max_in_flight;
   options.secrets_file = global.secrets_file;
   if (global.tenants) options.tenants = *global.tenants;
   // A worker or start without serve's config would render every tenant with the
@@ -171,6 +175,24 @@ int Start(const GlobalOptions& global, const StartOptions& options) {
 
 namespace {
 
+// Each call under way holds a socket: takes the whole open-file allowance the
+// system grants, and says so when `max_in_flight` calls would not fit in it.
+void RaiseOpenFileLimit(int max_in_flight) {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return;
+  if (files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+    getrlimit(RLIMIT_NOFILE, &files);
+  }
+  if (files.rlim_cur != RLIM_INFINITY &&
+      files.rlim_cur < static_cast<rlim_t>(max_in_flight) + 256) {
+    Log(LogLevel::kWarning, "open files are limited to " + std::to_string(files.rlim_cur) +
+                                ", fewer than max_in_flight " + std::to_string(max_in_flight) +
+                                " calls need (raise `ulimit -n` or lower --max-in-flight)");
+  }
+}
+
 // Runs workers (unless `api` only), and the API when `listen` is not empty, until a
 // stop signal; then drains.
 int RunService(const GlobalOptions& global, const WorkerOptions& options,
@@ -199,7 +221,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     if (!loaded.ok()) return Fail(loaded.status());
     relay_config = *loaded;
   }
-  auto runtime = OpenRuntime(global, options.workers, kStartPatience);
+  auto runtime = OpenRuntime(global, options.workers, kStartPatience, options.max_in_flight);
   if (!runtime.ok()) return Fail(runtime.status());
   Engine& engine = *(*runtime)->engine;
   std::unique_ptr<waystone::Relay> relay;
@@ -252,6 +274,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     metrics = std::move(*started);
   }
   if (run_workers) {
+    RaiseOpenFileLimit(options.max_in_flight);
     std::fprintf(stderr, "waystone: worker %s running with %d threads on %s\n",
                  engine.owner().c_str(), options.workers, DatabasePath(global).c_str());
     engine.Start();
@@ -298,6 +321,9 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   if (options.listen.empty()) options.listen = config.listen;
   if (options.listen.empty()) options.listen = "127.0.0.1:8080";
   if (!options.workers_given && config.workers > 0) options.worker.workers = config.workers;
+  if (!options.max_in_flight_given && config.max_in_flight > 0) {
+    options.worker.max_in_flight = config.max_in_flight;
+  }
   if (!options.lease_given && !config.lease.empty()) global.lease = config.lease;
   if (!options.step_key_retention_given && !config.step_key_retention.empty()) {
     global.step_key_retention = config.step_key_retention;

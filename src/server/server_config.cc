@@ -18,7 +18,7 @@ class ConfigReader : public YamlConfig {
     ServerConfig config;
     if (!root.IsMap()) return Error(root, "a server config is a mapping");
     static const std::set<std::string> kFields = {
-        "database", "listen", "workers", "definitions", "relay_config", "secrets_file", "lease",
+        "database", "listen", "workers", "max_in_flight", "definitions", "relay_config", "secrets_file", "lease",
         "step_key_retention",
         "api", "events", "tenants", "metrics_listen"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
@@ -43,6 +43,12 @@ class ConfigReader : public YamlConfig {
     if (const YAML::Node workers = root["workers"]) {
       if (!YAML::convert<int>::decode(workers, config.workers) || config.workers < 1) {
         return Error(workers, "'workers' must be a whole number from 1");
+      }
+    }
+    if (const YAML::Node most = root["max_in_flight"]) {
+      if (!YAML::convert<int>::decode(most, config.max_in_flight) || config.max_in_flight < 1 ||
+          config.max_in_flight > 1'000'000) {
+        return Error(most, "'max_in_flight' must be a whole number from 1 to 1000000");
       }
     }
     if (const YAML::Node api = root["api"]) {

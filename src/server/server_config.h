@@ -26,6 +26,7 @@ struct ServerConfig {
   std::string database;      // SQLite path or postgresql:// URI; "" = not set
   std::string listen;        // host:port; "" = not set
   int workers = 0;           // 0 = not set
+  int max_in_flight = 0;     // instances held at once, calls under way included; 0 = not set
   std::string definitions;   // folder of workflow definitions
   std::string relay_config;  // relay config file: deliver outbox events too
   std::string metrics_listen;  // host:port of a token-less /metrics; "" = none

@@ -12,6 +12,7 @@ namespace {
 TEST(ServerConfigTest, ReadsEveryFieldAndResolvesPathsFromTheFile) {
   auto config = ParseServerConfig(R"(listen: 0.0.0.0:9000
 workers: 4
+max_in_flight: 5000
 lease: 45s
 step_key_retention: 30d
 definitions: defs
@@ -25,6 +26,7 @@ events:
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->listen, "0.0.0.0:9000");
   EXPECT_EQ(config->workers, 4);
+  EXPECT_EQ(config->max_in_flight, 5000);
   EXPECT_EQ(config->definitions, "/etc/waystone/defs");
   EXPECT_EQ(config->max_body_bytes, 65536u);
   EXPECT_EQ(config->read_timeout_seconds, 5);
@@ -32,7 +34,7 @@ events:
   ASSERT_EQ(config->events.size(), 2u);
   EXPECT_EQ(config->events[0].start, "wf");
   EXPECT_EQ(config->events[1].signal_key, "/ref");
-  EXPECT_EQ(config->events[1].line, 10);
+  EXPECT_EQ(config->events[1].line, 11);
   EXPECT_EQ(config->step_key_retention, "30d");
 }
 
@@ -52,6 +54,7 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
       {"listen: x\nport: 1\n", "c.yaml:2: unknown field 'port'"},
       {"listen: x\nstep_key_retention: soon\n", "c.yaml:2: 'step_key_retention' must be a duration"},
       {"workers: many\n", "c.yaml:1: 'workers'"},
+      {"max_in_flight: 0\n", "c.yaml:1: 'max_in_flight' must be a whole number from 1"},
       {"events:\n  - type: t\n", "c.yaml:2: event route 't' needs either 'start' or 'signal'"},
       {"events:\n  - type: t\n    start: w\n    signal: { key: /k }\n", "either 'start' or 'signal'"},
       {"events:\n  - type: t\n    signal: { key: k }\n", "c.yaml:3: 'signal.key' is a JSON pointer"},
