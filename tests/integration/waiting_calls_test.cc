@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -176,6 +177,32 @@ TEST_F(WaitingCallsTest, StopWaitsForTheCallsUnderWayAndRecordsTheirOutcome) {
   }
   EXPECT_EQ(Stats()["received"], 50);
   EXPECT_EQ(Stats()["duplicate_keys"], 0);
+}
+
+TEST_F(WaitingCallsTest, AClientDestroyedMidCallAnswersEachRequestAsSentAndUnknown) {
+  auto client = NewCurlHttpClient({});
+  std::mutex mu;
+  std::vector<HttpResponse> answers;
+  for (int i = 0; i < 5; ++i) {
+    HttpRequest request{"POST", "http://127.0.0.1:" + std::to_string(port_) + "/orders",
+                        {{"Idempotency-Key", "shutdown-" + std::to_string(i)}}, "{}", 10'000};
+    client->SendAsync(std::move(request), [&](HttpResponse response) {
+      std::lock_guard<std::mutex> lock(mu);
+      answers.push_back(std::move(response));
+    });
+  }
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        const Json stats = Stats();
+        return stats.is_object() && stats["open"].get<int>() == 5;
+      },
+      std::chrono::seconds(10)));
+  client.reset();  // every request has left; none is answered yet
+  ASSERT_EQ(answers.size(), 5u);
+  for (const HttpResponse& answer : answers) {
+    EXPECT_EQ(answer.outcome.kind, CallOutcome::Kind::kLostAfterSend) << answer.error;
+    EXPECT_TRUE(answer.outcome.sent);
+  }
 }
 
 }  // namespace
