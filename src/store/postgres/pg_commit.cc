@@ -155,7 +155,12 @@ class PgQueuedChangeSql final : public ChangeSql {
   absl::StatusOr<bool> Fence(const Change& ch) override {
     return Queue(FenceStatement(ch), 1);
   }
-  absl::Status SignalWork() override { return Queue(PgSignalWorkStatement()); }
+  // Once per batch: the transaction delivers one notification however often sent.
+  absl::Status SignalWork() override {
+    if (signalled_) return absl::OkStatus();
+    signalled_ = true;
+    return Queue(PgSignalWorkStatement());
+  }
   absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
                                   Millis now) override {
     return Queue(ClaimInboxStatement(claim, instance_id, now), 1);
@@ -213,6 +218,7 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
 
+  bool signalled_ = false;
   std::vector<PgStatement> statements_;
   std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
 };

@@ -14,8 +14,15 @@ class PgStartSql final : public StartSql {
  public:
   explicit PgStartSql(PgConnection& c) : c_(c) {}
 
-  absl::Status Savepoint() override { return c_.Exec("SAVEPOINT start"); }
-  absl::Status RollbackToSavepoint() override { return c_.Exec("ROLLBACK TO SAVEPOINT start"); }
+  absl::Status Savepoint() override {
+    signalled_at_savepoint_ = signalled_;
+    return c_.Exec("SAVEPOINT start");
+  }
+  absl::Status RollbackToSavepoint() override {
+    signalled_ = signalled_at_savepoint_;  // the notification was rolled back with it
+    inserted_.reset();
+    return c_.Exec("ROLLBACK TO SAVEPOINT start");
+  }
   absl::Status ReleaseSavepoint() override { return c_.Exec("RELEASE SAVEPOINT start"); }
 
   absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
@@ -32,7 +39,9 @@ class PgStartSql final : public StartSql {
                                                       const std::string& id) override {
     return PgInboxEntry(c_, tenant, source, id);
   }
+  // The row just inserted is read from the insert's RETURNING: one statement fewer.
   absl::StatusOr<std::optional<InstanceRecord>> InstanceById(int64_t id) override {
+    if (inserted_ && inserted_->id == id) return inserted_;
     return PgInstanceById(c_, id);
   }
   absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(const std::string& tenant,
@@ -55,12 +64,15 @@ class PgStartSql final : public StartSql {
         "($1, $2, $3, $4, $5, $6, ",
         SqlValue(InstanceState::kRunning),
         ", $7::bigint, $8, $9, $7::bigint, $7::bigint) ON CONFLICT (tenant, business_key) DO "
-        "NOTHING RETURNING id");
+        "NOTHING RETURNING ",
+        kInstanceColumns);
     WS_ASSIGN_OR_RETURN(
         PgResult inserted,
         c_.Query(kInsert, Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
                                  in.input_hash, in.now, in.trace_id, source_event)));
-    return PgFirstRow(inserted, [](const PgRow& r) { return r.Int(0); });
+    inserted_ = PgFirstRow(inserted, ReadInstance<PgRow>);
+    if (!inserted_) return std::optional<int64_t>();
+    return std::optional<int64_t>(inserted_->id);
   }
   // The insert may have waited for a gc that removed an instance with this key and
   // buried it meanwhile.
@@ -70,20 +82,25 @@ class PgStartSql final : public StartSql {
                                                 Params(tenant, key)));
     return late.rows() > 0;
   }
+  // One statement for all the steps: their names as one text[].
   absl::Status InsertPendingSteps(int64_t id, const std::vector<std::string>& names) override {
     static const std::string kInsert = absl::StrCat(
-        "INSERT INTO steps (instance_id, step_index, name, state) VALUES ($1::bigint, "
-        "$2::integer, $3, ",
-        SqlValue(StepState::kPending), ")");
-    for (size_t i = 0; i < names.size(); ++i) {
-      WS_RETURN_IF_ERROR(c_.Query(kInsert, Params(id, static_cast<int64_t>(i), names[i])).status());
-    }
-    return absl::OkStatus();
+        "INSERT INTO steps (instance_id, step_index, name, state) SELECT $1::bigint, "
+        "ordinality - 1, name, ",
+        SqlValue(StepState::kPending), " FROM unnest($2::text[]) WITH ORDINALITY AS t(name)");
+    if (names.empty()) return absl::OkStatus();
+    return c_.Query(kInsert, Params(id, absl::StrCat("{", QuoteEach(names), "}"))).status();
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     return PgInsertEvent(c_, event, instance_id, now);
   }
-  absl::Status SignalWork() override { return PgSignalWork(c_); }
+  // Once per transaction: PostgreSQL delivers one notification of a channel and
+  // payload per transaction however often it was sent.
+  absl::Status SignalWork() override {
+    if (signalled_) return absl::OkStatus();
+    signalled_ = true;
+    return PgSignalWork(c_);
+  }
   absl::Status LinkInbox(const NewInstance& in, int64_t instance_id) override {
     return c_
         .Query(
@@ -98,6 +115,9 @@ class PgStartSql final : public StartSql {
 
  private:
   PgConnection& c_;
+  bool signalled_ = false;
+  bool signalled_at_savepoint_ = false;
+  std::optional<InstanceRecord> inserted_;  // by the last InsertInstance
 };
 
 }  // namespace
@@ -105,13 +125,18 @@ class PgStartSql final : public StartSql {
 absl::Status PostgresStore::PutDefinition(const std::string& hash, const std::string& workflow,
                                           const std::string& source, const std::string& text,
                                           Millis now) {
+  {
+    MutexLock lock(definitions_mu_);
+    if (stored_definitions_.contains(hash)) return absl::OkStatus();
+  }
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return c
-      ->Query(
-          "INSERT INTO definitions VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
-          "NOTHING",
-          Params(hash, workflow, source, text, now))
-      .status();
+  WS_RETURN_IF_ERROR(c->Query("INSERT INTO definitions VALUES ($1, $2, $3, $4, $5::bigint) ON "
+                              "CONFLICT DO NOTHING",
+                              Params(hash, workflow, source, text, now))
+                         .status());
+  MutexLock lock(definitions_mu_);
+  stored_definitions_.insert(hash);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> PostgresStore::GetDefinition(const std::string& hash) {
