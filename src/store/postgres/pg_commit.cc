@@ -75,6 +75,24 @@ PgStatement InsertAttemptStatement(int64_t instance_id, const AttemptRecord& a) 
                  static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at)};
 }
 
+// The parameters of many rows of one statement as one array per parameter (a
+// text[] literal each: quoted elements, NULL for a null), for unnest().
+PgParams Columns(const std::vector<PgParams>& rows) {
+  PgParams columns;
+  if (rows.empty()) return columns;
+  for (size_t column = 0; column < rows.front().size(); ++column) {
+    std::string array = "{";
+    for (size_t row = 0; row < rows.size(); ++row) {
+      if (row > 0) array += ",";
+      const std::optional<std::string>& value = rows[row][column];
+      array += value ? QuoteEach({*value}) : "NULL";
+    }
+    array += "}";
+    columns.push_back(std::move(array));
+  }
+  return columns;
+}
+
 // Runs each statement of a change at once (the way a change can fail alone).
 class PgChangeSql final : public ChangeSql {
  public:
@@ -153,7 +171,8 @@ class PgQueuedChangeSql final : public ChangeSql {
   absl::Status ReleaseSavepoint() override { return absl::OkStatus(); }
 
   absl::StatusOr<bool> Fence(const Change& ch) override {
-    return Queue(FenceStatement(ch), 1);
+    fences_.push_back(FenceStatement(ch).params);
+    return true;
   }
   // Once per batch: the transaction delivers one notification however often sent.
   absl::Status SignalWork() override {
@@ -176,13 +195,15 @@ class PgQueuedChangeSql final : public ChangeSql {
     return absl::UnimplementedError("an idempotency key is not pipelined");
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
-    return Queue(UpdateStepStatement(instance_id, s), 1);
+    steps_.push_back(UpdateStepStatement(instance_id, s).params);
+    return true;
   }
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
     return Queue(InsertAttemptStatement(instance_id, a));
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
-    return Queue(PgInsertEventStatement(event, instance_id, now));
+    events_.push_back(PgInsertEventStatement(event, instance_id, now).params);
+    return absl::OkStatus();
   }
   absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now) override {
     return Queue(PgInsertAlertStatement(alert, instance_id, now));
@@ -191,10 +212,33 @@ class PgQueuedChangeSql final : public ChangeSql {
     return Queue(PgInsertAuditStatement(audit, instance_id, at));
   }
 
-  // Starts the queue with `statement` (the transaction's BEGIN).
-  void Prepend(PgStatement statement) {
-    statements_.insert(statements_.begin(), std::move(statement));
-    rows_.insert(rows_.begin(), std::nullopt);
+  // Ends the queue: the fences, step updates and events of all changes as one
+  // statement each, then the rest in the order queued, all after `begin`.
+  void Finish(PgStatement begin) {
+    std::vector<PgStatement> all = {std::move(begin)};
+    std::vector<std::optional<int64_t>> rows = {std::nullopt};
+    // Every fence, then every step, must find its row: one instance or step twice
+    // in a batch (updated once by a joined UPDATE) counts short and is applied
+    // again one change at a time, in order.
+    if (!fences_.empty()) {
+      all.push_back({&kFences, Columns(fences_)});
+      rows.push_back(static_cast<int64_t>(fences_.size()));
+    }
+    if (!steps_.empty()) {
+      all.push_back({&kSteps, Columns(steps_)});
+      rows.push_back(static_cast<int64_t>(steps_.size()));
+    }
+    // In the batch's order: unnest yields its rows in order, and the outbox's
+    // sequence numbers them as they come.
+    if (!events_.empty()) {
+      all.push_back({&kEvents, Columns(events_)});
+      rows.push_back(std::nullopt);
+    }
+    all.insert(all.end(), std::make_move_iterator(statements_.begin()),
+               std::make_move_iterator(statements_.end()));
+    rows.insert(rows.end(), rows_.begin(), rows_.end());
+    statements_ = std::move(all);
+    rows_ = std::move(rows);
   }
   const std::vector<PgStatement>& statements() const { return statements_; }
   // Returns true when every result shows the row count its statement assumed.
@@ -218,10 +262,46 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
 
+  // FenceStatement, UpdateStepStatement and PgInsertEventStatement over arrays of
+  // their parameters, in the same order.
+  static const std::string kFences;
+  static const std::string kSteps;
+  static const std::string kEvents;
+
   bool signalled_ = false;
+  std::vector<PgParams> fences_;
+  std::vector<PgParams> steps_;
+  std::vector<PgParams> events_;
   std::vector<PgStatement> statements_;
   std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
 };
+
+const std::string PgQueuedChangeSql::kFences =
+    "UPDATE instances i SET updated_at = u.now, lease_expires_at = u.expires, lease_owner = "
+    "CASE WHEN u.expires = 0 THEN '' ELSE i.lease_owner END, state = COALESCE(u.state, "
+    "i.state), status_reason = COALESCE(u.reason, i.status_reason), next_run_at = "
+    "COALESCE(u.next_run, i.next_run_at) FROM unnest($1::bigint[], $2::bigint[], "
+    "$3::smallint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[]) AS "
+    "u(now, expires, state, reason, next_run, id, epoch, owner) WHERE i.id = u.id AND "
+    "i.lease_epoch = u.epoch AND i.lease_owner = u.owner";
+const std::string PgQueuedChangeSql::kSteps =
+    "UPDATE steps s SET state = u.state, attempts = u.attempts, error_class = u.error_class, "
+    "error_message = u.error_message, external_id = u.external_id, response_json = "
+    "u.response_json, idempotency_key = u.idempotency_key, request_hash = u.request_hash, "
+    "resolution = u.resolution, unknowns = u.unknowns, lookups = u.lookups, "
+    "compensation_attempts = u.compensation_attempts, next_attempt_at = u.next_attempt_at, "
+    "started_at = u.started_at, finished_at = u.finished_at, span_id = u.span_id, "
+    "unknown_since = u.unknown_since FROM unnest($1::smallint[], $2::integer[], "
+    "$3::smallint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], "
+    "$9::smallint[], $10::integer[], $11::integer[], $12::integer[], $13::bigint[], "
+    "$14::bigint[], $15::bigint[], $16::text[], $17::bigint[], $18::bigint[], $19::integer[]) "
+    "AS u(state, attempts, error_class, error_message, external_id, response_json, "
+    "idempotency_key, request_hash, resolution, unknowns, lookups, compensation_attempts, "
+    "next_attempt_at, started_at, finished_at, span_id, unknown_since, instance_id, "
+    "step_index) WHERE s.instance_id = u.instance_id AND s.step_index = u.step_index";
+const std::string PgQueuedChangeSql::kEvents =
+    "INSERT INTO outbox (event_id, instance_id, tenant, type, payload, created_at) SELECT * "
+    "FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[])";
 
 }  // namespace
 
@@ -239,7 +319,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
     if (assumed.ok() && std::all_of(assumed->begin(), assumed->end(),
                                     [](const absl::Status& s) { return s.ok(); })) {
       static const std::string kBegin = "BEGIN";
-      queued.Prepend({&kBegin, {}});
+      queued.Finish({&kBegin, {}});
       WS_ASSIGN_OR_RETURN(Lent c, Acquire());
       auto results = c->Pipeline(queued.statements());
       if (results.ok() && queued.AsAssumed(*results)) {
