@@ -327,7 +327,9 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
         return *assumed;
       }
       // A lost connection fails the batch as it would one statement at a time.
-      if (c->broken()) return results.ok() ? absl::UnavailableError("connection lost") : results.status();
+      if (c->broken()) {
+        return results.ok() ? absl::UnavailableError("connection lost") : results.status();
+      }
       WS_RETURN_IF_ERROR(c->Exec("ROLLBACK"));
     }
   }
