@@ -32,14 +32,16 @@ absl::StatusOr<std::optional<TombstoneRecord>> PgTombstoneOfInstance(PgConnectio
   return PgFirstRow(r, ReadTombstone<PgRow>);
 }
 
+PgStatement PgTombstoneOfKeyStatement(const std::string& tenant, const std::string& key) {
+  static const std::string kSelect = absl::StrCat(
+      "SELECT ", kTombstoneColumns, " FROM tombstones WHERE tenant = $1 AND business_key = $2");
+  return {&kSelect, Params(tenant, key)};
+}
+
 absl::StatusOr<std::optional<TombstoneRecord>> PgTombstoneOfKey(PgConnection& c,
                                                                 const std::string& tenant,
                                                                 const std::string& key) {
-  WS_ASSIGN_OR_RETURN(PgResult r,
-                      c.Query(absl::StrCat("SELECT ", kTombstoneColumns,
-                                           " FROM tombstones WHERE tenant = $1 AND business_key "
-                                           "= $2"),
-                              Params(tenant, key)));
+  WS_ASSIGN_OR_RETURN(PgResult r, c.Query(PgTombstoneOfKeyStatement(tenant, key)));
   return PgFirstRow(r, ReadTombstone<PgRow>);
 }
 

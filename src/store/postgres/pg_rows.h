@@ -79,6 +79,7 @@ absl::StatusOr<std::optional<InstanceRecord>> PgInstanceByKey(PgConnection& c,
                                                               const std::string& key);
 absl::StatusOr<std::optional<TombstoneRecord>> PgTombstoneOfInstance(PgConnection& c,
                                                                      int64_t instance_id);
+PgStatement PgTombstoneOfKeyStatement(const std::string& tenant, const std::string& key);
 absl::StatusOr<std::optional<TombstoneRecord>> PgTombstoneOfKey(PgConnection& c,
                                                                 const std::string& tenant,
                                                                 const std::string& key);
