@@ -67,7 +67,9 @@ absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
                                                         const std::vector<Change>& changes) {
   return EachUnderSavepoint<absl::Status>(
       sql, changes, [&](const Change& change) { return ApplyChange(sql, change); },
-      UndoesOnlyItself);
+      UndoesOnlyItself,
+      // An event received before or a key conflict fails after the fence wrote.
+      [](const Change&) { return true; });
 }
 
 }  // namespace waystone

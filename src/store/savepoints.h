@@ -32,21 +32,26 @@ const absl::Status& StatusOf(const absl::StatusOr<T>& result) {
 // item. A failed item is rolled back to its savepoint; when `undoes_only_itself`
 // accepts its status that status is its result, otherwise the whole batch fails
 // with it (the caller's transaction is rolled back: nothing is written).
-template <typename Result, typename Item, typename Apply, typename OnlyItself>
+// An item for which `needs_savepoint` is false runs without one (two statements
+// fewer): it must be one that, when it fails alone, fails before writing anything.
+template <typename Result, typename Item, typename Apply, typename OnlyItself,
+          typename NeedsSavepoint>
 absl::StatusOr<std::vector<Result>> EachUnderSavepoint(SavepointSql& sql,
                                                        const std::vector<Item>& items,
                                                        Apply&& apply,
-                                                       OnlyItself&& undoes_only_itself) {
+                                                       OnlyItself&& undoes_only_itself,
+                                                       NeedsSavepoint&& needs_savepoint) {
   std::vector<Result> results;
   results.reserve(items.size());
   for (const Item& item : items) {
-    WS_RETURN_IF_ERROR(sql.Savepoint());
+    const bool savepoint = needs_savepoint(item);
+    if (savepoint) WS_RETURN_IF_ERROR(sql.Savepoint());
     Result result = apply(item);
     if (const absl::Status& status = StatusOf(result); !status.ok()) {
-      WS_RETURN_IF_ERROR(sql.RollbackToSavepoint());
+      if (savepoint) WS_RETURN_IF_ERROR(sql.RollbackToSavepoint());
       if (!undoes_only_itself(status, item)) return status;
     }
-    WS_RETURN_IF_ERROR(sql.ReleaseSavepoint());
+    if (savepoint) WS_RETURN_IF_ERROR(sql.ReleaseSavepoint());
     results.push_back(std::move(result));
   }
   return results;

@@ -48,6 +48,10 @@ InstanceRecord InstanceFromTombstone(const TombstoneRecord& tombstone) {
 namespace waystone {
 namespace {
 
+bool HasEvent(const NewInstance& start) {
+  return !start.event_source.empty() && !start.event_id.empty();
+}
+
 // What an event claimed before led to: the instance, or its tombstone when gc
 // collected it. Counts a duplicate (not a conflict) as one.
 absl::StatusOr<StartResult> AnswerClaimedEvent(StartSql& sql, const NewInstance& in) {
@@ -73,7 +77,7 @@ absl::StatusOr<StartResult> AnswerClaimedEvent(StartSql& sql, const NewInstance&
 }  // namespace
 
 absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& in) {
-  const bool has_event = !in.event_source.empty() && !in.event_id.empty();
+  const bool has_event = HasEvent(in);
   if (has_event) {
     WS_ASSIGN_OR_RETURN(bool claimed, sql.ClaimStartEvent(in));
     if (!claimed) return AnswerClaimedEvent(sql, in);
@@ -120,7 +124,9 @@ absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstancesWith(
       sql, starts, [&](const NewInstance& start) { return StartInstanceWith(sql, start); },
       [](const absl::Status& status, const NewInstance&) {
         return absl::IsFailedPrecondition(status);  // its business key is taken
-      });
+      },
+      // A start refused for its key has written nothing unless it claimed its event.
+      [](const NewInstance& start) { return HasEvent(start); });
 }
 
 bool StartAgain(const absl::Status& status) {

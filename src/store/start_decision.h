@@ -76,9 +76,11 @@ inline constexpr char kCollectedMeanwhile[] = "collected by a concurrent gc; sta
 // started event.
 absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& start);
 
-// Runs several starts in the open transaction, each under its own savepoint (see
-// InstanceStore::StartInstances): a start refused for its business key
-// (FailedPrecondition) undoes only itself; any other error fails the whole batch.
+// Runs several starts in the open transaction (see InstanceStore::StartInstances):
+// a start refused for its business key (FailedPrecondition) undoes only itself; any
+// other error fails the whole batch. A start with an event runs under its own
+// savepoint (its inbox claim is written before the refusal); one without needs
+// none, since it is refused before it writes anything.
 absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> StartInstancesWith(
     StartSql& sql, const std::vector<NewInstance>& starts);
 

@@ -402,14 +402,31 @@ TEST(StoreRulesTest, StartsInABatchEachUndoOnlyThemselvesUnlessTheStoreFails) {
   held.workflow = "order";
   held.input_hash = "other";
   sql.existing = held;
-  // One start whose key another input holds: refused and rolled back alone.
-  auto batch = StartInstancesWith(sql, {StartOf("h1")});
+  // A start whose key another input holds, with an event: its inbox claim was
+  // written, so it is refused and rolled back to its own savepoint.
+  NewInstance with_event = StartOf("h1");
+  with_event.event_source = "crm";
+  with_event.event_id = "e1";
+  auto batch = StartInstancesWith(sql, {with_event});
   ASSERT_TRUE(batch.ok()) << batch.status();
   ASSERT_EQ(batch->size(), 1u);
   EXPECT_EQ((*batch)[0].status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(sql.log.front(), "savepoint");
   EXPECT_NE(std::find(sql.log.begin(), sql.log.end(), "rollback"), sql.log.end());
   EXPECT_EQ(sql.log.back(), "release");
+
+  // Without an event it is refused before it writes anything: no savepoint needed,
+  // and the start after it in the batch still gets its own result.
+  FakeStartSql plain;
+  plain.existing = held;
+  auto refused = StartInstancesWith(plain, {StartOf("h1"), StartOf("other")});
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  ASSERT_EQ(refused->size(), 2u);
+  EXPECT_EQ((*refused)[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*refused)[1].ok()) << (*refused)[1].status();
+  EXPECT_EQ((*refused)[1]->outcome, StartOutcome::kExisting);
+  EXPECT_EQ(std::count(plain.log.begin(), plain.log.end(), "savepoint"), 0);
+  EXPECT_EQ(std::count(plain.log.begin(), plain.log.end(), "rollback"), 0);
 
   // A start that fails for another reason (I/O, busy) fails the whole batch.
   FakeStartSql broken;

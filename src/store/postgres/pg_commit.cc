@@ -1,6 +1,8 @@
 // PostgresStore: the group commit (InstanceStore::Commit). The loop and the order
 // of a change are CommitChanges'; this file holds their SQL.
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "store/group_commit.h"
 #include "store/postgres/pg_rows.h"
@@ -14,6 +16,84 @@ std::optional<int64_t> Number(const std::optional<InstanceState>& state) {
   return static_cast<int64_t>(*state);
 }
 
+// The statements of a change, the same whether run one at a time or pipelined.
+PgStatement FenceStatement(const Change& ch) {
+  static const std::string kFence =
+      "UPDATE instances SET updated_at = $1::bigint, lease_expires_at = $2::bigint, "
+      "lease_owner = CASE WHEN $2::bigint = 0 THEN '' ELSE lease_owner END, "
+      "state = COALESCE($3::smallint, state), status_reason = COALESCE($4::text, "
+      "status_reason), next_run_at = COALESCE($5::bigint, next_run_at) "
+      "WHERE id = $6::bigint AND lease_epoch = $7::bigint AND lease_owner = $8";
+  return {&kFence, Params(ch.now, ch.lease_expires_at, Number(ch.state), ch.status_reason,
+                          ch.next_run_at, ch.lease.instance_id, ch.lease.epoch, ch.lease.owner)};
+}
+
+PgStatement ClaimInboxStatement(const InboxClaim& claim, int64_t instance_id, Millis now) {
+  static const std::string kClaim =
+      "INSERT INTO inbox (tenant, source, event_id, data_hash, received_at, instance_id) VALUES "
+      "($1, $2, $3, $4, $5::bigint, $6::bigint) ON CONFLICT DO NOTHING";
+  return {&kClaim,
+          Params(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id)};
+}
+
+PgStatement ResolveAlertsStatement(int64_t instance_id, Millis now) {
+  static const std::string kResolve =
+      absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
+                   ", updated_at = $1::bigint WHERE instance_id = $2::bigint AND state IN ",
+                   SqlLiveAlertStates());
+  return {&kResolve, Params(now, instance_id)};
+}
+
+PgStatement UpdateStepStatement(int64_t instance_id, const StepRecord& s) {
+  static const std::string kUpdate =
+      "UPDATE steps SET state = $1::smallint, attempts = $2::integer, error_class = "
+      "$3::smallint, error_message = $4, external_id = $5, response_json = $6, "
+      "idempotency_key = $7, request_hash = $8, resolution = $9::smallint, unknowns = "
+      "$10::integer, lookups = $11::integer, compensation_attempts = $12::integer, "
+      "next_attempt_at = $13::bigint, started_at = $14::bigint, finished_at = "
+      "$15::bigint, span_id = $16, unknown_since = $17::bigint WHERE instance_id = "
+      "$18::bigint AND step_index = $19::integer";
+  return {&kUpdate,
+          Params(static_cast<int64_t>(s.state), s.attempts, static_cast<int64_t>(s.error_class),
+                 s.error_message, s.external_id, s.response_json, s.idempotency_key,
+                 s.request_hash, static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
+                 s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
+                 s.span_id, s.unknown_since, instance_id, s.index)};
+}
+
+// Numbered after the step's last attempt in the same statement, so that attempts
+// pipelined one after another number 1, 2, ... as well.
+PgStatement InsertAttemptStatement(int64_t instance_id, const AttemptRecord& a) {
+  static const std::string kInsert =
+      "INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + "
+      "1, $3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
+      "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
+      "step_index = $2::integer";
+  return {&kInsert,
+          Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
+                 a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
+                 static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at)};
+}
+
+// The parameters of many rows of one statement as one array per parameter (a
+// text[] literal each: quoted elements, NULL for a null), for unnest().
+PgParams Columns(const std::vector<PgParams>& rows) {
+  PgParams columns;
+  if (rows.empty()) return columns;
+  for (size_t column = 0; column < rows.front().size(); ++column) {
+    std::string array = "{";
+    for (size_t row = 0; row < rows.size(); ++row) {
+      if (row > 0) array += ",";
+      const std::optional<std::string>& value = rows[row][column];
+      array += value ? QuoteEach({*value}) : "NULL";
+    }
+    array += "}";
+    columns.push_back(std::move(array));
+  }
+  return columns;
+}
+
+// Runs each statement of a change at once (the way a change can fail alone).
 class PgChangeSql final : public ChangeSql {
  public:
   explicit PgChangeSql(PgConnection& c) : c_(c) {}
@@ -23,34 +103,17 @@ class PgChangeSql final : public ChangeSql {
   absl::Status ReleaseSavepoint() override { return c_.Exec("RELEASE SAVEPOINT change"); }
 
   absl::StatusOr<bool> Fence(const Change& ch) override {
-    WS_ASSIGN_OR_RETURN(
-        PgResult fence,
-        c_.Query("UPDATE instances SET updated_at = $1::bigint, lease_expires_at = $2::bigint, "
-                 "lease_owner = CASE WHEN $2::bigint = 0 THEN '' ELSE lease_owner END, "
-                 "state = COALESCE($3::smallint, state), status_reason = COALESCE($4::text, "
-                 "status_reason), next_run_at = COALESCE($5::bigint, next_run_at) "
-                 "WHERE id = $6::bigint AND lease_epoch = $7::bigint AND lease_owner = $8",
-                 Params(ch.now, ch.lease_expires_at, Number(ch.state), ch.status_reason,
-                        ch.next_run_at, ch.lease.instance_id, ch.lease.epoch, ch.lease.owner)));
+    WS_ASSIGN_OR_RETURN(PgResult fence, c_.Query(FenceStatement(ch)));
     return fence.affected() == 1;
   }
   absl::Status SignalWork() override { return PgSignalWork(c_); }
   absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
                                   Millis now) override {
-    WS_ASSIGN_OR_RETURN(
-        PgResult r,
-        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
-                 "received_at, instance_id) VALUES ($1, $2, $3, $4, $5::bigint, "
-                 "$6::bigint) ON CONFLICT DO NOTHING",
-                 Params(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id)));
+    WS_ASSIGN_OR_RETURN(PgResult r, c_.Query(ClaimInboxStatement(claim, instance_id, now)));
     return r.affected() == 1;
   }
   absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
-    static const std::string kResolve =
-        absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
-                     ", updated_at = $1::bigint WHERE instance_id = $2::bigint AND state IN ",
-                     SqlLiveAlertStates());
-    return c_.Query(kResolve, Params(now, instance_id)).status();
+    return c_.Query(ResolveAlertsStatement(instance_id, now)).status();
   }
   // FOR UPDATE: a concurrent claim of the same key waits for this transaction.
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
@@ -74,34 +137,11 @@ class PgChangeSql final : public ChangeSql {
         .status();
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
-    WS_ASSIGN_OR_RETURN(
-        PgResult updated,
-        c_.Query(
-            "UPDATE steps SET state = $1::smallint, attempts = $2::integer, error_class = "
-            "$3::smallint, error_message = $4, external_id = $5, response_json = $6, "
-            "idempotency_key = $7, request_hash = $8, resolution = $9::smallint, unknowns = "
-            "$10::integer, lookups = $11::integer, compensation_attempts = $12::integer, "
-            "next_attempt_at = $13::bigint, started_at = $14::bigint, finished_at = "
-            "$15::bigint, span_id = $16, unknown_since = $17::bigint WHERE instance_id = "
-            "$18::bigint AND step_index = $19::integer",
-            Params(static_cast<int64_t>(s.state), s.attempts, static_cast<int64_t>(s.error_class),
-                   s.error_message, s.external_id, s.response_json, s.idempotency_key,
-                   s.request_hash, static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
-                   s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
-                   s.span_id, s.unknown_since, instance_id, s.index)));
+    WS_ASSIGN_OR_RETURN(PgResult updated, c_.Query(UpdateStepStatement(instance_id, s)));
     return updated.affected() == 1;
   }
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
-    return c_
-        .Query(
-            "INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + "
-            "1, $3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
-            "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
-            "step_index = $2::integer",
-            Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
-                   a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
-                   static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at))
-        .status();
+    return c_.Query(InsertAttemptStatement(instance_id, a)).status();
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     return PgInsertEvent(c_, event, instance_id, now);
@@ -117,10 +157,182 @@ class PgChangeSql final : public ChangeSql {
   PgConnection& c_;
 };
 
+// Queues the statements of a batch for one pipeline instead of running them: each
+// answers as if it did what the commit hoped (the lease held, the event is new,
+// the step exists) and notes the row count its result must then show. Savepoints
+// are not needed: when a result shows otherwise, the whole transaction is rolled
+// back and the batch applied again with PgChangeSql, which gives each change its
+// own result. An idempotency key cannot be queued (its check needs the stored key
+// before what follows), so a batch with one is not pipelined.
+class PgQueuedChangeSql final : public ChangeSql {
+ public:
+  absl::Status Savepoint() override { return absl::OkStatus(); }
+  absl::Status RollbackToSavepoint() override { return absl::OkStatus(); }
+  absl::Status ReleaseSavepoint() override { return absl::OkStatus(); }
+
+  absl::StatusOr<bool> Fence(const Change& ch) override {
+    fences_.push_back(FenceStatement(ch).params);
+    return true;
+  }
+  // Once per batch: the transaction delivers one notification however often sent.
+  absl::Status SignalWork() override {
+    if (signalled_) return absl::OkStatus();
+    signalled_ = true;
+    return Queue(PgSignalWorkStatement());
+  }
+  absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
+                                  Millis now) override {
+    return Queue(ClaimInboxStatement(claim, instance_id, now), 1);
+  }
+  absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
+    return Queue(ResolveAlertsStatement(instance_id, now));
+  }
+  absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
+      const std::string&, const std::string&) override {
+    return absl::UnimplementedError("an idempotency key is not pipelined");
+  }
+  absl::Status PutIdempotencyKey(const IdempotencyClaim&, Millis) override {
+    return absl::UnimplementedError("an idempotency key is not pipelined");
+  }
+  absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
+    steps_.push_back(UpdateStepStatement(instance_id, s).params);
+    return true;
+  }
+  absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
+    return Queue(InsertAttemptStatement(instance_id, a));
+  }
+  absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
+    events_.push_back(PgInsertEventStatement(event, instance_id, now).params);
+    return absl::OkStatus();
+  }
+  absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now) override {
+    return Queue(PgInsertAlertStatement(alert, instance_id, now));
+  }
+  absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id, Millis at) override {
+    return Queue(PgInsertAuditStatement(audit, instance_id, at));
+  }
+
+  // Ends the queue: the fences, step updates and events of all changes as one
+  // statement each, then the rest in the order queued, all after `begin`.
+  void Finish(PgStatement begin) {
+    std::vector<PgStatement> all = {std::move(begin)};
+    std::vector<std::optional<int64_t>> rows = {std::nullopt};
+    // Every fence, then every step, must find its row: one instance or step twice
+    // in a batch (updated once by a joined UPDATE) counts short and is applied
+    // again one change at a time, in order.
+    if (!fences_.empty()) {
+      all.push_back({&kFences, Columns(fences_)});
+      rows.push_back(static_cast<int64_t>(fences_.size()));
+    }
+    if (!steps_.empty()) {
+      all.push_back({&kSteps, Columns(steps_)});
+      rows.push_back(static_cast<int64_t>(steps_.size()));
+    }
+    // In the batch's order: unnest yields its rows in order, and the outbox's
+    // sequence numbers them as they come.
+    if (!events_.empty()) {
+      all.push_back({&kEvents, Columns(events_)});
+      rows.push_back(std::nullopt);
+    }
+    all.insert(all.end(), std::make_move_iterator(statements_.begin()),
+               std::make_move_iterator(statements_.end()));
+    rows.insert(rows.end(), rows_.begin(), rows_.end());
+    statements_ = std::move(all);
+    rows_ = std::move(rows);
+  }
+  const std::vector<PgStatement>& statements() const { return statements_; }
+  // Returns true when every result shows the row count its statement assumed.
+  bool AsAssumed(const std::vector<PgResult>& results) const {
+    if (results.size() != rows_.size()) return false;
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      if (rows_[i] && results[i].affected() != *rows_[i]) return false;
+    }
+    return true;
+  }
+
+ private:
+  absl::Status Queue(PgStatement statement) {
+    statements_.push_back(std::move(statement));
+    rows_.push_back(std::nullopt);
+    return absl::OkStatus();
+  }
+  bool Queue(PgStatement statement, int64_t rows) {
+    statements_.push_back(std::move(statement));
+    rows_.push_back(rows);
+    return true;
+  }
+
+  // FenceStatement, UpdateStepStatement and PgInsertEventStatement over arrays of
+  // their parameters, in the same order.
+  static const std::string kFences;
+  static const std::string kSteps;
+  static const std::string kEvents;
+
+  bool signalled_ = false;
+  std::vector<PgParams> fences_;
+  std::vector<PgParams> steps_;
+  std::vector<PgParams> events_;
+  std::vector<PgStatement> statements_;
+  std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
+};
+
+const std::string PgQueuedChangeSql::kFences =
+    "UPDATE instances i SET updated_at = u.now, lease_expires_at = u.expires, lease_owner = "
+    "CASE WHEN u.expires = 0 THEN '' ELSE i.lease_owner END, state = COALESCE(u.state, "
+    "i.state), status_reason = COALESCE(u.reason, i.status_reason), next_run_at = "
+    "COALESCE(u.next_run, i.next_run_at) FROM unnest($1::bigint[], $2::bigint[], "
+    "$3::smallint[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[]) AS "
+    "u(now, expires, state, reason, next_run, id, epoch, owner) WHERE i.id = u.id AND "
+    "i.lease_epoch = u.epoch AND i.lease_owner = u.owner";
+const std::string PgQueuedChangeSql::kSteps =
+    "UPDATE steps s SET state = u.state, attempts = u.attempts, error_class = u.error_class, "
+    "error_message = u.error_message, external_id = u.external_id, response_json = "
+    "u.response_json, idempotency_key = u.idempotency_key, request_hash = u.request_hash, "
+    "resolution = u.resolution, unknowns = u.unknowns, lookups = u.lookups, "
+    "compensation_attempts = u.compensation_attempts, next_attempt_at = u.next_attempt_at, "
+    "started_at = u.started_at, finished_at = u.finished_at, span_id = u.span_id, "
+    "unknown_since = u.unknown_since FROM unnest($1::smallint[], $2::integer[], "
+    "$3::smallint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], "
+    "$9::smallint[], $10::integer[], $11::integer[], $12::integer[], $13::bigint[], "
+    "$14::bigint[], $15::bigint[], $16::text[], $17::bigint[], $18::bigint[], $19::integer[]) "
+    "AS u(state, attempts, error_class, error_message, external_id, response_json, "
+    "idempotency_key, request_hash, resolution, unknowns, lookups, compensation_attempts, "
+    "next_attempt_at, started_at, finished_at, span_id, unknown_since, instance_id, "
+    "step_index) WHERE s.instance_id = u.instance_id AND s.step_index = u.step_index";
+const std::string PgQueuedChangeSql::kEvents =
+    "INSERT INTO outbox (event_id, instance_id, tenant, type, payload, created_at) SELECT * "
+    "FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[])";
+
 }  // namespace
 
 absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
     const std::vector<Change>& changes) {
+  // The common batch (checkpoints whose leases hold) is sent as one pipeline and
+  // committed: two round trips, where one statement at a time costs one per
+  // statement while every other change of the batch waits.
+  const bool queueable = std::none_of(changes.begin(), changes.end(), [](const Change& c) {
+    return c.idempotency.has_value();
+  });
+  if (queueable && !changes.empty()) {
+    PgQueuedChangeSql queued;
+    auto assumed = CommitChanges(queued, changes);
+    if (assumed.ok() && std::all_of(assumed->begin(), assumed->end(),
+                                    [](const absl::Status& s) { return s.ok(); })) {
+      static const std::string kBegin = "BEGIN";
+      queued.Finish({&kBegin, {}});
+      WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+      auto results = c->Pipeline(queued.statements());
+      if (results.ok() && queued.AsAssumed(*results)) {
+        WS_RETURN_IF_ERROR(c->Exec("COMMIT"));
+        return *assumed;
+      }
+      // A lost connection fails the batch as it would one statement at a time.
+      if (c->broken()) {
+        return results.ok() ? absl::UnavailableError("connection lost") : results.status();
+      }
+      WS_RETURN_IF_ERROR(c->Exec("ROLLBACK"));
+    }
+  }
   std::vector<absl::Status> results;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
     PgChangeSql sql(c);

@@ -1,5 +1,6 @@
 #include "store/postgres/pg_connection.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -86,7 +87,7 @@ absl::Status PgConnection::Exec(const std::string& sql) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgParams& params) {
+absl::StatusOr<const std::string*> PgConnection::Prepared(const std::string& sql) {
   auto it = prepared_.find(sql);
   if (it == prepared_.end()) {
     const std::string name = "ws" + std::to_string(prepared_.size());
@@ -99,10 +100,25 @@ absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgPar
     PQclear(prepared);
     it = prepared_.emplace(sql, name).first;
   }
+  return &it->second;
+}
+
+namespace {
+
+std::vector<const char*> Values(const PgParams& params) {
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const auto& p : params) values.push_back(p ? p->c_str() : nullptr);
-  PGresult* result = PQexecPrepared(conn_, it->second.c_str(), static_cast<int>(values.size()),
+  return values;
+}
+
+}  // namespace
+
+absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgParams& params) {
+  auto name = Prepared(sql);
+  if (!name.ok()) return name.status();
+  const std::vector<const char*> values = Values(params);
+  PGresult* result = PQexecPrepared(conn_, (*name)->c_str(), static_cast<int>(values.size()),
                                     values.data(), nullptr, nullptr, 0);
   const ExecStatusType status = PQresultStatus(result);
   if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
@@ -111,6 +127,71 @@ absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgPar
     return error;
   }
   return PgResult(result);
+}
+
+absl::StatusOr<std::vector<PgResult>> PgConnection::Pipeline(
+    const std::vector<PgStatement>& statements) {
+  // Prepared beforehand (once per connection), so that the pipeline holds only
+  // executions and its results map one to one onto the statements.
+  for (const PgStatement& s : statements) {
+    if (auto name = Prepared(*s.sql); !name.ok()) return name.status();
+  }
+  std::vector<PgResult> results;
+  results.reserve(statements.size());
+  for (size_t at = 0; at < statements.size(); at += kPipelineRound) {
+    const size_t end = std::min(statements.size(), at + kPipelineRound);
+    if (PQenterPipelineMode(conn_) != 1) return PgStatus(conn_, nullptr, "enter pipeline mode");
+    absl::Status round = PipelineRound(&statements[at], &statements[0] + end, results);
+    // Leaves pipeline mode even after an error, so the connection can roll back.
+    if (PQexitPipelineMode(conn_) != 1) {
+      // Results left unread: the connection's state is not known, so it is replaced.
+      unusable_ = true;
+      if (round.ok()) round = PgStatus(conn_, nullptr, "exit pipeline mode");
+    }
+    if (!round.ok()) return round;
+  }
+  return results;
+}
+
+absl::Status PgConnection::PipelineRound(const PgStatement* begin, const PgStatement* end,
+                                         std::vector<PgResult>& results) {
+  // A round is small (a few hundred short statements and their command tags), so
+  // sending it whole before reading cannot fill both sockets' buffers.
+  for (const PgStatement* s = begin; s != end; ++s) {
+    const std::vector<const char*> values = Values(s->params);
+    if (PQsendQueryPrepared(conn_, prepared_.find(*s->sql)->second.c_str(),
+                            static_cast<int>(values.size()), values.data(), nullptr, nullptr,
+                            0) != 1) {
+      return PgStatus(conn_, nullptr, "pipeline send");
+    }
+  }
+  if (PQpipelineSync(conn_) != 1) return PgStatus(conn_, nullptr, "pipeline sync");
+  // One result (then a null) per statement, then the sync's. After an error the
+  // statements that follow come back PGRES_PIPELINE_ABORTED; all are read to the sync.
+  absl::Status first_error;
+  for (const PgStatement* s = begin; s != end; ++s) {
+    PGresult* result = PQgetResult(conn_);
+    if (result == nullptr) return PgStatus(conn_, nullptr, "pipeline result missing");
+    const ExecStatusType status = PQresultStatus(result);
+    if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) {
+      if (first_error.ok()) results.emplace_back(result);
+      else PQclear(result);
+    } else {
+      if (first_error.ok()) {
+        first_error = status == PGRES_PIPELINE_ABORTED
+                          ? absl::InternalError("pipeline aborted without an error")
+                          : PgStatus(conn_, result, "pipeline query");
+      }
+      PQclear(result);
+    }
+    while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);  // the null ending the query
+  }
+  PGresult* sync = PQgetResult(conn_);
+  const bool synced = sync != nullptr && PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
+  PQclear(sync);
+  if (!first_error.ok()) return first_error;
+  if (!synced) return PgStatus(conn_, nullptr, "pipeline sync result");
+  return absl::OkStatus();
 }
 
 }  // namespace waystone

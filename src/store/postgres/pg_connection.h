@@ -56,6 +56,12 @@ class PgResult {
 // unique violations AlreadyExists, lock_not_available Aborted.
 absl::Status PgStatus(PGconn* conn, PGresult* result, std::string_view what);
 
+// A statement and its parameters, for a pipeline (PgConnection::Pipeline).
+struct PgStatement {
+  const std::string* sql;  // a static string: outlives every connection
+  PgParams params;
+};
+
 // One libpq connection with a prepared-statement cache. Not thread-safe: the
 // store hands each connection to one caller at a time.
 class PgConnection {
@@ -67,10 +73,21 @@ class PgConnection {
 
   // Runs `sql` (prepared once per connection) with `params`.
   absl::StatusOr<PgResult> Query(const std::string& sql, const PgParams& params = {});
+  absl::StatusOr<PgResult> Query(const PgStatement& statement) {
+    return Query(*statement.sql, statement.params);
+  }
   // Runs statements without parameters or results (BEGIN, COMMIT, migrations).
   absl::Status Exec(const std::string& sql);
+  // Runs `statements` (each prepared once per connection) in libpq pipeline mode:
+  // all are sent before the first result is read, in rounds of at most
+  // kPipelineRound, so a batch costs one round trip per round instead of one per
+  // statement. Returns one result per statement in order. The first statement that
+  // fails ends the run: its error is returned and nothing after it ran; inside a
+  // transaction, the transaction is then failed and must be rolled back.
+  static constexpr size_t kPipelineRound = 256;
+  absl::StatusOr<std::vector<PgResult>> Pipeline(const std::vector<PgStatement>& statements);
   // Returns true when the connection is unusable and must be replaced.
-  bool broken() const { return PQstatus(conn_) != CONNECTION_OK; }
+  bool broken() const { return unusable_ || PQstatus(conn_) != CONNECTION_OK; }
   // The socket to wait on for notifications.
   int socket() const { return PQsocket(conn_); }
   // Reads what arrived and returns how many notifications it held; -1 on error.
@@ -78,7 +95,13 @@ class PgConnection {
 
  private:
   explicit PgConnection(PGconn* conn) : conn_(conn) {}
+  // Returns the name `sql` is prepared under on this connection, preparing it first.
+  absl::StatusOr<const std::string*> Prepared(const std::string& sql);
+  // Sends and reads one round of a pipeline (see Pipeline).
+  absl::Status PipelineRound(const PgStatement* begin, const PgStatement* end,
+                             std::vector<PgResult>& results);
   PGconn* conn_;
+  bool unusable_ = false;  // a pipeline ended with results left unread
   std::map<std::string, std::string, std::less<>> prepared_;
 };
 

@@ -1,6 +1,9 @@
 // PostgresStore: definitions, starts and the reads of instances (InstanceStore,
 // DefinitionStore).
 
+#include <iterator>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "store/postgres/pg_rows.h"
 #include "store/sql_values.h"
@@ -9,44 +12,70 @@
 namespace waystone {
 namespace {
 
-// The SQL of a start; the algorithm is StartInstanceWith.
+// The SQL of a start; the algorithm is StartInstanceWith. The writes that answer
+// only a status (steps, event, notification, inbox link) wait and go out in one
+// pipeline with the next statement whose answer the algorithm needs (or with
+// Flush), so a created start costs two round trips: the tombstone check and the
+// insert with its check for a concurrent burial. A write that failed fails that
+// next statement: never a FailedPrecondition, so the whole batch, as it would have
+// at once.
 class PgStartSql final : public StartSql {
  public:
   explicit PgStartSql(PgConnection& c) : c_(c) {}
 
-  absl::Status Savepoint() override { return c_.Exec("SAVEPOINT start"); }
-  absl::Status RollbackToSavepoint() override { return c_.Exec("ROLLBACK TO SAVEPOINT start"); }
-  absl::Status ReleaseSavepoint() override { return c_.Exec("RELEASE SAVEPOINT start"); }
+  absl::Status Savepoint() override {
+    WS_RETURN_IF_ERROR(Flush());
+    signalled_at_savepoint_ = signalled_;
+    return c_.Exec("SAVEPOINT start");
+  }
+  absl::Status RollbackToSavepoint() override {
+    deferred_.clear();  // written after the savepoint: undone with it
+    signalled_ = signalled_at_savepoint_;
+    inserted_.reset();
+    return c_.Exec("ROLLBACK TO SAVEPOINT start");
+  }
+  absl::Status ReleaseSavepoint() override {
+    WS_RETURN_IF_ERROR(Flush());
+    return c_.Exec("RELEASE SAVEPOINT start");
+  }
 
   absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
-    WS_ASSIGN_OR_RETURN(
-        PgResult claim,
-        c_.Query("INSERT INTO inbox (tenant, source, event_id, data_hash, "
-                 "received_at) VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
-                 "NOTHING",
-                 Params(in.tenant, in.event_source, in.event_id, in.event_data_hash, in.now)));
-    return claim.affected() == 1;
+    static const std::string kClaim =
+        "INSERT INTO inbox (tenant, source, event_id, data_hash, received_at) VALUES ($1, $2, "
+        "$3, $4, $5::bigint) ON CONFLICT DO NOTHING";
+    WS_ASSIGN_OR_RETURN(std::vector<PgResult> claim,
+                        Run({{&kClaim, Params(in.tenant, in.event_source, in.event_id,
+                                              in.event_data_hash, in.now)}}));
+    return claim[0].affected() == 1;
   }
   absl::StatusOr<std::optional<InboxEntry>> ReadInbox(const std::string& tenant,
                                                       const std::string& source,
                                                       const std::string& id) override {
+    WS_RETURN_IF_ERROR(Flush());
     return PgInboxEntry(c_, tenant, source, id);
   }
+  // The row just inserted is read from the insert's RETURNING: one statement fewer.
   absl::StatusOr<std::optional<InstanceRecord>> InstanceById(int64_t id) override {
+    if (inserted_ && inserted_->id == id) return inserted_;
+    WS_RETURN_IF_ERROR(Flush());
     return PgInstanceById(c_, id);
   }
   absl::StatusOr<std::optional<InstanceRecord>> InstanceByKey(const std::string& tenant,
                                                               const std::string& key) override {
+    WS_RETURN_IF_ERROR(Flush());
     return PgInstanceByKey(c_, tenant, key);
   }
   absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(int64_t id) override {
+    WS_RETURN_IF_ERROR(Flush());
     return PgTombstoneOfInstance(c_, id);
   }
   absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
                                                                 const std::string& key) override {
-    return PgTombstoneOfKey(c_, tenant, key);
+    WS_ASSIGN_OR_RETURN(std::vector<PgResult> r, Run({PgTombstoneOfKeyStatement(tenant, key)}));
+    return PgFirstRow(r[0], ReadTombstone<PgRow>);
   }
-  // ON CONFLICT makes concurrent identical starts wait for each other instead of failing.
+  // ON CONFLICT makes concurrent identical starts wait for each other instead of
+  // failing. The burial check runs right after it, in the same pipeline.
   absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance& in,
                                                         const std::string& source_event) override {
     static const std::string kInsert = absl::StrCat(
@@ -55,49 +84,89 @@ class PgStartSql final : public StartSql {
         "($1, $2, $3, $4, $5, $6, ",
         SqlValue(InstanceState::kRunning),
         ", $7::bigint, $8, $9, $7::bigint, $7::bigint) ON CONFLICT (tenant, business_key) DO "
-        "NOTHING RETURNING id");
+        "NOTHING RETURNING ",
+        kInstanceColumns);
     WS_ASSIGN_OR_RETURN(
-        PgResult inserted,
-        c_.Query(kInsert, Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
-                                 in.input_hash, in.now, in.trace_id, source_event)));
-    return PgFirstRow(inserted, [](const PgRow& r) { return r.Int(0); });
+        std::vector<PgResult> r,
+        Run({{&kInsert, Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
+                               in.input_hash, in.now, in.trace_id, source_event)},
+             BuriedStatement(in.tenant, in.key)}));
+    inserted_ = PgFirstRow(r[0], ReadInstance<PgRow>);
+    buried_ = r[1].rows() > 0;
+    if (!inserted_) return std::optional<int64_t>();
+    return std::optional<int64_t>(inserted_->id);
   }
   // The insert may have waited for a gc that removed an instance with this key and
-  // buried it meanwhile.
+  // buried it meanwhile: checked by a statement after the insert, which sees what
+  // committed while it waited.
   absl::StatusOr<bool> BuriedMeanwhile(const std::string& tenant, const std::string& key) override {
-    WS_ASSIGN_OR_RETURN(PgResult late, c_.Query("SELECT 1 FROM tombstones WHERE tenant = $1 AND "
-                                                "business_key = $2",
-                                                Params(tenant, key)));
-    return late.rows() > 0;
+    if (buried_) return *std::exchange(buried_, std::nullopt);
+    WS_ASSIGN_OR_RETURN(std::vector<PgResult> late, Run({BuriedStatement(tenant, key)}));
+    return late[0].rows() > 0;
   }
+  // One statement for all the steps: their names as one text[].
   absl::Status InsertPendingSteps(int64_t id, const std::vector<std::string>& names) override {
     static const std::string kInsert = absl::StrCat(
-        "INSERT INTO steps (instance_id, step_index, name, state) VALUES ($1::bigint, "
-        "$2::integer, $3, ",
-        SqlValue(StepState::kPending), ")");
-    for (size_t i = 0; i < names.size(); ++i) {
-      WS_RETURN_IF_ERROR(c_.Query(kInsert, Params(id, static_cast<int64_t>(i), names[i])).status());
-    }
-    return absl::OkStatus();
+        "INSERT INTO steps (instance_id, step_index, name, state) SELECT $1::bigint, "
+        "ordinality - 1, name, ",
+        SqlValue(StepState::kPending), " FROM unnest($2::text[]) WITH ORDINALITY AS t(name)");
+    if (names.empty()) return absl::OkStatus();
+    return Defer({&kInsert, Params(id, absl::StrCat("{", QuoteEach(names), "}"))});
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
-    return PgInsertEvent(c_, event, instance_id, now);
+    return Defer(PgInsertEventStatement(event, instance_id, now));
   }
-  absl::Status SignalWork() override { return PgSignalWork(c_); }
+  // Once per transaction: PostgreSQL delivers one notification of a channel and
+  // payload per transaction however often it was sent.
+  absl::Status SignalWork() override {
+    if (signalled_) return absl::OkStatus();
+    signalled_ = true;
+    return Defer(PgSignalWorkStatement());
+  }
   absl::Status LinkInbox(const NewInstance& in, int64_t instance_id) override {
-    return c_
-        .Query(
-            "UPDATE inbox SET instance_id = $1::bigint WHERE tenant = $2 AND source = $3 "
-            "AND event_id = $4",
-            Params(instance_id, in.tenant, in.event_source, in.event_id))
-        .status();
+    static const std::string kLink =
+        "UPDATE inbox SET instance_id = $1::bigint WHERE tenant = $2 AND source = $3 AND "
+        "event_id = $4";
+    return Defer({&kLink, Params(instance_id, in.tenant, in.event_source, in.event_id)});
   }
   absl::Status AddToCounter(const std::string& name, int64_t delta) override {
+    WS_RETURN_IF_ERROR(Flush());
     return PgAddToCounter(c_, name, delta);
   }
 
+  // Sends the writes still waiting; the transaction commits only after this.
+  absl::Status Flush() { return Run({}).status(); }
+
  private:
+  static PgStatement BuriedStatement(const std::string& tenant, const std::string& key) {
+    static const std::string kBuried =
+        "SELECT 1 FROM tombstones WHERE tenant = $1 AND business_key = $2";
+    return {&kBuried, Params(tenant, key)};
+  }
+  absl::Status Defer(PgStatement statement) {
+    deferred_.push_back(std::move(statement));
+    return absl::OkStatus();
+  }
+  // Runs the waiting writes, then `statements`, in one pipeline; returns the
+  // results of `statements`.
+  absl::StatusOr<std::vector<PgResult>> Run(std::vector<PgStatement> statements) {
+    if (deferred_.empty() && statements.empty()) return std::vector<PgResult>();
+    const size_t waiting = deferred_.size();
+    std::vector<PgStatement> all = std::move(deferred_);
+    deferred_.clear();
+    all.insert(all.end(), std::make_move_iterator(statements.begin()),
+               std::make_move_iterator(statements.end()));
+    WS_ASSIGN_OR_RETURN(std::vector<PgResult> results, c_.Pipeline(all));
+    results.erase(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(waiting));
+    return results;
+  }
+
   PgConnection& c_;
+  std::vector<PgStatement> deferred_;  // writes not sent yet, in order
+  bool signalled_ = false;
+  bool signalled_at_savepoint_ = false;
+  std::optional<InstanceRecord> inserted_;  // by the last InsertInstance
+  std::optional<bool> buried_;              // checked right after the last InsertInstance
 };
 
 }  // namespace
@@ -105,13 +174,18 @@ class PgStartSql final : public StartSql {
 absl::Status PostgresStore::PutDefinition(const std::string& hash, const std::string& workflow,
                                           const std::string& source, const std::string& text,
                                           Millis now) {
+  {
+    MutexLock lock(definitions_mu_);
+    if (stored_definitions_.contains(hash)) return absl::OkStatus();
+  }
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return c
-      ->Query(
-          "INSERT INTO definitions VALUES ($1, $2, $3, $4, $5::bigint) ON CONFLICT DO "
-          "NOTHING",
-          Params(hash, workflow, source, text, now))
-      .status();
+  WS_RETURN_IF_ERROR(c->Query("INSERT INTO definitions VALUES ($1, $2, $3, $4, $5::bigint) ON "
+                              "CONFLICT DO NOTHING",
+                              Params(hash, workflow, source, text, now))
+                         .status());
+  MutexLock lock(definitions_mu_);
+  stored_definitions_.insert(hash);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> PostgresStore::GetDefinition(const std::string& hash) {
@@ -129,7 +203,7 @@ absl::StatusOr<StartResult> PostgresStore::StartInstance(const NewInstance& in) 
     status = InTransaction([&](PgConnection& c) -> absl::Status {
       PgStartSql sql(c);
       WS_ASSIGN_OR_RETURN(result, StartInstanceWith(sql, in));
-      return absl::OkStatus();
+      return sql.Flush();
     });
     if (!StartAgain(status)) break;
   }
@@ -145,7 +219,7 @@ absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> PostgresStore::StartIns
   WS_RETURN_IF_ERROR(InTransaction([&](PgConnection& c) -> absl::Status {
     PgStartSql sql(c);
     WS_ASSIGN_OR_RETURN(results, StartInstancesWith(sql, starts));
-    return absl::OkStatus();
+    return sql.Flush();
   }));
   return results;
 }

@@ -79,6 +79,7 @@ absl::StatusOr<std::optional<InstanceRecord>> PgInstanceByKey(PgConnection& c,
                                                               const std::string& key);
 absl::StatusOr<std::optional<TombstoneRecord>> PgTombstoneOfInstance(PgConnection& c,
                                                                      int64_t instance_id);
+PgStatement PgTombstoneOfKeyStatement(const std::string& tenant, const std::string& key);
 absl::StatusOr<std::optional<TombstoneRecord>> PgTombstoneOfKey(PgConnection& c,
                                                                 const std::string& tenant,
                                                                 const std::string& key);
@@ -86,6 +87,11 @@ absl::StatusOr<std::optional<InboxEntry>> PgInboxEntry(PgConnection& c, const st
                                                        const std::string& source,
                                                        const std::string& id);
 
+// The statements several operations make, each also as a PgStatement for a pipeline.
+PgStatement PgInsertEventStatement(const EventRecord& event, int64_t instance_id, Millis now);
+PgStatement PgInsertAlertStatement(const AlertRecord& alert, int64_t instance_id, Millis now);
+PgStatement PgInsertAuditStatement(const AuditRecord& audit, int64_t instance_id, Millis at);
+PgStatement PgSignalWorkStatement();
 absl::Status PgInsertEvent(PgConnection& c, const EventRecord& event, int64_t instance_id,
                            Millis now);
 // Inserts an open alert and returns its id.

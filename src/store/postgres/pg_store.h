@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "base/mutex.h"
@@ -122,6 +123,10 @@ class PostgresStore final : public Store {
   // outage does not turn every caller into a reconnect storm.
   int64_t connect_backoff_ms_ ABSL_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point next_connect_ ABSL_GUARDED_BY(mu_);
+  // The definitions this store put or found: content-addressed and never removed,
+  // so a start of a known one needs no statement.
+  Mutex definitions_mu_;
+  std::unordered_set<std::string> stored_definitions_ ABSL_GUARDED_BY(definitions_mu_);
   Mutex listen_mu_;
   std::unique_ptr<PgConnection> listener_ ABSL_GUARDED_BY(listen_mu_);
 };

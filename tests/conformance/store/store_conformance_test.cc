@@ -684,6 +684,109 @@ TEST_P(StoreConformanceTest, ABusinessKeyHeldByOneWorkflowIsAConflictForAnother)
       << started.status();
 }
 
+TEST_P(StoreConformanceTest, ABatchAppliesItsChangesInOrder) {
+  // Step names a text[] literal must quote: the steps of a start are inserted as one.
+  NewInstance first = Instance("k1");
+  first.step_names = {"one", "tw\"o", "th,ree", "f{our}", "fi\\ve"};
+  auto a = store_->StartInstance(first);
+  auto b = store_->StartInstance(Instance("k2"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto steps_of_a = *store_->GetSteps(a->instance.id);
+  ASSERT_EQ(steps_of_a.size(), 5u);
+  for (size_t i = 0; i < steps_of_a.size(); ++i) {
+    EXPECT_EQ(steps_of_a[i].name, first.step_names[i]);
+    EXPECT_EQ(steps_of_a[i].index, static_cast<int>(i));
+  }
+  auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 2u);
+  const Lease& lease_a = leases[0].instance_id == a->instance.id ? leases[0] : leases[1];
+  const Lease& lease_b = leases[0].instance_id == a->instance.id ? leases[1] : leases[0];
+  // Two changes of one instance in one batch, the second after the first, with an
+  // attempt each on the same step, and a change of another instance between them.
+  Change running;
+  running.lease = lease_a;
+  running.now = 2001;
+  running.lease_expires_at = 7000;
+  StepRecord step = steps_of_a[0];
+  step.state = StepState::kRunning;
+  running.steps = {step};
+  running.attempts = {{0, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 503,
+                       ErrorClass::kTransient, "first", 2000, 2001}};
+  Change other;
+  other.lease = lease_b;
+  other.now = 2001;
+  other.lease_expires_at = 7000;
+  other.events = {{0, "b-event", b->instance.id, "t1", "waystone.step.completed", "{}", 0}};
+  Change done = running;
+  done.now = 2002;
+  done.lease_expires_at = 0;
+  done.state = InstanceState::kCompleted;
+  step.state = StepState::kCompleted;
+  step.external_id = "order-1";
+  done.steps = {step};
+  done.attempts = {{0, 1, AttemptPhase::kCall, true, ConnectionUsed::kReused, 201,
+                    ErrorClass::kNone, "second", 2002, 2002}};
+  done.events = {{0, "a-done", a->instance.id, "t1", "waystone.instance.completed", "{}", 0}};
+  auto results = store_->Commit({running, other, done});
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (const absl::Status& r : *results) EXPECT_TRUE(r.ok()) << r;
+  EXPECT_EQ(store_->GetInstance(a->instance.id)->state, InstanceState::kCompleted);
+  EXPECT_EQ(store_->GetInstance(a->instance.id)->lease_expires_at, 0);
+  EXPECT_EQ(store_->GetInstance(b->instance.id)->lease_expires_at, 7000);
+  auto stored = (*store_->GetSteps(a->instance.id))[0];
+  EXPECT_EQ(stored.state, StepState::kCompleted);
+  EXPECT_EQ(stored.external_id, "order-1");
+  auto attempts = *store_->ListAttempts(a->instance.id);
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0].seq, 1);
+  EXPECT_EQ(attempts[0].detail, "first");
+  EXPECT_EQ(attempts[1].seq, 2);
+  EXPECT_EQ(attempts[1].detail, "second");
+  auto events = *store_->ReadOutbox(0, 100);
+  ASSERT_EQ(events.size(), 4u);  // two started, then in the batch's order
+  EXPECT_EQ(events[2].event_id, "b-event");
+  EXPECT_EQ(events[3].event_id, "a-done");
+}
+
+TEST_P(StoreConformanceTest, ABatchWhoseLeasesHoldCommitsAtTheFirstTry) {
+  // Checkpoints of three instances, each step and event once: PostgreSQL sends the
+  // batch as one pipeline. A first try rolled back and applied again would have
+  // used outbox sequence numbers it then gave up; none is missing.
+  std::vector<int64_t> ids;
+  for (const char* key : {"k1", "k2", "k3"}) {
+    ids.push_back(store_->StartInstance(Instance(key))->instance.id);
+  }
+  auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 3u);
+  std::vector<Change> changes;
+  for (const Lease& lease : leases) {
+    Change c;
+    c.lease = lease;
+    c.now = 2001;
+    c.lease_expires_at = 7000;
+    StepRecord step = (*store_->GetSteps(lease.instance_id))[1];
+    step.state = StepState::kCompleted;
+    step.response_json = R"({"quote":"\"","list":[1,2]})";
+    c.steps = {step};
+    c.events = {{0, "done-" + std::to_string(lease.instance_id), lease.instance_id, "t1",
+                 "waystone.step.completed", R"({"a":"b,c"})", 0}};
+    changes.push_back(c);
+  }
+  auto results = store_->Commit(changes);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (const absl::Status& r : *results) EXPECT_TRUE(r.ok()) << r;
+  auto events = *store_->ReadOutbox(0, 100);
+  ASSERT_EQ(events.size(), 6u);
+  for (size_t i = 1; i < events.size(); ++i) EXPECT_EQ(events[i].seq, events[i - 1].seq + 1);
+  EXPECT_EQ(events[5].payload_json, R"({"a":"b,c"})");
+  for (int64_t id : ids) {
+    auto step = (*store_->GetSteps(id))[1];
+    EXPECT_EQ(step.state, StepState::kCompleted);
+    EXPECT_EQ(step.response_json, R"({"quote":"\"","list":[1,2]})");
+    EXPECT_EQ((*store_->GetSteps(id))[0].state, StepState::kPending);
+  }
+}
+
 TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
   auto started = store_->StartInstance(Instance("k1"));
   ASSERT_TRUE(started.ok());
