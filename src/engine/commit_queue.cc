@@ -46,6 +46,26 @@ absl::Status CommitQueue::Commit(const Change& change) {
   return pending.result;
 }
 
+std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& changes) {
+  std::vector<Pending> pending;
+  pending.reserve(changes.size());
+  for (const Change& change : changes) pending.push_back(Pending{&change});
+  MutexLock lock(mu_);
+  if (!running_) {
+    return std::vector<absl::Status>(changes.size(),
+                                     absl::UnavailableError("commit queue is stopped"));
+  }
+  for (Pending& p : pending) queue_.push_back(&p);
+  wake_.notify_one();
+  done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::all_of(pending.begin(), pending.end(), [](const Pending& p) { return p.done; });
+  });
+  std::vector<absl::Status> results;
+  results.reserve(pending.size());
+  for (const Pending& p : pending) results.push_back(p.result);
+  return results;
+}
+
 absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
   PendingStart pending{&start};
   {

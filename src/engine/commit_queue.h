@@ -32,8 +32,12 @@ class CommitQueue {
 
   // Commits `change` with whatever else is waiting. Returns its own status: OK,
   // Aborted (lease lost), FailedPrecondition (idempotency conflict), or the
-  // transaction's error (Unavailable: nothing was written).
+  // transaction's error (Unavailable: it may or may not have been written; whoever
+  // drives the instance next reloads it).
   absl::Status Commit(const Change& change);
+  // Commits `changes` as Commit does each, queued at once so that they share
+  // transactions (in batches of max_batch); returns each one's status, in order.
+  std::vector<absl::Status> CommitAll(const std::vector<Change>& changes);
 
   // Starts `start` (InstanceStore::StartInstance) in one transaction with the starts
   // of the other callers waiting at the same time (a transaction apart from the

@@ -166,7 +166,7 @@ class Engine::Impl {
 
   void Start() {
     MutexLock lock(mu_);
-    if (started_) return;
+    if (started_) return;  // running, or a Stop() under way
     started_ = true;
     stopping_ = false;
     stop_ = std::stop_source();
@@ -179,16 +179,15 @@ class Engine::Impl {
   void Stop() {
     {
       MutexLock lock(mu_);
-      if (!started_) return;
-      started_ = false;
-      stopping_ = true;
+      if (!started_ || stopping_) return;
+      stopping_ = true;  // started_ stays set until the end: a Start() meanwhile does nothing
     }
+    // Runners see the stop between actions, so no new call begins from here on; the
+    // workers stay until every call under way has come back and been recorded.
+    stop_.request_stop();
     dispatcher_.request_stop();
     wake_.notify_all();
     if (dispatcher_.joinable()) dispatcher_.join();
-    // Runners see the stop between actions; the workers stay until every call under
-    // way has come back and been recorded.
-    stop_.request_stop();
     wake_.notify_all();
     for (auto& worker : workers_) {
       if (worker.joinable()) worker.join();
@@ -208,6 +207,9 @@ class Engine::Impl {
       auto status = commits_.Commit(release);
       if (!status.ok()) Log(LogLevel::kWarning, "releasing lease: " + status.ToString());
     }
+    MutexLock lock(mu_);
+    started_ = false;
+    stopping_ = false;
   }
 
   absl::StatusOr<InstanceState> RunUntilRest(int64_t instance_id, std::stop_token stop) {

@@ -24,7 +24,10 @@ void LeaseKeeper::Hold(const Lease& lease) {
 
 void LeaseKeeper::Release(const Lease& lease) {
   MutexLock lock(mu_);
-  held_.erase(lease.instance_id);
+  // Only this lease's hold: a runner that lost its lease must not end the renewals
+  // of the one that took the instance over.
+  auto it = held_.find(lease.instance_id);
+  if (it != held_.end() && it->second.epoch == lease.epoch) held_.erase(it);
 }
 
 void LeaseKeeper::Loop(std::stop_token stop) {
@@ -36,15 +39,24 @@ void LeaseKeeper::Loop(std::stop_token stop) {
       MutexLock lock(mu_);
       for (const auto& [id, lease] : held_) leases.push_back(lease);
     }
+    // All at once, so that thousands of calls under way renew in a few shared
+    // transactions rather than one commit each.
+    std::vector<Change> renewals;
+    renewals.reserve(leases.size());
+    const Millis now = clock_->NowMillis();
     for (const Lease& lease : leases) {
       Change renew;
       renew.lease = lease;
-      renew.now = clock_->NowMillis();
-      renew.lease_expires_at = renew.now + lease_duration_;
-      auto status = commits_->Commit(renew);
-      if (!status.ok()) {
-        Log(LogLevel::kInfo, "lease renewal of instance " + std::to_string(lease.instance_id) +
-                                 ": " + status.ToString());
+      renew.now = now;
+      renew.lease_expires_at = now + lease_duration_;
+      renewals.push_back(std::move(renew));
+    }
+    const std::vector<absl::Status> results = commits_->CommitAll(renewals);
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (!results[i].ok()) {
+        Log(LogLevel::kInfo, "lease renewal of instance " +
+                                 std::to_string(leases[i].instance_id) + ": " +
+                                 results[i].ToString());
       }
     }
   }

@@ -19,6 +19,7 @@ class FailingBatchStore final : public InstanceStore {
   explicit FailingBatchStore(InstanceStore* real) : real_(real) {}
   std::atomic<int> batches{0};
   std::atomic<int> alone{0};
+  std::atomic<int> commits{0};  // change transactions
 
   absl::StatusOr<StartResult> StartInstance(const NewInstance& in) override {
     alone.fetch_add(1);
@@ -30,6 +31,7 @@ class FailingBatchStore final : public InstanceStore {
     return absl::UnavailableError("database is locked");
   }
   absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& c) override {
+    commits.fetch_add(1);
     return real_->Commit(c);
   }
   absl::StatusOr<InstanceRecord> GetInstance(int64_t id) override { return real_->GetInstance(id); }
@@ -196,6 +198,37 @@ TEST_F(CommitQueueTest, ConcurrentStartsOfOneKeyMakeOneInstanceAndTheOthersFindI
   EXPECT_EQ(store_->ListEvents(same_id)->size(), 1u);
   queue.Stop();
   EXPECT_EQ(queue.Start(StartOf("late")).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(CommitQueueTest, CommitAllSharesTransactionsAndAnswersEachChangeInOrder) {
+  std::vector<Lease> leases;
+  for (int i = 0; i < 40; ++i) leases.push_back(StartAndClaim("r" + std::to_string(i), 1000, 30'000));
+  leases[7].epoch += 1;  // another worker's claim since
+  FailingBatchStore counting(store_.get());
+  CommitQueue queue(&counting, {16});
+  queue.Start();
+  std::vector<Change> renewals;
+  for (const Lease& lease : leases) {
+    Change renew;
+    renew.lease = lease;
+    renew.now = 2000;
+    renew.lease_expires_at = 2000 + 30'000;
+    renewals.push_back(renew);
+  }
+  const std::vector<absl::Status> results = queue.CommitAll(renewals);
+  ASSERT_EQ(results.size(), leases.size());
+  for (size_t i = 0; i < leases.size(); ++i) {
+    if (i == 7) {
+      EXPECT_TRUE(absl::IsAborted(results[i])) << results[i];
+      EXPECT_EQ(Get(leases[i].instance_id).lease_expires_at, 1000 + 30'000);
+    } else {
+      EXPECT_TRUE(results[i].ok()) << i << ": " << results[i];
+      EXPECT_EQ(Get(leases[i].instance_id).lease_expires_at, 2000 + 30'000) << i;
+    }
+  }
+  // 40 changes in batches of at most 16: three transactions, not forty.
+  EXPECT_LE(counting.commits.load(), 3);
+  queue.Stop();
 }
 
 TEST_F(CommitQueueTest, WhenTheSharedStartTransactionFailsEachStartRunsAgainAlone) {

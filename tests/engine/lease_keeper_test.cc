@@ -69,6 +69,20 @@ TEST_F(LeaseKeeperTest, AReleasedLeaseIsLeftToRunOut) {
   LeaseKeeper::Guard no_keeper(nullptr, released);  // a runner without a keeper: nothing
 }
 
+TEST_F(LeaseKeeperTest, TheLosersReleaseLeavesTheNewHoldersRenewals) {
+  const Lease lost = StartAndClaim("taken", kStart, kLease);
+  keeper_->Hold(lost);
+  // Another runner takes the instance over after the lease ran out and holds it
+  // through its own call; then the first runner's late answer releases its hold.
+  auto taken = store_->ClaimInstance(lost.instance_id, "worker-2", kStart + kLease + 1, kLease);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  keeper_->Hold(*taken);
+  keeper_->Release(lost);
+  ASSERT_TRUE(RenewedPast(lost.instance_id, kStart + kLease + 1 + kLease));
+  EXPECT_EQ(Get(lost.instance_id).lease_owner, "worker-2");
+  EXPECT_EQ(Get(lost.instance_id).lease_epoch, taken->epoch);
+}
+
 TEST_F(LeaseKeeperTest, ALeaseTakenOverIsNotRenewedForTheLoser) {
   const Lease lost = StartAndClaim("lost", kStart, kLease);
   const Lease witness = StartAndClaim("witness", kStart, kLease);

@@ -330,7 +330,10 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
       if (c->broken()) {
         return results.ok() ? absl::UnavailableError("connection lost") : results.status();
       }
-      WS_RETURN_IF_ERROR(c->Exec("ROLLBACK"));
+      if (absl::Status rolled_back = c->Exec("ROLLBACK"); !rolled_back.ok()) {
+        c->MarkBroken();  // it may still be in the transaction: never lent again
+        return rolled_back;
+      }
     }
   }
   std::vector<absl::Status> results;

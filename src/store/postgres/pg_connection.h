@@ -88,6 +88,8 @@ class PgConnection {
   absl::StatusOr<std::vector<PgResult>> Pipeline(const std::vector<PgStatement>& statements);
   // Returns true when the connection is unusable and must be replaced.
   bool broken() const { return unusable_ || PQstatus(conn_) != CONNECTION_OK; }
+  // Marks the connection unusable (e.g. a ROLLBACK failed: a transaction may be open).
+  void MarkBroken() { unusable_ = true; }
   // The socket to wait on for notifications.
   int socket() const { return PQsocket(conn_); }
   // Reads what arrived and returns how many notifications it held; -1 on error.

@@ -39,7 +39,8 @@ absl::Status PostgresStore::InTransaction(Body&& body) {
   WS_RETURN_IF_ERROR(c->Exec("BEGIN"));
   absl::Status status = body(*c);
   if (status.ok()) status = c->Exec("COMMIT");
-  if (!status.ok()) (void)c->Exec("ROLLBACK");
+  // A connection whose ROLLBACK failed may still be in a transaction: never lent again.
+  if (!status.ok() && !c->Exec("ROLLBACK").ok()) c->MarkBroken();
   return status;
 }
 

@@ -89,7 +89,7 @@ absl::Status PostgresStore::Migrate() {
       }
       if (applied.ok()) applied = c->Exec("COMMIT");
       if (!applied.ok()) {
-        (void)c->Exec("ROLLBACK");
+        if (!c->Exec("ROLLBACK").ok()) c->MarkBroken();
         return applied;
       }
     }
