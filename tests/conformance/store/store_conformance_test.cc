@@ -742,7 +742,16 @@ TEST_P(StoreConformanceTest, ABatchAppliesItsChangesInOrder) {
   EXPECT_EQ(attempts[0].detail, "first");
   EXPECT_EQ(attempts[1].seq, 2);
   EXPECT_EQ(attempts[1].detail, "second");
-  auto events = *store_->ReadOutbox(0, 100);
+  // PostgreSQL hands out rows only from transactions older than every open one (of
+  // any database of the cluster): wait for the horizon to pass.
+  std::vector<EventRecord> events;
+  testing::WaitFor(
+      [&] {
+        auto rows = store_->ReadOutbox(0, 100);
+        if (rows.ok()) events = *rows;
+        return events.size() == 4u;
+      },
+      std::chrono::seconds(10));
   ASSERT_EQ(events.size(), 4u);  // two started, then in the batch's order
   EXPECT_EQ(events[2].event_id, "b-event");
   EXPECT_EQ(events[3].event_id, "a-done");
@@ -775,7 +784,14 @@ TEST_P(StoreConformanceTest, ABatchWhoseLeasesHoldCommitsAtTheFirstTry) {
   auto results = store_->Commit(changes);
   ASSERT_TRUE(results.ok()) << results.status();
   for (const absl::Status& r : *results) EXPECT_TRUE(r.ok()) << r;
-  auto events = *store_->ReadOutbox(0, 100);
+  std::vector<EventRecord> events;  // (the outbox horizon, as above)
+  testing::WaitFor(
+      [&] {
+        auto rows = store_->ReadOutbox(0, 100);
+        if (rows.ok()) events = *rows;
+        return events.size() == 6u;
+      },
+      std::chrono::seconds(10));
   ASSERT_EQ(events.size(), 6u);
   for (size_t i = 1; i < events.size(); ++i) EXPECT_EQ(events[i].seq, events[i - 1].seq + 1);
   EXPECT_EQ(events[5].payload_json, R"({"a":"b,c"})");
