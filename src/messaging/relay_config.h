@@ -48,6 +48,9 @@ struct RelayConfig {
   Millis unknown_alert_after = 15 * 60'000;
   // Deliveries claimed per round.
   int batch = 64;
+  // Deliveries in flight at once (threads of the relay's delivery pool); each is
+  // of another instance or sink, so order per instance and sink is kept.
+  int parallel = 16;
   // Idle polling interval.
   Millis poll_interval = 100;
 };

@@ -34,4 +34,17 @@ absl::Status FinishDeliveryWith(DeliverySql& sql, const DeliveryClaim& claim,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<absl::Status>> FinishDeliveriesWith(
+    DeliverySql& sql, const std::vector<FinishedDelivery>& finished) {
+  std::vector<absl::Status> results;
+  results.reserve(finished.size());
+  for (const FinishedDelivery& f : finished) {
+    // A lost lease writes nothing (FinishClaimed changed no row), so the batch goes on.
+    absl::Status status = FinishDeliveryWith(sql, f.claim, f.update);
+    if (!status.ok() && !absl::IsAborted(status)) return status;
+    results.push_back(std::move(status));
+  }
+  return results;
+}
+
 }  // namespace waystone

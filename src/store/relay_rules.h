@@ -45,4 +45,10 @@ absl::Status CompleteClaims(DeliverySql& sql, std::vector<DeliveryClaim>* claims
 absl::Status FinishDeliveryWith(DeliverySql& sql, const DeliveryClaim& claim,
                                 const DeliveryUpdate& update);
 
+// Ends several attempts in one transaction (see RelayStore::FinishDeliveries): one
+// status per attempt, Aborted where the lease was lost; any other error ends the
+// whole batch (the caller rolls the transaction back).
+absl::StatusOr<std::vector<absl::Status>> FinishDeliveriesWith(
+    DeliverySql& sql, const std::vector<FinishedDelivery>& finished);
+
 }  // namespace waystone

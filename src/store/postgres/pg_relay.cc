@@ -151,6 +151,17 @@ absl::Status PostgresStore::FinishDelivery(const DeliveryClaim& claim, const Del
   });
 }
 
+absl::StatusOr<std::vector<absl::Status>> PostgresStore::FinishDeliveries(
+    const std::vector<FinishedDelivery>& finished) {
+  std::vector<absl::Status> results;
+  WS_RETURN_IF_ERROR(InTransaction([&](PgConnection& c) -> absl::Status {
+    PgDeliverySql sql(c);
+    WS_ASSIGN_OR_RETURN(results, FinishDeliveriesWith(sql, finished));
+    return absl::OkStatus();
+  }));
+  return results;
+}
+
 absl::StatusOr<std::vector<std::string>> PostgresStore::DeliveryLeaseOwners(Millis now) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   return PgLeaseOwners(*c, "deliveries", now);

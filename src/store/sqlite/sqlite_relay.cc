@@ -164,6 +164,20 @@ absl::Status SqliteStore::FinishDelivery(const DeliveryClaim& claim, const Deliv
   });
 }
 
+absl::StatusOr<std::vector<absl::Status>> SqliteStore::FinishDeliveries(
+    const std::vector<FinishedDelivery>& finished) {
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  std::vector<absl::Status> results;
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    SqliteDeliverySql sql(db);
+    WS_ASSIGN_OR_RETURN(results, FinishDeliveriesWith(sql, finished));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return results;
+}
+
 absl::StatusOr<std::vector<std::string>> SqliteStore::DeliveryLeaseOwners(Millis now) {
   MutexLock lock(mu_);
   return SqliteLeaseOwners(*db_, "deliveries", now);
