@@ -4,6 +4,7 @@ no code with Waystone's HTTP client or server, so what it counts is what arrived
 
 POST /hook      records the CloudEvent (its id, and its subject in arrival order); 204
 POST /raw       counted only (the sink's raw rate, no store behind it); 204
+GET  /count     {"hook": requests, "unique": distinct ids, "raw": requests}
 GET  /stats     {"hook": requests, "unique": distinct ids, "raw": requests,
                  "out_of_order": instances whose ids arrived in another order than
                  the bench's expected order (POST /expect first), "missing": ...}
@@ -64,6 +65,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(204)
 
     def do_GET(self):
+        if self.path == "/count":
+            with lock:
+                counts = {"hook": hook_requests, "unique": len(ids), "raw": raw_requests}
+            return self.reply(200, json.dumps(counts).encode())
         if self.path != "/stats":
             return self.reply(404)
         with lock:
@@ -80,8 +85,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, json.dumps(stats).encode())
 
 
+class Server(http.server.ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: connections beyond it wait for a SYN
+    # retransmit (1 s), which would measure the backlog, not the relay.
+    request_queue_size = 1024
+
+
 def main():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
     server.serve_forever()

@@ -19,8 +19,9 @@ class DeliverySql {
  public:
   virtual ~DeliverySql() = default;
 
-  // Returns the outbox row `seq`, if it exists.
-  virtual absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) = 0;
+  // Returns the outbox rows of `seqs` that exist, in any order (one statement for a
+  // whole claim).
+  virtual absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>& seqs) = 0;
   // Records the attempt's outcome and releases the claim where the claim (id,
   // epoch, owner) still holds; false when another relay owns the delivery now.
   virtual absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim,
