@@ -179,9 +179,10 @@ std::vector<std::optional<DeliveryOutcome>> Relay::DeliverAll(
   std::vector<std::optional<DeliveryOutcome>> outcomes(claims.size());
   std::vector<std::function<void()>> tasks;
   tasks.reserve(lanes.size());
-  for (const auto& [lane, indexes] : lanes) {
-    tasks.push_back([this, &claims, &outcomes, &indexes] {
-      for (size_t i : indexes) {
+  for (const auto& lane : lanes) {
+    const std::vector<size_t>* indexes = &lane.second;
+    tasks.push_back([this, &claims, &outcomes, indexes] {
+      for (size_t i : *indexes) {
         outcomes[i] = Attempt(claims[i]);
         if (outcomes[i]->result != DeliveryOutcome::Result::kDelivered) break;
       }
