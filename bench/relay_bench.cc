@@ -39,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_split.h"
 #include "base/clock.h"
 #include "base/random.h"
 #include "connectors/http/http_client.h"
@@ -287,6 +288,10 @@ int Run(const std::map<std::string, std::string>& flags) {
   const std::string dir = flag("dir", ".");
   const int instances = std::atoi(flag("instances", "2000").c_str());
   const std::string sinks = flag("sinks", "webhook,nats");
+  if (instances < 1) Fail("--instances must be a positive whole number");
+  for (absl::string_view sink : absl::StrSplit(sinks, ',')) {
+    if (sink != "webhook" && sink != "nats") Fail("--sinks lists webhook and/or nats, not " + std::string(sink));
+  }
   std::string tuning;
   if (flags.contains("batch")) tuning += "batch: " + flags.at("batch") + "\n";
   if (flags.contains("parallel")) tuning += "parallel: " + flags.at("parallel") + "\n";
