@@ -111,8 +111,8 @@ absl::StatusOr<int> Relay::RunOnce() {
     if (!outcomes[i]) continue;
     finished.push_back({claims[i], UpdateFor(claims[i], *outcomes[i], finished_at, gone_sinks)});
   }
-  // One transaction for the round: a relay killed before it delivers the round's
-  // acknowledged events again, with the same ids (at least once).
+  // One transaction for the round: a relay killed before it commits delivers the
+  // round's acknowledged events again, with the same ids (at least once).
   WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->FinishDeliveries(finished));
   for (const absl::Status& status : results) {
     if (!status.ok()) Log(LogLevel::kInfo, "relay: " + std::string(status.message()));
