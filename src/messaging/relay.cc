@@ -1,5 +1,6 @@
 #include "messaging/relay.h"
 
+#include <functional>
 #include <set>
 
 #include "base/mutex.h"
@@ -23,7 +24,12 @@ bool IsAlertType(const std::string& type) { return type.starts_with("waystone.al
 
 Relay::Relay(Store* store, const Clock* clock, Random* random, const RelayConfig& config,
              const std::string& owner)
-    : store_(store), clock_(clock), random_(random), config_(config), owner_(owner) {}
+    : store_(store),
+      clock_(clock),
+      random_(random),
+      config_(config),
+      owner_(owner),
+      pool_(std::make_unique<DeliveryPool>(config.parallel)) {}
 
 Relay::~Relay() { Stop(); }
 
@@ -95,12 +101,21 @@ absl::StatusOr<int> Relay::RunOnce() {
                       store_->ClaimDeliveries(owner_, clock_->NowMillis(), config_.lease,
                                               config_.batch, enabled));
   for (const DeliveryClaim& claim : claims) {
-    auto status = DeliverOne(claim);
-    if (absl::IsAborted(status)) {
-      Log(LogLevel::kInfo, "relay: " + std::string(status.message()));
-    } else if (!status.ok()) {
-      return status;
-    }
+    if (!sinks_.contains(claim.sink)) return absl::InternalError("no sink named " + claim.sink);
+  }
+  const std::vector<std::optional<DeliveryOutcome>> outcomes = DeliverAll(claims);
+  const Millis finished_at = clock_->NowMillis();
+  std::set<std::string> gone_sinks;
+  std::vector<FinishedDelivery> finished;
+  for (size_t i = 0; i < claims.size(); ++i) {
+    if (!outcomes[i]) continue;
+    finished.push_back({claims[i], UpdateFor(claims[i], *outcomes[i], finished_at, gone_sinks)});
+  }
+  // One transaction for the round: a relay killed before it commits delivers the
+  // round's acknowledged events again, with the same ids (at least once).
+  WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->FinishDeliveries(finished));
+  for (const absl::Status& status : results) {
+    if (!status.ok()) Log(LogLevel::kInfo, "relay: " + std::string(status.message()));
   }
   return static_cast<int>(claims.size());
 }
@@ -151,18 +166,45 @@ absl::Status Relay::RaiseStaleUnknownAlerts() {
   return absl::OkStatus();
 }
 
-absl::Status Relay::DeliverOne(const DeliveryClaim& claim) {
-  auto it = sinks_.find(claim.sink);
-  if (it == sinks_.end()) return absl::InternalError("no sink named " + claim.sink);
+std::vector<std::optional<DeliveryOutcome>> Relay::DeliverAll(
+    const std::vector<DeliveryClaim>& claims) {
+  // A lane is the claims of one instance and sink. The store claims only the oldest
+  // pending delivery of each, so a lane holds one claim; should it hold more, they
+  // go one after another in outbox order and stop at the first not acknowledged
+  // (the rest keep their lease until it expires), so no event overtakes an earlier one.
+  std::map<std::pair<std::string, int64_t>, std::vector<size_t>> lanes;
+  for (size_t i = 0; i < claims.size(); ++i) {
+    lanes[{claims[i].sink, claims[i].event.instance_id}].push_back(i);
+  }
+  std::vector<std::optional<DeliveryOutcome>> outcomes(claims.size());
+  std::vector<std::function<void()>> tasks;
+  tasks.reserve(lanes.size());
+  for (const auto& lane : lanes) {
+    const std::vector<size_t>* indexes = &lane.second;
+    tasks.push_back([this, &claims, &outcomes, indexes] {
+      for (size_t i : *indexes) {
+        outcomes[i] = Attempt(claims[i]);
+        if (outcomes[i]->result != DeliveryOutcome::Result::kDelivered) break;
+      }
+    });
+  }
+  pool_->Run(tasks);
+  return outcomes;
+}
+
+DeliveryOutcome Relay::Attempt(const DeliveryClaim& claim) {
   const std::string body = ToCloudEventJson(claim.event, config_.deployment);
   CrashPoint("before-deliver", claim.sink);
-  DeliveryOutcome outcome = it->second->Deliver(claim.event, body);
+  DeliveryOutcome outcome = sinks_.at(claim.sink)->Deliver(claim.event, body);
   CrashPoint("after-deliver", claim.sink);
   // A sink's answer may echo what it got (a signing secret, a template secret in
   // the event): kept and alerted only redacted.
   outcome.detail = RedactSecrets(outcome.detail);
+  return outcome;
+}
 
-  const Millis now = clock_->NowMillis();
+DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome, Millis now,
+                                std::set<std::string>& gone_sinks) {
   DeliveryUpdate update;
   update.now = now;
   update.attempts = claim.attempts + 1;
@@ -193,6 +235,7 @@ absl::Status Relay::DeliverOne(const DeliveryClaim& claim) {
       // The endpoint refuses for good: stop sending to it, keep every delivery.
       update.state = DeliveryState::kPending;
       update.disable_sink = true;
+      if (!gone_sinks.insert(claim.sink).second) break;  // alerted for this round already
       AlertRecord alert{0, claim.event.instance_id, claim.event.tenant, "",
                         AlertKind::kSinkDisabled, AlertState::kOpen,
                         "sink '" + claim.sink + "' answered " + outcome.detail +
@@ -203,7 +246,7 @@ absl::Status Relay::DeliverOne(const DeliveryClaim& claim) {
       break;
     }
   }
-  return store_->FinishDelivery(claim, update);
+  return update;
 }
 
 }  // namespace waystone

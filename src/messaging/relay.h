@@ -2,14 +2,18 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/mutex.h"
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/random.h"
 #include "connectors/http/http_client.h"
+#include "messaging/delivery_pool.h"
 #include "messaging/relay_config.h"
 #include "messaging/sink.h"
 #include "store/store.h"
@@ -21,10 +25,13 @@ namespace waystone {
 // unresolved too long, (2) expands new outbox rows into one delivery per wanting
 // sink, (3) claims due deliveries — only the oldest undelivered one of each
 // instance per sink, under a lease, so relays never deliver the same row at once
-// — and (4) delivers them, marking each delivered only after the sink
-// acknowledged it. Failures are retried with backoff and jitter; a delivery that
-// keeps failing is parked with an alert; a 410 disables the sink (its deliveries
-// wait) with an alert. Owns one thread between Start() and Stop(). Thread-safe.
+// — and (4) delivers them, up to `parallel` at once (each of another instance or
+// sink, so never two of one instance and sink in flight), and marks the round's
+// outcomes in one transaction: delivered only where the sink acknowledged.
+// Failures are retried with backoff and jitter; a delivery that keeps failing is
+// parked with an alert; a 410 disables the sink (its deliveries wait) with an
+// alert. Owns one thread between Start() and Stop(), and a pool of `parallel`
+// delivery threads for its lifetime. Thread-safe.
 class Relay {
  public:
   // The pointers must outlive the relay. `owner` names it in leases.
@@ -50,7 +57,14 @@ class Relay {
         const std::string& owner);
   absl::Status Expand();
   absl::Status RaiseStaleUnknownAlerts();
-  absl::Status DeliverOne(const DeliveryClaim& claim);
+  // Hands each claim to its sink, in parallel across instances and sinks; one
+  // outcome per claim, none for a claim left unattempted behind a failed one.
+  std::vector<std::optional<DeliveryOutcome>> DeliverAll(const std::vector<DeliveryClaim>& claims);
+  DeliveryOutcome Attempt(const DeliveryClaim& claim);
+  // What an outcome means for the delivery; `gone_sinks` names the sinks already
+  // disabled in this round (one alert per sink, not one per delivery).
+  DeliveryUpdate UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome, Millis now,
+                           std::set<std::string>& gone_sinks);
   EventRecord AlertEvent(const AlertRecord& alert, Millis now);
 
   Store* store_;
@@ -59,7 +73,10 @@ class Relay {
   RelayConfig config_;
   std::string owner_;
   Mutex mu_;  // one round at a time
+  // Changed only under mu_ (SetSinkForTest); read by the delivery threads while a
+  // round, which holds mu_, waits for them.
   std::map<std::string, std::unique_ptr<Sink>> sinks_;
+  std::unique_ptr<DeliveryPool> pool_;
   Millis last_unknown_scan_ = 0;
   std::jthread thread_;
 };

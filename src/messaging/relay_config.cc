@@ -27,7 +27,7 @@ class ConfigReader : public YamlConfig {
     if (!root.IsMap()) return Error(root, "a relay config is a mapping with 'sinks'");
     static const std::set<std::string> kFields = {
         "deployment", "sinks", "alert_sink", "retry", "lease", "unknown_alert_after", "batch",
-        "poll_interval"};
+        "parallel", "poll_interval"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     if (root["deployment"]) config.deployment = root["deployment"].Scalar();
     if (root["alert_sink"]) config.alert_sink = root["alert_sink"].Scalar();
@@ -43,6 +43,12 @@ class ConfigReader : public YamlConfig {
     if (const YAML::Node batch = root["batch"]) {
       if (!YAML::convert<int>::decode(batch, config.batch) || config.batch < 1) {
         return Error(batch, "'batch' must be a positive whole number");
+      }
+    }
+    if (const YAML::Node parallel = root["parallel"]) {
+      if (!YAML::convert<int>::decode(parallel, config.parallel) || config.parallel < 1 ||
+          config.parallel > 256) {
+        return Error(parallel, "'parallel' must be a whole number from 1 to 256");
       }
     }
     if (const YAML::Node retry = root["retry"]) {

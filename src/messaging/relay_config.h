@@ -46,8 +46,12 @@ struct RelayConfig {
   Millis lease = 30'000;
   // An unknown step outcome unresolved for this long raises an alert.
   Millis unknown_alert_after = 15 * 60'000;
-  // Deliveries claimed per round.
-  int batch = 64;
+  // Deliveries claimed per round (at most one per instance and sink); their
+  // outcomes are marked in one transaction.
+  int batch = 256;
+  // Deliveries in flight at once (threads of the relay's delivery pool); each is
+  // of another instance or sink, so order per instance and sink is kept.
+  int parallel = 16;
   // Idle polling interval.
   Millis poll_interval = 100;
 };

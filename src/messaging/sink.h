@@ -24,8 +24,8 @@ struct DeliveryOutcome {
   std::optional<Millis> retry_after;
 };
 
-// A destination for outbox events. Deliver is called from one relay thread at a
-// time; implementations need not be thread-safe.
+// A destination for outbox events. The relay calls Deliver from several threads at
+// once (for different instances or sinks); implementations are thread-safe.
 class Sink {
  public:
   virtual ~Sink() = default;

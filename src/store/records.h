@@ -205,6 +205,12 @@ struct DeliveryUpdate {
   bool disable_sink = false;
 };
 
+// One ended attempt with its claim (RelayStore::FinishDeliveries).
+struct FinishedDelivery {
+  DeliveryClaim claim;
+  DeliveryUpdate update;
+};
+
 struct DeliveryRecord {
   int64_t id = 0;
   int64_t outbox_seq = 0;

@@ -1,19 +1,27 @@
 #include "store/relay_rules.h"
 
 #include <algorithm>
+#include <map>
 
 #include "base/status_macros.h"
 
 namespace waystone {
 
 absl::Status CompleteClaims(DeliverySql& sql, std::vector<DeliveryClaim>* claims) {
+  if (claims->empty()) return absl::OkStatus();
+  std::vector<int64_t> seqs;
+  seqs.reserve(claims->size());
+  for (const DeliveryClaim& claim : *claims) seqs.push_back(claim.event.seq);
+  WS_ASSIGN_OR_RETURN(std::vector<EventRecord> rows, sql.ReadEvents(seqs));
+  std::map<int64_t, EventRecord*> by_seq;
+  for (EventRecord& row : rows) by_seq[row.seq] = &row;
   for (DeliveryClaim& claim : *claims) {
-    WS_ASSIGN_OR_RETURN(std::optional<EventRecord> event, sql.ReadEvent(claim.event.seq));
-    if (!event) {
+    auto found = by_seq.find(claim.event.seq);
+    if (found == by_seq.end()) {
       return absl::DataLossError("delivery of missing outbox row " +
                                  std::to_string(claim.event.seq));
     }
-    claim.event = *std::move(event);
+    claim.event = *found->second;  // a copy: two sinks may claim the same row
   }
   std::sort(claims->begin(), claims->end(), [](const DeliveryClaim& a, const DeliveryClaim& b) {
     return a.event.seq < b.event.seq;
@@ -32,6 +40,19 @@ absl::Status FinishDeliveryWith(DeliverySql& sql, const DeliveryClaim& claim,
   if (u.alert_event) WS_RETURN_IF_ERROR(sql.InsertEvent(*u.alert_event, u.now));
   if (u.disable_sink) WS_RETURN_IF_ERROR(sql.DisableSink(claim.sink, u.error, u.now));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::Status>> FinishDeliveriesWith(
+    DeliverySql& sql, const std::vector<FinishedDelivery>& finished) {
+  std::vector<absl::Status> results;
+  results.reserve(finished.size());
+  for (const FinishedDelivery& f : finished) {
+    // A lost lease writes nothing (FinishClaimed changed no row), so the batch goes on.
+    absl::Status status = FinishDeliveryWith(sql, f.claim, f.update);
+    if (!status.ok() && !absl::IsAborted(status)) return status;
+    results.push_back(std::move(status));
+  }
+  return results;
 }
 
 }  // namespace waystone

@@ -19,8 +19,9 @@ class DeliverySql {
  public:
   virtual ~DeliverySql() = default;
 
-  // Returns the outbox row `seq`, if it exists.
-  virtual absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) = 0;
+  // Returns the outbox rows of `seqs` that exist, in any order (one statement for a
+  // whole claim).
+  virtual absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>& seqs) = 0;
   // Records the attempt's outcome and releases the claim where the claim (id,
   // epoch, owner) still holds; false when another relay owns the delivery now.
   virtual absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim,
@@ -44,5 +45,11 @@ absl::Status CompleteClaims(DeliverySql& sql, std::vector<DeliveryClaim>* claims
 // with its event, and the sink switched off, as `update` says.
 absl::Status FinishDeliveryWith(DeliverySql& sql, const DeliveryClaim& claim,
                                 const DeliveryUpdate& update);
+
+// Ends several attempts in one transaction (see RelayStore::FinishDeliveries): one
+// status per attempt, Aborted where the lease was lost; any other error ends the
+// whole batch (the caller rolls the transaction back).
+absl::StatusOr<std::vector<absl::Status>> FinishDeliveriesWith(
+    DeliverySql& sql, const std::vector<FinishedDelivery>& finished);
 
 }  // namespace waystone

@@ -158,6 +158,13 @@ class RelayStore {
   virtual absl::Status FinishDelivery(const DeliveryClaim& claim,
                                       const DeliveryUpdate& update) = 0;
 
+  // Records several attempts' outcomes in one transaction, each as FinishDelivery
+  // would; returns one status per attempt, in order: OK, or Aborted where that
+  // lease was lost (nothing of that one is recorded; the others are). An error
+  // records none of them.
+  virtual absl::StatusOr<std::vector<absl::Status>> FinishDeliveries(
+      const std::vector<FinishedDelivery>& finished) = 0;
+
   // Returns the owners of unexpired delivery leases; ends those of one owner.
   virtual absl::StatusOr<std::vector<std::string>> DeliveryLeaseOwners(Millis now) = 0;
 

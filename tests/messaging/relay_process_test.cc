@@ -140,9 +140,13 @@ TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppli
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
 
   Json stats = Get(consumer_url + "/stats");
-  EXPECT_EQ(stats["received"], 17) << stats.dump();    // the first event twice
+  // The relay died after an ack and before it marked the round: every event of the
+  // round that was acknowledged by then — the first of one instance or of both,
+  // delivered at once — arrives again, with the same id.
+  EXPECT_GE(stats["duplicates"], 1) << stats.dump();
+  EXPECT_LE(stats["duplicates"], 2) << stats.dump();
+  EXPECT_EQ(stats["received"], 16 + stats["duplicates"].get<int>()) << stats.dump();
   EXPECT_EQ(stats["applied"], 16) << stats.dump();     // once each
-  EXPECT_EQ(stats["duplicates"], 1) << stats.dump();
   EXPECT_EQ(stats["rejected"], 0) << stats.dump();
   // Applied in commit order per instance, across the restart.
   Json applied = Get(consumer_url + "/applied");

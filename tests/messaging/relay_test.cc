@@ -7,7 +7,9 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <algorithm>
 #include <atomic>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -48,14 +50,26 @@ bool IndependentVerify(const std::string& id, const std::string& timestamp,
 }
 
 // A webhook endpoint on loopback: records what it accepts, can fail every other
-// request or answer 410.
+// request or answer 410. It also records how many requests it held at once, and
+// whether two of one instance (CloudEvent subject) were ever in flight together.
 class Receiver {
  public:
   enum class Mode { kOk, kFailHalf, kGone, kAlwaysFail };
 
   Receiver() {
+    server_.new_task_queue = [] { return new httplib::ThreadPool(32); };
     server_.Post("/hook", [this](const httplib::Request& req, httplib::Response& res) {
+      const Json sent = Json::parse(req.body, nullptr, false);
+      const std::string subject = sent.is_object() ? sent.value("subject", "") : "";
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!in_flight_.insert(subject).second) ++overlaps_;
+        max_in_flight_ = std::max(max_in_flight_, static_cast<int>(in_flight_.size()));
+      }
+      // Held a moment, so that requests sent at once are seen at once.
+      std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms_.load()));
       std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.erase(subject);
       ++requests_;
       const long long now_s = now_s_.load();
       if (!IndependentVerify(req.get_header_value("webhook-id"),
@@ -104,6 +118,15 @@ class Receiver {
     std::lock_guard<std::mutex> lock(mu_);
     return bad_signatures_;
   }
+  void set_hold_ms(int ms) { hold_ms_ = ms; }
+  int max_in_flight() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_in_flight_;
+  }
+  int overlaps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return overlaps_;
+  }
 
  private:
   httplib::Server server_;
@@ -114,7 +137,11 @@ class Receiver {
   int requests_ = 0;
   int bad_signatures_ = 0;
   std::atomic<long long> now_s_{0};
+  std::atomic<int> hold_ms_{0};
   std::vector<Json> received_;
+  std::set<std::string> in_flight_;  // subjects of the requests being handled
+  int max_in_flight_ = 0;
+  int overlaps_ = 0;  // requests that arrived while one of the same subject was in flight
 };
 
 class RelayTest : public ::testing::Test {
@@ -237,7 +264,11 @@ TEST_F(RelayTest, EveryCommittedEventArrivesOnceAsASignedCloudEvent) {
   for (const auto& e : received) ids.insert(e["id"].get<std::string>());
   for (const auto& e : committed) EXPECT_TRUE(ids.contains(e.event_id)) << e.type;
   EXPECT_EQ(hooks_.bad_signatures(), 0);
-  const Json& first = received.front();
+  // Instances are delivered in parallel: the first event of e0, not the first to arrive.
+  auto of_e0 = std::find_if(received.begin(), received.end(),
+                            [](const Json& e) { return e["subject"] == "crm:e0"; });
+  ASSERT_NE(of_e0, received.end());
+  const Json& first = *of_e0;
   EXPECT_EQ(first["specversion"], "1.0");
   EXPECT_EQ(first["type"], "waystone.instance.started");
   EXPECT_EQ(first["source"], "waystone://test/order-to-erp");
@@ -389,6 +420,77 @@ TEST_F(RelayTest, AChangeThatRollsBackProducesNoEvent) {
   Drain(*relay);
   for (const auto& e : hooks_.received()) EXPECT_NE(e["id"], "rolled-back-event");
   EXPECT_EQ(hooks_.received().size(), 1u);  // only instance.started
+}
+
+// Seven events per instance (started, five steps, completed), no external calls.
+constexpr char kTransforms[] = R"(workflow: transforms
+key: "t:{{input.n}}"
+steps:
+  - { name: s1, transform: { n: "{{input.n}}" } }
+  - { name: s2, transform: { n: "{{input.n}}" } }
+  - { name: s3, transform: { n: "{{input.n}}" } }
+  - { name: s4, transform: { n: "{{input.n}}" } }
+  - { name: s5, transform: { n: "{{input.n}}" } }
+)";
+
+TEST_F(RelayTest, ConcurrentDeliveryKeepsTheOrderOfEachInstanceThroughFailures) {
+  auto definition = LoadDefinitionText(kTransforms, "transforms.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  for (int i = 0; i < 24; ++i) {
+    auto started = engine_->StartInstance(*definition, {"default", "{\"n\": " + std::to_string(i) + "}"});
+    ASSERT_TRUE(started.ok());
+    ASSERT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
+  }
+  hooks_.set_mode(Receiver::Mode::kFailHalf);
+  hooks_.set_hold_ms(10);
+  auto relay = MakeRelay(/*max_attempts=*/100);
+  Drain(*relay, 2000);
+  auto received = hooks_.received();
+  auto committed = AllEvents();
+  ASSERT_EQ(committed.size(), 24u * 7);
+  ASSERT_EQ(received.size(), committed.size());
+  std::map<std::string, std::vector<std::string>> arrived, expected;
+  for (const auto& e : received) arrived[e["subject"]].push_back(e["id"]);
+  for (const auto& instance : InstancesNow()) {
+    for (const auto& e : EventsOf(instance.id)) expected[instance.key].push_back(e.event_id);
+  }
+  EXPECT_EQ(arrived, expected);
+  // Deliveries of different instances were in flight together, never two of one.
+  EXPECT_GT(hooks_.max_in_flight(), 1);
+  EXPECT_EQ(hooks_.overlaps(), 0);
+  int64_t failed = 0;
+  for (const auto& s : SinkStatsNow()) failed += s.failed_attempts;
+  EXPECT_GT(failed, 0);
+}
+
+TEST_F(RelayTest, ARoundMarksDeliveredExactlyWhatTheEndpointAcknowledged) {
+  auto definition = LoadDefinitionText(kTransforms, "transforms.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  for (int i = 0; i < 20; ++i) {
+    auto started = engine_->StartInstance(*definition, {"default", "{\"n\": " + std::to_string(i) + "}"});
+    ASSERT_TRUE(started.ok());
+    ASSERT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
+  }
+  hooks_.set_mode(Receiver::Mode::kFailHalf);  // acknowledges every other request
+  auto relay = MakeRelay();
+  SyncReceivers();
+  auto attempted = relay->RunOnce();
+  ASSERT_TRUE(attempted.ok()) << attempted.status();
+  ASSERT_EQ(*attempted, 20);  // the first event of each instance, in one round
+  std::set<std::string> acknowledged, marked, tried;
+  for (const auto& e : hooks_.received()) acknowledged.insert(e["id"]);
+  for (const auto& instance : InstancesNow()) {
+    auto deliveries = store_->ListDeliveries(instance.id);
+    ASSERT_TRUE(deliveries.ok()) << deliveries.status();
+    for (const auto& d : *deliveries) {
+      if (d.sink != "hooks") continue;
+      if (d.state == DeliveryState::kDelivered) marked.insert(d.event_id);
+      if (d.attempts > 0) tried.insert(d.event_id);
+    }
+  }
+  EXPECT_EQ(marked, acknowledged);
+  EXPECT_EQ(tried.size(), 20u);
+  EXPECT_EQ(acknowledged.size(), 10u);
 }
 
 TEST(WebhookSignatureTest, MatchesAnIndependentImplementationAndCatchesTampering) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -202,18 +203,28 @@ TEST(StoreRulesTest, GcBuriesBeforeItDeletesAndChildrenGoBeforeParents) {
 class FakeDeliverySql final : public DeliverySql {
  public:
   bool held = true;
+  std::set<int64_t> lost_ids;  // claims whose lease another relay holds now
+  bool fail_marks = false;
   std::vector<std::string> log;
-  absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) override {
-    if (seq == 404) return std::nullopt;
-    EventRecord e;
-    e.seq = seq;
-    return e;
+  absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>& seqs) override {
+    std::vector<EventRecord> rows;
+    for (int64_t seq : seqs) {
+      if (seq == 404) continue;  // a missing row
+      EventRecord e;
+      e.seq = seq;
+      e.type = "type-" + std::to_string(seq);
+      rows.push_back(e);
+    }
+    return rows;
   }
-  absl::StatusOr<bool> FinishClaimed(const DeliveryClaim&, const DeliveryUpdate&) override {
+  absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate&) override {
     log.push_back("finish");
-    return held;
+    return held && !lost_ids.contains(claim.id);
   }
-  absl::Status MarkEventDelivered(int64_t, Millis) override { return Note("mark"); }
+  absl::Status MarkEventDelivered(int64_t, Millis) override {
+    if (fail_marks) return absl::UnavailableError("disk full");
+    return Note("mark");
+  }
   absl::Status InsertAlert(const AlertRecord&, Millis) override { return Note("alert"); }
   absl::Status InsertEvent(const EventRecord&, Millis) override { return Note("event"); }
   absl::Status DisableSink(const std::string&, const std::string&, Millis) override {
@@ -226,6 +237,34 @@ class FakeDeliverySql final : public DeliverySql {
     return absl::OkStatus();
   }
 };
+
+TEST(StoreRulesTest, ABatchOfDeliveriesSkipsOnlyTheLostLeaseAndStopsAtAnError) {
+  DeliveryUpdate delivered;
+  delivered.state = DeliveryState::kDelivered;
+  DeliveryUpdate retry;
+  retry.state = DeliveryState::kPending;
+  std::vector<FinishedDelivery> batch(3);
+  for (int i = 0; i < 3; ++i) batch[i].claim.id = i + 1;
+  batch[0].update = delivered;
+  batch[1].update = delivered;
+  batch[2].update = retry;
+  FakeDeliverySql sql;
+  sql.lost_ids = {2};
+  auto results = FinishDeliveriesWith(sql, batch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  EXPECT_TRUE((*results)[0].ok());
+  EXPECT_TRUE(absl::IsAborted((*results)[1]));
+  EXPECT_TRUE((*results)[2].ok());
+  // Marked delivered: the first only (the second's lease was lost, the third is a retry).
+  EXPECT_EQ(sql.log, (std::vector<std::string>{"finish", "mark", "finish", "finish"}));
+
+  FakeDeliverySql failing;
+  failing.fail_marks = true;
+  auto failed = FinishDeliveriesWith(failing, batch);
+  EXPECT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
+  EXPECT_EQ(failing.log, (std::vector<std::string>{"finish"}));  // stopped at the error
+}
 
 TEST(StoreRulesTest, ADeliveryEndsUnderItsLeaseAndClaimsComeInOutboxOrder) {
   DeliveryUpdate gone;
@@ -250,7 +289,9 @@ TEST(StoreRulesTest, ADeliveryEndsUnderItsLeaseAndClaimsComeInOutboxOrder) {
   claims[2].event.seq = 5;
   ASSERT_TRUE(CompleteClaims(sql, &claims).ok());
   EXPECT_EQ(claims[0].event.seq, 2);
+  EXPECT_EQ(claims[0].event.type, "type-2");  // the row read, not just the seq kept
   EXPECT_EQ(claims[2].event.seq, 9);
+  EXPECT_EQ(claims[2].event.type, "type-9");
   claims[1].event.seq = 404;
   EXPECT_TRUE(absl::IsDataLoss(CompleteClaims(sql, &claims)));
 }

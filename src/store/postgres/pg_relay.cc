@@ -1,6 +1,7 @@
 // PostgresStore: outbox cursors and deliveries under leases (RelayStore).
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "store/postgres/pg_rows.h"
 #include "store/relay_rules.h"
 #include "store/sql_values.h"
@@ -13,11 +14,12 @@ class PgDeliverySql final : public DeliverySql {
  public:
   explicit PgDeliverySql(PgConnection& c) : c_(c) {}
 
-  absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) override {
-    static const std::string kEvent =
-        absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = $1::bigint");
-    WS_ASSIGN_OR_RETURN(PgResult event, c_.Query(kEvent, Params(seq)));
-    return PgFirstRow(event, waystone::ReadEvent<PgRow>);
+  absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>& seqs) override {
+    static const std::string kEvents =
+        absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = ANY($1::bigint[])");
+    WS_ASSIGN_OR_RETURN(PgResult events,
+                        c_.Query(kEvents, Params(absl::StrCat("{", absl::StrJoin(seqs, ","), "}"))));
+    return PgRows(events, waystone::ReadEvent<PgRow>);
   }
   absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate& u) override {
     static const std::string kFinish = absl::StrCat(
@@ -149,6 +151,17 @@ absl::Status PostgresStore::FinishDelivery(const DeliveryClaim& claim, const Del
     PgDeliverySql sql(c);
     return FinishDeliveryWith(sql, claim, u);
   });
+}
+
+absl::StatusOr<std::vector<absl::Status>> PostgresStore::FinishDeliveries(
+    const std::vector<FinishedDelivery>& finished) {
+  std::vector<absl::Status> results;
+  WS_RETURN_IF_ERROR(InTransaction([&](PgConnection& c) -> absl::Status {
+    PgDeliverySql sql(c);
+    WS_ASSIGN_OR_RETURN(results, FinishDeliveriesWith(sql, finished));
+    return absl::OkStatus();
+  }));
+  return results;
 }
 
 absl::StatusOr<std::vector<std::string>> PostgresStore::DeliveryLeaseOwners(Millis now) {

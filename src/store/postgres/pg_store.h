@@ -70,6 +70,8 @@ class PostgresStore final : public Store {
       const std::string& owner, Millis now, Millis lease_duration, int limit,
       const std::vector<std::string>& sinks) override;
   absl::Status FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& update) override;
+  absl::StatusOr<std::vector<absl::Status>> FinishDeliveries(
+      const std::vector<FinishedDelivery>& finished) override;
   absl::StatusOr<std::vector<std::string>> DeliveryLeaseOwners(Millis now) override;
   absl::Status ExpireDeliveryLeases(const std::string& owner) override;
   absl::StatusOr<std::vector<std::string>> DisabledSinks() override;

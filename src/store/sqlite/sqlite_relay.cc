@@ -1,6 +1,7 @@
 // SqliteStore: outbox cursors and deliveries under leases (RelayStore).
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/mutex.h"
 #include "store/relay_rules.h"
 #include "store/sql_values.h"
@@ -24,12 +25,13 @@ class SqliteDeliverySql final : public DeliverySql {
  public:
   explicit SqliteDeliverySql(SqliteDb& db) : db_(db) {}
 
-  absl::StatusOr<std::optional<EventRecord>> ReadEvent(int64_t seq) override {
-    WS_ASSIGN_OR_RETURN(
-        SqliteStatement * event,
-        db_.Prepare(absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = ?")));
-    event->BindAll(seq);
-    return FirstRow(event, waystone::ReadEvent<SqliteStatement>);
+  absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>& seqs) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * events,
+                        db_.Prepare(absl::StrCat("SELECT ", kEventColumns,
+                                                 " FROM outbox WHERE seq IN (SELECT value FROM "
+                                                 "json_each(?))")));
+    events->BindAll(absl::StrCat("[", absl::StrJoin(seqs, ","), "]"));
+    return CollectRows(events, waystone::ReadEvent<SqliteStatement>);
   }
   absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate& u) override {
     static const std::string kFinish = absl::StrCat(
@@ -120,10 +122,13 @@ absl::StatusOr<std::vector<DeliveryClaim>> SqliteStore::ClaimDeliveries(
     const std::string& owner, Millis now, Millis lease_duration, int limit,
     const std::vector<std::string>& sinks) {
   // Only the oldest pending delivery of an instance per sink is eligible, so a
-  // later event never overtakes an earlier one that is still being retried.
+  // later event never overtakes an earlier one that is still being retried. Pending
+  // deliveries are walked in outbox order (deliveries_due), stopping at the limit;
+  // without statistics SQLite would pick the sink's index and sort the whole backlog.
   static const std::string kClaim = absl::StrCat(
       "UPDATE deliveries SET lease_owner = ?1, lease_expires_at = ?2 + ?3, lease_epoch = "
-      "lease_epoch + 1 WHERE id IN (SELECT d.id FROM deliveries d WHERE d.state = ",
+      "lease_epoch + 1 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_due "
+      "WHERE d.state = ",
       SqlValue(DeliveryState::kPending),
       " AND d.next_attempt_at <= ?2 AND d.lease_expires_at <= ?2 AND d.sink IN (SELECT value "
       "FROM json_each(?5)) AND NOT EXISTS (SELECT 1 FROM deliveries e WHERE e.sink = d.sink AND "
@@ -162,6 +167,20 @@ absl::Status SqliteStore::FinishDelivery(const DeliveryClaim& claim, const Deliv
     SqliteDeliverySql sql(db);
     return FinishDeliveryWith(sql, claim, u);
   });
+}
+
+absl::StatusOr<std::vector<absl::Status>> SqliteStore::FinishDeliveries(
+    const std::vector<FinishedDelivery>& finished) {
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  std::vector<absl::Status> results;
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    SqliteDeliverySql sql(db);
+    WS_ASSIGN_OR_RETURN(results, FinishDeliveriesWith(sql, finished));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return results;
 }
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::DeliveryLeaseOwners(Millis now) {

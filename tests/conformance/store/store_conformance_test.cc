@@ -344,6 +344,61 @@ TEST_P(StoreConformanceTest, MigrationsFromManyConnectionsAtOnceApplyOnce) {
   EXPECT_EQ(SchemaVersion(), NewestMigration());
 }
 
+TEST_P(StoreConformanceTest, FinishingABatchRecordsEachOutcomeAndRefusesOnlyTheLostLease) {
+  std::vector<int64_t> ids;
+  for (const char* key : {"k1", "k2", "k3"}) ids.push_back(store_->StartInstance(Instance(key))->instance.id);
+  absl::StatusOr<std::vector<EventRecord>> rows;
+  testing::WaitFor(
+      [&] {
+        rows = store_->ReadOutbox(0, 100);
+        return !rows.ok() || rows->size() == 3u;
+      },
+      std::chrono::seconds(10));
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 3u);
+  std::vector<std::pair<int64_t, int64_t>> wanted;
+  for (const auto& r : *rows) wanted.emplace_back(r.seq, r.instance_id);
+  ASSERT_TRUE(store_->AddDeliveries("s", 0, rows->back().seq, wanted, 3000).ok());
+  // relay-a's lease on k1 runs out and relay-b claims all three.
+  auto a = *store_->ClaimDeliveries("relay-a", 4000, 1000, 1, {"s"});
+  ASSERT_EQ(a.size(), 1u);
+  auto b = *store_->ClaimDeliveries("relay-b", 5001, 1000, 10, {"s"});
+  ASSERT_EQ(b.size(), 3u);
+  ASSERT_EQ(b[0].event.instance_id, a[0].event.instance_id);
+  DeliveryUpdate delivered;
+  delivered.now = 5002;
+  delivered.state = DeliveryState::kDelivered;
+  delivered.attempts = 1;
+  DeliveryUpdate retry;
+  retry.now = 5002;
+  retry.state = DeliveryState::kPending;
+  retry.attempts = 1;
+  retry.next_attempt_at = 9000;
+  retry.error = "HTTP 500";
+  auto results = store_->FinishDeliveries({{a[0], delivered}, {b[1], delivered}, {b[2], retry}});
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 3u);
+  EXPECT_TRUE(absl::IsAborted((*results)[0])) << (*results)[0];
+  EXPECT_TRUE((*results)[1].ok()) << (*results)[1];
+  EXPECT_TRUE((*results)[2].ok()) << (*results)[2];
+  auto state_of = [&](int64_t instance) { return (*store_->ListDeliveries(instance))[0]; };
+  EXPECT_EQ(state_of(b[0].event.instance_id).state, DeliveryState::kPending);  // still b's
+  EXPECT_EQ(state_of(b[1].event.instance_id).state, DeliveryState::kDelivered);
+  EXPECT_EQ(state_of(b[2].event.instance_id).state, DeliveryState::kPending);
+  EXPECT_EQ(state_of(b[2].event.instance_id).attempts, 1);
+  EXPECT_EQ(state_of(b[2].event.instance_id).last_error, "HTTP 500");
+  // The lost lease left k1 to relay-b, which finishes it; k3 waits for its retry time.
+  results = store_->FinishDeliveries({{b[0], delivered}});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE((*results)[0].ok());
+  EXPECT_TRUE(store_->ClaimDeliveries("relay-b", 5003, 1000, 10, {"s"})->empty());
+  auto stats = *store_->DeliveryStats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].delivered, 2);
+  EXPECT_EQ(stats[0].pending, 1);
+  EXPECT_TRUE(store_->FinishDeliveries({})->empty());
+}
+
 TEST_P(StoreConformanceTest, DeliveriesAreClaimedHeadOfLineAndFenced) {
   auto started = store_->StartInstance(Instance("k1"));
   const int64_t id = started->instance.id;

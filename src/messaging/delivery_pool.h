@@ -1,0 +1,41 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "base/mutex.h"
+
+namespace waystone {
+
+// DeliveryPool runs the tasks of one batch on a fixed set of threads and returns
+// once all of them ran. The threads live as long as the pool, so each keeps the
+// kept-alive connections it made (the HTTP client keeps them per thread). Run is
+// called from one thread at a time; the tasks of a batch must not depend on each
+// other's order.
+class DeliveryPool {
+ public:
+  explicit DeliveryPool(int threads);
+  ~DeliveryPool();
+  DeliveryPool(const DeliveryPool&) = delete;
+  DeliveryPool& operator=(const DeliveryPool&) = delete;
+
+  // Runs every task of `tasks` once, on the pool's threads; returns when all ran.
+  void Run(std::vector<std::function<void()>>& tasks);
+
+ private:
+  void Work();
+
+  Mutex mu_;
+  std::condition_variable work_;  // a batch arrived, or the pool is stopping
+  std::condition_variable done_;  // the last task of a batch ended
+  std::vector<std::function<void()>>* tasks_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;       // the next task to hand out
+  size_t unfinished_ ABSL_GUARDED_BY(mu_) = 0;  // tasks of the batch not yet ended
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::jthread> threads_;
+};
+
+}  // namespace waystone
