@@ -14,6 +14,7 @@
 #include "server/api_handlers.h"
 #include "server/request_bodies.h"
 #include "server/request_helpers.h"
+#include "server/triage.h"
 #include "server/wire.h"
 #include "server/wire_json.h"
 
@@ -123,7 +124,16 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
   if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
   auto view = InstanceViewJson(*ctx.store, *instance, *ctx.ids);
   if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
-  res.SetContent(*view, "application/json");  // redacted by InstanceViewJson
+  auto steps = ctx.store->GetSteps(instance->id);
+  if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+  auto alerts = ctx.store->ListAlerts(instance->id);
+  if (!alerts.ok()) return Send(res, ProblemFromStatus(alerts.status()), req.path);
+  Json out = Json::parse(*view);
+  // The pinned input, as started (the view carries its hash only).
+  Json input = Json::parse(instance->input_json, nullptr, false);
+  out["input"] = input.is_discarded() ? Json(instance->input_json) : input;
+  out["stopped"] = StopJson(ctx, *instance, *steps, *alerts, TriageOptions{});
+  SendJson(res, 200, std::move(out));  // redacted again by SendJson
 }
 
 namespace {
