@@ -901,7 +901,8 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/instances/{key}/retry", "post"}, {"/v1/instances/{key}/confirm", "post"},
       {"/v1/instances/{key}/compensate", "post"}, {"/v1/instances/{key}/skip", "post"},
       {"/v1/instances/{key}/close", "post"}, {"/v1/alerts", "get"},
-      {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}};
+      {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}, {"/v1/me", "get"},
+      {"/v1/triage", "get"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;
