@@ -25,6 +25,56 @@ namespace waystone {
 
 using Json = nlohmann::json;
 
+namespace {
+
+// The most instances one request of a key-prefix or external-id search reads: these
+// filters are applied here, over the store's pages, not by an index.
+constexpr int kSearchScan = 5000;
+constexpr int kSearchBatch = 500;
+
+std::string CursorOf(const InstanceRecord& r) { return HexOf(r.tenant + "\n" + r.key); }
+
+// GET /v1/instances with key_prefix or external_id (an ERP order number: some step's
+// external id, exactly): reads the filtered instances in id order, keeps those that
+// match, and stops at a full page or after kSearchScan instances. The cursor names
+// the last instance read, so a page may hold fewer than `page` items (even none)
+// while next_cursor goes on.
+void ListMatching(const ApiContext& ctx, const ServerRequest& req, ServerResponse& res,
+                  InstanceFilter filter, const std::string& key_prefix,
+                  const std::string& external_id, int page) {
+  if (req.Query("external_id") != nullptr && external_id.empty()) {
+    return Send(res, BadRequest("external_id must not be empty"), req.path);
+  }
+  Json items = Json::array();
+  Json next = nullptr;
+  int scanned = 0;
+  filter.limit = kSearchBatch;
+  while (true) {
+    auto batch = ctx.store->ListInstances(filter);
+    if (!batch.ok()) return Send(res, ProblemFromStatus(batch.status()), req.path);
+    for (const InstanceRecord& r : *batch) {
+      ++scanned;
+      filter.after_id = r.id;
+      bool match = absl::StartsWith(r.key, key_prefix);
+      if (match && !external_id.empty()) {
+        auto steps = ctx.store->GetSteps(r.id);
+        if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+        match = std::any_of(steps->begin(), steps->end(),
+                            [&](const StepRecord& s) { return s.external_id == external_id; });
+      }
+      if (match) items.push_back(wire::InstanceSummary(r));
+      if (static_cast<int>(items.size()) == page || scanned == kSearchScan) {
+        next = CursorOf(r);
+        break;
+      }
+    }
+    if (!next.is_null() || static_cast<int>(batch->size()) < kSearchBatch) break;
+  }
+  SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
+}
+
+}  // namespace
+
 void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                    ServerResponse& res) {
   InstanceFilter filter;
@@ -99,6 +149,9 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     filter.after_id = last->id;
   }
   const int page = filter.limit;
+  if (has("key_prefix") || has("external_id")) {
+    return ListMatching(ctx, req, res, filter, param("key_prefix"), param("external_id"), page);
+  }
   filter.limit = page + 1;  // one more tells whether there is a next page
   auto instances = ctx.store->ListInstances(filter);
   if (!instances.ok()) return Send(res, ProblemFromStatus(instances.status()), req.path);

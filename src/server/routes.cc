@@ -12,7 +12,7 @@ const RouteSpec kRoutes[] = {
     {RouteId::kOpenApi, "GET", Role::kViewer, true, false, {}},
     {RouteId::kListInstances, "GET", Role::kViewer, false, false,
      {"tenant", "workflow", "state", "error_class", "alert", "created_after", "created_before",
-      "limit", "cursor"}},
+      "limit", "cursor", "key_prefix", "external_id"}},
     {RouteId::kStart, "POST", Role::kOperator, false, true, {}},
     {RouteId::kShow, "GET", Role::kViewer, false, false, {"tenant"}},
     {RouteId::kAct, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},

@@ -359,6 +359,42 @@ try {
     await page.locator('table.found').getByRole('link', { name: 'crm:7' }).waitFor();
     await shot('find');
     await axe('find');
+    // The order that failed by its ERP number: the server searches every step's external id.
+    await page.getByLabel('Business key').fill('');
+    await page.getByLabel('State').selectOption('');
+    await page.getByLabel('Workflow').fill('');
+    await page.getByLabel('External id').fill(orderNumber);
+    await page.getByLabel('External id').press('Enter');
+    await page.waitForURL(new RegExp(`external_id=${orderNumber}`));
+    await until('the external id search', async () =>
+      (await page.locator('table.found tbody tr td:first-child').allTextContents()).join() === 'console:1');
+    await shot('find-external-id');
+    // A key prefix, from a link.
+    await page.goto(`${base}/console/#/find?key=console%3A&match=prefix&state=running`);
+    await until('the prefix search', async () =>
+      (await page.locator('table.found tbody tr td:first-child').allTextContents()).join() === 'console:3');
+  });
+
+  await check('keyboard: Tab reaches an instance, Enter opens it, a dialog opens and Escape closes it', async () => {
+    await page.goto(`${base}/console/#/`);
+    await page.getByRole('heading', { name: 'Why instances stopped' }).waitFor();
+    let reached = false;
+    for (let i = 0; i < 60 && !reached; i += 1) {
+      await page.keyboard.press('Tab');
+      reached = await page.evaluate(() => document.activeElement?.textContent === 'console:2');
+    }
+    assert.ok(reached, 'Tab never reached console:2');
+    await page.keyboard.press('Enter');
+    await page.getByRole('heading', { name: /console:2/, level: 1 }).waitFor();
+    const confirm = page.getByRole('button', { name: 'Confirm outcome ‘create-order’' });
+    await confirm.focus();
+    await page.keyboard.press('Enter');
+    await page.locator('dialog[open] .plan').waitFor();
+    // Focus starts in the reason field, inside the dialog.
+    assert.equal(await page.evaluate(() => document.activeElement?.id), 'action-reason');
+    await page.keyboard.press('Escape');
+    await until('the dialog to close', async () => (await page.locator('dialog[open]').count()) === 0);
+    assert.equal((await show('console:2')).state, 'needs_attention', 'Escape acted');
   });
 
   await check('a viewer is not offered actions, and the server refuses them anyway', async () => {

@@ -4,6 +4,8 @@
 // CloudEvents inbox, roles and tenants on every write route, bad input.
 
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -887,6 +889,73 @@ steps:
   approve.join();
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
   EXPECT_EQ(Step("e1", "approval")["external_id"], "early-1");
+}
+
+TEST_P(ApiWriteTest, SearchByExternalIdAndKeyPrefixPagesOnTheServer) {
+  // Each create answers a fresh id (X-1, X-2, …): the recorder's, read back per instance.
+  for (const char* id : {"ord-1", "ord-2", "ord-3", "other-1"}) {
+    ASSERT_EQ(StartAndDrive(id), InstanceState::kRunning);  // waits for approval
+  }
+  const std::string erp_id = Step("ord-2", "create")["external_id"];
+  ASSERT_TRUE(erp_id.starts_with("X-")) << erp_id;
+  Json found = Get("/v1/instances?external_id=" + erp_id);
+  ASSERT_EQ(found["items"].size(), 1u) << found.dump();
+  EXPECT_EQ(found["items"][0]["key"], "ord-2");
+  EXPECT_EQ(Get("/v1/instances?external_id=X-999")["items"].size(), 0u);
+  // Another tenant's token finds nothing under the same id.
+  EXPECT_EQ(Get("/v1/instances?external_id=" + erp_id, operator_t2_)["items"].size(), 0u);
+  EXPECT_EQ(Send("GET", "/v1/instances?external_id=", viewer_).outcome.status, 400);
+
+  std::vector<std::string> seen;
+  std::string cursor;
+  int pages = 0;
+  do {
+    Json page = Get("/v1/instances?key_prefix=ord-&limit=1" + (cursor.empty() ? "" : "&cursor=" + cursor));
+    for (const Json& item : page["items"]) seen.push_back(item["key"]);
+    cursor = page["next_cursor"].is_null() ? "" : page["next_cursor"].get<std::string>();
+    ++pages;
+  } while (!cursor.empty() && pages < 10);
+  EXPECT_EQ(seen, (std::vector<std::string>{"ord-1", "ord-2", "ord-3"}));
+  EXPECT_EQ(Get("/v1/instances?key_prefix=other-")["items"].size(), 1u);
+  // Both at once, and with the other filters.
+  EXPECT_EQ(Get("/v1/instances?key_prefix=ord-&external_id=" + erp_id)["items"].size(), 1u);
+  EXPECT_EQ(Get("/v1/instances?key_prefix=other-&external_id=" + erp_id)["items"].size(), 0u);
+  EXPECT_EQ(Get("/v1/instances?key_prefix=ord-&state=completed")["items"].size(), 0u);
+}
+
+TEST_P(ApiWriteTest, TriageSaysWhyAndWhatMayFollowAsTheActionsDo) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("t-refused"), InstanceState::kNeedsAttention);
+  recorder_.Answer("/charge", 200);
+  ASSERT_EQ(StartAndDrive("t-waiting"), InstanceState::kRunning);
+  Json triage = Get("/v1/triage");
+  std::map<std::string, Json> groups;
+  for (const Json& g : triage["groups"]) groups[g["reason"]] = g;
+  ASSERT_EQ(groups["needs_operator"]["count"], 1) << triage.dump();
+  ASSERT_EQ(groups["waiting_for_event"]["count"], 1) << triage.dump();
+  const Json refused = groups["needs_operator"]["items"][0];
+  EXPECT_EQ(refused["key"], "t-refused");
+  EXPECT_EQ(refused["stopped"]["step"], "charge");
+  EXPECT_NE(refused["stopped"]["words"].get<std::string>().find("HTTP 422"), std::string::npos)
+      << refused.dump();
+  // What triage offers is what the actions accept: each dry run answers 200, and an
+  // action it does not offer (confirm: the outcome is known) is refused.
+  const Json offered = refused["stopped"]["next_actions"];
+  std::set<std::string> names;
+  for (const Json& a : offered) {
+    names.insert(a["action"]);
+    Json body = {{"reason", "triage check"}};
+    if (a.contains("step")) body["step"] = a["step"];
+    Post("/v1/instances/t-refused/" + a["action"].get<std::string>() + "?dry_run=true", body, 200);
+  }
+  // create completed and has a compensation: compensating is allowed too.
+  EXPECT_EQ(names, (std::set<std::string>{"retry", "skip", "compensate", "close"}))
+      << offered.dump();
+  Post("/v1/instances/t-refused/confirm?dry_run=true",
+       {{"reason", "x"}, {"step", "charge"}, {"happened", false}}, 409);
+  const Json waiting = groups["waiting_for_event"]["items"][0];
+  EXPECT_EQ(waiting["stopped"]["step"], "approval");
+  EXPECT_EQ(waiting["stopped"]["overdue"], false);
 }
 
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {

@@ -128,7 +128,10 @@ export function openActionDialog({ tenant, key, action, step, alert }) {
         apply.disabled = false;
       }
     });
-    box.addEventListener('close', () => resolve(applied), { once: true });
+    box.addEventListener('close', () => {
+      box.replaceChildren();  // a closed dialog leaves no form behind
+      resolve(applied);
+    }, { once: true });
     show(box, form);
     box.showModal();
     reason.focus();

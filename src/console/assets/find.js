@@ -11,19 +11,19 @@ const ERROR_CLASSES = ['', 'transient', 'rejected', 'unknown'];
 const ALERTS = ['', 'any', 'retries_exhausted', 'lookup_contradiction', 'compensation_failed',
   'idempotency_conflict', 'needs_operator', 'delivery_parked', 'sink_disabled',
   'unknown_unresolved', 'inbox_conflict', 'result_missing'];
-const FILTERS = ['state', 'workflow', 'error_class', 'alert', 'key', 'tenant', 'cursor'];
+const FILTERS = ['state', 'workflow', 'error_class', 'alert', 'key', 'match', 'external_id', 'tenant'];
 
 function select(name, label, options, value) {
-  return [h('label', { for: `f-${name}` }, label),
+  return h('div', { class: 'field' }, h('label', { for: `f-${name}` }, label),
     h('select', { id: `f-${name}`, name }, options.map((o) =>
-      h('option', { value: o, selected: o === value }, o === '' ? 'any' : o)))];
+      h('option', { value: o, selected: o === value }, o === '' ? 'any' : o))));
 }
 
 function text(name, label, value, help) {
-  return [h('label', { for: `f-${name}` }, label),
+  return h('div', { class: 'field' }, h('label', { for: `f-${name}` }, label),
     h('input', { id: `f-${name}`, name, type: 'text', value: value ?? '', autocomplete: 'off',
       'aria-describedby': help ? `f-${name}-help` : null }),
-    help ? h('span', { id: `f-${name}-help`, class: 'muted small' }, help) : null];
+    help ? h('span', { id: `f-${name}-help`, class: 'muted small' }, help) : null);
 }
 
 export async function renderFind(main, me, params) {
@@ -32,9 +32,11 @@ export async function renderFind(main, me, params) {
     text('workflow', 'Workflow', params.get('workflow')),
     select('error_class', 'Error class', ERROR_CLASSES, params.get('error_class') ?? ''),
     select('alert', 'Open alert', ALERTS, params.get('alert') ?? ''),
-    text('key', 'Business key', params.get('key'), 'exact'),
+    text('key', 'Business key', params.get('key'), 'exact: opens that one instance'),
+    select('match', 'Key match', ['exact', 'prefix'], params.get('match') ?? 'exact'),
+    text('external_id', 'External id', params.get('external_id'), 'e.g. an ERP order number'),
     me.tenant === '*' ? text('tenant', 'Tenant', params.get('tenant')) : null,
-    h('button', { type: 'submit', class: 'primary' }, 'Find'));
+    h('div', { class: 'field submit' }, h('button', { type: 'submit', class: 'primary' }, 'Find')));
   form.addEventListener('submit', (event) => {
     event.preventDefault();
     const next = new URLSearchParams();
@@ -48,10 +50,11 @@ export async function renderFind(main, me, params) {
   show(main, h('h1', {}, 'Find instances'), form, results);
 
   const key = params.get('key');
+  const prefix = params.get('match') === 'prefix';
   let items = [];
   let nextCursor = null;
   try {
-    if (key) {
+    if (key && !prefix && !params.get('external_id')) {
       // A business key names one instance (per tenant).
       const one = await api(instancePath(key), { query: { tenant: params.get('tenant') } });
       items = [one];
@@ -60,8 +63,10 @@ export async function renderFind(main, me, params) {
         state: params.get('state'), workflow: params.get('workflow'),
         error_class: params.get('error_class'), alert: params.get('alert'),
         tenant: params.get('tenant'), cursor: params.get('cursor'), limit: 50,
+        // An exact key with an external id: searched by prefix, kept when exact.
+        key_prefix: key ? key : undefined, external_id: params.get('external_id'),
       } });
-      items = page.items;
+      items = key && !prefix ? page.items.filter((i) => i.key === key) : page.items;
       nextCursor = page.next_cursor;
     }
   } catch (problem) {
