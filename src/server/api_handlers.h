@@ -3,7 +3,7 @@
 // Inside the API server (its own .cc files only): what every handler shares, and
 // the handlers, one file per resource:
 //   health_handlers.cc    /healthz, /readyz, /metrics, /v1/openapi.json
-//   instance_handlers.cc  GET and POST /v1/instances, GET /v1/instances/{key}
+//   instance_handlers.cc  GET and POST /v1/instances, GET /v1/instances/{key}, GET /v1/attempts
 //   action_handlers.cc    POST /v1/instances/{key}/{action} (operator actions, dry runs)
 //   alert_handlers.cc     GET /v1/alerts, POST /v1/alerts/{id}/acknowledge
 //   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
@@ -59,6 +59,9 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
                    ServerResponse& res);
 void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::string& key,
                   const ServerRequest& req, ServerResponse& res);
+// GET /v1/attempts?key=K: every request one instance's steps sent, newest first, paged.
+void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                    ServerResponse& res);
 void StartInstance(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                    ServerResponse& res);
 

@@ -148,6 +148,8 @@ class ApiServer::Impl {
         return ShowMe(ctx_, principal, req, res);
       case RouteId::kTriage:
         return ShowTriage(ctx_, principal, req, res);
+      case RouteId::kAttempts:
+        return ListAttemptsOf(ctx_, principal, req, res);
       case RouteId::kConsole:
         return ServeConsole(ctx_, match.key, req, res);
     }

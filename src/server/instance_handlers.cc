@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -187,6 +188,97 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
   out["input"] = input.is_discarded() ? Json(instance->input_json) : input;
   out["stopped"] = StopJson(ctx, *instance, *steps, *alerts, TriageOptions{});
   SendJson(res, 200, std::move(out));  // redacted again by SendJson
+}
+
+void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                    ServerResponse& res) {
+  const std::string key = Param(req, "key");
+  if (key.empty()) return Send(res, BadRequest("key (the instance's business key) is required"), req.path);
+  auto tenant = TenantOf(principal, req);
+  if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
+  int limit = 100;
+  if (req.Query("limit") != nullptr) {
+    const std::string text = Param(req, "limit");
+    limit = std::atoi(text.c_str());
+    if (limit < 1 || limit > 1000 || std::to_string(limit) != text) {
+      return Send(res, BadRequest("limit must be a whole number from 1 to 1000"), req.path);
+    }
+  }
+  auto instance = ctx.store->FindInstance(*tenant, key);
+  if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
+  auto steps = ctx.store->GetSteps(instance->id);
+  if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+  std::optional<int> only_step;
+  if (req.Query("step") != nullptr) {
+    for (const StepRecord& s : *steps) {
+      if (s.name == Param(req, "step")) only_step = s.index;
+    }
+    if (!only_step) {
+      return Send(res, BadRequest("instance '" + key + "' has no step '" + Param(req, "step") + "'"),
+                  req.path);
+    }
+  }
+  // The cursor names the last attempt of the page (step index and seq).
+  std::optional<std::pair<int, int>> after;
+  if (req.Query("cursor") != nullptr) {
+    auto named = FromHex(Param(req, "cursor"));
+    const size_t cut = named ? named->find('\n') : std::string::npos;
+    int step_index = -1, seq = -1;
+    if (cut != std::string::npos) {
+      step_index = std::atoi(named->substr(0, cut).c_str());
+      seq = std::atoi(named->substr(cut + 1).c_str());
+    }
+    if (cut == std::string::npos || *named != std::to_string(step_index) + "\n" + std::to_string(seq)) {
+      return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+    }
+    after = {step_index, seq};
+  }
+  auto attempts = ctx.store->ListAttempts(instance->id);
+  if (!attempts.ok()) return Send(res, ProblemFromStatus(attempts.status()), req.path);
+  std::vector<AttemptRecord> rows;
+  for (AttemptRecord& a : *attempts) {
+    if (!only_step || a.step_index == *only_step) rows.push_back(std::move(a));
+  }
+  // Newest first: by start time, then the later step, then the later attempt of it.
+  std::sort(rows.begin(), rows.end(), [](const AttemptRecord& a, const AttemptRecord& b) {
+    return std::tie(a.started_at, a.step_index, a.seq) > std::tie(b.started_at, b.step_index, b.seq);
+  });
+  size_t from = 0;
+  if (after) {
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const AttemptRecord& a) {
+      return a.step_index == after->first && a.seq == after->second;
+    });
+    if (it == rows.end()) return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+    from = static_cast<size_t>(it - rows.begin()) + 1;
+  }
+  Json items = Json::array();
+  Json next = nullptr;
+  for (size_t i = from; i < rows.size(); ++i) {
+    if (static_cast<int>(items.size()) == limit) {
+      const AttemptRecord& last = rows[i - 1];
+      next = HexOf(std::to_string(last.step_index) + "\n" + std::to_string(last.seq));
+      break;
+    }
+    const AttemptRecord& a = rows[i];
+    const std::string step = a.step_index >= 0 && a.step_index < static_cast<int>(steps->size())
+                                 ? (*steps)[a.step_index].name
+                                 : "";
+    Json item = {{"step", step},
+                 {"seq", a.seq},
+                 {"phase", ToString(a.phase)},
+                 {"sent", a.sent},
+                 {"connection", ToString(a.connection)},
+                 {"status", a.status},
+                 {"error_class", ToString(a.error_class)},
+                 {"detail", a.detail},
+                 {"started_at", Rfc3339(a.started_at)},
+                 {"finished_at", Rfc3339(a.finished_at)}};
+    if (a.started_at > 0 && a.finished_at >= a.started_at) {
+      item["latency_ms"] = a.finished_at - a.started_at;
+    }
+    items.push_back(std::move(item));
+  }
+  SendJson(res, 200, {{"items", items}, {"total", rows.size()}, {"next_cursor", next}});
 }
 
 namespace {

@@ -20,6 +20,8 @@ const RouteSpec kRoutes[] = {
     {RouteId::kAcknowledge, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
     {RouteId::kEvents, "POST", Role::kOperator, false, true, {}},
     {RouteId::kMe, "GET", Role::kViewer, false, false, {}},
+    {RouteId::kAttempts, "GET", Role::kViewer, false, false,
+     {"tenant", "key", "step", "limit", "cursor"}},
     {RouteId::kTriage, "GET", Role::kViewer, false, false,
      {"tenant", "workflow", "stuck_after", "limit"}},
     // The console's static files: public, they hold no data (every call they make
@@ -47,6 +49,8 @@ std::vector<Screened> MatchPath(const std::string& path) {
   else if (path == "/v1/openapi.json") add(RouteId::kOpenApi);
   else if (path == "/v1/me") add(RouteId::kMe);
   else if (path == "/v1/triage") add(RouteId::kTriage);
+  // A resource of its own, not /v1/instances/{key}/attempts: a key may end in "/attempts".
+  else if (path == "/v1/attempts") add(RouteId::kAttempts);
   else if (path == "/console") add(RouteId::kConsole);
   else if (path.starts_with("/console/")) add(RouteId::kConsole, path.substr(9));
   else if (path == "/v1/instances") {

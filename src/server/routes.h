@@ -18,7 +18,7 @@ namespace waystone {
 
 enum class RouteId {
   kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
-  kAcknowledge, kEvents, kMe, kTriage, kConsole,
+  kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts,
 };
 
 struct RouteSpec {

@@ -9,7 +9,7 @@
 // Exits 77 (ctest: skipped, loudly) only when /usr/bin/chromium is missing.
 
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
+import { spawn, spawnSync, execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -185,6 +185,15 @@ try {
   assert.equal(erp.body.items.length, 1, 'the lost answer left exactly one order at the ERP');
   const orderNumber = erp.body.items[0].id;
 
+  await check('every module of the console parses (node --check)', async () => {
+    const assets = path.join(source, 'src/console/assets');
+    for (const file of fs.readdirSync(assets).filter((f) => f.endsWith('.js'))) {
+      const parsed = spawnSync(process.execPath, ['--input-type=module', '--check'],
+        { input: fs.readFileSync(path.join(assets, file)), encoding: 'utf8' });
+      assert.equal(parsed.status, 0, `${file}: ${parsed.stderr}`);
+    }
+  });
+
   await check('the console is served from the binary: redirect, types, ETag, 304, no token needed', async () => {
     const redirect = await fetch(`${base}/console`, { redirect: 'manual' });
     assert.equal(redirect.status, 301);
@@ -206,6 +215,7 @@ try {
 
   browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox'] });
   const context = await browser.newContext({ viewport: { width: 1366, height: 900 }, timezoneId: 'Asia/Tokyo' });
+  context.setDefaultTimeout(10000);
   const page = await context.newPage();
   const consoleErrors = [];
   page.on('console', (message) => { if (message.type() === 'error') consoleErrors.push(message.text()); });
@@ -290,9 +300,13 @@ try {
     const view = await show('console:1');
     assert.ok(text.includes(view.trace_id), 'trace id');
     assert.ok(text.includes(step(view, 'create-order').idempotency_key), 'idempotency key');
-    await page.locator('details.attempts summary', { hasText: 'Requests sent: 1' }).nth(1).click();
-    const request = page.locator('table.requests').nth(1).locator('tbody tr');
+    // create-order's requests, a page from GET /v1/attempts once opened.
+    const details = page.locator('details.attempts', { has: page.locator('caption', { hasText: 'create-order' }) });
+    await details.locator('summary').click();
+    const request = details.locator('table.requests tbody tr');
+    await request.first().waitFor();
     assert.equal(await request.count(), 1);
+    assert.match(await details.textContent(), /1 of 1 shown/);
     assert.match(await request.textContent(), /call.*yes.*unknown/);
     assert.equal(await page.getByRole('button', { name: 'Confirm outcome ‘create-order’' }).count(), 1);
     await shot('instance');

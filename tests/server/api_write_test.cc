@@ -923,6 +923,45 @@ TEST_P(ApiWriteTest, SearchByExternalIdAndKeyPrefixPagesOnTheServer) {
   EXPECT_EQ(Get("/v1/instances?key_prefix=ord-&state=completed")["items"].size(), 0u);
 }
 
+TEST_P(ApiWriteTest, AttemptsArePagedNewestFirstPerInstanceAndStep) {
+  recorder_.Answer("/charge", 422);
+  const size_t before = recorder_.Calls().size();
+  ASSERT_EQ(StartAndDrive("att-1"), InstanceState::kNeedsAttention);
+  const std::vector<Recorder::Call> received = recorder_.Since(before);  // read, create, charge
+  ASSERT_EQ(received.size(), 3u);
+  Json all = Get("/v1/attempts?key=att-1");
+  EXPECT_EQ(all["total"], 3);
+  ASSERT_EQ(all["items"].size(), 3u);
+  EXPECT_TRUE(all["next_cursor"].is_null());
+  // Newest first: what the recorder received, in reverse.
+  EXPECT_EQ(all["items"][0]["step"], "charge");
+  EXPECT_EQ(all["items"][0]["status"], 422);
+  EXPECT_EQ(all["items"][0]["error_class"], "rejected");
+  EXPECT_EQ(all["items"][1]["step"], "create");
+  EXPECT_EQ(all["items"][2]["step"], "read");
+  EXPECT_EQ(all["items"][2]["status"], 200);
+  EXPECT_EQ(all["items"][2]["sent"], true);
+  // One at a time, the same order, and the cursor ends.
+  std::vector<Json> paged;
+  std::string cursor;
+  for (int page = 0; page < 5; ++page) {
+    Json one = Get("/v1/attempts?key=att-1&limit=1" + (cursor.empty() ? "" : "&cursor=" + cursor));
+    for (const Json& item : one["items"]) paged.push_back(item);
+    if (one["next_cursor"].is_null()) break;
+    cursor = one["next_cursor"];
+  }
+  EXPECT_EQ(Json(paged), all["items"]);
+  Json create = Get("/v1/attempts?key=att-1&step=create");
+  ASSERT_EQ(create["items"].size(), 1u);
+  EXPECT_EQ(create["items"][0]["phase"], "call");
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1&step=nope", viewer_).outcome.status, 400);
+  EXPECT_EQ(Send("GET", "/v1/attempts", viewer_).outcome.status, 400);
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1&cursor=zz", viewer_).outcome.status, 400);
+  // Another tenant's instance is as missing as one that is not there.
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1", operator_t2_).outcome.status, 404);
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=nobody", viewer_).outcome.status, 404);
+}
+
 TEST_P(ApiWriteTest, TriageSaysWhyAndWhatMayFollowAsTheActionsDo) {
   recorder_.Answer("/charge", 422);
   ASSERT_EQ(StartAndDrive("t-refused"), InstanceState::kNeedsAttention);
@@ -971,7 +1010,7 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/instances/{key}/compensate", "post"}, {"/v1/instances/{key}/skip", "post"},
       {"/v1/instances/{key}/close", "post"}, {"/v1/alerts", "get"},
       {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}, {"/v1/me", "get"},
-      {"/v1/triage", "get"}};
+      {"/v1/triage", "get"}, {"/v1/attempts", "get"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;

@@ -33,7 +33,7 @@ export const REASON_WORDS = {
 
 const ACTION_WORDS = {
   retry: 'Retry', confirm: 'Confirm outcome', compensate: 'Compensate', skip: 'Skip',
-  close: 'Close', acknowledge: 'Acknowledge',
+  close: 'Close the case', acknowledge: 'Acknowledge',
 };
 
 export function actionWords(action, step) {

@@ -21,25 +21,47 @@ function copyButton(text, label) {
   } }, 'Copy');
 }
 
-function requestsTable(step) {
-  const requests = [...(step.requests ?? [])].sort((a, b) => b.seq - a.seq);  // newest first
-  if (!requests.length) return h('p', { class: 'muted' }, 'No request sent.');
-  return h('table', { class: 'requests' },
+function requestRow(r) {
+  return h('tr', {},
+    h('td', {}, String(r.seq)), h('td', {}, r.phase), h('td', {}, time(r.started_at)),
+    h('td', {}, r.latency_ms !== undefined ? `${r.latency_ms} ms` : '—'),
+    h('td', {}, r.sent ? 'yes' : 'no'), h('td', {}, r.connection),
+    h('td', {}, r.status ? String(r.status) : '—'),
+    h('td', {}, r.error_class === 'none' ? 'ok' : `${r.error_class}: ${r.detail}`));
+}
+
+// Every request of one step, newest first, a page at a time (GET /v1/attempts).
+function requestsTable(view, step, me) {
+  const body = h('tbody', {});
+  const status = h('p', { class: 'muted small', 'aria-live': 'polite' });
+  const older = h('button', { type: 'button', class: 'small', hidden: true }, 'Load older requests');
+  let cursor = null;
+  const load = async () => {
+    older.disabled = true;
+    try {
+      const page = await api('/v1/attempts', { query: {
+        key: view.key, step: step.name, limit: 50, cursor,
+        tenant: me.tenant === '*' ? view.tenant : undefined,
+      } });
+      for (const r of page.items) body.appendChild(requestRow(r));
+      cursor = page.next_cursor;
+      older.hidden = !cursor;
+      show(status, `${body.children.length} of ${page.total} shown.`);
+    } catch (problem) {
+      show(status, h('span', { class: 'error' }, problem.message));
+    }
+    older.disabled = false;
+  };
+  older.addEventListener('click', load);
+  const table = h('table', { class: 'requests' },
     h('caption', {}, `Every request of ${step.name}, newest first`),
     h('thead', {}, h('tr', {}, ['#', 'phase', 'started', 'latency', 'sent', 'connection', 'HTTP',
       'outcome'].map((c) => h('th', { scope: 'col' }, c)))),
-    h('tbody', {}, requests.map((r) => {
-      const latency = r.started_at && r.finished_at
-        ? `${new Date(r.finished_at) - new Date(r.started_at)} ms` : '—';
-      return h('tr', {},
-        h('td', {}, String(r.seq)), h('td', {}, r.phase), h('td', {}, time(r.started_at)),
-        h('td', {}, latency), h('td', {}, r.sent ? 'yes' : 'no'), h('td', {}, r.connection),
-        h('td', {}, r.status ? String(r.status) : '—'),
-        h('td', {}, r.error_class === 'none' ? 'ok' : `${r.error_class}: ${r.detail}`));
-    })));
+    body);
+  return { element: h('div', {}, table, status, older), load };
 }
 
-function stepsTimeline(view) {
+function stepsTimeline(view, me) {
   return h('ol', { class: 'timeline' }, view.steps.map((s) => h('li', { class: `step step-${s.state}` },
     h('h3', {}, s.name, ' ', stateLabel(s.state)),
     h('dl', { class: 'facts' },
@@ -53,9 +75,23 @@ function stepsTimeline(view) {
       s.compensation_attempts ? row('compensation attempts', String(s.compensation_attempts)) : null,
       s.started_at ? row('started', time(s.started_at)) : null,
       s.finished_at ? row('finished', time(s.finished_at)) : null),
-    h('details', { class: 'attempts' },
-      h('summary', {}, `Requests sent: ${(s.requests ?? []).length}`),
-      requestsTable(s)))));
+    attemptsDetails(view, s, me))));
+}
+
+function attemptsDetails(view, step, me) {
+  const count = (step.requests ?? []).length;
+  if (!count) return h('p', { class: 'muted small' }, 'No request sent yet.');
+  const requests = requestsTable(view, step, me);
+  const details = h('details', { class: 'attempts' },
+    h('summary', {}, `Requests sent: ${count}`), requests.element);
+  let loaded = false;
+  details.addEventListener('toggle', () => {
+    if (details.open && !loaded) {
+      loaded = true;
+      requests.load();
+    }
+  });
+  return details;
 }
 
 export async function renderInstance(main, me, tenant, key) {
@@ -94,7 +130,7 @@ export async function renderInstance(main, me, tenant, key) {
       h('details', {}, h('summary', {}, 'Input (pinned)'),
         h('pre', { class: 'input' }, JSON.stringify(view.input, null, 2)))),
     h('section', { 'aria-labelledby': 'steps-title' },
-      h('h2', { id: 'steps-title' }, 'Steps'), stepsTimeline(view)),
+      h('h2', { id: 'steps-title' }, 'Steps'), stepsTimeline(view, me)),
     h('section', { 'aria-labelledby': 'alerts-title' },
       h('h2', { id: 'alerts-title' }, `Alerts (${openAlerts.length} open)`),
       view.alerts.length ? h('ul', { class: 'alerts' }, view.alerts.map((a) => h('li', {},
