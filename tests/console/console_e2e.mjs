@@ -389,6 +389,35 @@ try {
       (await page.locator('table.found tbody tr td:first-child').allTextContents()).join() === 'console:3');
   });
 
+  await check('acknowledge an alert through its dialog: dry run, reason, result; the API and the audit trail agree', async () => {
+    await page.goto(`${base}/console/#/instance/default/crm%3A7`);
+    await page.getByRole('heading', { name: /crm:7/, level: 1 }).waitFor();
+    const before = (await show('crm:7')).alerts.filter((a) => a.state === 'open');
+    assert.equal(before.length, 1, JSON.stringify(before));
+    await page.locator('.alerts').getByRole('button', { name: 'Acknowledge' }).click();
+    const dialog = page.locator('dialog[open]');
+    await dialog.locator('.preview', { hasText: 'acknowledged' }).waitFor();
+    assert.match(await dialog.locator('.preview').textContent(), /compensation_failed.*open.*→.*acknowledged/);
+    assert.equal((await show('crm:7')).alerts[0].state, 'open', 'the dry run acknowledged');
+    const apply = dialog.getByRole('button', { name: 'Apply' });
+    assert.equal(await apply.isDisabled(), true);
+    await dialog.getByLabel(/Reason/).fill('cancellation desk called, ticket 88');
+    await apply.click();
+    await dialog.locator('.result', { hasText: 'acknowledged' }).waitFor();
+    await dialog.screenshot({ path: path.join(out, 'dialog-acknowledge.png') });
+    await dialog.getByRole('button', { name: 'Done' }).click();
+    const view = await show('crm:7');
+    const alert = view.alerts.find((a) => a.id === before[0].id);
+    assert.equal(alert.state, 'acknowledged');
+    const audit = view.audit.filter((a) => a.action === 'acknowledge');
+    assert.equal(audit.length, 1);
+    assert.equal(audit[0].actor, 'alice');
+    assert.equal(audit[0].reason, 'cancellation desk called, ticket 88');
+    // Acknowledged is not resolved: the case still needs a decision.
+    assert.equal(view.state, 'needs_attention');
+    await page.locator('table.audit').getByText('cancellation desk called, ticket 88').waitFor();
+  });
+
   await check('keyboard: Tab reaches an instance, Enter opens it, a dialog opens and Escape closes it', async () => {
     await page.goto(`${base}/console/#/`);
     await page.getByRole('heading', { name: 'Why instances stopped' }).waitFor();
