@@ -383,6 +383,12 @@ try {
     await until('the external id search', async () =>
       (await page.locator('table.found tbody tr td:first-child').allTextContents()).join() === 'console:1');
     await shot('find-external-id');
+    // A created range, from a link: nothing was created in 2999, everything before it.
+    await page.goto(`${base}/console/#/find?created_after=2999-01-01T00%3A00%3A00.000Z`);
+    await until('the empty range', async () => /^0 instances/.test(await page.locator('.results').textContent()));
+    assert.match(await page.getByLabel('Created from').inputValue(), /^2999-01-01T|^2998-12-31T/);
+    await page.goto(`${base}/console/#/find?created_before=2999-01-01T00%3A00%3A00.000Z&workflow=console-order`);
+    await until('the full range', async () => /^4 instances/.test(await page.locator('.results').textContent()));
     // A key prefix, from a link.
     await page.goto(`${base}/console/#/find?key=console%3A&match=prefix&state=running`);
     await until('the prefix search', async () =>

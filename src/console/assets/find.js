@@ -11,12 +11,27 @@ const ERROR_CLASSES = ['', 'transient', 'rejected', 'unknown'];
 const ALERTS = ['', 'any', 'retries_exhausted', 'lookup_contradiction', 'compensation_failed',
   'idempotency_conflict', 'needs_operator', 'delivery_parked', 'sink_disabled',
   'unknown_unresolved', 'inbox_conflict', 'result_missing'];
-const FILTERS = ['state', 'workflow', 'error_class', 'alert', 'key', 'match', 'external_id', 'tenant'];
+const FILTERS = ['state', 'workflow', 'error_class', 'alert', 'key', 'match', 'external_id',
+  'created_after', 'created_before', 'tenant'];
 
 function select(name, label, options, value) {
   return h('div', { class: 'field' }, h('label', { for: `f-${name}` }, label),
     h('select', { id: `f-${name}`, name }, options.map((o) =>
       h('option', { value: o, selected: o === value }, o === '' ? 'any' : o))));
+}
+
+// A time in the browser's zone, kept in the URL as UTC (RFC 3339), as the API takes it.
+function when(name, label, value) {
+  const local = value ? toLocalInput(value) : '';
+  return h('div', { class: 'field' }, h('label', { for: `f-${name}` }, label),
+    h('input', { id: `f-${name}`, name, type: 'datetime-local', value: local, step: 1 }));
+}
+
+function toLocalInput(rfc3339) {
+  const at = new Date(rfc3339);
+  if (Number.isNaN(at.getTime())) return '';
+  const shifted = new Date(at.getTime() - at.getTimezoneOffset() * 60000);
+  return shifted.toISOString().slice(0, 19);
 }
 
 function text(name, label, value, help) {
@@ -35,13 +50,17 @@ export async function renderFind(main, me, params) {
     text('key', 'Business key', params.get('key'), 'exact: opens that one instance'),
     select('match', 'Key match', ['exact', 'prefix'], params.get('match') ?? 'exact'),
     text('external_id', 'External id', params.get('external_id'), 'e.g. an ERP order number'),
+    when('created_after', 'Created from', params.get('created_after')),
+    when('created_before', 'Created before', params.get('created_before')),
     me.tenant === '*' ? text('tenant', 'Tenant', params.get('tenant')) : null,
     h('div', { class: 'field submit' }, h('button', { type: 'submit', class: 'primary' }, 'Find')));
   form.addEventListener('submit', (event) => {
     event.preventDefault();
     const next = new URLSearchParams();
     for (const name of FILTERS) {
-      const value = form.elements[name]?.value?.trim();
+      let value = form.elements[name]?.value?.trim();
+      // datetime-local is the browser's zone: the API takes UTC.
+      if (value && name.startsWith('created_')) value = new Date(value).toISOString();
       if (value) next.set(name, value);
     }
     location.hash = `#/find?${next}`;
@@ -62,6 +81,7 @@ export async function renderFind(main, me, params) {
       const page = await api('/v1/instances', { query: {
         state: params.get('state'), workflow: params.get('workflow'),
         error_class: params.get('error_class'), alert: params.get('alert'),
+        created_after: params.get('created_after'), created_before: params.get('created_before'),
         tenant: params.get('tenant'), cursor: params.get('cursor'), limit: 50,
         // An exact key with an external id: searched by prefix, kept when exact.
         key_prefix: key ? key : undefined, external_id: params.get('external_id'),
