@@ -9,7 +9,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev curl
   libnats-dev nats-server prometheus libpq-dev postgresql
-  python3 clang libclang-rt-14-dev libboost1.81-dev
+  python3 clang libclang-rt-14-dev libboost1.81-dev chromium
 )
 
 missing=()
@@ -26,4 +26,17 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The console's browser tests (tests/console): playwright-core and axe-core, pinned in
+# package-lock.json, installed with `npm ci` when the lock changed since the last install.
+console_tests="$(dirname "$0")/../tests/console"
+if command -v npm >/dev/null 2>&1; then
+  if ! cmp -s "$console_tests/package-lock.json" "$console_tests/node_modules/.package-lock.json.installed"; then
+    echo "setup: npm ci in tests/console" >&2
+    (cd "$console_tests" && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
+       cp package-lock.json node_modules/.package-lock.json.installed)
+  fi
+else
+  echo "setup: npm is missing; the console's browser test (ConsoleBrowserTest) will fail" >&2
 fi

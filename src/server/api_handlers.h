@@ -3,10 +3,12 @@
 // Inside the API server (its own .cc files only): what every handler shares, and
 // the handlers, one file per resource:
 //   health_handlers.cc    /healthz, /readyz, /metrics, /v1/openapi.json
-//   instance_handlers.cc  GET and POST /v1/instances, GET /v1/instances/{key}
+//   instance_handlers.cc  GET and POST /v1/instances, GET /v1/instances/{key}, GET /v1/attempts
 //   action_handlers.cc    POST /v1/instances/{key}/{action} (operator actions, dry runs)
 //   alert_handlers.cc     GET /v1/alerts, POST /v1/alerts/{id}/acknowledge
 //   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
+//   triage_handlers.cc    GET /v1/me, GET /v1/triage; why an instance stopped, what may follow
+//   console_handlers.cc   GET /console/{file}: the console's files, compiled in
 // Routing, tokens and roles are decided before (api_server.cc, routes.h); the
 // request helpers are request_helpers.h, Idempotency-Key is idempotency.h.
 
@@ -14,6 +16,9 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "base/public_id.h"
 #include "server/api_server.h"
@@ -23,7 +28,9 @@
 
 namespace waystone {
 
+class DefinitionCatalog;
 class Engine;
+struct TriageOptions;
 
 // The server's state the handlers read. Set up once before the first request;
 // read-only afterwards (the store and the engine are thread-safe).
@@ -35,6 +42,9 @@ struct ApiContext {
   std::string owner;         // names this server on its Idempotency-Key claims
   std::map<std::string, EventRoute> event_routes;  // by event type
   std::optional<PublicIds> ids;                    // alert ids as the API shows them
+  // The definitions instances are pinned to (the engine's catalog, or the server's
+  // own on a read-only server): what the allowed next actions are planned against.
+  DefinitionCatalog* definitions = nullptr;
   // Starts waiting for their outcome (Prefer: wait) now: each holds a handler thread,
   // so at most half of them wait and the rest stay free for everything else.
   mutable std::atomic<int> waiting_starts{0};
@@ -49,6 +59,9 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
                    ServerResponse& res);
 void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::string& key,
                   const ServerRequest& req, ServerResponse& res);
+// GET /v1/attempts?key=K: every request one instance's steps sent, newest first, paged.
+void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                    ServerResponse& res);
 void StartInstance(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                    ServerResponse& res);
 
@@ -60,6 +73,20 @@ void ListAlerts(const ApiContext& ctx, const Principal& principal, const ServerR
 void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
                       const std::string& public_id, const ServerRequest& req,
                       ServerResponse& res);
+
+void ShowMe(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+            ServerResponse& res);
+void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                ServerResponse& res);
+// Why `instance` stopped (reason code, words, step, attempt, next attempt) and the
+// operator actions its state allows next, as GET /v1/triage and /v1/instances/{key}
+// show them.
+nlohmann::json StopJson(const ApiContext& ctx, const InstanceRecord& instance,
+                        const std::vector<StepRecord>& steps,
+                        const std::vector<AlertRecord>& alerts, const TriageOptions& options);
+
+void ServeConsole(const ApiContext& ctx, const std::string& file, const ServerRequest& req,
+                  ServerResponse& res);
 
 void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                    ServerResponse& res);

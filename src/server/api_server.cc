@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/lease_reaper.h"
 #include "server/api_handlers.h"
@@ -24,6 +25,12 @@ class ApiServer::Impl {
     ctx_.engine = engine;
     ctx_.owner = engine != nullptr ? engine->owner() + "/api" : MakeOwnerName("api");
     for (const EventRoute& route : options.events) ctx_.event_routes[route.type] = route;
+    if (engine != nullptr) {
+      ctx_.definitions = &engine->catalog();
+    } else {
+      own_definitions_ = std::make_unique<DefinitionCatalog>(store);
+      ctx_.definitions = own_definitions_.get();
+    }
   }
 
   absl::Status Listen() {
@@ -137,10 +144,19 @@ class ApiServer::Impl {
       case RouteId::kEvents:
         return RunIdempotent(ctx_, principal, req, res,
                              [&] { ReceiveEvents(ctx_, principal, req, res); });
+      case RouteId::kMe:
+        return ShowMe(ctx_, principal, req, res);
+      case RouteId::kTriage:
+        return ShowTriage(ctx_, principal, req, res);
+      case RouteId::kAttempts:
+        return ListAttemptsOf(ctx_, principal, req, res);
+      case RouteId::kConsole:
+        return ServeConsole(ctx_, match.key, req, res);
     }
   }
 
  private:
+  std::unique_ptr<DefinitionCatalog> own_definitions_;  // a read-only server's
   ApiContext ctx_;
   HttpFrontOptions front_options_;
   // Last: destroyed first, so no handler runs once the rest is gone.

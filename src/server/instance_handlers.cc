@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +15,7 @@
 #include "server/api_handlers.h"
 #include "server/request_bodies.h"
 #include "server/request_helpers.h"
+#include "server/triage.h"
 #include "server/wire.h"
 #include "server/wire_json.h"
 
@@ -23,6 +25,56 @@
 namespace waystone {
 
 using Json = nlohmann::json;
+
+namespace {
+
+// The most instances one request of a key-prefix or external-id search reads: these
+// filters are applied here, over the store's pages, not by an index.
+constexpr int kSearchScan = 5000;
+constexpr int kSearchBatch = 500;
+
+std::string CursorOf(const InstanceRecord& r) { return HexOf(r.tenant + "\n" + r.key); }
+
+// GET /v1/instances with key_prefix or external_id (an ERP order number: some step's
+// external id, exactly): reads the filtered instances in id order, keeps those that
+// match, and stops at a full page or after kSearchScan instances. The cursor names
+// the last instance read, so a page may hold fewer than `page` items (even none)
+// while next_cursor goes on.
+void ListMatching(const ApiContext& ctx, const ServerRequest& req, ServerResponse& res,
+                  InstanceFilter filter, const std::string& key_prefix,
+                  const std::string& external_id, int page) {
+  if (req.Query("external_id") != nullptr && external_id.empty()) {
+    return Send(res, BadRequest("external_id must not be empty"), req.path);
+  }
+  Json items = Json::array();
+  Json next = nullptr;
+  int scanned = 0;
+  filter.limit = kSearchBatch;
+  while (true) {
+    auto batch = ctx.store->ListInstances(filter);
+    if (!batch.ok()) return Send(res, ProblemFromStatus(batch.status()), req.path);
+    for (const InstanceRecord& r : *batch) {
+      ++scanned;
+      filter.after_id = r.id;
+      bool match = absl::StartsWith(r.key, key_prefix);
+      if (match && !external_id.empty()) {
+        auto steps = ctx.store->GetSteps(r.id);
+        if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+        match = std::any_of(steps->begin(), steps->end(),
+                            [&](const StepRecord& s) { return s.external_id == external_id; });
+      }
+      if (match) items.push_back(wire::InstanceSummary(r));
+      if (static_cast<int>(items.size()) == page || scanned == kSearchScan) {
+        next = CursorOf(r);
+        break;
+      }
+    }
+    if (!next.is_null() || static_cast<int>(batch->size()) < kSearchBatch) break;
+  }
+  SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
+}
+
+}  // namespace
 
 void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                    ServerResponse& res) {
@@ -98,6 +150,9 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     filter.after_id = last->id;
   }
   const int page = filter.limit;
+  if (has("key_prefix") || has("external_id")) {
+    return ListMatching(ctx, req, res, filter, param("key_prefix"), param("external_id"), page);
+  }
   filter.limit = page + 1;  // one more tells whether there is a next page
   auto instances = ctx.store->ListInstances(filter);
   if (!instances.ok()) return Send(res, ProblemFromStatus(instances.status()), req.path);
@@ -123,7 +178,107 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
   if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
   auto view = InstanceViewJson(*ctx.store, *instance, *ctx.ids);
   if (!view.ok()) return Send(res, ProblemFromStatus(view.status()), req.path);
-  res.SetContent(*view, "application/json");  // redacted by InstanceViewJson
+  auto steps = ctx.store->GetSteps(instance->id);
+  if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+  auto alerts = ctx.store->ListAlerts(instance->id);
+  if (!alerts.ok()) return Send(res, ProblemFromStatus(alerts.status()), req.path);
+  Json out = Json::parse(*view);
+  // The pinned input, as started (the view carries its hash only).
+  Json input = Json::parse(instance->input_json, nullptr, false);
+  out["input"] = input.is_discarded() ? Json(instance->input_json) : input;
+  out["stopped"] = StopJson(ctx, *instance, *steps, *alerts, TriageOptions{});
+  SendJson(res, 200, std::move(out));  // redacted again by SendJson
+}
+
+void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                    ServerResponse& res) {
+  const std::string key = Param(req, "key");
+  if (key.empty()) return Send(res, BadRequest("key (the instance's business key) is required"), req.path);
+  auto tenant = TenantOf(principal, req);
+  if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
+  int limit = 100;
+  if (req.Query("limit") != nullptr) {
+    const std::string text = Param(req, "limit");
+    limit = std::atoi(text.c_str());
+    if (limit < 1 || limit > 1000 || std::to_string(limit) != text) {
+      return Send(res, BadRequest("limit must be a whole number from 1 to 1000"), req.path);
+    }
+  }
+  auto instance = ctx.store->FindInstance(*tenant, key);
+  if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
+  auto steps = ctx.store->GetSteps(instance->id);
+  if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+  std::optional<int> only_step;
+  if (req.Query("step") != nullptr) {
+    for (const StepRecord& s : *steps) {
+      if (s.name == Param(req, "step")) only_step = s.index;
+    }
+    if (!only_step) {
+      return Send(res, BadRequest("instance '" + key + "' has no step '" + Param(req, "step") + "'"),
+                  req.path);
+    }
+  }
+  // The cursor names the last attempt of the page (step index and seq).
+  std::optional<std::pair<int, int>> after;
+  if (req.Query("cursor") != nullptr) {
+    auto named = FromHex(Param(req, "cursor"));
+    const size_t cut = named ? named->find('\n') : std::string::npos;
+    int step_index = -1, seq = -1;
+    if (cut != std::string::npos) {
+      step_index = std::atoi(named->substr(0, cut).c_str());
+      seq = std::atoi(named->substr(cut + 1).c_str());
+    }
+    if (cut == std::string::npos || *named != std::to_string(step_index) + "\n" + std::to_string(seq)) {
+      return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+    }
+    after = {step_index, seq};
+  }
+  auto attempts = ctx.store->ListAttempts(instance->id);
+  if (!attempts.ok()) return Send(res, ProblemFromStatus(attempts.status()), req.path);
+  std::vector<AttemptRecord> rows;
+  for (AttemptRecord& a : *attempts) {
+    if (!only_step || a.step_index == *only_step) rows.push_back(std::move(a));
+  }
+  // Newest first: by start time, then the later step, then the later attempt of it.
+  std::sort(rows.begin(), rows.end(), [](const AttemptRecord& a, const AttemptRecord& b) {
+    return std::tie(a.started_at, a.step_index, a.seq) > std::tie(b.started_at, b.step_index, b.seq);
+  });
+  size_t from = 0;
+  if (after) {
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const AttemptRecord& a) {
+      return a.step_index == after->first && a.seq == after->second;
+    });
+    if (it == rows.end()) return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+    from = static_cast<size_t>(it - rows.begin()) + 1;
+  }
+  Json items = Json::array();
+  Json next = nullptr;
+  for (size_t i = from; i < rows.size(); ++i) {
+    if (static_cast<int>(items.size()) == limit) {
+      const AttemptRecord& last = rows[i - 1];
+      next = HexOf(std::to_string(last.step_index) + "\n" + std::to_string(last.seq));
+      break;
+    }
+    const AttemptRecord& a = rows[i];
+    const std::string step = a.step_index >= 0 && a.step_index < static_cast<int>(steps->size())
+                                 ? (*steps)[a.step_index].name
+                                 : "";
+    Json item = {{"step", step},
+                 {"seq", a.seq},
+                 {"phase", ToString(a.phase)},
+                 {"sent", a.sent},
+                 {"connection", ToString(a.connection)},
+                 {"status", a.status},
+                 {"error_class", ToString(a.error_class)},
+                 {"detail", a.detail},
+                 {"started_at", Rfc3339(a.started_at)},
+                 {"finished_at", Rfc3339(a.finished_at)}};
+    if (a.started_at > 0 && a.finished_at >= a.started_at) {
+      item["latency_ms"] = a.finished_at - a.started_at;
+    }
+    items.push_back(std::move(item));
+  }
+  SendJson(res, 200, {{"items", items}, {"total", rows.size()}, {"next_cursor", next}});
 }
 
 namespace {

@@ -12,13 +12,21 @@ const RouteSpec kRoutes[] = {
     {RouteId::kOpenApi, "GET", Role::kViewer, true, false, {}},
     {RouteId::kListInstances, "GET", Role::kViewer, false, false,
      {"tenant", "workflow", "state", "error_class", "alert", "created_after", "created_before",
-      "limit", "cursor"}},
+      "limit", "cursor", "key_prefix", "external_id"}},
     {RouteId::kStart, "POST", Role::kOperator, false, true, {}},
     {RouteId::kShow, "GET", Role::kViewer, false, false, {"tenant"}},
     {RouteId::kAct, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
     {RouteId::kListAlerts, "GET", Role::kViewer, false, false, {"tenant", "state"}},
     {RouteId::kAcknowledge, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
     {RouteId::kEvents, "POST", Role::kOperator, false, true, {}},
+    {RouteId::kMe, "GET", Role::kViewer, false, false, {}},
+    {RouteId::kAttempts, "GET", Role::kViewer, false, false,
+     {"tenant", "key", "step", "limit", "cursor"}},
+    {RouteId::kTriage, "GET", Role::kViewer, false, false,
+     {"tenant", "workflow", "stuck_after", "limit"}},
+    // The console's static files: public, they hold no data (every call they make
+    // carries the token).
+    {RouteId::kConsole, "GET", Role::kViewer, true, false, {}},
 };
 
 const RouteSpec& Spec(RouteId id) {
@@ -39,6 +47,12 @@ std::vector<Screened> MatchPath(const std::string& path) {
   else if (path == "/readyz") add(RouteId::kReady);
   else if (path == "/metrics") add(RouteId::kMetrics);
   else if (path == "/v1/openapi.json") add(RouteId::kOpenApi);
+  else if (path == "/v1/me") add(RouteId::kMe);
+  else if (path == "/v1/triage") add(RouteId::kTriage);
+  // A resource of its own, not /v1/instances/{key}/attempts: a key may end in "/attempts".
+  else if (path == "/v1/attempts") add(RouteId::kAttempts);
+  else if (path == "/console") add(RouteId::kConsole);
+  else if (path.starts_with("/console/")) add(RouteId::kConsole, path.substr(9));
   else if (path == "/v1/instances") {
     add(RouteId::kListInstances);
     add(RouteId::kStart);

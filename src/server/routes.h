@@ -18,7 +18,7 @@ namespace waystone {
 
 enum class RouteId {
   kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
-  kAcknowledge, kEvents,
+  kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts,
 };
 
 struct RouteSpec {
@@ -34,7 +34,7 @@ struct RouteSpec {
 // for the handler.
 struct Screened {
   const RouteSpec* route = nullptr;
-  std::string key;     // instance routes; the alert's public id
+  std::string key;     // instance routes; the alert's public id; the console's file
   std::string action;  // kAct
   Principal principal;
 };

@@ -82,6 +82,17 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
       {"/v1/alerts", "none", 401},             {"/v1/alerts", "bad", 401},
       {"/v1/alerts", "viewer_t1", 200},        {"/v1/alerts", "admin", 200},
       {"/healthz", "none", 200},               {"/readyz", "none", 200},
+      {"/v1/me", "none", 401},                 {"/v1/me", "bad", 401},
+      {"/v1/me", "viewer_t1", 200},            {"/v1/me", "admin", 200},
+      {"/v1/triage", "none", 401},             {"/v1/triage", "bad", 401},
+      {"/v1/triage", "viewer_t1", 200},        {"/v1/triage", "admin", 200},
+      {"/v1/triage?tenant=t1", "admin", 200},
+      {"/v1/triage?stuck_after=0", "viewer_t1", 400},
+      {"/v1/triage?limit=501", "viewer_t1", 400},
+      {"/v1/me?x=1", "viewer_t1", 400},
+      // The console's files are public: they hold no data.
+      {"/console/", "none", 200},              {"/console/app.js", "none", 200},
+      {"/console/nothing.js", "none", 404},    {"/console/?token=x", "none", 400},
       // The API's /metrics counts every tenant: admin only (the metrics listener
       // serves scrapers without a token, without tenant names).
       {"/metrics", "none", 401},               {"/metrics", "viewer_t1", 403},
@@ -159,6 +170,78 @@ TEST_P(ApiTest, BadQueriesAreProblemsAndUnknownRoutesToo) {
                   {{"Authorization", "Bearer " + viewer_t1_}}, std::string(2 << 20, 'x'), 5000};
   auto too_large = http_->Send(big);
   EXPECT_EQ(too_large.outcome.status, 413);
+}
+
+TEST_P(ApiTest, MeNamesTheTokensNameTenantAndRole) {
+  Json me = Json::parse(Get("/v1/me", viewer_t1_).body);
+  EXPECT_EQ(me, (Json{{"token", "v1"}, {"tenant", "t1"}, {"role", "viewer"}}));
+  Json root = Json::parse(Get("/v1/me", admin_).body);
+  EXPECT_EQ(root, (Json{{"token", "root"}, {"tenant", "*"}, {"role", "admin"}}));
+}
+
+TEST_P(ApiTest, TriageGroupsOnlyTheTokensTenantByReason) {
+  // Both instances were last changed at t=1s (1970): nothing moved for far longer
+  // than any threshold, so each is stuck.
+  auto count = [](const Json& triage, const std::string& reason) {
+    for (const Json& group : triage["groups"]) {
+      if (group["reason"] == reason) return group["count"].get<int>();
+    }
+    return -1;
+  };
+  Json t1 = Json::parse(Get("/v1/triage", viewer_t1_).body);
+  EXPECT_EQ(count(t1, "stuck"), 1) << t1.dump();
+  EXPECT_EQ(count(t1, "outcome_unknown"), 0);
+  EXPECT_EQ(count(t1, "in_progress"), 0);
+  EXPECT_EQ(count(t1, "finished"), -1);  // finished instances are not triaged
+  Json stuck;
+  for (const Json& group : t1["groups"]) {
+    if (group["reason"] == "stuck") stuck = group;
+  }
+  ASSERT_EQ(stuck["items"].size(), 1u);
+  EXPECT_EQ(stuck["items"][0]["key"], "k1");
+  EXPECT_EQ(stuck["items"][0]["stopped"]["reason"], "stuck");
+  EXPECT_EQ(stuck["items"][0]["stopped"]["step"], "one");
+  EXPECT_NE(stuck["items"][0]["stopped"]["words"].get<std::string>().find("No progress since"),
+            std::string::npos);
+  Json all = Json::parse(Get("/v1/triage", admin_).body);
+  EXPECT_EQ(count(all, "stuck"), 2);
+  Json only_t2 = Json::parse(Get("/v1/triage?tenant=t2", admin_).body);
+  EXPECT_EQ(count(only_t2, "stuck"), 1);
+  Json none = Json::parse(Get("/v1/triage?workflow=other", admin_).body);
+  EXPECT_EQ(count(none, "stuck"), 0);
+  // The instance route says the same, with the pinned input.
+  Json view = Json::parse(Get("/v1/instances/k1", viewer_t1_).body);
+  EXPECT_EQ(view["stopped"]["reason"], "stuck");
+  EXPECT_EQ(view["input"], Json::object());
+}
+
+TEST_P(ApiTest, ConsoleFilesComeWithTypeETagAndRevalidation) {
+  auto serve = [&](const std::string& head) {
+    return server_->ServeBytesForTest(head + "Host: x\r\nConnection: close\r\n\r\n");
+  };
+  const std::string redirect = serve("GET /console HTTP/1.1\r\n");
+  EXPECT_TRUE(redirect.starts_with("HTTP/1.1 301")) << redirect;
+  EXPECT_NE(redirect.find("Location: /console/\r\n"), std::string::npos) << redirect;
+  const std::string index = serve("GET /console/ HTTP/1.1\r\n");
+  ASSERT_TRUE(index.starts_with("HTTP/1.1 200")) << index.substr(0, 300);
+  EXPECT_NE(index.find("Content-Type: text/html; charset=utf-8\r\n"), std::string::npos);
+  EXPECT_NE(index.find("Cache-Control: no-cache\r\n"), std::string::npos);
+  EXPECT_NE(index.find("Content-Security-Policy: default-src 'none'"), std::string::npos);
+  EXPECT_NE(index.find("<script type=\"module\" src=\"app.js\">"), std::string::npos);
+  const size_t at = index.find("ETag: ");
+  ASSERT_NE(at, std::string::npos);
+  const std::string etag = index.substr(at + 6, index.find("\r\n", at) - at - 6);
+  EXPECT_EQ(etag.size(), 18u) << etag;  // 16 hex digits, quoted
+  const std::string again = serve("GET /console/index.html HTTP/1.1\r\nIf-None-Match: " + etag + "\r\n");
+  EXPECT_TRUE(again.starts_with("HTTP/1.1 304")) << again;
+  EXPECT_EQ(again.find("<!doctype"), std::string::npos);
+  const std::string stale = serve("GET /console/ HTTP/1.1\r\nIf-None-Match: \"0000000000000000\"\r\n");
+  EXPECT_TRUE(stale.starts_with("HTTP/1.1 200")) << stale.substr(0, 200);
+  const std::string script = serve("GET /console/app.js HTTP/1.1\r\n");
+  EXPECT_NE(script.find("Content-Type: text/javascript; charset=utf-8\r\n"), std::string::npos);
+  EXPECT_NE(script.find("function renderLogin"), std::string::npos);
+  const std::string post = serve("POST /console/ HTTP/1.1\r\nContent-Length: 0\r\n");
+  EXPECT_TRUE(post.starts_with("HTTP/1.1 405")) << post.substr(0, 200);
 }
 
 TEST_P(ApiTest, TokensAreStoredOnlyAsHashes) {

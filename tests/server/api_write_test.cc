@@ -4,6 +4,8 @@
 // CloudEvents inbox, roles and tenants on every write route, bad input.
 
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -889,6 +891,112 @@ steps:
   EXPECT_EQ(Step("e1", "approval")["external_id"], "early-1");
 }
 
+TEST_P(ApiWriteTest, SearchByExternalIdAndKeyPrefixPagesOnTheServer) {
+  // Each create answers a fresh id (X-1, X-2, …): the recorder's, read back per instance.
+  for (const char* id : {"ord-1", "ord-2", "ord-3", "other-1"}) {
+    ASSERT_EQ(StartAndDrive(id), InstanceState::kRunning);  // waits for approval
+  }
+  const std::string erp_id = Step("ord-2", "create")["external_id"];
+  ASSERT_TRUE(erp_id.starts_with("X-")) << erp_id;
+  Json found = Get("/v1/instances?external_id=" + erp_id);
+  ASSERT_EQ(found["items"].size(), 1u) << found.dump();
+  EXPECT_EQ(found["items"][0]["key"], "ord-2");
+  EXPECT_EQ(Get("/v1/instances?external_id=X-999")["items"].size(), 0u);
+  // Another tenant's token finds nothing under the same id.
+  EXPECT_EQ(Get("/v1/instances?external_id=" + erp_id, operator_t2_)["items"].size(), 0u);
+  EXPECT_EQ(Send("GET", "/v1/instances?external_id=", viewer_).outcome.status, 400);
+
+  std::vector<std::string> seen;
+  std::string cursor;
+  int pages = 0;
+  do {
+    Json page = Get("/v1/instances?key_prefix=ord-&limit=1" + (cursor.empty() ? "" : "&cursor=" + cursor));
+    for (const Json& item : page["items"]) seen.push_back(item["key"]);
+    cursor = page["next_cursor"].is_null() ? "" : page["next_cursor"].get<std::string>();
+    ++pages;
+  } while (!cursor.empty() && pages < 10);
+  EXPECT_EQ(seen, (std::vector<std::string>{"ord-1", "ord-2", "ord-3"}));
+  EXPECT_EQ(Get("/v1/instances?key_prefix=other-")["items"].size(), 1u);
+  // Both at once, and with the other filters.
+  EXPECT_EQ(Get("/v1/instances?key_prefix=ord-&external_id=" + erp_id)["items"].size(), 1u);
+  EXPECT_EQ(Get("/v1/instances?key_prefix=other-&external_id=" + erp_id)["items"].size(), 0u);
+  EXPECT_EQ(Get("/v1/instances?key_prefix=ord-&state=completed")["items"].size(), 0u);
+}
+
+TEST_P(ApiWriteTest, AttemptsArePagedNewestFirstPerInstanceAndStep) {
+  recorder_.Answer("/charge", 422);
+  const size_t before = recorder_.Calls().size();
+  ASSERT_EQ(StartAndDrive("att-1"), InstanceState::kNeedsAttention);
+  const std::vector<Recorder::Call> received = recorder_.Since(before);  // read, create, charge
+  ASSERT_EQ(received.size(), 3u);
+  Json all = Get("/v1/attempts?key=att-1");
+  EXPECT_EQ(all["total"], 3);
+  ASSERT_EQ(all["items"].size(), 3u);
+  EXPECT_TRUE(all["next_cursor"].is_null());
+  // Newest first: what the recorder received, in reverse.
+  EXPECT_EQ(all["items"][0]["step"], "charge");
+  EXPECT_EQ(all["items"][0]["status"], 422);
+  EXPECT_EQ(all["items"][0]["error_class"], "rejected");
+  EXPECT_EQ(all["items"][1]["step"], "create");
+  EXPECT_EQ(all["items"][2]["step"], "read");
+  EXPECT_EQ(all["items"][2]["status"], 200);
+  EXPECT_EQ(all["items"][2]["sent"], true);
+  // One at a time, the same order, and the cursor ends.
+  std::vector<Json> paged;
+  std::string cursor;
+  for (int page = 0; page < 5; ++page) {
+    Json one = Get("/v1/attempts?key=att-1&limit=1" + (cursor.empty() ? "" : "&cursor=" + cursor));
+    for (const Json& item : one["items"]) paged.push_back(item);
+    if (one["next_cursor"].is_null()) break;
+    cursor = one["next_cursor"];
+  }
+  EXPECT_EQ(Json(paged), all["items"]);
+  Json create = Get("/v1/attempts?key=att-1&step=create");
+  ASSERT_EQ(create["items"].size(), 1u);
+  EXPECT_EQ(create["items"][0]["phase"], "call");
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1&step=nope", viewer_).outcome.status, 400);
+  EXPECT_EQ(Send("GET", "/v1/attempts", viewer_).outcome.status, 400);
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1&cursor=zz", viewer_).outcome.status, 400);
+  // Another tenant's instance is as missing as one that is not there.
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1", operator_t2_).outcome.status, 404);
+  EXPECT_EQ(Send("GET", "/v1/attempts?key=nobody", viewer_).outcome.status, 404);
+}
+
+TEST_P(ApiWriteTest, TriageSaysWhyAndWhatMayFollowAsTheActionsDo) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("t-refused"), InstanceState::kNeedsAttention);
+  recorder_.Answer("/charge", 200);
+  ASSERT_EQ(StartAndDrive("t-waiting"), InstanceState::kRunning);
+  Json triage = Get("/v1/triage");
+  std::map<std::string, Json> groups;
+  for (const Json& g : triage["groups"]) groups[g["reason"]] = g;
+  ASSERT_EQ(groups["needs_operator"]["count"], 1) << triage.dump();
+  ASSERT_EQ(groups["waiting_for_event"]["count"], 1) << triage.dump();
+  const Json refused = groups["needs_operator"]["items"][0];
+  EXPECT_EQ(refused["key"], "t-refused");
+  EXPECT_EQ(refused["stopped"]["step"], "charge");
+  EXPECT_NE(refused["stopped"]["words"].get<std::string>().find("HTTP 422"), std::string::npos)
+      << refused.dump();
+  // What triage offers is what the actions accept: each dry run answers 200, and an
+  // action it does not offer (confirm: the outcome is known) is refused.
+  const Json offered = refused["stopped"]["next_actions"];
+  std::set<std::string> names;
+  for (const Json& a : offered) {
+    names.insert(a["action"]);
+    Json body = {{"reason", "triage check"}};
+    if (a.contains("step")) body["step"] = a["step"];
+    Post("/v1/instances/t-refused/" + a["action"].get<std::string>() + "?dry_run=true", body, 200);
+  }
+  // create completed and has a compensation: compensating is allowed too.
+  EXPECT_EQ(names, (std::set<std::string>{"retry", "skip", "compensate", "close"}))
+      << offered.dump();
+  Post("/v1/instances/t-refused/confirm?dry_run=true",
+       {{"reason", "x"}, {"step", "charge"}, {"happened", false}}, 409);
+  const Json waiting = groups["waiting_for_event"]["items"][0];
+  EXPECT_EQ(waiting["stopped"]["step"], "approval");
+  EXPECT_EQ(waiting["stopped"]["overdue"], false);
+}
+
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   auto response = Send("GET", "/v1/openapi.json", "");
   ASSERT_EQ(response.outcome.status, 200);
@@ -901,7 +1009,8 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/instances/{key}/retry", "post"}, {"/v1/instances/{key}/confirm", "post"},
       {"/v1/instances/{key}/compensate", "post"}, {"/v1/instances/{key}/skip", "post"},
       {"/v1/instances/{key}/close", "post"}, {"/v1/alerts", "get"},
-      {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}};
+      {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}, {"/v1/me", "get"},
+      {"/v1/triage", "get"}, {"/v1/attempts", "get"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;

@@ -1,0 +1,159 @@
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "base/time_format.h"
+#include "engine/catalog.h"
+#include "engine/operator_plan.h"
+#include "server/api_handlers.h"
+#include "server/request_helpers.h"
+#include "server/triage.h"
+#include "server/wire.h"
+#include "server/wire_json.h"
+
+// GET /v1/me (who the token is), GET /v1/triage (the instances that are not
+// finished, grouped by why they stopped) and what both share with
+// GET /v1/instances/{key}: the reason in words and the actions allowed next.
+
+namespace waystone {
+
+using Json = nlohmann::json;
+
+namespace {
+
+// The most instances of one state the triage reads; beyond it the answer says
+// `truncated` (paging by reason needs a store query of its own).
+constexpr int kTriageScan = 1000;
+
+}  // namespace
+
+Json NextActionsJson(const ApiContext& ctx, const InstanceRecord& instance,
+                     const std::vector<StepRecord>& steps, int standing_step) {
+  Json out = Json::array();
+  auto definition = ctx.definitions->Get(instance.definition_hash);
+  if (!definition.ok()) return out;  // its definition is gone: nothing can be planned
+  const Millis now = ctx.clock->NowMillis();
+  auto allowed = [&](OperatorAction action, const std::string& step) {
+    OperatorRequest request;
+    request.action = action;
+    request.step = step;
+    request.reason = "preview";
+    request.actor = "preview";
+    request.happened = false;  // confirm: refused for the same states either way
+    auto plan = PlanOperatorAction(**definition, instance, steps, request, now,
+                                   [](int) { return std::string(); });
+    if (!plan.ok()) return;
+    Json item = {{"action", std::string(ToString(action))}};
+    if (!step.empty()) item["step"] = step;
+    out.push_back(std::move(item));
+  };
+  std::vector<std::string> step_names;
+  if (standing_step >= 0 && standing_step < static_cast<int>(steps.size())) {
+    step_names.push_back(steps[standing_step].name);
+  }
+  for (const StepRecord& s : steps) {
+    if (s.state == StepState::kCompensationFailed && s.index != standing_step) {
+      step_names.push_back(s.name);
+    }
+  }
+  for (const std::string& name : step_names) {
+    allowed(OperatorAction::kRetry, name);
+    allowed(OperatorAction::kConfirm, name);
+    allowed(OperatorAction::kSkip, name);
+  }
+  allowed(OperatorAction::kCompensate, "");
+  allowed(OperatorAction::kClose, "");
+  return out;
+}
+
+Json StopJson(const ApiContext& ctx, const InstanceRecord& instance,
+              const std::vector<StepRecord>& steps, const std::vector<AlertRecord>& alerts,
+              const TriageOptions& options) {
+  const StopExplanation why =
+      ExplainStop(instance, steps, alerts, ctx.clock->NowMillis(), options);
+  Json out = {{"reason", std::string(ToString(why.reason))}, {"words", why.words}};
+  if (why.step >= 0 && why.step < static_cast<int>(steps.size())) {
+    out["step"] = steps[why.step].name;
+    out["step_state"] = std::string(ToString(steps[why.step].state));
+    out["attempt"] = why.attempt;
+  }
+  if (why.next_attempt_at > 0) out["next_attempt_at"] = Rfc3339(why.next_attempt_at);
+  if (why.reason == StopReason::kWaitingForEvent) out["overdue"] = why.overdue;
+  out["next_actions"] = NextActionsJson(ctx, instance, steps, why.step);
+  return out;
+}
+
+void ShowMe(const ApiContext&, const Principal& principal, const ServerRequest&,
+            ServerResponse& res) {
+  SendJson(res, 200,
+           {{"token", principal.token_name},
+            {"tenant", principal.tenant},
+            {"role", RoleName(principal.role)}});
+}
+
+void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                ServerResponse& res) {
+  TriageOptions options;
+  if (req.Query("stuck_after") != nullptr) {
+    const std::string text = Param(req, "stuck_after");
+    const int seconds = std::atoi(text.c_str());
+    if (seconds < 1 || seconds > 30 * 24 * 3600 || std::to_string(seconds) != text) {
+      return Send(res, BadRequest("stuck_after must be a whole number of seconds from 1 to "
+                                  "2592000"),
+                  req.path);
+    }
+    options.stuck_after = seconds * 1000LL;
+  }
+  int per_group = 50;
+  if (req.Query("limit") != nullptr) {
+    const std::string text = Param(req, "limit");
+    per_group = std::atoi(text.c_str());
+    if (per_group < 1 || per_group > 500 || std::to_string(per_group) != text) {
+      return Send(res, BadRequest("limit must be a whole number from 1 to 500"), req.path);
+    }
+  }
+  std::map<StopReason, Json> items;
+  std::map<StopReason, int> counts;
+  bool truncated = false;
+  for (InstanceState state : {InstanceState::kNeedsAttention, InstanceState::kFailed,
+                              InstanceState::kCompensating, InstanceState::kRunning}) {
+    InstanceFilter filter;
+    filter.tenant = TenantOf(principal, req);
+    if (req.Query("workflow") != nullptr) filter.workflow = Param(req, "workflow");
+    filter.state = state;
+    filter.limit = kTriageScan + 1;
+    auto instances = ctx.store->ListInstances(filter);
+    if (!instances.ok()) return Send(res, ProblemFromStatus(instances.status()), req.path);
+    if (static_cast<int>(instances->size()) > kTriageScan) {
+      truncated = true;
+      instances->resize(kTriageScan);
+    }
+    for (const InstanceRecord& instance : *instances) {
+      auto steps = ctx.store->GetSteps(instance.id);
+      if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+      auto alerts = ctx.store->ListAlerts(instance.id);
+      if (!alerts.ok()) return Send(res, ProblemFromStatus(alerts.status()), req.path);
+      const StopExplanation why =
+          ExplainStop(instance, *steps, *alerts, ctx.clock->NowMillis(), options);
+      if (++counts[why.reason] > per_group) continue;
+      Json item = wire::InstanceSummary(instance);
+      item["stopped"] = StopJson(ctx, instance, *steps, *alerts, options);
+      items[why.reason].push_back(std::move(item));
+    }
+  }
+  Json groups = Json::array();
+  for (StopReason reason : AllStopReasons()) {
+    if (reason == StopReason::kFinished) continue;
+    Json list = items.contains(reason) ? items[reason] : Json::array();
+    groups.push_back({{"reason", std::string(ToString(reason))},
+                      {"count", counts[reason]},
+                      {"items", std::move(list)}});
+  }
+  SendJson(res, 200,
+           {{"groups", std::move(groups)},
+            {"truncated", truncated},
+            {"stuck_after_seconds", options.stuck_after / 1000},
+            {"at", Rfc3339(ctx.clock->NowMillis())}});
+}
+
+}  // namespace waystone
