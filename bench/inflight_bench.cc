@@ -10,6 +10,7 @@
 //   build/bench/inflight_bench --target http://127.0.0.1:PORT --delay 2 [--dir DIR] ...
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -229,8 +230,10 @@ int main(int argc, char** argv) {
               "received", "dups");
   for (size_t run = 0; run < counts.size(); ++run) {
     const int instances = counts[run];
-    const double raw = instances / RawSeconds(target, static_cast<int>(run), instances);
-    Figures f = RunOnce(dir, target, static_cast<int>(run), instances, workers, *probe);
+    // Keys of their own: the endpoint may have seen earlier processes' runs.
+    const int id = static_cast<int>(getpid()) * 100 + static_cast<int>(run);
+    const double raw = instances / RawSeconds(target, id, instances);
+    Figures f = RunOnce(dir, target, id, instances, workers, *probe);
     const double per_flight =
         f.most_open > 0 ? static_cast<double>(f.rss_at_most_open_kb - f.rss_base_kb) / f.most_open
                         : 0;
