@@ -38,13 +38,18 @@ absl::StatusOr<std::unique_ptr<Relay>> Relay::Create(Store* store, HttpClient* h
                                                      const RelayConfig& config,
                                                      const std::string& owner) {
   if (config.sinks.empty()) return absl::InvalidArgumentError("the relay needs at least one sink");
+  if (config.parallel < 1 || config.batch < 1) {
+    return absl::InvalidArgumentError("the relay's parallel and batch must be at least 1");
+  }
   auto relay = std::unique_ptr<Relay>(new Relay(store, clock, random, config, owner));
   for (const SinkConfig& sink : config.sinks) {
     switch (sink.kind) {
       case SinkKind::kWebhook:
+        relay->timeouts_[sink.name] = sink.timeout;
         relay->sinks_[sink.name] = NewWebhookSink(sink, http, clock);
         break;
       case SinkKind::kNats:
+        relay->timeouts_[sink.name] = kNatsAttemptLimit;
         relay->sinks_[sink.name] = NewNatsSink(sink);
         break;
     }
@@ -97,9 +102,13 @@ absl::StatusOr<int> Relay::RunOnce() {
     }
   }
   if (enabled.empty()) return 0;
+  const Millis claimed_at = clock_->NowMillis();
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryClaim> claims,
-                      store_->ClaimDeliveries(owner_, clock_->NowMillis(), config_.lease,
+                      store_->ClaimDeliveries(owner_, claimed_at, config_.lease,
                                               config_.batch, enabled));
+  // A delivery is attempted only while its whole timeout fits in the lease: past
+  // that, another relay may have claimed it and be delivering it (and the ones after).
+  leases_end_ = claimed_at + config_.lease;
   for (const DeliveryClaim& claim : claims) {
     if (!sinks_.contains(claim.sink)) return absl::InternalError("no sink named " + claim.sink);
   }
@@ -183,7 +192,16 @@ std::vector<std::optional<DeliveryOutcome>> Relay::DeliverAll(
     const std::vector<size_t>* indexes = &lane.second;
     tasks.push_back([this, &claims, &outcomes, indexes] {
       for (size_t i : *indexes) {
-        outcomes[i] = Attempt(claims[i]);
+        const auto timeout = timeouts_.find(claims[i].sink);
+        const Millis longest = timeout != timeouts_.end() ? timeout->second : 0;
+        if (clock_->NowMillis() + longest >= leases_end_) break;  // left to expire, not sent
+        try {
+          outcomes[i] = Attempt(claims[i]);
+        } catch (const std::exception& e) {
+          // A sink that throws is a failed attempt, retried like any other.
+          outcomes[i] = DeliveryOutcome{DeliveryOutcome::Result::kRetry,
+                                        std::string("delivery threw: ") + e.what()};
+        }
         if (outcomes[i]->result != DeliveryOutcome::Result::kDelivered) break;
       }
     });

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -76,6 +77,11 @@ class Relay {
   // Changed only under mu_ (SetSinkForTest); read by the delivery threads while a
   // round, which holds mu_, waits for them.
   std::map<std::string, std::unique_ptr<Sink>> sinks_;
+  // The longest one attempt of each sink can take (a NATS publish: connect and ack wait).
+  static constexpr Millis kNatsAttemptLimit = 7'000;
+  std::map<std::string, Millis> timeouts_;
+  // When the leases of the round's claims run out (set before a round's deliveries).
+  std::atomic<Millis> leases_end_{0};
   std::unique_ptr<DeliveryPool> pool_;
   Millis last_unknown_scan_ = 0;
   std::jthread thread_;

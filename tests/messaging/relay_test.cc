@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -288,6 +289,55 @@ TEST_F(RelayTest, EveryCommittedEventArrivesOnceAsASignedCloudEvent) {
       EXPECT_EQ(s.delivered, static_cast<int64_t>(committed.size()));
     }
   }
+}
+
+// A sink whose first delivery takes the whole lease (on the fake clock), as a
+// stalled endpoint would: the round sends nothing more, since another relay may own
+// those deliveries by now; they go out in a later round, each once.
+class StallingSink final : public Sink {
+ public:
+  StallingSink(FakeClock* clock, Millis stall) : clock_(clock), stall_(stall) {}
+  const std::string& name() const override { return name_; }
+  DeliveryOutcome Deliver(const EventRecord& event, const std::string&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ids_.empty()) clock_->Advance(stall_);
+    ids_.push_back(event.event_id);
+    return {DeliveryOutcome::Result::kDelivered, "ok", std::nullopt};
+  }
+  std::vector<std::string> ids() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_;
+  }
+
+ private:
+  FakeClock* clock_;
+  Millis stall_;
+  std::string name_ = "hooks";
+  std::mutex mu_;
+  std::vector<std::string> ids_;
+};
+
+TEST_F(RelayTest, ARoundPastItsLeasesSendsNothingMore) {
+  for (int i = 0; i < 4; ++i) RunOrder("s" + std::to_string(i));
+  const std::string yaml = "deployment: test\nparallel: 1\nlease: 30s\n"
+                           "sinks:\n  - { name: hooks, type: webhook, url: \"" + hooks_.url() +
+                           "\", secret_env: TEST_WEBHOOK_SECRET }\n";
+  auto config = ParseRelayConfig(yaml, "relay.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  auto sink = std::make_unique<StallingSink>(&clock_, 30'000);
+  StallingSink* stalling = sink.get();
+  (*relay)->SetSinkForTest("hooks", std::move(sink));
+  auto attempted = (*relay)->RunOnce();
+  ASSERT_TRUE(attempted.ok()) << attempted.status();
+  ASSERT_GE(*attempted, 4);  // one claim per instance
+  EXPECT_EQ(stalling->ids().size(), 1u) << "the round went on sending after its leases ran out";
+  Drain(**relay);
+  const std::vector<std::string> ids = stalling->ids();
+  // The stalled one's acknowledgement still counts (no other relay took it over).
+  EXPECT_EQ(ids.size(), AllEvents().size());
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), AllEvents().size());
 }
 
 TEST_F(RelayTest, FlakyEndpointGetsEverythingInOrderPerInstance) {

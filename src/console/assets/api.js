@@ -49,6 +49,9 @@ const RANK = { viewer: 1, operator: 2, admin: 3 };
 // True when `me` (GET /v1/me) may run operator actions; the server checks again.
 export function mayAct(me) { return (RANK[me?.role] ?? 0) >= RANK.operator; }
 
+// The whole key in one encoded segment: a key may hold '/' and '..', and the browser
+// would resolve a literal '/../' into another path (another instance). The server
+// decodes %2F back into the key.
 export function instancePath(key) {
-  return `/v1/instances/${key.split('/').map(encodeURIComponent).join('/')}`;
+  return `/v1/instances/${encodeURIComponent(key)}`;
 }
