@@ -263,16 +263,8 @@ void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const Ser
     const std::string step = a.step_index >= 0 && a.step_index < static_cast<int>(steps->size())
                                  ? (*steps)[a.step_index].name
                                  : "";
-    Json item = {{"step", step},
-                 {"seq", a.seq},
-                 {"phase", ToString(a.phase)},
-                 {"sent", a.sent},
-                 {"connection", ToString(a.connection)},
-                 {"status", a.status},
-                 {"error_class", ToString(a.error_class)},
-                 {"detail", a.detail},
-                 {"started_at", Rfc3339(a.started_at)},
-                 {"finished_at", Rfc3339(a.finished_at)}};
+    Json item = wire::Attempt(a);
+    item["step"] = step;
     if (a.started_at > 0 && a.finished_at >= a.started_at) {
       item["latency_ms"] = a.finished_at - a.started_at;
     }

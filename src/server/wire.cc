@@ -36,6 +36,18 @@ nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key,
           {"created_at", Rfc3339(a.created_at)}};
 }
 
+nlohmann::json Attempt(const AttemptRecord& a) {
+  return {{"seq", a.seq},
+          {"phase", ToString(a.phase)},
+          {"sent", a.sent},
+          {"connection", ToString(a.connection)},
+          {"status", a.status},
+          {"error_class", ToString(a.error_class)},
+          {"detail", a.detail},
+          {"started_at", Rfc3339(a.started_at)},
+          {"finished_at", Rfc3339(a.finished_at)}};
+}
+
 nlohmann::json Tombstone(const TombstoneRecord& t) {
   nlohmann::json ids = nlohmann::json::parse(t.external_ids_json, nullptr, false);
   return {{"tenant", t.tenant},
@@ -93,15 +105,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
     step["requests"] = Json::array();
     for (const AttemptRecord& a : attempts) {
       if (a.step_index != s.index) continue;
-      step["requests"].push_back({{"seq", a.seq},
-                                  {"phase", ToString(a.phase)},
-                                  {"sent", a.sent},
-                                  {"connection", ToString(a.connection)},
-                                  {"status", a.status},
-                                  {"error_class", ToString(a.error_class)},
-                                  {"detail", a.detail},
-                                  {"started_at", Rfc3339(a.started_at)},
-                                  {"finished_at", Rfc3339(a.finished_at)}});
+      step["requests"].push_back(wire::Attempt(a));
     }
     out["steps"].push_back(step);
   }

@@ -19,6 +19,9 @@ nlohmann::json InstanceSummary(const InstanceRecord& instance);
 nlohmann::json Alert(const AlertRecord& alert, const std::string& instance_key,
                      const PublicIds& ids);
 
+// One request a step sent: whether it left, on which connection, what came back.
+nlohmann::json Attempt(const AttemptRecord& attempt);
+
 // What gc left of an instance.
 nlohmann::json Tombstone(const TombstoneRecord& tombstone);
 
