@@ -114,11 +114,10 @@ absl::StatusOr<int> Relay::RunOnce() {
   }
   const std::vector<std::optional<DeliveryOutcome>> outcomes = DeliverAll(claims);
   const Millis finished_at = clock_->NowMillis();
-  std::set<std::string> gone_sinks;
   std::vector<FinishedDelivery> finished;
   for (size_t i = 0; i < claims.size(); ++i) {
     if (!outcomes[i]) continue;
-    finished.push_back({claims[i], UpdateFor(claims[i], *outcomes[i], finished_at, gone_sinks)});
+    finished.push_back({claims[i], UpdateFor(claims[i], *outcomes[i], finished_at)});
   }
   // One transaction for the round: a relay killed before it commits delivers the
   // round's acknowledged events again, with the same ids (at least once).
@@ -221,8 +220,8 @@ DeliveryOutcome Relay::Attempt(const DeliveryClaim& claim) {
   return outcome;
 }
 
-DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome, Millis now,
-                                std::set<std::string>& gone_sinks) {
+DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome,
+                                Millis now) {
   DeliveryUpdate update;
   update.now = now;
   update.attempts = claim.attempts + 1;
@@ -253,7 +252,8 @@ DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outc
       // The endpoint refuses for good: stop sending to it, keep every delivery.
       update.state = DeliveryState::kPending;
       update.disable_sink = true;
-      if (!gone_sinks.insert(claim.sink).second) break;  // alerted for this round already
+      // Each carries the alert; the store writes it once per sink (the first disable
+      // that commits), so a first one whose lease was lost cannot leave it unsaid.
       AlertRecord alert{0, claim.event.instance_id, claim.event.tenant, "",
                         AlertKind::kSinkDisabled, AlertState::kOpen,
                         "sink '" + claim.sink + "' answered " + outcome.detail +

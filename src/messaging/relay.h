@@ -62,10 +62,9 @@ class Relay {
   // outcome per claim, none for a claim left unattempted behind a failed one.
   std::vector<std::optional<DeliveryOutcome>> DeliverAll(const std::vector<DeliveryClaim>& claims);
   DeliveryOutcome Attempt(const DeliveryClaim& claim);
-  // What an outcome means for the delivery; `gone_sinks` names the sinks already
-  // disabled in this round (one alert per sink, not one per delivery).
-  DeliveryUpdate UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome, Millis now,
-                           std::set<std::string>& gone_sinks);
+  // What an outcome means for the delivery (a 410 carries the sink's alert; the store
+  // writes one per sink disabled in a batch).
+  DeliveryUpdate UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome, Millis now);
   EventRecord AlertEvent(const AlertRecord& alert, Millis now);
 
   Store* store_;

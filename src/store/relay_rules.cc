@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "base/status_macros.h"
 
@@ -46,10 +47,19 @@ absl::StatusOr<std::vector<absl::Status>> FinishDeliveriesWith(
     DeliverySql& sql, const std::vector<FinishedDelivery>& finished) {
   std::vector<absl::Status> results;
   results.reserve(finished.size());
+  std::set<std::string> disabled;  // sinks this batch has disabled (and alerted) already
   for (const FinishedDelivery& f : finished) {
+    // One alert per sink disabled: the first disable actually written carries it (an
+    // earlier one whose lease was lost wrote nothing, alert included).
+    DeliveryUpdate update = f.update;
+    if (update.disable_sink && disabled.contains(f.claim.sink)) {
+      update.alert.reset();
+      update.alert_event.reset();
+    }
     // A lost lease writes nothing (FinishClaimed changed no row), so the batch goes on.
-    absl::Status status = FinishDeliveryWith(sql, f.claim, f.update);
+    absl::Status status = FinishDeliveryWith(sql, f.claim, update);
     if (!status.ok() && !absl::IsAborted(status)) return status;
+    if (status.ok() && update.disable_sink) disabled.insert(f.claim.sink);
     results.push_back(std::move(status));
   }
   return results;

@@ -266,6 +266,27 @@ TEST(StoreRulesTest, ABatchOfDeliveriesSkipsOnlyTheLostLeaseAndStopsAtAnError) {
   EXPECT_EQ(failing.log, (std::vector<std::string>{"finish"}));  // stopped at the error
 }
 
+TEST(StoreRulesTest, ASinkDisabledInABatchIsAlertedOnceByTheFirstDisableWritten) {
+  DeliveryUpdate gone;
+  gone.state = DeliveryState::kPending;
+  gone.alert = AlertRecord{};
+  gone.alert_event = EventRecord{};
+  gone.disable_sink = true;
+  std::vector<FinishedDelivery> batch(3);
+  for (int i = 0; i < 3; ++i) {
+    batch[i].claim.id = i + 1;
+    batch[i].claim.sink = "hooks";
+    batch[i].update = gone;
+  }
+  FakeDeliverySql sql;
+  sql.lost_ids = {1};  // the first 410's lease was lost: it writes nothing, its alert neither
+  auto results = FinishDeliveriesWith(sql, batch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE(absl::IsAborted((*results)[0]));
+  EXPECT_EQ(sql.log, (std::vector<std::string>{"finish", "finish", "alert", "event", "disable",
+                                               "finish", "disable"}));
+}
+
 TEST(StoreRulesTest, ADeliveryEndsUnderItsLeaseAndClaimsComeInOutboxOrder) {
   DeliveryUpdate gone;
   gone.state = DeliveryState::kPending;
