@@ -121,14 +121,7 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     }
     *field = *at;
   }
-  if (has("limit")) {
-    const std::string text = param("limit");
-    const int limit = std::atoi(text.c_str());
-    if (limit < 1 || limit > 1000 || std::to_string(limit) != text) {
-      return Send(res, BadRequest("limit must be a whole number from 1 to 1000"), req.path);
-    }
-    filter.limit = limit;
-  }
+  if (!WholeNumberParam(req, res, "limit", 1, 1000, &filter.limit)) return;
   if (has("cursor")) {
     // Opaque: it names the last instance of the page (tenant and key), never a
     // number that counts other tenants' instances.
@@ -197,13 +190,7 @@ void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const Ser
   auto tenant = TenantOf(principal, req);
   if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
   int limit = 100;
-  if (req.Query("limit") != nullptr) {
-    const std::string text = Param(req, "limit");
-    limit = std::atoi(text.c_str());
-    if (limit < 1 || limit > 1000 || std::to_string(limit) != text) {
-      return Send(res, BadRequest("limit must be a whole number from 1 to 1000"), req.path);
-    }
-  }
+  if (!WholeNumberParam(req, res, "limit", 1, 1000, &limit)) return;
   auto instance = ctx.store->FindInstance(*tenant, key);
   if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
   auto steps = ctx.store->GetSteps(instance->id);

@@ -1,5 +1,7 @@
 #include "server/request_helpers.h"
 
+#include <cstdlib>
+
 #include "model/json_text.h"
 #include "server/routes.h"
 
@@ -23,6 +25,22 @@ void SendJson(ServerResponse& res, int status, nlohmann::json body) {
 
 const char* RoleName(Role role) {
   return role == Role::kAdmin ? "admin" : role == Role::kOperator ? "operator" : "viewer";
+}
+
+bool WholeNumberParam(const ServerRequest& req, ServerResponse& res, const char* name, int low,
+                      int high, int* value, const char* unit) {
+  if (req.Query(name) == nullptr) return true;
+  const std::string text = Param(req, name);
+  const int number = std::atoi(text.c_str());
+  if (number < low || number > high || std::to_string(number) != text) {
+    Send(res,
+         BadRequest(std::string(name) + " must be a whole number" + unit + " from " +
+                    std::to_string(low) + " to " + std::to_string(high)),
+         req.path);
+    return false;
+  }
+  *value = number;
+  return true;
 }
 
 std::optional<std::string> TenantOf(const Principal& p, const ServerRequest& req) {

@@ -36,6 +36,12 @@ std::optional<std::string> TenantOf(const Principal& p, const ServerRequest& req
 std::optional<std::string> WriteTenant(const Principal& p, const std::string& asked,
                                        const ServerRequest& req, ServerResponse& res);
 
+// Reads the query parameter `name`, when given, into `*value`: a whole number from
+// `low` to `high` (in `unit`, e.g. " of seconds", for the error). False, having
+// answered 400, when it is not one.
+bool WholeNumberParam(const ServerRequest& req, ServerResponse& res, const char* name, int low,
+                      int high, int* value, const char* unit = "");
+
 // False, having answered 415, unless the body is empty or sent as application/json.
 bool CheckJsonMediaType(const ServerRequest& req, ServerResponse& res);
 

@@ -94,24 +94,14 @@ void ShowMe(const ApiContext&, const Principal& principal, const ServerRequest&,
 void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                 ServerResponse& res) {
   TriageOptions options;
-  if (req.Query("stuck_after") != nullptr) {
-    const std::string text = Param(req, "stuck_after");
-    const int seconds = std::atoi(text.c_str());
-    if (seconds < 1 || seconds > 30 * 24 * 3600 || std::to_string(seconds) != text) {
-      return Send(res, BadRequest("stuck_after must be a whole number of seconds from 1 to "
-                                  "2592000"),
-                  req.path);
-    }
-    options.stuck_after = seconds * 1000LL;
+  int stuck_after_s = 0;
+  if (!WholeNumberParam(req, res, "stuck_after", 1, 30 * 24 * 3600, &stuck_after_s,
+                        " of seconds")) {
+    return;
   }
+  if (stuck_after_s > 0) options.stuck_after = stuck_after_s * 1000LL;
   int per_group = 50;
-  if (req.Query("limit") != nullptr) {
-    const std::string text = Param(req, "limit");
-    per_group = std::atoi(text.c_str());
-    if (per_group < 1 || per_group > 500 || std::to_string(per_group) != text) {
-      return Send(res, BadRequest("limit must be a whole number from 1 to 500"), req.path);
-    }
-  }
+  if (!WholeNumberParam(req, res, "limit", 1, 500, &per_group)) return;
   std::map<StopReason, Json> items;
   std::map<StopReason, int> counts;
   bool truncated = false;
