@@ -153,21 +153,6 @@ TEST_F(CommitQueueTest, ANotStartedOrStoppedQueueRefusesAndWritesNothing) {
   queue.Stop();  // a second Stop is harmless
 }
 
-NewInstance StartOf(const std::string& key) {
-  NewInstance in;
-  in.tenant = "t1";
-  in.key = key;
-  in.workflow = "wf";
-  in.definition_hash = "defhash";
-  in.input_json = R"({"a":1})";
-  in.input_hash = Sha256Hex(in.input_json);
-  in.trace_id = "trace-" + key;
-  in.step_names = {"one"};
-  in.started_event = {0, "ev-" + key, 0, "t1", "waystone.instance.started", "{}", 0};
-  in.now = 1000;
-  return in;
-}
-
 TEST_F(CommitQueueTest, ConcurrentStartsOfOneKeyMakeOneInstanceAndTheOthersFindIt) {
   CommitQueue queue(store_.get(), {});
   queue.Start();

@@ -22,9 +22,8 @@ class StoreWithInstances : public ::testing::Test {
     ASSERT_TRUE(store_->PutDefinition("defhash", "wf", "wf.yaml", "workflow: wf", 0).ok());
   }
 
-  // Starts instance `key` (running, due at `now`) and claims it for `owner`.
-  Lease StartAndClaim(const std::string& key, Millis now, Millis lease_duration,
-                      const std::string& owner = "worker-1") {
+  // A start of instance `key` of the one-step workflow "wf" in tenant t1, at `now`.
+  static NewInstance StartOf(const std::string& key, Millis now = 1000) {
     NewInstance in;
     in.tenant = "t1";
     in.key = key;
@@ -32,11 +31,17 @@ class StoreWithInstances : public ::testing::Test {
     in.definition_hash = "defhash";
     in.input_json = R"({"a":1})";
     in.input_hash = Sha256Hex(in.input_json);
-    in.trace_id = "trace";
+    in.trace_id = "trace-" + key;
     in.step_names = {"one"};
     in.started_event = {0, "ev-" + key, 0, "t1", "waystone.instance.started", "{}", 0};
     in.now = now;
-    auto started = store_->StartInstance(in);
+    return in;
+  }
+
+  // Starts instance `key` (running, due at `now`) and claims it for `owner`.
+  Lease StartAndClaim(const std::string& key, Millis now, Millis lease_duration,
+                      const std::string& owner = "worker-1") {
+    auto started = store_->StartInstance(StartOf(key, now));
     EXPECT_TRUE(started.ok()) << started.status();
     if (!started.ok()) return {};
     auto lease = store_->ClaimInstance(started->instance.id, owner, now, lease_duration);

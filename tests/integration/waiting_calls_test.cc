@@ -40,15 +40,7 @@ class WaitingCallsTest : public ::testing::Test {
                                  testing::SourceDir() + "/tests/targets/slow_target.py",
                                  "--delay", "1.0"},
         std::map<std::string, std::string>{}, dir_.path());
-    testing::WaitFor(
-        [&] {
-          const std::string out = target_->Output();
-          const size_t at = out.find("PORT ");
-          if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
-          port_ = std::stoi(out.substr(at + 5));
-          return true;
-        },
-        std::chrono::seconds(10));
+    port_ = testing::WaitForPortLine(*target_, std::chrono::seconds(10));
     ASSERT_GT(port_, 0) << target_->Errors();
     auto store = OpenStore({dir_.File("calls.db")});
     ASSERT_TRUE(store.ok()) << store.status();

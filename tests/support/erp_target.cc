@@ -12,15 +12,7 @@ ErpTarget::ErpTarget(const std::string& output_dir, int seed) {
                                "--host", "127.0.0.1", "--port", "0", "--seed",
                                std::to_string(seed)},
       std::map<std::string, std::string>{}, output_dir);
-  WaitFor(
-      [&] {
-        const std::string out = process_->Output();
-        const size_t at = out.find("PORT ");
-        if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
-        port_ = std::stoi(out.substr(at + 5));
-        return true;
-      },
-      std::chrono::seconds(10));
+  port_ = WaitForPortLine(*process_, std::chrono::seconds(10));
   if (port_ <= 0) ADD_FAILURE() << "erp_target did not start: " << process_->Errors();
 }
 

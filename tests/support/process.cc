@@ -147,4 +147,18 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds t
   return condition();
 }
 
+int WaitForPortLine(const Process& process, std::chrono::milliseconds timeout) {
+  int port = -1;
+  WaitFor(
+      [&] {
+        const std::string out = process.Output();
+        const size_t at = out.find("PORT ");
+        if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
+        port = std::stoi(out.substr(at + 5));
+        return true;
+      },
+      timeout);
+  return port;
+}
+
 }  // namespace waystone::testing

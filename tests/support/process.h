@@ -54,6 +54,10 @@ ProcessResult RunProcess(const std::vector<std::string>& argv,
 // Polls `condition` until true or `timeout`; returns its last value.
 bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
 
+// Waits for `process` to print a whole line "PORT <n>" (how the test targets say
+// they listen) and returns n; -1 when none came within `timeout`.
+int WaitForPortLine(const Process& process, std::chrono::milliseconds timeout);
+
 // Returns a TCP port on 127.0.0.1 that was free a moment ago.
 int FreeLoopbackPort();
 
