@@ -131,14 +131,10 @@ class SqliteChangeSql final : public ChangeSql {
 absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<Change>& changes) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
-  std::vector<absl::Status> results;
-  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+  return InWriteTransactionFor(db, [&] {
     SqliteChangeSql sql(db);
-    WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes));
-    return absl::OkStatus();
+    return CommitChanges(sql, changes);
   });
-  if (!status.ok()) return status;
-  return results;
 }
 
 }  // namespace waystone

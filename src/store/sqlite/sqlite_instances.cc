@@ -120,28 +120,20 @@ absl::StatusOr<std::string> SqliteStore::GetDefinition(const std::string& hash) 
 absl::StatusOr<StartResult> SqliteStore::StartInstance(const NewInstance& in) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
-  StartResult result;
-  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+  return InWriteTransactionFor(db, [&] {
     SqliteStartSql sql(db);
-    WS_ASSIGN_OR_RETURN(result, StartInstanceWith(sql, in));
-    return absl::OkStatus();
+    return StartInstanceWith(sql, in);
   });
-  if (!status.ok()) return status;
-  return result;
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> SqliteStore::StartInstances(
     const std::vector<NewInstance>& starts) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
-  std::vector<absl::StatusOr<StartResult>> results;
-  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+  return InWriteTransactionFor(db, [&] {
     SqliteStartSql sql(db);
-    WS_ASSIGN_OR_RETURN(results, StartInstancesWith(sql, starts));
-    return absl::OkStatus();
+    return StartInstancesWith(sql, starts);
   });
-  if (!status.ok()) return status;
-  return results;
 }
 
 absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {

@@ -173,14 +173,10 @@ absl::StatusOr<std::vector<absl::Status>> SqliteStore::FinishDeliveries(
     const std::vector<FinishedDelivery>& finished) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
-  std::vector<absl::Status> results;
-  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+  return InWriteTransactionFor(db, [&] {
     SqliteDeliverySql sql(db);
-    WS_ASSIGN_OR_RETURN(results, FinishDeliveriesWith(sql, finished));
-    return absl::OkStatus();
+    return FinishDeliveriesWith(sql, finished);
   });
-  if (!status.ok()) return status;
-  return results;
 }
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::DeliveryLeaseOwners(Millis now) {

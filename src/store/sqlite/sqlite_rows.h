@@ -55,6 +55,21 @@ absl::Status InWriteTransaction(SqliteDb& db, Body&& body) {
   return status;
 }
 
+// Runs `body`, which returns an absl::StatusOr, inside a write transaction as
+// InWriteTransaction does, and returns its value once committed.
+template <typename Body>
+auto InWriteTransactionFor(SqliteDb& db, Body&& body) -> decltype(body()) {
+  std::optional<typename decltype(body())::value_type> value;
+  absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
+    auto result = body();
+    if (!result.ok()) return result.status();
+    value = std::move(*result);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return std::move(*value);
+}
+
 // Reads the instance with `id`; nullopt when there is none.
 absl::StatusOr<std::optional<InstanceRecord>> SqliteInstanceById(SqliteDb& db, int64_t id);
 absl::StatusOr<std::optional<InstanceRecord>> SqliteInstanceByKey(SqliteDb& db,
