@@ -25,6 +25,7 @@ class NatsSink final : public Sink {
   explicit NatsSink(const SinkConfig& config) : config_(config) {}
 
   const std::string& name() const override { return config_.name; }
+  Millis longest_attempt() const override { return kConnectTimeout + kAckWait; }
 
   DeliveryOutcome Deliver(const EventRecord& event, const std::string& body) override {
     std::shared_ptr<NatsConnection> connection;
@@ -34,7 +35,7 @@ class NatsSink final : public Sink {
     jsPubOptions options;
     jsPubOptions_Init(&options);
     options.MsgId = event.event_id.c_str();
-    options.MaxWait = 5000;
+    options.MaxWait = kAckWait;
     jsPubAck* ack = nullptr;
     jsErrCode js_error = static_cast<jsErrCode>(0);
     const natsStatus status = js_Publish(&ack, connection->js, event.type.c_str(), body.data(),
@@ -50,6 +51,9 @@ class NatsSink final : public Sink {
   }
 
  private:
+  static constexpr Millis kConnectTimeout = 2000;
+  static constexpr Millis kAckWait = 5000;  // JetStream's publish acknowledgement
+
   // Sets `out` to a connection whose stream exists; returns "" then, else why not.
   // One thread at a time connects; the others wait for it.
   std::string Connect(std::shared_ptr<NatsConnection>& out) {
@@ -63,7 +67,7 @@ class NatsSink final : public Sink {
       natsOptions* options = nullptr;
       natsOptions_Create(&options);
       natsOptions_SetURL(options, config_.nats_url.c_str());
-      natsOptions_SetTimeout(options, 2000);
+      natsOptions_SetTimeout(options, kConnectTimeout);
       natsOptions_SetMaxReconnect(options, -1);
       natsOptions_SetReconnectWait(options, 200);
       natsOptions_SetRetryOnFailedConnect(options, false, nullptr, nullptr);

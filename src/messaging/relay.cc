@@ -45,11 +45,9 @@ absl::StatusOr<std::unique_ptr<Relay>> Relay::Create(Store* store, HttpClient* h
   for (const SinkConfig& sink : config.sinks) {
     switch (sink.kind) {
       case SinkKind::kWebhook:
-        relay->timeouts_[sink.name] = sink.timeout;
         relay->sinks_[sink.name] = NewWebhookSink(sink, http, clock);
         break;
       case SinkKind::kNats:
-        relay->timeouts_[sink.name] = kNatsAttemptLimit;
         relay->sinks_[sink.name] = NewNatsSink(sink);
         break;
     }
@@ -106,13 +104,10 @@ absl::StatusOr<int> Relay::RunOnce() {
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryClaim> claims,
                       store_->ClaimDeliveries(owner_, claimed_at, config_.lease,
                                               config_.batch, enabled));
-  // A delivery is attempted only while its whole timeout fits in the lease: past
-  // that, another relay may have claimed it and be delivering it (and the ones after).
-  leases_end_ = claimed_at + config_.lease;
   for (const DeliveryClaim& claim : claims) {
     if (!sinks_.contains(claim.sink)) return absl::InternalError("no sink named " + claim.sink);
   }
-  const std::vector<std::optional<DeliveryOutcome>> outcomes = DeliverAll(claims);
+  const std::vector<std::optional<DeliveryOutcome>> outcomes = DeliverAll(claims, claimed_at + config_.lease);
   const Millis finished_at = clock_->NowMillis();
   std::vector<FinishedDelivery> finished;
   for (size_t i = 0; i < claims.size(); ++i) {
@@ -175,7 +170,7 @@ absl::Status Relay::RaiseStaleUnknownAlerts() {
 }
 
 std::vector<std::optional<DeliveryOutcome>> Relay::DeliverAll(
-    const std::vector<DeliveryClaim>& claims) {
+    const std::vector<DeliveryClaim>& claims, Millis leases_end) {
   // A lane is the claims of one instance and sink. The store claims only the oldest
   // pending delivery of each, so a lane holds one claim; should it hold more, they
   // go one after another in outbox order and stop at the first not acknowledged
@@ -189,11 +184,10 @@ std::vector<std::optional<DeliveryOutcome>> Relay::DeliverAll(
   tasks.reserve(lanes.size());
   for (const auto& lane : lanes) {
     const std::vector<size_t>* indexes = &lane.second;
-    tasks.push_back([this, &claims, &outcomes, indexes] {
+    tasks.push_back([this, &claims, &outcomes, indexes, leases_end] {
       for (size_t i : *indexes) {
-        const auto timeout = timeouts_.find(claims[i].sink);
-        const Millis longest = timeout != timeouts_.end() ? timeout->second : 0;
-        if (clock_->NowMillis() + longest >= leases_end_) break;  // left to expire, not sent
+        const Millis longest = sinks_.at(claims[i].sink)->longest_attempt();
+        if (clock_->NowMillis() + longest >= leases_end) break;  // left to expire, not sent
         try {
           outcomes[i] = Attempt(claims[i]);
         } catch (const std::exception& e) {

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,8 +58,11 @@ class Relay {
   absl::Status Expand();
   absl::Status RaiseStaleUnknownAlerts();
   // Hands each claim to its sink, in parallel across instances and sinks; one
-  // outcome per claim, none for a claim left unattempted behind a failed one.
-  std::vector<std::optional<DeliveryOutcome>> DeliverAll(const std::vector<DeliveryClaim>& claims);
+  // outcome per claim, none for a claim left unattempted behind a failed one. A claim
+  // is attempted only while its sink's longest attempt fits before `leases_end`: past
+  // it, another relay may have claimed it (and the ones after) and be delivering it.
+  std::vector<std::optional<DeliveryOutcome>> DeliverAll(const std::vector<DeliveryClaim>& claims,
+                                                         Millis leases_end);
   DeliveryOutcome Attempt(const DeliveryClaim& claim);
   // What an outcome means for the delivery (a 410 carries the sink's alert; the store
   // writes one per sink disabled in a batch).
@@ -76,11 +78,6 @@ class Relay {
   // Changed only under mu_ (SetSinkForTest); read by the delivery threads while a
   // round, which holds mu_, waits for them.
   std::map<std::string, std::unique_ptr<Sink>> sinks_;
-  // The longest one attempt of each sink can take (a NATS publish: connect and ack wait).
-  static constexpr Millis kNatsAttemptLimit = 7'000;
-  std::map<std::string, Millis> timeouts_;
-  // When the leases of the round's claims run out (set before a round's deliveries).
-  std::atomic<Millis> leases_end_{0};
   std::unique_ptr<DeliveryPool> pool_;
   Millis last_unknown_scan_ = 0;
   std::jthread thread_;

@@ -30,6 +30,9 @@ class Sink {
  public:
   virtual ~Sink() = default;
   virtual const std::string& name() const = 0;
+  // The longest one Deliver may take (its timeouts); the relay attempts a delivery
+  // only while this fits in the delivery's lease. 0: no bound known.
+  virtual Millis longest_attempt() const { return 0; }
   // Delivers one CloudEvent (`cloudevent_json`, structured mode) of `event`.
   virtual DeliveryOutcome Deliver(const EventRecord& event, const std::string& cloudevent_json) = 0;
 };

@@ -10,6 +10,7 @@ class WebhookSink final : public Sink {
       : config_(config), http_(http), clock_(clock) {}
 
   const std::string& name() const override { return config_.name; }
+  Millis longest_attempt() const override { return config_.timeout; }
 
   DeliveryOutcome Deliver(const EventRecord& event, const std::string& body) override {
     const long long timestamp = clock_->NowMillis() / 1000;
