@@ -28,39 +28,7 @@ using Json = nlohmann::json;
 
 namespace {
 
-// The most instances one request of a key-prefix or external-id search reads: these
-// filters are applied here, over the store's pages, not by an index.
-constexpr int kSearchScan = 5000;
-constexpr int kSearchBatch = 500;
-
 std::string CursorOf(const InstanceRecord& r) { return HexOf(r.tenant + "\n" + r.key); }
-
-// GET /v1/instances with key_prefix: reads the filtered instances in id order,
-// keeps those whose key starts with it, and stops at a full page or after
-// kSearchScan instances. The cursor names the last instance read, so a page may
-// hold fewer than `page` items (even none) while next_cursor goes on.
-void ListMatching(const ApiContext& ctx, const ServerRequest& req, ServerResponse& res,
-                  InstanceFilter filter, const std::string& key_prefix, int page) {
-  Json items = Json::array();
-  Json next = nullptr;
-  int scanned = 0;
-  filter.limit = kSearchBatch;
-  while (true) {
-    auto batch = ctx.store->ListInstances(filter);
-    if (!batch.ok()) return Send(res, ProblemFromStatus(batch.status()), req.path);
-    for (const InstanceRecord& r : *batch) {
-      ++scanned;
-      filter.after_id = r.id;
-      if (absl::StartsWith(r.key, key_prefix)) items.push_back(wire::InstanceSummary(r));
-      if (static_cast<int>(items.size()) == page || scanned == kSearchScan) {
-        next = CursorOf(r);
-        break;
-      }
-    }
-    if (!next.is_null() || static_cast<int>(batch->size()) < kSearchBatch) break;
-  }
-  SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
-}
 
 // Reads the RFC 3339 time parameter `name`, when given, into `*at`; false, having
 // answered 400, when it is not one.
@@ -145,6 +113,7 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     filter.step_state = *state;
   }
   if (!WholeNumberParam(req, res, "http_status", 100, 599, &filter.http_status)) return;
+  if (has("key_prefix")) filter.key_prefix = param("key_prefix");
   if (has("external_id")) {
     if (param("external_id").empty()) {
       return Send(res, BadRequest("external_id must not be empty"), req.path);
@@ -173,7 +142,6 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     filter.after_id = last->id;
   }
   const int page = filter.limit;
-  if (has("key_prefix")) return ListMatching(ctx, req, res, filter, param("key_prefix"), page);
   filter.limit = page + 1;  // one more tells whether there is a next page
   auto instances = ctx.store->ListInstances(filter);
   if (!instances.ok()) return Send(res, ProblemFromStatus(instances.status()), req.path);
@@ -182,7 +150,7 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
   for (size_t i = 0; i < instances->size(); ++i) {
     if (static_cast<int>(i) == page) {
       const InstanceRecord& last = (*instances)[i - 1];
-      next = HexOf(last.tenant + "\n" + last.key);
+      next = CursorOf(last);
       break;
     }
     items.push_back(wire::InstanceSummary((*instances)[i]));

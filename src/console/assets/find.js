@@ -109,11 +109,7 @@ export async function renderFind(main, me, params) {
   const more = new URLSearchParams(params);
   if (nextCursor) more.set('cursor', nextCursor);
   show(results,
-    h('p', {}, items.length === 0 && nextCursor
-      // The server reads a bounded number of instances per request: none of those
-      // matched, but the search is not over.
-      ? 'None found yet: the server searched part of the instances. Continue with the next page.'
-      : `${items.length} instance${items.length === 1 ? '' : 's'}${nextCursor ? ' on this page' : ''}.`),
+    h('p', {}, `${items.length} instance${items.length === 1 ? '' : 's'}${nextCursor ? ' on this page' : ''}.`),
     items.length ? h('table', { class: 'found' },
       h('thead', {}, h('tr', {}, ['business key', 'state', 'workflow', 'tenant', 'reason', 'updated']
         .map((c) => h('th', { scope: 'col' }, c)))),
@@ -121,6 +117,5 @@ export async function renderFind(main, me, params) {
         h('td', {}, h('a', { href: instanceHref(i.tenant, i.key) }, i.key)),
         h('td', {}, stateLabel(i.state)), h('td', {}, i.workflow), h('td', {}, i.tenant),
         h('td', {}, i.status_reason), h('td', {}, time(i.updated_at)))))) : null,
-    nextCursor ? h('p', {}, h('a', { href: `#/find?${more}` },
-      items.length === 0 ? 'Search on →' : 'Next page →')) : null);
+    nextCursor ? h('p', {}, h('a', { href: `#/find?${more}` }, 'Next page →')) : null);
 }

@@ -284,7 +284,8 @@ absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
       "OR s.name = $14) AND ($15::smallint IS NULL OR s.state = $15))) AND ($16::integer = 0 OR "
       "EXISTS (SELECT 1 FROM attempts t WHERE t.instance_id = i.id AND t.status = "
       "$16::integer)) AND ($17::text IS NULL OR i.id IN (SELECT instance_id FROM steps WHERE "
-      "external_id = $17 AND external_id <> '')) ORDER BY id LIMIT $4::integer");
+      "external_id = $17 AND external_id <> '')) AND ($18::text IS NULL OR left(business_key, "
+      "length($18)) = $18) ORDER BY id LIMIT $4::integer");
   auto number = [](auto value) { return std::optional<int64_t>(static_cast<int64_t>(value)); };
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(
@@ -299,7 +300,8 @@ absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
                           filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0),
                       filter.updated_from, filter.updated_to, filter.definition_prefix,
                       filter.step, filter.step_state ? number(*filter.step_state) : std::nullopt,
-                      static_cast<int64_t>(filter.http_status), filter.external_id)));
+                      static_cast<int64_t>(filter.http_status), filter.external_id,
+                      filter.key_prefix)));
   return PgRows(r, ReadInstance<PgRow>);
 }
 

@@ -195,8 +195,8 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
       "?15 IS NULL) OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND (?14 IS NULL "
       "OR s.name = ?14) AND (?15 IS NULL OR s.state = ?15))) AND (?16 = 0 OR EXISTS (SELECT 1 "
       "FROM attempts t WHERE t.instance_id = i.id AND t.status = ?16)) AND (?17 IS NULL OR i.id "
-      "IN (SELECT instance_id FROM steps WHERE external_id = ?17 AND external_id <> '')) ORDER "
-      "BY id LIMIT ?4");
+      "IN (SELECT instance_id FROM steps WHERE external_id = ?17 AND external_id <> '')) AND "
+      "(?18 IS NULL OR substr(business_key, 1, length(?18)) = ?18) ORDER BY id LIMIT ?4");
   MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kList));
   auto bind_text = [s](int at, const std::optional<std::string>& value) {
@@ -227,6 +227,7 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
   bind_number(15, filter.step_state ? number(*filter.step_state) : std::nullopt);
   s->Bind(16, static_cast<int64_t>(filter.http_status));
   bind_text(17, filter.external_id);
+  bind_text(18, filter.key_prefix);
   return CollectRows(s, ReadInstance<SqliteStatement>);
 }
 

@@ -725,6 +725,18 @@ TEST_P(StoreConformanceTest, ListsFilterByStepExternalIdHttpStatusUpdatedAndDefi
   EXPECT_EQ(keys(filter), Keys{"s2"});
   filter.definition_prefix = "0123abcdef0";  // longer than the hash
   EXPECT_EQ(keys(filter), Keys{});
+  filter = {};
+  filter.key_prefix = "s";
+  EXPECT_EQ(keys(filter), (Keys{"s0", "s1", "s2"}));
+  filter.key_prefix = "s1";
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.key_prefix = "s1x";
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.key_prefix = "%";  // a character, not a pattern
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.key_prefix = "s";
+  filter.external_id = "ERP-77";
+  EXPECT_EQ(keys(filter), Keys{"s1"});
 }
 
 TEST_P(StoreConformanceTest, ListsFilterByErrorClassAlertAndTimeAndPageById) {
