@@ -10,6 +10,7 @@
 #include "engine/redaction.h"
 #include "engine/transitions.h"
 #include "model/json_text.h"
+#include "model/template.h"
 
 namespace waystone {
 namespace {
@@ -24,6 +25,25 @@ using Json = nlohmann::json;
 
 // A signal waits this long for a worker to let go of the instance.
 constexpr Millis kClaimPatience = 3000;
+
+// Fills in each planned call's rendered_url: the URL the engine would send, from
+// the instance as it stands after the action's changes. A URL that names a secret,
+// or a value not known yet (a result of a step still to run), stays a template.
+void RenderPlannedUrls(const InstanceRecord& instance, std::vector<StepRecord> steps,
+                       const TemplateEnvironment& environment, ActionPlan& plan) {
+  for (const StepRecord& changed : plan.changed_steps) {
+    if (changed.index >= 0 && changed.index < static_cast<int>(steps.size())) {
+      steps[changed.index] = changed;
+    }
+  }
+  for (PlannedCall& call : plan.would_execute) {
+    if (call.url.empty() || call.url.find("secret.") != std::string::npos) continue;
+    auto parsed = Template::Parse(call.url);
+    if (!parsed.ok()) continue;
+    auto url = parsed->RenderUrl(environment.Build(instance, steps, call.step, call.idempotency_key));
+    if (url.ok()) call.rendered_url = *url;
+  }
+}
 
 }  // namespace
 
@@ -80,7 +100,11 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
     auto step_key = [&](int index) {
       return StepIdempotencyKey(*definition, instance, steps, index, *environment_);
     };
-    return PlanOperatorAction(*definition, instance, steps, request, clock_->NowMillis(), step_key);
+    WS_ASSIGN_OR_RETURN(
+        ActionPlan plan,
+        PlanOperatorAction(*definition, instance, steps, request, clock_->NowMillis(), step_key));
+    RenderPlannedUrls(instance, steps, *environment_, plan);
+    return plan;
   }();
   if (!planned.ok() || request.dry_run) {
     if (lease) (void)Release(*lease);

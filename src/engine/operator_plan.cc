@@ -36,7 +36,7 @@ std::string StepWhere(const StepRecord& step) {
 
 PlannedCall Call(const StepDefinition& def, std::string phase, const RequestSpec& request,
                  std::string key) {
-  return {def.name, std::move(phase), request.method, request.url, std::move(key), ""};
+  return {def.name, std::move(phase), request.method, request.url, std::move(key), "", ""};
 }
 
 // What a step's call answers when the preview assumes it succeeds: a 200 carrying an

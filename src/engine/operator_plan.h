@@ -45,6 +45,9 @@ struct PlannedCall {
   std::string url;              // the URL template: secrets are never rendered here
   std::string idempotency_key;  // empty for reads and transforms
   std::string event;            // phase wait: the event type it waits for
+  // The URL as it would be sent, when everything it names is known now and it
+  // names no secret (Operations fills it in; the plan itself does no rendering).
+  std::string rendered_url;
   bool operator==(const PlannedCall&) const = default;
 };
 

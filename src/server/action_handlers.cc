@@ -25,6 +25,7 @@ Json PlanJson(const ActionPlan& plan) {
     Json call = {{"step", c.step}, {"phase", c.phase}};
     if (!c.method.empty()) call["method"] = c.method;
     if (!c.url.empty()) call["url"] = c.url;
+    if (!c.rendered_url.empty()) call["rendered_url"] = c.rendered_url;
     if (!c.idempotency_key.empty()) call["idempotency_key"] = c.idempotency_key;
     if (!c.event.empty()) call["event"] = c.event;
     execute.push_back(std::move(call));

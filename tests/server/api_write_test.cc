@@ -238,6 +238,11 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
       EXPECT_TRUE(calls[i].path.starts_with(path_template.substr(0, path_template.find("{{"))))
           << calls[i].path << " vs " << url;
       EXPECT_EQ(calls[i].key, planned[i].value("idempotency_key", "")) << calls[i].path;
+      // Rendered in the dry run: exactly the URL that was sent.
+      if (planned[i].contains("rendered_url")) {
+        EXPECT_TRUE(planned[i]["rendered_url"].get<std::string>().ends_with(calls[i].path))
+            << calls[i].path << " vs " << planned[i]["rendered_url"];
+      }
     }
   }
 
@@ -262,6 +267,8 @@ TEST_P(ApiWriteTest, RetryOfAFailedManualStepIsPreviewedAppliedAndAudited) {
   EXPECT_EQ(dry["state_after"], "running");
   ASSERT_EQ(dry["would_execute"].size(), 3u) << dry.dump();
   EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "t1:o1:charge");
+  EXPECT_TRUE(dry["would_execute"][0]["rendered_url"].get<std::string>().ends_with("/charge"))
+      << dry.dump();
   EXPECT_EQ(dry["would_execute"][1]["phase"], "wait");
   // A dry run changes nothing.
   Json view = Get("/v1/instances/o1");

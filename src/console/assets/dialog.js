@@ -18,7 +18,7 @@ function planView(plan) {
       changed.map((s, i) => [i ? ', ' : '', `${s.name} → `, stateLabel(s.state)])) : null,
     h('h4', {}, 'Calls the engine would make next'),
     execute.length ? h('ol', { class: 'calls' }, execute.map((c) => h('li', {},
-      h('strong', {}, c.step), ` ${c.phase}`, c.method ? ` ${c.method} ${c.url}` : '',
+      h('strong', {}, c.step), ` ${c.phase}`, c.method ? ` ${c.method} ${c.rendered_url ?? c.url}` : '',
       c.event ? ` event ${c.event}` : '',
       c.idempotency_key ? h('span', { class: 'muted' }, ` · Idempotency-Key ${c.idempotency_key}`) : '')))
       : h('p', { class: 'muted' }, 'None.'),
