@@ -26,25 +26,62 @@ using Json = nlohmann::json;
 // A signal waits this long for a worker to let go of the instance.
 constexpr Millis kClaimPatience = 3000;
 
+// True when every placeholder of `url` names what an operator may see in the
+// instance view anyway: the input, the instance, the step's key, a step's
+// external id, or the base URL of a system (an env value at the very start).
+// Never a secret, a response value or an env value elsewhere.
+bool ShownInPreview(const Template& url, std::string_view text) {
+  bool first = true;
+  for (const std::vector<std::string>& path : url.references()) {
+    const std::string& root = path.front();
+    const bool base = first && text.starts_with("{{") && root == "env" && path.size() == 2;
+    first = false;
+    if (base || root == "input" || root == "instance") continue;
+    if (root == "step" && path.size() == 2 && path[1] == "idempotency_key") continue;
+    if (root == "steps" && path.size() == 3 && path[2] == "external_id") continue;
+    return false;
+  }
+  return true;
+}
+
+// Drops "user:password@" from a URL: a base URL in the environment may carry it.
+std::string WithoutUserinfo(std::string url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const size_t host = scheme + 3;
+  const size_t end = url.find_first_of("/?#", host);
+  const size_t at = url.rfind('@', end == std::string::npos ? url.size() : end);
+  if (at != std::string::npos && at >= host) url.erase(host, at + 1 - host);
+  return url;
+}
+
 // Fills in each planned call's rendered_url: the URL the engine would send, from
-// the instance as it stands after the action's changes. A URL that names a secret,
-// or a value not known yet (a result of a step still to run), stays a template.
-void RenderPlannedUrls(const InstanceRecord& instance, std::vector<StepRecord> steps,
-                       const TemplateEnvironment& environment, ActionPlan& plan) {
+// the instance as it stands after the action's changes. A URL that names anything
+// the instance view does not show (ShownInPreview), or a value not known yet (a
+// result of a step still to run), stays a template.
+void RenderPlannedUrls(const WorkflowDefinition& definition, const InstanceRecord& instance,
+                       std::vector<StepRecord> steps, const TemplateEnvironment& environment,
+                       ActionPlan& plan) {
   for (const StepRecord& changed : plan.changed_steps) {
     if (changed.index >= 0 && changed.index < static_cast<int>(steps.size())) {
       steps[changed.index] = changed;
     }
   }
   for (PlannedCall& call : plan.would_execute) {
-    if (call.url.empty() || call.url.find("secret.") != std::string::npos) continue;
+    if (call.url.empty()) continue;
     auto parsed = Template::Parse(call.url);
-    if (!parsed.ok()) continue;
-    auto url = parsed->RenderUrl(environment.Build(instance, steps, call.step, call.idempotency_key));
-    if (url.ok()) call.rendered_url = *url;
+    if (!parsed.ok() || !ShownInPreview(*parsed, call.url)) continue;
+    // A lookup is sent with its step's key too (the plan lists it without one).
+    std::string key = call.idempotency_key;
+    for (size_t i = 0; key.empty() && i < definition.steps.size(); ++i) {
+      if (definition.steps[i].name == call.step) {
+        key = StepIdempotencyKey(definition, instance, steps, static_cast<int>(i), environment);
+      }
+    }
+    auto url = parsed->RenderUrl(environment.Build(instance, steps, call.step, key));
+    if (url.ok()) call.rendered_url = WithoutUserinfo(*url);
   }
 }
-
 }  // namespace
 
 Operations::Operations(Store* store, DefinitionCatalog* catalog,
@@ -103,7 +140,7 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
     WS_ASSIGN_OR_RETURN(
         ActionPlan plan,
         PlanOperatorAction(*definition, instance, steps, request, clock_->NowMillis(), step_key));
-    RenderPlannedUrls(instance, steps, *environment_, plan);
+    RenderPlannedUrls(*definition, instance, steps, *environment_, plan);
     return plan;
   }();
   if (!planned.ok() || request.dry_run) {

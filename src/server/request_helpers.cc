@@ -76,20 +76,35 @@ bool CheckJsonMediaType(const ServerRequest& req, ServerResponse& res) {
 }
 
 bool IfNoneMatchNames(const std::string& if_none_match, std::string_view etag) {
-  if (if_none_match.find('*') != std::string::npos) return true;
-  return if_none_match.find(etag) != std::string::npos;
+  // RFC 9110 13.1.2: "*", or a comma-separated list of (possibly weak) tags,
+  // compared weakly (the opaque part alone).
+  const std::string_view opaque = etag.starts_with("W/") ? etag.substr(2) : etag;
+  std::string_view rest = if_none_match;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    if (item == "*") return true;
+    if (item.starts_with("W/")) item.remove_prefix(2);
+    if (!item.empty() && item == opaque) return true;
+  }
+  return false;
 }
 
-void TagAnswer(ServerResponse& res, std::string_view basis) {
+void TagAnswer(ServerResponse& res, std::string_view basis, bool weak) {
   // 128 bits of a hash: a changed view never keeps its tag.
-  res.SetHeader("ETag", "\"" + Sha256Hex(basis).substr(0, 32) + "\"");
+  res.SetHeader("ETag", (weak ? "W/\"" : "\"") + Sha256Hex(basis).substr(0, 32) + "\"");
 }
 
 void Revalidate(const ServerRequest& req, ServerResponse& res) {
   if (res.status != 200) return;
-  if (res.Header("ETag").empty()) TagAnswer(res, res.body);
+  if (res.Header("ETag").empty()) TagAnswer(res, res.body, /*weak=*/false);
   const std::string etag = res.Header("ETag");
-  res.SetHeader("Cache-Control", "private, no-cache");
+  // Kept by no cache, not even the browser's (these are a token's business data);
+  // a client revalidates with the tag it kept itself.
+  res.SetHeader("Cache-Control", "no-store");
   res.SetHeader("Vary", "Authorization");
   const std::string* if_none_match = req.Header("if-none-match");
   if (if_none_match != nullptr && IfNoneMatchNames(*if_none_match, etag)) {

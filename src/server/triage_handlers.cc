@@ -144,7 +144,7 @@ void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerR
               {"stuck_after_seconds", options.stuck_after / 1000}};
   // Tagged without its "at": the console asks every second whether triage changed,
   // and the time it was read is not a change.
-  TagAnswer(res, out.dump());
+  TagAnswer(res, out.dump(), /*weak=*/true);
   out["at"] = Rfc3339(ctx.clock->NowMillis());
   SendJson(res, 200, std::move(out));
 }

@@ -314,7 +314,7 @@ struct InstanceFilter {
   std::optional<std::string> definition_prefix;  // definition_hash starts with it
   std::optional<std::string> step;        // has a step of this name ...
   std::optional<StepState> step_state;    // ... in this state (either alone too)
-  int http_status = 0;                    // some request of it got this status; 0: any
+  int http_status = 0;                    // some request (of `step`, if given) got this; 0: any
   std::optional<std::string> external_id; // some step's external id is exactly this
   std::optional<std::string> key_prefix;  // the business key starts with it
   int64_t after_id = 0;                   // cursor: only ids above this, in id order

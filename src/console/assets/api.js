@@ -27,13 +27,20 @@ function loggedOut() {
   window.dispatchEvent(new Event('waystone:logged-out'));
 }
 
-// True when the answer at `url` is no longer the one tagged `etag`.
+// True when the answer at `url` is no longer the one tagged `etag`: a 200 with
+// another tag, or a 404 (it is gone: the view says so once rendered again).
+// Throws on other answers (a 503 while the server is busy): the view stays.
 export async function changedSince(url, etag) {
   const headers = { Authorization: `Bearer ${token()}`, Accept: 'application/json' };
   if (etag) headers['If-None-Match'] = etag;
   const response = await fetch(url, { headers, cache: 'no-store' });
+  if (response.status === 304) return false;
   if (response.status === 401) loggedOut();
-  return response.status !== 304;
+  if (response.status === 404) return true;
+  if (!response.ok) throw new Error(`the server answered ${response.status}`);
+  // Without a tag (a proxy dropped it) every answer looks new: compare nothing.
+  const fresh = response.headers.get('ETag');
+  return Boolean(fresh && fresh !== etag);
 }
 
 // Calls the API with the token; answers the parsed JSON or throws a Problem (the

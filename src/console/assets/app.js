@@ -14,12 +14,17 @@ const who = document.getElementById('who');
 const logout = document.getElementById('logout');
 const live = document.getElementById('live');
 
-// Live: the view's answers are asked for again every second (a 304 when unchanged);
-// a change renders the view again in place. Not while a dialog is open, the tab is
-// hidden, or another render is under way.
+// Live: the view's answers are asked for again (If-None-Match; a 304 when
+// unchanged) and a change renders the view again in place. Not while a dialog is
+// open, the tab is hidden, or the reader is editing a field of the view. Renders
+// run one at a time, in order: a poll's render never lands over a view the reader
+// has moved on to. The next poll waits at least a second, and five times as long
+// as the last one took, so a busy server is asked less often.
 const POLL_MS = 1000;
-let rendering = 0;   // renders started; a poll's render waits for none to run
+let renders = Promise.resolve();
+let queued = 0;      // renders waiting or running
 let polling = false;
+let nextPollAt = 0;
 
 let me = null;  // GET /v1/me: token name, tenant, role
 
@@ -47,13 +52,20 @@ function renderLogin(message) {
     try {
       await start();
     } catch (problem) {
-      forgetToken();
-      renderLogin(problem instanceof Problem && problem.status === 401
-        ? 'That token is not valid (unknown, revoked or expired).' : String(problem.message));
+      return refused(problem);
     }
+    await route();
   });
   show(main, form);
   input.focus();
+}
+
+// The login form again, saying why the token was not taken.
+function refused(problem) {
+  forgetToken();
+  me = null;
+  renderLogin(problem instanceof Problem && problem.status === 401
+    ? 'That token is not valid (unknown, revoked or expired).' : String(problem.message));
 }
 
 async function start() {
@@ -61,7 +73,6 @@ async function start() {
   nav.hidden = false;
   logout.hidden = false;
   show(who, `${me.token} · ${me.role} · tenant ${me.tenant === '*' ? 'all' : me.tenant}`);
-  await route();
 }
 
 // Splits "#/path?query" into its path and URLSearchParams.
@@ -73,15 +84,23 @@ function parseHash() {
   return { path, params };
 }
 
-async function route({ again = false } = {}) {
-  if (!token()) return renderLogin();
-  if (!me) return start();
-  rendering += 1;
-  try {
-    await render(again);
-  } finally {
-    rendering -= 1;
-  }
+// Renders the view the URL names. `again` (a poll's): only if the URL is still
+// `hash`, keeping the reader's place.
+function route({ again = false, hash = null } = {}) {
+  queued += 1;
+  renders = renders.then(async () => {
+    try {
+      if (!token()) return renderLogin();
+      if (!me) await start();
+      if (again && location.hash !== hash) return;  // moved on: that render follows
+      await render(again);
+    } catch (problem) {
+      refused(problem);  // start(): the token was not taken (render catches its own)
+    } finally {
+      queued -= 1;
+    }
+  });
+  return renders;
 }
 
 async function render(again) {
@@ -90,7 +109,9 @@ async function render(again) {
   const focused = again ? document.activeElement?.id : null;
   // And what they had opened (marked data-keep by the view).
   const opened = again ? [...main.querySelectorAll('details[open][data-keep]')].map((d) => d.dataset.keep) : [];
-  if (!again) watchedAnswers().clear();
+  // Every render lists the answers it is made of anew: a view that failed to load
+  // watches nothing.
+  watchedAnswers().clear();
   const { path, params } = parseHash();
   for (const link of nav.querySelectorAll('a')) {
     const current = (link.getAttribute('href') === '#/' && path === '/') ||
@@ -123,25 +144,38 @@ async function render(again) {
   }
 }
 
+// True while the reader is typing in the view (a filter not submitted yet).
+function editing() {
+  const active = document.activeElement;
+  return Boolean(active && main.contains(active) && active.matches('input, select, textarea'));
+}
+
 async function poll() {
-  if (polling || rendering || !me || document.hidden || document.querySelector('dialog[open]')) {
+  if (polling || queued || !me || document.hidden || Date.now() < nextPollAt ||
+      document.querySelector('dialog[open]') || editing()) {
     return;
   }
   polling = true;
+  const started = Date.now();
+  const hash = location.hash;
   try {
     for (const [url, etag] of [...watchedAnswers()]) {
       if (await changedSince(url, etag)) {
-        if (!rendering && me && !document.querySelector('dialog[open]')) await route({ again: true });
+        if (!queued && !document.querySelector('dialog[open]') && !editing()) {
+          await route({ again: true, hash });
+        }
         break;
       }
     }
-  } catch {
-    show(live, 'Not live: the server did not answer');
+    if (live.textContent.startsWith('Not live')) show(live, 'Live');
+  } catch (problem) {
+    show(live, `Not live: ${problem.message}`);
   } finally {
     polling = false;
+    nextPollAt = Date.now() + Math.max(POLL_MS, 5 * (Date.now() - started));
   }
 }
-setInterval(poll, POLL_MS);
+setInterval(poll, 250);
 
 logout.addEventListener('click', () => {
   forgetToken();
@@ -157,4 +191,4 @@ window.addEventListener('hashchange', () => route());
 // A view asks for a fresh render of itself (after an action).
 window.addEventListener('waystone:refresh', () => route());
 
-route().catch((problem) => renderLogin(problem.message));
+route();

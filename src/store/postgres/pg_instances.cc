@@ -283,7 +283,8 @@ absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
       "NULL) OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND ($14::text IS NULL "
       "OR s.name = $14) AND ($15::smallint IS NULL OR s.state = $15))) AND ($16::integer = 0 OR "
       "EXISTS (SELECT 1 FROM attempts t WHERE t.instance_id = i.id AND t.status = "
-      "$16::integer)) AND ($17::text IS NULL OR i.id IN (SELECT instance_id FROM steps WHERE "
+      "$16::integer AND ($14::text IS NULL OR t.step_index IN (SELECT s.step_index FROM steps s "
+      "WHERE s.instance_id = i.id AND s.name = $14)))) AND ($17::text IS NULL OR i.id IN (SELECT instance_id FROM steps WHERE "
       "external_id = $17 AND external_id <> '')) AND ($18::text IS NULL OR left(business_key, "
       "length($18)) = $18) ORDER BY id LIMIT $4::integer");
   auto number = [](auto value) { return std::optional<int64_t>(static_cast<int64_t>(value)); };

@@ -194,7 +194,9 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
       "AND (?13 IS NULL OR substr(definition_hash, 1, length(?13)) = ?13) AND ((?14 IS NULL AND "
       "?15 IS NULL) OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND (?14 IS NULL "
       "OR s.name = ?14) AND (?15 IS NULL OR s.state = ?15))) AND (?16 = 0 OR EXISTS (SELECT 1 "
-      "FROM attempts t WHERE t.instance_id = i.id AND t.status = ?16)) AND (?17 IS NULL OR i.id "
+      "FROM attempts t WHERE t.instance_id = i.id AND t.status = ?16 AND (?14 IS NULL OR "
+      "t.step_index IN (SELECT s.step_index FROM steps s WHERE s.instance_id = i.id AND s.name = "
+      "?14)))) AND (?17 IS NULL OR i.id "
       "IN (SELECT instance_id FROM steps WHERE external_id = ?17 AND external_id <> '')) AND "
       "(?18 IS NULL OR substr(business_key, 1, length(?18)) = ?18) ORDER BY id LIMIT ?4");
   MutexLock lock(mu_);

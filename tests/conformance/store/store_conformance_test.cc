@@ -703,6 +703,11 @@ TEST_P(StoreConformanceTest, ListsFilterByStepExternalIdHttpStatusUpdatedAndDefi
   filter = {};
   filter.external_id = "ERP-77";
   EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.tenant = "t2";  // the same number in another tenant is not this one
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.tenant = "t1";
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.tenant.reset();
   filter.external_id = "ERP-7";  // exact, not a prefix
   EXPECT_EQ(keys(filter), Keys{});
   filter.external_id = "";  // the steps without one are not all matches
@@ -711,6 +716,11 @@ TEST_P(StoreConformanceTest, ListsFilterByStepExternalIdHttpStatusUpdatedAndDefi
   filter.http_status = 503;
   EXPECT_EQ(keys(filter), Keys{"s1"});
   filter.http_status = 200;
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.http_status = 503;
+  filter.step = "two";  // the 503 was "two"'s
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.step = "one";
   EXPECT_EQ(keys(filter), Keys{});
   filter = {};
   filter.updated_from = 5000;
