@@ -65,14 +65,24 @@ PgStatement UpdateStepStatement(int64_t instance_id, const StepRecord& s) {
 // pipelined one after another number 1, 2, ... as well.
 PgStatement InsertAttemptStatement(int64_t instance_id, const AttemptRecord& a) {
   static const std::string kInsert =
-      "INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + "
-      "1, $3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
-      "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
-      "step_index = $2::integer";
+      "INSERT INTO attempts (instance_id, step_index, seq, phase, sent, connection, status, "
+      "error_class, detail, started_at, finished_at, worker, lease_epoch) SELECT $1::bigint, "
+      "$2::integer, COALESCE(MAX(seq), 0) + 1, $3::smallint, $4::boolean, $5::smallint, "
+      "$6::integer, $7::smallint, $8, $9::bigint, $10::bigint, $11, $12::bigint FROM attempts "
+      "WHERE instance_id = $1::bigint AND step_index = $2::integer";
   return {&kInsert,
           Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
                  a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
-                 static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at)};
+                 static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at,
+                 a.worker, a.lease_epoch)};
+}
+
+PgStatement DropOldAttemptsStatement(int64_t instance_id, int step_index, int keep) {
+  static const std::string kDrop =
+      "DELETE FROM attempts WHERE instance_id = $1::bigint AND step_index = $2::integer AND "
+      "seq <= (SELECT MAX(seq) FROM attempts WHERE instance_id = $1::bigint AND step_index = "
+      "$2::integer) - $3::integer";
+  return {&kDrop, Params(instance_id, step_index, keep)};
 }
 
 // The parameters of many rows of one statement as one array per parameter (a
@@ -143,6 +153,9 @@ class PgChangeSql final : public ChangeSql {
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
     return c_.Query(InsertAttemptStatement(instance_id, a)).status();
   }
+  absl::Status DropOldAttempts(int64_t instance_id, int step_index, int keep) override {
+    return c_.Query(DropOldAttemptsStatement(instance_id, step_index, keep)).status();
+  }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     return PgInsertEvent(c_, event, instance_id, now);
   }
@@ -201,6 +214,10 @@ class PgQueuedChangeSql final : public ChangeSql {
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
     return Queue(InsertAttemptStatement(instance_id, a));
   }
+  absl::Status DropOldAttempts(int64_t instance_id, int step_index, int keep) override {
+    drops_.push_back(DropOldAttemptsStatement(instance_id, step_index, keep).params);
+    return absl::OkStatus();
+  }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     events_.push_back(PgInsertEventStatement(event, instance_id, now).params);
     return absl::OkStatus();
@@ -213,7 +230,8 @@ class PgQueuedChangeSql final : public ChangeSql {
   }
 
   // Ends the queue: the fences, step updates and events of all changes as one
-  // statement each, then the rest in the order queued, all after `begin`.
+  // statement each, then the rest in the order queued, all after `begin`, and last
+  // the bound on the attempts the batch added, as one statement.
   void Finish(PgStatement begin) {
     std::vector<PgStatement> all = {std::move(begin)};
     std::vector<std::optional<int64_t>> rows = {std::nullopt};
@@ -237,6 +255,10 @@ class PgQueuedChangeSql final : public ChangeSql {
     all.insert(all.end(), std::make_move_iterator(statements_.begin()),
                std::make_move_iterator(statements_.end()));
     rows.insert(rows.end(), rows_.begin(), rows_.end());
+    if (!drops_.empty()) {
+      all.push_back({&kDrops, Columns(drops_)});
+      rows.push_back(std::nullopt);
+    }
     statements_ = std::move(all);
     rows_ = std::move(rows);
   }
@@ -262,16 +284,18 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
 
-  // FenceStatement, UpdateStepStatement and PgInsertEventStatement over arrays of
-  // their parameters, in the same order.
+  // FenceStatement, UpdateStepStatement, PgInsertEventStatement and
+  // DropOldAttemptsStatement over arrays of their parameters, in the same order.
   static const std::string kFences;
   static const std::string kSteps;
   static const std::string kEvents;
+  static const std::string kDrops;
 
   bool signalled_ = false;
   std::vector<PgParams> fences_;
   std::vector<PgParams> steps_;
   std::vector<PgParams> events_;
+  std::vector<PgParams> drops_;
   std::vector<PgStatement> statements_;
   std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
 };
@@ -302,6 +326,14 @@ const std::string PgQueuedChangeSql::kSteps =
 const std::string PgQueuedChangeSql::kEvents =
     "INSERT INTO outbox (event_id, instance_id, tenant, type, payload, created_at) SELECT * "
     "FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[])";
+// Each step's newest seq is read once (a subquery per unnest row), then its older
+// rows are found by the primary key.
+const std::string PgQueuedChangeSql::kDrops =
+    "DELETE FROM attempts a USING (SELECT u.instance_id, u.step_index, (SELECT MAX(m.seq) FROM "
+    "attempts m WHERE m.instance_id = u.instance_id AND m.step_index = u.step_index) - u.keep "
+    "AS newest_dropped FROM unnest($1::bigint[], $2::integer[], $3::integer[]) AS "
+    "u(instance_id, step_index, keep)) d WHERE a.instance_id = d.instance_id AND a.step_index "
+    "= d.step_index AND a.seq <= d.newest_dropped";
 
 }  // namespace
 
@@ -315,7 +347,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   });
   if (queueable && !changes.empty()) {
     PgQueuedChangeSql queued;
-    auto assumed = CommitChanges(queued, changes);
+    auto assumed = CommitChanges(queued, changes, attempts_per_step_);
     if (assumed.ok() && std::all_of(assumed->begin(), assumed->end(),
                                     [](const absl::Status& s) { return s.ok(); })) {
       static const std::string kBegin = "BEGIN";
@@ -339,7 +371,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   std::vector<absl::Status> results;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
     PgChangeSql sql(c);
-    WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes));
+    WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes, attempts_per_step_));
     return absl::OkStatus();
   });
   if (!status.ok()) return status;
