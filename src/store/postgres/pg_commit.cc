@@ -212,7 +212,8 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
-    return Queue(InsertAttemptStatement(instance_id, a));
+    attempts_.push_back(InsertAttemptStatement(instance_id, a).params);
+    return absl::OkStatus();
   }
   absl::Status DropOldAttempts(int64_t instance_id, int step_index, int keep) override {
     drops_.push_back(DropOldAttemptsStatement(instance_id, step_index, keep).params);
@@ -231,7 +232,7 @@ class PgQueuedChangeSql final : public ChangeSql {
 
   // Ends the queue: the fences, step updates and events of all changes as one
   // statement each, then the rest in the order queued, all after `begin`, and last
-  // the bound on the attempts the batch added, as one statement.
+  // the attempts and the bound on them, as one statement each.
   void Finish(PgStatement begin) {
     std::vector<PgStatement> all = {std::move(begin)};
     std::vector<std::optional<int64_t>> rows = {std::nullopt};
@@ -255,6 +256,10 @@ class PgQueuedChangeSql final : public ChangeSql {
     all.insert(all.end(), std::make_move_iterator(statements_.begin()),
                std::make_move_iterator(statements_.end()));
     rows.insert(rows.end(), rows_.begin(), rows_.end());
+    if (!attempts_.empty()) {
+      all.push_back({&kAttempts, Columns(attempts_)});
+      rows.push_back(static_cast<int64_t>(attempts_.size()));
+    }
     if (!drops_.empty()) {
       all.push_back({&kDrops, Columns(drops_)});
       rows.push_back(std::nullopt);
@@ -284,17 +289,20 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
 
-  // FenceStatement, UpdateStepStatement, PgInsertEventStatement and
-  // DropOldAttemptsStatement over arrays of their parameters, in the same order.
+  // FenceStatement, UpdateStepStatement, PgInsertEventStatement,
+  // InsertAttemptStatement and DropOldAttemptsStatement over arrays of their
+  // parameters, in the same order.
   static const std::string kFences;
   static const std::string kSteps;
   static const std::string kEvents;
+  static const std::string kAttempts;
   static const std::string kDrops;
 
   bool signalled_ = false;
   std::vector<PgParams> fences_;
   std::vector<PgParams> steps_;
   std::vector<PgParams> events_;
+  std::vector<PgParams> attempts_;
   std::vector<PgParams> drops_;
   std::vector<PgStatement> statements_;
   std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
@@ -326,14 +334,29 @@ const std::string PgQueuedChangeSql::kSteps =
 const std::string PgQueuedChangeSql::kEvents =
     "INSERT INTO outbox (event_id, instance_id, tenant, type, payload, created_at) SELECT * "
     "FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[])";
-// Each step's newest seq is read once (a subquery per unnest row), then its older
-// rows are found by the primary key.
+// Numbered after each step's last attempt as InsertAttemptStatement does: the
+// subquery sees the table as it was before this statement, and row_number() counts
+// the batch's own attempts of the step in the order they were queued.
+const std::string PgQueuedChangeSql::kAttempts =
+    "INSERT INTO attempts (instance_id, step_index, seq, phase, sent, connection, status, "
+    "error_class, detail, started_at, finished_at, worker, lease_epoch) SELECT u.instance_id, "
+    "u.step_index, COALESCE((SELECT MAX(m.seq) FROM attempts m WHERE m.instance_id = "
+    "u.instance_id AND m.step_index = u.step_index), 0) + row_number() OVER (PARTITION BY "
+    "u.instance_id, u.step_index ORDER BY u.n), u.phase, u.sent, u.connection, u.status, "
+    "u.error_class, u.detail, u.started_at, u.finished_at, u.worker, u.lease_epoch FROM "
+    "unnest($1::bigint[], $2::integer[], $3::smallint[], $4::boolean[], $5::smallint[], "
+    "$6::integer[], $7::smallint[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], "
+    "$12::bigint[]) WITH ORDINALITY AS u(instance_id, step_index, phase, sent, connection, "
+    "status, error_class, detail, started_at, finished_at, worker, lease_epoch, n)";
+// Per step, its newest seq and then its older rows are read through the primary key
+// (the OFFSET 0 keeps the lateral subquery a lookup per step: flattened into a join,
+// the planner may scan the whole table, and evaluate the newest seq once per row).
 const std::string PgQueuedChangeSql::kDrops =
-    "DELETE FROM attempts a USING (SELECT u.instance_id, u.step_index, (SELECT MAX(m.seq) FROM "
-    "attempts m WHERE m.instance_id = u.instance_id AND m.step_index = u.step_index) - u.keep "
-    "AS newest_dropped FROM unnest($1::bigint[], $2::integer[], $3::integer[]) AS "
-    "u(instance_id, step_index, keep)) d WHERE a.instance_id = d.instance_id AND a.step_index "
-    "= d.step_index AND a.seq <= d.newest_dropped";
+    "DELETE FROM attempts WHERE ctid = ANY(ARRAY(SELECT o.ctid FROM unnest($1::bigint[], "
+    "$2::integer[], $3::integer[]) AS u(instance_id, step_index, keep) CROSS JOIN LATERAL "
+    "(SELECT a.ctid FROM attempts a WHERE a.instance_id = u.instance_id AND a.step_index = "
+    "u.step_index AND a.seq <= (SELECT MAX(m.seq) FROM attempts m WHERE m.instance_id = "
+    "u.instance_id AND m.step_index = u.step_index) - u.keep OFFSET 0) o))";
 
 }  // namespace
 
