@@ -170,7 +170,7 @@ AttemptRecord ReadAttempt(const Row& r) {
           r.Int(11)};
 }
 
-// Columns: step_index, the step's newest attempt seq, its oldest kept seq (NULL
+// Columns: step_index, the step's newest attempt seq, its oldest kept seq (both 0
 // when it has none). A step's seqs are 1, 2, ... and the bound deletes only the
 // oldest, so the newest seq counts every request recorded and the kept ones are
 // the seqs from the oldest kept to the newest.
