@@ -29,11 +29,6 @@ using Json = nlohmann::json;
 
 namespace {
 
-// The most instances one request of a key-prefix or external-id search reads: these
-// filters are applied here, over the store's pages, not by an index.
-constexpr int kSearchScan = 5000;
-constexpr int kSearchBatch = 500;
-
 std::string CursorOf(const InstanceRecord& r) { return HexOf(r.tenant + "\n" + r.key); }
 
 // An attempts page's cursor names its last attempt: start time, step index, seq.
@@ -55,43 +50,20 @@ std::optional<AttemptCursor> AttemptCursorOf(const std::string& cursor) {
   return after;
 }
 
-// GET /v1/instances with key_prefix or external_id (an ERP order number: some step's
-// external id, exactly): reads the filtered instances in id order, keeps those that
-// match, and stops at a full page or after kSearchScan instances. The cursor names
-// the last instance read, so a page may hold fewer than `page` items (even none)
-// while next_cursor goes on.
-void ListMatching(const ApiContext& ctx, const ServerRequest& req, ServerResponse& res,
-                  InstanceFilter filter, const std::string& key_prefix,
-                  const std::string& external_id, int page) {
-  if (req.Query("external_id") != nullptr && external_id.empty()) {
-    return Send(res, BadRequest("external_id must not be empty"), req.path);
+// Reads the RFC 3339 time parameter `name`, when given, into `*at`; false, having
+// answered 400, when it is not one.
+bool TimeParam(const ServerRequest& req, ServerResponse& res, const char* name, Millis* at) {
+  const std::string* text = req.Query(name);
+  if (text == nullptr) return true;
+  auto parsed = ParseRfc3339(*text);
+  if (!parsed) {
+    Send(res, BadRequest(std::string(name) + " must be an RFC 3339 time such as "
+                                             "2026-11-29T08:00:00Z"),
+         req.path);
+    return false;
   }
-  Json items = Json::array();
-  Json next = nullptr;
-  int scanned = 0;
-  filter.limit = kSearchBatch;
-  while (true) {
-    auto batch = ctx.store->ListInstances(filter);
-    if (!batch.ok()) return Send(res, ProblemFromStatus(batch.status()), req.path);
-    for (const InstanceRecord& r : *batch) {
-      ++scanned;
-      filter.after_id = r.id;
-      bool match = absl::StartsWith(r.key, key_prefix);
-      if (match && !external_id.empty()) {
-        auto steps = ctx.store->GetSteps(r.id);
-        if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
-        match = std::any_of(steps->begin(), steps->end(),
-                            [&](const StepRecord& s) { return s.external_id == external_id; });
-      }
-      if (match) items.push_back(wire::InstanceSummary(r));
-      if (static_cast<int>(items.size()) == page || scanned == kSearchScan) {
-        next = CursorOf(r);
-        break;
-      }
-    }
-    if (!next.is_null() || static_cast<int>(batch->size()) < kSearchBatch) break;
-  }
-  SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
+  *at = *parsed;
+  return true;
 }
 
 }  // namespace
@@ -130,16 +102,43 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
                   req.path);
     }
   }
-  for (const auto& [name, field] : {std::pair{"created_after", &filter.created_from},
-                                    std::pair{"created_before", &filter.created_to}}) {
-    if (!has(name)) continue;
-    auto at = ParseRfc3339(param(name));
-    if (!at) {
-      return Send(res, BadRequest(std::string(name) + " must be an RFC 3339 time such as "
-                                                     "2026-11-29T08:00:00Z"),
+  if (!TimeParam(req, res, "created_after", &filter.created_from) ||
+      !TimeParam(req, res, "created_before", &filter.created_to) ||
+      !TimeParam(req, res, "updated_after", &filter.updated_from) ||
+      !TimeParam(req, res, "updated_before", &filter.updated_to)) {
+    return;
+  }
+  if (has("definition")) {
+    // The pinned definition's hash, whole or a prefix of it (the console shows 12).
+    const std::string prefix = absl::AsciiStrToLower(param("definition"));
+    if (prefix.size() < 6 || prefix.size() > 64 ||
+        prefix.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return Send(res, BadRequest("definition must be a definition hash or a prefix of it, 6 "
+                                  "to 64 hexadecimal digits"),
                   req.path);
     }
-    *field = *at;
+    filter.definition_prefix = prefix;
+  }
+  if (has("step")) {
+    if (param("step").empty()) return Send(res, BadRequest("step must not be empty"), req.path);
+    filter.step = param("step");
+  }
+  if (has("step_state")) {
+    auto state = ParseStepState(param("step_state"));
+    if (!state) {
+      return Send(res, BadRequest("step_state '" + param("step_state") + "' is not a step "
+                                  "state such as unknown or compensation_failed"),
+                  req.path);
+    }
+    filter.step_state = *state;
+  }
+  if (!WholeNumberParam(req, res, "http_status", 100, 599, &filter.http_status)) return;
+  if (has("key_prefix")) filter.key_prefix = param("key_prefix");
+  if (has("external_id")) {
+    if (param("external_id").empty()) {
+      return Send(res, BadRequest("external_id must not be empty"), req.path);
+    }
+    filter.external_id = param("external_id");
   }
   if (!WholeNumberParam(req, res, "limit", 1, 1000, &filter.limit)) return;
   if (has("cursor")) {
@@ -163,9 +162,6 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     filter.after_id = last->id;
   }
   const int page = filter.limit;
-  if (has("key_prefix") || has("external_id")) {
-    return ListMatching(ctx, req, res, filter, param("key_prefix"), param("external_id"), page);
-  }
   filter.limit = page + 1;  // one more tells whether there is a next page
   auto instances = ctx.store->ListInstances(filter);
   if (!instances.ok()) return Send(res, ProblemFromStatus(instances.status()), req.path);
@@ -174,7 +170,7 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
   for (size_t i = 0; i < instances->size(); ++i) {
     if (static_cast<int>(i) == page) {
       const InstanceRecord& last = (*instances)[i - 1];
-      next = HexOf(last.tenant + "\n" + last.key);
+      next = CursorOf(last);
       break;
     }
     items.push_back(wire::InstanceSummary((*instances)[i]));

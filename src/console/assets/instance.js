@@ -68,9 +68,11 @@ function attemptsTable(view, step, me) {
   return { element: h('div', {}, table, status, older), load };
 }
 
-// A table that loads its first page when its details open.
-function attemptsDetails(summary, table, className) {
-  const details = h('details', { class: className }, h('summary', {}, summary), table.element);
+// A table that loads its first page when its details open (kept open, as `keep`,
+// when the view is drawn again).
+function attemptsDetails(summary, table, className, keep) {
+  const details = h('details', { class: className, 'data-keep': keep }, h('summary', {}, summary),
+    table.element);
   let loaded = false;
   details.addEventListener('toggle', () => {
     if (details.open && !loaded) {
@@ -84,7 +86,8 @@ function attemptsDetails(summary, table, className) {
 function stepAttempts(view, step, me) {
   const total = step.requests_total ?? (step.requests ?? []).length;
   if (!total) return h('p', { class: 'muted small' }, 'No request sent yet.');
-  return attemptsDetails(`Requests sent: ${total}`, attemptsTable(view, step, me), 'attempts');
+  return attemptsDetails(`Requests sent: ${total}`, attemptsTable(view, step, me), 'attempts',
+    `requests:${step.name}`);
 }
 
 function stepsTimeline(view, me) {
@@ -109,11 +112,12 @@ function stepsTimeline(view, me) {
 function allAttempts(view, me) {
   const total = view.steps.reduce((sum, s) => sum + (s.requests_total ?? 0), 0);
   if (!total) return h('p', { class: 'muted' }, 'No request sent yet.');
-  return attemptsDetails(`All ${total} attempts, newest first`, attemptsTable(view, null, me), 'all-attempts');
+  return attemptsDetails(`All ${total} attempts, newest first`, attemptsTable(view, null, me), 'all-attempts',
+    'attempts:all');
 }
 
 export async function renderInstance(main, me, tenant, key) {
-  const view = await api(instancePath(key), { query: { tenant: me.tenant === '*' ? tenant : undefined } });
+  const view = await api(instancePath(key), { watch: true, query: { tenant: me.tenant === '*' ? tenant : undefined } });
   const stopped = view.stopped ?? {};
   const canAct = mayAct(me);
   const act = async (options) => {
@@ -139,13 +143,15 @@ export async function renderInstance(main, me, tenant, key) {
       h('dl', { class: 'facts' },
         row('business key', h('code', {}, view.key)),
         row('tenant', view.tenant),
-        row('workflow', view.workflow, h('span', { class: 'muted' }, ` · definition ${view.definition_hash.slice(0, 12)}`)),
+        row('workflow', view.workflow, ' · definition ',
+          h('a', { href: `#/find?${new URLSearchParams({ workflow: view.workflow, definition: view.definition_hash.slice(0, 12) })}`,
+            title: `Every instance on definition ${view.definition_hash}` }, view.definition_hash.slice(0, 12))),
         row('state', stateLabel(view.state)),
         row('reason', view.status_reason || '—'),
         row('trace id', h('code', {}, view.trace_id), ' ', copyButton(view.trace_id, 'Copy the trace id')),
         row('created', time(view.created_at)),
         row('updated', time(view.updated_at))),
-      h('details', {}, h('summary', {}, 'Input (pinned)'),
+      h('details', { 'data-keep': 'input' }, h('summary', {}, 'Input (pinned)'),
         h('pre', { class: 'input' }, JSON.stringify(view.input, null, 2)))),
     h('section', { 'aria-labelledby': 'steps-title' },
       h('h2', { id: 'steps-title' }, 'Steps'), stepsTimeline(view, me)),
