@@ -24,6 +24,10 @@ int Main(int argc, char** argv) {
                     "How long a step's idempotency key stays pinned to its request (a workflow's "
                     "retention.step_keys wins)")
         ->capture_default_str();
+    sub->add_option("--attempts-per-step", global.attempts_per_step,
+                    "Attempt records kept per step (the oldest go; the counts stay)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1'000'000));
   };
 
   RunOptions run;

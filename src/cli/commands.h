@@ -25,6 +25,8 @@ struct GlobalOptions {
   // --step-key-retention: how long a step's idempotency key stays pinned to its
   // request (longer than the targets keep their keys); a workflow may set its own.
   std::string step_key_retention = "7d";
+  // --attempts-per-step: attempt records kept per step (StoreOptions::attempts_per_step).
+  int attempts_per_step = 1000;
   bool verbose = false;
   // A server config (--config, WAYSTONE_CONFIG) whose `tenants:` every engine
   // command obeys: serve reads it whole, run/start/worker its tenants and secrets.

@@ -17,6 +17,7 @@ std::string DatabasePath(const GlobalOptions& global) {
 absl::StatusOr<std::unique_ptr<Store>> OpenStoreFor(const GlobalOptions& global) {
   StoreOptions options;
   options.path = DatabasePath(global);
+  options.attempts_per_step = global.attempts_per_step;
   return OpenStore(options);
 }
 

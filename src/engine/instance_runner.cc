@@ -270,6 +270,8 @@ class InstanceRunner::Impl {
     attempt.detail = ShortenMessage(DescribeResponse(answer));
     attempt.started_at = call.started_at;
     attempt.finished_at = d_.clock->NowMillis();
+    attempt.worker = lease_.owner;  // sent under the lease this runner holds
+    attempt.lease_epoch = lease_.epoch;
     pending_attempts_.push_back(std::move(attempt));
     return call.then(sent);
   }

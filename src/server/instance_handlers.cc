@@ -1,9 +1,10 @@
 #include <algorithm>
-#include <tuple>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -29,6 +30,25 @@ using Json = nlohmann::json;
 namespace {
 
 std::string CursorOf(const InstanceRecord& r) { return HexOf(r.tenant + "\n" + r.key); }
+
+// An attempts page's cursor names its last attempt: start time, step index, seq.
+std::string CursorText(const AttemptRecord& a) {
+  return HexOf(absl::StrCat(a.started_at, "\n", a.step_index, "\n", a.seq));
+}
+
+// Returns the attempt a cursor names; nullopt for anything CursorText did not make.
+std::optional<AttemptCursor> AttemptCursorOf(const std::string& cursor) {
+  auto named = FromHex(cursor);
+  if (!named) return std::nullopt;
+  std::vector<std::string> parts = absl::StrSplit(*named, '\n');
+  AttemptCursor after;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &after.started_at) ||
+      !absl::SimpleAtoi(parts[1], &after.step_index) || !absl::SimpleAtoi(parts[2], &after.seq) ||
+      absl::StrCat(after.started_at, "\n", after.step_index, "\n", after.seq) != *named) {
+    return std::nullopt;
+  }
+  return after;
+}
 
 // Reads the RFC 3339 time parameter `name`, when given, into `*at`; false, having
 // answered 400, when it is not one.
@@ -185,75 +205,54 @@ void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const Ser
   if (key.empty()) return Send(res, BadRequest("key (the instance's business key) is required"), req.path);
   auto tenant = TenantOf(principal, req);
   if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
-  int limit = 100;
-  if (!WholeNumberParam(req, res, "limit", 1, 1000, &limit)) return;
+  AttemptQuery query;
+  if (!WholeNumberParam(req, res, "limit", 1, 1000, &query.limit)) return;
+  if (req.Query("cursor") != nullptr) {
+    query.after = AttemptCursorOf(Param(req, "cursor"));
+    if (!query.after) return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+  }
   auto instance = ctx.store->FindInstance(*tenant, key);
   if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
   auto steps = ctx.store->GetSteps(instance->id);
   if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
-  std::optional<int> only_step;
   if (req.Query("step") != nullptr) {
     for (const StepRecord& s : *steps) {
-      if (s.name == Param(req, "step")) only_step = s.index;
+      if (s.name == Param(req, "step")) query.step_index = s.index;
     }
-    if (!only_step) {
+    if (!query.step_index) {
       return Send(res, BadRequest("instance '" + key + "' has no step '" + Param(req, "step") + "'"),
                   req.path);
     }
   }
-  // The cursor names the last attempt of the page (step index and seq).
-  std::optional<std::pair<int, int>> after;
-  if (req.Query("cursor") != nullptr) {
-    auto named = FromHex(Param(req, "cursor"));
-    const size_t cut = named ? named->find('\n') : std::string::npos;
-    int step_index = -1, seq = -1;
-    if (cut != std::string::npos) {
-      step_index = std::atoi(named->substr(0, cut).c_str());
-      seq = std::atoi(named->substr(cut + 1).c_str());
-    }
-    if (cut == std::string::npos || *named != std::to_string(step_index) + "\n" + std::to_string(seq)) {
-      return Send(res, BadRequest("cursor is not one this server returned"), req.path);
-    }
-    after = {step_index, seq};
-  }
-  auto attempts = ctx.store->ListAttempts(instance->id);
+  query.instance_id = instance->id;
+  const int page = query.limit;
+  query.limit = page + 1;  // one more tells whether there is a next page
+  auto attempts = ctx.store->ListAttemptPage(query);
   if (!attempts.ok()) return Send(res, ProblemFromStatus(attempts.status()), req.path);
-  std::vector<AttemptRecord> rows;
-  for (AttemptRecord& a : *attempts) {
-    if (!only_step || a.step_index == *only_step) rows.push_back(std::move(a));
-  }
-  // Newest first: by start time, then the later step, then the later attempt of it.
-  std::sort(rows.begin(), rows.end(), [](const AttemptRecord& a, const AttemptRecord& b) {
-    return std::tie(a.started_at, a.step_index, a.seq) > std::tie(b.started_at, b.step_index, b.seq);
-  });
-  size_t from = 0;
-  if (after) {
-    auto it = std::find_if(rows.begin(), rows.end(), [&](const AttemptRecord& a) {
-      return a.step_index == after->first && a.seq == after->second;
-    });
-    if (it == rows.end()) return Send(res, BadRequest("cursor is not one this server returned"), req.path);
-    from = static_cast<size_t>(it - rows.begin()) + 1;
+  auto counts = ctx.store->CountAttempts(instance->id);
+  if (!counts.ok()) return Send(res, ProblemFromStatus(counts.status()), req.path);
+  int64_t total = 0, kept = 0;
+  for (const StepAttemptCounts& c : *counts) {
+    if (query.step_index && c.step_index != *query.step_index) continue;
+    total += c.recorded;
+    kept += c.kept;
   }
   Json items = Json::array();
   Json next = nullptr;
-  for (size_t i = from; i < rows.size(); ++i) {
-    if (static_cast<int>(items.size()) == limit) {
-      const AttemptRecord& last = rows[i - 1];
-      next = HexOf(std::to_string(last.step_index) + "\n" + std::to_string(last.seq));
+  for (size_t i = 0; i < attempts->size(); ++i) {
+    if (static_cast<int>(i) == page) {
+      next = CursorText((*attempts)[i - 1]);
       break;
     }
-    const AttemptRecord& a = rows[i];
-    const std::string step = a.step_index >= 0 && a.step_index < static_cast<int>(steps->size())
-                                 ? (*steps)[a.step_index].name
-                                 : "";
+    const AttemptRecord& a = (*attempts)[i];
     Json item = wire::Attempt(a);
-    item["step"] = step;
-    if (a.started_at > 0 && a.finished_at >= a.started_at) {
-      item["latency_ms"] = a.finished_at - a.started_at;
-    }
+    item["step"] = a.step_index >= 0 && a.step_index < static_cast<int>(steps->size())
+                       ? (*steps)[a.step_index].name
+                       : "";
     items.push_back(std::move(item));
   }
-  SendJson(res, 200, {{"items", items}, {"total", rows.size()}, {"next_cursor", next}});
+  SendJson(res, 200, {{"items", items}, {"total", total}, {"dropped", total - kept},
+                      {"next_cursor", next}});
 }
 
 namespace {

@@ -37,15 +37,23 @@ nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key,
 }
 
 nlohmann::json Attempt(const AttemptRecord& a) {
-  return {{"seq", a.seq},
-          {"phase", ToString(a.phase)},
-          {"sent", a.sent},
-          {"connection", ToString(a.connection)},
-          {"status", a.status},
-          {"error_class", ToString(a.error_class)},
-          {"detail", a.detail},
-          {"started_at", Rfc3339(a.started_at)},
-          {"finished_at", Rfc3339(a.finished_at)}};
+  nlohmann::json out = {{"seq", a.seq},
+                        {"phase", ToString(a.phase)},
+                        {"sent", a.sent},
+                        {"connection", ToString(a.connection)},
+                        {"status", a.status},
+                        {"error_class", ToString(a.error_class)},
+                        {"detail", a.detail},
+                        {"started_at", Rfc3339(a.started_at)},
+                        {"finished_at", Rfc3339(a.finished_at)},
+                        // null when not known: a call a stopped worker left running
+                        {"worker", a.worker.empty() ? nlohmann::json() : nlohmann::json(a.worker)},
+                        {"lease_epoch",
+                         a.lease_epoch == 0 ? nlohmann::json() : nlohmann::json(a.lease_epoch)}};
+  if (a.started_at > 0 && a.finished_at >= a.started_at) {
+    out["latency_ms"] = a.finished_at - a.started_at;
+  }
+  return out;
 }
 
 nlohmann::json Tombstone(const TombstoneRecord& t) {
@@ -64,6 +72,10 @@ nlohmann::json Tombstone(const TombstoneRecord& t) {
 
 namespace {
 using Json = nlohmann::json;
+
+// The newest requests of each step the instance view carries; GET /v1/attempts
+// pages through all of them.
+constexpr int kViewRequests = 10;
 }  // namespace
 
 std::string Rfc3339(Millis at) { return at <= 0 ? "" : FormatRfc3339(at); }
@@ -83,7 +95,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
   WS_ASSIGN_OR_RETURN(std::vector<AlertRecord> alerts, store.ListAlerts(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<AuditRecord> audit, store.ListAudit(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
-  WS_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store.ListAttempts(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<StepAttemptCounts> counts, store.CountAttempts(instance.id));
   Json out = wire::InstanceSummary(instance);
   out["steps"] = Json::array();
   for (const auto& s : steps) {
@@ -101,11 +113,20 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
     if (s.next_attempt_at > 0) step["next_attempt_at"] = Rfc3339(s.next_attempt_at);
     if (s.started_at > 0) step["started_at"] = Rfc3339(s.started_at);
     if (s.finished_at > 0) step["finished_at"] = Rfc3339(s.finished_at);
-    // Every request sent for the step: whether it left, on which connection, what came back.
+    // The step's newest requests, oldest first (whether each left, on which
+    // connection, what came back), and how many it recorded and the bound dropped.
     step["requests"] = Json::array();
-    for (const AttemptRecord& a : attempts) {
-      if (a.step_index != s.index) continue;
-      step["requests"].push_back(wire::Attempt(a));
+    step["requests_total"] = 0;
+    step["requests_dropped"] = 0;
+    for (const StepAttemptCounts& c : counts) {
+      if (c.step_index != s.index) continue;
+      step["requests_total"] = c.recorded;
+      step["requests_dropped"] = c.recorded - c.kept;
+      WS_ASSIGN_OR_RETURN(std::vector<AttemptRecord> newest,
+                          store.ListAttemptPage({instance.id, s.index, std::nullopt, kViewRequests}));
+      for (auto a = newest.rbegin(); a != newest.rend(); ++a) {
+        step["requests"].push_back(wire::Attempt(*a));
+      }
     }
     out["steps"].push_back(step);
   }

@@ -5,8 +5,10 @@
 // `int64_t Int(int column)` and `std::string Text(int column)`; the column order is
 // the list's.
 
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "store/records.h"
 
@@ -125,8 +127,33 @@ TokenRecord ReadToken(const Row& r) {
   return {r.Text(0), r.Text(1), r.Text(2), r.Text(3), r.Int(4), r.Int(5), r.Int(6)};
 }
 
+inline constexpr char kAttemptColumns[] =
+    "step_index, seq, phase, sent, connection, status, error_class, detail, started_at, "
+    "finished_at, worker, lease_epoch";
+// PostgreSQL's `sent` is a boolean, read as an integer.
+inline constexpr char kPgAttemptColumns[] =
+    "step_index, seq, phase, sent::int, connection, status, error_class, detail, started_at, "
+    "finished_at, worker, lease_epoch";
+
+// Before every attempt: where a first page starts.
+inline constexpr AttemptCursor kNewestAttempt = {INT64_MAX, INT32_MAX, INT32_MAX};
+
+// Per step of an instance ($1): its newest and oldest attempt seq, each by the
+// primary key (one index probe, not a scan of the step's rows); 0 when none.
+inline constexpr char kCountAttempts[] =
+    "SELECT s.step_index, COALESCE((SELECT MAX(a.seq) FROM attempts a WHERE a.instance_id = "
+    "s.instance_id AND a.step_index = s.step_index), 0), COALESCE((SELECT MIN(a.seq) FROM "
+    "attempts a WHERE a.instance_id = s.instance_id AND a.step_index = s.step_index), 0) FROM "
+    "steps s WHERE s.instance_id = $1 ORDER BY s.step_index";
+
+// Returns the counts of the steps that recorded a request.
+inline std::vector<StepAttemptCounts> WithAttempts(std::vector<StepAttemptCounts> counts) {
+  std::erase_if(counts, [](const StepAttemptCounts& c) { return c.recorded == 0; });
+  return counts;
+}
+
 // Columns: step_index, seq, phase, sent (as an integer), connection, status,
-// error_class, detail, started_at, finished_at.
+// error_class, detail, started_at, finished_at, worker, lease_epoch.
 template <typename Row>
 AttemptRecord ReadAttempt(const Row& r) {
   return {static_cast<int>(r.Int(0)),
@@ -138,7 +165,19 @@ AttemptRecord ReadAttempt(const Row& r) {
           static_cast<ErrorClass>(r.Int(6)),
           r.Text(7),
           r.Int(8),
-          r.Int(9)};
+          r.Int(9),
+          r.Text(10),
+          r.Int(11)};
+}
+
+// Columns: step_index, the step's newest attempt seq, its oldest kept seq (both 0
+// when it has none). A step's seqs are 1, 2, ... and the bound deletes only the
+// oldest, so the newest seq counts every request recorded and the kept ones are
+// the seqs from the oldest kept to the newest.
+template <typename Row>
+StepAttemptCounts ReadAttemptCounts(const Row& r) {
+  const int64_t newest = r.Int(1);
+  return {static_cast<int>(r.Int(0)), newest, newest == 0 ? 0 : newest - r.Int(2) + 1};
 }
 
 template <typename Row>

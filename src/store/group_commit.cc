@@ -1,5 +1,7 @@
 #include "store/group_commit.h"
 
+#include <algorithm>
+
 #include "base/status_macros.h"
 
 namespace waystone {
@@ -20,7 +22,7 @@ bool UndoesOnlyItself(const absl::Status& applied, const Change& change) {
          (absl::IsAlreadyExists(applied) && change.inbox.has_value());
 }
 
-absl::Status ApplyChange(ChangeSql& sql, const Change& c) {
+absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step) {
   const int64_t id = c.lease.instance_id;
   WS_ASSIGN_OR_RETURN(bool held, sql.Fence(c));
   if (!held) {
@@ -57,6 +59,13 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c) {
   // The store numbers a step's requests: 1, 2, ... in the order they were recorded
   // (only the lease holder writes them, so MAX + 1 does not race).
   for (const AttemptRecord& a : c.attempts) WS_RETURN_IF_ERROR(sql.InsertAttempt(id, a));
+  // The history is bounded per step; the newest seq still counts every request.
+  std::vector<int> added_to;
+  for (const AttemptRecord& a : c.attempts) {
+    if (std::find(added_to.begin(), added_to.end(), a.step_index) != added_to.end()) continue;
+    added_to.push_back(a.step_index);
+    WS_RETURN_IF_ERROR(sql.DropOldAttempts(id, a.step_index, attempts_per_step));
+  }
   for (const EventRecord& e : c.events) WS_RETURN_IF_ERROR(sql.InsertEvent(e, id, c.now));
   for (const AlertRecord& a : c.alerts) WS_RETURN_IF_ERROR(sql.InsertAlert(a, id, c.now));
   for (const AuditRecord& a : c.audits) WS_RETURN_IF_ERROR(sql.InsertAudit(a, id, c.now));
@@ -64,9 +73,11 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c) {
 }
 
 absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
-                                                        const std::vector<Change>& changes) {
+                                                        const std::vector<Change>& changes,
+                                                        int attempts_per_step) {
   return EachUnderSavepoint<absl::Status>(
-      sql, changes, [&](const Change& change) { return ApplyChange(sql, change); },
+      sql, changes,
+      [&](const Change& change) { return ApplyChange(sql, change, attempts_per_step); },
       UndoesOnlyItself,
       // An event received before or a key conflict fails after the fence wrote.
       [](const Change&) { return true; });

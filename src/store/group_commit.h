@@ -3,8 +3,8 @@
 // Store-internal: a group commit, written once for both dialects. Each change is
 // applied under its own savepoint in the transaction the dialect opened, in one
 // order: the fence first (nothing is written unless the lease holds), then the
-// inbox claim, alert resolution, idempotency key, steps, attempts, events, alerts
-// and audit records. A dialect supplies only the SQL of each step (ChangeSql).
+// inbox claim, alert resolution, idempotency key, steps, attempts (then the oldest
+// of their steps beyond the bound go), events, alerts and audit records. A dialect supplies only the SQL of each step (ChangeSql).
 
 #include <cstdint>
 #include <optional>
@@ -49,6 +49,8 @@ class ChangeSql : public SavepointSql {
   virtual absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& step) = 0;
   // Inserts an attempt numbered after the step's last one.
   virtual absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& attempt) = 0;
+  // Deletes the step's attempts older than its newest `keep`.
+  virtual absl::Status DropOldAttempts(int64_t instance_id, int step_index, int keep) = 0;
   virtual absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) = 0;
   virtual absl::Status InsertAlert(const AlertRecord& alert, int64_t instance_id, Millis now) = 0;
   virtual absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id, Millis at) = 0;
@@ -64,12 +66,14 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
 // else (I/O, busy, a bug) fails the whole group so that every caller retries.
 bool UndoesOnlyItself(const absl::Status& applied, const Change& change);
 
-// Applies one change (the order above). Aborted when the lease is lost.
-absl::Status ApplyChange(ChangeSql& sql, const Change& change);
+// Applies one change (the order above), keeping at most `attempts_per_step`
+// attempts of each step it adds attempts to. Aborted when the lease is lost.
+absl::Status ApplyChange(ChangeSql& sql, const Change& change, int attempts_per_step);
 
 // Applies each change under its own savepoint and returns one status per change
 // (see Store::Commit); a non-OK return fails the whole transaction.
 absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
-                                                        const std::vector<Change>& changes);
+                                                        const std::vector<Change>& changes,
+                                                        int attempts_per_step);
 
 }  // namespace waystone

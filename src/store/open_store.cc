@@ -5,8 +5,11 @@
 namespace waystone {
 
 absl::StatusOr<std::unique_ptr<Store>> OpenStore(const StoreOptions& options) {
+  if (options.attempts_per_step < 1) {
+    return absl::InvalidArgumentError("attempts_per_step must be at least 1");
+  }
   if (options.path.starts_with("postgres://") || options.path.starts_with("postgresql://")) {
-    auto store = PostgresStore::Open(options.path, options.max_connections);
+    auto store = PostgresStore::Open(options);
     if (!store.ok()) return store.status();
     return std::unique_ptr<Store>(std::move(*store));
   }

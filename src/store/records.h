@@ -76,6 +76,37 @@ struct AttemptRecord {
   std::string detail;  // transport error or a short description of the answer
   Millis started_at = 0;
   Millis finished_at = 0;
+  // The lease under which the request was sent: its owner (the engine's worker
+  // identity) and epoch. Empty and 0 when not known (the record of a call a stopped
+  // worker left running, written by the worker that found it).
+  std::string worker;
+  int64_t lease_epoch = 0;
+};
+
+// Where a page of attempts goes on: the last attempt of the page before.
+struct AttemptCursor {
+  Millis started_at = 0;
+  int step_index = 0;
+  int seq = 0;
+  bool operator==(const AttemptCursor&) const = default;
+};
+
+// One page of an instance's attempts, newest first: of one step by seq, or of all
+// steps by start time, then step, then seq.
+struct AttemptQuery {
+  int64_t instance_id = 0;
+  std::optional<int> step_index;         // one step's attempts; all steps when absent
+  std::optional<AttemptCursor> after;    // only attempts older than this one
+  int limit = 100;
+};
+
+// How many requests one step recorded, and how many of them the store still holds
+// (the newest; the others were dropped by StoreOptions::attempts_per_step).
+struct StepAttemptCounts {
+  int step_index = 0;
+  int64_t recorded = 0;
+  int64_t kept = 0;
+  bool operator==(const StepAttemptCounts&) const = default;
 };
 
 // An event claimed in the inbox: per tenant, with a hash of its data so that the

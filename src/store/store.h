@@ -106,6 +106,15 @@ class InstanceStore {
   // Returns the attempt records of an instance in (step, seq) order.
   virtual absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) = 0;
 
+  // Returns up to `query.limit` attempts of an instance (or of one step), newest
+  // first, older than `query.after`; read through an index, never every row.
+  virtual absl::StatusOr<std::vector<AttemptRecord>> ListAttemptPage(
+      const AttemptQuery& query) = 0;
+
+  // Returns, for each step of an instance that recorded a request, how many it
+  // recorded and how many are kept, in step order.
+  virtual absl::StatusOr<std::vector<StepAttemptCounts>> CountAttempts(int64_t instance_id) = 0;
+
   // Returns the tombstone of a collected key; NotFound when there is none.
   virtual absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& tenant,
                                                         const std::string& key) = 0;
@@ -289,6 +298,9 @@ struct StoreOptions {
   std::string synchronous = "FULL";
   // How long to wait for another process's write lock before Unavailable.
   Millis busy_timeout = 10'000;
+  // Most attempt records kept per step (at least 1): a commit that adds more deletes
+  // the step's oldest in the same transaction (the counts stay: CountAttempts).
+  int attempts_per_step = 1000;
 };
 
 // Opens (creating and migrating) the store named by `options.path`.

@@ -137,6 +137,7 @@ try {
   const definitions = path.join(work, 'definitions');
   fs.mkdirSync(definitions);
   fs.copyFileSync(path.join(here, 'definitions/console-order.yaml'), path.join(definitions, 'console-order.yaml'));
+  fs.copyFileSync(path.join(here, 'definitions/console-retries.yaml'), path.join(definitions, 'console-retries.yaml'));
   fs.copyFileSync(path.join(source, 'examples/server/definitions/order-to-erp.yaml'),
     path.join(definitions, 'order-to-erp.yaml'));
   fs.writeFileSync(path.join(work, 'waystone.yaml'),
@@ -603,6 +604,56 @@ try {
     assert.deepEqual(await found(`definition=${hash.slice(0, 12)}&state=closed`), ['console:8']);
     await shot('find-by-step');
     await axe('find-filters');
+  });
+
+  // (Before the last check, which reviews every page of the session.)
+  await check('attempts: the instance view pages newest first through "Older attempts", with worker and lease epoch', async () => {
+    // 54 refusals, then the answer: 55 attempts of one step, more than a page of 50.
+    await faults({ 'crm.get_customer': { next: Array(54).fill('unavailable') } });
+    await startOrder('console-retries', { order_id: '60', customer_id: 'C-60' });
+    const view = await settles('retries:60', (v) => v.state === 'completed', 60);
+    await faults({});
+    assert.equal(step(view, 'fetch-customer').requests_total, 55);
+    assert.equal(step(view, 'fetch-customer').requests.length, 10, 'the view carries only the newest few');
+    // What the API pages, the truth the table must show in the same order.
+    const truth = [];
+    let cursor = null;
+    do {
+      const query = new URLSearchParams({ key: 'retries:60', limit: '20', ...(cursor ? { cursor } : {}) });
+      const pageOf = (await call('GET', `${base}/v1/attempts?${query}`, { bearer: alice })).body;
+      truth.push(...pageOf.items);
+      cursor = pageOf.next_cursor;
+    } while (cursor);
+    assert.equal(truth.length, 55);
+    assert.deepEqual(truth.map((a) => a.seq), Array.from({ length: 55 }, (_, i) => 55 - i), 'newest first, no gap');
+    await page.goto(`${base}/console/#/instance/default/${encodeURIComponent('retries:60')}`);
+    await page.getByRole('heading', { name: /retries:60/, level: 1 }).waitFor();
+    const details = page.locator('details.attempts', { has: page.locator('caption', { hasText: 'fetch-customer' }) });
+    await details.locator('summary').click();
+    const rows = details.locator('table.requests tbody tr');
+    await until('the first page', async () => (await rows.count()) === 50);
+    assert.match(await details.textContent(), /50 of 55 shown/);
+    const older = details.getByRole('button', { name: 'Older attempts' });
+    await older.click();
+    await until('the second page', async () => (await rows.count()) === 55);
+    assert.equal(await older.isHidden(), true, 'a next page after the last');
+    const seqs = await rows.evaluateAll((trs) => trs.map((tr) => Number(tr.children[0].textContent)));
+    assert.deepEqual(seqs, truth.map((a) => a.seq));
+    // The newest row names the worker (the server's lease owner) and its epoch.
+    const newest = rows.first();
+    const cells = await newest.locator('td').allTextContents();
+    assert.equal(cells[8], truth[0].worker);
+    assert.equal(cells[9], String(truth[0].lease_epoch));
+    assert.match(truth[0].worker, /\/\d+\//, 'a worker named <host>/<pid>/<nonce>');
+    assert.match(cells[7], /^ok$/);
+    assert.match(await rows.nth(1).locator('td').nth(7).textContent(), /transient/);
+    // Every step's attempts together: the same 55, newest first, with their step.
+    const all = page.locator('details.all-attempts');
+    await all.locator('summary').click();
+    await until('the all-steps page', async () => (await all.locator('tbody tr').count()) === 50);
+    assert.match(await all.locator('tbody tr').first().textContent(), /^fetch-customer55/);
+    await shot('attempts');
+    await axe('attempts');
   });
 
   await check('no script error in the browser; the only refusals are the ones the test asked for', async () => {

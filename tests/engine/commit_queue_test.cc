@@ -42,6 +42,12 @@ class FailingBatchStore final : public InstanceStore {
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t id) override {
     return real_->ListAttempts(id);
   }
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttemptPage(const AttemptQuery& q) override {
+    return real_->ListAttemptPage(q);
+  }
+  absl::StatusOr<std::vector<StepAttemptCounts>> CountAttempts(int64_t id) override {
+    return real_->CountAttempts(id);
+  }
   absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& t, const std::string& k) override {
     return real_->FindTombstone(t, k);
   }

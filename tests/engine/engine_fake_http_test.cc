@@ -345,6 +345,61 @@ TEST_P(EngineFakeHttpTest, AnOperatorActionGivesUpOnAHeldLeaseAfterItsPatience) 
   EXPECT_EQ(store_->GetInstance(started->instance.id)->state, InstanceState::kRunning);
 }
 
+// Each attempt names the worker and lease epoch it was sent under: after a second
+// worker takes over an expired lease, its attempt shows it and a newer epoch.
+TEST_P(EngineFakeHttpTest, AnAttemptAfterATakeoverShowsTheNewWorkerAndANewerEpoch) {
+  auto definition = LoadDefinitionText(R"(workflow: manual-notify
+key: "{{input.id}}"
+steps:
+  - name: push
+    recovery: manual
+    request:
+      method: POST
+      url: "{{env.LINE_URL}}/line/push"
+      body: { to: "U1", messages: [ { type: text, text: "hello {{input.id}}" } ] }
+      timeout: 1s
+)", "manual.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  http_.Next(kLinePush, FakeReply::Timeout());
+  http_.Always(kLinePush, FakeReply::Answer(200, R"({"sentMessages": [{"id": "L-9"}]})"));
+  InstanceRecord instance = Run(*definition, R"({"id": "t1"})");
+  ASSERT_EQ(instance.state, InstanceState::kNeedsAttention);
+  OperatorRequest resend;  // it did not happen: send it again
+  resend.action = OperatorAction::kConfirm;
+  resend.step = "push";
+  resend.happened = false;
+  resend.reason = "LINE shows no such message";
+  resend.actor = "op";
+  auto retried = engine_->operations().Apply("default", instance.key, resend);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  // The first worker claims it again and stops without a word: its lease runs out.
+  ASSERT_TRUE(store_->ClaimInstance(instance.id, engine_->owner(), clock_.NowMillis(), 30'000).ok());
+  clock_.Advance(31'000);
+  EngineOptions options;
+  options.owner = "worker-b";
+  options.reap_dead_local_owners = false;
+  auto second = Engine::Create(store_.get(), &http_, &clock_, &random_, options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto rested = (*second)->RunUntilRest(instance.id, std::stop_token());
+  ASSERT_TRUE(rested.ok()) << rested.status();
+  EXPECT_EQ(*rested, InstanceState::kCompleted);
+  EXPECT_EQ(http_.Count(kLinePush), 2);
+  EXPECT_EQ(store_->Summary()->lease_takeovers, 1);
+  auto attempts = store_->ListAttemptPage({instance.id, std::nullopt, std::nullopt, 10});
+  ASSERT_TRUE(attempts.ok()) << attempts.status();
+  ASSERT_EQ(attempts->size(), 2u);
+  const AttemptRecord& newest = (*attempts)[0];
+  const AttemptRecord& first = (*attempts)[1];
+  EXPECT_EQ(first.worker, engine_->owner());
+  EXPECT_EQ(first.error_class, ErrorClass::kUnknown);
+  EXPECT_EQ(newest.worker, "worker-b");
+  EXPECT_EQ(newest.status, 200);
+  EXPECT_GT(first.lease_epoch, 0);
+  // The takeover's epoch is the current one; the first attempt's is older.
+  EXPECT_EQ(newest.lease_epoch, store_->GetInstance(instance.id)->lease_epoch);
+  EXPECT_GT(newest.lease_epoch, first.lease_epoch);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EngineFakeHttpTest,
                          ::testing::Values(testing::Backend::kSqlite, testing::Backend::kPostgres),
                          testing::BackendName);

@@ -13,6 +13,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "base/hex.h"
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
@@ -1081,9 +1082,37 @@ TEST_P(ApiWriteTest, AttemptsArePagedNewestFirstPerInstanceAndStep) {
   Json create = Get("/v1/attempts?key=att-1&step=create");
   ASSERT_EQ(create["items"].size(), 1u);
   EXPECT_EQ(create["items"][0]["phase"], "call");
+  EXPECT_EQ(create["total"], 1);
+  EXPECT_EQ(create["dropped"], 0);
+  // Each names the worker and lease epoch it was sent under: this engine's.
+  for (const Json& item : all["items"]) {
+    EXPECT_EQ(item["worker"], engine_->owner());
+    EXPECT_TRUE(item["lease_epoch"].is_number_integer() && item["lease_epoch"] > 0) << item.dump();
+    EXPECT_TRUE(item["latency_ms"].is_number_integer()) << item.dump();
+  }
+  // The instance view carries each step's newest requests and the counts.
+  Json view = Get("/v1/instances/att-1");
+  EXPECT_EQ(view["steps"][1]["requests"].size(), 1u);
+  EXPECT_EQ(view["steps"][1]["requests_total"], 1);
+  EXPECT_EQ(view["steps"][1]["requests_dropped"], 0);
+  EXPECT_EQ(view["steps"][1]["requests"][0]["worker"], engine_->owner());
   EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1&step=nope", viewer_).outcome.status, 400);
   EXPECT_EQ(Send("GET", "/v1/attempts", viewer_).outcome.status, 400);
-  EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1&cursor=zz", viewer_).outcome.status, 400);
+  // A cursor or limit this server did not make is a problem+json 400 that names it.
+  const std::string other_cursor = HexOf("1\n2");  // an older server's (step, seq) form
+  for (const std::string& bad : {std::string("cursor=zz"), "cursor=" + other_cursor,
+                                 "cursor=" + HexOf("1\n2\n3\n4"), "cursor=" + HexOf("x\n0\n1"),
+                                 std::string("limit=0"), std::string("limit=1001"),
+                                 std::string("limit=ten")}) {
+    auto refused = Send("GET", "/v1/attempts?key=att-1&" + bad, viewer_);
+    EXPECT_EQ(refused.outcome.status, 400) << bad;
+    Json problem = Json::parse(refused.body, nullptr, false);
+    EXPECT_EQ(problem.value("status", 0), 400) << bad << ": " << refused.body;
+    EXPECT_NE(problem.value("detail", "").find(bad.starts_with("cursor") ? "cursor" : "limit"),
+              std::string::npos)
+        << refused.body;
+    EXPECT_TRUE(problem["type"].is_string()) << refused.body;  // RFC 9457's members
+  }
   // Another tenant's instance is as missing as one that is not there.
   EXPECT_EQ(Send("GET", "/v1/attempts?key=att-1", operator_t2_).outcome.status, 404);
   EXPECT_EQ(Send("GET", "/v1/attempts?key=nobody", viewer_).outcome.status, 404);

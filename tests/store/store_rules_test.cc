@@ -59,6 +59,9 @@ class FakeChangeSql final : public ChangeSql {
     return true;
   }
   absl::Status InsertAttempt(int64_t, const AttemptRecord&) override { return Note("attempt"); }
+  absl::Status DropOldAttempts(int64_t, int step_index, int keep) override {
+    return Note("drop " + std::to_string(step_index) + " " + std::to_string(keep));
+  }
   absl::Status InsertEvent(const EventRecord&, int64_t, Millis) override { return Note("event"); }
   absl::Status InsertAlert(const AlertRecord&, int64_t, Millis) override { return Note("alert"); }
   absl::Status InsertAudit(const AuditRecord&, int64_t, Millis) override { return Note("audit"); }
@@ -83,7 +86,7 @@ Change ChangeOf(int64_t instance_id) {
 TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
   FakeChangeSql sql;
   sql.lost = 2;
-  auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2), ChangeOf(3)});
+  auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2), ChangeOf(3)}, 1000);
   ASSERT_TRUE(results.ok()) << results.status();
   ASSERT_EQ(results->size(), 3u);
   EXPECT_TRUE((*results)[0].ok());
@@ -98,7 +101,7 @@ TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
 TEST(StoreRulesTest, AnErrorThatIsNotTheChangesOwnFailsTheWholeGroup) {
   FakeChangeSql sql;
   sql.broken_step = 0;
-  auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2)});
+  auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2)}, 1000);
   EXPECT_TRUE(absl::IsUnavailable(results.status())) << results.status();
   EXPECT_EQ(sql.log.back(), "rollback");
 }
@@ -111,13 +114,15 @@ TEST(StoreRulesTest, TheFenceComesFirstAndAReleaseToRunNowWakesWorkers) {
   c.inbox = InboxClaim{"t", "s", "e", "h"};
   c.resolve_alerts = true;
   c.idempotency = IdempotencyClaim{"t", "k", "hash", 1, "step", 500};
-  c.attempts.push_back(AttemptRecord{});
+  // Two attempts of step 2, one of step 0: each step's bound once, after them all.
+  c.attempts = {AttemptRecord{.step_index = 2}, AttemptRecord{}, AttemptRecord{.step_index = 2}};
   c.alerts.push_back(AlertRecord{});
   c.audits.push_back(AuditRecord{});
-  ASSERT_TRUE(ApplyChange(sql, c).ok());
-  const std::vector<std::string> expected = {"fence 1",  "signal",  "inbox",  "resolve",
-                                             "read key", "put key", "step 0", "attempt",
-                                             "event",    "alert",   "audit"};
+  ASSERT_TRUE(ApplyChange(sql, c, 7).ok());
+  const std::vector<std::string> expected = {
+      "fence 1", "signal",   "inbox",    "resolve",  "read key", "put key", "step 0",
+      "attempt", "attempt",  "attempt",  "drop 2 7", "drop 0 7", "event",   "alert",
+      "audit"};
   EXPECT_EQ(sql.log, expected);
 }
 
@@ -133,7 +138,7 @@ TEST(StoreRulesTest, AnIdempotencyKeyHeldForAnotherRequestIsAConflictUntilItExpi
   sql.stored_key = StoredIdempotencyKey{"old-hash", 900};
   Change c = ChangeOf(1);
   c.idempotency = claim;
-  auto results = CommitChanges(sql, {c});
+  auto results = CommitChanges(sql, {c}, 1000);
   ASSERT_TRUE(results.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition((*results)[0]));
 }

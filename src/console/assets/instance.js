@@ -1,6 +1,7 @@
 // One instance (GET /v1/instances/{key}): why it stopped and what may follow, its
-// header, the step timeline with every request each step sent (newest first), its
-// alerts, the audit trail and event deliveries. Operator actions open the dialog.
+// header, the step timeline with every request each step sent, every attempt of
+// every step (newest first, paged, with the worker and lease epoch it was sent
+// under), its alerts, the audit trail and event deliveries. Operator actions open the dialog.
 
 import { api, instancePath, mayAct } from './api.js';
 import { h, show } from './dom.js';
@@ -21,44 +22,72 @@ function copyButton(text, label) {
   } }, 'Copy');
 }
 
-function requestRow(r) {
+function requestRow(r, withStep) {
   return h('tr', {},
+    withStep ? h('td', {}, r.step) : null,
     h('td', {}, String(r.seq)), h('td', {}, r.phase), h('td', {}, time(r.started_at)),
     h('td', {}, r.latency_ms !== undefined ? `${r.latency_ms} ms` : '—'),
     h('td', {}, r.sent ? 'yes' : 'no'), h('td', {}, r.connection),
     h('td', {}, r.status ? String(r.status) : '—'),
-    h('td', {}, r.error_class === 'none' ? 'ok' : `${r.error_class}: ${r.detail}`));
+    h('td', {}, r.error_class === 'none' ? 'ok' : `${r.error_class}: ${r.detail}`),
+    h('td', {}, r.worker ? h('code', {}, r.worker) : 'not known'),
+    h('td', {}, r.lease_epoch ? String(r.lease_epoch) : '—'));
 }
 
-// Every request of one step, newest first, a page at a time (GET /v1/attempts).
-function requestsTable(view, step, me) {
+// The attempts of one step (or, without `step`, of every step), newest first, a
+// page at a time (GET /v1/attempts); "Older attempts" reads the next page.
+function attemptsTable(view, step, me) {
   const body = h('tbody', {});
   const status = h('p', { class: 'muted small', 'aria-live': 'polite' });
-  const older = h('button', { type: 'button', class: 'small', hidden: true }, 'Load older requests');
+  const older = h('button', { type: 'button', class: 'small older', hidden: true }, 'Older attempts');
   let cursor = null;
   const load = async () => {
     older.disabled = true;
     try {
       const page = await api('/v1/attempts', { query: {
-        key: view.key, step: step.name, limit: 50, cursor,
+        key: view.key, step: step?.name, limit: 50, cursor,
         tenant: me.tenant === '*' ? view.tenant : undefined,
       } });
-      for (const r of page.items) body.appendChild(requestRow(r));
+      for (const r of page.items) body.appendChild(requestRow(r, !step));
       cursor = page.next_cursor;
       older.hidden = !cursor;
-      show(status, `${body.children.length} of ${page.total} shown.`);
+      const dropped = page.dropped ? ` The ${page.dropped} oldest were dropped (each step keeps its newest).` : '';
+      show(status, `${body.children.length} of ${page.total} shown.${dropped}`);
     } catch (problem) {
       show(status, h('span', { class: 'error' }, problem.message));
     }
     older.disabled = false;
   };
   older.addEventListener('click', load);
+  const columns = [...(step ? [] : ['step']), '#', 'phase', 'started', 'latency', 'sent', 'connection',
+    'HTTP', 'outcome', 'worker', 'lease epoch'];
   const table = h('table', { class: 'requests' },
-    h('caption', {}, `Every request of ${step.name}, newest first`),
-    h('thead', {}, h('tr', {}, ['#', 'phase', 'started', 'latency', 'sent', 'connection', 'HTTP',
-      'outcome'].map((c) => h('th', { scope: 'col' }, c)))),
+    h('caption', {}, step ? `Every attempt of ${step.name}, newest first` : 'Every attempt of every step, newest first'),
+    h('thead', {}, h('tr', {}, columns.map((c) => h('th', { scope: 'col' }, c)))),
     body);
   return { element: h('div', {}, table, status, older), load };
+}
+
+// A table that loads its first page when its details open (kept open, as `keep`,
+// when the view is drawn again).
+function attemptsDetails(summary, table, className, keep) {
+  const details = h('details', { class: className, 'data-keep': keep }, h('summary', {}, summary),
+    table.element);
+  let loaded = false;
+  details.addEventListener('toggle', () => {
+    if (details.open && !loaded) {
+      loaded = true;
+      table.load();
+    }
+  });
+  return details;
+}
+
+function stepAttempts(view, step, me) {
+  const total = step.requests_total ?? (step.requests ?? []).length;
+  if (!total) return h('p', { class: 'muted small' }, 'No request sent yet.');
+  return attemptsDetails(`Requests sent: ${total}`, attemptsTable(view, step, me), 'attempts',
+    `requests:${step.name}`);
 }
 
 function stepsTimeline(view, me) {
@@ -73,25 +102,18 @@ function stepsTimeline(view, me) {
       s.resolution !== 'none' ? row('resolution', s.resolution) : null,
       s.unknown_outcomes ? row('unknown outcomes', String(s.unknown_outcomes)) : null,
       s.compensation_attempts ? row('compensation attempts', String(s.compensation_attempts)) : null,
+      s.requests_dropped ? row('oldest requests dropped', String(s.requests_dropped)) : null,
       s.started_at ? row('started', time(s.started_at)) : null,
       s.finished_at ? row('finished', time(s.finished_at)) : null),
-    attemptsDetails(view, s, me))));
+    stepAttempts(view, s, me))));
 }
 
-function attemptsDetails(view, step, me) {
-  const count = (step.requests ?? []).length;
-  if (!count) return h('p', { class: 'muted small' }, 'No request sent yet.');
-  const requests = requestsTable(view, step, me);
-  const details = h('details', { class: 'attempts', 'data-keep': `requests:${step.name}` },
-    h('summary', {}, `Requests sent: ${count}`), requests.element);
-  let loaded = false;
-  details.addEventListener('toggle', () => {
-    if (details.open && !loaded) {
-      loaded = true;
-      requests.load();
-    }
-  });
-  return details;
+// Every attempt of the instance, across its steps.
+function allAttempts(view, me) {
+  const total = view.steps.reduce((sum, s) => sum + (s.requests_total ?? 0), 0);
+  if (!total) return h('p', { class: 'muted' }, 'No request sent yet.');
+  return attemptsDetails(`All ${total} attempts, newest first`, attemptsTable(view, null, me), 'all-attempts',
+    'attempts:all');
 }
 
 export async function renderInstance(main, me, tenant, key) {
@@ -133,6 +155,8 @@ export async function renderInstance(main, me, tenant, key) {
         h('pre', { class: 'input' }, JSON.stringify(view.input, null, 2)))),
     h('section', { 'aria-labelledby': 'steps-title' },
       h('h2', { id: 'steps-title' }, 'Steps'), stepsTimeline(view, me)),
+    h('section', { 'aria-labelledby': 'attempts-title' },
+      h('h2', { id: 'attempts-title' }, 'Attempts'), allAttempts(view, me)),
     h('section', { 'aria-labelledby': 'alerts-title' },
       h('h2', { id: 'alerts-title' }, `Alerts (${openAlerts.length} open)`),
       view.alerts.length ? h('ul', { class: 'alerts' }, view.alerts.map((a) => h('li', {},

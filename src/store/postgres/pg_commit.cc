@@ -65,14 +65,24 @@ PgStatement UpdateStepStatement(int64_t instance_id, const StepRecord& s) {
 // pipelined one after another number 1, 2, ... as well.
 PgStatement InsertAttemptStatement(int64_t instance_id, const AttemptRecord& a) {
   static const std::string kInsert =
-      "INSERT INTO attempts SELECT $1::bigint, $2::integer, COALESCE(MAX(seq), 0) + "
-      "1, $3::smallint, $4::boolean, $5::smallint, $6::integer, $7::smallint, $8, "
-      "$9::bigint, $10::bigint FROM attempts WHERE instance_id = $1::bigint AND "
-      "step_index = $2::integer";
+      "INSERT INTO attempts (instance_id, step_index, seq, phase, sent, connection, status, "
+      "error_class, detail, started_at, finished_at, worker, lease_epoch) SELECT $1::bigint, "
+      "$2::integer, COALESCE(MAX(seq), 0) + 1, $3::smallint, $4::boolean, $5::smallint, "
+      "$6::integer, $7::smallint, $8, $9::bigint, $10::bigint, $11, $12::bigint FROM attempts "
+      "WHERE instance_id = $1::bigint AND step_index = $2::integer";
   return {&kInsert,
           Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
                  a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
-                 static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at)};
+                 static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at,
+                 a.worker, a.lease_epoch)};
+}
+
+PgStatement DropOldAttemptsStatement(int64_t instance_id, int step_index, int keep) {
+  static const std::string kDrop =
+      "DELETE FROM attempts WHERE instance_id = $1::bigint AND step_index = $2::integer AND "
+      "seq <= (SELECT MAX(seq) FROM attempts WHERE instance_id = $1::bigint AND step_index = "
+      "$2::integer) - $3::integer";
+  return {&kDrop, Params(instance_id, step_index, keep)};
 }
 
 // The parameters of many rows of one statement as one array per parameter (a
@@ -143,6 +153,9 @@ class PgChangeSql final : public ChangeSql {
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
     return c_.Query(InsertAttemptStatement(instance_id, a)).status();
   }
+  absl::Status DropOldAttempts(int64_t instance_id, int step_index, int keep) override {
+    return c_.Query(DropOldAttemptsStatement(instance_id, step_index, keep)).status();
+  }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     return PgInsertEvent(c_, event, instance_id, now);
   }
@@ -199,7 +212,12 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
-    return Queue(InsertAttemptStatement(instance_id, a));
+    attempts_.push_back(InsertAttemptStatement(instance_id, a).params);
+    return absl::OkStatus();
+  }
+  absl::Status DropOldAttempts(int64_t instance_id, int step_index, int keep) override {
+    drops_.push_back(DropOldAttemptsStatement(instance_id, step_index, keep).params);
+    return absl::OkStatus();
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     events_.push_back(PgInsertEventStatement(event, instance_id, now).params);
@@ -213,7 +231,8 @@ class PgQueuedChangeSql final : public ChangeSql {
   }
 
   // Ends the queue: the fences, step updates and events of all changes as one
-  // statement each, then the rest in the order queued, all after `begin`.
+  // statement each, then the rest in the order queued, all after `begin`, and last
+  // the attempts and the bound on them, as one statement each.
   void Finish(PgStatement begin) {
     std::vector<PgStatement> all = {std::move(begin)};
     std::vector<std::optional<int64_t>> rows = {std::nullopt};
@@ -237,6 +256,14 @@ class PgQueuedChangeSql final : public ChangeSql {
     all.insert(all.end(), std::make_move_iterator(statements_.begin()),
                std::make_move_iterator(statements_.end()));
     rows.insert(rows.end(), rows_.begin(), rows_.end());
+    if (!attempts_.empty()) {
+      all.push_back({&kAttempts, Columns(attempts_)});
+      rows.push_back(static_cast<int64_t>(attempts_.size()));
+    }
+    if (!drops_.empty()) {
+      all.push_back({&kDrops, Columns(drops_)});
+      rows.push_back(std::nullopt);
+    }
     statements_ = std::move(all);
     rows_ = std::move(rows);
   }
@@ -262,16 +289,21 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
 
-  // FenceStatement, UpdateStepStatement and PgInsertEventStatement over arrays of
-  // their parameters, in the same order.
+  // FenceStatement, UpdateStepStatement, PgInsertEventStatement,
+  // InsertAttemptStatement and DropOldAttemptsStatement over arrays of their
+  // parameters, in the same order.
   static const std::string kFences;
   static const std::string kSteps;
   static const std::string kEvents;
+  static const std::string kAttempts;
+  static const std::string kDrops;
 
   bool signalled_ = false;
   std::vector<PgParams> fences_;
   std::vector<PgParams> steps_;
   std::vector<PgParams> events_;
+  std::vector<PgParams> attempts_;
+  std::vector<PgParams> drops_;
   std::vector<PgStatement> statements_;
   std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
 };
@@ -302,6 +334,29 @@ const std::string PgQueuedChangeSql::kSteps =
 const std::string PgQueuedChangeSql::kEvents =
     "INSERT INTO outbox (event_id, instance_id, tenant, type, payload, created_at) SELECT * "
     "FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[])";
+// Numbered after each step's last attempt as InsertAttemptStatement does: the
+// subquery sees the table as it was before this statement, and row_number() counts
+// the batch's own attempts of the step in the order they were queued.
+const std::string PgQueuedChangeSql::kAttempts =
+    "INSERT INTO attempts (instance_id, step_index, seq, phase, sent, connection, status, "
+    "error_class, detail, started_at, finished_at, worker, lease_epoch) SELECT u.instance_id, "
+    "u.step_index, COALESCE((SELECT MAX(m.seq) FROM attempts m WHERE m.instance_id = "
+    "u.instance_id AND m.step_index = u.step_index), 0) + row_number() OVER (PARTITION BY "
+    "u.instance_id, u.step_index ORDER BY u.n), u.phase, u.sent, u.connection, u.status, "
+    "u.error_class, u.detail, u.started_at, u.finished_at, u.worker, u.lease_epoch FROM "
+    "unnest($1::bigint[], $2::integer[], $3::smallint[], $4::boolean[], $5::smallint[], "
+    "$6::integer[], $7::smallint[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], "
+    "$12::bigint[]) WITH ORDINALITY AS u(instance_id, step_index, phase, sent, connection, "
+    "status, error_class, detail, started_at, finished_at, worker, lease_epoch, n)";
+// Per step, its newest seq and then its older rows are read through the primary key
+// (the OFFSET 0 keeps the lateral subquery a lookup per step: flattened into a join,
+// the planner may scan the whole table, and evaluate the newest seq once per row).
+const std::string PgQueuedChangeSql::kDrops =
+    "DELETE FROM attempts WHERE ctid = ANY(ARRAY(SELECT o.ctid FROM unnest($1::bigint[], "
+    "$2::integer[], $3::integer[]) AS u(instance_id, step_index, keep) CROSS JOIN LATERAL "
+    "(SELECT a.ctid FROM attempts a WHERE a.instance_id = u.instance_id AND a.step_index = "
+    "u.step_index AND a.seq <= (SELECT MAX(m.seq) FROM attempts m WHERE m.instance_id = "
+    "u.instance_id AND m.step_index = u.step_index) - u.keep OFFSET 0) o))";
 
 }  // namespace
 
@@ -315,7 +370,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   });
   if (queueable && !changes.empty()) {
     PgQueuedChangeSql queued;
-    auto assumed = CommitChanges(queued, changes);
+    auto assumed = CommitChanges(queued, changes, attempts_per_step_);
     if (assumed.ok() && std::all_of(assumed->begin(), assumed->end(),
                                     [](const absl::Status& s) { return s.ok(); })) {
       static const std::string kBegin = "BEGIN";
@@ -339,7 +394,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   std::vector<absl::Status> results;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
     PgChangeSql sql(c);
-    WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes));
+    WS_ASSIGN_OR_RETURN(results, CommitChanges(sql, changes, attempts_per_step_));
     return absl::OkStatus();
   });
   if (!status.ok()) return status;

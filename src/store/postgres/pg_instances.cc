@@ -250,12 +250,40 @@ absl::StatusOr<std::vector<StepRecord>> PostgresStore::GetSteps(int64_t instance
 
 absl::StatusOr<std::vector<AttemptRecord>> PostgresStore::ListAttempts(int64_t instance_id) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT step_index, seq, phase, sent::int, connection, "
-                                           "status, error_class, detail, started_at, finished_at "
-                                           "FROM attempts WHERE instance_id = $1::bigint ORDER BY "
-                                           "step_index, seq",
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(absl::StrCat("SELECT ", kPgAttemptColumns,
+                                                        " FROM attempts WHERE instance_id = "
+                                                        "$1::bigint ORDER BY step_index, seq"),
                                            Params(instance_id)));
   return PgRows(r, ReadAttempt<PgRow>);
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> PostgresStore::ListAttemptPage(const AttemptQuery& q) {
+  // One step by the primary key, every step by attempts_newest: the cursor's row
+  // value is the index's order, so a page is a range read from where it left off.
+  static const std::string kOfStep =
+      absl::StrCat("SELECT ", kPgAttemptColumns,
+                   " FROM attempts WHERE instance_id = $1::bigint AND step_index = $2::integer "
+                   "AND seq < $3::integer ORDER BY seq DESC LIMIT $4::integer");
+  static const std::string kOfAll = absl::StrCat(
+      "SELECT ", kPgAttemptColumns,
+      " FROM attempts WHERE instance_id = $1::bigint AND (started_at, step_index, seq) < "
+      "($2::bigint, $3::integer, $4::integer) ORDER BY started_at DESC, step_index DESC, seq "
+      "DESC LIMIT $5::integer");
+  const AttemptCursor after = q.after.value_or(kNewestAttempt);
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(
+      PgResult r,
+      q.step_index
+          ? c->Query(kOfStep, Params(q.instance_id, *q.step_index, after.seq, q.limit))
+          : c->Query(kOfAll, Params(q.instance_id, after.started_at, after.step_index, after.seq,
+                                    q.limit)));
+  return PgRows(r, ReadAttempt<PgRow>);
+}
+
+absl::StatusOr<std::vector<StepAttemptCounts>> PostgresStore::CountAttempts(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kCountAttempts, Params(instance_id)));
+  return WithAttempts(PgRows(r, ReadAttemptCounts<PgRow>));
 }
 
 absl::StatusOr<TombstoneRecord> PostgresStore::FindTombstone(const std::string& tenant,

@@ -14,8 +14,10 @@ constexpr int64_t kMigrationLock = 0x57415953544f4e45;  // "WAYSTONE"
 
 }  // namespace
 
-PostgresStore::PostgresStore(std::string conninfo, int max_connections)
-    : conninfo_(std::move(conninfo)), max_connections_(max_connections) {}
+PostgresStore::PostgresStore(std::string conninfo, int max_connections, int attempts_per_step)
+    : conninfo_(std::move(conninfo)),
+      max_connections_(max_connections),
+      attempts_per_step_(attempts_per_step) {}
 
 PostgresStore::~PostgresStore() = default;
 
@@ -50,9 +52,9 @@ void PostgresStore::Release(std::unique_ptr<PgConnection> connection) {
   if (static_cast<int>(idle_.size()) < max_connections_) idle_.push_back(std::move(connection));
 }
 
-absl::StatusOr<std::unique_ptr<PostgresStore>> PostgresStore::Open(const std::string& conninfo,
-                                                                   int max_connections) {
-  auto store = std::unique_ptr<PostgresStore>(new PostgresStore(conninfo, max_connections));
+absl::StatusOr<std::unique_ptr<PostgresStore>> PostgresStore::Open(const StoreOptions& options) {
+  auto store = std::unique_ptr<PostgresStore>(
+      new PostgresStore(options.path, options.max_connections, options.attempts_per_step));
   WS_RETURN_IF_ERROR(store->Migrate());
   return store;
 }
@@ -66,25 +68,20 @@ absl::Status PostgresStore::Migrate() {
     WS_RETURN_IF_ERROR(
         c->Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER "
                 "PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"));
-    WS_ASSIGN_OR_RETURN(PgResult r,
-                        c->Query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
-    const int current = static_cast<int>(r.Int(0, 0));
-    const auto& migrations = postgres_migrations();
-    const int newest = migrations.empty() ? 0 : migrations.back().version;
-    if (current > newest) {
-      return absl::FailedPreconditionError("database schema is version " + std::to_string(current) +
-                                           " but this build knows only up to " +
-                                           std::to_string(newest) + "; use a newer waystone");
-    }
-    for (const auto& migration : migrations) {
-      if (migration.version <= current) continue;
+    WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT version FROM schema_migrations"));
+    WS_ASSIGN_OR_RETURN(
+        std::vector<const Migration*> pending,
+        PendingMigrations(postgres_migrations(), PgRows(r, [](const PgRow& row) {
+                            return static_cast<int>(row.Int(0));
+                          })));
+    for (const Migration* migration : pending) {
       WS_RETURN_IF_ERROR(c->Exec("BEGIN"));
-      absl::Status applied = c->Exec(std::string(migration.sql));
+      absl::Status applied = c->Exec(std::string(migration->sql));
       if (applied.ok()) {
         applied = c->Query(
                        "INSERT INTO schema_migrations VALUES ($1::integer, $2, "
                        "(extract(epoch from now()) * 1000)::bigint)",
-                       Params(migration.version, migration.name))
+                       Params(migration->version, migration->name))
                       .status();
       }
       if (applied.ok()) applied = c->Exec("COMMIT");

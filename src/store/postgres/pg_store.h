@@ -23,11 +23,11 @@ class PgConnection;
 // dialect-neutral ones in store/.
 class PostgresStore final : public Store {
  public:
-  // Connects (`conninfo` is a libpq URI), applies pending migrations under an
+  // Connects, applies pending migrations under an
   // advisory lock (safe from several processes at once), and refuses a database
   // whose schema is newer than this build.
-  static absl::StatusOr<std::unique_ptr<PostgresStore>> Open(const std::string& conninfo,
-                                                             int max_connections);
+  // `options.path` is a libpq URI.
+  static absl::StatusOr<std::unique_ptr<PostgresStore>> Open(const StoreOptions& options);
   ~PostgresStore() override;
 
   absl::Status PutDefinition(const std::string& hash, const std::string& workflow,
@@ -49,6 +49,8 @@ class PostgresStore final : public Store {
                                               const std::string& key) override;
   absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) override;
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttemptPage(const AttemptQuery& query) override;
+  absl::StatusOr<std::vector<StepAttemptCounts>> CountAttempts(int64_t instance_id) override;
   absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& tenant,
                                                 const std::string& key) override;
   absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& filter) override;
@@ -103,7 +105,7 @@ class PostgresStore final : public Store {
   absl::StatusOr<int> SchemaVersion();
 
  private:
-  PostgresStore(std::string conninfo, int max_connections);
+  PostgresStore(std::string conninfo, int max_connections, int attempts_per_step);
 
   // A pooled connection, returned to the pool when destroyed (dropped if broken).
   class Lent;
@@ -119,6 +121,7 @@ class PostgresStore final : public Store {
 
   std::string conninfo_;
   int max_connections_;
+  const int attempts_per_step_;
   Mutex mu_;
   std::vector<std::unique_ptr<PgConnection>> idle_ ABSL_GUARDED_BY(mu_);
   // After a failed connect, new connects wait this long (doubling up to 2 s), so an

@@ -103,14 +103,24 @@ class SqliteChangeSql final : public ChangeSql {
   }
   absl::Status InsertAttempt(int64_t instance_id, const AttemptRecord& a) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * attempt,
-                        db_.Prepare("INSERT INTO attempts SELECT ?1, ?2, COALESCE(MAX(seq), 0) + "
-                                    "1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10 FROM attempts WHERE "
-                                    "instance_id = ?1 AND step_index = ?2"));
+                        db_.Prepare("INSERT INTO attempts (instance_id, step_index, seq, "
+                                    "phase, sent, connection, status, error_class, detail, "
+                                    "started_at, finished_at, worker, lease_epoch) SELECT ?1, ?2, "
+                                    "COALESCE(MAX(seq), 0) + 1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
+                                    "?11, ?12 FROM attempts WHERE instance_id = ?1 AND "
+                                    "step_index = ?2"));
     return attempt
         ->BindAll(instance_id, a.step_index, static_cast<int64_t>(a.phase), a.sent ? 1 : 0,
                   static_cast<int64_t>(a.connection), a.status, static_cast<int64_t>(a.error_class),
-                  a.detail, a.started_at, a.finished_at)
+                  a.detail, a.started_at, a.finished_at, a.worker, a.lease_epoch)
         .Run();
+  }
+  absl::Status DropOldAttempts(int64_t instance_id, int step_index, int keep) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * drop,
+                        db_.Prepare("DELETE FROM attempts WHERE instance_id = ?1 AND step_index = "
+                                    "?2 AND seq <= (SELECT MAX(seq) FROM attempts WHERE "
+                                    "instance_id = ?1 AND step_index = ?2) - ?3"));
+    return drop->BindAll(instance_id, step_index, keep).Run();
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     return SqliteInsertEvent(db_, event, instance_id, now);
@@ -133,7 +143,7 @@ absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
   return InWriteTransactionFor(db, [&] {
     SqliteChangeSql sql(db);
-    return CommitChanges(sql, changes);
+    return CommitChanges(sql, changes, attempts_per_step_);
   });
 }
 

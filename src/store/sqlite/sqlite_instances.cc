@@ -165,11 +165,40 @@ absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_i
 absl::StatusOr<std::vector<AttemptRecord>> SqliteStore::ListAttempts(int64_t instance_id) {
   MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("SELECT step_index, seq, phase, sent, connection, status, "
-                                   "error_class, detail, started_at, finished_at FROM attempts "
-                                   "WHERE instance_id = ? ORDER BY step_index, seq"));
+                      db_->Prepare(absl::StrCat("SELECT ", kAttemptColumns,
+                                                " FROM attempts WHERE instance_id = ? ORDER BY "
+                                                "step_index, seq")));
   s->BindAll(instance_id);
   return CollectRows(s, ReadAttempt<SqliteStatement>);
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> SqliteStore::ListAttemptPage(const AttemptQuery& q) {
+  // One step by the primary key, every step by attempts_newest: the cursor's row
+  // value is the index's order, so a page is a range read from where it left off.
+  static const std::string kOfStep =
+      absl::StrCat("SELECT ", kAttemptColumns,
+                   " FROM attempts WHERE instance_id = ?1 AND step_index = ?2 AND seq < ?4 "
+                   "ORDER BY seq DESC LIMIT ?5");
+  static const std::string kOfAll =
+      absl::StrCat("SELECT ", kAttemptColumns,
+                   " FROM attempts WHERE instance_id = ?1 AND (started_at, step_index, seq) < "
+                   "(?6, ?3, ?4) ORDER BY started_at DESC, step_index DESC, seq DESC LIMIT ?5");
+  const AttemptCursor after = q.after.value_or(kNewestAttempt);
+  MutexLock lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(q.step_index ? kOfStep : kOfAll));
+  s->Bind(1, q.instance_id).Bind(2, q.step_index.value_or(0)).Bind(3, after.step_index);
+  s->Bind(4, after.seq).Bind(5, q.limit);
+  if (!q.step_index) s->Bind(6, after.started_at);
+  return CollectRows(s, ReadAttempt<SqliteStatement>);
+}
+
+absl::StatusOr<std::vector<StepAttemptCounts>> SqliteStore::CountAttempts(int64_t instance_id) {
+  MutexLock lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kCountAttempts));
+  s->BindAll(instance_id);
+  WS_ASSIGN_OR_RETURN(std::vector<StepAttemptCounts> counts,
+                      CollectRows(s, ReadAttemptCounts<SqliteStatement>));
+  return WithAttempts(std::move(counts));
 }
 
 absl::StatusOr<TombstoneRecord> SqliteStore::FindTombstone(const std::string& tenant,

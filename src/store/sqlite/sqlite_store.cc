@@ -6,7 +6,8 @@
 
 namespace waystone {
 
-SqliteStore::SqliteStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
+SqliteStore::SqliteStore(std::unique_ptr<SqliteDb> db, int attempts_per_step)
+    : attempts_per_step_(attempts_per_step), db_(std::move(db)) {}
 SqliteStore::~SqliteStore() = default;
 
 absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOptions& options) {
@@ -19,7 +20,7 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOption
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=WAL"));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=" + options.synchronous));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));
-  auto store = std::unique_ptr<SqliteStore>(new SqliteStore(std::move(db)));
+  auto store = std::unique_ptr<SqliteStore>(new SqliteStore(std::move(db), options.attempts_per_step));
   WS_RETURN_IF_ERROR(store->Migrate());
   return store;
 }
@@ -31,25 +32,20 @@ absl::Status SqliteStore::Migrate() {
     WS_RETURN_IF_ERROR(
         db.Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
                   "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
-    WS_ASSIGN_OR_RETURN(SqliteStatement * max,
-                        db.Prepare("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
-    WS_ASSIGN_OR_RETURN(bool row, max->Step());
-    const int current = row ? static_cast<int>(max->Int(0)) : 0;
-    max->Reset();
-    const auto& migrations = sqlite_migrations();
-    const int newest = migrations.empty() ? 0 : migrations.back().version;
-    if (current > newest) {
-      return absl::FailedPreconditionError("database schema is version " + std::to_string(current) +
-                                           " but this build knows only " + "up to " +
-                                           std::to_string(newest) + "; use a newer waystone");
-    }
-    for (const auto& migration : migrations) {
-      if (migration.version <= current) continue;
-      WS_RETURN_IF_ERROR(db.Exec(migration.sql));
+    WS_ASSIGN_OR_RETURN(SqliteStatement * versions,
+                        db.Prepare("SELECT version FROM schema_migrations"));
+    WS_ASSIGN_OR_RETURN(std::vector<int> applied,
+                        CollectRows(versions, [](const SqliteStatement& r) {
+                          return static_cast<int>(r.Int(0));
+                        }));
+    WS_ASSIGN_OR_RETURN(std::vector<const Migration*> pending,
+                        PendingMigrations(sqlite_migrations(), applied));
+    for (const Migration* migration : pending) {
+      WS_RETURN_IF_ERROR(db.Exec(migration->sql));
       WS_ASSIGN_OR_RETURN(SqliteStatement * insert,
                           db.Prepare("INSERT INTO schema_migrations VALUES (?, ?, "
                                        "CAST(strftime('%s','now') AS INTEGER) * 1000)"));
-      WS_RETURN_IF_ERROR(insert->BindAll(migration.version, migration.name).Run());
+      WS_RETURN_IF_ERROR(insert->BindAll(migration->version, migration->name).Run());
     }
     return absl::OkStatus();
   });

@@ -41,6 +41,8 @@ class SqliteStore final : public Store {
                                               const std::string& key) override;
   absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) override;
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) override;
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttemptPage(const AttemptQuery& query) override;
+  absl::StatusOr<std::vector<StepAttemptCounts>> CountAttempts(int64_t instance_id) override;
   absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& tenant,
                                                 const std::string& key) override;
   absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& filter) override;
@@ -93,9 +95,10 @@ class SqliteStore final : public Store {
   absl::StatusOr<int> SchemaVersion();
 
  private:
-  explicit SqliteStore(std::unique_ptr<SqliteDb> db);
+  SqliteStore(std::unique_ptr<SqliteDb> db, int attempts_per_step);
   absl::Status Migrate();
 
+  const int attempts_per_step_;
   Mutex mu_;
   std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);
 };

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
+#include <tuple>
 
 #include "base/sha256.h"
 #include "store/migration.h"
@@ -1001,6 +1003,197 @@ TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
                      ErrorClass::kNone, "", 2002, 2002}};
   EXPECT_TRUE(absl::IsAborted((*store_->Commit({stale}))[0]));
   EXPECT_EQ(store_->ListAttempts(started->instance.id)->size(), 3u);
+}
+
+// Reads every page of `query` (limit as given), following each page's last attempt.
+std::vector<AttemptRecord> AllPages(Store& store, AttemptQuery query, int* pages) {
+  std::vector<AttemptRecord> all;
+  *pages = 0;
+  while (*pages < 100) {
+    auto page = store.ListAttemptPage(query);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok() || page->empty()) break;
+    ++*pages;
+    EXPECT_LE(static_cast<int>(page->size()), query.limit);
+    all.insert(all.end(), page->begin(), page->end());
+    const AttemptRecord& last = page->back();
+    query.after = AttemptCursor{last.started_at, last.step_index, last.seq};
+  }
+  return all;
+}
+
+TEST_P(StoreConformanceTest, AttemptsArePagedNewestFirstWithoutGapsOrRepeats) {
+  auto started = store_->StartInstance(Instance("k1"));
+  ASSERT_TRUE(started.ok());
+  const int64_t id = started->instance.id;
+  Lease lease = (*store_->ClaimRunnable("w", 2000, 60'000, 10))[0];
+  // Eleven attempts over both steps in three changes, the steps interleaved in time
+  // and two pairs starting in the same millisecond (the step, then seq, decide).
+  const std::vector<std::vector<std::pair<int, Millis>>> commits = {
+      {{0, 3000}, {0, 3010}, {1, 3010}, {0, 3020}},
+      {{1, 3030}, {1, 3040}, {0, 3050}},
+      {{1, 3060}, {0, 3060}, {1, 3070}, {0, 3080}}};
+  for (const auto& attempts : commits) {
+    Change change;
+    change.lease = lease;
+    change.now = 3100;
+    change.lease_expires_at = 60'000;
+    for (const auto& [step, at] : attempts) {
+      change.attempts.push_back({step, 0, AttemptPhase::kCall, true, ConnectionUsed::kReused, 503,
+                                 ErrorClass::kTransient, "at " + std::to_string(at), at, at + 5,
+                                 "w", lease.epoch});
+    }
+    ASSERT_TRUE((*store_->Commit({change}))[0].ok());
+  }
+  std::vector<AttemptRecord> expected = *store_->ListAttempts(id);
+  ASSERT_EQ(expected.size(), 11u);
+  std::sort(expected.begin(), expected.end(), [](const AttemptRecord& a, const AttemptRecord& b) {
+    return std::tie(a.started_at, a.step_index, a.seq) > std::tie(b.started_at, b.step_index, b.seq);
+  });
+  auto key = [](const std::vector<AttemptRecord>& rows) {
+    std::vector<std::pair<int, int>> keys;
+    for (const AttemptRecord& a : rows) keys.emplace_back(a.step_index, a.seq);
+    return keys;
+  };
+  // Every step, pages of 3, 4 and 11: the same order, each attempt once.
+  for (int limit : {3, 4, 11}) {
+    int pages = 0;
+    std::vector<AttemptRecord> paged = AllPages(*store_, {id, std::nullopt, std::nullopt, limit}, &pages);
+    EXPECT_EQ(key(paged), key(expected)) << "limit " << limit;
+    EXPECT_EQ(pages, (11 + limit - 1) / limit);
+  }
+  EXPECT_EQ(expected.front().detail, "at 3080");
+  // One step: its seqs, newest first, in pages of 2.
+  for (int step : {0, 1}) {
+    int pages = 0;
+    std::vector<AttemptRecord> paged = AllPages(*store_, {id, step, std::nullopt, 2}, &pages);
+    std::vector<int> seqs;
+    for (const AttemptRecord& a : paged) {
+      EXPECT_EQ(a.step_index, step);
+      seqs.push_back(a.seq);
+    }
+    const std::vector<int> want = step == 0 ? std::vector<int>{6, 5, 4, 3, 2, 1}
+                                            : std::vector<int>{5, 4, 3, 2, 1};
+    EXPECT_EQ(seqs, want) << "step " << step;
+  }
+  // A page of another instance, and a cursor past the oldest, are empty.
+  EXPECT_TRUE(store_->ListAttemptPage({id + 1000, std::nullopt, std::nullopt, 10})->empty());
+  EXPECT_TRUE(store_->ListAttemptPage({id, std::nullopt, AttemptCursor{3000, 0, 1}, 10})->empty());
+  EXPECT_EQ(*store_->CountAttempts(id),
+            (std::vector<StepAttemptCounts>{{0, 6, 6}, {1, 5, 5}}));
+}
+
+TEST_P(StoreConformanceTest, EachStepKeepsItsNewestAttemptsAndTheCounts) {
+  store_.reset();
+  StoreOptions options;
+  options.path = path_;
+  options.attempts_per_step = 3;
+  auto bounded = OpenStore(options);
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  store_ = std::move(*bounded);
+  auto a = store_->StartInstance(Instance("k1"));
+  auto b = store_->StartInstance(Instance("k2"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto leases = *store_->ClaimRunnable("w", 2000, 60'000, 10);
+  ASSERT_EQ(leases.size(), 2u);
+  auto attempts_of = [](int step, int count, Millis from) {
+    std::vector<AttemptRecord> rows;
+    for (int i = 0; i < count; ++i) {
+      rows.push_back({step, 0, AttemptPhase::kCall, true, ConnectionUsed::kNew, 503,
+                      ErrorClass::kTransient, "n" + std::to_string(from + i), from + i,
+                      from + i, "w", 1});
+    }
+    return rows;
+  };
+  // A batch of both instances: five attempts of a's step 0 (two over the bound at
+  // once), one of its step 1, two of b's step 0.
+  std::vector<Change> batch;
+  for (const Lease& lease : leases) {
+    Change c;
+    c.lease = lease;
+    c.now = 2001;
+    c.lease_expires_at = 60'000;
+    if (lease.instance_id == a->instance.id) {
+      c.attempts = attempts_of(0, 5, 3000);
+      c.attempts.push_back(attempts_of(1, 1, 3100)[0]);
+    } else {
+      c.attempts = attempts_of(0, 2, 3000);
+    }
+    batch.push_back(c);
+  }
+  auto results = store_->Commit(batch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (const absl::Status& r : *results) EXPECT_TRUE(r.ok()) << r;
+  auto seqs = [&](int64_t id) {
+    std::vector<std::pair<int, int>> keys;
+    auto rows = store_->ListAttempts(id);
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    if (!rows.ok()) return keys;
+    for (const AttemptRecord& r : *rows) keys.emplace_back(r.step_index, r.seq);
+    return keys;
+  };
+  using Keys = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(seqs(a->instance.id), (Keys{{0, 3}, {0, 4}, {0, 5}, {1, 1}}));
+  EXPECT_EQ(seqs(b->instance.id), (Keys{{0, 1}, {0, 2}}));
+  EXPECT_EQ(*store_->CountAttempts(a->instance.id),
+            (std::vector<StepAttemptCounts>{{0, 5, 3}, {1, 1, 1}}));
+  // Two more of a's step 0, in a change of its own: the oldest kept go, numbering
+  // goes on, and the counts say seven recorded, four dropped.
+  const Lease& lease_a = leases[0].instance_id == a->instance.id ? leases[0] : leases[1];
+  Change more;
+  more.lease = lease_a;
+  more.now = 2002;
+  more.lease_expires_at = 60'000;
+  more.attempts = attempts_of(0, 2, 4000);
+  ASSERT_TRUE((*store_->Commit({more}))[0].ok());
+  EXPECT_EQ(seqs(a->instance.id), (Keys{{0, 5}, {0, 6}, {0, 7}, {1, 1}}));
+  EXPECT_EQ(*store_->CountAttempts(a->instance.id),
+            (std::vector<StepAttemptCounts>{{0, 7, 3}, {1, 1, 1}}));
+  EXPECT_EQ((*store_->ListAttemptPage({a->instance.id, 0, std::nullopt, 1}))[0].detail, "n4001");
+  EXPECT_EQ(*store_->CountAttempts(b->instance.id), (std::vector<StepAttemptCounts>{{0, 2, 2}}));
+  // A bound below one is refused.
+  options.attempts_per_step = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(OpenStore(options).status()));
+}
+
+TEST_P(StoreConformanceTest, AnAttemptKeepsTheWorkerAndLeaseEpochItWasSentUnder) {
+  auto started = store_->StartInstance(Instance("k1"));
+  ASSERT_TRUE(started.ok());
+  Lease lease = (*store_->ClaimRunnable("host-a/17/x1", 2000, 60'000, 10))[0];
+  Change change;
+  change.lease = lease;
+  change.now = 2001;
+  change.lease_expires_at = 60'000;
+  change.attempts = {{0, 0, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201, ErrorClass::kNone,
+                      "sent", 2000, 2001, "host-a/17/x1", lease.epoch},
+                     {1, 0, AttemptPhase::kCall, false, ConnectionUsed::kNone, 0,
+                      ErrorClass::kUnknown, "interrupted", 1500, 2001, "", 0}};
+  ASSERT_TRUE((*store_->Commit({change}))[0].ok());
+  auto page = store_->ListAttemptPage({started->instance.id, std::nullopt, std::nullopt, 10});
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->size(), 2u);
+  EXPECT_EQ((*page)[0].worker, "host-a/17/x1");
+  EXPECT_EQ((*page)[0].lease_epoch, lease.epoch);
+  EXPECT_GT(lease.epoch, 0);
+  EXPECT_EQ((*page)[1].worker, "");  // not known: said so, not guessed
+  EXPECT_EQ((*page)[1].lease_epoch, 0);
+  EXPECT_EQ((*store_->ListAttempts(started->instance.id))[0].worker, "host-a/17/x1");
+}
+
+TEST_P(StoreConformanceTest, AMigrationMissingBelowTheNewestIsApplied) {
+  // Branches own migration numbers and land in any order: a database that has 9
+  // but not 8 (or any lower one) still gets it. Here 9 itself is undone and
+  // forgotten, as if it had landed after the newest.
+  store_.reset();
+  ASSERT_TRUE(RawExec("DROP INDEX attempts_newest"));
+  ASSERT_TRUE(RawExec("ALTER TABLE attempts DROP COLUMN worker"));
+  ASSERT_TRUE(RawExec("ALTER TABLE attempts DROP COLUMN lease_epoch"));
+  ASSERT_TRUE(RawExec("DELETE FROM schema_migrations WHERE version = 9"));
+  store_ = Open();
+  ASSERT_NE(store_, nullptr);
+  EXPECT_EQ(SchemaVersion(), NewestMigration());
+  EXPECT_TRUE(RawExec("UPDATE attempts SET worker = worker, lease_epoch = lease_epoch"));
+  EXPECT_FALSE(RawExec("CREATE INDEX attempts_newest ON attempts (instance_id)"));  // it is back
 }
 
 TEST_P(StoreConformanceTest, TokensHaveUniqueNamesExpireAndAreRevokedByName) {
