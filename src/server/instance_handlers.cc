@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <functional>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -76,26 +77,20 @@ void ListMatching(const ApiContext& ctx, const ServerRequest& req, ServerRespons
 
 }  // namespace
 
-void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
-                   ServerResponse& res) {
-  InstanceFilter filter;
-  filter.tenant = TenantOf(principal, req);
-  auto param = [&](const char* name) { return Param(req, name); };
-  auto has = [&](const char* name) { return req.Query(name) != nullptr; };
+std::optional<std::string> ReadInstanceFilter(
+    const std::function<const std::string*(const char*)>& get, InstanceFilter& filter) {
+  auto has = [&](const char* name) { return get(name) != nullptr; };
+  auto param = [&](const char* name) { return *get(name); };
   if (has("workflow")) filter.workflow = param("workflow");
   if (has("state")) {
     auto state = ParseInstanceState(param("state"));
-    if (!state) {
-      return Send(res, BadRequest("state '" + param("state") + "' is not an instance state"),
-                  req.path);
-    }
+    if (!state) return "state '" + param("state") + "' is not an instance state";
     filter.state = *state;
   }
   if (has("error_class")) {
     auto error_class = ParseErrorClass(param("error_class"));
     if (!error_class || *error_class == ErrorClass::kNone) {
-      return Send(res, BadRequest("error_class must be transient, rejected or unknown"),
-                  req.path);
+      return "error_class must be transient, rejected or unknown";
     }
     filter.error_class = *error_class;
   }
@@ -105,9 +100,7 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     } else if (auto kind = ParseAlertKind(param("alert"))) {
       filter.alert_kind = *kind;
     } else {
-      return Send(res, BadRequest("alert must be 'any' or an alert kind such as "
-                                  "needs_operator"),
-                  req.path);
+      return "alert must be 'any' or an alert kind such as needs_operator";
     }
   }
   for (const auto& [name, field] : {std::pair{"created_after", &filter.created_from},
@@ -115,11 +108,21 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     if (!has(name)) continue;
     auto at = ParseRfc3339(param(name));
     if (!at) {
-      return Send(res, BadRequest(std::string(name) + " must be an RFC 3339 time such as "
-                                                     "2026-11-29T08:00:00Z"),
-                  req.path);
+      return std::string(name) + " must be an RFC 3339 time such as 2026-11-29T08:00:00Z";
     }
     *field = *at;
+  }
+  return std::nullopt;
+}
+
+void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res) {
+  InstanceFilter filter;
+  filter.tenant = TenantOf(principal, req);
+  auto param = [&](const char* name) { return Param(req, name); };
+  auto has = [&](const char* name) { return req.Query(name) != nullptr; };
+  if (auto bad = ReadInstanceFilter([&](const char* name) { return req.Query(name); }, filter)) {
+    return Send(res, BadRequest(*bad), req.path);
   }
   if (!WholeNumberParam(req, res, "limit", 1, 1000, &filter.limit)) return;
   if (has("cursor")) {
