@@ -59,8 +59,8 @@ absl::StatusOr<BatchRecord> SqliteStore::CreateBatch(const NewBatch& in) {
     static const std::string kItem = absl::StrCat(
         "INSERT INTO batch_items (batch_id, instance_id, instance_key, state, updated_at) VALUES "
         "(?, ?, ?, ", SqlValue(BatchItemState::kPending), ", ?)");
-    WS_ASSIGN_OR_RETURN(SqliteStatement * item, db.Prepare(kItem));
     for (const auto& [instance_id, key] : in.items) {
+      WS_ASSIGN_OR_RETURN(SqliteStatement * item, db.Prepare(kItem));  // reset for each
       WS_RETURN_IF_ERROR(item->BindAll(id, instance_id, key, in.now).Run());
     }
     WS_ASSIGN_OR_RETURN(std::optional<BatchRecord> created, BatchWhere(db, "id", id));
