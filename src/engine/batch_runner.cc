@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/crash_point.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "engine/operations.h"
@@ -154,6 +155,9 @@ absl::Status BatchRunner::ApplyItem(const BatchItemRecord& item) {
   }
   auto result = operations_->Apply(batch.tenant, item.instance_key, *request);
   if (result.ok()) {
+    // A kill here leaves the action committed and the item unsaid: the next runner's
+    // audit check must tell (tests crash here).
+    CrashPoint("batch-applied", item.instance_key);
     return finish(BatchItemState::kApplied, "", std::string(ToString(result->instance.state)));
   }
   const absl::Status& why = result.status();
