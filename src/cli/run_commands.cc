@@ -281,10 +281,10 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     engine.Start();
     if (relay) relay->Start();
   }
-  // Batches created through this server's API (or another's on the same store) are
-  // applied by the serve processes that run workers.
+  // Batches created through any server's API on this store are applied by the
+  // processes that run workers (serve, and worker beside an --api-only serve).
   std::unique_ptr<BatchRunner> batches;
-  if (run_workers && api) {
+  if (run_workers) {
     batches = std::make_unique<BatchRunner>((*runtime)->store.get(), (*runtime)->store.get(),
                                             &engine.operations(), SystemClock::Get(),
                                             engine.owner() + "/batches");
