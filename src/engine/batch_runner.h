@@ -16,10 +16,11 @@ struct BatchRunnerOptions {
   // How often an idle runner looks for items to take and to judge.
   Millis poll_interval = 250;
   // How long a claim on an item lasts: a runner that died leaves its items to be
-  // taken again after this. Must exceed one action's longest (a few seconds).
-  Millis claim_duration = 15'000;
+  // taken again after this. Must exceed a round's longest: items_per_round actions,
+  // each waiting up to 3 s for a worker to let go of its instance.
+  Millis claim_duration = 20'000;
   // Most items taken at once.
-  int items_per_round = 8;
+  int items_per_round = 4;
   // How long an applied item's instance may take to come to rest before the item
   // is judged `unsettled` with the state it is in then: one slow instance does not
   // hold its batch.
