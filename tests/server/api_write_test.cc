@@ -16,6 +16,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/batch_runner.h"
+#include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/operations.h"
 #include "server/api_server.h"
@@ -1193,6 +1194,29 @@ TEST_P(ApiWriteTest, BadBatchesAreProblemsAndCreateNothing) {
   EXPECT_TRUE(Get("/v1/batches", admin_)["items"].empty());
   EXPECT_TRUE(Get("/v1/instances/x1")["audit"].empty());
   EXPECT_EQ(Get("/v1/instances/x1")["state"], "needs_attention");
+}
+
+TEST_P(ApiWriteTest, ABatchOverMoreThanAThousandInstancesIsRefusedAskingToNarrowTheFilter) {
+  auto definition = engine_->catalog().Current("wf");
+  ASSERT_NE(definition, nullptr);
+  for (int i = 0; i < 1001; ++i) {
+    StartRequest start;
+    start.tenant = "t1";
+    start.input_json = Json{{"id", "many-" + std::to_string(i)}}.dump();
+    ASSERT_TRUE(engine_->StartInstance(*definition, start).ok());
+  }
+  const Json body = {{"action", "close"}, {"reason", "too many"}, {"filter", {{"state", "running"}}}};
+  for (const char* path : {"/v1/batches", "/v1/batches?dry_run=true"}) {
+    Json problem = Post(path, body, 422);
+    EXPECT_EQ(problem["type"], "urn:waystone:problem:filter-too-broad");
+    EXPECT_NE(problem.value("detail", "").find("narrow it"), std::string::npos) << problem.dump();
+  }
+  EXPECT_TRUE(Get("/v1/batches")["items"].empty());
+  // A narrower filter is taken.
+  Json narrower = body;
+  narrower["filter"]["key_prefix"] = "many-1";
+  Json preview = Post("/v1/batches?dry_run=true", narrower, 200);
+  EXPECT_EQ(preview["count"], 1 + 10 + 100 + 1);  // many-1, many-1x, many-1xx, many-1000
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ApiWriteTest,
