@@ -1,6 +1,7 @@
 #include "store/postgres/pg_store.h"
 
 #include <algorithm>
+#include <set>
 
 #include "base/mutex.h"
 #include "store/migration.h"
@@ -66,9 +67,10 @@ absl::Status PostgresStore::Migrate() {
     WS_RETURN_IF_ERROR(
         c->Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER "
                 "PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"));
-    WS_ASSIGN_OR_RETURN(PgResult r,
-                        c->Query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
-    const int current = static_cast<int>(r.Int(0, 0));
+    WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT version FROM schema_migrations"));
+    std::set<int64_t> done;
+    for (int i = 0; i < r.rows(); ++i) done.insert(r.Int(i, 0));
+    const int current = done.empty() ? 0 : static_cast<int>(*done.rbegin());
     const auto& migrations = postgres_migrations();
     const int newest = migrations.empty() ? 0 : migrations.back().version;
     if (current > newest) {
@@ -77,7 +79,9 @@ absl::Status PostgresStore::Migrate() {
                                            std::to_string(newest) + "; use a newer waystone");
     }
     for (const auto& migration : migrations) {
-      if (migration.version <= current) continue;
+      // Every one not applied yet, below the newest applied too: a migration merged
+      // after a higher-numbered one (branches own their numbers) still runs.
+      if (done.contains(migration.version)) continue;
       WS_RETURN_IF_ERROR(c->Exec("BEGIN"));
       absl::Status applied = c->Exec(std::string(migration.sql));
       if (applied.ok()) {

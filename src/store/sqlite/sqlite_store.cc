@@ -1,5 +1,7 @@
 #include "store/sqlite/sqlite_store.h"
 
+#include <set>
+
 #include "base/mutex.h"
 #include "store/migration.h"
 #include "store/sqlite/sqlite_rows.h"
@@ -31,11 +33,12 @@ absl::Status SqliteStore::Migrate() {
     WS_RETURN_IF_ERROR(
         db.Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
                   "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
-    WS_ASSIGN_OR_RETURN(SqliteStatement * max,
-                        db.Prepare("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
-    WS_ASSIGN_OR_RETURN(bool row, max->Step());
-    const int current = row ? static_cast<int>(max->Int(0)) : 0;
-    max->Reset();
+    WS_ASSIGN_OR_RETURN(SqliteStatement * applied,
+                        db.Prepare("SELECT version FROM schema_migrations"));
+    WS_ASSIGN_OR_RETURN(std::vector<int64_t> versions,
+                        CollectRows(applied, [](const SqliteStatement& r) { return r.Int(0); }));
+    const std::set<int64_t> done(versions.begin(), versions.end());
+    const int current = done.empty() ? 0 : static_cast<int>(*done.rbegin());
     const auto& migrations = sqlite_migrations();
     const int newest = migrations.empty() ? 0 : migrations.back().version;
     if (current > newest) {
@@ -44,7 +47,9 @@ absl::Status SqliteStore::Migrate() {
                                            std::to_string(newest) + "; use a newer waystone");
     }
     for (const auto& migration : migrations) {
-      if (migration.version <= current) continue;
+      // Every one not applied yet, below the newest applied too: a migration merged
+      // after a higher-numbered one (branches own their numbers) still runs.
+      if (done.contains(migration.version)) continue;
       WS_RETURN_IF_ERROR(db.Exec(migration.sql));
       WS_ASSIGN_OR_RETURN(SqliteStatement * insert,
                           db.Prepare("INSERT INTO schema_migrations VALUES (?, ?, "
