@@ -84,6 +84,14 @@ std::optional<InstanceState> ParseInstanceState(std::string_view text) {
   return std::nullopt;
 }
 
+std::optional<StepState> ParseStepState(std::string_view text) {
+  for (int i = 1; i <= 10; ++i) {
+    auto state = static_cast<StepState>(i);
+    if (ToString(state) == text) return state;
+  }
+  return std::nullopt;
+}
+
 bool IsTerminal(InstanceState state) {
   switch (state) {
     case InstanceState::kRunning:

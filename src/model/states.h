@@ -63,6 +63,7 @@ std::string_view ToString(Resolution resolution);
 std::optional<ErrorClass> ParseErrorClass(std::string_view text);
 std::optional<RecoveryClass> ParseRecoveryClass(std::string_view text);
 std::optional<InstanceState> ParseInstanceState(std::string_view text);
+std::optional<StepState> ParseStepState(std::string_view text);
 
 // Returns true for states no worker will move out of without an operator.
 bool IsTerminal(InstanceState state);

@@ -117,6 +117,15 @@ class ApiServer::Impl {
   }
 
   void Handle(const ServerRequest& req, ServerResponse& res) {
+    Dispatch(req, res);
+    const auto& match = std::any_cast<const Screened&>(req.screened);
+    // The console's files are tagged by the build and public (no Vary).
+    if ((req.method == "GET" || req.method == "HEAD") && match.route->id != RouteId::kConsole) {
+      Revalidate(req, res);
+    }
+  }
+
+  void Dispatch(const ServerRequest& req, ServerResponse& res) {
     const auto& match = std::any_cast<const Screened&>(req.screened);
     const Principal& principal = match.principal;
     switch (match.route->id) {

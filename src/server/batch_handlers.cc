@@ -3,7 +3,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/match.h"
 #include "base/hex.h"
 #include "base/secure_token.h"
 #include "base/status_macros.h"
@@ -29,8 +28,8 @@ using Json = nlohmann::json;
 
 // The most instances one batch takes; a broader filter is refused.
 constexpr size_t kMaxBatchItems = 1000;
-// The most instances a batch's search reads (key_prefix, external_id and
-// stopped_at are applied here, over the store's pages).
+// The most instances a batch's search reads (stopped_at is applied here, over the
+// store's pages; every other filter by the store).
 constexpr int kBatchScan = 50'000;
 constexpr int kScanPage = 500;
 // Dry runs in a preview, and keys shown.
@@ -38,9 +37,10 @@ constexpr size_t kPreviewDryRuns = 5;
 constexpr size_t kPreviewKeys = 20;
 
 // The filter fields a batch takes: the instance list's, and the step it stopped at.
-const char* const kFilterFields[] = {"workflow",   "state",          "error_class",
-                                     "alert",      "created_after",  "created_before",
-                                     "key_prefix", "external_id",    "stopped_at"};
+const char* const kFilterFields[] = {
+    "workflow",       "state",      "error_class", "alert", "created_after",
+    "created_before", "updated_after", "updated_before", "definition", "step",
+    "step_state",     "http_status", "key_prefix",  "external_id", "stopped_at"};
 
 // A step the instance has stopped at: neither ahead of it (pending) nor behind it.
 bool StoppedAt(const StepRecord& step) {
@@ -76,11 +76,9 @@ absl::StatusOr<Matched> MatchInstances(const ApiContext& ctx, const std::string&
     out.problem = BadRequest("filter: " + *bad);
     return out;
   }
-  const std::string key_prefix = get("key_prefix") ? *get("key_prefix") : "";
-  const std::string external_id = get("external_id") ? *get("external_id") : "";
   const std::string stopped_at = get("stopped_at") ? *get("stopped_at") : "";
-  if ((get("external_id") && external_id.empty()) || (get("stopped_at") && stopped_at.empty())) {
-    out.problem = BadRequest("filter: external_id and stopped_at must not be empty");
+  if (get("stopped_at") && stopped_at.empty()) {
+    out.problem = BadRequest("filter: stopped_at must not be empty");
     return out;
   }
   filter.limit = kScanPage;
@@ -90,12 +88,11 @@ absl::StatusOr<Matched> MatchInstances(const ApiContext& ctx, const std::string&
     for (InstanceRecord& r : page) {
       ++scanned;
       filter.after_id = r.id;
-      bool match = absl::StartsWith(r.key, key_prefix);
-      if (match && (!external_id.empty() || !stopped_at.empty())) {
+      bool match = true;
+      if (!stopped_at.empty()) {
         WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, ctx.store->GetSteps(r.id));
         match = std::any_of(steps.begin(), steps.end(), [&](const StepRecord& s) {
-          return (external_id.empty() || s.external_id == external_id) &&
-                 (stopped_at.empty() || (s.name == stopped_at && StoppedAt(s)));
+          return s.name == stopped_at && StoppedAt(s);
         });
       }
       if (match) out.instances.push_back(std::move(r));

@@ -18,13 +18,6 @@ constexpr char kContentSecurityPolicy[] =
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-// True when an If-None-Match list names `etag` (or is "*").
-bool Matches(const std::string& if_none_match, std::string_view etag) {
-  if (if_none_match.find('*') != std::string::npos) return true;
-  // A weak form (W/"...") matches too (RFC 9110 13.1.2: weak comparison for GET).
-  return if_none_match.find(etag) != std::string::npos;
-}
-
 }  // namespace
 
 void ServeConsole(const ApiContext&, const std::string& file, const ServerRequest& req,
@@ -47,7 +40,7 @@ void ServeConsole(const ApiContext&, const std::string& file, const ServerReques
   res.SetHeader("Referrer-Policy", "no-referrer");
   res.SetHeader("Content-Security-Policy", kContentSecurityPolicy);
   const std::string* if_none_match = req.Header("if-none-match");
-  if (if_none_match != nullptr && Matches(*if_none_match, asset->etag)) {
+  if (if_none_match != nullptr && IfNoneMatchNames(*if_none_match, asset->etag)) {
     res.status = 304;
     return;
   }

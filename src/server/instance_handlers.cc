@@ -29,51 +29,7 @@ using Json = nlohmann::json;
 
 namespace {
 
-// The most instances one request of a key-prefix or external-id search reads: these
-// filters are applied here, over the store's pages, not by an index.
-constexpr int kSearchScan = 5000;
-constexpr int kSearchBatch = 500;
-
 std::string CursorOf(const InstanceRecord& r) { return HexOf(r.tenant + "\n" + r.key); }
-
-// GET /v1/instances with key_prefix or external_id (an ERP order number: some step's
-// external id, exactly): reads the filtered instances in id order, keeps those that
-// match, and stops at a full page or after kSearchScan instances. The cursor names
-// the last instance read, so a page may hold fewer than `page` items (even none)
-// while next_cursor goes on.
-void ListMatching(const ApiContext& ctx, const ServerRequest& req, ServerResponse& res,
-                  InstanceFilter filter, const std::string& key_prefix,
-                  const std::string& external_id, int page) {
-  if (req.Query("external_id") != nullptr && external_id.empty()) {
-    return Send(res, BadRequest("external_id must not be empty"), req.path);
-  }
-  Json items = Json::array();
-  Json next = nullptr;
-  int scanned = 0;
-  filter.limit = kSearchBatch;
-  while (true) {
-    auto batch = ctx.store->ListInstances(filter);
-    if (!batch.ok()) return Send(res, ProblemFromStatus(batch.status()), req.path);
-    for (const InstanceRecord& r : *batch) {
-      ++scanned;
-      filter.after_id = r.id;
-      bool match = absl::StartsWith(r.key, key_prefix);
-      if (match && !external_id.empty()) {
-        auto steps = ctx.store->GetSteps(r.id);
-        if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
-        match = std::any_of(steps->begin(), steps->end(),
-                            [&](const StepRecord& s) { return s.external_id == external_id; });
-      }
-      if (match) items.push_back(wire::InstanceSummary(r));
-      if (static_cast<int>(items.size()) == page || scanned == kSearchScan) {
-        next = CursorOf(r);
-        break;
-      }
-    }
-    if (!next.is_null() || static_cast<int>(batch->size()) < kSearchBatch) break;
-  }
-  SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
-}
 
 }  // namespace
 
@@ -104,13 +60,47 @@ std::optional<std::string> ReadInstanceFilter(
     }
   }
   for (const auto& [name, field] : {std::pair{"created_after", &filter.created_from},
-                                    std::pair{"created_before", &filter.created_to}}) {
+                                    std::pair{"created_before", &filter.created_to},
+                                    std::pair{"updated_after", &filter.updated_from},
+                                    std::pair{"updated_before", &filter.updated_to}}) {
     if (!has(name)) continue;
     auto at = ParseRfc3339(param(name));
-    if (!at) {
-      return std::string(name) + " must be an RFC 3339 time such as 2026-11-29T08:00:00Z";
-    }
+    if (!at) return std::string(name) + " must be an RFC 3339 time such as 2026-11-29T08:00:00Z";
     *field = *at;
+  }
+  if (has("definition")) {
+    // The pinned definition's hash, whole or a prefix of it (the console shows 12).
+    const std::string prefix = absl::AsciiStrToLower(param("definition"));
+    if (prefix.size() < 6 || prefix.size() > 64 ||
+        prefix.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return "definition must be a definition hash or a prefix of it, 6 to 64 hexadecimal digits";
+    }
+    filter.definition_prefix = prefix;
+  }
+  if (has("step")) {
+    if (param("step").empty()) return "step must not be empty";
+    filter.step = param("step");
+  }
+  if (has("step_state")) {
+    auto state = ParseStepState(param("step_state"));
+    if (!state) {
+      return "step_state '" + param("step_state") + "' is not a step state such as unknown or "
+             "compensation_failed";
+    }
+    filter.step_state = *state;
+  }
+  if (has("http_status")) {
+    const std::string text = param("http_status");
+    const int number = std::atoi(text.c_str());
+    if (number < 100 || number > 599 || std::to_string(number) != text) {
+      return "http_status must be a whole number from 100 to 599";
+    }
+    filter.http_status = number;
+  }
+  if (has("key_prefix")) filter.key_prefix = param("key_prefix");
+  if (has("external_id")) {
+    if (param("external_id").empty()) return "external_id must not be empty";
+    filter.external_id = param("external_id");
   }
   return std::nullopt;
 }
@@ -146,9 +136,6 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     filter.after_id = last->id;
   }
   const int page = filter.limit;
-  if (has("key_prefix") || has("external_id")) {
-    return ListMatching(ctx, req, res, filter, param("key_prefix"), param("external_id"), page);
-  }
   filter.limit = page + 1;  // one more tells whether there is a next page
   auto instances = ctx.store->ListInstances(filter);
   if (!instances.ok()) return Send(res, ProblemFromStatus(instances.status()), req.path);
@@ -157,7 +144,7 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
   for (size_t i = 0; i < instances->size(); ++i) {
     if (static_cast<int>(i) == page) {
       const InstanceRecord& last = (*instances)[i - 1];
-      next = HexOf(last.tenant + "\n" + last.key);
+      next = CursorOf(last);
       break;
     }
     items.push_back(wire::InstanceSummary((*instances)[i]));

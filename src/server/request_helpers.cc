@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "base/sha256.h"
 #include "model/json_text.h"
 #include "server/routes.h"
 
@@ -72,6 +73,29 @@ bool CheckJsonMediaType(const ServerRequest& req, ServerResponse& res) {
     return false;
   }
   return true;
+}
+
+bool IfNoneMatchNames(const std::string& if_none_match, std::string_view etag) {
+  if (if_none_match.find('*') != std::string::npos) return true;
+  return if_none_match.find(etag) != std::string::npos;
+}
+
+void TagAnswer(ServerResponse& res, std::string_view basis) {
+  // 128 bits of a hash: a changed view never keeps its tag.
+  res.SetHeader("ETag", "\"" + Sha256Hex(basis).substr(0, 32) + "\"");
+}
+
+void Revalidate(const ServerRequest& req, ServerResponse& res) {
+  if (res.status != 200) return;
+  if (res.Header("ETag").empty()) TagAnswer(res, res.body);
+  const std::string etag = res.Header("ETag");
+  res.SetHeader("Cache-Control", "private, no-cache");
+  res.SetHeader("Vary", "Authorization");
+  const std::string* if_none_match = req.Header("if-none-match");
+  if (if_none_match != nullptr && IfNoneMatchNames(*if_none_match, etag)) {
+    res.status = 304;
+    res.body.clear();
+  }
 }
 
 }  // namespace waystone

@@ -42,6 +42,21 @@ std::optional<std::string> WriteTenant(const Principal& p, const std::string& as
 bool WholeNumberParam(const ServerRequest& req, ServerResponse& res, const char* name, int low,
                       int high, int* value, const char* unit = "");
 
+// True when an If-None-Match list names `etag` (or is "*"); a weak form
+// (W/"...") matches too (RFC 9110 13.1.2: weak comparison for GET).
+bool IfNoneMatchNames(const std::string& if_none_match, std::string_view etag);
+
+// Tags a 200 answer to a GET with a strong ETag over its body (unless its handler
+// tagged it, with TagAnswer), and turns it into a 304 without a body when the
+// request's If-None-Match names that tag: the console polls its views this way
+// (RFC 9110 13.1.2), and an unchanged view costs the client nothing to read. The
+// tag is of this token's view (Vary: Authorization).
+void Revalidate(const ServerRequest& req, ServerResponse& res);
+
+// Tags the answer with an ETag over `basis`: what the answer says, without what
+// changes on every read (triage's "at").
+void TagAnswer(ServerResponse& res, std::string_view basis);
+
 // False, having answered 415, unless the body is empty or sent as application/json.
 bool CheckJsonMediaType(const ServerRequest& req, ServerResponse& res);
 

@@ -139,11 +139,14 @@ void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerR
                       {"count", counts[reason]},
                       {"items", std::move(list)}});
   }
-  SendJson(res, 200,
-           {{"groups", std::move(groups)},
-            {"truncated", truncated},
-            {"stuck_after_seconds", options.stuck_after / 1000},
-            {"at", Rfc3339(ctx.clock->NowMillis())}});
+  Json out = {{"groups", std::move(groups)},
+              {"truncated", truncated},
+              {"stuck_after_seconds", options.stuck_after / 1000}};
+  // Tagged without its "at": the console asks every second whether triage changed,
+  // and the time it was read is not a change.
+  TagAnswer(res, out.dump());
+  out["at"] = Rfc3339(ctx.clock->NowMillis());
+  SendJson(res, 200, std::move(out));
 }
 
 }  // namespace waystone

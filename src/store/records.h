@@ -309,6 +309,14 @@ struct InstanceFilter {
   std::optional<AlertKind> alert_kind;    // ... of this kind (implies with_alert)
   Millis created_from = 0;                // created_at >= created_from
   Millis created_to = 0;                  // created_at < created_to; 0: no bound
+  Millis updated_from = 0;                // updated_at >= updated_from
+  Millis updated_to = 0;                  // updated_at < updated_to; 0: no bound
+  std::optional<std::string> definition_prefix;  // definition_hash starts with it
+  std::optional<std::string> step;        // has a step of this name ...
+  std::optional<StepState> step_state;    // ... in this state (either alone too)
+  int http_status = 0;                    // some request of it got this status; 0: any
+  std::optional<std::string> external_id; // some step's external id is exactly this
+  std::optional<std::string> key_prefix;  // the business key starts with it
   int64_t after_id = 0;                   // cursor: only ids above this, in id order
 };
 

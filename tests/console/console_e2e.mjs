@@ -366,7 +366,7 @@ try {
     await page.locator('table.found').waitFor();
     const keys = await page.locator('table.found tbody tr td:first-child').allTextContents();
     assert.deepEqual(keys.sort(), ['console:2']);
-    assert.equal(await page.getByLabel('State').inputValue(), 'needs_attention');
+    assert.equal(await page.getByLabel('State', { exact: true }).inputValue(), 'needs_attention');
     await page.getByLabel('Business key').fill('crm:7');
     await page.getByRole('button', { name: 'Find' }).click();
     await page.waitForURL(/key=crm%3A7/);
@@ -375,7 +375,7 @@ try {
     await axe('find');
     // The order that failed by its ERP number: the server searches every step's external id.
     await page.getByLabel('Business key').fill('');
-    await page.getByLabel('State').selectOption('');
+    await page.getByLabel('State', { exact: true }).selectOption('');
     await page.getByLabel('Workflow').fill('');
     await page.getByLabel('External id').fill(orderNumber);
     await page.getByLabel('External id').press('Enter');
@@ -465,6 +465,140 @@ try {
     assert.equal(view.state, 'needs_attention');
     assert.equal(view.audit.length, 0);
     await viewer.close();
+  });
+
+  await check('live: the open instance follows a change made elsewhere within about a second, without a reload', async () => {
+    await page.goto(`${base}/console/#/instance/default/console%3A2`);
+    await page.getByRole('heading', { name: /console:2/, level: 1 }).waitFor();
+    await page.evaluate(() => { window.notReloaded = true; });
+    const polls = requests.length;
+    // Another operator settles it over the API, with the order the ERP shows.
+    const made = (await call('GET', `${sim}/erp/orders?ref=${encodeURIComponent('default:console:2')}`)).body.items;
+    assert.equal(made.length, 1);
+    await call('POST', `${instanceUrl('console:2')}/confirm`, { bearer: alice,
+      body: { step: 'create-order', happened: true, external_id: made[0].id, reason: 'ERP desk: order seen, ticket 12' } });
+    await settles('console:2', (v) => v.state === 'completed');
+    const changedAt = Date.now();
+    await page.getByRole('heading', { name: /console:2.*completed/, level: 1 }).waitFor({ timeout: 5000 });
+    const seconds = (Date.now() - changedAt) / 1000;
+    assert.ok(seconds < 3, `the page took ${seconds} s to follow`);
+    assert.equal(await page.evaluate(() => window.notReloaded), true, 'the page was reloaded');
+    assert.match(await page.locator('#live').textContent(), /Updated/);
+    await page.locator('table.audit').getByText('ERP desk: order seen, ticket 12').waitFor();
+    // It asked with If-None-Match and got 304s while nothing changed.
+    assert.ok(requests.length > polls, 'no poll was made');
+    const erp = await call('GET', `${sim}/erp/orders?ref=${encodeURIComponent('default:console:2')}`);
+    assert.equal(erp.body.items.length, 1, 'confirming made a second order');
+  });
+
+  // Runs `action` on `key` through its dialog: the dry run first, a reason, Apply, the
+  // result; answers the dry run's text.
+  const actThroughDialog = async (key, button, reason) => {
+    await page.goto(`${base}/console/#/instance/default/${encodeURIComponent(key)}`);
+    await page.getByRole('heading', { name: new RegExp(key), level: 1 }).waitFor();
+    await page.getByRole('button', { name: button, exact: true }).click();
+    const dialog = page.locator('dialog[open]');
+    await dialog.locator('.plan').waitFor();
+    const plan = await dialog.locator('.plan').textContent();
+    const apply = dialog.getByRole('button', { name: 'Apply' });
+    assert.equal(await apply.isDisabled(), true, 'Apply is offered without a reason');
+    await dialog.getByLabel(/Reason/).fill(reason);
+    await apply.click();
+    await dialog.getByRole('status').waitFor();
+    assert.match(await dialog.getByRole('status').textContent(), /Applied/);
+    await dialog.getByRole('button', { name: 'Done' }).click();
+    return plan;
+  };
+  const auditOf = (view, action) => view.audit.filter((a) => a.action === action);
+  const ordersOf = async (key) =>
+    (await call('GET', `${sim}/erp/orders?ref=${encodeURIComponent(`default:${key}`)}`)).body.items;
+  // Orders the ERP refuses three times (503): retries exhausted, create-order failed.
+  const refusedOrder = async (id) => {
+    await faults({ 'erp.create_order': { next: ['fail', 'fail', 'fail'] } });
+    await startOrder('console-order', { order_id: id, customer_id: `C-${id}`, amount: 4 });
+    const view = await settles(`console:${id}`, (v) => v.state === 'needs_attention');
+    await faults({});
+    assert.equal(step(view, 'create-order').state, 'failed');
+    return view;
+  };
+
+  await check('retry through its dialog once the ERP is back: one order, completed, audited', async () => {
+    await refusedOrder('5');
+    const plan = await actThroughDialog('console:5', 'Retry ‘create-order’', 'ERP back after INC-31');
+    assert.match(plan, /create-order call POST .*Idempotency-Key/);
+    const view = await settles('console:5', (v) => v.state === 'completed');
+    assert.equal((await ordersOf('console:5')).length, 1);
+    const audit = auditOf(view, 'retry');
+    assert.equal(audit.length, 1);
+    assert.equal(audit[0].actor, 'alice');
+    assert.equal(audit[0].reason, 'ERP back after INC-31');
+    await page.getByRole('heading', { name: /console:5.*completed/, level: 1 }).waitFor();
+  });
+
+  await check('skip a manual step through its dialog: nothing sent for it, the next step runs, audited', async () => {
+    await refusedOrder('6');
+    const plan = await actThroughDialog('console:6', 'Skip ‘create-order’', 'order keyed in by hand, ERP 5521');
+    assert.doesNotMatch(plan, /create-order call/);
+    assert.match(plan, /notify-email/);
+    // The e-mail names the order's number, which a skipped step does not have: it
+    // stops there, and says so, rather than send an e-mail without it.
+    const view = await settles('console:6', (v) => v.state !== 'running' &&
+      step(v, 'notify-email').state !== 'pending');
+    assert.equal(step(view, 'create-order').state, 'skipped');
+    assert.equal(step(view, 'create-order').resolution, 'operator');
+    assert.equal((await ordersOf('console:6')).length, 0, 'a skipped step sent its order');
+    assert.equal(auditOf(view, 'skip')[0]?.reason, 'order keyed in by hand, ERP 5521');
+  });
+
+  await check('close the case through its dialog: closed with its reason, nothing more sent', async () => {
+    await refusedOrder('8');
+    await actThroughDialog('console:8', 'Close the case', 'customer withdrew the order');
+    const view = await settles('console:8', (v) => v.state === 'closed');
+    assert.equal(auditOf(view, 'close')[0]?.reason, 'customer withdrew the order');
+    await sleep(500);
+    const after = await show('console:8');
+    assert.equal(step(after, 'create-order').attempts, 3, 'closing sent the order again');
+    assert.equal(step(after, 'notify-email').state, 'pending');
+    assert.equal((await ordersOf('console:8')).length, 0);
+    await page.getByRole('heading', { name: /console:8.*closed/, level: 1 }).waitFor();
+  });
+
+  await check('compensate a completed order through its dialog: the ERP order is cancelled, the instance compensated, audited', async () => {
+    // console:5 completed after its retry; the customer cancels.
+    const [order] = await ordersOf('console:5');
+    assert.equal(order.status, 'open');
+    const plan = await actThroughDialog('console:5', 'Compensate', 'customer cancelled by phone');
+    // The dry run names the call by its template and the key it will carry.
+    assert.match(plan, /create-order compensate POST .*\/cancel.*Idempotency-Key default:console:5:create-order:compensate/);
+    const view = await settles('console:5', (v) => v.state === 'compensated');
+    assert.equal(step(view, 'create-order').state, 'compensated');
+    const after = await ordersOf('console:5');
+    assert.equal(after.length, 1);
+    assert.equal(after[0].status, 'cancelled');
+    assert.equal(auditOf(view, 'compensate')[0]?.reason, 'customer cancelled by phone');
+    await page.getByRole('heading', { name: /console:5.*compensated/, level: 1 }).waitFor();
+    await shot('instance-compensated');
+  });
+
+  await check('find by step, step state, HTTP status and definition version, from links', async () => {
+    const hash = (await show('console:5')).definition_hash;
+    const found = async (query) => {
+      await page.goto(`${base}/console/#/find?${query}`);
+      await page.getByRole('heading', { name: 'Find instances' }).waitFor();
+      return until(`the search ${query}`, async () => {
+        const text = await page.locator('.results').textContent();
+        if (!/instances?\./.test(text)) return false;
+        return (await page.locator('table.found tbody tr td:first-child').allTextContents()).sort();
+      });
+    };
+    assert.deepEqual(await found('step=create-order&step_state=skipped'), ['console:6']);
+    // console:3 was turned away once (503, Retry-After) at the start.
+    assert.deepEqual(await found('http_status=503&workflow=console-order'),
+      ['console:3', 'console:5', 'console:6', 'console:8']);
+    assert.equal(await page.getByLabel('HTTP status').inputValue(), '503');
+    assert.deepEqual(await found(`definition=${hash.slice(0, 12)}&state=closed`), ['console:8']);
+    await shot('find-by-step');
+    await axe('find-filters');
   });
 
   await check('no script error in the browser; the only refusals are the ones the test asked for', async () => {

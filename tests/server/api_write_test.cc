@@ -965,6 +965,71 @@ TEST_P(ApiWriteTest, SearchByExternalIdAndKeyPrefixPagesOnTheServer) {
   EXPECT_EQ(Get("/v1/instances?key_prefix=ord-&state=completed")["items"].size(), 0u);
 }
 
+TEST_P(ApiWriteTest, ListFiltersByStepStateHttpStatusUpdatedAndDefinitionAndRefusesBadOnes) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("flt-1"), InstanceState::kNeedsAttention);  // the charge refused
+  recorder_.Answer("/charge", 200);
+  ASSERT_EQ(StartAndDrive("flt-2"), InstanceState::kRunning);  // waits for approval
+  auto keys = [&](const std::string& query) {
+    std::vector<std::string> out;
+    const Json page = Get("/v1/instances?" + query);
+    for (const Json& item : page["items"]) out.push_back(item["key"]);
+    return out;
+  };
+  using Keys = std::vector<std::string>;
+  EXPECT_EQ(keys("http_status=422"), Keys{"flt-1"});
+  EXPECT_EQ(keys("http_status=503"), Keys{});
+  EXPECT_EQ(keys("step=charge&step_state=completed"), Keys{"flt-2"});
+  EXPECT_EQ(keys("step=charge&http_status=422&step_state=failed"), Keys{"flt-1"});
+  EXPECT_EQ(keys("step=approval&step_state=waiting"), Keys{"flt-2"});
+  const std::string hash = Get("/v1/instances/flt-1")["definition_hash"];
+  EXPECT_EQ(keys("definition=" + hash.substr(0, 12)), (Keys{"flt-1", "flt-2"}));
+  EXPECT_EQ(keys("definition=ffffffffffff"), Keys{});
+  EXPECT_EQ(keys("updated_after=2000-01-01T00:00:00Z&updated_before=2999-01-01T00:00:00Z"),
+            (Keys{"flt-1", "flt-2"}));
+  EXPECT_EQ(keys("updated_before=2000-01-01T00:00:00Z"), Keys{});
+  for (const char* bad : {"step_state=sleeping", "http_status=99", "http_status=5x",
+                          "definition=xyz", "definition=abc", "updated_after=yesterday",
+                          "step="}) {
+    auto response = Send("GET", std::string("/v1/instances?") + bad, viewer_);
+    EXPECT_EQ(response.outcome.status, 400) << bad << ": " << response.body;
+    EXPECT_NE(response.body.find("\"detail\""), std::string::npos) << response.body;
+  }
+}
+
+TEST_P(ApiWriteTest, ViewsCarryAnETagAndAnUnchangedOneIsA304WithoutBody) {
+  ASSERT_EQ(StartAndDrive("tag-1"), InstanceState::kRunning);  // waits for approval
+  auto get = [&](const std::string& path, const std::string& etag) {
+    std::string raw = "GET " + path + " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
+                      viewer_ + "\r\nConnection: close\r\n";
+    if (!etag.empty()) raw += "If-None-Match: " + etag + "\r\n";
+    return server_->ServeBytesForTest(raw + "\r\n");
+  };
+  auto etag_of = [](const std::string& response) {
+    const size_t at = response.find("ETag: ");
+    if (at == std::string::npos) return std::string();
+    return response.substr(at + 6, response.find("\r\n", at) - at - 6);
+  };
+  for (const std::string path : {"/v1/instances/tag-1", "/v1/instances", "/v1/triage"}) {
+    const std::string first = get(path, "");
+    ASSERT_TRUE(first.starts_with("HTTP/1.1 200")) << first;
+    const std::string etag = etag_of(first);
+    ASSERT_EQ(etag.size(), 34u) << first;
+    EXPECT_EQ(etag_of(get(path, "")), etag) << "the same view, the same tag";
+    const std::string unchanged = get(path, etag);
+    EXPECT_TRUE(unchanged.starts_with("HTTP/1.1 304")) << unchanged;
+    EXPECT_EQ(unchanged.substr(unchanged.find("\r\n\r\n") + 4), "") << "a 304 has no body";
+    EXPECT_TRUE(get(path, "W/" + etag).starts_with("HTTP/1.1 304")) << "weak comparison";
+    EXPECT_TRUE(get(path, "\"other\"").starts_with("HTTP/1.1 200"));
+  }
+  const std::string before = etag_of(get("/v1/instances/tag-1", ""));
+  Approve("tag-1", "tag-approval");
+  ASSERT_EQ(Drive("tag-1"), InstanceState::kCompleted);
+  const std::string changed = get("/v1/instances/tag-1", before);
+  EXPECT_TRUE(changed.starts_with("HTTP/1.1 200")) << "a changed view is sent again: " << changed;
+  EXPECT_NE(etag_of(changed), before);
+}
+
 TEST_P(ApiWriteTest, AttemptsArePagedNewestFirstPerInstanceAndStep) {
   recorder_.Answer("/charge", 422);
   const size_t before = recorder_.Calls().size();

@@ -15,9 +15,30 @@ export function token() { return sessionStorage.getItem(TOKEN); }
 export function setToken(value) { sessionStorage.setItem(TOKEN, value); }
 export function forgetToken() { sessionStorage.removeItem(TOKEN); }
 
+// The GET answers the view on screen is made of (URL -> ETag), marked `watch` by
+// the view: app.js asks the server every second whether one changed
+// (If-None-Match; an unchanged one is a 304 without a body) and renders the view
+// again when one has.
+const watched = new Map();
+export function watchedAnswers() { return watched; }
+
+function loggedOut() {
+  forgetToken();
+  window.dispatchEvent(new Event('waystone:logged-out'));
+}
+
+// True when the answer at `url` is no longer the one tagged `etag`.
+export async function changedSince(url, etag) {
+  const headers = { Authorization: `Bearer ${token()}`, Accept: 'application/json' };
+  if (etag) headers['If-None-Match'] = etag;
+  const response = await fetch(url, { headers, cache: 'no-store' });
+  if (response.status === 401) loggedOut();
+  return response.status !== 304;
+}
+
 // Calls the API with the token; answers the parsed JSON or throws a Problem (the
 // server's problem+json). A 401 forgets the token: the login form comes back.
-export async function api(path, { method = 'GET', body, query } = {}) {
+export async function api(path, { method = 'GET', body, query, watch = false } = {}) {
   const url = new URL(path, location.origin);
   for (const [name, value] of Object.entries(query ?? {})) {
     if (value !== undefined && value !== null && value !== '') url.searchParams.set(name, value);
@@ -35,12 +56,10 @@ export async function api(path, { method = 'GET', body, query } = {}) {
   let parsed = null;
   try { parsed = text ? JSON.parse(text) : null; } catch { parsed = { detail: text }; }
   if (!response.ok) {
-    if (response.status === 401) {
-      forgetToken();
-      window.dispatchEvent(new Event('waystone:logged-out'));
-    }
+    if (response.status === 401) loggedOut();
     throw new Problem(response.status, parsed);
   }
+  if (watch) watched.set(url.href, response.headers.get('ETag'));
   return parsed;
 }
 

@@ -2,7 +2,7 @@
 // hash (#/ triage, #/find?filters, #/instance/TENANT/KEY, #/batches, #/batch/ID), so a
 // link opens that exact view.
 
-import { api, forgetToken, Problem, setToken, token } from './api.js';
+import { api, changedSince, forgetToken, Problem, setToken, token, watchedAnswers } from './api.js';
 import { renderBatch, renderBatches } from './batches.js';
 import { h, show } from './dom.js';
 import { renderFind } from './find.js';
@@ -13,6 +13,14 @@ const main = document.getElementById('main');
 const nav = document.getElementById('nav');
 const who = document.getElementById('who');
 const logout = document.getElementById('logout');
+const live = document.getElementById('live');
+
+// Live: the view's answers are asked for again every second (a 304 when unchanged);
+// a change renders the view again in place. Not while a dialog is open, the tab is
+// hidden, or another render is under way.
+const POLL_MS = 1000;
+let rendering = 0;   // renders started; a poll's render waits for none to run
+let polling = false;
 
 let me = null;  // GET /v1/me: token name, tenant, role
 
@@ -20,6 +28,7 @@ function renderLogin(message) {
   nav.hidden = true;
   logout.hidden = true;
   who.textContent = '';
+  live.textContent = '';
   const input = h('input', {
     id: 'token', name: 'token', type: 'password', autocomplete: 'off', required: true,
     spellcheck: 'false', 'aria-describedby': 'token-help',
@@ -65,9 +74,24 @@ function parseHash() {
   return { path, params };
 }
 
-async function route() {
+async function route({ again = false } = {}) {
   if (!token()) return renderLogin();
   if (!me) return start();
+  rendering += 1;
+  try {
+    await render(again);
+  } finally {
+    rendering -= 1;
+  }
+}
+
+async function render(again) {
+  // Rendering again keeps the reader where they were: the scroll and the focus.
+  const scroll = window.scrollY;
+  const focused = again ? document.activeElement?.id : null;
+  // And what they had opened (marked data-keep by the view).
+  const opened = again ? [...main.querySelectorAll('details[open][data-keep]')].map((d) => d.dataset.keep) : [];
+  if (!again) watchedAnswers().clear();
   const { path, params } = parseHash();
   for (const link of nav.querySelectorAll('a')) {
     const current = (link.getAttribute('href') === '#/' && path === '/') ||
@@ -93,7 +117,37 @@ async function route() {
     show(main, h('h1', {}, 'Could not load this view'),
       h('p', { class: 'error', role: 'alert' }, problem.message));
   }
+  if (again) {
+    for (const details of main.querySelectorAll('details[data-keep]')) {
+      if (opened.includes(details.dataset.keep)) details.open = true;
+    }
+    window.scrollTo(0, scroll);
+    if (focused) document.getElementById(focused)?.focus();
+    show(live, `Updated ${new Date().toLocaleTimeString()}`);
+  } else {
+    show(live, 'Live');
+  }
 }
+
+async function poll() {
+  if (polling || rendering || !me || document.hidden || document.querySelector('dialog[open]')) {
+    return;
+  }
+  polling = true;
+  try {
+    for (const [url, etag] of [...watchedAnswers()]) {
+      if (await changedSince(url, etag)) {
+        if (!rendering && me && !document.querySelector('dialog[open]')) await route({ again: true });
+        break;
+      }
+    }
+  } catch {
+    show(live, 'Not live: the server did not answer');
+  } finally {
+    polling = false;
+  }
+}
+setInterval(poll, POLL_MS);
 
 logout.addEventListener('click', () => {
   forgetToken();

@@ -2,7 +2,7 @@
 // shows the server's preview (the count and the first dry runs), requires a reason
 // and starts the batch; the batches view lists them, and one batch shows its
 // progress and each item's result (judged by where its instance came to rest),
-// refreshed while it runs.
+// live while it runs.
 
 import { api, mayAct } from './api.js';
 import { planView } from './dialog.js';
@@ -12,7 +12,8 @@ import { actionWords, instanceHref, stateLabel, time } from './format.js';
 const ACTIONS = ['retry', 'skip', 'compensate', 'close'];
 const STEP_ACTIONS = new Set(['retry', 'skip']);
 const FILTER_FIELDS = ['state', 'workflow', 'error_class', 'alert', 'created_after',
-  'created_before', 'external_id'];
+  'created_before', 'updated_after', 'updated_before', 'definition', 'step', 'step_state',
+  'http_status', 'external_id'];
 const OPEN_ITEMS = ['pending', 'applying', 'applied'];
 
 const dialog = () => document.getElementById('action-dialog');
@@ -146,7 +147,8 @@ function progress(batch) {
 }
 
 export async function renderBatches(main, me, params) {
-  const page = await api('/v1/batches', { query: { cursor: params.get('cursor'), limit: 50 } });
+  const page = await api('/v1/batches', { watch: true,
+    query: { cursor: params.get('cursor'), limit: 50 } });
   const more = page.next_cursor ? `#/batches?cursor=${encodeURIComponent(page.next_cursor)}` : null;
   show(main, h('h1', {}, 'Batches'),
     h('p', { class: 'muted' }, 'One operator action over every instance a filter matched. Start one from Find.'),
@@ -163,8 +165,9 @@ export async function renderBatches(main, me, params) {
 }
 
 export async function renderBatch(main, me, id, params) {
+  // Watched: the view follows the batch's progress live (app.js polls with ETags).
   const batch = await api(`/v1/batches/${encodeURIComponent(id)}`,
-    { query: { limit: 100, cursor: params.get('cursor') } });
+    { watch: true, query: { limit: 100, cursor: params.get('cursor') } });
   const status = h('p', { role: 'status', id: 'batch-status' });
   const change = (verb) => async () => {
     try {
@@ -207,11 +210,4 @@ export async function renderBatch(main, me, id, params) {
         h('td', {}, i.result_state ? stateLabel(i.result_state) : h('span', { class: 'muted' }, '—')),
         h('td', {}, i.message ?? ''), h('td', {}, String(i.tries)), h('td', {}, time(i.updated_at)))))),
     batch.next_cursor ? h('p', {}, h('a', { href: `#/batch/${encodeURIComponent(id)}?${next}` }, 'More items →')) : null);
-  if (batch.state === 'running' && openCount(batch) > 0) {
-    // Progress while it runs: this view again in a second, if it is still the one shown.
-    const shown = location.hash;
-    setTimeout(() => {
-      if (location.hash === shown) window.dispatchEvent(new Event('waystone:refresh'));
-    }, 1000);
-  }
 }

@@ -12,8 +12,12 @@ const ERROR_CLASSES = ['', 'transient', 'rejected', 'unknown'];
 const ALERTS = ['', 'any', 'retries_exhausted', 'lookup_contradiction', 'compensation_failed',
   'idempotency_conflict', 'needs_operator', 'delivery_parked', 'sink_disabled',
   'unknown_unresolved', 'inbox_conflict', 'result_missing'];
-const FILTERS = ['state', 'workflow', 'error_class', 'alert', 'key', 'match', 'external_id',
-  'created_after', 'created_before', 'tenant'];
+const STEP_STATES = ['', 'pending', 'running', 'waiting', 'completed', 'failed', 'unknown',
+  'compensating', 'compensated', 'compensation_failed', 'skipped'];
+const FILTERS = ['state', 'workflow', 'definition', 'step', 'step_state', 'error_class',
+  'http_status', 'alert', 'key', 'match', 'external_id', 'created_after', 'created_before',
+  'updated_after', 'updated_before', 'tenant'];
+const TIMES = new Set(['created_after', 'created_before', 'updated_after', 'updated_before']);
 
 function select(name, label, options, value) {
   return h('div', { class: 'field' }, h('label', { for: `f-${name}` }, label),
@@ -46,13 +50,19 @@ export async function renderFind(main, me, params) {
   const form = h('form', { class: 'filters', 'aria-label': 'Filters' },
     select('state', 'State', STATES, params.get('state') ?? ''),
     text('workflow', 'Workflow', params.get('workflow')),
+    text('definition', 'Definition version', params.get('definition'), 'its hash, or the first 12 digits'),
+    text('step', 'Step', params.get('step'), 'a step of this name…'),
+    select('step_state', 'Step state', STEP_STATES, params.get('step_state') ?? ''),
     select('error_class', 'Error class', ERROR_CLASSES, params.get('error_class') ?? ''),
+    text('http_status', 'HTTP status', params.get('http_status'), 'some request got it, e.g. 503'),
     select('alert', 'Open alert', ALERTS, params.get('alert') ?? ''),
     text('key', 'Business key', params.get('key'), 'exact: opens that one instance'),
     select('match', 'Key match', ['exact', 'prefix'], params.get('match') ?? 'exact'),
     text('external_id', 'External id', params.get('external_id'), 'e.g. an ERP order number'),
     when('created_after', 'Created from', params.get('created_after')),
     when('created_before', 'Created before', params.get('created_before')),
+    when('updated_after', 'Updated from', params.get('updated_after')),
+    when('updated_before', 'Updated before', params.get('updated_before')),
     me.tenant === '*' ? text('tenant', 'Tenant', params.get('tenant')) : null,
     h('div', { class: 'field submit' }, h('button', { type: 'submit', class: 'primary' }, 'Find')));
   form.addEventListener('submit', (event) => {
@@ -61,7 +71,7 @@ export async function renderFind(main, me, params) {
     for (const name of FILTERS) {
       let value = form.elements[name]?.value?.trim();
       // datetime-local is the browser's zone: the API takes UTC.
-      if (value && name.startsWith('created_')) value = new Date(value).toISOString();
+      if (value && TIMES.has(name)) value = new Date(value).toISOString();
       if (value) next.set(name, value);
     }
     location.hash = `#/find?${next}`;
@@ -76,13 +86,16 @@ export async function renderFind(main, me, params) {
   try {
     if (key && !prefix && !params.get('external_id')) {
       // A business key names one instance (per tenant).
-      const one = await api(instancePath(key), { query: { tenant: params.get('tenant') } });
+      const one = await api(instancePath(key), { watch: true, query: { tenant: params.get('tenant') } });
       items = [one];
     } else {
-      const page = await api('/v1/instances', { query: {
+      const page = await api('/v1/instances', { watch: true, query: {
         state: params.get('state'), workflow: params.get('workflow'),
         error_class: params.get('error_class'), alert: params.get('alert'),
         created_after: params.get('created_after'), created_before: params.get('created_before'),
+        updated_after: params.get('updated_after'), updated_before: params.get('updated_before'),
+        definition: params.get('definition'), step: params.get('step'),
+        step_state: params.get('step_state'), http_status: params.get('http_status'),
         tenant: params.get('tenant'), cursor: params.get('cursor'), limit: 50,
         // An exact key with an external id: searched by prefix, kept when exact.
         key_prefix: key ? key : undefined, external_id: params.get('external_id'),
@@ -103,11 +116,7 @@ export async function renderFind(main, me, params) {
   const more = new URLSearchParams(params);
   if (nextCursor) more.set('cursor', nextCursor);
   show(results,
-    h('p', {}, items.length === 0 && nextCursor
-      // The server reads a bounded number of instances per request: none of those
-      // matched, but the search is not over.
-      ? 'None found yet: the server searched part of the instances. Continue with the next page.'
-      : `${items.length} instance${items.length === 1 ? '' : 's'}${nextCursor ? ' on this page' : ''}.`),
+    h('p', {}, `${items.length} instance${items.length === 1 ? '' : 's'}${nextCursor ? ' on this page' : ''}.`),
     items.length ? h('table', { class: 'found' },
       h('thead', {}, h('tr', {}, ['business key', 'state', 'workflow', 'tenant', 'reason', 'updated']
         .map((c) => h('th', { scope: 'col' }, c)))),
@@ -116,6 +125,5 @@ export async function renderFind(main, me, params) {
         h('td', {}, stateLabel(i.state)), h('td', {}, i.workflow), h('td', {}, i.tenant),
         h('td', {}, i.status_reason), h('td', {}, time(i.updated_at)))))) : null,
     bulk,
-    nextCursor ? h('p', {}, h('a', { href: `#/find?${more}` },
-      items.length === 0 ? 'Search on →' : 'Next page →')) : null);
+    nextCursor ? h('p', {}, h('a', { href: `#/find?${more}` }, 'Next page →')) : null);
 }

@@ -82,7 +82,7 @@ function attemptsDetails(view, step, me) {
   const count = (step.requests ?? []).length;
   if (!count) return h('p', { class: 'muted small' }, 'No request sent yet.');
   const requests = requestsTable(view, step, me);
-  const details = h('details', { class: 'attempts' },
+  const details = h('details', { class: 'attempts', 'data-keep': `requests:${step.name}` },
     h('summary', {}, `Requests sent: ${count}`), requests.element);
   let loaded = false;
   details.addEventListener('toggle', () => {
@@ -95,7 +95,7 @@ function attemptsDetails(view, step, me) {
 }
 
 export async function renderInstance(main, me, tenant, key) {
-  const view = await api(instancePath(key), { query: { tenant: me.tenant === '*' ? tenant : undefined } });
+  const view = await api(instancePath(key), { watch: true, query: { tenant: me.tenant === '*' ? tenant : undefined } });
   const stopped = view.stopped ?? {};
   const canAct = mayAct(me);
   const act = async (options) => {
@@ -121,13 +121,15 @@ export async function renderInstance(main, me, tenant, key) {
       h('dl', { class: 'facts' },
         row('business key', h('code', {}, view.key)),
         row('tenant', view.tenant),
-        row('workflow', view.workflow, h('span', { class: 'muted' }, ` · definition ${view.definition_hash.slice(0, 12)}`)),
+        row('workflow', view.workflow, ' · definition ',
+          h('a', { href: `#/find?${new URLSearchParams({ workflow: view.workflow, definition: view.definition_hash.slice(0, 12) })}`,
+            title: `Every instance on definition ${view.definition_hash}` }, view.definition_hash.slice(0, 12))),
         row('state', stateLabel(view.state)),
         row('reason', view.status_reason || '—'),
         row('trace id', h('code', {}, view.trace_id), ' ', copyButton(view.trace_id, 'Copy the trace id')),
         row('created', time(view.created_at)),
         row('updated', time(view.updated_at))),
-      h('details', {}, h('summary', {}, 'Input (pinned)'),
+      h('details', { 'data-keep': 'input' }, h('summary', {}, 'Input (pinned)'),
         h('pre', { class: 'input' }, JSON.stringify(view.input, null, 2)))),
     h('section', { 'aria-labelledby': 'steps-title' },
       h('h2', { id: 'steps-title' }, 'Steps'), stepsTimeline(view, me)),

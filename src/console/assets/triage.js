@@ -31,7 +31,7 @@ export function instanceItem(item) {
 }
 
 export async function renderTriage(main, me, params) {
-  const triage = await api('/v1/triage', {
+  const triage = await api('/v1/triage', { watch: true,
     query: { workflow: params.get('workflow'), stuck_after: params.get('stuck_after') },
   });
   const groups = triage.groups.filter((g) => g.reason !== 'in_progress');

@@ -277,21 +277,31 @@ absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
       "s.error_class = $8::smallint)) AND ($9::integer = 0 OR EXISTS (SELECT 1 FROM alerts a "
       "WHERE a.instance_id = i.id AND a.state IN ",
       SqlLiveAlertStates(),
-      " AND ($10::smallint = 0 OR a.kind = $10::smallint))) ORDER BY id LIMIT $4::integer");
+      " AND ($10::smallint = 0 OR a.kind = $10::smallint))) AND updated_at >= $11::bigint AND "
+      "($12::bigint = 0 OR updated_at < $12::bigint) AND ($13::text IS NULL OR "
+      "left(definition_hash, length($13)) = $13) AND (($14::text IS NULL AND $15::smallint IS "
+      "NULL) OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND ($14::text IS NULL "
+      "OR s.name = $14) AND ($15::smallint IS NULL OR s.state = $15))) AND ($16::integer = 0 OR "
+      "EXISTS (SELECT 1 FROM attempts t WHERE t.instance_id = i.id AND t.status = "
+      "$16::integer)) AND ($17::text IS NULL OR i.id IN (SELECT instance_id FROM steps WHERE "
+      "external_id = $17 AND external_id <> '')) AND ($18::text IS NULL OR left(business_key, "
+      "length($18)) = $18) ORDER BY id LIMIT $4::integer");
+  auto number = [](auto value) { return std::optional<int64_t>(static_cast<int64_t>(value)); };
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(
       PgResult r,
       c->Query(kList,
                Params(filter.tenant, filter.workflow,
-                      filter.state ? std::optional<int64_t>(static_cast<int64_t>(*filter.state))
-                                   : std::nullopt,
-                      filter.limit, filter.after_id, filter.created_from, filter.created_to,
-                      filter.error_class
-                          ? std::optional<int64_t>(static_cast<int64_t>(*filter.error_class))
-                          : std::nullopt,
+                      filter.state ? number(*filter.state) : std::nullopt, filter.limit,
+                      filter.after_id, filter.created_from, filter.created_to,
+                      filter.error_class ? number(*filter.error_class) : std::nullopt,
                       static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0),
                       static_cast<int64_t>(
-                          filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0))));
+                          filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0),
+                      filter.updated_from, filter.updated_to, filter.definition_prefix,
+                      filter.step, filter.step_state ? number(*filter.step_state) : std::nullopt,
+                      static_cast<int64_t>(filter.http_status), filter.external_id,
+                      filter.key_prefix)));
   return PgRows(r, ReadInstance<PgRow>);
 }
 

@@ -189,30 +189,45 @@ absl::StatusOr<std::vector<InstanceRecord>> SqliteStore::ListInstances(
       "?7) AND (?8 IS NULL OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND "
       "s.error_class = ?8)) AND (?9 = 0 OR EXISTS (SELECT 1 FROM alerts a WHERE a.instance_id = "
       "i.id AND a.state IN ",
-      SqlLiveAlertStates(), " AND (?10 = 0 OR a.kind = ?10))) ORDER BY id LIMIT ?4");
+      SqlLiveAlertStates(),
+      " AND (?10 = 0 OR a.kind = ?10))) AND updated_at >= ?11 AND (?12 = 0 OR updated_at < ?12) "
+      "AND (?13 IS NULL OR substr(definition_hash, 1, length(?13)) = ?13) AND ((?14 IS NULL AND "
+      "?15 IS NULL) OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = i.id AND (?14 IS NULL "
+      "OR s.name = ?14) AND (?15 IS NULL OR s.state = ?15))) AND (?16 = 0 OR EXISTS (SELECT 1 "
+      "FROM attempts t WHERE t.instance_id = i.id AND t.status = ?16)) AND (?17 IS NULL OR i.id "
+      "IN (SELECT instance_id FROM steps WHERE external_id = ?17 AND external_id <> '')) AND "
+      "(?18 IS NULL OR substr(business_key, 1, length(?18)) = ?18) ORDER BY id LIMIT ?4");
   MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kList));
-  if (filter.tenant)
-    s->Bind(1, std::string_view(*filter.tenant));
-  else
-    s->BindNull(1);
-  if (filter.workflow)
-    s->Bind(2, std::string_view(*filter.workflow));
-  else
-    s->BindNull(2);
-  if (filter.state)
-    s->Bind(3, static_cast<int64_t>(*filter.state));
-  else
-    s->BindNull(3);
+  auto bind_text = [s](int at, const std::optional<std::string>& value) {
+    if (value)
+      s->Bind(at, std::string_view(*value));
+    else
+      s->BindNull(at);
+  };
+  auto bind_number = [s](int at, std::optional<int64_t> value) {
+    if (value)
+      s->Bind(at, *value);
+    else
+      s->BindNull(at);
+  };
+  auto number = [](auto value) { return std::optional<int64_t>(static_cast<int64_t>(value)); };
+  bind_text(1, filter.tenant);
+  bind_text(2, filter.workflow);
+  bind_number(3, filter.state ? number(*filter.state) : std::nullopt);
   s->Bind(4, static_cast<int64_t>(filter.limit));
   s->Bind(5, filter.after_id).Bind(6, filter.created_from).Bind(7, filter.created_to);
-  if (filter.error_class)
-    s->Bind(8, static_cast<int64_t>(*filter.error_class));
-  else
-    s->BindNull(8);
+  bind_number(8, filter.error_class ? number(*filter.error_class) : std::nullopt);
   s->Bind(9, static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0));
   s->Bind(10,
           static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0));
+  s->Bind(11, filter.updated_from).Bind(12, filter.updated_to);
+  bind_text(13, filter.definition_prefix);
+  bind_text(14, filter.step);
+  bind_number(15, filter.step_state ? number(*filter.step_state) : std::nullopt);
+  s->Bind(16, static_cast<int64_t>(filter.http_status));
+  bind_text(17, filter.external_id);
+  bind_text(18, filter.key_prefix);
   return CollectRows(s, ReadInstance<SqliteStatement>);
 }
 

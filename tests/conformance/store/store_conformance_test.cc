@@ -650,6 +650,96 @@ TEST_P(StoreConformanceTest, AChangeClaimsItsInboxEventOnceAndResolvesAlerts) {
   EXPECT_EQ(store_->GetInstance(id)->status_reason, "still here");
 }
 
+TEST_P(StoreConformanceTest, ListsFilterByStepExternalIdHttpStatusUpdatedAndDefinition) {
+  ASSERT_TRUE(store_->PutDefinition("0123abcdef", "wf", "wf.yaml", "text", 1).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto in = Instance("s" + std::to_string(i));
+    in.now = 1000;
+    if (i == 2) in.definition_hash = "0123abcdef";
+    auto started = store_->StartInstance(in);
+    ASSERT_TRUE(started.ok()) << started.status();
+  }
+  // s1: its second step unknown after a 503, with the ERP's number on its first; updated at 9000.
+  Lease lease = *store_->ClaimInstance(store_->FindInstance("t1", "s1")->id, "w", 9000, 5000);
+  Change change;
+  change.lease = lease;
+  change.now = 9000;
+  change.lease_expires_at = 0;
+  std::vector<StepRecord> steps = *store_->GetSteps(lease.instance_id);
+  steps[0].state = StepState::kCompleted;
+  steps[0].external_id = "ERP-77";
+  steps[1].state = StepState::kUnknown;
+  change.steps = steps;
+  AttemptRecord attempt;
+  attempt.step_index = 1;
+  attempt.sent = true;
+  attempt.status = 503;
+  attempt.error_class = ErrorClass::kTransient;
+  attempt.started_at = 8990;
+  attempt.finished_at = 9000;
+  change.attempts = {attempt};
+  ASSERT_TRUE((*store_->Commit({change}))[0].ok());
+
+  auto keys = [&](const InstanceFilter& filter) {
+    std::vector<std::string> out;
+    auto found = store_->ListInstances(filter);
+    EXPECT_TRUE(found.ok()) << found.status();
+    if (found.ok()) {
+      for (const InstanceRecord& r : *found) out.push_back(r.key);
+    }
+    return out;
+  };
+  using Keys = std::vector<std::string>;
+  InstanceFilter filter;
+  filter.step = "two";
+  filter.step_state = StepState::kUnknown;
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.step = "one";  // s1's "one" is completed, not unknown
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.step_state.reset();
+  EXPECT_EQ(keys(filter), (Keys{"s0", "s1", "s2"}));  // every instance has a step "one"
+  filter = {};
+  filter.step_state = StepState::kCompleted;
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter = {};
+  filter.external_id = "ERP-77";
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.external_id = "ERP-7";  // exact, not a prefix
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.external_id = "";  // the steps without one are not all matches
+  EXPECT_EQ(keys(filter), Keys{});
+  filter = {};
+  filter.http_status = 503;
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.http_status = 200;
+  EXPECT_EQ(keys(filter), Keys{});
+  filter = {};
+  filter.updated_from = 5000;
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.updated_from = 0;
+  filter.updated_to = 5000;
+  EXPECT_EQ(keys(filter), (Keys{"s0", "s2"}));
+  filter = {};
+  filter.definition_prefix = "0123ab";
+  EXPECT_EQ(keys(filter), Keys{"s2"});
+  filter.definition_prefix = "0123abcdef";
+  EXPECT_EQ(keys(filter), Keys{"s2"});
+  filter.definition_prefix = "0123abcdef0";  // longer than the hash
+  EXPECT_EQ(keys(filter), Keys{});
+  filter = {};
+  filter.key_prefix = "s";
+  EXPECT_EQ(keys(filter), (Keys{"s0", "s1", "s2"}));
+  filter.key_prefix = "s1";
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+  filter.key_prefix = "s1x";
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.key_prefix = "%";  // a character, not a pattern
+  EXPECT_EQ(keys(filter), Keys{});
+  filter.key_prefix = "s";
+  filter.external_id = "ERP-77";
+  EXPECT_EQ(keys(filter), Keys{"s1"});
+}
+
 TEST_P(StoreConformanceTest, ListsFilterByErrorClassAlertAndTimeAndPageById) {
   for (int i = 0; i < 4; ++i) {
     auto in = Instance("k" + std::to_string(i));
