@@ -8,7 +8,8 @@ namespace waystone {
 // (for example "before-call:create-order"). Tests use it to crash a worker at an
 // exact place; builds configured with WAYSTONE_CRASH_POINTS=OFF compile it to nothing.
 // Points: before-call, after-call (response received, nothing recorded yet),
-// before-compensate, after-compensate.
+// before-compensate, after-compensate; batch-applied:<instance key> (a batch's
+// action committed on the instance, its item not yet recorded).
 //
 // Likewise pauses the calling thread when WAYSTONE_PAUSE_AT equals
 // "<point>:<step>=<milliseconds>", so tests can make a worker outlive its lease.

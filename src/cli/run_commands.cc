@@ -17,6 +17,7 @@
 #include "cli/signals.h"
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
+#include "engine/batch_runner.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/operations.h"
@@ -280,6 +281,15 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     engine.Start();
     if (relay) relay->Start();
   }
+  // Batches created through any server's API on this store are applied by the
+  // processes that run workers (serve, and worker beside an --api-only serve).
+  std::unique_ptr<BatchRunner> batches;
+  if (run_workers) {
+    batches = std::make_unique<BatchRunner>((*runtime)->store.get(), (*runtime)->store.get(),
+                                            &engine.operations(), SystemClock::Get(),
+                                            engine.owner() + "/batches");
+    batches->Start();
+  }
   while (!stop.stop_requested()) {
     SystemClock::Get()->SleepFor(200, stop);
     if (options.exit_when_idle) {
@@ -289,6 +299,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   }
   std::fprintf(stderr, "waystone: worker draining\n");
   api.reset();  // no new requests
+  if (batches) batches->Stop();
   engine.Stop();
   if (relay) relay->Stop();
   std::fprintf(stderr, "waystone: worker stopped\n");

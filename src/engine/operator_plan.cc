@@ -479,6 +479,7 @@ Change ActionChange(const InstanceRecord& instance, const ActionPlan& plan,
                            {"state_after", ToString(plan.state_after)}};
   if (request.happened) detail["happened"] = *request.happened;
   if (!request.external_id.empty()) detail["external_id"] = request.external_id;
+  if (!request.batch.empty()) detail["batch"] = request.batch;
   change.audits.push_back({0, now, request.actor, instance.tenant, instance.id,
                            std::string(ToString(request.action)), request.reason,
                            JsonText(detail)});

@@ -35,6 +35,7 @@ struct OperatorRequest {
   std::string external_id;          // confirm with happened = true
   std::string response_json;        // confirm with happened = true: the step's result; "{}"
   bool dry_run = false;
+  std::string batch;                // the batch's public id when a batch applies it (audited)
 };
 
 // One external call (or transform) the engine would make after the action.

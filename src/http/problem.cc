@@ -33,6 +33,8 @@ constexpr KindSpec kKinds[] = {
     {ProblemKind::kUnsupportedMediaType, 415, "unsupported-media-type", "Unsupported media type"},
     {ProblemKind::kUnknownWorkflow, 422, "unknown-workflow", "Unknown workflow"},
     {ProblemKind::kUnroutedEvent, 422, "unrouted-event", "No route for this event type"},
+    {ProblemKind::kFilterTooBroad, 422, "filter-too-broad",
+     "The filter matches more instances than one batch takes"},
     {ProblemKind::kIdempotencyKeyReused, 422, "idempotency-key-reused",
      "Idempotency-Key reused with another request"},
     {ProblemKind::kHeaderFieldsTooLarge, 431, "header-fields-too-large",

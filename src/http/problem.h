@@ -36,6 +36,7 @@ enum class ProblemKind {
   kUnknownWorkflow,         // 422 unknown-workflow
   kUnroutedEvent,           // 422 unrouted-event
   kIdempotencyKeyReused,    // 422 idempotency-key-reused
+  kFilterTooBroad,          // 422 filter-too-broad (a batch over more instances than allowed)
   kHeaderFieldsTooLarge,    // 431 header-fields-too-large
   kInternal,                // 500 internal
   kUnavailable,             // 503 unavailable

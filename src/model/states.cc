@@ -175,3 +175,48 @@ std::optional<AlertState> ParseAlertState(std::string_view text) {
 }
 
 }  // namespace waystone
+
+namespace waystone {
+
+std::string_view ToString(BatchState state) {
+  switch (state) {
+    case BatchState::kRunning: return "running";
+    case BatchState::kPaused: return "paused";
+    case BatchState::kFinished: return "finished";
+    case BatchState::kCancelled: return "cancelled";
+  }
+  return "invalid";
+}
+
+std::string_view ToString(BatchItemState state) {
+  switch (state) {
+    case BatchItemState::kPending: return "pending";
+    case BatchItemState::kApplying: return "applying";
+    case BatchItemState::kApplied: return "applied";
+    case BatchItemState::kSucceeded: return "succeeded";
+    case BatchItemState::kStopped: return "stopped";
+    case BatchItemState::kUnsettled: return "unsettled";
+    case BatchItemState::kRefused: return "refused";
+    case BatchItemState::kFailed: return "failed";
+    case BatchItemState::kCancelled: return "cancelled";
+  }
+  return "invalid";
+}
+
+std::optional<BatchState> ParseBatchState(std::string_view text) {
+  for (int i = 1; i <= 4; ++i) {
+    auto state = static_cast<BatchState>(i);
+    if (ToString(state) == text) return state;
+  }
+  return std::nullopt;
+}
+
+std::optional<BatchItemState> ParseBatchItemState(std::string_view text) {
+  for (int i = 1; i <= 9; ++i) {
+    auto state = static_cast<BatchItemState>(i);
+    if (ToString(state) == text) return state;
+  }
+  return std::nullopt;
+}
+
+}  // namespace waystone

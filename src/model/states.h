@@ -102,3 +102,34 @@ std::optional<AlertKind> ParseAlertKind(std::string_view text);
 std::optional<AlertState> ParseAlertState(std::string_view text);
 
 }  // namespace waystone
+
+namespace waystone {
+
+// Where a batch (one operator action over the instances a filter matched) stands.
+// Persisted; values frozen.
+enum class BatchState : uint8_t {
+  kRunning = 1,    // its runner takes pending items
+  kPaused = 2,     // no new item is taken; items under way finish
+  kFinished = 3,   // every item has its result
+  kCancelled = 4,  // stopped for good; its pending items were cancelled
+};
+
+// Where one instance of a batch stands. Persisted; values frozen.
+enum class BatchItemState : uint8_t {
+  kPending = 1,    // not taken yet
+  kApplying = 2,   // claimed by a runner, the action under way
+  kApplied = 3,    // the action committed; waiting for the instance to come to rest
+  kSucceeded = 4,  // the instance came to rest where the action aims (retried: completed)
+  kStopped = 5,    // the instance came to rest elsewhere (stopped again); see its reason
+  kUnsettled = 6,  // not at rest within the runner's patience; its state then
+  kRefused = 7,    // the instance's state refused the action
+  kFailed = 8,     // the action could not be applied (an error, not the state)
+  kCancelled = 9,  // the batch was cancelled before the item was taken
+};
+
+std::string_view ToString(BatchState state);
+std::string_view ToString(BatchItemState state);
+std::optional<BatchState> ParseBatchState(std::string_view text);
+std::optional<BatchItemState> ParseBatchItemState(std::string_view text);
+
+}  // namespace waystone

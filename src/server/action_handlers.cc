@@ -11,7 +11,6 @@
 // it would carry out).
 
 namespace waystone {
-namespace {
 
 using Json = nlohmann::json;
 
@@ -38,8 +37,6 @@ Json PlanJson(const ActionPlan& plan) {
           {"would_execute", execute},
           {"would_skip", skip}};
 }
-
-}  // namespace
 
 void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::string& key,
                  const std::string& action_name, const ServerRequest& req, ServerResponse& res) {

@@ -8,11 +8,13 @@
 //   alert_handlers.cc     GET /v1/alerts, POST /v1/alerts/{id}/acknowledge
 //   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
 //   triage_handlers.cc    GET /v1/me, GET /v1/triage; why an instance stopped, what may follow
+//   batch_handlers.cc     /v1/batches: one action over a filter's instances, its preview
 //   console_handlers.cc   GET /console/{file}: the console's files, compiled in
 // Routing, tokens and roles are decided before (api_server.cc, routes.h); the
 // request helpers are request_helpers.h, Idempotency-Key is idempotency.h.
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,6 +32,7 @@ namespace waystone {
 
 class DefinitionCatalog;
 class Engine;
+struct ActionPlan;
 struct TriageOptions;
 
 // The server's state the handlers read. Set up once before the first request;
@@ -54,6 +57,12 @@ struct ApiContext {
 // /metrics (admin).
 void HandleHealth(const ApiContext& ctx, RouteId route, const ServerRequest& req,
                   ServerResponse& res);
+
+// Reads the instance list's filters (workflow, state, error_class, alert,
+// created_after, created_before) from `get` (a query parameter or a body field by
+// name; null when absent) into `filter`; the 400's text when one is bad.
+std::optional<std::string> ReadInstanceFilter(
+    const std::function<const std::string*(const char*)>& get, InstanceFilter& filter);
 
 void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                    ServerResponse& res);
@@ -84,6 +93,19 @@ void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerR
 nlohmann::json StopJson(const ApiContext& ctx, const InstanceRecord& instance,
                         const std::vector<StepRecord>& steps,
                         const std::vector<AlertRecord>& alerts, const TriageOptions& options);
+
+void PreviewOrCreateBatch(const ApiContext& ctx, const Principal& principal,
+                          const ServerRequest& req, ServerResponse& res);
+void ListBatches(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                 ServerResponse& res);
+void ShowBatch(const ApiContext& ctx, const Principal& principal, const std::string& id,
+               const ServerRequest& req, ServerResponse& res);
+// POST /v1/batches/{id}/{pause|resume|cancel}.
+void ChangeBatch(const ApiContext& ctx, const Principal& principal, const std::string& id,
+                 const std::string& verb, const ServerRequest& req, ServerResponse& res);
+
+// The operator action's plan as the dry runs show it.
+nlohmann::json PlanJson(const ActionPlan& plan);
 
 void ServeConsole(const ApiContext& ctx, const std::string& file, const ServerRequest& req,
                   ServerResponse& res);

@@ -159,6 +159,17 @@ class ApiServer::Impl {
         return ShowTriage(ctx_, principal, req, res);
       case RouteId::kAttempts:
         return ListAttemptsOf(ctx_, principal, req, res);
+      case RouteId::kCreateBatch:
+        return RunIdempotent(ctx_, principal, req, res,
+                             [&] { PreviewOrCreateBatch(ctx_, principal, req, res); });
+      case RouteId::kListBatches:
+        return ListBatches(ctx_, principal, req, res);
+      case RouteId::kShowBatch:
+        return ShowBatch(ctx_, principal, match.key, req, res);
+      case RouteId::kChangeBatch:
+        return RunIdempotent(ctx_, principal, req, res, [&] {
+          ChangeBatch(ctx_, principal, match.key, match.action, req, res);
+        });
       case RouteId::kConsole:
         return ServeConsole(ctx_, match.key, req, res);
     }

@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <functional>
 #include <optional>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -50,44 +52,22 @@ std::optional<AttemptCursor> AttemptCursorOf(const std::string& cursor) {
   return after;
 }
 
-// Reads the RFC 3339 time parameter `name`, when given, into `*at`; false, having
-// answered 400, when it is not one.
-bool TimeParam(const ServerRequest& req, ServerResponse& res, const char* name, Millis* at) {
-  const std::string* text = req.Query(name);
-  if (text == nullptr) return true;
-  auto parsed = ParseRfc3339(*text);
-  if (!parsed) {
-    Send(res, BadRequest(std::string(name) + " must be an RFC 3339 time such as "
-                                             "2026-11-29T08:00:00Z"),
-         req.path);
-    return false;
-  }
-  *at = *parsed;
-  return true;
-}
-
 }  // namespace
 
-void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
-                   ServerResponse& res) {
-  InstanceFilter filter;
-  filter.tenant = TenantOf(principal, req);
-  auto param = [&](const char* name) { return Param(req, name); };
-  auto has = [&](const char* name) { return req.Query(name) != nullptr; };
+std::optional<std::string> ReadInstanceFilter(
+    const std::function<const std::string*(const char*)>& get, InstanceFilter& filter) {
+  auto has = [&](const char* name) { return get(name) != nullptr; };
+  auto param = [&](const char* name) { return *get(name); };
   if (has("workflow")) filter.workflow = param("workflow");
   if (has("state")) {
     auto state = ParseInstanceState(param("state"));
-    if (!state) {
-      return Send(res, BadRequest("state '" + param("state") + "' is not an instance state"),
-                  req.path);
-    }
+    if (!state) return "state '" + param("state") + "' is not an instance state";
     filter.state = *state;
   }
   if (has("error_class")) {
     auto error_class = ParseErrorClass(param("error_class"));
     if (!error_class || *error_class == ErrorClass::kNone) {
-      return Send(res, BadRequest("error_class must be transient, rejected or unknown"),
-                  req.path);
+      return "error_class must be transient, rejected or unknown";
     }
     filter.error_class = *error_class;
   }
@@ -97,48 +77,63 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
     } else if (auto kind = ParseAlertKind(param("alert"))) {
       filter.alert_kind = *kind;
     } else {
-      return Send(res, BadRequest("alert must be 'any' or an alert kind such as "
-                                  "needs_operator"),
-                  req.path);
+      return "alert must be 'any' or an alert kind such as needs_operator";
     }
   }
-  if (!TimeParam(req, res, "created_after", &filter.created_from) ||
-      !TimeParam(req, res, "created_before", &filter.created_to) ||
-      !TimeParam(req, res, "updated_after", &filter.updated_from) ||
-      !TimeParam(req, res, "updated_before", &filter.updated_to)) {
-    return;
+  for (const auto& [name, field] : {std::pair{"created_after", &filter.created_from},
+                                    std::pair{"created_before", &filter.created_to},
+                                    std::pair{"updated_after", &filter.updated_from},
+                                    std::pair{"updated_before", &filter.updated_to}}) {
+    if (!has(name)) continue;
+    auto at = ParseRfc3339(param(name));
+    if (!at) return std::string(name) + " must be an RFC 3339 time such as 2026-11-29T08:00:00Z";
+    *field = *at;
   }
   if (has("definition")) {
     // The pinned definition's hash, whole or a prefix of it (the console shows 12).
     const std::string prefix = absl::AsciiStrToLower(param("definition"));
     if (prefix.size() < 6 || prefix.size() > 64 ||
         prefix.find_first_not_of("0123456789abcdef") != std::string::npos) {
-      return Send(res, BadRequest("definition must be a definition hash or a prefix of it, 6 "
-                                  "to 64 hexadecimal digits"),
-                  req.path);
+      return "definition must be a definition hash or a prefix of it, 6 to 64 hexadecimal digits";
     }
     filter.definition_prefix = prefix;
   }
   if (has("step")) {
-    if (param("step").empty()) return Send(res, BadRequest("step must not be empty"), req.path);
+    if (param("step").empty()) return "step must not be empty";
     filter.step = param("step");
   }
   if (has("step_state")) {
     auto state = ParseStepState(param("step_state"));
     if (!state) {
-      return Send(res, BadRequest("step_state '" + param("step_state") + "' is not a step "
-                                  "state such as unknown or compensation_failed"),
-                  req.path);
+      return "step_state '" + param("step_state") + "' is not a step state such as unknown or "
+             "compensation_failed";
     }
     filter.step_state = *state;
   }
-  if (!WholeNumberParam(req, res, "http_status", 100, 599, &filter.http_status)) return;
+  if (has("http_status")) {
+    const std::string text = param("http_status");
+    const int number = std::atoi(text.c_str());
+    if (number < 100 || number > 599 || std::to_string(number) != text) {
+      return "http_status must be a whole number from 100 to 599";
+    }
+    filter.http_status = number;
+  }
   if (has("key_prefix")) filter.key_prefix = param("key_prefix");
   if (has("external_id")) {
-    if (param("external_id").empty()) {
-      return Send(res, BadRequest("external_id must not be empty"), req.path);
-    }
+    if (param("external_id").empty()) return "external_id must not be empty";
     filter.external_id = param("external_id");
+  }
+  return std::nullopt;
+}
+
+void ListInstances(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res) {
+  InstanceFilter filter;
+  filter.tenant = TenantOf(principal, req);
+  auto param = [&](const char* name) { return Param(req, name); };
+  auto has = [&](const char* name) { return req.Query(name) != nullptr; };
+  if (auto bad = ReadInstanceFilter([&](const char* name) { return req.Query(name); }, filter)) {
+    return Send(res, BadRequest(*bad), req.path);
   }
   if (!WholeNumberParam(req, res, "limit", 1, 1000, &filter.limit)) return;
   if (has("cursor")) {

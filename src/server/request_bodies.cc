@@ -70,6 +70,38 @@ absl::StatusOr<OperatorRequest> ParseActionBody(const std::string& text) {
   return request;
 }
 
+absl::StatusOr<BatchBody> ParseBatchBody(const std::string& text) {
+  WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
+  BatchBody out;
+  std::string action;
+  WS_RETURN_IF_ERROR(StringField(body, "action", &action));
+  WS_RETURN_IF_ERROR(StringField(body, "tenant", &out.tenant));
+  auto parsed = ParseOperatorAction(action);
+  if (!parsed) {
+    return absl::InvalidArgumentError(
+        "'action' must be one of retry, confirm, compensate, skip, close");
+  }
+  if (!body.contains("filter") || !body["filter"].is_object() || body["filter"].empty()) {
+    return absl::InvalidArgumentError(
+        "'filter' is required: an object with at least one filter, e.g. {\"workflow\": "
+        "\"order-to-erp\", \"state\": \"needs_attention\"}");
+  }
+  for (auto it = body["filter"].begin(); it != body["filter"].end(); ++it) {
+    if (!it->is_string()) {
+      return absl::InvalidArgumentError("filter '" + it.key() + "' must be a string");
+    }
+    out.filter[it.key()] = it->get<std::string>();
+  }
+  Json fields = body;
+  for (const char* name : {"action", "tenant", "filter"}) fields.erase(name);
+  WS_ASSIGN_OR_RETURN(out.request, ParseActionBody(JsonText(fields)));
+  out.request.action = *parsed;
+  if (out.request.reason.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError("a reason is required");
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> ParseReasonBody(const std::string& text) {
   WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
   std::string reason;

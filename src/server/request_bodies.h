@@ -1,5 +1,6 @@
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -22,6 +23,15 @@ absl::StatusOr<StartBody> ParseStartBody(const std::string& body);
 // POST /v1/instances/{key}/{action}: {"reason", "step"?, "external_id"?,
 // "happened"?, "response"?}. Fills those fields of an OperatorRequest.
 absl::StatusOr<OperatorRequest> ParseActionBody(const std::string& body);
+
+// POST /v1/batches: {"action", "reason", "filter" (object of strings: the list
+// filters and stopped_at), "tenant"?, and the action's fields as above}.
+struct BatchBody {
+  OperatorRequest request;  // action, reason and the action's fields
+  std::string tenant;       // "" = the token's
+  std::map<std::string, std::string> filter;
+};
+absl::StatusOr<BatchBody> ParseBatchBody(const std::string& body);
 
 // POST /v1/alerts/{id}/acknowledge: {"reason"}. Returns the reason.
 absl::StatusOr<std::string> ParseReasonBody(const std::string& body);

@@ -25,6 +25,11 @@ const RouteSpec kRoutes[] = {
      {"tenant", "key", "step", "limit", "cursor"}},
     {RouteId::kTriage, "GET", Role::kViewer, false, false,
      {"tenant", "workflow", "stuck_after", "limit"}},
+    // A batch needs the role its action needs on one instance (kAct's).
+    {RouteId::kCreateBatch, "POST", Role::kOperator, false, true, {"dry_run"}},
+    {RouteId::kListBatches, "GET", Role::kViewer, false, false, {"tenant", "limit", "cursor"}},
+    {RouteId::kShowBatch, "GET", Role::kViewer, false, false, {"limit", "cursor"}},
+    {RouteId::kChangeBatch, "POST", Role::kOperator, false, true, {}},
     // The console's static files: public, they hold no data (every call they make
     // carries the token).
     {RouteId::kConsole, "GET", Role::kViewer, true, false, {}},
@@ -59,6 +64,20 @@ std::vector<Screened> MatchPath(const std::string& path) {
     add(RouteId::kStart);
   } else if (path == "/v1/alerts") {
     add(RouteId::kListAlerts);
+  } else if (path == "/v1/batches") {
+    add(RouteId::kListBatches);
+    add(RouteId::kCreateBatch);
+  } else if (path.starts_with("/v1/batches/") && path.size() > 12) {
+    const std::string rest = path.substr(12);
+    const size_t slash = rest.find('/');
+    if (slash == std::string::npos) {
+      add(RouteId::kShowBatch, rest);
+    } else {
+      const std::string verb = rest.substr(slash + 1);
+      if (verb == "pause" || verb == "resume" || verb == "cancel") {
+        add(RouteId::kChangeBatch, rest.substr(0, slash), verb);
+      }
+    }
   } else if (path == "/v1/events") {
     add(RouteId::kEvents);
   } else if (path.starts_with("/v1/alerts/") && path.ends_with("/acknowledge") &&

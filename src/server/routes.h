@@ -18,7 +18,8 @@ namespace waystone {
 
 enum class RouteId {
   kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
-  kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts,
+  kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts, kCreateBatch, kListBatches,
+  kShowBatch, kChangeBatch,
 };
 
 struct RouteSpec {
@@ -34,8 +35,8 @@ struct RouteSpec {
 // for the handler.
 struct Screened {
   const RouteSpec* route = nullptr;
-  std::string key;     // instance routes; the alert's public id; the console's file
-  std::string action;  // kAct
+  std::string key;     // instance routes; the alert's or batch's public id; the console's file
+  std::string action;  // kAct; kChangeBatch: pause, resume or cancel
   Principal principal;
 };
 

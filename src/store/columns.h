@@ -228,6 +228,64 @@ void ReadSummaryCounts(const Row& r, StoreSummary* summary) {
   summary->inbox_duplicates = r.Int(12);
 }
 
+inline constexpr char kBatchColumns[] =
+    "id, public_id, tenant, actor, reason, action, action_json, filter_json, state, created_at, "
+    "updated_at";
+
+inline constexpr char kBatchItemColumns[] =
+    "id, batch_id, instance_id, instance_key, state, result_state, message, owner, "
+    "claim_expires_at, tries, applied_at, finished_at, updated_at";
+
+template <typename Row>
+BatchRecord ReadBatch(const Row& r) {
+  BatchRecord b;
+  b.id = r.Int(0);
+  b.public_id = r.Text(1);
+  b.tenant = r.Text(2);
+  b.actor = r.Text(3);
+  b.reason = r.Text(4);
+  b.action = r.Text(5);
+  b.action_json = r.Text(6);
+  b.filter_json = r.Text(7);
+  b.state = static_cast<BatchState>(r.Int(8));
+  b.created_at = r.Int(9);
+  b.updated_at = r.Int(10);
+  return b;
+}
+
+template <typename Row>
+BatchItemRecord ReadBatchItem(const Row& r) {
+  BatchItemRecord i;
+  i.id = r.Int(0);
+  i.batch_id = r.Int(1);
+  i.instance_id = r.Int(2);
+  i.instance_key = r.Text(3);
+  i.state = static_cast<BatchItemState>(r.Int(4));
+  i.result_state = r.Text(5);
+  i.message = r.Text(6);
+  i.owner = r.Text(7);
+  i.claim_expires_at = r.Int(8);
+  i.tries = static_cast<int>(r.Int(9));
+  i.applied_at = r.Int(10);
+  i.finished_at = r.Int(11);
+  i.updated_at = r.Int(12);
+  return i;
+}
+
+// Sets a batch's counts (every item state, zeros included) and total from the
+// (state, count) rows of a GROUP BY over its items.
+inline void SetBatchCounts(BatchRecord& batch,
+                           const std::vector<std::pair<BatchItemState, int64_t>>& rows) {
+  batch.counts.clear();
+  batch.total = 0;
+  for (int i = 1; i <= 9; ++i) batch.counts.push_back({static_cast<BatchItemState>(i), 0});
+  for (const auto& [state, count] : rows) {
+    const int index = static_cast<int>(state) - 1;
+    if (index >= 0 && index < 9) batch.counts[index].second = count;
+    batch.total += count;
+  }
+}
+
 // Reads a (value, count) row of a GROUP BY over an enum column.
 template <typename Enum, typename Row>
 std::pair<Enum, int64_t> ReadCountOf(const Row& r) {

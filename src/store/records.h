@@ -351,6 +351,66 @@ struct InstanceFilter {
   int64_t after_id = 0;                   // cursor: only ids above this, in id order
 };
 
+// A batch: one operator action, with its reason, over the instances a filter
+// matched when it was created (its items; the set never grows).
+struct BatchRecord {
+  int64_t id = 0;
+  std::string public_id;    // what the API shows; random, unique
+  std::string tenant;
+  std::string actor;
+  std::string reason;
+  std::string action;       // retry | confirm | compensate | skip | close
+  std::string action_json;  // the action's fields: {"step": ..., "happened": ...}
+  std::string filter_json;  // the filter as given, for the record
+  BatchState state = BatchState::kRunning;
+  Millis created_at = 0;
+  Millis updated_at = 0;
+  // Items by state (every state, zeros included, in enum order); filled by reads.
+  std::vector<std::pair<BatchItemState, int64_t>> counts;
+  int64_t total = 0;
+};
+
+// One instance of a batch and how the action went on it.
+struct BatchItemRecord {
+  int64_t id = 0;
+  int64_t batch_id = 0;
+  int64_t instance_id = 0;
+  std::string instance_key;
+  BatchItemState state = BatchItemState::kPending;
+  std::string result_state;  // the instance's state when judged (an instance state's name)
+  std::string message;       // why refused or failed; the instance's reason when stopped
+  std::string owner;         // the runner holding a kApplying claim
+  Millis claim_expires_at = 0;
+  int tries = 0;             // times taken (a worker held the instance: taken again)
+  Millis applied_at = 0;
+  Millis finished_at = 0;
+  Millis updated_at = 0;
+};
+
+// A batch to create, with its items.
+struct NewBatch {
+  BatchRecord batch;
+  std::vector<std::pair<int64_t, std::string>> items;  // (instance id, key)
+  Millis now = 0;
+};
+
+// Moves an item from `from` (held by `owner` when from is kApplying) to `to`.
+struct BatchItemUpdate {
+  int64_t item_id = 0;
+  BatchItemState from = BatchItemState::kApplying;
+  std::string owner;
+  BatchItemState to = BatchItemState::kApplied;
+  std::string result_state;
+  std::string message;
+  Millis now = 0;
+};
+
+struct BatchFilter {
+  std::optional<std::string> tenant;
+  int limit = 50;
+  int64_t before_id = 0;  // cursor: only ids below this, newest first; 0: from the newest
+};
+
 // A request made with an HTTP Idempotency-Key, and once finished its response
 // (draft-ietf-httpapi-idempotency-key-header).
 struct ApiRequestRecord {

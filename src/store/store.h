@@ -272,6 +272,52 @@ class MaintenanceStore {
   // Adds `delta` to a database counter (kCounter...).
   virtual absl::Status AddToCounter(const std::string& name, int64_t delta) = 0;
 };
+// Batches of operator actions over a filter's instances, and the claims their
+// runners take on items (so one item is applied by one runner, and a runner that
+// died leaves its claims to expire).
+// One slice of Store (below); thread-safe like it.
+class BatchStore {
+ public:
+  virtual ~BatchStore() = default;
+
+  // Creates the batch (state running) with its pending items, in one transaction;
+  // returns it with its id.
+  virtual absl::StatusOr<BatchRecord> CreateBatch(const NewBatch& batch) = 0;
+
+  // Returns the batch with its counts; NotFound when absent.
+  virtual absl::StatusOr<BatchRecord> GetBatch(int64_t id) = 0;
+  virtual absl::StatusOr<BatchRecord> FindBatch(const std::string& public_id) = 0;
+
+  // Returns batches newest first, with their counts.
+  virtual absl::StatusOr<std::vector<BatchRecord>> ListBatches(const BatchFilter& filter) = 0;
+
+  // Returns up to `limit` items of a batch with ids above `after_id`, in id order.
+  virtual absl::StatusOr<std::vector<BatchItemRecord>> ListBatchItems(int64_t batch_id,
+                                                                      int64_t after_id,
+                                                                      int limit) = 0;
+
+  // Moves the batch from one of `from` to `to`, in one transaction: to kCancelled
+  // also cancels its pending items; to kRunning finishes it when no item is open
+  // (pending, applying, applied). FailedPrecondition when its state is not in `from`.
+  virtual absl::Status ChangeBatchState(int64_t id, const std::vector<BatchState>& from,
+                                        BatchState to, Millis now) = 0;
+
+  // Claims up to `limit` items for `owner` until now + claim_duration: pending items
+  // of running batches, and applying items whose claim expired; oldest batch first.
+  // Each claim counts a try. Concurrent claimers never get the same item.
+  virtual absl::StatusOr<std::vector<BatchItemRecord>> ClaimBatchItems(
+      const std::string& owner, Millis now, Millis claim_duration, int limit) = 0;
+
+  // Returns up to `limit` applied items (of any batch), oldest applied first.
+  virtual absl::StatusOr<std::vector<BatchItemRecord>> AppliedBatchItems(int limit) = 0;
+
+  // Applies `update` when the item is still in `update.from` (and held by
+  // `update.owner` when that is kApplying), then finishes its batch if it is
+  // running and no item is open, in one transaction. FailedPrecondition when the
+  // item moved on (another runner took it).
+  virtual absl::Status UpdateBatchItem(const BatchItemUpdate& update) = 0;
+};
+
 // Store is the durable state of Waystone: every slice above, as one object that
 // OpenStore returns. A component takes the slice (or slices) it uses, so a fake of
 // one is small. Implementations are thread-safe; every method is one transaction.
@@ -284,7 +330,8 @@ class Store : public DefinitionStore,
               public RelayStore,
               public AlertStore,
               public AccessStore,
-              public MaintenanceStore {
+              public MaintenanceStore,
+              public BatchStore {
  public:
   ~Store() override = default;
 };

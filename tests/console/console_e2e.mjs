@@ -665,6 +665,119 @@ try {
       '400 /v1/instances/console%3A1/confirm?dry_run=true&tenant=default',
     ]);
   });
+  // ---- Bulk actions (issue 13 item 6): its own setup, after everything above. ----
+  await check('bulk retry of 20 orders through the dialog after the ERP recovers: preview, batch, each item judged; the API, the audit trail and the ERP agree', async () => {
+    const keys = Array.from({ length: 20 }, (_, i) => `bulk:${i + 1}`);
+    // Twenty orders the ERP refuses until their retries run out: stopped at create-order.
+    await faults({ 'erp.create_order': { fail: 1 } });
+    for (let i = 1; i <= 20; i += 1) {
+      await startOrder('order-to-erp', { source: 'bulk', order_id: String(i), customer_id: `C-${i}`, amount: i });
+    }
+    for (const key of keys) await settles(key, (v) => v.state === 'failed', 90);
+    await faults({});  // the ERP came back
+    const ordersBefore = (await call('GET', `${sim}/_sim/stats`)).body.orders;
+
+    await page.goto(`${base}/console/#/find?state=failed&workflow=order-to-erp`);
+    await until('the 20 stopped orders', async () => /^20 instances/.test(await page.locator('.results').textContent()));
+    await page.getByRole('button', { name: 'Act on these 20 that match…' }).click();
+    const dialog = page.locator('dialog[open]');
+    await dialog.getByLabel('Action').selectOption('retry');
+    await dialog.getByLabel('Step').fill('create-order');
+    await dialog.getByLabel('Step').press('Tab');  // a change: the preview is asked again
+    await until('the preview of 20', async () =>
+      /^20 instances match/.test(await dialog.locator('#batch-count').textContent()) &&
+      (await dialog.locator('details.dry-run').count()) === 5);
+    await dialog.locator('details.dry-run').first().locator('summary').click();
+    assert.match(await dialog.locator('details.dry-run').first().textContent(),
+      /create-order.*Idempotency-Key default:bulk:1:create-order/s);
+    const start = dialog.getByRole('button', { name: 'Start batch' });
+    assert.equal(await start.isDisabled(), true, 'a batch without a reason');
+    assert.equal((await call('GET', `${base}/v1/batches`, { bearer: alice })).body.items.length, 0,
+      'the preview made a batch');
+    await dialog.getByLabel(/Reason/).fill('ERP back after INC-5120');
+    await dialog.screenshot({ path: path.join(out, 'dialog-batch.png') });
+    await axe('dialog-batch');
+    await start.click();
+    await dialog.locator('#batch-link').click();
+    await page.getByRole('heading', { name: /^Batch [0-9a-f]{16}$/ }).waitFor();
+    const id = (await page.getByRole('heading', { level: 1 }).textContent()).replace('Batch ', '');
+    // The view follows the batch until every item has its result.
+    await until('the batch to finish in the view', async () =>
+      /finished/.test(await page.locator('.batch-head').textContent()), 90);
+    await shot('batch');
+    await axe('batch');
+
+    const batch = (await call('GET', `${base}/v1/batches/${id}`, { bearer: alice })).body;
+    assert.equal(batch.state, 'finished');
+    assert.equal(batch.total, 20);
+    assert.equal(batch.actor, 'alice');
+    assert.equal(batch.reason, 'ERP back after INC-5120');
+    assert.deepEqual(batch.filter, { state: 'failed', workflow: 'order-to-erp', stopped_at: 'create-order' });
+    assert.deepEqual(batch.items.map((i) => i.key).sort(), [...keys].sort());
+    for (const item of batch.items) {
+      assert.equal(item.state, 'succeeded', JSON.stringify(item));
+      assert.equal(item.result_state, 'completed', JSON.stringify(item));
+    }
+    for (const key of keys) {
+      const view = await show(key);
+      assert.equal(view.state, 'completed', key);
+      const retries = view.audit.filter((a) => a.action === 'retry');
+      assert.equal(retries.length, 1, `${key}: ${JSON.stringify(view.audit)}`);
+      assert.equal(retries[0].detail.batch, id);
+      assert.equal(retries[0].actor, 'alice');
+      // The ERP's own records: exactly one order under this instance's reference.
+      const erp = await call('GET', `${sim}/erp/orders?ref=${encodeURIComponent(`default:${key}`)}`);
+      assert.equal(erp.body.items.length, 1, `${key}: ${JSON.stringify(erp.body)}`);
+    }
+    assert.equal((await call('GET', `${sim}/_sim/stats`)).body.orders, ordersBefore + 20);
+    // Each item links to its instance.
+    await page.locator('#batch-items').getByRole('link', { name: 'bulk:7', exact: true }).click();
+    await page.getByRole('heading', { name: /bulk:7/, level: 1 }).waitFor();
+    await page.goto(`${base}/console/#/batches`);
+    await page.getByRole('link', { name: id }).waitFor();
+    await shot('batches');
+    await axe('batches');
+  });
+
+  await check('a paused batch takes no item until it is resumed from its view; a viewer is offered no pause', async () => {
+    // The same twenty again: each is completed now, so the retry is refused item by item.
+    const created = await call('POST', `${base}/v1/batches`, { bearer: alice, body: {
+      action: 'retry', step: 'create-order', reason: 'second pass', filter: { key_prefix: 'bulk:' } } });
+    const id = created.body.id;
+    const paused = await call('POST', `${base}/v1/batches/${id}/pause`, { bearer: alice, body: {} });
+    assert.equal(paused.body.state, 'paused');
+    await page.goto(`${base}/console/#/batch/${id}`);
+    await page.locator('.batch-head', { hasText: 'paused' }).waitFor();
+    await page.getByRole('button', { name: 'Resume' }).waitFor();
+    const waiting = async () => (await call('GET', `${base}/v1/batches/${id}`, { bearer: alice })).body.counts;
+    // Items taken before the pause finish; after that none is taken.
+    const settled = await until('the items under way', async () => {
+      const counts = await waiting();
+      return counts.applying === 0 && counts.applied === 0 ? counts : false;
+    });
+    assert.ok(settled.pending > 0, JSON.stringify(settled));
+    await sleep(1500);
+    assert.equal((await waiting()).pending, settled.pending, 'a paused batch took items');
+    await shot('batch-paused');
+    await axe('batch-paused');
+    const viewer = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const vpage = await viewer.newPage();
+    await vpage.goto(`${base}/console/#/batch/${id}`);
+    await vpage.getByLabel('API token').fill(victor);
+    await vpage.getByRole('button', { name: 'Log in' }).click();
+    await vpage.locator('.batch-head', { hasText: 'paused' }).waitFor();
+    assert.equal(await vpage.getByRole('button', { name: /Resume|Pause|Cancel/ }).count(), 0);
+    await viewer.close();
+    await page.getByRole('button', { name: 'Resume' }).click();
+    await until('the resumed batch to finish', async () =>
+      /finished/.test(await page.locator('.batch-head').textContent()), 60);
+    const done = (await call('GET', `${base}/v1/batches/${id}`, { bearer: alice })).body;
+    assert.equal(done.counts.refused, 20, JSON.stringify(done.counts));
+    assert.match(done.items[0].message, /completed/);
+    for (const key of ['bulk:1', 'bulk:20']) {
+      assert.equal((await show(key)).audit.filter((a) => a.action === 'retry').length, 1, key);
+    }
+  });
 } catch (error) {
   failures += 1;
   console.log(`not ok - setting up\n  ${error.stack ?? error}`);

@@ -11,7 +11,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
   absl::Status status;
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0: {
       auto start = waystone::ParseStartBody(body);
       status = start.status();
@@ -21,6 +21,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 1:
       status = waystone::ParseActionBody(body).status();
       break;
+    case 2: {
+      auto batch = waystone::ParseBatchBody(body);
+      status = batch.status();
+      if (batch.ok() && (batch->filter.empty() || batch->request.reason.empty())) std::abort();
+      break;
+    }
     default:
       status = waystone::ParseReasonBody(body).status();
       break;

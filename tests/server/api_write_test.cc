@@ -16,7 +16,10 @@
 #include "base/hex.h"
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
+#include "engine/batch_runner.h"
+#include "engine/catalog.h"
 #include "engine/engine.h"
+#include "engine/operations.h"
 #include "server/api_server.h"
 #include "server/auth.h"
 #include "support/backends.h"
@@ -247,6 +250,28 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
             << calls[i].path << " vs " << planned[i]["rendered_url"];
       }
     }
+  }
+
+  // Runs a batch runner's rounds, driving every instance between them (the test's
+  // engine has no worker pool), until batch `id` is finished; returns its view.
+  Json RunBatch(const std::string& id) {
+    BatchRunner runner(store_.get(), store_.get(), &engine_->operations(), &clock_, "test-runner");
+    Json batch;
+    for (int round = 0; round < 20; ++round) {
+      auto moved = runner.RunOnce();
+      EXPECT_TRUE(moved.ok()) << moved.status();
+      auto instances = store_->ListInstances({});
+      EXPECT_TRUE(instances.ok()) << instances.status();
+      for (const InstanceRecord& r : instances.value_or(std::vector<InstanceRecord>{})) {
+        if (r.state == InstanceState::kRunning) {
+          std::stop_source stop;
+          (void)engine_->RunUntilRest(r.id, stop.get_token());
+        }
+      }
+      batch = Get("/v1/batches/" + id);
+      if (batch["state"] != "running") break;
+    }
+    return batch;
   }
 
   testing::TempDir dir_;
@@ -748,7 +773,22 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
     int status;
   };
   const std::string ack = "/v1/alerts/" + alert + "/acknowledge?dry_run=true";
+  const Json batch = {{"action", "close"}, {"reason", "r"}, {"filter", {{"state", "needs_attention"}}}};
+  Json batch_in_t1 = batch;
+  batch_in_t1["tenant"] = "t1";
+  const std::string preview = "/v1/batches?dry_run=true";
   const std::vector<Case> cases = {
+      {preview, batch.dump(), "none", 401},
+      {preview, batch.dump(), "bad", 401},
+      {preview, batch.dump(), "viewer", 403},
+      {preview, batch.dump(), "operator", 200},
+      {preview, batch.dump(), "operator_t2", 200},  // its own tenant's: none
+      {preview, batch.dump(), "admin", 400},        // must name a tenant
+      {preview, batch_in_t1.dump(), "admin", 200},
+      {preview, batch_in_t1.dump(), "operator_t2", 403},
+      {"/v1/batches/nope/pause", "", "none", 401},
+      {"/v1/batches/nope/pause", "", "viewer", 403},
+      {"/v1/batches/nope/cancel", "", "operator", 404},
       {"/v1/instances", start, "none", 401},
       {"/v1/instances", start, "bad", 401},
       {"/v1/instances", start, "viewer", 403},
@@ -795,7 +835,9 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
   for (const std::string& token : {operator_, admin_}) {
     EXPECT_EQ(Send("GET", "/v1/instances", token).outcome.status, 200);
     EXPECT_EQ(Send("GET", "/v1/alerts", token).outcome.status, 200);
+    EXPECT_EQ(Send("GET", "/v1/batches", token).outcome.status, 200);
   }
+  EXPECT_EQ(Send("GET", "/v1/batches", "").outcome.status, 401);
   EXPECT_EQ(Send("GET", "/v1/openapi.json", "").outcome.status, 200);
 }
 
@@ -1166,7 +1208,9 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/instances/{key}/compensate", "post"}, {"/v1/instances/{key}/skip", "post"},
       {"/v1/instances/{key}/close", "post"}, {"/v1/alerts", "get"},
       {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}, {"/v1/me", "get"},
-      {"/v1/triage", "get"}, {"/v1/attempts", "get"}};
+      {"/v1/triage", "get"}, {"/v1/attempts", "get"}, {"/v1/batches", "get"},
+      {"/v1/batches", "post"}, {"/v1/batches/{id}", "get"}, {"/v1/batches/{id}/pause", "post"},
+      {"/v1/batches/{id}/resume", "post"}, {"/v1/batches/{id}/cancel", "post"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;
@@ -1186,6 +1230,149 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       }
     }
   }
+}
+
+TEST_P(ApiWriteTest, ABatchIsPreviewedCreatedOnceAppliedAndJudgedByWhereEachInstanceRests) {
+  recorder_.Answer("/charge", 422);
+  for (const char* id : {"b1", "b2", "b3"}) ASSERT_EQ(StartAndDrive(id), InstanceState::kNeedsAttention);
+  recorder_.Answer("/charge", 200);
+  ASSERT_EQ(StartAndDrive("b4"), InstanceState::kRunning);  // waiting for its approval
+  recorder_.Answer("/charge", 422);  // still refused: a retry stops again
+  const Json body = {{"action", "retry"},
+                     {"step", "charge"},
+                     {"reason", "card limits raised, INC-7"},
+                     {"filter", {{"state", "needs_attention"}, {"stopped_at", "charge"}}}};
+
+  Json preview = Post("/v1/batches?dry_run=true", body, 200);
+  EXPECT_EQ(preview["count"], 3);
+  EXPECT_EQ(preview["keys"], Json::array({"b1", "b2", "b3"}));
+  ASSERT_EQ(preview["dry_runs"].size(), 3u);
+  EXPECT_EQ(preview["dry_runs"][0]["plan"]["state_after"], "running");
+  EXPECT_EQ(preview["dry_runs"][0]["plan"]["would_execute"][0]["idempotency_key"], "t1:b1:charge");
+  // Another tenant's operator sees none of them.
+  EXPECT_EQ(Post("/v1/batches?dry_run=true", body, 200, operator_t2_)["count"], 0);
+  // A preview changes nothing.
+  EXPECT_TRUE(Get("/v1/batches")["items"].empty());
+  EXPECT_TRUE(Get("/v1/instances/b1")["audit"].empty());
+
+  auto created = Send("POST", "/v1/batches", operator_, body.dump(), {{"Idempotency-Key", "bk-1"}});
+  ASSERT_EQ(created.outcome.status, 201) << created.body;
+  const Json batch = Json::parse(created.body);
+  EXPECT_EQ(batch["total"], preview["count"]);
+  EXPECT_EQ(batch["counts"]["pending"], 3);
+  EXPECT_EQ(batch["actor"], "op1");
+  EXPECT_EQ(batch["state"], "running");
+  auto replayed = Send("POST", "/v1/batches", operator_, body.dump(), {{"Idempotency-Key", "bk-1"}});
+  EXPECT_EQ(Json::parse(replayed.body)["id"], batch["id"]);
+  ASSERT_EQ(Get("/v1/batches")["items"].size(), 1u);  // one batch, not two
+
+  const size_t calls = recorder_.Count("/charge");
+  Json done = RunBatch(batch["id"]);
+  EXPECT_EQ(done["state"], "finished");
+  EXPECT_EQ(done["counts"]["stopped"], 3) << done.dump();
+  EXPECT_EQ(recorder_.Count("/charge"), static_cast<int>(calls) + 3);  // one retry each
+  ASSERT_EQ(done["items"].size(), 3u);
+  for (const Json& item : done["items"]) {
+    EXPECT_EQ(item["state"], "stopped");
+    EXPECT_EQ(item["result_state"], "needs_attention");
+    EXPECT_FALSE(item.value("message", "").empty()) << item.dump();
+  }
+  Json audit = Get("/v1/instances/b2")["audit"];
+  ASSERT_EQ(audit.size(), 1u);
+  EXPECT_EQ(audit[0]["actor"], "op1");
+  EXPECT_EQ(audit[0]["reason"], "card limits raised, INC-7");
+  EXPECT_EQ(audit[0]["detail"]["batch"], batch["id"]);
+  EXPECT_EQ(Get("/v1/instances/b4")["audit"].size(), 0u);  // not in the filter
+
+  // Items are paged; a finished batch is not paused.
+  Json first = Get("/v1/batches/" + batch["id"].get<std::string>() + "?limit=2");
+  ASSERT_EQ(first["items"].size(), 2u);
+  Json second = Get("/v1/batches/" + batch["id"].get<std::string>() + "?limit=2&cursor=" +
+                    first["next_cursor"].get<std::string>());
+  ASSERT_EQ(second["items"].size(), 1u);
+  EXPECT_EQ(second["items"][0]["key"], "b3");
+  EXPECT_EQ(Post("/v1/batches/" + batch["id"].get<std::string>() + "/pause", Json::object(), 409)["type"],
+            "urn:waystone:problem:state-conflict");
+
+  // This time the card goes through: closed batches of one, paused, resumed, cancelled.
+  recorder_.Answer("/charge", 200);
+  const Json close = {{"action", "close"}, {"reason", "duplicate order"}, {"filter", {{"key_prefix", "b1"}}}};
+  Json second_batch = Post("/v1/batches", close, 201);
+  const std::string path = "/v1/batches/" + second_batch["id"].get<std::string>();
+  EXPECT_EQ(Post(path + "/pause", Json::object(), 200)["state"], "paused");
+  EXPECT_EQ(Post(path + "/pause", Json::object(), 409)["status"], 409);
+  BatchRunner runner(store_.get(), store_.get(), &engine_->operations(), &clock_, "test-runner");
+  EXPECT_EQ(*runner.RunOnce(), 0);  // paused: nothing taken
+  EXPECT_EQ(Get("/v1/instances/b1")["state"], "needs_attention");
+  EXPECT_EQ(Post(path + "/resume", Json::object(), 200)["state"], "running");
+  Json closed = RunBatch(second_batch["id"]);
+  EXPECT_EQ(closed["counts"]["succeeded"], 1) << closed.dump();
+  EXPECT_EQ(closed["items"][0]["result_state"], "closed");
+  Json third = Post("/v1/batches", close, 201);  // b1 is closed now: refused
+  Post("/v1/batches/" + third["id"].get<std::string>() + "/cancel", Json::object(), 200);
+  Json cancelled = Get("/v1/batches/" + third["id"].get<std::string>());
+  EXPECT_EQ(cancelled["state"], "cancelled");
+  EXPECT_EQ(cancelled["counts"]["cancelled"], 1);
+  EXPECT_EQ(Get("/v1/batches")["items"].size(), 3u);
+  EXPECT_EQ(Get("/v1/batches", operator_t2_)["items"].size(), 0u);
+  auto hidden = Send("GET", path, operator_t2_);
+  EXPECT_EQ(hidden.outcome.status, 404) << hidden.body;
+}
+
+TEST_P(ApiWriteTest, BadBatchesAreProblemsAndCreateNothing) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("x1"), InstanceState::kNeedsAttention);
+  const Json filter = {{"state", "needs_attention"}};
+  const std::vector<std::pair<Json, std::string>> bad = {
+      {{{"action", "retry"}, {"step", "charge"}, {"filter", filter}}, "a reason is required"},
+      {{{"action", "retry"}, {"reason", "   "}, {"filter", filter}}, "a reason is required"},
+      {{{"action", "explode"}, {"reason", "r"}, {"filter", filter}}, "'action' must be"},
+      {{{"action", "close"}, {"reason", "r"}}, "'filter' is required"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", Json::object()}}, "'filter' is required"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", {{"colour", "red"}}}}, "unknown filter 'colour'"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", {{"state", "sleepy"}}}}, "not an instance state"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", {{"state", 3}}}}, "must be a string"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", filter}, {"colour", "red"}}, "unknown field 'colour'"},
+  };
+  for (const auto& [body, says] : bad) {
+    for (const char* path : {"/v1/batches", "/v1/batches?dry_run=true"}) {
+      Json problem = Post(path, body, 400);
+      EXPECT_NE(problem.value("detail", "").find(says), std::string::npos) << problem.dump();
+    }
+  }
+  Json none = Post("/v1/batches", {{"action", "close"}, {"reason", "r"}, {"filter", {{"key_prefix", "zz"}}}}, 409);
+  EXPECT_NE(none.value("detail", "").find("matches no instance"), std::string::npos);
+  EXPECT_EQ(Post("/v1/batches?dry_run=maybe", {{"action", "close"}}, 400)["status"], 400);
+  auto wrong_type = Send("POST", "/v1/batches", operator_, "{}", {{"Content-Type", "text/plain"}});
+  EXPECT_EQ(wrong_type.outcome.status, 415);
+  EXPECT_EQ(Send("GET", "/v1/batches/nope", viewer_).outcome.status, 404);
+  EXPECT_EQ(Send("GET", "/v1/batches?cursor=nope", viewer_).outcome.status, 400);
+  EXPECT_TRUE(Get("/v1/batches", admin_)["items"].empty());
+  EXPECT_TRUE(Get("/v1/instances/x1")["audit"].empty());
+  EXPECT_EQ(Get("/v1/instances/x1")["state"], "needs_attention");
+}
+
+TEST_P(ApiWriteTest, ABatchOverMoreThanAThousandInstancesIsRefusedAskingToNarrowTheFilter) {
+  auto definition = engine_->catalog().Current("wf");
+  ASSERT_NE(definition, nullptr);
+  for (int i = 0; i < 1001; ++i) {
+    StartRequest start;
+    start.tenant = "t1";
+    start.input_json = Json{{"id", "many-" + std::to_string(i)}}.dump();
+    ASSERT_TRUE(engine_->StartInstance(*definition, start).ok());
+  }
+  const Json body = {{"action", "close"}, {"reason", "too many"}, {"filter", {{"state", "running"}}}};
+  for (const char* path : {"/v1/batches", "/v1/batches?dry_run=true"}) {
+    Json problem = Post(path, body, 422);
+    EXPECT_EQ(problem["type"], "urn:waystone:problem:filter-too-broad");
+    EXPECT_NE(problem.value("detail", "").find("narrow it"), std::string::npos) << problem.dump();
+  }
+  EXPECT_TRUE(Get("/v1/batches")["items"].empty());
+  // A narrower filter is taken.
+  Json narrower = body;
+  narrower["filter"]["key_prefix"] = "many-1";
+  Json preview = Post("/v1/batches?dry_run=true", narrower, 200);
+  EXPECT_EQ(preview["count"], 1 + 10 + 100 + 1);  // many-1, many-1x, many-1xx, many-1000
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ApiWriteTest,

@@ -294,6 +294,72 @@ TEST_F(ServeProcessTest, AKilledServerLosesNoAcceptedRequestAndAppliesNoEventTwi
   EXPECT_EQ(server->Wait(std::chrono::seconds(30)).exit_code, 0);
 }
 
+TEST_F(ServeProcessTest, AServerKilledMidBatchFinishesItAfterTheRestartApplyingEachItemOnce) {
+  constexpr int kOrders = 8;
+  // The fourth order's retry commits, then the server dies before it records the item.
+  auto server = Serve({}, {{"WAYSTONE_CRASH_AT", "batch-applied:bt:4"}});
+  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"fail": 1}})").ok());
+  for (int i = 1; i <= kOrders; ++i) {
+    const Json body = {{"workflow", "order-to-erp"},
+                       {"input", Json::parse(Order("bt", i, "C-" + std::to_string(i)))}};
+    ASSERT_EQ(Send("POST", "/v1/instances", operator_, body.dump(),
+                   {{"Content-Type", "application/json"}}).outcome.status, 201);
+  }
+  for (int i = 1; i <= kOrders; ++i) {
+    // Retries exhausted: stopped at create-order (failed, nothing to compensate).
+    ASSERT_TRUE(testing::WaitFor([&] { return State("bt:" + std::to_string(i)) == "failed"; },
+                                 std::chrono::seconds(90)))
+        << "bt:" << i << " is " << State("bt:" + std::to_string(i));
+  }
+  ASSERT_TRUE(sim_->SetFaults("").ok());  // the ERP came back
+  const Json batch = {{"action", "retry"}, {"step", "create-order"}, {"reason", "ERP back, INC-9"},
+                      {"filter", {{"workflow", "order-to-erp"}, {"stopped_at", "create-order"}}}};
+  auto created = Send("POST", "/v1/batches", operator_, batch.dump(), {{"Content-Type", "application/json"}});
+  ASSERT_EQ(created.outcome.status, 201) << created.body;
+  const std::string id = Json::parse(created.body)["id"];
+  EXPECT_EQ(Json::parse(created.body)["total"], kOrders);
+  ASSERT_EQ(server->Wait(std::chrono::seconds(60)).signal, SIGKILL) << "the crash point did not fire";
+
+  server = Serve();
+  Json done;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto shown = Send("GET", "/v1/batches/" + id, viewer_, "");
+        if (shown.outcome.status != 200) return false;
+        done = Json::parse(shown.body);
+        return done["state"] == "finished";
+      },
+      std::chrono::seconds(120)))
+      << done.dump() << server->Errors();
+  EXPECT_EQ(done["counts"]["succeeded"], kOrders) << done.dump();
+  for (const Json& item : done["items"]) {
+    EXPECT_EQ(item["result_state"], "completed") << item.dump();
+    // One retry per instance, naming the batch, whoever applied it.
+    Json view = Json::parse(Send("GET", "/v1/instances/" + item["key"].get<std::string>(), viewer_, "").body);
+    int retries = 0;
+    for (const Json& audit : view["audit"]) {
+      if (audit["action"] == "retry") {
+        ++retries;
+        EXPECT_EQ(audit["detail"]["batch"], id);
+        EXPECT_EQ(audit["reason"], "ERP back, INC-9");
+      }
+    }
+    EXPECT_EQ(retries, 1) << item["key"];
+  }
+  // What the ERP received: exactly one order per instance.
+  Json stats = Json::parse(sim_->StatsJson());
+  EXPECT_EQ(stats["orders"], kOrders);
+  EXPECT_EQ(stats["duplicate_orders"], 0);
+  for (int i = 1; i <= kOrders; ++i) {
+    HttpRequest find{"GET", sim_->base_url() + "/erp/orders?ref=default:bt:" + std::to_string(i), {}, "", 5000};
+    auto found = http_->Send(find);
+    ASSERT_EQ(found.outcome.status, 200) << found.body;
+    EXPECT_EQ(Json::parse(found.body)["items"].size(), 1u) << "bt:" << i;
+  }
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->Wait(std::chrono::seconds(30)).exit_code, 0);
+}
+
 TEST_F(ServeProcessTest, AnOperatorWorksFromTheCommandLine) {
   auto server = Serve();
   // An order that waits for its approval, which arrives as an event.

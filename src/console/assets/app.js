@@ -1,8 +1,9 @@
 // The console's shell: the login form, the header, and the routes in the URL's
-// hash (#/ triage, #/find?filters, #/instance/TENANT/KEY), so a link opens that
-// exact view.
+// hash (#/ triage, #/find?filters, #/instance/TENANT/KEY, #/batches, #/batch/ID), so a
+// link opens that exact view.
 
 import { api, changedSince, forgetToken, Problem, setToken, token, watchedAnswers } from './api.js';
+import { renderBatch, renderBatches } from './batches.js';
 import { h, show } from './dom.js';
 import { renderFind } from './find.js';
 import { renderInstance } from './instance.js';
@@ -115,13 +116,18 @@ async function render(again) {
   const { path, params } = parseHash();
   for (const link of nav.querySelectorAll('a')) {
     const current = (link.getAttribute('href') === '#/' && path === '/') ||
-      (link.getAttribute('href') === '#/find' && path === '/find');
+      (link.getAttribute('href') === '#/find' && path === '/find') ||
+      (link.getAttribute('href') === '#/batches' && (path === '/batches' || path.startsWith('/batch/')));
     if (current) link.setAttribute('aria-current', 'page'); else link.removeAttribute('aria-current');
   }
   try {
     if (path.startsWith('/instance/')) {
       const [tenant, ...rest] = path.slice('/instance/'.length).split('/');
       await renderInstance(main, me, decodeURIComponent(tenant), decodeURIComponent(rest.join('/')));
+    } else if (path.startsWith('/batch/')) {
+      await renderBatch(main, me, decodeURIComponent(path.slice('/batch/'.length)), params);
+    } else if (path === '/batches') {
+      await renderBatches(main, me, params);
     } else if (path === '/find') {
       await renderFind(main, me, params);
     } else {

@@ -8,7 +8,8 @@ import { actionWords, stateLabel } from './format.js';
 
 const dialog = () => document.getElementById('action-dialog');
 
-function planView(plan) {
+// A dry run's plan: the state it moves to, the steps it changes, the calls that follow.
+export function planView(plan) {
   const execute = plan.would_execute ?? [];
   const skip = plan.would_skip ?? [];
   const changed = plan.changed_steps ?? [];

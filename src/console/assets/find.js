@@ -1,7 +1,8 @@
 // Find: filters of GET /v1/instances, kept in the URL's hash (#/find?state=…), so a
 // link opens exactly this view; server-side pages (next_cursor).
 
-import { api, instancePath, Problem } from './api.js';
+import { api, instancePath, mayAct, Problem } from './api.js';
+import { batchFilter, openBatchDialog } from './batches.js';
 import { h, show } from './dom.js';
 import { instanceHref, stateLabel, time } from './format.js';
 
@@ -106,6 +107,12 @@ export async function renderFind(main, me, params) {
     if (problem instanceof Problem && problem.status === 404) items = [];
     else return show(results, h('p', { class: 'error', role: 'alert' }, problem.message));
   }
+  // A filter (not one exact key) may be acted on as a whole, as a batch.
+  const filter = batchFilter(params);
+  const bulk = mayAct(me) && filter && (items.length > 0 || nextCursor)
+    ? h('p', {}, h('button', { type: 'button', id: 'act-on-these',
+      onclick: () => openBatchDialog(me, filter, params.get('tenant')) },
+      `Act on ${nextCursor ? 'all' : `these ${items.length}`} that match…`)) : null;
   const more = new URLSearchParams(params);
   if (nextCursor) more.set('cursor', nextCursor);
   show(results,
@@ -117,5 +124,6 @@ export async function renderFind(main, me, params) {
         h('td', {}, h('a', { href: instanceHref(i.tenant, i.key) }, i.key)),
         h('td', {}, stateLabel(i.state)), h('td', {}, i.workflow), h('td', {}, i.tenant),
         h('td', {}, i.status_reason), h('td', {}, time(i.updated_at)))))) : null,
+    bulk,
     nextCursor ? h('p', {}, h('a', { href: `#/find?${more}` }, 'Next page →')) : null);
 }

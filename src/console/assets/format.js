@@ -10,6 +10,10 @@ const STATE_WORDS = {
   compensation_failed: 'compensation failed', skipped: 'skipped', waiting: 'waiting',
   open: 'open', acknowledged: 'acknowledged', resolved: 'resolved',
   delivered: 'delivered', parked: 'parked',
+  // batches and their items
+  paused: 'paused', finished: 'finished', cancelled: 'cancelled', applying: 'applying',
+  applied: 'applied, settling', succeeded: 'succeeded', stopped: 'stopped again',
+  unsettled: 'not settled', refused: 'refused',
 };
 
 // A state as a label: its colour never stands alone, the words are always there.

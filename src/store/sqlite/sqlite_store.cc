@@ -1,5 +1,6 @@
 #include "store/sqlite/sqlite_store.h"
 
+
 #include "base/mutex.h"
 #include "store/migration.h"
 #include "store/sqlite/sqlite_rows.h"

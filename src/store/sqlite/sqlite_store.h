@@ -91,6 +91,20 @@ class SqliteStore final : public Store {
                                                         const std::string& id) override;
   absl::Status AddToCounter(const std::string& name, int64_t delta) override;
 
+  absl::StatusOr<BatchRecord> CreateBatch(const NewBatch& batch) override;
+  absl::StatusOr<BatchRecord> GetBatch(int64_t id) override;
+  absl::StatusOr<BatchRecord> FindBatch(const std::string& public_id) override;
+  absl::StatusOr<std::vector<BatchRecord>> ListBatches(const BatchFilter& filter) override;
+  absl::StatusOr<std::vector<BatchItemRecord>> ListBatchItems(int64_t batch_id, int64_t after_id,
+                                                              int limit) override;
+  absl::Status ChangeBatchState(int64_t id, const std::vector<BatchState>& from, BatchState to,
+                                Millis now) override;
+  absl::StatusOr<std::vector<BatchItemRecord>> ClaimBatchItems(const std::string& owner,
+                                                               Millis now, Millis claim_duration,
+                                                               int limit) override;
+  absl::StatusOr<std::vector<BatchItemRecord>> AppliedBatchItems(int limit) override;
+  absl::Status UpdateBatchItem(const BatchItemUpdate& update) override;
+
   // Returns the schema version (the highest applied migration).
   absl::StatusOr<int> SchemaVersion();
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -1218,6 +1219,158 @@ TEST_P(StoreConformanceTest, TheDatabaseMadeItsOwnPublicIdKey) {
   EXPECT_EQ(key->size(), 64u);
   EXPECT_EQ(key->find_first_not_of("0123456789abcdef"), std::string::npos) << *key;
   EXPECT_TRUE(absl::IsNotFound(store_->ServerKey("nothing").status()));
+}
+
+// A batch over `count` instances of tenant t1 (started here), created at 1000.
+BatchRecord MakeBatch(Store& store, const std::string& public_id, int count,
+                      const std::string& tenant = "t1") {
+  NewBatch batch;
+  batch.batch.public_id = public_id;
+  batch.batch.tenant = tenant;
+  batch.batch.actor = "alice";
+  batch.batch.reason = "the ERP came back";
+  batch.batch.action = "retry";
+  batch.batch.action_json = R"({"step":"one"})";
+  batch.batch.filter_json = R"({"state":"needs_attention"})";
+  for (int i = 0; i < count; ++i) {
+    batch.items.push_back({1000 + i, public_id + "-key-" + std::to_string(i)});
+  }
+  batch.now = 1000;
+  auto created = store.CreateBatch(batch);
+  EXPECT_TRUE(created.ok()) << created.status();
+  return created.ok() ? *created : BatchRecord{};
+}
+
+int64_t CountOf(const BatchRecord& batch, BatchItemState state) {
+  for (const auto& [s, n] : batch.counts) {
+    if (s == state) return n;
+  }
+  return -1;
+}
+
+TEST_P(StoreConformanceTest, ABatchKeepsItsItemsAndMovesThroughItsStates) {
+  const BatchRecord first = MakeBatch(*store_, "b1", 3);
+  const BatchRecord other = MakeBatch(*store_, "b2", 1, "t2");
+  EXPECT_EQ(first.total, 3);
+  EXPECT_EQ(CountOf(first, BatchItemState::kPending), 3);
+  EXPECT_EQ(first.state, BatchState::kRunning);
+  auto found = store_->FindBatch("b1");
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->id, first.id);
+  EXPECT_EQ(found->reason, "the ERP came back");
+  EXPECT_EQ(found->action_json, R"({"step":"one"})");
+  EXPECT_TRUE(absl::IsNotFound(store_->FindBatch("nope").status()));
+  EXPECT_TRUE(absl::IsNotFound(store_->GetBatch(first.id + 100).status()));
+
+  auto all = store_->ListBatches({});
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].public_id, "b2");  // newest first
+  BatchFilter of_t1;
+  of_t1.tenant = "t1";
+  EXPECT_EQ(store_->ListBatches(of_t1)->size(), 1u);
+  BatchFilter older;
+  older.before_id = other.id;
+  EXPECT_EQ(store_->ListBatches(older)->front().public_id, "b1");
+
+  auto page = store_->ListBatchItems(first.id, 0, 2);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->size(), 2u);
+  EXPECT_EQ((*page)[0].instance_key, "b1-key-0");
+  EXPECT_EQ((*page)[0].instance_id, 1000);
+  auto rest = store_->ListBatchItems(first.id, page->back().id, 2);
+  ASSERT_EQ(rest->size(), 1u);
+  EXPECT_EQ(rest->front().instance_key, "b1-key-2");
+
+  // Paused: nothing of it is taken; resumed: its items are.
+  ASSERT_TRUE(store_->ChangeBatchState(first.id, {BatchState::kRunning}, BatchState::kPaused, 1100).ok());
+  ASSERT_TRUE(store_->ChangeBatchState(other.id, {BatchState::kRunning}, BatchState::kPaused, 1100).ok());
+  EXPECT_TRUE(store_->ClaimBatchItems("r", 1200, 1000, 10)->empty());
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      store_->ChangeBatchState(first.id, {BatchState::kRunning}, BatchState::kPaused, 1200)));
+  ASSERT_TRUE(store_->ChangeBatchState(first.id, {BatchState::kPaused}, BatchState::kRunning, 1300).ok());
+  auto claimed = store_->ClaimBatchItems("r", 1400, 1000, 2);
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  ASSERT_EQ(claimed->size(), 2u);
+  EXPECT_EQ((*claimed)[0].state, BatchItemState::kApplying);
+  EXPECT_EQ((*claimed)[0].owner, "r");
+  EXPECT_EQ((*claimed)[0].tries, 1);
+
+  // Applied, then judged; the third item stays pending until the cancel.
+  BatchItemUpdate applied{(*claimed)[0].id, BatchItemState::kApplying, "r", BatchItemState::kApplied,
+                          "running", "", 1500};
+  ASSERT_TRUE(store_->UpdateBatchItem(applied).ok());
+  auto waiting = store_->AppliedBatchItems(10);
+  ASSERT_EQ(waiting->size(), 1u);
+  EXPECT_EQ(waiting->front().applied_at, 1500);
+  BatchItemUpdate judged{(*claimed)[0].id, BatchItemState::kApplied, "", BatchItemState::kSucceeded,
+                         "completed", "", 1600};
+  ASSERT_TRUE(store_->UpdateBatchItem(judged).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->UpdateBatchItem(judged)));  // moved on
+  BatchItemUpdate refused{(*claimed)[1].id, BatchItemState::kApplying, "r", BatchItemState::kRefused,
+                          "", "instance 'x' is completed", 1600};
+  ASSERT_TRUE(store_->UpdateBatchItem(refused).ok());
+  EXPECT_EQ(store_->GetBatch(first.id)->state, BatchState::kRunning);  // one is pending
+
+  ASSERT_TRUE(store_->ChangeBatchState(first.id, {BatchState::kRunning, BatchState::kPaused},
+                                       BatchState::kCancelled, 1700).ok());
+  auto cancelled = store_->GetBatch(first.id);
+  EXPECT_EQ(cancelled->state, BatchState::kCancelled);
+  EXPECT_EQ(CountOf(*cancelled, BatchItemState::kSucceeded), 1);
+  EXPECT_EQ(CountOf(*cancelled, BatchItemState::kRefused), 1);
+  EXPECT_EQ(CountOf(*cancelled, BatchItemState::kCancelled), 1);
+  EXPECT_EQ(CountOf(*cancelled, BatchItemState::kPending), 0);
+  auto items = store_->ListBatchItems(first.id, 0, 10);
+  EXPECT_EQ((*items)[0].result_state, "completed");
+  EXPECT_EQ((*items)[0].finished_at, 1600);
+  EXPECT_EQ((*items)[1].message, "instance 'x' is completed");
+  EXPECT_EQ((*items)[2].finished_at, 1700);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->ChangeBatchState(
+      first.id, {BatchState::kPaused}, BatchState::kRunning, 1800)));
+  EXPECT_TRUE(store_->ClaimBatchItems("r", 1900, 1000, 10)->empty());
+}
+
+TEST_P(StoreConformanceTest, AnExpiredBatchClaimIsTakenAgainAndTheLastItemFinishesTheBatch) {
+  const BatchRecord batch = MakeBatch(*store_, "b1", 1);
+  auto a = store_->ClaimBatchItems("runner-a", 2000, 100, 10);
+  ASSERT_EQ(a->size(), 1u);
+  EXPECT_TRUE(store_->ClaimBatchItems("runner-b", 2050, 100, 10)->empty());  // still a's
+  auto b = store_->ClaimBatchItems("runner-b", 2100, 100, 10);
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_EQ(b->front().tries, 2);
+  EXPECT_EQ(b->front().owner, "runner-b");
+  BatchItemUpdate late{a->front().id, BatchItemState::kApplying, "runner-a",
+                       BatchItemState::kApplied, "", "", 2150};
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->UpdateBatchItem(late)));  // not a's any more
+  late.owner = "runner-b";
+  late.to = BatchItemState::kStopped;
+  ASSERT_TRUE(store_->UpdateBatchItem(late).ok());
+  auto finished = store_->GetBatch(batch.id);
+  EXPECT_EQ(finished->state, BatchState::kFinished);
+  EXPECT_EQ(CountOf(*finished, BatchItemState::kStopped), 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->ChangeBatchState(
+      batch.id, {BatchState::kRunning}, BatchState::kPaused, 2200)));
+}
+
+TEST_P(StoreConformanceTest, TwoRunnersClaimingAtOnceNeverTakeTheSameBatchItem) {
+  MakeBatch(*store_, "b1", 60);
+  auto other = Open();
+  std::vector<int64_t> taken[2];
+  auto claim = [&](Store* store, const std::string& owner, std::vector<int64_t>* out) {
+    for (int round = 0; round < 40; ++round) {
+      auto items = store->ClaimBatchItems(owner, 5000, 60'000, 3);
+      ASSERT_TRUE(items.ok()) << items.status();
+      for (const BatchItemRecord& item : *items) out->push_back(item.id);
+    }
+  };
+  std::thread a(claim, store_.get(), "a", &taken[0]);
+  std::thread b(claim, other.get(), "b", &taken[1]);
+  a.join();
+  b.join();
+  std::set<int64_t> distinct(taken[0].begin(), taken[0].end());
+  distinct.insert(taken[1].begin(), taken[1].end());
+  EXPECT_EQ(taken[0].size() + taken[1].size(), 60u);
+  EXPECT_EQ(distinct.size(), 60u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
