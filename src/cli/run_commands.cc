@@ -337,6 +337,7 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   api.read_timeout_seconds = config.read_timeout_seconds;
   api.idempotency_retention = config.idempotency_retention;
   api.events = config.events;
+  api.permissions = config.permissions;
   api.max_connections = config.max_connections;
   api.handler_threads = config.handler_threads;
   global.tenants = config.tenants;

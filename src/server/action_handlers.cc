@@ -48,6 +48,11 @@ void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::s
   if (!tenant) return;
   OperatorRequest request = *body;
   request.action = *ParseOperatorAction(action_name);
+  // Before anything is read or planned: a refused action has no dry run either.
+  if (!Permitted(ctx.options.permissions, principal, *tenant, PermissionOf(request.action), req,
+                 res)) {
+    return;
+  }
   request.actor = principal.token_name;
   request.dry_run = DryRun(req).value_or(false);
   auto result = ctx.engine->operations().Apply(*tenant, key, request);

@@ -79,9 +79,10 @@ void ShowMe(const ApiContext& ctx, const Principal& principal, const ServerReque
 void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                 ServerResponse& res);
 // Why `instance` stopped (reason code, words, step, attempt, next attempt) and the
-// operator actions its state allows next, as GET /v1/triage and /v1/instances/{key}
-// show them.
-nlohmann::json StopJson(const ApiContext& ctx, const InstanceRecord& instance,
+// operator actions its state allows next and `principal` may take, as GET
+// /v1/triage and /v1/instances/{key} show them.
+nlohmann::json StopJson(const ApiContext& ctx, const Principal& principal,
+                        const InstanceRecord& instance,
                         const std::vector<StepRecord>& steps,
                         const std::vector<AlertRecord>& alerts, const TriageOptions& options);
 

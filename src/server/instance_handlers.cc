@@ -179,7 +179,7 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
   // The pinned input, as started (the view carries its hash only).
   Json input = Json::parse(instance->input_json, nullptr, false);
   out["input"] = input.is_discarded() ? Json(instance->input_json) : input;
-  out["stopped"] = StopJson(ctx, *instance, *steps, *alerts, TriageOptions{});
+  out["stopped"] = StopJson(ctx, principal, *instance, *steps, *alerts, TriageOptions{});
   SendJson(res, 200, std::move(out));  // redacted again by SendJson
 }
 

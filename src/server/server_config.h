@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "engine/tenant_policy.h"
+#include "server/permissions.h"
 
 namespace waystone {
 
@@ -43,6 +44,9 @@ struct ServerConfig {
   // Empty: one trust domain.
   std::map<std::string, TenantPolicy> tenants;
   std::map<std::string, int> tenant_lines;  // where each is named, for errors
+  // `permissions:`: what each role may do, per tenant; empty = the defaults
+  // (permissions.h).
+  std::vector<PermissionRule> permissions;
 };
 
 // Parses a config; errors name the file and line. Relative paths are taken from

@@ -476,6 +476,62 @@ try {
       '400 /v1/instances/console%3A1/confirm?dry_run=true&tenant=default',
     ]);
   });
+
+  // Access: a second API-only server on the same database whose permissions narrow
+  // operators of tenant "default" to retry and confirm.
+  await check('permissions: an operator narrowed to retry and confirm is not offered compensate or close, and gets 403 for them', async () => {
+    const narrowPort = await freePort();
+    const narrow = `http://127.0.0.1:${narrowPort}`;
+    fs.writeFileSync(path.join(work, 'narrow.yaml'),
+      `database: ${db}\nlisten: 127.0.0.1:${narrowPort}\ndefinitions: definitions\n` +
+      'permissions:\n  - role: operator\n    tenant: default\n    actions: [retry, confirm]\n');
+    const nora = token('operator', 'nora');
+    start('serve-narrow', ['serve', '--api-only', '--config', path.join(work, 'narrow.yaml')], env);
+    await until('the narrowed server', async () => (await fetch(`${narrow}/readyz`)).ok);
+    const me = (await call('GET', `${narrow}/v1/me`, { bearer: nora })).body;
+    assert.deepEqual(me.actions, ['retry', 'confirm']);
+    // What the same state offers a default operator, on the first server: close too.
+    const full = (await show('console:2')).stopped.next_actions.map((a) => a.action);
+    assert.ok(full.includes('confirm') && full.includes('close'), JSON.stringify(full));
+
+    const narrowed = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const npage = await narrowed.newPage();
+    await npage.goto(`${narrow}/console/#/instance/default/console%3A2`);
+    await npage.getByLabel('API token').fill(nora);
+    await npage.getByRole('button', { name: 'Log in' }).click();
+    await npage.getByRole('heading', { name: /console:2/, level: 1 }).waitFor();
+    const offered = await npage.locator('button.action').evaluateAll((buttons) => buttons.map((b) => b.dataset.action));
+    assert.ok(offered.includes('confirm'), JSON.stringify(offered));
+    for (const action of offered) assert.ok(['retry', 'confirm'].includes(action), JSON.stringify(offered));
+    assert.equal(await npage.locator('button.action-compensate, button.action-close').count(), 0);
+    assert.equal(await npage.getByRole('button', { name: /Acknowledge/ }).count(), 0);
+    assert.doesNotMatch(await npage.locator('.actions-text').textContent(), /ompensate|lose/);
+    await npage.screenshot({ path: path.join(out, 'instance-narrowed-operator.png'), fullPage: true });
+    const before = await show('console:2');
+    for (const action of ['compensate', 'close']) {
+      for (const dry of ['?dry_run=true', '']) {
+        const refused = await call('POST', `${narrow}/v1/instances/console%3A2/${action}${dry}`,
+          { bearer: nora, body: { reason: 'narrowed operator tries' }, ok: false });
+        assert.equal(refused.status, 403, `${action}${dry}`);
+        assert.match(refused.headers.get('content-type'), /problem\+json/);
+        assert.equal(refused.body.action, action);
+        assert.equal(refused.body.role, 'operator');
+      }
+    }
+    // And from the page itself, as a script would: the same 403.
+    const fromPage = await npage.evaluate(async (key) => {
+      const response = await fetch(`/v1/instances/${encodeURIComponent(key)}/close`, {
+        method: 'POST', body: JSON.stringify({ reason: 'from the page' }),
+        headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${sessionStorage.getItem('waystone.token')}` },
+      });
+      return response.status;
+    }, 'console:2');
+    assert.equal(fromPage, 403);
+    const after = await show('console:2');
+    assert.equal(after.state, before.state);
+    assert.deepEqual(after.audit, before.audit);
+    await narrowed.close();
+  });
 } catch (error) {
   failures += 1;
   console.log(`not ok - setting up\n  ${error.stack ?? error}`);

@@ -174,9 +174,14 @@ TEST_P(ApiTest, BadQueriesAreProblemsAndUnknownRoutesToo) {
 
 TEST_P(ApiTest, MeNamesTheTokensNameTenantAndRole) {
   Json me = Json::parse(Get("/v1/me", viewer_t1_).body);
-  EXPECT_EQ(me, (Json{{"token", "v1"}, {"tenant", "t1"}, {"role", "viewer"}}));
+  EXPECT_EQ(me, (Json{{"token", "v1"}, {"tenant", "t1"}, {"role", "viewer"},
+                      {"actions", Json::array()}}));
   Json root = Json::parse(Get("/v1/me", admin_).body);
-  EXPECT_EQ(root, (Json{{"token", "root"}, {"tenant", "*"}, {"role", "admin"}}));
+  // Without a permissions section an admin may do everything, in every tenant.
+  EXPECT_EQ(root, (Json{{"token", "root"}, {"tenant", "*"}, {"role", "admin"},
+                        {"actions", {"retry", "confirm", "compensate", "skip", "close",
+                                     "acknowledge", "see_redacted"}},
+                        {"actions_by_tenant", Json::object()}}));
 }
 
 TEST_P(ApiTest, TriageGroupsOnlyTheTokensTenantByReason) {

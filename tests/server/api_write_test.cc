@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "server/api_server.h"
 #include "server/auth.h"
+#include "server/permissions.h"
 #include "support/backends.h"
 #include "support/process.h"
 
@@ -145,11 +146,18 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
     operator_ = *CreateToken(*store_, "op1", "t1", Role::kOperator, 1);
     operator_t2_ = *CreateToken(*store_, "op2", "t2", Role::kOperator, 1);
     admin_ = *CreateToken(*store_, "root", "*", Role::kAdmin, 1);
+    Restart({});
+  }
+
+  // (Re)starts the server with `permissions`.
+  void Restart(std::vector<PermissionRule> permissions) {
+    server_.reset();
     ApiServerOptions api;
     api.listen = "127.0.0.1:0";
     api.max_body_bytes = 64 * 1024;
     api.events = {{"com.acme.order.received", "wf", "", 1},
                   {"com.acme.approved", "", "/order", 2}};
+    api.permissions = std::move(permissions);
     auto server = ApiServer::Start(api, store_.get(), &clock_, engine_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -197,8 +205,8 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
     return Drive(id);
   }
 
-  InstanceState Drive(const std::string& key) {
-    auto instance = store_->FindInstance("t1", key);
+  InstanceState Drive(const std::string& key, const std::string& tenant = "t1") {
+    auto instance = store_->FindInstance(tenant, key);
     EXPECT_TRUE(instance.ok()) << instance.status();
     std::stop_source stop;
     auto state = engine_->RunUntilRest(instance->id, stop.get_token());
@@ -967,7 +975,7 @@ TEST_P(ApiWriteTest, TriageSaysWhyAndWhatMayFollowAsTheActionsDo) {
   ASSERT_EQ(StartAndDrive("t-refused"), InstanceState::kNeedsAttention);
   recorder_.Answer("/charge", 200);
   ASSERT_EQ(StartAndDrive("t-waiting"), InstanceState::kRunning);
-  Json triage = Get("/v1/triage");
+  Json triage = Get("/v1/triage", operator_);
   std::map<std::string, Json> groups;
   for (const Json& g : triage["groups"]) groups[g["reason"]] = g;
   ASSERT_EQ(groups["needs_operator"]["count"], 1) << triage.dump();
@@ -995,6 +1003,113 @@ TEST_P(ApiWriteTest, TriageSaysWhyAndWhatMayFollowAsTheActionsDo) {
   const Json waiting = groups["waiting_for_event"]["items"][0];
   EXPECT_EQ(waiting["stopped"]["step"], "approval");
   EXPECT_EQ(waiting["stopped"]["overdue"], false);
+}
+
+// The server config's permissions, role x tenant x action: each dry run is refused
+// (403 naming the action and role) exactly where the rules say, or answered as
+// the instance's state allows; a refused action changes nothing; /v1/me and the
+// next actions say the same.
+TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
+  using P = Permission;
+  Restart({{Role::kOperator, "t1", {P::kRetry, P::kConfirm, P::kAcknowledge}, 1},
+           {Role::kOperator, "", {P::kSkip, P::kClose}, 2},
+           {Role::kAdmin, "t2", {P::kRetry}, 3}});
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("m1"), InstanceState::kNeedsAttention);
+  Post("/v1/instances", {{"workflow", "wf"}, {"input", {{"id", "m2"}}}}, 201, operator_t2_);
+  ASSERT_EQ(Drive("m2", "t2"), InstanceState::kNeedsAttention);
+  const std::string alert_t1 = Get("/v1/alerts?state=open", viewer_)["items"][0]["id"];
+  const Json open_t2 = Get("/v1/alerts?state=open&tenant=t2", admin_)["items"];
+  ASSERT_EQ(open_t2.size(), 1u);
+  const std::string alert_t2 = open_t2[0]["id"];
+  ASSERT_NE(alert_t1, alert_t2);
+
+  const std::vector<std::string> actions = {"retry", "confirm", "compensate", "skip", "close",
+                                            "acknowledge"};
+  struct Row {
+    std::string caller;
+    std::string key;        // also the tenant: m1 in t1, m2 in t2
+    std::vector<int> want;  // per action, in the order above
+  };
+  // What each state allows when permitted: confirm is 409 (the outcome is known).
+  const std::vector<Row> rows = {
+      {"op1", "m1", {200, 409, 403, 403, 403, 200}},
+      {"op2", "m2", {403, 403, 403, 200, 200, 403}},
+      {"admin", "m1", {200, 409, 200, 200, 200, 200}},
+      {"admin", "m2", {200, 403, 403, 403, 403, 403}},
+  };
+  const size_t calls_before = recorder_.Calls().size();
+  for (const Row& row : rows) {
+    const std::string token = row.caller == "op1" ? operator_ : row.caller == "op2" ? operator_t2_
+                                                                                   : admin_;
+    const std::string tenant = row.key == "m1" ? "t1" : "t2";
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const std::string& action = actions[i];
+      Json body = {{"reason", "matrix"}};
+      if (action == "retry" || action == "confirm" || action == "skip") body["step"] = "charge";
+      if (action == "confirm") body["happened"] = false;
+      std::string path = action == "acknowledge"
+                             ? "/v1/alerts/" + (tenant == "t1" ? alert_t1 : alert_t2) + "/acknowledge"
+                             : "/v1/instances/" + row.key + "/" + action;
+      path += "?dry_run=true";
+      if (row.caller == "admin" && action != "acknowledge") path += "&tenant=" + tenant;
+      auto response = Send("POST", path, token, body.dump());
+      EXPECT_EQ(response.outcome.status, row.want[i])
+          << row.caller << " " << action << " " << row.key << ": " << response.body;
+      if (row.want[i] == 403) {
+        Json problem = Json::parse(response.body, nullptr, false);
+        EXPECT_EQ(problem["action"], action) << response.body;
+        EXPECT_EQ(problem["role"], row.caller == "admin" ? "admin" : "operator");
+        EXPECT_EQ(problem["tenant"], tenant);
+        EXPECT_NE(problem["detail"].get<std::string>().find("may not " + action),
+                  std::string::npos)
+            << response.body;
+      }
+    }
+  }
+  // Another tenant's instance is still not found when the action is permitted.
+  EXPECT_EQ(Send("POST", "/v1/instances/m2/retry?dry_run=true", operator_,
+                 Json{{"reason", "x"}, {"step", "charge"}}.dump()).outcome.status, 404);
+  EXPECT_EQ(Send("POST", "/v1/instances/m1/close?dry_run=true", operator_t2_,
+                 Json{{"reason", "x"}}.dump()).outcome.status, 404);
+  // Refused for real: nothing changes, nothing is called.
+  EXPECT_EQ(Send("POST", "/v1/instances/m1/close", operator_, Json{{"reason", "x"}}.dump())
+                .outcome.status, 403);
+  Json view = Get("/v1/instances/m1");
+  EXPECT_EQ(view["state"], "needs_attention");
+  EXPECT_TRUE(view["audit"].empty());
+  for (const Json& alert : view["alerts"]) EXPECT_EQ(alert["state"], "open");
+  EXPECT_EQ(recorder_.Calls().size(), calls_before);
+
+  // /v1/me says what each token may do; the next actions are only those.
+  EXPECT_EQ(Get("/v1/me", operator_)["actions"], (Json{"retry", "confirm", "acknowledge"}));
+  EXPECT_EQ(Get("/v1/me", operator_t2_)["actions"], (Json{"skip", "close"}));
+  EXPECT_EQ(Get("/v1/me", viewer_)["actions"], Json::array());
+  Json admin_me = Get("/v1/me", admin_);
+  EXPECT_EQ(admin_me["actions"].size(), 7u) << admin_me.dump();
+  EXPECT_EQ(admin_me["actions_by_tenant"], (Json{{"t2", {"retry"}}}));
+  auto next = [&](const std::string& key, const std::string& tenant, const std::string& token) {
+    std::set<std::string> names;
+    const Json shown =
+        Get("/v1/instances/" + key + (token == admin_ ? "?tenant=" + tenant : ""), token);
+    for (const Json& a : shown["stopped"]["next_actions"]) names.insert(a["action"]);
+    return names;
+  };
+  EXPECT_EQ(next("m1", "t1", operator_), (std::set<std::string>{"retry"}));
+  EXPECT_EQ(next("m2", "t2", operator_t2_), (std::set<std::string>{"skip", "close"}));
+  EXPECT_EQ(next("m1", "t1", admin_),
+            (std::set<std::string>{"retry", "skip", "compensate", "close"}));
+  EXPECT_EQ(next("m2", "t2", admin_), (std::set<std::string>{"retry"}));
+  EXPECT_EQ(next("m1", "t1", viewer_), (std::set<std::string>{}));
+  // Triage too.
+  Json triage = Get("/v1/triage", operator_t2_);
+  for (const Json& group : triage["groups"]) {
+    for (const Json& item : group["items"]) {
+      for (const Json& a : item["stopped"]["next_actions"]) {
+        EXPECT_TRUE(a["action"] == "skip" || a["action"] == "close") << a.dump();
+      }
+    }
+  }
 }
 
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
