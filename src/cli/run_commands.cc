@@ -410,7 +410,17 @@ int TokenList(const GlobalOptions& global, bool json) {
 int TokenRevoke(const GlobalOptions& global, const std::string& name) {
   auto store = OpenStoreFor(global);
   if (!store.ok()) return Fail(store.status());
-  if (auto revoked = (*store)->RevokeToken(name, SystemClock::Get()->NowMillis()); !revoked.ok()) {
+  AuditRecord audit;
+  audit.at = SystemClock::Get()->NowMillis();
+  audit.actor = "waystone token revoke";
+  audit.action = "revoke_token";
+  audit.detail_json = nlohmann::json{{"token", name}}.dump();
+  if (auto tokens = (*store)->ListTokens(); tokens.ok()) {
+    for (const TokenRecord& t : *tokens) {
+      if (t.name == name) audit.tenant = t.tenant;
+    }
+  }
+  if (auto revoked = (*store)->RevokeToken(name, audit); !revoked.ok()) {
     return Fail(revoked);
   }
   std::fprintf(stderr, "waystone: token '%s' revoked; it is refused from now on\n", name.c_str());

@@ -8,6 +8,7 @@
 //   alert_handlers.cc     GET /v1/alerts, POST /v1/alerts/{id}/acknowledge
 //   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
 //   triage_handlers.cc    GET /v1/me, GET /v1/triage; why an instance stopped, what may follow
+//   token_handlers.cc     GET and POST /v1/tokens, POST /v1/tokens/{name}/revoke
 //   console_handlers.cc   GET /console/{file}: the console's files, compiled in
 // Routing, tokens and roles are decided before (api_server.cc, routes.h); the
 // request helpers are request_helpers.h, Idempotency-Key is idempotency.h.
@@ -85,6 +86,16 @@ nlohmann::json StopJson(const ApiContext& ctx, const Principal& principal,
                         const InstanceRecord& instance,
                         const std::vector<StepRecord>& steps,
                         const std::vector<AlertRecord>& alerts, const TriageOptions& options);
+
+// GET /v1/tokens, POST /v1/tokens (the secret shown once), POST
+// /v1/tokens/{name}/revoke (with a reason, audited): admins only, each within its
+// tenant.
+void ListTokens(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                ServerResponse& res);
+void CreateTokenOf(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res);
+void RevokeTokenOf(const ApiContext& ctx, const Principal& principal, const std::string& name,
+                   const ServerRequest& req, ServerResponse& res);
 
 void ServeConsole(const ApiContext& ctx, const std::string& file, const ServerRequest& req,
                   ServerResponse& res);

@@ -150,6 +150,14 @@ class ApiServer::Impl {
         return ShowTriage(ctx_, principal, req, res);
       case RouteId::kAttempts:
         return ListAttemptsOf(ctx_, principal, req, res);
+      case RouteId::kListTokens:
+        return ListTokens(ctx_, principal, req, res);
+      case RouteId::kCreateToken:
+        // Not under Idempotency-Key: a stored answer would keep the token's secret.
+        return CreateTokenOf(ctx_, principal, req, res);
+      case RouteId::kRevokeToken:
+        return RunIdempotent(ctx_, principal, req, res,
+                             [&] { RevokeTokenOf(ctx_, principal, match.key, req, res); });
       case RouteId::kConsole:
         return ServeConsole(ctx_, match.key, req, res);
     }

@@ -24,6 +24,10 @@ const RouteSpec kRoutes[] = {
      {"tenant", "key", "step", "limit", "cursor"}},
     {RouteId::kTriage, "GET", Role::kViewer, false, false,
      {"tenant", "workflow", "stuck_after", "limit"}},
+    // Tokens are managed without an engine: a read-only server serves them too.
+    {RouteId::kListTokens, "GET", Role::kAdmin, false, false, {}},
+    {RouteId::kCreateToken, "POST", Role::kAdmin, false, false, {}},
+    {RouteId::kRevokeToken, "POST", Role::kAdmin, false, false, {}},
     // The console's static files: public, they hold no data (every call they make
     // carries the token).
     {RouteId::kConsole, "GET", Role::kViewer, true, false, {}},
@@ -58,6 +62,12 @@ std::vector<Screened> MatchPath(const std::string& path) {
     add(RouteId::kStart);
   } else if (path == "/v1/alerts") {
     add(RouteId::kListAlerts);
+  } else if (path == "/v1/tokens") {
+    add(RouteId::kListTokens);
+    add(RouteId::kCreateToken);
+  } else if (path.starts_with("/v1/tokens/") && path.ends_with("/revoke") &&
+             path.size() > 11 + 7) {
+    add(RouteId::kRevokeToken, path.substr(11, path.size() - 11 - 7));
   } else if (path == "/v1/events") {
     add(RouteId::kEvents);
   } else if (path.starts_with("/v1/alerts/") && path.ends_with("/acknowledge") &&

@@ -18,7 +18,8 @@ namespace waystone {
 
 enum class RouteId {
   kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
-  kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts,
+  kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts, kListTokens, kCreateToken,
+  kRevokeToken,
 };
 
 struct RouteSpec {
@@ -34,7 +35,7 @@ struct RouteSpec {
 // for the handler.
 struct Screened {
   const RouteSpec* route = nullptr;
-  std::string key;     // instance routes; the alert's public id; the console's file
+  std::string key;     // instance routes; the alert's public id; the console's file; a token's name
   std::string action;  // kAct
   Principal principal;
 };

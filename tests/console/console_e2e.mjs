@@ -532,6 +532,73 @@ try {
     assert.deepEqual(after.audit, before.audit);
     await narrowed.close();
   });
+
+  // Access: an admin of tenant "default" creates a token in the Tokens view,
+  // revokes it there with a reason, and the token is refused from then on.
+  await check('tokens: only an admin is offered the view; it creates a token, revokes it with a reason, and that token then gets 401', async () => {
+    const ada = token('admin', 'ada');
+    const operatorView = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const opage = await operatorView.newPage();
+    await opage.goto(`${base}/console/`);
+    await opage.getByLabel('API token').fill(alice);
+    await opage.getByRole('button', { name: 'Log in' }).click();
+    await opage.getByRole('navigation').getByRole('link', { name: 'Triage' }).waitFor();
+    assert.equal(await opage.getByRole('link', { name: 'Tokens' }).count(), 0, 'an operator is offered Tokens');
+    await operatorView.close();
+    assert.equal((await call('GET', `${base}/v1/tokens`, { bearer: alice, ok: false })).status, 403);
+
+    const adminView = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const apage = await adminView.newPage();
+    const errors = [];
+    apage.on('pageerror', (error) => errors.push(String(error)));
+    await apage.goto(`${base}/console/`);
+    await apage.getByLabel('API token').fill(ada);
+    await apage.getByRole('button', { name: 'Log in' }).click();
+    await apage.getByRole('link', { name: 'Tokens' }).click();
+    await apage.getByRole('heading', { name: 'Tokens', level: 1 }).waitFor();
+    for (const name of ['alice', 'victor', 'ada']) {
+      assert.equal(await apage.locator(`tr[data-token="${name}"]`).count(), 1, name);
+    }
+    await apage.getByLabel('Name').fill('temp-operator');
+    await apage.getByLabel('Role').selectOption('operator');
+    await apage.getByRole('button', { name: 'Create' }).click();
+    const secret = await apage.locator('#token-secret code.secret').textContent();
+    assert.match(secret, /^wst_[0-9a-f]{64}$/);
+    assert.equal((await call('GET', `${base}/v1/me`, { bearer: secret })).body.token, 'temp-operator');
+    await apage.locator('tr[data-token="temp-operator"]').waitFor();
+    assert.doesNotMatch(await apage.locator('#token-list').textContent(), new RegExp(secret.slice(4, 20)));
+    await apage.screenshot({ path: path.join(out, 'tokens.png'), fullPage: true });
+    await apage.evaluate(axeSource);
+    const result = await apage.evaluate(async () => window.axe.run(document, {
+      runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] },
+    }));
+    assert.deepEqual(result.violations.map((v) => `${v.id}: ${v.help}`), [], 'axe on tokens');
+
+    await apage.getByRole('button', { name: 'Revoke temp-operator' }).click();
+    const dialog = apage.locator('dialog[open]');
+    await dialog.getByRole('button', { name: 'Revoke' }).click();  // no reason yet: nothing sent
+    assert.equal((await call('GET', `${base}/v1/me`, { bearer: secret })).status, 200);
+    await dialog.getByLabel(/Reason/).fill('rotated after the drill');
+    await dialog.getByRole('button', { name: 'Revoke' }).click();
+    await dialog.getByText('Token temp-operator is revoked.').waitFor();
+    await dialog.getByRole('button', { name: 'Done' }).click();
+    const row = apage.locator('tr[data-token="temp-operator"]');
+    await until('the list to show the revocation', async () => /rotated after the drill/.test(await row.textContent()));
+    assert.match(await row.textContent(), /revoked.*by ada: rotated after the drill/i);
+    assert.equal(await row.getByRole('button', { name: /Revoke/ }).count(), 0);
+    await apage.screenshot({ path: path.join(out, 'tokens-revoked.png'), fullPage: true });
+    const refused = await call('GET', `${base}/v1/me`, { bearer: secret, ok: false });
+    assert.equal(refused.status, 401);
+    // The API agrees, and names who revoked it and why.
+    const listed = (await call('GET', `${base}/v1/tokens`, { bearer: ada })).body.items;
+    const temp = listed.find((t) => t.name === 'temp-operator');
+    assert.equal(temp.state, 'revoked');
+    assert.equal(temp.revoked_by, 'ada');
+    assert.equal(temp.revoke_reason, 'rotated after the drill');
+    assert.ok(listed.every((t) => !('token' in t) && !('hash' in t) && !('id' in t)));
+    assert.deepEqual(errors, []);
+    await adminView.close();
+  });
 } catch (error) {
   failures += 1;
   console.log(`not ok - setting up\n  ${error.stack ?? error}`);

@@ -745,6 +745,7 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
     int status;
   };
   const std::string ack = "/v1/alerts/" + alert + "/acknowledge?dry_run=true";
+  const std::string token = Json{{"name", "matrix"}, {"role", "viewer"}, {"tenant", "t1"}}.dump();
   const std::vector<Case> cases = {
       {"/v1/instances", start, "none", 401},
       {"/v1/instances", start, "bad", 401},
@@ -769,6 +770,17 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
       {"/v1/events", event, "viewer", 403},
       {"/v1/events", event, "operator_t2", 200},
       {"/v1/events", event, "admin", 400},  // the event must name its tenant
+      {"/v1/tokens", token, "none", 401},
+      {"/v1/tokens", token, "bad", 401},
+      {"/v1/tokens", token, "viewer", 403},
+      {"/v1/tokens", token, "operator", 403},
+      {"/v1/tokens", token, "operator_t2", 403},
+      {"/v1/tokens", token, "admin", 201},
+      {"/v1/tokens/matrix/revoke", close, "none", 401},
+      {"/v1/tokens/matrix/revoke", close, "viewer", 403},
+      {"/v1/tokens/matrix/revoke", close, "operator", 403},
+      {"/v1/tokens/matrix/revoke", close, "admin", 200},
+      {"/v1/tokens/matrix/revoke", close, "admin", 409},  // revoked already
   };
   for (const Case& c : cases) {
     const std::string token = c.caller == "bad"           ? "wst_not-a-token"
@@ -1112,6 +1124,85 @@ TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
   }
 }
 
+// Tokens from the API: an admin lists them (never a hash), creates one (its
+// secret shown once, never stored) and revokes one with a reason (audited, then
+// 401); an admin of one tenant sees and manages only that tenant's tokens.
+TEST_P(ApiWriteTest, AdminsListCreateAndRevokeTokensWithinTheirTenant) {
+  const std::string admin_t1 = *CreateToken(*store_, "admin1", "t1", Role::kAdmin, 1);
+  auto names = [&](const std::string& token) {
+    std::set<std::string> out;
+    const Json listed = Get("/v1/tokens", token);
+    for (const Json& t : listed["items"]) out.insert(t["name"]);
+    return out;
+  };
+  EXPECT_EQ(names(admin_), (std::set<std::string>{"admin1", "op1", "op2", "root", "viewer1"}));
+  EXPECT_EQ(names(admin_t1), (std::set<std::string>{"admin1", "op1", "viewer1"}));
+  auto listing = Send("GET", "/v1/tokens", admin_);
+  auto stored = store_->ListTokens();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  for (const TokenRecord& t : *stored) {
+    EXPECT_EQ(listing.body.find(t.token_hash.substr(0, 12)), std::string::npos) << t.name;
+  }
+  Json op1;
+  const Json listed = Json::parse(listing.body);
+  for (const Json& t : listed["items"]) {
+    if (t["name"] == "op1") op1 = t;
+  }
+  EXPECT_EQ(op1, (Json{{"name", "op1"}, {"tenant", "t1"}, {"role", "operator"},
+                       {"state", "active"}, {"created_at", "1970-01-01T00:00:00.001Z"},
+                       {"expires_at", nullptr}, {"revoked_at", nullptr}}));
+
+  // Create: within the admin's tenant only; only '*' admins make '*' tokens.
+  Json made = Post("/v1/tokens", {{"name", "night-op"}, {"role", "operator"}, {"expires", "1h"}},
+                   201, admin_t1);
+  EXPECT_EQ(made["tenant"], "t1");
+  EXPECT_EQ(made["role"], "operator");
+  EXPECT_EQ(made["expires_at"], "2023-11-14T23:13:20.000Z");
+  const std::string secret = made["token"];
+  EXPECT_TRUE(secret.starts_with("wst_")) << secret;
+  EXPECT_EQ(Get("/v1/me", secret)["token"], "night-op");
+  EXPECT_EQ(Send("GET", "/v1/tokens", admin_).body.find(secret.substr(4)), std::string::npos);
+  stored = store_->ListTokens();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  for (const TokenRecord& t : *stored) {
+    EXPECT_EQ(t.token_hash.find(secret.substr(4)), std::string::npos);
+  }
+  Post("/v1/tokens", {{"name", "x"}, {"role", "viewer"}, {"tenant", "t2"}}, 403, admin_t1);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "admin"}, {"tenant", "*"}}, 403, admin_t1);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "operator"}, {"tenant", "*"}}, 400, admin_);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "god"}, {"tenant", "t2"}}, 400, admin_);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "viewer"}, {"expires", "soon"}}, 400, admin_t1);
+  Post("/v1/tokens", {{"name", "night-op"}, {"role", "viewer"}}, 409, admin_t1);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "viewer"}, {"hash", "h"}}, 400, admin_t1);
+  Post("/v1/tokens", {{"name", "all-admin"}, {"role", "admin"}, {"tenant", "*"}}, 201, admin_);
+  EXPECT_EQ(names(admin_t1), (std::set<std::string>{"admin1", "night-op", "op1", "viewer1"}));
+
+  // Revoke: a reason is required; another tenant's token is not found.
+  Post("/v1/tokens/op2/revoke", {{"reason", "left"}}, 404, admin_t1);
+  Post("/v1/tokens/op1/revoke", Json::object(), 400, admin_t1);
+  Post("/v1/tokens/op1/revoke", {{"reason", "x"}}, 403, operator_);
+  EXPECT_EQ(Send("GET", "/v1/me", operator_).outcome.status, 200);
+  Json revoked = Post("/v1/tokens/op1/revoke", {{"reason", "laptop lost, INC-7"}}, 200, admin_t1);
+  EXPECT_EQ(revoked["state"], "revoked");
+  EXPECT_EQ(Send("GET", "/v1/me", operator_).outcome.status, 401);
+  EXPECT_EQ(Send("GET", "/v1/me", operator_t2_).outcome.status, 200);
+  Post("/v1/tokens/op1/revoke", {{"reason", "again"}}, 409, admin_);
+  const Json after = Get("/v1/tokens", admin_);
+  for (const Json& t : after["items"]) {
+    if (t["name"] != "op1") continue;
+    EXPECT_EQ(t["state"], "revoked");
+    EXPECT_EQ(t["revoked_by"], "admin1");
+    EXPECT_EQ(t["revoke_reason"], "laptop lost, INC-7");
+  }
+  auto audit = store_->ListAudit(0);
+  ASSERT_TRUE(audit.ok()) << audit.status();
+  ASSERT_EQ(audit->size(), 1u);
+  EXPECT_EQ((*audit)[0].actor, "admin1");
+  EXPECT_EQ((*audit)[0].tenant, "t1");
+  EXPECT_EQ((*audit)[0].action, "revoke_token");
+  EXPECT_EQ((*audit)[0].reason, "laptop lost, INC-7");
+}
+
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   auto response = Send("GET", "/v1/openapi.json", "");
   ASSERT_EQ(response.outcome.status, 200);
@@ -1125,7 +1216,8 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/instances/{key}/compensate", "post"}, {"/v1/instances/{key}/skip", "post"},
       {"/v1/instances/{key}/close", "post"}, {"/v1/alerts", "get"},
       {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}, {"/v1/me", "get"},
-      {"/v1/triage", "get"}, {"/v1/attempts", "get"}};
+      {"/v1/triage", "get"}, {"/v1/attempts", "get"}, {"/v1/tokens", "get"},
+      {"/v1/tokens", "post"}, {"/v1/tokens/{name}/revoke", "post"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;
@@ -1134,7 +1226,7 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   for (auto it = doc["paths"].begin(); it != doc["paths"].end(); ++it) {
     std::string path = it.key();
     for (const auto& [from, to] : {std::pair<std::string, std::string>{"{key}", "nobody"},
-                                   {"{id}", "999"}}) {
+                                   {"{id}", "999"}, {"{name}", "nobody"}}) {
       if (auto at = path.find(from); at != std::string::npos) path.replace(at, from.size(), to);
     }
     for (auto m = it.value().begin(); m != it.value().end(); ++m) {

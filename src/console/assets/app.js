@@ -1,11 +1,12 @@
 // The console's shell: the login form, the header, and the routes in the URL's
-// hash (#/ triage, #/find?filters, #/instance/TENANT/KEY), so a link opens that
+// hash (#/ triage, #/find?filters, #/instance/TENANT/KEY, #/tokens), so a link opens that
 // exact view.
 
 import { api, forgetToken, Problem, setToken, token } from './api.js';
 import { h, show } from './dom.js';
 import { renderFind } from './find.js';
 import { renderInstance } from './instance.js';
+import { renderTokens } from './tokens.js';
 import { renderTriage } from './triage.js';
 
 const main = document.getElementById('main');
@@ -50,6 +51,8 @@ function renderLogin(message) {
 async function start() {
   me = await api('/v1/me');
   nav.hidden = false;
+  // Tokens are an admin's: not offered to anyone else (the server refuses them anyway).
+  document.getElementById('nav-tokens').hidden = me.role !== 'admin';
   logout.hidden = false;
   show(who, `${me.token} · ${me.role} · tenant ${me.tenant === '*' ? 'all' : me.tenant}`);
   await route();
@@ -69,14 +72,15 @@ async function route() {
   if (!me) return start();
   const { path, params } = parseHash();
   for (const link of nav.querySelectorAll('a')) {
-    const current = (link.getAttribute('href') === '#/' && path === '/') ||
-      (link.getAttribute('href') === '#/find' && path === '/find');
+    const current = link.getAttribute('href') === `#${path}`;
     if (current) link.setAttribute('aria-current', 'page'); else link.removeAttribute('aria-current');
   }
   try {
     if (path.startsWith('/instance/')) {
       const [tenant, ...rest] = path.slice('/instance/'.length).split('/');
       await renderInstance(main, me, decodeURIComponent(tenant), decodeURIComponent(rest.join('/')));
+    } else if (path === '/tokens') {
+      await renderTokens(main, me);
     } else if (path === '/find') {
       await renderFind(main, me, params);
     } else {
