@@ -263,7 +263,8 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     auto started = ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get(), &engine);
     if (!started.ok()) return Fail(started.status());
     api = std::move(*started);
-    std::printf("api on http://127.0.0.1:%d\n", api->port());
+    std::printf("api on %s://127.0.0.1:%d\n",
+                api_options.tls_cert_file.empty() ? "http" : "https", api->port());
     std::fflush(stdout);
   }
   std::unique_ptr<MetricsServer> metrics;
@@ -338,6 +339,8 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   api.idempotency_retention = config.idempotency_retention;
   api.events = config.events;
   api.permissions = config.permissions;
+  api.tls_cert_file = options.tls_cert.empty() ? config.tls_cert_file : options.tls_cert;
+  api.tls_key_file = options.tls_key.empty() ? config.tls_key_file : options.tls_key;
   api.max_connections = config.max_connections;
   api.handler_threads = config.handler_threads;
   global.tenants = config.tenants;

@@ -44,6 +44,8 @@ class ApiServer::Impl {
     front_options_.max_connections = options.max_connections;
     front_options_.handler_threads = options.handler_threads;
     front_options_.health_path = "/healthz";
+    front_options_.tls_cert_file = options.tls_cert_file;
+    front_options_.tls_key_file = options.tls_key_file;
     auto started = HttpFront::Start(front_options_, MakeScreen(), MakeHandle());
     if (!started.ok()) return started.status();
     front_ = std::move(*started);

@@ -20,7 +20,7 @@ class ConfigReader : public YamlConfig {
     static const std::set<std::string> kFields = {
         "database", "listen", "workers", "max_in_flight", "definitions", "relay_config", "secrets_file", "lease",
         "step_key_retention",
-        "api", "events", "tenants", "metrics_listen", "permissions"};
+        "api", "events", "tenants", "metrics_listen", "permissions", "tls"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     config.database = Text(root, "database");
     config.listen = Text(root, "listen");
@@ -38,6 +38,17 @@ class ConfigReader : public YamlConfig {
       if (!parsed || *parsed < 1000) {
         return Error(root["step_key_retention"],
                      "'step_key_retention' must be a duration of at least 1s, such as 30d");
+      }
+    }
+    if (const YAML::Node tls = root["tls"]) {
+      if (!tls.IsMap()) return Error(tls, "'tls' is a mapping with 'cert_file' and 'key_file'");
+      if (auto status = CheckFields(tls, {"cert_file", "key_file"}, "tls"); !status.ok()) {
+        return status;
+      }
+      config.tls_cert_file = Path(Text(tls, "cert_file"));
+      config.tls_key_file = Path(Text(tls, "key_file"));
+      if (config.tls_cert_file.empty() || config.tls_key_file.empty()) {
+        return Error(tls, "'tls' needs both 'cert_file' and 'key_file' (PEM files)");
       }
     }
     if (const YAML::Node workers = root["workers"]) {

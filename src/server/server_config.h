@@ -31,6 +31,8 @@ struct ServerConfig {
   std::string definitions;   // folder of workflow definitions
   std::string relay_config;  // relay config file: deliver outbox events too
   std::string metrics_listen;  // host:port of a token-less /metrics; "" = none
+  std::string tls_cert_file;   // `tls: {cert_file, key_file}`: serve HTTPS; "" = HTTP
+  std::string tls_key_file;
   std::string secrets_file;
   std::string lease;         // duration text, e.g. "30s"
   std::string step_key_retention;  // duration text; "" = not set

@@ -16,6 +16,7 @@ max_in_flight: 5000
 lease: 45s
 step_key_retention: 30d
 definitions: defs
+tls: { cert_file: tls/cert.pem, key_file: /secure/key.pem }
 api: { max_body_bytes: 65536, read_timeout: 5s, idempotency_retention: 2h }
 events:
   - type: a.start
@@ -28,13 +29,15 @@ events:
   EXPECT_EQ(config->workers, 4);
   EXPECT_EQ(config->max_in_flight, 5000);
   EXPECT_EQ(config->definitions, "/etc/waystone/defs");
+  EXPECT_EQ(config->tls_cert_file, "/etc/waystone/tls/cert.pem");
+  EXPECT_EQ(config->tls_key_file, "/secure/key.pem");
   EXPECT_EQ(config->max_body_bytes, 65536u);
   EXPECT_EQ(config->read_timeout_seconds, 5);
   EXPECT_EQ(config->idempotency_retention, 2 * 3600 * 1000);
   ASSERT_EQ(config->events.size(), 2u);
   EXPECT_EQ(config->events[0].start, "wf");
   EXPECT_EQ(config->events[1].signal_key, "/ref");
-  EXPECT_EQ(config->events[1].line, 11);
+  EXPECT_EQ(config->events[1].line, 12);
   EXPECT_EQ(config->step_key_retention, "30d");
 }
 
@@ -63,6 +66,8 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
       {"listen: [\n", "c.yaml:2: malformed YAML"},
       {"lease: forever\n", "'lease'"},
       {"permissions: { role: operator }\n", "c.yaml:1: 'permissions' is a list"},
+      {"tls: { cert_file: c.pem }\n", "c.yaml:1: 'tls' needs both 'cert_file' and 'key_file'"},
+      {"tls: { cert_file: c.pem, key_file: k.pem, ca: x }\n", "unknown field 'ca'"},
       {"permissions:\n  - { role: god, actions: [retry] }\n", "c.yaml:2: a permission needs 'role'"},
       {"permissions:\n  - { role: operator }\n", "c.yaml:2: a permission needs 'actions'"},
       {"permissions:\n  - role: operator\n    actions: [retry, delete]\n",
