@@ -8,6 +8,7 @@
 #include "engine/operator_plan.h"
 #include "server/api_handlers.h"
 #include "server/permissions.h"
+#include "server/redaction.h"
 #include "server/request_helpers.h"
 #include "server/triage.h"
 #include "server/wire.h"
@@ -152,6 +153,7 @@ void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerR
       if (++counts[why.reason] > per_group) continue;
       Json item = wire::InstanceSummary(instance);
       item["stopped"] = StopJson(ctx, principal, instance, *steps, *alerts, options);
+      RedactFor(ctx, principal, instance, *steps, item);
       items[why.reason].push_back(std::move(item));
     }
   }

@@ -599,6 +599,47 @@ try {
     assert.deepEqual(errors, []);
     await adminView.close();
   });
+
+  // Access: a workflow whose definition redacts the customer's phone, registered by
+  // a third API-only server; a viewer sees "[redacted]", an admin the number.
+  await check('redaction: the pinned input shows a redacted value as [redacted] to a viewer and in full to an admin', async () => {
+    const redactPort = await freePort();
+    const redactBase = `http://127.0.0.1:${redactPort}`;
+    const folder = path.join(work, 'definitions-redacted');
+    fs.mkdirSync(folder);
+    fs.writeFileSync(path.join(folder, 'console-redacted.yaml'),
+      'workflow: console-redacted\nkey: "redacted:{{input.order_id}}"\nredact: [/customer/phone]\n' +
+      'steps:\n  - name: approval\n    wait: { event: com.example.approved }\n');
+    fs.writeFileSync(path.join(work, 'redacted.yaml'),
+      `database: ${db}\nlisten: 127.0.0.1:${redactPort}\ndefinitions: definitions-redacted\n`);
+    start('serve-redacted', ['serve', '--api-only', '--config', path.join(work, 'redacted.yaml')], env);
+    await until('the redacting server', async () => (await fetch(`${redactBase}/readyz`)).ok);
+    const phone = '+81-90-5555-0101';
+    await call('POST', `${redactBase}/v1/instances`, { bearer: alice,
+      body: { workflow: 'console-redacted', input: { order_id: '1', customer: { phone } } } });
+    const ada = token('admin', 'ada-redact');
+    const url = `${redactBase}/console/#/instance/default/redacted%3A1`;
+    const seen = {};
+    for (const [who, bearer] of [['victor', victor], ['ada', ada]]) {
+      const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+      const p = await context.newPage();
+      await p.goto(url);
+      await p.getByLabel('API token').fill(bearer);
+      await p.getByRole('button', { name: 'Log in' }).click();
+      await p.getByRole('heading', { name: /redacted:1/, level: 1 }).waitFor();
+      await p.getByText('Input (pinned)').click();
+      seen[who] = await p.locator('pre.input').textContent();
+      await p.screenshot({ path: path.join(out, `instance-redacted-${who}.png`), fullPage: true });
+      await context.close();
+    }
+    assert.match(seen.victor, /"phone": "\[redacted\]"/);
+    assert.doesNotMatch(seen.victor, /5555/);
+    assert.match(seen.ada, new RegExp(`"phone": "\\${phone}"`));
+    // The API says the same to the viewer; the store keeps the number.
+    const viewed = (await call('GET', `${redactBase}/v1/instances/redacted%3A1`, { bearer: victor })).body;
+    assert.equal(viewed.input.customer.phone, '[redacted]');
+    assert.equal(viewed.input.order_id, '1');
+  });
 } catch (error) {
   failures += 1;
   console.log(`not ok - setting up\n  ${error.stack ?? error}`);

@@ -1203,6 +1203,70 @@ TEST_P(ApiWriteTest, AdminsListCreateAndRevokeTokensWithinTheirTenant) {
   EXPECT_EQ((*audit)[0].reason, "laptop lost, INC-7");
 }
 
+// A definition's redact list: tokens without see_redacted see "[redacted]" for the
+// input's phone and for the ERP's order id wherever it is shown (the external id,
+// the requests, triage); admins and a viewer granted see_redacted see them.
+TEST_P(ApiWriteTest, RedactedValuesAreHiddenFromTokensWithoutSeeRedacted) {
+  auto definition = LoadDefinitionText(R"(workflow: wfr
+key: "{{input.ref}}"
+redact: [/customer/phone, /id]
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "{{env.REC_URL}}/create", body: { phone: "{{input.customer.phone}}" }, timeout: 2s }
+    result: { external_id: "/id" }
+    retry: { max_attempts: 1 }
+  - name: charge
+    recovery: manual
+    request: { method: POST, url: "{{env.REC_URL}}/charge", timeout: 2s }
+    retry: { max_attempts: 1 }
+)", "wfr.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  ASSERT_TRUE(engine_->Register(*definition).ok());
+  Restart({{Role::kViewer, "t2", {Permission::kSeeRedacted}, 1}});
+  const std::string viewer_t2 = *CreateToken(*store_, "viewer2", "t2", Role::kViewer, 1);
+  recorder_.Answer("/charge", 422);
+  const std::string phone = "+81-90-5555-0101";
+  for (const std::string& token : {operator_, operator_t2_}) {
+    Post("/v1/instances",
+         {{"workflow", "wfr"}, {"input", {{"ref", "r1"}, {"customer", {{"phone", phone}}}}}}, 201,
+         token);
+  }
+  ASSERT_EQ(Drive("r1", "t1"), InstanceState::kNeedsAttention);
+  ASSERT_EQ(Drive("r1", "t2"), InstanceState::kNeedsAttention);
+  // The order id the ERP gave, from the recorder's own answers: X-1 or X-3 per tenant.
+  const Json admin_view = Get("/v1/instances/r1?tenant=t1", admin_);
+  const std::string order = admin_view["steps"][0]["external_id"];
+  ASSERT_TRUE(order.starts_with("X-")) << admin_view.dump();
+  EXPECT_EQ(admin_view["input"]["customer"]["phone"], phone);
+
+  for (const std::string& token : {viewer_, operator_}) {
+    const Json view = Get("/v1/instances/r1", token);
+    EXPECT_EQ(view["input"]["customer"]["phone"], "[redacted]");
+    EXPECT_EQ(view["input"]["ref"], "r1");
+    EXPECT_EQ(view["key"], "r1");
+    EXPECT_EQ(view["steps"][0]["external_id"], "[redacted]");
+    for (const char* path : {"/v1/instances/r1", "/v1/attempts?key=r1", "/v1/triage"}) {
+      auto raw = Send("GET", path, token);
+      EXPECT_EQ(raw.outcome.status, 200) << path;
+      EXPECT_EQ(raw.body.find(phone), std::string::npos) << path << ": " << raw.body;
+      // Neither as a value nor quoted in a response body ({"id":"X-1"}); the
+      // recorder's other ids are X-2 to X-4.
+      EXPECT_EQ(raw.body.find(order), std::string::npos) << path << ": " << raw.body;
+    }
+  }
+  // Granted see_redacted in t2: a viewer there sees the values; the admin does everywhere.
+  const Json granted = Get("/v1/instances/r1", viewer_t2);
+  EXPECT_EQ(granted["input"]["customer"]["phone"], phone);
+  EXPECT_TRUE(granted["steps"][0]["external_id"].get<std::string>().starts_with("X-"));
+  EXPECT_NE(Send("GET", "/v1/attempts?key=r1&tenant=t1", admin_).body.find(order),
+            std::string::npos);
+  // The stored instance is untouched: only what is shown is redacted.
+  auto stored = store_->FindInstance("t1", "r1");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_NE(stored->input_json.find(phone), std::string::npos);
+}
+
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   auto response = Send("GET", "/v1/openapi.json", "");
   ASSERT_EQ(response.outcome.status, 200);
