@@ -114,6 +114,9 @@ int Main(int argc, char** argv) {
   serve_cmd->add_option("--config", serve.config, "Server config (YAML; default $WAYSTONE_CONFIG)");
   serve_cmd->add_option("--listen", serve.listen,
                         "host:port of the API (default $WAYSTONE_LISTEN, config, 127.0.0.1:8080)");
+  serve_cmd->add_option("--tls-cert", serve.tls_cert,
+                        "PEM certificate (chain) file: serve HTTPS (with --tls-key; default config tls)");
+  serve_cmd->add_option("--tls-key", serve.tls_key, "PEM private key file of --tls-cert");
   auto* api_only = serve_cmd->add_flag("--api-only", serve.api_only, "Serve the API, run no workers");
   auto* workers_only = serve_cmd->add_flag("--workers-only", serve.workers_only, "Run workers, serve no API");
   api_only->excludes(workers_only);

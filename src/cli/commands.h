@@ -102,6 +102,8 @@ struct TokenOptions {
 struct ServeOptions {
   std::string config;        // --config, WAYSTONE_CONFIG: settings below the flags
   std::string listen;        // --listen, WAYSTONE_LISTEN, config, 127.0.0.1:8080
+  std::string tls_cert;      // --tls-cert, config tls.cert_file: serve HTTPS
+  std::string tls_key;       // --tls-key, config tls.key_file
   bool api_only = false;
   bool workers_only = false;
   WorkerOptions worker;

@@ -264,7 +264,8 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     auto started = ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get(), &engine);
     if (!started.ok()) return Fail(started.status());
     api = std::move(*started);
-    std::printf("api on http://127.0.0.1:%d\n", api->port());
+    std::printf("api on %s://127.0.0.1:%d\n",
+                api_options.tls_cert_file.empty() ? "http" : "https", api->port());
     std::fflush(stdout);
   }
   std::unique_ptr<MetricsServer> metrics;
@@ -348,6 +349,9 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   api.read_timeout_seconds = config.read_timeout_seconds;
   api.idempotency_retention = config.idempotency_retention;
   api.events = config.events;
+  api.permissions = config.permissions;
+  api.tls_cert_file = options.tls_cert.empty() ? config.tls_cert_file : options.tls_cert;
+  api.tls_key_file = options.tls_key.empty() ? config.tls_key_file : options.tls_key;
   api.max_connections = config.max_connections;
   api.handler_threads = config.handler_threads;
   global.tenants = config.tenants;
@@ -420,7 +424,17 @@ int TokenList(const GlobalOptions& global, bool json) {
 int TokenRevoke(const GlobalOptions& global, const std::string& name) {
   auto store = OpenStoreFor(global);
   if (!store.ok()) return Fail(store.status());
-  if (auto revoked = (*store)->RevokeToken(name, SystemClock::Get()->NowMillis()); !revoked.ok()) {
+  AuditRecord audit;
+  audit.at = SystemClock::Get()->NowMillis();
+  audit.actor = "waystone token revoke";
+  audit.action = "revoke_token";
+  audit.detail_json = nlohmann::json{{"token", name}}.dump();
+  if (auto tokens = (*store)->ListTokens(); tokens.ok()) {
+    for (const TokenRecord& t : *tokens) {
+      if (t.name == name) audit.tenant = t.tenant;
+    }
+  }
+  if (auto revoked = (*store)->RevokeToken(name, audit); !revoked.ok()) {
     return Fail(revoked);
   }
   std::fprintf(stderr, "waystone: token '%s' revoked; it is refused from now on\n", name.c_str());

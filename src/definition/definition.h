@@ -92,6 +92,10 @@ struct WorkflowDefinition {
   // `retention: { step_keys: 30d }`: how long each step's idempotency key stays
   // pinned to its request; 0 = the engine's default.
   Millis step_key_retention = 0;
+  // `redact:`: JSON pointers ("/customer/phone") whose values the API shows as
+  // "[redacted]" to tokens without see_redacted: in the input, in step results and
+  // in whatever quotes a response body.
+  std::vector<std::string> redact;
   std::vector<StepDefinition> steps;
   std::string source;        // file name (or "<inline>") used in messages
   std::string text;          // the exact text loaded; pinned on instances

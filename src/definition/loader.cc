@@ -18,6 +18,17 @@
 namespace waystone {
 namespace {
 
+// RFC 6901, not the whole document (""): what a redaction may name.
+bool ValidJsonPointer(const std::string& text) {
+  if (text.size() < 2 || text.front() != '/') return false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '~' && (i + 1 == text.size() || (text[i + 1] != '0' && text[i + 1] != '1'))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 using Json = nlohmann::json;
 
 // Reads one YAML document into a WorkflowDefinition, recording problems with the
@@ -32,7 +43,23 @@ class Reader {
       Error(root, "", "a definition is a mapping with 'workflow', 'key' and 'steps'");
       return;
     }
-    CheckFields(root, "", {"workflow", "description", "key", "retention", "steps"}, "definition");
+    CheckFields(root, "", {"workflow", "description", "key", "retention", "redact", "steps"},
+                "definition");
+    if (const YAML::Node redact = root["redact"]) {
+      if (!redact.IsSequence()) {
+        Error(redact, "", "'redact' must be a list of JSON pointers such as [/customer/phone]");
+      } else {
+        for (const YAML::Node& pointer : redact) {
+          if (!pointer.IsScalar() || !ValidJsonPointer(pointer.Scalar())) {
+            Error(pointer, "", "'redact' entry '" + (pointer.IsScalar() ? pointer.Scalar() : "?") +
+                                   "' is not a JSON pointer (it starts with '/'; '~' only as ~0 "
+                                   "or ~1)");
+          } else {
+            out->redact.push_back(pointer.Scalar());
+          }
+        }
+      }
+    }
     if (const YAML::Node retention = root["retention"]) {
       if (!retention.IsMap()) {
         Error(retention, "", "'retention' must be a mapping such as { step_keys: 30d }");

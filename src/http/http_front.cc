@@ -7,12 +7,14 @@
 #include <thread>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "base/mutex.h"
 #include "base/log.h"
@@ -26,6 +28,41 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using beast::error_code;
 using namespace http_message;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+namespace {
+
+// The TLS context of `cert_file` and `key_file`: TLS 1.2 and later only. Errors
+// name the file that could not be read or used.
+absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string& cert_file,
+                                                               const std::string& key_file) {
+  if (cert_file.empty() || key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both a certificate file and a key file");
+  }
+  auto context = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+  context->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                       net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                       net::ssl::context::no_tlsv1_1);
+  error_code ec;
+  context->use_certificate_chain_file(cert_file, ec);
+  if (ec) {
+    return absl::InvalidArgumentError("TLS certificate file '" + cert_file +
+                                      "' cannot be used: " + ec.message());
+  }
+  context->use_private_key_file(key_file, net::ssl::context::pem, ec);
+  if (ec) {
+    return absl::InvalidArgumentError("TLS key file '" + key_file + "' cannot be used: " +
+                                      ec.message());
+  }
+  if (SSL_CTX_check_private_key(context->native_handle()) != 1) {
+    return absl::InvalidArgumentError("TLS key file '" + key_file +
+                                      "' does not belong to the certificate in '" + cert_file +
+                                      "'");
+  }
+  return context;
+}
+
+}  // namespace
 
 
 class HttpFront::Impl {
@@ -59,6 +96,11 @@ class HttpFront::Impl {
   }
 
   absl::Status Listen() {
+    if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
+      auto context = TlsContext(options_.tls_cert_file, options_.tls_key_file);
+      if (!context.ok()) return context.status();
+      tls_ = std::move(*context);
+    }
     const size_t colon = options_.listen.rfind(':');
     if (colon == std::string::npos) {
       return absl::InvalidArgumentError("--listen '" + options_.listen + "' is not host:port");
@@ -121,6 +163,7 @@ class HttpFront::Impl {
   void Admit(tcp::socket socket);
 
   HttpFrontOptions options_;
+  std::unique_ptr<net::ssl::context> tls_;  // null: plain HTTP
   ScreenFn screen_;
   HandleFn handle_;
   std::atomic<int> connections_{0};
@@ -143,10 +186,11 @@ namespace {
 // One client connection: read a head, screen it, read the body, handle, write,
 // and again while the client keeps the connection alive. All of it on the
 // connection's strand, except the screen and the handler, which run on the pool.
-class Connection : public std::enable_shared_from_this<Connection> {
+// `Stream` is a beast::tcp_stream, or a TlsStream whose handshake comes first.
+template <typename Stream>
+class Connection : public std::enable_shared_from_this<Connection<Stream>> {
  public:
-  Connection(tcp::socket socket, HttpFront::Impl* front)
-      : stream_(std::move(socket)), front_(front) {
+  Connection(Stream stream, HttpFront::Impl* front) : stream_(std::move(stream)), front_(front) {
     front_->connections().fetch_add(1);
   }
   ~Connection() {
@@ -154,9 +198,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
     front_->connections().fetch_sub(1);
   }
 
-  void Start() { ReadNextHead(); }
+  void Start() {
+    if constexpr (std::is_same_v<Stream, TlsStream>) {
+      // The handshake is within the first request's deadline; a client that
+      // speaks plain HTTP fails it and is closed unanswered.
+      Lowest().expires_after(std::chrono::seconds(options().request_deadline_seconds));
+      stream_.async_handshake(net::ssl::stream_base::server,
+                              [self = this->shared_from_this()](error_code ec) {
+                                if (ec) return self->Close();
+                                self->ReadNextHead();
+                              });
+    } else {
+      ReadNextHead();
+    }
+  }
 
  private:
+  using std::enable_shared_from_this<Connection<Stream>>::shared_from_this;
+
+  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+
   const HttpFrontOptions& options() const { return front_->options(); }
 
   void ReadNextHead() {
@@ -166,7 +227,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // for a handler thread of ours is added back: it is not the client's).
     deadline_ = std::chrono::steady_clock::now() +
                 std::chrono::seconds(options().request_deadline_seconds);
-    stream_.expires_at(deadline_);
+    Lowest().expires_at(deadline_);
     head_only_ = false;  // until this request's method is known
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = shared_from_this()](error_code ec, size_t) {
@@ -182,7 +243,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Write(std::move(*refused), false);
     }
     request_.earlier_requests = requests_++;
-    request_.socket_fd = stream_.socket().native_handle();
+    request_.socket_fd = Lowest().socket().native_handle();
     if (front_->stopping()) {
       // Draining: nothing new is started, not even a health check that would say "ok".
       return Write(ProblemResponse(ProblemKind::kUnavailable,
@@ -206,7 +267,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         if (answered) return self->Write(std::move(*res), false);  // the body stays unread
         // Our own time (the queue, the screen, the way back) is not the client's.
         self->deadline_ += std::chrono::steady_clock::now() - queued;
-        self->stream_.expires_at(self->deadline_);
+        self->Lowest().expires_at(self->deadline_);
         self->ReadBody();
       });
     });
@@ -275,7 +336,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void Write(ServerResponse res, bool keep_alive) {
     response_ = ToBeast(std::move(res), version_, keep_alive && !front_->stopping(), head_only_);
-    stream_.expires_after(std::chrono::seconds(options().write_deadline_seconds));
+    Lowest().expires_after(std::chrono::seconds(options().write_deadline_seconds));
     bhttp::async_write(stream_, response_, [self = shared_from_this()](error_code ec, size_t) {
       self->Busy(false);  // answered (or the client is gone): the drain need not wait
       if (ec) return self->Close();
@@ -289,8 +350,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // closing does not reset the connection before the client read our answer.
   void Linger() {
     error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(std::chrono::seconds(1));
+    Lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    Lowest().expires_after(std::chrono::seconds(1));
     Drain();
   }
 
@@ -309,11 +370,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Close() {
     Busy(false);
     error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.close();
+    Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    Lowest().close();
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   HttpFront::Impl* front_;
   beast::flat_buffer buffer_;
   std::optional<Parser> parser_;
@@ -372,7 +433,12 @@ void HttpFront::Impl::Admit(tcp::socket socket) {
       }
       socket.close(ignored);
     } else {
-      std::make_shared<Connection>(std::move(socket), this)->Start();
+      if (tls_ != nullptr) {
+        std::make_shared<Connection<TlsStream>>(TlsStream(std::move(socket), *tls_), this)->Start();
+      } else {
+        std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), this)
+            ->Start();
+      }
     }
   }
 }

@@ -77,6 +77,10 @@ struct HttpFrontOptions {
   // GET (or HEAD) of this path, without a query, is answered "ok" on the I/O
   // thread itself, never queued behind handlers; "" = none.
   std::string health_path;
+  // HTTPS: a PEM certificate (chain) and its private key; both "" = plain HTTP.
+  // A file that cannot be read or used fails Start, naming it.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 // Runs after the head is read and before the body is: returns true when it

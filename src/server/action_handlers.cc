@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 #include "engine/operations.h"
 #include "server/api_handlers.h"
+#include "server/redaction.h"
 #include "server/request_bodies.h"
 #include "server/request_helpers.h"
 #include "server/wire_json.h"
@@ -46,6 +47,11 @@ void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::s
   if (!tenant) return;
   OperatorRequest request = *body;
   request.action = *ParseOperatorAction(action_name);
+  // Before anything is read or planned: a refused action has no dry run either.
+  if (!Permitted(ctx.options.permissions, principal, *tenant, PermissionOf(request.action), req,
+                 res)) {
+    return;
+  }
   request.actor = principal.token_name;
   request.dry_run = DryRun(req).value_or(false);
   auto result = ctx.engine->operations().Apply(*tenant, key, request);
@@ -55,6 +61,11 @@ void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::s
   out["dry_run"] = request.dry_run;
   out["applied"] = result->applied;
   out["instance"] = wire::InstanceSummary(result->instance);
+  // A planned call's rendered URL and the instance's reason may hold what the
+  // definition's redact: list hides.
+  auto steps = ctx.store->GetSteps(result->instance.id);
+  if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+  RedactFor(ctx, principal, result->instance, *steps, out);
   SendJson(res, 200, out);
 }
 

@@ -51,6 +51,19 @@ void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
   const std::optional<int64_t> decoded = ctx.ids->Decode(public_id);
   if (!decoded) return Send(res, NotFound("no alert " + public_id), req.path);
   const int64_t id = *decoded;
+  // An all-tenants token acts in the alert's tenant: permissions may differ there.
+  std::string tenant = principal.tenant;
+  if (tenant == "*") {
+    auto found = ctx.store->GetAlert(id);
+    if (absl::IsNotFound(found.status())) {
+      return Send(res, NotFound("no alert " + public_id), req.path);
+    }
+    if (!found.ok()) return Send(res, ProblemFromStatus(found.status()), req.path);
+    tenant = found->tenant;
+  }
+  if (!Permitted(ctx.options.permissions, principal, tenant, Permission::kAcknowledge, req, res)) {
+    return;
+  }
   const std::string& reason = *body;
   const bool dry = DryRun(req).value_or(false);
   auto alert = ctx.engine->operations().AcknowledgeAlert(principal.tenant, id,

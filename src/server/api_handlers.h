@@ -9,6 +9,7 @@
 //   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
 //   triage_handlers.cc    GET /v1/me, GET /v1/triage; why an instance stopped, what may follow
 //   batch_handlers.cc     /v1/batches: one action over a filter's instances, its preview
+//   token_handlers.cc     GET and POST /v1/tokens, POST /v1/tokens/{name}/revoke
 //   console_handlers.cc   GET /console/{file}: the console's files, compiled in
 // Routing, tokens and roles are decided before (api_server.cc, routes.h); the
 // request helpers are request_helpers.h, Idempotency-Key is idempotency.h.
@@ -88,9 +89,10 @@ void ShowMe(const ApiContext& ctx, const Principal& principal, const ServerReque
 void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                 ServerResponse& res);
 // Why `instance` stopped (reason code, words, step, attempt, next attempt) and the
-// operator actions its state allows next, as GET /v1/triage and /v1/instances/{key}
-// show them.
-nlohmann::json StopJson(const ApiContext& ctx, const InstanceRecord& instance,
+// operator actions its state allows next and `principal` may take, as GET
+// /v1/triage and /v1/instances/{key} show them.
+nlohmann::json StopJson(const ApiContext& ctx, const Principal& principal,
+                        const InstanceRecord& instance,
                         const std::vector<StepRecord>& steps,
                         const std::vector<AlertRecord>& alerts, const TriageOptions& options);
 
@@ -106,6 +108,15 @@ void ChangeBatch(const ApiContext& ctx, const Principal& principal, const std::s
 
 // The operator action's plan as the dry runs show it.
 nlohmann::json PlanJson(const ActionPlan& plan);
+// GET /v1/tokens, POST /v1/tokens (the secret shown once), POST
+// /v1/tokens/{name}/revoke (with a reason, audited): admins only, each within its
+// tenant.
+void ListTokens(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                ServerResponse& res);
+void CreateTokenOf(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                   ServerResponse& res);
+void RevokeTokenOf(const ApiContext& ctx, const Principal& principal, const std::string& name,
+                   const ServerRequest& req, ServerResponse& res);
 
 void ServeConsole(const ApiContext& ctx, const std::string& file, const ServerRequest& req,
                   ServerResponse& res);

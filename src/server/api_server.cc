@@ -44,6 +44,8 @@ class ApiServer::Impl {
     front_options_.max_connections = options.max_connections;
     front_options_.handler_threads = options.handler_threads;
     front_options_.health_path = "/healthz";
+    front_options_.tls_cert_file = options.tls_cert_file;
+    front_options_.tls_key_file = options.tls_key_file;
     auto started = HttpFront::Start(front_options_, MakeScreen(), MakeHandle());
     if (!started.ok()) return started.status();
     front_ = std::move(*started);
@@ -170,6 +172,14 @@ class ApiServer::Impl {
         return RunIdempotent(ctx_, principal, req, res, [&] {
           ChangeBatch(ctx_, principal, match.key, match.action, req, res);
         });
+      case RouteId::kListTokens:
+        return ListTokens(ctx_, principal, req, res);
+      case RouteId::kCreateToken:
+        // Not under Idempotency-Key: a stored answer would keep the token's secret.
+        return CreateTokenOf(ctx_, principal, req, res);
+      case RouteId::kRevokeToken:
+        return RunIdempotent(ctx_, principal, req, res,
+                             [&] { RevokeTokenOf(ctx_, principal, match.key, req, res); });
       case RouteId::kConsole:
         return ServeConsole(ctx_, match.key, req, res);
     }

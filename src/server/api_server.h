@@ -30,6 +30,11 @@ struct ApiServerOptions {
   Millis idempotency_stale_after = 60'000;
   // Where POST /v1/events sends each event type.
   std::vector<EventRoute> events;
+  // HTTPS: PEM certificate (chain) and private key files; both "" = plain HTTP.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // What each role may do, per tenant (permissions.h); empty = the defaults.
+  std::vector<PermissionRule> permissions;
 };
 
 // ApiServer serves Waystone's HTTP API: health, metrics, the OpenAPI document,

@@ -12,6 +12,8 @@
 #include "engine/operations.h"
 #include "model/json_text.h"
 #include "server/api_handlers.h"
+#include "server/permissions.h"
+#include "server/redaction.h"
 #include "server/request_bodies.h"
 #include "server/request_helpers.h"
 #include "server/wire.h"
@@ -164,6 +166,22 @@ std::optional<BatchRecord> VisibleBatch(const ApiContext& ctx, const Principal& 
   return *batch;
 }
 
+// Hides, in `shown` (what the batch view or preview says of the instance `key`),
+// what its definition's redact: list names, unless `principal` may see it.
+absl::Status RedactForInstance(const ApiContext& ctx, const Principal& principal,
+                               const std::string& tenant, const std::string& key, Json& shown) {
+  if (PermissionsOf(ctx.options.permissions, principal.role, tenant)
+          .contains(Permission::kSeeRedacted)) {
+    return absl::OkStatus();
+  }
+  auto instance = ctx.store->FindInstance(tenant, key);
+  if (absl::IsNotFound(instance.status())) return absl::OkStatus();  // collected: nothing of it
+  if (!instance.ok()) return instance.status();
+  WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, ctx.store->GetSteps(instance->id));
+  RedactFor(ctx, principal, *instance, steps, shown);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void PreviewOrCreateBatch(const ApiContext& ctx, const Principal& principal,
@@ -172,6 +190,11 @@ void PreviewOrCreateBatch(const ApiContext& ctx, const Principal& principal,
   if (!body) return;
   auto tenant = WriteTenant(principal, body->tenant, req, res);
   if (!tenant) return;
+  // As for the action on one instance: before anything is read, a preview too.
+  if (!Permitted(ctx.options.permissions, principal, *tenant, PermissionOf(body->request.action),
+                 req, res)) {
+    return;
+  }
   const bool dry_run = DryRun(req).value_or(false);
   auto matched = MatchInstances(ctx, *tenant, body->filter);
   if (!matched.ok()) return Send(res, ProblemFromStatus(matched.status()), req.path);
@@ -192,6 +215,8 @@ void PreviewOrCreateBatch(const ApiContext& ctx, const Principal& principal,
       Json sample = {{"key", instances[i].key}};
       if (planned.ok()) {
         sample["plan"] = PlanJson(planned->plan);
+        absl::Status hidden = RedactForInstance(ctx, principal, *tenant, instances[i].key, sample);
+        if (!hidden.ok()) return Send(res, ProblemFromStatus(hidden), req.path);
       } else {
         sample["refused"] = Json::parse(ProblemFromStatus(planned.status()).ToJson(req.path));
       }
@@ -280,7 +305,13 @@ void ShowBatch(const ApiContext& ctx, const Principal& principal, const std::str
       next = HexOf(std::to_string((*items)[i - 1].id));
       break;
     }
-    list.push_back(ItemJson((*items)[i]));
+    Json item = ItemJson((*items)[i]);
+    if (item.contains("message")) {  // the instance's reason: it may quote a response
+      absl::Status hidden =
+          RedactForInstance(ctx, principal, batch->tenant, (*items)[i].instance_key, item);
+      if (!hidden.ok()) return Send(res, ProblemFromStatus(hidden), req.path);
+    }
+    list.push_back(std::move(item));
   }
   out["items"] = list;
   out["next_cursor"] = next;
@@ -292,6 +323,12 @@ void ChangeBatch(const ApiContext& ctx, const Principal& principal, const std::s
   if (!CheckJsonMediaType(req, res)) return;
   auto batch = VisibleBatch(ctx, principal, id, req, res);
   if (!batch) return;
+  // Pausing, resuming or cancelling a batch needs what its action needs there.
+  if (auto action = ParseOperatorAction(batch->action);
+      action && !Permitted(ctx.options.permissions, principal, batch->tenant,
+                           PermissionOf(*action), req, res)) {
+    return;
+  }
   std::vector<BatchState> from;
   BatchState to = BatchState::kRunning;
   if (verb == "pause") {

@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "server/api_handlers.h"
 #include "server/request_bodies.h"
+#include "server/redaction.h"
 #include "server/request_helpers.h"
 #include "server/triage.h"
 #include "server/wire.h"
@@ -190,7 +191,8 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
   // The pinned input, as started (the view carries its hash only).
   Json input = Json::parse(instance->input_json, nullptr, false);
   out["input"] = input.is_discarded() ? Json(instance->input_json) : input;
-  out["stopped"] = StopJson(ctx, *instance, *steps, *alerts, TriageOptions{});
+  out["stopped"] = StopJson(ctx, principal, *instance, *steps, *alerts, TriageOptions{});
+  RedactFor(ctx, principal, *instance, *steps, out);
   SendJson(res, 200, std::move(out));  // redacted again by SendJson
 }
 
@@ -246,6 +248,7 @@ void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const Ser
                        : "";
     items.push_back(std::move(item));
   }
+  RedactFor(ctx, principal, *instance, *steps, items);
   SendJson(res, 200, {{"items", items}, {"total", total}, {"dropped", total - kept},
                       {"next_cursor", next}});
 }

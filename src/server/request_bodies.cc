@@ -102,6 +102,19 @@ absl::StatusOr<BatchBody> ParseBatchBody(const std::string& text) {
   return out;
 }
 
+absl::StatusOr<TokenBody> ParseTokenBody(const std::string& text) {
+  WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
+  TokenBody out;
+  WS_RETURN_IF_ERROR(StringField(body, "name", &out.name));
+  WS_RETURN_IF_ERROR(StringField(body, "role", &out.role));
+  WS_RETURN_IF_ERROR(StringField(body, "tenant", &out.tenant));
+  WS_RETURN_IF_ERROR(StringField(body, "expires", &out.expires));
+  WS_RETURN_IF_ERROR(OnlyFields(body, {"name", "role", "tenant", "expires"}));
+  if (out.name.empty()) return absl::InvalidArgumentError("'name' is required");
+  if (out.role.empty()) return absl::InvalidArgumentError("'role' is required");
+  return out;
+}
+
 absl::StatusOr<std::string> ParseReasonBody(const std::string& text) {
   WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
   std::string reason;

@@ -36,4 +36,13 @@ absl::StatusOr<BatchBody> ParseBatchBody(const std::string& body);
 // POST /v1/alerts/{id}/acknowledge: {"reason"}. Returns the reason.
 absl::StatusOr<std::string> ParseReasonBody(const std::string& body);
 
+// POST /v1/tokens: {"name", "role", "tenant"?, "expires"? (a duration, "90d")}.
+struct TokenBody {
+  std::string name;
+  std::string role;
+  std::string tenant;   // "" = the admin's own
+  std::string expires;  // "" = until revoked
+};
+absl::StatusOr<TokenBody> ParseTokenBody(const std::string& body);
+
 }  // namespace waystone

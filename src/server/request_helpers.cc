@@ -66,6 +66,18 @@ std::optional<std::string> WriteTenant(const Principal& p, const std::string& as
   return p.tenant;
 }
 
+bool Permitted(const std::vector<PermissionRule>& rules, const Principal& p,
+               const std::string& tenant, Permission what, const ServerRequest& req,
+               ServerResponse& res) {
+  if (PermissionsOf(rules, p.role, tenant).contains(what)) return true;
+  const std::string action(ToString(what));
+  Send(res,
+       Forbidden("the " + std::string(RoleName(p.role)) + " role may not " + action +
+                 " in tenant '" + tenant + "' (the server config's permissions)"),
+       req.path, {{"action", action}, {"role", RoleName(p.role)}, {"tenant", tenant}});
+  return false;
+}
+
 bool CheckJsonMediaType(const ServerRequest& req, ServerResponse& res) {
   const std::string* type = req.Header("content-type");
   if (!req.body.empty() && type != nullptr && !type->starts_with("application/json")) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/auth.h"
+#include "server/permissions.h"
 #include "http/http_front.h"
 #include "http/problem.h"
 
@@ -35,6 +36,12 @@ std::optional<std::string> TenantOf(const Principal& p, const ServerRequest& req
 // token; answers 400 or 403 itself (nullopt) when there is none.
 std::optional<std::string> WriteTenant(const Principal& p, const std::string& asked,
                                        const ServerRequest& req, ServerResponse& res);
+
+// True when `p` may do `what` in `tenant` under `rules`; otherwise answers 403
+// naming the action, the role and the tenant, and returns false.
+bool Permitted(const std::vector<PermissionRule>& rules, const Principal& p,
+               const std::string& tenant, Permission what, const ServerRequest& req,
+               ServerResponse& res);
 
 // Reads the query parameter `name`, when given, into `*value`: a whole number from
 // `low` to `high` (in `unit`, e.g. " of seconds", for the error). False, having

@@ -30,6 +30,10 @@ const RouteSpec kRoutes[] = {
     {RouteId::kListBatches, "GET", Role::kViewer, false, false, {"tenant", "limit", "cursor"}},
     {RouteId::kShowBatch, "GET", Role::kViewer, false, false, {"limit", "cursor"}},
     {RouteId::kChangeBatch, "POST", Role::kOperator, false, true, {}},
+    // Tokens are managed without an engine: a read-only server serves them too.
+    {RouteId::kListTokens, "GET", Role::kAdmin, false, false, {}},
+    {RouteId::kCreateToken, "POST", Role::kAdmin, false, false, {}},
+    {RouteId::kRevokeToken, "POST", Role::kAdmin, false, false, {}},
     // The console's static files: public, they hold no data (every call they make
     // carries the token).
     {RouteId::kConsole, "GET", Role::kViewer, true, false, {}},
@@ -78,6 +82,12 @@ std::vector<Screened> MatchPath(const std::string& path) {
         add(RouteId::kChangeBatch, rest.substr(0, slash), verb);
       }
     }
+  } else if (path == "/v1/tokens") {
+    add(RouteId::kListTokens);
+    add(RouteId::kCreateToken);
+  } else if (path.starts_with("/v1/tokens/") && path.ends_with("/revoke") &&
+             path.size() > 11 + 7) {
+    add(RouteId::kRevokeToken, path.substr(11, path.size() - 11 - 7));
   } else if (path == "/v1/events") {
     add(RouteId::kEvents);
   } else if (path.starts_with("/v1/alerts/") && path.ends_with("/acknowledge") &&

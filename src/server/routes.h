@@ -19,7 +19,7 @@ namespace waystone {
 enum class RouteId {
   kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
   kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts, kCreateBatch, kListBatches,
-  kShowBatch, kChangeBatch,
+  kShowBatch, kChangeBatch, kListTokens, kCreateToken, kRevokeToken,
 };
 
 struct RouteSpec {
@@ -35,7 +35,8 @@ struct RouteSpec {
 // for the handler.
 struct Screened {
   const RouteSpec* route = nullptr;
-  std::string key;     // instance routes; the alert's or batch's public id; the console's file
+  std::string key;     // instance routes; the alert's or batch's public id; the console's
+                       // file; a token's name
   std::string action;  // kAct; kChangeBatch: pause, resume or cancel
   Principal principal;
 };

@@ -20,7 +20,7 @@ class ConfigReader : public YamlConfig {
     static const std::set<std::string> kFields = {
         "database", "listen", "workers", "max_in_flight", "definitions", "relay_config", "secrets_file", "lease",
         "step_key_retention",
-        "api", "events", "tenants", "metrics_listen"};
+        "api", "events", "tenants", "metrics_listen", "permissions", "tls"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     config.database = Text(root, "database");
     config.listen = Text(root, "listen");
@@ -38,6 +38,17 @@ class ConfigReader : public YamlConfig {
       if (!parsed || *parsed < 1000) {
         return Error(root["step_key_retention"],
                      "'step_key_retention' must be a duration of at least 1s, such as 30d");
+      }
+    }
+    if (const YAML::Node tls = root["tls"]) {
+      if (!tls.IsMap()) return Error(tls, "'tls' is a mapping with 'cert_file' and 'key_file'");
+      if (auto status = CheckFields(tls, {"cert_file", "key_file"}, "tls"); !status.ok()) {
+        return status;
+      }
+      config.tls_cert_file = Path(Text(tls, "cert_file"));
+      config.tls_key_file = Path(Text(tls, "key_file"));
+      if (config.tls_cert_file.empty() || config.tls_key_file.empty()) {
+        return Error(tls, "'tls' needs both 'cert_file' and 'key_file' (PEM files)");
       }
     }
     if (const YAML::Node workers = root["workers"]) {
@@ -111,10 +122,64 @@ class ConfigReader : public YamlConfig {
         config.tenants[entry.first.Scalar()] = std::move(*policy);
       }
     }
+    if (const YAML::Node permissions = root["permissions"]) {
+      if (!permissions.IsSequence()) {
+        return Error(permissions, "'permissions' is a list of { role, tenant, actions }");
+      }
+      for (const auto& node : permissions) {
+        auto rule = ReadPermission(node);
+        if (!rule.ok()) return rule.status();
+        for (const PermissionRule& other : config.permissions) {
+          if (other.role == rule->role && other.tenant == rule->tenant) {
+            return Error(node, "role '" + Text(node, "role") + "' has permissions for " +
+                                   (rule->tenant.empty() ? "every tenant" : "tenant '" + rule->tenant + "'") +
+                                   " already, at line " + std::to_string(other.line));
+          }
+        }
+        config.permissions.push_back(std::move(*rule));
+      }
+    }
     return config;
   }
 
  private:
+  absl::StatusOr<PermissionRule> ReadPermission(const YAML::Node& node) {
+    PermissionRule rule;
+    rule.line = node.Mark().line + 1;
+    if (!node.IsMap()) return Error(node, "a permission is a mapping with 'role' and 'actions'");
+    if (auto status = CheckFields(node, {"role", "tenant", "actions"}, "permission");
+        !status.ok()) {
+      return status;
+    }
+    auto role = ParseRole(Text(node, "role"));
+    if (!role) return Error(node, "a permission needs 'role': viewer, operator or admin");
+    rule.role = *role;
+    rule.tenant = Text(node, "tenant");
+    if (node["tenant"] && !ValidTenantName(rule.tenant)) {
+      return Error(node["tenant"], "'" + rule.tenant + "' is not a tenant name (1 to 64 letters, "
+                                   "digits, '.', '_' or '-'); leave 'tenant' out for every tenant");
+    }
+    const YAML::Node actions = node["actions"];
+    if (!actions || !actions.IsSequence()) {
+      return Error(actions ? actions : node,
+                   "a permission needs 'actions', the list of all the role may do (retry, "
+                   "confirm, compensate, skip, close, acknowledge, see_redacted)");
+    }
+    for (const auto& action : actions) {
+      auto permission = action.IsScalar() ? ParsePermission(action.Scalar()) : std::nullopt;
+      if (!permission) {
+        return Error(action, "'" + (action.IsScalar() ? action.Scalar() : std::string("?")) +
+                                 "' is not one of retry, confirm, compensate, skip, close, "
+                                 "acknowledge, see_redacted");
+      }
+      if (rule.role == Role::kViewer && *permission != Permission::kSeeRedacted) {
+        return Error(action, "a viewer takes no actions; it may only be granted see_redacted");
+      }
+      rule.allowed.insert(*permission);
+    }
+    return rule;
+  }
+
   absl::StatusOr<TenantPolicy> ReadTenant(const YAML::Node& name, const YAML::Node& node) {
     const std::string tenant = name.Scalar();
     if (!ValidTenantName(tenant)) {

@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "engine/tenant_policy.h"
+#include "server/permissions.h"
 
 namespace waystone {
 
@@ -30,6 +31,8 @@ struct ServerConfig {
   std::string definitions;   // folder of workflow definitions
   std::string relay_config;  // relay config file: deliver outbox events too
   std::string metrics_listen;  // host:port of a token-less /metrics; "" = none
+  std::string tls_cert_file;   // `tls: {cert_file, key_file}`: serve HTTPS; "" = HTTP
+  std::string tls_key_file;
   std::string secrets_file;
   std::string lease;         // duration text, e.g. "30s"
   std::string step_key_retention;  // duration text; "" = not set
@@ -43,6 +46,9 @@ struct ServerConfig {
   // Empty: one trust domain.
   std::map<std::string, TenantPolicy> tenants;
   std::map<std::string, int> tenant_lines;  // where each is named, for errors
+  // `permissions:`: what each role may do, per tenant; empty = the defaults
+  // (permissions.h).
+  std::vector<PermissionRule> permissions;
 };
 
 // Parses a config; errors name the file and line. Relative paths are taken from

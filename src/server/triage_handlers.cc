@@ -1,4 +1,5 @@
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -6,6 +7,8 @@
 #include "engine/catalog.h"
 #include "engine/operator_plan.h"
 #include "server/api_handlers.h"
+#include "server/permissions.h"
+#include "server/redaction.h"
 #include "server/request_helpers.h"
 #include "server/triage.h"
 #include "server/wire.h"
@@ -27,13 +30,18 @@ constexpr int kTriageScan = 1000;
 
 }  // namespace
 
-Json NextActionsJson(const ApiContext& ctx, const InstanceRecord& instance,
-                     const std::vector<StepRecord>& steps, int standing_step) {
+Json NextActionsJson(const ApiContext& ctx, const Principal& principal,
+                     const InstanceRecord& instance, const std::vector<StepRecord>& steps,
+                     int standing_step) {
   Json out = Json::array();
+  // Only what this token may do: the console offers what it is given.
+  const std::set<Permission> permitted =
+      PermissionsOf(ctx.options.permissions, principal.role, instance.tenant);
   auto definition = ctx.definitions->Get(instance.definition_hash);
   if (!definition.ok()) return out;  // its definition is gone: nothing can be planned
   const Millis now = ctx.clock->NowMillis();
   auto allowed = [&](OperatorAction action, const std::string& step) {
+    if (!permitted.contains(PermissionOf(action))) return;
     OperatorRequest request;
     request.action = action;
     request.step = step;
@@ -66,7 +74,7 @@ Json NextActionsJson(const ApiContext& ctx, const InstanceRecord& instance,
   return out;
 }
 
-Json StopJson(const ApiContext& ctx, const InstanceRecord& instance,
+Json StopJson(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
               const std::vector<StepRecord>& steps, const std::vector<AlertRecord>& alerts,
               const TriageOptions& options) {
   const StopExplanation why =
@@ -79,16 +87,33 @@ Json StopJson(const ApiContext& ctx, const InstanceRecord& instance,
   }
   if (why.next_attempt_at > 0) out["next_attempt_at"] = Rfc3339(why.next_attempt_at);
   if (why.reason == StopReason::kWaitingForEvent) out["overdue"] = why.overdue;
-  out["next_actions"] = NextActionsJson(ctx, instance, steps, why.step);
+  out["next_actions"] = NextActionsJson(ctx, principal, instance, steps, why.step);
   return out;
 }
 
-void ShowMe(const ApiContext&, const Principal& principal, const ServerRequest&,
+void ShowMe(const ApiContext& ctx, const Principal& principal, const ServerRequest&,
             ServerResponse& res) {
-  SendJson(res, 200,
-           {{"token", principal.token_name},
-            {"tenant", principal.tenant},
-            {"role", RoleName(principal.role)}});
+  const auto& rules = ctx.options.permissions;
+  auto names = [&](const std::string& tenant) {
+    Json out = Json::array();
+    for (Permission p : PermissionsOf(rules, principal.role, tenant)) {
+      out.push_back(std::string(ToString(p)));
+    }
+    return out;
+  };
+  Json me = {{"token", principal.token_name},
+             {"tenant", principal.tenant},
+             {"role", RoleName(principal.role)},
+             {"actions", names(principal.tenant == "*" ? "" : principal.tenant)}};
+  // An all-tenants token: `actions` holds in every tenant but these.
+  if (principal.tenant == "*") {
+    Json by_tenant = Json::object();
+    for (const std::string& tenant : TenantsWithRules(rules, principal.role)) {
+      by_tenant[tenant] = names(tenant);
+    }
+    me["actions_by_tenant"] = std::move(by_tenant);
+  }
+  SendJson(res, 200, me);
 }
 
 void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
@@ -127,7 +152,8 @@ void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerR
           ExplainStop(instance, *steps, *alerts, ctx.clock->NowMillis(), options);
       if (++counts[why.reason] > per_group) continue;
       Json item = wire::InstanceSummary(instance);
-      item["stopped"] = StopJson(ctx, instance, *steps, *alerts, options);
+      item["stopped"] = StopJson(ctx, principal, instance, *steps, *alerts, options);
+      RedactFor(ctx, principal, instance, *steps, item);
       items[why.reason].push_back(std::move(item));
     }
   }

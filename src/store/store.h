@@ -229,9 +229,10 @@ class AccessStore {
   // Every token, by name (their hashes included: they are not the tokens).
   virtual absl::StatusOr<std::vector<TokenRecord>> ListTokens() = 0;
 
-  // Revokes the token named `name` at `now`; NotFound when there is none,
-  // FailedPrecondition when it is revoked already.
-  virtual absl::Status RevokeToken(const std::string& name, Millis now) = 0;
+  // Revokes the token named `name` at `audit.at` and appends `audit` (its
+  // instance_id 0: about no instance), in one transaction; NotFound when there is
+  // none, FailedPrecondition when it is revoked already.
+  virtual absl::Status RevokeToken(const std::string& name, const AuditRecord& audit) = 0;
 
   // The server key `name` (made by the migrations, e.g. "public_ids"); NotFound
   // when there is none.

@@ -778,6 +778,170 @@ try {
       assert.equal((await show(key)).audit.filter((a) => a.action === 'retry').length, 1, key);
     }
   });
+
+  // Access: a second API-only server on the same database whose permissions narrow
+  // operators of tenant "default" to retry and confirm.
+  await check('permissions: an operator narrowed to retry and confirm is not offered compensate or close, and gets 403 for them', async () => {
+    const narrowPort = await freePort();
+    const narrow = `http://127.0.0.1:${narrowPort}`;
+    fs.writeFileSync(path.join(work, 'narrow.yaml'),
+      `database: ${db}\nlisten: 127.0.0.1:${narrowPort}\ndefinitions: definitions\n` +
+      'permissions:\n  - role: operator\n    tenant: default\n    actions: [retry, confirm]\n');
+    const nora = token('operator', 'nora');
+    start('serve-narrow', ['serve', '--api-only', '--config', path.join(work, 'narrow.yaml')], env);
+    await until('the narrowed server', async () => (await fetch(`${narrow}/readyz`)).ok);
+    const me = (await call('GET', `${narrow}/v1/me`, { bearer: nora })).body;
+    assert.deepEqual(me.actions, ['retry', 'confirm']);
+    // What the same state offers a default operator, on the first server: close too.
+    const full = (await show('console:2')).stopped.next_actions.map((a) => a.action);
+    assert.ok(full.includes('confirm') && full.includes('close'), JSON.stringify(full));
+
+    const narrowed = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const npage = await narrowed.newPage();
+    await npage.goto(`${narrow}/console/#/instance/default/console%3A2`);
+    await npage.getByLabel('API token').fill(nora);
+    await npage.getByRole('button', { name: 'Log in' }).click();
+    await npage.getByRole('heading', { name: /console:2/, level: 1 }).waitFor();
+    const offered = await npage.locator('button.action').evaluateAll((buttons) => buttons.map((b) => b.dataset.action));
+    assert.ok(offered.includes('confirm'), JSON.stringify(offered));
+    for (const action of offered) assert.ok(['retry', 'confirm'].includes(action), JSON.stringify(offered));
+    assert.equal(await npage.locator('button.action-compensate, button.action-close').count(), 0);
+    assert.equal(await npage.getByRole('button', { name: /Acknowledge/ }).count(), 0);
+    assert.doesNotMatch(await npage.locator('.actions-text').textContent(), /ompensate|lose/);
+    await npage.screenshot({ path: path.join(out, 'instance-narrowed-operator.png'), fullPage: true });
+    const before = await show('console:2');
+    for (const action of ['compensate', 'close']) {
+      for (const dry of ['?dry_run=true', '']) {
+        const refused = await call('POST', `${narrow}/v1/instances/console%3A2/${action}${dry}`,
+          { bearer: nora, body: { reason: 'narrowed operator tries' }, ok: false });
+        assert.equal(refused.status, 403, `${action}${dry}`);
+        assert.match(refused.headers.get('content-type'), /problem\+json/);
+        assert.equal(refused.body.action, action);
+        assert.equal(refused.body.role, 'operator');
+      }
+    }
+    // And from the page itself, as a script would: the same 403.
+    const fromPage = await npage.evaluate(async (key) => {
+      const response = await fetch(`/v1/instances/${encodeURIComponent(key)}/close`, {
+        method: 'POST', body: JSON.stringify({ reason: 'from the page' }),
+        headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${sessionStorage.getItem('waystone.token')}` },
+      });
+      return response.status;
+    }, 'console:2');
+    assert.equal(fromPage, 403);
+    const after = await show('console:2');
+    assert.equal(after.state, before.state);
+    assert.deepEqual(after.audit, before.audit);
+    await narrowed.close();
+  });
+
+  // Access: an admin of tenant "default" creates a token in the Tokens view,
+  // revokes it there with a reason, and the token is refused from then on.
+  await check('tokens: only an admin is offered the view; it creates a token, revokes it with a reason, and that token then gets 401', async () => {
+    const ada = token('admin', 'ada');
+    const operatorView = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const opage = await operatorView.newPage();
+    await opage.goto(`${base}/console/`);
+    await opage.getByLabel('API token').fill(alice);
+    await opage.getByRole('button', { name: 'Log in' }).click();
+    await opage.getByRole('navigation').getByRole('link', { name: 'Triage' }).waitFor();
+    assert.equal(await opage.getByRole('link', { name: 'Tokens' }).count(), 0, 'an operator is offered Tokens');
+    await operatorView.close();
+    assert.equal((await call('GET', `${base}/v1/tokens`, { bearer: alice, ok: false })).status, 403);
+
+    const adminView = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const apage = await adminView.newPage();
+    const errors = [];
+    apage.on('pageerror', (error) => errors.push(String(error)));
+    await apage.goto(`${base}/console/`);
+    await apage.getByLabel('API token').fill(ada);
+    await apage.getByRole('button', { name: 'Log in' }).click();
+    await apage.getByRole('link', { name: 'Tokens' }).click();
+    await apage.getByRole('heading', { name: 'Tokens', level: 1 }).waitFor();
+    for (const name of ['alice', 'victor', 'ada']) {
+      assert.equal(await apage.locator(`tr[data-token="${name}"]`).count(), 1, name);
+    }
+    await apage.getByLabel('Name').fill('temp-operator');
+    await apage.getByLabel('Role').selectOption('operator');
+    await apage.getByRole('button', { name: 'Create' }).click();
+    const secret = await apage.locator('#token-secret code.secret').textContent();
+    assert.match(secret, /^wst_[0-9a-f]{64}$/);
+    assert.equal((await call('GET', `${base}/v1/me`, { bearer: secret })).body.token, 'temp-operator');
+    await apage.locator('tr[data-token="temp-operator"]').waitFor();
+    assert.doesNotMatch(await apage.locator('#token-list').textContent(), new RegExp(secret.slice(4, 20)));
+    await apage.screenshot({ path: path.join(out, 'tokens.png'), fullPage: true });
+    await apage.evaluate(axeSource);
+    const result = await apage.evaluate(async () => window.axe.run(document, {
+      runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] },
+    }));
+    assert.deepEqual(result.violations.map((v) => `${v.id}: ${v.help}`), [], 'axe on tokens');
+
+    await apage.getByRole('button', { name: 'Revoke temp-operator' }).click();
+    const dialog = apage.locator('dialog[open]');
+    await dialog.getByRole('button', { name: 'Revoke' }).click();  // no reason yet: nothing sent
+    assert.equal((await call('GET', `${base}/v1/me`, { bearer: secret })).status, 200);
+    await dialog.getByLabel(/Reason/).fill('rotated after the drill');
+    await dialog.getByRole('button', { name: 'Revoke' }).click();
+    await dialog.getByText('Token temp-operator is revoked.').waitFor();
+    await dialog.getByRole('button', { name: 'Done' }).click();
+    const row = apage.locator('tr[data-token="temp-operator"]');
+    await until('the list to show the revocation', async () => /rotated after the drill/.test(await row.textContent()));
+    assert.match(await row.textContent(), /revoked.*by ada: rotated after the drill/i);
+    assert.equal(await row.getByRole('button', { name: /Revoke/ }).count(), 0);
+    await apage.screenshot({ path: path.join(out, 'tokens-revoked.png'), fullPage: true });
+    const refused = await call('GET', `${base}/v1/me`, { bearer: secret, ok: false });
+    assert.equal(refused.status, 401);
+    // The API agrees, and names who revoked it and why.
+    const listed = (await call('GET', `${base}/v1/tokens`, { bearer: ada })).body.items;
+    const temp = listed.find((t) => t.name === 'temp-operator');
+    assert.equal(temp.state, 'revoked');
+    assert.equal(temp.revoked_by, 'ada');
+    assert.equal(temp.revoke_reason, 'rotated after the drill');
+    assert.ok(listed.every((t) => !('token' in t) && !('hash' in t) && !('id' in t)));
+    assert.deepEqual(errors, []);
+    await adminView.close();
+  });
+
+  // Access: a workflow whose definition redacts the customer's phone, registered by
+  // a third API-only server; a viewer sees "[redacted]", an admin the number.
+  await check('redaction: the pinned input shows a redacted value as [redacted] to a viewer and in full to an admin', async () => {
+    const redactPort = await freePort();
+    const redactBase = `http://127.0.0.1:${redactPort}`;
+    const folder = path.join(work, 'definitions-redacted');
+    fs.mkdirSync(folder);
+    fs.writeFileSync(path.join(folder, 'console-redacted.yaml'),
+      'workflow: console-redacted\nkey: "redacted:{{input.order_id}}"\nredact: [/customer/phone]\n' +
+      'steps:\n  - name: approval\n    wait: { event: com.example.approved }\n');
+    fs.writeFileSync(path.join(work, 'redacted.yaml'),
+      `database: ${db}\nlisten: 127.0.0.1:${redactPort}\ndefinitions: definitions-redacted\n`);
+    start('serve-redacted', ['serve', '--api-only', '--config', path.join(work, 'redacted.yaml')], env);
+    await until('the redacting server', async () => (await fetch(`${redactBase}/readyz`)).ok);
+    const phone = '+81-90-5555-0101';
+    await call('POST', `${redactBase}/v1/instances`, { bearer: alice,
+      body: { workflow: 'console-redacted', input: { order_id: '1', customer: { phone } } } });
+    const ada = token('admin', 'ada-redact');
+    const url = `${redactBase}/console/#/instance/default/redacted%3A1`;
+    const seen = {};
+    for (const [who, bearer] of [['victor', victor], ['ada', ada]]) {
+      const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+      const p = await context.newPage();
+      await p.goto(url);
+      await p.getByLabel('API token').fill(bearer);
+      await p.getByRole('button', { name: 'Log in' }).click();
+      await p.getByRole('heading', { name: /redacted:1/, level: 1 }).waitFor();
+      await p.getByText('Input (pinned)').click();
+      seen[who] = await p.locator('pre.input').textContent();
+      await p.screenshot({ path: path.join(out, `instance-redacted-${who}.png`), fullPage: true });
+      await context.close();
+    }
+    assert.match(seen.victor, /"phone": "\[redacted\]"/);
+    assert.doesNotMatch(seen.victor, /5555/);
+    assert.match(seen.ada, new RegExp(`"phone": "\\${phone}"`));
+    // The API says the same to the viewer; the store keeps the number.
+    const viewed = (await call('GET', `${redactBase}/v1/instances/redacted%3A1`, { bearer: victor })).body;
+    assert.equal(viewed.input.customer.phone, '[redacted]');
+    assert.equal(viewed.input.order_id, '1');
+  });
 } catch (error) {
   failures += 1;
   console.log(`not ok - setting up\n  ${error.stack ?? error}`);

@@ -284,6 +284,23 @@ steps:
   }
 }
 
+TEST(LoaderTest, ARedactListHoldsJsonPointersOnly) {
+  std::string text = kValid;
+  text.replace(text.find("steps:"), 6, "redact: [/customer/phone, /a~1b]\nsteps:");
+  auto loaded = LoadDefinitionText(text, "flow.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->redact, (std::vector<std::string>{"/customer/phone", "/a~1b"}));
+  std::string bad = kValid;
+  bad.replace(bad.find("steps:"), 6, "redact:\n  - customer/phone\n  - /a~2\n  - /\nsteps:");
+  auto diagnostics = Lint(bad);
+  EXPECT_TRUE(Has(diagnostics, "'redact' entry 'customer/phone' is not a JSON pointer", 4));
+  EXPECT_TRUE(Has(diagnostics, "'redact' entry '/a~2' is not a JSON pointer", 5));
+  EXPECT_TRUE(Has(diagnostics, "'redact' entry '/' is not a JSON pointer", 6));
+  std::string not_list = kValid;
+  not_list.replace(not_list.find("steps:"), 6, "redact: /customer/phone\nsteps:");
+  EXPECT_TRUE(Has(Lint(not_list), "'redact' must be a list of JSON pointers", 3));
+}
+
 TEST(LoaderTest, AWorkflowMayKeepItsStepKeysLonger) {
   std::string text = kValid;
   text.replace(text.find("steps:"), 6, "retention: { step_keys: 30d }\nsteps:");

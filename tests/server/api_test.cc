@@ -90,6 +90,9 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
       {"/v1/triage?stuck_after=0", "viewer_t1", 400},
       {"/v1/triage?limit=501", "viewer_t1", 400},
       {"/v1/me?x=1", "viewer_t1", 400},
+      {"/v1/tokens", "none", 401},             {"/v1/tokens", "bad", 401},
+      {"/v1/tokens", "viewer_t1", 403},        {"/v1/tokens", "admin", 200},
+      {"/v1/tokens?tenant=t1", "admin", 400},
       // The console's files are public: they hold no data.
       {"/console/", "none", 200},              {"/console/app.js", "none", 200},
       {"/console/nothing.js", "none", 404},    {"/console/?token=x", "none", 400},
@@ -134,7 +137,7 @@ TEST_P(ApiTest, RevokedExpiredAndAllTenantNonAdminTokensAre401) {
   EXPECT_EQ(Get("/v1/instances", "wst_old-star-operator").outcome.status, 401);
   EXPECT_EQ(Get("/v1/instances", "wst_expired").outcome.status, 401);
   EXPECT_EQ(Get("/v1/instances", viewer_t1_).outcome.status, 200);
-  ASSERT_TRUE(store_->RevokeToken("v1", 5).ok());
+  ASSERT_TRUE(store_->RevokeToken("v1", {0, 5, "root", "t1", 0, "revoke_token", "test", "{}"}).ok());
   EXPECT_EQ(Get("/v1/instances", viewer_t1_).outcome.status, 401);
   EXPECT_FALSE(CreateToken(*store_, "star-viewer", "*", Role::kViewer, 1).ok());
   EXPECT_FALSE(CreateToken(*store_, "star-op", "*", Role::kOperator, 1).ok());
@@ -174,9 +177,14 @@ TEST_P(ApiTest, BadQueriesAreProblemsAndUnknownRoutesToo) {
 
 TEST_P(ApiTest, MeNamesTheTokensNameTenantAndRole) {
   Json me = Json::parse(Get("/v1/me", viewer_t1_).body);
-  EXPECT_EQ(me, (Json{{"token", "v1"}, {"tenant", "t1"}, {"role", "viewer"}}));
+  EXPECT_EQ(me, (Json{{"token", "v1"}, {"tenant", "t1"}, {"role", "viewer"},
+                      {"actions", Json::array()}}));
   Json root = Json::parse(Get("/v1/me", admin_).body);
-  EXPECT_EQ(root, (Json{{"token", "root"}, {"tenant", "*"}, {"role", "admin"}}));
+  // Without a permissions section an admin may do everything, in every tenant.
+  EXPECT_EQ(root, (Json{{"token", "root"}, {"tenant", "*"}, {"role", "admin"},
+                        {"actions", {"retry", "confirm", "compensate", "skip", "close",
+                                     "acknowledge", "see_redacted"}},
+                        {"actions_by_tenant", Json::object()}}));
 }
 
 TEST_P(ApiTest, TriageGroupsOnlyTheTokensTenantByReason) {

@@ -22,6 +22,7 @@
 #include "engine/operations.h"
 #include "server/api_server.h"
 #include "server/auth.h"
+#include "server/permissions.h"
 #include "support/backends.h"
 #include "support/process.h"
 
@@ -151,11 +152,18 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
     operator_ = *CreateToken(*store_, "op1", "t1", Role::kOperator, 1);
     operator_t2_ = *CreateToken(*store_, "op2", "t2", Role::kOperator, 1);
     admin_ = *CreateToken(*store_, "root", "*", Role::kAdmin, 1);
+    Restart({});
+  }
+
+  // (Re)starts the server with `permissions`.
+  void Restart(std::vector<PermissionRule> permissions) {
+    server_.reset();
     ApiServerOptions api;
     api.listen = "127.0.0.1:0";
     api.max_body_bytes = 64 * 1024;
     api.events = {{"com.acme.order.received", "wf", "", 1},
                   {"com.acme.approved", "", "/order", 2}};
+    api.permissions = std::move(permissions);
     auto server = ApiServer::Start(api, store_.get(), &clock_, engine_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -203,8 +211,8 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
     return Drive(id);
   }
 
-  InstanceState Drive(const std::string& key) {
-    auto instance = store_->FindInstance("t1", key);
+  InstanceState Drive(const std::string& key, const std::string& tenant = "t1") {
+    auto instance = store_->FindInstance(tenant, key);
     EXPECT_TRUE(instance.ok()) << instance.status();
     std::stop_source stop;
     auto state = engine_->RunUntilRest(instance->id, stop.get_token());
@@ -777,6 +785,7 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
   Json batch_in_t1 = batch;
   batch_in_t1["tenant"] = "t1";
   const std::string preview = "/v1/batches?dry_run=true";
+  const std::string token = Json{{"name", "matrix"}, {"role", "viewer"}, {"tenant", "t1"}}.dump();
   const std::vector<Case> cases = {
       {preview, batch.dump(), "none", 401},
       {preview, batch.dump(), "bad", 401},
@@ -812,6 +821,17 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
       {"/v1/events", event, "viewer", 403},
       {"/v1/events", event, "operator_t2", 200},
       {"/v1/events", event, "admin", 400},  // the event must name its tenant
+      {"/v1/tokens", token, "none", 401},
+      {"/v1/tokens", token, "bad", 401},
+      {"/v1/tokens", token, "viewer", 403},
+      {"/v1/tokens", token, "operator", 403},
+      {"/v1/tokens", token, "operator_t2", 403},
+      {"/v1/tokens", token, "admin", 201},
+      {"/v1/tokens/matrix/revoke", close, "none", 401},
+      {"/v1/tokens/matrix/revoke", close, "viewer", 403},
+      {"/v1/tokens/matrix/revoke", close, "operator", 403},
+      {"/v1/tokens/matrix/revoke", close, "admin", 200},
+      {"/v1/tokens/matrix/revoke", close, "admin", 409},  // revoked already
   };
   for (const Case& c : cases) {
     const std::string token = c.caller == "bad"           ? "wst_not-a-token"
@@ -1165,7 +1185,7 @@ TEST_P(ApiWriteTest, TriageSaysWhyAndWhatMayFollowAsTheActionsDo) {
   ASSERT_EQ(StartAndDrive("t-refused"), InstanceState::kNeedsAttention);
   recorder_.Answer("/charge", 200);
   ASSERT_EQ(StartAndDrive("t-waiting"), InstanceState::kRunning);
-  Json triage = Get("/v1/triage");
+  Json triage = Get("/v1/triage", operator_);
   std::map<std::string, Json> groups;
   for (const Json& g : triage["groups"]) groups[g["reason"]] = g;
   ASSERT_EQ(groups["needs_operator"]["count"], 1) << triage.dump();
@@ -1195,6 +1215,293 @@ TEST_P(ApiWriteTest, TriageSaysWhyAndWhatMayFollowAsTheActionsDo) {
   EXPECT_EQ(waiting["stopped"]["overdue"], false);
 }
 
+// The server config's permissions, role x tenant x action: each dry run is refused
+// (403 naming the action and role) exactly where the rules say, or answered as
+// the instance's state allows; a refused action changes nothing; /v1/me and the
+// next actions say the same.
+TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
+  using P = Permission;
+  Restart({{Role::kOperator, "t1", {P::kRetry, P::kConfirm, P::kAcknowledge}, 1},
+           {Role::kOperator, "", {P::kSkip, P::kClose}, 2},
+           {Role::kAdmin, "t2", {P::kRetry}, 3}});
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("m1"), InstanceState::kNeedsAttention);
+  Post("/v1/instances", {{"workflow", "wf"}, {"input", {{"id", "m2"}}}}, 201, operator_t2_);
+  ASSERT_EQ(Drive("m2", "t2"), InstanceState::kNeedsAttention);
+  const std::string alert_t1 = Get("/v1/alerts?state=open", viewer_)["items"][0]["id"];
+  const Json open_t2 = Get("/v1/alerts?state=open&tenant=t2", admin_)["items"];
+  ASSERT_EQ(open_t2.size(), 1u);
+  const std::string alert_t2 = open_t2[0]["id"];
+  ASSERT_NE(alert_t1, alert_t2);
+
+  const std::vector<std::string> actions = {"retry", "confirm", "compensate", "skip", "close",
+                                            "acknowledge"};
+  struct Row {
+    std::string caller;
+    std::string key;        // also the tenant: m1 in t1, m2 in t2
+    std::vector<int> want;  // per action, in the order above
+  };
+  // What each state allows when permitted: confirm is 409 (the outcome is known).
+  const std::vector<Row> rows = {
+      {"op1", "m1", {200, 409, 403, 403, 403, 200}},
+      {"op2", "m2", {403, 403, 403, 200, 200, 403}},
+      {"admin", "m1", {200, 409, 200, 200, 200, 200}},
+      {"admin", "m2", {200, 403, 403, 403, 403, 403}},
+  };
+  const size_t calls_before = recorder_.Calls().size();
+  for (const Row& row : rows) {
+    const std::string token = row.caller == "op1" ? operator_ : row.caller == "op2" ? operator_t2_
+                                                                                   : admin_;
+    const std::string tenant = row.key == "m1" ? "t1" : "t2";
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const std::string& action = actions[i];
+      Json body = {{"reason", "matrix"}};
+      if (action == "retry" || action == "confirm" || action == "skip") body["step"] = "charge";
+      if (action == "confirm") body["happened"] = false;
+      std::string path = action == "acknowledge"
+                             ? "/v1/alerts/" + (tenant == "t1" ? alert_t1 : alert_t2) + "/acknowledge"
+                             : "/v1/instances/" + row.key + "/" + action;
+      path += "?dry_run=true";
+      if (row.caller == "admin" && action != "acknowledge") path += "&tenant=" + tenant;
+      auto response = Send("POST", path, token, body.dump());
+      EXPECT_EQ(response.outcome.status, row.want[i])
+          << row.caller << " " << action << " " << row.key << ": " << response.body;
+      if (row.want[i] == 403) {
+        Json problem = Json::parse(response.body, nullptr, false);
+        EXPECT_EQ(problem["action"], action) << response.body;
+        EXPECT_EQ(problem["role"], row.caller == "admin" ? "admin" : "operator");
+        EXPECT_EQ(problem["tenant"], tenant);
+        EXPECT_NE(problem["detail"].get<std::string>().find("may not " + action),
+                  std::string::npos)
+            << response.body;
+      }
+    }
+  }
+  // Another tenant's instance is still not found when the action is permitted.
+  EXPECT_EQ(Send("POST", "/v1/instances/m2/retry?dry_run=true", operator_,
+                 Json{{"reason", "x"}, {"step", "charge"}}.dump()).outcome.status, 404);
+  EXPECT_EQ(Send("POST", "/v1/instances/m1/close?dry_run=true", operator_t2_,
+                 Json{{"reason", "x"}}.dump()).outcome.status, 404);
+  // Refused for real: nothing changes, nothing is called.
+  EXPECT_EQ(Send("POST", "/v1/instances/m1/close", operator_, Json{{"reason", "x"}}.dump())
+                .outcome.status, 403);
+  Json view = Get("/v1/instances/m1");
+  EXPECT_EQ(view["state"], "needs_attention");
+  EXPECT_TRUE(view["audit"].empty());
+  for (const Json& alert : view["alerts"]) EXPECT_EQ(alert["state"], "open");
+  EXPECT_EQ(recorder_.Calls().size(), calls_before);
+
+  // /v1/me says what each token may do; the next actions are only those.
+  EXPECT_EQ(Get("/v1/me", operator_)["actions"], (Json{"retry", "confirm", "acknowledge"}));
+  EXPECT_EQ(Get("/v1/me", operator_t2_)["actions"], (Json{"skip", "close"}));
+  EXPECT_EQ(Get("/v1/me", viewer_)["actions"], Json::array());
+  Json admin_me = Get("/v1/me", admin_);
+  EXPECT_EQ(admin_me["actions"].size(), 7u) << admin_me.dump();
+  EXPECT_EQ(admin_me["actions_by_tenant"], (Json{{"t2", {"retry"}}}));
+
+  // A batch needs what its action needs, in the batch's tenant: its preview, its
+  // creation, and pausing, resuming or cancelling it.
+  auto batch = [](const std::string& action) {
+    return Json{{"action", action}, {"reason", "matrix"}, {"filter", {{"workflow", "wf"}}}}.dump();
+  };
+  auto refused = Send("POST", "/v1/batches?dry_run=true", operator_, batch("close"));
+  EXPECT_EQ(refused.outcome.status, 403) << refused.body;
+  EXPECT_EQ(Json::parse(refused.body, nullptr, false)["action"], "close") << refused.body;
+  EXPECT_EQ(Send("POST", "/v1/batches", operator_, batch("close")).outcome.status, 403);
+  EXPECT_EQ(Send("POST", "/v1/batches?dry_run=true", operator_, batch("retry")).outcome.status,
+            200);
+  auto made = Send("POST", "/v1/batches", operator_t2_, batch("close"));
+  ASSERT_EQ(made.outcome.status, 201) << made.body;
+  const std::string id = Json::parse(made.body)["id"];
+  auto pause = Send("POST", "/v1/batches/" + id + "/pause", admin_, "{}");
+  EXPECT_EQ(pause.outcome.status, 403) << pause.body;  // admins may only retry in t2
+  EXPECT_EQ(Get("/v1/batches/" + id, admin_)["state"], "running");
+  EXPECT_EQ(Send("POST", "/v1/batches/" + id + "/pause", operator_t2_, "{}").outcome.status, 200);
+  auto next = [&](const std::string& key, const std::string& tenant, const std::string& token) {
+    std::set<std::string> names;
+    const Json shown =
+        Get("/v1/instances/" + key + (token == admin_ ? "?tenant=" + tenant : ""), token);
+    for (const Json& a : shown["stopped"]["next_actions"]) names.insert(a["action"]);
+    return names;
+  };
+  EXPECT_EQ(next("m1", "t1", operator_), (std::set<std::string>{"retry"}));
+  EXPECT_EQ(next("m2", "t2", operator_t2_), (std::set<std::string>{"skip", "close"}));
+  EXPECT_EQ(next("m1", "t1", admin_),
+            (std::set<std::string>{"retry", "skip", "compensate", "close"}));
+  EXPECT_EQ(next("m2", "t2", admin_), (std::set<std::string>{"retry"}));
+  EXPECT_EQ(next("m1", "t1", viewer_), (std::set<std::string>{}));
+  // Triage too.
+  Json triage = Get("/v1/triage", operator_t2_);
+  for (const Json& group : triage["groups"]) {
+    for (const Json& item : group["items"]) {
+      for (const Json& a : item["stopped"]["next_actions"]) {
+        EXPECT_TRUE(a["action"] == "skip" || a["action"] == "close") << a.dump();
+      }
+    }
+  }
+}
+
+// Tokens from the API: an admin lists them (never a hash), creates one (its
+// secret shown once, never stored) and revokes one with a reason (audited, then
+// 401); an admin of one tenant sees and manages only that tenant's tokens.
+TEST_P(ApiWriteTest, AdminsListCreateAndRevokeTokensWithinTheirTenant) {
+  const std::string admin_t1 = *CreateToken(*store_, "admin1", "t1", Role::kAdmin, 1);
+  auto names = [&](const std::string& token) {
+    std::set<std::string> out;
+    const Json listed = Get("/v1/tokens", token);
+    for (const Json& t : listed["items"]) out.insert(t["name"]);
+    return out;
+  };
+  EXPECT_EQ(names(admin_), (std::set<std::string>{"admin1", "op1", "op2", "root", "viewer1"}));
+  EXPECT_EQ(names(admin_t1), (std::set<std::string>{"admin1", "op1", "viewer1"}));
+  auto listing = Send("GET", "/v1/tokens", admin_);
+  auto stored = store_->ListTokens();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  for (const TokenRecord& t : *stored) {
+    EXPECT_EQ(listing.body.find(t.token_hash.substr(0, 12)), std::string::npos) << t.name;
+  }
+  Json op1;
+  const Json listed = Json::parse(listing.body);
+  for (const Json& t : listed["items"]) {
+    if (t["name"] == "op1") op1 = t;
+  }
+  EXPECT_EQ(op1, (Json{{"name", "op1"}, {"tenant", "t1"}, {"role", "operator"},
+                       {"state", "active"}, {"created_at", "1970-01-01T00:00:00.001Z"},
+                       {"expires_at", nullptr}, {"revoked_at", nullptr}}));
+
+  // Create: within the admin's tenant only; only '*' admins make '*' tokens.
+  Json made = Post("/v1/tokens", {{"name", "night-op"}, {"role", "operator"}, {"expires", "1h"}},
+                   201, admin_t1);
+  EXPECT_EQ(made["tenant"], "t1");
+  EXPECT_EQ(made["role"], "operator");
+  EXPECT_EQ(made["expires_at"], "2023-11-14T23:13:20.000Z");
+  const std::string secret = made["token"];
+  EXPECT_TRUE(secret.starts_with("wst_")) << secret;
+  EXPECT_EQ(Get("/v1/me", secret)["token"], "night-op");
+  EXPECT_EQ(Send("GET", "/v1/tokens", admin_).body.find(secret.substr(4)), std::string::npos);
+  stored = store_->ListTokens();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  for (const TokenRecord& t : *stored) {
+    EXPECT_EQ(t.token_hash.find(secret.substr(4)), std::string::npos);
+  }
+  Post("/v1/tokens", {{"name", "x"}, {"role", "viewer"}, {"tenant", "t2"}}, 403, admin_t1);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "admin"}, {"tenant", "*"}}, 403, admin_t1);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "operator"}, {"tenant", "*"}}, 400, admin_);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "god"}, {"tenant", "t2"}}, 400, admin_);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "viewer"}, {"expires", "soon"}}, 400, admin_t1);
+  Post("/v1/tokens", {{"name", "night-op"}, {"role", "viewer"}}, 409, admin_t1);
+  Post("/v1/tokens", {{"name", "x"}, {"role", "viewer"}, {"hash", "h"}}, 400, admin_t1);
+  Post("/v1/tokens", {{"name", "all-admin"}, {"role", "admin"}, {"tenant", "*"}}, 201, admin_);
+  EXPECT_EQ(names(admin_t1), (std::set<std::string>{"admin1", "night-op", "op1", "viewer1"}));
+
+  // Revoke: a reason is required; another tenant's token is not found.
+  Post("/v1/tokens/op2/revoke", {{"reason", "left"}}, 404, admin_t1);
+  Post("/v1/tokens/op1/revoke", Json::object(), 400, admin_t1);
+  Post("/v1/tokens/op1/revoke", {{"reason", "x"}}, 403, operator_);
+  EXPECT_EQ(Send("GET", "/v1/me", operator_).outcome.status, 200);
+  Json revoked = Post("/v1/tokens/op1/revoke", {{"reason", "laptop lost, INC-7"}}, 200, admin_t1);
+  EXPECT_EQ(revoked["state"], "revoked");
+  EXPECT_EQ(Send("GET", "/v1/me", operator_).outcome.status, 401);
+  EXPECT_EQ(Send("GET", "/v1/me", operator_t2_).outcome.status, 200);
+  Post("/v1/tokens/op1/revoke", {{"reason", "again"}}, 409, admin_);
+  const Json after = Get("/v1/tokens", admin_);
+  for (const Json& t : after["items"]) {
+    if (t["name"] != "op1") continue;
+    EXPECT_EQ(t["state"], "revoked");
+    EXPECT_EQ(t["revoked_by"], "admin1");
+    EXPECT_EQ(t["revoke_reason"], "laptop lost, INC-7");
+  }
+  auto audit = store_->ListAudit(0);
+  ASSERT_TRUE(audit.ok()) << audit.status();
+  ASSERT_EQ(audit->size(), 1u);
+  EXPECT_EQ((*audit)[0].actor, "admin1");
+  EXPECT_EQ((*audit)[0].tenant, "t1");
+  EXPECT_EQ((*audit)[0].action, "revoke_token");
+  EXPECT_EQ((*audit)[0].reason, "laptop lost, INC-7");
+}
+
+// A definition's redact list: tokens without see_redacted see "[redacted]" for the
+// input's phone and for the ERP's order id wherever it is shown (the external id,
+// the requests, triage); admins and a viewer granted see_redacted see them.
+TEST_P(ApiWriteTest, RedactedValuesAreHiddenFromTokensWithoutSeeRedacted) {
+  auto definition = LoadDefinitionText(R"(workflow: wfr
+key: "{{input.ref}}"
+redact: [/customer/phone, /id]
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "{{env.REC_URL}}/create", body: { phone: "{{input.customer.phone}}" }, timeout: 2s }
+    result: { external_id: "/id" }
+    retry: { max_attempts: 1 }
+  - name: charge
+    recovery: manual
+    request: { method: POST, url: "{{env.REC_URL}}/charge?order={{steps.create.external_id}}", timeout: 2s }
+    retry: { max_attempts: 1 }
+)", "wfr.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  ASSERT_TRUE(engine_->Register(*definition).ok());
+  Restart({{Role::kViewer, "t2", {Permission::kSeeRedacted}, 1}});
+  const std::string viewer_t2 = *CreateToken(*store_, "viewer2", "t2", Role::kViewer, 1);
+  recorder_.Answer("/charge", 422);
+  const std::string phone = "+81-90-5555-0101";
+  for (const std::string& token : {operator_, operator_t2_}) {
+    Post("/v1/instances",
+         {{"workflow", "wfr"}, {"input", {{"ref", "r1"}, {"customer", {{"phone", phone}}}}}}, 201,
+         token);
+  }
+  ASSERT_EQ(Drive("r1", "t1"), InstanceState::kNeedsAttention);
+  ASSERT_EQ(Drive("r1", "t2"), InstanceState::kNeedsAttention);
+  // The order id the ERP gave, from the recorder's own answers: X-1 or X-3 per tenant.
+  const Json admin_view = Get("/v1/instances/r1?tenant=t1", admin_);
+  const std::string order = admin_view["steps"][0]["external_id"];
+  ASSERT_TRUE(order.starts_with("X-")) << admin_view.dump();
+  EXPECT_EQ(admin_view["input"]["customer"]["phone"], phone);
+
+  for (const std::string& token : {viewer_, operator_}) {
+    const Json view = Get("/v1/instances/r1", token);
+    EXPECT_EQ(view["input"]["customer"]["phone"], "[redacted]");
+    EXPECT_EQ(view["input"]["ref"], "r1");
+    EXPECT_EQ(view["key"], "r1");
+    EXPECT_EQ(view["steps"][0]["external_id"], "[redacted]");
+    for (const char* path : {"/v1/instances/r1", "/v1/attempts?key=r1", "/v1/triage"}) {
+      auto raw = Send("GET", path, token);
+      EXPECT_EQ(raw.outcome.status, 200) << path;
+      EXPECT_EQ(raw.body.find(phone), std::string::npos) << path << ": " << raw.body;
+      // Neither as a value nor quoted in a response body ({"id":"X-1"}); the
+      // recorder's other ids are X-2 to X-4.
+      EXPECT_EQ(raw.body.find(order), std::string::npos) << path << ": " << raw.body;
+    }
+  }
+  // A dry run's rendered URL holds the order id: hidden from the operator, in the
+  // action's dry run and in a batch's preview, and shown to the admin.
+  const Json retry = {{"reason", "dry"}, {"step", "charge"}};
+  auto dry = Send("POST", "/v1/instances/r1/retry?dry_run=true", operator_, retry.dump());
+  ASSERT_EQ(dry.outcome.status, 200) << dry.body;
+  EXPECT_EQ(dry.body.find(order), std::string::npos) << dry.body;
+  const Json planned = Json::parse(dry.body)["would_execute"];
+  ASSERT_FALSE(planned.empty()) << dry.body;
+  EXPECT_NE(planned[0]["rendered_url"].get<std::string>().find("[redacted]"), std::string::npos)
+      << dry.body;
+  auto preview = Send("POST", "/v1/batches?dry_run=true", operator_,
+                      Json{{"action", "retry"}, {"step", "charge"}, {"reason", "dry"},
+                           {"filter", {{"workflow", "wfr"}}}}.dump());
+  ASSERT_EQ(preview.outcome.status, 200) << preview.body;
+  EXPECT_EQ(Json::parse(preview.body)["count"], 1);
+  EXPECT_EQ(preview.body.find(order), std::string::npos) << preview.body;
+  auto seen = Send("POST", "/v1/instances/r1/retry?dry_run=true&tenant=t1", admin_, retry.dump());
+  EXPECT_NE(seen.body.find("order=" + order), std::string::npos) << seen.body;
+  // Granted see_redacted in t2: a viewer there sees the values; the admin does everywhere.
+  const Json granted = Get("/v1/instances/r1", viewer_t2);
+  EXPECT_EQ(granted["input"]["customer"]["phone"], phone);
+  EXPECT_TRUE(granted["steps"][0]["external_id"].get<std::string>().starts_with("X-"));
+  EXPECT_NE(Send("GET", "/v1/attempts?key=r1&tenant=t1", admin_).body.find(order),
+            std::string::npos);
+  // The stored instance is untouched: only what is shown is redacted.
+  auto stored = store_->FindInstance("t1", "r1");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_NE(stored->input_json.find(phone), std::string::npos);
+}
+
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   auto response = Send("GET", "/v1/openapi.json", "");
   ASSERT_EQ(response.outcome.status, 200);
@@ -1210,7 +1517,8 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}, {"/v1/me", "get"},
       {"/v1/triage", "get"}, {"/v1/attempts", "get"}, {"/v1/batches", "get"},
       {"/v1/batches", "post"}, {"/v1/batches/{id}", "get"}, {"/v1/batches/{id}/pause", "post"},
-      {"/v1/batches/{id}/resume", "post"}, {"/v1/batches/{id}/cancel", "post"}};
+      {"/v1/batches/{id}/resume", "post"}, {"/v1/batches/{id}/cancel", "post"},
+      {"/v1/tokens", "get"}, {"/v1/tokens", "post"}, {"/v1/tokens/{name}/revoke", "post"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;
@@ -1219,7 +1527,7 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   for (auto it = doc["paths"].begin(); it != doc["paths"].end(); ++it) {
     std::string path = it.key();
     for (const auto& [from, to] : {std::pair<std::string, std::string>{"{key}", "nobody"},
-                                   {"{id}", "999"}}) {
+                                   {"{id}", "999"}, {"{name}", "nobody"}}) {
       if (auto at = path.find(from); at != std::string::npos) path.replace(at, from.size(), to);
     }
     for (auto m = it.value().begin(); m != it.value().end(); ++m) {

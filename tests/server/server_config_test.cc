@@ -16,6 +16,7 @@ max_in_flight: 5000
 lease: 45s
 step_key_retention: 30d
 definitions: defs
+tls: { cert_file: tls/cert.pem, key_file: /secure/key.pem }
 api: { max_body_bytes: 65536, read_timeout: 5s, idempotency_retention: 2h }
 events:
   - type: a.start
@@ -28,13 +29,15 @@ events:
   EXPECT_EQ(config->workers, 4);
   EXPECT_EQ(config->max_in_flight, 5000);
   EXPECT_EQ(config->definitions, "/etc/waystone/defs");
+  EXPECT_EQ(config->tls_cert_file, "/etc/waystone/tls/cert.pem");
+  EXPECT_EQ(config->tls_key_file, "/secure/key.pem");
   EXPECT_EQ(config->max_body_bytes, 65536u);
   EXPECT_EQ(config->read_timeout_seconds, 5);
   EXPECT_EQ(config->idempotency_retention, 2 * 3600 * 1000);
   ASSERT_EQ(config->events.size(), 2u);
   EXPECT_EQ(config->events[0].start, "wf");
   EXPECT_EQ(config->events[1].signal_key, "/ref");
-  EXPECT_EQ(config->events[1].line, 11);
+  EXPECT_EQ(config->events[1].line, 12);
   EXPECT_EQ(config->step_key_retention, "30d");
 }
 
@@ -62,6 +65,19 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
       {"api: { idempotency_retention: soon }\n", "idempotency_retention"},
       {"listen: [\n", "c.yaml:2: malformed YAML"},
       {"lease: forever\n", "'lease'"},
+      {"permissions: { role: operator }\n", "c.yaml:1: 'permissions' is a list"},
+      {"tls: { cert_file: c.pem }\n", "c.yaml:1: 'tls' needs both 'cert_file' and 'key_file'"},
+      {"tls: { cert_file: c.pem, key_file: k.pem, ca: x }\n", "unknown field 'ca'"},
+      {"permissions:\n  - { role: god, actions: [retry] }\n", "c.yaml:2: a permission needs 'role'"},
+      {"permissions:\n  - { role: operator }\n", "c.yaml:2: a permission needs 'actions'"},
+      {"permissions:\n  - role: operator\n    actions: [retry, delete]\n",
+       "c.yaml:3: 'delete' is not one of retry"},
+      {"permissions:\n  - { role: viewer, actions: [retry] }\n", "a viewer takes no actions"},
+      {"permissions:\n  - { role: operator, tenant: 'a b', actions: [] }\n", "not a tenant name"},
+      {"permissions:\n  - { role: operator, actions: [retry], who: x }\n", "unknown field 'who'"},
+      {"permissions:\n  - { role: operator, tenant: t, actions: [retry] }\n"
+       "  - { role: operator, tenant: t, actions: [close] }\n",
+       "c.yaml:3: role 'operator' has permissions for tenant 't' already, at line 2"},
   };
   for (const Bad& c : cases) {
     auto config = ParseServerConfig(c.text, "c.yaml");
@@ -69,6 +85,36 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
     EXPECT_NE(config.status().message().find(c.says), std::string::npos)
         << c.text << " -> " << config.status().message();
   }
+}
+
+TEST(ServerConfigTest, PermissionsNarrowARolePerTenantAndDefaultToTodays) {
+  auto config = ParseServerConfig(R"(permissions:
+  - role: operator
+    tenant: acme
+    actions: [retry, confirm, acknowledge]
+  - role: operator
+    actions: [retry, close, see_redacted]
+  - role: viewer
+    tenant: acme
+    actions: [see_redacted]
+)", "c.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->permissions.size(), 3u);
+  EXPECT_EQ(config->permissions[0].line, 2);
+  const auto& rules = config->permissions;
+  using P = Permission;
+  EXPECT_EQ(PermissionsOf(rules, Role::kOperator, "acme"),
+            (std::set<P>{P::kRetry, P::kConfirm, P::kAcknowledge}));
+  EXPECT_EQ(PermissionsOf(rules, Role::kOperator, "other"),
+            (std::set<P>{P::kRetry, P::kClose, P::kSeeRedacted}));
+  EXPECT_EQ(PermissionsOf(rules, Role::kViewer, "acme"), (std::set<P>{P::kSeeRedacted}));
+  EXPECT_EQ(PermissionsOf(rules, Role::kViewer, "other"), (std::set<P>{}));
+  // No rule for admins: every action and see_redacted, as without the section.
+  EXPECT_EQ(PermissionsOf(rules, Role::kAdmin, "acme").size(), 7u);
+  EXPECT_EQ(PermissionsOf({}, Role::kOperator, "acme"),
+            (std::set<P>{P::kRetry, P::kConfirm, P::kCompensate, P::kSkip, P::kClose,
+                         P::kAcknowledge}));
+  EXPECT_EQ(TenantsWithRules(rules, Role::kOperator), (std::set<std::string>{"acme"}));
 }
 
 HeaderList Headers(std::map<std::string, std::string> headers) {

@@ -75,6 +75,13 @@ const RANK = { viewer: 1, operator: 2, admin: 3 };
 // True when `me` (GET /v1/me) may run operator actions; the server checks again.
 export function mayAct(me) { return (RANK[me?.role] ?? 0) >= RANK.operator; }
 
+// True when `me` may take `action` (or hold `see_redacted`) in `tenant`: what
+// GET /v1/me lists for it. The server checks again.
+export function mayDo(me, tenant, action) {
+  const actions = me?.actions_by_tenant?.[tenant] ?? me?.actions ?? [];
+  return actions.includes(action);
+}
+
 // The whole key in one encoded segment: a key may hold '/' and '..', and the browser
 // would resolve a literal '/../' into another path (another instance). The server
 // decodes %2F back into the key.

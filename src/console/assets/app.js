@@ -1,12 +1,13 @@
 // The console's shell: the login form, the header, and the routes in the URL's
-// hash (#/ triage, #/find?filters, #/instance/TENANT/KEY, #/batches, #/batch/ID), so a
-// link opens that exact view.
+// hash (#/ triage, #/find?filters, #/instance/TENANT/KEY, #/batches, #/batch/ID, #/tokens),
+// so a link opens that exact view.
 
 import { api, changedSince, forgetToken, Problem, setToken, token, watchedAnswers } from './api.js';
 import { renderBatch, renderBatches } from './batches.js';
 import { h, show } from './dom.js';
 import { renderFind } from './find.js';
 import { renderInstance } from './instance.js';
+import { renderTokens } from './tokens.js';
 import { renderTriage } from './triage.js';
 
 const main = document.getElementById('main');
@@ -72,6 +73,8 @@ function refused(problem) {
 async function start() {
   me = await api('/v1/me');
   nav.hidden = false;
+  // Tokens are an admin's: not offered to anyone else (the server refuses them anyway).
+  document.getElementById('nav-tokens').hidden = me.role !== 'admin';
   logout.hidden = false;
   show(who, `${me.token} · ${me.role} · tenant ${me.tenant === '*' ? 'all' : me.tenant}`);
 }
@@ -117,6 +120,7 @@ async function render(again) {
   for (const link of nav.querySelectorAll('a')) {
     const current = (link.getAttribute('href') === '#/' && path === '/') ||
       (link.getAttribute('href') === '#/find' && path === '/find') ||
+      (link.getAttribute('href') === '#/tokens' && path === '/tokens') ||
       (link.getAttribute('href') === '#/batches' && (path === '/batches' || path.startsWith('/batch/')));
     if (current) link.setAttribute('aria-current', 'page'); else link.removeAttribute('aria-current');
   }
@@ -128,6 +132,8 @@ async function render(again) {
       await renderBatch(main, me, decodeURIComponent(path.slice('/batch/'.length)), params);
     } else if (path === '/batches') {
       await renderBatches(main, me, params);
+    } else if (path === '/tokens') {
+      await renderTokens(main, me);
     } else if (path === '/find') {
       await renderFind(main, me, params);
     } else {

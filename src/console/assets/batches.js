@@ -4,7 +4,7 @@
 // progress and each item's result (judged by where its instance came to rest),
 // live while it runs.
 
-import { api, mayAct } from './api.js';
+import { api, mayDo } from './api.js';
 import { planView } from './dialog.js';
 import { h, show } from './dom.js';
 import { actionWords, instanceHref, stateLabel, time } from './format.js';
@@ -15,6 +15,12 @@ const FILTER_FIELDS = ['state', 'workflow', 'error_class', 'alert', 'created_aft
   'created_before', 'updated_after', 'updated_before', 'definition', 'step', 'step_state',
   'http_status', 'external_id'];
 const OPEN_ITEMS = ['pending', 'applying', 'applied'];
+
+// The batch actions `me` may take in `tenant` (its own when not named): what
+// GET /v1/me lists. The server checks again.
+export function batchActions(me, tenant) {
+  return ACTIONS.filter((a) => mayDo(me, tenant || me.tenant, a));
+}
 
 const dialog = () => document.getElementById('action-dialog');
 
@@ -41,7 +47,7 @@ function filterWords(filter) {
 export function openBatchDialog(me, filter, tenant) {
   const box = dialog();
   const action = h('select', { id: 'batch-action', name: 'action' },
-    ACTIONS.map((a) => h('option', { value: a }, actionWords(a))));
+    batchActions(me, tenant).map((a) => h('option', { value: a }, actionWords(a))));
   const step = h('input', { id: 'batch-step', name: 'step', type: 'text', autocomplete: 'off',
     'aria-describedby': 'batch-step-help' });
   const reason = h('textarea', { id: 'batch-reason', name: 'reason', required: true, rows: 3,
@@ -179,7 +185,7 @@ export async function renderBatch(main, me, id, params) {
   };
   // Offered only to roles that may; the server checks again.
   const live = batch.state === 'running' || batch.state === 'paused';
-  const buttons = mayAct(me) && live ? h('div', { class: 'batch-actions' },
+  const buttons = mayDo(me, batch.tenant, batch.action) && live ? h('div', { class: 'batch-actions' },
     batch.state === 'running' ? h('button', { type: 'button', id: 'batch-pause', onclick: change('pause') }, 'Pause') : null,
     batch.state === 'paused' ? h('button', { type: 'button', id: 'batch-resume', onclick: change('resume') }, 'Resume') : null,
     h('button', { type: 'button', id: 'batch-cancel', onclick: change('cancel') }, 'Cancel the rest')) : null;

@@ -1,8 +1,8 @@
 // Find: filters of GET /v1/instances, kept in the URL's hash (#/find?state=…), so a
 // link opens exactly this view; server-side pages (next_cursor).
 
-import { api, instancePath, mayAct, Problem } from './api.js';
-import { batchFilter, openBatchDialog } from './batches.js';
+import { api, instancePath, Problem } from './api.js';
+import { batchActions, batchFilter, openBatchDialog } from './batches.js';
 import { h, show } from './dom.js';
 import { instanceHref, stateLabel, time } from './format.js';
 
@@ -109,7 +109,7 @@ export async function renderFind(main, me, params) {
   }
   // A filter (not one exact key) may be acted on as a whole, as a batch.
   const filter = batchFilter(params);
-  const bulk = mayAct(me) && filter && (items.length > 0 || nextCursor)
+  const bulk = batchActions(me, params.get('tenant')).length && filter && (items.length > 0 || nextCursor)
     ? h('p', {}, h('button', { type: 'button', id: 'act-on-these',
       onclick: () => openBatchDialog(me, filter, params.get('tenant')) },
       `Act on ${nextCursor ? 'all' : `these ${items.length}`} that match…`)) : null;

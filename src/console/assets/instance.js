@@ -3,7 +3,7 @@
 // every step (newest first, paged, with the worker and lease epoch it was sent
 // under), its alerts, the audit trail and event deliveries. Operator actions open the dialog.
 
-import { api, instancePath, mayAct } from './api.js';
+import { api, instancePath, mayAct, mayDo } from './api.js';
 import { h, show } from './dom.js';
 import { openActionDialog } from './dialog.js';
 import { actionWords, REASON_WORDS, relative, stateLabel, time } from './format.js';
@@ -161,7 +161,7 @@ export async function renderInstance(main, me, tenant, key) {
       h('h2', { id: 'alerts-title' }, `Alerts (${openAlerts.length} open)`),
       view.alerts.length ? h('ul', { class: 'alerts' }, view.alerts.map((a) => h('li', {},
         stateLabel(a.state), ` ${a.kind}`, a.step ? ` at ${a.step}` : '', `: ${a.message} · `, time(a.created_at),
-        canAct && a.state === 'open' ? [' ', h('button', { type: 'button', class: 'small action-acknowledge',
+        canAct && a.state === 'open' && mayDo(me, view.tenant, 'acknowledge') ? [' ', h('button', { type: 'button', class: 'small action-acknowledge',
           onclick: () => act({ action: 'acknowledge', alert: a }) }, 'Acknowledge')] : null)))
         : h('p', { class: 'muted' }, 'None.')),
     h('section', { 'aria-labelledby': 'audit-title' },

@@ -47,17 +47,18 @@ absl::StatusOr<std::string> PostgresStore::ServerKey(const std::string& name) {
   return r.Text(0, 0);
 }
 
-absl::Status PostgresStore::RevokeToken(const std::string& name, Millis now) {
-  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  WS_ASSIGN_OR_RETURN(PgResult r,
-                      c->Query("UPDATE api_tokens SET revoked_at = $1::bigint WHERE name = $2 "
-                               "AND revoked_at = 0 RETURNING name",
-                               Params(now, name)));
-  if (r.rows() == 1) return absl::OkStatus();
-  WS_ASSIGN_OR_RETURN(PgResult exists,
-                      c->Query("SELECT 1 FROM api_tokens WHERE name = $1", Params(name)));
-  if (exists.rows() == 0) return absl::NotFoundError("no token named '" + name + "'");
-  return absl::FailedPreconditionError("token '" + name + "' is revoked already");
+absl::Status PostgresStore::RevokeToken(const std::string& name, const AuditRecord& audit) {
+  return InTransaction([&](PgConnection& c) -> absl::Status {
+    WS_ASSIGN_OR_RETURN(PgResult r,
+                        c.Query("UPDATE api_tokens SET revoked_at = $1::bigint WHERE name = $2 "
+                                "AND revoked_at = 0 RETURNING name",
+                                Params(audit.at, name)));
+    if (r.rows() == 1) return PgInsertAudit(c, audit, 0, audit.at);
+    WS_ASSIGN_OR_RETURN(PgResult exists,
+                        c.Query("SELECT 1 FROM api_tokens WHERE name = $1", Params(name)));
+    if (exists.rows() == 0) return absl::NotFoundError("no token named '" + name + "'");
+    return absl::FailedPreconditionError("token '" + name + "' is revoked already");
+  });
 }
 
 absl::StatusOr<ApiRequestClaim> PostgresStore::BeginApiRequest(const ApiRequestRecord& request,

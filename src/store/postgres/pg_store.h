@@ -86,7 +86,7 @@ class PostgresStore final : public Store {
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
   absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
   absl::StatusOr<std::string> ServerKey(const std::string& name) override;
-  absl::Status RevokeToken(const std::string& name, Millis now) override;
+  absl::Status RevokeToken(const std::string& name, const AuditRecord& audit) override;
   absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;
   absl::Status AcknowledgeAlert(int64_t id, const AuditRecord& audit) override;
   absl::StatusOr<ApiRequestClaim> BeginApiRequest(const ApiRequestRecord& request,

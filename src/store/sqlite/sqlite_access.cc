@@ -52,20 +52,24 @@ absl::StatusOr<std::string> SqliteStore::ServerKey(const std::string& name) {
   return *value;
 }
 
-absl::Status SqliteStore::RevokeToken(const std::string& name, Millis now) {
+absl::Status SqliteStore::RevokeToken(const std::string& name, const AuditRecord& audit) {
   MutexLock lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * find,
-                      db_->Prepare("SELECT revoked_at FROM api_tokens WHERE name = ?"));
-  find->BindAll(name);
-  WS_ASSIGN_OR_RETURN(std::optional<Millis> revoked,
-                      FirstRow(find, [](const SqliteStatement& r) { return r.Int(0); }));
-  if (!revoked) return absl::NotFoundError("no token named '" + name + "'");
-  if (*revoked != 0) {
-    return absl::FailedPreconditionError("token '" + name + "' is revoked already");
-  }
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare("UPDATE api_tokens SET revoked_at = ? WHERE name = ?"));
-  return s->BindAll(now, name).Run();
+  SqliteDb& db = *db_;  // the lambda below runs with the lock held
+  return InWriteTransaction(db, [&]() -> absl::Status {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * find,
+                        db.Prepare("SELECT revoked_at FROM api_tokens WHERE name = ?"));
+    find->BindAll(name);
+    WS_ASSIGN_OR_RETURN(std::optional<Millis> revoked,
+                        FirstRow(find, [](const SqliteStatement& r) { return r.Int(0); }));
+    if (!revoked) return absl::NotFoundError("no token named '" + name + "'");
+    if (*revoked != 0) {
+      return absl::FailedPreconditionError("token '" + name + "' is revoked already");
+    }
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                        db.Prepare("UPDATE api_tokens SET revoked_at = ? WHERE name = ?"));
+    WS_RETURN_IF_ERROR(s->BindAll(audit.at, name).Run());
+    return SqliteInsertAudit(db, audit, 0, audit.at);
+  });
 }
 
 absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRecord& request,

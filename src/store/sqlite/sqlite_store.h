@@ -76,7 +76,7 @@ class SqliteStore final : public Store {
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;
   absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
   absl::StatusOr<std::string> ServerKey(const std::string& name) override;
-  absl::Status RevokeToken(const std::string& name, Millis now) override;
+  absl::Status RevokeToken(const std::string& name, const AuditRecord& audit) override;
   absl::StatusOr<GcReport> CollectGarbage(Millis finished_before, Millis now, Millis protect_before,
                                           bool dry_run) override;
   absl::StatusOr<AlertRecord> GetAlert(int64_t id) override;

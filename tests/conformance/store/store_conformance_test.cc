@@ -1206,10 +1206,20 @@ TEST_P(StoreConformanceTest, TokensHaveUniqueNamesExpireAndAreRevokedByName) {
   ASSERT_EQ(tokens->size(), 2u);
   EXPECT_EQ((*tokens)[0].name, "alice");
   EXPECT_EQ((*tokens)[1].expires_at, 5000);
-  ASSERT_TRUE(store_->RevokeToken("alice", 99).ok());
+  auto revocation = [](Millis at, const std::string& name) {
+    return AuditRecord{0, at, "root", "t1", 0, "revoke_token", "left", "{\"token\":\"" + name + "\"}"};
+  };
+  ASSERT_TRUE(store_->RevokeToken("alice", revocation(99, "alice")).ok());
   EXPECT_EQ(store_->FindToken("h1")->revoked_at, 99);
-  EXPECT_TRUE(absl::IsFailedPrecondition(store_->RevokeToken("alice", 100)));
-  EXPECT_TRUE(absl::IsNotFound(store_->RevokeToken("carol", 100)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->RevokeToken("alice", revocation(100, "alice"))));
+  EXPECT_TRUE(absl::IsNotFound(store_->RevokeToken("carol", revocation(100, "carol"))));
+  // One audit record, of the revocation that happened, in the same transaction.
+  auto audit = store_->ListAudit(0);
+  ASSERT_TRUE(audit.ok()) << audit.status();
+  ASSERT_EQ(audit->size(), 1u);
+  EXPECT_EQ((*audit)[0].at, 99);
+  EXPECT_EQ((*audit)[0].action, "revoke_token");
+  EXPECT_EQ((*audit)[0].reason, "left");
   EXPECT_EQ(store_->FindToken("h2")->revoked_at, 0);
 }
 

@@ -1,0 +1,54 @@
+#pragma once
+
+// What each role may do, per tenant: the server config's `permissions:` section
+// narrows the operator actions a role may take and grants `see_redacted`. The
+// route's least role (routes.h) is checked first; these come after it. Values
+// only, no I/O.
+
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/operator_plan.h"
+#include "server/auth.h"
+
+namespace waystone {
+
+enum class Permission : uint8_t {
+  kRetry = 1,
+  kConfirm = 2,
+  kCompensate = 3,
+  kSkip = 4,
+  kClose = 5,
+  kAcknowledge = 6,  // an alert
+  kSeeRedacted = 7,  // the values a definition's `redact:` list hides
+};
+
+std::string_view ToString(Permission permission);
+std::optional<Permission> ParsePermission(std::string_view text);
+
+// The permission an operator action needs.
+Permission PermissionOf(OperatorAction action);
+
+// One entry of `permissions:`: all that `role` may do in `tenant` ("" = every
+// tenant without an entry of its own). A value type.
+struct PermissionRule {
+  Role role = Role::kOperator;
+  std::string tenant;
+  std::set<Permission> allowed;
+  int line = 0;  // in the config file
+};
+
+// Returns what `role` may do in `tenant`: the rule for that role and tenant, else
+// the role's rule for every tenant, else the defaults (viewers nothing, operators
+// every action, admins every action and see_redacted).
+std::set<Permission> PermissionsOf(const std::vector<PermissionRule>& rules, Role role,
+                                   const std::string& tenant);
+
+// The tenants some rule names for `role` (where its permissions may differ from
+// those of every other tenant).
+std::set<std::string> TenantsWithRules(const std::vector<PermissionRule>& rules, Role role);
+
+}  // namespace waystone

@@ -1,0 +1,128 @@
+#include "server/redaction.h"
+
+#include <algorithm>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/catalog.h"
+#include "server/api_handlers.h"
+#include "server/permissions.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// Shorter values are hidden only where they are the whole string: quoted in a
+// message, they would blank out unrelated text (a "5" in every message).
+constexpr size_t kShortestQuoted = 4;
+
+void CollectLeaves(const Json& value, std::vector<std::string>* out) {
+  if (value.is_object() || value.is_array()) {
+    for (const Json& member : value) CollectLeaves(member, out);
+    return;
+  }
+  const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+  if (!text.empty()) out->push_back(text);
+}
+
+// Applies `pointers` to `document`, returning whether it held any; the values
+// they named are added to `hidden`. A pointer through a value of another type
+// (an index into an object) names nothing.
+bool HidePointers(const std::vector<Json::json_pointer>& pointers, Json& document,
+                  std::vector<std::string>* hidden) {
+  bool any = false;
+  for (const auto& pointer : pointers) {
+    try {
+      if (!document.contains(pointer)) continue;
+      CollectLeaves(document.at(pointer), hidden);
+      document[pointer] = kRedactedValue;
+      any = true;
+    } catch (const Json::exception&) {
+    }
+  }
+  return any;
+}
+
+// A string that ends in a JSON body ("HTTP 422: {...}"): the body with the
+// pointers hidden, written back after the same prefix.
+void HideInQuotedBody(const std::vector<Json::json_pointer>& pointers, std::string& text,
+                      std::vector<std::string>* hidden) {
+  const size_t at = text.find_first_of("{[");
+  if (at == std::string::npos) return;
+  Json body = Json::parse(text.substr(at), nullptr, false);
+  if (body.is_discarded() || !HidePointers(pointers, body, hidden)) return;
+  text = text.substr(0, at) + body.dump();
+}
+
+void ForEachString(Json& value, const std::function<void(Json&)>& visit) {
+  if (value.is_object() || value.is_array()) {
+    for (Json& member : value) ForEachString(member, visit);
+  } else if (value.is_string()) {
+    visit(value);
+  }
+}
+
+}  // namespace
+
+void RedactValues(const std::vector<std::string>& pointer_texts, const InstanceRecord& instance,
+                  const std::vector<StepRecord>& steps, Json& shown) {
+  if (pointer_texts.empty()) return;
+  std::vector<Json::json_pointer> pointers;
+  for (const std::string& text : pointer_texts) {
+    try {
+      pointers.emplace_back(text);  // the definition loader checked its form
+    } catch (const Json::exception&) {
+    }
+  }
+  // The stored documents name the values; what is shown is then hidden where it
+  // is a document (the input), quotes a body, or quotes a value.
+  std::vector<std::string> hidden;
+  std::vector<Json> documents = {Json::parse(instance.input_json, nullptr, false)};
+  for (const StepRecord& s : steps) {
+    if (!s.response_json.empty()) documents.push_back(Json::parse(s.response_json, nullptr, false));
+  }
+  for (Json& document : documents) {
+    if (!document.is_discarded()) HidePointers(pointers, document, &hidden);
+  }
+  if (shown.is_object() && shown.contains("input")) HidePointers(pointers, shown["input"], &hidden);
+  ForEachString(shown, [&](Json& value) {
+    std::string text = value.get<std::string>();
+    HideInQuotedBody(pointers, text, &hidden);
+    value = text;
+  });
+  // The longest first: a value that contains another is hidden whole.
+  std::sort(hidden.begin(), hidden.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  ForEachString(shown, [&](Json& value) {
+    std::string text = value.get<std::string>();
+    for (const std::string& h : hidden) {
+      if (text == h) {
+        value = kRedactedValue;
+        return;
+      }
+      if (h.size() < kShortestQuoted) continue;
+      for (size_t at = text.find(h); at != std::string::npos; at = text.find(h, at)) {
+        text.replace(at, h.size(), kRedactedValue);
+        at += sizeof(kRedactedValue) - 1;
+      }
+    }
+    value = text;
+  });
+}
+
+void RedactFor(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
+               const std::vector<StepRecord>& steps, Json& shown) {
+  if (PermissionsOf(ctx.options.permissions, principal.role, instance.tenant)
+          .contains(Permission::kSeeRedacted)) {
+    return;
+  }
+  auto definition = ctx.definitions->Get(instance.definition_hash);
+  // Its definition is gone: nothing says what to hide, and nothing of it can be shown
+  // as the definition wanted; the input and results stay as stored.
+  if (!definition.ok()) return;
+  RedactValues((*definition)->redact, instance, steps, shown);
+}
+
+}  // namespace waystone

@@ -1,0 +1,32 @@
+#pragma once
+
+// A definition's `redact:` list applied to what the API shows of one instance,
+// for tokens without see_redacted (permissions.h). Inside the API server only.
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "store/records.h"
+
+namespace waystone {
+
+struct ApiContext;
+struct Principal;
+
+constexpr char kRedactedValue[] = "[redacted]";
+
+// Hides, in `shown`, the values `pointers` name in the instance's input and in its
+// steps' results: at each pointer of shown["input"] (when present) the value is
+// "[redacted]", and so is every string of `shown` that is one of those values or
+// quotes one of 4 characters or more (an error message quoting a response body).
+void RedactValues(const std::vector<std::string>& pointers, const InstanceRecord& instance,
+                  const std::vector<StepRecord>& steps, nlohmann::json& shown);
+
+// RedactValues with the instance's definition's list, unless `principal` may see
+// redacted values in the instance's tenant.
+void RedactFor(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
+               const std::vector<StepRecord>& steps, nlohmann::json& shown);
+
+}  // namespace waystone
