@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/catalog.h"
+#include "model/template.h"
 #include "server/api_handlers.h"
 #include "server/permissions.h"
 
@@ -92,6 +93,14 @@ void RedactValues(const std::vector<std::string>& pointer_texts, const InstanceR
     HideInQuotedBody(pointers, text, &hidden);
     value = text;
   });
+  // As a URL holds them too (a dry run's rendered_url): percent-encoded.
+  const size_t plain = hidden.size();
+  for (size_t i = 0; i < plain; ++i) {
+    for (UrlPart part : {UrlPart::kPathSegment, UrlPart::kQuery}) {
+      std::string encoded = PercentEncode(hidden[i], part);
+      if (encoded != hidden[i]) hidden.push_back(std::move(encoded));
+    }
+  }
   // The longest first: a value that contains another is hidden whole.
   std::sort(hidden.begin(), hidden.end(),
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });

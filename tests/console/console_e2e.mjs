@@ -790,18 +790,23 @@ try {
     const nora = token('operator', 'nora');
     start('serve-narrow', ['serve', '--api-only', '--config', path.join(work, 'narrow.yaml')], env);
     await until('the narrowed server', async () => (await fetch(`${narrow}/readyz`)).ok);
+    // Its own order with an unknown outcome (the ERP's answer lost): confirm is offered.
+    await faults({ 'erp.create_order': { next: ['close_before_bytes'] } });
+    await startOrder('console-order', { order_id: 'p1', customer_id: 'C-P1', amount: 4 });
+    await settles('console:p1', (v) => v.state === 'needs_attention');
+    await faults({});
     const me = (await call('GET', `${narrow}/v1/me`, { bearer: nora })).body;
     assert.deepEqual(me.actions, ['retry', 'confirm']);
     // What the same state offers a default operator, on the first server: close too.
-    const full = (await show('console:2')).stopped.next_actions.map((a) => a.action);
+    const full = (await show('console:p1')).stopped.next_actions.map((a) => a.action);
     assert.ok(full.includes('confirm') && full.includes('close'), JSON.stringify(full));
 
     const narrowed = await browser.newContext({ viewport: { width: 1366, height: 900 } });
     const npage = await narrowed.newPage();
-    await npage.goto(`${narrow}/console/#/instance/default/console%3A2`);
+    await npage.goto(`${narrow}/console/#/instance/default/console%3Ap1`);
     await npage.getByLabel('API token').fill(nora);
     await npage.getByRole('button', { name: 'Log in' }).click();
-    await npage.getByRole('heading', { name: /console:2/, level: 1 }).waitFor();
+    await npage.getByRole('heading', { name: /console:p1/, level: 1 }).waitFor();
     const offered = await npage.locator('button.action').evaluateAll((buttons) => buttons.map((b) => b.dataset.action));
     assert.ok(offered.includes('confirm'), JSON.stringify(offered));
     for (const action of offered) assert.ok(['retry', 'confirm'].includes(action), JSON.stringify(offered));
@@ -809,10 +814,10 @@ try {
     assert.equal(await npage.getByRole('button', { name: /Acknowledge/ }).count(), 0);
     assert.doesNotMatch(await npage.locator('.actions-text').textContent(), /ompensate|lose/);
     await npage.screenshot({ path: path.join(out, 'instance-narrowed-operator.png'), fullPage: true });
-    const before = await show('console:2');
+    const before = await show('console:p1');
     for (const action of ['compensate', 'close']) {
       for (const dry of ['?dry_run=true', '']) {
-        const refused = await call('POST', `${narrow}/v1/instances/console%3A2/${action}${dry}`,
+        const refused = await call('POST', `${narrow}/v1/instances/console%3Ap1/${action}${dry}`,
           { bearer: nora, body: { reason: 'narrowed operator tries' }, ok: false });
         assert.equal(refused.status, 403, `${action}${dry}`);
         assert.match(refused.headers.get('content-type'), /problem\+json/);
@@ -827,11 +832,22 @@ try {
         headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${sessionStorage.getItem('waystone.token')}` },
       });
       return response.status;
-    }, 'console:2');
+    }, 'console:p1');
     assert.equal(fromPage, 403);
-    const after = await show('console:2');
+    const after = await show('console:p1');
     assert.equal(after.state, before.state);
     assert.deepEqual(after.audit, before.audit);
+    // Bulk actions offer only what the operator may take: of retry, skip, compensate
+    // and close, retry.
+    await npage.goto(`${narrow}/console/#/find?state=needs_attention&workflow=console-order`);
+    await npage.getByRole('button', { name: /^Act on / }).click();
+    const options = await npage.locator('dialog[open] #batch-action option').evaluateAll((o) => o.map((x) => x.value));
+    assert.deepEqual(options, ['retry']);
+    await npage.keyboard.press('Escape');
+    const closeBatch = await call('POST', `${narrow}/v1/batches?dry_run=true`, { bearer: nora, ok: false,
+      body: { action: 'close', reason: 'narrowed', filter: { state: 'needs_attention' } } });
+    assert.equal(closeBatch.status, 403);
+    assert.equal(closeBatch.body.action, 'close');
     await narrowed.close();
   });
 
