@@ -60,8 +60,8 @@ absl::StatusOr<BatchRecord> PostgresStore::CreateBatch(const NewBatch& in) {
       ids.push_back(std::to_string(instance_id));
       keys.push_back(key);
     }
-    WS_RETURN_IF_ERROR(c.Query(kItems, Params(id, in.now, "{" + absl::StrJoin(ids, ",") + "}",
-                                              "{" + QuoteEach(keys) + "}"))
+    WS_RETURN_IF_ERROR(c.Query(kItems, Params(id, in.now, absl::StrCat("{", absl::StrJoin(ids, ","), "}"),
+                                              absl::StrCat("{", QuoteEach(keys), "}")))
                            .status());
     WS_ASSIGN_OR_RETURN(created, BatchWhere(c, "id = $1::bigint", Params(id)));
     return absl::OkStatus();
