@@ -61,7 +61,8 @@ struct Matched {
 absl::StatusOr<Matched> MatchInstances(const ApiContext& ctx, const std::string& tenant,
                                        const std::map<std::string, std::string>& fields) {
   Matched out;
-  for (const auto& [name, value] : fields) {
+  for (const auto& field : fields) {
+    const std::string& name = field.first;
     if (std::find_if(std::begin(kFilterFields), std::end(kFilterFields),
                      [&](const char* f) { return name == f; }) == std::end(kFilterFields)) {
       out.problem = BadRequest("unknown filter '" + name + "'");
