@@ -161,6 +161,9 @@ absl::Status BatchRunner::ApplyItem(const BatchItemRecord& item) {
     return finish(BatchItemState::kApplied, "", std::string(ToString(result->instance.state)));
   }
   const absl::Status& why = result.status();
+  // Another runner of this item applied it while this one waited for the lease:
+  // Apply checked the audit under the lease, so the action is in once.
+  if (absl::IsAlreadyExists(why)) return finish(BatchItemState::kApplied, "");
   if (absl::IsAborted(why) || absl::IsUnavailable(why)) {
     // A worker holds the instance, or the store is busy: taken again later.
     if (item.tries < options_.max_tries) return finish(BatchItemState::kPending, std::string(why.message()));

@@ -1,10 +1,12 @@
 #include <map>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/operations.h"
 #include "server/api_handlers.h"
+#include "server/redaction.h"
 #include "server/request_bodies.h"
 #include "server/request_helpers.h"
 #include "server/wire_json.h"
@@ -28,17 +30,22 @@ void ListAlerts(const ApiContext& ctx, const Principal& principal, const ServerR
   auto alerts = ctx.store->ListAlerts(0);
   if (!alerts.ok()) return Send(res, ProblemFromStatus(alerts.status()), req.path);
   auto tenant = TenantOf(principal, req);
-  std::map<int64_t, std::string> keys;
+  std::map<int64_t, std::optional<InstanceRecord>> instances;
   Json items = Json::array();
   for (const auto& a : *alerts) {
     if (tenant && a.tenant != *tenant) continue;
     if (state && a.state != *state) continue;
-    auto [it, fresh] = keys.try_emplace(a.instance_id);
+    auto [it, fresh] = instances.try_emplace(a.instance_id);
     if (fresh) {
       auto instance = ctx.store->GetInstance(a.instance_id);
-      it->second = instance.ok() ? instance->key : "";
+      if (instance.ok()) it->second = *instance;
     }
-    items.push_back(wire::Alert(a, it->second, *ctx.ids));
+    Json item = wire::Alert(a, it->second ? it->second->key : "", *ctx.ids);
+    if (it->second) {  // its message is the instance's reason: it may quote a response
+      absl::Status hidden = RedactShownInstance(ctx, principal, *it->second, item);
+      if (!hidden.ok()) return Send(res, ProblemFromStatus(hidden), req.path);
+    }
+    items.push_back(std::move(item));
   }
   SendJson(res, 200, {{"items", items}});
 }
@@ -76,6 +83,10 @@ void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
   Json out = wire::Alert(*alert, instance.ok() ? instance->key : "", *ctx.ids);
   out["dry_run"] = dry;
   if (dry) out["state_after"] = "acknowledged";
+  if (instance.ok()) {
+    absl::Status hidden = RedactShownInstance(ctx, principal, *instance, out);
+    if (!hidden.ok()) return Send(res, ProblemFromStatus(hidden), req.path);
+  }
   SendJson(res, 200, out);
 }
 

@@ -176,11 +176,10 @@ absl::Status RedactForInstance(const ApiContext& ctx, const Principal& principal
     return absl::OkStatus();
   }
   auto instance = ctx.store->FindInstance(tenant, key);
-  if (absl::IsNotFound(instance.status())) return absl::OkStatus();  // collected: nothing of it
+  // Collected (gc): its definition is no longer known from here; shown as recorded.
+  if (absl::IsNotFound(instance.status())) return absl::OkStatus();
   if (!instance.ok()) return instance.status();
-  WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, ctx.store->GetSteps(instance->id));
-  RedactFor(ctx, principal, *instance, steps, shown);
-  return absl::OkStatus();
+  return RedactShownInstance(ctx, principal, *instance, shown);
 }
 
 }  // namespace

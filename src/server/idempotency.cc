@@ -28,9 +28,11 @@ void RunIdempotent(const ApiContext& ctx, const Principal& principal, const Serv
   ApiRequestRecord record;
   record.tenant = principal.tenant;
   record.key = key;
+  // The token is part of the request: a stored answer is what its token may see and
+  // do (its role, permissions, redaction), never replayed to another token.
   record.request_hash = Sha256Hex(req.method + " " + req.path + " dry_run=" +
                                   Param(req, "dry_run") + " tenant=" + Param(req, "tenant") +
-                                  "\n" + req.body);
+                                  " token=" + principal.token_name + "\n" + req.body);
   record.created_at = now;
   record.expires_at = now + ctx.options.idempotency_retention;
   record.owner = ctx.owner;

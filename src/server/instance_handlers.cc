@@ -169,7 +169,11 @@ void ListInstances(const ApiContext& ctx, const Principal& principal, const Serv
       next = CursorOf(last);
       break;
     }
-    items.push_back(wire::InstanceSummary((*instances)[i]));
+    Json item = wire::InstanceSummary((*instances)[i]);
+    // Its reason may quote a response body.
+    absl::Status hidden = RedactShownInstance(ctx, principal, (*instances)[i], item);
+    if (!hidden.ok()) return Send(res, ProblemFromStatus(hidden), req.path);
+    items.push_back(std::move(item));
   }
   SendJson(res, 200, {{"items", items}, {"next_cursor", next}});
 }
@@ -335,6 +339,8 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
     if (view.ok()) {
       Json out = Json::parse(*view);
       out["created"] = created;
+      absl::Status hidden = RedactShownInstance(ctx, principal, *rested, out);
+      if (!hidden.ok()) return Send(res, ProblemFromStatus(hidden), req.path);
       res.SetHeader("Preference-Applied", "wait=" + std::to_string(wait));
       return SendJson(res, !IsTerminal(rested->state) ? 202 : created ? 201 : 200, out);
     }
@@ -349,6 +355,9 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
     // Removed by gc: answered as existing, from what gc kept; nothing is started.
     out["collected"] = true;
     out["tombstone"] = wire::Tombstone(*started->tombstone);
+  } else if (absl::Status hidden = RedactShownInstance(ctx, principal, started->instance, out);
+             !hidden.ok()) {
+    return Send(res, ProblemFromStatus(hidden), req.path);
   }
   SendJson(res, created ? 201 : 200, out);
 }

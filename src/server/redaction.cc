@@ -46,15 +46,38 @@ bool HidePointers(const std::vector<Json::json_pointer>& pointers, Json& documen
   return any;
 }
 
-// A string that ends in a JSON body ("HTTP 422: {...}"): the body with the
-// pointers hidden, written back after the same prefix.
+// Returns the end of the JSON object or array that starts at `at` (its brackets
+// balanced outside strings), or npos when it does not close.
+size_t EndOfJson(const std::string& text, size_t at) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = at; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string::npos;
+}
+
+// A string that quotes a JSON body ("HTTP 422: {...}; manual step: ..."): the body
+// with the pointers hidden, written back between the same prefix and suffix.
 void HideInQuotedBody(const std::vector<Json::json_pointer>& pointers, std::string& text,
                       std::vector<std::string>* hidden) {
   const size_t at = text.find_first_of("{[");
   if (at == std::string::npos) return;
-  Json body = Json::parse(text.substr(at), nullptr, false);
+  const size_t end = EndOfJson(text, at);
+  if (end == std::string::npos) return;
+  Json body = Json::parse(text.substr(at, end - at), nullptr, false);
   if (body.is_discarded() || !HidePointers(pointers, body, hidden)) return;
-  text = text.substr(0, at) + body.dump();
+  text = text.substr(0, at) + body.dump() + text.substr(end);
 }
 
 void ForEachString(Json& value, const std::function<void(Json&)>& visit) {
@@ -132,6 +155,20 @@ void RedactFor(const ApiContext& ctx, const Principal& principal, const Instance
   // as the definition wanted; the input and results stay as stored.
   if (!definition.ok()) return;
   RedactValues((*definition)->redact, instance, steps, shown);
+}
+
+absl::Status RedactShownInstance(const ApiContext& ctx, const Principal& principal,
+                                 const InstanceRecord& instance, Json& shown) {
+  if (PermissionsOf(ctx.options.permissions, principal.role, instance.tenant)
+          .contains(Permission::kSeeRedacted)) {
+    return absl::OkStatus();
+  }
+  auto definition = ctx.definitions->Get(instance.definition_hash);
+  if (!definition.ok() || (*definition)->redact.empty()) return absl::OkStatus();
+  auto steps = ctx.store->GetSteps(instance.id);
+  if (!steps.ok()) return steps.status();
+  RedactValues((*definition)->redact, instance, *steps, shown);
+  return absl::OkStatus();
 }
 
 }  // namespace waystone

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "absl/status/status.h"
 #include "store/records.h"
 
 namespace waystone {
@@ -28,5 +29,11 @@ void RedactValues(const std::vector<std::string>& pointers, const InstanceRecord
 // redacted values in the instance's tenant.
 void RedactFor(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
                const std::vector<StepRecord>& steps, nlohmann::json& shown);
+
+// RedactFor for what is shown of `instance` where its steps are not at hand (a
+// list row, an alert, a start's answer): reads them only when something is to be
+// hidden (a token without see_redacted, a definition with a redact: list).
+absl::Status RedactShownInstance(const ApiContext& ctx, const Principal& principal,
+                                 const InstanceRecord& instance, nlohmann::json& shown);
 
 }  // namespace waystone

@@ -3,6 +3,7 @@
 // audit, dry run equal to what then runs, refusals), Idempotency-Key, the
 // CloudEvents inbox, roles and tenants on every write route, bad input.
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -543,6 +544,12 @@ TEST_P(ApiWriteTest, IdempotencyKeyReplaysRefusesChangedPayloadsAndExpires) {
   auto replay = Send("POST", "/v1/instances", operator_, body, {{"Idempotency-Key", "key-1"}});
   EXPECT_EQ(replay.outcome.status, 201);
   EXPECT_EQ(replay.body, first.body);
+  // Another token of the tenant never gets this token's stored answer (it may see
+  // or do less): the key is another request for it.
+  const std::string other = *CreateToken(*store_, "op1b", "t1", Role::kOperator, 1);
+  auto crossed = Send("POST", "/v1/instances", other, body, {{"Idempotency-Key", "key-1"}});
+  EXPECT_EQ(crossed.outcome.status, 422) << crossed.body;
+  EXPECT_EQ(crossed.body.find("Idempotent-Replayed"), std::string::npos);
   const std::string changed = Json{{"workflow", "wf"}, {"input", {{"id", "i2"}}}}.dump();
   auto reused = Send("POST", "/v1/instances", operator_, changed, {{"Idempotency-Key", "key-1"}});
   EXPECT_EQ(reused.outcome.status, 422);
@@ -1463,7 +1470,8 @@ steps:
     EXPECT_EQ(view["input"]["ref"], "r1");
     EXPECT_EQ(view["key"], "r1");
     EXPECT_EQ(view["steps"][0]["external_id"], "[redacted]");
-    for (const char* path : {"/v1/instances/r1", "/v1/attempts?key=r1", "/v1/triage"}) {
+    for (const char* path : {"/v1/instances/r1", "/v1/attempts?key=r1", "/v1/triage",
+                             "/v1/instances?workflow=wfr", "/v1/alerts"}) {
       auto raw = Send("GET", path, token);
       EXPECT_EQ(raw.outcome.status, 200) << path;
       EXPECT_EQ(raw.body.find(phone), std::string::npos) << path << ": " << raw.body;
@@ -1472,6 +1480,18 @@ steps:
       EXPECT_EQ(raw.body.find(order), std::string::npos) << path << ": " << raw.body;
     }
   }
+  // The list's and the alerts' reason quote the refused charge's body: its id hidden.
+  for (const char* path : {"/v1/instances?workflow=wfr", "/v1/alerts"}) {
+    auto raw = Send("GET", path, operator_);
+    EXPECT_NE(raw.body.find(R"({\"id\":\"[redacted]\"})"), std::string::npos) << path << ": " << raw.body;
+    EXPECT_EQ(raw.body.find(R"({\"id\":\"X-)"), std::string::npos) << path << ": " << raw.body;
+  }
+  // A start of the same instance again answers with it: redacted too.
+  auto restart = Send("POST", "/v1/instances", operator_,
+                      Json{{"workflow", "wfr"}, {"input", {{"ref", "r1"}, {"customer", {{"phone", phone}}}}}}.dump());
+  EXPECT_EQ(restart.outcome.status, 200) << restart.body;
+  EXPECT_EQ(restart.body.find(R"({\"id\":\"X-)"), std::string::npos) << restart.body;
+  EXPECT_NE(restart.body.find("[redacted]"), std::string::npos) << restart.body;
   // A dry run's rendered URL holds the phone: hidden from the operator, in the
   // action's dry run and in a batch's preview, and shown to the admin. (A value
   // shorter than 4 characters, as the recorder's X-1, is hidden only where it is a
@@ -1629,6 +1649,35 @@ TEST_P(ApiWriteTest, ABatchIsPreviewedCreatedOnceAppliedAndJudgedByWhereEachInst
   EXPECT_EQ(Get("/v1/batches", operator_t2_)["items"].size(), 0u);
   auto hidden = Send("GET", path, operator_t2_);
   EXPECT_EQ(hidden.outcome.status, 404) << hidden.body;
+}
+
+// Two runners of one item (the first's claim expired while it applied): the second
+// finds, under the instance's lease, that its batch's retry is in the audit trail and
+// applies nothing, even though the instance has stopped again and would take a retry.
+TEST_P(ApiWriteTest, ABatchsActionIsAppliedToAnInstanceOnceEvenByTwoRunners) {
+  recorder_.Answer("/charge", 422);
+  ASSERT_EQ(StartAndDrive("twice"), InstanceState::kNeedsAttention);
+  OperatorRequest retry;
+  retry.action = OperatorAction::kRetry;
+  retry.step = "charge";
+  retry.reason = "ERP back";
+  retry.actor = "alice";
+  retry.batch = "00112233aabbccdd";
+  ASSERT_TRUE(engine_->operations().Apply("t1", "twice", retry).ok());
+  ASSERT_EQ(Drive("twice"), InstanceState::kNeedsAttention);  // refused again
+  const size_t calls = recorder_.Calls().size();
+  auto again = engine_->operations().Apply("t1", "twice", retry);
+  EXPECT_TRUE(absl::IsAlreadyExists(again.status())) << again.status();
+  EXPECT_EQ(Drive("twice"), InstanceState::kNeedsAttention);
+  EXPECT_EQ(recorder_.Calls().size(), calls);
+  auto audit = store_->ListAudit(store_->FindInstance("t1", "twice")->id);
+  ASSERT_TRUE(audit.ok());
+  EXPECT_EQ(std::count_if(audit->begin(), audit->end(),
+                          [](const AuditRecord& a) { return a.action == "retry"; }),
+            1);
+  // Another batch, or one operator by hand, still retries it.
+  retry.batch = "ffeeddccbbaa0099";
+  EXPECT_TRUE(engine_->operations().Apply("t1", "twice", retry).ok());
 }
 
 TEST_P(ApiWriteTest, BadBatchesAreProblemsAndCreateNothing) {

@@ -17,8 +17,10 @@ const FILTER_FIELDS = ['state', 'workflow', 'error_class', 'alert', 'created_aft
 const OPEN_ITEMS = ['pending', 'applying', 'applied'];
 
 // The batch actions `me` may take in `tenant` (its own when not named): what
-// GET /v1/me lists. The server checks again.
+// GET /v1/me lists. None for an all-tenants token until a tenant is chosen (a batch
+// is within one tenant). The server checks again.
 export function batchActions(me, tenant) {
+  if (!tenant && me.tenant === '*') return [];
   return ACTIONS.filter((a) => mayDo(me, tenant || me.tenant, a));
 }
 

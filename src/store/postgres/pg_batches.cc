@@ -178,7 +178,14 @@ absl::Status PostgresStore::UpdateBatchItem(const BatchItemUpdate& u) {
       " THEN $4::bigint ELSE applied_at END, finished_at = $5::bigint, updated_at = $4::bigint "
       "WHERE id = $6::bigint AND state = $7::integer AND ($7::integer <> ",
       SqlValue(BatchItemState::kApplying), " OR owner = $8) RETURNING batch_id");
+  // The batch's row first: two runners closing its last two items at once would
+  // each, under READ COMMITTED, still see the other's item open, and neither would
+  // finish the batch. Locked, the second sees the first's commit.
+  static const std::string kLockBatch =
+      "SELECT id FROM batches WHERE id = (SELECT batch_id FROM batch_items WHERE id = "
+      "$1::bigint) FOR UPDATE";
   return InTransaction([&](PgConnection& c) -> absl::Status {
+    WS_RETURN_IF_ERROR(c.Query(kLockBatch, Params(u.item_id)).status());
     WS_ASSIGN_OR_RETURN(
         PgResult r,
         c.Query(kUpdate, Params(static_cast<int>(u.to), u.result_state, u.message, u.now,
