@@ -126,12 +126,7 @@ absl::StatusOr<bool> BatchRunner::AppliedBefore(const BatchRecord& batch,
                                                 const BatchItemRecord& item) {
   auto audit = instances_->ListAudit(item.instance_id);
   if (!audit.ok()) return audit.status();
-  for (const AuditRecord& record : *audit) {
-    if (record.action != batch.action) continue;
-    const Json detail = Json::parse(record.detail_json, nullptr, false);
-    if (detail.is_object() && detail.value("batch", "") == batch.public_id) return true;
-  }
-  return false;
+  return AuditHoldsBatchAction(*audit, batch.action, batch.public_id);
 }
 
 absl::Status BatchRunner::ApplyItem(const BatchItemRecord& item) {

@@ -117,18 +117,6 @@ absl::Status Operations::Release(const Lease& lease) {
   return results.front();
 }
 
-absl::StatusOr<bool> Operations::BatchAppliedBefore(int64_t instance_id,
-                                                   const OperatorRequest& request) {
-  WS_ASSIGN_OR_RETURN(std::vector<AuditRecord> audit, store_->ListAudit(instance_id));
-  const std::string action(ToString(request.action));
-  for (const AuditRecord& record : audit) {
-    if (record.action != action) continue;
-    const nlohmann::json detail = nlohmann::json::parse(record.detail_json, nullptr, false);
-    if (detail.is_object() && detail.value("batch", "") == request.batch) return true;
-  }
-  return false;
-}
-
 absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const std::string& key,
                                                const OperatorRequest& request) {
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
@@ -146,10 +134,10 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
     // action may have been followed by another runner: under the lease, the audit
     // trail says whether this batch's action is already in.
     if (!request.batch.empty()) {
-      auto applied = BatchAppliedBefore(instance.id, request);
-      if (!applied.ok() || *applied) {
+      auto audit = store_->ListAudit(instance.id);
+      if (!audit.ok() || AuditHoldsBatchAction(*audit, ToString(request.action), request.batch)) {
         (void)Release(*lease);
-        if (!applied.ok()) return applied.status();
+        if (!audit.ok()) return audit.status();
         return absl::AlreadyExistsError("batch " + request.batch + " applied its " +
                                         std::string(ToString(request.action)) +
                                         " to this instance already");

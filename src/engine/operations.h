@@ -88,8 +88,6 @@ class Operations {
 
  private:
   absl::StatusOr<Lease> Claim(int64_t instance_id);
-  // Whether the batch request.batch names has its action in the instance's audit.
-  absl::StatusOr<bool> BatchAppliedBefore(int64_t instance_id, const OperatorRequest& request);
   // Returns kDuplicate or kConflict (raising its alert) when the inbox holds the
   // signal's event; NotFound when it does not.
   absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const std::string& data_hash);

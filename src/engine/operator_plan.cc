@@ -403,6 +403,16 @@ std::optional<OperatorAction> ParseOperatorAction(std::string_view text) {
   return std::nullopt;
 }
 
+bool AuditHoldsBatchAction(const std::vector<AuditRecord>& audit, std::string_view action,
+                           std::string_view batch) {
+  for (const AuditRecord& record : audit) {
+    if (record.action != action) continue;
+    const nlohmann::json detail = nlohmann::json::parse(record.detail_json, nullptr, false);
+    if (detail.is_object() && detail.value("batch", "") == batch) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definition,
                                               const InstanceRecord& instance,
                                               const std::vector<StepRecord>& steps,

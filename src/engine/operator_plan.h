@@ -26,6 +26,11 @@ enum class OperatorAction : uint8_t {
 std::string_view ToString(OperatorAction action);
 std::optional<OperatorAction> ParseOperatorAction(std::string_view text);
 
+// Whether `audit` (one instance's) holds `action` applied by batch `batch`: the
+// detail PlanOperatorAction's change records names the batch.
+bool AuditHoldsBatchAction(const std::vector<AuditRecord>& audit, std::string_view action,
+                           std::string_view batch);
+
 struct OperatorRequest {
   OperatorAction action = OperatorAction::kClose;
   std::string step;                 // retry, confirm, skip

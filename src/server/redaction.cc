@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -144,30 +145,40 @@ void RedactValues(const std::vector<std::string>& pointer_texts, const InstanceR
   });
 }
 
-void RedactFor(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
-               const std::vector<StepRecord>& steps, Json& shown) {
+namespace {
+
+// The redact: list to apply for `principal` to what is shown of `instance`; null
+// when it may see redacted values there, or nothing is to be hidden.
+std::shared_ptr<const WorkflowDefinition> HidingDefinition(const ApiContext& ctx,
+                                                           const Principal& principal,
+                                                           const InstanceRecord& instance) {
   if (PermissionsOf(ctx.options.permissions, principal.role, instance.tenant)
           .contains(Permission::kSeeRedacted)) {
-    return;
+    return nullptr;
   }
   auto definition = ctx.definitions->Get(instance.definition_hash);
   // Its definition is gone: nothing says what to hide, and nothing of it can be shown
   // as the definition wanted; the input and results stay as stored.
-  if (!definition.ok()) return;
-  RedactValues((*definition)->redact, instance, steps, shown);
+  if (!definition.ok() || (*definition)->redact.empty()) return nullptr;
+  return *definition;
+}
+
+}  // namespace
+
+void RedactFor(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
+               const std::vector<StepRecord>& steps, Json& shown) {
+  if (auto definition = HidingDefinition(ctx, principal, instance)) {
+    RedactValues(definition->redact, instance, steps, shown);
+  }
 }
 
 absl::Status RedactShownInstance(const ApiContext& ctx, const Principal& principal,
                                  const InstanceRecord& instance, Json& shown) {
-  if (PermissionsOf(ctx.options.permissions, principal.role, instance.tenant)
-          .contains(Permission::kSeeRedacted)) {
-    return absl::OkStatus();
-  }
-  auto definition = ctx.definitions->Get(instance.definition_hash);
-  if (!definition.ok() || (*definition)->redact.empty()) return absl::OkStatus();
+  auto definition = HidingDefinition(ctx, principal, instance);
+  if (!definition) return absl::OkStatus();
   auto steps = ctx.store->GetSteps(instance.id);
   if (!steps.ok()) return steps.status();
-  RedactValues((*definition)->redact, instance, *steps, shown);
+  RedactValues(definition->redact, instance, *steps, shown);
   return absl::OkStatus();
 }
 
