@@ -40,6 +40,33 @@ struct LookupSpec {
   std::string items;        // JSON pointer to an array of candidates (instead of `found`)
   std::string external_id;  // JSON pointer to the external id
   std::vector<std::pair<std::string, std::string>> match;  // pointer, value template
+  // `pages:` (with `items` only): every page is read and their candidates judged
+  // together. Either `next_pointer` names the next page's link in each answer (a
+  // path, "?query" or a same-origin URL; absent, null or "" on the last page), or
+  // `page_param` is a query parameter counted up from `first_page` until a page
+  // holds no candidate. More pages than `max_pages` leaves the lookup unproven.
+  std::string next_pointer;
+  std::string page_param;
+  int first_page = 1;
+  int max_pages = 1;  // 1: not paginated
+
+  bool Paginated() const { return !next_pointer.empty() || !page_param.empty(); }
+};
+
+// What an `errors.body` rule makes of an answer that matches it.
+enum class BodyVerdict : uint8_t {
+  kTransient = 1,  // retried with backoff (a 200 carrying "RATE_LIMIT")
+  kRejected = 2,   // not retried (a 200 carrying "VALIDATION")
+  kUnknown = 3,    // the outcome is not known: looked up, as after a timeout
+  kExists = 4,     // the object exists already ("DUPLICATE"): looked up and adopted
+};
+
+// One rule of a step's `errors.body`: a complete answer (with `status`, when set)
+// whose JSON body holds every `match` value means `verdict`, whatever its status.
+struct BodyErrorRule {
+  int status = 0;  // 0: any status
+  std::vector<std::pair<std::string, std::string>> match;  // JSON pointer, value (text)
+  BodyVerdict verdict = BodyVerdict::kTransient;
 };
 
 struct CompensationSpec {
@@ -77,6 +104,7 @@ struct StepDefinition {
   std::optional<CompensationSpec> compensate;
   RetryPolicy retry;
   StatusOverrides errors;
+  std::vector<BodyErrorRule> body_errors;  // `errors.body`, first match wins
   std::string idempotency_key;         // template; empty: "<instance key>:<step name>"
   bool idempotency_honored = false;    // the target deduplicates on Idempotency-Key
   ResponseKeep store_response = ResponseKeep::kNeeded;

@@ -354,7 +354,8 @@ class Reader {
       if (!lookup.IsMap()) {
         Error(lookup, name, "'lookup' must be a mapping with 'request' and 'found'");
       } else {
-        CheckFields(lookup, name, {"request", "found", "items", "match", "external_id"}, "lookup");
+        CheckFields(lookup, name, {"request", "found", "items", "match", "external_id", "pages"},
+                    "lookup");
         if (const YAML::Node lookup_request = lookup["request"]) {
           ReadRequest(lookup_request, name, "lookup.request", &spec.request);
           if (spec.request.SideEffecting()) {
@@ -377,19 +378,12 @@ class Reader {
             Error(match, name, "'lookup.match' maps JSON pointers to expected values, e.g. "
                                "{ \"/ref\": \"{{instance.ref}}\" }");
           } else {
-            for (const auto& entry : match) {
-              const std::string pointer = entry.first.Scalar();
-              CheckPointer(entry.first, name, pointer);
-              if (!entry.second.IsScalar()) {
-                Error(entry.second, name, "lookup.match " + pointer + " must be a string");
-                continue;
-              }
-              spec.match.emplace_back(pointer, entry.second.Scalar());
-            }
+            spec.match = PointerValues(match, name, "lookup.match");
           }
         }
         spec.external_id = OptionalString(lookup, "external_id", name);
         CheckPointer(lookup["external_id"], name, spec.external_id);
+        if (const YAML::Node pages = lookup["pages"]) ReadPages(pages, name, &spec);
       }
       step->lookup = std::move(spec);
     }
@@ -417,6 +411,10 @@ class Reader {
         Error(errors, name, "'errors' must map HTTP status codes to transient, rejected or unknown");
       } else {
         for (const auto& entry : errors) {
+          if (entry.first.IsScalar() && entry.first.Scalar() == "body") {
+            ReadBodyRules(entry.second, name, &step->body_errors);
+            continue;
+          }
           int status = 0;
           if (!YAML::convert<int>::decode(entry.first, status) || status < 100 || status > 599) {
             Error(entry.first, name, "'" + entry.first.Scalar() + "' is not an HTTP status code");
@@ -448,6 +446,116 @@ class Reader {
           step->idempotency_honored = value;
         }
       }
+    }
+  }
+
+  // Reads a mapping of JSON pointers to scalar values (`lookup.match`, a body rule's
+  // `match`), naming `what` in the errors.
+  std::vector<std::pair<std::string, std::string>> PointerValues(const YAML::Node& map,
+                                                                 const std::string& name,
+                                                                 const std::string& what) {
+    std::vector<std::pair<std::string, std::string>> values;
+    for (const auto& entry : map) {
+      const std::string pointer = entry.first.Scalar();
+      CheckPointer(entry.first, name, pointer);
+      if (!entry.second.IsScalar()) {
+        Error(entry.second, name, what + " " + pointer + " must be a string");
+        continue;
+      }
+      values.emplace_back(pointer, entry.second.Scalar());
+    }
+    return values;
+  }
+
+  // Reads `lookup.pages`: { next: /pointer } or { param: page, first: 1 }, and max.
+  void ReadPages(const YAML::Node& pages, const std::string& name, LookupSpec* spec) {
+    constexpr int kDefaultMaxPages = 10;
+    constexpr int kMostPages = 1000;
+    if (!pages.IsMap()) {
+      Error(pages, name, "'lookup.pages' must be a mapping such as { next: /next, max: 10 } or "
+                         "{ param: page, first: 1, max: 10 }");
+      return;
+    }
+    CheckFields(pages, name, {"next", "param", "first", "max"}, "lookup.pages");
+    if (spec->items.empty()) {
+      Error(pages, name, "'lookup.pages' needs 'items': the candidates of every page are judged "
+                         "together");
+    }
+    if (pages["next"] && pages["param"]) {
+      Error(pages, name, "'lookup.pages' follows 'next' (a link in each answer) or counts up "
+                         "'param', not both");
+    } else if (pages["next"]) {
+      spec->next_pointer = RequiredString(pages, "next", name);
+      CheckPointer(pages["next"], name, spec->next_pointer);
+    } else if (pages["param"]) {
+      spec->page_param = RequiredString(pages, "param", name);
+    } else {
+      Error(pages, name, "'lookup.pages' needs 'next' (a JSON pointer to the next page's link) "
+                         "or 'param' (the page number's query parameter)");
+    }
+    if (const YAML::Node first = pages["first"]) {
+      if (spec->page_param.empty()) Error(first, name, "'lookup.pages.first' goes with 'param'");
+      if (!YAML::convert<int>::decode(first, spec->first_page) || spec->first_page < 0) {
+        Error(first, name, "'lookup.pages.first' must be a whole number, 0 or more");
+      }
+    }
+    spec->max_pages = kDefaultMaxPages;
+    if (const YAML::Node max = pages["max"]) {
+      if (!YAML::convert<int>::decode(max, spec->max_pages) || spec->max_pages < 1 ||
+          spec->max_pages > kMostPages) {
+        Error(max, name, "'lookup.pages.max' must be a whole number from 1 to " +
+                             std::to_string(kMostPages));
+        spec->max_pages = kDefaultMaxPages;
+      }
+    }
+  }
+
+  // Reads `errors.body`: a list of { status?, match: { pointer: value }, class }.
+  void ReadBodyRules(const YAML::Node& rules, const std::string& name,
+                     std::vector<BodyErrorRule>* out) {
+    const std::string shape = "'errors.body' is a list of rules such as { match: { /code: "
+                              "RATE_LIMIT }, class: transient }";
+    if (!rules.IsSequence() || rules.size() == 0) {
+      Error(rules, name, shape);
+      return;
+    }
+    for (const YAML::Node& node : rules) {
+      if (!node.IsMap()) {
+        Error(node, name, shape);
+        continue;
+      }
+      CheckFields(node, name, {"status", "match", "class"}, "an errors.body rule");
+      BodyErrorRule rule;
+      if (const YAML::Node status = node["status"]) {
+        if (!YAML::convert<int>::decode(status, rule.status) || rule.status < 100 ||
+            rule.status > 599) {
+          Error(status, name, "'" + (status.IsScalar() ? status.Scalar() : std::string("?")) +
+                                  "' is not an HTTP status code");
+        }
+      }
+      const YAML::Node match = node["match"];
+      if (!match || !match.IsMap() || match.size() == 0) {
+        Error(match ? match : node, name,
+              "an errors.body rule needs 'match': JSON pointers to the values that mark it, "
+              "e.g. { /status: ERROR, /code: RATE_LIMIT }");
+      } else {
+        rule.match = PointerValues(match, name, "errors.body match");
+      }
+      const YAML::Node verdict = node["class"];
+      const std::string text = verdict && verdict.IsScalar() ? verdict.Scalar() : "";
+      if (text == "transient") {
+        rule.verdict = BodyVerdict::kTransient;
+      } else if (text == "rejected") {
+        rule.verdict = BodyVerdict::kRejected;
+      } else if (text == "unknown") {
+        rule.verdict = BodyVerdict::kUnknown;
+      } else if (text == "exists") {
+        rule.verdict = BodyVerdict::kExists;
+      } else {
+        Error(verdict ? verdict : node, name,
+              "an errors.body rule's 'class' must be transient, rejected, unknown or exists");
+      }
+      out->push_back(std::move(rule));
     }
   }
 

@@ -68,6 +68,16 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
       for (const auto& [pointer, value] : step.lookup->match) {
         out << ", " << pointer << " = " << value;
       }
+      const LookupSpec& lookup = *step.lookup;
+      if (!lookup.next_pointer.empty()) {
+        out << "; every page, following " << lookup.next_pointer << " (same origin, at most "
+            << lookup.max_pages << " pages)";
+      } else if (!lookup.page_param.empty()) {
+        out << "; every page, counting ?" << lookup.page_param << "= up from "
+            << lookup.first_page << " to an empty page (at most " << lookup.max_pages
+            << " pages)";
+      }
+      out << ", no earlier than " << step.request.timeout << "ms after the request left";
       out << " -> adopt it";
       if (!step.lookup->external_id.empty()) out << " (external id " << step.lookup->external_id << ")";
       out << "; several -> pause (lookup_contradiction); not found -> resubmit with the same "
@@ -83,6 +93,25 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
       for (const auto& [status, error_class] : step.errors) {
         out << (first ? "" : ", ") << status << " -> " << ToString(error_class);
         first = false;
+      }
+      out << "\n";
+    }
+    for (const BodyErrorRule& rule : step.body_errors) {
+      out << "   body rule:  ";
+      if (rule.status != 0) out << "HTTP " << rule.status << " with ";
+      bool first = true;
+      for (const auto& [pointer, value] : rule.match) {
+        out << (first ? "" : " and ") << pointer << " = " << value;
+        first = false;
+      }
+      out << " -> ";
+      switch (rule.verdict) {
+        case BodyVerdict::kTransient: out << "transient"; break;
+        case BodyVerdict::kRejected: out << "rejected"; break;
+        case BodyVerdict::kUnknown: out << "unknown"; break;
+        case BodyVerdict::kExists:
+          out << "exists: never resent; " << (step.lookup ? "look up and adopt" : "pause");
+          break;
       }
       out << "\n";
     }

@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "engine/call_metrics.h"
 #include "engine/context.h"
+#include "engine/lookup_pages.h"
 #include "engine/state_machine.h"
 #include "engine/transitions.h"
 #include "model/json_text.h"
@@ -58,6 +59,7 @@ class InstanceRunner::Impl {
   absl::StatusOr<DriveResult> Resume(HttpResponse response, std::stop_token stop) {
     absl::Status status = Answered(std::move(response));
     if (!status.ok()) return Finish(status, std::nullopt);
+    if (call_) return Calling();  // the answer asked for another request (a lookup's next page)
     return Loop(stop);
   }
 
@@ -103,20 +105,25 @@ class InstanceRunner::Impl {
           status = Compensate(action.step);
           break;
       }
-      if (status.ok() && call_) {
-        if (async_) {
-          held_.emplace(d_.keeper, lease_);  // a long call keeps the lease
-          DriveResult calling;
-          calling.state = instance_.state;
-          calling.calling = true;
-          return calling;
-        }
+      // An answer may ask for another request (a paginated lookup's next page).
+      while (status.ok() && call_) {
+        if (async_) return Calling();
         LeaseKeeper::Guard held(d_.keeper, lease_);
         HttpResponse response = d_.http->Send(call_->request);
         status = Answered(std::move(response));
       }
       if (!status.ok()) return Finish(status, std::nullopt);
     }
+  }
+
+  // Hands the pending request to the caller (asynchronous drive); the lease is
+  // kept while it is out.
+  DriveResult Calling() {
+    held_.emplace(d_.keeper, lease_);
+    DriveResult calling;
+    calling.state = instance_.state;
+    calling.calling = true;
+    return calling;
   }
 
   // The instance as last committed, now: what a transition reads.
@@ -238,10 +245,21 @@ class InstanceRunner::Impl {
 
   // Makes `request` for step `step_index` the one to send next; its outcome, once
   // classified with `overrides`, goes to `then`.
+  // The lease is checked twice: here, and by the client at the last moment before the
+  // first byte leaves (may_send), since this thread can be paused between the two
+  // for longer than the lease (SIGSTOP, a stalled VM); by then another worker may
+  // have taken the instance over, looked the step up, found nothing and sent it.
   absl::Status Call(CallPhase phase, HttpRequest request, int step_index,
-                    const StatusOverrides& overrides, Then then) {
-    call_.emplace(PendingCall{phase, std::move(request), step_index, overrides, std::move(then),
-                              d_.clock->NowMillis(), std::chrono::steady_clock::now()});
+                    const StatusOverrides& overrides, Then then,
+                    const std::vector<BodyErrorRule>* body_rules = nullptr) {
+    WS_RETURN_IF_ERROR(StillLeased());
+    CrashPoint("before-send", definition_->steps[step_index].name);
+    request.may_send = [clock = d_.clock, until = lease_until_] {
+      return clock->NowMillis() < until;
+    };
+    call_.emplace(PendingCall{phase, std::move(request), step_index, overrides, body_rules,
+                              std::move(then), d_.clock->NowMillis(),
+                              std::chrono::steady_clock::now()});
     return absl::OkStatus();
   }
 
@@ -256,7 +274,9 @@ class InstanceRunner::Impl {
         call.phase,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - call.sent_at).count());
     CallResult sent{std::move(response)};
+    sent.handed_over_at = call.started_at;
     sent.error_class = Classify(sent.response.outcome, call.overrides);
+    if (call.body_rules != nullptr) ApplyBodyRules(*call.body_rules, sent);
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
     const HttpResponse& answer = sent.response;
     AttemptRecord attempt;
@@ -337,12 +357,12 @@ class InstanceRunner::Impl {
     WS_RETURN_IF_ERROR(claimed);
 
     CrashPoint("before-call", def.name);
-    WS_RETURN_IF_ERROR(StillLeased());
     return Call(CallPhase::kCall, std::move(*request), index, def.errors,
                 [this, index, name = def.name](const CallResult& sent) {
                   CrashPoint("after-call", name);
                   return Commit(RecordCall(Now(), steps_[index], sent));
-                });
+                },
+                &def.body_errors);
   }
 
   absl::Status ResolveUnknown(int index) {
@@ -358,12 +378,43 @@ class InstanceRunner::Impl {
                               std::string(request.status().message())));
     }
     Decorate(*request, "");
-    WS_RETURN_IF_ERROR(StillLeased());
     step.lookups += 1;
-    return Call(CallPhase::kLookup, std::move(*request), index, kLookupStatuses,
-                [this, index, step](const CallResult& sent) {
-                  return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));
-                });
+    std::shared_ptr<LookupPages> pages;  // shared by the answers of this lookup's pages
+    if (def.lookup->Paginated()) pages = std::make_shared<LookupPages>(*def.lookup, request->url);
+    return AskLookupPage(index, step, std::move(*request), std::move(pages));
+  }
+
+  // Asks for one page of step `index`'s lookup. Unpaginated, its answer goes to
+  // RecordLookup; paginated, each 2xx page is added to `pages` and the next asked
+  // for, and the last one goes to RecordLookup holding every page's candidates.
+  absl::Status AskLookupPage(int index, const StepRecord& step, HttpRequest request,
+                             std::shared_ptr<LookupPages> pages) {
+    HttpRequest next_page = request;  // the same headers ask for the next page
+    auto then = [this, index, step, pages, next_page](const CallResult& sent) -> absl::Status {
+      if (pages == nullptr) return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));
+      if (sent.error_class != ErrorClass::kNone) {
+        return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));  // retried whole
+      }
+      if (sent.response.outcome.status == 404) {
+        if (pages->pages_read() == 0) {
+          return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));  // nothing at all
+        }
+        return Commit(LookupUnproven(Now(), step,
+                                     "page " + std::to_string(pages->pages_read() + 1) +
+                                         " answered 404 after the pages before it"));
+      }
+      auto next = pages->Add(sent.response.body);
+      if (!next.ok()) return Commit(LookupUnproven(Now(), step, std::string(next.status().message())));
+      if (!next->has_value()) {
+        CallResult all = sent;
+        all.response.body = pages->Merged();
+        return Commit(RecordLookup(Now(), step, all, RenderMatch(index)));
+      }
+      HttpRequest following = next_page;
+      following.url = **next;
+      return AskLookupPage(index, step, std::move(following), pages);
+    };
+    return Call(CallPhase::kLookup, std::move(request), index, kLookupStatuses, std::move(then));
   }
 
   absl::Status Compensate(int index) {
@@ -380,7 +431,6 @@ class InstanceRunner::Impl {
     WS_RETURN_IF_ERROR(Commit(BeginCompensation(Now(), index, key)));
 
     CrashPoint("before-compensate", def.name);
-    WS_RETURN_IF_ERROR(StillLeased());
     return Call(CallPhase::kCompensate, std::move(*request), index, {},
                 [this, index, key, name = def.name](const CallResult& sent) {
                   CrashPoint("after-compensate", name);
@@ -394,6 +444,7 @@ class InstanceRunner::Impl {
     HttpRequest request;
     int step_index;
     StatusOverrides overrides;
+    const std::vector<BodyErrorRule>* body_rules;  // the step's errors.body; null: none
     Then then;
     Millis started_at;                                // clock time, for the attempt record
     std::chrono::steady_clock::time_point sent_at;    // for the latency metric

@@ -99,6 +99,15 @@ Change Retry(const Facts& facts, StepRecord step, StepState state, int attempts_
   return change;
 }
 
+// Returns when the lookup of an unknown step may run, given that its request may
+// have left as late as `sent_by`: the target has the request's whole timeout to act
+// on it, as it has after a timeout of our own, so a lookup that finds nothing then
+// means nothing happened. Steps without a lookup settle otherwise: 0.
+Millis LookupNotBefore(const StepDefinition& def, Millis sent_by) {
+  if (!def.lookup || !def.request.SideEffecting()) return 0;
+  return sent_by + def.request.timeout;
+}
+
 // Marks `step` unknown (`what` happened), keeping when it first became so.
 void MarkUnknown(StepRecord& step, const std::string& what, Millis now) {
   step.state = StepState::kUnknown;
@@ -128,6 +137,27 @@ Change ResultMissing(const Facts& facts, StepRecord step, const Json& body, int 
   const std::string reason = "step '" + step.name + "': " + what +
                              "; confirm the outcome with its external reference";
   AddAlert(facts, change, AlertKind::kResultMissing, step.name, reason);
+  SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
+  return change;
+}
+
+// An `errors.body` rule said the object exists already (a "DUPLICATE" answer): never
+// sent again. With a lookup it is looked up at once and adopted (a lookup that keeps
+// finding nothing is a contradiction); without one an operator confirms it.
+Change TargetSaysExists(const Facts& facts, StepRecord step, const HttpResponse& response) {
+  const StepDefinition& def = facts.definition.steps[step.index];
+  const std::string what = "the target says the object exists already (" +
+                           ShortenMessage(DescribeResponse(response)) + ")";
+  Change change = At(facts);
+  MarkUnknown(step, what, facts.now);
+  auto body = ParseBody(response.body);
+  step.response_json = body.ok() && !body->is_null() ? KeptAnswer(*body, def) : "{}";
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.unknown", &step, what);
+  if (def.lookup) return change;
+  const std::string reason = "step '" + step.name + "': " + what +
+                             "; it has no lookup: confirm the outcome with its external reference";
+  AddAlert(facts, change, AlertKind::kNeedsOperator, step.name, reason);
   SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
   return change;
 }
@@ -286,8 +316,13 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
     case ErrorClass::kRejected:
       return FailStep(facts, step, result.error_class, detail, std::nullopt);
     case ErrorClass::kUnknown: {
+      if (result.exists) return TargetSaysExists(facts, step, response);
       Change change = At(facts);
       MarkUnknown(step, detail, facts.now);
+      const Millis sent_by = result.handed_over_at != 0 ? result.handed_over_at : facts.now;
+      if (const Millis settled = LookupNotBefore(def, sent_by); settled > facts.now) {
+        step.next_attempt_at = settled;
+      }
       change.steps.push_back(step);
       AddEvent(facts, change, "waystone.step.unknown", &step, detail);
       return change;
@@ -340,6 +375,9 @@ Change RecoverRunning(const Facts& facts, int index) {
                              "is not known",
                              step.started_at, facts.now});
   MarkUnknown(step, "the worker stopped during the call; its outcome is not known", facts.now);
+  // Its worker checked its lease before the first byte left, so a request of its
+  // was sent before this claim at the latest.
+  step.next_attempt_at = LookupNotBefore(facts.definition.steps[index], facts.now);
   change.steps.push_back(step);
   AddEvent(facts, change, "waystone.step.unknown", &step, step.error_message);
   return change;
@@ -405,10 +443,16 @@ Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& resul
   }
   if (candidates->empty()) {
     if (!step.response_json.empty()) {
-      // The target answered 2xx to this step, yet the lookup finds nothing.
+      // The target answered 2xx (or "exists") to this step, yet the lookup finds
+      // nothing: a search may lag behind the write, so ask again before calling it
+      // a contradiction. Never resubmitted.
+      if (!def.retry.Exhausted(step.lookups)) {
+        return Retry(facts, step, StepState::kUnknown, step.lookups, def.retry, std::nullopt);
+      }
       return Pause(facts, step, AlertKind::kLookupContradiction,
                    "step '" + step.name + "' was answered with success (" + step.error_message +
-                       ") but its lookup finds nothing");
+                       ") but its lookup finds nothing after " + std::to_string(step.lookups) +
+                       " lookups");
     }
     return ResubmitOrStop(facts, step, "the lookup found nothing");
   }
@@ -436,6 +480,38 @@ Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& resul
   change.steps.push_back(step);
   AddEvent(facts, change, "waystone.step.completed", &step, "outcome found by lookup");
   return change;
+}
+
+Change LookupUnproven(const Facts& facts, const StepRecord& step, const std::string& why) {
+  return Pause(facts, step, AlertKind::kNeedsOperator,
+               "lookup of step '" + step.name + "' proves nothing: " + why +
+                   "; confirm what happened");
+}
+
+void ApplyBodyRules(const std::vector<BodyErrorRule>& rules, CallResult& result) {
+  const HttpResponse& response = result.response;
+  if (rules.empty() || response.outcome.kind != CallOutcome::Kind::kResponse) return;
+  auto body = ParseBody(response.body);
+  if (!body.ok() || !body->is_object()) return;
+  for (const BodyErrorRule& rule : rules) {
+    if (rule.status != 0 && rule.status != response.outcome.status) continue;
+    bool holds = true;
+    for (const auto& [pointer, expected] : rule.match) {
+      const Json* value = AtPointer(*body, pointer);
+      holds = holds && value != nullptr && IdText(*value) == expected;
+    }
+    if (!holds) continue;
+    switch (rule.verdict) {
+      case BodyVerdict::kTransient: result.error_class = ErrorClass::kTransient; break;
+      case BodyVerdict::kRejected: result.error_class = ErrorClass::kRejected; break;
+      case BodyVerdict::kUnknown: result.error_class = ErrorClass::kUnknown; break;
+      case BodyVerdict::kExists:
+        result.error_class = ErrorClass::kUnknown;
+        result.exists = true;
+        break;
+    }
+    return;
+  }
 }
 
 Change RecordTransform(const Facts& facts, int index, const absl::StatusOr<std::string>& output,

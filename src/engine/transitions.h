@@ -38,7 +38,14 @@ struct Facts {
 struct CallResult {
   HttpResponse response;
   ErrorClass error_class = ErrorClass::kNone;
+  Millis handed_over_at = 0;  // when the request went to the HTTP client (0: not known)
+  bool exists = false;        // an `errors.body` rule said the object exists already
 };
+
+// Applies a step's `errors.body` rules to a complete answer: the first rule whose
+// status (when set) and every match value hold gives `result` its class (and for
+// `exists`, the flag); without a match `result` keeps the class by status.
+void ApplyBodyRules(const std::vector<BodyErrorRule>& rules, CallResult& result);
 
 // The values a lookup's `match` pointers must equal, rendered by the runner (or why
 // they could not be).
@@ -60,6 +67,9 @@ Change BeginCall(const Facts& facts, int index, const std::string& key, const st
 // What a call's result does to the step `running` returned by BeginCall: completed
 // (with its external id), pending with a backoff (transient), failed (rejected, or
 // retries exhausted), unknown (sent, no answer; a 2xx without the external id too).
+// An unknown step with a lookup looks no earlier than the request's whole timeout
+// after it was handed over (a reset or a proxy's early close does not mean the
+// target has finished with it).
 Change RecordCall(const Facts& facts, StepRecord running, const CallResult& result);
 
 // Fails `step` (with `error_class` and `message`) and moves the instance on:
@@ -72,7 +82,9 @@ Change Pause(const Facts& facts, const StepRecord& step, AlertKind alert,
              const std::string& reason);
 
 // A step found `running` when its instance was claimed: the worker stopped during
-// the call, so its outcome is unknown (with an attempt record saying so).
+// the call, so its outcome is unknown (with an attempt record saying so). A step
+// with a lookup looks no earlier than one request timeout after `now`: the worker
+// before may have sent its request up to the moment its lease ran out.
 Change RecoverRunning(const Facts& facts, int index);
 
 // --- Forward: unknown outcomes ----------------------------------------------------
@@ -84,9 +96,16 @@ std::optional<Change> ResolveWithoutLookup(const Facts& facts, int index);
 
 // What a lookup's answer does to the unknown step (whose `lookups` counts this one):
 // exactly one matching object adopts it (completed, lookup_found); none resubmits it
-// under the same key; several, or one that contradicts the record, pause it.
+// under the same key; several, or one that contradicts the record, pause it. When
+// the target answered success or "exists" to the step, none is asked again after a
+// backoff (a search index may lag behind the write) until the retries run out, and
+// is then a contradiction. A paginated lookup's answer holds every page's candidates.
 Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& result,
                     const MatchValues& expected);
+
+// A lookup whose pages could not all be read (`why`: too many, an unusable next
+// link): nothing is proven either way, so the instance pauses for an operator.
+Change LookupUnproven(const Facts& facts, const StepRecord& step, const std::string& why);
 
 // --- Forward: transforms and waits -----------------------------------------------
 

@@ -177,6 +177,57 @@ TEST_F(IndependentChaosTest, OneSqliteProcessKilledAtRandomMoments) {
   ExpectRightOutcome(30, kills);
 }
 
+// Worker A commits create-order `running`, checks its lease and then stalls before
+// its request leaves (the SIGSTOP that once made a second order in the chaos run
+// below). B takes over when A's lease runs out, finds the step running, waits a
+// request timeout, looks the order up at the target (which honours no key), finds
+// nothing and sends it. When A wakes its request must not leave: the client asks
+// the lease once more before the first byte. The target counts one create.
+TEST_F(IndependentChaosTest, AWorkerStalledBetweenItsLeaseCheckAndTheSendSendsNothing) {
+  ASSERT_TRUE(target_->Faults(R"({"reset": true})"));
+  UseDatabase(dir_.File("stall.db"));
+  StartOrders(1);
+  auto create_order_state = [&]() -> std::optional<StepState> {
+    auto instances = store_->ListInstances({std::nullopt, std::nullopt, std::nullopt, 10});
+    if (!instances.ok() || instances->empty()) return std::nullopt;
+    auto steps = store_->GetSteps(instances->front().id);
+    if (!steps.ok() || steps->size() < 2) return std::nullopt;
+    return (*steps)[1].state;
+  };
+  auto env = Env();
+  env["WAYSTONE_PAUSE_AT"] = "before-send:create-order=6000";
+  env["WAYSTONE_LOG"] = "info";
+  testing::Process a({testing::WaystoneBinary(), "worker", "--workers", "1", "--lease", "2s",
+                      "--exit-when-idle"},
+                     env, dir_.path());
+  ASSERT_TRUE(testing::WaitFor([&] { return create_order_state() == StepState::kRunning; },
+                               std::chrono::seconds(30)))
+      << a.Errors();
+  EXPECT_EQ(Stats()["by_route"].value("create_order", 0), 0) << "A's request left before its stall";
+  auto b = testing::RunProcess({testing::WaystoneBinary(), "worker", "--lease", "2s",
+                                "--exit-when-idle"},
+                               Env(), dir_.path());
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(create_order_state(), StepState::kCompleted);
+  EXPECT_EQ(Stats()["orders"], 1) << "B sent the order after finding nothing";
+  auto ra = a.Wait(std::chrono::seconds(60));  // A wakes 6 s after its stall began
+  EXPECT_EQ(ra.exit_code, 0) << ra.err;
+  const Json stats = Stats();
+  EXPECT_EQ(stats["by_route"].value("create_order", 0), 1) << stats.dump();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
+  EXPECT_EQ(stats["messages"], 1) << stats.dump();
+  auto all = store_->ListInstances({std::nullopt, std::nullopt, std::nullopt, 10});
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ(all->front().state, InstanceState::kCompleted) << all->front().status_reason;
+  auto steps = store_->GetSteps(all->front().id);
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ((*steps)[1].unknowns, 1);
+  EXPECT_EQ((*steps)[1].lookups, 1);
+  EXPECT_EQ((*steps)[1].resolution, Resolution::kResubmitted) << "B sent it after its lookup";
+}
+
 TEST_F(IndependentChaosTest, ThreePostgresWorkersKilledAndOneFrozenPastItsLease) {
   UseDatabase(testing::FreshPostgresDatabase());
   StartOrders(60);

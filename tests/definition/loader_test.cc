@@ -72,6 +72,10 @@ TEST(LoaderTest, ExampleDefinitionsLoad) {
       LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   EXPECT_EQ(definition->steps.size(), 6u);
+  definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-paged-erp.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  EXPECT_EQ(definition->steps[0].body_errors.size(), 3u);
+  EXPECT_TRUE(definition->steps[0].lookup->Paginated());
 }
 
 TEST(LoaderTest, JsonIsAccepted) {
@@ -339,6 +343,89 @@ TEST(LoaderTest, InvalidUtf8IsRefusedNamingTheLine) {
   // Found by the fuzzer: a byte that is not UTF-8 inside a transform used to throw.
   auto diagnostics = Lint("workflow: w\nkey: k\nsteps:\n  - name: t\n    transform: { a: \"\xff\" }\n");
   EXPECT_TRUE(Has(diagnostics, "flow.yaml:5: not valid UTF-8")) << diagnostics[0].ToString();
+}
+
+// A lookup over pages and errors read from the body, as a realistic ERP needs them.
+constexpr char kPagedErp[] = R"(workflow: erp
+key: "{{input.id}}"
+steps:
+  - name: create
+    recovery: lookup
+    request: { method: POST, url: "{{env.URL}}/api/orders", body: { ref: "{{instance.ref}}" } }
+    result: { external_id: /data/order_no }
+    errors:
+      503: transient
+      body:
+        - match: { /status: ERROR, /code: RATE_LIMIT }
+          class: transient
+        - status: 409
+          match: { /code: DUPLICATE }
+          class: exists
+    lookup:
+      request: { method: GET, url: "{{env.URL}}/api/orders?q={{instance.ref}}" }
+      items: /data
+      match: { /ref: "{{instance.ref}}" }
+      external_id: /order_no
+      pages: { next: /next, max: 20 }
+)";
+
+TEST(LoaderTest, BodyErrorRulesAndLookupPagesLoad) {
+  auto definition = LoadDefinitionText(kPagedErp, "erp.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const StepDefinition& create = definition->steps[0];
+  EXPECT_EQ(create.errors.at(503), ErrorClass::kTransient);
+  ASSERT_EQ(create.body_errors.size(), 2u);
+  EXPECT_EQ(create.body_errors[0].status, 0);
+  EXPECT_EQ(create.body_errors[0].verdict, BodyVerdict::kTransient);
+  EXPECT_EQ(create.body_errors[0].match,
+            (std::vector<std::pair<std::string, std::string>>{{"/status", "ERROR"},
+                                                              {"/code", "RATE_LIMIT"}}));
+  EXPECT_EQ(create.body_errors[1].status, 409);
+  EXPECT_EQ(create.body_errors[1].verdict, BodyVerdict::kExists);
+  ASSERT_TRUE(create.lookup.has_value());
+  EXPECT_TRUE(create.lookup->Paginated());
+  EXPECT_EQ(create.lookup->next_pointer, "/next");
+  EXPECT_EQ(create.lookup->max_pages, 20);
+
+  std::string counted = kPagedErp;
+  counted.replace(counted.find("{ next: /next, max: 20 }"), 24, "{ param: page, first: 0 }");
+  definition = LoadDefinitionText(counted, "erp.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  EXPECT_EQ(definition->steps[0].lookup->page_param, "page");
+  EXPECT_EQ(definition->steps[0].lookup->first_page, 0);
+  EXPECT_EQ(definition->steps[0].lookup->max_pages, 10);  // the default
+}
+
+TEST(LoaderTest, MistakesInBodyRulesAndPagesAreNamedWithTheirLine) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string text = kPagedErp;
+    text.replace(text.find(from), from.size(), to);
+    return Lint(text);
+  };
+  auto d = with("class: exists", "class: maybe");
+  EXPECT_TRUE(Has(d, "must be transient, rejected, unknown or exists", 15, "create")) << All(d);
+  d = with("status: 409", "status: 999");
+  EXPECT_TRUE(Has(d, "'999' is not an HTTP status code", 13, "create")) << All(d);
+  d = with("match: { /code: DUPLICATE }", "match: { code: DUPLICATE }");
+  EXPECT_TRUE(Has(d, "'code' is not a JSON pointer", 14, "create")) << All(d);
+  d = with("match: { /code: DUPLICATE }", "when: { /code: DUPLICATE }");
+  EXPECT_TRUE(Has(d, "unknown field 'when' in an errors.body rule", 14, "create")) << All(d);
+  EXPECT_TRUE(Has(d, "needs 'match'", 0, "create")) << All(d);
+  d = with("      body:\n        - match: { /status: ERROR, /code: RATE_LIMIT }\n"
+           "          class: transient\n        - status: 409\n"
+           "          match: { /code: DUPLICATE }\n          class: exists\n",
+           "      body: RATE_LIMIT\n");
+  EXPECT_TRUE(Has(d, "'errors.body' is a list of rules", 10, "create")) << All(d);
+  d = with("{ next: /next, max: 20 }", "{ next: /next, param: page }");
+  EXPECT_TRUE(Has(d, "not both", 21, "create")) << All(d);
+  d = with("{ next: /next, max: 20 }", "{ max: 20 }");
+  EXPECT_TRUE(Has(d, "needs 'next'", 21, "create")) << All(d);
+  d = with("{ next: /next, max: 20 }", "{ next: /next, max: 0 }");
+  EXPECT_TRUE(Has(d, "from 1 to 1000", 21, "create")) << All(d);
+  d = with("{ next: /next, max: 20 }", "{ next: /next, first: 2 }");
+  EXPECT_TRUE(Has(d, "'lookup.pages.first' goes with 'param'", 21, "create")) << All(d);
+  d = with("items: /data", "found: /data/0");
+  EXPECT_TRUE(Has(d, "'lookup.pages' needs 'items'", 21, "create")) << All(d);
 }
 
 TEST(LoaderKeepTest, AStepKeepsWhatTheTemplatesReadUnlessItSaysOtherwise) {

@@ -23,5 +23,21 @@ TEST(PlanTest, NamesEveryStepWithItsRecovery) {
   EXPECT_NE(plan.find("reverse order"), std::string::npos);
 }
 
+TEST(PlanTest, SaysHowALookupReadsPagesAndWhatBodyRulesMean) {
+  auto definition =
+      LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-paged-erp.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const std::string plan = RenderPlan(*definition);
+  EXPECT_NE(plan.find("every page, following /next (same origin, at most 20 pages)"),
+            std::string::npos) << plan;
+  EXPECT_NE(plan.find("no earlier than 5000ms after the request left"), std::string::npos)
+      << plan;
+  EXPECT_NE(plan.find("body rule:  /status = ERROR and /code = RATE_LIMIT -> transient"),
+            std::string::npos) << plan;
+  EXPECT_NE(plan.find("body rule:  /status = ERROR and /code = DUPLICATE -> exists: never "
+                      "resent; look up and adopt"),
+            std::string::npos) << plan;
+}
+
 }  // namespace
 }  // namespace waystone

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "definition/loader.h"
+#include "engine/state_machine.h"
 #include "support/records.h"
 
 namespace waystone {
@@ -205,7 +206,8 @@ TEST(TransitionsTest, WhatACallsOutcomeDoesToEachKindOfStep) {
        {S::kFailed, I::kNeedsAttention, {A::kNeedsOperator}}},
       // unknown (a gateway answered, or the answer was lost): unknown, settled next.
       {"read 502", kRead, gateway, 1, {S::kUnknown, std::nullopt, {}}},
-      {"lookup step lost", kLooked, Lost(), 1, {S::kUnknown, std::nullopt, {}}},
+      {"lookup step lost: looked up after the request's timeout", kLooked, Lost(), 1,
+       {S::kUnknown, std::nullopt, {}, true}},
       {"manual step lost", kManual, Lost(), 1, {S::kUnknown, std::nullopt, {}}},
       {"honoured lost, retries exhausted: still unknown", kHonoured, Lost(), 3,
        {S::kUnknown, std::nullopt, {}}},
@@ -216,6 +218,81 @@ TEST(TransitionsTest, WhatACallsOutcomeDoesToEachKindOfStep) {
     const Change change = RecordCall(world.Now(), world.steps[row.index], row.result);
     Check(change, row.index, row.expect, row.name);
   }
+}
+
+// `errors.body`: what a rule makes of a complete answer, first match first; an
+// answer no rule matches keeps its class by status.
+TEST(TransitionsTest, BodyRulesClassifyAnswersByWhatTheySay) {
+  const std::vector<BodyErrorRule> rules = {
+      {0, {{"/status", "ERROR"}, {"/code", "RATE_LIMIT"}}, BodyVerdict::kTransient},
+      {0, {{"/code", "DUPLICATE"}}, BodyVerdict::kExists},
+      {400, {{"/code", "VALIDATION"}}, BodyVerdict::kRejected},
+      {0, {{"/retryable", "true"}, {"/n", "7"}}, BodyVerdict::kUnknown},
+  };
+  struct Row {
+    const char* name;
+    CallResult answer;
+    ErrorClass expected;
+    bool exists = false;
+  };
+  const std::vector<Row> table = {
+      {"200 RATE_LIMIT", Answer(200, R"({"status":"ERROR","code":"RATE_LIMIT"})", ErrorClass::kNone),
+       ErrorClass::kTransient},
+      {"200 RATE_LIMIT without status ERROR: no rule", Answer(200, R"({"code":"RATE_LIMIT"})",
+       ErrorClass::kNone), ErrorClass::kNone},
+      {"409 DUPLICATE: exists", Answer(409, R"({"code":"DUPLICATE"})", ErrorClass::kRejected),
+       ErrorClass::kUnknown, true},
+      {"400 VALIDATION", Answer(400, R"({"code":"VALIDATION"})", ErrorClass::kRejected),
+       ErrorClass::kRejected},
+      {"200 VALIDATION: the rule wants 400", Answer(200, R"({"code":"VALIDATION"})",
+       ErrorClass::kNone), ErrorClass::kNone},
+      {"bool and number values compare as their JSON text",
+       Answer(200, R"({"retryable":true,"n":7})", ErrorClass::kNone), ErrorClass::kUnknown},
+      {"not JSON: by status", Answer(502, "<html>bad gateway</html>", ErrorClass::kUnknown),
+       ErrorClass::kUnknown},
+      {"lost: no body to read", Lost(), ErrorClass::kUnknown},
+  };
+  for (const Row& row : table) {
+    CallResult result = row.answer;
+    ApplyBodyRules(rules, result);
+    EXPECT_EQ(result.error_class, row.expected) << row.name;
+    EXPECT_EQ(result.exists, row.exists) << row.name;
+  }
+}
+
+// "It exists already": never sent again. With a lookup it is looked up at once and
+// a lookup that keeps finding nothing is a contradiction; without one, an operator.
+TEST(TransitionsTest, AnExistsAnswerIsLookedUpNeverResent) {
+  CallResult duplicate = Answer(200, R"({"code":"DUPLICATE","id":"ORD-9"})", ErrorClass::kUnknown);
+  duplicate.exists = true;
+  World looked(kLooked);
+  Change change = RecordCall(looked.Now(), looked.steps[kLooked], duplicate);
+  Check(change, kLooked, {S::kUnknown, std::nullopt, {}}, "exists with a lookup");
+  EXPECT_FALSE(change.steps.front().response_json.empty()) << "the target said it exists";
+  EXPECT_NE(change.steps.front().error_message.find("exists already"), std::string::npos);
+  StepRecord step = change.steps.front();
+  step.lookups = 1;
+  const MatchValues ref = std::vector<std::pair<std::string, std::string>>{{"/ref", "t:k"}};
+  change = RecordLookup(looked.Now(), step, Answer(200, R"({"items":[]})", ErrorClass::kNone), ref);
+  Check(change, kLooked, {S::kUnknown, std::nullopt, {}, true}, "exists, not found yet");
+  EXPECT_EQ(change.steps.front().resolution, Resolution::kNone) << "never resubmitted";
+
+  World manual(kMissingId);
+  change = RecordCall(manual.Now(), manual.steps[kMissingId], duplicate);
+  Check(change, kMissingId, {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}},
+        "exists without a lookup");
+  World honoured(kHonoured);
+  change = RecordCall(honoured.Now(), honoured.steps[kHonoured], duplicate);
+  Check(change, kHonoured, {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}},
+        "exists with an honoured key: not resent either");
+}
+
+TEST(TransitionsTest, ALookupThatCouldNotReadEveryPagePausesTheInstance) {
+  World world(kLooked, S::kUnknown);
+  const Change change = LookupUnproven(world.Now(), world.steps[kLooked], "more than 2 pages");
+  Check(change, kLooked, {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}, "unproven");
+  ASSERT_TRUE(change.status_reason.has_value());
+  EXPECT_NE(change.status_reason->find("more than 2 pages"), std::string::npos);
 }
 
 TEST(TransitionsTest, ACompletedCallKeepsItsExternalIdAndSaysSo) {
@@ -278,11 +355,51 @@ TEST(TransitionsTest, AStepFoundRunningIsUnknownNeverFailed) {
   World world(kLooked, S::kRunning);
   world.steps[kLooked].started_at = 4000;
   const Change change = RecoverRunning(world.Now(), kLooked);
-  Check(change, kLooked, {S::kUnknown, std::nullopt, {}}, "recover");
+  Check(change, kLooked, {S::kUnknown, std::nullopt, {}, true}, "recover");
   ASSERT_EQ(change.attempts.size(), 1u);
   EXPECT_EQ(change.attempts[0].error_class, ErrorClass::kUnknown);
   EXPECT_EQ(change.attempts[0].started_at, 4000);
   EXPECT_EQ(EventTypes(change), std::vector<std::string>{"waystone.step.unknown"});
+}
+
+// The worker before may have sent its request up to the moment its lease ran out,
+// that is before this claim: the lookup waits one request timeout (c's default,
+// 10 s), so a request still in flight is found. Steps without a lookup settle
+// otherwise and wait for nothing.
+TEST(TransitionsTest, AStepFoundRunningIsLookedUpOnlyAfterARequestTimeout) {
+  World looked(kLooked, S::kRunning);
+  Change change = RecoverRunning(looked.Now(), kLooked);
+  EXPECT_EQ(change.steps.front().next_attempt_at, kNow + 10'000);
+  looked.steps[kLooked] = change.steps.front();
+  EXPECT_EQ(Decide(Definition(), looked.instance, looked.steps, kNow + 9'999).kind,
+            NextAction::Kind::kWait);
+  EXPECT_EQ(Decide(Definition(), looked.instance, looked.steps, kNow + 10'000).kind,
+            NextAction::Kind::kResolveUnknown);
+  for (int index : {kRead, kHonoured, kManual}) {
+    World world(index, S::kRunning);
+    EXPECT_EQ(RecoverRunning(world.Now(), index).steps.front().next_attempt_at, 0)
+        << Definition().steps[index].name;
+  }
+}
+
+// An answer lost 300 ms after the request was handed over (a reset, a proxy closing
+// early) does not mean the target is done with it: the lookup waits out the rest of
+// the request's timeout. After a timeout it runs at once.
+TEST(TransitionsTest, ALookupAfterALostAnswerWaitsOutTheRequestTimeout) {
+  World world(kLooked);
+  CallResult reset = Lost();
+  reset.handed_over_at = kNow - 300;
+  Change change = RecordCall(world.Now(), world.steps[kLooked], reset);
+  EXPECT_EQ(change.steps.front().state, S::kUnknown);
+  EXPECT_EQ(change.steps.front().next_attempt_at, kNow - 300 + 10'000);
+  CallResult timed_out = Lost();
+  timed_out.handed_over_at = kNow - 12'000;  // 10 s of timeout, and then some
+  change = RecordCall(world.Now(), world.steps[kLooked], timed_out);
+  EXPECT_LE(change.steps.front().next_attempt_at, kNow);
+  World honoured(kHonoured);
+  change = RecordCall(honoured.Now(), honoured.steps[kHonoured], reset);
+  EXPECT_EQ(change.steps.front().state, S::kUnknown);
+  EXPECT_EQ(change.steps.front().next_attempt_at, 0);  // resubmitted under its key
 }
 
 // --- Settling an unknown outcome ----------------------------------------------------
@@ -343,8 +460,11 @@ TEST(TransitionsTest, WhatALookupsAnswerDoesToAnUnknownStep) {
        {S::kPending, std::nullopt, {}}, "", false, 1, Resolution::kResubmitted},
       {"404 is none", Answer(404, "", ErrorClass::kNone), {S::kPending, std::nullopt, {}}, "",
        false, 1, Resolution::kResubmitted},
-      {"none although the target said yes: contradiction", items(R"({"items":[]})"),
-       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}, "", true},
+      {"none although the target said yes: asked again later (a search may lag)",
+       items(R"({"items":[]})"), {S::kUnknown, std::nullopt, {}, true}, "", true},
+      {"none although the target said yes, lookups exhausted: contradiction",
+       items(R"({"items":[]})"), {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}, "",
+       true, 3},
       {"two of ours: an operator picks", items(R"({"items":[)" + ours + "," + ours + "]}"),
        {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
       {"another id than recorded: contradiction", items(R"({"items":[)" + ours + "]}"),

@@ -146,6 +146,38 @@ TEST_F(IndependentTargetTest, OnlyAFreshConnectionSendsARequestExactlyOnce) {
   }
 }
 
+// The engine's last-moment lease check: a request whose may_send says no when the
+// connection is up never reaches the target, and is answered "not sent" (safe to
+// retry), while one it lets go is received once.
+TEST_F(IndependentTargetTest, ARequestWithdrawnAtTheLastMomentNeverReachesTheTarget) {
+  auto client = NewCurlHttpClient({});
+  const std::string orders = target_->base_url() + "/erp/orders";
+  int asked = 0;
+  HttpRequest withdrawn{"POST", orders, {}, R"({"ref":"w"})", 2000};
+  withdrawn.may_send = [&asked] {
+    ++asked;
+    return false;
+  };
+  HttpResponse answer = client->Send(withdrawn);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(answer.outcome.kind, CallOutcome::Kind::kNotSent) << answer.error;
+  EXPECT_FALSE(answer.outcome.sent);
+  EXPECT_EQ(Classify(answer.outcome, {}), ErrorClass::kTransient);
+  EXPECT_EQ(Received(Stats(), "create_order"), 0) << Stats().dump();
+  EXPECT_EQ(Stats()["orders"], 0);
+
+  HttpRequest allowed{"POST", orders, {}, R"({"ref":"a"})", 2000};
+  allowed.may_send = [&asked] {
+    ++asked;
+    return true;
+  };
+  answer = client->Send(allowed);
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(answer.outcome.status, 201) << answer.error;
+  EXPECT_EQ(Received(Stats(), "create_order"), 1) << Stats().dump();
+  EXPECT_EQ(Stats()["orders"], 1);
+}
+
 // Every way a committed create's answer can be lost, for a create with a lookup
 // (the target honours no key) and for a notification whose key the target honours,
 // driven on the caller's thread and on the worker pool (whose calls wait on the

@@ -6,20 +6,21 @@
 
 namespace waystone::testing {
 
-ErpTarget::ErpTarget(const std::string& output_dir, int seed) {
-  process_ = std::make_unique<Process>(
-      std::vector<std::string>{"/usr/bin/env", "python3", SourceDir() + "/tests/targets/erp_target.py",
-                               "--host", "127.0.0.1", "--port", "0", "--seed",
-                               std::to_string(seed)},
-      std::map<std::string, std::string>{}, output_dir);
+TargetProcess::TargetProcess(const std::string& output_dir, const std::string& script,
+                             const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"/usr/bin/env", "python3",
+                                   SourceDir() + "/tests/targets/" + script, "--host",
+                                   "127.0.0.1", "--port", "0"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  process_ = std::make_unique<Process>(argv, std::map<std::string, std::string>{}, output_dir);
   port_ = WaitForPortLine(*process_, std::chrono::seconds(10));
-  if (port_ <= 0) ADD_FAILURE() << "erp_target did not start: " << process_->Errors();
+  if (port_ <= 0) ADD_FAILURE() << script << " did not start: " << process_->Errors();
 }
 
-ErpTarget::~ErpTarget() = default;
+TargetProcess::~TargetProcess() = default;
 
-std::string ErpTarget::Call(const std::string& method, const std::string& path,
-                            const std::string& body) {
+std::string TargetProcess::Call(const std::string& method, const std::string& path,
+                                const std::string& body) {
   static const std::unique_ptr<HttpClient> http = NewCurlHttpClient({});
   HttpRequest request{method, base_url() + path, {{"Content-Type", "application/json"}}, body,
                       10'000};
@@ -27,10 +28,23 @@ std::string ErpTarget::Call(const std::string& method, const std::string& path,
   return response.body;
 }
 
+ErpTarget::ErpTarget(const std::string& output_dir, int seed)
+    : TargetProcess(output_dir, "erp_target.py", {"--seed", std::to_string(seed)}) {}
+
 bool ErpTarget::Faults(const std::string& faults_json) {
   return Call("POST", "/_target/faults", faults_json).find("\"faults\"") != std::string::npos;
 }
 
-std::string ErpTarget::StatsJson() { return Call("GET", "/_target/stats", ""); }
+PagedErpTarget::PagedErpTarget(const std::string& output_dir)
+    : TargetProcess(output_dir, "paged_erp_target.py", {}) {}
+
+bool PagedErpTarget::Settings(const std::string& settings_json) {
+  return Call("POST", "/_target/settings", settings_json).find("\"dedupe\"") !=
+         std::string::npos;
+}
+
+bool PagedErpTarget::Seed(const std::string& seed_json) {
+  return Call("POST", "/_target/seed", seed_json).find("\"OK\"") != std::string::npos;
+}
 
 }  // namespace waystone::testing

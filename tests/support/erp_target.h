@@ -2,37 +2,57 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "support/process.h"
 
 namespace waystone::testing {
 
-// The independent ERP stand-in (tests/targets/erp_target.py, Python standard
-// library, shares no code with Waystone or its simulator) running as a child
-// process on a loopback port. Its counts are what it received, not what we
-// think we sent. Not thread-safe; one per test.
-class ErpTarget {
+// A Python target of tests/targets/ (standard library only, sharing no code with
+// Waystone or its simulator) running as a child process on a loopback port. Its
+// counts are what it received, not what we think we sent. Not thread-safe; one
+// per test.
+class TargetProcess {
  public:
-  // Starts the target with its own output in `output_dir`; fails the test when it
-  // does not listen within 10 s.
-  explicit ErpTarget(const std::string& output_dir, int seed = 0);
-  ~ErpTarget();
-  ErpTarget(const ErpTarget&) = delete;
-  ErpTarget& operator=(const ErpTarget&) = delete;
+  // Starts tests/targets/`script` with `args`, its own output in `output_dir`;
+  // fails the test when it does not listen within 10 s.
+  TargetProcess(const std::string& output_dir, const std::string& script,
+                const std::vector<std::string>& args);
+  virtual ~TargetProcess();
+  TargetProcess(const TargetProcess&) = delete;
+  TargetProcess& operator=(const TargetProcess&) = delete;
 
   bool ok() const { return port_ > 0; }
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
-  // Sets faults (POST /_target/faults with `faults_json`); false when refused.
-  bool Faults(const std::string& faults_json);
-  // Returns GET /_target/stats as JSON text ("" when it cannot be read).
-  std::string StatsJson();
   // Sends one request to the target as a plain client; returns the body.
   std::string Call(const std::string& method, const std::string& path, const std::string& body);
+  // Returns GET /_target/stats as JSON text ("" when it cannot be read).
+  std::string StatsJson() { return Call("GET", "/_target/stats", ""); }
 
  private:
   std::unique_ptr<Process> process_;
   int port_ = -1;
+};
+
+// The independent ERP stand-in, tests/targets/erp_target.py: orders without key
+// deduplication, messages with it, faults in every shape a lost answer takes.
+class ErpTarget : public TargetProcess {
+ public:
+  explicit ErpTarget(const std::string& output_dir, int seed = 0);
+  // Sets faults (POST /_target/faults with `faults_json`); false when refused.
+  bool Faults(const std::string& faults_json);
+};
+
+// tests/targets/paged_erp_target.py: an ERP answering errors in 200 bodies, with a
+// loose, paginated, lagging order search (README.md beside it).
+class PagedErpTarget : public TargetProcess {
+ public:
+  explicit PagedErpTarget(const std::string& output_dir);
+  // POST /_target/settings; false when refused.
+  bool Settings(const std::string& settings_json);
+  // POST /_target/seed {"orders": [{"ref": ...}, ...]}; false when refused.
+  bool Seed(const std::string& seed_json);
 };
 
 }  // namespace waystone::testing

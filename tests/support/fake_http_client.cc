@@ -26,6 +26,12 @@ void FakeHttpClient::Next(const std::string& route, FakeReply reply) {
 }
 
 HttpResponse FakeHttpClient::Send(const HttpRequest& request) {
+  if (request.may_send && !request.may_send()) {  // withdrawn as the real client does
+    HttpResponse withdrawn;
+    withdrawn.outcome.kind = CallOutcome::Kind::kNotSent;
+    withdrawn.error = "not sent: the caller withdrew it before its first byte left";
+    return withdrawn;
+  }
   const std::string route = RouteOf(request);
   FakeReply reply = FakeReply::Answer(404, R"({"error":"no such route in the fake"})");
   {

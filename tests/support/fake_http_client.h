@@ -38,7 +38,8 @@ struct FakeReply {
 // FakeHttpClient is an HttpClient with no sockets: replies are scripted per route
 // ("METHOD /path", the URL's path without scheme, host or query), first the queued
 // ones (Next) in order, then the route's standing reply (Always); a route with
-// neither answers 404. Every request is kept and counted. Thread-safe.
+// neither answers 404. Every request is kept and counted, except one its may_send
+// withdraws (answered kNotSent, as the real client does). Thread-safe.
 class FakeHttpClient final : public HttpClient {
  public:
   // `clock`, when given, is moved on by a kTimeout's request timeout.

@@ -77,12 +77,22 @@ struct Transfer {
   curl_slist* headers = nullptr;
   HeaderState header_state;
   HttpResponse response;
+  bool held_back = false;  // request.may_send said no: nothing left
 
   Transfer(HttpRequest r, HttpDone d) : request(std::move(r)), done(std::move(d)) {}
   ~Transfer() { curl_slist_free_all(headers); }
   Transfer(const Transfer&) = delete;
   Transfer& operator=(const Transfer&) = delete;
 };
+
+// libcurl's last call before the request is written (the connection is up): the
+// request's may_send decides whether it leaves at all.
+int BeforeSending(void* user, char*, char*, int, int) {
+  auto* transfer = static_cast<Transfer*>(user);
+  if (!transfer->request.may_send || transfer->request.may_send()) return CURL_PREREQFUNC_OK;
+  transfer->held_back = true;
+  return CURL_PREREQFUNC_ABORT;
+}
 
 // Sets up `transfer`'s easy handle for its request.
 void Configure(Transfer& transfer, const HttpClientOptions& options) {
@@ -118,6 +128,8 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &transfer.response.body);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, ReadHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &transfer.header_state);
+  curl_easy_setopt(curl, CURLOPT_PREREQFUNCTION, BeforeSending);
+  curl_easy_setopt(curl, CURLOPT_PREREQDATA, &transfer);
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, options.verify_tls ? 1L : 0L);
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options.verify_tls ? 2L : 0L);
@@ -144,7 +156,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   curl_easy_getinfo(curl, CURLINFO_NUM_CONNECTS, &new_connections);
   long connected_port = 0;
   curl_easy_getinfo(curl, CURLINFO_PRIMARY_PORT, &connected_port);
-  response.outcome.sent = request_size > 0;
+  response.outcome.sent = request_size > 0 && !transfer.held_back;
   response.outcome.connection = new_connections > 0 ? ConnectionUsed::kNew
                                 : connected_port > 0 ? ConnectionUsed::kReused
                                                      : ConnectionUsed::kNone;
@@ -154,6 +166,12 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     response.outcome.kind = CallOutcome::Kind::kResponse;
     response.outcome.status = static_cast<int>(status);
     response.outcome.retry_after = transfer.header_state.retry_after;
+    return;
+  }
+  if (transfer.held_back) {
+    response.outcome.kind = CallOutcome::Kind::kNotSent;
+    response.error = "not sent: the caller withdrew it before its first byte left";
+    response.body.clear();
     return;
   }
   // Whether the request left decides transient (nothing happened) vs unknown.

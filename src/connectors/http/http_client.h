@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +31,12 @@ struct HttpRequest {
   std::string body;
   Millis timeout = 10'000;
   ConnectionReuse reuse = ConnectionReuse::kFresh;
+  // Asked at the last moment before the request's first byte leaves (the connection
+  // made); false: the request is not sent and the answer is kNotSent. The engine's
+  // lease check lives here, so a worker that was paused past its lease after deciding
+  // to call sends nothing when it wakes. Empty: always sent. Called on the client's
+  // thread; it must be quick and thread-safe.
+  std::function<bool()> may_send;
 };
 
 // What came back. `outcome` says whether a response arrived, and if not, whether
