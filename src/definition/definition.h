@@ -113,6 +113,19 @@ struct StepDefinition {
   std::vector<std::string> kept_pointers;
 };
 
+// A system the workflow calls (`targets:`), by name: every request whose rendered URL
+// starts with its rendered `url` is made with its settings. Each string is a template
+// over env and secret only: paths and passphrases come from the deployment.
+struct TargetSpec {
+  std::string name;
+  int line = 0;
+  std::string url;           // base URL; "https://erp.example.com/api"
+  std::string ca_file;       // PEM bundle of the CAs trusted for this target instead of the system's
+  std::string cert_file;     // PEM client certificate (mTLS)
+  std::string key_file;      // PEM key of the client certificate
+  std::string key_password;  // passphrase of key_file, when it has one
+};
+
 struct WorkflowDefinition {
   std::string name;          // `workflow:`
   std::string description;
@@ -125,6 +138,7 @@ struct WorkflowDefinition {
   // in whatever quotes a response body.
   std::vector<std::string> redact;
   std::vector<StepDefinition> steps;
+  std::vector<TargetSpec> targets;  // `targets:`, in file order
   std::string source;        // file name (or "<inline>") used in messages
   std::string text;          // the exact text loaded; pinned on instances
   std::string content_hash;  // SHA-256 of `text`

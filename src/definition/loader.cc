@@ -43,8 +43,10 @@ class Reader {
       Error(root, "", "a definition is a mapping with 'workflow', 'key' and 'steps'");
       return;
     }
-    CheckFields(root, "", {"workflow", "description", "key", "retention", "redact", "steps"},
+    CheckFields(root, "",
+                {"workflow", "description", "key", "retention", "redact", "targets", "steps"},
                 "definition");
+    if (const YAML::Node targets = root["targets"]) ReadTargets(targets, &out->targets);
     if (const YAML::Node redact = root["redact"]) {
       if (!redact.IsSequence()) {
         Error(redact, "", "'redact' must be a list of JSON pointers such as [/customer/phone]");
@@ -446,6 +448,53 @@ class Reader {
           step->idempotency_honored = value;
         }
       }
+    }
+  }
+
+  // Reads `targets:`: name -> { url, tls: { ca_file, cert_file, key_file, key_password } }.
+  void ReadTargets(const YAML::Node& targets, std::vector<TargetSpec>* out) {
+    if (!targets.IsMap() || targets.size() == 0) {
+      Error(targets, "", "'targets' maps names to systems, e.g. { erp: { url: \"{{env.ERP_URL}}\","
+                         " tls: { ca_file: \"{{env.ERP_CA_FILE}}\" } } }");
+      return;
+    }
+    for (const auto& entry : targets) {
+      TargetSpec target;
+      target.name = entry.first.Scalar();
+      target.line = entry.first.Mark().line + 1;
+      const std::string where = "target '" + target.name + "'";
+      if (!ValidName(target.name)) {
+        Error(entry.first, "", where + ": names may only use letters, digits, '-', '_' and '.'");
+      }
+      const YAML::Node spec = entry.second;
+      if (!spec.IsMap()) {
+        Error(spec, "", where + " must be a mapping with 'url'");
+        continue;
+      }
+      CheckFields(spec, "", {"url", "tls"}, where);
+      target.url = RequiredString(spec, "url", "");
+      if (const YAML::Node tls = spec["tls"]) {
+        if (!tls.IsMap()) {
+          Error(tls, "", where + ": 'tls' must be a mapping with ca_file, cert_file, key_file");
+        } else {
+          CheckFields(tls, "", {"ca_file", "cert_file", "key_file", "key_password"},
+                      where + " tls");
+          target.ca_file = OptionalString(tls, "ca_file", "");
+          target.cert_file = OptionalString(tls, "cert_file", "");
+          target.key_file = OptionalString(tls, "key_file", "");
+          target.key_password = OptionalString(tls, "key_password", "");
+          if (target.cert_file.empty() != target.key_file.empty()) {
+            Error(tls, "", where + ": a client certificate needs both 'cert_file' and 'key_file'");
+          }
+          if (!target.key_password.empty() && target.key_file.empty()) {
+            Error(tls, "", where + ": 'key_password' goes with 'key_file'");
+          }
+        }
+      }
+      for (const TargetSpec& other : *out) {
+        if (other.name == target.name) Error(entry.first, "", where + " is declared twice");
+      }
+      out->push_back(std::move(target));
     }
   }
 

@@ -57,6 +57,25 @@ class Validator {
 
   void Run() {
     CheckText(definition_.key, {{"input", "env"}, 0}, 0, "", "key");
+    // A target's settings belong to the deployment: environment and secrets only.
+    for (const TargetSpec& target : definition_.targets) {
+      const std::string where = "target '" + target.name + "'";
+      const Scope deployment{{"env", "secret"}, 0};
+      CheckText(target.url, deployment, target.line, "", where + " url");
+      CheckText(target.ca_file, deployment, target.line, "", where + " tls.ca_file");
+      CheckText(target.cert_file, deployment, target.line, "", where + " tls.cert_file");
+      CheckText(target.key_file, deployment, target.line, "", where + " tls.key_file");
+      CheckText(target.key_password, deployment, target.line, "", where + " tls.key_password");
+      bool secret_only = false;
+      if (auto parsed = Template::Parse(target.key_password); parsed.ok()) {
+        secret_only = !parsed->references().empty();
+        for (const auto& path : parsed->references()) secret_only &= path[0] == "secret";
+      }
+      if (!target.key_password.empty() && !secret_only) {
+        Error(target.line, "", where + ": tls.key_password must be a secret "
+                                       "(\"{{secret.NAME}}\"), never a value in the definition");
+      }
+    }
     for (size_t i = 0; i < definition_.steps.size(); ++i) CheckStep(static_cast<int>(i));
   }
 

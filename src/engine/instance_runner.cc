@@ -215,7 +215,39 @@ class InstanceRunner::Impl {
       WS_ASSIGN_OR_RETURN(Json body, RenderTree(Json::parse(spec.body_json), context));
       request.body = JsonText(body);
     }
+    WS_ASSIGN_OR_RETURN(request.tls, TargetIdentity(request.url, context));
     return request;
+  }
+
+  // Returns the TLS identity of the target whose rendered base URL `url` lies under
+  // (the longest such), or none.
+  absl::StatusOr<TlsIdentity> TargetIdentity(const std::string& url, const Json& context) const {
+    TlsIdentity identity;
+    size_t matched = 0;
+    for (const TargetSpec& target : definition_->targets) {
+      auto render = [&](const std::string& text) -> absl::StatusOr<std::string> {
+        WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
+        auto rendered = parsed.RenderText(context);
+        if (!rendered.ok()) {
+          return absl::InvalidArgumentError("target '" + target.name + "': " +
+                                            std::string(rendered.status().message()));
+        }
+        return rendered;
+      };
+      WS_ASSIGN_OR_RETURN(std::string base, render(target.url));
+      while (base.ends_with("/")) base.pop_back();
+      const bool under = !base.empty() && url.starts_with(base) &&
+                         (url.size() == base.size() || std::string_view("/?#").find(
+                                                           url[base.size()]) != std::string::npos);
+      if (!under || base.size() <= matched) continue;
+      matched = base.size();
+      identity.target = target.name;
+      WS_ASSIGN_OR_RETURN(identity.ca_file, render(target.ca_file));
+      WS_ASSIGN_OR_RETURN(identity.cert_file, render(target.cert_file));
+      WS_ASSIGN_OR_RETURN(identity.key_file, render(target.key_file));
+      WS_ASSIGN_OR_RETURN(identity.key_password, render(target.key_password));
+    }
+    return identity;
   }
 
   // Returns the values a lookup's `match` pointers must equal, rendered for step `index`.

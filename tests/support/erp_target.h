@@ -23,6 +23,8 @@ class TargetProcess {
   TargetProcess& operator=(const TargetProcess&) = delete;
 
   bool ok() const { return port_ > 0; }
+  int port() const { return port_; }
+  const Process& process() const { return *process_; }
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
   // Sends one request to the target as a plain client; returns the body.

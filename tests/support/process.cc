@@ -148,17 +148,22 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds t
 }
 
 int WaitForPortLine(const Process& process, std::chrono::milliseconds timeout) {
-  int port = -1;
+  return WaitForPrefixedNumber(process, "PORT ", timeout);
+}
+
+int WaitForPrefixedNumber(const Process& process, const std::string& prefix,
+                          std::chrono::milliseconds timeout) {
+  int number = -1;
   WaitFor(
       [&] {
         const std::string out = process.Output();
-        const size_t at = out.find("PORT ");
+        const size_t at = out.find(prefix);
         if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
-        port = std::stoi(out.substr(at + 5));
+        number = std::stoi(out.substr(at + prefix.size()));
         return true;
       },
       timeout);
-  return port;
+  return number;
 }
 
 }  // namespace waystone::testing

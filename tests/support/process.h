@@ -57,6 +57,10 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds t
 // Waits for `process` to print a whole line "PORT <n>" (how the test targets say
 // they listen) and returns n; -1 when none came within `timeout`.
 int WaitForPortLine(const Process& process, std::chrono::milliseconds timeout);
+// Waits for a line "<prefix><number>" in the output of `process`; returns the
+// number, or -1 when none came within `timeout`.
+int WaitForPrefixedNumber(const Process& process, const std::string& prefix,
+                          std::chrono::milliseconds timeout);
 
 // Returns a TCP port on 127.0.0.1 that was free a moment ago.
 int FreeLoopbackPort();

@@ -78,6 +78,7 @@ struct Transfer {
   HeaderState header_state;
   HttpResponse response;
   bool held_back = false;  // request.may_send said no: nothing left
+  char error_detail[CURL_ERROR_SIZE] = {};  // libcurl's own words on a failure
 
   Transfer(HttpRequest r, HttpDone d) : request(std::move(r)), done(std::move(d)) {}
   ~Transfer() { curl_slist_free_all(headers); }
@@ -133,6 +134,20 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, options.verify_tls ? 1L : 0L);
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options.verify_tls ? 2L : 0L);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, transfer.error_detail);
+  const TlsIdentity& tls = request.tls;
+  if (!tls.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, tls.ca_file.c_str());
+  if (!tls.cert_file.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLCERT, tls.cert_file.c_str());
+    curl_easy_setopt(curl, CURLOPT_SSLCERTTYPE, "PEM");
+  }
+  if (!tls.key_file.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLKEY, tls.key_file.c_str());
+    curl_easy_setopt(curl, CURLOPT_SSLKEYTYPE, "PEM");
+  }
+  if (!tls.key_password.empty()) {
+    curl_easy_setopt(curl, CURLOPT_KEYPASSWD, tls.key_password.c_str());
+  }
   // A receive buffer per waiting request: API answers are small, and thousands wait.
   curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, kReceiveBuffer);
   // HTTP/1.1 only: an HTTP/2 REFUSED_STREAM makes libcurl send the request again.
@@ -143,6 +158,35 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
     // before the first response byte; a connection of its own rules that out.
     curl_easy_setopt(curl, CURLOPT_FRESH_CONNECT, 1L);
     curl_easy_setopt(curl, CURLOPT_FORBID_REUSE, 1L);
+  }
+}
+
+// Returns true when a transfer ended because a certificate was refused, ours or the
+// server's: a verification failure, a file that cannot be used, or a TLS alert from
+// the peer (OpenSSL says "... alert ..."; with TLS 1.3 the server's verdict on our
+// certificate can arrive after the request was written, yet it never reached the
+// application behind the TLS layer).
+bool TlsRefused(CURLcode rc, const char* detail) {
+  switch (rc) {
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CLIENTCERT:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_SSL_CRL_BADFILE:
+      return true;
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR: {
+      const std::string_view text(detail);
+      return text.find("alert") != std::string_view::npos &&
+             (text.find("certificate") != std::string_view::npos ||
+              text.find("unknown ca") != std::string_view::npos);
+    }
+    default:
+      return false;
   }
 }
 
@@ -174,6 +218,20 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     response.body.clear();
     return;
   }
+  std::string detail = curl_easy_strerror(rc);
+  if (transfer.error_detail[0] != '\0') detail += std::string(": ") + transfer.error_detail;
+  if (TlsRefused(rc, transfer.error_detail)) {
+    // The TLS layer refused the exchange, so no request reached the application: a
+    // certificate problem is not retried, and says which target it concerns.
+    response.outcome.kind = CallOutcome::Kind::kInvalid;
+    response.outcome.sent = false;
+    const std::string& target = transfer.request.tls.target;
+    response.error = "TLS with " + (target.empty() ? std::string("the server")
+                                                    : "target '" + target + "'") +
+                     " failed: " + detail;
+    response.body.clear();
+    return;
+  }
   // Whether the request left decides transient (nothing happened) vs unknown.
   const bool invalid = rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_URL_MALFORMAT;
   const bool not_sent = request_size == 0 || rc == CURLE_COULDNT_CONNECT ||
@@ -182,7 +240,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   response.outcome.kind = invalid    ? CallOutcome::Kind::kInvalid
                           : not_sent ? CallOutcome::Kind::kNotSent
                                      : CallOutcome::Kind::kLostAfterSend;
-  response.error = curl_easy_strerror(rc);
+  response.error = detail;
   response.body.clear();
 }
 

@@ -23,6 +23,18 @@ enum class ConnectionReuse : uint8_t {
   kReuse = 2,  // a kept-alive connection when one is idle (the library may resend)
 };
 
+// The TLS identity a request is made with, from its target (all empty: the system's
+// trust store, no client certificate). Files are PEM.
+struct TlsIdentity {
+  std::string target;        // the target's name, for messages
+  std::string ca_file;       // trusted CAs instead of the system's
+  std::string cert_file;     // client certificate
+  std::string key_file;      // its key
+  std::string key_password;  // the key's passphrase
+
+  bool operator==(const TlsIdentity&) const = default;
+};
+
 // One HTTP request to an external system. A value type.
 struct HttpRequest {
   std::string method;
@@ -37,6 +49,7 @@ struct HttpRequest {
   // to call sends nothing when it wakes. Empty: always sent. Called on the client's
   // thread; it must be quick and thread-safe.
   std::function<bool()> may_send;
+  TlsIdentity tls;
 };
 
 // What came back. `outcome` says whether a response arrived, and if not, whether
