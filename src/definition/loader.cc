@@ -544,8 +544,10 @@ class Reader {
     }
     if (const YAML::Node first = pages["first"]) {
       if (spec->page_param.empty()) Error(first, name, "'lookup.pages.first' goes with 'param'");
-      if (!YAML::convert<int>::decode(first, spec->first_page) || spec->first_page < 0) {
-        Error(first, name, "'lookup.pages.first' must be a whole number, 0 or more");
+      if (!YAML::convert<int>::decode(first, spec->first_page) || spec->first_page < 0 ||
+          spec->first_page > 1'000'000) {
+        Error(first, name, "'lookup.pages.first' must be a whole number from 0 to 1000000");
+        spec->first_page = 1;
       }
     }
     spec->max_pages = kDefaultMaxPages;

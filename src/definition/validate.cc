@@ -66,10 +66,13 @@ class Validator {
       CheckText(target.cert_file, deployment, target.line, "", where + " tls.cert_file");
       CheckText(target.key_file, deployment, target.line, "", where + " tls.key_file");
       CheckText(target.key_password, deployment, target.line, "", where + " tls.key_password");
+      // Exactly "{{secret.NAME}}": no part of the passphrase in the definition.
       bool secret_only = false;
       if (auto parsed = Template::Parse(target.key_password); parsed.ok()) {
-        secret_only = !parsed->references().empty();
-        for (const auto& path : parsed->references()) secret_only &= path[0] == "secret";
+        const auto& refs = parsed->references();
+        secret_only = refs.size() == 1 && !refs[0].empty() && refs[0][0] == "secret" &&
+                      target.key_password.starts_with("{{") &&
+                      target.key_password.ends_with("}}");
       }
       if (!target.key_password.empty() && !secret_only) {
         Error(target.line, "", where + ": tls.key_password must be a secret "

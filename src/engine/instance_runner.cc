@@ -1,5 +1,6 @@
 #include "engine/instance_runner.h"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 
@@ -286,12 +287,18 @@ class InstanceRunner::Impl {
                     const std::vector<BodyErrorRule>* body_rules = nullptr) {
     WS_RETURN_IF_ERROR(StillLeased());
     CrashPoint("before-send", definition_->steps[step_index].name);
-    request.may_send = [clock = d_.clock, until = lease_until_] {
-      return clock->NowMillis() < until;
+    // Shared by this pending call and the client's check, which notes when it let
+    // the request go: the lookup of an unknown outcome waits a timeout from then.
+    auto left_at = std::make_shared<std::atomic<Millis>>(0);
+    request.may_send = [clock = d_.clock, until = lease_until_, left_at] {
+      const Millis now = clock->NowMillis();
+      if (now >= until) return false;
+      left_at->store(now);
+      return true;
     };
     call_.emplace(PendingCall{phase, std::move(request), step_index, overrides, body_rules,
                               std::move(then), d_.clock->NowMillis(),
-                              std::chrono::steady_clock::now()});
+                              std::chrono::steady_clock::now(), std::move(left_at)});
     return absl::OkStatus();
   }
 
@@ -306,7 +313,7 @@ class InstanceRunner::Impl {
         call.phase,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - call.sent_at).count());
     CallResult sent{std::move(response)};
-    sent.handed_over_at = call.started_at;
+    sent.left_at = call.left_at->load();
     sent.error_class = Classify(sent.response.outcome, call.overrides);
     if (call.body_rules != nullptr) ApplyBodyRules(*call.body_rules, sent);
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
@@ -412,7 +419,13 @@ class InstanceRunner::Impl {
     Decorate(*request, "");
     step.lookups += 1;
     std::shared_ptr<LookupPages> pages;  // shared by the answers of this lookup's pages
-    if (def.lookup->Paginated()) pages = std::make_shared<LookupPages>(*def.lookup, request->url);
+    if (def.lookup->Paginated()) {
+      if (!def.lookup->page_param.empty()) {  // numbered from `first`, never the API's default
+        request->url = WithQueryParam(request->url, def.lookup->page_param,
+                                      std::to_string(def.lookup->first_page));
+      }
+      pages = std::make_shared<LookupPages>(*def.lookup, request->url);
+    }
     return AskLookupPage(index, step, std::move(*request), std::move(pages));
   }
 
@@ -442,8 +455,14 @@ class InstanceRunner::Impl {
         all.response.body = pages->Merged();
         return Commit(RecordLookup(Now(), step, all, RenderMatch(index)));
       }
+      // Records the pages read so far and renews the lease (and this runner's view of
+      // it): reading many pages may take longer than one lease.
+      Change progress;
+      progress.now = d_.clock->NowMillis();
+      WS_RETURN_IF_ERROR(Commit(std::move(progress)));
       HttpRequest following = next_page;
       following.url = **next;
+      WS_ASSIGN_OR_RETURN(following.tls, TargetIdentity(following.url, Context(index, "")));
       return AskLookupPage(index, step, std::move(following), pages);
     };
     return Call(CallPhase::kLookup, std::move(request), index, kLookupStatuses, std::move(then));
@@ -480,6 +499,7 @@ class InstanceRunner::Impl {
     Then then;
     Millis started_at;                                // clock time, for the attempt record
     std::chrono::steady_clock::time_point sent_at;    // for the latency metric
+    std::shared_ptr<std::atomic<Millis>> left_at;     // set by the client's last check
   };
 
   RunnerDeps d_;

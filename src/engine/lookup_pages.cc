@@ -1,5 +1,8 @@
 #include "engine/lookup_pages.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 #include "model/json_text.h"
@@ -27,10 +30,12 @@ std::string WithoutQuery(const std::string& url) {
 std::string OriginOf(const std::string& url) {
   const size_t scheme_end = url.find("://");
   if (scheme_end == std::string::npos) return "";
-  const std::string scheme = url.substr(0, scheme_end);
-  if (scheme != "http" && scheme != "https") return "";
   const size_t authority_end = url.find_first_of("/?#", scheme_end + 3);
-  return url.substr(0, authority_end);
+  std::string origin = url.substr(0, authority_end);
+  std::transform(origin.begin(), origin.end(), origin.begin(),
+                 [](unsigned char c) { return std::tolower(c); });  // scheme and host
+  if (!origin.starts_with("http://") && !origin.starts_with("https://")) return "";
+  return origin;
 }
 
 std::string WithQueryParam(const std::string& url, const std::string& name,
@@ -75,12 +80,27 @@ absl::StatusOr<std::optional<std::string>> LookupPages::Add(const std::string& b
     return absl::InvalidArgumentError("page " + std::to_string(pages_read_) +
                                       " of the answer has no array at " + spec_.items);
   }
-  for (const Json& item : *items) items_.push_back(JsonText(item));
+  for (const Json& item : *items) {
+    items_.push_back(JsonText(item));
+    kept_bytes_ += items_.back().size();
+  }
+  if (kept_bytes_ > kMostCandidateBytes) {
+    return absl::ResourceExhaustedError("the pages hold more than " +
+                                        std::to_string(kMostCandidateBytes >> 20) +
+                                        " MiB of candidates; the rest was not read");
+  }
   last_body_ = body;
 
   std::string next;
   if (!spec_.next_pointer.empty()) {
     const Json* link = At(page, spec_.next_pointer);
+    const std::string parent = spec_.next_pointer.substr(0, spec_.next_pointer.rfind('/'));
+    if (link == nullptr && !parent.empty() && At(page, parent) == nullptr) {
+      // "/links/next" without any "/links": more likely a wrong pointer than a last page.
+      return absl::InvalidArgumentError("the answer has nothing at " + parent +
+                                        ", where lookup.pages.next " + spec_.next_pointer +
+                                        " should be");
+    }
     if (link == nullptr || link->is_null() ||
         (link->is_string() && link->get_ref<const std::string&>().empty())) {
       return std::nullopt;

@@ -15,15 +15,20 @@ namespace waystone {
 // says which URL to ask next; the runner asks. A value; not thread-safe.
 class LookupPages {
  public:
+  // The most candidate text kept across pages: a worker serves every tenant.
+  static constexpr size_t kMostCandidateBytes = 16 << 20;
+
   // `spec` must outlive this object; `first_url` is the rendered lookup URL.
   LookupPages(const LookupSpec& spec, std::string first_url);
 
   // Takes the 2xx answer to the page last asked for. Returns the URL of the next
   // page to ask, or nullopt when every page has been read. Errors (the lookup
   // cannot prove anything; nothing more is asked): InvalidArgument for an answer
-  // without the `items` array or with a next link that is not a path, "?query" or
-  // a URL of the lookup's own origin (the request's headers, credentials included,
-  // never go elsewhere); ResourceExhausted when more pages follow `max_pages`.
+  // without the `items` array, without the object that should hold the next link,
+  // or with a next link that is not a path, "?query" or a URL of the lookup's own
+  // origin (the request's headers, credentials included, never go elsewhere);
+  // ResourceExhausted when more pages follow `max_pages` or the candidates pass
+  // kMostCandidateBytes.
   absl::StatusOr<std::optional<std::string>> Add(const std::string& body);
 
   // Returns the last page's answer with every page's candidates at `items`.
@@ -36,6 +41,7 @@ class LookupPages {
   std::string url_;                 // the page last asked for
   std::string last_body_;
   std::vector<std::string> items_;  // each candidate's JSON text, in page order
+  size_t kept_bytes_ = 0;           // of items_, held to kMostCandidateBytes
   int pages_read_ = 0;
 };
 
@@ -44,7 +50,8 @@ class LookupPages {
 std::string WithQueryParam(const std::string& url, const std::string& name,
                            const std::string& value);
 
-// Returns "scheme://authority" of an absolute http(s) URL, or "" when it is not one.
+// Returns "scheme://authority" of an absolute http(s) URL, lower-cased, or "" when
+// it is not one.
 std::string OriginOf(const std::string& url);
 
 }  // namespace waystone

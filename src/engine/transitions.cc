@@ -314,12 +314,17 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
       return Retry(facts, step, StepState::kPending, step.attempts, def.retry,
                    response.outcome.retry_after);
     case ErrorClass::kRejected:
+      if (response.outcome.tls_refused) {
+        // A certificate to renew, not a business refusal: nothing is undone for it.
+        return FailStepAndWait(facts, step, detail + "; fix the certificate or the CA, then "
+                                                     "retry the step");
+      }
       return FailStep(facts, step, result.error_class, detail, std::nullopt);
     case ErrorClass::kUnknown: {
       if (result.exists) return TargetSaysExists(facts, step, response);
       Change change = At(facts);
       MarkUnknown(step, detail, facts.now);
-      const Millis sent_by = result.handed_over_at != 0 ? result.handed_over_at : facts.now;
+      const Millis sent_by = result.left_at != 0 ? result.left_at : facts.now;
       if (const Millis settled = LookupNotBefore(def, sent_by); settled > facts.now) {
         step.next_attempt_at = settled;
       }
@@ -331,8 +336,12 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
   return FailStep(facts, step, ErrorClass::kRejected, "unhandled error class", std::nullopt);
 }
 
-Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
-                const std::string& message, std::optional<AlertKind> alert) {
+namespace {
+
+// Fails `step` and moves the instance to `next`, or where StateAfterFailure says.
+Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
+                  const std::string& message, std::optional<AlertKind> alert,
+                  std::optional<InstanceState> forced) {
   Change change = At(facts);
   step.state = StepState::kFailed;
   step.unknown_since = 0;
@@ -343,7 +352,8 @@ Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
   change.steps.push_back(step);
   std::vector<StepRecord> after = facts.steps;
   after[step.index] = step;
-  const InstanceState next = StateAfterFailure(facts.definition, after, step.index);
+  const InstanceState next =
+      forced ? *forced : StateAfterFailure(facts.definition, after, step.index);
   const std::string reason = "step '" + step.name + "' failed (" +
                              std::string(ToString(error_class)) + "): " + ShortenMessage(message);
   AddEvent(facts, change, "waystone.step.failed", &step, message);
@@ -354,6 +364,18 @@ Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
   }
   SetInstanceState(facts, change, next, reason);
   return change;
+}
+
+}  // namespace
+
+Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
+                const std::string& message, std::optional<AlertKind> alert) {
+  return FailStepTo(facts, std::move(step), error_class, message, alert, std::nullopt);
+}
+
+Change FailStepAndWait(const Facts& facts, StepRecord step, const std::string& message) {
+  return FailStepTo(facts, std::move(step), ErrorClass::kRejected, message,
+                    AlertKind::kNeedsOperator, InstanceState::kNeedsAttention);
 }
 
 Change Pause(const Facts& facts, const StepRecord& step, AlertKind alert,

@@ -38,7 +38,7 @@ struct Facts {
 struct CallResult {
   HttpResponse response;
   ErrorClass error_class = ErrorClass::kNone;
-  Millis handed_over_at = 0;  // when the request went to the HTTP client (0: not known)
+  Millis left_at = 0;  // when the client let the request go (its last-moment check; 0: unknown)
   bool exists = false;        // an `errors.body` rule said the object exists already
 };
 
@@ -68,14 +68,20 @@ Change BeginCall(const Facts& facts, int index, const std::string& key, const st
 // (with its external id), pending with a backoff (transient), failed (rejected, or
 // retries exhausted), unknown (sent, no answer; a 2xx without the external id too).
 // An unknown step with a lookup looks no earlier than the request's whole timeout
-// after it was handed over (a reset or a proxy's early close does not mean the
-// target has finished with it).
+// after it left (a reset or a proxy's early close does not mean the target has
+// finished with it). A certificate refused at the TLS layer fails the step without
+// a retry and waits for an operator instead of compensating.
 Change RecordCall(const Facts& facts, StepRecord running, const CallResult& result);
 
 // Fails `step` (with `error_class` and `message`) and moves the instance on:
 // compensating, failed, or needs_attention for a manual step; raises `alert` if given.
 Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
                 const std::string& message, std::optional<AlertKind> alert);
+
+// Fails `step` (rejected, `message`) and pauses the instance for an operator
+// (needs_attention, alerted) instead of compensating: for a failure an operator fixes
+// outside the workflow (a certificate) before retrying the step.
+Change FailStepAndWait(const Facts& facts, StepRecord step, const std::string& message);
 
 // Pauses the instance for an operator (needs_attention, with `alert`), leaving the step.
 Change Pause(const Facts& facts, const StepRecord& step, AlertKind alert,

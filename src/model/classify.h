@@ -31,6 +31,7 @@ struct CallOutcome {
   int status = 0;                        // HTTP status when kind == kResponse
   std::optional<Millis> retry_after;     // parsed Retry-After, when present
   bool sent = false;                     // some of the request left this process
+  bool tls_refused = false;              // kInvalid: a certificate was refused, ours or theirs
   ConnectionUsed connection = ConnectionUsed::kNone;
 };
 

@@ -229,7 +229,9 @@ try {
   });
   const requests = [];
   page.on('request', (request) => requests.push({ url: request.url(), auth: request.headers().authorization }));
-  const shot = (name) => page.screenshot({ path: path.join(out, `${name}.png`), fullPage: true });
+  // A full-page screenshot of a long view can take seconds on a loaded 2-core machine
+  // (it timed out at the default 10 s under ctest -j2): it proves nothing about timing.
+  const shot = (name) => page.screenshot({ path: path.join(out, `${name}.png`), fullPage: true, timeout: 60000 });
   const axe = async (name) => {
     // Through DevTools, not a <script>: the console's CSP refuses inline scripts.
     await page.evaluate(axeSource);

@@ -44,7 +44,7 @@ TEST(LookupPagesTest, FollowsPathQueryAndSameOriginLinksUntilNone) {
     ASSERT_TRUE(done.ok()) << done.status();
     EXPECT_FALSE(done->has_value());
   }
-  auto done = pages.Add(Json{{"data", {{{"id", 4}}}}}.dump());  // no link at all: the last page
+  auto done = pages.Add(R"({"data": [{"id": 4}], "links": {}})");  // no next link: the last page
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_FALSE(done->has_value());
   EXPECT_EQ(pages.pages_read(), 4);
@@ -75,6 +75,28 @@ TEST(LookupPagesTest, AnAnswerWithoutItsItemsArrayIsRefused) {
     LookupPages pages(spec, "http://erp/api/orders");
     EXPECT_TRUE(absl::IsInvalidArgument(pages.Add(body).status())) << body.substr(0, 20);
   }
+}
+
+// "/links/next" in an answer without "/links": a wrong pointer, not a last page.
+TEST(LookupPagesTest, AnAnswerWithoutTheNextLinksParentIsRefused) {
+  const LookupSpec spec = NextLinks();
+  LookupPages pages(spec, "http://erp/api/orders");
+  auto next = pages.Add(R"({"data": [1], "paging": {"next": "/p2"}})");
+  EXPECT_TRUE(absl::IsInvalidArgument(next.status())) << next.status();
+  LookupPages last(spec, "http://erp/api/orders");
+  auto done = last.Add(R"({"data": [1], "links": {}})");  // the parent is there: last page
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE(done->has_value());
+}
+
+TEST(LookupPagesTest, CandidatesPastTheMemoryBoundLeaveTheLookupUnproven) {
+  const LookupSpec spec = NextLinks(1000);
+  LookupPages pages(spec, "http://erp/api/orders");
+  const std::string page = Page(Json::array({std::string(1 << 20, 'x')}), "/next");
+  absl::StatusOr<std::optional<std::string>> next;
+  for (int i = 0; i < 20 && (i == 0 || next.ok()); ++i) next = pages.Add(page);
+  EXPECT_TRUE(absl::IsResourceExhausted(next.status())) << next.status();
+  EXPECT_LE(pages.pages_read(), 17);
 }
 
 TEST(LookupPagesTest, MorePagesThanMaxLeaveTheLookupUnproven) {
@@ -117,6 +139,7 @@ TEST(LookupPagesTest, WithQueryParamReplacesOrAppends) {
   EXPECT_EQ(OriginOf("https://a.b:1/x?y"), "https://a.b:1");
   EXPECT_EQ(OriginOf("https://a.b"), "https://a.b");
   EXPECT_EQ(OriginOf("ftp://a.b/x"), "");
+  EXPECT_EQ(OriginOf("HTTPS://ERP.Example:8443/x"), "https://erp.example:8443");
   EXPECT_EQ(OriginOf("/x"), "");
 }
 

@@ -287,6 +287,24 @@ TEST(TransitionsTest, AnExistsAnswerIsLookedUpNeverResent) {
         "exists with an honoured key: not resent either");
 }
 
+// A certificate refused at the TLS layer is not a business refusal: the step fails
+// without a retry, and even with a completed compensable step before it the instance
+// waits for an operator instead of compensating.
+TEST(TransitionsTest, ACertificateRefusedWaitsForAnOperatorInsteadOfCompensating) {
+  World world(kLooked);
+  CallResult refused;
+  refused.response.outcome.kind = CallOutcome::Kind::kInvalid;
+  refused.response.outcome.tls_refused = true;
+  refused.response.error = "TLS with target 'erp' failed: certificate has expired";
+  refused.error_class = ErrorClass::kRejected;
+  Change change = RecordCall(world.Now(), world.steps[kLooked], refused);
+  Check(change, kLooked, {S::kFailed, I::kNeedsAttention, {A::kNeedsOperator}}, "tls");
+  EXPECT_NE(change.status_reason->find("fix the certificate"), std::string::npos);
+  refused.response.outcome.tls_refused = false;  // a malformed URL, say: a real refusal
+  change = RecordCall(world.Now(), world.steps[kLooked], refused);
+  Check(change, kLooked, {S::kFailed, I::kCompensating, {}}, "invalid");
+}
+
 TEST(TransitionsTest, ALookupThatCouldNotReadEveryPagePausesTheInstance) {
   World world(kLooked, S::kUnknown);
   const Change change = LookupUnproven(world.Now(), world.steps[kLooked], "more than 2 pages");
@@ -388,12 +406,12 @@ TEST(TransitionsTest, AStepFoundRunningIsLookedUpOnlyAfterARequestTimeout) {
 TEST(TransitionsTest, ALookupAfterALostAnswerWaitsOutTheRequestTimeout) {
   World world(kLooked);
   CallResult reset = Lost();
-  reset.handed_over_at = kNow - 300;
+  reset.left_at = kNow - 300;
   Change change = RecordCall(world.Now(), world.steps[kLooked], reset);
   EXPECT_EQ(change.steps.front().state, S::kUnknown);
   EXPECT_EQ(change.steps.front().next_attempt_at, kNow - 300 + 10'000);
   CallResult timed_out = Lost();
-  timed_out.handed_over_at = kNow - 12'000;  // 10 s of timeout, and then some
+  timed_out.left_at = kNow - 12'000;  // 10 s of timeout, and then some
   change = RecordCall(world.Now(), world.steps[kLooked], timed_out);
   EXPECT_LE(change.steps.front().next_attempt_at, kNow);
   World honoured(kHonoured);

@@ -136,7 +136,12 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options.verify_tls ? 2L : 0L);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, transfer.error_detail);
   const TlsIdentity& tls = request.tls;
-  if (!tls.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, tls.ca_file.c_str());
+  if (!tls.ca_file.empty()) {
+    // Instead of the system's CAs, not beside them: libcurl would otherwise still
+    // trust its built-in CA folder, and so any public CA, for this target.
+    curl_easy_setopt(curl, CURLOPT_CAINFO, tls.ca_file.c_str());
+    curl_easy_setopt(curl, CURLOPT_CAPATH, nullptr);
+  }
   if (!tls.cert_file.empty()) {
     curl_easy_setopt(curl, CURLOPT_SSLCERT, tls.cert_file.c_str());
     curl_easy_setopt(curl, CURLOPT_SSLCERTTYPE, "PEM");
@@ -224,6 +229,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     // The TLS layer refused the exchange, so no request reached the application: a
     // certificate problem is not retried, and says which target it concerns.
     response.outcome.kind = CallOutcome::Kind::kInvalid;
+    response.outcome.tls_refused = true;
     response.outcome.sent = false;
     const std::string& target = transfer.request.tls.target;
     response.error = "TLS with " + (target.empty() ? std::string("the server")
