@@ -449,7 +449,9 @@ class InstanceRunner::Impl {
                                          " answered 404 after the pages before it"));
       }
       auto next = pages->Add(sent.response.body);
-      if (!next.ok()) return Commit(LookupUnproven(Now(), step, std::string(next.status().message())));
+      if (!next.ok()) {
+        return Commit(LookupUnproven(Now(), step, std::string(next.status().message())));
+      }
       if (!next->has_value()) {
         CallResult all = sent;
         all.response.body = pages->Merged();
