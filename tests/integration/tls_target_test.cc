@@ -165,22 +165,28 @@ TEST_F(TlsTargetTest, TheTargetsClientCertificateAndPrivateCaMakeTheCall) {
   EXPECT_EQ(stats["handshake_failures"], 0) << stats.dump();
 }
 
-// With TLS 1.3 the server judges our certificate after we have written the request;
-// its alert can be lost when it closes with our bytes unread (a reset), and then the
-// outcome reads as unknown and is resubmitted under the honoured key: more than one
-// attempt is allowed, never a request reaching the server's application.
+// With TLS 1.3 the server judges our certificate after we have written the request.
+// Its alert usually reaches us: the step is rejected naming the target and waits for an
+// operator. It can also be lost — to a reset (the attempt reads unknown and is resubmitted
+// under the honoured key) or to a close before we read it (a send error: transient, retried
+// until the attempts run out; seen under ASan). Either way no request reaches the server's
+// application and the step never completes.
 void ExpectRefusedAtTls(TlsTargetTest& test, const InstanceRecord& instance) {
-  // Not compensated away: an operator renews the certificate and retries the step.
-  EXPECT_EQ(instance.state, InstanceState::kNeedsAttention) << instance.status_reason;
-  EXPECT_NE(instance.status_reason.find("fix the certificate or the CA"), std::string::npos)
-      << instance.status_reason;
   const StepRecord create = test.CreateStep(instance);
-  EXPECT_EQ(create.state, StepState::kFailed);
-  EXPECT_EQ(create.error_class, ErrorClass::kRejected) << create.error_message;
+  EXPECT_EQ(create.state, StepState::kFailed) << test.AttemptsText(instance);
   EXPECT_GE(create.attempts, 1);
   EXPECT_LE(create.attempts, 3) << test.AttemptsText(instance);
-  EXPECT_NE(create.error_message.find("TLS with target 'erp' failed"), std::string::npos)
-      << create.error_message;
+  if (create.error_message.find("TLS with target 'erp' failed") != std::string::npos) {
+    // Not compensated away: an operator renews the certificate and retries the step.
+    EXPECT_EQ(instance.state, InstanceState::kNeedsAttention) << instance.status_reason;
+    EXPECT_NE(instance.status_reason.find("fix the certificate or the CA"), std::string::npos)
+        << instance.status_reason;
+    EXPECT_EQ(create.error_class, ErrorClass::kRejected) << create.error_message;
+  } else {
+    EXPECT_EQ(create.attempts, 3) << "only a lost alert is retried: " << test.AttemptsText(instance);
+    EXPECT_NE(create.error_message.find("retries exhausted"), std::string::npos)
+        << create.error_message;
+  }
   const Json stats = test.Stats();
   EXPECT_EQ(stats["requests"], 0) << stats.dump();
   EXPECT_GE(stats["handshake_failures"], 1) << stats.dump();
