@@ -124,6 +124,11 @@ struct TargetSpec {
   std::string cert_file;     // PEM client certificate (mTLS)
   std::string key_file;      // PEM key of the client certificate
   std::string key_password;  // passphrase of key_file, when it has one
+  // `oauth2:` client credentials (RFC 6749 §4.4); token_url empty: none.
+  std::string token_url;
+  std::string client_id;
+  std::string client_secret;  // exactly one {{secret.NAME}} or {{env.NAME}}
+  std::string scope;
 };
 
 struct WorkflowDefinition {

@@ -451,7 +451,8 @@ class Reader {
     }
   }
 
-  // Reads `targets:`: name -> { url, tls: { ca_file, cert_file, key_file, key_password } }.
+  // Reads `targets:`: name -> { url, tls: { ca_file, cert_file, key_file, key_password },
+  // oauth2: { token_url, client_id, client_secret, scope } }.
   void ReadTargets(const YAML::Node& targets, std::vector<TargetSpec>* out) {
     if (!targets.IsMap() || targets.size() == 0) {
       Error(targets, "", "'targets' maps names to systems, e.g. { erp: { url: \"{{env.ERP_URL}}\","
@@ -471,7 +472,7 @@ class Reader {
         Error(spec, "", where + " must be a mapping with 'url'");
         continue;
       }
-      CheckFields(spec, "", {"url", "tls"}, where);
+      CheckFields(spec, "", {"url", "tls", "oauth2"}, where);
       target.url = RequiredString(spec, "url", "");
       if (const YAML::Node tls = spec["tls"]) {
         if (!tls.IsMap()) {
@@ -489,6 +490,19 @@ class Reader {
           if (!target.key_password.empty() && target.key_file.empty()) {
             Error(tls, "", where + ": 'key_password' goes with 'key_file'");
           }
+        }
+      }
+      if (const YAML::Node oauth2 = spec["oauth2"]) {
+        if (!oauth2.IsMap()) {
+          Error(oauth2, "", where + ": 'oauth2' must be a mapping with token_url, client_id and "
+                                    "client_secret");
+        } else {
+          CheckFields(oauth2, "", {"token_url", "client_id", "client_secret", "scope"},
+                      where + " oauth2");
+          target.token_url = RequiredString(oauth2, "token_url", "");
+          target.client_id = RequiredString(oauth2, "client_id", "");
+          target.client_secret = RequiredString(oauth2, "client_secret", "");
+          target.scope = OptionalString(oauth2, "scope", "");
         }
       }
       for (const TargetSpec& other : *out) {

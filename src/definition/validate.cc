@@ -1,6 +1,9 @@
 #include "definition/validate.h"
 
+#include <algorithm>
+#include <initializer_list>
 #include <set>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -50,6 +53,15 @@ struct Scope {
   int visible_steps = 0;        // steps[0 .. visible_steps) may be referred to
 };
 
+// Returns true when `text` is exactly one "{{root.NAME}}" with root among `roots`.
+bool OnlyOneReference(const std::string& text, std::initializer_list<std::string_view> roots) {
+  auto parsed = Template::Parse(text);
+  if (!parsed.ok() || !text.starts_with("{{") || !text.ends_with("}}")) return false;
+  const auto& refs = parsed->references();
+  return refs.size() == 1 && refs[0].size() == 2 &&
+         std::find(roots.begin(), roots.end(), refs[0][0]) != roots.end();
+}
+
 class Validator {
  public:
   Validator(const WorkflowDefinition& definition, std::vector<Diagnostic>* out)
@@ -66,17 +78,21 @@ class Validator {
       CheckText(target.cert_file, deployment, target.line, "", where + " tls.cert_file");
       CheckText(target.key_file, deployment, target.line, "", where + " tls.key_file");
       CheckText(target.key_password, deployment, target.line, "", where + " tls.key_password");
-      // Exactly "{{secret.NAME}}": no part of the passphrase in the definition.
-      bool secret_only = false;
-      if (auto parsed = Template::Parse(target.key_password); parsed.ok()) {
-        const auto& refs = parsed->references();
-        secret_only = refs.size() == 1 && !refs[0].empty() && refs[0][0] == "secret" &&
-                      target.key_password.starts_with("{{") &&
-                      target.key_password.ends_with("}}");
-      }
-      if (!target.key_password.empty() && !secret_only) {
+      CheckText(target.token_url, deployment, target.line, "", where + " oauth2.token_url");
+      CheckText(target.client_id, deployment, target.line, "", where + " oauth2.client_id");
+      CheckText(target.client_secret, deployment, target.line, "",
+                where + " oauth2.client_secret");
+      CheckText(target.scope, deployment, target.line, "", where + " oauth2.scope");
+      // Exactly one reference, no literal part: nothing of a secret in the definition.
+      if (!target.key_password.empty() && !OnlyOneReference(target.key_password, {"secret"})) {
         Error(target.line, "", where + ": tls.key_password must be a secret "
                                        "(\"{{secret.NAME}}\"), never a value in the definition");
+      }
+      if (!target.client_secret.empty() &&
+          !OnlyOneReference(target.client_secret, {"secret", "env"})) {
+        Error(target.line, "", where + ": oauth2.client_secret must come from a secret or the "
+                                       "environment (\"{{secret.NAME}}\" or \"{{env.NAME}}\"), "
+                                       "never a value in the definition");
       }
     }
     for (size_t i = 0; i < definition_.steps.size(); ++i) CheckStep(static_cast<int>(i));

@@ -35,7 +35,8 @@ class Engine::Impl {
   Impl(Store* store, HttpClient* http, const Clock* clock, Random* random,
        const EngineOptions& options, TemplateEnvironment environment)
       : store_(store),
-        http_(http),
+        authorizing_(NewOAuth2HttpClient(http, clock)),
+        http_(authorizing_.get()),
         clock_(clock),
         random_(random),
         options_(options),
@@ -423,7 +424,9 @@ class Engine::Impl {
 
  private:
   Store* store_;
-  HttpClient* http_;
+  // Sends through the caller's client, with bearer tokens for targets that use OAuth2.
+  std::unique_ptr<HttpClient> authorizing_;
+  HttpClient* http_;  // authorizing_
   const Clock* clock_;
   Random* random_;
   EngineOptions options_;

@@ -216,39 +216,75 @@ class InstanceRunner::Impl {
       WS_ASSIGN_OR_RETURN(Json body, RenderTree(Json::parse(spec.body_json), context));
       request.body = JsonText(body);
     }
-    WS_ASSIGN_OR_RETURN(request.tls, TargetIdentity(request.url, context));
+    WS_RETURN_IF_ERROR(ApplyTarget(request, context));
     return request;
   }
 
-  // Returns the TLS identity of the target whose rendered base URL `url` lies under
-  // (the longest such), or none.
-  absl::StatusOr<TlsIdentity> TargetIdentity(const std::string& url, const Json& context) const {
-    TlsIdentity identity;
+  // Returns the target whose rendered base URL `url` lies under (the longest such),
+  // or null.
+  absl::StatusOr<const TargetSpec*> TargetOf(const std::string& url, const Json& context) const {
+    const TargetSpec* found = nullptr;
     size_t matched = 0;
     for (const TargetSpec& target : definition_->targets) {
-      auto render = [&](const std::string& text) -> absl::StatusOr<std::string> {
-        WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
-        auto rendered = parsed.RenderText(context);
-        if (!rendered.ok()) {
-          return absl::InvalidArgumentError("target '" + target.name + "': " +
-                                            std::string(rendered.status().message()));
-        }
-        return rendered;
-      };
-      WS_ASSIGN_OR_RETURN(std::string base, render(target.url));
+      WS_ASSIGN_OR_RETURN(std::string base, RenderSetting(target, target.url, context));
       while (base.ends_with("/")) base.pop_back();
       const bool under = !base.empty() && url.starts_with(base) &&
                          (url.size() == base.size() || std::string_view("/?#").find(
                                                            url[base.size()]) != std::string::npos);
       if (!under || base.size() <= matched) continue;
       matched = base.size();
-      identity.target = target.name;
-      WS_ASSIGN_OR_RETURN(identity.ca_file, render(target.ca_file));
-      WS_ASSIGN_OR_RETURN(identity.cert_file, render(target.cert_file));
-      WS_ASSIGN_OR_RETURN(identity.key_file, render(target.key_file));
-      WS_ASSIGN_OR_RETURN(identity.key_password, render(target.key_password));
+      found = &target;
     }
+    return found;
+  }
+
+  // Renders one of `target`'s settings (a template over env and secret).
+  static absl::StatusOr<std::string> RenderSetting(const TargetSpec& target,
+                                                   const std::string& text, const Json& context) {
+    WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
+    auto rendered = parsed.RenderText(context);
+    if (!rendered.ok()) {
+      return absl::InvalidArgumentError("target '" + target.name + "': " +
+                                        std::string(rendered.status().message()));
+    }
+    return rendered;
+  }
+
+  // Returns the TLS identity of the target `url` lies under (none: the system's CAs).
+  absl::StatusOr<TlsIdentity> TlsFor(const std::string& url, const Json& context) const {
+    WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
+    TlsIdentity identity;
+    if (target == nullptr) return identity;
+    identity.target = target->name;
+    WS_ASSIGN_OR_RETURN(identity.ca_file, RenderSetting(*target, target->ca_file, context));
+    WS_ASSIGN_OR_RETURN(identity.cert_file, RenderSetting(*target, target->cert_file, context));
+    WS_ASSIGN_OR_RETURN(identity.key_file, RenderSetting(*target, target->key_file, context));
+    WS_ASSIGN_OR_RETURN(identity.key_password,
+                        RenderSetting(*target, target->key_password, context));
     return identity;
+  }
+
+  // Gives `request` the settings of the target its URL lies under: its TLS identity
+  // and OAuth2 credentials (the token endpoint reached with the TLS identity of the
+  // target its own URL lies under).
+  absl::Status ApplyTarget(HttpRequest& request, const Json& context) const {
+    WS_ASSIGN_OR_RETURN(request.tls, TlsFor(request.url, context));
+    request.oauth2 = {};
+    WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(request.url, context));
+    if (target == nullptr || target->token_url.empty()) return absl::OkStatus();
+    OAuth2Client& client = request.oauth2;
+    client.target = target->name;
+    WS_ASSIGN_OR_RETURN(client.token_url, RenderSetting(*target, target->token_url, context));
+    WS_ASSIGN_OR_RETURN(client.client_id, RenderSetting(*target, target->client_id, context));
+    WS_ASSIGN_OR_RETURN(client.client_secret,
+                        RenderSetting(*target, target->client_secret, context));
+    WS_ASSIGN_OR_RETURN(client.scope, RenderSetting(*target, target->scope, context));
+    if (client.client_secret.empty()) {
+      return absl::InvalidArgumentError("target '" + target->name +
+                                        "': oauth2.client_secret rendered empty");
+    }
+    WS_ASSIGN_OR_RETURN(client.tls, TlsFor(client.token_url, context));
+    return absl::OkStatus();
   }
 
   // Returns the values a lookup's `match` pointers must equal, rendered for step `index`.
@@ -464,7 +500,7 @@ class InstanceRunner::Impl {
       WS_RETURN_IF_ERROR(Commit(std::move(progress)));
       HttpRequest following = next_page;
       following.url = **next;
-      WS_ASSIGN_OR_RETURN(following.tls, TargetIdentity(following.url, Context(index, "")));
+      WS_RETURN_IF_ERROR(ApplyTarget(following, Context(index, "")));
       return AskLookupPage(index, step, std::move(following), pages);
     };
     return Call(CallPhase::kLookup, std::move(request), index, kLookupStatuses, std::move(then));

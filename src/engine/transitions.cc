@@ -314,10 +314,11 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
       return Retry(facts, step, StepState::kPending, step.attempts, def.retry,
                    response.outcome.retry_after);
     case ErrorClass::kRejected:
-      if (response.outcome.tls_refused) {
-        // A certificate to renew, not a business refusal: nothing is undone for it.
-        return FailStepAndWait(facts, step, detail + "; fix the certificate or the CA, then "
-                                                     "retry the step");
+      if (response.outcome.identity_refused) {
+        // A certificate or client secret to renew, not a business refusal: nothing is
+        // undone for it.
+        return FailStepAndWait(facts, step, detail + "; fix the target's certificate, CA or "
+                                                     "client credentials, then retry the step");
       }
       return FailStep(facts, step, result.error_class, detail, std::nullopt);
     case ErrorClass::kUnknown: {

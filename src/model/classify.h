@@ -31,7 +31,9 @@ struct CallOutcome {
   int status = 0;                        // HTTP status when kind == kResponse
   std::optional<Millis> retry_after;     // parsed Retry-After, when present
   bool sent = false;                     // some of the request left this process
-  bool tls_refused = false;              // kInvalid: a certificate was refused, ours or theirs
+  // kInvalid: our identity was refused: a certificate (ours or theirs) or the OAuth2
+  // client credentials. Not retried, and nothing is undone for it.
+  bool identity_refused = false;
   ConnectionUsed connection = ConnectionUsed::kNone;
 };
 

@@ -294,13 +294,13 @@ TEST(TransitionsTest, ACertificateRefusedWaitsForAnOperatorInsteadOfCompensating
   World world(kLooked);
   CallResult refused;
   refused.response.outcome.kind = CallOutcome::Kind::kInvalid;
-  refused.response.outcome.tls_refused = true;
+  refused.response.outcome.identity_refused = true;
   refused.response.error = "TLS with target 'erp' failed: certificate has expired";
   refused.error_class = ErrorClass::kRejected;
   Change change = RecordCall(world.Now(), world.steps[kLooked], refused);
   Check(change, kLooked, {S::kFailed, I::kNeedsAttention, {A::kNeedsOperator}}, "tls");
-  EXPECT_NE(change.status_reason->find("fix the certificate"), std::string::npos);
-  refused.response.outcome.tls_refused = false;  // a malformed URL, say: a real refusal
+  EXPECT_NE(change.status_reason->find("fix the target's certificate"), std::string::npos);
+  refused.response.outcome.identity_refused = false;  // a malformed URL, say: a real refusal
   change = RecordCall(world.Now(), world.steps[kLooked], refused);
   Check(change, kLooked, {S::kFailed, I::kCompensating, {}}, "invalid");
 }

@@ -179,7 +179,7 @@ void ExpectRefusedAtTls(TlsTargetTest& test, const InstanceRecord& instance) {
   if (create.error_message.find("TLS with target 'erp' failed") != std::string::npos) {
     // Not compensated away: an operator renews the certificate and retries the step.
     EXPECT_EQ(instance.state, InstanceState::kNeedsAttention) << instance.status_reason;
-    EXPECT_NE(instance.status_reason.find("fix the certificate or the CA"), std::string::npos)
+    EXPECT_NE(instance.status_reason.find("fix the target's certificate, CA"), std::string::npos)
         << instance.status_reason;
     EXPECT_EQ(create.error_class, ErrorClass::kRejected) << create.error_message;
   } else {

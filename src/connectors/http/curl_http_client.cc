@@ -229,7 +229,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     // The TLS layer refused the exchange, so no request reached the application: a
     // certificate problem is not retried, and says which target it concerns.
     response.outcome.kind = CallOutcome::Kind::kInvalid;
-    response.outcome.tls_refused = true;
+    response.outcome.identity_refused = true;
     response.outcome.sent = false;
     const std::string& target = transfer.request.tls.target;
     response.error = "TLS with " + (target.empty() ? std::string("the server")

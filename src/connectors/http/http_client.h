@@ -35,6 +35,20 @@ struct TlsIdentity {
   bool operator==(const TlsIdentity&) const = default;
 };
 
+// OAuth2 client credentials (RFC 6749 §4.4) a request is authorised with, from its
+// target (token_url empty: none). The client in NewOAuth2HttpClient gets the token;
+// the secret lives in memory only.
+struct OAuth2Client {
+  std::string target;         // the target's name, for messages
+  std::string token_url;      // the authorisation server's token endpoint
+  std::string client_id;
+  std::string client_secret;
+  std::string scope;          // space-separated; empty: the server's default
+  TlsIdentity tls;            // how the token endpoint is reached
+
+  bool operator==(const OAuth2Client&) const = default;
+};
+
 // One HTTP request to an external system. A value type.
 struct HttpRequest {
   std::string method;
@@ -50,6 +64,7 @@ struct HttpRequest {
   // thread; it must be quick and thread-safe.
   std::function<bool()> may_send;
   TlsIdentity tls;
+  OAuth2Client oauth2;  // sent with a bearer token when set (NewOAuth2HttpClient)
 };
 
 // What came back. `outcome` says whether a response arrived, and if not, whether
@@ -92,5 +107,20 @@ struct HttpClientOptions {
 // connections of that loop; kFresh requests (the default) never do, and the client
 // never sends one request twice (no redirects, no HTTP/2 stream retries).
 std::unique_ptr<HttpClient> NewCurlHttpClient(const HttpClientOptions& options);
+
+// Returns a client that sends through `inner` (not owned; it must outlive the result)
+// and authorises each request that carries `oauth2` credentials with a bearer token
+// from the client credentials grant (RFC 6749 §4.4); other requests pass through.
+// - One token per credentials at a time, kept until shortly before it expires; while
+//   it is being fetched, every request for it waits: one token request however many
+//   callers.
+// - A 401 to a request sent with a token drops that token and sends the request once
+//   more with a fresh one. The target refused it before acting on it, so the caller
+//   sees only the second answer: no business attempt is spent on an expired token.
+// - Without a token the request is not sent: kNotSent (transient) when the token
+//   endpoint failed or could not be reached; kInvalid with identity_refused when it
+//   refused the credentials (400, 401, 403).
+// The secret and the tokens never appear in an error text.
+std::unique_ptr<HttpClient> NewOAuth2HttpClient(HttpClient* inner, const Clock* clock);
 
 }  // namespace waystone
