@@ -2,12 +2,16 @@
 
 #include <openssl/evp.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
 namespace waystone {
 
-std::string Sha256Hex(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
+namespace {
+
+std::string Hex(const unsigned char* digest, unsigned int length) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out;
   out.reserve(length * 2);
@@ -16,6 +20,60 @@ std::string Sha256Hex(std::string_view data) {
     out.push_back(kDigits[digest[i] & 0xf]);
   }
   return out;
+}
+
+}  // namespace
+
+std::string Sha256Hex(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
+  return Hex(digest, length);
+}
+
+Sha256Stream::Sha256Stream() : context_(EVP_MD_CTX_new()) {
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(context_), EVP_sha256(), nullptr);
+}
+
+Sha256Stream::~Sha256Stream() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(context_)); }
+
+void Sha256Stream::Add(std::string_view bytes) {
+  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(context_), bytes.data(), bytes.size());
+}
+
+std::string Sha256Stream::Finish() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  auto* context = static_cast<EVP_MD_CTX*>(context_);
+  EVP_DigestFinal_ex(context, digest, &length);
+  EVP_DigestInit_ex(context, EVP_sha256(), nullptr);
+  return Hex(digest, length);
+}
+
+absl::StatusOr<FileDigest> Sha256File(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (file == nullptr) {
+    const std::string why = "cannot read " + path + ": " + std::strerror(errno);
+    if (errno == ENOENT) return absl::NotFoundError(why);
+    if (errno == EACCES) return absl::PermissionDeniedError(why);
+    return absl::InternalError(why);
+  }
+  Sha256Stream hash;
+  FileDigest digest;
+  char buffer[64 * 1024];
+  while (true) {
+    const size_t got = std::fread(buffer, 1, sizeof(buffer), file.get());
+    if (got > 0) {
+      hash.Add(std::string_view(buffer, got));
+      digest.size += static_cast<int64_t>(got);
+    }
+    if (got < sizeof(buffer)) break;
+  }
+  if (std::ferror(file.get()) != 0) {
+    return absl::InternalError("cannot read " + path + ": " + std::strerror(errno));
+  }
+  digest.sha256 = hash.Finish();
+  return digest;
 }
 
 }  // namespace waystone

@@ -1,11 +1,39 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "absl/status/statusor.h"
 
 namespace waystone {
 
 // Returns the SHA-256 digest of `data` as 64 lowercase hex characters.
 std::string Sha256Hex(std::string_view data);
+
+// The SHA-256 and size of a file's content.
+struct FileDigest {
+  std::string sha256;  // 64 lowercase hex characters
+  int64_t size = 0;
+};
+
+// Reads the file at `path` in pieces (never whole into memory) and returns its digest;
+// NotFound / PermissionDenied / Internal naming the path when it cannot be read.
+absl::StatusOr<FileDigest> Sha256File(const std::string& path);
+
+// SHA-256 over bytes given in pieces. Not thread-safe.
+class Sha256Stream {
+ public:
+  Sha256Stream();
+  ~Sha256Stream();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+  void Add(std::string_view bytes);
+  // Returns the digest of everything added since construction or the last Finish.
+  std::string Finish();
+
+ private:
+  void* context_;  // EVP_MD_CTX
+};
 
 }  // namespace waystone

@@ -21,6 +21,7 @@ struct GlobalOptions {
   std::string db;            // --db, WAYSTONE_DB, ./waystone.db
   std::string tenant = "default";
   std::string secrets_file;  // --secrets
+  std::string files_dir;     // --files
   std::string lease = "30s"; // --lease
   // --step-key-retention: how long a step's idempotency key stays pinned to its
   // request (longer than the targets keep their keys); a workflow may set its own.

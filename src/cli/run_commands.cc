@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
   options.workers = workers;
   options.max_in_flight = max_in_flight;
   options.secrets_file = global.secrets_file;
+  options.files_dir = global.files_dir;
   if (global.tenants) options.tenants = *global.tenants;
   // A worker or start without serve's config would render every tenant with the
   // process's secrets and skip the allow-list: the same config applies (read
@@ -344,6 +345,7 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   if (options.worker.relay_config.empty()) options.worker.relay_config = config.relay_config;
   if (options.worker.metrics_listen.empty()) options.worker.metrics_listen = config.metrics_listen;
   if (global.secrets_file.empty()) global.secrets_file = config.secrets_file;
+  if (global.files_dir.empty()) global.files_dir = config.files_dir;
   ApiServerOptions api;
   api.max_body_bytes = config.max_body_bytes;
   api.read_timeout_seconds = config.read_timeout_seconds;

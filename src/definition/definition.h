@@ -16,12 +16,33 @@ namespace waystone {
 // A loaded, validated workflow definition. Immutable value types; templates are
 // kept as text (and JSON template trees as JSON text) so this header stays light.
 
+// A file a request sends, its bytes from exactly one of `path` or `base64`. Every
+// string is a template.
+struct FileSpec {
+  std::string part;          // multipart: the part's name ("" for a raw body)
+  std::string path;          // relative to the engine's files folder (--files)
+  std::string base64;        // the bytes in base64 (from the input or an earlier answer)
+  std::string filename;      // multipart: the name the receiver sees; default: path's last segment
+  std::string content_type;  // default application/octet-stream
+};
+
+// What a request's body is.
+enum class BodyKind : uint8_t {
+  kJson = 1,       // `body`: a JSON template tree (or no body)
+  kForm = 2,       // `form`: application/x-www-form-urlencoded fields
+  kMultipart = 3,  // `multipart`: multipart/form-data fields and files
+  kFile = 4,       // `body_file`: the raw bytes of one file
+};
+
 // An HTTP request whose strings are templates.
 struct RequestSpec {
   std::string method;                                        // upper case: GET, POST, ...
   std::string url;                                           // template
   std::vector<std::pair<std::string, std::string>> headers;  // name, value template
+  BodyKind body_kind = BodyKind::kJson;
   std::string body_json;                                     // JSON template tree; empty: no body
+  std::string fields_json;   // kForm, kMultipart: JSON object, field name -> template
+  std::vector<FileSpec> files;  // kMultipart: its files; kFile: exactly one
   Millis timeout = 10'000;
 
   // Returns true for methods that change something on the other side.

@@ -214,7 +214,9 @@ class Reader {
       Error(node, step, where + " must be a mapping with 'method' and 'url'");
       return;
     }
-    CheckFields(node, step, {"method", "url", "headers", "body", "timeout"}, where);
+    CheckFields(node, step,
+                {"method", "url", "headers", "body", "form", "multipart", "body_file", "timeout"},
+                where);
     out->method = RequiredString(node, "method", step);
     for (auto& c : out->method) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     static const std::set<std::string> kMethods = {"GET",   "HEAD",   "OPTIONS", "POST",
@@ -239,6 +241,90 @@ class Reader {
       }
     }
     if (const YAML::Node body = node["body"]) out->body_json = JsonText(ToJson(body, step));
+    ReadUpload(node, step, where, out);
+  }
+
+  // Reads a request's `form`, `multipart` or `body_file` (at most one body of any kind).
+  void ReadUpload(const YAML::Node& node, const std::string& step, const std::string& where,
+                  RequestSpec* out) {
+    int bodies = 0;
+    for (const char* kind : {"body", "form", "multipart", "body_file"}) bodies += node[kind] ? 1 : 0;
+    if (bodies > 1) {
+      Error(node, step, where + " has more than one of 'body', 'form', 'multipart', 'body_file'");
+      return;
+    }
+    auto fields = [&](const YAML::Node& map, const std::string& what) {
+      if (!map.IsMap()) {
+        Error(map, step, what + " must be a mapping of field name to value");
+        return;
+      }
+      for (const auto& entry : map) {
+        if (!entry.second.IsScalar()) {
+          Error(entry.second, step, what + " field '" + entry.first.Scalar() + "' must be a string");
+        }
+      }
+      out->fields_json = JsonText(ToJson(map, step));
+    };
+    if (const YAML::Node form = node["form"]) {
+      out->body_kind = BodyKind::kForm;
+      fields(form, "'form'");
+    }
+    if (const YAML::Node multipart = node["multipart"]) {
+      out->body_kind = BodyKind::kMultipart;
+      if (!multipart.IsMap()) {
+        Error(multipart, step, "'multipart' must be a mapping with 'fields' and 'files'");
+        return;
+      }
+      CheckFields(multipart, step, {"fields", "files"}, "multipart");
+      if (const YAML::Node map = multipart["fields"]) fields(map, "'multipart.fields'");
+      const YAML::Node files = multipart["files"];
+      if (!files || !files.IsMap() || files.size() == 0) {
+        Error(files ? files : multipart, step,
+              "'multipart.files' must map part names to files, e.g. { file: { path: ... } }");
+        return;
+      }
+      for (const auto& entry : files) {
+        FileSpec file = ReadFileSpec(entry.second, step, "multipart file '" +
+                                                             entry.first.Scalar() + "'");
+        file.part = entry.first.Scalar();
+        out->files.push_back(std::move(file));
+      }
+    }
+    if (const YAML::Node body_file = node["body_file"]) {
+      out->body_kind = BodyKind::kFile;
+      out->files.push_back(ReadFileSpec(body_file, step, "'body_file'"));
+      if (!out->files.back().filename.empty()) {
+        Error(body_file, step, "'body_file' sends bare bytes: it has no 'filename'");
+      }
+    }
+    if (out->body_kind == BodyKind::kMultipart) {
+      for (const auto& [name, value] : out->headers) {
+        std::string lower = name;
+        for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (lower == "content-type") {
+          Error(node["headers"], step, "a multipart request sets its own Content-Type (with the "
+                                       "boundary); remove the 'Content-Type' header");
+        }
+      }
+    }
+  }
+
+  FileSpec ReadFileSpec(const YAML::Node& node, const std::string& step, const std::string& what) {
+    FileSpec file;
+    if (!node.IsMap()) {
+      Error(node, step, what + " must be a mapping with 'path' or 'base64'");
+      return file;
+    }
+    CheckFields(node, step, {"path", "base64", "filename", "content_type"}, what);
+    file.path = OptionalString(node, "path", step);
+    file.base64 = OptionalString(node, "base64", step);
+    file.filename = OptionalString(node, "filename", step);
+    file.content_type = OptionalString(node, "content_type", step);
+    if (file.path.empty() == file.base64.empty()) {
+      Error(node, step, what + " needs exactly one of 'path' (under the files folder) or "
+                               "'base64'");
+    }
+    return file;
   }
 
   void ReadRetry(const YAML::Node& node, const std::string& step, RetryPolicy* out) {

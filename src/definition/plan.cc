@@ -25,7 +25,19 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
   std::ostringstream out;
   out << "Recovery plan for workflow '" << definition.name << "' (" << definition.source << ")\n";
   out << "business key: " << definition.key << "\n";
-  out << "definition hash: " << definition.content_hash.substr(0, 16) << "\n\n";
+  out << "definition hash: " << definition.content_hash.substr(0, 16) << "\n";
+  for (const TargetSpec& target : definition.targets) {
+    out << "target " << target.name << ": " << target.url;
+    if (!target.ca_file.empty()) out << "; trusts the CAs of " << target.ca_file;
+    if (!target.cert_file.empty()) out << "; client certificate " << target.cert_file;
+    if (!target.token_url.empty()) {
+      out << "; OAuth2 client credentials from " << target.token_url
+          << " (one token per worker, renewed before it expires; a 401 renews it and resends "
+             "once)";
+    }
+    out << "\n";
+  }
+  out << "\n";
   int number = 1;
   for (const auto& step : definition.steps) {
     out << number++ << ". " << step.name << "  [" << ToString(step.recovery) << "]\n";
@@ -43,6 +55,15 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     const bool side_effecting = step.request.SideEffecting();
     out << "   call:       " << step.request.method << " " << step.request.url << "  (timeout "
         << step.request.timeout << "ms)\n";
+    if (step.request.body_kind == BodyKind::kForm) {
+      out << "   sends:      form fields (application/x-www-form-urlencoded)\n";
+    }
+    for (const FileSpec& file : step.request.files) {
+      out << "   sends:      " << (file.part.empty() ? "the raw bytes of " : "multipart file '" + file.part + "' from ")
+          << (file.path.empty() ? "base64 " + file.base64 : "the files folder's " + file.path)
+          << ", pinned by SHA-256 before the first attempt (changed later: a conflict, never "
+             "sent)\n";
+    }
     if (side_effecting) {
       out << "   idem. key:  " << Key(step) << "  (sent as Idempotency-Key on every attempt"
           << (step.idempotency_honored ? "; the target honours it" : "") << ")\n";

@@ -26,6 +26,14 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
       visit(where + ".headers." + name, value, false, sees_itself);
     }
     visit(where + ".body", r.body_json, true, sees_itself);
+    visit(where + ".fields", r.fields_json, true, sees_itself);
+    for (const FileSpec& file : r.files) {
+      const std::string at = where + ".file" + (file.part.empty() ? "" : "." + file.part);
+      visit(at + ".path", file.path, false, sees_itself);
+      visit(at + ".base64", file.base64, false, sees_itself);
+      visit(at + ".filename", file.filename, false, sees_itself);
+      visit(at + ".content_type", file.content_type, false, sees_itself);
+    }
   };
   switch (step.kind) {
     case StepKind::kWait:

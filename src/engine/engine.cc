@@ -60,7 +60,7 @@ class Engine::Impl {
   RunnerDeps Deps() {
     return RunnerDeps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
                       options_.lease_duration, options_.idempotency_retention, keeper_.get(),
-                      metrics_};
+                      metrics_, options_.files_dir};
   }
 
   absl::Status Register(const WorkflowDefinition& definition) {

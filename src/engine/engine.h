@@ -44,6 +44,9 @@ struct EngineOptions {
   // File of NAME=value secrets for {{secret.NAME}}; empty: environment only.
   // With `tenants`, these are no tenant's: each tenant renders only its own.
   std::string secrets_file;
+  // The folder whose files uploads may send (`path:` in a request's multipart or
+  // body_file, relative to it); empty: no file from disk may be sent.
+  std::string files_dir;
   // Tenants as a boundary (the server config's `tenants:`). Empty: one trust
   // domain, every tenant may start every workflow with the process's secrets.
   std::map<std::string, TenantPolicy> tenants;

@@ -12,6 +12,7 @@
 #include "engine/call_metrics.h"
 #include "engine/context.h"
 #include "engine/lookup_pages.h"
+#include "engine/request_body.h"
 #include "engine/state_machine.h"
 #include "engine/transitions.h"
 #include "model/json_text.h"
@@ -197,7 +198,10 @@ class InstanceRunner::Impl {
     return d_.environment->Build(instance_, steps_, definition_->steps[step_index].name, key);
   }
 
-  absl::StatusOr<HttpRequest> Render(const RequestSpec& spec, const Json& context) const {
+  // Renders `spec` for sending; `body_identity` (when given) gets what the request
+  // hash takes of its body (RenderBody).
+  absl::StatusOr<HttpRequest> Render(const RequestSpec& spec, const Json& context,
+                                     std::string* body_identity = nullptr) const {
     HttpRequest request;
     request.method = spec.method;
     request.timeout = spec.timeout;
@@ -212,10 +216,8 @@ class InstanceRunner::Impl {
       }
       request.headers.emplace_back(name, std::move(text));
     }
-    if (!spec.body_json.empty()) {
-      WS_ASSIGN_OR_RETURN(Json body, RenderTree(Json::parse(spec.body_json), context));
-      request.body = JsonText(body);
-    }
+    WS_ASSIGN_OR_RETURN(std::string identity, RenderBody(spec, context, d_.files_dir, request));
+    if (body_identity != nullptr) *body_identity = std::move(identity);
     WS_RETURN_IF_ERROR(ApplyTarget(request, context));
     return request;
   }
@@ -409,9 +411,10 @@ class InstanceRunner::Impl {
       return Fail(index, "the idempotency key would contain a line break or NUL; refused",
                   std::nullopt);
     }
-    auto request = Render(def.request, Context(index, key));
+    std::string body_identity;
+    auto request = Render(def.request, Context(index, key), &body_identity);
     if (!request.ok()) return Fail(index, std::string(request.status().message()), std::nullopt);
-    const std::string hash = RequestHash(request->method, request->url, request->body);
+    const std::string hash = RequestHash(request->method, request->url, body_identity);
     const StepRecord& recorded = steps_[index];
     if (side_effecting && !recorded.request_hash.empty() && recorded.request_hash != hash) {
       return Fail(index,

@@ -33,6 +33,7 @@ struct RunnerDeps {
   Millis idempotency_retention = 7LL * 24 * 3600 * 1000;
   LeaseKeeper* keeper = nullptr;  // renews the lease during long calls; may be null
   CallMetrics* metrics = nullptr;  // counts the calls made; required
+  std::string files_dir;  // where uploads' `path` files live; empty: none may be sent
 };
 
 // Where a drive left the instance.

@@ -34,6 +34,9 @@ struct CallOutcome {
   // kInvalid: our identity was refused: a certificate (ours or theirs) or the OAuth2
   // client credentials. Not retried, and nothing is undone for it.
   bool identity_refused = false;
+  // kNotSent: a file changed after it was pinned; the request was cut off before its
+  // end, so the target cannot have acted on it.
+  bool content_changed = false;
   ConnectionUsed connection = ConnectionUsed::kNone;
 };
 

@@ -18,7 +18,7 @@ class ConfigReader : public YamlConfig {
     ServerConfig config;
     if (!root.IsMap()) return Error(root, "a server config is a mapping");
     static const std::set<std::string> kFields = {
-        "database", "listen", "workers", "max_in_flight", "definitions", "relay_config", "secrets_file", "lease",
+        "database", "listen", "workers", "max_in_flight", "definitions", "relay_config", "secrets_file", "files_dir", "lease",
         "step_key_retention",
         "api", "events", "tenants", "metrics_listen", "permissions", "tls"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
@@ -28,6 +28,7 @@ class ConfigReader : public YamlConfig {
     config.relay_config = Path(Text(root, "relay_config"));
     config.metrics_listen = Text(root, "metrics_listen");
     config.secrets_file = Path(Text(root, "secrets_file"));
+    config.files_dir = Path(Text(root, "files_dir"));
     config.lease = Text(root, "lease");
     if (!config.lease.empty() && !ParseDuration(config.lease)) {
       return Error(root["lease"], "'lease' must be a duration such as 30s");

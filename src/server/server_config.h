@@ -34,6 +34,7 @@ struct ServerConfig {
   std::string tls_cert_file;   // `tls: {cert_file, key_file}`: serve HTTPS; "" = HTTP
   std::string tls_key_file;
   std::string secrets_file;
+  std::string files_dir;     // uploads' files (EngineOptions::files_dir)
   std::string lease;         // duration text, e.g. "30s"
   std::string step_key_retention;  // duration text; "" = not set
   size_t max_body_bytes = 1 << 20;

@@ -76,6 +76,12 @@ TEST(LoaderTest, ExampleDefinitionsLoad) {
   ASSERT_TRUE(definition.ok()) << definition.status();
   EXPECT_EQ(definition->steps[0].body_errors.size(), 3u);
   EXPECT_TRUE(definition->steps[0].lookup->Paginated());
+  definition = LoadDefinitionFile(testing::SourceDir() + "/examples/invoice-to-dms.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  EXPECT_EQ(definition->targets.at(0).client_secret, "{{secret.ERP_CLIENT_SECRET}}");
+  EXPECT_EQ(definition->steps[1].request.body_kind, BodyKind::kMultipart);
+  EXPECT_EQ(definition->steps[1].request.files.at(0).part, "file");
+  EXPECT_EQ(definition->steps[2].request.body_kind, BodyKind::kForm);
 }
 
 TEST(LoaderTest, JsonIsAccepted) {

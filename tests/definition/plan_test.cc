@@ -40,4 +40,17 @@ TEST(PlanTest, SaysHowALookupReadsPagesAndWhatBodyRulesMean) {
 }
 
 }  // namespace
+TEST(PlanTest, SaysWhatAnUploadSendsAndHowATargetAuthorises) {
+  auto definition = LoadDefinitionFile(testing::SourceDir() + "/examples/invoice-to-dms.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const std::string plan = RenderPlan(*definition);
+  EXPECT_NE(plan.find("target erp: {{env.ERP_URL}}/erp; OAuth2 client credentials from "
+                      "{{env.ERP_TOKEN_URL}}"),
+            std::string::npos) << plan;
+  EXPECT_NE(plan.find("sends:      multipart file 'file' from the files folder's {{input.pdf}}, "
+                      "pinned by SHA-256"),
+            std::string::npos) << plan;
+  EXPECT_NE(plan.find("sends:      form fields"), std::string::npos) << plan;
+}
+
 }  // namespace waystone

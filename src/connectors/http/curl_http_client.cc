@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <optional>
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "base/mutex.h"
+#include "base/sha256.h"
 #include "connectors/http/http_client.h"
 
 namespace waystone {
@@ -68,6 +70,58 @@ size_t ReadHeader(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
+// Streams a pinned file to libcurl, checking it on the way (see FileContent): the
+// last piece is handed over only once the whole file was read and still has its
+// pinned size and SHA-256, so a changed file never reaches the target complete.
+struct FileStream {
+  explicit FileStream(const FileContent* c) : content(c) {}
+  ~FileStream() {
+    if (file != nullptr) std::fclose(file);
+  }
+  FileStream(const FileStream&) = delete;
+  FileStream& operator=(const FileStream&) = delete;
+
+  const FileContent* content;
+  FILE* file = nullptr;
+  int64_t delivered = 0;
+  Sha256Stream hash;
+  bool changed = false;
+};
+
+size_t ReadStream(char* buffer, size_t size, size_t count, void* user) {
+  auto* stream = static_cast<FileStream*>(user);
+  if (stream->changed) return CURL_READFUNC_ABORT;
+  if (stream->file == nullptr) stream->file = std::fopen(stream->content->path.c_str(), "rb");
+  if (stream->file == nullptr) {
+    stream->changed = true;
+    return CURL_READFUNC_ABORT;
+  }
+  const int64_t left = stream->content->size - stream->delivered;
+  if (left <= 0) return 0;
+  const size_t want = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(size * count),
+                                                            left));
+  const size_t got = std::fread(buffer, 1, want, stream->file);
+  stream->hash.Add(std::string_view(buffer, got));
+  stream->delivered += static_cast<int64_t>(got);
+  const bool last = stream->delivered == stream->content->size;
+  if (got < want ||
+      (last && (std::fgetc(stream->file) != EOF || stream->hash.Finish() != stream->content->sha256))) {
+    stream->changed = true;
+    return CURL_READFUNC_ABORT;
+  }
+  return got;
+}
+
+// libcurl rewinds a body it must send again from the start (never elsewhere).
+int SeekStream(void* user, curl_off_t offset, int origin) {
+  auto* stream = static_cast<FileStream*>(user);
+  if (offset != 0 || origin != SEEK_SET) return CURL_SEEKFUNC_CANTSEEK;
+  if (stream->file != nullptr) std::rewind(stream->file);
+  stream->delivered = 0;
+  stream->hash.Finish();  // starts over
+  return CURL_SEEKFUNC_OK;
+}
+
 // One request on its way: the easy handle and everything libcurl points into
 // while it runs (the body is sent from `request.body`, not copied).
 struct Transfer {
@@ -79,9 +133,23 @@ struct Transfer {
   HttpResponse response;
   bool held_back = false;  // request.may_send said no: nothing left
   char error_detail[CURL_ERROR_SIZE] = {};  // libcurl's own words on a failure
+  curl_mime* mime = nullptr;                     // a multipart body
+  std::vector<std::unique_ptr<FileStream>> streams;  // files sent from disk
 
   Transfer(HttpRequest r, HttpDone d) : request(std::move(r)), done(std::move(d)) {}
-  ~Transfer() { curl_slist_free_all(headers); }
+  ~Transfer() {
+    easy.reset();  // before the body it may still point into
+    curl_mime_free(mime);
+    curl_slist_free_all(headers);
+  }
+
+  // The stream of the file that no longer matches its pin, or null.
+  const FileStream* Changed() const {
+    for (const auto& stream : streams) {
+      if (stream->changed) return stream.get();
+    }
+    return nullptr;
+  }
   Transfer(const Transfer&) = delete;
   Transfer& operator=(const Transfer&) = delete;
 };
@@ -114,8 +182,42 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
   curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
   if (request.method == "HEAD") curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-  if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
-      request.method == "PATCH") {
+  auto stream_of = [&](const FileContent& content) {
+    transfer.streams.push_back(std::make_unique<FileStream>(&content));
+    return transfer.streams.back().get();
+  };
+  if (!request.multipart.empty()) {
+    transfer.mime = curl_mime_init(curl);
+    for (const FormPart& form_part : request.multipart) {
+      curl_mimepart* part = curl_mime_addpart(transfer.mime);
+      curl_mime_name(part, form_part.name.c_str());
+      if (!form_part.is_file) {
+        curl_mime_data(part, form_part.value.data(), form_part.value.size());
+        continue;
+      }
+      curl_mime_filename(part, form_part.filename.c_str());
+      curl_mime_type(part, form_part.content_type.empty() ? "application/octet-stream"
+                                                          : form_part.content_type.c_str());
+      const FileContent& file = form_part.file;
+      if (file.path.empty()) {
+        curl_mime_data(part, file.bytes.data(), file.bytes.size());
+      } else {
+        curl_mime_data_cb(part, static_cast<curl_off_t>(file.size), ReadStream, SeekStream,
+                          nullptr, stream_of(file));
+      }
+    }
+    curl_easy_setopt(curl, CURLOPT_MIMEPOST, transfer.mime);
+  } else if (!request.body_file.path.empty()) {
+    FileStream* stream = stream_of(request.body_file);
+    curl_easy_setopt(curl, CURLOPT_POST, 1L);
+    curl_easy_setopt(curl, CURLOPT_READFUNCTION, ReadStream);
+    curl_easy_setopt(curl, CURLOPT_READDATA, stream);
+    curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, SeekStream);
+    curl_easy_setopt(curl, CURLOPT_SEEKDATA, stream);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(request.body_file.size));
+  } else if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
+             request.method == "PATCH") {
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.c_str());
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
                      static_cast<curl_off_t>(request.body.size()));
@@ -220,6 +322,17 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   if (transfer.held_back) {
     response.outcome.kind = CallOutcome::Kind::kNotSent;
     response.error = "not sent: the caller withdrew it before its first byte left";
+    response.body.clear();
+    return;
+  }
+  if (const FileStream* changed = transfer.Changed()) {
+    // Cut off before its last byte: no complete request reached the target.
+    response.outcome.kind = CallOutcome::Kind::kNotSent;
+    response.outcome.content_changed = true;
+    response.error = "the file " + changed->content->path + " changed after it was pinned (" +
+                     changed->content->sha256.substr(0, 16) + ", " +
+                     std::to_string(changed->content->size) +
+                     " bytes); the request was cut off before its end";
     response.body.clear();
     return;
   }

@@ -49,6 +49,32 @@ struct OAuth2Client {
   bool operator==(const OAuth2Client&) const = default;
 };
 
+// The content of a file sent in a request, pinned by its SHA-256 and size before the
+// first attempt. With `path`, it is streamed from disk as it is sent and checked on
+// the way: a file that no longer matches is cut off before its last byte (the target
+// never gets a complete request) and the answer is kNotSent with content_changed.
+// Without, `bytes` holds it.
+struct FileContent {
+  std::string path;
+  std::string bytes;
+  std::string sha256;
+  int64_t size = 0;
+
+  bool operator==(const FileContent&) const = default;
+};
+
+// One part of a multipart/form-data body (RFC 7578): a text field, or a file.
+struct FormPart {
+  std::string name;
+  std::string value;         // a field's text
+  bool is_file = false;
+  std::string filename;      // a file's name, as the receiver sees it
+  std::string content_type;  // a file's type
+  FileContent file;
+
+  bool operator==(const FormPart&) const = default;
+};
+
 // One HTTP request to an external system. A value type.
 struct HttpRequest {
   std::string method;
@@ -65,6 +91,11 @@ struct HttpRequest {
   std::function<bool()> may_send;
   TlsIdentity tls;
   OAuth2Client oauth2;  // sent with a bearer token when set (NewOAuth2HttpClient)
+  // Non-empty: the body is multipart/form-data of these parts (`body` unused; the
+  // client sets the Content-Type with its boundary).
+  std::vector<FormPart> multipart;
+  // `path` set: the body is streamed from this file (`body` unused).
+  FileContent body_file;
 };
 
 // What came back. `outcome` says whether a response arrived, and if not, whether

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/base64.h"
 #include "base/mutex.h"
 #include "connectors/http/http_client.h"
 
@@ -41,28 +42,6 @@ std::string FormEncode(std::string_view value) {
       out += kHex[c >> 4];
       out += kHex[c & 15];
     }
-  }
-  return out;
-}
-
-std::string Base64(std::string_view bytes) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t n = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
-                       static_cast<unsigned char>(bytes[i + 2]);
-    for (int shift = 18; shift >= 0; shift -= 6) out += kAlphabet[(n >> shift) & 63];
-  }
-  if (i < bytes.size()) {
-    uint32_t n = static_cast<unsigned char>(bytes[i]) << 16;
-    if (i + 1 < bytes.size()) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
-    out += kAlphabet[(n >> 18) & 63];
-    out += kAlphabet[(n >> 12) & 63];
-    out += i + 1 < bytes.size() ? kAlphabet[(n >> 6) & 63] : '=';
-    out += '=';
   }
   return out;
 }
@@ -254,7 +233,7 @@ class OAuth2HttpClient final : public HttpClient {
         {"Content-Type", "application/x-www-form-urlencoded"},
         {"Accept", "application/json"},
         // RFC 6749 §2.3.1: each part form-encoded, then Basic.
-        {"Authorization", "Basic " + Base64(FormEncode(client.client_id) + ":" +
+        {"Authorization", "Basic " + Base64Encode(FormEncode(client.client_id) + ":" +
                                             FormEncode(client.client_secret))},
     };
     ask.body = "grant_type=client_credentials";
