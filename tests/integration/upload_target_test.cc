@@ -61,6 +61,7 @@ class UploadTargetTest : public ::testing::Test {
                                                        std::vector<std::string>{});
     ASSERT_TRUE(target_->ok());
     setenv("DMS_URL", target_->base_url().c_str(), 1);
+    setenv("DEAD_URL", "http://127.0.0.1:1", 1);  // nothing listens on port 1
     files_ = dir_.File("files");
     std::filesystem::create_directories(files_ + "/invoices");
     auto store = OpenStore({dir_.File("upload.db")});
@@ -326,6 +327,28 @@ TEST_F(UploadTargetTest, AFileThatNoLongerMatchesItsPinIsCutOffBeforeItsEnd) {
   const HttpResponse response = http_->Send(raw);
   EXPECT_EQ(response.outcome.status, 201) << response.error;
   EXPECT_EQ(Json::parse(response.body)["sha256"], now->sha256);
+}
+
+// Not about uploads as such: a transport error under a target names the target.
+TEST_F(UploadTargetTest, ATransportErrorNamesItsTarget) {
+  const InstanceRecord instance = Run(R"(workflow: dead-target
+key: "{{input.id}}"
+targets:
+  archive: { url: "{{env.DEAD_URL}}" }
+steps:
+  - name: archive
+    request:
+      method: PUT
+      url: "{{env.DEAD_URL}}/objects/{{input.id}}"
+      form: { id: "{{input.id}}" }
+    idempotency: { honored: true }
+    retry: { max_attempts: 1 }
+)",
+                                      {{"id", "x"}});
+  const StepRecord step = FirstStep(instance);
+  EXPECT_EQ(step.state, StepState::kFailed);
+  EXPECT_NE(step.error_message.find("target 'archive': "), std::string::npos)
+      << step.error_message;
 }
 
 TEST(UploadLoadTest, EachRequestHasOneBodyAndEachFileOneSource) {

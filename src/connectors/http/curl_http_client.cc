@@ -359,7 +359,8 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   response.outcome.kind = invalid    ? CallOutcome::Kind::kInvalid
                           : not_sent ? CallOutcome::Kind::kNotSent
                                      : CallOutcome::Kind::kLostAfterSend;
-  response.error = detail;
+  const std::string& target = transfer.request.tls.target;  // set for any request under a target
+  response.error = target.empty() ? detail : "target '" + target + "': " + detail;
   response.body.clear();
 }
 
