@@ -2,6 +2,10 @@
 
 #include <openssl/evp.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -50,16 +54,40 @@ std::string Sha256Stream::Finish() {
   return Hex(digest, length);
 }
 
+FILE* OpenPinnable(const char* path) {
+  // O_NONBLOCK: a FIFO put in a file's place must not block the reader.
+  const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd);
+    errno = EISDIR;  // "not a regular file"
+    return nullptr;
+  }
+  FILE* file = fdopen(fd, "rb");
+  if (file == nullptr) close(fd);
+  return file;
+}
+
+void Sha256Stream::Reset() {
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(context_), EVP_sha256(), nullptr);
+}
+
 absl::StatusOr<FileDigest> Sha256File(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  std::unique_ptr<FILE, int (*)(FILE*)> file(OpenPinnable(path.c_str()), &std::fclose);
   if (file == nullptr) {
     const std::string why = "cannot read " + path + ": " + std::strerror(errno);
     if (errno == ENOENT) return absl::NotFoundError(why);
     if (errno == EACCES) return absl::PermissionDeniedError(why);
+    if (errno == ELOOP || errno == EISDIR) return absl::InvalidArgumentError(why);
     return absl::InternalError(why);
   }
   Sha256Stream hash;
   FileDigest digest;
+  struct stat info {};
+  fstat(fileno(file.get()), &info);
+  digest.device = static_cast<uint64_t>(info.st_dev);
+  digest.inode = static_cast<uint64_t>(info.st_ino);
   char buffer[64 * 1024];
   while (true) {
     const size_t got = std::fread(buffer, 1, sizeof(buffer), file.get());

@@ -64,7 +64,10 @@ struct Scope {
 // Returns true when `text` is exactly one "{{root.NAME}}" with root among `roots`.
 bool OnlyOneReference(const std::string& text, std::initializer_list<std::string_view> roots) {
   auto parsed = Template::Parse(text);
-  if (!parsed.ok() || !text.starts_with("{{") || !text.ends_with("}}")) return false;
+  // The first "}}" ends the text: one placeholder and no literal around it.
+  if (!parsed.ok() || !text.starts_with("{{") || text.find("}}") != text.size() - 2) {
+    return false;
+  }
   const auto& refs = parsed->references();
   return refs.size() == 1 && refs[0].size() == 2 &&
          std::find(roots.begin(), roots.end(), refs[0][0]) != roots.end();

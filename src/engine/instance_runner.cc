@@ -252,9 +252,8 @@ class InstanceRunner::Impl {
     return rendered;
   }
 
-  // Returns the TLS identity of the target `url` lies under (none: the system's CAs).
-  absl::StatusOr<TlsIdentity> TlsFor(const std::string& url, const Json& context) const {
-    WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
+  // Returns the TLS identity of `target` (null: none, the system's CAs).
+  static absl::StatusOr<TlsIdentity> TlsOf(const TargetSpec* target, const Json& context) {
     TlsIdentity identity;
     if (target == nullptr) return identity;
     identity.target = target->name;
@@ -270,9 +269,9 @@ class InstanceRunner::Impl {
   // and OAuth2 credentials (the token endpoint reached with the TLS identity of the
   // target its own URL lies under).
   absl::Status ApplyTarget(HttpRequest& request, const Json& context) const {
-    WS_ASSIGN_OR_RETURN(request.tls, TlsFor(request.url, context));
-    request.oauth2 = {};
     WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(request.url, context));
+    WS_ASSIGN_OR_RETURN(request.tls, TlsOf(target, context));
+    request.oauth2 = {};
     if (target == nullptr || target->token_url.empty()) return absl::OkStatus();
     OAuth2Client& client = request.oauth2;
     client.target = target->name;
@@ -285,7 +284,8 @@ class InstanceRunner::Impl {
       return absl::InvalidArgumentError("target '" + target->name +
                                         "': oauth2.client_secret rendered empty");
     }
-    WS_ASSIGN_OR_RETURN(client.tls, TlsFor(client.token_url, context));
+    WS_ASSIGN_OR_RETURN(const TargetSpec* issuer, TargetOf(client.token_url, context));
+    WS_ASSIGN_OR_RETURN(client.tls, TlsOf(issuer, context));
     return absl::OkStatus();
   }
 
@@ -356,6 +356,24 @@ class InstanceRunner::Impl {
     if (call.body_rules != nullptr) ApplyBodyRules(*call.body_rules, sent);
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
     const HttpResponse& answer = sent.response;
+    if (answer.token_renewed) {
+      // Sent once before with a token the target refused: on the wire, so recorded,
+      // but no business attempt (the step's count does not move).
+      AttemptRecord refused;
+      refused.step_index = call.step_index;
+      refused.phase = AttemptPhaseOf(call.phase);
+      refused.sent = true;
+      refused.connection = ConnectionUsed::kNew;
+      refused.status = 401;
+      refused.error_class = ErrorClass::kTransient;
+      refused.detail = "401 to an expired or revoked bearer token: token renewed, request sent "
+                       "again (not a business attempt)";
+      refused.started_at = call.started_at;
+      refused.finished_at = call.started_at;
+      refused.worker = lease_.owner;
+      refused.lease_epoch = lease_.epoch;
+      pending_attempts_.push_back(std::move(refused));
+    }
     AttemptRecord attempt;
     attempt.step_index = call.step_index;
     attempt.phase = AttemptPhaseOf(call.phase);

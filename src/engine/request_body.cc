@@ -29,7 +29,8 @@ absl::StatusOr<std::string> RenderString(const std::string& text, const Json& co
   return rendered;
 }
 
-// The fields of `fields_json` rendered, in file order; a non-string value as JSON text.
+// The fields of `fields_json` rendered, ordered by name (a JSON object keeps no other
+// order); a non-string value as JSON text.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> RenderFields(
     const std::string& fields_json, const Json& context) {
   std::vector<std::pair<std::string, std::string>> fields;
@@ -39,24 +40,6 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> RenderFields(
     fields.emplace_back(name, value.is_string() ? value.get<std::string>() : JsonText(value));
   }
   return fields;
-}
-
-// application/x-www-form-urlencoded (WHATWG URL, "urlencoded serializer").
-std::string FormEncode(std::string_view value) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (const unsigned char c : value) {
-    if (std::isalnum(c) != 0 || c == '-' || c == '.' || c == '_' || c == '*') {
-      out += static_cast<char>(c);
-    } else if (c == ' ') {
-      out += '+';
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
 }
 
 // Returns the file `relative` names inside `files_dir`, resolved (symbolic links
@@ -88,7 +71,7 @@ absl::StatusOr<std::string> FileInside(const std::string& files_dir, const std::
   if (realpath(joined.c_str(), file) == nullptr) {
     return absl::NotFoundError(what + ": no file '" + relative + "' in the files folder");
   }
-  const std::string inside = std::string(root) + "/";
+  const std::string inside = std::string(root) == "/" ? "/" : std::string(root) + "/";
   if (!std::string_view(file).starts_with(inside)) {
     return absl::InvalidArgumentError(what + ": '" + relative +
                                       "' leads out of the files folder");
@@ -113,6 +96,13 @@ absl::StatusOr<Pinned> PinFile(const FileSpec& spec, const Json& context,
   WS_ASSIGN_OR_RETURN(pinned.filename, RenderString(spec.filename, context, what + " filename"));
   WS_ASSIGN_OR_RETURN(pinned.content_type,
                       RenderString(spec.content_type, context, what + " content_type"));
+  // Both travel in header lines (the part's, or the request's Content-Type).
+  for (const std::string* text : {&pinned.filename, &pinned.content_type}) {
+    if (text->find_first_of(std::string_view("\r\n\0\"", 4)) != std::string::npos) {
+      return absl::InvalidArgumentError(what + ": filename and content_type may not contain a "
+                                               "line break, NUL or '\"'");
+    }
+  }
   if (pinned.content_type.empty()) pinned.content_type = "application/octet-stream";
   if (!spec.path.empty()) {
     WS_ASSIGN_OR_RETURN(std::string relative, RenderString(spec.path, context, what + " path"));
@@ -120,6 +110,8 @@ absl::StatusOr<Pinned> PinFile(const FileSpec& spec, const Json& context,
     WS_ASSIGN_OR_RETURN(FileDigest digest, Sha256File(pinned.content.path));
     pinned.content.sha256 = digest.sha256;
     pinned.content.size = digest.size;
+    pinned.content.device = digest.device;
+    pinned.content.inode = digest.inode;
     if (pinned.filename.empty()) pinned.filename = relative.substr(relative.rfind('/') + 1);
     return pinned;
   }
@@ -129,7 +121,7 @@ absl::StatusOr<Pinned> PinFile(const FileSpec& spec, const Json& context,
   pinned.content.sha256 = Sha256Hex(*bytes);
   pinned.content.size = static_cast<int64_t>(bytes->size());
   pinned.content.bytes = std::move(*bytes);
-  if (pinned.filename.empty()) pinned.filename = spec.part.empty() ? "" : spec.part;
+  if (pinned.filename.empty()) pinned.filename = spec.part;
   return pinned;
 }
 

@@ -1,6 +1,7 @@
 #include "model/template.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <nlohmann/json.hpp>
 
@@ -309,6 +310,23 @@ absl::Status CollectTreeReferences(const Json& tree,
     }
   }
   return absl::OkStatus();
+}
+
+std::string FormEncode(std::string_view value) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const unsigned char c : value) {
+    if (std::isalnum(c) != 0 || c == '-' || c == '.' || c == '_' || c == '*') {
+      out += static_cast<char>(c);
+    } else if (c == ' ') {
+      out += '+';
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
 }
 
 }  // namespace waystone

@@ -69,6 +69,11 @@ enum class UrlPart : uint8_t { kPathSegment = 1, kQuery = 2 };
 // Percent-encodes `value` for `part` (UTF-8 bytes outside the kept set become %XX).
 std::string PercentEncode(std::string_view value, UrlPart part);
 
+// Encodes `value` as application/x-www-form-urlencoded does (WHATWG URL's urlencoded
+// serializer, RFC 6749 Appendix B): letters, digits and "*-._" kept, space as '+',
+// every other byte %XX.
+std::string FormEncode(std::string_view value);
+
 // Joins a path back into its dotted form, for messages.
 std::string JoinPath(const std::vector<std::string>& path);
 

@@ -176,6 +176,7 @@ TEST_F(OAuth2ClientTest, A401RenewsTheTokenAndSendsOnceMoreWithoutTheCallerSeein
   EXPECT_EQ(HeaderOf(again, "Idempotency-Key"), "A");
   ASSERT_TRUE(AnswerOf(0).has_value());
   EXPECT_EQ(AnswerOf(0)->outcome.status, 201);
+  EXPECT_TRUE(AnswerOf(0)->token_renewed) << "the engine records the refused send";
 }
 
 TEST_F(OAuth2ClientTest, ManyRequestsRefusedWithTheSameTokenRenewItOnce) {
@@ -202,6 +203,9 @@ TEST_F(OAuth2ClientTest, ASecond401ReachesTheCaller) {
   inner_.Answer("/orders", 401, "{}");
   ASSERT_TRUE(AnswerOf(0).has_value());
   EXPECT_EQ(AnswerOf(0)->outcome.status, 401);
+  EXPECT_TRUE(AnswerOf(0)->outcome.identity_refused) << "the credentials' rights, not business";
+  EXPECT_NE(AnswerOf(0)->error.find("target 'erp' refused a newly issued token"),
+            std::string::npos);
   EXPECT_EQ(inner_.Waiting("/"), 0) << "sent twice at most";
 }
 
@@ -252,6 +256,14 @@ TEST_F(OAuth2ClientTest, RequestsWithoutCredentialsPassThroughUntouched) {
   const HttpRequest sent = inner_.Answer("/orders", 200, "{}");
   EXPECT_EQ(HeaderOf(sent, "Authorization"), "");
   EXPECT_EQ(AnswerOf(0)->outcome.status, 200);
+}
+
+TEST_F(OAuth2ClientTest, ATokenThatCouldBreakAHeaderLineIsRefused) {
+  Send(Order("A"), 0);
+  inner_.Answer("/oauth/token", 200, Token("T1\\r\\nX-Injected: 1", 3600));
+  ASSERT_TRUE(AnswerOf(0).has_value());
+  EXPECT_TRUE(AnswerOf(0)->outcome.identity_refused);
+  EXPECT_EQ(inner_.Waiting("/orders"), 0);
 }
 
 TEST_F(OAuth2ClientTest, AnotherSecretIsAnotherToken) {

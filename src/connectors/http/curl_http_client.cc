@@ -1,5 +1,6 @@
 #include <curl/curl.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -91,10 +92,16 @@ struct FileStream {
 size_t ReadStream(char* buffer, size_t size, size_t count, void* user) {
   auto* stream = static_cast<FileStream*>(user);
   if (stream->changed) return CURL_READFUNC_ABORT;
-  if (stream->file == nullptr) stream->file = std::fopen(stream->content->path.c_str(), "rb");
   if (stream->file == nullptr) {
-    stream->changed = true;
-    return CURL_READFUNC_ABORT;
+    stream->file = OpenPinnable(stream->content->path.c_str());
+    struct stat info {};
+    const bool same = stream->file != nullptr && fstat(fileno(stream->file), &info) == 0 &&
+                      static_cast<uint64_t>(info.st_dev) == stream->content->device &&
+                      static_cast<uint64_t>(info.st_ino) == stream->content->inode;
+    if (!same) {  // gone, unreadable, or another file in its place
+      stream->changed = true;
+      return CURL_READFUNC_ABORT;
+    }
   }
   const int64_t left = stream->content->size - stream->delivered;
   if (left <= 0) return 0;
@@ -118,7 +125,7 @@ int SeekStream(void* user, curl_off_t offset, int origin) {
   if (offset != 0 || origin != SEEK_SET) return CURL_SEEKFUNC_CANTSEEK;
   if (stream->file != nullptr) std::rewind(stream->file);
   stream->delivered = 0;
-  stream->hash.Finish();  // starts over
+  stream->hash.Reset();
   return CURL_SEEKFUNC_OK;
 }
 

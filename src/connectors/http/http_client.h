@@ -59,6 +59,10 @@ struct FileContent {
   std::string bytes;
   std::string sha256;
   int64_t size = 0;
+  // With `path`: the file pinned (what is opened to send must be this very file, not
+  // whatever a renamed folder or a swapped link leads to by then).
+  uint64_t device = 0;
+  uint64_t inode = 0;
 
   bool operator==(const FileContent&) const = default;
 };
@@ -104,6 +108,10 @@ struct HttpResponse {
   CallOutcome outcome;
   std::string body;
   std::string error;  // transport error text when no complete response arrived
+  // The request was sent once before with a bearer token the target refused (401),
+  // then once more with a new token; this is the second answer. The engine records
+  // the first as an attempt of its own that spends no business attempt.
+  bool token_renewed = false;
 };
 
 // Receives the response of an asynchronous request, once.

@@ -15,7 +15,9 @@
 
 #include "base/base64.h"
 #include "base/mutex.h"
+#include "base/sha256.h"
 #include "connectors/http/http_client.h"
+#include "model/template.h"
 
 namespace waystone {
 namespace {
@@ -27,24 +29,6 @@ using Json = nlohmann::json;
 constexpr Millis kRenewAhead = 30'000;
 // The life of a token whose answer gave no expires_in (RFC 6749 §5.1 recommends it).
 constexpr Millis kDefaultLifetime = 300'000;
-
-// application/x-www-form-urlencoded (RFC 6749 Appendix B).
-std::string FormEncode(std::string_view value) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (const unsigned char c : value) {
-    if (std::isalnum(c) != 0 || c == '-' || c == '.' || c == '_' || c == '*') {
-      out += static_cast<char>(c);
-    } else if (c == ' ') {
-      out += '+';
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
 
 bool IEquals(std::string_view a, std::string_view b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
@@ -128,6 +112,17 @@ TokenResult ReadToken(const OAuth2Client& client, const HttpResponse& answer) {
     return result;
   }
   result.token = body["access_token"].get<std::string>();
+  // RFC 6750 §2.1 b64token: nothing that could end or extend a header line.
+  for (const unsigned char c : result.token) {
+    if (std::isalnum(c) == 0 && std::string_view("-._~+/=").find(static_cast<char>(c)) ==
+                                    std::string_view::npos) {
+      result.token.clear();
+      result.failure = NotSent(who + " answered an access_token with characters a bearer token "
+                                     "may not have",
+                               true);
+      return result;
+    }
+  }
   result.lifetime = kDefaultLifetime;
   if (body.contains("expires_in")) {
     const Json& expires = body["expires_in"];
@@ -137,7 +132,7 @@ TokenResult ReadToken(const OAuth2Client& client, const HttpResponse& answer) {
     } else if (expires.is_string()) {  // some servers quote it
       seconds = std::atof(expires.get<std::string>().c_str());
     }
-    if (seconds > 0) result.lifetime = static_cast<Millis>(seconds * 1000);
+    if (seconds > 0) result.lifetime = static_cast<Millis>(std::min(seconds, 86'400.0) * 1000);
   }
   return result;
 }
@@ -183,6 +178,14 @@ class OAuth2HttpClient final : public HttpClient {
                                       done = std::move(done)](HttpResponse response) mutable {
                       const bool expired = response.outcome.kind == CallOutcome::Kind::kResponse &&
                                            response.outcome.status == 401;
+                      response.token_renewed = again;
+                      if (expired && again) {
+                        // A fresh token refused as well: the credentials' rights (scope,
+                        // audience), not a business refusal.
+                        response.outcome.identity_refused = true;
+                        response.error = "target '" + request.oauth2.target +
+                                         "' refused a newly issued token (401)";
+                      }
                       if (!expired || again) return std::move(done)(std::move(response));
                       Forget(*slot, token);
                       Authorized(std::move(request), std::move(done), /*again=*/true);
@@ -197,6 +200,7 @@ class OAuth2HttpClient final : public HttpClient {
       key += '\n';
       key += *part;
     }
+    key = Sha256Hex(key);  // the secret is not kept as a map key for the process's life
     MutexLock lock(mu_);
     std::shared_ptr<TokenSlot>& slot = slots_[key];
     if (slot == nullptr) slot = std::make_shared<TokenSlot>();
