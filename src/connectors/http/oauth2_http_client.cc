@@ -243,7 +243,7 @@ class OAuth2HttpClient final : public HttpClient {
     ask.body = "grant_type=client_credentials";
     if (!client.scope.empty()) ask.body += "&scope=" + FormEncode(client.scope);
     const Millis asked_at = clock_->NowMillis();
-    inner_->SendAsync(std::move(ask), [this, slot, client, asked_at](HttpResponse answer) {
+    inner_->SendAsync(std::move(ask), [slot, client, asked_at](HttpResponse answer) {
       const TokenResult result = ReadToken(client, answer);
       std::vector<Waiter> waiters;
       {
