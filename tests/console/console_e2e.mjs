@@ -686,9 +686,12 @@ try {
     await dialog.getByLabel('Action').selectOption('retry');
     await dialog.getByLabel('Step').fill('create-order');
     await dialog.getByLabel('Step').press('Tab');  // a change: the preview is asked again
-    await until('the preview of 20', async () =>
+    // The preview asked before the step was given (each item "retry needs a step") also
+    // counts 20 with 5 details: wait for the one asked with the step.
+    await until('the preview of 20 for create-order', async () =>
       /^20 instances match/.test(await dialog.locator('#batch-count').textContent()) &&
-      (await dialog.locator('details.dry-run').count()) === 5);
+      (await dialog.locator('details.dry-run').count()) === 5 &&
+      /create-order/.test(await dialog.locator('details.dry-run').first().textContent()));
     await dialog.locator('details.dry-run').first().locator('summary').click();
     assert.match(await dialog.locator('details.dry-run').first().textContent(),
       /create-order.*Idempotency-Key default:bulk:1:create-order/s);

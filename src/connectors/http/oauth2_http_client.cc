@@ -161,11 +161,13 @@ class OAuth2HttpClient final : public HttpClient {
  private:
   // Sends `request` with its credentials' token; on a 401, once `again` with a new one.
   void Authorized(HttpRequest request, HttpDone done, bool again) {
-    std::shared_ptr<TokenSlot> slot = SlotOf(request.oauth2);
+    std::shared_ptr<TokenSlot> shared = SlotOf(request.oauth2);
     const OAuth2Client client = request.oauth2;
     const Millis timeout = request.timeout;
-    WithToken(slot, client, timeout,
-              [this, slot, again, request = std::move(request),
+    // The waiter is kept in the slot: it holds the slot by plain pointer (slots live
+    // as long as this client), never by shared_ptr, which would make a cycle.
+    WithToken(shared, client, timeout,
+              [this, slot = shared.get(), again, request = std::move(request),
                done = std::move(done)](const TokenResult& result) mutable {
                 if (result.token.empty()) return std::move(done)(result.failure);
                 HttpRequest sent = request;
