@@ -225,4 +225,43 @@ int Ack(const ApiOptions& api, const AckOptions& options) {
   return kExitOk;
 }
 
+int Targets(const ApiOptions& api, bool json) {
+  auto targets = Call(api, "GET", "/v1/targets", nullptr);
+  if (!targets) return kExitError;
+  if (json) {
+    std::printf("%s\n", targets->dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%-16s %-10s %-10s %-6s %s\n", "target", "state", "circuit", "calls", "limits");
+  for (const Json& t : (*targets)["items"]) {
+    std::string limits;
+    if (t.contains("rate")) limits += "rate " + t["rate"].dump() + "/s ";
+    if (t.contains("concurrency")) limits += "concurrency " + t["concurrency"].dump() + " ";
+    if (t.contains("circuit_breaker")) {
+      limits += "breaker " + t["circuit_breaker"]["failures"].dump() + " failures";
+    }
+    std::printf("%-16s %-10s %-10s %-6s %s\n", Str(t, "name").c_str(),
+                t.value("paused", false) ? "paused" : "calling", Str(t, "circuit").c_str(),
+                t.value("calls_under_way", Json(0)).dump().c_str(), limits.c_str());
+    if (t.value("paused", false)) {
+      std::printf("  paused by %s at %s: %s\n", Str(t, "paused_by").c_str(),
+                  Str(t, "paused_at").c_str(), Str(t, "pause_reason").c_str());
+    }
+  }
+  return kExitOk;
+}
+
+int ChangeTarget(const ApiOptions& api, const std::string& verb, const TargetOptions& options) {
+  Json body = {{"reason", options.reason}};
+  auto target = Call(api, "POST", "/v1/targets/" + Encode(options.name) + "/" + verb, &body);
+  if (!target) return kExitError;
+  if (options.json) {
+    std::printf("%s\n", target->dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%s target %s: %s\n", verb == "pause" ? "paused" : "resumed",
+              Str(*target, "name").c_str(), options.reason.c_str());
+  return kExitOk;
+}
+
 }  // namespace waystone::cli

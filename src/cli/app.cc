@@ -203,6 +203,27 @@ int Main(int argc, char** argv) {
   ack_cmd->add_flag("--dry-run", ack.dry_run, "Check only");
   add_api(ack_cmd);
 
+  bool targets_json = false;
+  CLI::App* targets_cmd =
+      app.add_subcommand("targets", "List the targets, their limits, pauses and circuits (over the API)");
+  targets_cmd->add_flag("--json", targets_json, "Print JSON");
+  add_api(targets_cmd);
+  TargetOptions target;
+  CLI::App* target_cmd = app.add_subcommand("target", "Pause or resume every call to a target (over the API)");
+  target_cmd->require_subcommand(1);
+  std::map<std::string, CLI::App*> target_verbs;
+  for (const char* verb : {"pause", "resume"}) {
+    CLI::App* cmd = target_cmd->add_subcommand(
+        verb, std::string(verb) == "pause"
+                  ? "Stop every call to the target, from every worker, until resumed"
+                  : "Let calls to the target go again");
+    cmd->add_option("name", target.name, "Target name (the definitions' targets:)")->required();
+    cmd->add_option("--reason", target.reason, "Why (kept in the audit trail)")->required();
+    cmd->add_flag("--json", target.json, "Print JSON");
+    add_api(cmd);
+    target_verbs[verb] = cmd;
+  }
+
   GcOptions gc;
   CLI::App* gc_cmd = app.add_subcommand(
       "gc", "Remove finished instances whose events are delivered, and expired idempotency keys");
@@ -274,6 +295,10 @@ int Main(int argc, char** argv) {
   }
   if (*alerts_cmd) return Alerts(api, alerts);
   if (*ack_cmd) return Ack(api, ack);
+  if (*targets_cmd) return Targets(api, targets_json);
+  for (const auto& [verb, cmd] : target_verbs) {
+    if (*cmd) return ChangeTarget(api, verb, target);
+  }
   if (*plan_cmd) return Plan(plan_file);
   if (*sim_cmd) return Sim(sim);
   if (*relay_cmd) return Relay(global, relay);

@@ -169,6 +169,15 @@ int Act(const ApiOptions& api, const ActOptions& options);
 int Alerts(const ApiOptions& api, const AlertsOptions& options);
 int Ack(const ApiOptions& api, const AckOptions& options);
 
+// waystone targets | waystone target pause|resume NAME --reason R
+struct TargetOptions {
+  std::string name;
+  std::string reason;
+  bool json = false;
+};
+int Targets(const ApiOptions& api, bool json);
+int ChangeTarget(const ApiOptions& api, const std::string& verb, const TargetOptions& options);
+
 int Lint(const std::vector<std::string>& files);
 int Gc(const GlobalOptions& global, const GcOptions& options);
 int TokenCreate(const GlobalOptions& global, const TokenOptions& options);

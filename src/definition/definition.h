@@ -10,6 +10,7 @@
 #include "model/classify.h"
 #include "model/retry_policy.h"
 #include "model/states.h"
+#include "model/target_gate.h"
 
 namespace waystone {
 
@@ -150,6 +151,9 @@ struct TargetSpec {
   std::string client_id;
   std::string client_secret;  // exactly one {{secret.NAME}} or {{env.NAME}}
   std::string scope;
+  // `limits: { rate, concurrency }` and `circuit_breaker: { failures, cool_down }`:
+  // shared by every call to the target (by its name, per tenant) from every worker.
+  TargetLimits limits;
 };
 
 struct WorkflowDefinition {

@@ -558,7 +558,7 @@ class Reader {
         Error(spec, "", where + " must be a mapping with 'url'");
         continue;
       }
-      CheckFields(spec, "", {"url", "tls", "oauth2"}, where);
+      CheckFields(spec, "", {"url", "tls", "oauth2", "limits", "circuit_breaker"}, where);
       target.url = RequiredString(spec, "url", "");
       if (const YAML::Node tls = spec["tls"]) {
         if (!tls.IsMap()) {
@@ -591,11 +591,67 @@ class Reader {
           target.scope = OptionalString(oauth2, "scope", "");
         }
       }
+      ReadLimits(spec, where, &target.limits);
       for (const TargetSpec& other : *out) {
         if (other.name == target.name) Error(entry.first, "", where + " is declared twice");
       }
       out->push_back(std::move(target));
     }
+  }
+
+  // Reads a target's `limits: { rate, concurrency }` and `circuit_breaker: {
+  // failures, cool_down }`.
+  void ReadLimits(const YAML::Node& spec, const std::string& where, TargetLimits* out) {
+    if (const YAML::Node limits = spec["limits"]) {
+      if (!limits.IsMap()) {
+        Error(limits, "", where + ": 'limits' must be a mapping such as { rate: 20, concurrency: 4 }");
+      } else {
+        CheckFields(limits, "", {"rate", "concurrency"}, where + " limits");
+        if (const YAML::Node rate = limits["rate"]) {
+          double value = 0;
+          if (!YAML::convert<double>::decode(rate, value) || !(value >= 0.01) || value > 10000) {
+            Error(rate, "", where + ": 'limits.rate' must be calls a second from 0.01 to 10000");
+          } else {
+            out->rate = value;
+          }
+        }
+        out->concurrency = WholeNumber(limits, "concurrency", 1, 10000, where + ": 'limits.concurrency'");
+      }
+    }
+    if (const YAML::Node breaker = spec["circuit_breaker"]) {
+      if (!breaker.IsMap()) {
+        Error(breaker, "", where + ": 'circuit_breaker' must be a mapping such as { failures: 5, "
+                                   "cool_down: 30s }");
+      } else {
+        CheckFields(breaker, "", {"failures", "cool_down"}, where + " circuit_breaker");
+        if (!breaker["failures"]) {
+          Error(breaker, "", where + ": 'circuit_breaker' needs 'failures' (consecutive transient "
+                                     "failures that open it)");
+        }
+        out->breaker_failures =
+            WholeNumber(breaker, "failures", 1, 1000, where + ": 'circuit_breaker.failures'");
+        out->cool_down = Duration(breaker, "cool_down", out->cool_down, "");
+        if (out->cool_down < 100 || out->cool_down > 24 * 3600 * 1000LL) {
+          Error(breaker["cool_down"], "", where + ": 'circuit_breaker.cool_down' must be from 100ms "
+                                                  "to 24h");
+        }
+      }
+    }
+  }
+
+  // Reads the whole number `field` of `map` when present (0 when absent), from `low`
+  // to `high`; `what` names it in the error.
+  int WholeNumber(const YAML::Node& map, const char* field, int low, int high,
+                  const std::string& what) {
+    const YAML::Node node = map[field];
+    if (!node) return 0;
+    int value = 0;
+    if (!YAML::convert<int>::decode(node, value) || value < low || value > high) {
+      Error(node, "", what + " must be a whole number from " + std::to_string(low) + " to " +
+                          std::to_string(high));
+      return 0;
+    }
+    return value;
   }
 
   // Reads a mapping of JSON pointers to scalar values (`lookup.match`, a body rule's

@@ -35,6 +35,15 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
           << " (one token per worker, renewed before it expires; a 401 renews it and resends "
              "once)";
     }
+    const TargetLimits& limits = target.limits;
+    if (limits.rate > 0) out << "; at most " << limits.rate << " calls a second";
+    if (limits.concurrency > 0) out << "; at most " << limits.concurrency << " calls at once";
+    if (limits.breaker_failures > 0) {
+      out << "; circuit opens after " << limits.breaker_failures
+          << " consecutive transient failures, one probe after " << FormatDuration(limits.cool_down);
+    }
+    if (limits.Any()) out << " (shared by every worker on the database)";
+    out << "; an operator can pause it";
     out << "\n";
   }
   out << "\n";

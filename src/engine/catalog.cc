@@ -35,6 +35,15 @@ absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> DefinitionCatalog::Get
   return shared;
 }
 
+std::map<std::string, TargetSpec> DefinitionCatalog::CurrentTargets() {
+  MutexLock lock(mu_);
+  std::map<std::string, TargetSpec> targets;
+  for (const auto& [name, definition] : current_) {
+    for (const TargetSpec& target : definition->targets) targets.try_emplace(target.name, target);
+  }
+  return targets;
+}
+
 std::shared_ptr<const WorkflowDefinition> DefinitionCatalog::Current(const std::string& workflow) {
   MutexLock lock(mu_);
   auto it = current_.find(workflow);

@@ -31,6 +31,10 @@ class DefinitionCatalog {
   // Returns the current registered version of `workflow`, or nullptr.
   std::shared_ptr<const WorkflowDefinition> Current(const std::string& workflow);
 
+  // The targets the current versions declare, by name (where several workflows
+  // declare one name, the first by workflow name).
+  std::map<std::string, TargetSpec> CurrentTargets();
+
  private:
   DefinitionStore* store_;
   Mutex mu_;

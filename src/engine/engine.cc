@@ -24,6 +24,7 @@
 #include "engine/lease_keeper.h"
 #include "engine/lease_reaper.h"
 #include "engine/operations.h"
+#include "engine/pacer.h"
 #include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
@@ -353,15 +354,22 @@ class Engine::Impl {
         }
         wake_.notify_all();
         HttpRequest request = runner->TakeRequest();
-        http_->SendAsync(std::move(request), [this, runner = std::move(runner)](
-                                                 HttpResponse response) mutable {
-          {
-            MutexLock lock(mu_);
-            --calling_;
-            answered_.push_back({std::move(runner), std::move(response)});
-          }
-          wake_.notify_all();
-        });
+        auto send = [this, request = std::move(request), runner = std::move(runner)]() mutable {
+          http_->SendAsync(std::move(request), [this, runner = std::move(runner)](
+                                                   HttpResponse response) mutable {
+            {
+              MutexLock lock(mu_);
+              --calling_;
+              answered_.push_back({std::move(runner), std::move(response)});
+            }
+            wake_.notify_all();
+          });
+        };
+        if (result->send_at > clock_->NowMillis()) {
+          pacer_.At(result->send_at, std::move(send));  // the target's rate limit: its slot
+        } else {
+          send();
+        }
         continue;
       }
       runner.reset();
@@ -463,6 +471,9 @@ class Engine::Impl {
   std::map<int64_t, Awaited> awaited_ ABSL_GUARDED_BY(rest_mu_);
   bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only
   static constexpr Millis kIdleWait = 1000;
+  // Holds the calls a target's rate limit gave a later slot; after the members its
+  // jobs touch, so it is gone (its last job run) before them.
+  Pacer pacer_{clock_};
   std::jthread dispatcher_;
   std::vector<std::thread> workers_;
 };

@@ -24,6 +24,10 @@ namespace {
 
 using Json = nlohmann::json;
 
+// How far ahead a target's rate limit hands out slots: a call admitted for a later
+// slot waits in memory (holding its lease) rather than asking again.
+constexpr Millis kRateHorizon = 1000;
+
 // A lookup answered 404 found nothing: that is an answer, not a failure.
 const StatusOverrides kLookupStatuses = {{404, ErrorClass::kNone}};
 
@@ -107,10 +111,16 @@ class InstanceRunner::Impl {
           status = Compensate(action.step);
           break;
       }
+      if (status.ok() && parked_) return Park();
       // An answer may ask for another request (a paginated lookup's next page).
       while (status.ok() && call_) {
         if (async_) return Calling();
         LeaseKeeper::Guard held(d_.keeper, lease_);
+        // The target's rate limit gave this call a slot (within kRateHorizon).
+        // Not cut short by a stop: the call is admitted and goes, on time.
+        if (const Millis wait = call_->send_at - d_.clock->NowMillis(); wait > 0) {
+          d_.clock->SleepFor(wait, std::stop_token());
+        }
         HttpResponse response = d_.http->Send(call_->request);
         status = Answered(std::move(response));
       }
@@ -125,7 +135,19 @@ class InstanceRunner::Impl {
     DriveResult calling;
     calling.state = instance_.state;
     calling.calling = true;
+    calling.send_at = call_->send_at;
     return calling;
+  }
+
+  // Lets go of the instance until the target that refused its call may take it,
+  // saying why in its reason (nothing was sent; the step is as it was).
+  absl::StatusOr<DriveResult> Park() {
+    const Parked parked = std::move(*parked_);
+    parked_.reset();
+    Change change = Stamped(AwaitTarget(Now(), parked.reason));
+    change.lease_expires_at = 0;
+    change.next_run_at = parked.until;
+    return Finish(CommitChange(change), parked.until);
   }
 
   // The instance as last committed, now: what a transition reads.
@@ -146,6 +168,7 @@ class InstanceRunner::Impl {
   }
 
   absl::StatusOr<DriveResult> Finish(const absl::Status& status, std::optional<Millis> wake_at) {
+    DropPermit();  // taken for a call that was not made
     if (absl::IsAborted(status)) {
       Log(LogLevel::kInfo, "instance " + instance_.key + ": " + std::string(status.message()));
       return DriveResult{instance_.state, std::nullopt, true};
@@ -289,6 +312,54 @@ class InstanceRunner::Impl {
     return absl::OkStatus();
   }
 
+  // Asks the shared control of the target `url` lies under whether a call may go
+  // now (operator pause, circuit breaker, concurrency cap, rate limit: the store
+  // decides for every worker on the database). True: go, holding the permit until
+  // the answer. False: refused, the instance to be parked (Park) with the reason.
+  absl::StatusOr<bool> Admitted(const HttpRequest& request, const Json& context) {
+    const std::string& url = request.url;
+    DropPermit();
+    WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
+    if (target == nullptr) return true;
+    TargetCallAsk ask;
+    ask.tenant = instance_.tenant;
+    ask.target = target->name;
+    ask.limits = target->limits;
+    ask.now = d_.clock->NowMillis();
+    ask.horizon = std::min<Millis>(kRateHorizon, d_.lease_duration / 4);
+    // The permit (and a probe's hold) outlives the call: its slot's wait, its
+    // timeout (a token request and one resend may add as much again) and a margin.
+    ask.call_lease = std::max<Millis>(d_.lease_duration,
+                                      ask.horizon + 2 * std::max<Millis>(request.timeout, 0) + 5000);
+    ask.permit = lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6);
+    WS_ASSIGN_OR_RETURN(Admission admission, d_.store->AdmitTargetCall(ask));
+    if (admission.admitted) {
+      if (target->limits.Any()) {
+        permit_ = Permit{target->name, target->limits, std::move(ask.permit), admission.probe};
+      }
+      send_at_ = admission.send_at;
+      return true;
+    }
+    // Spread out those refused together, so they do not all ask again at once.
+    const Millis spread = std::max<Millis>(1, std::min<Millis>(250, admission.retry_at - ask.now));
+    parked_ = Parked{admission.retry_at + d_.random->UniformInclusive(spread), admission.reason};
+    return false;
+  }
+
+  // Returns the permit of an admitted call to its target, with what the call said
+  // of the target's health (kUntold: not made).
+  void DropPermit(CallHealth health = CallHealth::kUntold) {
+    if (!permit_) return;
+    TargetCallSettle settle{instance_.tenant, permit_->target, permit_->limits,
+                            std::move(permit_->id), permit_->probe, health,
+                            d_.clock->NowMillis()};
+    permit_.reset();
+    absl::Status settled = d_.store->SettleTargetCall(settle);
+    if (!settled.ok()) {  // the permit expires by itself; the circuit misses one outcome
+      Log(LogLevel::kWarning, "target '" + settle.target + "': " + settled.ToString());
+    }
+  }
+
   // Returns the values a lookup's `match` pointers must equal, rendered for step `index`.
   MatchValues RenderMatch(int index) const {
     std::vector<std::pair<std::string, std::string>> expected;
@@ -336,7 +407,8 @@ class InstanceRunner::Impl {
     };
     call_.emplace(PendingCall{phase, std::move(request), step_index, overrides, body_rules,
                               std::move(then), d_.clock->NowMillis(),
-                              std::chrono::steady_clock::now(), std::move(left_at)});
+                              std::chrono::steady_clock::now(), std::move(left_at), send_at_});
+    send_at_ = 0;  // a lookup's further pages go when their page is asked for
     return absl::OkStatus();
   }
 
@@ -355,6 +427,7 @@ class InstanceRunner::Impl {
     sent.error_class = Classify(sent.response.outcome, call.overrides);
     if (call.body_rules != nullptr) ApplyBodyRules(*call.body_rules, sent);
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
+    DropPermit(HealthOf(sent.response.outcome, sent.error_class));
     const HttpResponse& answer = sent.response;
     if (answer.token_renewed) {
       // Sent once before with a token the target refused: on the wire, so recorded,
@@ -442,6 +515,9 @@ class InstanceRunner::Impl {
                   AlertKind::kIdempotencyConflict);
     }
 
+    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(*request, Context(index, key)));
+    if (!admitted) return absl::OkStatus();
+
     // Checkpoint `running` before the call: a crash from here on is an unknown outcome.
     const std::string span = Decorate(*request, key);
     const Millis retention = definition_->step_key_retention > 0 ? definition_->step_key_retention
@@ -473,6 +549,8 @@ class InstanceRunner::Impl {
                           "lookup of step '" + step.name + "' cannot be built: " +
                               std::string(request.status().message())));
     }
+    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(*request, Context(index, "")));
+    if (!admitted) return absl::OkStatus();
     Decorate(*request, "");
     step.lookups += 1;
     std::shared_ptr<LookupPages> pages;  // shared by the answers of this lookup's pages
@@ -537,6 +615,8 @@ class InstanceRunner::Impl {
                                            std::string(request.status().message()),
                                        key));
     }
+    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(*request, Context(index, key)));
+    if (!admitted) return absl::OkStatus();
     Decorate(*request, key);
     WS_RETURN_IF_ERROR(Commit(BeginCompensation(Now(), index, key)));
 
@@ -559,6 +639,20 @@ class InstanceRunner::Impl {
     Millis started_at;                                // clock time, for the attempt record
     std::chrono::steady_clock::time_point sent_at;    // for the latency metric
     std::shared_ptr<std::atomic<Millis>> left_at;     // set by the client's last check
+    Millis send_at = 0;                               // not before (a target's rate limit)
+  };
+
+  // An admitted call's hold on its target's concurrency cap and circuit.
+  struct Permit {
+    std::string target;
+    TargetLimits limits;
+    std::string id;
+    bool probe = false;
+  };
+  // Why and until when a target refused the call due.
+  struct Parked {
+    Millis until = 0;
+    std::string reason;
   };
 
   RunnerDeps d_;
@@ -566,6 +660,9 @@ class InstanceRunner::Impl {
   std::optional<PendingCall> call_;
   std::optional<LeaseKeeper::Guard> held_;  // while an asynchronous call is out
   std::vector<AttemptRecord> pending_attempts_;  // sent, not yet committed
+  std::optional<Permit> permit_;   // the call admitted last, until its answer
+  std::optional<Parked> parked_;   // set when a target refused the call due
+  Millis send_at_ = 0;             // the admitted call's rate slot
   Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
   Lease lease_;
   InstanceRecord instance_;

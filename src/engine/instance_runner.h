@@ -45,6 +45,9 @@ struct DriveResult {
   // Set only by an asynchronous drive: a request is ready to go (TakeRequest); its
   // response goes to Resume. Nothing else is set then.
   bool calling = false;
+  // With `calling`: the request goes no earlier than this clock time (a target's
+  // rate limit gave it that slot); 0: at once.
+  Millis send_at = 0;
 };
 
 // InstanceRunner drives one claimed instance: decide, checkpoint, call, classify,

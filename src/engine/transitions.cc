@@ -5,6 +5,7 @@
 #include "engine/context.h"
 #include "engine/events.h"
 #include "engine/state_machine.h"
+#include "model/target_gate.h"
 #include "model/duration.h"
 #include "model/json_text.h"
 #include "model/keys.h"
@@ -60,9 +61,21 @@ std::string EventTypeFor(InstanceState state) {
 }
 
 // A change at `facts.now`; the runner adds its lease.
+// The instance's reason, or while it waits for a target the one it had before.
+std::string ReasonBeforeWaiting(const InstanceRecord& instance) {
+  const std::string& reason = instance.status_reason;
+  if (!reason.starts_with(kAwaitingTarget)) return reason;
+  const size_t before = reason.find(kBeforeWaiting);
+  return before == std::string::npos ? "" : reason.substr(before + kBeforeWaiting.size());
+}
+
 Change At(const Facts& facts) {
   Change change;
   change.now = facts.now;
+  // Whatever happens next, the instance no longer waits for a target.
+  if (facts.instance.status_reason.starts_with(kAwaitingTarget)) {
+    change.status_reason = ReasonBeforeWaiting(facts.instance);
+  }
   return change;
 }
 
@@ -227,9 +240,9 @@ AuditRecord EngineAudit(const Facts& facts, const StepRecord& step, const std::s
                       {"attempt", step.compensation_attempts},
                       {"detail", detail}};
   const InstanceRecord& instance = facts.instance;
+  const std::string reason = ReasonBeforeWaiting(instance);
   return {0, 0, "engine", instance.tenant, instance.id, action,
-          instance.status_reason.empty() ? "compensation" : ShortenMessage(instance.status_reason),
-          JsonText(about)};
+          reason.empty() ? "compensation" : ShortenMessage(reason), JsonText(about)};
 }
 
 }  // namespace
@@ -385,6 +398,14 @@ Change Pause(const Facts& facts, const StepRecord& step, AlertKind alert,
   change.steps.push_back(step);
   AddAlert(facts, change, alert, step.name, reason);
   SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
+  return change;
+}
+
+Change AwaitTarget(const Facts& facts, const std::string& reason) {
+  Change change = At(facts);
+  const std::string before = ReasonBeforeWaiting(facts.instance);
+  change.status_reason =
+      ShortenMessage(reason) + (before.empty() ? "" : std::string(kBeforeWaiting) + before);
   return change;
 }
 

@@ -87,6 +87,12 @@ Change FailStepAndWait(const Facts& facts, StepRecord step, const std::string& m
 Change Pause(const Facts& facts, const StepRecord& step, AlertKind alert,
              const std::string& reason);
 
+// The instance waits for a target that refused its call (paused, circuit open, at
+// its concurrency cap or rate limit): nothing was sent and no step changes. Its
+// reason says so (model/target_gate.h, kAwaitingTarget), keeping the reason it had
+// after kBeforeWaiting; the next transition gives that one back.
+Change AwaitTarget(const Facts& facts, const std::string& reason);
+
 // A step found `running` when its instance was claimed: the worker stopped during
 // the call, so its outcome is unknown (with an attempt record saying so). A step
 // with a lookup looks no earlier than one request timeout after `now`: the worker

@@ -37,6 +37,9 @@ struct CallOutcome {
   // kNotSent: a file changed after it was pinned; the request was cut off before its
   // end, so the target cannot have acted on it.
   bool content_changed = false;
+  // kNotSent: held back by the caller at the last moment (its lease ran out); says
+  // nothing of the target.
+  bool withdrawn = false;
   ConnectionUsed connection = ConnectionUsed::kNone;
 };
 

@@ -78,6 +78,12 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
 void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::string& key,
                  const std::string& action_name, const ServerRequest& req, ServerResponse& res);
 
+// GET /v1/targets and POST /v1/targets/{name}/pause|resume (target_handlers.cc).
+void ListTargets(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
+                 ServerResponse& res);
+void ChangeTarget(const ApiContext& ctx, const Principal& principal, const std::string& name,
+                  const std::string& verb, const ServerRequest& req, ServerResponse& res);
+
 void ListAlerts(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                 ServerResponse& res);
 void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,

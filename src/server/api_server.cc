@@ -180,6 +180,12 @@ class ApiServer::Impl {
       case RouteId::kRevokeToken:
         return RunIdempotent(ctx_, principal, req, res,
                              [&] { RevokeTokenOf(ctx_, principal, match.key, req, res); });
+      case RouteId::kListTargets:
+        return ListTargets(ctx_, principal, req, res);
+      case RouteId::kChangeTarget:
+        return RunIdempotent(ctx_, principal, req, res, [&] {
+          ChangeTarget(ctx_, principal, match.key, match.action, req, res);
+        });
       case RouteId::kConsole:
         return ServeConsole(ctx_, match.key, req, res);
     }

@@ -6,7 +6,7 @@ namespace {
 constexpr Permission kAll[] = {Permission::kRetry,   Permission::kConfirm,
                                Permission::kCompensate, Permission::kSkip,
                                Permission::kClose,   Permission::kAcknowledge,
-                               Permission::kSeeRedacted};
+                               Permission::kPauseTarget, Permission::kSeeRedacted};
 
 }  // namespace
 
@@ -19,6 +19,7 @@ std::string_view ToString(Permission permission) {
     case Permission::kClose: return "close";
     case Permission::kAcknowledge: return "acknowledge";
     case Permission::kSeeRedacted: return "see_redacted";
+    case Permission::kPauseTarget: return "pause_target";
   }
   return "?";
 }

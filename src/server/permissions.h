@@ -24,6 +24,7 @@ enum class Permission : uint8_t {
   kClose = 5,
   kAcknowledge = 6,  // an alert
   kSeeRedacted = 7,  // the values a definition's `redact:` list hides
+  kPauseTarget = 8,  // pause and resume every call to a target
 };
 
 std::string_view ToString(Permission permission);

@@ -30,6 +30,9 @@ const RouteSpec kRoutes[] = {
     {RouteId::kListBatches, "GET", Role::kViewer, false, false, {"tenant", "limit", "cursor"}},
     {RouteId::kShowBatch, "GET", Role::kViewer, false, false, {"limit", "cursor"}},
     {RouteId::kChangeBatch, "POST", Role::kOperator, false, true, {}},
+    // Pausing a target takes the permission pause_target too (target_handlers.cc).
+    {RouteId::kListTargets, "GET", Role::kViewer, false, false, {"tenant"}},
+    {RouteId::kChangeTarget, "POST", Role::kOperator, false, true, {"tenant"}},
     // Tokens are managed without an engine: a read-only server serves them too.
     {RouteId::kListTokens, "GET", Role::kAdmin, false, false, {}},
     {RouteId::kCreateToken, "POST", Role::kAdmin, false, false, {}},
@@ -80,6 +83,17 @@ std::vector<Screened> MatchPath(const std::string& path) {
       const std::string verb = rest.substr(slash + 1);
       if (verb == "pause" || verb == "resume" || verb == "cancel") {
         add(RouteId::kChangeBatch, rest.substr(0, slash), verb);
+      }
+    }
+  } else if (path == "/v1/targets") {
+    add(RouteId::kListTargets);
+  } else if (path.starts_with("/v1/targets/") && path.size() > 12) {
+    const std::string rest = path.substr(12);
+    const size_t slash = rest.find('/');
+    if (slash != std::string::npos && slash > 0) {
+      const std::string verb = rest.substr(slash + 1);
+      if (verb == "pause" || verb == "resume") {
+        add(RouteId::kChangeTarget, rest.substr(0, slash), verb);
       }
     }
   } else if (path == "/v1/tokens") {

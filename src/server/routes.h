@@ -19,7 +19,8 @@ namespace waystone {
 enum class RouteId {
   kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
   kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts, kCreateBatch, kListBatches,
-  kShowBatch, kChangeBatch, kListTokens, kCreateToken, kRevokeToken,
+  kShowBatch, kChangeBatch, kListTokens, kCreateToken, kRevokeToken, kListTargets,
+  kChangeTarget,
 };
 
 struct RouteSpec {
@@ -37,7 +38,8 @@ struct Screened {
   const RouteSpec* route = nullptr;
   std::string key;     // instance routes; the alert's or batch's public id; the console's
                        // file; a token's name
-  std::string action;  // kAct; kChangeBatch: pause, resume or cancel
+  std::string action;  // kAct; kChangeBatch: pause, resume or cancel; kChangeTarget: pause
+                       // or resume
   Principal principal;
 };
 

@@ -31,6 +31,10 @@ inline constexpr char kTombstoneColumns[] =
     "tenant, workflow, business_key, input_hash, final_state, external_ids, instance_id, "
     "finished_at, collected_at";
 
+inline constexpr char kTargetControlColumns[] =
+    "tenant, target, paused, paused_by, pause_reason, paused_at, next_slot_us, failures, "
+    "open_until, probe_until, updated_at";
+
 inline constexpr char kAlertColumns[] =
     "id, instance_id, tenant, step_name, kind, state, message, created_at";
 
@@ -115,6 +119,24 @@ AlertRecord ReadAlert(const Row& r) {
           static_cast<AlertState>(r.Int(5)),
           r.Text(6),
           r.Int(7)};
+}
+
+// Reads kTargetControlColumns (the calls under way are counted apart).
+template <typename Row>
+TargetControl ReadTargetControl(const Row& r) {
+  TargetControl control;
+  control.tenant = r.Text(0);
+  control.target = r.Text(1);
+  control.paused = r.Int(2) != 0;
+  control.paused_by = r.Text(3);
+  control.pause_reason = r.Text(4);
+  control.paused_at = r.Int(5);
+  control.next_slot_us = r.Int(6);
+  control.failures = static_cast<int>(r.Int(7));
+  control.open_until = r.Int(8);
+  control.probe_until = r.Int(9);
+  control.updated_at = r.Int(10);
+  return control;
 }
 
 template <typename Row>

@@ -9,6 +9,7 @@
 #include "base/clock.h"
 #include "model/classify.h"
 #include "model/states.h"
+#include "model/target_gate.h"
 
 namespace waystone {
 
@@ -264,6 +265,28 @@ struct SinkStats {
   int64_t failed_attempts = 0;
   Millis oldest_pending_at = 0;  // 0 when nothing is pending
   bool disabled = false;
+};
+
+// A call to a protected target, asked to be admitted under its shared control.
+struct TargetCallAsk {
+  std::string tenant;
+  std::string target;
+  TargetLimits limits;
+  Millis now = 0;
+  Millis horizon = 0;     // rate slots are taken at most this far ahead
+  Millis call_lease = 0;  // the permit (and a probe's hold) expires after this
+  std::string permit;     // names the call's permit when admitted
+};
+
+// An admitted call's end: its permit goes, its health goes into the circuit.
+struct TargetCallSettle {
+  std::string tenant;
+  std::string target;
+  TargetLimits limits;
+  std::string permit;
+  bool probe = false;
+  CallHealth health = CallHealth::kUntold;
+  Millis now = 0;
 };
 
 // A step whose outcome has been unknown since `unknown_since`, with no alert yet.

@@ -319,6 +319,36 @@ class BatchStore {
   virtual absl::Status UpdateBatchItem(const BatchItemUpdate& update) = 0;
 };
 
+// The shared control of protected targets (model/target_gate.h): an operator's
+// pause, the rate limit, the concurrency cap and the circuit breaker, kept per
+// (tenant, target) so that every worker process on the database obeys them.
+// One slice of Store (below); thread-safe like it.
+class TargetStore {
+ public:
+  virtual ~TargetStore() = default;
+
+  // Asks Admit whether the call may go, in one transaction with the target's row
+  // locked (created when absent); the calls under way are its unexpired permits.
+  // Admitted: the row's new state and the call's permit (expiring at now +
+  // call_lease) are stored.
+  virtual absl::StatusOr<Admission> AdmitTargetCall(const TargetCallAsk& ask) = 0;
+
+  // Removes the call's permit and records its health in the circuit (Settle), in
+  // one transaction.
+  virtual absl::Status SettleTargetCall(const TargetCallSettle& settle) = 0;
+
+  // Pauses (`pause`) or resumes the target, appending `audit`, in one transaction;
+  // returns the control after. FailedPrecondition when it is paused (resumed) already.
+  virtual absl::StatusOr<TargetControl> PauseTarget(const std::string& tenant,
+                                                    const std::string& target, bool pause,
+                                                    const AuditRecord& audit) = 0;
+
+  // The controls of `tenant` ("" = every tenant's), by tenant and target, with the
+  // calls under way at `now`.
+  virtual absl::StatusOr<std::vector<TargetControl>> ListTargetControls(const std::string& tenant,
+                                                                        Millis now) = 0;
+};
+
 // Store is the durable state of Waystone: every slice above, as one object that
 // OpenStore returns. A component takes the slice (or slices) it uses, so a fake of
 // one is small. Implementations are thread-safe; every method is one transaction.
@@ -332,7 +362,8 @@ class Store : public DefinitionStore,
               public AlertStore,
               public AccessStore,
               public MaintenanceStore,
-              public BatchStore {
+              public BatchStore,
+              public TargetStore {
  public:
   ~Store() override = default;
 };

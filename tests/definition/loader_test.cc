@@ -111,6 +111,34 @@ TEST(LoaderTest, UnknownFieldsAreRefusedWithLineAndStep) {
   EXPECT_TRUE(Has(top, "unknown field 'owner'", 19)) << All(top);
 }
 
+TEST(LoaderTest, ATargetsLimitsAndCircuitBreakerAreReadAndBadOnesNamed) {
+  const std::string head = "workflow: x\nkey: \"{{input.id}}\"\ntargets:\n  erp:\n    url: http://erp\n";
+  const std::string steps = "steps:\n  - name: read\n    request: { method: GET, url: http://erp/a }\n";
+  auto loaded = LoadDefinitionText(head +
+                                       "    limits: { rate: 2.5, concurrency: 4 }\n"
+                                       "    circuit_breaker: { failures: 5, cool_down: 45s }\n" +
+                                       steps,
+                                   "flow.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const TargetLimits& limits = loaded->targets.at(0).limits;
+  EXPECT_EQ(limits.rate, 2.5);
+  EXPECT_EQ(limits.concurrency, 4);
+  EXPECT_EQ(limits.breaker_failures, 5);
+  EXPECT_EQ(limits.cool_down, 45'000);
+
+  auto d = Lint(head + "    limits: { rate: 0, concurrency: -1, burst: 3 }\n" + steps);
+  EXPECT_TRUE(Has(d, "target 'erp': 'limits.rate' must be calls a second from 0.01 to 10000", 6))
+      << All(d);
+  EXPECT_TRUE(Has(d, "'limits.concurrency' must be a whole number from 1 to 10000", 6)) << All(d);
+  EXPECT_TRUE(Has(d, "unknown field 'burst'", 6)) << All(d);
+  d = Lint(head + "    circuit_breaker: { cool_down: 10ms }\n" + steps);
+  EXPECT_TRUE(Has(d, "'circuit_breaker' needs 'failures'", 6)) << All(d);
+  EXPECT_TRUE(Has(d, "'circuit_breaker.cool_down' must be from 100ms to 24h", 6)) << All(d);
+  d = Lint(head + "    limits: 20\n" + steps);
+  EXPECT_TRUE(Has(d, "'limits' must be a mapping such as { rate: 20, concurrency: 4 }", 6))
+      << All(d);
+}
+
 TEST(LoaderTest, BadTemplateIsRefused) {
   std::string text = kValid;
   text.replace(text.find("{{input.id}}\" }"), 12, "{{input.id");

@@ -650,5 +650,44 @@ TEST(TransitionsTest, ATransitionIsAFunctionOfItsFacts) {
   ASSERT_EQ(one.steps[kHonoured].state, S::kRunning);  // the facts are not changed
 }
 
+// --- Waiting for a target ------------------------------------------------------
+
+TEST(TransitionsTest, AWaitForATargetSaysSoChangesNoStepAndGivesTheReasonBackAfter) {
+  World world(kUndoable, S::kCompensating);
+  world.instance.state = I::kCompensating;
+  world.instance.status_reason = "compensation started by alice: wrong customer";
+  Change wait = AwaitTarget(world.Now(), "waiting for target 'erp': circuit open until T");
+  EXPECT_TRUE(wait.steps.empty());
+  EXPECT_TRUE(wait.events.empty());
+  EXPECT_FALSE(wait.state.has_value());
+  ASSERT_TRUE(wait.status_reason.has_value());
+  EXPECT_EQ(*wait.status_reason,
+            "waiting for target 'erp': circuit open until T; before that: compensation started "
+            "by alice: wrong customer");
+  world.instance.status_reason = *wait.status_reason;
+  // Refused again: one wait text, the same reason kept behind it.
+  Change again = AwaitTarget(world.Now(), "waiting for target 'erp': paused by bob at T: x");
+  EXPECT_EQ(*again.status_reason,
+            "waiting for target 'erp': paused by bob at T: x; before that: compensation started "
+            "by alice: wrong customer");
+  world.instance.status_reason = *again.status_reason;
+  // Admitted: the compensation goes on under the operator's reason, audited with it.
+  Change begun = BeginCompensation(world.Now(), kUndoable, "t:k:b:compensate");
+  ASSERT_TRUE(begun.status_reason.has_value());
+  EXPECT_EQ(*begun.status_reason, "compensation started by alice: wrong customer");
+  ASSERT_EQ(begun.audits.size(), 1u);
+  EXPECT_EQ(begun.audits[0].reason, "compensation started by alice: wrong customer");
+  // Without a reason before the wait, the instance has none after it.
+  World fresh(kHonoured, S::kPending);
+  fresh.instance.status_reason = "waiting for target 'erp': 4 calls under way";
+  Change call = BeginCall(fresh.Now(), kHonoured, "t:k:d", "hash", "span", 1000);
+  ASSERT_TRUE(call.status_reason.has_value());
+  EXPECT_EQ(*call.status_reason, "");
+  // Any other reason is left alone by a transition.
+  fresh.instance.status_reason = "step 'd' retried by alice: fixed";
+  EXPECT_FALSE(BeginCall(fresh.Now(), kHonoured, "t:k:d", "hash", "span", 1000)
+                   .status_reason.has_value());
+}
+
 }  // namespace
 }  // namespace waystone

@@ -1303,7 +1303,7 @@ TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
   EXPECT_EQ(Get("/v1/me", operator_t2_)["actions"], (Json{"skip", "close"}));
   EXPECT_EQ(Get("/v1/me", viewer_)["actions"], Json::array());
   Json admin_me = Get("/v1/me", admin_);
-  EXPECT_EQ(admin_me["actions"].size(), 7u) << admin_me.dump();
+  EXPECT_EQ(admin_me["actions"].size(), 8u) << admin_me.dump();
   EXPECT_EQ(admin_me["actions_by_tenant"], (Json{{"t2", {"retry"}}}));
 
   // A batch needs what its action needs, in the batch's tenant: its preview, its
@@ -1542,7 +1542,9 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/triage", "get"}, {"/v1/attempts", "get"}, {"/v1/batches", "get"},
       {"/v1/batches", "post"}, {"/v1/batches/{id}", "get"}, {"/v1/batches/{id}/pause", "post"},
       {"/v1/batches/{id}/resume", "post"}, {"/v1/batches/{id}/cancel", "post"},
-      {"/v1/tokens", "get"}, {"/v1/tokens", "post"}, {"/v1/tokens/{name}/revoke", "post"}};
+      {"/v1/tokens", "get"}, {"/v1/tokens", "post"}, {"/v1/tokens/{name}/revoke", "post"},
+      {"/v1/targets", "get"}, {"/v1/targets/{name}/pause", "post"},
+      {"/v1/targets/{name}/resume", "post"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;
@@ -1734,6 +1736,80 @@ TEST_P(ApiWriteTest, ABatchOverMoreThanAThousandInstancesIsRefusedAskingToNarrow
   narrower["filter"]["key_prefix"] = "many-1";
   Json preview = Post("/v1/batches?dry_run=true", narrower, 200);
   EXPECT_EQ(preview["count"], 1 + 10 + 100 + 1);  // many-1, many-1x, many-1xx, many-1000
+}
+
+constexpr char kTargetWorkflow[] = R"(workflow: erp-orders
+key: "{{input.id}}"
+targets:
+  erp:
+    url: "{{env.REC_URL}}"
+    limits: { rate: 5, concurrency: 2 }
+    circuit_breaker: { failures: 4, cool_down: 20s }
+steps:
+  - name: create
+    recovery: manual
+    request: { method: POST, url: "{{env.REC_URL}}/create", timeout: 2s }
+)";
+
+TEST_P(ApiWriteTest, AnOperatorPausesAndResumesATargetWithAReasonAudited) {
+  auto definition = LoadDefinitionText(kTargetWorkflow, "erp.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  ASSERT_TRUE(engine_->Register(*definition).ok());
+  Json listed = Get("/v1/targets");
+  ASSERT_EQ(listed["items"].size(), 1u) << listed.dump();
+  EXPECT_EQ(listed["items"][0]["name"], "erp");
+  EXPECT_EQ(listed["items"][0]["paused"], false);
+  EXPECT_EQ(listed["items"][0]["circuit"], "closed");
+  EXPECT_EQ(listed["items"][0]["rate"], 5);
+  EXPECT_EQ(listed["items"][0]["concurrency"], 2);
+  EXPECT_EQ(listed["items"][0]["circuit_breaker"]["cool_down"], "20s");
+
+  const Json why = {{"reason", "ERP maintenance window, CHG-7"}};
+  EXPECT_EQ(Send("POST", "/v1/targets/erp/pause", viewer_, why.dump()).outcome.status, 403);
+  Post("/v1/targets/erp/pause", {{"reason", ""}}, 400);
+  Json unknown = Post("/v1/targets/crm/pause", why, 404);
+  EXPECT_NE(unknown["detail"].get<std::string>().find("declared: erp"), std::string::npos)
+      << unknown.dump();
+  Post("/v1/targets/erp/pause", why, 400, admin_);  // all tenants: which one?
+  EXPECT_TRUE(store_->ListAudit(0)->empty()) << "refused requests change nothing";
+
+  Json paused = Post("/v1/targets/erp/pause", why, 200);
+  EXPECT_EQ(paused["paused"], true);
+  EXPECT_EQ(paused["paused_by"], "op1");
+  EXPECT_EQ(paused["pause_reason"], "ERP maintenance window, CHG-7");
+  Post("/v1/targets/erp/pause", why, 409);
+  EXPECT_EQ(Get("/v1/targets")["items"][0]["paused"], true);
+
+  // Every worker on the database asks the store: t1's calls wait, t2's go.
+  TargetCallAsk ask{"t1", "erp", {}, clock_.NowMillis(), 1000, 30'000, "permit-1"};
+  auto refused = store_->AdmitTargetCall(ask);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_FALSE(refused->admitted);
+  EXPECT_NE(refused->reason.find("waiting for target 'erp': paused by op1 at "), std::string::npos)
+      << refused->reason;
+  EXPECT_NE(refused->reason.find("ERP maintenance window, CHG-7"), std::string::npos);
+  ask.tenant = "t2";
+  EXPECT_TRUE(store_->AdmitTargetCall(ask)->admitted);
+
+  Json resumed = Post("/v1/targets/erp/resume", {{"reason", "maintenance over"}}, 200);
+  EXPECT_EQ(resumed["paused"], false);
+  Post("/v1/targets/erp/resume", {{"reason", "again"}}, 409);
+  ask.tenant = "t1";
+  ask.permit = "permit-2";
+  EXPECT_TRUE(store_->AdmitTargetCall(ask)->admitted);
+  auto audit = store_->ListAudit(0);
+  ASSERT_TRUE(audit.ok());
+  ASSERT_EQ(audit->size(), 2u);
+  EXPECT_EQ((*audit)[0].action, "target.pause");
+  EXPECT_EQ((*audit)[0].actor, "op1");
+  EXPECT_EQ((*audit)[0].tenant, "t1");
+  EXPECT_EQ((*audit)[0].reason, "ERP maintenance window, CHG-7");
+  EXPECT_EQ((*audit)[1].action, "target.resume");
+
+  // The server config may take the permission away from operators.
+  Restart({{Role::kOperator, "", {Permission::kRetry}, 1}});
+  Json forbidden = Post("/v1/targets/erp/pause", why, 403);
+  EXPECT_EQ(forbidden["action"], "pause_target") << forbidden.dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ApiWriteTest,

@@ -328,6 +328,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   }
   if (transfer.held_back) {
     response.outcome.kind = CallOutcome::Kind::kNotSent;
+    response.outcome.withdrawn = true;
     response.error = "not sent: the caller withdrew it before its first byte left";
     response.body.clear();
     return;

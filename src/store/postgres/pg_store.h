@@ -81,6 +81,13 @@ class PostgresStore final : public Store {
   absl::StatusOr<std::vector<DeliveryRecord>> ListDeliveries(int64_t instance_id) override;
   absl::StatusOr<std::vector<SinkStats>> DeliveryStats() override;
   absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) override;
+  // TargetStore
+  absl::StatusOr<Admission> AdmitTargetCall(const TargetCallAsk& ask) override;
+  absl::Status SettleTargetCall(const TargetCallSettle& settle) override;
+  absl::StatusOr<TargetControl> PauseTarget(const std::string& tenant, const std::string& target,
+                                            bool pause, const AuditRecord& audit) override;
+  absl::StatusOr<std::vector<TargetControl>> ListTargetControls(const std::string& tenant,
+                                                                Millis now) override;
   absl::StatusOr<int64_t> RaiseAlert(const AlertRecord& alert, const EventRecord& event) override;
   absl::Status PutToken(const TokenRecord& token) override;
   absl::StatusOr<TokenRecord> FindToken(const std::string& token_hash) override;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -1381,6 +1382,137 @@ TEST_P(StoreConformanceTest, TwoRunnersClaimingAtOnceNeverTakeTheSameBatchItem) 
   distinct.insert(taken[1].begin(), taken[1].end());
   EXPECT_EQ(taken[0].size() + taken[1].size(), 60u);
   EXPECT_EQ(distinct.size(), 60u);
+}
+
+// --- Protected targets (TargetStore) --------------------------------------------
+
+TargetCallAsk Ask(const std::string& permit, Millis now, TargetLimits limits) {
+  TargetCallAsk ask;
+  ask.tenant = "t1";
+  ask.target = "erp";
+  ask.limits = limits;
+  ask.now = now;
+  ask.horizon = 1000;
+  ask.call_lease = 30'000;
+  ask.permit = permit;
+  return ask;
+}
+
+TEST_P(StoreConformanceTest, TwoConnectionsShareOneConcurrencyCapAndPermitsExpire) {
+  auto other = Open();
+  TargetLimits limits;
+  limits.concurrency = 3;
+  std::mutex mu;
+  std::vector<std::string> admitted;
+  auto admit_many = [&](Store* store, const std::string& who) {
+    for (int i = 0; i < 10; ++i) {
+      auto a = store->AdmitTargetCall(Ask(who + std::to_string(i), 1000, limits));
+      ASSERT_TRUE(a.ok()) << a.status();
+      std::lock_guard<std::mutex> lock(mu);
+      if (a->admitted) admitted.push_back(who + std::to_string(i));
+    }
+  };
+  std::thread a([&] { admit_many(store_.get(), "a"); });
+  std::thread b([&] { admit_many(other.get(), "b"); });
+  a.join();
+  b.join();
+  ASSERT_EQ(admitted.size(), 3u);
+  auto listed = store_->ListTargetControls("t1", 1000);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].calls, 3);
+  // Settling one frees its place, and only its own.
+  ASSERT_TRUE(other->SettleTargetCall({"t1", "erp", limits, admitted[0], false,
+                                       CallHealth::kHealthy, 1100})
+                  .ok());
+  EXPECT_EQ(store_->ListTargetControls("t1", 1100)->at(0).calls, 2);
+  EXPECT_TRUE(store_->AdmitTargetCall(Ask("c1", 1200, limits))->admitted);
+  EXPECT_FALSE(store_->AdmitTargetCall(Ask("c2", 1200, limits))->admitted);
+  // A worker that died holding permits holds them only until they expire.
+  EXPECT_TRUE(store_->AdmitTargetCall(Ask("c3", 1000 + 30'000, limits))->admitted);
+  EXPECT_EQ(store_->ListTargetControls("t1", 31'100)->at(0).calls, 2) << "c1 and c3";
+}
+
+TEST_P(StoreConformanceTest, TwoConnectionsTakeDistinctRateSlots) {
+  auto other = Open();
+  TargetLimits limits;
+  limits.rate = 10;
+  std::vector<Millis> slots[2];
+  auto admit_many = [&](Store* store, int who) {
+    for (int i = 0; i < 20; ++i) {
+      auto a = store->AdmitTargetCall(Ask(std::to_string(who) + "-" + std::to_string(i), 0, limits));
+      ASSERT_TRUE(a.ok()) << a.status();
+      if (a->admitted) slots[who].push_back(a->send_at);
+    }
+  };
+  std::thread a([&] { admit_many(store_.get(), 0); });
+  std::thread b([&] { admit_many(other.get(), 1); });
+  a.join();
+  b.join();
+  std::vector<Millis> all = slots[0];
+  all.insert(all.end(), slots[1].begin(), slots[1].end());
+  std::sort(all.begin(), all.end());
+  std::vector<Millis> expected;
+  for (Millis at = 0; at <= 1000; at += 100) expected.push_back(at);
+  EXPECT_EQ(all, expected) << "one slot every 100 ms up to the horizon, none shared";
+}
+
+TEST_P(StoreConformanceTest, APauseIsAuditedStopsAdmissionsAndIsNotRepeated) {
+  AuditRecord pause;
+  pause.at = 5000;
+  pause.actor = "alice";
+  pause.tenant = "t1";
+  pause.action = "target.pause";
+  pause.reason = "ERP maintenance";
+  pause.detail_json = R"({"target":"erp"})";
+  auto paused = store_->PauseTarget("t1", "erp", true, pause);
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  EXPECT_TRUE(paused->paused);
+  EXPECT_EQ(paused->paused_by, "alice");
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->PauseTarget("t1", "erp", true, pause).status()));
+  auto refused = store_->AdmitTargetCall(Ask("p1", 5100, {}));
+  ASSERT_TRUE(refused.ok());
+  EXPECT_FALSE(refused->admitted);
+  EXPECT_NE(refused->reason.find("paused by alice"), std::string::npos) << refused->reason;
+  // Another tenant's target of the same name is not paused.
+  TargetCallAsk elsewhere = Ask("p2", 5100, {});
+  elsewhere.tenant = "t2";
+  EXPECT_TRUE(store_->AdmitTargetCall(elsewhere)->admitted);
+  AuditRecord resume = pause;
+  resume.at = 6000;
+  resume.action = "target.resume";
+  resume.reason = "back";
+  auto resumed = store_->PauseTarget("t1", "erp", false, resume);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_FALSE(resumed->paused);
+  EXPECT_TRUE(store_->AdmitTargetCall(Ask("p3", 6100, {}))->admitted);
+  auto audit = store_->ListAudit(0);
+  ASSERT_TRUE(audit.ok());
+  std::vector<std::string> actions;
+  for (const AuditRecord& a : *audit) actions.push_back(a.action + " by " + a.actor + ": " + a.reason);
+  EXPECT_EQ(actions, (std::vector<std::string>{"target.pause by alice: ERP maintenance",
+                                               "target.resume by alice: back"}));
+}
+
+TEST_P(StoreConformanceTest, SettledFailuresOpenTheSharedCircuit) {
+  auto other = Open();
+  TargetLimits limits;
+  limits.breaker_failures = 2;
+  limits.cool_down = 10'000;
+  for (Store* store : {store_.get(), other.get()}) {
+    auto a = store->AdmitTargetCall(Ask(store == other.get() ? "o" : "s", 100, limits));
+    ASSERT_TRUE(a.ok() && a->admitted);
+  }
+  ASSERT_TRUE(store_->SettleTargetCall({"t1", "erp", limits, "s", false, CallHealth::kFailing, 200}).ok());
+  ASSERT_TRUE(other->SettleTargetCall({"t1", "erp", limits, "o", false, CallHealth::kFailing, 300}).ok());
+  auto open = store_->AdmitTargetCall(Ask("x", 400, limits));
+  ASSERT_TRUE(open.ok());
+  EXPECT_FALSE(open->admitted);
+  EXPECT_EQ(open->retry_at, 10'300);
+  auto probe = other->AdmitTargetCall(Ask("y", 10'300, limits));
+  ASSERT_TRUE(probe.ok());
+  EXPECT_TRUE(probe->admitted && probe->probe);
+  EXPECT_FALSE(store_->AdmitTargetCall(Ask("z", 10'301, limits))->admitted);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreConformanceTest,
