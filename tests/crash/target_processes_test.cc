@@ -196,7 +196,10 @@ TEST_F(TargetProcessesTest, APauseAndTheLimitsHoldAcrossTwoWorkerProcesses) {
                       (arrivals.back().get<double>() - arrivals.front().get<double>());
   EXPECT_NEAR(rate, 20.0, 2.0) << arrivals.dump();
   std::printf("the target received %.2f calls a second (limit 20)\n", rate);
-  EXPECT_LE(stats["max_per_second_1s"].get<int>(), 22) << arrivals.dump();
+  // Spread, not bunched: each call leaves at its slot, give or take this machine's
+  // scheduling (under ASan ~150 ms), so a second holds its 20 slots and a few late
+  // ones from the second before; without the shared limit it would hold all 60.
+  EXPECT_LE(stats["max_per_second_1s"].get<int>(), 25) << arrivals.dump();
   std::set<std::string> senders;
   for (const InstanceRecord& instance : Instances()) {
     EXPECT_EQ(instance.status_reason.find("waiting for target"), std::string::npos)

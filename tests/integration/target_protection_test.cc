@@ -159,8 +159,10 @@ TEST_F(TargetProtectionTest, TheTargetReceivesTheConfiguredRateWithinTenPercent)
   const double rate = ReceivedRate(stats);
   EXPECT_NEAR(rate, 20.0, 2.0) << stats["arrivals"].dump();
   std::printf("the target received %.2f calls a second (limit 20)\n", rate);
-  // Spread, not bunched: no second held more than its share (and a slot's edges).
-  EXPECT_LE(stats["max_per_second_1s"].get<int>(), 22) << stats["arrivals"].dump();
+  // Spread, not bunched: each call leaves at its slot, give or take this machine's
+  // scheduling (under ASan ~150 ms), so a second holds its 20 slots and a few late
+  // ones from the second before; without the limit it would hold all 80.
+  EXPECT_LE(stats["max_per_second_1s"].get<int>(), 25) << stats["arrivals"].dump();
 }
 
 TEST_F(TargetProtectionTest, TheConcurrencyCapIsNeverExceededAndIsUsed) {
