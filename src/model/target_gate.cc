@@ -38,7 +38,7 @@ Admission Admit(TargetControl& control, const TargetLimits& limits, Millis now, 
                 Millis call_lease) {
   Admission refused;
   if (control.paused) {
-    refused.retry_at = now + 2000;  // a resume wakes the waiting at once
+    refused.retry_at = now + 1000;  // a resume also wakes the waiting at once
     refused.reason = Waiting(control, "paused by " + control.paused_by + " at " +
                                           FormatRfc3339(control.paused_at) + ": " +
                                           control.pause_reason);
