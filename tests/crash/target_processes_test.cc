@@ -214,7 +214,7 @@ TEST_F(TargetProcessesTest, APauseAndTheLimitsHoldAcrossTwoWorkerProcesses) {
   const Json& arrivals = stats["arrivals"];
   const double rate = ReceivedRate(arrivals);
   EXPECT_NEAR(rate, 20.0, 2.0) << arrivals.dump();
-  EXPECT_GT(OverallRate(arrivals), 14.0) << arrivals.dump();  // no stalls on the way
+  EXPECT_GT(OverallRate(arrivals), 12.0) << arrivals.dump();  // no long stalls
   std::printf("the target received %.2f calls a second (limit 20; %.2f first to last)\n", rate,
               OverallRate(arrivals));
   // Spread, not bunched: each call leaves at its slot, give or take this machine's

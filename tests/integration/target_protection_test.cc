@@ -170,7 +170,7 @@ TEST_F(TargetProtectionTest, TheTargetReceivesTheConfiguredRateWithinTenPercent)
   ASSERT_EQ(stats["requests"], 80) << stats.dump();
   const double rate = ReceivedRate(stats["arrivals"]);
   EXPECT_NEAR(rate, 20.0, 2.0) << stats["arrivals"].dump();
-  EXPECT_GT(OverallRate(stats["arrivals"]), 14.0) << stats["arrivals"].dump();  // no stalls
+  EXPECT_GT(OverallRate(stats["arrivals"]), 12.0) << stats["arrivals"].dump();  // no long stalls
   std::printf("the target received %.2f calls a second (limit 20; %.2f first to last)\n", rate,
               OverallRate(stats["arrivals"]));
   // Spread, not bunched: each call leaves at its slot, give or take this machine's
