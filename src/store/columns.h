@@ -139,6 +139,14 @@ TargetControl ReadTargetControl(const Row& r) {
   return control;
 }
 
+// Reads kTargetControlColumns followed by the count of the calls under way.
+template <typename Row>
+TargetControl ReadCountedTargetControl(const Row& r) {
+  TargetControl control = ReadTargetControl(r);
+  control.calls = static_cast<int>(r.Int(11));
+  return control;
+}
+
 template <typename Row>
 AuditRecord ReadAudit(const Row& r) {
   return {r.Int(0), r.Int(1), r.Text(2), r.Text(3), r.Int(4), r.Text(5), r.Text(6), r.Text(7)};

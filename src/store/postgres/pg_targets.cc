@@ -11,12 +11,6 @@
 namespace waystone {
 namespace {
 
-TargetControl ReadCounted(const PgRow& r) {
-  TargetControl control = ReadTargetControl(r);
-  control.calls = static_cast<int>(r.Int(11));
-  return control;
-}
-
 // Locks the target's row, created when absent, and counts its unexpired permits
 // (the expired ones removed: their workers died holding them).
 absl::StatusOr<TargetControl> PgLockedControl(PgConnection& c, const std::string& tenant,
@@ -30,7 +24,7 @@ absl::StatusOr<TargetControl> PgLockedControl(PgConnection& c, const std::string
                                            ", 0 FROM target_controls WHERE tenant = $1 AND "
                                            "target = $2 FOR UPDATE"),
                               Params(tenant, target)));
-  std::optional<TargetControl> control = PgFirstRow(locked, ReadCounted);
+  std::optional<TargetControl> control = PgFirstRow(locked, ReadCountedTargetControl<PgRow>);
   if (!control) return absl::InternalError("target control row vanished");
   WS_RETURN_IF_ERROR(c.Query("DELETE FROM target_calls WHERE tenant = $1 AND target = $2 AND "
                              "expires_at <= $3::bigint",
@@ -133,7 +127,7 @@ absl::StatusOr<std::vector<TargetControl>> PostgresStore::ListTargetControls(
                             "target_controls t WHERE $1 = '' OR tenant = $1 ORDER BY tenant, "
                             "target"),
                Params(tenant, now)));
-  return PgRows(r, ReadCounted);
+  return PgRows(r, ReadCountedTargetControl<PgRow>);
 }
 
 }  // namespace waystone

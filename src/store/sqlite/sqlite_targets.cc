@@ -31,11 +31,7 @@ absl::StatusOr<TargetControl> SqliteLockedControl(SqliteDb& db, const std::strin
                                               "target_controls t WHERE tenant = ?1 AND target = ?2")));
   read->BindAll(tenant, target);
   WS_ASSIGN_OR_RETURN(std::optional<TargetControl> control,
-                      FirstRow(read, [](const SqliteStatement& r) {
-                        TargetControl control = ReadTargetControl(r);
-                        control.calls = static_cast<int>(r.Int(11));
-                        return control;
-                      }));
+                      FirstRow(read, ReadCountedTargetControl<SqliteStatement>));
   if (!control) return absl::InternalError("target control row vanished");
   return *control;
 }
@@ -131,11 +127,7 @@ absl::StatusOr<std::vector<TargetControl>> SqliteStore::ListTargetControls(
                           "c.target = t.target AND c.expires_at > ?2) FROM target_controls t "
                           "WHERE ?1 = '' OR tenant = ?1 ORDER BY tenant, target")));
   s->BindAll(tenant, now);
-  return CollectRows(s, [](const SqliteStatement& r) {
-    TargetControl control = ReadTargetControl(r);
-    control.calls = static_cast<int>(r.Int(11));
-    return control;
-  });
+  return CollectRows(s, ReadCountedTargetControl<SqliteStatement>);
 }
 
 }  // namespace waystone
