@@ -8,6 +8,7 @@
 
 #include "base/clock.h"
 #include "model/classify.h"
+#include "model/condition.h"
 #include "model/retry_policy.h"
 #include "model/states.h"
 #include "model/target_gate.h"
@@ -133,6 +134,13 @@ struct StepDefinition {
   // For kNeeded and kListed: the JSON pointers kept of the answer (kNeeded: derived
   // from the templates by DeriveKeptResponses; "" = the whole answer is read).
   std::vector<std::string> kept_pointers;
+  // `when:`: judged when the step is first due; when it does not hold the step is
+  // skipped (state skipped, nothing sent) and the workflow goes on.
+  Condition when;
+  // `optional: true` (non-critical): when the step fails for good (rejected, retries
+  // exhausted) it alerts and the workflow goes on without it; nothing is compensated
+  // for it. An unknown outcome is still settled first (lookup, operator).
+  bool optional = false;
 };
 
 // A system the workflow calls (`targets:`), by name: every request whose rendered URL

@@ -14,6 +14,7 @@
 #include "definition/validate.h"
 #include "model/duration.h"
 #include "model/json_text.h"
+#include "model/template.h"
 
 namespace waystone {
 namespace {
@@ -371,7 +372,8 @@ class Reader {
     }
     CheckFields(node, name,
                 {"name", "description", "recovery", "request", "transform", "wait", "result",
-                 "lookup", "compensate", "retry", "errors", "idempotency", "store_response"},
+                 "lookup", "compensate", "retry", "errors", "idempotency", "store_response",
+                 "when", "optional"},
                 "step");
     const YAML::Node request = node["request"];
     const YAML::Node transform = node["transform"];
@@ -535,6 +537,68 @@ class Reader {
         }
       }
     }
+
+    if (const YAML::Node when = node["when"]) ReadCondition(when, name, &step->when);
+    if (const YAML::Node optional = node["optional"]) {
+      bool value = false;
+      if (!YAML::convert<bool>::decode(optional, value)) {
+        Error(optional, name, "'optional' must be true or false");
+      }
+      step->optional = value;
+    }
+  }
+
+  // Reads `when:`: a template that renders true or false, or exactly one of
+  // { present: "{{path}}" }, { absent: "{{path}}" }, { equals: [a, b] },
+  // { not_equals: [a, b] }.
+  void ReadCondition(const YAML::Node& when, const std::string& step, Condition* out) {
+    static constexpr char kForms[] =
+        "'when' is a template that renders true or false (\"{{input.send_email}}\") or one of "
+        "{ present: \"{{input.email}}\" }, { absent: ... }, { equals: [\"{{input.channel}}\", "
+        "line] }, { not_equals: [...] }";
+    using Test = Condition::Test;
+    if (when.IsScalar()) {
+      out->test = Test::kTrue;
+      out->value = when.Scalar();
+      out->shown = out->value;
+      return;
+    }
+    if (!when.IsMap() || when.size() != 1) {
+      Error(when, step, kForms);
+      return;
+    }
+    const std::string test = when.begin()->first.Scalar();
+    const YAML::Node operand = when.begin()->second;
+    if (test == "present" || test == "absent") {
+      if (!operand.IsScalar()) {
+        Error(operand, step, "'when." + test + "' names one value, e.g. \"{{input.email}}\"");
+        return;
+      }
+      out->test = test == "present" ? Test::kPresent : Test::kAbsent;
+      out->value = operand.Scalar();
+      auto parsed = Template::Parse(out->value);
+      if (parsed.ok() && (parsed->references().size() != 1 || !out->value.starts_with("{{") ||
+                          out->value.find("}}") != out->value.size() - 2)) {
+        Error(operand, step, "'when." + test + "' is exactly one placeholder such as "
+                             "\"{{input.email}}\", nothing around it");
+      }
+      out->shown = test + " " + out->value;
+      return;
+    }
+    if (test == "equals" || test == "not_equals") {
+      if (!operand.IsSequence() || operand.size() != 2 || !operand[0].IsScalar() ||
+          !operand[1].IsScalar()) {
+        Error(operand, step, "'when." + test + "' compares two values: [\"{{input.channel}}\", "
+                             "line]");
+        return;
+      }
+      out->test = test == "equals" ? Test::kEquals : Test::kNotEquals;
+      out->value = operand[0].Scalar();
+      out->other = operand[1].Scalar();
+      out->shown = out->value + (test == "equals" ? " == " : " != ") + out->other;
+      return;
+    }
+    Error(when.begin()->first, step, kForms);
   }
 
   // Reads `targets:`: name -> { url, tls: { ca_file, cert_file, key_file, key_password },

@@ -49,7 +49,17 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
   out << "\n";
   int number = 1;
   for (const auto& step : definition.steps) {
-    out << number++ << ". " << step.name << "  [" << ToString(step.recovery) << "]\n";
+    out << number++ << ". " << step.name << "  [" << ToString(step.recovery) << "]"
+        << (step.optional ? "  optional" : "") << "\n";
+    if (!step.when.Always()) {
+      out << "   when:       " << step.when.shown
+          << "  (judged once, when the step is first due; otherwise skipped, nothing sent)\n";
+    }
+    if (step.optional) {
+      out << "   optional:   a failure (rejected, retries exhausted) alerts "
+             "(optional_step_failed) and the workflow goes on without it; an unknown outcome "
+             "is still settled first\n";
+    }
     if (step.kind == StepKind::kWait) {
       out << "   waits for an event of type " << step.wait_event << " (POST /v1/events)"
           << (step.wait_timeout > 0 ? "; fails after " + FormatDuration(step.wait_timeout)
@@ -62,6 +72,10 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
       continue;
     }
     const bool side_effecting = step.request.SideEffecting();
+    const char* failed = step.optional ? "alert and go on without it"
+                         : step.recovery == RecoveryClass::kManual
+                             ? "pause for an operator"
+                             : "fail the instance and compensate";
     out << "   call:       " << step.request.method << " " << step.request.url << "  (timeout "
         << step.request.timeout << "ms)\n";
     if (step.request.body_kind == BodyKind::kForm) {
@@ -78,13 +92,8 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
           << (step.idempotency_honored ? "; the target honours it" : "") << ")\n";
     }
     out << "   transient:  " << RetryText(step.retry) << "; when exhausted: "
-        << (step.recovery == RecoveryClass::kManual ? "pause for an operator"
-                                                    : "fail the instance and compensate")
-        << "\n";
-    out << "   rejected:   no retry; "
-        << (step.recovery == RecoveryClass::kManual ? "pause for an operator"
-                                                    : "fail the instance and compensate")
-        << "\n";
+        << failed << "\n";
+    out << "   rejected:   no retry; " << failed << "\n";
     out << "   unknown:    ";
     if (!side_effecting) {
       out << "safe to repeat: retry\n";

@@ -195,6 +195,8 @@ class Validator {
     const StepDefinition& step = definition_.steps[index];
     const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index};
     const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1};
+    CheckCondition(index);
+    WarnOnMaybeMissing(index);
     auto check = [&](const std::string& where, const std::string& text, bool tree,
                      bool sees_itself) {
       const Scope& scope = sees_itself ? including_self : before;
@@ -257,6 +259,48 @@ class Validator {
             "recovery 'repeatable' means safe to redo, but " + step.request.method +
                 " changes something and the target does not honour its idempotency key");
     }
+  }
+
+  // A condition reads what is known when the step is first due: the input, the
+  // instance, earlier steps and the environment; never a secret (its value would
+  // show in the step's reason).
+  void CheckCondition(int index) {
+    const StepDefinition& step = definition_.steps[index];
+    if (step.when.Always()) return;
+    const Scope scope{{"input", "instance", "steps", "env"}, index};
+    CheckText(step.when.value, scope, step.line, step.name, "when");
+    if (!step.when.other.empty()) CheckText(step.when.other, scope, step.line, step.name, "when");
+  }
+
+  // Warns where a template reads the result of an earlier step that may have none:
+  // skipped by its `when`, or failed and passed over (`optional`). Unless the
+  // reader is itself conditional, it then fails when it renders.
+  void WarnOnMaybeMissing(int index) {
+    const StepDefinition& step = definition_.steps[index];
+    if (!step.when.Always()) return;
+    std::set<std::string> warned;
+    ForEachTemplate(step, [&](const std::string& where, const std::string& text, bool tree, bool) {
+      std::vector<Path> references;
+      if (tree) {
+        if (text.empty() || !CollectTreeReferences(Json::parse(text), &references).ok()) return;
+      } else if (auto parsed = Template::Parse(text); parsed.ok()) {
+        references = parsed->references();
+      }
+      for (const Path& path : references) {
+        if (path.size() < 2 || path[0] != "steps" || warned.contains(path[1])) continue;
+        const int read = definition_.StepIndex(path[1]);
+        if (read < 0 || read >= index) continue;
+        const StepDefinition& earlier = definition_.steps[read];
+        if (earlier.when.Always() && !earlier.optional) continue;
+        warned.insert(path[1]);
+        Warn(step.line, step.name,
+             where + " reads {{" + JoinPath(path) + "}}, but step '" + earlier.name + "' " +
+                 (earlier.optional ? "is optional (it may fail and be passed over)"
+                                   : "may be skipped (when: " + earlier.when.shown + ")") +
+                 ": this step then fails; give it a 'when' (e.g. { present: \"{{steps." +
+                 earlier.name + ".external_id}}\" })");
+      }
+    });
   }
 
   // Returns true when `text` refers to the tenant (instance.tenant or instance.ref).

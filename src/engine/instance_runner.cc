@@ -15,6 +15,7 @@
 #include "engine/request_body.h"
 #include "engine/state_machine.h"
 #include "engine/transitions.h"
+#include "model/condition.h"
 #include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
@@ -482,6 +483,14 @@ class InstanceRunner::Impl {
 
   absl::Status RunStep(int index) {
     const StepDefinition& def = definition_->steps[index];
+    // A condition is judged once, when the step is first due (a retry does not
+    // judge it again: what it read has not changed).
+    if (!def.when.Always() && steps_[index].state == StepState::kPending &&
+        steps_[index].attempts == 0) {
+      absl::StatusOr<bool> holds = Holds(def.when, Context(index, ""));
+      if (!holds.ok()) return Fail(index, "when: " + std::string(holds.status().message()), std::nullopt);
+      if (!*holds) return Commit(SkipStep(Now(), index, "when: " + def.when.shown + " is false"));
+    }
     if (def.kind == StepKind::kTransform) {
       const Millis started = d_.clock->NowMillis();
       absl::StatusOr<std::string> output;

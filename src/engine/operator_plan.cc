@@ -14,12 +14,10 @@
 namespace waystone {
 namespace {
 
-bool Done(StepState state) { return state == StepState::kCompleted || state == StepState::kSkipped; }
-
-// The step the forward run stops at: the first one neither completed nor skipped.
-int Blocking(const std::vector<StepRecord>& steps) {
+// The step the forward run stops at: the first one not done (StepDone).
+int Blocking(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps) {
   for (const StepRecord& step : steps) {
-    if (!Done(step.state)) return step.index;
+    if (!StepDone(definition, step)) return step.index;
   }
   return -1;
 }
@@ -163,7 +161,9 @@ void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
                                                                : "completed; it has no compensation"});
         return;
       case StepState::kSkipped:
-        plan.would_skip.push_back({step.name, "skipped by an operator"});
+        plan.would_skip.push_back({step.name, step.error_message.starts_with("when: ")
+                                                  ? "skipped (" + step.error_message + ")"
+                                                  : "skipped by an operator"});
         return;
       case StepState::kCompensated:
         if (!compensating) {
@@ -206,7 +206,7 @@ void Preview(const WorkflowDefinition& definition, const InstanceRecord& instanc
   if (plan.state_after != InstanceState::kRunning &&
       plan.state_after != InstanceState::kCompensating) {
     for (const StepRecord& step : steps) {
-      if (Done(step.state)) continue;
+      if (StepDone(definition, step)) continue;
       plan.would_skip.push_back(
           {step.name, "instance " + std::string(ToString(plan.state_after)) + ": nothing runs"});
     }
@@ -255,9 +255,9 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
                                     "failed or needs attention");
   }
-  if (Blocking(steps) != index) {
+  if (Blocking(definition, steps) != index) {
     return Refuse(StepWhere(step) + "; only the step the instance stopped at can be retried" +
-                  (Blocking(steps) >= 0 ? " ('" + steps[Blocking(steps)].name + "')" : ""));
+                  (Blocking(definition, steps) >= 0 ? " ('" + steps[Blocking(definition, steps)].name + "')" : ""));
   }
   if (instance.state == InstanceState::kFailed) {
     for (const StepRecord& other : steps) {
@@ -366,7 +366,7 @@ absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord
     return Refuse(Where(instance) + "; a step is skipped while it is running, failed or needs "
                                     "attention");
   }
-  if (Blocking(steps) != index) {
+  if (Blocking(definition, steps) != index) {
     return Refuse(StepWhere(step) + "; only the step the instance stopped at can be skipped");
   }
   if (step.state != StepState::kFailed && step.state != StepState::kUnknown &&

@@ -8,8 +8,10 @@ NextAction Due(NextAction::Kind kind, int step, Millis next_attempt_at, Millis n
   return {kind, step, 0};
 }
 
-NextAction DecideForward(const std::vector<StepRecord>& steps, Millis now) {
+NextAction DecideForward(const WorkflowDefinition& definition,
+                         const std::vector<StepRecord>& steps, Millis now) {
   for (const StepRecord& step : steps) {
+    if (StepDone(definition, step)) continue;
     switch (step.state) {
       case StepState::kCompleted:
       case StepState::kSkipped:
@@ -29,8 +31,8 @@ NextAction DecideForward(const std::vector<StepRecord>& steps, Millis now) {
       case StepState::kCompensating:
       case StepState::kCompensated:
       case StepState::kCompensationFailed:
-        // A failed step moves the instance out of `running` in the same commit;
-        // reaching one here means an operator must look.
+        // A failed step (unless optional) moves the instance out of `running` in the
+        // same commit; reaching one here means an operator must look.
         return {NextAction::Kind::kIdle, step.index, 0};
     }
   }
@@ -77,7 +79,7 @@ NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& in
                   const std::vector<StepRecord>& steps, Millis now) {
   switch (instance.state) {
     case InstanceState::kRunning:
-      return DecideForward(steps, now);
+      return DecideForward(definition, steps, now);
     case InstanceState::kCompensating:
       return DecideCompensation(definition, steps, now);
     case InstanceState::kCompleted:
@@ -88,6 +90,13 @@ NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& in
       return {NextAction::Kind::kIdle, -1, 0};
   }
   return {NextAction::Kind::kIdle, -1, 0};
+}
+
+bool StepDone(const WorkflowDefinition& definition, const StepRecord& step) {
+  if (step.state == StepState::kCompleted || step.state == StepState::kSkipped) return true;
+  return step.state == StepState::kFailed &&
+         step.index < static_cast<int>(definition.steps.size()) &&
+         definition.steps[step.index].optional;
 }
 
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,

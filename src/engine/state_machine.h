@@ -34,6 +34,10 @@ struct NextAction {
 NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& instance,
                   const std::vector<StepRecord>& steps, Millis now);
 
+// Returns true for a step the forward run has gone past: completed, skipped (by its
+// `when` or an operator), or an optional step that failed and was passed over.
+bool StepDone(const WorkflowDefinition& definition, const StepRecord& step);
+
 // Returns the instance state that follows a step's failure: needs_attention for a
 // manual step, compensating when a completed step has a compensation, else failed.
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,

@@ -366,11 +366,18 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
   change.steps.push_back(step);
   std::vector<StepRecord> after = facts.steps;
   after[step.index] = step;
-  const InstanceState next =
-      forced ? *forced : StateAfterFailure(facts.definition, after, step.index);
   const std::string reason = "step '" + step.name + "' failed (" +
                              std::string(ToString(error_class)) + "): " + ShortenMessage(message);
   AddEvent(facts, change, "waystone.step.failed", &step, message);
+  if (!forced && facts.definition.steps[step.index].optional) {
+    // Non-critical: said and alerted, and the workflow goes on without it.
+    AddAlert(facts, change, AlertKind::kOptionalStepFailed, step.name,
+             reason + "; the step is optional: the workflow went on without it");
+    change.next_run_at = facts.now;
+    return change;
+  }
+  const InstanceState next =
+      forced ? *forced : StateAfterFailure(facts.definition, after, step.index);
   if (alert) AddAlert(facts, change, *alert, step.name, reason);
   if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
     AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
@@ -385,6 +392,21 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
 Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
                 const std::string& message, std::optional<AlertKind> alert) {
   return FailStepTo(facts, std::move(step), error_class, message, alert, std::nullopt);
+}
+
+Change SkipStep(const Facts& facts, int index, const std::string& why) {
+  Change change = At(facts);
+  StepRecord step = facts.steps[index];
+  step.state = StepState::kSkipped;
+  step.error_class = ErrorClass::kNone;
+  step.error_message = ShortenMessage(why);
+  step.started_at = facts.now;
+  step.finished_at = facts.now;
+  step.next_attempt_at = 0;
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.skipped", &step, step.error_message);
+  change.next_run_at = facts.now;
+  return change;
 }
 
 Change FailStepAndWait(const Facts& facts, StepRecord step, const std::string& message) {

@@ -75,8 +75,13 @@ Change RecordCall(const Facts& facts, StepRecord running, const CallResult& resu
 
 // Fails `step` (with `error_class` and `message`) and moves the instance on:
 // compensating, failed, or needs_attention for a manual step; raises `alert` if given.
+// An optional step's failure alerts (optional_step_failed) and the instance goes on.
 Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
                 const std::string& message, std::optional<AlertKind> alert);
+
+// Skips step `index` because its `when` does not hold (`why` says which): state
+// skipped, nothing sent, no attempt; the workflow goes on.
+Change SkipStep(const Facts& facts, int index, const std::string& why);
 
 // Fails `step` (rejected, `message`) and pauses the instance for an operator
 // (needs_attention, alerted) instead of compensating: for a failure an operator fixes

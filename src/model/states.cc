@@ -123,6 +123,7 @@ std::string_view ToString(AlertKind kind) {
     case AlertKind::kUnknownUnresolved: return "unknown_unresolved";
     case AlertKind::kInboxConflict: return "inbox_conflict";
     case AlertKind::kResultMissing: return "result_missing";
+    case AlertKind::kOptionalStepFailed: return "optional_step_failed";
   }
   return "invalid";
 }
@@ -159,7 +160,7 @@ std::string_view ToString(DeliveryState state) {
 }
 
 std::optional<AlertKind> ParseAlertKind(std::string_view text) {
-  for (int i = 1; i <= 10; ++i) {
+  for (int i = 1; i <= 11; ++i) {
     auto kind = static_cast<AlertKind>(i);
     if (ToString(kind) == text) return kind;
   }

@@ -84,6 +84,7 @@ enum class AlertKind : uint8_t {
   kUnknownUnresolved = 8,  // an unknown outcome stayed unresolved past the threshold
   kInboxConflict = 9,      // an event id came again with different data
   kResultMissing = 10,     // a 2xx answer lacked the external id the step records
+  kOptionalStepFailed = 11,  // an optional step failed; the workflow went on without it
 };
 
 // Which request of a step an attempt record describes. Persisted; values frozen.

@@ -531,3 +531,106 @@ steps:
 
 }  // namespace
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+constexpr char kNotifyHead[] = R"(workflow: notify
+key: "{{input.id}}"
+steps:
+  - name: create
+    request: { method: GET, url: "http://x/orders/{{input.id}}" }
+  - name: line
+)";
+
+TEST(LoaderTest, WhenAndOptionalAreReadInEachForm) {
+  auto definition = LoadDefinitionText(std::string(kNotifyHead) + R"(    when: { present: "{{input.line_id}}" }
+    optional: true
+    request: { method: GET, url: "http://x/line" }
+  - name: email
+    when: { equals: ["{{input.channel}}", email] }
+    request: { method: GET, url: "http://x/email" }
+  - name: sms
+    when: { not_equals: ["{{steps.create.response.country}}", JP] }
+    request: { method: GET, url: "http://x/sms" }
+  - name: fax
+    when: "{{input.fax}}"
+    request: { method: GET, url: "http://x/fax" }
+  - name: audit
+    when: { absent: "{{input.quiet}}" }
+    request: { method: GET, url: "http://x/audit" }
+)", "notify.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const auto& steps = definition->steps;
+  ASSERT_EQ(steps.size(), 6u);
+  EXPECT_TRUE(steps[0].when.Always());
+  EXPECT_FALSE(steps[0].optional);
+  EXPECT_EQ(steps[1].when.test, Condition::Test::kPresent);
+  EXPECT_EQ(steps[1].when.value, "{{input.line_id}}");
+  EXPECT_TRUE(steps[1].optional);
+  EXPECT_EQ(steps[2].when.test, Condition::Test::kEquals);
+  EXPECT_EQ(steps[2].when.other, "email");
+  EXPECT_EQ(steps[2].when.shown, "{{input.channel}} == email");
+  EXPECT_EQ(steps[3].when.test, Condition::Test::kNotEquals);
+  EXPECT_EQ(steps[4].when.test, Condition::Test::kTrue);
+  EXPECT_EQ(steps[5].when.test, Condition::Test::kAbsent);
+}
+
+TEST(LoaderTest, ABadConditionIsNamedWithItsLineAndStep) {
+  struct Row {
+    const char* yaml;
+    const char* says;
+  };
+  const std::vector<Row> table = {
+      {"    when: { exists: \"{{input.a}}\" }\n", "'when' is a template that renders true or false"},
+      {"    when: { present: \"{{input.a}}\", absent: \"{{input.b}}\" }\n",
+       "'when' is a template that renders true or false"},
+      {"    when: { present: \"mail {{input.a}}\" }\n", "exactly one placeholder"},
+      {"    when: { present: [a] }\n", "'when.present' names one value"},
+      {"    when: { equals: [\"{{input.a}}\"] }\n", "'when.equals' compares two values"},
+      {"    when: { equals: \"{{input.a}}\" }\n", "'when.equals' compares two values"},
+      {"    when: \"{{secret.TOKEN}}\"\n", "when: {{secret.TOKEN}} cannot be used here"},
+      {"    when: \"{{steps.later.output}}\"\n", "which has not run yet at this point"},
+      {"    when: \"{{input.a\"\n", "when: "},
+      {"    optional: sometimes\n", "'optional' must be true or false"},
+  };
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.yaml);
+    const std::string text = std::string(kNotifyHead) + row.yaml +
+                             "    request: { method: GET, url: \"http://x/line\" }\n"
+                             "  - name: later\n"
+                             "    transform: { a: 1 }\n";
+    auto d = Lint(text);
+    EXPECT_TRUE(Has(d, row.says, 0, "line")) << All(d);
+    EXPECT_TRUE(Has(d, "flow.yaml:", 0, "line")) << All(d);
+    EXPECT_FALSE(LoadDefinitionText(text, "flow.yaml").ok());
+  }
+}
+
+TEST(LoaderTest, ReadingAStepThatMayBeSkippedOrPassedOverIsWarnedUnlessConditional) {
+  const std::string head = std::string(kNotifyHead) + R"(    when: { present: "{{input.line_id}}" }
+    request: { method: GET, url: "http://x/line" }
+    result: { external_id: /id }
+  - name: mail
+    optional: true
+    request: { method: GET, url: "http://x/mail" }
+)";
+  auto d = Lint(head + R"(  - name: report
+    request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}&m={{steps.mail.response.id}}" }
+)");
+  EXPECT_TRUE(Has(d, "step 'line' may be skipped (when: present {{input.line_id}})", 0, "report"))
+      << All(d);
+  EXPECT_TRUE(Has(d, "step 'mail' is optional", 0, "report")) << All(d);
+  // A warning does not stop it loading.
+  EXPECT_TRUE(LoadDefinitionText(head + R"(  - name: report
+    request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
+)", "flow.yaml").ok());
+  auto guarded = Lint(head + R"(  - name: report
+    when: { present: "{{steps.line.external_id}}" }
+    request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
+)");
+  EXPECT_FALSE(Has(guarded, "may be skipped")) << All(guarded);
+}
+
+}  // namespace
+}  // namespace waystone

@@ -54,3 +54,34 @@ TEST(PlanTest, SaysWhatAnUploadSendsAndHowATargetAuthorises) {
 }
 
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+TEST(PlanTest, SaysWhenAStepRunsAndWhatAnOptionalOnesFailureDoes) {
+  auto definition = LoadDefinitionText(R"(workflow: notify
+key: "{{input.id}}"
+steps:
+  - name: line
+    when: { present: "{{input.line_id}}" }
+    optional: true
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/line" }
+  - name: order
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/order" }
+)", "notify.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const std::string plan = RenderPlan(*definition);
+  EXPECT_NE(plan.find("1. line  [repeatable]  optional\n"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("when:       present {{input.line_id}}  (judged once"), std::string::npos)
+      << plan;
+  EXPECT_NE(plan.find("rejected:   no retry; alert and go on without it"), std::string::npos)
+      << plan;
+  EXPECT_NE(plan.find("rejected:   no retry; fail the instance and compensate"),
+            std::string::npos)
+      << plan;
+}
+
+}  // namespace
+}  // namespace waystone

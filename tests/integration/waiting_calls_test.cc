@@ -126,8 +126,11 @@ TEST_F(WaitingCallsTest, TwoWorkersKeepTwoHundredCallsWaitingAtOnce) {
   EXPECT_EQ(stats["received"], 200) << stats.dump();
   EXPECT_EQ(stats["keys"], 200) << stats.dump();
   EXPECT_EQ(stats["duplicate_keys"], 0) << stats.dump();
-  // With a thread per call, two workers would keep at most two requests open.
-  EXPECT_GE(stats["max_open"].get<int>(), 100) << stats.dump();
+  // With a thread per call, two workers would keep at most two requests open. Here
+  // the two workers hand over as many as they claim within the target's 1 s delay:
+  // ~200 in a release build, ~100 under TSan on a slow box (99 seen once), so the
+  // bound is 25 times what a thread per call could reach.
+  EXPECT_GE(stats["max_open"].get<int>(), 50) << stats.dump();
   // The engine's own threads: workers, dispatcher, commit queue, lease keeper (and
   // this test's watcher); none per call.
   EXPECT_LE(most_threads - before, 12) << "threads before " << before << ", at most "

@@ -1,0 +1,171 @@
+// The rules of `when:` and `optional:` steps, as tables over the pure transitions
+// and Decide: a skipped step and a failed optional step are passed over; neither is
+// compensated; a failed optional step raises its own alert and moves no instance.
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "definition/loader.h"
+#include "engine/operator_plan.h"
+#include "engine/state_machine.h"
+#include "engine/transitions.h"
+#include "support/records.h"
+
+namespace waystone {
+namespace {
+
+using S = StepState;
+using I = InstanceState;
+
+// a: compensable create; b: optional notify; c: conditional read; d: a create that
+// can fail for good.
+const WorkflowDefinition& Definition() {
+  static const WorkflowDefinition definition = [] {
+    auto loaded = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    recovery: compensable
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/a" }
+    compensate: { request: { method: POST, url: "http://x/a/undo" } }
+  - name: b
+    optional: true
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/b" }
+    retry: { max_attempts: 2 }
+  - name: c
+    when: "{{input.read}}"
+    request: { method: GET, url: "http://x/c" }
+  - name: d
+    recovery: compensable
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/d" }
+    compensate: { request: { method: POST, url: "http://x/d/undo" } }
+)", "w.yaml");
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    return *loaded;
+  }();
+  return definition;
+}
+
+constexpr Millis kNow = 10'000;
+
+CallResult Answer(int status, ErrorClass error_class) {
+  CallResult result;
+  result.response.outcome.kind = CallOutcome::Kind::kResponse;
+  result.response.outcome.status = status;
+  result.response.outcome.sent = true;
+  result.error_class = error_class;
+  return result;
+}
+
+std::vector<StepRecord> Apply(std::vector<StepRecord> steps, const Change& change) {
+  for (const StepRecord& step : change.steps) steps[step.index] = step;
+  return steps;
+}
+
+std::vector<std::string> EventTypes(const Change& change) {
+  std::vector<std::string> types;
+  for (const EventRecord& event : change.events) types.push_back(event.type);
+  return types;
+}
+
+TEST(ConditionalRulesTest, AFailedOptionalStepAlertsAndTheRunGoesOnToTheNextStep) {
+  struct Row {
+    const char* name;
+    CallResult result;
+    int attempts;
+  };
+  const std::vector<Row> table = {
+      {"rejected", Answer(422, ErrorClass::kRejected), 1},
+      {"transient, retries exhausted", Answer(503, ErrorClass::kTransient), 2},
+  };
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    InstanceRecord instance = testing::Instance(I::kRunning);
+    std::vector<StepRecord> steps =
+        testing::Steps({S::kCompleted, S::kRunning, S::kPending, S::kPending});
+    steps[1].attempts = row.attempts;
+    SeededRandom random{3};
+    const Facts facts{Definition(), instance, steps, kNow, random};
+    const Change change = RecordCall(facts, steps[1], row.result);
+    ASSERT_EQ(change.steps.size(), 1u);
+    EXPECT_EQ(change.steps[0].state, S::kFailed);
+    EXPECT_EQ(change.state, std::nullopt);  // the instance stays running
+    ASSERT_EQ(change.alerts.size(), 1u);
+    EXPECT_EQ(change.alerts[0].kind, AlertKind::kOptionalStepFailed);
+    EXPECT_NE(change.alerts[0].message.find("went on without it"), std::string::npos);
+    EXPECT_EQ(EventTypes(change), (std::vector<std::string>{
+                                      "waystone.step.failed",
+                                      "waystone.alert.optional_step_failed"}));
+    EXPECT_EQ(change.next_run_at, kNow);
+    const std::vector<StepRecord> after = Apply(steps, change);
+    EXPECT_TRUE(StepDone(Definition(), after[1]));
+    const NextAction next = Decide(Definition(), instance, after, kNow);
+    EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
+    EXPECT_EQ(next.step, 2);
+  }
+}
+
+TEST(ConditionalRulesTest, ANonOptionalStepFailingTheSameWayMovesTheInstance) {
+  InstanceRecord instance = testing::Instance(I::kRunning);
+  std::vector<StepRecord> steps =
+      testing::Steps({S::kCompleted, S::kFailed, S::kCompleted, S::kRunning});
+  steps[3].attempts = 1;
+  SeededRandom random{3};
+  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Change change = RecordCall(facts, steps[3], Answer(422, ErrorClass::kRejected));
+  EXPECT_EQ(change.state, I::kCompensating);
+  EXPECT_FALSE(StepDone(Definition(), change.steps[0]));
+  // d failed, so nothing of it is undone; compensation undoes a, past the failed b.
+  std::vector<StepRecord> after = Apply(steps, change);
+  instance.state = I::kCompensating;
+  const NextAction next = Decide(Definition(), instance, after, kNow);
+  EXPECT_EQ(next.kind, NextAction::Kind::kCompensate);
+  EXPECT_EQ(next.step, 0);
+}
+
+TEST(ConditionalRulesTest, ASkippedStepIsDoneSaysWhyAndIsNeverCompensated) {
+  InstanceRecord instance = testing::Instance(I::kRunning);
+  std::vector<StepRecord> steps =
+      testing::Steps({S::kCompleted, S::kCompleted, S::kPending, S::kPending});
+  SeededRandom random{3};
+  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Change change = SkipStep(facts, 2, "when: {{input.read}} is false");
+  ASSERT_EQ(change.steps.size(), 1u);
+  EXPECT_EQ(change.steps[0].state, S::kSkipped);
+  EXPECT_EQ(change.steps[0].attempts, 0);
+  EXPECT_EQ(change.steps[0].error_message, "when: {{input.read}} is false");
+  EXPECT_EQ(change.state, std::nullopt);
+  EXPECT_TRUE(change.alerts.empty());
+  EXPECT_EQ(EventTypes(change), (std::vector<std::string>{"waystone.step.skipped"}));
+  std::vector<StepRecord> after = Apply(steps, change);
+  EXPECT_EQ(Decide(Definition(), instance, after, kNow).step, 3);
+  // After d fails for good, compensation goes from d back to a, past c and b.
+  after[3].state = S::kFailed;
+  instance.state = I::kCompensating;
+  const NextAction next = Decide(Definition(), instance, after, kNow);
+  EXPECT_EQ(next.kind, NextAction::Kind::kCompensate);
+  EXPECT_EQ(next.step, 0);
+}
+
+TEST(ConditionalRulesTest, AnOperatorRetriesTheStepTheRunStoppedAtNotAPassedOverOne) {
+  // b (optional) failed and was passed over; d failed and waits for an operator.
+  const std::vector<StepRecord> steps =
+      testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kFailed});
+  OperatorRequest request;
+  request.action = OperatorAction::kRetry;
+  request.reason = "ticket 7";
+  request.actor = "alice";
+  request.step = "b";
+  auto key = [](int index) { return "k:" + std::to_string(index); };
+  auto refused = PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), steps, request,
+                                    kNow, key);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("('d')"), std::string::npos) << refused.status();
+}
+
+}  // namespace
+}  // namespace waystone

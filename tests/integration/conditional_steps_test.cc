@@ -1,0 +1,192 @@
+// `when:` conditions and optional (non-critical) steps against
+// tests/targets/erp_target.py, an ERP and message service that shares no code with
+// Waystone: what counts is the orders and messages it received.
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "connectors/http/http_client.h"
+#include "definition/loader.h"
+#include "engine/engine.h"
+#include "store/store.h"
+#include "support/erp_target.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// An order, then its confirmation over LINE and e-mail, each only when the input
+// has the address and neither holding the order back when it fails; then the
+// order is read back, which only the LINE message's id is passed on to when it
+// was sent.
+constexpr char kWorkflow[] = R"(workflow: order-notify
+key: "{{input.id}}"
+steps:
+  - name: create-order
+    recovery: lookup
+    request:
+      method: POST
+      url: "{{env.ERP_URL}}/erp/orders"
+      body: { ref: "{{instance.ref}}" }
+    result: { external_id: /id }
+    lookup:
+      request: { method: GET, url: "{{env.ERP_URL}}/erp/orders?ref={{instance.ref}}" }
+      items: /items
+      match: { /ref: "{{instance.ref}}" }
+      external_id: /id
+  - name: notify-line
+    when: { present: "{{input.line_id}}" }
+    optional: true
+    idempotency: { honored: true }
+    request:
+      method: POST
+      url: "{{env.ERP_URL}}/notify/messages"
+      body: { to: "{{input.line_id}}", text: "order {{steps.create-order.external_id}} received" }
+    result: { external_id: /id }
+    retry: { max_attempts: 2, initial_interval: 10ms }
+  - name: notify-email
+    when: { present: "{{input.email}}" }
+    optional: true
+    idempotency: { honored: true }
+    request:
+      method: POST
+      url: "{{env.ERP_URL}}/notify/messages"
+      body: { to: "{{input.email}}", text: "order {{steps.create-order.external_id}} received" }
+    result: { external_id: /id }
+  - name: read-back
+    when: { equals: ["{{input.check}}", "yes"] }
+    request:
+      method: GET
+      url: "{{env.ERP_URL}}/erp/orders/{{steps.create-order.external_id}}"
+)";
+
+class ConditionalStepsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    target_ = std::make_unique<testing::ErpTarget>(dir_.path());
+    ASSERT_TRUE(target_->ok());
+    setenv("ERP_URL", target_->base_url().c_str(), 1);
+    auto store = OpenStore({dir_.File("conditional.db")});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    http_ = NewCurlHttpClient({});
+    auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    auto definition = LoadDefinitionText(kWorkflow, "order-notify.yaml");
+    ASSERT_TRUE(definition.ok()) << definition.status();
+    definition_ = *definition;
+  }
+
+  // Runs one instance with `input` to rest on the caller's thread.
+  InstanceRecord Run(const Json& input) {
+    auto started = engine_->StartInstance(definition_, {"default", input.dump()});
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return {};
+    auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return *store_->GetInstance(started->instance.id);
+  }
+
+  std::vector<StepRecord> Steps(const InstanceRecord& instance) {
+    auto steps = store_->GetSteps(instance.id);
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    return steps.ok() ? *steps : std::vector<StepRecord>{};
+  }
+
+  std::vector<AlertRecord> Alerts(const InstanceRecord& instance) {
+    auto alerts = store_->ListAlerts(instance.id);
+    EXPECT_TRUE(alerts.ok()) << alerts.status();
+    return alerts.ok() ? *alerts : std::vector<AlertRecord>{};
+  }
+
+  // The messages the target holds for `to`.
+  int MessagesTo(const Json& stats, const std::string& to) {
+    int count = 0;
+    for (const Json& message : stats["messages_by_content"]) {
+      if (message["to"] == to) count += message["count"].get<int>();
+    }
+    return count;
+  }
+
+  Json Stats() { return Json::parse(target_->StatsJson()); }
+
+  testing::TempDir dir_;
+  SeededRandom random_{5};
+  std::unique_ptr<testing::ErpTarget> target_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<HttpClient> http_;
+  std::unique_ptr<Engine> engine_;
+  WorkflowDefinition definition_;
+};
+
+TEST_F(ConditionalStepsTest, AStepWhoseConditionDoesNotHoldIsSkippedAndNothingIsSent) {
+  const InstanceRecord instance = Run({{"id", "o-1"}, {"line_id", "U1"}, {"check", "no"}});
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  const std::vector<StepRecord> steps = Steps(instance);
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_EQ(steps[1].state, StepState::kCompleted);
+  EXPECT_EQ(steps[2].state, StepState::kSkipped);
+  EXPECT_EQ(steps[2].attempts, 0);
+  EXPECT_EQ(steps[2].error_message, "when: present {{input.email}} is false");
+  EXPECT_EQ(steps[3].state, StepState::kSkipped);
+  EXPECT_EQ(steps[3].error_message, "when: {{input.check}} == yes is false");
+  const Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  EXPECT_EQ(stats["messages"], 1) << stats.dump();
+  EXPECT_EQ(MessagesTo(stats, "U1"), 1) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["get_order"], 0) << stats.dump();
+  EXPECT_TRUE(Alerts(instance).empty());
+}
+
+TEST_F(ConditionalStepsTest, AFailedOptionalStepAlertsAndTheOrderStandsWithItsOtherMessage) {
+  // The LINE message is refused (before the target commits anything) on both its
+  // attempts; the e-mail and the read-back still go, and nothing is compensated.
+  ASSERT_TRUE(target_->Faults(
+      R"({"send_message": {"next": ["reject_422_before"]}})"));
+  const InstanceRecord instance =
+      Run({{"id", "o-2"}, {"line_id", "U2"}, {"email", "a@example.com"}, {"check", "yes"}});
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  const std::vector<StepRecord> steps = Steps(instance);
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_EQ(steps[1].state, StepState::kFailed);
+  EXPECT_EQ(steps[1].error_class, ErrorClass::kRejected);
+  EXPECT_EQ(steps[2].state, StepState::kCompleted);
+  EXPECT_EQ(steps[3].state, StepState::kCompleted);
+  const std::vector<AlertRecord> alerts = Alerts(instance);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kOptionalStepFailed);
+  EXPECT_EQ(alerts[0].step, "notify-line");
+  const Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
+  EXPECT_EQ(MessagesTo(stats, "U2"), 0) << stats.dump();
+  EXPECT_EQ(MessagesTo(stats, "a@example.com"), 1) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["get_order"], 1) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["cancel_order"], 0) << stats.dump();
+}
+
+TEST_F(ConditionalStepsTest, AConditionThatCannotBeJudgedFailsTheStepNamingIt) {
+  // `check` missing: {{input.check}} cannot be rendered, so read-back fails (it is
+  // not optional) and the instance fails; the order has no compensation.
+  const InstanceRecord instance = Run({{"id", "o-3"}});
+  EXPECT_EQ(instance.state, InstanceState::kFailed) << instance.status_reason;
+  const std::vector<StepRecord> steps = Steps(instance);
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_EQ(steps[1].state, StepState::kSkipped);
+  EXPECT_EQ(steps[2].state, StepState::kSkipped);
+  EXPECT_EQ(steps[3].state, StepState::kFailed);
+  EXPECT_NE(steps[3].error_message.find("when: "), std::string::npos) << steps[3].error_message;
+  EXPECT_NE(steps[3].error_message.find("input.check"), std::string::npos)
+      << steps[3].error_message;
+  const Json stats = Stats();
+  EXPECT_EQ(stats["messages"], 0) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["get_order"], 0) << stats.dump();
+}
+
+}  // namespace
+}  // namespace waystone
