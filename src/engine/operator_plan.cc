@@ -251,9 +251,21 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     plan.state_after = InstanceState::kCompensating;
     return absl::OkStatus();
   }
+  if (def.optional && step.state == StepState::kFailed &&
+      instance.state == InstanceState::kCompleted) {
+    // A notification the run went on without: sent again under its own key, and
+    // the instance completes again after it, whatever its answer.
+    step.state = StepState::kPending;
+    step.next_attempt_at = 0;
+    plan.state_after = InstanceState::kRunning;
+    return absl::OkStatus();
+  }
   if (!ForwardPaused(instance.state)) {
     return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
-                                    "failed or needs attention");
+                                    "failed or needs attention" +
+                  (def.optional && step.state == StepState::kFailed
+                       ? std::string(" (an optional step it went on without: once it completed)")
+                       : std::string()));
   }
   if (Blocking(definition, steps) != index) {
     return Refuse(StepWhere(step) + "; only the step the instance stopped at can be retried" +

@@ -169,3 +169,41 @@ TEST(ConditionalRulesTest, AnOperatorRetriesTheStepTheRunStoppedAtNotAPassedOver
 
 }  // namespace
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+TEST(ConditionalRulesTest, APassedOverOptionalStepIsRetriedOnlyOnceTheInstanceCompleted) {
+  const std::vector<StepRecord> steps =
+      testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kCompleted});
+  OperatorRequest request;
+  request.action = OperatorAction::kRetry;
+  request.reason = "LINE is back";
+  request.actor = "alice";
+  request.step = "b";
+  auto key = [](int index) { return "k:" + std::to_string(index); };
+  auto plan = PlanOperatorAction(Definition(), testing::Instance(I::kCompleted), steps, request,
+                                 kNow, key);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->state_after, I::kRunning);
+  ASSERT_EQ(plan->changed_steps.size(), 1u);
+  EXPECT_EQ(plan->changed_steps[0].state, S::kPending);
+  // What runs then is that step alone, and the instance completes again.
+  std::vector<StepRecord> after = steps;
+  after[1] = plan->changed_steps[0];
+  const InstanceRecord running = testing::Instance(I::kRunning);
+  EXPECT_EQ(Decide(Definition(), running, after, kNow).step, 1);
+  after[1].state = S::kCompleted;
+  EXPECT_EQ(Decide(Definition(), running, after, kNow).kind, NextAction::Kind::kFinish);
+  // Not a completed step, nor a non-optional one, nor while the instance runs.
+  request.step = "a";
+  EXPECT_FALSE(PlanOperatorAction(Definition(), testing::Instance(I::kCompleted), steps, request,
+                                  kNow, key)
+                   .ok());
+  request.step = "b";
+  auto running_plan = PlanOperatorAction(Definition(), running, steps, request, kNow, key);
+  EXPECT_FALSE(running_plan.ok());
+}
+
+}  // namespace
+}  // namespace waystone

@@ -10,6 +10,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "engine/operations.h"
 #include "store/store.h"
 #include "support/erp_target.h"
 #include "support/temp_dir.h"
@@ -168,6 +169,35 @@ TEST_F(ConditionalStepsTest, AFailedOptionalStepAlertsAndTheOrderStandsWithItsOt
   EXPECT_EQ(MessagesTo(stats, "a@example.com"), 1) << stats.dump();
   EXPECT_EQ(stats["by_route"]["get_order"], 1) << stats.dump();
   EXPECT_EQ(stats["by_route"]["cancel_order"], 0) << stats.dump();
+}
+
+TEST_F(ConditionalStepsTest, AnOperatorSendsAPassedOverMessageOnceTheInstanceCompleted) {
+  ASSERT_TRUE(target_->Faults(R"({"send_message": {"next": ["reject_422_before"]}})"));
+  const InstanceRecord first = Run({{"id", "o-4"}, {"line_id", "U4"}, {"check", "no"}});
+  ASSERT_EQ(first.state, InstanceState::kCompleted) << first.status_reason;
+  ASSERT_EQ(Steps(first)[1].state, StepState::kFailed);
+  OperatorRequest retry;
+  retry.action = OperatorAction::kRetry;
+  retry.step = "notify-line";
+  retry.reason = "LINE is back (ticket 9)";
+  retry.actor = "night-ops";
+  auto applied = engine_->operations().Apply("default", "o-4", retry);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->plan.state_after, InstanceState::kRunning);
+  auto rested = engine_->RunUntilRest(first.id, std::stop_token());
+  ASSERT_TRUE(rested.ok()) << rested.status();
+  const InstanceRecord again = *store_->GetInstance(first.id);
+  EXPECT_EQ(again.state, InstanceState::kCompleted) << again.status_reason;
+  const std::vector<StepRecord> steps = Steps(again);
+  EXPECT_EQ(steps[1].state, StepState::kCompleted);
+  EXPECT_EQ(steps[0].attempts, 1);  // the order was not touched
+  const Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  EXPECT_EQ(MessagesTo(stats, "U4"), 1) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["send_message"], 2) << stats.dump();  // refused, then sent
+  // Once sent, it is not retried again.
+  auto twice = engine_->operations().Apply("default", "o-4", retry);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition) << twice.status();
 }
 
 TEST_F(ConditionalStepsTest, AConditionThatCannotBeJudgedFailsTheStepNamingIt) {
