@@ -56,9 +56,10 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
           << "  (judged once, when the step is first due; otherwise skipped, nothing sent)\n";
     }
     if (step.optional) {
-      out << "   optional:   a failure (rejected, retries exhausted) alerts "
-             "(optional_step_failed) and the workflow goes on without it; an unknown outcome "
-             "is still settled first\n";
+      out << "   optional:   a failure that proves nothing was done (rejected, retries "
+             "exhausted) alerts (optional_step_failed) and the workflow goes on without it; "
+             "after an unknown outcome or a key conflict it waits for an operator, the steps "
+             "before it standing\n";
     }
     if (step.kind == StepKind::kWait) {
       out << "   waits for an event of type " << step.wait_event << " (POST /v1/events)"

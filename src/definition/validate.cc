@@ -35,6 +35,9 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
       visit(at + ".content_type", file.content_type, false, sees_itself);
     }
   };
+  // A condition reads like any template (what it reads of an answer is kept).
+  if (!step.when.Always()) visit("when", step.when.value, false, false);
+  if (!step.when.other.empty()) visit("when", step.when.other, false, false);
   switch (step.kind) {
     case StepKind::kWait:
       return;
@@ -197,8 +200,10 @@ class Validator {
     const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1};
     CheckCondition(index);
     WarnOnMaybeMissing(index);
+    WarnOnEmptyExternalId(index);
     auto check = [&](const std::string& where, const std::string& text, bool tree,
                      bool sees_itself) {
+      if (where == "when") return;  // CheckCondition: a narrower scope
       const Scope& scope = sees_itself ? including_self : before;
       if (tree) {
         CheckTree(text, scope, step.line, step.name, where);
@@ -273,13 +278,24 @@ class Validator {
   }
 
   // Warns where a template reads the result of an earlier step that may have none:
-  // skipped by its `when`, or failed and passed over (`optional`). Unless the
-  // reader is itself conditional, it then fails when it renders.
+  // skipped by its `when`, or failed and passed over (`optional`); the reader then
+  // fails when it renders. A reader whose own `when` is `present` on that step's
+  // result is guarded (the condition itself reads it safely).
   void WarnOnMaybeMissing(int index) {
     const StepDefinition& step = definition_.steps[index];
-    if (!step.when.Always()) return;
+    std::set<std::string> guarded;  // steps whose result the reader's `present` tests
+    if (step.when.test == Condition::Test::kPresent) {
+      if (auto parsed = Template::Parse(step.when.value);
+          parsed.ok() && parsed->references().size() == 1 &&
+          parsed->references()[0].size() >= 2 && parsed->references()[0][0] == "steps") {
+        guarded.insert(parsed->references()[0][1]);
+      }
+    }
+    const bool condition_tests_presence = step.when.test == Condition::Test::kPresent ||
+                                          step.when.test == Condition::Test::kAbsent;
     std::set<std::string> warned;
     ForEachTemplate(step, [&](const std::string& where, const std::string& text, bool tree, bool) {
+      if (where == "when" && condition_tests_presence) return;
       std::vector<Path> references;
       if (tree) {
         if (text.empty() || !CollectTreeReferences(Json::parse(text), &references).ok()) return;
@@ -287,7 +303,10 @@ class Validator {
         references = parsed->references();
       }
       for (const Path& path : references) {
-        if (path.size() < 2 || path[0] != "steps" || warned.contains(path[1])) continue;
+        if (path.size() < 2 || path[0] != "steps" || guarded.contains(path[1]) ||
+            warned.contains(path[1])) {
+          continue;
+        }
         const int read = definition_.StepIndex(path[1]);
         if (read < 0 || read >= index) continue;
         const StepDefinition& earlier = definition_.steps[read];
@@ -297,10 +316,35 @@ class Validator {
              where + " reads {{" + JoinPath(path) + "}}, but step '" + earlier.name + "' " +
                  (earlier.optional ? "is optional (it may fail and be passed over)"
                                    : "may be skipped (when: " + earlier.when.shown + ")") +
-                 ": this step then fails; give it a 'when' (e.g. { present: \"{{steps." +
-                 earlier.name + ".external_id}}\" })");
+                 ": this step then fails; guard it with when: { present: \"{{" +
+                 JoinPath(path) + "}}\" }");
       }
     });
+  }
+
+  // Warns about a `present`/`absent` condition on the external id of a step that
+  // records none (a transform, a call without result.external_id): always "".
+  void WarnOnEmptyExternalId(int index) {
+    const StepDefinition& step = definition_.steps[index];
+    if (step.when.test != Condition::Test::kPresent && step.when.test != Condition::Test::kAbsent) {
+      return;
+    }
+    auto parsed = Template::Parse(step.when.value);
+    if (!parsed.ok() || parsed->references().size() != 1) return;
+    const Path& path = parsed->references()[0];
+    if (path.size() != 3 || path[0] != "steps" || path[2] != "external_id") return;
+    const int read = definition_.StepIndex(path[1]);
+    if (read < 0 || read >= index) return;
+    const StepDefinition& earlier = definition_.steps[read];
+    const bool records = earlier.kind == StepKind::kWait ||
+                         (earlier.kind == StepKind::kHttp &&
+                          (!earlier.result_external_id.empty() || earlier.lookup));
+    if (!records) {
+      Warn(step.line, step.name,
+           "when: step '" + earlier.name + "' records no external id (no result.external_id), "
+           "so {{" + JoinPath(path) + "}} is never present; test what the step keeps of its "
+           "answer instead, e.g. {{steps." + earlier.name + ".response.id}}");
+    }
   }
 
   // Returns true when `text` refers to the tenant (instance.tenant or instance.ref).

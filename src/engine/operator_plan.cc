@@ -161,9 +161,9 @@ void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
                                                                : "completed; it has no compensation"});
         return;
       case StepState::kSkipped:
-        plan.would_skip.push_back({step.name, step.error_message.starts_with("when: ")
-                                                  ? "skipped (" + step.error_message + ")"
-                                                  : "skipped by an operator"});
+        plan.would_skip.push_back({step.name, step.resolution == Resolution::kOperator
+                                                  ? "skipped by an operator"
+                                                  : "skipped (" + step.error_message + ")"});
         return;
       case StepState::kCompensated:
         if (!compensating) {
@@ -176,6 +176,10 @@ void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
       case StepState::kFailed:
       case StepState::kCompensating:
       case StepState::kCompensationFailed:
+        if (step.resolution == Resolution::kPassedOver) {
+          plan.would_skip.push_back({step.name, "failed; optional, passed over"});
+          return;
+        }
         if (compensating && step.state != StepState::kCompensationFailed) break;
         plan.would_skip.push_back({step.name, "stays " + std::string(ToString(step.state))});
         stopped = compensating ? "not reached: a compensation failed"
@@ -251,11 +255,11 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     plan.state_after = InstanceState::kCompensating;
     return absl::OkStatus();
   }
-  if (def.optional && step.state == StepState::kFailed &&
-      instance.state == InstanceState::kCompleted) {
+  if (step.resolution == Resolution::kPassedOver && instance.state == InstanceState::kCompleted) {
     // A notification the run went on without: sent again under its own key, and
     // the instance completes again after it, whatever its answer.
     step.state = StepState::kPending;
+    step.resolution = Resolution::kNone;
     step.next_attempt_at = 0;
     plan.state_after = InstanceState::kRunning;
     return absl::OkStatus();
@@ -263,7 +267,7 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
   if (!ForwardPaused(instance.state)) {
     return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
                                     "failed or needs attention" +
-                  (def.optional && step.state == StepState::kFailed
+                  (step.resolution == Resolution::kPassedOver
                        ? std::string(" (an optional step it went on without: once it completed)")
                        : std::string()));
   }

@@ -92,11 +92,9 @@ NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& in
   return {NextAction::Kind::kIdle, -1, 0};
 }
 
-bool StepDone(const WorkflowDefinition& definition, const StepRecord& step) {
+bool StepDone(const WorkflowDefinition& /*definition*/, const StepRecord& step) {
   if (step.state == StepState::kCompleted || step.state == StepState::kSkipped) return true;
-  return step.state == StepState::kFailed &&
-         step.index < static_cast<int>(definition.steps.size()) &&
-         definition.steps[step.index].optional;
+  return step.state == StepState::kFailed && step.resolution == Resolution::kPassedOver;
 }
 
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,

@@ -35,7 +35,8 @@ NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& in
                   const std::vector<StepRecord>& steps, Millis now);
 
 // Returns true for a step the forward run has gone past: completed, skipped (by its
-// `when` or an operator), or an optional step that failed and was passed over.
+// `when` or an operator), or an optional step that failed and was passed over
+// (resolution passed_over, set by FailStep).
 bool StepDone(const WorkflowDefinition& definition, const StepRecord& step);
 
 // Returns the instance state that follows a step's failure: needs_attention for a

@@ -357,20 +357,27 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
                   const std::string& message, std::optional<AlertKind> alert,
                   std::optional<InstanceState> forced) {
   Change change = At(facts);
+  // Non-critical: the workflow goes on without it, but only after a failure that
+  // proves nothing was done. One that may have acted (an unknown outcome before,
+  // a key conflict) waits for an operator, never undoing the business outcome.
+  const bool optional = !forced && facts.definition.steps[step.index].optional;
+  const bool passed_over =
+      optional && step.unknowns == 0 && (!alert || *alert == AlertKind::kRetriesExhausted);
+  if (optional && !passed_over) forced = InstanceState::kNeedsAttention;
   step.state = StepState::kFailed;
   step.unknown_since = 0;
   step.error_class = error_class;
   step.error_message = ShortenMessage(message);
   step.finished_at = facts.now;
   step.next_attempt_at = 0;
+  if (passed_over) step.resolution = Resolution::kPassedOver;
   change.steps.push_back(step);
   std::vector<StepRecord> after = facts.steps;
   after[step.index] = step;
   const std::string reason = "step '" + step.name + "' failed (" +
                              std::string(ToString(error_class)) + "): " + ShortenMessage(message);
   AddEvent(facts, change, "waystone.step.failed", &step, message);
-  if (!forced && facts.definition.steps[step.index].optional) {
-    // Non-critical: said and alerted, and the workflow goes on without it.
+  if (passed_over) {
     AddAlert(facts, change, AlertKind::kOptionalStepFailed, step.name,
              reason + "; the step is optional: the workflow went on without it");
     change.next_run_at = facts.now;
@@ -381,7 +388,8 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
   if (alert) AddAlert(facts, change, *alert, step.name, reason);
   if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
     AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
-             reason + "; manual step: an operator decides");
+             reason + (optional ? "; an optional step that may have acted: an operator decides"
+                                : "; manual step: an operator decides"));
   }
   SetInstanceState(facts, change, next, reason);
   return change;
@@ -695,11 +703,18 @@ Change CompensationFailed(const Facts& facts, StepRecord step, const std::string
 
 Change Finish(const Facts& facts, InstanceState final_state) {
   Change change = At(facts);
-  const std::string reason = final_state == InstanceState::kCompleted
-                                 ? "all steps completed"
-                                 : (final_state == InstanceState::kCompensated
-                                        ? "completed steps were compensated"
-                                        : facts.instance.status_reason);
+  std::string passed_over;  // optional steps it went on without, by name
+  for (const StepRecord& step : facts.steps) {
+    if (step.resolution != Resolution::kPassedOver) continue;
+    passed_over += (passed_over.empty() ? "'" : ", '") + step.name + "'";
+  }
+  const std::string reason =
+      final_state == InstanceState::kCompleted
+          ? (passed_over.empty() ? "all steps completed"
+                                 : "completed without optional step(s) " + passed_over +
+                                       ", which failed")
+          : (final_state == InstanceState::kCompensated ? "completed steps were compensated"
+                                                        : facts.instance.status_reason);
   SetInstanceState(facts, change, final_state, reason);
   return change;
 }

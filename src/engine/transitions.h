@@ -75,7 +75,9 @@ Change RecordCall(const Facts& facts, StepRecord running, const CallResult& resu
 
 // Fails `step` (with `error_class` and `message`) and moves the instance on:
 // compensating, failed, or needs_attention for a manual step; raises `alert` if given.
-// An optional step's failure alerts (optional_step_failed) and the instance goes on.
+// An optional step's failure alerts (optional_step_failed) and the instance goes on
+// (the step's resolution passed_over), when it proves nothing was done: not after
+// an unknown outcome, not with an alert other than retries_exhausted.
 Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
                 const std::string& message, std::optional<AlertKind> alert);
 

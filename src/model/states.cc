@@ -57,6 +57,7 @@ std::string_view ToString(Resolution resolution) {
     case Resolution::kLookupFound: return "lookup_found";
     case Resolution::kResubmitted: return "resubmitted";
     case Resolution::kOperator: return "operator";
+    case Resolution::kPassedOver: return "passed_over";
   }
   return "invalid";
 }

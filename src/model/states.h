@@ -52,6 +52,7 @@ enum class Resolution : uint8_t {
   kLookupFound = 1,      // the lookup found the object; its id was adopted
   kResubmitted = 2,      // the lookup (or its absence) allowed resubmission
   kOperator = 3,         // an operator confirmed the outcome
+  kPassedOver = 4,       // an optional step failed without having acted; the run went on
 };
 
 std::string_view ToString(StepState state);

@@ -47,7 +47,8 @@ const char* const kFilterFields[] = {
 // A step the instance has stopped at: neither ahead of it (pending) nor behind it.
 bool StoppedAt(const StepRecord& step) {
   return step.state != StepState::kPending && step.state != StepState::kCompleted &&
-         step.state != StepState::kSkipped && step.state != StepState::kCompensated;
+         step.state != StepState::kSkipped && step.state != StepState::kCompensated &&
+         step.resolution != Resolution::kPassedOver;
 }
 
 // The instances of `tenant` that `fields` match, in id order: at most

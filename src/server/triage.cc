@@ -28,21 +28,6 @@ const AlertRecord* FirstOpen(const std::vector<AlertRecord>& alerts,
   return nullptr;
 }
 
-// Returns true for an optional step that failed and that the run went past: a
-// failed step moves its instance out of `running` unless it is optional, so one
-// found in a running or completed instance, or before a step that ran, is.
-bool PassedOver(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
-                const StepRecord& step) {
-  if (step.state != StepState::kFailed) return false;
-  if (instance.state == InstanceState::kRunning || instance.state == InstanceState::kCompleted) {
-    return true;
-  }
-  for (size_t i = static_cast<size_t>(step.index) + 1; i < steps.size(); ++i) {
-    if (steps[i].state != StepState::kPending) return true;
-  }
-  return false;
-}
-
 // The step the instance stands at: a compensation under way or failed, else the
 // first step that is not done.
 int StandingStep(const InstanceRecord& instance, const std::vector<StepRecord>& steps) {
@@ -56,7 +41,7 @@ int StandingStep(const InstanceRecord& instance, const std::vector<StepRecord>& 
   }
   for (const StepRecord& s : steps) {
     if (s.state != StepState::kCompleted && s.state != StepState::kSkipped &&
-        s.state != StepState::kCompensated && !PassedOver(instance, steps, s)) {
+        s.state != StepState::kCompensated && s.resolution != Resolution::kPassedOver) {
       return s.index;
     }
   }

@@ -580,19 +580,26 @@ TEST(LoaderTest, ABadConditionIsNamedWithItsLineAndStep) {
   struct Row {
     const char* yaml;
     const char* says;
+    int line;  // 7: the field's own line (the loader); 6: the step's (the validator)
   };
   const std::vector<Row> table = {
-      {"    when: { exists: \"{{input.a}}\" }\n", "'when' is a template that renders true or false"},
+      {"    when: { exists: \"{{input.a}}\" }\n", "'when' is a template that renders true or false",
+       7},
       {"    when: { present: \"{{input.a}}\", absent: \"{{input.b}}\" }\n",
-       "'when' is a template that renders true or false"},
-      {"    when: { present: \"mail {{input.a}}\" }\n", "exactly one placeholder"},
-      {"    when: { present: [a] }\n", "'when.present' names one value"},
-      {"    when: { equals: [\"{{input.a}}\"] }\n", "'when.equals' compares two values"},
-      {"    when: { equals: \"{{input.a}}\" }\n", "'when.equals' compares two values"},
-      {"    when: \"{{secret.TOKEN}}\"\n", "when: {{secret.TOKEN}} cannot be used here"},
-      {"    when: \"{{steps.later.output}}\"\n", "which has not run yet at this point"},
-      {"    when: \"{{input.a\"\n", "when: "},
-      {"    optional: sometimes\n", "'optional' must be true or false"},
+       "'when' is a template that renders true or false", 7},
+      {"    when: { present: \"mail {{input.a}}\" }\n", "exactly one placeholder", 7},
+      {"    when: { present: [a] }\n", "'when.present' names one value", 7},
+      {"    when: { equals: [\"{{input.a}}\"] }\n", "'when.equals' compares two values", 7},
+      {"    when: { equals: \"{{input.a}}\" }\n", "'when.equals' compares two values", 7},
+      {"    when: yes\n", "'when' as a value is exactly one placeholder", 7},
+      {"    when: \"{{input.a}} and {{input.b}}\"\n", "'when' as a value is exactly one placeholder",
+       7},
+      {"    when: \"{{secret.TOKEN}}\"\n", "when: {{secret.TOKEN}} cannot be used here", 6},
+      {"    when: \"{{steps.later.output}}\"\n", "which has not run yet at this point", 6},
+      {"    when: { equals: [\"{{input.a}}\", \"{{secret.B}}\"] }\n", "{{secret.B}} cannot be used",
+       6},
+      {"    when: \"{{input.a\"\n", "when: unclosed", 7},
+      {"    optional: sometimes\n", "'optional' must be true or false", 7},
   };
   for (const Row& row : table) {
     SCOPED_TRACE(row.yaml);
@@ -601,7 +608,7 @@ TEST(LoaderTest, ABadConditionIsNamedWithItsLineAndStep) {
                              "  - name: later\n"
                              "    transform: { a: 1 }\n";
     auto d = Lint(text);
-    EXPECT_TRUE(Has(d, row.says, 0, "line")) << All(d);
+    EXPECT_TRUE(Has(d, row.says, row.line, "line")) << All(d);
     EXPECT_TRUE(Has(d, "flow.yaml:", 0, "line")) << All(d);
     EXPECT_FALSE(LoadDefinitionText(text, "flow.yaml").ok());
   }
@@ -621,6 +628,9 @@ TEST(LoaderTest, ReadingAStepThatMayBeSkippedOrPassedOverIsWarnedUnlessCondition
   EXPECT_TRUE(Has(d, "step 'line' may be skipped (when: present {{input.line_id}})", 0, "report"))
       << All(d);
   EXPECT_TRUE(Has(d, "step 'mail' is optional", 0, "report")) << All(d);
+  EXPECT_TRUE(Has(d, "guard it with when: { present: \"{{steps.line.external_id}}\" }", 0,
+                  "report"))
+      << All(d);
   // A warning does not stop it loading.
   EXPECT_TRUE(LoadDefinitionText(head + R"(  - name: report
     request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
@@ -630,6 +640,34 @@ TEST(LoaderTest, ReadingAStepThatMayBeSkippedOrPassedOverIsWarnedUnlessCondition
     request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
 )");
   EXPECT_FALSE(Has(guarded, "may be skipped")) << All(guarded);
+  // A condition about something else guards nothing; one that reads the step fails too.
+  auto unrelated = Lint(head + R"(  - name: report
+    when: { present: "{{input.report}}" }
+    request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
+)");
+  EXPECT_TRUE(Has(unrelated, "step 'line' may be skipped", 0, "report")) << All(unrelated);
+  auto compared = Lint(head + R"(  - name: report
+    when: { equals: ["{{steps.mail.response.kind}}", urgent] }
+    request: { method: GET, url: "http://x/r" }
+)");
+  EXPECT_TRUE(Has(compared, "when reads {{steps.mail.response.kind}}", 0, "report"))
+      << All(compared);
+}
+
+TEST(LoaderTest, APresenceTestOnAnExternalIdNeverRecordedIsWarned) {
+  auto d = Lint(std::string(kNotifyHead) + R"(    transform: { sent: true }
+  - name: after
+    when: { present: "{{steps.line.external_id}}" }
+    request: { method: GET, url: "http://x/after" }
+)");
+  EXPECT_TRUE(Has(d, "step 'line' records no external id", 0, "after")) << All(d);
+  auto recorded = Lint(std::string(kNotifyHead) + R"(    request: { method: GET, url: "http://x/line" }
+    result: { external_id: /id }
+  - name: after
+    when: { present: "{{steps.line.external_id}}" }
+    request: { method: GET, url: "http://x/after" }
+)");
+  EXPECT_FALSE(Has(recorded, "records no external id")) << All(recorded);
 }
 
 }  // namespace

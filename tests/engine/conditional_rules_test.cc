@@ -18,8 +18,9 @@ namespace {
 using S = StepState;
 using I = InstanceState;
 
-// a: compensable create; b: optional notify; c: conditional read; d: a create that
-// can fail for good.
+// a: compensable create; b: optional notify; c: conditional create; d: a create
+// that can fail for good. b and c have compensations, so "never compensated" is
+// the rule's doing, not a step without one.
 const WorkflowDefinition& Definition() {
   static const WorkflowDefinition definition = [] {
     auto loaded = LoadDefinitionText(R"(workflow: w
@@ -32,12 +33,17 @@ steps:
     compensate: { request: { method: POST, url: "http://x/a/undo" } }
   - name: b
     optional: true
+    recovery: compensable
     idempotency: { honored: true }
     request: { method: POST, url: "http://x/b" }
+    compensate: { request: { method: POST, url: "http://x/b/undo" } }
     retry: { max_attempts: 2 }
   - name: c
     when: "{{input.read}}"
-    request: { method: GET, url: "http://x/c" }
+    recovery: compensable
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/c" }
+    compensate: { request: { method: POST, url: "http://x/c/undo" } }
   - name: d
     recovery: compensable
     idempotency: { honored: true }
@@ -93,6 +99,7 @@ TEST(ConditionalRulesTest, AFailedOptionalStepAlertsAndTheRunGoesOnToTheNextStep
     const Change change = RecordCall(facts, steps[1], row.result);
     ASSERT_EQ(change.steps.size(), 1u);
     EXPECT_EQ(change.steps[0].state, S::kFailed);
+    EXPECT_EQ(change.steps[0].resolution, Resolution::kPassedOver);
     EXPECT_EQ(change.state, std::nullopt);  // the instance stays running
     ASSERT_EQ(change.alerts.size(), 1u);
     EXPECT_EQ(change.alerts[0].kind, AlertKind::kOptionalStepFailed);
@@ -112,14 +119,16 @@ TEST(ConditionalRulesTest, AFailedOptionalStepAlertsAndTheRunGoesOnToTheNextStep
 TEST(ConditionalRulesTest, ANonOptionalStepFailingTheSameWayMovesTheInstance) {
   InstanceRecord instance = testing::Instance(I::kRunning);
   std::vector<StepRecord> steps =
-      testing::Steps({S::kCompleted, S::kFailed, S::kCompleted, S::kRunning});
+      testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kRunning});
+  steps[1].resolution = Resolution::kPassedOver;
   steps[3].attempts = 1;
   SeededRandom random{3};
   const Facts facts{Definition(), instance, steps, kNow, random};
   const Change change = RecordCall(facts, steps[3], Answer(422, ErrorClass::kRejected));
   EXPECT_EQ(change.state, I::kCompensating);
   EXPECT_FALSE(StepDone(Definition(), change.steps[0]));
-  // d failed, so nothing of it is undone; compensation undoes a, past the failed b.
+  // d failed, so nothing of it is undone; compensation undoes a, past the skipped c
+  // and the failed b (both have compensations).
   std::vector<StepRecord> after = Apply(steps, change);
   instance.state = I::kCompensating;
   const NextAction next = Decide(Definition(), instance, after, kNow);
@@ -143,18 +152,20 @@ TEST(ConditionalRulesTest, ASkippedStepIsDoneSaysWhyAndIsNeverCompensated) {
   EXPECT_EQ(EventTypes(change), (std::vector<std::string>{"waystone.step.skipped"}));
   std::vector<StepRecord> after = Apply(steps, change);
   EXPECT_EQ(Decide(Definition(), instance, after, kNow).step, 3);
-  // After d fails for good, compensation goes from d back to a, past c and b.
+  // After d fails for good, compensation goes back past c (skipped, though it has a
+  // compensation) to b (completed here: what it did is undone).
   after[3].state = S::kFailed;
   instance.state = I::kCompensating;
   const NextAction next = Decide(Definition(), instance, after, kNow);
   EXPECT_EQ(next.kind, NextAction::Kind::kCompensate);
-  EXPECT_EQ(next.step, 0);
+  EXPECT_EQ(next.step, 1);
 }
 
 TEST(ConditionalRulesTest, AnOperatorRetriesTheStepTheRunStoppedAtNotAPassedOverOne) {
   // b (optional) failed and was passed over; d failed and waits for an operator.
-  const std::vector<StepRecord> steps =
+  std::vector<StepRecord> steps =
       testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kFailed});
+  steps[1].resolution = Resolution::kPassedOver;
   OperatorRequest request;
   request.action = OperatorAction::kRetry;
   request.reason = "ticket 7";
@@ -174,8 +185,9 @@ namespace waystone {
 namespace {
 
 TEST(ConditionalRulesTest, APassedOverOptionalStepIsRetriedOnlyOnceTheInstanceCompleted) {
-  const std::vector<StepRecord> steps =
+  std::vector<StepRecord> steps =
       testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kCompleted});
+  steps[1].resolution = Resolution::kPassedOver;
   OperatorRequest request;
   request.action = OperatorAction::kRetry;
   request.reason = "LINE is back";
@@ -203,6 +215,60 @@ TEST(ConditionalRulesTest, APassedOverOptionalStepIsRetriedOnlyOnceTheInstanceCo
   request.step = "b";
   auto running_plan = PlanOperatorAction(Definition(), running, steps, request, kNow, key);
   EXPECT_FALSE(running_plan.ok());
+}
+
+}  // namespace
+}  // namespace waystone
+
+namespace waystone {
+namespace {
+
+TEST(ConditionalRulesTest, AnOptionalStepThatMayHaveActedIsNotPassedOver) {
+  // After an unknown outcome, a refused resubmission does not prove the first
+  // request did nothing; a key conflict and a refused certificate need an operator.
+  // The business before it stands: an operator decides.
+  InstanceRecord instance = testing::Instance(I::kRunning);
+  std::vector<StepRecord> steps =
+      testing::Steps({S::kCompleted, S::kRunning, S::kPending, S::kPending});
+  steps[1].attempts = 2;
+  steps[1].unknowns = 1;
+  steps[1].resolution = Resolution::kResubmitted;
+  SeededRandom random{3};
+  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Change after_unknown = RecordCall(facts, steps[1], Answer(422, ErrorClass::kRejected));
+  // It waits for an operator: neither passed over nor undoing the order before it.
+  EXPECT_EQ(after_unknown.state, I::kNeedsAttention);
+  EXPECT_NE(after_unknown.steps[0].resolution, Resolution::kPassedOver);
+  ASSERT_EQ(after_unknown.alerts.size(), 1u);
+  EXPECT_EQ(after_unknown.alerts[0].kind, AlertKind::kNeedsOperator);
+
+  steps[1].unknowns = 0;
+  steps[1].resolution = Resolution::kNone;
+  const Change conflict = FailStep(facts, steps[1], ErrorClass::kRejected, "request changed",
+                                   AlertKind::kIdempotencyConflict);
+  EXPECT_EQ(conflict.state, I::kNeedsAttention);
+  ASSERT_FALSE(conflict.alerts.empty());
+  EXPECT_EQ(conflict.alerts[0].kind, AlertKind::kIdempotencyConflict);
+
+  const Change certificate = FailStepAndWait(facts, steps[1], "certificate refused");
+  EXPECT_EQ(certificate.state, I::kNeedsAttention);
+  std::vector<StepRecord> waiting = Apply(steps, certificate);
+  EXPECT_FALSE(StepDone(Definition(), waiting[1]));
+  // The operator retries b, the step it stopped at, not the one after it.
+  OperatorRequest request;
+  request.action = OperatorAction::kRetry;
+  request.reason = "certificate renewed";
+  request.actor = "alice";
+  request.step = "c";
+  auto key = [](int index) { return "k:" + std::to_string(index); };
+  auto refused = PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), waiting,
+                                    request, kNow, key);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("('b')"), std::string::npos) << refused.status();
+  request.step = "b";
+  EXPECT_TRUE(PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), waiting,
+                                 request, kNow, key)
+                  .ok());
 }
 
 }  // namespace

@@ -20,10 +20,10 @@ namespace {
 
 using Json = nlohmann::json;
 
-// An order, then its confirmation over LINE and e-mail, each only when the input
-// has the address and neither holding the order back when it fails; then the
-// order is read back, which only the LINE message's id is passed on to when it
-// was sent.
+// An order (cancelled if a later required step fails), then its confirmation over
+// LINE and e-mail, each only when the input has the address and neither holding
+// the order back when it fails; the order read back when the input asks; and a
+// step whose condition reads the ERP's answer (so that much of it is kept).
 constexpr char kWorkflow[] = R"(workflow: order-notify
 key: "{{input.id}}"
 steps:
@@ -39,6 +39,8 @@ steps:
       items: /items
       match: { /ref: "{{instance.ref}}" }
       external_id: /id
+    compensate:
+      request: { method: POST, url: "{{env.ERP_URL}}/erp/orders/{{steps.create-order.external_id}}/cancel" }
   - name: notify-line
     when: { present: "{{input.line_id}}" }
     optional: true
@@ -63,6 +65,9 @@ steps:
     request:
       method: GET
       url: "{{env.ERP_URL}}/erp/orders/{{steps.create-order.external_id}}"
+  - name: mark-open
+    when: { equals: ["{{steps.create-order.response.state}}", open] }
+    transform: { open: true }
 )";
 
 class ConditionalStepsTest : public ::testing::Test {
@@ -129,13 +134,14 @@ TEST_F(ConditionalStepsTest, AStepWhoseConditionDoesNotHoldIsSkippedAndNothingIs
   const InstanceRecord instance = Run({{"id", "o-1"}, {"line_id", "U1"}, {"check", "no"}});
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
   const std::vector<StepRecord> steps = Steps(instance);
-  ASSERT_EQ(steps.size(), 4u);
+  ASSERT_EQ(steps.size(), 5u);
   EXPECT_EQ(steps[1].state, StepState::kCompleted);
   EXPECT_EQ(steps[2].state, StepState::kSkipped);
   EXPECT_EQ(steps[2].attempts, 0);
   EXPECT_EQ(steps[2].error_message, "when: present {{input.email}} is false");
   EXPECT_EQ(steps[3].state, StepState::kSkipped);
   EXPECT_EQ(steps[3].error_message, "when: {{input.check}} == yes is false");
+  EXPECT_EQ(steps[4].state, StepState::kCompleted);  // judged on the create's kept answer
   const Json stats = Stats();
   EXPECT_EQ(stats["orders"], 1) << stats.dump();
   EXPECT_EQ(stats["messages"], 1) << stats.dump();
@@ -145,19 +151,22 @@ TEST_F(ConditionalStepsTest, AStepWhoseConditionDoesNotHoldIsSkippedAndNothingIs
 }
 
 TEST_F(ConditionalStepsTest, AFailedOptionalStepAlertsAndTheOrderStandsWithItsOtherMessage) {
-  // The LINE message is refused (before the target commits anything) on both its
+  // The LINE message finds the service busy (503, nothing committed) on both its
   // attempts; the e-mail and the read-back still go, and nothing is compensated.
-  ASSERT_TRUE(target_->Faults(
-      R"({"send_message": {"next": ["reject_422_before"]}})"));
+  ASSERT_TRUE(target_->Faults(R"({"send_message": {"next": ["refuse_503", "refuse_503"]}})"));
   const InstanceRecord instance =
       Run({{"id", "o-2"}, {"line_id", "U2"}, {"email", "a@example.com"}, {"check", "yes"}});
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  EXPECT_EQ(instance.status_reason, "completed without optional step(s) 'notify-line', which failed");
   const std::vector<StepRecord> steps = Steps(instance);
-  ASSERT_EQ(steps.size(), 4u);
+  ASSERT_EQ(steps.size(), 5u);
   EXPECT_EQ(steps[1].state, StepState::kFailed);
-  EXPECT_EQ(steps[1].error_class, ErrorClass::kRejected);
+  EXPECT_EQ(steps[1].error_class, ErrorClass::kTransient);
+  EXPECT_EQ(steps[1].attempts, 2);
+  EXPECT_EQ(steps[1].resolution, Resolution::kPassedOver);
   EXPECT_EQ(steps[2].state, StepState::kCompleted);
   EXPECT_EQ(steps[3].state, StepState::kCompleted);
+  EXPECT_EQ(steps[4].state, StepState::kCompleted);
   const std::vector<AlertRecord> alerts = Alerts(instance);
   ASSERT_EQ(alerts.size(), 1u);
   EXPECT_EQ(alerts[0].kind, AlertKind::kOptionalStepFailed);
@@ -166,6 +175,7 @@ TEST_F(ConditionalStepsTest, AFailedOptionalStepAlertsAndTheOrderStandsWithItsOt
   EXPECT_EQ(stats["orders"], 1) << stats.dump();
   EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
   EXPECT_EQ(MessagesTo(stats, "U2"), 0) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["send_message"], 3) << stats.dump();  // LINE twice, e-mail once
   EXPECT_EQ(MessagesTo(stats, "a@example.com"), 1) << stats.dump();
   EXPECT_EQ(stats["by_route"]["get_order"], 1) << stats.dump();
   EXPECT_EQ(stats["by_route"]["cancel_order"], 0) << stats.dump();
@@ -202,20 +212,22 @@ TEST_F(ConditionalStepsTest, AnOperatorSendsAPassedOverMessageOnceTheInstanceCom
 
 TEST_F(ConditionalStepsTest, AConditionThatCannotBeJudgedFailsTheStepNamingIt) {
   // `check` missing: {{input.check}} cannot be rendered, so read-back fails (it is
-  // not optional) and the instance fails; the order has no compensation.
+  // not optional) and the order is cancelled.
   const InstanceRecord instance = Run({{"id", "o-3"}});
-  EXPECT_EQ(instance.state, InstanceState::kFailed) << instance.status_reason;
+  EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
   const std::vector<StepRecord> steps = Steps(instance);
-  ASSERT_EQ(steps.size(), 4u);
+  ASSERT_EQ(steps.size(), 5u);
   EXPECT_EQ(steps[1].state, StepState::kSkipped);
   EXPECT_EQ(steps[2].state, StepState::kSkipped);
   EXPECT_EQ(steps[3].state, StepState::kFailed);
   EXPECT_NE(steps[3].error_message.find("when: "), std::string::npos) << steps[3].error_message;
   EXPECT_NE(steps[3].error_message.find("input.check"), std::string::npos)
       << steps[3].error_message;
+  EXPECT_EQ(steps[4].state, StepState::kPending);
   const Json stats = Stats();
   EXPECT_EQ(stats["messages"], 0) << stats.dump();
   EXPECT_EQ(stats["by_route"]["get_order"], 0) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["cancel_order"], 1) << stats.dump();
 }
 
 }  // namespace
