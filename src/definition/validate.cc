@@ -312,12 +312,19 @@ class Validator {
         const StepDefinition& earlier = definition_.steps[read];
         if (earlier.when.Always() && !earlier.optional) continue;
         warned.insert(path[1]);
-        Warn(step.line, step.name,
-             where + " reads {{" + JoinPath(path) + "}}, but step '" + earlier.name + "' " +
-                 (earlier.optional ? "is optional (it may fail and be passed over)"
-                                   : "may be skipped (when: " + earlier.when.shown + ")") +
-                 ": this step then fails; guard it with when: { present: \"{{" +
-                 JoinPath(path) + "}}\" }");
+        const std::string message =
+            where + " reads {{" + JoinPath(path) + "}}, but step '" + earlier.name + "' " +
+            (earlier.optional ? "is optional (it may fail and be passed over)"
+                              : "may be skipped (when: " + earlier.when.shown + ")") +
+            ": this step then fails; guard it with when: { present: \"{{" + JoinPath(path) +
+            "}}\" }";
+        // A required step failing for want of an optional one's result would undo
+        // the business for a failed notification: refused. Otherwise a warning.
+        if (earlier.optional && !step.optional) {
+          Error(step.line, step.name, message + ", or make this step optional too");
+        } else {
+          Warn(step.line, step.name, message);
+        }
       }
     });
   }
@@ -338,7 +345,8 @@ class Validator {
     const StepDefinition& earlier = definition_.steps[read];
     const bool records = earlier.kind == StepKind::kWait ||
                          (earlier.kind == StepKind::kHttp &&
-                          (!earlier.result_external_id.empty() || earlier.lookup));
+                          (!earlier.result_external_id.empty() ||
+                           (earlier.lookup && !earlier.lookup->external_id.empty())));
     if (!records) {
       Warn(step.line, step.name,
            "when: step '" + earlier.name + "' records no external id (no result.external_id), "

@@ -255,21 +255,9 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     plan.state_after = InstanceState::kCompensating;
     return absl::OkStatus();
   }
-  if (step.resolution == Resolution::kPassedOver && instance.state == InstanceState::kCompleted) {
-    // A notification the run went on without: sent again under its own key, and
-    // the instance completes again after it, whatever its answer.
-    step.state = StepState::kPending;
-    step.resolution = Resolution::kNone;
-    step.next_attempt_at = 0;
-    plan.state_after = InstanceState::kRunning;
-    return absl::OkStatus();
-  }
   if (!ForwardPaused(instance.state)) {
     return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
-                                    "failed or needs attention" +
-                  (step.resolution == Resolution::kPassedOver
-                       ? std::string(" (an optional step it went on without: once it completed)")
-                       : std::string()));
+                                    "failed or needs attention");
   }
   if (Blocking(definition, steps) != index) {
     return Refuse(StepWhere(step) + "; only the step the instance stopped at can be retried" +
@@ -317,8 +305,10 @@ absl::Status PlanConfirm(const WorkflowDefinition& definition, const InstanceRec
   if (!request.happened) {
     return absl::InvalidArgumentError("confirm needs \"happened\": true or false");
   }
+  // An optional step that failed after an unknown outcome waits for this answer too.
   const bool unknown = step.state == StepState::kUnknown ||
-                       (step.state == StepState::kFailed && step.error_class == ErrorClass::kUnknown);
+                       (step.state == StepState::kFailed && step.error_class == ErrorClass::kUnknown) ||
+                       (step.state == StepState::kFailed && def.optional && step.unknowns > 0);
   if (!unknown) return Refuse(StepWhere(step) + "; only an unknown outcome can be confirmed");
   if (!ForwardPaused(instance.state)) {
     return Refuse(Where(instance) + "; outcomes are confirmed while it is running, failed or "
@@ -373,10 +363,13 @@ absl::Status PlanCompensate(const WorkflowDefinition& definition, const Instance
 absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord& instance,
                       std::vector<StepRecord>& steps, int index, Millis now, ActionPlan& plan) {
   StepRecord& step = steps[index];
-  if (definition.steps[index].recovery != RecoveryClass::kManual) {
+  // A manual step's outcome is the operator's to decide; an optional one's result
+  // is not needed for the workflow to go on (one that may have acted waits here).
+  if (definition.steps[index].recovery != RecoveryClass::kManual &&
+      !definition.steps[index].optional) {
     return Refuse("step '" + step.name + "' is " +
                   std::string(ToString(definition.steps[index].recovery)) +
-                  "; only manual steps can be skipped");
+                  "; only manual and optional steps can be skipped");
   }
   if (!ForwardPaused(instance.state)) {
     return Refuse(Where(instance) + "; a step is skipped while it is running, failed or needs "

@@ -288,6 +288,19 @@ Change BeginCall(const Facts& facts, int index, const std::string& key, const st
   return change;
 }
 
+namespace {
+
+// Whether a failure could follow an effect on the other side: kMaybe after a 2xx
+// the step cannot use. Decides whether an optional step may be passed over.
+enum class Acted : uint8_t { kNo = 0, kMaybe = 1 };
+
+// Fails `step`; `forced` overrides the instance's next state. FailStep's body.
+Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
+                  const std::string& message, std::optional<AlertKind> alert,
+                  std::optional<InstanceState> forced, Acted acted = Acted::kNo);
+
+}  // namespace
+
 Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result) {
   const StepDefinition& def = facts.definition.steps[step.index];
   const HttpResponse& response = result.response;
@@ -295,11 +308,11 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
   switch (result.error_class) {
     case ErrorClass::kNone: {
       auto parsed = ParseBody(response.body);
-      if (!parsed.ok()) {
-        return FailStep(facts, step, ErrorClass::kRejected,
-                        "HTTP " + std::to_string(response.outcome.status) + ": " +
-                            std::string(parsed.status().message()),
-                        std::nullopt);
+      if (!parsed.ok()) {  // it said yes: an optional step is not passed over
+        return FailStepTo(facts, step, ErrorClass::kRejected,
+                          "HTTP " + std::to_string(response.outcome.status) + ": " +
+                              std::string(parsed.status().message()),
+                          std::nullopt, std::nullopt, Acted::kMaybe);
       }
       const Json body = std::move(*parsed);
       const Json* id =
@@ -355,14 +368,19 @@ namespace {
 // Fails `step` and moves the instance to `next`, or where StateAfterFailure says.
 Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
                   const std::string& message, std::optional<AlertKind> alert,
-                  std::optional<InstanceState> forced) {
+                  std::optional<InstanceState> forced, Acted acted) {
   Change change = At(facts);
   // Non-critical: the workflow goes on without it, but only after a failure that
-  // proves nothing was done. One that may have acted (an unknown outcome before,
-  // a key conflict) waits for an operator, never undoing the business outcome.
-  const bool optional = !forced && facts.definition.steps[step.index].optional;
-  const bool passed_over =
-      optional && step.unknowns == 0 && (!alert || *alert == AlertKind::kRetriesExhausted);
+  // proves nothing was done. One that may have acted (an unknown outcome before on
+  // a call that changes something, an answer of success it could not read, a key
+  // conflict) waits for an operator, never undoing the business outcome.
+  const StepDefinition& def = facts.definition.steps[step.index];
+  const bool optional = !forced && def.optional;
+  const bool may_have_acted =
+      acted == Acted::kMaybe ||
+      (step.unknowns > 0 && def.kind == StepKind::kHttp && def.request.SideEffecting());
+  const bool passed_over = optional && !may_have_acted &&
+                           (!alert || *alert == AlertKind::kRetriesExhausted);
   if (optional && !passed_over) forced = InstanceState::kNeedsAttention;
   step.state = StepState::kFailed;
   step.unknown_since = 0;

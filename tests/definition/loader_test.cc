@@ -631,9 +631,17 @@ TEST(LoaderTest, ReadingAStepThatMayBeSkippedOrPassedOverIsWarnedUnlessCondition
   EXPECT_TRUE(Has(d, "guard it with when: { present: \"{{steps.line.external_id}}\" }", 0,
                   "report"))
       << All(d);
-  // A warning does not stop it loading.
+  // Reading a step that may be skipped is a warning; a required step reading an
+  // optional one's result is refused (its failure would undo the business).
   EXPECT_TRUE(LoadDefinitionText(head + R"(  - name: report
     request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
+)", "flow.yaml").ok());
+  EXPECT_FALSE(LoadDefinitionText(head + R"(  - name: report
+    request: { method: GET, url: "http://x/r?m={{steps.mail.response.id}}" }
+)", "flow.yaml").ok());
+  EXPECT_TRUE(LoadDefinitionText(head + R"(  - name: report
+    optional: true
+    request: { method: GET, url: "http://x/r?m={{steps.mail.response.id}}" }
 )", "flow.yaml").ok());
   auto guarded = Lint(head + R"(  - name: report
     when: { present: "{{steps.line.external_id}}" }

@@ -184,37 +184,55 @@ TEST(ConditionalRulesTest, AnOperatorRetriesTheStepTheRunStoppedAtNotAPassedOver
 namespace waystone {
 namespace {
 
-TEST(ConditionalRulesTest, APassedOverOptionalStepIsRetriedOnlyOnceTheInstanceCompleted) {
+TEST(ConditionalRulesTest, AnOperatorSkipsOrConfirmsAnOptionalStepThatMayHaveActed) {
+  // b's first request was lost (unknown), its resubmission refused: the instance
+  // waits; skip and confirm both go on without undoing a.
+  InstanceRecord instance = testing::Instance(I::kRunning);
   std::vector<StepRecord> steps =
-      testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kCompleted});
-  steps[1].resolution = Resolution::kPassedOver;
-  OperatorRequest request;
-  request.action = OperatorAction::kRetry;
-  request.reason = "LINE is back";
-  request.actor = "alice";
-  request.step = "b";
+      testing::Steps({S::kCompleted, S::kRunning, S::kPending, S::kPending});
+  steps[1].attempts = 2;
+  steps[1].unknowns = 1;
+  SeededRandom random{3};
+  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Change failed = RecordCall(facts, steps[1], Answer(422, ErrorClass::kRejected));
+  ASSERT_EQ(failed.state, I::kNeedsAttention);
+  const std::vector<StepRecord> waiting = Apply(steps, failed);
+  const InstanceRecord paused = testing::Instance(I::kNeedsAttention);
   auto key = [](int index) { return "k:" + std::to_string(index); };
-  auto plan = PlanOperatorAction(Definition(), testing::Instance(I::kCompleted), steps, request,
-                                 kNow, key);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->state_after, I::kRunning);
-  ASSERT_EQ(plan->changed_steps.size(), 1u);
-  EXPECT_EQ(plan->changed_steps[0].state, S::kPending);
-  // What runs then is that step alone, and the instance completes again.
-  std::vector<StepRecord> after = steps;
-  after[1] = plan->changed_steps[0];
-  const InstanceRecord running = testing::Instance(I::kRunning);
-  EXPECT_EQ(Decide(Definition(), running, after, kNow).step, 1);
-  after[1].state = S::kCompleted;
-  EXPECT_EQ(Decide(Definition(), running, after, kNow).kind, NextAction::Kind::kFinish);
-  // Not a completed step, nor a non-optional one, nor while the instance runs.
-  request.step = "a";
-  EXPECT_FALSE(PlanOperatorAction(Definition(), testing::Instance(I::kCompleted), steps, request,
-                                  kNow, key)
-                   .ok());
-  request.step = "b";
-  auto running_plan = PlanOperatorAction(Definition(), running, steps, request, kNow, key);
-  EXPECT_FALSE(running_plan.ok());
+  OperatorRequest skip;
+  skip.action = OperatorAction::kSkip;
+  skip.reason = "checked: the message arrived";
+  skip.actor = "alice";
+  skip.step = "b";
+  auto skipped = PlanOperatorAction(Definition(), paused, waiting, skip, kNow, key);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_EQ(skipped->state_after, I::kRunning);
+  ASSERT_EQ(skipped->changed_steps.size(), 1u);
+  EXPECT_EQ(skipped->changed_steps[0].state, S::kSkipped);
+  OperatorRequest confirm = skip;
+  confirm.action = OperatorAction::kConfirm;
+  confirm.happened = true;
+  auto confirmed = PlanOperatorAction(Definition(), paused, waiting, confirm, kNow, key);
+  ASSERT_TRUE(confirmed.ok()) << confirmed.status();
+  EXPECT_EQ(confirmed->changed_steps[0].state, S::kCompleted);
+  // A required step is not skipped that way.
+  std::vector<StepRecord> at_d = testing::Steps({S::kCompleted, S::kCompleted, S::kSkipped, S::kFailed});
+  skip.step = "d";
+  EXPECT_FALSE(PlanOperatorAction(Definition(), paused, at_d, skip, kNow, key).ok());
+}
+
+TEST(ConditionalRulesTest, ASuccessItCouldNotReadIsNotPassedOver) {
+  InstanceRecord instance = testing::Instance(I::kRunning);
+  std::vector<StepRecord> steps =
+      testing::Steps({S::kCompleted, S::kRunning, S::kPending, S::kPending});
+  steps[1].attempts = 1;
+  SeededRandom random{3};
+  const Facts facts{Definition(), instance, steps, kNow, random};
+  CallResult unreadable = Answer(200, ErrorClass::kNone);
+  unreadable.response.body = std::string(200, '[') + std::string(200, ']');  // nested too deep
+  const Change said_yes = RecordCall(facts, steps[1], unreadable);
+  EXPECT_EQ(said_yes.state, I::kNeedsAttention);
+  EXPECT_NE(said_yes.steps[0].resolution, Resolution::kPassedOver);
 }
 
 }  // namespace
