@@ -488,7 +488,9 @@ class InstanceRunner::Impl {
     if (!def.when.Always() && steps_[index].state == StepState::kPending &&
         steps_[index].attempts == 0) {
       absl::StatusOr<bool> holds = Holds(def.when, Context(index, ""));
-      if (!holds.ok()) return Fail(index, "when: " + std::string(holds.status().message()), std::nullopt);
+      if (!holds.ok()) {
+        return Fail(index, "when: " + std::string(holds.status().message()), std::nullopt);
+      }
       if (!*holds) return Commit(SkipStep(Now(), index, "when: " + def.when.shown + " is false"));
     }
     if (def.kind == StepKind::kTransform) {

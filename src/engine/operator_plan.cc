@@ -259,9 +259,9 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
                                     "failed or needs attention");
   }
-  if (Blocking(definition, steps) != index) {
+  if (const int blocking = Blocking(definition, steps); blocking != index) {
     return Refuse(StepWhere(step) + "; only the step the instance stopped at can be retried" +
-                  (Blocking(definition, steps) >= 0 ? " ('" + steps[Blocking(definition, steps)].name + "')" : ""));
+                  (blocking >= 0 ? " ('" + steps[blocking].name + "')" : ""));
   }
   if (instance.state == InstanceState::kFailed) {
     for (const StepRecord& other : steps) {
@@ -306,9 +306,10 @@ absl::Status PlanConfirm(const WorkflowDefinition& definition, const InstanceRec
     return absl::InvalidArgumentError("confirm needs \"happened\": true or false");
   }
   // An optional step that failed after an unknown outcome waits for this answer too.
+  const bool failed = step.state == StepState::kFailed;
   const bool unknown = step.state == StepState::kUnknown ||
-                       (step.state == StepState::kFailed && step.error_class == ErrorClass::kUnknown) ||
-                       (step.state == StepState::kFailed && def.optional && step.unknowns > 0);
+                       (failed && step.error_class == ErrorClass::kUnknown) ||
+                       (failed && def.optional && step.unknowns > 0);
   if (!unknown) return Refuse(StepWhere(step) + "; only an unknown outcome can be confirmed");
   if (!ForwardPaused(instance.state)) {
     return Refuse(Where(instance) + "; outcomes are confirmed while it is running, failed or "

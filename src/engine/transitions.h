@@ -76,8 +76,9 @@ Change RecordCall(const Facts& facts, StepRecord running, const CallResult& resu
 // Fails `step` (with `error_class` and `message`) and moves the instance on:
 // compensating, failed, or needs_attention for a manual step; raises `alert` if given.
 // An optional step's failure alerts (optional_step_failed) and the instance goes on
-// (the step's resolution passed_over), when it proves nothing was done: not after
-// an unknown outcome, not with an alert other than retries_exhausted.
+// (the step's resolution passed_over) when it proves nothing was done; one that may
+// have acted (an unknown outcome before on a call that changes something, an alert
+// other than retries_exhausted) waits for an operator instead, nothing undone.
 Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
                 const std::string& message, std::optional<AlertKind> alert);
 
