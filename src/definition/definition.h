@@ -137,9 +137,9 @@ struct StepDefinition {
   // `when:`: judged when the step is first due; when it does not hold the step is
   // skipped (state skipped, nothing sent) and the workflow goes on.
   Condition when;
-  // `optional: true` (non-critical): when the step fails for good (rejected, retries
-  // exhausted) it alerts and the workflow goes on without it; nothing is compensated
-  // for it. An unknown outcome is still settled first (lookup, operator).
+  // `optional: true` (non-critical): a failure that proves nothing was done (rejected,
+  // retries exhausted) alerts and the workflow goes on without it (FailStep); one that
+  // may have acted waits for an operator, nothing before it undone.
   bool optional = false;
 };
 

@@ -548,13 +548,6 @@ class Reader {
     }
   }
 
-  // Returns true when `text` is exactly one "{{path}}" and nothing around it.
-  static bool OnePlaceholder(const std::string& text) {
-    auto parsed = Template::Parse(text);
-    return parsed.ok() && parsed->references().size() == 1 && text.starts_with("{{") &&
-           text.find("}}") == text.size() - 2;
-  }
-
   // Reads `when:`: a template that renders true or false, or exactly one of
   // { present: "{{path}}" }, { absent: "{{path}}" }, { equals: [a, b] },
   // { not_equals: [a, b] }.
@@ -570,7 +563,7 @@ class Reader {
       out->shown = out->value;
       if (auto parsed = Template::Parse(out->value); !parsed.ok()) {
         Error(when, step, "when: " + std::string(parsed.status().message()));
-      } else if (!OnePlaceholder(out->value)) {
+      } else if (!SolePlaceholder(out->value)) {
         Error(when, step, "'when' as a value is exactly one placeholder that renders true or "
                           "false, such as \"{{input.send_email}}\" (a literal would always or "
                           "never hold: remove the step or the condition instead)");
@@ -592,7 +585,7 @@ class Reader {
       out->value = operand.Scalar();
       if (auto parsed = Template::Parse(out->value); !parsed.ok()) {
         Error(operand, step, "when." + test + ": " + std::string(parsed.status().message()));
-      } else if (!OnePlaceholder(out->value)) {
+      } else if (!SolePlaceholder(out->value)) {
         Error(operand, step, "'when." + test + "' is exactly one placeholder such as "
                              "\"{{input.email}}\", nothing around it");
       }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <string_view>
 
@@ -66,14 +67,31 @@ struct Scope {
 
 // Returns true when `text` is exactly one "{{root.NAME}}" with root among `roots`.
 bool OnlyOneReference(const std::string& text, std::initializer_list<std::string_view> roots) {
-  auto parsed = Template::Parse(text);
-  // The first "}}" ends the text: one placeholder and no literal around it.
-  if (!parsed.ok() || !text.starts_with("{{") || text.find("}}") != text.size() - 2) {
-    return false;
+  const std::optional<Path> path = SolePlaceholder(text);
+  return path && path->size() == 2 &&
+         std::find(roots.begin(), roots.end(), (*path)[0]) != roots.end();
+}
+
+// Returns the placeholder paths of a template's `text` (a JSON tree's strings when
+// `tree`); what does not parse gives what was read of it (the checks report it).
+std::vector<Path> ReferencesIn(const std::string& text, bool tree) {
+  std::vector<Path> out;
+  if (text.empty()) return out;
+  if (tree) {
+    const Json parsed = Json::parse(text, nullptr, false);
+    if (!parsed.is_discarded()) (void)CollectTreeReferences(parsed, &out);
+    return out;
   }
-  const auto& refs = parsed->references();
-  return refs.size() == 1 && refs[0].size() == 2 &&
-         std::find(roots.begin(), roots.end(), refs[0][0]) != roots.end();
+  if (auto parsed = Template::Parse(text); parsed.ok()) out = parsed->references();
+  return out;
+}
+
+// The path a `present`/`absent` condition tests; nullopt for other conditions.
+std::optional<Path> PresenceSubject(const Condition& when) {
+  if (when.test != Condition::Test::kPresent && when.test != Condition::Test::kAbsent) {
+    return std::nullopt;
+  }
+  return SolePlaceholder(when.value);
 }
 
 class Validator {
@@ -283,26 +301,16 @@ class Validator {
   // result is guarded (the condition itself reads it safely).
   void WarnOnMaybeMissing(int index) {
     const StepDefinition& step = definition_.steps[index];
+    const std::optional<Path> subject = PresenceSubject(step.when);
     std::set<std::string> guarded;  // steps whose result the reader's `present` tests
-    if (step.when.test == Condition::Test::kPresent) {
-      if (auto parsed = Template::Parse(step.when.value);
-          parsed.ok() && parsed->references().size() == 1 &&
-          parsed->references()[0].size() >= 2 && parsed->references()[0][0] == "steps") {
-        guarded.insert(parsed->references()[0][1]);
-      }
+    if (step.when.test == Condition::Test::kPresent && subject && subject->size() >= 2 &&
+        (*subject)[0] == "steps") {
+      guarded.insert((*subject)[1]);
     }
-    const bool condition_tests_presence = step.when.test == Condition::Test::kPresent ||
-                                          step.when.test == Condition::Test::kAbsent;
     std::set<std::string> warned;
     ForEachTemplate(step, [&](const std::string& where, const std::string& text, bool tree, bool) {
-      if (where == "when" && condition_tests_presence) return;
-      std::vector<Path> references;
-      if (tree) {
-        if (text.empty() || !CollectTreeReferences(Json::parse(text), &references).ok()) return;
-      } else if (auto parsed = Template::Parse(text); parsed.ok()) {
-        references = parsed->references();
-      }
-      for (const Path& path : references) {
+      if (where == "when" && subject) return;  // testing presence is reading it safely
+      for (const Path& path : ReferencesIn(text, tree)) {
         if (path.size() < 2 || path[0] != "steps" || guarded.contains(path[1]) ||
             warned.contains(path[1])) {
           continue;
@@ -333,12 +341,9 @@ class Validator {
   // records none (a transform, a call without result.external_id): always "".
   void WarnOnEmptyExternalId(int index) {
     const StepDefinition& step = definition_.steps[index];
-    if (step.when.test != Condition::Test::kPresent && step.when.test != Condition::Test::kAbsent) {
-      return;
-    }
-    auto parsed = Template::Parse(step.when.value);
-    if (!parsed.ok() || parsed->references().size() != 1) return;
-    const Path& path = parsed->references()[0];
+    const std::optional<Path> subject = PresenceSubject(step.when);
+    if (!subject) return;
+    const Path& path = *subject;
     if (path.size() != 3 || path[0] != "steps" || path[2] != "external_id") return;
     const int read = definition_.StepIndex(path[1]);
     if (read < 0 || read >= index) return;
@@ -407,14 +412,8 @@ namespace {
 std::vector<Path> AllReferences(const WorkflowDefinition& definition) {
   std::vector<Path> out;
   auto collect = [&out](const std::string&, const std::string& text, bool tree, bool) {
-    if (text.empty()) return;
-    if (tree) {
-      const Json parsed = Json::parse(text, nullptr, false);
-      if (!parsed.is_discarded()) (void)CollectTreeReferences(parsed, &out);
-      return;
-    }
-    auto parsed = Template::Parse(text);
-    if (parsed.ok()) out.insert(out.end(), parsed->references().begin(), parsed->references().end());
+    std::vector<Path> found = ReferencesIn(text, tree);
+    out.insert(out.end(), found.begin(), found.end());
   };
   for (const StepDefinition& step : definition.steps) ForEachTemplate(step, collect);
   return out;

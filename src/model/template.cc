@@ -46,6 +46,16 @@ absl::StatusOr<std::string> PlaceholderText(const std::vector<std::string>& path
 
 }  // namespace
 
+std::optional<std::vector<std::string>> SolePlaceholder(std::string_view text) {
+  auto parsed = Template::Parse(text);
+  // The first "}}" ends the text: one placeholder and no literal around it.
+  if (!parsed.ok() || !text.starts_with("{{") || text.find("}}") != text.size() - 2 ||
+      parsed->references().size() != 1) {
+    return std::nullopt;
+  }
+  return parsed->references().front();
+}
+
 std::string JoinPath(const std::vector<std::string>& path) {
   std::string out;
   for (const auto& segment : path) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,6 +74,11 @@ std::string PercentEncode(std::string_view value, UrlPart part);
 // serializer, RFC 6749 Appendix B): letters, digits and "*-._" kept, space as '+',
 // every other byte %XX.
 std::string FormEncode(std::string_view value);
+
+// Returns the path of `text` when it is exactly one placeholder with nothing around
+// it ("{{input.email}}"); nullopt for anything else (a literal, two placeholders,
+// text around one, a parse error).
+std::optional<std::vector<std::string>> SolePlaceholder(std::string_view text);
 
 // Joins a path back into its dotted form, for messages.
 std::string JoinPath(const std::vector<std::string>& path);

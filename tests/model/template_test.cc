@@ -137,3 +137,19 @@ TEST(TemplateTest, AnEnvValueWithALineBreakCannotBeAUrlBaseOrHost) {
 
 }  // namespace
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+TEST(TemplateTest, ASolePlaceholderIsOnePlaceholderWithNothingAroundIt) {
+  EXPECT_EQ(SolePlaceholder("{{input.email}}"), (std::vector<std::string>{"input", "email"}));
+  EXPECT_EQ(SolePlaceholder("{{secret.KEY}}"), (std::vector<std::string>{"secret", "KEY"}));
+  EXPECT_EQ(SolePlaceholder("mail {{input.email}}"), std::nullopt);
+  EXPECT_EQ(SolePlaceholder("{{input.a}}{{input.b}}"), std::nullopt);
+  EXPECT_EQ(SolePlaceholder("{{input.a}} "), std::nullopt);
+  EXPECT_EQ(SolePlaceholder("true"), std::nullopt);
+  EXPECT_EQ(SolePlaceholder("{{input.a"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace waystone
