@@ -72,6 +72,18 @@ std::vector<StepRecord> Apply(std::vector<StepRecord> steps, const Change& chang
   return steps;
 }
 
+// An operator's `action` on `step`, by alice, with `reason`.
+OperatorRequest Request(OperatorAction action, std::string step, std::string reason) {
+  OperatorRequest request;
+  request.action = action;
+  request.step = std::move(step);
+  request.reason = std::move(reason);
+  request.actor = "alice";
+  return request;
+}
+
+std::string Key(int index) { return "k:" + std::to_string(index); }
+
 std::vector<std::string> EventTypes(const Change& change) {
   std::vector<std::string> types;
   for (const EventRecord& event : change.events) types.push_back(event.type);
@@ -166,14 +178,9 @@ TEST(ConditionalRulesTest, AnOperatorRetriesTheStepTheRunStoppedAtNotAPassedOver
   std::vector<StepRecord> steps =
       testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kFailed});
   steps[1].resolution = Resolution::kPassedOver;
-  OperatorRequest request;
-  request.action = OperatorAction::kRetry;
-  request.reason = "ticket 7";
-  request.actor = "alice";
-  request.step = "b";
-  auto key = [](int index) { return "k:" + std::to_string(index); };
+  const OperatorRequest request = Request(OperatorAction::kRetry, "b", "ticket 7");
   auto refused = PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), steps, request,
-                                    kNow, key);
+                                    kNow, Key);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("('d')"), std::string::npos) << refused.status();
 }
@@ -198,13 +205,8 @@ TEST(ConditionalRulesTest, AnOperatorSkipsOrConfirmsAnOptionalStepThatMayHaveAct
   ASSERT_EQ(failed.state, I::kNeedsAttention);
   const std::vector<StepRecord> waiting = Apply(steps, failed);
   const InstanceRecord paused = testing::Instance(I::kNeedsAttention);
-  auto key = [](int index) { return "k:" + std::to_string(index); };
-  OperatorRequest skip;
-  skip.action = OperatorAction::kSkip;
-  skip.reason = "checked: the message arrived";
-  skip.actor = "alice";
-  skip.step = "b";
-  auto skipped = PlanOperatorAction(Definition(), paused, waiting, skip, kNow, key);
+  OperatorRequest skip = Request(OperatorAction::kSkip, "b", "checked: the message arrived");
+  auto skipped = PlanOperatorAction(Definition(), paused, waiting, skip, kNow, Key);
   ASSERT_TRUE(skipped.ok()) << skipped.status();
   EXPECT_EQ(skipped->state_after, I::kRunning);
   ASSERT_EQ(skipped->changed_steps.size(), 1u);
@@ -212,13 +214,13 @@ TEST(ConditionalRulesTest, AnOperatorSkipsOrConfirmsAnOptionalStepThatMayHaveAct
   OperatorRequest confirm = skip;
   confirm.action = OperatorAction::kConfirm;
   confirm.happened = true;
-  auto confirmed = PlanOperatorAction(Definition(), paused, waiting, confirm, kNow, key);
+  auto confirmed = PlanOperatorAction(Definition(), paused, waiting, confirm, kNow, Key);
   ASSERT_TRUE(confirmed.ok()) << confirmed.status();
   EXPECT_EQ(confirmed->changed_steps[0].state, S::kCompleted);
   // A required step is not skipped that way.
   std::vector<StepRecord> at_d = testing::Steps({S::kCompleted, S::kCompleted, S::kSkipped, S::kFailed});
   skip.step = "d";
-  EXPECT_FALSE(PlanOperatorAction(Definition(), paused, at_d, skip, kNow, key).ok());
+  EXPECT_FALSE(PlanOperatorAction(Definition(), paused, at_d, skip, kNow, Key).ok());
 }
 
 TEST(ConditionalRulesTest, ASuccessItCouldNotReadIsNotPassedOver) {
@@ -273,19 +275,14 @@ TEST(ConditionalRulesTest, AnOptionalStepThatMayHaveActedIsNotPassedOver) {
   std::vector<StepRecord> waiting = Apply(steps, certificate);
   EXPECT_FALSE(StepDone(Definition(), waiting[1]));
   // The operator retries b, the step it stopped at, not the one after it.
-  OperatorRequest request;
-  request.action = OperatorAction::kRetry;
-  request.reason = "certificate renewed";
-  request.actor = "alice";
-  request.step = "c";
-  auto key = [](int index) { return "k:" + std::to_string(index); };
+  OperatorRequest request = Request(OperatorAction::kRetry, "c", "certificate renewed");
   auto refused = PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), waiting,
-                                    request, kNow, key);
+                                    request, kNow, Key);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("('b')"), std::string::npos) << refused.status();
   request.step = "b";
   EXPECT_TRUE(PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), waiting,
-                                 request, kNow, key)
+                                 request, kNow, Key)
                   .ok());
 }
 
