@@ -95,6 +95,9 @@ struct BodyErrorRule {
 struct CompensationSpec {
   RequestSpec request;
   RetryPolicy retry;
+  // Template of the compensation's idempotency key; empty: "<step key>:compensate".
+  // A notification's correction has its own delivery identity here.
+  std::string idempotency_key;
 };
 
 enum class StepKind : uint8_t {
@@ -141,6 +144,29 @@ struct StepDefinition {
   // retries exhausted) alerts and the workflow goes on without it (FailStep); one that
   // may have acted waits for an operator, nothing before it undone.
   bool optional = false;
+  // Statuses that mean "the target accepted this very request before, under its key"
+  // (LINE's 409 for a reused X-Line-Retry-Key): the step completes as if it succeeded.
+  std::vector<int> accepted_statuses;
+  // Response headers whose value is the external id, the first present wins, when
+  // `result_external_id` names none (LINE: X-Line-Accepted-Request-Id, X-Line-Request-Id).
+  std::vector<std::string> external_id_headers;
+  // How long the target deduplicates the step's key after its first use (LINE: 24 h);
+  // 0: as long as the key is kept. Past it an unknown outcome is never resent: the
+  // step waits for an operator (transitions.h, BeyondKeyWindow).
+  Millis key_window = 0;
+  // A channel of a `notify` step: the notify step's name ("" for other steps), and
+  // the step whose outcome it reports (which must be committed before it is sent).
+  std::string notify;
+  std::string reports;
+};
+
+// A message template (`templates:`), by name and version: the version is part of
+// every delivery's identity, so a changed text is a new version, never a resend.
+struct MessageTemplate {
+  std::string name;
+  int line = 0;
+  int version = 0;    // >= 1
+  std::string text;   // template: the message's text (LINE, webhook)
 };
 
 // A system the workflow calls (`targets:`), by name: every request whose rendered URL
@@ -177,6 +203,7 @@ struct WorkflowDefinition {
   std::vector<std::string> redact;
   std::vector<StepDefinition> steps;
   std::vector<TargetSpec> targets;  // `targets:`, in file order
+  std::vector<MessageTemplate> templates;  // `templates:`, in file order
   std::string source;        // file name (or "<inline>") used in messages
   std::string text;          // the exact text loaded; pinned on instances
   std::string content_hash;  // SHA-256 of `text`

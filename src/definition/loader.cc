@@ -11,6 +11,7 @@
 
 #include "base/sha256.h"
 #include "base/utf8.h"
+#include "definition/notify.h"
 #include "definition/validate.h"
 #include "model/duration.h"
 #include "model/json_text.h"
@@ -45,9 +46,11 @@ class Reader {
       return;
     }
     CheckFields(root, "",
-                {"workflow", "description", "key", "retention", "redact", "targets", "steps"},
+                {"workflow", "description", "key", "retention", "redact", "targets", "templates",
+                 "steps"},
                 "definition");
     if (const YAML::Node targets = root["targets"]) ReadTargets(targets, &out->targets);
+    if (const YAML::Node templates = root["templates"]) ReadTemplates(templates, &out->templates);
     if (const YAML::Node redact = root["redact"]) {
       if (!redact.IsSequence()) {
         Error(redact, "", "'redact' must be a list of JSON pointers such as [/customer/phone]");
@@ -92,12 +95,21 @@ class Reader {
     }
     std::set<std::string> names;
     for (const auto& node : steps) {
-      StepDefinition step;
-      ReadStep(node, &step);
-      if (!step.name.empty() && !names.insert(step.name).second) {
-        Error(node, step.name, "duplicate step name");
+      std::vector<StepDefinition> read;
+      if (node.IsMap() && node["notify"]) {
+        read = ReadNotify(node, out->templates);
+      } else {
+        ReadStep(node, &read.emplace_back());
       }
-      out->steps.push_back(std::move(step));
+      for (StepDefinition& step : read) {
+        if (!step.name.empty() && !names.insert(step.name).second) {
+          Error(node, step.name, "duplicate step name" +
+                                     (step.notify.empty() ? std::string()
+                                                          : " (a channel of notify '" +
+                                                                step.notify + "')"));
+        }
+        out->steps.push_back(std::move(step));
+      }
     }
   }
 
@@ -546,6 +558,140 @@ class Reader {
       }
       step->optional = value;
     }
+  }
+
+  // Reads `templates:`: name -> { version: N, text: "..." }.
+  void ReadTemplates(const YAML::Node& templates, std::vector<MessageTemplate>* out) {
+    if (!templates.IsMap()) {
+      Error(templates, "", "'templates' maps template names to { version: 1, text: \"...\" }");
+      return;
+    }
+    for (const auto& entry : templates) {
+      MessageTemplate message;
+      message.name = entry.first.Scalar();
+      message.line = entry.first.Mark().line + 1;
+      const std::string where = "template '" + message.name + "'";
+      if (!ValidName(message.name)) {
+        Error(entry.first, "", where + ": names may only use letters, digits, '-', '_' and '.'");
+      }
+      const YAML::Node& spec = entry.second;
+      if (!spec.IsMap()) {
+        Error(spec, "", where + " must be a mapping such as { version: 1, text: \"...\" }");
+        continue;
+      }
+      CheckFields(spec, "", {"version", "text"}, where);
+      const YAML::Node version = spec["version"];
+      if (!version || !YAML::convert<int>::decode(version, message.version) ||
+          message.version < 1) {
+        Error(version ? version : spec, "",
+              where + " needs 'version', a whole number from 1: a delivery's identity holds "
+                      "it, so a changed text is a new version");
+      }
+      message.text = RequiredString(spec, "text", "");
+      out->push_back(std::move(message));
+    }
+  }
+
+  // Reads a `notify:` step into the steps it runs as (notify.h), one per channel.
+  std::vector<StepDefinition> ReadNotify(const YAML::Node& node,
+                                         const std::vector<MessageTemplate>& templates) {
+    NotifySpec spec;
+    spec.line = node.Mark().line + 1;
+    spec.name = RequiredString(node, "name", "");
+    const std::string& name = spec.name;
+    if (!name.empty() && !ValidName(name)) {
+      Error(node["name"], name, "step names may only use letters, digits, '-', '_' and '.'");
+    }
+    CheckFields(node, name, {"name", "description", "notify", "when", "retry", "critical"},
+                "notify step (its channels have their own requests)");
+    const YAML::Node notify = node["notify"];
+    if (!notify.IsMap()) {
+      Error(notify, name, "'notify' must be a mapping with 'reports', 'template', 'recipient' "
+                          "and 'channels'");
+      return {};
+    }
+    CheckFields(notify, name,
+                {"reports", "template", "correction", "recipient", "event", "channels"}, "notify");
+    spec.reports = RequiredString(notify, "reports", name);
+    spec.recipient = RequiredString(notify, "recipient", name);
+    spec.event = OptionalString(notify, "event", name);
+    if (spec.event.empty() && !spec.reports.empty()) {
+      spec.event = "{{instance.ref}}/" + spec.reports;
+    }
+    auto find = [&](const char* field) -> const MessageTemplate* {
+      const YAML::Node at = notify[field];
+      if (!at) return nullptr;
+      const std::string wanted = at.IsScalar() ? at.Scalar() : "";
+      for (const MessageTemplate& message : templates) {
+        if (message.name == wanted) return &message;
+      }
+      std::string known;
+      for (const MessageTemplate& message : templates) {
+        known += (known.empty() ? "" : ", ") + message.name;
+      }
+      Error(at, name, "'" + std::string(field) + "': no template '" + wanted +
+                          "' under 'templates:'" +
+                          (known.empty() ? " (there are none)" : " (known: " + known + ")"));
+      return nullptr;
+    };
+    const MessageTemplate* message = find("template");
+    if (!notify["template"]) Error(notify, name, "missing field 'template'");
+    const MessageTemplate* correction = find("correction");
+    if (const YAML::Node critical = node["critical"]) {
+      if (!YAML::convert<bool>::decode(critical, spec.critical)) {
+        Error(critical, name, "'critical' must be true or false");
+      }
+    }
+    ReadRetry(node["retry"], name, &spec.retry);
+    if (const YAML::Node when = node["when"]) ReadCondition(when, name, &spec.when);
+    const YAML::Node channels = notify["channels"];
+    if (!channels || !channels.IsMap() || channels.size() == 0) {
+      Error(channels ? channels : notify, name,
+            "'notify.channels' maps channels to their settings, e.g. { line: { to: ..., token: "
+            "\"{{secret.LINE_TOKEN}}\" }, webhook: { url: ... } }");
+      return {};
+    }
+    for (const auto& entry : channels) {
+      const std::string channel = entry.first.Scalar();
+      const YAML::Node& settings = entry.second;
+      const std::string where = "notify.channels." + channel;
+      if (!settings.IsMap()) {
+        Error(settings, name, "'" + where + "' must be a mapping");
+        continue;
+      }
+      NotifyChannel read;
+      if (channel == "line") {
+        read.kind = NotifyChannel::Kind::kLine;
+        CheckFields(settings, name, {"to", "token", "url"}, where);
+        read.to = RequiredString(settings, "to", name);
+        read.token = RequiredString(settings, "token", name);
+        read.url = settings["url"] ? RequiredString(settings, "url", name)
+                                   : std::string("https://api.line.me");
+        if (!read.token.empty() && !SolePlaceholder(read.token).has_value()) {
+          Error(settings["token"], name, "'" + where + ".token' must be exactly one "
+                                         "{{secret.NAME}} or {{env.NAME}}: a token is never "
+                                         "written into a definition");
+        } else if (auto path = SolePlaceholder(read.token);
+                   path && (*path)[0] != "secret" && (*path)[0] != "env") {
+          Error(settings["token"], name, "'" + where + ".token' must come from {{secret.NAME}} "
+                                         "or {{env.NAME}}");
+        }
+      } else if (channel == "webhook") {
+        read.kind = NotifyChannel::Kind::kWebhook;
+        CheckFields(settings, name, {"url"}, where);
+        read.url = RequiredString(settings, "url", name);
+      } else if (channel == "email") {
+        Error(entry.first, name, "channel 'email' (SMTP) is not supported yet; use line or "
+                                 "webhook");
+        continue;
+      } else {
+        Error(entry.first, name, "unknown channel '" + channel + "' (known: line, webhook)");
+        continue;
+      }
+      spec.channels.push_back(std::move(read));
+    }
+    if (message == nullptr) return {};
+    return ExpandNotify(spec, *message, correction);
   }
 
   // Reads `when:`: a template that renders true or false, or exactly one of

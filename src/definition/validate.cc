@@ -56,7 +56,10 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
       visit("lookup.match." + pointer, value, false, false);
     }
   }
-  if (step.compensate) request(step.compensate->request, "compensate", true);
+  if (step.compensate) {
+    request(step.compensate->request, "compensate", true);
+    visit("compensate.idempotency.key", step.compensate->idempotency_key, false, true);
+  }
 }
 
 // Where a template sits decides what it may refer to.
@@ -154,9 +157,10 @@ class Validator {
                                               "instance.tenant, instance.id, instance.trace_id");
       }
     } else if (path[0] == "step") {
-      static const std::set<std::string> kFields = {"name", "idempotency_key"};
+      static const std::set<std::string> kFields = {"name", "idempotency_key", "key_uuid"};
       if (path.size() != 2 || !kFields.contains(path[1])) {
-        Error(line, step, where + ": " + shown + " is not one of step.name, step.idempotency_key");
+        Error(line, step, where + ": " + shown +
+                              " is not one of step.name, step.idempotency_key, step.key_uuid");
       }
     } else if (path[0] == "env" || path[0] == "secret") {
       if (path.size() != 2) Error(line, step, where + ": " + shown + " must name one variable");
@@ -217,6 +221,7 @@ class Validator {
     const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index};
     const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1};
     CheckCondition(index);
+    CheckReports(index);
     WarnOnMaybeMissing(index);
     WarnOnEmptyExternalId(index);
     auto check = [&](const std::string& where, const std::string& text, bool tree,
@@ -281,6 +286,27 @@ class Validator {
       Error(step.line, step.name,
             "recovery 'repeatable' means safe to redo, but " + step.request.method +
                 " changes something and the target does not honour its idempotency key");
+    }
+  }
+
+  // A notification announces a business outcome only once it is committed: the step
+  // it reports runs before it and cannot end without its outcome (optional).
+  void CheckReports(int index) {
+    const StepDefinition& step = definition_.steps[index];
+    if (step.reports.empty()) return;
+    if (index > 0 && definition_.steps[index - 1].notify == step.notify) return;  // said once
+    const std::string of = "notify '" + step.notify + "' reports step '" + step.reports + "'";
+    const int reported = definition_.StepIndex(step.reports);
+    if (reported < 0) {
+      Error(step.line, step.notify, of + ", which does not exist");
+    } else if (reported >= index) {
+      Error(step.line, step.notify,
+            of + ", which has not run yet at this point: a notification is sent only after the "
+                 "outcome it announces is committed; move it after '" + step.reports + "'");
+    } else if (definition_.steps[reported].optional) {
+      Error(step.line, step.notify,
+            of + ", which is optional and may have failed: it would announce what did not "
+                 "happen");
     }
   }
 

@@ -135,7 +135,9 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
   context["steps"] = std::move(by_name);
   context["env"] = env(instance.tenant);
   context["secret"] = secret(instance.tenant);
-  context["step"] = {{"name", step_name}, {"idempotency_key", idempotency_key}};
+  context["step"] = {{"name", step_name},
+                     {"idempotency_key", idempotency_key},
+                     {"key_uuid", KeyUuid(instance.tenant, idempotency_key)}};
   return context;
 }
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
 #include <functional>
 
 #include <nlohmann/json.hpp>
@@ -427,6 +428,15 @@ class InstanceRunner::Impl {
     sent.left_at = call.left_at->load();
     sent.error_class = Classify(sent.response.outcome, call.overrides);
     if (call.body_rules != nullptr) ApplyBodyRules(*call.body_rules, sent);
+    if (call.phase == CallPhase::kCall || call.phase == CallPhase::kCompensate) {
+      const std::vector<int>& accepted = definition_->steps[call.step_index].accepted_statuses;
+      if (sent.response.outcome.kind == CallOutcome::Kind::kResponse &&
+          std::find(accepted.begin(), accepted.end(), sent.response.outcome.status) !=
+              accepted.end()) {
+        sent.error_class = ErrorClass::kNone;
+        sent.accepted = true;
+      }
+    }
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
     DropPermit(HealthOf(sent.response.outcome, sent.error_class));
     const HttpResponse& answer = sent.response;
@@ -504,6 +514,9 @@ class InstanceRunner::Impl {
       return Commit(RecordTransform(Now(), index, output, started));
     }
     if (def.kind == StepKind::kWait) return Commit(RunWait(Now(), index));
+    if (std::optional<Change> beyond = BeyondKeyWindow(Now(), index)) {
+      return Commit(std::move(*beyond));
+    }
     const bool side_effecting = def.request.SideEffecting();
     const std::string key = side_effecting ? StepKey(index) : "";
     if (side_effecting && key.empty()) {
@@ -616,9 +629,21 @@ class InstanceRunner::Impl {
     return Call(CallPhase::kLookup, std::move(request), index, kLookupStatuses, std::move(then));
   }
 
+  // The key of step `index`'s compensation: its own template rendered (a
+  // notification's correction has its own delivery identity), else "<step key>:compensate".
+  std::string CompensationKeyOf(int index) {
+    const std::string step_key = StepKey(index);
+    const std::string& pattern = definition_->steps[index].compensate->idempotency_key;
+    if (pattern.empty()) return CompensationKey(step_key);
+    auto parsed = Template::Parse(pattern);
+    if (!parsed.ok()) return CompensationKey(step_key);
+    absl::StatusOr<std::string> rendered = parsed->RenderText(Context(index, step_key));
+    return rendered.ok() && !rendered->empty() ? *rendered : CompensationKey(step_key);
+  }
+
   absl::Status Compensate(int index) {
     const StepDefinition& def = definition_->steps[index];
-    const std::string key = CompensationKey(StepKey(index));
+    const std::string key = CompensationKeyOf(index);
     auto request = Render(def.compensate->request, Context(index, key));
     if (!request.ok()) {
       return Commit(CompensationFailed(Now(), steps_[index],

@@ -324,8 +324,15 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
       MarkCompleted(step, facts.now);
       step.response_json = KeptAnswer(body, def);
       if (id != nullptr) step.external_id = IdText(*id);
+      for (const std::string& header : def.external_id_headers) {
+        if (!step.external_id.empty()) break;
+        step.external_id = response.Header(header);
+      }
       change.steps.push_back(step);
-      AddEvent(facts, change, "waystone.step.completed", &step);
+      AddEvent(facts, change, "waystone.step.completed", &step,
+               result.accepted ? "HTTP " + std::to_string(response.outcome.status) +
+                                     ": accepted before under its key; not sent again"
+                               : std::string());
       return change;
     }
     case ErrorClass::kTransient:
@@ -473,6 +480,25 @@ Change RecoverRunning(const Facts& facts, int index) {
   change.steps.push_back(step);
   AddEvent(facts, change, "waystone.step.unknown", &step, step.error_message);
   return change;
+}
+
+std::optional<Change> BeyondKeyWindow(const Facts& facts, int index) {
+  const StepDefinition& def = facts.definition.steps[index];
+  StepRecord step = facts.steps[index];
+  if (def.key_window <= 0 || step.unknowns == 0 || step.started_at == 0) return std::nullopt;
+  // The request could arrive as late as its timeout from now; the window runs from
+  // the first send at the latest (the target accepted it no earlier).
+  if (facts.now + def.request.timeout < step.started_at + def.key_window) return std::nullopt;
+  const std::string reason =
+      "step '" + step.name + "': an earlier attempt's outcome is unknown and the target keeps "
+      "its key only " + FormatDuration(def.key_window) + " after the first send, which has "
+      "passed: a resend could deliver twice; confirm what happened";
+  step.state = StepState::kUnknown;  // not another unknown attempt: nothing was sent
+  step.error_class = ErrorClass::kUnknown;
+  step.error_message = ShortenMessage(reason);
+  step.resolution = Resolution::kNone;
+  if (step.unknown_since == 0) step.unknown_since = facts.now;
+  return Pause(facts, step, AlertKind::kNeedsOperator, reason);
 }
 
 std::optional<Change> ResolveWithoutLookup(const Facts& facts, int index) {

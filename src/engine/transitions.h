@@ -40,6 +40,9 @@ struct CallResult {
   ErrorClass error_class = ErrorClass::kNone;
   Millis left_at = 0;  // when the client let the request go (its last-moment check; 0: unknown)
   bool exists = false;        // an `errors.body` rule said the object exists already
+  // The status is one of the step's accepted_statuses: the target accepted this very
+  // request before, under its key (LINE's 409); classed kNone.
+  bool accepted = false;
 };
 
 // Applies a step's `errors.body` rules to a complete answer: the first rule whose
@@ -106,6 +109,13 @@ Change AwaitTarget(const Facts& facts, const std::string& reason);
 // with a lookup looks no earlier than one request timeout after `now`: the worker
 // before may have sent its request up to the moment its lease ran out.
 Change RecoverRunning(const Facts& facts, int index);
+
+// A step about to be sent again after an unknown outcome (`unknowns` > 0) whose target
+// deduplicates its key only for `key_window` after the first send (LINE's retry key:
+// 24 h): once the window has passed (by the time the request could arrive), a resend
+// could deliver twice, so the step becomes unknown and the instance waits for an
+// operator instead. nullopt: inside the window (or no window), send.
+std::optional<Change> BeyondKeyWindow(const Facts& facts, int index);
 
 // --- Forward: unknown outcomes ----------------------------------------------------
 

@@ -33,6 +33,19 @@ std::string CompensationKey(std::string_view step_key) {
   return key;
 }
 
+std::string KeyUuid(std::string_view tenant, std::string_view key) {
+  std::string material(tenant);
+  material.push_back('\n');
+  material.append(key);
+  std::string hex = Sha256Hex(material).substr(0, 32);
+  hex[12] = '8';  // version 8: custom
+  static constexpr char kVariant[] = "89ab";  // variant 10xx
+  const int nibble = hex[16] >= 'a' ? hex[16] - 'a' + 10 : hex[16] - '0';
+  hex[16] = kVariant[nibble & 3];
+  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
+         hex.substr(16, 4) + "-" + hex.substr(20, 12);
+}
+
 std::string RequestHash(std::string_view method, std::string_view url, std::string_view body) {
   std::string material;
   material.reserve(method.size() + url.size() + body.size() + 2);

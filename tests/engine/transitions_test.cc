@@ -287,6 +287,75 @@ TEST(TransitionsTest, AnExistsAnswerIsLookedUpNeverResent) {
         "exists with an honoured key: not resent either");
 }
 
+// A LINE notification: its 409 for a reused retry key is the first send's success,
+// and past the key's 24 h window an unknown outcome is never resent.
+TEST(TransitionsTest, ANotificationsKeyWindowAndAcceptedAnswer) {
+  auto loaded = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+templates:
+  hello: { version: 1, text: "hello" }
+steps:
+  - name: a
+    request: { method: GET, url: "http://x/a" }
+  - name: tell
+    notify:
+      reports: a
+      template: hello
+      recipient: "{{input.id}}"
+      channels: { line: { to: U1, token: "{{secret.T}}", url: "http://line" } }
+)", "w.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const WorkflowDefinition& definition = *loaded;
+  const InstanceRecord instance = Instance(I::kRunning);
+  SeededRandom random{3};
+  const Millis day = 24LL * 3600 * 1000;
+  const Millis now = 10 * day;
+  std::vector<StepRecord> steps(2);
+  steps[0].state = S::kCompleted;
+  steps[1].index = 1;
+  steps[1].name = "tell-line";
+  steps[1].state = S::kPending;
+  steps[1].attempts = 1;
+  steps[1].unknowns = 1;
+  steps[1].resolution = Resolution::kResubmitted;
+  auto beyond = [&](Millis first_sent) {
+    steps[1].started_at = first_sent;
+    return BeyondKeyWindow({definition, instance, steps, now, random}, 1);
+  };
+  EXPECT_FALSE(beyond(now - day + 60'000).has_value()) << "a minute left: resent under its key";
+  // Ten seconds left, but the request may take its whole 10 s timeout to arrive.
+  std::optional<Change> paused = beyond(now - day + 10'000);
+  ASSERT_TRUE(paused.has_value());
+  ASSERT_EQ(paused->steps.size(), 1u);
+  EXPECT_EQ(paused->steps[0].state, S::kUnknown);
+  EXPECT_EQ(paused->steps[0].unknowns, 1) << "nothing was sent: not another unknown";
+  EXPECT_EQ(paused->state, I::kNeedsAttention);
+  EXPECT_EQ(AlertKinds(*paused), std::vector<AlertKind>{A::kNeedsOperator});
+  EXPECT_NE(paused->steps[0].error_message.find("keeps its key only 1d"), std::string::npos)
+      << paused->steps[0].error_message;
+  steps[1].unknowns = 0;  // every earlier attempt was answered: nothing can be delivered twice
+  EXPECT_FALSE(beyond(now - 2 * day).has_value());
+
+  // 409 with the accepted request's id: completed, that id its external id.
+  steps[1].state = S::kRunning;
+  CallResult conflict = Answer(409, R"({"message":"The retry key is already accepted"})",
+                               ErrorClass::kNone);
+  conflict.accepted = true;
+  conflict.response.headers = {{"x-line-request-id", "req-2"},
+                               {"x-line-accepted-request-id", "req-1"}};
+  Change change = RecordCall({definition, instance, steps, now, random}, steps[1], conflict);
+  ASSERT_EQ(change.steps.size(), 1u);
+  EXPECT_EQ(change.steps[0].state, S::kCompleted);
+  EXPECT_EQ(change.steps[0].external_id, "req-1");
+  ASSERT_EQ(change.events.size(), 1u);
+  EXPECT_NE(change.events[0].payload_json.find("accepted before under its key"), std::string::npos)
+      << change.events[0].payload_json;
+  CallResult ok = Answer(200, R"({"sentMessages":[{"id":"1"}]})", ErrorClass::kNone);
+  ok.response.headers = {{"x-line-request-id", "req-3"}};
+  change = RecordCall({definition, instance, steps, now, random}, steps[1], ok);
+  EXPECT_EQ(change.steps[0].external_id, "req-3");
+}
+
 // A certificate refused at the TLS layer is not a business refusal: the step fails
 // without a retry, and even with a completed compensable step before it the instance
 // waits for an operator instead of compensating.

@@ -29,6 +29,14 @@ TEST(KeysTest, CompensationKeyIsDistinctAndStable) {
   EXPECT_NE(CompensationKey(key), key);
 }
 
+TEST(KeysTest, AKeyUuidIsAVersion8UuidOfTheTenantAndKey) {
+  // Computed with Python's uuid module from SHA-256("t\n<key>"), version and variant set.
+  EXPECT_EQ(KeyUuid("t", "notify:c1:order@1:e:line"), "bc86dc5c-281e-8e16-b50f-93da0cb3e203");
+  EXPECT_EQ(KeyUuid("t", "k"), KeyUuid("t", "k"));
+  EXPECT_NE(KeyUuid("t", "k"), KeyUuid("u", "k")) << "tenants never share a provider key";
+  EXPECT_NE(KeyUuid("t", "k"), KeyUuid("t", "k2"));
+}
+
 TEST(KeysTest, RequestHashChangesWithMethodUrlOrBody) {
   const std::string base = RequestHash("POST", "http://erp/orders", R"({"a":1})");
   EXPECT_EQ(base.size(), 64u);

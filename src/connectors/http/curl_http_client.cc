@@ -42,11 +42,35 @@ size_t WriteBody(char* data, size_t size, size_t count, void* user) {
 
 struct HeaderState {
   std::optional<Millis> retry_after;
+  std::vector<std::pair<std::string, std::string>> headers;  // of the last response
 };
+
+// Keeps a response header's name (lower case) and value, bounded: a status line
+// (every response of a redirect or a 100 Continue has one) starts the list again.
+void KeepHeader(std::string_view line, HeaderState* state) {
+  constexpr size_t kMaxHeaders = 64;
+  constexpr size_t kMaxValue = 1024;
+  if (line.starts_with("HTTP/")) {
+    state->headers.clear();
+    return;
+  }
+  const size_t colon = line.find(':');
+  if (colon == std::string_view::npos || colon == 0 || state->headers.size() >= kMaxHeaders) {
+    return;
+  }
+  std::string name(line.substr(0, colon));
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  std::string_view value = line.substr(colon + 1);
+  const size_t first = value.find_first_not_of(" \t");
+  const size_t last = value.find_last_not_of(" \t\r\n");
+  value = first == std::string_view::npos ? "" : value.substr(first, last - first + 1);
+  state->headers.emplace_back(std::move(name), std::string(value.substr(0, kMaxValue)));
+}
 
 size_t ReadHeader(char* data, size_t size, size_t count, void* user) {
   auto* state = static_cast<HeaderState*>(user);
   std::string_view line(data, size * count);
+  KeepHeader(line, state);
   constexpr std::string_view kName = "retry-after:";
   if (line.size() > kName.size()) {
     std::string lower(line.substr(0, kName.size()));
@@ -324,6 +348,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     response.outcome.kind = CallOutcome::Kind::kResponse;
     response.outcome.status = static_cast<int>(status);
     response.outcome.retry_after = transfer.header_state.retry_after;
+    response.headers = std::move(transfer.header_state.headers);
     return;
   }
   if (transfer.held_back) {

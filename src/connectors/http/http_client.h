@@ -108,6 +108,16 @@ struct HttpResponse {
   CallOutcome outcome;
   std::string body;
   std::string error;  // transport error text when no complete response arrived
+  // The response's headers, names in lower case (bounded: 64, values cut at 1 KiB).
+  std::vector<std::pair<std::string, std::string>> headers;
+
+  // Returns the value of header `lower_name` ("" when absent).
+  std::string Header(std::string_view lower_name) const {
+    for (const auto& [name, value] : headers) {
+      if (name == lower_name) return value;
+    }
+    return "";
+  }
   // The request was sent once before with a bearer token the target refused (401),
   // then once more with a new token; this is the second answer. The engine records
   // the first as an attempt of its own that spends no business attempt.

@@ -1,0 +1,93 @@
+#include "definition/notify.h"
+
+#include <nlohmann/json.hpp>
+
+#include "model/json_text.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// The request that sends `message` over `channel`, identified by `identity`.
+RequestSpec ChannelRequest(const NotifySpec& spec, const NotifyChannel& channel,
+                           const MessageTemplate& message, const std::string& identity) {
+  RequestSpec request;
+  request.method = "POST";
+  switch (channel.kind) {
+    case NotifyChannel::Kind::kLine:
+      // LINE Messaging API, push message: the retry key makes a resend within 24 h
+      // a 409 instead of a second message.
+      request.url = channel.url + "/v2/bot/message/push";
+      request.headers = {{"Authorization", "Bearer " + channel.token},
+                         {"X-Line-Retry-Key", "{{step.key_uuid}}"}};
+      request.body_json = JsonText(
+          Json{{"to", channel.to}, {"messages", Json::array({{{"type", "text"},
+                                                              {"text", message.text}}})}});
+      break;
+    case NotifyChannel::Kind::kWebhook:
+      // The receiver deduplicates on Webhook-Id (the identity's UUID); the body says
+      // what the delivery is.
+      request.url = channel.url;
+      request.headers = {{"Webhook-Id", "{{step.key_uuid}}"}};
+      request.body_json = JsonText(Json{{"id", "{{step.key_uuid}}"},
+                                        {"delivery", identity},
+                                        {"recipient", spec.recipient},
+                                        {"template", message.name},
+                                        {"version", message.version},
+                                        {"event", spec.event},
+                                        {"text", message.text}});
+      break;
+  }
+  return request;
+}
+
+}  // namespace
+
+std::string ChannelName(NotifyChannel::Kind kind) {
+  return kind == NotifyChannel::Kind::kLine ? "line" : "webhook";
+}
+
+std::string DeliveryIdentity(const NotifySpec& spec, const MessageTemplate& message,
+                             NotifyChannel::Kind channel) {
+  return "notify:" + spec.recipient + ":" + message.name + "@" + std::to_string(message.version) +
+         ":" + spec.event + ":" + ChannelName(channel);
+}
+
+std::vector<StepDefinition> ExpandNotify(const NotifySpec& spec, const MessageTemplate& message,
+                                         const MessageTemplate* correction) {
+  std::vector<StepDefinition> steps;
+  for (const NotifyChannel& channel : spec.channels) {
+    StepDefinition step;
+    step.name = spec.name + "-" + ChannelName(channel.kind);
+    step.line = spec.line;
+    step.kind = StepKind::kHttp;
+    step.notify = spec.name;
+    step.reports = spec.reports;
+    step.when = spec.when;
+    step.optional = !spec.critical;
+    step.retry = spec.retry;
+    step.idempotency_key = DeliveryIdentity(spec, message, channel.kind);
+    step.idempotency_honored = true;  // the provider or receiver deduplicates on its key
+    step.request = ChannelRequest(spec, channel, message, step.idempotency_key);
+    step.store_response = ResponseKeep::kNone;
+    if (channel.kind == NotifyChannel::Kind::kLine) {
+      step.key_window = kLineRetryKeyWindow;
+      step.accepted_statuses = {409};  // the retry key was accepted before
+      step.external_id_headers = {"x-line-accepted-request-id", "x-line-request-id"};
+    }
+    step.recovery = RecoveryClass::kRepeatable;
+    if (correction != nullptr) {
+      CompensationSpec compensate;
+      compensate.idempotency_key = DeliveryIdentity(spec, *correction, channel.kind);
+      compensate.request = ChannelRequest(spec, channel, *correction, compensate.idempotency_key);
+      compensate.retry = spec.retry;
+      step.compensate = std::move(compensate);
+      step.recovery = RecoveryClass::kCompensable;
+    }
+    steps.push_back(std::move(step));
+  }
+  return steps;
+}
+
+}  // namespace waystone

@@ -1,0 +1,55 @@
+#pragma once
+
+// A `notify` step, read: one message from a versioned template to one recipient over
+// one or more channels. It runs as one HTTP step per channel ("<name>-<channel>"),
+// each with its own attempts, backoff and end, keyed by the delivery's identity.
+// Pure: no I/O, no YAML (the loader reads the text into a NotifySpec).
+
+#include <string>
+#include <vector>
+
+#include "definition/definition.h"
+
+namespace waystone {
+
+// One channel of a notify step. Every string is a template.
+struct NotifyChannel {
+  enum class Kind : uint8_t { kLine = 1, kWebhook = 2 };
+  Kind kind = Kind::kLine;
+  std::string url;    // LINE: the API's base URL; webhook: the receiver's URL
+  std::string token;  // LINE: the channel access token ({{secret.NAME}} or {{env.NAME}})
+  std::string to;     // LINE: the user, group or room id
+};
+
+struct NotifySpec {
+  std::string name;
+  int line = 0;
+  std::string reports;     // the step whose committed outcome it announces
+  std::string recipient;   // template: who the delivery is for (part of its identity)
+  std::string event;       // template: the business event; "" = "{{instance.ref}}/<reports>"
+  bool critical = false;   // false (default): a failed channel alerts, the workflow goes on
+  std::vector<NotifyChannel> channels;
+  RetryPolicy retry;
+  Condition when;
+};
+
+// The name a channel's step and its identity carry: "line", "webhook".
+std::string ChannelName(NotifyChannel::Kind kind);
+
+// How long LINE keeps an X-Line-Retry-Key: a resend after this may deliver twice.
+inline constexpr Millis kLineRetryKeyWindow = 24LL * 3600 * 1000;
+
+// Returns the template of a delivery's identity, its idempotency key:
+// "notify:<recipient>:<template>@<version>:<event>:<channel>" (the tenant is the
+// key's own scope). Providers get keys derived from it (DESIGN: {{step.key_uuid}}).
+std::string DeliveryIdentity(const NotifySpec& spec, const MessageTemplate& message,
+                             NotifyChannel::Kind channel);
+
+// Returns the steps `spec` runs as, one per channel in its order: `message` is sent;
+// `correction` (null: none) is each channel's compensation, sent with its own
+// identity and only where the original was accepted (a compensation runs only for a
+// completed step).
+std::vector<StepDefinition> ExpandNotify(const NotifySpec& spec, const MessageTemplate& message,
+                                         const MessageTemplate* correction);
+
+}  // namespace waystone

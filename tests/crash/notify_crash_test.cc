@@ -1,0 +1,118 @@
+// Notifications across SIGKILLs: the `waystone` binary is killed at exact points
+// (WAYSTONE_CRASH_AT) before and after every send of a notify step's channels and
+// of their corrections, then run again. Counted at counterparts that share no code
+// with Waystone (tests/targets/line_target.py, tests/targets/webhook_receiver.py):
+// no recipient gets a message twice on any channel.
+
+#include <signal.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "support/erp_target.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+struct KillCase {
+  std::string point;
+  std::string step;
+  bool undo = false;  // the order is undone (its corrections are sent)
+};
+
+void PrintTo(const KillCase& c, std::ostream* os) {
+  *os << c.point << ":" << c.step << (c.undo ? " (undone)" : "");
+}
+
+class NotifyCrashTest : public ::testing::TestWithParam<KillCase> {
+ protected:
+  void SetUp() override {
+    line_ = std::make_unique<testing::TargetProcess>(dir_.path(), "line_target.py",
+                                                     std::vector<std::string>{"--token", "line-token-0"});
+    hook_ = std::make_unique<testing::TargetProcess>(dir_.path(), "webhook_receiver.py",
+                                                     std::vector<std::string>{});
+    ASSERT_TRUE(line_->ok() && hook_->ok());
+  }
+
+  testing::ProcessResult Run(const std::string& input,
+                             std::map<std::string, std::string> env = {}) {
+    env.emplace("WAYSTONE_DB", dir_.File("notify.db"));
+    env.emplace("LINE_URL", line_->base_url());
+    env.emplace("HOOK_URL", hook_->base_url());
+    env.emplace("WAYSTONE_SECRET_LINE_TOKEN", "line-token-0");
+    return testing::RunProcess({testing::WaystoneBinary(), "run",
+                                testing::SourceDir() + "/tests/fixtures/notify-order.yaml",
+                                "--input", input},
+                               env, dir_.path());
+  }
+
+  // The texts the LINE simulator delivered to `to`, in order.
+  std::vector<std::string> LineTexts(const std::string& to) {
+    std::vector<std::string> texts;
+    const Json stats = Json::parse(line_->StatsJson());
+    for (const Json& d : stats["deliveries"]) {
+      if (d["to"] == to) texts.push_back(d["text"].get<std::string>());
+    }
+    return texts;
+  }
+
+  // The texts the webhook receiver delivered (each Webhook-Id once), in order.
+  std::vector<std::string> HookTexts() {
+    std::vector<std::string> texts;
+    const Json stats = Json::parse(hook_->StatsJson());
+    for (const Json& d : stats["deliveries"]) {
+      texts.push_back(d["body"]["text"].get<std::string>());
+    }
+    return texts;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<testing::TargetProcess> line_;
+  std::unique_ptr<testing::TargetProcess> hook_;
+};
+
+TEST_P(NotifyCrashTest, KilledAtThePointRestartedEachMessageOnce) {
+  const KillCase& c = GetParam();
+  const std::string input = Json{{"id", "o-1"}, {"customer", "c-7"}, {"line_id", "U1"},
+                                 {"ship", c.undo ? "fail" : "no"}}.dump();
+  auto crashed = Run(input, {{"WAYSTONE_CRASH_AT", c.point + ":" + c.step}});
+  ASSERT_EQ(crashed.signal, SIGKILL) << "exit " << crashed.exit_code << "\n" << crashed.err;
+
+  auto resumed = Run(input);
+  const std::string state = c.undo ? "compensated" : "completed";
+  EXPECT_NE(resumed.out.find("state     " + state), std::string::npos) << resumed.out
+                                                                        << resumed.err;
+  const std::string confirmed = "Order ORD-o-1 is confirmed";
+  const std::string cancelled = "Order ORD-o-1 is cancelled";
+  using Texts = std::vector<std::string>;
+  const Texts expected = c.undo ? Texts{confirmed, cancelled} : Texts{confirmed};
+  EXPECT_EQ(LineTexts("U1"), expected) << line_->StatsJson();
+  EXPECT_EQ(HookTexts(), expected) << hook_->StatsJson();
+}
+
+std::vector<KillCase> Cases() {
+  std::vector<KillCase> cases;
+  for (const char* step : {"confirm-line", "confirm-webhook"}) {
+    for (const char* point : {"before-send", "after-call"}) cases.push_back({point, step});
+    for (const char* point : {"before-compensate", "after-compensate"}) {
+      cases.push_back({point, step, true});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(EverySend, NotifyCrashTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) {
+                           std::string name = info.param.point + "_" + info.param.step;
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace waystone

@@ -1,0 +1,168 @@
+// `templates:` and `notify:` steps, read: each channel becomes a step of its own
+// keyed by the delivery's identity, and what would announce too early, leak a token
+// or name what does not exist is refused with its line and step.
+
+#include "definition/notify.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "definition/loader.h"
+
+namespace waystone {
+namespace {
+
+constexpr char kHead[] = R"(workflow: orders
+key: "{{input.id}}"
+templates:
+  order-confirmed: { version: 3, text: "Order {{steps.create.external_id}} is confirmed" }
+  order-cancelled: { version: 1, text: "Order {{steps.create.external_id}} was cancelled" }
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/orders" }
+    result: { external_id: /id }
+)";
+
+constexpr char kNotify[] = R"(  - name: confirm
+    notify:
+      reports: create
+      template: order-confirmed
+      correction: order-cancelled
+      recipient: "{{input.customer}}"
+      channels:
+        line: { to: "{{input.line_id}}", token: "{{secret.LINE_TOKEN}}", url: "{{env.LINE_API}}" }
+        webhook: { url: "{{env.HOOK}}/deliveries" }
+    retry: { max_attempts: 4 }
+)";
+
+// Returns every diagnostic of `text`, one per line.
+std::string Lint(const std::string& text) {
+  WorkflowDefinition definition;
+  std::string all;
+  for (const Diagnostic& d : LintDefinitionText(text, "n.yaml", &definition)) {
+    all += d.ToString() + "\n";
+  }
+  return all;
+}
+
+TEST(NotifyTest, EachChannelIsAStepKeyedByTheDeliveryIdentity) {
+  auto definition = LoadDefinitionText(std::string(kHead) + kNotify, "n.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const auto& steps = definition->steps;
+  ASSERT_EQ(steps.size(), 3u);
+  ASSERT_EQ(definition->templates.size(), 2u);
+  EXPECT_EQ(definition->templates[0].version, 3);
+
+  const StepDefinition& line = steps[1];
+  EXPECT_EQ(line.name, "confirm-line");
+  EXPECT_EQ(line.notify, "confirm");
+  EXPECT_EQ(line.reports, "create");
+  EXPECT_EQ(line.line, 11);
+  EXPECT_TRUE(line.optional) << "a notification is not critical unless it says so";
+  EXPECT_EQ(line.retry.max_attempts, 4);
+  EXPECT_EQ(line.idempotency_key,
+            "notify:{{input.customer}}:order-confirmed@3:{{instance.ref}}/create:line");
+  EXPECT_TRUE(line.idempotency_honored);
+  EXPECT_EQ(line.key_window, kLineRetryKeyWindow);
+  EXPECT_EQ(line.accepted_statuses, std::vector<int>{409});
+  EXPECT_EQ(line.request.method, "POST");
+  EXPECT_EQ(line.request.url, "{{env.LINE_API}}/v2/bot/message/push");
+  ASSERT_EQ(line.request.headers.size(), 2u);
+  EXPECT_EQ(line.request.headers[0].second, "Bearer {{secret.LINE_TOKEN}}");
+  EXPECT_EQ(line.request.headers[1],
+            (std::pair<std::string, std::string>{"X-Line-Retry-Key", "{{step.key_uuid}}"}));
+  EXPECT_NE(line.request.body_json.find("Order {{steps.create.external_id}} is confirmed"),
+            std::string::npos)
+      << line.request.body_json;
+  ASSERT_TRUE(line.compensate.has_value());
+  EXPECT_EQ(line.recovery, RecoveryClass::kCompensable);
+  EXPECT_EQ(line.compensate->idempotency_key,
+            "notify:{{input.customer}}:order-cancelled@1:{{instance.ref}}/create:line");
+  EXPECT_NE(line.compensate->request.body_json.find("was cancelled"), std::string::npos);
+
+  const StepDefinition& webhook = steps[2];
+  EXPECT_EQ(webhook.name, "confirm-webhook");
+  EXPECT_EQ(webhook.idempotency_key,
+            "notify:{{input.customer}}:order-confirmed@3:{{instance.ref}}/create:webhook");
+  EXPECT_EQ(webhook.key_window, 0);
+  EXPECT_TRUE(webhook.accepted_statuses.empty());
+  EXPECT_EQ(webhook.request.url, "{{env.HOOK}}/deliveries");
+  EXPECT_NE(webhook.request.body_json.find("\"version\":3"), std::string::npos);
+}
+
+TEST(NotifyTest, ACriticalNotificationWithoutCorrectionAndItsOwnEvent) {
+  auto definition = LoadDefinitionText(std::string(kHead) + R"(  - name: confirm
+    critical: true
+    when: { present: "{{input.line_id}}" }
+    notify:
+      reports: create
+      template: order-confirmed
+      recipient: "{{input.customer}}"
+      event: "order-confirmed/{{input.order}}"
+      channels:
+        line: { to: "{{input.line_id}}", token: "{{env.LINE_TOKEN}}" }
+)", "n.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const StepDefinition& line = definition->steps[1];
+  EXPECT_FALSE(line.optional);
+  EXPECT_FALSE(line.compensate.has_value());
+  EXPECT_EQ(line.recovery, RecoveryClass::kRepeatable);
+  EXPECT_EQ(line.when.test, Condition::Test::kPresent);
+  EXPECT_EQ(line.request.url, "https://api.line.me/v2/bot/message/push");
+  EXPECT_EQ(line.idempotency_key,
+            "notify:{{input.customer}}:order-confirmed@3:order-confirmed/{{input.order}}:line");
+}
+
+TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
+  struct Row {
+    const char* name;
+    std::string text;
+    const char* expected;
+  };
+  const std::string head(kHead);
+  const std::string notify(kNotify);
+  auto replace = [&](std::string from, const std::string& to) {
+    std::string text = head + notify;
+    text.replace(text.find(from), from.size(), to);
+    return text;
+  };
+  const Row rows[] = {
+      {"a later step", replace("reports: create", "reports: later") +
+                           "  - name: later\n    request: { method: GET, url: \"http://x\" }\n",
+       "n.yaml:11: step 'confirm': notify 'confirm' reports step 'later', which has not run yet"},
+      {"no such step", replace("reports: create", "reports: nothing"),
+       "step 'confirm': notify 'confirm' reports step 'nothing', which does not exist"},
+      {"an unknown template", replace("template: order-confirmed", "template: order-shipped"),
+       ":14: step 'confirm': 'template': no template 'order-shipped' under 'templates:' (known: "
+       "order-confirmed, order-cancelled)"},
+      {"a token written out", replace("{{secret.LINE_TOKEN}}", "abc123"),
+       "'notify.channels.line.token' must be exactly one {{secret.NAME}} or {{env.NAME}}"},
+      {"a token from the input", replace("{{secret.LINE_TOKEN}}", "{{input.token}}"),
+       "'notify.channels.line.token' must come from {{secret.NAME}} or {{env.NAME}}"},
+      {"email", replace("webhook:", "email:"), "channel 'email' (SMTP) is not supported yet"},
+      {"an unknown channel", replace("webhook:", "fax:"), "unknown channel 'fax'"},
+      {"no version", replace("version: 3, ", ""), "template 'order-confirmed' needs 'version'"},
+      {"a name clash", head + notify +
+                           "  - name: confirm-line\n    request: { method: GET, url: \"http://x\" "
+                           "}\n",
+       "step 'confirm-line': duplicate step name"},
+      {"an unknown field", replace("channels:", "channel: {}\n      channels:"),
+       "unknown field 'channel' in notify"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    const std::string found = Lint(row.text);
+    EXPECT_NE(found.find(row.expected), std::string::npos) << found;
+  }
+  // Reporting an optional step: it may have failed.
+  std::string optional = head;
+  optional.replace(optional.find("    idempotency"), 0, "    optional: true\n");
+  EXPECT_NE(Lint(optional + notify).find("which is optional and may have failed"),
+            std::string::npos)
+      << Lint(optional + notify);
+}
+
+}  // namespace
+}  // namespace waystone
