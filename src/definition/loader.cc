@@ -625,13 +625,14 @@ class Reader {
       for (const MessageTemplate& message : templates) {
         if (message.name == wanted) return &message;
       }
-      std::string known;
-      for (const MessageTemplate& message : templates) {
-        known += (known.empty() ? "" : ", ") + message.name;
+      std::string text = "'";
+      text.append(field).append("': no template '").append(wanted).append("' under 'templates:'");
+      if (templates.empty()) text.append(" (there are none)");
+      for (size_t i = 0; i < templates.size(); ++i) {
+        text.append(i == 0 ? " (known: " : ", ").append(templates[i].name);
       }
-      Error(at, name, "'" + std::string(field) + "': no template '" + wanted +
-                          "' under 'templates:'" +
-                          (known.empty() ? " (there are none)" : " (known: " + known + ")"));
+      if (!templates.empty()) text.append(")");
+      Error(at, name, text);
       return nullptr;
     };
     const MessageTemplate* message = find("template");
