@@ -668,12 +668,12 @@ class Reader {
         read.token = RequiredString(settings, "token", name);
         read.url = settings["url"] ? RequiredString(settings, "url", name)
                                    : std::string("https://api.line.me");
-        if (!read.token.empty() && !SolePlaceholder(read.token).has_value()) {
+        const auto path = SolePlaceholder(read.token);
+        if (!read.token.empty() && !path) {
           Error(settings["token"], name, "'" + where + ".token' must be exactly one "
                                          "{{secret.NAME}} or {{env.NAME}}: a token is never "
                                          "written into a definition");
-        } else if (auto path = SolePlaceholder(read.token);
-                   path && (*path)[0] != "secret" && (*path)[0] != "env") {
+        } else if (path && (*path)[0] != "secret" && (*path)[0] != "env") {
           Error(settings["token"], name, "'" + where + ".token' must come from {{secret.NAME}} "
                                          "or {{env.NAME}}");
         }

@@ -45,52 +45,45 @@ struct HeaderState {
   std::vector<std::pair<std::string, std::string>> headers;  // of the last response
 };
 
-// Keeps a response header's name (lower case) and value, bounded: a status line
-// (every response of a redirect or a 100 Continue has one) starts the list again.
-void KeepHeader(std::string_view line, HeaderState* state) {
+// Returns the Retry-After delay a header value says: delta-seconds or an HTTP date.
+std::optional<Millis> ParseRetryAfter(const std::string& value) {
+  long long seconds = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+  if (ec == std::errc() && end == value.data() + value.size() && seconds >= 0) {
+    return seconds * 1000;
+  }
+  const time_t at = curl_getdate(value.c_str(), nullptr);
+  if (at <= 0) return std::nullopt;
+  return std::max<Millis>(0, static_cast<Millis>(at - time(nullptr)) * 1000);
+}
+
+// Reads one header line: its name (lower case) and trimmed value are kept, bounded,
+// and a Retry-After is parsed. A status line (every response of a redirect or a
+// 100 Continue has one) starts the list again.
+size_t ReadHeader(char* data, size_t size, size_t count, void* user) {
   constexpr size_t kMaxHeaders = 64;
   constexpr size_t kMaxValue = 1024;
+  auto* state = static_cast<HeaderState*>(user);
+  const std::string_view line(data, size * count);
   if (line.starts_with("HTTP/")) {
     state->headers.clear();
-    return;
+    return size * count;
   }
   const size_t colon = line.find(':');
-  if (colon == std::string_view::npos || colon == 0 || state->headers.size() >= kMaxHeaders) {
-    return;
-  }
+  if (colon == std::string_view::npos || colon == 0) return size * count;
   std::string name(line.substr(0, colon));
   std::transform(name.begin(), name.end(), name.begin(), ::tolower);
   std::string_view value = line.substr(colon + 1);
   const size_t first = value.find_first_not_of(" \t");
   const size_t last = value.find_last_not_of(" \t\r\n");
   value = first == std::string_view::npos ? "" : value.substr(first, last - first + 1);
-  state->headers.emplace_back(std::move(name), std::string(value.substr(0, kMaxValue)));
-}
-
-size_t ReadHeader(char* data, size_t size, size_t count, void* user) {
-  auto* state = static_cast<HeaderState*>(user);
-  std::string_view line(data, size * count);
-  KeepHeader(line, state);
-  constexpr std::string_view kName = "retry-after:";
-  if (line.size() > kName.size()) {
-    std::string lower(line.substr(0, kName.size()));
-    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    if (lower == kName) {
-      std::string value(line.substr(kName.size()));
-      value.erase(0, value.find_first_not_of(" \t"));
-      value.erase(value.find_last_not_of(" \t\r\n") + 1);
-      long long seconds = 0;
-      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-      if (ec == std::errc() && end == value.data() + value.size() && seconds >= 0) {
-        state->retry_after = seconds * 1000;
-      } else {
-        const time_t at = curl_getdate(value.c_str(), nullptr);
-        if (at > 0) {
-          const time_t now = time(nullptr);
-          state->retry_after = std::max<Millis>(0, static_cast<Millis>(at - now) * 1000);
-        }
-      }
+  if (name == "retry-after") {
+    if (std::optional<Millis> delay = ParseRetryAfter(std::string(value))) {
+      state->retry_after = delay;
     }
+  }
+  if (state->headers.size() < kMaxHeaders) {
+    state->headers.emplace_back(std::move(name), std::string(value.substr(0, kMaxValue)));
   }
   return size * count;
 }
