@@ -28,15 +28,19 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The console's browser tests (tests/console): playwright-core and axe-core, pinned in
-# package-lock.json, installed with `npm ci` when the lock changed since the last install.
-console_tests="$(dirname "$0")/../tests/console"
+# npm-pinned test dependencies, each installed with `npm ci` when its package-lock.json
+# changed since the last install (marker: node_modules/.package-lock.json.installed):
+# - tests/console: the console's browser tests (playwright-core and axe-core);
+# - tests/targets/smtp: the SMTP test target (smtp-server).
+repo_root="$(dirname "$0")/.."
 if command -v npm >/dev/null 2>&1; then
-  if ! cmp -s "$console_tests/package-lock.json" "$console_tests/node_modules/.package-lock.json.installed"; then
-    echo "setup: npm ci in tests/console" >&2
-    (cd "$console_tests" && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
-       cp package-lock.json node_modules/.package-lock.json.installed)
-  fi
+  for dir in tests/console tests/targets/smtp; do
+    if ! cmp -s "$repo_root/$dir/package-lock.json" "$repo_root/$dir/node_modules/.package-lock.json.installed"; then
+      echo "setup: npm ci in $dir" >&2
+      (cd "$repo_root/$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
+         cp package-lock.json node_modules/.package-lock.json.installed)
+    fi
+  done
 else
-  echo "setup: npm is missing; the console's browser test (ConsoleBrowserTest) will fail" >&2
+  echo "setup: npm is missing; the console's browser test (ConsoleBrowserTest) and the SMTP target's self-test (SmtpTargetSelfTest) will fail" >&2
 fi

@@ -34,6 +34,19 @@ enum class BodyKind : uint8_t {
   kForm = 2,       // `form`: application/x-www-form-urlencoded fields
   kMultipart = 3,  // `multipart`: multipart/form-data fields and files
   kFile = 4,       // `body_file`: the raw bytes of one file
+  kMail = 5,       // an email (RFC 5322) sent over SMTP to an smtp:// or smtps:// URL
+};
+
+// An email a request sends (BodyKind::kMail). Every string is a template.
+struct MailSpec {
+  std::string from;        // the sender's address (envelope and From:)
+  std::string to;          // the one recipient's address (envelope and To:)
+  std::string subject;
+  std::string text;        // plain text, UTF-8
+  std::string message_id;  // the Message-ID's left part; its right part is the From domain
+  std::string delivery;    // X-Waystone-Delivery: the delivery's identity
+  std::string user;        // SMTP AUTH; "" = none
+  std::string password;    // a secret ({{secret.NAME}} or {{env.NAME}})
 };
 
 // An HTTP request whose strings are templates.
@@ -45,6 +58,7 @@ struct RequestSpec {
   std::string body_json;                                     // JSON template tree; empty: no body
   std::string fields_json;   // kForm, kMultipart: JSON object, field name -> template
   std::vector<FileSpec> files;  // kMultipart: its files; kFile: exactly one
+  MailSpec mail;                // kMail
   Millis timeout = 10'000;
 
   // Returns true for methods that change something on the other side.
@@ -166,7 +180,8 @@ struct MessageTemplate {
   std::string name;
   int line = 0;
   int version = 0;    // >= 1
-  std::string text;   // template: the message's text (LINE, webhook)
+  std::string text;   // template: the message's text (LINE, webhook, email)
+  std::string subject;  // template: an email's subject ("" = none; email needs one)
 };
 
 // A system the workflow calls (`targets:`), by name: every request whose rendered URL

@@ -579,7 +579,7 @@ class Reader {
         Error(spec, "", where + " must be a mapping such as { version: 1, text: \"...\" }");
         continue;
       }
-      CheckFields(spec, "", {"version", "text"}, where);
+      CheckFields(spec, "", {"version", "text", "subject"}, where);
       const YAML::Node version = spec["version"];
       if (!version || !YAML::convert<int>::decode(version, message.version) ||
           message.version < 1) {
@@ -588,6 +588,7 @@ class Reader {
                       "it, so a changed text is a new version");
       }
       message.text = RequiredString(spec, "text", "");
+      message.subject = OptionalString(spec, "subject", "");
       out->push_back(std::move(message));
     }
   }
@@ -660,6 +661,18 @@ class Reader {
         Error(settings, name, "'" + where + "' must be a mapping");
         continue;
       }
+      // A credential is never written into a definition: exactly one placeholder.
+      auto credential = [&](const char* field, const std::string& value) {
+        const auto path = SolePlaceholder(value);
+        if (!value.empty() && !path) {
+          Error(settings[field], name, "'" + where + "." + field + "' must be exactly one "
+                                       "{{secret.NAME}} or {{env.NAME}}: a credential is never "
+                                       "written into a definition");
+        } else if (path && (*path)[0] != "secret" && (*path)[0] != "env") {
+          Error(settings[field], name, "'" + where + "." + field + "' must come from "
+                                       "{{secret.NAME}} or {{env.NAME}}");
+        }
+      };
       NotifyChannel read;
       if (channel == "line") {
         read.kind = NotifyChannel::Kind::kLine;
@@ -668,25 +681,41 @@ class Reader {
         read.token = RequiredString(settings, "token", name);
         read.url = settings["url"] ? RequiredString(settings, "url", name)
                                    : std::string("https://api.line.me");
-        const auto path = SolePlaceholder(read.token);
-        if (!read.token.empty() && !path) {
-          Error(settings["token"], name, "'" + where + ".token' must be exactly one "
-                                         "{{secret.NAME}} or {{env.NAME}}: a token is never "
-                                         "written into a definition");
-        } else if (path && (*path)[0] != "secret" && (*path)[0] != "env") {
-          Error(settings["token"], name, "'" + where + ".token' must come from {{secret.NAME}} "
-                                         "or {{env.NAME}}");
-        }
+        credential("token", read.token);
       } else if (channel == "webhook") {
         read.kind = NotifyChannel::Kind::kWebhook;
         CheckFields(settings, name, {"url"}, where);
         read.url = RequiredString(settings, "url", name);
       } else if (channel == "email") {
-        Error(entry.first, name, "channel 'email' (SMTP) is not supported yet; use line or "
-                                 "webhook");
-        continue;
+        read.kind = NotifyChannel::Kind::kEmail;
+        CheckFields(settings, name, {"url", "from", "to", "user", "password"}, where);
+        read.url = RequiredString(settings, "url", name);
+        read.from = RequiredString(settings, "from", name);
+        read.to = RequiredString(settings, "to", name);
+        read.user = OptionalString(settings, "user", name);
+        read.password = OptionalString(settings, "password", name);
+        if (!read.url.empty() && !read.url.starts_with("{{") &&
+            !read.url.starts_with("smtp://") && !read.url.starts_with("smtps://")) {
+          Error(settings["url"], name, "'" + where + ".url' is the SMTP server: "
+                                       "smtp://host:port or smtps://host:port");
+        }
+        if (read.user.empty() != read.password.empty()) {
+          Error(settings, name, "'" + where + "': 'user' and 'password' go together (SMTP AUTH)");
+        }
+        credential("password", read.password);
+        if (message != nullptr && message->subject.empty()) {
+          Error(settings, name, "'" + where + "': template '" + message->name +
+                                    "' has no 'subject', which an email needs");
+        }
+        if (correction != nullptr) {
+          Error(notify["correction"], name,
+                "a correction is not sent over email: an SMTP server keeps no key, so a "
+                "correction whose answer was lost could only be resent blindly. Send the "
+                "email from a notify step of its own, without 'correction'");
+        }
       } else {
-        Error(entry.first, name, "unknown channel '" + channel + "' (known: line, webhook)");
+        Error(entry.first, name,
+              "unknown channel '" + channel + "' (known: line, webhook, email)");
         continue;
       }
       spec.channels.push_back(std::move(read));

@@ -38,6 +38,20 @@ RequestSpec ChannelRequest(const NotifySpec& spec, const NotifyChannel& channel,
                                         {"event", spec.event},
                                         {"text", message.text}});
       break;
+    case NotifyChannel::Kind::kEmail:
+      request.method = "MAIL";
+      request.url = channel.url;
+      request.body_kind = BodyKind::kMail;
+      request.body_json.clear();
+      request.mail = MailSpec{.from = channel.from,
+                              .to = channel.to,
+                              .subject = message.subject,
+                              .text = message.text,
+                              .message_id = "{{step.key_uuid}}",
+                              .delivery = identity,
+                              .user = channel.user,
+                              .password = channel.password};
+      break;
   }
   return request;
 }
@@ -45,7 +59,12 @@ RequestSpec ChannelRequest(const NotifySpec& spec, const NotifyChannel& channel,
 }  // namespace
 
 std::string ChannelName(NotifyChannel::Kind kind) {
-  return kind == NotifyChannel::Kind::kLine ? "line" : "webhook";
+  switch (kind) {
+    case NotifyChannel::Kind::kLine: return "line";
+    case NotifyChannel::Kind::kWebhook: return "webhook";
+    case NotifyChannel::Kind::kEmail: return "email";
+  }
+  return "line";
 }
 
 std::string DeliveryIdentity(const NotifySpec& spec, const MessageTemplate& message,
@@ -68,7 +87,9 @@ std::vector<StepDefinition> ExpandNotify(const NotifySpec& spec, const MessageTe
     step.optional = !spec.critical;
     step.retry = spec.retry;
     step.idempotency_key = DeliveryIdentity(spec, message, channel.kind);
-    step.idempotency_honored = true;  // the provider or receiver deduplicates on its key
+    // LINE and webhook receivers deduplicate on the key; an SMTP server does not.
+    const bool email = channel.kind == NotifyChannel::Kind::kEmail;
+    step.idempotency_honored = !email;
     step.request = ChannelRequest(spec, channel, message, step.idempotency_key);
     step.store_response = ResponseKeep::kNone;
     if (channel.kind == NotifyChannel::Kind::kLine) {
@@ -76,8 +97,8 @@ std::vector<StepDefinition> ExpandNotify(const NotifySpec& spec, const MessageTe
       step.accepted_statuses = {409};  // the retry key was accepted before
       step.external_id_headers = {"x-line-accepted-request-id", "x-line-request-id"};
     }
-    step.recovery = RecoveryClass::kRepeatable;
-    if (correction != nullptr) {
+    step.recovery = email ? RecoveryClass::kManual : RecoveryClass::kRepeatable;
+    if (correction != nullptr && !email) {
       CompensationSpec compensate;
       compensate.idempotency_key = DeliveryIdentity(spec, *correction, channel.kind);
       compensate.request = ChannelRequest(spec, channel, *correction, compensate.idempotency_key);

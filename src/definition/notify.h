@@ -14,11 +14,15 @@ namespace waystone {
 
 // One channel of a notify step. Every string is a template.
 struct NotifyChannel {
-  enum class Kind : uint8_t { kLine = 1, kWebhook = 2 };
+  enum class Kind : uint8_t { kLine = 1, kWebhook = 2, kEmail = 3 };
   Kind kind = Kind::kLine;
-  std::string url;    // LINE: the API's base URL; webhook: the receiver's URL
+  std::string url;    // LINE: the API's base URL; webhook: the receiver's URL;
+                      // email: the SMTP server (smtp://host:port or smtps://host:port)
   std::string token;  // LINE: the channel access token ({{secret.NAME}} or {{env.NAME}})
-  std::string to;     // LINE: the user, group or room id
+  std::string to;     // LINE: the user, group or room id; email: the address
+  std::string from;   // email: the sender's address
+  std::string user;   // email: SMTP AUTH user ("" = no AUTH)
+  std::string password;  // email: SMTP AUTH password ({{secret.NAME}} or {{env.NAME}})
 };
 
 struct NotifySpec {
@@ -33,7 +37,7 @@ struct NotifySpec {
   Condition when;
 };
 
-// The name a channel's step and its identity carry: "line", "webhook".
+// The name a channel's step and its identity carry: "line", "webhook", "email".
 std::string ChannelName(NotifyChannel::Kind kind);
 
 // How long LINE keeps an X-Line-Retry-Key: a resend after this may deliver twice.
@@ -48,7 +52,13 @@ std::string DeliveryIdentity(const NotifySpec& spec, const MessageTemplate& mess
 // Returns the steps `spec` runs as, one per channel in its order: `message` is sent;
 // `correction` (null: none) is each channel's compensation, sent with its own
 // identity and only where the original was accepted (a compensation runs only for a
-// completed step).
+// completed step). The loader refuses a correction over email.
+//
+// LINE and webhook receivers deduplicate on the key derived from the identity, so an
+// unknown outcome is resent under it. SMTP has no such key: an email whose server's
+// answer was lost after the whole message (DATA) is `unknown` and waits for an
+// operator (recovery manual); its Message-ID, derived from the identity, lets a
+// mailbox that deduplicates on it drop a copy an operator chose to resend.
 std::vector<StepDefinition> ExpandNotify(const NotifySpec& spec, const MessageTemplate& message,
                                          const MessageTemplate* correction);
 

@@ -88,7 +88,10 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
           << ", pinned by SHA-256 before the first attempt (changed later: a conflict, never "
              "sent)\n";
     }
-    if (side_effecting) {
+    if (side_effecting && step.request.body_kind == BodyKind::kMail) {
+      out << "   idem. key:  " << Key(step) << "  (the email's Message-ID derives from it, the "
+             "same on every attempt; an SMTP server keeps no key)\n";
+    } else if (side_effecting) {
       out << "   idem. key:  " << Key(step) << "  (sent as Idempotency-Key on every attempt"
           << (step.idempotency_honored ? "; the target honours it" : "") << ")\n";
     }

@@ -35,6 +35,15 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
       visit(at + ".filename", file.filename, false, sees_itself);
       visit(at + ".content_type", file.content_type, false, sees_itself);
     }
+    if (r.body_kind == BodyKind::kMail) {
+      const MailSpec& mail = r.mail;
+      for (const auto& [field, text] :
+           {std::pair<const char*, const std::string&>{"from", mail.from}, {"to", mail.to},
+            {"subject", mail.subject}, {"text", mail.text}, {"message_id", mail.message_id},
+            {"delivery", mail.delivery}, {"user", mail.user}, {"password", mail.password}}) {
+        visit(where + ".mail." + field, text, false, sees_itself);
+      }
+    }
   };
   // A condition reads like any template (what it reads of an answer is kept).
   if (!step.when.Always()) visit("when", step.when.value, false, false);

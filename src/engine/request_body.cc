@@ -10,6 +10,7 @@
 #include "base/base64.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
+#include "engine/mail_message.h"
 #include "model/json_text.h"
 #include "model/template.h"
 
@@ -191,6 +192,24 @@ absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const Json& cont
         request.multipart.push_back(std::move(part));
       }
       return "multipart " + JsonText(identity);
+    }
+    case BodyKind::kMail: {
+      const MailSpec& mail = spec.mail;
+      MailFields fields;
+      WS_ASSIGN_OR_RETURN(fields.from, RenderString(mail.from, context, "email from"));
+      WS_ASSIGN_OR_RETURN(fields.to, RenderString(mail.to, context, "email to"));
+      WS_ASSIGN_OR_RETURN(fields.subject, RenderString(mail.subject, context, "email subject"));
+      WS_ASSIGN_OR_RETURN(fields.text, RenderString(mail.text, context, "email text"));
+      WS_ASSIGN_OR_RETURN(fields.message_id,
+                          RenderString(mail.message_id, context, "email message id"));
+      WS_ASSIGN_OR_RETURN(fields.delivery, RenderString(mail.delivery, context, "email delivery"));
+      WS_ASSIGN_OR_RETURN(request.body, ComposeMail(fields));
+      request.mail.from = fields.from;
+      request.mail.to = {fields.to};
+      WS_ASSIGN_OR_RETURN(request.mail.user, RenderString(mail.user, context, "email user"));
+      WS_ASSIGN_OR_RETURN(request.mail.password,
+                          RenderString(mail.password, context, "email password"));
+      return request.body;  // the same on every attempt (the sender adds the Date)
     }
     case BodyKind::kFile: {
       WS_ASSIGN_OR_RETURN(Pinned pinned, PinFile(spec.files.front(), context, files_dir,

@@ -254,6 +254,7 @@ std::string ShortenMessage(std::string_view text) {
 
 std::string DescribeResponse(const HttpResponse& response) {
   if (response.outcome.kind != CallOutcome::Kind::kResponse) return response.error;
+  if (response.outcome.smtp) return "SMTP " + ShortenMessage(response.body);  // "250 2.0.0 Ok"
   return "HTTP " + std::to_string(response.outcome.status) +
          (response.body.empty() ? "" : ": " + ShortenMessage(response.body));
 }

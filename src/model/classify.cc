@@ -23,6 +23,14 @@ ErrorClass DefaultForStatus(int status) {
   return ErrorClass::kRejected;
 }
 
+// An SMTP server's last reply (RFC 5321 §4.2.1). A 4xx is a transient refusal of
+// the whole transaction (the message was not taken); a 5xx a permanent one.
+ErrorClass DefaultForSmtpReply(int code) {
+  if (code >= 200 && code < 300) return ErrorClass::kNone;
+  if (code >= 400 && code < 500) return ErrorClass::kTransient;
+  return ErrorClass::kRejected;
+}
+
 }  // namespace
 
 std::string_view ToString(ConnectionUsed connection) {
@@ -46,6 +54,7 @@ ErrorClass Classify(const CallOutcome& outcome, const StatusOverrides& overrides
       break;
   }
   if (auto it = overrides.find(outcome.status); it != overrides.end()) return it->second;
+  if (outcome.smtp) return DefaultForSmtpReply(outcome.status);
   return DefaultForStatus(outcome.status);
 }
 

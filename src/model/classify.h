@@ -41,13 +41,17 @@ struct CallOutcome {
   // nothing of the target.
   bool withdrawn = false;
   ConnectionUsed connection = ConnectionUsed::kNone;
+  // `status` is an SMTP reply code (RFC 5321 §4.2.1): 2xx done, 4xx transient,
+  // 5xx permanent.
+  bool smtp = false;
 };
 
 // Per-step overrides of the default class for an HTTP status (the `errors:` map).
 using StatusOverrides = std::map<int, ErrorClass>;
 
 // Returns the error class of an outcome: kNone for a 2xx response, otherwise
-// transient / rejected / unknown per DESIGN.md, after `overrides`.
+// transient / rejected / unknown per DESIGN.md (SMTP replies by their own classes),
+// after `overrides`.
 ErrorClass Classify(const CallOutcome& outcome, const StatusOverrides& overrides);
 
 }  // namespace waystone

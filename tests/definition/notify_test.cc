@@ -115,6 +115,71 @@ TEST(NotifyTest, ACriticalNotificationWithoutCorrectionAndItsOwnEvent) {
             "notify:{{input.customer}}:order-confirmed@3:order-confirmed/{{input.order}}:line");
 }
 
+TEST(NotifyTest, AnEmailIsSentOnceAndAnUnknownOutcomeWaitsForAnOperator) {
+  auto definition = LoadDefinitionText(std::string(R"(workflow: orders
+key: "{{input.id}}"
+templates:
+  order-confirmed:
+    version: 2
+    subject: "Order {{steps.create.external_id}}"
+    text: "Order {{steps.create.external_id}} is confirmed"
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/orders" }
+    result: { external_id: /id }
+  - name: confirm
+    notify:
+      reports: create
+      template: order-confirmed
+      recipient: "{{input.customer}}"
+      channels:
+        email:
+          url: "smtps://mail.example:465"
+          from: orders@shop.example
+          to: "{{input.email}}"
+          user: "{{env.SMTP_USER}}"
+          password: "{{secret.SMTP_PASSWORD}}"
+)"), "n.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const StepDefinition& email = definition->steps[1];
+  EXPECT_EQ(email.name, "confirm-email");
+  EXPECT_EQ(email.idempotency_key,
+            "notify:{{input.customer}}:order-confirmed@2:{{instance.ref}}/create:email");
+  EXPECT_FALSE(email.idempotency_honored) << "an SMTP server keeps no key";
+  EXPECT_EQ(email.recovery, RecoveryClass::kManual) << "a lost 250 is never resent blindly";
+  EXPECT_EQ(email.key_window, 0);
+  EXPECT_TRUE(email.optional);
+  EXPECT_EQ(email.request.method, "MAIL");
+  EXPECT_EQ(email.request.url, "smtps://mail.example:465");
+  EXPECT_EQ(email.request.body_kind, BodyKind::kMail);
+  const MailSpec& mail = email.request.mail;
+  EXPECT_EQ(mail.from, "orders@shop.example");
+  EXPECT_EQ(mail.to, "{{input.email}}");
+  EXPECT_EQ(mail.subject, "Order {{steps.create.external_id}}");
+  EXPECT_EQ(mail.text, "Order {{steps.create.external_id}} is confirmed");
+  EXPECT_EQ(mail.message_id, "{{step.key_uuid}}");
+  EXPECT_EQ(mail.delivery, email.idempotency_key);
+  EXPECT_EQ(mail.password, "{{secret.SMTP_PASSWORD}}");
+  EXPECT_FALSE(email.compensate.has_value());
+  EXPECT_NE(Lint(R"(workflow: orders
+key: "{{input.id}}"
+templates:
+  t: { version: 1, subject: "s {{input.nope}}", text: x }
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/orders" }
+  - name: confirm
+    notify:
+      reports: create
+      template: t
+      recipient: r
+      channels: { email: { url: "smtp://m:25", from: a@b.example, to: "{{steps.later.external_id}}" } }
+)").find("request.mail.to: {{steps.later.external_id}} refers to step 'later', which does not exist"),
+            std::string::npos) << "the validator reads an email's templates too";
+}
+
 TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
   struct Row {
     const char* name;
@@ -141,7 +206,27 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
        "'notify.channels.line.token' must be exactly one {{secret.NAME}} or {{env.NAME}}"},
       {"a token from the input", replace("{{secret.LINE_TOKEN}}", "{{input.token}}"),
        "'notify.channels.line.token' must come from {{secret.NAME}} or {{env.NAME}}"},
-      {"email", replace("webhook:", "email:"), "channel 'email' (SMTP) is not supported yet"},
+      {"a correction over email",
+       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+               "email: { url: \"smtp://mail:25\", from: a@b.example, to: \"{{input.mail}}\" }"),
+       "a correction is not sent over email"},
+      {"an email without subject",
+       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+               "email: { url: \"smtp://mail:25\", from: a@b.example, to: \"{{input.mail}}\" }"),
+       "template 'order-confirmed' has no 'subject', which an email needs"},
+      {"an email to an HTTP URL",
+       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+               "email: { url: \"http://mail\", from: a@b.example, to: x@y.example }"),
+       "'notify.channels.email.url' is the SMTP server: smtp://host:port or smtps://host:port"},
+      {"an SMTP password written out",
+       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+               "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, user: u, "
+               "password: hunter22 }"),
+       "'notify.channels.email.password' must be exactly one {{secret.NAME}} or {{env.NAME}}"},
+      {"a user without password",
+       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+               "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, user: u }"),
+       "'user' and 'password' go together"},
       {"an unknown channel", replace("webhook:", "fax:"), "unknown channel 'fax'"},
       {"no version", replace("version: 3, ", ""), "template 'order-confirmed' needs 'version'"},
       {"a name clash", head + notify +

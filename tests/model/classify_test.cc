@@ -32,6 +32,24 @@ TEST(ClassifyTest, GatewayTimeoutAndServerErrorsAreUnknown) {
   EXPECT_EQ(Classify(Response(500), {}), ErrorClass::kUnknown);
 }
 
+TEST(ClassifyTest, SmtpRepliesByTheirOwnClasses) {
+  auto reply = [](int code) {
+    CallOutcome outcome = Response(code);
+    outcome.smtp = true;
+    return outcome;
+  };
+  EXPECT_EQ(Classify(reply(250), {}), ErrorClass::kNone);
+  // 4xx: not taken this time (RFC 5321 §4.2.1), where HTTP would say rejected.
+  for (int code : {421, 450, 451, 452}) {
+    EXPECT_EQ(Classify(reply(code), {}), ErrorClass::kTransient) << code;
+  }
+  // 5xx: refused for good, where HTTP would say unknown or transient.
+  for (int code : {503, 535, 550, 552, 554}) {
+    EXPECT_EQ(Classify(reply(code), {}), ErrorClass::kRejected) << code;
+  }
+  EXPECT_EQ(Classify(reply(552), {{552, ErrorClass::kTransient}}), ErrorClass::kTransient);
+}
+
 TEST(ClassifyTest, TransportOutcomes) {
   EXPECT_EQ(Classify({CallOutcome::Kind::kNotSent, 0, std::nullopt}, {}), ErrorClass::kTransient);
   EXPECT_EQ(Classify({CallOutcome::Kind::kLostAfterSend, 0, std::nullopt}, {}),

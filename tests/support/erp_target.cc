@@ -8,7 +8,9 @@ namespace waystone::testing {
 
 TargetProcess::TargetProcess(const std::string& output_dir, const std::string& script,
                              const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"/usr/bin/env", "python3",
+  // Python standard-library targets, or a Node one (.mjs) with its packages beside it.
+  const char* interpreter = script.ends_with(".mjs") ? "node" : "python3";
+  std::vector<std::string> argv = {"/usr/bin/env", interpreter,
                                    SourceDir() + "/tests/targets/" + script, "--host",
                                    "127.0.0.1", "--port", "0"};
   argv.insert(argv.end(), args.begin(), args.end());

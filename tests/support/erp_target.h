@@ -14,7 +14,8 @@ namespace waystone::testing {
 // per test.
 class TargetProcess {
  public:
-  // Starts tests/targets/`script` with `args`, its own output in `output_dir`;
+  // Starts tests/targets/`script` (python3, or node for .mjs) with `args`, its own
+  // output in `output_dir`;
   // fails the test when it does not listen within 10 s.
   TargetProcess(const std::string& output_dir, const std::string& script,
                 const std::vector<std::string>& args);

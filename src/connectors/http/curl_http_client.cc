@@ -19,6 +19,7 @@
 
 #include "base/mutex.h"
 #include "base/sha256.h"
+#include "connectors/http/curl_mail.h"
 #include "connectors/http/http_client.h"
 
 namespace waystone {
@@ -159,6 +160,7 @@ struct Transfer {
   char error_detail[CURL_ERROR_SIZE] = {};  // libcurl's own words on a failure
   curl_mime* mime = nullptr;                     // a multipart body
   std::vector<std::unique_ptr<FileStream>> streams;  // files sent from disk
+  curl_mail::MailTransfer mail;                      // an email's message and replies
 
   Transfer(HttpRequest r, HttpDone d) : request(std::move(r)), done(std::move(d)) {}
   ~Transfer() {
@@ -187,8 +189,8 @@ int BeforeSending(void* user, char*, char*, int, int) {
   return CURL_PREREQFUNC_ABORT;
 }
 
-// Sets up `transfer`'s easy handle for its request.
-void Configure(Transfer& transfer, const HttpClientOptions& options) {
+// Sets up `transfer`'s easy handle for its HTTP request.
+void ConfigureHttp(Transfer& transfer) {
   CURL* curl = transfer.easy.get();
   const HttpRequest& request = transfer.request;
   bool has_content_type = false;
@@ -202,7 +204,6 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
     transfer.headers = curl_slist_append(transfer.headers, "Content-Type: application/json");
   }
   transfer.headers = curl_slist_append(transfer.headers, "Expect:");
-  curl_easy_setopt(curl, CURLOPT_PRIVATE, &transfer);
   curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
   if (request.method == "HEAD") curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
@@ -247,17 +248,32 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
                      static_cast<curl_off_t>(request.body.size()));
   }
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, transfer.headers);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(request.timeout));
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                   static_cast<long>(std::min(request.timeout, options.connect_timeout)));
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &transfer.response.body);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, ReadHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &transfer.header_state);
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  // HTTP/1.1 only: an HTTP/2 REFUSED_STREAM makes libcurl send the request again.
+  curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
+}
+
+// Sets up `transfer`'s easy handle for its request, HTTP or an email.
+void Configure(Transfer& transfer, const HttpClientOptions& options) {
+  CURL* curl = transfer.easy.get();
+  const HttpRequest& request = transfer.request;
+  curl_easy_setopt(curl, CURLOPT_PRIVATE, &transfer);
+  if (request.IsMail()) {
+    curl_mail::Configure(curl, request, transfer.mail);
+  } else {
+    ConfigureHttp(transfer);
+  }
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(request.timeout));
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(std::min(request.timeout, options.connect_timeout)));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_PREREQFUNCTION, BeforeSending);
   curl_easy_setopt(curl, CURLOPT_PREREQDATA, &transfer);
-  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, options.verify_tls ? 1L : 0L);
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options.verify_tls ? 2L : 0L);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, transfer.error_detail);
@@ -281,9 +297,6 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
   }
   // A receive buffer per waiting request: API answers are small, and thousands wait.
   curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, kReceiveBuffer);
-  // HTTP/1.1 only: an HTTP/2 REFUSED_STREAM makes libcurl send the request again.
-  curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
-  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
   if (request.reuse == ConnectionReuse::kFresh) {
     // libcurl resends a request by itself only on a reused connection that died
     // before the first response byte; a connection of its own rules that out.
@@ -335,6 +348,10 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   response.outcome.connection = new_connections > 0 ? ConnectionUsed::kNew
                                 : connected_port > 0 ? ConnectionUsed::kReused
                                                      : ConnectionUsed::kNone;
+  if (rc == CURLE_OK && transfer.request.IsMail()) {
+    curl_mail::Conclude(curl, rc, transfer.mail, "", response);
+    return;
+  }
   if (rc == CURLE_OK) {
     long status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
@@ -375,6 +392,12 @@ void Conclude(Transfer& transfer, CURLcode rc) {
                                                     : "target '" + target + "'") +
                      " failed: " + detail;
     response.body.clear();
+    return;
+  }
+  if (transfer.request.IsMail()) {
+    const std::string& target = transfer.request.tls.target;
+    curl_mail::Conclude(curl, rc, transfer.mail,
+                        target.empty() ? detail : "target '" + target + "': " + detail, response);
     return;
   }
   // Whether the request left decides transient (nothing happened) vs unknown.

@@ -79,7 +79,19 @@ struct FormPart {
   bool operator==(const FormPart&) const = default;
 };
 
-// One HTTP request to an external system. A value type.
+// The SMTP envelope of a request that sends an email (RFC 5321) to an smtp:// or
+// smtps:// URL; its body is then the message (RFC 5322, lines ending CRLF).
+struct MailEnvelope {
+  std::string from;             // MAIL FROM
+  std::vector<std::string> to;  // RCPT TO, each
+  std::string user;             // AUTH, when both are set
+  std::string password;
+
+  bool operator==(const MailEnvelope&) const = default;
+};
+
+// One request to an external system: HTTP, or an email over SMTP when `mail.from`
+// is set (then `method`, `headers` and the other body forms are unused). A value type.
 struct HttpRequest {
   std::string method;
   std::string url;
@@ -100,10 +112,16 @@ struct HttpRequest {
   std::vector<FormPart> multipart;
   // `path` set: the body is streamed from this file (`body` unused).
   FileContent body_file;
+  MailEnvelope mail;
+
+  bool IsMail() const { return !mail.from.empty(); }
 };
 
 // What came back. `outcome` says whether a response arrived, and if not, whether
-// the request had already left (which makes the result unknown).
+// the request had already left (which makes the result unknown). For an email the
+// response is the server's last reply: its code is the status (250: accepted), its
+// line the body. Only once the whole message was handed over (DATA ended) can an
+// email have been delivered: a connection lost before is kNotSent, after kLostAfterSend.
 struct HttpResponse {
   CallOutcome outcome;
   std::string body;

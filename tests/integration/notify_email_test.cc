@@ -1,0 +1,264 @@
+// A notify step's email channel against a real SMTP server that shares no code with
+// Waystone (tests/targets/smtp: npm smtp-server), beside the LINE simulator. The
+// server drops 30 % of its 250 replies to DATA after taking the message: such an
+// email is `unknown` and waits for an operator; it is never sent a second time.
+// What counts is what the server received.
+
+#include <cstdlib>
+#include <map>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "connectors/http/http_client.h"
+#include "definition/loader.h"
+#include "engine/engine.h"
+#include "model/keys.h"
+#include "store/store.h"
+#include "support/erp_target.h"
+#include "support/temp_dir.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kWorkflow[] = R"(workflow: order-mail
+key: "{{input.id}}"
+templates:
+  confirmed:
+    version: 4
+    subject: "ご注文 {{steps.create-order.output.number}} を承りました"
+    text: "Order {{steps.create-order.output.number}} is confirmed.\n.\nありがとうございます"
+steps:
+  - name: create-order
+    transform: { number: "ORD-{{input.id}}" }
+  - name: confirm
+    notify:
+      reports: create-order
+      template: confirmed
+      recipient: "{{input.customer}}"
+      channels:
+        line: { to: "{{input.line_id}}", token: "{{secret.LINE_TOKEN}}", url: "{{env.LINE_URL}}" }
+        email:
+          url: "{{env.SMTP_URL}}"
+          from: orders@shop.example
+          to: "{{input.email}}"
+          user: "{{env.SMTP_USER}}"
+          password: "{{secret.SMTP_PASSWORD}}"
+    retry: { max_attempts: 6, initial_interval: 10ms, max_interval: 20ms }
+)";
+
+class NotifyEmailTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    line_ = std::make_unique<testing::TargetProcess>(
+        dir_.path(), "line_target.py", std::vector<std::string>{"--token", "line-token-0"});
+    smtp_ = std::make_unique<testing::TargetProcess>(
+        dir_.path(), "smtp/smtp_target.mjs",
+        std::vector<std::string>{"--seed", "5", "--password", "smtp-pass-0"});
+    ASSERT_TRUE(line_->ok() && smtp_->ok());
+    const Json stats = SmtpStats();
+    setenv("LINE_URL", line_->base_url().c_str(), 1);
+    setenv("SMTP_URL", ("smtp://127.0.0.1:" + std::to_string(stats["smtp_port"].get<int>())).c_str(),
+           1);
+    setenv("SMTP_USER", "mailer", 1);
+    setenv("WAYSTONE_SECRET_LINE_TOKEN", "line-token-0", 1);
+    setenv("WAYSTONE_SECRET_SMTP_PASSWORD", "smtp-pass-0", 1);
+    auto store = OpenStore({dir_.File("mail.db")});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    http_ = NewCurlHttpClient({});
+    auto definition = LoadDefinitionText(kWorkflow, "order-mail.yaml");
+    ASSERT_TRUE(definition.ok()) << definition.status();
+    definition_ = *definition;
+  }
+
+  // Runs the order `id` to rest on the caller's thread (the engine, made at the first
+  // run, reads its secrets then).
+  InstanceRecord Run(const std::string& id) {
+    if (!engine_) {
+      auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
+      EXPECT_TRUE(engine.ok()) << engine.status();
+      if (!engine.ok()) return {};
+      engine_ = std::move(*engine);
+    }
+    const Json input = {{"id", id},
+                        {"customer", "c-" + id},
+                        {"line_id", "U-" + id},
+                        {"email", id + "@customer.example"}};
+    auto started = engine_->StartInstance(definition_, {"default", input.dump()});
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return {};
+    auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return *store_->GetInstance(started->instance.id);
+  }
+
+  StepRecord Step(const InstanceRecord& instance, const std::string& name) {
+    auto steps = store_->GetSteps(instance.id);
+    EXPECT_TRUE(steps.ok()) << steps.status();
+    for (const StepRecord& step : steps.ok() ? *steps : std::vector<StepRecord>{}) {
+      if (step.name == name) return step;
+    }
+    ADD_FAILURE() << "no step " << name;
+    return {};
+  }
+
+  std::vector<AlertRecord> Alerts(const InstanceRecord& instance) {
+    auto alerts = store_->ListAlerts(instance.id);
+    EXPECT_TRUE(alerts.ok()) << alerts.status();
+    return alerts.ok() ? *alerts : std::vector<AlertRecord>{};
+  }
+
+  void SmtpFaults(const Json& faults) {
+    const std::string answer = smtp_->Call("POST", "/_target/faults", faults.dump());
+    ASSERT_NE(answer.find("\"next\""), std::string::npos) << answer;
+  }
+  Json SmtpStats() { return Json::parse(smtp_->StatsJson()); }
+  Json LineStats() { return Json::parse(line_->StatsJson()); }
+
+  testing::TempDir dir_;
+  SeededRandom random_{13};
+  std::unique_ptr<testing::TargetProcess> line_;
+  std::unique_ptr<testing::TargetProcess> smtp_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<HttpClient> http_;
+  std::unique_ptr<Engine> engine_;
+  WorkflowDefinition definition_;
+};
+
+TEST_F(NotifyEmailTest, TheMessageCarriesItsIdentityAndReadsRight) {
+  const InstanceRecord instance = Run("o-1");
+  ASSERT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  const StepRecord email = Step(instance, "confirm-email");
+  EXPECT_EQ(email.state, StepState::kCompleted);
+  EXPECT_EQ(email.idempotency_key, "notify:c-o-1:confirmed@4:default:o-1/create-order:email");
+
+  const Json stats = SmtpStats();
+  ASSERT_EQ(stats["messages_received"], 1) << stats.dump();
+  const Json& message = stats["messages"][0];
+  EXPECT_EQ(message["envelope_from"], "orders@shop.example");
+  EXPECT_EQ(message["envelope_to"], Json::array({"o-1@customer.example"}));
+  EXPECT_EQ(message["auth_user"], "mailer");
+  EXPECT_EQ(message["message_id"],
+            "<" + KeyUuid("default", email.idempotency_key) + "@shop.example>");
+  EXPECT_EQ(message["subject"], "ご注文 ORD-o-1 を承りました");
+  EXPECT_EQ(message["text"], "Order ORD-o-1 is confirmed.\n.\nありがとうございます")
+      << "a lone '.' line survives (the client dot-stuffs it)";
+  EXPECT_EQ(message["headers"]["x-waystone-delivery"], email.idempotency_key);
+  EXPECT_FALSE(message["headers"]["date"].get<std::string>().empty()) << message.dump();
+  EXPECT_EQ(LineStats()["delivered_by_to"]["U-o-1"], 1);
+}
+
+TEST_F(NotifyEmailTest, DroppedRepliesAfterDataAreUnknownNeverResent) {
+  SmtpFaults({{"drop_percent", 30}});
+  constexpr int kOrders = 20;
+  std::map<std::string, InstanceRecord> instances;
+  for (int i = 0; i < kOrders; ++i) {
+    const std::string id = "d-" + std::to_string(i);
+    instances[id] = Run(id);
+  }
+  const Json stats = SmtpStats();
+  EXPECT_EQ(stats["messages_received"], kOrders) << "every email was sent exactly once";
+  EXPECT_EQ(stats["duplicates"], 0) << stats.dump();
+  const int dropped = stats["replies_dropped"].get<int>();
+  ASSERT_GT(dropped, 0) << "the seed drops some replies";
+  ASSERT_LT(dropped, kOrders);
+
+  int unknown = 0;
+  const Json line = LineStats();
+  for (const auto& [id, instance] : instances) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(line["delivered_by_to"]["U-" + id], 1) << "LINE is not held back by the email";
+    EXPECT_EQ(stats["by_recipient"][id + "@customer.example"].size(), 1u);
+    const StepRecord email = Step(instance, "confirm-email");
+    EXPECT_EQ(email.attempts, 1);
+    if (email.state == StepState::kUnknown) {
+      ++unknown;
+      EXPECT_EQ(instance.state, InstanceState::kNeedsAttention);
+      const auto alerts = Alerts(instance);
+      ASSERT_EQ(alerts.size(), 1u);
+      EXPECT_EQ(alerts[0].kind, AlertKind::kNeedsOperator);
+      EXPECT_EQ(alerts[0].step, "confirm-email");
+    } else {
+      EXPECT_EQ(email.state, StepState::kCompleted);
+      EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+    }
+  }
+  EXPECT_EQ(unknown, dropped) << "exactly the emails whose 250 was lost wait for an operator";
+}
+
+TEST_F(NotifyEmailTest, WhenOnlyEmailFailsOnlyEmailIsRetriedAndTheOrderStands) {
+  // Refused for now (451) twice, and the connection cut at MAIL FROM: never taken.
+  SmtpFaults({{"next", {"reject_451", "close_at_mail", "reject_451"}}});
+  const InstanceRecord retried = Run("r-1");
+  EXPECT_EQ(retried.state, InstanceState::kCompleted) << retried.status_reason;
+  EXPECT_EQ(Step(retried, "confirm-email").attempts, 4);
+  EXPECT_EQ(Step(retried, "confirm-line").attempts, 1);
+  Json stats = SmtpStats();
+  EXPECT_EQ(stats["messages_received"], 1) << stats.dump();
+  EXPECT_EQ(stats["rejected"], 2);
+
+  // Refused for good (550): the order stands, the email alerts and is passed over.
+  SmtpFaults({{"next", {"reject_550"}}});
+  const InstanceRecord refused = Run("r-2");
+  EXPECT_EQ(refused.state, InstanceState::kCompleted) << refused.status_reason;
+  const StepRecord email = Step(refused, "confirm-email");
+  EXPECT_EQ(email.state, StepState::kFailed);
+  EXPECT_EQ(email.attempts, 1) << "a permanent refusal is not retried";
+  EXPECT_NE(email.error_message.find("550"), std::string::npos) << email.error_message;
+  const auto alerts = Alerts(refused);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind, AlertKind::kOptionalStepFailed);
+  EXPECT_EQ(LineStats()["delivered_by_to"]["U-r-2"], 1);
+  stats = SmtpStats();
+  EXPECT_EQ(stats["messages_received"], 1) << "nothing more was taken";
+}
+
+TEST_F(NotifyEmailTest, AWrongPasswordIsRefusedAndNotRetried) {
+  setenv("WAYSTONE_SECRET_SMTP_PASSWORD", "not-the-password", 1);
+  const InstanceRecord instance = Run("p-1");
+  EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  const StepRecord email = Step(instance, "confirm-email");
+  EXPECT_EQ(email.state, StepState::kFailed);
+  EXPECT_EQ(email.attempts, 1);
+  EXPECT_NE(email.error_message.find("535"), std::string::npos) << email.error_message;
+  EXPECT_EQ(email.error_message.find("not-the-password"), std::string::npos);
+  const Json stats = SmtpStats();
+  EXPECT_EQ(stats["messages_received"], 0);
+  EXPECT_EQ(stats["auth_failures"], 1);
+}
+
+// The client itself: a request withdrawn at the last moment (a lease ran out) never
+// reaches DATA, and a message cut at MAIL is not sent; both say so.
+TEST_F(NotifyEmailTest, TheClientSaysWhetherTheMessageCouldHaveArrived) {
+  HttpRequest request;
+  request.url = "smtp://127.0.0.1:" + std::to_string(SmtpStats()["smtp_port"].get<int>());
+  request.mail = {.from = "a@shop.example", .to = {"b@customer.example"}, .user = "u",
+                  .password = "smtp-pass-0"};
+  request.body = "From: a@shop.example\r\nTo: b@customer.example\r\nSubject: s\r\n"
+                 "Message-ID: <m-1@shop.example>\r\n\r\nhello\r\n";
+  request.may_send = [] { return false; };
+  HttpResponse withdrawn = http_->Send(request);
+  EXPECT_EQ(withdrawn.outcome.kind, CallOutcome::Kind::kNotSent) << withdrawn.error;
+  EXPECT_TRUE(withdrawn.outcome.withdrawn);
+
+  request.may_send = nullptr;
+  SmtpFaults({{"next", {"close_at_mail", "accept_then_reset"}}});
+  HttpResponse cut = http_->Send(request);
+  EXPECT_EQ(cut.outcome.kind, CallOutcome::Kind::kNotSent) << cut.error;
+  EXPECT_FALSE(cut.outcome.sent);
+  HttpResponse lost = http_->Send(request);
+  EXPECT_EQ(lost.outcome.kind, CallOutcome::Kind::kLostAfterSend) << lost.error;
+  EXPECT_TRUE(lost.outcome.sent);
+  HttpResponse taken = http_->Send(request);
+  EXPECT_EQ(taken.outcome.kind, CallOutcome::Kind::kResponse) << taken.error;
+  EXPECT_EQ(taken.outcome.status, 250);
+  EXPECT_TRUE(taken.outcome.smtp);
+  EXPECT_TRUE(taken.body.starts_with("250")) << taken.body;
+  EXPECT_EQ(SmtpStats()["messages_received"], 2) << "the lost one and the taken one";
+}
+
+}  // namespace
+}  // namespace waystone
