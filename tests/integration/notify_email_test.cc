@@ -13,6 +13,8 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "engine/operations.h"
+#include "engine/operator_plan.h"
 #include "model/keys.h"
 #include "store/store.h"
 #include "support/erp_target.h"
@@ -187,6 +189,26 @@ TEST_F(NotifyEmailTest, DroppedRepliesAfterDataAreUnknownNeverResent) {
     }
   }
   EXPECT_EQ(unknown, dropped) << "exactly the emails whose 250 was lost wait for an operator";
+
+  // The operator finds one in the recipient's mailbox and says so: the instance
+  // completes and nothing is sent again.
+  for (const auto& [id, instance] : instances) {
+    if (instance.state != InstanceState::kNeedsAttention) continue;
+    OperatorRequest confirm;
+    confirm.action = OperatorAction::kConfirm;
+    confirm.step = "confirm-email";
+    confirm.reason = "the customer's mailbox has it (Message-ID checked)";
+    confirm.actor = "op";
+    confirm.happened = true;
+    confirm.response_json = "{}";
+    auto applied = engine_->operations().Apply("default", instance.key, confirm);
+    ASSERT_TRUE(applied.ok()) << applied.status();
+    ASSERT_TRUE(engine_->RunUntilRest(instance.id, std::stop_token()).ok());
+    EXPECT_EQ(store_->GetInstance(instance.id)->state, InstanceState::kCompleted);
+    EXPECT_EQ(Step(instance, "confirm-email").state, StepState::kCompleted);
+    break;
+  }
+  EXPECT_EQ(SmtpStats()["messages_received"], kOrders);
 }
 
 TEST_F(NotifyEmailTest, WhenOnlyEmailFailsOnlyEmailIsRetriedAndTheOrderStands) {
