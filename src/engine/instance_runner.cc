@@ -550,6 +550,11 @@ class InstanceRunner::Impl {
     if (absl::IsFailedPrecondition(claimed)) {
       return Fail(index, std::string(claimed.message()), AlertKind::kIdempotencyConflict);
     }
+    if (absl::IsAlreadyExists(claimed)) {
+      // One delivery per identity: another instance owns this one (nothing was sent).
+      return Commit(SkipStep(Now(), index,
+                             std::string(claimed.message()) + "; not sent again from here"));
+    }
     WS_RETURN_IF_ERROR(claimed);
 
     CrashPoint("before-call", def.name);

@@ -284,7 +284,8 @@ Change BeginCall(const Facts& facts, int index, const std::string& key, const st
   change.steps.push_back(step);
   if (def.request.SideEffecting()) {
     change.idempotency = IdempotencyClaim{facts.instance.tenant, key, hash, facts.instance.id,
-                                          def.name, facts.now + key_retention};
+                                          def.name, facts.now + key_retention,
+                                          /*exclusive=*/!def.notify.empty()};
   }
   return change;
 }

@@ -8,7 +8,13 @@ namespace waystone {
 
 absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
                                  const std::optional<StoredIdempotencyKey>& stored, Millis now) {
-  if (!stored || stored->expires_at <= now || stored->request_hash == claim.request_hash) {
+  if (!stored || stored->expires_at <= now) return absl::OkStatus();
+  if (stored->request_hash == claim.request_hash) {
+    if (claim.exclusive &&
+        (stored->instance_id != claim.instance_id || stored->step != claim.step)) {
+      return absl::AlreadyExistsError("delivery '" + claim.key + "' belongs to step '" +
+                                      stored->step + "' of another instance");
+    }
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(
@@ -19,7 +25,8 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
 
 bool UndoesOnlyItself(const absl::Status& applied, const Change& change) {
   return absl::IsAborted(applied) || absl::IsFailedPrecondition(applied) ||
-         (absl::IsAlreadyExists(applied) && change.inbox.has_value());
+         (absl::IsAlreadyExists(applied) &&
+          (change.inbox.has_value() || change.idempotency.has_value()));
 }
 
 absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step) {

@@ -22,6 +22,8 @@ namespace waystone {
 struct StoredIdempotencyKey {
   std::string request_hash;
   Millis expires_at = 0;
+  int64_t instance_id = 0;  // who claimed it last
+  std::string step;
 };
 
 // The statements of one change, inside an open transaction. Not thread-safe:
@@ -57,7 +59,8 @@ class ChangeSql : public SavepointSql {
 };
 
 // Returns FailedPrecondition when `stored` holds the claim's key, unexpired at
-// `now`, for another request hash.
+// `now`, for another request hash; AlreadyExists when the claim is exclusive (a
+// delivery identity) and another instance step holds it for the same request.
 absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
                                  const std::optional<StoredIdempotencyKey>& stored, Millis now);
 

@@ -182,6 +182,9 @@ struct IdempotencyClaim {
   int64_t instance_id = 0;
   std::string step;
   Millis expires_at = 0;
+  // A notification's delivery identity: only the instance step that claimed it first
+  // sends under it (another one is refused with AlreadyExists), while it is kept.
+  bool exclusive = false;
 };
 
 // The right to change one instance: valid while the stored epoch and owner match.

@@ -252,6 +252,46 @@ TEST_F(NotifyEmailTest, AWrongPasswordIsRefusedAndNotRetried) {
   EXPECT_EQ(stats["auth_failures"], 1);
 }
 
+// One delivery per identity: a second instance announcing the same business event to
+// the same recipient with the same message sends nothing; its channels are skipped.
+TEST_F(NotifyEmailTest, ASecondInstanceOfTheSameDeliverySendsNothing) {
+  std::string text = kWorkflow;
+  const std::string recipient = "      recipient: \"{{input.customer}}\"\n";
+  text.replace(text.find(recipient), recipient.size(),
+               recipient + "      event: \"order-confirmed/{{input.order}}\"\n");
+  const std::string number = "{{steps.create-order.output.number}}";  // differs per instance
+  for (size_t at; (at = text.find(number)) != std::string::npos;) {
+    text.replace(at, number.size(), "{{input.order}}");
+  }
+  auto definition = LoadDefinitionText(text, "order-mail.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  definition_ = *definition;
+  std::vector<InstanceRecord> runs;
+  for (const char* id : {"s-1", "s-2"}) {
+    auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
+    ASSERT_TRUE(engine.ok());
+    const Json input = {{"id", id}, {"order", "O-9"}, {"customer", "c-9"},
+                        {"line_id", "U-9"}, {"email", "kim@customer.example"}};
+    auto started = (*engine)->StartInstance(definition_, {"default", input.dump()});
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_TRUE((*engine)->RunUntilRest(started->instance.id, std::stop_token()).ok());
+    runs.push_back(*store_->GetInstance(started->instance.id));
+  }
+  for (const InstanceRecord& run : runs) {
+    EXPECT_EQ(run.state, InstanceState::kCompleted) << run.status_reason;
+    EXPECT_TRUE(Alerts(run).empty());
+  }
+  EXPECT_EQ(Step(runs[0], "confirm-email").state, StepState::kCompleted);
+  for (const char* channel : {"confirm-email", "confirm-line"}) {
+    const StepRecord skipped = Step(runs[1], channel);
+    EXPECT_EQ(skipped.state, StepState::kSkipped) << channel;
+    EXPECT_NE(skipped.error_message.find("of another instance"), std::string::npos)
+        << skipped.error_message;
+  }
+  EXPECT_EQ(SmtpStats()["messages_received"], 1);
+  EXPECT_EQ(LineStats()["requests_total"], 1);
+}
+
 // The client itself: a request withdrawn at the last moment (a lease ran out) never
 // reaches DATA, and a message cut at MAIL is not sent; both say so.
 TEST_F(NotifyEmailTest, TheClientSaysWhetherTheMessageCouldHaveArrived) {

@@ -143,6 +143,37 @@ TEST(StoreRulesTest, AnIdempotencyKeyHeldForAnotherRequestIsAConflictUntilItExpi
   EXPECT_TRUE(absl::IsFailedPrecondition((*results)[0]));
 }
 
+TEST(StoreRulesTest, ADeliveryIdentityBelongsToTheStepThatClaimedItFirst) {
+  IdempotencyClaim claim{"t", "notify:c:t@1:e:email", "hash", 1, "confirm-email", 500};
+  claim.exclusive = true;
+  const StoredIdempotencyKey mine{"hash", 900, 1, "confirm-email"};
+  EXPECT_TRUE(CheckIdempotencyKey(claim, mine, 100).ok()) << "its own retries";
+  const StoredIdempotencyKey other_instance{"hash", 900, 2, "confirm-email"};
+  const absl::Status taken = CheckIdempotencyKey(claim, other_instance, 100);
+  EXPECT_TRUE(absl::IsAlreadyExists(taken)) << taken;
+  EXPECT_NE(taken.message().find("belongs to step 'confirm-email' of another instance"),
+            std::string::npos);
+  EXPECT_TRUE(absl::IsAlreadyExists(
+      CheckIdempotencyKey(claim, StoredIdempotencyKey{"hash", 900, 1, "other-step"}, 100)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      CheckIdempotencyKey(claim, StoredIdempotencyKey{"other", 900, 2, "confirm-email"}, 100)))
+      << "other content under the identity stays a conflict";
+  EXPECT_TRUE(CheckIdempotencyKey(claim, StoredIdempotencyKey{"hash", 100, 2, "x"}, 100).ok())
+      << "once it expired";
+  claim.exclusive = false;
+  EXPECT_TRUE(CheckIdempotencyKey(claim, other_instance, 100).ok()) << "a shared key";
+
+  // Undone alone: the step is skipped in a change of its own.
+  FakeChangeSql sql;
+  sql.stored_key = other_instance;
+  claim.exclusive = true;
+  Change c = ChangeOf(1);
+  c.idempotency = claim;
+  auto results = CommitChanges(sql, {c}, 1000);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE(absl::IsAlreadyExists((*results)[0]));
+}
+
 TEST(StoreRulesTest, ARowThatStillNamedAnOwnerIsATakeover) {
   int64_t takeovers = 0;
   const std::vector<Lease> leases =

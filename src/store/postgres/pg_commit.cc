@@ -129,11 +129,11 @@ class PgChangeSql final : public ChangeSql {
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string& tenant, const std::string& key) override {
     WS_ASSIGN_OR_RETURN(PgResult r,
-                        c_.Query("SELECT request_hash, expires_at FROM idempotency_keys WHERE "
-                                 "tenant = $1 AND key = $2 FOR UPDATE",
+                        c_.Query("SELECT request_hash, expires_at, instance_id, step_name FROM "
+                                 "idempotency_keys WHERE tenant = $1 AND key = $2 FOR UPDATE",
                                  Params(tenant, key)));
     return PgFirstRow(r, [](const PgRow& row) {
-      return StoredIdempotencyKey{row.Text(0), row.Int(1)};
+      return StoredIdempotencyKey{row.Text(0), row.Int(1), row.Int(2), row.Text(3)};
     });
   }
   absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
@@ -141,7 +141,8 @@ class PgChangeSql final : public ChangeSql {
         .Query(
             "INSERT INTO idempotency_keys VALUES ($1, $2, $3, $4::bigint, $5, $6::bigint, "
             "$7::bigint) ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
-            "excluded.request_hash, expires_at = excluded.expires_at",
+            "excluded.request_hash, expires_at = excluded.expires_at, instance_id = "
+            "excluded.instance_id, step_name = excluded.step_name",
             Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
                    claim.expires_at))
         .status();

@@ -66,18 +66,20 @@ class SqliteChangeSql final : public ChangeSql {
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string& tenant, const std::string& key) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                        db_.Prepare("SELECT request_hash, expires_at FROM idempotency_keys "
-                                    "WHERE tenant = ? AND key = ?"));
+                        db_.Prepare("SELECT request_hash, expires_at, instance_id, step_name "
+                                    "FROM idempotency_keys WHERE tenant = ? AND key = ?"));
     s->BindAll(tenant, key);
     return FirstRow(s, [](const SqliteStatement& r) {
-      return StoredIdempotencyKey{r.Text(0), r.Int(1)};
+      return StoredIdempotencyKey{r.Text(0), r.Int(1), r.Int(2), r.Text(3)};
     });
   }
   absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                         db_.Prepare("INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?) "
                                     "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
-                                    "excluded.request_hash, expires_at = excluded.expires_at"));
+                                    "excluded.request_hash, expires_at = excluded.expires_at, "
+                                    "instance_id = excluded.instance_id, "
+                                    "step_name = excluded.step_name"));
     return s
         ->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
                   claim.expires_at)
