@@ -241,7 +241,10 @@ class Simulator::Impl {
     if (method == "GET" && path == "/erp/orders") return FindOrders(req, res);
     if (method == "POST" && std::regex_match(path, m, kCancel)) return CancelOrder(req, res, m[1]);
     if (method == "POST" && path == "/erp/shipments") return CreateShipment(req, res);
-    if (method == "POST" && path == "/line/push") return PushLine(req, res);
+    // The Messaging API's own path too, where a `notify` step's LINE channel sends.
+    if (method == "POST" && (path == "/line/push" || path == "/v2/bot/message/push")) {
+      return PushLine(req, res);
+    }
     if (method == "POST" && path == "/email/messages") return SendEmail(req, res);
     if (method == "GET" && path == "/_sim/stats") {
       return res.SetContent(StatsJson(), "application/json");

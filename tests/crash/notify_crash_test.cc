@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "sim/simulator.h"
 #include "support/erp_target.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -190,6 +191,46 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+// The README's tour of examples/order-notify.yaml, as written: the simulator (CRM, ERP,
+// LINE) and the SMTP server; the second order's 250 is dropped after the server took it.
+TEST(NotifyExampleTest, TheTourRunsAsWritten) {
+  testing::TempDir dir;
+  auto sim = Simulator::Start({});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  testing::TargetProcess smtp(dir.path(), "smtp/smtp_target.mjs", {});
+  ASSERT_TRUE(smtp.ok());
+  const int smtp_port = Json::parse(smtp.StatsJson())["smtp_port"].get<int>();
+  auto env = testing::SimulatorEnv((*sim)->base_url(),
+                                   {{"WAYSTONE_DB", dir.File("tour.db")},
+                                    {"SMTP_URL", "smtp://127.0.0.1:" + std::to_string(smtp_port)}});
+  auto run = [&](const std::string& order) {
+    return testing::RunProcess(
+        {testing::WaystoneBinary(), "run", testing::SourceDir() + "/examples/order-notify.yaml",
+         "--input",
+         R"({"source":"crm","order_id":")" + order + R"(","customer_id":"C-)" + order +
+             R"(","amount":80})"},
+        env, dir.path());
+  };
+  auto first = run("20");
+  EXPECT_EQ(first.exit_code, 0) << first.out << first.err;
+  smtp.Call("POST", "/_target/faults", R"({"next":["accept_then_close"]})");
+  auto second = run("21");
+  EXPECT_EQ(second.exit_code, 3) << second.out << second.err;
+  EXPECT_NE(second.out.find("state     needs_attention"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("receipt-email        unknown"), std::string::npos) << second.out;
+  auto again = run("21");  // resumed: still waiting, nothing resent
+  EXPECT_EQ(again.exit_code, 3) << again.out << again.err;
+
+  const Json mail = Json::parse(smtp.StatsJson());
+  EXPECT_EQ(mail["messages_received"], 2) << mail.dump();
+  EXPECT_EQ(mail["duplicates"], 0);
+  EXPECT_EQ(mail["messages"][0]["to"], "C-20@example.test");
+  const Json stats = Json::parse((*sim)->StatsJson());
+  EXPECT_EQ(stats["line_messages"], 2) << stats.dump();
+  EXPECT_EQ(stats["duplicate_line_messages"], 0);
+  EXPECT_EQ(stats["shipments"], 2);
+}
 
 }  // namespace
 }  // namespace waystone
