@@ -172,6 +172,18 @@ struct StepDefinition {
   // the step whose outcome it reports (which must be committed before it is sent).
   std::string notify;
   std::string reports;
+  // A branch of a parallel group (`parallel:`, or the channels of a notify step): the
+  // group's name ("" for a step of the main line) and the branch's number from 0. A
+  // group's steps are consecutive; each branch runs its own steps in order, and no
+  // branch waits for another (DESIGN: one call at a time per instance, interleaved).
+  std::string group;
+  int branch = -1;
+
+  // Returns true when `other` is in another branch of this step's group: neither may
+  // read the other's outcome.
+  bool Beside(const StepDefinition& other) const {
+    return !group.empty() && group == other.group && branch != other.branch;
+  }
 };
 
 // A message template (`templates:`), by name and version: the version is part of

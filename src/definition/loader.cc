@@ -96,10 +96,17 @@ class Reader {
     std::set<std::string> names;
     for (const auto& node : steps) {
       std::vector<StepDefinition> read;
-      if (node.IsMap() && node["notify"]) {
-        read = ReadNotify(node, out->templates);
+      if (node.IsMap() && node["parallel"]) {
+        read = ReadParallel(node, out->templates, &names);
       } else {
-        ReadStep(node, &read.emplace_back());
+        read = ReadEntry(node, out->templates);
+        if (read.size() > 1) {
+          // A notification's channels: a branch each, so one that waits holds no other.
+          for (size_t b = 0; b < read.size(); ++b) {
+            read[b].group = read[b].notify;
+            read[b].branch = static_cast<int>(b);
+          }
+        }
       }
       for (StepDefinition& step : read) {
         if (!step.name.empty() && !names.insert(step.name).second) {
@@ -558,6 +565,69 @@ class Reader {
       }
       step->optional = value;
     }
+  }
+
+  // Reads one entry of `steps:` (or of a branch): a step, or a notify step's channels.
+  std::vector<StepDefinition> ReadEntry(const YAML::Node& node,
+                                        const std::vector<MessageTemplate>& templates) {
+    if (node.IsMap() && node["notify"]) return ReadNotify(node, templates);
+    std::vector<StepDefinition> read;
+    ReadStep(node, &read.emplace_back());
+    return read;
+  }
+
+  // Reads a parallel group: `name` and `parallel:`, a list of branches, each one step
+  // (or notify step) or { branch: NAME, steps: [...] }. Its steps are numbered by branch.
+  std::vector<StepDefinition> ReadParallel(const YAML::Node& node,
+                                           const std::vector<MessageTemplate>& templates,
+                                           std::set<std::string>* names) {
+    const std::string name = RequiredString(node, "name", "");
+    if (!name.empty() && !ValidName(name)) {
+      Error(node["name"], name, "group names may only use letters, digits, '-', '_' and '.'");
+    }
+    if (!name.empty() && !names->insert(name).second) {
+      Error(node, name, "duplicate name (a parallel group's name is a step name too)");
+    }
+    CheckFields(node, name, {"name", "description", "parallel"}, "parallel group");
+    const YAML::Node branches = node["parallel"];
+    if (!branches.IsSequence() || branches.size() < 2) {
+      Error(branches, name, "'parallel' is a list of at least two branches, each a step or "
+                            "{ branch: NAME, steps: [...] }");
+      return {};
+    }
+    std::vector<StepDefinition> out;
+    int branch = 0;
+    for (const auto& entry : branches) {
+      std::vector<StepDefinition> read;
+      if (entry.IsMap() && entry["steps"]) {
+        CheckFields(entry, name, {"branch", "steps"}, "a branch of parallel group '" + name + "'");
+        const YAML::Node steps = entry["steps"];
+        if (!steps.IsSequence() || steps.size() == 0) {
+          Error(steps, name, "a branch's 'steps' must be a non-empty list");
+          continue;
+        }
+        for (const auto& step : steps) {
+          if (step.IsMap() && step["parallel"]) {
+            Error(step, name, "a parallel group cannot hold another one");
+            continue;
+          }
+          for (StepDefinition& one : ReadEntry(step, templates)) read.push_back(std::move(one));
+        }
+      } else if (entry.IsMap() && entry["parallel"]) {
+        Error(entry, name, "a parallel group cannot hold another one");
+        continue;
+      } else {
+        read = ReadEntry(entry, templates);
+      }
+      // A notification inside a branch sends its channels in turn, within the branch.
+      for (StepDefinition& step : read) {
+        step.group = name;
+        step.branch = branch;
+        out.push_back(std::move(step));
+      }
+      ++branch;
+    }
+    return out;
   }
 
   // Reads `templates:`: name -> { version: N, text: "..." }.

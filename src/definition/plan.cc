@@ -51,6 +51,12 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
   for (const auto& step : definition.steps) {
     out << number++ << ". " << step.name << "  [" << ToString(step.recovery) << "]"
         << (step.optional ? "  optional" : "") << "\n";
+    if (!step.group.empty()) {
+      out << "   parallel:   branch " << step.branch + 1 << " of group '" << step.group
+          << "': its own checkpoints and retries; a branch waiting for a retry or an event "
+             "holds no other (one waiting for an operator pauses the instance); what follows "
+             "the group runs once every branch is done\n";
+    }
     if (!step.when.Always()) {
       out << "   when:       " << step.when.shown
           << "  (judged once, when the step is first due; otherwise skipped, nothing sent)\n";

@@ -75,6 +75,7 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
 struct Scope {
   std::set<std::string> roots;  // allowed first segments
   int visible_steps = 0;        // steps[0 .. visible_steps) may be referred to
+  int from = -1;                // the step referring (its parallel branch sees no other)
 };
 
 // Returns true when `text` is exactly one "{{root.NAME}}" with root among `roots`.
@@ -190,6 +191,12 @@ class Validator {
                               "', which has not run yet at this point");
         return;
       }
+      if (scope.from >= 0 && definition_.steps[scope.from].Beside(definition_.steps[index])) {
+        Error(line, step, where + ": " + shown + " refers to step '" + path[1] +
+                              "' in another branch of parallel group '" +
+                              definition_.steps[index].group + "', which may not have run yet");
+        return;
+      }
       static const std::set<std::string> kFields = {"response", "external_id", "output"};
       if (!kFields.contains(path[2])) {
         Error(line, step, where + ": " + shown + " must use response, external_id or output of a "
@@ -227,8 +234,9 @@ class Validator {
 
   void CheckStep(int index) {
     const StepDefinition& step = definition_.steps[index];
-    const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index};
-    const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1};
+    const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index, index};
+    const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1,
+                               index};
     CheckCondition(index);
     CheckReports(index);
     WarnOnMaybeMissing(index);
@@ -316,6 +324,10 @@ class Validator {
       Error(step.line, step.notify,
             of + ", which is optional and may have failed: it would announce what did not "
                  "happen");
+    } else if (step.Beside(definition_.steps[reported])) {
+      Error(step.line, step.notify,
+            of + ", which is in another branch of parallel group '" + step.group +
+                "': it may not be committed yet; report it from after the group");
     }
   }
 
@@ -325,7 +337,7 @@ class Validator {
   void CheckCondition(int index) {
     const StepDefinition& step = definition_.steps[index];
     if (step.when.Always()) return;
-    const Scope scope{{"input", "instance", "steps", "env"}, index};
+    const Scope scope{{"input", "instance", "steps", "env"}, index, index};
     CheckText(step.when.value, scope, step.line, step.name, "when");
     if (!step.when.other.empty()) CheckText(step.when.other, scope, step.line, step.name, "when");
   }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/random.h"
+#include "base/status_macros.h"
 #include "engine/events.h"
 #include "engine/state_machine.h"
 #include "engine/transitions.h"
@@ -14,12 +15,20 @@
 namespace waystone {
 namespace {
 
-// The step the forward run stops at: the first one not done (StepDone).
-int Blocking(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps) {
-  for (const StepRecord& step : steps) {
-    if (!StepDone(definition, step)) return step.index;
+// Refuses `action` on `index` unless the forward run stands at it (Frontier: the first
+// step not done, or any branch's in a parallel group).
+absl::Status AtFrontier(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps,
+                        int index, const std::string& action) {
+  const std::vector<int> frontier = Frontier(definition, steps);
+  if (std::find(frontier.begin(), frontier.end(), index) != frontier.end()) {
+    return absl::OkStatus();
   }
-  return -1;
+  std::string at;
+  for (const int blocking : frontier) at += (at.empty() ? "" : ", ") + steps[blocking].name;
+  return absl::FailedPreconditionError(
+      "step '" + steps[index].name + "' is " + std::string(ToString(steps[index].state)) +
+      "; only a step the instance stopped at can be " + action +
+      (at.empty() ? "" : " ('" + at + "')"));
 }
 
 absl::Status Refuse(const std::string& why) { return absl::FailedPreconditionError(why); }
@@ -259,10 +268,7 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
                                     "failed or needs attention");
   }
-  if (const int blocking = Blocking(definition, steps); blocking != index) {
-    return Refuse(StepWhere(step) + "; only the step the instance stopped at can be retried" +
-                  (blocking >= 0 ? " ('" + steps[blocking].name + "')" : ""));
-  }
+  WS_RETURN_IF_ERROR(AtFrontier(definition, steps, index, "retried"));
   if (instance.state == InstanceState::kFailed) {
     for (const StepRecord& other : steps) {
       if (other.state == StepState::kCompensated || other.state == StepState::kCompensating) {
@@ -376,9 +382,7 @@ absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord
     return Refuse(Where(instance) + "; a step is skipped while it is running, failed or needs "
                                     "attention");
   }
-  if (Blocking(definition, steps) != index) {
-    return Refuse(StepWhere(step) + "; only the step the instance stopped at can be skipped");
-  }
+  WS_RETURN_IF_ERROR(AtFrontier(definition, steps, index, "skipped"));
   if (step.state != StepState::kFailed && step.state != StepState::kUnknown &&
       step.state != StepState::kPending) {
     return Refuse(StepWhere(step) + "; only a failed, unknown or pending step can be skipped");

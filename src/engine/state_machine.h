@@ -29,10 +29,17 @@ struct NextAction {
 };
 
 // Decides the next action from the checkpoints alone. Pure: no I/O, no clock but
-// `now`. Steps run in order; after a failure (instance compensating) completed steps
-// with a compensation are undone in reverse order.
+// `now`. Steps run in order; the branches of a parallel group interleave, one action
+// at a time, none waiting for another. After a failure (instance compensating)
+// completed steps with a compensation are undone in reverse order.
 NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& instance,
                   const std::vector<StepRecord>& steps, Millis now);
+
+// Returns the steps the forward run stands at, in step order: the first step not
+// done; when it is in a parallel group, the first step not done of each of the group's
+// branches. Empty when every step is done.
+std::vector<int> Frontier(const WorkflowDefinition& definition,
+                          const std::vector<StepRecord>& steps);
 
 // Returns true for a step the forward run has gone past: completed, skipped (by its
 // `when` or an operator), or an optional step that failed and was passed over
@@ -40,7 +47,8 @@ NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& in
 bool StepDone(const WorkflowDefinition& definition, const StepRecord& step);
 
 // Returns the instance state that follows a step's failure: needs_attention for a
-// manual step, compensating when a completed step has a compensation, else failed.
+// manual step or while a step beside it (a parallel branch) has an unknown outcome,
+// compensating when a completed step has a compensation, else failed.
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,
                                 const std::vector<StepRecord>& steps, int failed_step);
 

@@ -251,3 +251,98 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
 
 }  // namespace
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+constexpr char kGroup[] = R"(workflow: orders
+key: "{{input.id}}"
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/orders" }
+    result: { external_id: /id }
+  - name: downstream
+    parallel:
+      - branch: crm
+        steps:
+          - name: link
+            idempotency: { honored: true }
+            request: { method: POST, url: "http://crm/links", body: { order: "{{steps.create.external_id}}" } }
+          - name: tag
+            idempotency: { honored: true }
+            request: { method: POST, url: "http://crm/tags", body: { link: "{{steps.link.external_id}}" } }
+      - name: reserve
+        idempotency: { honored: true }
+        request: { method: POST, url: "http://wms/reservations" }
+  - name: after
+    request: { method: GET, url: "http://crm/{{steps.tag.external_id}}/{{steps.reserve.external_id}}" }
+)";
+
+TEST(ParallelTest, BranchesAreNumberedAndSeeOnlyTheirOwnPast) {
+  auto definition = LoadDefinitionText(kGroup, "g.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const auto& steps = definition->steps;
+  ASSERT_EQ(steps.size(), 5u);
+  EXPECT_EQ(steps[1].name, "link");
+  EXPECT_EQ(steps[1].group, "downstream");
+  EXPECT_EQ(steps[1].branch, 0);
+  EXPECT_EQ(steps[2].branch, 0);
+  EXPECT_EQ(steps[3].name, "reserve");
+  EXPECT_EQ(steps[3].branch, 1);
+  EXPECT_TRUE(steps[4].group.empty());
+  EXPECT_TRUE(steps[1].Beside(steps[3]));
+  EXPECT_FALSE(steps[1].Beside(steps[2]));
+  EXPECT_FALSE(steps[1].Beside(steps[4]));
+}
+
+TEST(ParallelTest, ANotificationsChannelsAreBranches) {
+  auto definition = LoadDefinitionText(std::string(kHead) + kNotify, "n.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  EXPECT_EQ(definition->steps[1].group, "confirm");
+  EXPECT_EQ(definition->steps[1].branch, 0);
+  EXPECT_EQ(definition->steps[2].group, "confirm");
+  EXPECT_EQ(definition->steps[2].branch, 1);
+}
+
+TEST(ParallelTest, WhatABranchCannotKnowIsRefused) {
+  const std::string text(kGroup);
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string changed = text;
+    changed.replace(changed.find(from), from.size(), to);
+    return changed;
+  };
+  struct Row {
+    const char* name;
+    std::string text;
+    const char* expected;
+  };
+  const Row rows[] = {
+      {"a sibling's result", replace("http://wms/reservations", "http://wms/{{steps.link.external_id}}"),
+       "refers to step 'link' in another branch of parallel group 'downstream', which may not have "
+       "run yet"},
+      {"one branch", replace("      - name: reserve\n        idempotency: { honored: true }\n"
+                             "        request: { method: POST, url: \"http://wms/reservations\" }\n",
+                             ""),
+       "'parallel' is a list of at least two branches"},
+      {"a group in a group", replace("      - name: reserve", "      - name: inner\n        parallel: []\n      - name: reserve2"),
+       "a parallel group cannot hold another one"},
+      {"a name clash", replace("name: reserve", "name: downstream"), "duplicate"},
+      {"a notify reporting a sibling",
+       "templates:\n  t: { version: 1, text: x }\n" +
+           replace("      - name: reserve\n",
+                   "      - name: tell\n        notify:\n          reports: link\n          template: t\n"
+                   "          recipient: r\n          channels: { webhook: { url: \"http://h\" } }\n"
+                   "      - name: reserve\n"),
+       "notify 'tell' reports step 'link', which is in another branch of parallel group "
+       "'downstream'"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    const std::string found = Lint(row.text);
+    EXPECT_NE(found.find(row.expected), std::string::npos) << found;
+  }
+}
+
+}  // namespace
+}  // namespace waystone

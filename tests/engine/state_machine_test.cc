@@ -114,5 +114,87 @@ TEST(StateMachineTest, StateAfterFailure) {
             InstanceState::kNeedsAttention);
 }
 
+// a; then a group: branch 0 is b0 (compensable) then b1, branch 1 is w (waits for an
+// event), branch 2 is c; then z.
+WorkflowDefinition Grouped() {
+  auto definition = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    request: { method: GET, url: "http://x" }
+  - name: updates
+    parallel:
+      - branch: erp
+        steps:
+          - name: b0
+            recovery: compensable
+            idempotency: { honored: true }
+            request: { method: POST, url: "http://x" }
+            compensate: { request: { method: POST, url: "http://x/undo" } }
+          - name: b1
+            request: { method: GET, url: "http://x" }
+      - name: w
+        wait: { event: approved }
+      - name: c
+        idempotency: { honored: true }
+        request: { method: POST, url: "http://x" }
+  - name: z
+    request: { method: GET, url: "http://x" }
+)", "g.yaml");
+  EXPECT_TRUE(definition.ok()) << definition.status();
+  return *definition;
+}
+
+TEST(StateMachineTest, AGroupsBranchesStandSideBySide) {
+  auto d = Grouped();
+  ASSERT_EQ(d.steps.size(), 6u);
+  EXPECT_EQ(d.steps[1].group, "updates");
+  EXPECT_EQ(d.steps[2].branch, 0);
+  EXPECT_EQ(d.steps[3].branch, 1);
+  EXPECT_EQ(d.steps[4].branch, 2);
+  EXPECT_TRUE(d.steps[5].group.empty());
+  auto steps = Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
+  EXPECT_EQ(Frontier(d, steps), (std::vector<int>{1, 3, 4}));
+  steps[1].state = S::kCompleted;
+  EXPECT_EQ(Frontier(d, steps), (std::vector<int>{2, 3, 4})) << "b1 follows b0 in its branch";
+  for (int i : {2, 3, 4}) steps[i].state = S::kCompleted;
+  EXPECT_EQ(Frontier(d, steps), std::vector<int>{5}) << "z runs once every branch is done";
+}
+
+TEST(StateMachineTest, ABranchThatWaitsHoldsNoOther) {
+  auto d = Grouped();
+  const auto running = Instance(InstanceState::kRunning);
+  auto steps = Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
+  steps[1].next_attempt_at = 500;  // b0 backs off
+  steps[3].state = S::kWaiting;    // w waits for its event, no deadline
+  EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kRunStep, 4})) << "c goes ahead";
+  steps[4].state = S::kUnknown;
+  steps[4].next_attempt_at = 300;
+  // Nothing due: parked for the event, woken for the earliest retry.
+  EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kAwaitEvent, 3, 300}));
+  EXPECT_EQ(Decide(d, running, steps, 300), (NextAction{K::kResolveUnknown, 4}));
+  steps[3].state = S::kCompleted;
+  EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kWait, 1, 300}));
+  steps[1].state = S::kRunning;  // found running after a crash: only that branch recovers
+  EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kRecoverRunning, 1}));
+}
+
+TEST(StateMachineTest, AFailureInABranchUndoesTheCompletedBranchesOrWaitsForTheUnknown) {
+  auto d = Grouped();
+  // b0 completed (with a compensation), c fails: b0 is undone though it is earlier.
+  auto steps = Steps({S::kCompleted, S::kCompleted, S::kPending, S::kPending, S::kFailed, S::kPending});
+  EXPECT_EQ(StateAfterFailure(d, steps, 4), InstanceState::kCompensating);
+  // c completed after b0 failed: still undone in reverse (c has none; b0 failed).
+  steps = Steps({S::kCompleted, S::kFailed, S::kPending, S::kCompleted, S::kCompleted, S::kPending});
+  EXPECT_EQ(StateAfterFailure(d, steps, 1), InstanceState::kFailed);
+  // A branch beside it has an unknown outcome: an operator settles it first.
+  steps = Steps({S::kCompleted, S::kUnknown, S::kPending, S::kPending, S::kFailed, S::kPending});
+  EXPECT_EQ(StateAfterFailure(d, steps, 4), InstanceState::kNeedsAttention);
+  // Compensation goes in reverse over every completed step, whatever its branch.
+  steps = Steps({S::kCompleted, S::kCompleted, S::kPending, S::kPending, S::kFailed, S::kPending});
+  EXPECT_EQ(Decide(d, Instance(InstanceState::kCompensating), steps, 100),
+            (NextAction{K::kCompensate, 1}));
+}
+
 }  // namespace
 }  // namespace waystone
