@@ -96,6 +96,34 @@ TEST_P(NotifyCrashTest, KilledAtThePointRestartedEachMessageOnce) {
   EXPECT_EQ(HookTexts(), expected) << hook_->StatsJson();
 }
 
+// LINE keeps a retry key 24 hours. Killed after LINE took the push, the worker comes
+// back 25 hours later (the step's first send moved back in the database; the LINE
+// simulator's clock moved on, so a resend under the old key would be a second
+// message): the push is not sent again but waits for an operator.
+TEST_F(NotifyCrashTest, PastTheLineKeyWindowAKilledPushIsNotSentAgain) {
+  const std::string input =
+      Json{{"id", "o-1"}, {"customer", "c-7"}, {"line_id", "U1"}, {"ship", "no"}}.dump();
+  auto crashed = Run(input, {{"WAYSTONE_CRASH_AT", "after-call:confirm-line"}});
+  ASSERT_EQ(crashed.signal, SIGKILL) << crashed.err;
+  constexpr long long kHours25 = 25LL * 3600 * 1000;
+  auto moved = testing::RunProcess(
+      {"/usr/bin/env", "sqlite3", dir_.File("notify.db"),
+       "UPDATE steps SET started_at = started_at - " + std::to_string(kHours25) +
+           " WHERE name = 'confirm-line'"},
+      {}, dir_.path());
+  ASSERT_EQ(moved.exit_code, 0) << moved.err;
+  line_->Call("POST", "/_target/clock", R"({"advance_seconds": 90000})");
+
+  auto resumed = Run(input);
+  EXPECT_NE(resumed.out.find("state     needs_attention"), std::string::npos) << resumed.out
+                                                                          << resumed.err;
+  EXPECT_NE(resumed.out.find("keeps its key only 1d after the first send"), std::string::npos)
+      << resumed.out;
+  const Json line = Json::parse(line_->StatsJson());
+  EXPECT_EQ(line["requests_total"], 1) << line.dump();
+  EXPECT_EQ(LineTexts("U1"), std::vector<std::string>{"Order ORD-o-1 is confirmed"});
+}
+
 std::vector<KillCase> Cases() {
   std::vector<KillCase> cases;
   for (const char* step : {"confirm-line", "confirm-webhook"}) {
