@@ -100,6 +100,10 @@ class Reader {
         read = ReadParallel(node, out->templates, &names);
       } else {
         read = ReadEntry(node, out->templates);
+        if (read.size() > 1 && !names.insert(read[0].notify).second) {
+          Error(node, read[0].notify, "duplicate name (a notify step's name is also the name of "
+                                      "its channels' group)");
+        }
         if (read.size() > 1) {
           // A notification's channels: a branch each, so one that waits holds no other.
           for (size_t b = 0; b < read.size(); ++b) {

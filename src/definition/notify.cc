@@ -41,6 +41,9 @@ RequestSpec ChannelRequest(const NotifySpec& spec, const NotifyChannel& channel,
     case NotifyChannel::Kind::kEmail:
       request.method = "MAIL";
       request.url = channel.url;
+      // A server may take minutes to answer the end of DATA (RFC 5321 §4.5.3.2.6 allows
+      // ten): waiting longer leaves fewer delivered emails `unknown`.
+      request.timeout = kEmailTimeout;
       request.body_kind = BodyKind::kMail;
       request.body_json.clear();
       request.mail = MailSpec{.from = channel.from,

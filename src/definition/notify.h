@@ -40,6 +40,9 @@ struct NotifySpec {
 // The name a channel's step and its identity carry: "line", "webhook", "email".
 std::string ChannelName(NotifyChannel::Kind kind);
 
+// How long an email's SMTP exchange may take, its final reply included.
+inline constexpr Millis kEmailTimeout = 120'000;
+
 // How long LINE keeps an X-Line-Retry-Key: a resend after this may deliver twice.
 inline constexpr Millis kLineRetryKeyWindow = 24LL * 3600 * 1000;
 

@@ -20,6 +20,7 @@
 #include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
+#include "store/claims.h"
 
 namespace waystone {
 namespace {
@@ -550,7 +551,7 @@ class InstanceRunner::Impl {
     if (absl::IsFailedPrecondition(claimed)) {
       return Fail(index, std::string(claimed.message()), AlertKind::kIdempotencyConflict);
     }
-    if (absl::IsAlreadyExists(claimed)) {
+    if (IsDeliveryOwned(claimed)) {
       // One delivery per identity: another instance owns this one (nothing was sent).
       return Commit(SkipStep(Now(), index,
                              std::string(claimed.message()) + "; not sent again from here"));

@@ -28,7 +28,11 @@ std::string HeaderText(std::string_view value) {
   size_t at = 0;
   while (at < value.size()) {
     size_t end = std::min(value.size(), at + kChunk);
-    while (end < value.size() && (static_cast<unsigned char>(value[end]) & 0xC0) == 0x80) --end;
+    while (end > at && end < value.size() &&
+           (static_cast<unsigned char>(value[end]) & 0xC0) == 0x80) {
+      --end;
+    }
+    if (end == at) end = std::min(value.size(), at + kChunk);  // not UTF-8: cut anywhere
     if (!out.empty()) out += "\r\n ";
     out += "=?UTF-8?B?" + Base64Encode(value.substr(at, end - at)) + "?=";
     at = end;
@@ -77,11 +81,14 @@ std::string Base64Lines(std::string_view bytes) {
 
 bool PlainAddress(const std::string& address) {
   if (address.empty() || address.size() > 254) return false;
-  const size_t at = address.rfind('@');
-  if (at == 0 || at == std::string::npos || at + 1 == address.size()) return false;
+  const size_t at = address.find('@');
+  if (at == 0 || at == std::string::npos || at + 1 == address.size() ||
+      address.find('@', at + 1) != std::string::npos) {
+    return false;
+  }
   for (const char c : address) {
     const auto byte = static_cast<unsigned char>(c);
-    if (byte <= 0x20 || byte == 0x7F || std::string_view("<>,;:\"()[]\\").find(c) !=
+    if (byte <= 0x20 || byte >= 0x7F || std::string_view("<>,;:\"()[]\\").find(c) !=
                                             std::string_view::npos) {
       return false;
     }

@@ -27,8 +27,9 @@ struct MailFields {
 // header would contain a line break.
 absl::StatusOr<std::string> ComposeMail(const MailFields& fields);
 
-// Returns true when `address` is one plain address: "local@domain", no spaces, angle
-// brackets, commas, quotes or control characters, at most 254 bytes.
+// Returns true when `address` is one plain address: "local@domain" in printable ASCII
+// (no SMTPUTF8), one '@', no spaces, angle brackets, commas, quotes or control
+// characters, at most 254 bytes.
 bool PlainAddress(const std::string& address);
 
 }  // namespace waystone

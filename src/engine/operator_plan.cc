@@ -478,6 +478,16 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
       plan.status_reason = "closed" + by;
       break;
   }
+  if (plan.state_after == InstanceState::kRunning) {
+    // A branch beside the settled step failed for good while it was unknown: with
+    // that settled, the failure's consequence follows (compensate, or an operator).
+    for (const int index : Frontier(definition, after)) {
+      if (after[index].state != StepState::kFailed) continue;
+      plan.state_after = StateAfterFailure(definition, after, index);
+      plan.status_reason += "; step '" + after[index].name + "' had failed";
+      break;
+    }
+  }
   for (size_t i = 0; i < after.size(); ++i) {
     if (!(after[i].state == steps[i].state && after[i].next_attempt_at == steps[i].next_attempt_at &&
           after[i].resolution == steps[i].resolution && after[i].lookups == steps[i].lookups &&

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/status_macros.h"
+#include "store/claims.h"
 
 namespace waystone {
 
@@ -12,8 +13,8 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
   if (stored->request_hash == claim.request_hash) {
     if (claim.exclusive &&
         (stored->instance_id != claim.instance_id || stored->step != claim.step)) {
-      return absl::AlreadyExistsError("delivery '" + claim.key + "' belongs to step '" +
-                                      stored->step + "' of another instance");
+      return DeliveryOwnedError("delivery '" + claim.key + "' belongs to step '" + stored->step +
+                                "' of another instance");
     }
     return absl::OkStatus();
   }
@@ -25,8 +26,7 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
 
 bool UndoesOnlyItself(const absl::Status& applied, const Change& change) {
   return absl::IsAborted(applied) || absl::IsFailedPrecondition(applied) ||
-         (absl::IsAlreadyExists(applied) &&
-          (change.inbox.has_value() || change.idempotency.has_value()));
+         (absl::IsAlreadyExists(applied) && change.inbox.has_value()) || IsDeliveryOwned(applied);
 }
 
 absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step) {

@@ -111,3 +111,24 @@ TEST(MailMessageTest, WhatWouldSplitAHeaderIsRefused) {
 
 }  // namespace
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+TEST(MailMessageTest, TextThatIsNotUtf8StillEnds) {
+  MailFields fields = Fields();
+  fields.subject = "x" + std::string(100, '\x80');  // continuation bytes only
+  auto message = ComposeMail(fields);
+  ASSERT_TRUE(message.ok()) << message.status();
+  EXPECT_LT(message->size(), 2000u);
+}
+
+TEST(MailMessageTest, AnAddressIsPlainAscii) {
+  EXPECT_TRUE(PlainAddress("kim.lee+orders@customer.example"));
+  EXPECT_FALSE(PlainAddress("a@b@c.example"));
+  EXPECT_FALSE(PlainAddress("キム@customer.example"));
+  EXPECT_FALSE(PlainAddress("@customer.example"));
+}
+
+}  // namespace
+}  // namespace waystone

@@ -229,5 +229,40 @@ TEST(OperatorPlanTest, WaitStepsWaitAndTimeOut) {
   EXPECT_EQ(Decide(definition, instance, steps, 5000).kind, NextAction::Kind::kRunStep);
 }
 
+// Branch c failed for good while branch b's outcome was unknown, so the instance waits
+// for an operator; once b is settled, c's failure takes its course.
+TEST(OperatorPlanTest, SettlingABranchLetsTheFailureBesideItTakeItsCourse) {
+  auto definition = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    request: { method: GET, url: "http://x/a" }
+  - name: g
+    parallel:
+      - name: b
+        recovery: manual
+        request: { method: POST, url: "http://x/b" }
+        compensate: { request: { method: POST, url: "http://x/b/undo" } }
+      - name: c
+        idempotency: { honored: true }
+        request: { method: POST, url: "http://x/c" }
+)", "g.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const auto steps = Steps({S::kCompleted, S::kUnknown, S::kFailed});
+  auto confirm = Request(OperatorAction::kConfirm, "b");
+  confirm.happened = true;
+  confirm.response_json = "{}";
+  auto happened = PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps, confirm,
+                                     1000, Key);
+  ASSERT_TRUE(happened.ok()) << happened.status();
+  EXPECT_EQ(happened->state_after, I::kCompensating) << "b happened: it is undone";
+  EXPECT_NE(happened->status_reason.find("step 'c' had failed"), std::string::npos);
+  confirm.happened = false;
+  auto not_happened = PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps,
+                                         confirm, 1000, Key);
+  ASSERT_TRUE(not_happened.ok()) << not_happened.status();
+  EXPECT_EQ(not_happened->state_after, I::kFailed) << "nothing to undo";
+}
+
 }  // namespace
 }  // namespace waystone

@@ -83,6 +83,9 @@ void Configure(CURL* curl, const HttpRequest& request, MailTransfer& mail) {
     curl_easy_setopt(curl, CURLOPT_USERNAME, request.mail.user.c_str());
     curl_easy_setopt(curl, CURLOPT_PASSWORD, request.mail.password.c_str());
   }
+  // smtp://: STARTTLS when the server offers it (verified like any TLS); a server that
+  // offers none is spoken to in the clear. smtps:// is TLS from the first byte.
+  curl_easy_setopt(curl, CURLOPT_USE_SSL, static_cast<long>(CURLUSESSL_TRY));
 }
 
 void Conclude(CURL* curl, CURLcode rc, const MailTransfer& mail, const std::string& detail,

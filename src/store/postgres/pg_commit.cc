@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "store/claims.h"
 #include "store/group_commit.h"
 #include "store/postgres/pg_rows.h"
 #include "store/sql_values.h"
@@ -136,16 +137,24 @@ class PgChangeSql final : public ChangeSql {
       return StoredIdempotencyKey{row.Text(0), row.Int(1), row.Int(2), row.Text(3)};
     });
   }
+  // An exclusive claim takes the row only when it is free, expired or its own. The
+  // read above locks an existing row; two first claims of one key both find none, and
+  // the second INSERT waits for the first to commit and then sees its row here.
   absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
-    return c_
-        .Query(
-            "INSERT INTO idempotency_keys VALUES ($1, $2, $3, $4::bigint, $5, $6::bigint, "
-            "$7::bigint) ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
-            "excluded.request_hash, expires_at = excluded.expires_at, instance_id = "
-            "excluded.instance_id, step_name = excluded.step_name",
-            Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
-                   claim.expires_at))
-        .status();
+    WS_ASSIGN_OR_RETURN(
+        PgResult r,
+        c_.Query("INSERT INTO idempotency_keys VALUES ($1, $2, $3, $4::bigint, $5, $6::bigint, "
+                 "$7::bigint) ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
+                 "excluded.request_hash, expires_at = excluded.expires_at, instance_id = "
+                 "excluded.instance_id, step_name = excluded.step_name WHERE NOT $8::boolean "
+                 "OR idempotency_keys.expires_at <= $6::bigint OR "
+                 "(idempotency_keys.instance_id = $4::bigint AND idempotency_keys.step_name = $5)",
+                 Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step,
+                        now, claim.expires_at, claim.exclusive ? "true" : "false")));
+    if (r.affected() == 0) {
+      return DeliveryOwnedError("delivery '" + claim.key + "' belongs to another instance step");
+    }
+    return absl::OkStatus();
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(PgResult updated, c_.Query(UpdateStepStatement(instance_id, s)));

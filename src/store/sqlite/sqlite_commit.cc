@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "store/claims.h"
 #include "store/group_commit.h"
 #include "store/sql_values.h"
 #include "store/sqlite/sqlite_rows.h"
@@ -73,17 +74,25 @@ class SqliteChangeSql final : public ChangeSql {
       return StoredIdempotencyKey{r.Text(0), r.Int(1), r.Int(2), r.Text(3)};
     });
   }
+  // An exclusive claim takes the row only when it is free, expired or its own: the
+  // check before it read the row, but the write itself decides.
   absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
-    WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                        db_.Prepare("INSERT INTO idempotency_keys VALUES (?, ?, ?, ?, ?, ?, ?) "
-                                    "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
-                                    "excluded.request_hash, expires_at = excluded.expires_at, "
-                                    "instance_id = excluded.instance_id, "
-                                    "step_name = excluded.step_name"));
-    return s
-        ->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step, now,
-                  claim.expires_at)
-        .Run();
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * s,
+        db_.Prepare("INSERT INTO idempotency_keys VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+                    "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = "
+                    "excluded.request_hash, expires_at = excluded.expires_at, "
+                    "instance_id = excluded.instance_id, step_name = excluded.step_name "
+                    "WHERE ?8 = 0 OR idempotency_keys.expires_at <= ?6 OR "
+                    "(idempotency_keys.instance_id = ?4 AND idempotency_keys.step_name = ?5)"));
+    WS_RETURN_IF_ERROR(s->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id,
+                                  claim.step, now, claim.expires_at,
+                                  static_cast<int64_t>(claim.exclusive))
+                           .Run());
+    if (db_.Changes() == 0) {
+      return DeliveryOwnedError("delivery '" + claim.key + "' belongs to another instance step");
+    }
+    return absl::OkStatus();
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(

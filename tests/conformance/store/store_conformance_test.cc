@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "base/sha256.h"
+#include "store/claims.h"
 #include "store/migration.h"
 #include "store/postgres/pg_store.h"
 #include "store/sqlite/sqlite_store.h"
@@ -288,6 +289,49 @@ TEST_P(StoreConformanceTest, IdempotencyKeyWithAnotherRequestHashIsAConflict) {
   Change later = changed;
   later.now = 100'001;
   EXPECT_TRUE((*store_->Commit({later}))[0].ok());
+}
+
+// A notification's delivery identity belongs to the instance step that claimed it
+// first, also when two claim it at once (each finding no row before it writes).
+TEST_P(StoreConformanceTest, AnExclusiveClaimHasOneOwnerEvenWhenClaimedAtOnce) {
+  ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
+  ASSERT_TRUE(store_->StartInstance(Instance("k2")).ok());
+  const std::vector<Lease> leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 2u);
+  auto claim = [&](const Lease& lease, const std::string& key, Millis now) {
+    Change change;
+    change.lease = lease;
+    change.now = now;
+    change.lease_expires_at = 7000;
+    change.idempotency = IdempotencyClaim{"t1", key, "h", lease.instance_id, "tell-email", 100'000};
+    change.idempotency->exclusive = true;
+    return (*store_->Commit({change}))[0];
+  };
+  ASSERT_TRUE(claim(leases[0], "notify:one", 2001).ok());
+  EXPECT_TRUE(claim(leases[0], "notify:one", 2002).ok()) << "its own next attempt";
+  const absl::Status taken = claim(leases[1], "notify:one", 2003);
+  EXPECT_TRUE(IsDeliveryOwned(taken)) << taken;
+  EXPECT_TRUE(claim(leases[1], "notify:one", 100'001).ok()) << "once it expired";
+
+  constexpr int kKeys = 40;
+  std::vector<absl::Status> first(kKeys), second(kKeys);
+  std::thread a([&] {
+    for (int i = 0; i < kKeys; ++i) first[i] = claim(leases[0], "race:" + std::to_string(i), 3000);
+  });
+  std::thread b([&] {
+    for (int i = 0; i < kKeys; ++i) second[i] = claim(leases[1], "race:" + std::to_string(i), 3000);
+  });
+  a.join();
+  b.join();
+  for (int i = 0; i < kKeys; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_NE(first[i].ok(), second[i].ok()) << first[i] << " / " << second[i];
+    EXPECT_TRUE(first[i].ok() || IsDeliveryOwned(first[i])) << first[i];
+    EXPECT_TRUE(second[i].ok() || IsDeliveryOwned(second[i])) << second[i];
+    const auto owner = *store_->GetIdempotencyClaim("t1", "race:" + std::to_string(i));
+    ASSERT_TRUE(owner.has_value());
+    EXPECT_EQ(owner->instance_id, first[i].ok() ? leases[0].instance_id : leases[1].instance_id);
+  }
 }
 
 TEST_P(StoreConformanceTest, AuditLogIsAppendOnly) {
