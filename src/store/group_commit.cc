@@ -10,6 +10,7 @@ namespace waystone {
 absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
                                  const std::optional<StoredIdempotencyKey>& stored, Millis now) {
   if (!stored || stored->expires_at <= now) return absl::OkStatus();
+  if (claim.exclusive && stored->owner_gave_up) return absl::OkStatus();
   if (stored->request_hash == claim.request_hash) {
     if (claim.exclusive &&
         (stored->instance_id != claim.instance_id || stored->step != claim.step)) {

@@ -19,11 +19,20 @@
 namespace waystone {
 
 // What the idempotency_keys table holds for one (tenant, key).
+// SQL (SQLite and PostgreSQL alike): the idempotency_keys row's step gave up: failed
+// (4) or skipped (9), never with an unknown outcome (StoredIdempotencyKey).
+inline constexpr char kOwnerGaveUp[] =
+    "(SELECT 1 FROM steps s WHERE s.instance_id = idempotency_keys.instance_id AND "
+    "s.name = idempotency_keys.step_name AND s.state IN (4, 9) AND s.unknowns = 0)";
+
 struct StoredIdempotencyKey {
   std::string request_hash;
   Millis expires_at = 0;
   int64_t instance_id = 0;  // who claimed it last
   std::string step;
+  // That step failed or was skipped without ever having an unknown outcome: it sent
+  // nothing that arrived, so an exclusive claim may pass to another instance step.
+  bool owner_gave_up = false;
 };
 
 // The statements of one change, inside an open transaction. Not thread-safe:
@@ -60,7 +69,8 @@ class ChangeSql : public SavepointSql {
 
 // Returns FailedPrecondition when `stored` holds the claim's key, unexpired at
 // `now`, for another request hash; AlreadyExists when the claim is exclusive (a
-// delivery identity) and another instance step holds it for the same request.
+// delivery identity) and another instance step holds it for the same request, unless
+// that step gave up without an unknown outcome (nothing of it arrived).
 absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
                                  const std::optional<StoredIdempotencyKey>& stored, Millis now);
 

@@ -290,6 +290,25 @@ TEST_F(NotifyEmailTest, ASecondInstanceOfTheSameDeliverySendsNothing) {
   }
   EXPECT_EQ(SmtpStats()["messages_received"], 1);
   EXPECT_EQ(LineStats()["requests_total"], 1);
+
+  // A third instance whose owner gave up: the recipient's server refused the first
+  // email for good (550), so nothing of it arrived and the delivery passes on.
+  smtp_->Call("POST", "/_target/faults", R"({"next": ["reject_550"]})");
+  InstanceRecord third, fourth;
+  for (auto [id, out] : {std::pair<const char*, InstanceRecord*>{"s-3", &third}, {"s-4", &fourth}}) {
+    auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
+    ASSERT_TRUE(engine.ok());
+    const Json input = {{"id", id}, {"order", "O-10"}, {"customer", "c-10"},
+                        {"line_id", "U-10"}, {"email", "lee@customer.example"}};
+    auto started = (*engine)->StartInstance(definition_, {"default", input.dump()});
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_TRUE((*engine)->RunUntilRest(started->instance.id, std::stop_token()).ok());
+    *out = *store_->GetInstance(started->instance.id);
+  }
+  EXPECT_EQ(Step(third, "confirm-email").state, StepState::kFailed);
+  EXPECT_EQ(Step(fourth, "confirm-email").state, StepState::kCompleted);
+  EXPECT_EQ(Step(fourth, "confirm-line").state, StepState::kSkipped) << "LINE had it from s-3";
+  EXPECT_EQ(SmtpStats()["by_recipient"]["lee@customer.example"].size(), 1u);
 }
 
 // The client itself: a request withdrawn at the last moment (a lease ran out) never

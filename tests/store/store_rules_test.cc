@@ -160,6 +160,10 @@ TEST(StoreRulesTest, ADeliveryIdentityBelongsToTheStepThatClaimedItFirst) {
       << "other content under the identity stays a conflict";
   EXPECT_TRUE(CheckIdempotencyKey(claim, StoredIdempotencyKey{"hash", 100, 2, "x"}, 100).ok())
       << "once it expired";
+  StoredIdempotencyKey gave_up = other_instance;
+  gave_up.owner_gave_up = true;
+  gave_up.request_hash = "other";
+  EXPECT_TRUE(CheckIdempotencyKey(claim, gave_up, 100).ok()) << "nothing of the owner's arrived";
   claim.exclusive = false;
   EXPECT_TRUE(CheckIdempotencyKey(claim, other_instance, 100).ok()) << "a shared key";
 

@@ -130,11 +130,14 @@ class PgChangeSql final : public ChangeSql {
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string& tenant, const std::string& key) override {
     WS_ASSIGN_OR_RETURN(PgResult r,
-                        c_.Query("SELECT request_hash, expires_at, instance_id, step_name FROM "
-                                 "idempotency_keys WHERE tenant = $1 AND key = $2 FOR UPDATE",
+                        c_.Query("SELECT request_hash, expires_at, instance_id, step_name, EXISTS " +
+                                     std::string(kOwnerGaveUp) +
+                                     " FROM idempotency_keys WHERE tenant = $1 AND key = $2 FOR "
+                                     "UPDATE OF idempotency_keys",
                                  Params(tenant, key)));
     return PgFirstRow(r, [](const PgRow& row) {
-      return StoredIdempotencyKey{row.Text(0), row.Int(1), row.Int(2), row.Text(3)};
+      return StoredIdempotencyKey{row.Text(0), row.Int(1), row.Int(2), row.Text(3),
+                                  row.Text(4) == "t"};
     });
   }
   // An exclusive claim takes the row only when it is free, expired or its own. The
@@ -148,7 +151,8 @@ class PgChangeSql final : public ChangeSql {
                  "excluded.request_hash, expires_at = excluded.expires_at, instance_id = "
                  "excluded.instance_id, step_name = excluded.step_name WHERE NOT $8::boolean "
                  "OR idempotency_keys.expires_at <= $6::bigint OR "
-                 "(idempotency_keys.instance_id = $4::bigint AND idempotency_keys.step_name = $5)",
+                 "(idempotency_keys.instance_id = $4::bigint AND idempotency_keys.step_name = $5) "
+                 "OR EXISTS " + std::string(kOwnerGaveUp),
                  Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step,
                         now, claim.expires_at, claim.exclusive ? "true" : "false")));
     if (r.affected() == 0) {

@@ -67,11 +67,12 @@ class SqliteChangeSql final : public ChangeSql {
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string& tenant, const std::string& key) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                        db_.Prepare("SELECT request_hash, expires_at, instance_id, step_name "
-                                    "FROM idempotency_keys WHERE tenant = ? AND key = ?"));
+                        db_.Prepare("SELECT request_hash, expires_at, instance_id, step_name, "
+                                    "EXISTS " + std::string(kOwnerGaveUp) +
+                                    " FROM idempotency_keys WHERE tenant = ? AND key = ?"));
     s->BindAll(tenant, key);
     return FirstRow(s, [](const SqliteStatement& r) {
-      return StoredIdempotencyKey{r.Text(0), r.Int(1), r.Int(2), r.Text(3)};
+      return StoredIdempotencyKey{r.Text(0), r.Int(1), r.Int(2), r.Text(3), r.Int(4) != 0};
     });
   }
   // An exclusive claim takes the row only when it is free, expired or its own: the
@@ -84,7 +85,8 @@ class SqliteChangeSql final : public ChangeSql {
                     "excluded.request_hash, expires_at = excluded.expires_at, "
                     "instance_id = excluded.instance_id, step_name = excluded.step_name "
                     "WHERE ?8 = 0 OR idempotency_keys.expires_at <= ?6 OR "
-                    "(idempotency_keys.instance_id = ?4 AND idempotency_keys.step_name = ?5)"));
+                    "(idempotency_keys.instance_id = ?4 AND idempotency_keys.step_name = ?5) OR "
+                    "EXISTS " + std::string(kOwnerGaveUp)));
     WS_RETURN_IF_ERROR(s->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id,
                                   claim.step, now, claim.expires_at,
                                   static_cast<int64_t>(claim.exclusive))

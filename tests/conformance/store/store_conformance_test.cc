@@ -303,7 +303,7 @@ TEST_P(StoreConformanceTest, AnExclusiveClaimHasOneOwnerEvenWhenClaimedAtOnce) {
     change.lease = lease;
     change.now = now;
     change.lease_expires_at = 7000;
-    change.idempotency = IdempotencyClaim{"t1", key, "h", lease.instance_id, "tell-email", 100'000};
+    change.idempotency = IdempotencyClaim{"t1", key, "h", lease.instance_id, "two", 100'000};
     change.idempotency->exclusive = true;
     return (*store_->Commit({change}))[0];
   };
@@ -312,6 +312,28 @@ TEST_P(StoreConformanceTest, AnExclusiveClaimHasOneOwnerEvenWhenClaimedAtOnce) {
   const absl::Status taken = claim(leases[1], "notify:one", 2003);
   EXPECT_TRUE(IsDeliveryOwned(taken)) << taken;
   EXPECT_TRUE(claim(leases[1], "notify:one", 100'001).ok()) << "once it expired";
+
+  // The owner's step failed without an unknown outcome: nothing of it arrived, so the
+  // delivery passes to the other instance; after an unknown outcome it would not.
+  ASSERT_TRUE(claim(leases[0], "notify:two", 2004).ok());
+  StepRecord owner = (*store_->GetSteps(leases[0].instance_id))[1];
+  owner.state = StepState::kFailed;
+  owner.unknowns = 1;
+  Change failed;
+  failed.lease = leases[0];
+  failed.now = 2005;
+  failed.lease_expires_at = 7000;
+  failed.steps = {owner};
+  ASSERT_TRUE((*store_->Commit({failed}))[0].ok());
+  EXPECT_TRUE(IsDeliveryOwned(claim(leases[1], "notify:two", 2006)));
+  owner.unknowns = 0;
+  failed.steps = {owner};
+  ASSERT_TRUE((*store_->Commit({failed}))[0].ok());
+  EXPECT_TRUE(claim(leases[1], "notify:two", 2007).ok());
+  EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:two"))->instance_id, leases[1].instance_id);
+  owner.state = StepState::kPending;  // the race below: neither owner gave up
+  failed.steps = {owner};
+  ASSERT_TRUE((*store_->Commit({failed}))[0].ok());
 
   constexpr int kKeys = 40;
   std::vector<absl::Status> first(kKeys), second(kKeys);
