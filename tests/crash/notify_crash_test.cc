@@ -163,17 +163,15 @@ class NotifyEmailCrashTest : public ::testing::TestWithParam<EmailKillCase> {
   void SetUp() override {
     line_ = std::make_unique<testing::TargetProcess>(
         dir_.path(), "line_target.py", std::vector<std::string>{"--token", "line-token-0"});
-    smtp_ = std::make_unique<testing::TargetProcess>(dir_.path(), "smtp/smtp_target.mjs",
-                                                     std::vector<std::string>{});
+    smtp_ = std::make_unique<testing::SmtpTarget>(dir_.path());
     ASSERT_TRUE(line_->ok() && smtp_->ok());
   }
 
   testing::ProcessResult Run(const std::string& input,
                              std::map<std::string, std::string> env = {}) {
-    const Json stats = Json::parse(smtp_->StatsJson());
     env.emplace("WAYSTONE_DB", dir_.File("notify.db"));
     env.emplace("LINE_URL", line_->base_url());
-    env.emplace("SMTP_URL", "smtp://127.0.0.1:" + std::to_string(stats["smtp_port"].get<int>()));
+    env.emplace("SMTP_URL", smtp_->smtp_url());
     env.emplace("WAYSTONE_SECRET_LINE_TOKEN", "line-token-0");
     return testing::RunProcess({testing::WaystoneBinary(), "run",
                                 testing::SourceDir() + "/tests/fixtures/notify-email.yaml",
@@ -183,7 +181,7 @@ class NotifyEmailCrashTest : public ::testing::TestWithParam<EmailKillCase> {
 
   testing::TempDir dir_;
   std::unique_ptr<testing::TargetProcess> line_;
-  std::unique_ptr<testing::TargetProcess> smtp_;
+  std::unique_ptr<testing::SmtpTarget> smtp_;
 };
 
 TEST_P(NotifyEmailCrashTest, KilledAtThePointRestartedEachMessageAtMostOnce) {
@@ -226,12 +224,11 @@ TEST(NotifyExampleTest, TheTourRunsAsWritten) {
   testing::TempDir dir;
   auto sim = Simulator::Start({});
   ASSERT_TRUE(sim.ok()) << sim.status();
-  testing::TargetProcess smtp(dir.path(), "smtp/smtp_target.mjs", {});
+  testing::SmtpTarget smtp(dir.path());
   ASSERT_TRUE(smtp.ok());
-  const int smtp_port = Json::parse(smtp.StatsJson())["smtp_port"].get<int>();
   auto env = testing::SimulatorEnv((*sim)->base_url(),
                                    {{"WAYSTONE_DB", dir.File("tour.db")},
-                                    {"SMTP_URL", "smtp://127.0.0.1:" + std::to_string(smtp_port)}});
+                                    {"SMTP_URL", smtp.smtp_url()}});
   auto run = [&](const std::string& order) {
     return testing::RunProcess(
         {testing::WaystoneBinary(), "run", testing::SourceDir() + "/examples/order-notify.yaml",

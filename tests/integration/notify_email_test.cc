@@ -56,14 +56,11 @@ class NotifyEmailTest : public ::testing::Test {
   void SetUp() override {
     line_ = std::make_unique<testing::TargetProcess>(
         dir_.path(), "line_target.py", std::vector<std::string>{"--token", "line-token-0"});
-    smtp_ = std::make_unique<testing::TargetProcess>(
-        dir_.path(), "smtp/smtp_target.mjs",
-        std::vector<std::string>{"--seed", "5", "--password", "smtp-pass-0"});
+    smtp_ = std::make_unique<testing::SmtpTarget>(
+        dir_.path(), std::vector<std::string>{"--seed", "5", "--password", "smtp-pass-0"});
     ASSERT_TRUE(line_->ok() && smtp_->ok());
-    const Json stats = SmtpStats();
     setenv("LINE_URL", line_->base_url().c_str(), 1);
-    setenv("SMTP_URL", ("smtp://127.0.0.1:" + std::to_string(stats["smtp_port"].get<int>())).c_str(),
-           1);
+    setenv("SMTP_URL", smtp_->smtp_url().c_str(), 1);
     setenv("SMTP_USER", "mailer", 1);
     setenv("WAYSTONE_SECRET_LINE_TOKEN", "line-token-0", 1);
     setenv("WAYSTONE_SECRET_SMTP_PASSWORD", "smtp-pass-0", 1);
@@ -123,7 +120,7 @@ class NotifyEmailTest : public ::testing::Test {
   testing::TempDir dir_;
   SeededRandom random_{13};
   std::unique_ptr<testing::TargetProcess> line_;
-  std::unique_ptr<testing::TargetProcess> smtp_;
+  std::unique_ptr<testing::SmtpTarget> smtp_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<HttpClient> http_;
   std::unique_ptr<Engine> engine_;
@@ -315,7 +312,7 @@ TEST_F(NotifyEmailTest, ASecondInstanceOfTheSameDeliverySendsNothing) {
 // reaches DATA, and a message cut at MAIL is not sent; both say so.
 TEST_F(NotifyEmailTest, TheClientSaysWhetherTheMessageCouldHaveArrived) {
   HttpRequest request;
-  request.url = "smtp://127.0.0.1:" + std::to_string(SmtpStats()["smtp_port"].get<int>());
+  request.url = smtp_->smtp_url();
   request.mail = {.from = "a@shop.example", .to = {"b@customer.example"}, .user = "u",
                   .password = "smtp-pass-0"};
   request.body = "From: a@shop.example\r\nTo: b@customer.example\r\nSubject: s\r\n"

@@ -1,6 +1,7 @@
 #include "support/erp_target.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "connectors/http/http_client.h"
 
@@ -28,6 +29,16 @@ std::string TargetProcess::Call(const std::string& method, const std::string& pa
                       10'000};
   HttpResponse response = http->Send(request);
   return response.body;
+}
+
+SmtpTarget::SmtpTarget(const std::string& output_dir, const std::vector<std::string>& args)
+    : TargetProcess(output_dir, "smtp/smtp_target.mjs", args) {
+  if (!ok()) return;
+  const auto stats = nlohmann::json::parse(StatsJson(), nullptr, false);
+  if (stats.is_object() && stats.contains("smtp_port")) {
+    smtp_url_ = "smtp://127.0.0.1:" + std::to_string(stats["smtp_port"].get<int>());
+  }
+  if (smtp_url_.empty()) ADD_FAILURE() << "the SMTP target gave no smtp_port: " << StatsJson();
 }
 
 ErpTarget::ErpTarget(const std::string& output_dir, int seed)

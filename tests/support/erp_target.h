@@ -38,6 +38,18 @@ class TargetProcess {
   int port_ = -1;
 };
 
+// The independent SMTP server, tests/targets/smtp (npm smtp-server): its control routes
+// at base_url(), its SMTP port read from its stats once it listens.
+class SmtpTarget : public TargetProcess {
+ public:
+  explicit SmtpTarget(const std::string& output_dir, const std::vector<std::string>& args = {});
+  // "smtp://127.0.0.1:<port>" ("" when it did not start).
+  const std::string& smtp_url() const { return smtp_url_; }
+
+ private:
+  std::string smtp_url_;
+};
+
 // The independent ERP stand-in, tests/targets/erp_target.py: orders without key
 // deduplication, messages with it, faults in every shape a lost answer takes.
 class ErpTarget : public TargetProcess {

@@ -394,10 +394,10 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     response.body.clear();
     return;
   }
+  const std::string& target = transfer.request.tls.target;  // set for any request under a target
+  const std::string located = target.empty() ? detail : "target '" + target + "': " + detail;
   if (transfer.request.IsMail()) {
-    const std::string& target = transfer.request.tls.target;
-    curl_mail::Conclude(curl, rc, transfer.mail,
-                        target.empty() ? detail : "target '" + target + "': " + detail, response);
+    curl_mail::Conclude(curl, rc, transfer.mail, located, response);
     return;
   }
   // Whether the request left decides transient (nothing happened) vs unknown.
@@ -408,8 +408,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   response.outcome.kind = invalid    ? CallOutcome::Kind::kInvalid
                           : not_sent ? CallOutcome::Kind::kNotSent
                                      : CallOutcome::Kind::kLostAfterSend;
-  const std::string& target = transfer.request.tls.target;  // set for any request under a target
-  response.error = target.empty() ? detail : "target '" + target + "': " + detail;
+  response.error = located;
   response.body.clear();
 }
 
