@@ -259,6 +259,18 @@ class Engine::Impl {
   const CallMetrics& call_metrics() const { return *metrics_; }
 
  private:
+  // An instance held by this engine's workers: its runner, the calls it has out (the
+  // branches of a parallel group call side by side) and the answers come back. A
+  // worker drives it, or it is queued in answered_, or it is parked until an answer.
+  // Its fields are guarded by mu_ (the runner only by whoever drives it).
+  struct Flight {
+    std::unique_ptr<InstanceRunner> runner;
+    int out = 0;                                         // sent, not yet answered
+    std::deque<std::pair<int, HttpResponse>> answers;    // answered, not yet recorded
+    bool parked = false;   // waits for an answer (counted in calling_)
+    bool broken = false;   // its drive ended with calls out: their answers are dropped
+  };
+
   void DispatchLoop(std::stop_token stop) {
     Millis last_reap = 0;
     while (!stop.stop_requested()) {
@@ -315,8 +327,8 @@ class Engine::Impl {
   void WorkerLoop() {
     while (true) {
       Lease lease;
-      std::unique_ptr<InstanceRunner> runner;
-      std::optional<HttpResponse> response;
+      std::shared_ptr<Flight> flight;
+      std::pair<int, HttpResponse> answer;
       {
         // Answers first: their instance holds a lease and its outcome is not yet
         // durable. New claims only while not stopping; leave once every call is back.
@@ -326,9 +338,10 @@ class Engine::Impl {
                  (stopping_ && calling_ == 0);
         });
         if (!answered_.empty()) {
-          runner = std::move(answered_.front().runner);
-          response = std::move(answered_.front().response);
+          flight = std::move(answered_.front());
           answered_.pop_front();
+          answer = std::move(flight->answers.front());
+          flight->answers.pop_front();
         } else if (!stopping_ && !ready_.empty()) {
           lease = std::move(ready_.front());
           ready_.pop_front();
@@ -338,51 +351,46 @@ class Engine::Impl {
         ++busy_;
       }
       absl::StatusOr<DriveResult> result;
-      if (runner != nullptr) {
-        result = runner->Resume(std::move(*response), stop_.get_token());
+      if (flight != nullptr) {
+        result = flight->runner->Resume(answer.first, std::move(answer.second), stop_.get_token());
       } else {
-        runner = std::make_unique<InstanceRunner>(Deps(), lease);
-        result = runner->Drive(stop_.get_token(), /*async=*/true);
+        flight = std::make_shared<Flight>();
+        flight->runner = std::make_unique<InstanceRunner>(Deps(), lease);
+        result = flight->runner->Drive(stop_.get_token(), /*async=*/true);
       }
-      const int64_t instance_id = runner->instance_id();
-      if (result.ok() && result->calling) {
-        {
-          MutexLock lock(mu_);
-          --busy_;
-          ++calling_;
-          slot_freed_ = true;
-        }
-        wake_.notify_all();
-        HttpRequest request = runner->TakeRequest();
-        auto send = [this, request = std::move(request), runner = std::move(runner)]() mutable {
-          http_->SendAsync(std::move(request), [this, runner = std::move(runner)](
-                                                   HttpResponse response) mutable {
-            {
-              MutexLock lock(mu_);
-              --calling_;
-              answered_.push_back({std::move(runner), std::move(response)});
-            }
-            wake_.notify_all();
-          });
-        };
-        if (result->send_at > clock_->NowMillis()) {
-          pacer_.At(result->send_at, std::move(send));  // the target's rate limit: its slot
-        } else {
-          send();
-        }
-        continue;
-      }
-      runner.reset();
-      if (!result.ok()) {
-        Log(LogLevel::kWarning,
-            "instance " + std::to_string(instance_id) + ": " + result.status().ToString());
-      }
+      const int64_t instance_id = flight->runner->instance_id();
+      std::vector<OutgoingCall> calls;
+      if (result.ok() && result->calling) calls = flight->runner->TakeRequests();
+      const bool holds = result.ok() && (result->calling || result->awaiting_calls);
+      bool rested = false;
       {
         MutexLock lock(mu_);
         --busy_;
         slot_freed_ = true;
+        flight->out += static_cast<int>(calls.size());
+        if (!holds && (flight->out > 0 || !flight->answers.empty())) {
+          // Its drive ended (an error, a lost lease) with calls out: what they answer
+          // is dropped (the steps stay running, recovered as unknown by the next drive).
+          flight->broken = true;
+          flight->answers.clear();
+        }
+        if (holds && !flight->answers.empty()) {
+          answered_.push_back(flight);  // a worker resumes it with the next answer
+        } else if (flight->out > 0) {
+          flight->parked = true;  // until an answer comes back
+          ++calling_;
+        } else {
+          rested = true;
+        }
       }
       wake_.notify_all();
+      for (OutgoingCall& call : calls) Send(flight, std::move(call));
+      if (!result.ok()) {
+        Log(LogLevel::kWarning,
+            "instance " + std::to_string(instance_id) + ": " + result.status().ToString());
+      }
+      if (!rested) continue;
+      flight.reset();
       if (result.ok() && IsTerminal(result->state)) {
         MutexLock lock(rest_mu_);
         if (auto it = awaited_.find(instance_id); it != awaited_.end()) {
@@ -390,6 +398,39 @@ class Engine::Impl {
           rest_.notify_all();
         }
       }
+    }
+  }
+
+  // Sends one of `flight`'s calls (in its rate slot); its answer queues the flight
+  // for a worker unless one holds it already.
+  void Send(const std::shared_ptr<Flight>& flight, OutgoingCall call) {
+    const Millis send_at = call.send_at;
+    auto send = [this, flight, id = call.id, request = std::move(call.request)]() mutable {
+      http_->SendAsync(std::move(request), [this, flight, id](HttpResponse response) mutable {
+        {
+          MutexLock lock(mu_);
+          --flight->out;
+          if (flight->broken) {
+            if (flight->out == 0 && flight->parked) {
+              flight->parked = false;
+              --calling_;
+            }
+          } else {
+            flight->answers.emplace_back(id, std::move(response));
+            if (flight->parked) {
+              flight->parked = false;
+              --calling_;
+              answered_.push_back(flight);
+            }
+          }
+        }
+        wake_.notify_all();
+      });
+    };
+    if (send_at > clock_->NowMillis()) {
+      pacer_.At(send_at, std::move(send));  // the target's rate limit: its slot
+    } else {
+      send();
     }
   }
 
@@ -448,15 +489,10 @@ class Engine::Impl {
 
   Mutex mu_;
   std::condition_variable_any wake_;
-  // A runner whose call came back, with the response, waiting for a worker.
-  struct Answered {
-    std::unique_ptr<InstanceRunner> runner;
-    HttpResponse response;
-  };
   std::deque<Lease> ready_ ABSL_GUARDED_BY(mu_);        // claimed, not yet driven
-  std::deque<Answered> answered_ ABSL_GUARDED_BY(mu_);  // answered, not yet recorded
+  std::deque<std::shared_ptr<Flight>> answered_ ABSL_GUARDED_BY(mu_);  // to resume
   int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
-  int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances whose call is under way
+  int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances parked while their calls are under way
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::stop_source stop_;  // runners stop between actions once Stop() requests it
   bool slot_freed_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,12 +3,16 @@
 #include <atomic>
 #include <chrono>
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #include "engine/call_metrics.h"
 #include "engine/context.h"
@@ -63,26 +67,111 @@ class InstanceRunner::Impl {
     return Loop(stop);
   }
 
-  HttpRequest TakeRequest() { return std::move(call_->request); }
+  // Hands the calls due to the caller: from now on they are under way.
+  std::vector<OutgoingCall> TakeRequests() {
+    std::vector<OutgoingCall> outgoing;
+    for (PendingCall& call : due_) {
+      outgoing.push_back({call.id, std::move(call.request), call.send_at});
+      const int id = call.id;
+      out_.emplace(id, std::move(call));
+    }
+    due_.clear();
+    return outgoing;
+  }
 
-  absl::StatusOr<DriveResult> Resume(HttpResponse response, std::stop_token stop) {
-    absl::Status status = Answered(std::move(response));
+  absl::StatusOr<DriveResult> Resume(int id, HttpResponse response, std::stop_token stop) {
+    absl::Status status = Answered(id, std::move(response));
     if (!status.ok()) return Finish(status, std::nullopt);
-    if (call_) return Calling();  // the answer asked for another request (a lookup's next page)
     return Loop(stop);
   }
 
   int64_t instance_id() const { return lease_.instance_id; }
 
  private:
+  // What an outcome leads to once classified: the transition to commit.
+  using Then = std::function<absl::Status(const CallResult&)>;
+
+  // An admitted call's hold on its target's concurrency cap and circuit.
+  struct Permit {
+    std::string target;
+    TargetLimits limits;
+    std::string id;
+    bool probe = false;
+  };
+  // A request due to be sent (or on its way) and what its outcome leads to.
+  struct PendingCall {
+    int id;                                           // quoted back with its answer
+    CallPhase phase;
+    HttpRequest request;
+    int step_index;
+    StatusOverrides overrides;
+    const std::vector<BodyErrorRule>* body_rules;  // the step's errors.body; null: none
+    Then then;
+    Millis started_at;                                // clock time, for the attempt record
+    std::chrono::steady_clock::time_point sent_at;    // for the latency metric
+    std::shared_ptr<std::atomic<Millis>> left_at;     // set by the client's last check
+    Millis send_at = 0;                               // not before (a target's rate limit)
+    std::optional<Permit> permit;                     // its hold on the target, until answered
+  };
+
+  // Why and until when a target refused the calls due (of `steps`).
+  struct Parked {
+    Millis until = 0;
+    std::string reason;
+    std::vector<int> steps;
+  };
+
+  // The answers to the calls a synchronous drive sent, as they come back (on the
+  // client's thread); shared with the callbacks, which may outlive the runner.
+  class Answers {
+   public:
+    void Put(int id, HttpResponse response) {
+      {
+        MutexLock lock(mu_);
+        answers_.emplace_back(id, std::move(response));
+      }
+      arrived_.notify_one();
+    }
+    std::pair<int, HttpResponse> Take() {
+      MutexLock lock(mu_);
+      while (answers_.empty()) arrived_.wait(lock.native());
+      std::pair<int, HttpResponse> answer = std::move(answers_.front());
+      answers_.pop_front();
+      return answer;
+    }
+
+   private:
+    Mutex mu_;
+    std::condition_variable arrived_;
+    std::deque<std::pair<int, HttpResponse>> answers_ ABSL_GUARDED_BY(mu_);
+  };
+
   // Decides and acts until the instance rests, the lease is lost, or (asynchronous)
-  // a request is due.
+  // requests are due or every step that could go waits for a call under way.
   absl::StatusOr<DriveResult> Loop(std::stop_token stop) {
     while (true) {
       const Millis now = d_.clock->NowMillis();
-      if (stop.stop_requested()) return Release(std::nullopt);
-      const NextAction action = Decide(*definition_, instance_, steps_, now);
+      NextAction action{NextAction::Kind::kAwaitCalls, -1, 0};
+      if (!stop.stop_requested()) {
+        action = Decide(*definition_, instance_, steps_, now, HeldSteps());
+      }
       absl::Status status;
+      if (!Starts(action.kind)) {
+        if (Busy()) {
+          // The rest waits for a call under way (or, stopping, nothing new starts).
+          if (async_) return Waiting();
+          status = AwaitAnswer();
+          if (!status.ok()) return Finish(status, std::nullopt);
+          continue;
+        }
+        if (parked_) {
+          if (action.kind == NextAction::Kind::kWait) {
+            parked_->until = std::min(parked_->until, action.wait_until);
+          }
+          return Park();
+        }
+        if (stop.stop_requested()) return Release(std::nullopt);
+      }
       switch (action.kind) {
         case NextAction::Kind::kIdle:
           return Release(std::nullopt);
@@ -101,6 +190,10 @@ class InstanceRunner::Impl {
           finish.lease_expires_at = 0;
           return Finish(CommitChange(finish), std::nullopt);
         }
+        case NextAction::Kind::kAwaitCalls:  // not reached: nothing is under way or parked
+          return Finish(absl::InternalError("instance " + instance_.key +
+                                            ": waits for a call that is not under way"),
+                        std::nullopt);
         case NextAction::Kind::kRunStep:
           status = RunStep(action.step);
           break;
@@ -113,33 +206,81 @@ class InstanceRunner::Impl {
         case NextAction::Kind::kCompensate:
           status = Compensate(action.step);
           break;
-      }
-      if (status.ok() && parked_) return Park();
-      // An answer may ask for another request (a paginated lookup's next page).
-      while (status.ok() && call_) {
-        if (async_) return Calling();
-        LeaseKeeper::Guard held(d_.keeper, lease_);
-        // The target's rate limit gave this call a slot (within kRateHorizon).
-        // Not cut short by a stop: the call is admitted and goes, on time.
-        if (const Millis wait = call_->send_at - d_.clock->NowMillis(); wait > 0) {
-          d_.clock->SleepFor(wait, std::stop_token());
-        }
-        HttpResponse response = d_.http->Send(call_->request);
-        status = Answered(std::move(response));
+        case NextAction::Kind::kSettleFailure:
+          status = Commit(SettleFailure(Now(), action.step));
+          break;
       }
       if (!status.ok()) return Finish(status, std::nullopt);
     }
   }
 
-  // Hands the pending request to the caller (asynchronous drive); the lease is
-  // kept while it is out.
-  DriveResult Calling() {
-    held_.emplace(d_.keeper, lease_);
-    DriveResult calling;
-    calling.state = instance_.state;
-    calling.calling = true;
-    calling.send_at = call_->send_at;
-    return calling;
+  // True for an action that starts something now (and so goes beside calls under way).
+  static bool Starts(NextAction::Kind kind) {
+    switch (kind) {
+      case NextAction::Kind::kRunStep:
+      case NextAction::Kind::kRecoverRunning:
+      case NextAction::Kind::kResolveUnknown:
+      case NextAction::Kind::kCompensate:
+      case NextAction::Kind::kSettleFailure:
+        return true;
+      case NextAction::Kind::kIdle:
+      case NextAction::Kind::kWait:
+      case NextAction::Kind::kAwaitEvent:
+      case NextAction::Kind::kFinish:
+      case NextAction::Kind::kAwaitCalls:
+        return false;
+    }
+    return false;
+  }
+
+  // True while a call is due or under way.
+  bool Busy() const { return !due_.empty() || !out_.empty(); }
+
+  // The steps whose call is due or under way.
+  std::vector<int> CallingSteps() const {
+    std::vector<int> steps;
+    for (const PendingCall& call : due_) steps.push_back(call.step_index);
+    for (const auto& [id, call] : out_) steps.push_back(call.step_index);
+    return steps;
+  }
+
+  // The steps Decide passes over: calling, or refused by their target in this drive.
+  std::vector<int> HeldSteps() const {
+    std::vector<int> steps = CallingSteps();
+    if (parked_) steps.insert(steps.end(), parked_->steps.begin(), parked_->steps.end());
+    return steps;
+  }
+
+  // Hands the calls due to the caller (asynchronous drive), or says it waits for those
+  // under way; the lease is kept while any is out.
+  DriveResult Waiting() {
+    if (!held_) held_.emplace(d_.keeper, lease_);
+    DriveResult result;
+    result.state = instance_.state;
+    if (due_.empty()) {
+      result.awaiting_calls = true;
+    } else {
+      result.calling = true;
+    }
+    return result;
+  }
+
+  // Sends the calls due (synchronous drive) and records the first answer to come back.
+  absl::Status AwaitAnswer() {
+    if (!held_) held_.emplace(d_.keeper, lease_);
+    for (OutgoingCall& call : TakeRequests()) {
+      // The target's rate limit gave this call a slot (within kRateHorizon). Not cut
+      // short by a stop: the call is admitted and goes, on time.
+      if (const Millis wait = call.send_at - d_.clock->NowMillis(); wait > 0) {
+        d_.clock->SleepFor(wait, std::stop_token());
+      }
+      d_.http->SendAsync(std::move(call.request),
+                         [answers = answers_, id = call.id](HttpResponse response) {
+                           answers->Put(id, std::move(response));
+                         });
+    }
+    auto [id, response] = answers_->Take();
+    return Answered(id, std::move(response));
   }
 
   // Lets go of the instance until the target that refused its call may take it,
@@ -154,8 +295,9 @@ class InstanceRunner::Impl {
   }
 
   // The instance as last committed, now: what a transition reads.
-  Facts Now() const {
-    return {*definition_, instance_, steps_, d_.clock->NowMillis(), *d_.random};
+  Facts Now() {
+    calling_steps_ = CallingSteps();
+    return {*definition_, instance_, steps_, d_.clock->NowMillis(), *d_.random, &calling_steps_};
   }
 
   // Lets go of the instance until `wake_at` (its next_run_at; without one the
@@ -171,7 +313,9 @@ class InstanceRunner::Impl {
   }
 
   absl::StatusOr<DriveResult> Finish(const absl::Status& status, std::optional<Millis> wake_at) {
-    DropPermit();  // taken for a call that was not made
+    DropPermit(permit_);  // taken for a call that was not made
+    for (PendingCall& call : due_) DropPermit(call.permit);  // nor will these be
+    due_.clear();
     if (absl::IsAborted(status)) {
       Log(LogLevel::kInfo, "instance " + instance_.key + ": " + std::string(status.message()));
       return DriveResult{instance_.state, std::nullopt, true};
@@ -319,9 +463,9 @@ class InstanceRunner::Impl {
   // now (operator pause, circuit breaker, concurrency cap, rate limit: the store
   // decides for every worker on the database). True: go, holding the permit until
   // the answer. False: refused, the instance to be parked (Park) with the reason.
-  absl::StatusOr<bool> Admitted(const HttpRequest& request, const Json& context) {
+  absl::StatusOr<bool> Admitted(int step_index, const HttpRequest& request, const Json& context) {
     const std::string& url = request.url;
-    DropPermit();
+    DropPermit(permit_);
     WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
     if (target == nullptr) return true;
     TargetCallAsk ask;
@@ -345,18 +489,24 @@ class InstanceRunner::Impl {
     }
     // Spread out those refused together, so they do not all ask again at once.
     const Millis spread = std::max<Millis>(1, std::min<Millis>(250, admission.retry_at - ask.now));
-    parked_ = Parked{admission.retry_at + d_.random->UniformInclusive(spread), admission.reason};
+    const Millis until = admission.retry_at + d_.random->UniformInclusive(spread);
+    if (!parked_) {
+      parked_ = Parked{until, admission.reason, {step_index}};
+    } else {  // a branch beside it was refused too: the instance wakes for the first
+      parked_->until = std::min(parked_->until, until);
+      parked_->steps.push_back(step_index);
+    }
     return false;
   }
 
   // Returns the permit of an admitted call to its target, with what the call said
   // of the target's health (kUntold: not made).
-  void DropPermit(CallHealth health = CallHealth::kUntold) {
-    if (!permit_) return;
-    TargetCallSettle settle{instance_.tenant, permit_->target, permit_->limits,
-                            std::move(permit_->id), permit_->probe, health,
+  void DropPermit(std::optional<Permit>& permit, CallHealth health = CallHealth::kUntold) {
+    if (!permit) return;
+    TargetCallSettle settle{instance_.tenant, permit->target, permit->limits,
+                            std::move(permit->id), permit->probe, health,
                             d_.clock->NowMillis()};
-    permit_.reset();
+    permit.reset();
     absl::Status settled = d_.store->SettleTargetCall(settle);
     if (!settled.ok()) {  // the permit expires by itself; the circuit misses one outcome
       Log(LogLevel::kWarning, "target '" + settle.target + "': " + settled.ToString());
@@ -385,8 +535,6 @@ class InstanceRunner::Impl {
                               " ran out before the call; the request was not sent");
   }
 
-  // What an outcome leads to once classified: the transition to commit.
-  using Then = std::function<absl::Status(const CallResult&)>;
 
   // Makes `request` for step `step_index` the one to send next; its outcome, once
   // classified with `overrides`, goes to `then`.
@@ -408,9 +556,11 @@ class InstanceRunner::Impl {
       left_at->store(now);
       return true;
     };
-    call_.emplace(PendingCall{phase, std::move(request), step_index, overrides, body_rules,
-                              std::move(then), d_.clock->NowMillis(),
-                              std::chrono::steady_clock::now(), std::move(left_at), send_at_});
+    due_.push_back(PendingCall{next_call_++, phase, std::move(request), step_index, overrides,
+                               body_rules, std::move(then), d_.clock->NowMillis(),
+                               std::chrono::steady_clock::now(), std::move(left_at), send_at_,
+                               std::move(permit_)});
+    permit_.reset();
     send_at_ = 0;  // a lookup's further pages go when their page is asked for
     return absl::OkStatus();
   }
@@ -418,10 +568,15 @@ class InstanceRunner::Impl {
   // Classifies the response to the pending call once, counts it in the call metrics,
   // keeps its attempt record for the next change (the store numbers it), and
   // commits what the call's transition makes of it.
-  absl::Status Answered(HttpResponse response) {
-    held_.reset();
-    PendingCall call = std::move(*call_);
-    call_.reset();
+  absl::Status Answered(int id, HttpResponse response) {
+    auto found = out_.find(id);
+    if (found == out_.end()) {
+      return absl::InternalError("instance " + instance_.key + ": an answer to call " +
+                                 std::to_string(id) + ", which is not under way");
+    }
+    PendingCall call = std::move(found->second);
+    out_.erase(found);
+    if (!Busy()) held_.reset();
     d_.metrics->RecordLatency(
         call.phase,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - call.sent_at).count());
@@ -439,7 +594,7 @@ class InstanceRunner::Impl {
       }
     }
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
-    DropPermit(HealthOf(sent.response.outcome, sent.error_class));
+    DropPermit(call.permit, HealthOf(sent.response.outcome, sent.error_class));
     const HttpResponse& answer = sent.response;
     if (answer.token_renewed) {
       // Sent once before with a token the target refused: on the wire, so recorded,
@@ -540,7 +695,7 @@ class InstanceRunner::Impl {
                   AlertKind::kIdempotencyConflict);
     }
 
-    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(*request, Context(index, key)));
+    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(index, *request, Context(index, key)));
     if (!admitted) return absl::OkStatus();
 
     // Checkpoint `running` before the call: a crash from here on is an unknown outcome.
@@ -579,7 +734,7 @@ class InstanceRunner::Impl {
                           "lookup of step '" + step.name + "' cannot be built: " +
                               std::string(request.status().message())));
     }
-    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(*request, Context(index, "")));
+    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(index, *request, Context(index, "")));
     if (!admitted) return absl::OkStatus();
     Decorate(*request, "");
     step.lookups += 1;
@@ -657,7 +812,7 @@ class InstanceRunner::Impl {
                                            std::string(request.status().message()),
                                        key));
     }
-    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(*request, Context(index, key)));
+    WS_ASSIGN_OR_RETURN(bool admitted, Admitted(index, *request, Context(index, key)));
     if (!admitted) return absl::OkStatus();
     Decorate(*request, key);
     WS_RETURN_IF_ERROR(Commit(BeginCompensation(Now(), index, key)));
@@ -670,39 +825,16 @@ class InstanceRunner::Impl {
                 });
   }
 
-  // A request due to be sent (or on its way) and what its outcome leads to.
-  struct PendingCall {
-    CallPhase phase;
-    HttpRequest request;
-    int step_index;
-    StatusOverrides overrides;
-    const std::vector<BodyErrorRule>* body_rules;  // the step's errors.body; null: none
-    Then then;
-    Millis started_at;                                // clock time, for the attempt record
-    std::chrono::steady_clock::time_point sent_at;    // for the latency metric
-    std::shared_ptr<std::atomic<Millis>> left_at;     // set by the client's last check
-    Millis send_at = 0;                               // not before (a target's rate limit)
-  };
-
-  // An admitted call's hold on its target's concurrency cap and circuit.
-  struct Permit {
-    std::string target;
-    TargetLimits limits;
-    std::string id;
-    bool probe = false;
-  };
-  // Why and until when a target refused the call due.
-  struct Parked {
-    Millis until = 0;
-    std::string reason;
-  };
-
   RunnerDeps d_;
   bool async_ = false;                 // Drive returns at each call instead of sending it
-  std::optional<PendingCall> call_;
-  std::optional<LeaseKeeper::Guard> held_;  // while an asynchronous call is out
+  std::vector<PendingCall> due_;        // checkpointed, to be sent
+  std::map<int, PendingCall> out_;     // sent, by id, until answered
+  int next_call_ = 1;
+  std::shared_ptr<Answers> answers_ = std::make_shared<Answers>();  // synchronous drive
+  std::vector<int> calling_steps_;     // what Now() last gave the transitions as busy
+  std::optional<LeaseKeeper::Guard> held_;  // while a call is due or out
   std::vector<AttemptRecord> pending_attempts_;  // sent, not yet committed
-  std::optional<Permit> permit_;   // the call admitted last, until its answer
+  std::optional<Permit> permit_;   // the call admitted last, until it is made
   std::optional<Parked> parked_;   // set when a target refused the call due
   Millis send_at_ = 0;             // the admitted call's rate slot
   Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
@@ -719,9 +851,10 @@ InstanceRunner::~InstanceRunner() = default;
 absl::StatusOr<DriveResult> InstanceRunner::Drive(std::stop_token stop, bool async) {
   return impl_->Drive(stop, async);
 }
-HttpRequest InstanceRunner::TakeRequest() { return impl_->TakeRequest(); }
-absl::StatusOr<DriveResult> InstanceRunner::Resume(HttpResponse response, std::stop_token stop) {
-  return impl_->Resume(std::move(response), stop);
+std::vector<OutgoingCall> InstanceRunner::TakeRequests() { return impl_->TakeRequests(); }
+absl::StatusOr<DriveResult> InstanceRunner::Resume(int id, HttpResponse response,
+                                                   std::stop_token stop) {
+  return impl_->Resume(id, std::move(response), stop);
 }
 int64_t InstanceRunner::instance_id() const { return impl_->instance_id(); }
 

@@ -42,12 +42,19 @@ struct DriveResult {
   std::optional<Millis> wake_at;  // set when it waits for a retry timer
   bool lease_lost = false;        // another worker took over; nothing more was written
   bool awaiting_event = false;    // a wait step waits for an event (wake_at: its deadline)
-  // Set only by an asynchronous drive: a request is ready to go (TakeRequest); its
+  // Set only by an asynchronous drive: requests are ready to go (TakeRequests); each
   // response goes to Resume. Nothing else is set then.
   bool calling = false;
-  // With `calling`: the request goes no earlier than this clock time (a target's
-  // rate limit gave it that slot); 0: at once.
-  Millis send_at = 0;
+  // Set only by an asynchronous drive: calls are under way and none is ready to go;
+  // their responses go to Resume. The lease is held. Nothing else is set then.
+  bool awaiting_calls = false;
+};
+
+// A request an asynchronous drive hands out, its checkpoint committed.
+struct OutgoingCall {
+  int id = 0;            // quoted with its response to Resume
+  HttpRequest request;
+  Millis send_at = 0;    // no earlier than this clock time (a target's rate limit); 0: at once
 };
 
 // InstanceRunner drives one claimed instance: decide, checkpoint, call, classify,
@@ -61,20 +68,25 @@ class InstanceRunner {
   InstanceRunner(const InstanceRunner&) = delete;
   InstanceRunner& operator=(const InstanceRunner&) = delete;
 
-  // Drives the instance. When `stop` is requested it finishes the action under
-  // way, releases the lease and returns. Errors other than a lost lease leave the
-  // lease to expire so another worker retries.
+  // Drives the instance. When `stop` is requested it starts nothing new, lets the
+  // calls under way come back, releases the lease and returns. Errors other than a
+  // lost lease leave the lease to expire so another worker retries.
   //
-  // A synchronous drive (the default) sends each request itself and waits for it.
-  // An asynchronous one returns with `calling` set when a request is due, its
-  // checkpoint committed: the caller sends TakeRequest() however it likes (the lease
-  // keeper holds the lease meanwhile) and hands the response to Resume, on any
-  // thread, which records it and drives on. Either way the same rules run.
+  // The branches of a parallel group call side by side: each call's checkpoint
+  // commits before it goes, each outcome commits as it comes back, and another
+  // branch's step goes meanwhile.
+  //
+  // A synchronous drive (the default) sends the requests itself and waits for them.
+  // An asynchronous one returns with `calling` set when requests are due, their
+  // checkpoints committed: the caller sends TakeRequests() however it likes (the
+  // lease keeper holds the lease meanwhile) and hands each response to Resume, one at
+  // a time (not concurrently), which records it and drives on. Either way the same
+  // rules run.
   absl::StatusOr<DriveResult> Drive(std::stop_token stop, bool async = false);
-  // The request an asynchronous drive stopped for; once per `calling`.
-  HttpRequest TakeRequest();
-  // Records the response to TakeRequest() and drives on, as Drive does.
-  absl::StatusOr<DriveResult> Resume(HttpResponse response, std::stop_token stop);
+  // The requests an asynchronous drive stopped for; once per `calling`.
+  std::vector<OutgoingCall> TakeRequests();
+  // Records the response to the call `id` of TakeRequests() and drives on, as Drive does.
+  absl::StatusOr<DriveResult> Resume(int id, HttpResponse response, std::stop_token stop);
 
   int64_t instance_id() const;
 

@@ -137,9 +137,13 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
         sim.Apply(BeginCompensation(sim.Now(), index, ""));
         sim.Apply(RecordCompensation(sim.Now(), sim.steps[index], CallResult{}, ""));
         break;
+      case NextAction::Kind::kSettleFailure:
+        sim.Apply(SettleFailure(sim.Now(), index));
+        break;
       case NextAction::Kind::kIdle:
       case NextAction::Kind::kFinish:
       case NextAction::Kind::kWait:
+      case NextAction::Kind::kAwaitCalls:  // not reached: nothing is under way here
         return;
     }
   }

@@ -63,12 +63,25 @@ NextAction DecideGroup(const std::vector<NextAction>& actions) {
   return {NextAction::Kind::kWait, actions.front().step, earliest};
 }
 
+bool Contains(const std::vector<int>& list, int value) {
+  return std::find(list.begin(), list.end(), value) != list.end();
+}
+
 NextAction DecideForward(const WorkflowDefinition& definition, const std::vector<StepRecord>& steps,
-                         Millis now) {
+                         Millis now, const std::vector<int>& busy) {
   const std::vector<int> frontier = Frontier(definition, steps);
   if (frontier.empty()) return {NextAction::Kind::kFinish, -1, 0, InstanceState::kCompleted};
   std::vector<NextAction> actions;
-  for (const int index : frontier) actions.push_back(DecideStep(steps[index], now));
+  for (const int index : frontier) {
+    if (Contains(busy, index)) continue;
+    if (steps[index].state == StepState::kFailed) {
+      // Failed beside a call under way: its outcome first; then the failure's course.
+      if (!busy.empty()) return {NextAction::Kind::kAwaitCalls, index, 0};
+      return {NextAction::Kind::kSettleFailure, index, 0};
+    }
+    actions.push_back(DecideStep(steps[index], now));
+  }
+  if (actions.empty()) return {NextAction::Kind::kAwaitCalls, busy.front(), 0};
   return actions.size() == 1 ? actions.front() : DecideGroup(actions);
 }
 
@@ -108,11 +121,14 @@ NextAction DecideCompensation(const WorkflowDefinition& definition,
 }  // namespace
 
 NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& instance,
-                  const std::vector<StepRecord>& steps, Millis now) {
+                  const std::vector<StepRecord>& steps, Millis now,
+                  const std::vector<int>& busy) {
   switch (instance.state) {
     case InstanceState::kRunning:
-      return DecideForward(definition, steps, now);
+      return DecideForward(definition, steps, now, busy);
     case InstanceState::kCompensating:
+      // One compensation at a time, in reverse order.
+      if (!busy.empty()) return {NextAction::Kind::kAwaitCalls, busy.front(), 0};
       return DecideCompensation(definition, steps, now);
     case InstanceState::kCompleted:
     case InstanceState::kCompensated:
@@ -154,9 +170,13 @@ bool StepDone(const WorkflowDefinition& /*definition*/, const StepRecord& step) 
 }
 
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,
-                                const std::vector<StepRecord>& steps, int failed_step) {
+                                const std::vector<StepRecord>& steps, int failed_step,
+                                const std::vector<int>& busy) {
   if (definition.steps[failed_step].recovery == RecoveryClass::kManual) {
     return InstanceState::kNeedsAttention;
+  }
+  for (const int index : busy) {
+    if (index != failed_step) return InstanceState::kRunning;  // its outcome comes first
   }
   for (const StepRecord& step : steps) {
     // A branch beside it whose call may have acted: settled by an operator before

@@ -19,6 +19,8 @@ struct NextAction {
     kFinish = 6,           // move the instance to `final_state`
     kIdle = 7,             // terminal or paused: nothing to do
     kAwaitEvent = 8,       // step `step` waits for an event until `wait_until` (0: no deadline)
+    kAwaitCalls = 9,       // every step that could go now has a call under way: wait for one
+    kSettleFailure = 10,   // step `step` failed beside branches now at rest: move the instance on
   };
   Kind kind = Kind::kIdle;
   int step = -1;
@@ -29,11 +31,16 @@ struct NextAction {
 };
 
 // Decides the next action from the checkpoints alone. Pure: no I/O, no clock but
-// `now`. Steps run in order; the branches of a parallel group interleave, one action
-// at a time, none waiting for another. After a failure (instance compensating)
-// completed steps with a compensation are undone in reverse order.
+// `now`. Steps run in order; the branches of a parallel group run side by side, none
+// waiting for another. `busy` lists the steps whose call is under way in this drive
+// (their rows say `running` or `unknown`): they are passed over, so another branch's
+// action comes next, or kAwaitCalls when none is left; a step that failed beside a
+// busy one waits for it (kAwaitCalls), then kSettleFailure moves the instance on.
+// After a failure (instance compensating) completed steps with a compensation are
+// undone in reverse order.
 NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& instance,
-                  const std::vector<StepRecord>& steps, Millis now);
+                  const std::vector<StepRecord>& steps, Millis now,
+                  const std::vector<int>& busy = {});
 
 // Returns the steps the forward run stands at, in step order: the first step not
 // done; when it is in a parallel group, the first step not done of each of the group's
@@ -47,9 +54,12 @@ std::vector<int> Frontier(const WorkflowDefinition& definition,
 bool StepDone(const WorkflowDefinition& definition, const StepRecord& step);
 
 // Returns the instance state that follows a step's failure: needs_attention for a
-// manual step or while a step beside it (a parallel branch) has an unknown outcome,
-// compensating when a completed step has a compensation, else failed.
+// manual step or while a step beside it (a parallel branch) has an unknown outcome;
+// running while a call beside it is under way in this drive (`busy`: its outcome
+// comes first, then Decide says kSettleFailure); compensating when a completed step
+// has a compensation, else failed.
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,
-                                const std::vector<StepRecord>& steps, int failed_step);
+                                const std::vector<StepRecord>& steps, int failed_step,
+                                const std::vector<int>& busy = {});
 
 }  // namespace waystone

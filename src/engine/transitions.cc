@@ -410,9 +410,16 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
     change.next_run_at = facts.now;
     return change;
   }
+  static const std::vector<int> kNone;
   const InstanceState next =
-      forced ? *forced : StateAfterFailure(facts.definition, after, step.index);
+      forced ? *forced
+             : StateAfterFailure(facts.definition, after, step.index,
+                                 facts.busy != nullptr ? *facts.busy : kNone);
   if (alert) AddAlert(facts, change, *alert, step.name, reason);
+  if (next == InstanceState::kRunning) {
+    change.next_run_at = facts.now;  // a branch beside it is calling: SettleFailure follows
+    return change;
+  }
   if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
     AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
              reason + (optional ? "; an optional step that may have acted: an operator decides"
@@ -427,6 +434,20 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
 Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
                 const std::string& message, std::optional<AlertKind> alert) {
   return FailStepTo(facts, std::move(step), error_class, message, alert, std::nullopt);
+}
+
+Change SettleFailure(const Facts& facts, int index) {
+  Change change = At(facts);
+  const StepRecord& step = facts.steps[index];
+  const InstanceState next = StateAfterFailure(facts.definition, facts.steps, index);
+  const std::string reason = "step '" + step.name + "' failed (" +
+                             std::string(ToString(step.error_class)) + "): " + step.error_message;
+  if (next == InstanceState::kNeedsAttention) {
+    AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
+             reason + "; a branch beside it has an unknown outcome: an operator decides");
+  }
+  SetInstanceState(facts, change, next, reason);
+  return change;
 }
 
 Change SkipStep(const Facts& facts, int index, const std::string& why) {

@@ -31,6 +31,9 @@ struct Facts {
   const std::vector<StepRecord>& steps;
   Millis now;
   Random& random;
+  // Steps whose call is under way in the runner's drive (parallel branches): a
+  // failure beside one waits for its outcome (StateAfterFailure). Null: none.
+  const std::vector<int>* busy = nullptr;
 };
 
 // One request sent and what it means: the answer (or the transport failure) and its
@@ -84,6 +87,12 @@ Change RecordCall(const Facts& facts, StepRecord running, const CallResult& resu
 // other than retries_exhausted) waits for an operator instead, nothing undone.
 Change FailStep(const Facts& facts, StepRecord step, ErrorClass error_class,
                 const std::string& message, std::optional<AlertKind> alert);
+
+// Moves the instance on from step `index`, which failed while a call beside it was
+// under way (the instance stayed running): where StateAfterFailure says now that the
+// branches beside it are at rest, with the alert an operator needs when that is
+// needs_attention.
+Change SettleFailure(const Facts& facts, int index);
 
 // Skips step `index` because its `when` does not hold (`why` says which): state
 // skipped, nothing sent, no attempt; the workflow goes on.

@@ -133,6 +133,39 @@ class EngineFakeHttpTest : public ::testing::TestWithParam<testing::Backend> {
   WorkflowDefinition example_;
 };
 
+// Two branches call at once; the WMS branch is refused for good while the ERP
+// branch's call is under way (the fake answers in the order sent: `reserve` first).
+// The refusal waits for the ERP answer (its outcome is recorded, not left running),
+// then the completed ERP step is undone: one cancel.
+TEST_P(EngineFakeHttpTest, ABranchRefusedBesideACallUnderWayWaitsForItThenUndoesIt) {
+  AnswerTheExample();
+  http_.Always("POST /wms/reserve", FakeReply::Answer(422, R"({"error": "no stock"})"));
+  auto definition = LoadDefinitionText(R"(workflow: side-by-side
+key: "{{input.order_id}}"
+steps:
+  - name: both
+    parallel:
+      - name: reserve
+        idempotency: { honored: true }
+        request: { method: POST, url: "{{env.ERP_URL}}/wms/reserve", body: { ref: "{{input.order_id}}" } }
+      - name: create-order
+        recovery: compensable
+        idempotency: { honored: true }
+        request: { method: POST, url: "{{env.ERP_URL}}/erp/orders", body: { ref: "{{input.order_id}}" } }
+        result: { external_id: "/id" }
+        compensate:
+          request: { method: POST, url: "{{env.ERP_URL}}/erp/orders/{{steps.create-order.external_id}}/cancel" }
+)", "side.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const InstanceRecord instance = Run(*definition, Order("o-9"));
+  EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
+  EXPECT_EQ(Step(instance, "create-order").state, StepState::kCompensated);
+  EXPECT_EQ(Step(instance, "reserve").state, StepState::kFailed);
+  EXPECT_EQ(http_.Count(kCreateOrder), 1);
+  EXPECT_EQ(http_.Count("POST /wms/reserve"), 1);
+  EXPECT_EQ(http_.Count(kCancelOrder), 1);
+}
+
 TEST_P(EngineFakeHttpTest, AStartWakesAnIdlePoolAndAwaitRestReturnsTheResult) {
   AnswerTheExample();
   // A pool that polls only every ten minutes, on real time: only a wake-up from the

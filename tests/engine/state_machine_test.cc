@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "base/random.h"
 #include "definition/loader.h"
+#include "engine/transitions.h"
 #include "support/records.h"
 
 namespace waystone {
@@ -194,6 +196,60 @@ TEST(StateMachineTest, AFailureInABranchUndoesTheCompletedBranchesOrWaitsForTheU
   steps = Steps({S::kCompleted, S::kCompleted, S::kPending, S::kPending, S::kFailed, S::kPending});
   EXPECT_EQ(Decide(d, Instance(InstanceState::kCompensating), steps, 100),
             (NextAction{K::kCompensate, 1}));
+}
+
+TEST(StateMachineTest, BranchesWithACallUnderWayArePassedOver) {
+  auto d = Grouped();
+  const auto running = Instance(InstanceState::kRunning);
+  auto steps = Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
+  steps[3].state = S::kCompleted;  // w got its event
+  EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kRunStep, 1}));
+  steps[1].state = S::kRunning;  // b0's call is under way in this drive: c goes beside it
+  EXPECT_EQ(Decide(d, running, steps, 100, {1}), (NextAction{K::kRunStep, 4}));
+  steps[4].state = S::kRunning;
+  EXPECT_EQ(Decide(d, running, steps, 100, {1, 4}).kind, K::kAwaitCalls);
+  // Without `busy`, a step found running is a crash's unknown outcome.
+  EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kRecoverRunning, 1}));
+  // While compensating, one compensation at a time.
+  EXPECT_EQ(Decide(d, Instance(InstanceState::kCompensating), steps, 100, {1}).kind,
+            K::kAwaitCalls);
+}
+
+TEST(StateMachineTest, AFailureBesideACallUnderWayWaitsForItsOutcome) {
+  auto d = Grouped();
+  const auto running = Instance(InstanceState::kRunning);
+  // b0 (compensable) is calling; c is refused for good meanwhile.
+  auto steps = Steps({S::kCompleted, S::kRunning, S::kPending, S::kCompleted, S::kRunning, S::kPending});
+  steps[4].attempts = 1;
+  SeededRandom random(1);
+  const std::vector<int> busy = {1};
+  const Facts facts{d, running, steps, 100, random, &busy};
+  StepRecord failing = steps[4];
+  const Change failed = FailStep(facts, failing, ErrorClass::kRejected, "HTTP 422", std::nullopt);
+  ASSERT_EQ(failed.steps.size(), 1u);
+  EXPECT_EQ(failed.steps[0].state, S::kFailed);
+  EXPECT_FALSE(failed.state.has_value()) << "the instance goes on running until b0 answers";
+  EXPECT_EQ(StateAfterFailure(d, steps, 4, busy), InstanceState::kRunning);
+  steps[4] = failed.steps[0];
+  EXPECT_EQ(Decide(d, running, steps, 100, busy).kind, K::kAwaitCalls);
+
+  // b0's call completed: the failure takes its course, b0 undone.
+  steps[1].state = S::kCompleted;
+  EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kSettleFailure, 4}));
+  const Facts after{d, running, steps, 200, random};
+  const Change settled = SettleFailure(after, 4);
+  ASSERT_TRUE(settled.state.has_value());
+  EXPECT_EQ(*settled.state, InstanceState::kCompensating);
+  EXPECT_NE(settled.status_reason->find("failed (rejected): HTTP 422"), std::string::npos)
+      << *settled.status_reason;
+
+  // b0's call was lost instead: an operator settles it before anything is undone.
+  steps[1].state = S::kUnknown;
+  const Change waits = SettleFailure(after, 4);
+  ASSERT_TRUE(waits.state.has_value());
+  EXPECT_EQ(*waits.state, InstanceState::kNeedsAttention);
+  ASSERT_EQ(waits.alerts.size(), 1u);
+  EXPECT_EQ(waits.alerts[0].kind, AlertKind::kNeedsOperator);
 }
 
 }  // namespace

@@ -86,7 +86,8 @@ function mulberry32(seed) {
 
 const SIZE_LIMIT = 1024 * 1024;
 const DATA_SHAPES = new Set([
-  'ok', 'accept_then_close', 'accept_then_reset', 'accept_then_stall', 'reject_451', 'reject_550',
+  'ok', 'accept_then_close', 'accept_then_reset', 'accept_then_stall', 'accept_then_wait',
+  'reject_451', 'reject_550',
 ]);
 const ALL_SHAPES = new Set([...DATA_SHAPES, 'close_at_mail']);
 const DEFAULT_STALL_MS = 5000;
@@ -467,6 +468,15 @@ function onData(stream, session, callback) {
           recordMessage(buf, session, shape);
           state.replies_dropped++;
           const timer = setTimeout(() => cutWithFin(session, true), faults.stall_ms);
+          timer.unref();
+          return undefined;
+        }
+        case 'accept_then_wait': {
+          // taken now, answered 250 only after stall_ms: a slow server, nothing lost
+          recordMessage(buf, session, 'ok');
+          queueCounter++;
+          const queued = `OK: queued as Q${String(queueCounter).padStart(6, '0')}`;
+          const timer = setTimeout(() => callback(null, queued), faults.stall_ms);
           timer.unref();
           return undefined;
         }

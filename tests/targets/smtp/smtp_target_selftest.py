@@ -307,6 +307,18 @@ class SmtpTargetTest(unittest.TestCase):
         self.assertEqual(st["messages_received"], 1)
         self.assertEqual(st["replies_dropped"], 1)
 
+    def test_accept_then_wait(self):
+        t = self.t
+        t.faults(next=["accept_then_wait"], stall_ms=400)
+        start = time.monotonic()
+        send(t, "<wait@example.test>")  # answered 250, late
+        elapsed = time.monotonic() - start
+        self.assertGreaterEqual(elapsed, 0.35)
+        self.assertLess(elapsed, 5)
+        st = t.stats()
+        self.assertEqual(st["messages_received"], 1)
+        self.assertEqual(st["replies_dropped"], 0)
+
     def test_rejects(self):
         t = self.t
         t.faults(next=["reject_451", "reject_550"])
