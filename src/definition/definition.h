@@ -112,6 +112,10 @@ struct CompensationSpec {
   // Template of the compensation's idempotency key; empty: "<step key>:compensate".
   // A notification's correction has its own delivery identity here.
   std::string idempotency_key;
+  // The target keeps no key (an email's SMTP server): a compensation that may have
+  // arrived (its answer lost, or the worker stopped while it was on its way) is never
+  // sent again by itself; it waits for an operator.
+  bool at_most_once = false;
 };
 
 enum class StepKind : uint8_t {
@@ -174,8 +178,8 @@ struct StepDefinition {
   std::string reports;
   // A branch of a parallel group (`parallel:`, or the channels of a notify step): the
   // group's name ("" for a step of the main line) and the branch's number from 0. A
-  // group's steps are consecutive; each branch runs its own steps in order, and no
-  // branch waits for another (DESIGN: one call at a time per instance, interleaved).
+  // group's steps are consecutive; each branch runs its own steps in order, and the
+  // branches' calls are open side by side (no branch waits for another).
   std::string group;
   int branch = -1;
 

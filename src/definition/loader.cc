@@ -781,11 +781,10 @@ class Reader {
           Error(settings, name, "'" + where + "': template '" + message->name +
                                     "' has no 'subject', which an email needs");
         }
-        if (correction != nullptr) {
-          Error(notify["correction"], name,
-                "a correction is not sent over email: an SMTP server keeps no key, so a "
-                "correction whose answer was lost could only be resent blindly. Send the "
-                "email from a notify step of its own, without 'correction'");
+        if (correction != nullptr && correction->subject.empty()) {
+          Error(notify["correction"], name, "'" + where + "': correction template '" +
+                                                correction->name +
+                                                "' has no 'subject', which an email needs");
         }
       } else {
         Error(entry.first, name,

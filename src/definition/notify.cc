@@ -101,13 +101,17 @@ std::vector<StepDefinition> ExpandNotify(const NotifySpec& spec, const MessageTe
       step.external_id_headers = {"x-line-accepted-request-id", "x-line-request-id"};
     }
     step.recovery = email ? RecoveryClass::kManual : RecoveryClass::kRepeatable;
-    if (correction != nullptr && !email) {
+    if (correction != nullptr) {
+      // Sent only where the original was accepted (the channel's step completed),
+      // under an identity of its own. Over email at most once: an unknown outcome
+      // waits for an operator, as the original's does.
       CompensationSpec compensate;
       compensate.idempotency_key = DeliveryIdentity(spec, *correction, channel.kind);
       compensate.request = ChannelRequest(spec, channel, *correction, compensate.idempotency_key);
       compensate.retry = spec.retry;
+      compensate.at_most_once = email;
       step.compensate = std::move(compensate);
-      step.recovery = RecoveryClass::kCompensable;
+      if (!email) step.recovery = RecoveryClass::kCompensable;
     }
     steps.push_back(std::move(step));
   }

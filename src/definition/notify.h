@@ -55,7 +55,8 @@ std::string DeliveryIdentity(const NotifySpec& spec, const MessageTemplate& mess
 // Returns the steps `spec` runs as, one per channel in its order: `message` is sent;
 // `correction` (null: none) is each channel's compensation, sent with its own
 // identity and only where the original was accepted (a compensation runs only for a
-// completed step). The loader refuses a correction over email.
+// completed step). Over email a correction is sent at most once
+// (CompensationSpec::at_most_once).
 //
 // LINE and webhook receivers deduplicate on the key derived from the identity, so an
 // unknown outcome is resent under it. SMTP has no such key: an email whose server's

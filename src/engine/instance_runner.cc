@@ -803,6 +803,9 @@ class InstanceRunner::Impl {
   }
 
   absl::Status Compensate(int index) {
+    if (std::optional<Change> unsafe = CompensationInFlight(Now(), index)) {
+      return Commit(std::move(*unsafe));
+    }
     const StepDefinition& def = definition_->steps[index];
     const std::string key = CompensationKeyOf(index);
     auto request = Render(def.compensate->request, Context(index, key));

@@ -265,6 +265,7 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     }
     step.state = StepState::kCompensating;
     step.next_attempt_at = 0;
+    step.error_class = ErrorClass::kNone;  // sent again on the operator's word
     plan.state_after = InstanceState::kCompensating;
     return absl::OkStatus();
   }

@@ -163,11 +163,19 @@ Change EventArrived(const Facts& facts, int index, const std::string& data_json,
 
 // --- Compensation -----------------------------------------------------------------
 
-// The checkpoint before a compensation call (one more attempt, audited).
+// The checkpoint before a compensation call (one more attempt, audited). Its error
+// class is unknown until RecordCompensation writes the outcome.
 Change BeginCompensation(const Facts& facts, int index, const std::string& key);
 
+// A compensation the target cannot deduplicate (CompensationSpec::at_most_once: an
+// email's correction) found begun but never recorded: its worker stopped while it
+// was on its way, so it may have arrived. It is not sent again: compensation_failed,
+// for an operator (who may retry it). nullopt: send it.
+std::optional<Change> CompensationInFlight(const Facts& facts, int index);
+
 // What a compensation call's result does: compensated, retried with a backoff, or
-// compensation_failed (the instance needs attention).
+// compensation_failed (the instance needs attention). An at-most-once compensation
+// whose outcome is unknown is not retried: compensation_failed, for an operator.
 Change RecordCompensation(const Facts& facts, StepRecord compensating, const CallResult& result,
                           const std::string& key);
 

@@ -191,7 +191,7 @@ class NotifyEmailCrashTest : public ::testing::TestWithParam<EmailKillCase> {
 TEST_P(NotifyEmailCrashTest, KilledAtThePointRestartedEachMessageAtMostOnce) {
   const EmailKillCase& c = GetParam();
   const std::string input = Json{{"id", "o-1"}, {"customer", "c-7"}, {"line_id", "U1"},
-                                 {"email", "kim@customer.example"}}.dump();
+                                 {"email", "kim@customer.example"}, {"ship", "yes"}}.dump();
   if (c.slow_smtp) {
     smtp_->Call("POST", "/_target/faults", R"({"next":["accept_then_wait"],"stall_ms":1500})");
   }
@@ -223,6 +223,44 @@ INSTANTIATE_TEST_SUITE_P(
                       EmailKillCase{"after-call", "confirm-line", "needs_attention", -1, true}),
     [](const auto& info) {
       std::string name = info.param.point + "_" + info.param.step;
+      for (char& c : name) {
+        if (c == '-') c = '_';
+      }
+      return name;
+    });
+
+// The order undone after both messages went: the correction goes to LINE and by email.
+// Killed while the email's correction was on its way (its attempt begun, before it
+// left or after the server took it), it is never sent again: the compensation waits
+// for an operator; LINE's correction waits behind it (reverse order).
+class NotifyEmailCorrectionCrashTest : public NotifyEmailCrashTest {};
+
+TEST_P(NotifyEmailCorrectionCrashTest, AnEmailCorrectionKilledOnItsWayIsNeverSentAgain) {
+  const EmailKillCase& c = GetParam();
+  const std::string input = Json{{"id", "o-2"}, {"customer", "c-8"}, {"line_id", "U2"},
+                                 {"email", "lee@customer.example"}, {"ship", "fail"}}.dump();
+  auto crashed = Run(input, {{"WAYSTONE_CRASH_AT", c.point + ":" + c.step}});
+  ASSERT_EQ(crashed.signal, SIGKILL) << "exit " << crashed.exit_code << "\n" << crashed.err;
+  auto resumed = Run(input);
+  EXPECT_NE(resumed.out.find("state     needs_attention"), std::string::npos) << resumed.out
+                                                                          << resumed.err;
+  EXPECT_NE(resumed.out.find("it is not sent again"), std::string::npos) << resumed.out;
+  auto again = Run(input);  // resumed once more: still nothing sent
+  EXPECT_NE(again.out.find("state     needs_attention"), std::string::npos) << again.out;
+  const Json smtp = Json::parse(smtp_->StatsJson());
+  EXPECT_EQ(smtp["messages_received"], c.emails)
+      << "the original, and the correction at most once: " << smtp.dump();
+  EXPECT_EQ(smtp["duplicates"], 0);
+  const Json line = Json::parse(line_->StatsJson());
+  EXPECT_EQ(line["delivered_by_to"]["U2"], 1) << "LINE's correction waits behind: " << line.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Corrections, NotifyEmailCorrectionCrashTest,
+    ::testing::Values(EmailKillCase{"before-compensate", "confirm-email", "needs_attention", 1},
+                      EmailKillCase{"after-compensate", "confirm-email", "needs_attention", 2}),
+    [](const auto& info) {
+      std::string name = info.param.point;
       for (char& c : name) {
         if (c == '-') c = '_';
       }

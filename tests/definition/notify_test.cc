@@ -180,6 +180,37 @@ steps:
             std::string::npos) << "the validator reads an email's templates too";
 }
 
+TEST(NotifyTest, AnEmailsCorrectionIsSentAtMostOnce) {
+  auto definition = LoadDefinitionText(std::string(R"(workflow: orders
+key: "{{input.id}}"
+templates:
+  confirmed: { version: 2, subject: "Order {{steps.create.external_id}}", text: "confirmed" }
+  cancelled: { version: 1, subject: "Order {{steps.create.external_id}} cancelled", text: "sorry" }
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/orders" }
+    result: { external_id: /id }
+  - name: confirm
+    notify:
+      reports: create
+      template: confirmed
+      correction: cancelled
+      recipient: "{{input.customer}}"
+      channels:
+        email: { url: "smtp://mail.example:25", from: orders@shop.example, to: "{{input.email}}" }
+)"), "n.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const StepDefinition& email = definition->steps[1];
+  EXPECT_EQ(email.recovery, RecoveryClass::kManual) << "the original's unknown outcome waits";
+  ASSERT_TRUE(email.compensate.has_value());
+  EXPECT_TRUE(email.compensate->at_most_once) << "an SMTP server keeps no key";
+  EXPECT_EQ(email.compensate->idempotency_key,
+            "notify:{{input.customer}}:cancelled@1:{{instance.ref}}/create:email");
+  EXPECT_EQ(email.compensate->request.mail.subject, "Order {{steps.create.external_id}} cancelled");
+  EXPECT_EQ(email.compensate->request.mail.delivery, email.compensate->idempotency_key);
+}
+
 TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
   struct Row {
     const char* name;
@@ -206,10 +237,10 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
        "'notify.channels.line.token' must be exactly one {{secret.NAME}} or {{env.NAME}}"},
       {"a token from the input", replace("{{secret.LINE_TOKEN}}", "{{input.token}}"),
        "'notify.channels.line.token' must come from {{secret.NAME}} or {{env.NAME}}"},
-      {"a correction over email",
+      {"a correction over email without subject",
        replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
                "email: { url: \"smtp://mail:25\", from: a@b.example, to: \"{{input.mail}}\" }"),
-       "a correction is not sent over email"},
+       "correction template 'order-cancelled' has no 'subject', which an email needs"},
       {"an email without subject",
        replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
                "email: { url: \"smtp://mail:25\", from: a@b.example, to: \"{{input.mail}}\" }"),

@@ -643,6 +643,61 @@ TEST(TransitionsTest, ACompensationIsAuditedBeforeItIsSent) {
   EXPECT_NE(change.audits[0].detail_json.find("t:k:b:compensate"), std::string::npos);
 }
 
+// An email's correction (CompensationSpec::at_most_once): the SMTP server keeps no
+// key, so whatever may have arrived is never sent again by the engine.
+TEST(TransitionsTest, AnAtMostOnceCompensationThatMayHaveArrivedIsNotSentAgain) {
+  auto definition = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+templates:
+  ok: { version: 1, subject: "s", text: "confirmed" }
+  sorry: { version: 1, subject: "s", text: "cancelled" }
+steps:
+  - name: create
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://erp/orders" }
+  - name: tell
+    notify:
+      reports: create
+      template: ok
+      correction: sorry
+      recipient: r
+      channels: { email: { url: "smtp://m:25", from: a@b.example, to: c@d.example } }
+)", "w.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  auto steps = Steps({S::kCompleted, S::kCompleted});
+  steps[1].name = "tell-email";
+  const auto instance = Instance(I::kCompensating);
+  SeededRandom random(3);
+  auto facts = [&](Millis now) { return Facts{*definition, instance, steps, now, random}; };
+
+  EXPECT_FALSE(CompensationInFlight(facts(100), 1).has_value()) << "not begun: send it";
+  const Change begun = BeginCompensation(facts(100), 1, "k");
+  steps[1] = begun.steps.front();
+  EXPECT_EQ(steps[1].error_class, ErrorClass::kUnknown) << "unknown until recorded";
+  // Found begun and never recorded (its worker stopped): not sent again.
+  const std::optional<Change> found = CompensationInFlight(facts(200), 1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->steps.front().state, S::kCompensationFailed);
+  ASSERT_TRUE(found->state.has_value());
+  EXPECT_EQ(*found->state, I::kNeedsAttention);
+  EXPECT_NE(found->status_reason->find("it is not sent again"), std::string::npos)
+      << *found->status_reason;
+
+  // Its 250 lost: the same, never retried.
+  const Change lost = RecordCompensation(facts(200), steps[1], Lost(), "k");
+  EXPECT_EQ(lost.steps.front().state, S::kCompensationFailed);
+  ASSERT_EQ(lost.alerts.size(), 1u);
+  EXPECT_EQ(lost.alerts[0].kind, A::kCompensationFailed);
+  // Refused before it was handed over (451, or the connection lost before DATA): retried,
+  // and no longer taken for one under way.
+  const Change later = RecordCompensation(facts(200), steps[1],
+                                          Answer(451, "", ErrorClass::kTransient), "k");
+  EXPECT_EQ(later.steps.front().state, S::kCompensating);
+  EXPECT_GT(later.steps.front().next_attempt_at, 200);
+  steps[1] = later.steps.front();
+  EXPECT_FALSE(CompensationInFlight(facts(later.steps.front().next_attempt_at), 1).has_value());
+}
+
 // --- Transforms, waits and events ---------------------------------------------------
 
 TEST(TransitionsTest, AWaitStepWaitsUntilItsDeadlineThenFails) {

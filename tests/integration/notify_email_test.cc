@@ -73,9 +73,9 @@ class NotifyEmailTest : public ::testing::Test {
     definition_ = *definition;
   }
 
-  // Runs the order `id` to rest on the caller's thread (the engine, made at the first
-  // run, reads its secrets then).
-  InstanceRecord Run(const std::string& id) {
+  // Runs the order `id` (of `definition`, else the workflow above) to rest on the
+  // caller's thread (the engine, made at the first run, reads its secrets then).
+  InstanceRecord Run(const std::string& id, const WorkflowDefinition* definition = nullptr) {
     if (!engine_) {
       auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
       EXPECT_TRUE(engine.ok()) << engine.status();
@@ -86,7 +86,8 @@ class NotifyEmailTest : public ::testing::Test {
                         {"customer", "c-" + id},
                         {"line_id", "U-" + id},
                         {"email", id + "@customer.example"}};
-    auto started = engine_->StartInstance(definition_, {"default", input.dump()});
+    auto started = engine_->StartInstance(definition != nullptr ? *definition : definition_,
+                                          {"default", input.dump()});
     EXPECT_TRUE(started.ok()) << started.status();
     if (!started.ok()) return {};
     auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
@@ -126,6 +127,90 @@ class NotifyEmailTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
   WorkflowDefinition definition_;
 };
+
+// The order is confirmed on LINE and by email, then its shipment is refused and the
+// order undone: the correction goes, under its own identity, to each channel whose
+// original was accepted, and to no other.
+constexpr char kCorrected[] = R"(workflow: order-mail-corrected
+key: "{{input.id}}"
+templates:
+  confirmed: { version: 1, subject: "Order {{steps.create-order.output.number}}", text: "confirmed" }
+  cancelled: { version: 1, subject: "Order {{steps.create-order.output.number}} cancelled", text: "cancelled" }
+steps:
+  - name: create-order
+    transform: { number: "ORD-{{input.id}}" }
+  - name: confirm
+    notify:
+      reports: create-order
+      template: confirmed
+      correction: cancelled
+      recipient: "{{input.customer}}"
+      channels:
+        line: { to: "{{input.line_id}}", token: "{{secret.LINE_TOKEN}}", url: "{{env.LINE_URL}}" }
+        email:
+          url: "{{env.SMTP_URL}}"
+          from: orders@shop.example
+          to: "{{input.email}}"
+          user: "{{env.SMTP_USER}}"
+          password: "{{secret.SMTP_PASSWORD}}"
+    retry: { max_attempts: 3, initial_interval: 10ms, max_interval: 20ms }
+  - name: ship
+    idempotency: { honored: true }
+    request: { method: POST, url: "{{env.LINE_URL}}/no-such-shipping-api", body: { order: "{{input.id}}" } }
+)";
+
+TEST_F(NotifyEmailTest, ACorrectionReachesOnlyTheChannelsThatHadTheOriginal) {
+  auto definition = LoadDefinitionText(kCorrected, "order-mail-corrected.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  auto texts = [&](const std::string& to) {
+    std::vector<std::string> found;
+    const Json stats = LineStats();
+    for (const Json& d : stats["deliveries"]) {
+      if (d["to"] == to) found.push_back(d["text"].get<std::string>());
+    }
+    return found;
+  };
+  auto subjects = [&](const std::string& to) {
+    std::vector<std::string> found;
+    const Json stats = SmtpStats();
+    for (const Json& m : stats["messages"]) {
+      if (m["envelope_to"][0] == to) found.push_back(m["subject"].get<std::string>());
+    }
+    return found;
+  };
+
+  // Both originals accepted: both corrected.
+  InstanceRecord both = Run("c-1", &*definition);
+  EXPECT_EQ(both.state, InstanceState::kCompensated) << both.status_reason;
+  EXPECT_EQ(texts("U-c-1"), (std::vector<std::string>{"confirmed", "cancelled"}));
+  EXPECT_EQ(subjects("c-1@customer.example"),
+            (std::vector<std::string>{"Order ORD-c-1", "Order ORD-c-1 cancelled"}));
+  EXPECT_EQ(Step(both, "confirm-email").state, StepState::kCompensated);
+
+  // The email refused for good (550): passed over, so no correction goes by email.
+  SmtpFaults({{"next", {"reject_550"}}});
+  InstanceRecord line_only = Run("c-2", &*definition);
+  EXPECT_EQ(line_only.state, InstanceState::kCompensated) << line_only.status_reason;
+  EXPECT_EQ(texts("U-c-2"), (std::vector<std::string>{"confirmed", "cancelled"}));
+  EXPECT_EQ(subjects("c-2@customer.example"), std::vector<std::string>{});
+  EXPECT_EQ(Step(line_only, "confirm-email").state, StepState::kFailed);
+
+  // The correction's 250 lost after the server took it: never sent again; an operator
+  // looks (the compensation stops there, so LINE's correction waits with it).
+  SmtpFaults({{"next", {"ok", "accept_then_close"}}});
+  InstanceRecord lost = Run("c-3", &*definition);
+  EXPECT_EQ(lost.state, InstanceState::kNeedsAttention) << lost.status_reason;
+  EXPECT_NE(lost.status_reason.find("it is not sent again"), std::string::npos)
+      << lost.status_reason;
+  EXPECT_EQ(Step(lost, "confirm-email").state, StepState::kCompensationFailed);
+  auto again = engine_->RunUntilRest(lost.id, std::stop_token());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(subjects("c-3@customer.example"),
+            (std::vector<std::string>{"Order ORD-c-3", "Order ORD-c-3 cancelled"}))
+      << "the correction arrived once, and is not sent again";
+  EXPECT_EQ(texts("U-c-3"), std::vector<std::string>{"confirmed"});
+  EXPECT_EQ(SmtpStats()["duplicates"], 0);
+}
 
 TEST_F(NotifyEmailTest, TheMessageCarriesItsIdentityAndReadsRight) {
   const InstanceRecord instance = Run("o-1");
