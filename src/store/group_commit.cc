@@ -11,6 +11,12 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
                                  const std::optional<StoredIdempotencyKey>& stored, Millis now) {
   if (!stored || stored->expires_at <= now) return absl::OkStatus();
   if (claim.exclusive && stored->owner_gave_up) return absl::OkStatus();
+  const bool own = stored->instance_id == claim.instance_id && stored->step == claim.step;
+  if (claim.exclusive && stored->request_hash.empty()) {  // reserved, not yet sent
+    if (own) return absl::OkStatus();
+    return DeliveryOwnedError("delivery '" + claim.key + "' belongs to step '" + stored->step +
+                              "' of another instance");
+  }
   if (stored->request_hash == claim.request_hash) {
     if (claim.exclusive &&
         (stored->instance_id != claim.instance_id || stored->step != claim.step)) {
@@ -56,6 +62,9 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step)
                         sql.ReadIdempotencyKey(c.idempotency->tenant, c.idempotency->key));
     WS_RETURN_IF_ERROR(CheckIdempotencyKey(*c.idempotency, stored, c.now));
     WS_RETURN_IF_ERROR(sql.PutIdempotencyKey(*c.idempotency, c.now));
+  }
+  for (const IdempotencyClaim& owed : c.reservations) {
+    WS_RETURN_IF_ERROR(sql.ReserveIdempotencyKey(owed, c.now));
   }
   for (const StepRecord& s : c.steps) {
     WS_ASSIGN_OR_RETURN(bool updated, sql.UpdateStep(id, s));

@@ -56,6 +56,9 @@ class ChangeSql : public SavepointSql {
       const std::string& tenant, const std::string& key) = 0;
   // Inserts the key or replaces its request hash and expiry.
   virtual absl::Status PutIdempotencyKey(const IdempotencyClaim& claim, Millis now) = 0;
+  // Inserts a reserved delivery identity (Change::reservations) where the key is free,
+  // expired or its owner gave up; otherwise leaves the row as it is.
+  virtual absl::Status ReserveIdempotencyKey(const IdempotencyClaim& claim, Millis now) = 0;
   // Updates one step row; false when the instance has no such step.
   virtual absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& step) = 0;
   // Inserts an attempt numbered after the step's last one.
@@ -69,8 +72,10 @@ class ChangeSql : public SavepointSql {
 
 // Returns FailedPrecondition when `stored` holds the claim's key, unexpired at
 // `now`, for another request hash; AlreadyExists when the claim is exclusive (a
-// delivery identity) and another instance step holds it for the same request, unless
-// that step gave up without an unknown outcome (nothing of it arrived).
+// delivery identity) and another instance step holds it for the same request, or
+// reserved it (no request hash yet: Change::reservations), unless that step gave up
+// without an unknown outcome (nothing of it arrived). Its owner's claim fills a
+// reservation in.
 absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
                                  const std::optional<StoredIdempotencyKey>& stored, Millis now);
 

@@ -209,6 +209,12 @@ struct Change {
   std::vector<AlertRecord> alerts;
   std::vector<AuditRecord> audits;
   std::optional<IdempotencyClaim> idempotency;
+  // Deliveries this change makes owed: the delivery identities of the notification
+  // channels reporting a step it completes, each an exclusive claim with no request
+  // hash yet (the message is rendered when it is sent, and the channel's own claim
+  // then fills it in). Each is inserted where its identity is free, expired or given
+  // up, else left to its owner; never an error.
+  std::vector<IdempotencyClaim> reservations;
   // Requests sent since the last change, recorded with their outcome.
   std::vector<AttemptRecord> attempts;
   // Resolves the instance's open and acknowledged alerts (an operator acted).

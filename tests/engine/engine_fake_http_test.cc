@@ -133,6 +133,51 @@ class EngineFakeHttpTest : public ::testing::TestWithParam<testing::Backend> {
   WorkflowDefinition example_;
 };
 
+// One delivery row per identity, created in the same transaction as the business
+// step it reports: once the order is created (and before anything is sent) the LINE
+// channel's delivery identity is reserved for this instance's channel step. A second
+// instance reaching the same identity finds it taken; the owner's send fills it in.
+TEST_P(EngineFakeHttpTest, TheReportedStepsCommitReservesItsDeliveries) {
+  AnswerTheExample();
+  http_.Always("POST /v2/bot/message/push", FakeReply::Answer(200, "{}"));
+  auto definition = LoadDefinitionText(R"(workflow: owed
+key: "{{input.order_id}}"
+templates:
+  confirmed: { version: 1, text: "Order {{steps.create-order.external_id}} is confirmed" }
+steps:
+  - name: create-order
+    idempotency: { honored: true }
+    request: { method: POST, url: "{{env.ERP_URL}}/erp/orders", body: { ref: "{{input.order_id}}" } }
+    result: { external_id: "/id" }
+  - name: hold
+    wait: { event: go }
+  - name: confirm
+    notify:
+      reports: create-order
+      template: confirmed
+      recipient: "{{input.customer_id}}"
+      event: "confirmed/{{input.customer_id}}"
+      channels:
+        line: { to: U1, token: "{{secret.LINE_TOKEN}}", url: "{{env.LINE_URL}}" }
+)", "owed.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const std::string identity = "notify:C-1:confirmed@1:confirmed/C-1:line";
+  const InstanceRecord first = Run(*definition, Order("o-1"));
+  ASSERT_EQ(Step(first, "hold").state, StepState::kWaiting) << first.status_reason;
+  EXPECT_EQ(http_.Count("POST /v2/bot/message/push"), 0) << "nothing sent yet";
+  auto owed = store_->GetIdempotencyClaim("default", identity);
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  ASSERT_TRUE(owed->has_value()) << "reserved with the order's checkpoint";
+  EXPECT_EQ((*owed)->instance_id, first.id);
+  EXPECT_EQ((*owed)->step, "confirm-line");
+  EXPECT_EQ((*owed)->request_hash, "") << "the message is rendered when it is sent";
+
+  const InstanceRecord second = Run(*definition, Order("o-2"));
+  ASSERT_EQ(Step(second, "hold").state, StepState::kWaiting);
+  EXPECT_EQ((*store_->GetIdempotencyClaim("default", identity))->instance_id, first.id)
+      << "a reservation never takes a delivery from its owner";
+}
+
 // Two branches call at once; the WMS branch is refused for good while the ERP
 // branch's call is under way (the fake answers in the order sent: `reserve` first).
 // The refusal waits for the ERP answer (its outcome is recorded, not left running),

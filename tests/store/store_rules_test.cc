@@ -13,6 +13,7 @@
 
 #include "engine/lease_reaper.h"
 #include "store/gc_order.h"
+#include "store/claims.h"
 #include "store/group_commit.h"
 #include "store/lease_claims.h"
 #include "store/relay_rules.h"
@@ -52,6 +53,9 @@ class FakeChangeSql final : public ChangeSql {
   }
   absl::Status PutIdempotencyKey(const IdempotencyClaim&, Millis) override {
     return Note("put key");
+  }
+  absl::Status ReserveIdempotencyKey(const IdempotencyClaim&, Millis) override {
+    return Note("reserve key");
   }
   absl::StatusOr<bool> UpdateStep(int64_t, const StepRecord& s) override {
     log.push_back("step " + std::to_string(s.index));
@@ -176,6 +180,29 @@ TEST(StoreRulesTest, ADeliveryIdentityBelongsToTheStepThatClaimedItFirst) {
   auto results = CommitChanges(sql, {c}, 1000);
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_TRUE(absl::IsAlreadyExists((*results)[0]));
+}
+
+TEST(StoreRulesTest, AReservedDeliveryIsItsReportersToSend) {
+  IdempotencyClaim claim{"t", "notify:c:t@1:e:line", "hash", 1, "confirm-line", 500};
+  claim.exclusive = true;
+  const StoredIdempotencyKey reserved{"", 900, 1, "confirm-line"};
+  EXPECT_TRUE(CheckIdempotencyKey(claim, reserved, 100).ok()) << "its owner fills it in";
+  const StoredIdempotencyKey theirs{"", 900, 2, "confirm-line"};
+  EXPECT_TRUE(IsDeliveryOwned(CheckIdempotencyKey(claim, theirs, 100)))
+      << "reserved by another instance: whatever its message will be";
+  StoredIdempotencyKey gave_up = theirs;
+  gave_up.owner_gave_up = true;
+  EXPECT_TRUE(CheckIdempotencyKey(claim, gave_up, 100).ok());
+  EXPECT_TRUE(CheckIdempotencyKey(claim, StoredIdempotencyKey{"", 100, 2, "x"}, 100).ok())
+      << "expired";
+
+  FakeChangeSql sql;
+  Change c = ChangeOf(1);
+  c.reservations = {claim, claim};
+  auto results = CommitChanges(sql, {c}, 1000);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE((*results)[0].ok());
+  EXPECT_EQ(std::count(sql.log.begin(), sql.log.end(), "reserve key"), 2);
 }
 
 TEST(StoreRulesTest, ARowThatStillNamedAnOwnerIsATakeover) {

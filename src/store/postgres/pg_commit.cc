@@ -37,6 +37,18 @@ PgStatement ClaimInboxStatement(const InboxClaim& claim, int64_t instance_id, Mi
           Params(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id)};
 }
 
+// Change::reservations: inserted where free, expired or given up; else left alone.
+PgStatement ReserveKeyStatement(const IdempotencyClaim& claim, Millis now) {
+  static const std::string kReserve =
+      "INSERT INTO idempotency_keys VALUES ($1, $2, '', $3::bigint, $4, $5::bigint, $6::bigint) "
+      "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = '', expires_at = "
+      "excluded.expires_at, instance_id = excluded.instance_id, step_name = excluded.step_name "
+      "WHERE idempotency_keys.expires_at <= $5::bigint OR EXISTS " +
+      std::string(kOwnerGaveUp);
+  return {&kReserve,
+          Params(claim.tenant, claim.key, claim.instance_id, claim.step, now, claim.expires_at)};
+}
+
 PgStatement ResolveAlertsStatement(int64_t instance_id, Millis now) {
   static const std::string kResolve =
       absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
@@ -160,6 +172,9 @@ class PgChangeSql final : public ChangeSql {
     }
     return absl::OkStatus();
   }
+  absl::Status ReserveIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
+    return c_.Query(ReserveKeyStatement(claim, now)).status();
+  }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(PgResult updated, c_.Query(UpdateStepStatement(instance_id, s)));
     return updated.affected() == 1;
@@ -220,6 +235,9 @@ class PgQueuedChangeSql final : public ChangeSql {
   }
   absl::Status PutIdempotencyKey(const IdempotencyClaim&, Millis) override {
     return absl::UnimplementedError("an idempotency key is not pipelined");
+  }
+  absl::Status ReserveIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
+    return Queue(ReserveKeyStatement(claim, now));  // its row count tells nothing
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     steps_.push_back(UpdateStepStatement(instance_id, s).params);

@@ -96,6 +96,18 @@ class SqliteChangeSql final : public ChangeSql {
     }
     return absl::OkStatus();
   }
+  absl::Status ReserveIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * s,
+        db_.Prepare("INSERT INTO idempotency_keys VALUES (?1, ?2, '', ?3, ?4, ?5, ?6) "
+                    "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = '', expires_at = "
+                    "excluded.expires_at, instance_id = excluded.instance_id, step_name = "
+                    "excluded.step_name WHERE idempotency_keys.expires_at <= ?5 OR "
+                    "EXISTS " + std::string(kOwnerGaveUp)));
+    return s->BindAll(claim.tenant, claim.key, claim.instance_id, claim.step, now,
+                      claim.expires_at)
+        .Run();
+  }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(
         SqliteStatement * step,

@@ -356,6 +356,49 @@ TEST_P(StoreConformanceTest, AnExclusiveClaimHasOneOwnerEvenWhenClaimedAtOnce) {
   }
 }
 
+// A delivery owed by a business step's commit (Change::reservations): reserved for
+// the reporting channel step with no request hash; another reservation or claim of the
+// identity leaves it with its owner; the owner's own claim fills the hash in.
+TEST_P(StoreConformanceTest, AReservedDeliveryStaysWithItsOwnerUntilItSends) {
+  ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
+  ASSERT_TRUE(store_->StartInstance(Instance("k2")).ok());
+  const std::vector<Lease> leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 2u);
+  auto commit = [&](const Lease& lease, Millis now, bool reserve, const std::string& hash) {
+    Change change;
+    change.lease = lease;
+    change.now = now;
+    change.lease_expires_at = 7000;
+    IdempotencyClaim claim{"t1", "notify:owed", hash, lease.instance_id, "two", now + 50'000};
+    claim.exclusive = true;
+    if (reserve) {
+      change.reservations.push_back(claim);
+    } else {
+      change.idempotency = claim;
+    }
+    return (*store_->Commit({change}))[0];
+  };
+  ASSERT_TRUE(commit(leases[0], 2001, true, "").ok());
+  auto row = *store_->GetIdempotencyClaim("t1", "notify:owed");
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->instance_id, leases[0].instance_id);
+  EXPECT_EQ(row->request_hash, "");
+  EXPECT_TRUE(commit(leases[1], 2002, true, "").ok()) << "never an error";
+  EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->instance_id,
+            leases[0].instance_id);
+  EXPECT_TRUE(IsDeliveryOwned(commit(leases[1], 2003, false, "h")));
+  ASSERT_TRUE(commit(leases[0], 2004, false, "h").ok()) << "its owner sends";
+  row = *store_->GetIdempotencyClaim("t1", "notify:owed");
+  EXPECT_EQ(row->request_hash, "h");
+  EXPECT_TRUE(commit(leases[0], 2005, true, "").ok());
+  EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->request_hash, "h")
+      << "a reservation never erases what was sent";
+  ASSERT_TRUE(commit(leases[1], 60'000, true, "").ok());
+  EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->instance_id,
+            leases[1].instance_id)
+      << "once it expired";
+}
+
 TEST_P(StoreConformanceTest, AuditLogIsAppendOnly) {
   auto started = store_->StartInstance(Instance("k1"));
   Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
