@@ -162,6 +162,40 @@ std::string StepIdempotencyKey(const WorkflowDefinition& definition, const Insta
   return text.ok() ? *text : "";
 }
 
+std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definition,
+                                             const InstanceRecord& instance,
+                                             const std::vector<StepRecord>& steps,
+                                             const Change& change,
+                                             const TemplateEnvironment& environment,
+                                             Millis retention) {
+  std::vector<IdempotencyClaim> owed;
+  std::vector<StepRecord> after;  // the steps as `change` leaves them, when needed
+  for (const StepRecord& done : change.steps) {
+    if (done.state != StepState::kCompleted || steps[done.index].state == StepState::kCompleted) {
+      continue;
+    }
+    const std::string& reported = definition.steps[done.index].name;
+    for (size_t j = 0; j < definition.steps.size(); ++j) {
+      const StepDefinition& channel = definition.steps[j];
+      if (channel.notify.empty() || channel.reports != reported) continue;
+      if (after.empty()) {
+        after = steps;
+        for (const StepRecord& s : change.steps) after[s.index] = s;
+      }
+      std::string key =
+          StepIdempotencyKey(definition, instance, after, static_cast<int>(j), environment);
+      if (key.empty()) continue;
+      const Millis kept =
+          definition.step_key_retention > 0 ? definition.step_key_retention : retention;
+      IdempotencyClaim claim{instance.tenant, std::move(key), "", instance.id, channel.name,
+                             change.now + kept};
+      claim.exclusive = true;
+      owed.push_back(std::move(claim));
+    }
+  }
+  return owed;
+}
+
 std::string KeptAnswer(const nlohmann::json& answer, const StepDefinition& step) {
   using Json = nlohmann::json;
   switch (step.store_response) {

@@ -67,4 +67,18 @@ std::string StepIdempotencyKey(const WorkflowDefinition& definition, const Insta
                                const std::vector<StepRecord>& steps, int index,
                                const TemplateEnvironment& environment);
 
+// Returns the deliveries `change` makes owed (Change::reservations): when it completes
+// a step of `steps` (as last committed) that notification channels report, their
+// delivery identities, each reserved for its channel step for `retention` (or the
+// definition's step key retention). One delivery row per identity is so created in
+// the same transaction as the business step it reports. An identity that cannot be
+// rendered yet (it reads a step after the reported one) is left to its channel's
+// claim when it sends.
+std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definition,
+                                             const InstanceRecord& instance,
+                                             const std::vector<StepRecord>& steps,
+                                             const Change& change,
+                                             const TemplateEnvironment& environment,
+                                             Millis retention);
+
 }  // namespace waystone

@@ -363,42 +363,9 @@ class InstanceRunner::Impl {
 
   // Commits what a transition returned, with the deliveries it makes owed.
   absl::Status Commit(Change change) {
-    AddOwedDeliveries(change);
+    change.reservations = OwedDeliveries(*definition_, instance_, steps_, change,
+                                         *d_.environment, d_.idempotency_retention);
     return CommitChange(Stamped(std::move(change)));
-  }
-
-  // One delivery row per identity, created with the business step it reports: when
-  // `change` completes a step that notification channels report, their delivery
-  // identities are reserved for them in the same transaction (Change::reservations).
-  // An identity that cannot be rendered yet (it reads a step after the reported one)
-  // is claimed when its channel sends, as every identity is.
-  void AddOwedDeliveries(Change& change) const {
-    std::vector<StepRecord> after;
-    for (const StepRecord& done : change.steps) {
-      if (done.state != StepState::kCompleted ||
-          steps_[done.index].state == StepState::kCompleted) {
-        continue;
-      }
-      const std::string& reported = definition_->steps[done.index].name;
-      for (size_t j = 0; j < definition_->steps.size(); ++j) {
-        const StepDefinition& channel = definition_->steps[j];
-        if (channel.notify.empty() || channel.reports != reported) continue;
-        if (after.empty()) {
-          after = steps_;
-          for (const StepRecord& s : change.steps) after[s.index] = s;
-        }
-        const std::string key = StepIdempotencyKey(*definition_, instance_, after,
-                                                   static_cast<int>(j), *d_.environment);
-        if (key.empty()) continue;
-        const Millis retention = definition_->step_key_retention > 0
-                                     ? definition_->step_key_retention
-                                     : d_.idempotency_retention;
-        IdempotencyClaim owed{instance_.tenant, key, "", instance_.id, channel.name,
-                              change.now + retention};
-        owed.exclusive = true;
-        change.reservations.push_back(std::move(owed));
-      }
-    }
   }
 
   Json Context(int step_index, const std::string& key) const {

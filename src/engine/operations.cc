@@ -86,14 +86,16 @@ void RenderPlannedUrls(const WorkflowDefinition& definition, const InstanceRecor
 
 Operations::Operations(Store* store, DefinitionCatalog* catalog,
                        const TemplateEnvironment* environment, const Clock* clock, Random* random,
-                       std::string owner, Millis lease_duration)
+                       std::string owner, Millis lease_duration,
+                       Millis idempotency_retention)
     : store_(store),
       catalog_(catalog),
       environment_(environment),
       clock_(clock),
       random_(random),
       owner_(std::move(owner)),
-      lease_duration_(lease_duration) {}
+      lease_duration_(lease_duration),
+      idempotency_retention_(idempotency_retention) {}
 
 absl::StatusOr<Lease> Operations::Claim(int64_t instance_id) {
   const Millis deadline = clock_->NowMillis() + kClaimPatience;
@@ -144,9 +146,11 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
       }
     }
   }
+  std::vector<StepRecord> steps;
+  std::shared_ptr<const WorkflowDefinition> definition;
   auto planned = [&]() -> absl::StatusOr<ActionPlan> {
-    WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
-    WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+    WS_ASSIGN_OR_RETURN(steps, store_->GetSteps(instance.id));
+    WS_ASSIGN_OR_RETURN(definition, catalog_->Get(instance.definition_hash));
     auto step_key = [&](int index) {
       return StepIdempotencyKey(*definition, instance, steps, index, *environment_);
     };
@@ -164,6 +168,8 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
 
   const ActionPlan& plan = *planned;
   Change change = ActionChange(instance, plan, request, clock_->NowMillis(), *random_);
+  change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
+                                       idempotency_retention_);
   change.lease = *lease;
   change.lease_expires_at = 0;
   auto results = store_->Commit({Redacted(change)});
@@ -281,6 +287,8 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     change.lease_expires_at = 0;
     if (instance.state == InstanceState::kRunning) change.next_run_at = change.now;
     change.inbox = InboxClaim{signal.tenant, signal.source, signal.id, data_hash};
+    change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
+                                         idempotency_retention_);
     const StepRecord& step = change.steps.front();
     const Json detail = {{"step", step.name}, {"type", signal.event_type},
                          {"source", signal.source}, {"id", signal.id}};

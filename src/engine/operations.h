@@ -66,7 +66,8 @@ struct Signal {
 class Operations {
  public:
   Operations(Store* store, DefinitionCatalog* catalog, const TemplateEnvironment* environment,
-             const Clock* clock, Random* random, std::string owner, Millis lease_duration);
+             const Clock* clock, Random* random, std::string owner, Millis lease_duration,
+             Millis idempotency_retention = 7LL * 24 * 3600 * 1000);
 
   // Plans `request` on instance `key` of `tenant` and, unless it is a dry run,
   // applies it. NotFound for no such instance; FailedPrecondition when the state
@@ -100,6 +101,7 @@ class Operations {
   Random* random_;
   std::string owner_;
   Millis lease_duration_;
+  Millis idempotency_retention_;  // of a delivery an action makes owed (OwedDeliveries)
 };
 
 }  // namespace waystone

@@ -178,6 +178,52 @@ steps:
       << "a reservation never takes a delivery from its owner";
 }
 
+// The reported step completed by an operator (its outcome confirmed): the delivery is
+// reserved in the confirm's transaction, as a worker's commit would.
+TEST_P(EngineFakeHttpTest, AnOperatorsConfirmReservesTheDeliveriesItReports) {
+  http_.Next(kCreateOrder, FakeReply::Timeout());
+  http_.Always("POST /v2/bot/message/push", FakeReply::Answer(200, "{}"));
+  auto definition = LoadDefinitionText(R"(workflow: confirmed-by-hand
+key: "{{input.order_id}}"
+templates:
+  confirmed: { version: 1, text: "Order {{steps.create-order.external_id}} is confirmed" }
+steps:
+  - name: create-order
+    recovery: manual
+    request: { method: POST, url: "{{env.ERP_URL}}/erp/orders", body: { ref: "{{input.order_id}}" }, timeout: 1s }
+    result: { external_id: "/id" }
+  - name: confirm
+    notify:
+      reports: create-order
+      template: confirmed
+      recipient: "{{input.customer_id}}"
+      channels:
+        line: { to: U1, token: "{{secret.LINE_TOKEN}}", url: "{{env.LINE_URL}}" }
+)", "by-hand.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  const InstanceRecord paused = Run(*definition, Order("o-7"));
+  ASSERT_EQ(paused.state, InstanceState::kNeedsAttention) << paused.status_reason;
+  const std::string identity = "notify:C-1:confirmed@1:default:o-7/create-order:line";
+  EXPECT_FALSE(store_->GetIdempotencyClaim("default", identity)->has_value());
+  OperatorRequest confirm;
+  confirm.action = OperatorAction::kConfirm;
+  confirm.step = "create-order";
+  confirm.happened = true;
+  confirm.external_id = "SO-7";
+  confirm.reason = "found in the ERP";
+  confirm.actor = "ops";
+  auto applied = engine_->operations().Apply("default", paused.key, confirm);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  auto owed = *store_->GetIdempotencyClaim("default", identity);
+  ASSERT_TRUE(owed.has_value()) << "reserved with the confirm";
+  EXPECT_EQ(owed->step, "confirm-line");
+  EXPECT_EQ(owed->request_hash, "");
+  EXPECT_EQ(Drive(paused.id).state, InstanceState::kCompleted);
+  EXPECT_EQ(http_.Count("POST /v2/bot/message/push"), 1);
+  EXPECT_NE((*store_->GetIdempotencyClaim("default", identity))->request_hash, "")
+      << "filled in when it was sent";
+}
+
 // Two branches call at once; the WMS branch is refused for good while the ERP
 // branch's call is under way (the fake answers in the order sent: `reserve` first).
 // The refusal waits for the ERP answer (its outcome is recorded, not left running),
