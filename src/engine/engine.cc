@@ -49,7 +49,8 @@ class Engine::Impl {
     commits_.Start();
     keeper_ = std::make_unique<LeaseKeeper>(&commits_, clock_, options_.lease_duration);
     operations_ = std::make_unique<Operations>(store_, &catalog_, &environment_, clock_, random_,
-                                               options_.owner + "/ops", options_.lease_duration);
+                                               options_.owner + "/ops", options_.lease_duration,
+                                               options_.idempotency_retention);
   }
 
   ~Impl() {
@@ -413,6 +414,7 @@ class Engine::Impl {
           if (flight->broken) {
             if (flight->out == 0 && flight->parked) {
               flight->parked = false;
+              flight->runner.reset();  // before Stop() may go on and free what it uses
               --calling_;
             }
           } else {

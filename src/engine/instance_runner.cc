@@ -114,11 +114,13 @@ class InstanceRunner::Impl {
     std::optional<Permit> permit;                     // its hold on the target, until answered
   };
 
-  // Why and until when a target refused the calls due (of `steps`).
+  // Why and until when a target refused the calls due (of `steps`), while the
+  // instance was in `state`.
   struct Parked {
     Millis until = 0;
     std::string reason;
     std::vector<int> steps;
+    InstanceState state = InstanceState::kRunning;
   };
 
   // The answers to the calls a synchronous drive sent, as they come back (on the
@@ -151,6 +153,9 @@ class InstanceRunner::Impl {
   absl::StatusOr<DriveResult> Loop(std::stop_token stop) {
     while (true) {
       const Millis now = d_.clock->NowMillis();
+      // A branch refused by its target while the instance ran forward does not hold
+      // what follows a failure beside it (compensation, an operator's look).
+      if (parked_ && parked_->state != instance_.state) parked_.reset();
       NextAction action{NextAction::Kind::kAwaitCalls, -1, 0};
       if (!stop.stop_requested()) {
         action = Decide(*definition_, instance_, steps_, now, HeldSteps());
@@ -316,6 +321,13 @@ class InstanceRunner::Impl {
     DropPermit(permit_);  // taken for a call that was not made
     for (PendingCall& call : due_) DropPermit(call.permit);  // nor will these be
     due_.clear();
+    if (!status.ok()) {
+      // The drive ends with calls out (an error, a lost lease): their answers will not
+      // be recorded here, so their permits go back now, and the lease is renewed no
+      // longer (the next worker finds their steps running: unknown outcomes).
+      for (auto& [id, call] : out_) DropPermit(call.permit);
+      held_.reset();
+    }
     if (absl::IsAborted(status)) {
       Log(LogLevel::kInfo, "instance " + instance_.key + ": " + std::string(status.message()));
       return DriveResult{instance_.state, std::nullopt, true};
@@ -495,7 +507,7 @@ class InstanceRunner::Impl {
     const Millis spread = std::max<Millis>(1, std::min<Millis>(250, admission.retry_at - ask.now));
     const Millis until = admission.retry_at + d_.random->UniformInclusive(spread);
     if (!parked_) {
-      parked_ = Parked{until, admission.reason, {step_index}};
+      parked_ = Parked{until, admission.reason, {step_index}, instance_.state};
     } else {  // a branch beside it was refused too: the instance wakes for the first
       parked_->until = std::min(parked_->until, until);
       parked_->steps.push_back(step_index);

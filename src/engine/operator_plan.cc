@@ -263,9 +263,11 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
       return Refuse(Where(instance) + "; a compensation is retried only while compensating or "
                                       "needing attention");
     }
+    // Sent again on the operator's word after it failed; one still compensating keeps
+    // its mark, so an at-most-once one found under way is not sent blindly.
+    if (step.state == StepState::kCompensationFailed) step.error_class = ErrorClass::kNone;
     step.state = StepState::kCompensating;
     step.next_attempt_at = 0;
-    step.error_class = ErrorClass::kNone;  // sent again on the operator's word
     plan.state_after = InstanceState::kCompensating;
     return absl::OkStatus();
   }

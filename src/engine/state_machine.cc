@@ -172,8 +172,14 @@ bool StepDone(const WorkflowDefinition& /*definition*/, const StepRecord& step) 
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,
                                 const std::vector<StepRecord>& steps, int failed_step,
                                 const std::vector<int>& busy) {
-  if (definition.steps[failed_step].recovery == RecoveryClass::kManual) {
-    return InstanceState::kNeedsAttention;
+  for (const StepRecord& step : steps) {
+    // A manual step failed (this one, or a branch beside it that failed before): an
+    // operator decides.
+    if ((step.index == failed_step || (step.state == StepState::kFailed &&
+                                       step.resolution != Resolution::kPassedOver)) &&
+        definition.steps[step.index].recovery == RecoveryClass::kManual) {
+      return InstanceState::kNeedsAttention;
+    }
   }
   for (const int index : busy) {
     if (index != failed_step) return InstanceState::kRunning;  // its outcome comes first

@@ -420,6 +420,11 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
     change.next_run_at = facts.now;  // a branch beside it is calling: SettleFailure follows
     return change;
   }
+  if (facts.instance.state == InstanceState::kNeedsAttention &&
+      next != InstanceState::kNeedsAttention) {
+    // A branch beside it put the instance before an operator already: it stays there.
+    return change;
+  }
   if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
     AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
              reason + (optional ? "; an optional step that may have acted: an operator decides"

@@ -20,10 +20,14 @@ namespace waystone {
 
 // What the idempotency_keys table holds for one (tenant, key).
 // SQL (SQLite and PostgreSQL alike): the idempotency_keys row's step gave up: failed
-// (4) or skipped (9), never with an unknown outcome (StoredIdempotencyKey).
+// (4) or skipped (9), never with an unknown outcome; or the row is a delivery reserved
+// and never sent (no request hash) by an instance that ended without sending it
+// (compensated 4, failed 5, closed 7) (StoredIdempotencyKey).
 inline constexpr char kOwnerGaveUp[] =
     "(SELECT 1 FROM steps s WHERE s.instance_id = idempotency_keys.instance_id AND "
-    "s.name = idempotency_keys.step_name AND s.state IN (4, 9) AND s.unknowns = 0)";
+    "s.name = idempotency_keys.step_name AND ((s.state IN (4, 9) AND s.unknowns = 0) OR "
+    "(idempotency_keys.request_hash = '' AND EXISTS (SELECT 1 FROM instances i WHERE "
+    "i.id = idempotency_keys.instance_id AND i.state IN (4, 5, 7)))))";
 
 struct StoredIdempotencyKey {
   std::string request_hash;

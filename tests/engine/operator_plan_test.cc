@@ -215,6 +215,20 @@ TEST(OperatorPlanTest, ACompensationThatFailedCanBeRetried) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->state_after, I::kCompensating);
   EXPECT_EQ(plan->would_execute[0].phase, "compensate");
+  // An attempt's outcome not yet recorded (error class unknown, BeginCompensation): a
+  // retry after compensation_failed clears it (the operator's word); a retry of one
+  // still compensating keeps it, so an email correction found under way is not resent.
+  steps[1].error_class = ErrorClass::kUnknown;
+  plan = Plan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "b"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->changed_steps.size(), 1u);
+  EXPECT_EQ(plan->changed_steps[0].error_class, ErrorClass::kNone);
+  steps[1].state = S::kCompensating;
+  steps[1].next_attempt_at = 5000;  // its retry, brought forward
+  plan = Plan(I::kCompensating, steps, Request(OperatorAction::kRetry, "b"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->changed_steps.size(), 1u);
+  EXPECT_EQ(plan->changed_steps[0].error_class, ErrorClass::kUnknown);
 }
 
 TEST(OperatorPlanTest, WaitStepsWaitAndTimeOut) {

@@ -243,6 +243,47 @@ TEST(StateMachineTest, AFailureBesideACallUnderWayWaitsForItsOutcome) {
   EXPECT_NE(settled.status_reason->find("failed (rejected): HTTP 422"), std::string::npos)
       << *settled.status_reason;
 
+  // A manual step failed beside it first: the instance stays before an operator, and a
+  // later failure does not move it on.
+  {
+    auto manual = LoadDefinitionText(R"(workflow: m
+key: "{{input.id}}"
+steps:
+  - name: g
+    parallel:
+      - name: by-hand
+        recovery: manual
+        request: { method: POST, url: "http://x" }
+      - name: other
+        idempotency: { honored: true }
+        request: { method: POST, url: "http://x" }
+      - name: undoable
+        recovery: compensable
+        idempotency: { honored: true }
+        request: { method: POST, url: "http://x" }
+        compensate: { request: { method: POST, url: "http://x/undo" } }
+)", "m.yaml");
+    ASSERT_TRUE(manual.ok()) << manual.status();
+    auto three = Steps({S::kFailed, S::kRunning, S::kCompleted});
+    EXPECT_EQ(StateAfterFailure(*manual, three, 1), InstanceState::kNeedsAttention);
+    const auto paused = Instance(InstanceState::kNeedsAttention);
+    three[1].attempts = 1;
+    const Facts at{*manual, paused, three, 300, random};
+    const Change later = FailStep(at, three[1], ErrorClass::kRejected, "HTTP 400", std::nullopt);
+    EXPECT_EQ(later.state.value_or(InstanceState::kNeedsAttention), InstanceState::kNeedsAttention)
+        << "it stays needs_attention; nothing is undone";
+    // Paused for another reason (a lookup that found two orders, say): a failure beside
+    // it, which alone would compensate `undoable`, leaves it before the operator too.
+    three[0].state = S::kUnknown;
+    EXPECT_EQ(StateAfterFailure(*manual, three, 1), InstanceState::kNeedsAttention);
+    three[0].state = S::kPending;
+    ASSERT_EQ(StateAfterFailure(*manual, three, 1), InstanceState::kCompensating);
+    const Facts paused_at{*manual, paused, three, 300, random};
+    const Change kept = FailStep(paused_at, three[1], ErrorClass::kRejected, "HTTP 400",
+                                 std::nullopt);
+    EXPECT_FALSE(kept.state.has_value()) << "it stays needs_attention; nothing is undone";
+  }
+
   // b0's call was lost instead: an operator settles it before anything is undone.
   steps[1].state = S::kUnknown;
   const Change waits = SettleFailure(after, 4);

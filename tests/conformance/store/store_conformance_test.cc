@@ -397,6 +397,17 @@ TEST_P(StoreConformanceTest, AReservedDeliveryStaysWithItsOwnerUntilItSends) {
   EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->instance_id,
             leases[1].instance_id)
       << "once it expired";
+
+  // Reserved by an instance that then ended without sending it (failed, compensated or
+  // closed): the delivery passes to another instance that reaches it.
+  Change ended;
+  ended.lease = leases[1];
+  ended.now = 60'001;
+  ended.state = InstanceState::kFailed;
+  ASSERT_TRUE((*store_->Commit({ended}))[0].ok());
+  EXPECT_TRUE(commit(leases[0], 60'002, false, "h2").ok());
+  EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->instance_id,
+            leases[0].instance_id);
 }
 
 TEST_P(StoreConformanceTest, AuditLogIsAppendOnly) {
