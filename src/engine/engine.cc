@@ -408,22 +408,22 @@ class Engine::Impl {
     const Millis send_at = call.send_at;
     auto send = [this, flight, id = call.id, request = std::move(call.request)]() mutable {
       http_->SendAsync(std::move(request), [this, flight, id](HttpResponse response) mutable {
-        {
-          MutexLock lock(mu_);
-          --flight->out;
-          if (flight->broken) {
-            if (flight->out == 0 && flight->parked) {
-              flight->parked = false;
-              flight->runner.reset();  // before Stop() may go on and free what it uses
-              --calling_;
-            }
-          } else {
-            flight->answers.emplace_back(id, std::move(response));
-            if (flight->parked) {
-              flight->parked = false;
-              --calling_;
-              answered_.push_back(flight);
-            }
+        // Notified under the lock: once it is let go, Stop() may find calling_ at 0 and
+        // the engine be gone, so nothing of it is touched after.
+        MutexLock lock(mu_);
+        --flight->out;
+        if (flight->broken) {
+          if (flight->out == 0 && flight->parked) {
+            flight->parked = false;
+            flight->runner.reset();  // before Stop() may go on and free what it uses
+            --calling_;
+          }
+        } else {
+          flight->answers.emplace_back(id, std::move(response));
+          if (flight->parked) {
+            flight->parked = false;
+            --calling_;
+            answered_.push_back(flight);
           }
         }
         wake_.notify_all();
