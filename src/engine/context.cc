@@ -162,6 +162,10 @@ std::string StepIdempotencyKey(const WorkflowDefinition& definition, const Insta
   return text.ok() ? *text : "";
 }
 
+Millis StepKeyRetention(const WorkflowDefinition& definition, Millis fallback) {
+  return definition.step_key_retention > 0 ? definition.step_key_retention : fallback;
+}
+
 std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definition,
                                              const InstanceRecord& instance,
                                              const std::vector<StepRecord>& steps,
@@ -185,10 +189,8 @@ std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definitio
       std::string key =
           StepIdempotencyKey(definition, instance, after, static_cast<int>(j), environment);
       if (key.empty()) continue;
-      const Millis kept =
-          definition.step_key_retention > 0 ? definition.step_key_retention : retention;
       IdempotencyClaim claim{instance.tenant, std::move(key), "", instance.id, channel.name,
-                             change.now + kept};
+                             change.now + StepKeyRetention(definition, retention)};
       claim.exclusive = true;
       owed.push_back(std::move(claim));
     }

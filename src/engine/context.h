@@ -67,6 +67,10 @@ std::string StepIdempotencyKey(const WorkflowDefinition& definition, const Insta
                                const std::vector<StepRecord>& steps, int index,
                                const TemplateEnvironment& environment);
 
+// Returns how long step idempotency keys of `definition` are kept: its own
+// `retention.step_keys` when set, else `fallback` (the engine's).
+Millis StepKeyRetention(const WorkflowDefinition& definition, Millis fallback);
+
 // Returns the deliveries `change` makes owed (Change::reservations): when it completes
 // a step of `steps` (as last committed) that notification channels report, their
 // delivery identities, each reserved for its channel step for `retention` (or the

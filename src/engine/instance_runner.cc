@@ -551,7 +551,6 @@ class InstanceRunner::Impl {
                               " ran out before the call; the request was not sent");
   }
 
-
   // Makes `request` for step `step_index` the one to send next; its outcome, once
   // classified with `overrides`, goes to `then`.
   // The lease is checked twice: here, and by the client at the last moment before the
@@ -716,8 +715,7 @@ class InstanceRunner::Impl {
 
     // Checkpoint `running` before the call: a crash from here on is an unknown outcome.
     const std::string span = Decorate(*request, key);
-    const Millis retention = definition_->step_key_retention > 0 ? definition_->step_key_retention
-                                                                 : d_.idempotency_retention;
+    const Millis retention = StepKeyRetention(*definition_, d_.idempotency_retention);
     absl::Status claimed = Commit(BeginCall(Now(), index, key, hash, span, retention));
     if (absl::IsFailedPrecondition(claimed)) {
       return Fail(index, std::string(claimed.message()), AlertKind::kIdempotencyConflict);
