@@ -352,6 +352,7 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   api.idempotency_retention = config.idempotency_retention;
   api.events = config.events;
   api.permissions = config.permissions;
+  api.groups = config.groups;
   api.tls_cert_file = options.tls_cert.empty() ? config.tls_cert_file : options.tls_cert;
   api.tls_key_file = options.tls_key.empty() ? config.tls_key_file : options.tls_key;
   api.max_connections = config.max_connections;

@@ -122,6 +122,29 @@ enum class StepKind : uint8_t {
   kHttp = 1,       // calls an HTTP API
   kTransform = 2,  // computes a JSON value from templates; no I/O
   kWait = 3,       // waits for an event (POST /v1/events) of a type; its data is the result
+  kApproval = 4,   // asks people to approve the instance's material data; waits for a decision
+};
+
+// What a rejected approval does to the instance (`approval.on_reject`).
+enum class RejectRoute : uint8_t {
+  kCompensate = 1,  // the step fails: what completed before it is undone (or failed)
+  kClose = 2,       // the instance is closed with the rejection as its reason
+  kWait = 3,        // the instance waits for an operator (needs_attention)
+};
+
+// An `approval` step: a request bound to the version of the data the approver saw.
+// The data version is the SHA-256 of the `material` fields of the instance's input
+// (engine/approval.h); a decision quotes it, so one about other data is refused.
+struct ApprovalSpec {
+  std::vector<std::string> material;  // JSON pointers into the input ("/amount")
+  std::string summary;    // template: the text the approver reads ("" = none)
+  std::string requester;  // template: who asked; when set, never the approver
+  // Who may decide: tokens of this role or above (viewer, operator, admin) ...
+  std::string role = "operator";
+  // ... or, when set, only the tokens of this group of the instance's tenant
+  // (the server config's `groups:`).
+  std::string group;
+  RejectRoute on_reject = RejectRoute::kCompensate;
 };
 
 // What a step keeps of the answer it got (`store_response`). Answers hold
@@ -143,6 +166,7 @@ struct StepDefinition {
   std::string transform_json;          // kind == kTransform: JSON template tree
   std::string wait_event;              // kind == kWait: the CloudEvents type it waits for
   Millis wait_timeout = 0;             // kind == kWait: fail after this long; 0: wait forever
+  ApprovalSpec approval;               // kind == kApproval
   std::string result_external_id;      // JSON pointer into the response; empty: none
   std::optional<LookupSpec> lookup;
   std::optional<CompensationSpec> compensate;

@@ -382,6 +382,59 @@ class Reader {
     }
   }
 
+  void ReadApproval(const YAML::Node& node, const std::string& name, ApprovalSpec* out) {
+    if (!node.IsMap()) {
+      Error(node, name, "'approval' must be a mapping such as { material: [/amount] }");
+      return;
+    }
+    CheckFields(node, name, {"material", "summary", "requester", "approvers", "on_reject"},
+                "approval");
+    const YAML::Node material = node["material"];
+    if (!material || !material.IsSequence() || material.size() == 0) {
+      Error(material ? material : node, name,
+            "'approval.material' must list the input's JSON pointers an approval is about, "
+            "such as [/amount, /lines]");
+    } else {
+      for (const YAML::Node& pointer : material) {
+        if (!pointer.IsScalar() || !ValidJsonPointer(pointer.Scalar())) {
+          Error(pointer, name, "'approval.material' entry '" +
+                                   (pointer.IsScalar() ? pointer.Scalar() : "?") +
+                                   "' is not a JSON pointer such as /amount");
+        } else {
+          out->material.push_back(pointer.Scalar());
+        }
+      }
+    }
+    out->summary = OptionalString(node, "summary", name);
+    out->requester = OptionalString(node, "requester", name);
+    if (const YAML::Node approvers = node["approvers"]) {
+      if (!approvers.IsMap() || (approvers["role"] ? 1 : 0) + (approvers["group"] ? 1 : 0) != 1) {
+        Error(approvers, name, "'approval.approvers' names one 'role' (viewer, operator, admin) "
+                               "or one 'group' (of the server config's groups:)");
+      } else {
+        CheckFields(approvers, name, {"role", "group"}, "approval.approvers");
+        out->group = OptionalString(approvers, "group", name);
+        if (approvers["role"]) {
+          out->role = OptionalString(approvers, "role", name);
+          if (out->role != "viewer" && out->role != "operator" && out->role != "admin") {
+            Error(approvers["role"], name, "'approval.approvers.role' must be viewer, operator "
+                                           "or admin");
+          }
+        } else if (!ValidName(out->group)) {
+          Error(approvers["group"], name, "'approval.approvers.group' must be a name of "
+                                          "letters, digits, '-', '_' and '.'");
+        }
+      }
+    }
+    if (const YAML::Node route = node["on_reject"]) {
+      const std::string text = route.IsScalar() ? route.Scalar() : "";
+      if (text == "compensate") out->on_reject = RejectRoute::kCompensate;
+      else if (text == "close") out->on_reject = RejectRoute::kClose;
+      else if (text == "wait") out->on_reject = RejectRoute::kWait;
+      else Error(route, name, "'approval.on_reject' must be compensate, close or wait");
+    }
+  }
+
   void ReadStep(const YAML::Node& node, StepDefinition* step) {
     step->line = node.Mark().line + 1;
     if (!node.IsMap()) {
@@ -394,15 +447,19 @@ class Reader {
       Error(node["name"], name, "step names may only use letters, digits, '-', '_' and '.'");
     }
     CheckFields(node, name,
-                {"name", "description", "recovery", "request", "transform", "wait", "result",
-                 "lookup", "compensate", "retry", "errors", "idempotency", "store_response",
-                 "when", "optional"},
+                {"name", "description", "recovery", "request", "transform", "wait", "approval",
+                 "result", "lookup", "compensate", "retry", "errors", "idempotency",
+                 "store_response", "when", "optional"},
                 "step");
     const YAML::Node request = node["request"];
     const YAML::Node transform = node["transform"];
     const YAML::Node wait = node["wait"];
-    if ((request ? 1 : 0) + (transform ? 1 : 0) + (wait ? 1 : 0) > 1) {
-      Error(node, name, "a step has one of 'request', 'transform' or 'wait'");
+    const YAML::Node approval = node["approval"];
+    if ((request ? 1 : 0) + (transform ? 1 : 0) + (wait ? 1 : 0) + (approval ? 1 : 0) > 1) {
+      Error(node, name, "a step has one of 'request', 'transform', 'wait' or 'approval'");
+    } else if (approval) {
+      step->kind = StepKind::kApproval;
+      ReadApproval(approval, name, &step->approval);
     } else if (wait) {
       step->kind = StepKind::kWait;
       if (!wait.IsMap()) {
@@ -419,8 +476,8 @@ class Reader {
       step->kind = StepKind::kTransform;
       step->transform_json = JsonText(ToJson(transform, name));
     } else {
-      Error(node, name, "a step needs 'request' (an HTTP call), 'transform' (a computed value) "
-                        "or 'wait' (an event)");
+      Error(node, name, "a step needs 'request' (an HTTP call), 'transform' (a computed value), "
+                        "'wait' (an event) or 'approval' (a decision by people)");
     }
 
     if (const YAML::Node recovery = node["recovery"]) {

@@ -74,6 +74,25 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
           << "; a redelivered event has no second effect\n\n";
       continue;
     }
+    if (step.kind == StepKind::kApproval) {
+      const ApprovalSpec& a = step.approval;
+      std::string material;
+      for (const std::string& pointer : a.material) material += (material.empty() ? "" : ", ") + pointer;
+      out << "   asks for approval of the input's " << material
+          << " (their hash is the data version every decision quotes)\n"
+          << "   decided by: "
+          << (a.group.empty() ? "tokens of role " + a.role + " or above"
+                              : "the tenant's group " + a.group)
+          << (a.requester.empty() ? std::string()
+                                  : "; never by the requester (" + a.requester + ")")
+          << "; the first decision wins, a later one is refused (409) and audited\n"
+          << "   rejected:   "
+          << (a.on_reject == RejectRoute::kClose  ? "close the instance"
+              : a.on_reject == RejectRoute::kWait ? "pause for an operator"
+                                                  : "fail the instance and compensate")
+          << "\n\n";
+      continue;
+    }
     if (step.kind == StepKind::kTransform) {
       out << "   computes a value from templates; no external call; rerun on recovery\n\n";
       continue;

@@ -51,6 +51,10 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
   switch (step.kind) {
     case StepKind::kWait:
       return;
+    case StepKind::kApproval:
+      visit("approval.summary", step.approval.summary, false, false);
+      visit("approval.requester", step.approval.requester, false, false);
+      return;
     case StepKind::kTransform:
       visit("transform", step.transform_json, true, false);
       return;
@@ -257,13 +261,19 @@ class Validator {
         }
       }
     };
-    if (step.kind == StepKind::kWait) {
+    if (step.kind == StepKind::kWait || step.kind == StepKind::kApproval) {
+      const char* what = step.kind == StepKind::kWait ? "a wait step" : "an approval step";
+      if (step.kind == StepKind::kApproval) ForEachTemplate(step, check);
       if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kManual) {
-        Error(step.line, step.name, "a wait step calls nothing; its recovery is 'repeatable' or "
-                                    "'manual'");
+        Error(step.line, step.name, std::string(what) + " calls nothing; its recovery is "
+                                    "'repeatable' or 'manual'");
       }
       if (step.lookup || step.compensate) {
-        Error(step.line, step.name, "a wait step has no side effect to look up or compensate");
+        Error(step.line, step.name,
+              std::string(what) + " has no side effect to look up or compensate");
+      }
+      if (!step.group.empty() && step.kind == StepKind::kApproval) {
+        Error(step.line, step.name, "an approval step stands on the main line, not in a branch");
       }
       return;
     }

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
+#include "engine/approvals.h"
 #include "engine/call_metrics.h"
 #include "engine/context.h"
 #include "engine/lookup_pages.h"
@@ -685,6 +686,10 @@ class InstanceRunner::Impl {
       return Commit(RecordTransform(Now(), index, output, started));
     }
     if (def.kind == StepKind::kWait) return Commit(RunWait(Now(), index));
+    if (def.kind == StepKind::kApproval) {
+      return Commit(OpenApproval(
+          Now(), index, RenderApproval(def.approval, instance_.input_json, Context(index, ""))));
+    }
     if (std::optional<Change> beyond = BeyondKeyWindow(Now(), index)) {
       return Commit(std::move(*beyond));
     }

@@ -2,8 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/crash_point.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
+#include "engine/approvals.h"
 #include "engine/catalog.h"
 #include "engine/context.h"
 #include "engine/events.h"
@@ -304,6 +306,54 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     return SignalResult{SignalOutcome::kApplied, data_hash, ""};
   }();
   if (!committed.ok()) (void)Release(lease);
+  return committed;
+}
+
+absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
+                                                  const std::string& key,
+                                                  const Decision& decision) {
+  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
+  WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+  const int index = definition->StepIndex(decision.step);
+  if (index < 0 || definition->steps[index].kind != StepKind::kApproval) {
+    return absl::NotFoundError("instance '" + key + "' has no approval step '" + decision.step +
+                               "'");
+  }
+  WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
+  bool released = false;  // a commit releases the lease (lease_expires_at 0)
+  auto committed = [&]() -> absl::StatusOr<DecisionResult> {
+    WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
+    WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
+    const ApprovalSpec& spec = definition->steps[index].approval;
+    // What a decision before the request opens is about: the request as it would open now.
+    absl::StatusOr<ApprovalSnapshot> current = RenderApproval(
+        spec, instance.input_json, environment_->Build(instance, steps, decision.step, ""));
+    const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
+    DecisionOutcome outcome = DecisionArrived(
+        facts, index, decision, current.ok() ? *current : MaterialOf(spec, instance.input_json));
+    DecisionResult result{instance, steps[index], outcome.replayed};
+    if (outcome.replayed) {
+      released = true;
+      WS_RETURN_IF_ERROR(Release(lease));
+      return result;
+    }
+    Change change = std::move(outcome.change);
+    change.lease = lease;
+    change.lease_expires_at = 0;
+    change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
+                                         idempotency_retention_);
+    CrashPoint("before-decide", decision.step);
+    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
+    WS_RETURN_IF_ERROR(results.front());
+    released = true;
+    CrashPoint("after-decide", decision.step);
+    WS_RETURN_IF_ERROR(outcome.refusal);
+    WS_ASSIGN_OR_RETURN(result.instance, store_->GetInstance(instance.id));
+    WS_ASSIGN_OR_RETURN(steps, store_->GetSteps(instance.id));
+    result.step = steps[index];
+    return result;
+  }();
+  if (!committed.ok() && !released) (void)Release(lease);
   return committed;
 }
 

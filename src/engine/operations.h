@@ -13,6 +13,7 @@ namespace waystone {
 
 class DefinitionCatalog;
 class TemplateEnvironment;
+struct Decision;  // engine/approvals.h
 
 // What an applied (or previewed) operator action did.
 struct ActionResult {
@@ -32,6 +33,13 @@ struct SignalResult {
   SignalOutcome outcome = SignalOutcome::kApplied;
   std::string data_hash;         // of this event's data
   std::string stored_data_hash;  // kConflict: of the data received first
+};
+
+// What a taken decision did (or, replayed, the decision that stood already).
+struct DecisionResult {
+  InstanceRecord instance;  // after it
+  StepRecord step;          // the approval step after it
+  bool replayed = false;    // the same decision by the same actor stood already: nothing done
 };
 
 // Returns the message of an inbox_conflict alert and problem: the event, both hashes.
@@ -86,6 +94,15 @@ class Operations {
   // inbox in the same transaction. NotFound for no such instance; FailedPrecondition when no step
   // waits for this type; Aborted when a worker holds the instance.
   absl::StatusOr<SignalResult> Deliver(const Signal& signal);
+
+  // Applies `decision` to the approval step it names on instance `key` of
+  // `tenant`, with its effect and audit record in one transaction. NotFound for no
+  // such instance or no approval step of that name; Aborted when a worker holds the
+  // instance. A refused decision commits its audit record (and a contradiction's
+  // alert) and returns why: PermissionDenied (the actor may not decide it) or
+  // FailedPrecondition (decided already, superseded, closed, or other data).
+  absl::StatusOr<DecisionResult> Decide(const std::string& tenant, const std::string& key,
+                                        const Decision& decision);
 
  private:
   absl::StatusOr<Lease> Claim(int64_t instance_id);

@@ -6,6 +6,7 @@
 
 #include "base/random.h"
 #include "base/status_macros.h"
+#include "engine/approvals.h"
 #include "engine/events.h"
 #include "engine/state_machine.h"
 #include "engine/transitions.h"
@@ -99,12 +100,18 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
     switch (action.kind) {
       case NextAction::Kind::kAwaitEvent:
         sim.reached[index] = true;
-        plan.would_execute.push_back({def.name, "wait", "", "", "", def.wait_event});
+        // An approval is assumed approved, like an awaited event assumed to arrive.
+        plan.would_execute.push_back(
+            {def.name, def.kind == StepKind::kApproval ? "approval" : "wait", "", "", "",
+             def.wait_event});
         sim.Apply(EventArrived(sim.Now(), index, "null", "", "assumed"));
         break;
       case NextAction::Kind::kRunStep:
         if (def.kind == StepKind::kWait) {
           sim.Apply(RunWait(sim.Now(), index));  // waits (or its deadline passed)
+        } else if (def.kind == StepKind::kApproval) {
+          sim.Apply(OpenApproval(sim.Now(), index,
+                                 MaterialOf(def.approval, sim.instance.input_json)));
         } else if (def.kind == StepKind::kTransform) {
           sim.reached[index] = true;
           plan.would_execute.push_back({def.name, "transform", "", "", "", ""});

@@ -5,6 +5,7 @@
 #include "engine/context.h"
 #include "engine/events.h"
 #include "engine/state_machine.h"
+#include "engine/transition_parts.h"
 #include "model/target_gate.h"
 #include "model/duration.h"
 #include "model/json_text.h"
@@ -60,7 +61,6 @@ std::string EventTypeFor(InstanceState state) {
   return "waystone.instance." + std::string(ToString(state));
 }
 
-// A change at `facts.now`; the runner adds its lease.
 // The instance's reason, or while it waits for a target the one it had before.
 std::string ReasonBeforeWaiting(const InstanceRecord& instance) {
   const std::string& reason = instance.status_reason;
@@ -68,6 +68,10 @@ std::string ReasonBeforeWaiting(const InstanceRecord& instance) {
   const size_t before = reason.find(kBeforeWaiting);
   return before == std::string::npos ? "" : reason.substr(before + kBeforeWaiting.size());
 }
+
+}  // namespace
+
+// transition_parts.h: the pieces every transition builds with.
 
 Change At(const Facts& facts) {
   Change change;
@@ -80,11 +84,10 @@ Change At(const Facts& facts) {
 }
 
 void AddEvent(const Facts& facts, Change& change, std::string_view type, const StepRecord* step,
-              std::string_view message = {}) {
+              std::string_view message) {
   change.events.push_back(MakeEvent(type, facts.instance, step, message, facts.random, facts.now));
 }
 
-// Raises an alert; alerts are pushed, not only listed: each leaves through the outbox once.
 void AddAlert(const Facts& facts, Change& change, AlertKind kind, const std::string& step,
               const std::string& message) {
   AlertRecord alert{0, facts.instance.id, facts.instance.tenant, step, kind, AlertState::kOpen,
@@ -93,7 +96,6 @@ void AddAlert(const Facts& facts, Change& change, AlertKind kind, const std::str
   change.alerts.push_back(std::move(alert));
 }
 
-// Moves the instance to `state` with its event (and releases it to run now).
 void SetInstanceState(const Facts& facts, Change& change, InstanceState state,
                       const std::string& reason) {
   change.state = state;
@@ -101,6 +103,8 @@ void SetInstanceState(const Facts& facts, Change& change, InstanceState state,
   change.next_run_at = facts.now;
   AddEvent(facts, change, EventTypeFor(state), nullptr, reason);
 }
+
+namespace {
 
 // Schedules the step's next attempt (or lookup) after a backoff.
 Change Retry(const Facts& facts, StepRecord step, StepState state, int attempts_made,

@@ -125,6 +125,8 @@ std::string_view ToString(AlertKind kind) {
     case AlertKind::kInboxConflict: return "inbox_conflict";
     case AlertKind::kResultMissing: return "result_missing";
     case AlertKind::kOptionalStepFailed: return "optional_step_failed";
+    case AlertKind::kContradictingDecision: return "contradicting_decision";
+    case AlertKind::kApprovalRejected: return "approval_rejected";
   }
   return "invalid";
 }
@@ -161,7 +163,7 @@ std::string_view ToString(DeliveryState state) {
 }
 
 std::optional<AlertKind> ParseAlertKind(std::string_view text) {
-  for (int i = 1; i <= 11; ++i) {
+  for (int i = 1; i <= 13; ++i) {
     auto kind = static_cast<AlertKind>(i);
     if (ToString(kind) == text) return kind;
   }

@@ -86,6 +86,8 @@ enum class AlertKind : uint8_t {
   kInboxConflict = 9,      // an event id came again with different data
   kResultMissing = 10,     // a 2xx answer lacked the external id the step records
   kOptionalStepFailed = 11,  // an optional step failed; the workflow went on without it
+  kContradictingDecision = 12,  // a late approval decision contradicts the one that stood
+  kApprovalRejected = 13,       // an approval was rejected; the step says an operator decides
 };
 
 // Which request of a step an attempt record describes. Persisted; values frozen.

@@ -5,6 +5,7 @@
 //   health_handlers.cc    /healthz, /readyz, /metrics, /v1/openapi.json
 //   instance_handlers.cc  GET and POST /v1/instances, GET /v1/instances/{key}, GET /v1/attempts
 //   action_handlers.cc    POST /v1/instances/{key}/{action} (operator actions, dry runs)
+//   approval_handlers.cc  POST /v1/instances/{key}/decide (an approval's decision)
 //   alert_handlers.cc     GET /v1/alerts, POST /v1/alerts/{id}/acknowledge
 //   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
 //   triage_handlers.cc    GET /v1/me, GET /v1/triage; why an instance stopped, what may follow
@@ -77,6 +78,13 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
 
 void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::string& key,
                  const std::string& action_name, const ServerRequest& req, ServerResponse& res);
+
+void DecideApproval(const ApiContext& ctx, const Principal& principal, const std::string& key,
+                    const ServerRequest& req, ServerResponse& res);
+// The approval steps of an instance as its view shows them: each request's data
+// version, snapshot and decision, or (not open yet) what a decision before it quotes.
+nlohmann::json ApprovalsJson(const ApiContext& ctx, const InstanceRecord& instance,
+                             const std::vector<StepRecord>& steps);
 
 // GET /v1/targets and POST /v1/targets/{name}/pause|resume (target_handlers.cc).
 void ListTargets(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,

@@ -147,6 +147,9 @@ class ApiServer::Impl {
         return RunIdempotent(ctx_, principal, req, res, [&] {
           ApplyAction(ctx_, principal, match.key, match.action, req, res);
         });
+      case RouteId::kDecide:
+        return RunIdempotent(ctx_, principal, req, res,
+                             [&] { DecideApproval(ctx_, principal, match.key, req, res); });
       case RouteId::kListAlerts:
         return ListAlerts(ctx_, principal, req, res);
       case RouteId::kAcknowledge:

@@ -35,6 +35,9 @@ struct ApiServerOptions {
   std::string tls_key_file;
   // What each role may do, per tenant (permissions.h); empty = the defaults.
   std::vector<PermissionRule> permissions;
+  // Who is in which group of which tenant: the approvers of approval steps that
+  // name a group.
+  std::vector<ApproverGroup> groups;
 };
 
 // ApiServer serves Waystone's HTTP API: health, metrics, the OpenAPI document,

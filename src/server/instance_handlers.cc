@@ -196,6 +196,9 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
   Json input = Json::parse(instance->input_json, nullptr, false);
   out["input"] = input.is_discarded() ? Json(instance->input_json) : input;
   out["stopped"] = StopJson(ctx, principal, *instance, *steps, *alerts, TriageOptions{});
+  if (Json approvals = ApprovalsJson(ctx, *instance, *steps); !approvals.empty()) {
+    out["approvals"] = std::move(approvals);
+  }
   RedactFor(ctx, principal, *instance, *steps, out);
   SendJson(res, 200, std::move(out));  // redacted again by SendJson
 }

@@ -67,4 +67,16 @@ std::set<std::string> TenantsWithRules(const std::vector<PermissionRule>& rules,
   return out;
 }
 
+std::vector<std::string> GroupsOf(const std::vector<ApproverGroup>& groups,
+                                  const std::string& token, const std::string& tenant) {
+  std::vector<std::string> out;
+  for (const ApproverGroup& group : groups) {
+    if (group.tenant != tenant) continue;
+    for (const std::string& member : group.tokens) {
+      if (member == token) out.push_back(group.name);
+    }
+  }
+  return out;
+}
+
 }  // namespace waystone

@@ -48,6 +48,19 @@ struct PermissionRule {
 std::set<Permission> PermissionsOf(const std::vector<PermissionRule>& rules, Role role,
                                    const std::string& tenant);
 
+// One entry of `groups:`: the tokens (by name) that form group `name` in `tenant`.
+// An approval step may be decided only by its group (definition.h, ApprovalSpec).
+struct ApproverGroup {
+  std::string tenant;
+  std::string name;
+  std::vector<std::string> tokens;
+  int line = 0;  // in the config file
+};
+
+// The groups of `tenant` that the token named `token` is in.
+std::vector<std::string> GroupsOf(const std::vector<ApproverGroup>& groups,
+                                  const std::string& token, const std::string& tenant);
+
 // The tenants some rule names for `role` (where its permissions may differ from
 // those of every other tenant).
 std::set<std::string> TenantsWithRules(const std::vector<PermissionRule>& rules, Role role);

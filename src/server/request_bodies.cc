@@ -70,6 +70,38 @@ absl::StatusOr<OperatorRequest> ParseActionBody(const std::string& text) {
   return request;
 }
 
+absl::StatusOr<DecisionBody> ParseDecisionBody(const std::string& text) {
+  WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
+  DecisionBody out;
+  std::string decision;
+  WS_RETURN_IF_ERROR(StringField(body, "step", &out.step));
+  WS_RETURN_IF_ERROR(StringField(body, "data_version", &out.data_version));
+  WS_RETURN_IF_ERROR(StringField(body, "decision", &decision));
+  WS_RETURN_IF_ERROR(StringField(body, "comment", &out.comment));
+  WS_RETURN_IF_ERROR(OnlyFields(body, {"step", "request", "data_version", "decision", "comment"}));
+  if (body.contains("request")) {
+    const Json& request = body["request"];
+    if (!request.is_number_integer() || request.get<int64_t>() < 1 ||
+        request.get<int64_t>() > 1'000'000) {
+      return absl::InvalidArgumentError("'request' must be the request's number (1, 2, ...)");
+    }
+    out.request = request.get<int>();
+  }
+  if (out.step.empty()) return absl::InvalidArgumentError("'step' is required: the approval step");
+  if (out.data_version.empty()) {
+    return absl::InvalidArgumentError(
+        "'data_version' is required: the data version of the request decided on");
+  }
+  if (decision != "approve" && decision != "reject") {
+    return absl::InvalidArgumentError("'decision' must be approve or reject");
+  }
+  out.approve = decision == "approve";
+  if (out.comment.size() > 2000) {
+    return absl::InvalidArgumentError("'comment' is longer than 2000 bytes");
+  }
+  return out;
+}
+
 absl::StatusOr<BatchBody> ParseBatchBody(const std::string& text) {
   WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
   BatchBody out;

@@ -24,6 +24,17 @@ absl::StatusOr<StartBody> ParseStartBody(const std::string& body);
 // "happened"?, "response"?}. Fills those fields of an OperatorRequest.
 absl::StatusOr<OperatorRequest> ParseActionBody(const std::string& body);
 
+// POST /v1/instances/{key}/decide: {"step", "data_version", "decision" (approve or
+// reject), "request"? (a number; absent: before the request opened), "comment"?}.
+struct DecisionBody {
+  std::string step;
+  int request = 0;
+  std::string data_version;
+  bool approve = false;
+  std::string comment;
+};
+absl::StatusOr<DecisionBody> ParseDecisionBody(const std::string& body);
+
 // POST /v1/batches: {"action", "reason", "filter" (object of strings: the list
 // filters and stopped_at), "tenant"?, and the action's fields as above}.
 struct BatchBody {

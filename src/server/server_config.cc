@@ -20,7 +20,8 @@ class ConfigReader : public YamlConfig {
     static const std::set<std::string> kFields = {
         "database", "listen", "workers", "max_in_flight", "definitions", "relay_config", "secrets_file", "files_dir", "lease",
         "step_key_retention",
-        "api", "events", "tenants", "metrics_listen", "permissions", "tls"};
+        "api", "events", "tenants", "metrics_listen", "permissions", "tls",
+        "groups"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     config.database = Text(root, "database");
     config.listen = Text(root, "listen");
@@ -140,10 +141,55 @@ class ConfigReader : public YamlConfig {
         config.permissions.push_back(std::move(*rule));
       }
     }
+    if (const YAML::Node groups = root["groups"]) {
+      if (!groups.IsSequence()) {
+        return Error(groups, "'groups' is a list of { tenant, name, tokens }");
+      }
+      for (const auto& node : groups) {
+        auto group = ReadGroup(node);
+        if (!group.ok()) return group.status();
+        for (const ApproverGroup& other : config.groups) {
+          if (other.tenant == group->tenant && other.name == group->name) {
+            return Error(node, "group '" + group->name + "' of tenant '" + group->tenant +
+                                   "' is named already, at line " + std::to_string(other.line));
+          }
+        }
+        config.groups.push_back(std::move(*group));
+      }
+    }
     return config;
   }
 
  private:
+  absl::StatusOr<ApproverGroup> ReadGroup(const YAML::Node& node) {
+    ApproverGroup group;
+    group.line = node.Mark().line + 1;
+    if (!node.IsMap()) return Error(node, "a group is a mapping with 'tenant', 'name', 'tokens'");
+    for (const auto& entry : node) {
+      const std::string field = entry.first.Scalar();
+      if (field != "tenant" && field != "name" && field != "tokens") {
+        return Error(entry.first, "unknown field '" + field + "' in a group (allowed: tenant, "
+                                  "name, tokens)");
+      }
+    }
+    group.tenant = Text(node, "tenant");
+    group.name = Text(node, "name");
+    if (group.tenant.empty()) return Error(node, "a group needs its 'tenant'");
+    if (group.name.empty()) return Error(node, "a group needs a 'name'");
+    const YAML::Node tokens = node["tokens"];
+    if (!tokens || !tokens.IsSequence() || tokens.size() == 0) {
+      return Error(tokens ? tokens : node, "group '" + group.name + "' lists its members' token "
+                                           "names in 'tokens', such as [alice, bob]");
+    }
+    for (const auto& token : tokens) {
+      if (!token.IsScalar() || token.Scalar().empty()) {
+        return Error(token, "group '" + group.name + "': a member is a token's name");
+      }
+      group.tokens.push_back(token.Scalar());
+    }
+    return group;
+  }
+
   absl::StatusOr<PermissionRule> ReadPermission(const YAML::Node& node) {
     PermissionRule rule;
     rule.line = node.Mark().line + 1;

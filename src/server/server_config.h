@@ -50,6 +50,8 @@ struct ServerConfig {
   // `permissions:`: what each role may do, per tenant; empty = the defaults
   // (permissions.h).
   std::vector<PermissionRule> permissions;
+  // `groups:`: per tenant, the token names of each approver group.
+  std::vector<ApproverGroup> groups;
 };
 
 // Parses a config; errors name the file and line. Relative paths are taken from

@@ -306,7 +306,7 @@ steps:
       {"    wait: { timeout: 1d }\n", "event"},
       {"    wait: { event: e, soon: 1 }\n", "unknown field 'soon'"},
       {"    wait: { event: e }\n    request: { method: GET, url: \"http://x\" }\n",
-       "one of 'request', 'transform' or 'wait'"},
+       "one of 'request', 'transform', 'wait' or 'approval'"},
       {"    wait: { event: e }\n    recovery: lookup\n    lookup: { request: { method: GET, url: \"http://x\" }, found: /a }\n",
        "wait step"},
       {"    wait: { event: e, timeout: later }\n", "timeout"},
@@ -318,6 +318,58 @@ steps:
     EXPECT_NE(definition.status().message().find(c.says), std::string::npos)
         << definition.status().message();
     EXPECT_NE(definition.status().message().find("w.yaml:"), std::string::npos)
+        << definition.status().message();
+  }
+}
+
+TEST(LoaderApprovalTest, ApprovalStepsLoadAndTheirMistakesAreNamed) {
+  auto good = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: approve
+    approval:
+      material: [/amount, /lines]
+      summary: "order {{input.id}}"
+      requester: "{{input.submitted_by}}"
+      approvers: { group: finance }
+      on_reject: close
+  - name: use
+    transform: { by: "{{steps.approve.response.decision.by}}" }
+)", "w.yaml");
+  ASSERT_TRUE(good.ok()) << good.status();
+  const StepDefinition& step = good->steps[0];
+  EXPECT_EQ(step.kind, StepKind::kApproval);
+  EXPECT_EQ(step.approval.material, (std::vector<std::string>{"/amount", "/lines"}));
+  EXPECT_EQ(step.approval.group, "finance");
+  EXPECT_EQ(step.approval.on_reject, RejectRoute::kClose);
+  EXPECT_EQ(step.approval.requester, "{{input.submitted_by}}");
+
+  struct Bad {
+    std::string step;
+    std::string says;
+  };
+  const std::vector<Bad> cases = {
+      {"    approval: { summary: x }\n", "'approval.material' must list"},
+      {"    approval: { material: [amount] }\n", "'amount' is not a JSON pointer"},
+      {"    approval: { material: [/a], approvers: { role: boss } }\n",
+       "must be viewer, operator or admin"},
+      {"    approval: { material: [/a], approvers: { role: admin, group: g } }\n",
+       "names one 'role'"},
+      {"    approval: { material: [/a], on_reject: undo }\n", "compensate, close or wait"},
+      {"    approval: { material: [/a], summary: \"{{steps.later.response}}\" }\n",
+       "approval.summary"},
+      {"    approval: { material: [/a], deadline: 1d }\n", "unknown field 'deadline'"},
+      {"    approval: { material: [/a] }\n    recovery: compensable\n", "approval step"},
+  };
+  for (const Bad& c : cases) {
+    auto definition = LoadDefinitionText(
+        "workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: approve\n" + c.step +
+            "  - name: later\n    transform: { x: 1 }\n",
+        "w.yaml");
+    ASSERT_FALSE(definition.ok()) << c.step;
+    EXPECT_NE(definition.status().message().find(c.says), std::string::npos)
+        << definition.status().message();
+    EXPECT_NE(definition.status().message().find("step 'approve'"), std::string::npos)
         << definition.status().message();
   }
 }

@@ -1,0 +1,327 @@
+#include "engine/approvals.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "base/sha256.h"
+#include "engine/transition_parts.h"
+#include "model/json_text.h"
+#include "model/template.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+
+// viewer < operator < admin; anything else ranks below them all.
+int RoleRank(const std::string& role) {
+  if (role == "admin") return 3;
+  if (role == "operator") return 2;
+  if (role == "viewer") return 1;
+  return 0;
+}
+
+// The step's approval record (its response), or an empty object.
+Json RecordOf(const StepRecord& step) {
+  Json record = Json::parse(step.response_json.empty() ? "{}" : step.response_json, nullptr, false);
+  return record.is_object() ? record : Json::object();
+}
+
+std::string Outcome(bool approve) { return approve ? "approve" : "reject"; }
+
+std::string Describe(const Json& decision) {
+  return decision.value("outcome", "?") + " by " + decision.value("by", "?");
+}
+
+std::string Short(const std::string& version) { return version.substr(0, 16); }
+
+// Adds the approval record to the payload of the change's last event, so whoever
+// reads the event (an approval inbox, a notifier) has what the approver sees.
+void AttachToLastEvent(Change& change, const Json& record) {
+  if (change.events.empty()) return;
+  Json payload = Json::parse(change.events.back().payload_json, nullptr, false);
+  if (!payload.is_object()) return;
+  payload["approval"] = record;
+  change.events.back().payload_json = JsonText(payload);
+}
+
+Json DetailOf(const StepRecord& step, const Decision& decision) {
+  Json detail = {{"step", step.name},
+                 {"request", decision.request},
+                 {"data_version", decision.data_version},
+                 {"decision", Outcome(decision.approve)}};
+  if (!decision.comment.empty()) detail["comment"] = decision.comment;
+  return detail;
+}
+
+absl::Status MayDecide(const StepDefinition& def, const Decision& decision,
+                       const std::string& requester) {
+  const ApprovalSpec& spec = def.approval;
+  if (!spec.group.empty()) {
+    if (std::find(decision.groups.begin(), decision.groups.end(), spec.group) ==
+        decision.groups.end()) {
+      return absl::PermissionDeniedError("step '" + def.name + "' is decided by group '" +
+                                         spec.group + "', and '" + decision.actor +
+                                         "' is not in it");
+    }
+  } else if (RoleRank(decision.role) < RoleRank(spec.role)) {
+    return absl::PermissionDeniedError("step '" + def.name + "' is decided by role " + spec.role +
+                                       " or above, and '" + decision.actor + "' is " +
+                                       (decision.role.empty() ? "none" : decision.role));
+  }
+  if (!spec.requester.empty() && requester == decision.actor) {
+    return absl::PermissionDeniedError("'" + decision.actor + "' requested the approval of step '" +
+                                       def.name + "' and may not decide it");
+  }
+  return absl::OkStatus();
+}
+
+// What a decision on the open request (in `record`) does: approved, the step
+// completes and the instance goes on; rejected, the step fails and the instance
+// goes where `on_reject` says.
+Change Decided(const Facts& facts, StepRecord step, const Json& record) {
+  const StepDefinition& def = facts.definition.steps[step.index];
+  const Json& decision = record["decision"];
+  step.response_json = JsonText(record);
+  step.next_attempt_at = 0;
+  if (decision.value("outcome", "") == "approve") {
+    Change change = At(facts);
+    MarkCompleted(step, facts.now);
+    change.steps.push_back(step);
+    AddEvent(facts, change, "waystone.step.completed", &step, "approved by " + decision.value("by", ""));
+    if (facts.instance.state == InstanceState::kRunning) change.next_run_at = facts.now;
+    return change;
+  }
+  std::string message = "approval rejected by " + decision.value("by", "?");
+  if (const std::string comment = decision.value("comment", ""); !comment.empty()) {
+    message += ": " + comment;
+  }
+  if (def.approval.on_reject == RejectRoute::kCompensate) {
+    return FailStep(facts, step, ErrorClass::kRejected, message, std::nullopt);
+  }
+  step.state = StepState::kFailed;
+  step.error_class = ErrorClass::kRejected;
+  step.error_message = ShortenMessage(message);
+  step.finished_at = facts.now;
+  if (def.approval.on_reject == RejectRoute::kWait) {
+    return Pause(facts, step, AlertKind::kApprovalRejected,
+                 "step '" + step.name + "': " + message + "; an operator decides what follows");
+  }
+  Change change = At(facts);
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.failed", &step, step.error_message);
+  SetInstanceState(facts, change, InstanceState::kClosed, "step '" + step.name + "': " + message);
+  return change;
+}
+
+AuditRecord DecisionAudit(const Facts& facts, const std::string& action, const std::string& reason,
+                          const Decision& decision, Json detail) {
+  return {0, facts.now, decision.actor, facts.instance.tenant, facts.instance.id, action, reason,
+          JsonText(detail)};
+}
+
+}  // namespace
+
+Json ApprovalSnapshot::ToJson() const {
+  Json out = {{"fields", fields}};
+  if (!summary.empty()) out["summary"] = summary;
+  if (!requester.empty()) out["requester"] = requester;
+  return out;
+}
+
+ApprovalSnapshot MaterialOf(const ApprovalSpec& spec, const std::string& input_json) {
+  const Json input = Json::parse(input_json.empty() ? "null" : input_json, nullptr, false);
+  ApprovalSnapshot out;
+  for (const std::string& pointer : spec.material) {
+    Json value = nullptr;
+    try {
+      const Json::json_pointer at(pointer);
+      if (input.contains(at)) value = input.at(at);
+    } catch (const Json::exception&) {
+      // A pointer that does not fit the input (an index into an object): absent.
+    }
+    out.fields[pointer] = std::move(value);
+  }
+  out.data_version = Sha256Hex(JsonText(out.fields));
+  return out;
+}
+
+absl::StatusOr<ApprovalSnapshot> RenderApproval(const ApprovalSpec& spec,
+                                                const std::string& input_json,
+                                                const Json& context) {
+  ApprovalSnapshot out = MaterialOf(spec, input_json);
+  for (auto [field, text, into] : {std::tuple{"summary", &spec.summary, &out.summary},
+                                   std::tuple{"requester", &spec.requester, &out.requester}}) {
+    if (text->empty()) continue;
+    auto parsed = Template::Parse(*text);
+    absl::StatusOr<std::string> rendered =
+        parsed.ok() ? parsed->RenderText(context) : absl::StatusOr<std::string>(parsed.status());
+    if (!rendered.ok()) {
+      return absl::InvalidArgumentError(std::string(field) + ": " +
+                                        std::string(rendered.status().message()));
+    }
+    *into = *rendered;
+  }
+  return out;
+}
+
+Change OpenApproval(const Facts& facts, int index,
+                    const absl::StatusOr<ApprovalSnapshot>& snapshot) {
+  StepRecord step = facts.steps[index];
+  if (!snapshot.ok()) {
+    step.attempts += 1;
+    return FailStep(facts, step, ErrorClass::kRejected,
+                    "approval: " + std::string(snapshot.status().message()), std::nullopt);
+  }
+  const Json before = RecordOf(step);
+  step.attempts += 1;  // the request's number
+  step.started_at = facts.now;
+  step.finished_at = 0;
+  step.request_hash = snapshot->data_version;
+  step.error_class = ErrorClass::kNone;
+  step.error_message.clear();
+  Json record = {{"request", step.attempts},
+                 {"data_version", snapshot->data_version},
+                 {"requested_at", facts.now},
+                 {"snapshot", snapshot->ToJson()}};
+  std::vector<AuditRecord> dropped;
+  if (const auto early = before.find("early_decision");
+      early != before.end() && early->is_object()) {
+    if (early->value("data_version", "") == snapshot->data_version) {
+      record["decision"] = *early;
+      Change change = Decided(facts, step, record);
+      AttachToLastEvent(change, record);
+      return change;
+    }
+    // Decided on data that changed before the request opened: not this request's.
+    dropped.push_back({0, facts.now, early->value("by", ""), facts.instance.tenant,
+                       facts.instance.id, "decision_dropped",
+                       "decided on data version " + Short(early->value("data_version", "")) +
+                           " before its request opened; the request is on " +
+                           Short(snapshot->data_version),
+                       JsonText(Json{{"step", step.name}, {"decision", *early}})});
+  }
+  Change change = At(facts);
+  step.state = StepState::kWaiting;
+  step.next_attempt_at = 0;
+  step.response_json = JsonText(record);
+  change.steps.push_back(step);
+  change.audits = std::move(dropped);
+  AddEvent(facts, change, "waystone.approval.requested", &step, snapshot->summary);
+  AttachToLastEvent(change, record);
+  return change;
+}
+
+DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& decision,
+                                const ApprovalSnapshot& current) {
+  const StepDefinition& def = facts.definition.steps[index];
+  StepRecord step = facts.steps[index];
+  Json record = RecordOf(step);
+  DecisionOutcome out;
+  out.change = At(facts);
+  const Json detail = DetailOf(step, decision);
+  auto refuse = [&](absl::Status status, const Json* standing) {
+    Json refused = detail;
+    refused["refused"] = std::string(status.message());
+    out.change.audits.push_back(
+        DecisionAudit(facts, "decision_refused", std::string(status.message()), decision, refused));
+    if (standing != nullptr && standing->value("outcome", "") != Outcome(decision.approve)) {
+      AddAlert(facts, out.change, AlertKind::kContradictingDecision, step.name,
+               "a late decision (" + Outcome(decision.approve) + " by " + decision.actor +
+                   ") contradicts the one that stood on step '" + step.name + "' (" +
+                   Describe(*standing) + ")");
+    }
+    out.refusal = std::move(status);
+    return std::move(out);
+  };
+
+  const bool open = step.state == StepState::kWaiting;
+  const std::string requester =
+      open ? record["snapshot"].value("requester", "") : current.requester;
+  if (absl::Status may = MayDecide(def, decision, requester); !may.ok()) {
+    return refuse(std::move(may), nullptr);
+  }
+  const Json* standing = nullptr;
+  if (step.state == StepState::kPending && record.contains("early_decision")) {
+    standing = &record["early_decision"];
+  } else if ((step.state == StepState::kCompleted || step.state == StepState::kFailed) &&
+             record.contains("decision")) {
+    standing = &record["decision"];
+  }
+  if (standing != nullptr && standing->value("by", "") == decision.actor &&
+      standing->value("outcome", "") == Outcome(decision.approve) &&
+      record.value("data_version", standing->value("data_version", "")) ==
+          decision.data_version) {
+    out.replayed = true;  // the decision that stands, sent again (its answer was lost)
+    out.change = Change{};
+    return out;
+  }
+  const InstanceState state = facts.instance.state;
+  if (state != InstanceState::kRunning && state != InstanceState::kNeedsAttention) {
+    return refuse(absl::FailedPreconditionError(
+                      "instance '" + facts.instance.key + "' is " + std::string(ToString(state)) +
+                      "; step '" + step.name + "' takes no more decisions" +
+                      (standing ? " (it stood: " + Describe(*standing) + ")" : std::string())),
+                  standing);
+  }
+  if (standing != nullptr) {
+    return refuse(absl::FailedPreconditionError(
+                      "step '" + step.name + "' was decided already: " + Describe(*standing) +
+                      " on data version " + Short(record.value("data_version", "")) +
+                      "; the first decision stands"),
+                  standing);
+  }
+  const std::string current_version = open ? step.request_hash : current.data_version;
+  if (open && decision.request != 0 && decision.request != step.attempts) {
+    return refuse(absl::FailedPreconditionError(
+                      "request " + std::to_string(decision.request) + " of step '" + step.name +
+                      "' is not the open one: the current request is " +
+                      std::to_string(step.attempts) + ", on data version " +
+                      Short(current_version)),
+                  nullptr);
+  }
+  if ((open || step.state == StepState::kPending) && decision.data_version != current_version) {
+    return refuse(absl::FailedPreconditionError(
+                      "the decision is about data version " + Short(decision.data_version) +
+                      ", but step '" + step.name + "' asks about " + Short(current_version) +
+                      ": the data changed; decide on what the current request shows"),
+                  nullptr);
+  }
+  Json decided = {{"outcome", Outcome(decision.approve)},
+                  {"by", decision.actor},
+                  {"at", facts.now},
+                  {"data_version", decision.data_version}};
+  if (!decision.comment.empty()) decided["comment"] = decision.comment;
+  const std::string reason =
+      Outcome(decision.approve) + (decision.comment.empty() ? "" : ": " + decision.comment);
+  if (open) {
+    record["decision"] = decided;
+    out.change = Decided(facts, step, record);
+    AttachToLastEvent(out.change, record);
+  } else if (step.state == StepState::kPending) {
+    if (decision.request != 0 && decision.request != step.attempts + 1) {
+      return refuse(absl::FailedPreconditionError(
+                        "step '" + step.name + "' has no request " +
+                        std::to_string(decision.request) + " yet: its next is " +
+                        std::to_string(step.attempts + 1)),
+                    nullptr);
+    }
+    decided["before_request"] = true;
+    record["early_decision"] = decided;
+    step.response_json = JsonText(record);
+    out.change.steps.push_back(step);
+    AddEvent(facts, out.change, "waystone.approval.decided", &step,
+             "decided before its request opened: " + reason);
+  } else {
+    return refuse(absl::FailedPreconditionError("step '" + step.name + "' is " +
+                                                std::string(ToString(step.state)) +
+                                                "; it takes no decision"),
+                  nullptr);
+  }
+  Json taken = detail;
+  if (!open) taken["before_request"] = true;
+  out.change.audits.push_back(DecisionAudit(facts, "decide", reason, decision, taken));
+  return out;
+}
+
+}  // namespace waystone

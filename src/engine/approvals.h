@@ -1,0 +1,84 @@
+#pragma once
+
+// Engine-internal: includes nlohmann/json. The rules of an `approval` step, as pure
+// transitions like those of transitions.h (tests/engine/approval_rules_test.cc is
+// their table).
+//
+// An approval step asks people to approve the instance's material data. Its
+// checkpoint holds the open request: `attempts` is the request's number,
+// `request_hash` its data version (the SHA-256 of the material fields), and the
+// response the request as the approver saw it:
+//   {"request": 2, "data_version": "…", "requested_at": …,
+//    "snapshot": {"fields": {"/amount": 120}, "summary": "…", "requester": "bob"},
+//    "decision": {"outcome": "approve", "by": "alice", "at": …, "comment": "…"}}
+// A decision that arrives before the request opens is kept on the pending step
+// ("early_decision") for the request about that same data version; nothing else
+// sees it. Every decision, taken or refused, is in the audit log with its actor.
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/transitions.h"
+
+namespace waystone {
+
+// What an approver is shown: the material fields of the input (by pointer; null
+// where absent), the rendered summary and requester, and their data version.
+struct ApprovalSnapshot {
+  nlohmann::json fields = nlohmann::json::object();
+  std::string summary;
+  std::string requester;
+  std::string data_version;
+
+  nlohmann::json ToJson() const;
+};
+
+// The material fields of `input_json` and their data version (no templates).
+ApprovalSnapshot MaterialOf(const ApprovalSpec& spec, const std::string& input_json);
+
+// The snapshot of the request about to open: MaterialOf, and the summary and
+// requester rendered over `context` (TemplateEnvironment::Build); an error names
+// the field that did not render.
+absl::StatusOr<ApprovalSnapshot> RenderApproval(const ApprovalSpec& spec,
+                                                const std::string& input_json,
+                                                const nlohmann::json& context);
+
+// A decision as it arrives, with who decides.
+struct Decision {
+  std::string step;
+  int request = 0;           // the request quoted; 0: before its request opened
+  std::string data_version;  // the data version quoted (required)
+  bool approve = false;
+  std::string comment;
+  std::string actor;                // a token's name
+  std::string role;                 // the token's role: viewer, operator or admin
+  std::vector<std::string> groups;  // the token's groups in the instance's tenant
+};
+
+// What a decision did. A refused one (`refusal` not OK: PermissionDenied when the
+// actor may not decide, FailedPrecondition when the request is decided, superseded
+// or closed, or about other data) still commits `change`: its audit record, and an
+// alert when it contradicts the decision that stood. `replayed`: the very decision
+// that stands, sent again by its actor: OK, nothing to commit.
+struct DecisionOutcome {
+  Change change;
+  absl::Status refusal;
+  bool replayed = false;
+};
+
+// The approval step `index` is due: its request opens on `snapshot` (rendered now,
+// or why it could not be) and the step waits for a decision; a decision kept for
+// this data version before the request opened decides it at once; one kept for
+// other data is dropped (audited).
+Change OpenApproval(const Facts& facts, int index, const absl::StatusOr<ApprovalSnapshot>& snapshot);
+
+// A decision for the approval step `index`; `current` is the snapshot rendered now
+// (the request a decision before the request opens is about).
+DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& decision,
+                                const ApprovalSnapshot& current);
+
+}  // namespace waystone

@@ -1,0 +1,88 @@
+#include <nlohmann/json.hpp>
+
+#include "engine/approvals.h"
+#include "engine/catalog.h"
+#include "engine/engine.h"
+#include "engine/operations.h"
+#include "server/api_handlers.h"
+#include "server/redaction.h"
+#include "server/request_bodies.h"
+#include "server/request_helpers.h"
+#include "server/wire.h"
+#include "server/wire_json.h"
+
+// POST /v1/instances/{key}/decide: an approver's decision on an approval step's
+// request. Who may decide is the step's (approvals.h); the token names the actor.
+
+namespace waystone {
+
+using Json = nlohmann::json;
+
+Json ApprovalsJson(const ApiContext& ctx, const InstanceRecord& instance,
+                   const std::vector<StepRecord>& steps) {
+  Json out = Json::array();
+  auto definition = ctx.definitions->Get(instance.definition_hash);
+  if (!definition.ok()) return out;
+  for (const StepRecord& step : steps) {
+    if (step.index >= static_cast<int>((*definition)->steps.size())) continue;
+    const StepDefinition& def = (*definition)->steps[step.index];
+    if (def.kind != StepKind::kApproval) continue;
+    Json record = Json::parse(step.response_json.empty() ? "{}" : step.response_json, nullptr,
+                              false);
+    if (!record.is_object()) record = Json::object();
+    Json item = {{"step", step.name}, {"state", ToString(step.state)}};
+    item["approvers"] = def.approval.group.empty() ? Json{{"role", def.approval.role}}
+                                                   : Json{{"group", def.approval.group}};
+    const bool opened = step.state != StepState::kPending && record.contains("request");
+    if (opened) {
+      for (const char* field : {"request", "data_version", "snapshot", "decision"}) {
+        if (record.contains(field)) item[field] = record[field];
+      }
+      if (record.contains("requested_at") && record["requested_at"].is_number_integer()) {
+        item["requested_at"] = Rfc3339(record["requested_at"].get<Millis>());
+      }
+    } else {
+      // Not open yet: what a decision before its request quotes.
+      const ApprovalSnapshot now = MaterialOf(def.approval, instance.input_json);
+      item["next_request"] = step.attempts + 1;
+      item["data_version"] = now.data_version;
+      item["snapshot"] = now.ToJson();
+      if (record.contains("early_decision")) item["early_decision"] = record["early_decision"];
+    }
+    out.push_back(std::move(item));
+  }
+  return out;
+}
+
+void DecideApproval(const ApiContext& ctx, const Principal& principal, const std::string& key,
+                    const ServerRequest& req, ServerResponse& res) {
+  auto body = JsonBody(req, res, ParseDecisionBody);
+  if (!body) return;
+  auto tenant = WriteTenant(principal, Param(req, "tenant"), req, res);
+  if (!tenant) return;
+  Decision decision;
+  decision.step = body->step;
+  decision.request = body->request;
+  decision.data_version = body->data_version;
+  decision.approve = body->approve;
+  decision.comment = body->comment;
+  decision.actor = principal.token_name;
+  decision.role = RoleName(principal.role);
+  decision.groups = GroupsOf(ctx.options.groups, principal.token_name, *tenant);
+  auto result = ctx.engine->operations().Decide(*tenant, key, decision);
+  if (!result.ok()) return Send(res, ProblemFromStatus(result.status()), req.path);
+  Json approval = Json::parse(result->step.response_json.empty() ? "{}" : result->step.response_json,
+                              nullptr, false);
+  Json out = {{"step", result->step.name},
+              {"step_state", ToString(result->step.state)},
+              {"decision", body->approve ? "approve" : "reject"},
+              {"replayed", result->replayed},
+              {"approval", approval.is_discarded() ? Json(nullptr) : approval},
+              {"instance", wire::InstanceSummary(result->instance)}};
+  auto steps = ctx.store->GetSteps(result->instance.id);
+  if (!steps.ok()) return Send(res, ProblemFromStatus(steps.status()), req.path);
+  RedactFor(ctx, principal, result->instance, *steps, out);
+  SendJson(res, 200, out);
+}
+
+}  // namespace waystone

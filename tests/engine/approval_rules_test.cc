@@ -1,0 +1,421 @@
+// The rules of an `approval` step, as tables over its pure transitions
+// (engine/approvals.h) and Decide: a request bound to the data version of its
+// material fields, who may decide it, the first decision winning, late and foreign
+// decisions refused and audited, a decision before the request kept for it, and
+// where a rejection goes.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "definition/loader.h"
+#include "engine/approvals.h"
+#include "engine/state_machine.h"
+#include "support/records.h"
+
+namespace waystone {
+namespace {
+
+using Json = nlohmann::json;
+using S = StepState;
+using I = InstanceState;
+
+constexpr Millis kNow = 50'000;
+
+// a: a compensable create; b: the approval (`approval` is its YAML); c: the order.
+WorkflowDefinition Definition(const std::string& approval) {
+  auto loaded = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    recovery: compensable
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/a" }
+    compensate: { request: { method: POST, url: "http://x/a/undo" } }
+  - name: b
+    approval: )" + approval + R"(
+  - name: c
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/c" }
+)", "w.yaml");
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  return loaded.ok() ? *loaded : WorkflowDefinition{};
+}
+
+const WorkflowDefinition& Finance() {
+  static const WorkflowDefinition definition = Definition(
+      R"({ material: [/amount, /lines], summary: "order {{input.id}}: {{input.amount}} EUR",
+         requester: "{{input.submitted_by}}", approvers: { group: finance } })");
+  return definition;
+}
+
+InstanceRecord Instance(I state, const std::string& input) {
+  InstanceRecord instance = testing::Instance(state);
+  instance.id = 7;
+  instance.tenant = "acme";
+  instance.input_json = input;
+  return instance;
+}
+
+const std::string kInput =
+    R"({"id": "o-1", "amount": 120, "lines": [{"sku": "A", "qty": 2}], "note": "rush",
+        "submitted_by": "bob"})";
+
+ApprovalSnapshot Snapshot(const WorkflowDefinition& definition, const InstanceRecord& instance) {
+  const Json context = {{"input", Json::parse(instance.input_json)}};
+  auto snapshot = RenderApproval(definition.steps[1].approval, instance.input_json, context);
+  EXPECT_TRUE(snapshot.ok()) << snapshot.status();
+  return snapshot.ok() ? *snapshot : ApprovalSnapshot{};
+}
+
+std::vector<StepRecord> Apply(std::vector<StepRecord> steps, const Change& change) {
+  for (const StepRecord& step : change.steps) steps[step.index] = step;
+  return steps;
+}
+
+// The instance with a completed and b's request 1 open (as OpenApproval left it).
+struct Open {
+  InstanceRecord instance;
+  std::vector<StepRecord> steps;
+  std::string version;
+};
+
+Open OpenRequest(const WorkflowDefinition& definition, I state = I::kRunning) {
+  Open open{Instance(state, kInput), testing::Steps({S::kCompleted, S::kPending, S::kPending}),
+            ""};
+  SeededRandom random{1};
+  const Facts facts{definition, open.instance, open.steps, kNow, random};
+  const Change change = OpenApproval(facts, 1, Snapshot(definition, open.instance));
+  open.steps = Apply(open.steps, change);
+  open.version = open.steps[1].request_hash;
+  return open;
+}
+
+Decision By(const std::string& actor, bool approve, int request, const std::string& version) {
+  Decision decision;
+  decision.step = "b";
+  decision.request = request;
+  decision.data_version = version;
+  decision.approve = approve;
+  decision.comment = approve ? "fine" : "too much";
+  decision.actor = actor;
+  decision.role = "viewer";
+  decision.groups = {"finance"};
+  return decision;
+}
+
+std::vector<std::string> EventTypes(const Change& change) {
+  std::vector<std::string> types;
+  for (const EventRecord& event : change.events) types.push_back(event.type);
+  return types;
+}
+
+TEST(ApprovalRulesTest, TheDataVersionIsTheHashOfTheMaterialFieldsOnly) {
+  const ApprovalSpec& spec = Finance().steps[1].approval;
+  const std::string base = MaterialOf(spec, kInput).data_version;
+  EXPECT_EQ(base.size(), 64u);
+  Json input = Json::parse(kInput);
+  input["note"] = "not rush";  // not material
+  EXPECT_EQ(MaterialOf(spec, input.dump()).data_version, base);
+  input["amount"] = 121;
+  EXPECT_NE(MaterialOf(spec, input.dump()).data_version, base);
+  input = Json::parse(kInput);
+  input["lines"][0]["qty"] = 3;  // deep inside a material field
+  EXPECT_NE(MaterialOf(spec, input.dump()).data_version, base);
+  input = Json::parse(kInput);
+  input.erase("amount");  // absent is null, and not the same as a value
+  const ApprovalSnapshot absent = MaterialOf(spec, input.dump());
+  EXPECT_NE(absent.data_version, base);
+  EXPECT_TRUE(absent.fields["/amount"].is_null());
+}
+
+TEST(ApprovalRulesTest, ARequestOpensOnTheSnapshotAndWaitsWithoutADeadline) {
+  const Open open = OpenRequest(Finance());
+  const StepRecord& b = open.steps[1];
+  EXPECT_EQ(b.state, S::kWaiting);
+  EXPECT_EQ(b.attempts, 1);  // request 1
+  EXPECT_EQ(b.request_hash, MaterialOf(Finance().steps[1].approval, kInput).data_version);
+  const Json record = Json::parse(b.response_json);
+  EXPECT_EQ(record["request"], 1);
+  EXPECT_EQ(record["data_version"], open.version);
+  EXPECT_EQ(record["snapshot"]["fields"]["/amount"], 120);
+  EXPECT_EQ(record["snapshot"]["summary"], "order o-1: 120 EUR");
+  EXPECT_EQ(record["snapshot"]["requester"], "bob");
+  EXPECT_FALSE(record.contains("decision"));
+  const NextAction next = Decide(Finance(), open.instance, open.steps, kNow + 3'600'000);
+  EXPECT_EQ(next.kind, NextAction::Kind::kAwaitEvent);
+  EXPECT_EQ(next.step, 1);
+  EXPECT_EQ(next.wait_until, 0);
+
+  SeededRandom random{1};
+  std::vector<StepRecord> pending = testing::Steps({S::kCompleted, S::kPending, S::kPending});
+  const Facts facts{Finance(), open.instance, pending, kNow, random};
+  const Change change = OpenApproval(facts, 1, Snapshot(Finance(), open.instance));
+  ASSERT_EQ(EventTypes(change), std::vector<std::string>{"waystone.approval.requested"});
+  const Json payload = Json::parse(change.events[0].payload_json);
+  EXPECT_EQ(payload["approval"]["data_version"], open.version);
+  EXPECT_EQ(payload["message"], "order o-1: 120 EUR");
+}
+
+TEST(ApprovalRulesTest, AnApprovalCompletesTheStepWithWhoAndWhenAndTheRunGoesOn) {
+  const Open open = OpenRequest(Finance());
+  SeededRandom random{2};
+  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const DecisionOutcome out =
+      DecisionArrived(facts, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
+  ASSERT_TRUE(out.refusal.ok()) << out.refusal;
+  ASSERT_EQ(out.change.steps.size(), 1u);
+  const StepRecord& b = out.change.steps[0];
+  EXPECT_EQ(b.state, S::kCompleted);
+  const Json decision = Json::parse(b.response_json)["decision"];
+  EXPECT_EQ(decision["outcome"], "approve");
+  EXPECT_EQ(decision["by"], "alice");
+  EXPECT_EQ(decision["at"], kNow);
+  EXPECT_EQ(decision["comment"], "fine");
+  EXPECT_EQ(out.change.next_run_at, kNow);
+  ASSERT_EQ(out.change.audits.size(), 1u);
+  EXPECT_EQ(out.change.audits[0].action, "decide");
+  EXPECT_EQ(out.change.audits[0].actor, "alice");
+  EXPECT_EQ(out.change.audits[0].reason, "approve: fine");
+  EXPECT_NE(out.change.audits[0].detail_json.find(open.version), std::string::npos);
+  const std::vector<StepRecord> after = Apply(open.steps, out.change);
+  const NextAction next = Decide(Finance(), open.instance, after, kNow);
+  EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
+  EXPECT_EQ(next.step, 2);
+}
+
+TEST(ApprovalRulesTest, ARejectionGoesWhereTheStepSays) {
+  struct Row {
+    const char* on_reject;
+    I state;
+    std::vector<std::string> events;
+    std::vector<AlertKind> alerts;
+  };
+  const std::vector<Row> table = {
+      // a completed and has a compensation: it is undone.
+      {"compensate", I::kCompensating,
+       {"waystone.step.failed", "waystone.instance.compensating"}, {}},
+      {"close", I::kClosed, {"waystone.step.failed", "waystone.instance.closed"}, {}},
+      {"wait", I::kNeedsAttention,
+       {"waystone.alert.approval_rejected", "waystone.instance.needs_attention"},
+       {AlertKind::kApprovalRejected}},
+  };
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.on_reject);
+    const WorkflowDefinition definition = Definition(
+        std::string("{ material: [/amount], approvers: { role: operator }, on_reject: ") +
+        row.on_reject + " }");
+    const Open open = OpenRequest(definition);
+    SeededRandom random{3};
+    const Facts facts{definition, open.instance, open.steps, kNow, random};
+    Decision decision = By("carol", false, 1, open.version);
+    decision.role = "operator";
+    const DecisionOutcome out = DecisionArrived(facts, 1, decision, ApprovalSnapshot{});
+    ASSERT_TRUE(out.refusal.ok()) << out.refusal;
+    EXPECT_EQ(out.change.state, row.state);
+    ASSERT_FALSE(out.change.steps.empty());
+    EXPECT_EQ(out.change.steps[0].state, S::kFailed);
+    EXPECT_EQ(out.change.steps[0].error_class, ErrorClass::kRejected);
+    EXPECT_EQ(out.change.steps[0].error_message, "approval rejected by carol: too much");
+    EXPECT_EQ(EventTypes(out.change), row.events);
+    std::vector<AlertKind> alerts;
+    for (const AlertRecord& alert : out.change.alerts) alerts.push_back(alert.kind);
+    EXPECT_EQ(alerts, row.alerts);
+    ASSERT_EQ(out.change.audits.size(), 1u);
+    EXPECT_EQ(out.change.audits[0].action, "decide");
+  }
+}
+
+TEST(ApprovalRulesTest, ADecisionTheStepDoesNotAcceptIsRefusedAuditedAndChangesNothing) {
+  const Open open = OpenRequest(Finance());
+  struct Row {
+    const char* name;
+    Decision decision;
+    absl::StatusCode code;
+    std::string says;
+  };
+  Decision outsider = By("mallory", true, 1, open.version);
+  outsider.groups = {"sales"};
+  outsider.role = "admin";  // a role does not stand in for the group
+  Decision stale = By("alice", true, 1, std::string(64, 'f'));
+  Decision superseded = By("alice", true, 2, open.version);
+  const std::vector<Row> table = {
+      {"not in the group", outsider, absl::StatusCode::kPermissionDenied,
+       "decided by group 'finance'"},
+      {"the requester", By("bob", true, 1, open.version), absl::StatusCode::kPermissionDenied,
+       "requested the approval"},
+      {"other data", stale, absl::StatusCode::kFailedPrecondition, "the data changed"},
+      {"another request", superseded, absl::StatusCode::kFailedPrecondition,
+       "the current request is 1"},
+  };
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    SeededRandom random{4};
+    const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+    const DecisionOutcome out = DecisionArrived(facts, 1, row.decision, ApprovalSnapshot{});
+    EXPECT_EQ(out.refusal.code(), row.code) << out.refusal;
+    EXPECT_NE(out.refusal.message().find(row.says), std::string::npos) << out.refusal;
+    EXPECT_TRUE(out.change.steps.empty());
+    EXPECT_EQ(out.change.state, std::nullopt);
+    EXPECT_TRUE(out.change.alerts.empty());  // no decision stood to contradict
+    ASSERT_EQ(out.change.audits.size(), 1u);
+    EXPECT_EQ(out.change.audits[0].action, "decision_refused");
+    EXPECT_EQ(out.change.audits[0].actor, row.decision.actor);
+  }
+}
+
+TEST(ApprovalRulesTest, TheFirstDecisionWinsALaterOneIsRefusedAndAContradictionAlerts) {
+  const Open open = OpenRequest(Finance());
+  SeededRandom random{5};
+  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const DecisionOutcome first =
+      DecisionArrived(facts, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
+  ASSERT_TRUE(first.refusal.ok());
+  const std::vector<StepRecord> decided = Apply(open.steps, first.change);
+  const Facts later{Finance(), open.instance, decided, kNow + 5, random};
+
+  // Another approver agreeing: refused (409), audited, no alert.
+  const DecisionOutcome agree =
+      DecisionArrived(later, 1, By("dave", true, 1, open.version), ApprovalSnapshot{});
+  EXPECT_EQ(agree.refusal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(agree.refusal.message().find("decided already: approve by alice"), std::string::npos)
+      << agree.refusal;
+  EXPECT_TRUE(agree.change.alerts.empty());
+  ASSERT_EQ(agree.change.audits.size(), 1u);
+
+  // Another approver rejecting: refused, audited, and an alert says it contradicts.
+  const DecisionOutcome contra =
+      DecisionArrived(later, 1, By("dave", false, 1, open.version), ApprovalSnapshot{});
+  EXPECT_EQ(contra.refusal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(contra.change.steps.empty());
+  ASSERT_EQ(contra.change.alerts.size(), 1u);
+  EXPECT_EQ(contra.change.alerts[0].kind, AlertKind::kContradictingDecision);
+  EXPECT_NE(contra.change.alerts[0].message.find("approve by alice"), std::string::npos);
+
+  // The same decision by its own actor again (its answer was lost): replayed, nothing new.
+  const DecisionOutcome again =
+      DecisionArrived(later, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
+  EXPECT_TRUE(again.refusal.ok());
+  EXPECT_TRUE(again.replayed);
+  EXPECT_TRUE(again.change.audits.empty());
+  EXPECT_TRUE(again.change.steps.empty());
+}
+
+TEST(ApprovalRulesTest, ALateDecisionOnAClosedInstanceIsRefusedNamingWhatStood) {
+  const Open open = OpenRequest(Finance());
+  SeededRandom random{6};
+  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const DecisionOutcome approved =
+      DecisionArrived(facts, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
+  InstanceRecord closed = open.instance;
+  closed.state = I::kClosed;
+  const std::vector<StepRecord> decided = Apply(open.steps, approved.change);
+  const Facts late{Finance(), closed, decided, kNow + 9, random};
+  const DecisionOutcome out =
+      DecisionArrived(late, 1, By("erin", false, 1, open.version), ApprovalSnapshot{});
+  EXPECT_EQ(out.refusal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(out.refusal.message().find("is closed"), std::string::npos) << out.refusal;
+  EXPECT_NE(out.refusal.message().find("it stood: approve by alice"), std::string::npos);
+  ASSERT_EQ(out.change.alerts.size(), 1u);
+  EXPECT_EQ(out.change.alerts[0].kind, AlertKind::kContradictingDecision);
+  ASSERT_EQ(out.change.audits.size(), 1u);
+  EXPECT_EQ(out.change.audits[0].action, "decision_refused");
+}
+
+TEST(ApprovalRulesTest, ADecisionBeforeTheRequestIsKeptForThatRequestOnly) {
+  const InstanceRecord instance = Instance(I::kRunning, kInput);
+  // a is still running: b's request has not opened.
+  std::vector<StepRecord> steps = testing::Steps({S::kRunning, S::kPending, S::kPending});
+  const ApprovalSnapshot now = Snapshot(Finance(), instance);
+  SeededRandom random{7};
+  const Facts facts{Finance(), instance, steps, kNow, random};
+
+  Decision wrong = By("alice", true, 0, std::string(64, 'a'));
+  const DecisionOutcome refused = DecisionArrived(facts, 1, wrong, now);
+  EXPECT_EQ(refused.refusal.code(), absl::StatusCode::kFailedPrecondition);
+
+  const DecisionOutcome kept = DecisionArrived(facts, 1, By("alice", true, 0, now.data_version),
+                                               now);
+  ASSERT_TRUE(kept.refusal.ok()) << kept.refusal;
+  ASSERT_EQ(kept.change.steps.size(), 1u);
+  EXPECT_EQ(kept.change.steps[0].state, S::kPending);  // nothing runs earlier
+  EXPECT_EQ(kept.change.state, std::nullopt);
+  EXPECT_EQ(kept.change.next_run_at, std::nullopt);
+  ASSERT_EQ(kept.change.audits.size(), 1u);
+  EXPECT_NE(kept.change.audits[0].detail_json.find("before_request"), std::string::npos);
+  steps = Apply(steps, kept.change);
+
+  // A second one before the request: the first stands.
+  const Facts again{Finance(), instance, steps, kNow + 1, random};
+  const DecisionOutcome second =
+      DecisionArrived(again, 1, By("dave", false, 0, now.data_version), now);
+  EXPECT_EQ(second.refusal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(second.change.alerts.size(), 1u);
+
+  // a completes; b's request opens on the same data and is decided at once.
+  steps[0].state = S::kCompleted;
+  const Facts opening{Finance(), instance, steps, kNow + 2, random};
+  const Change opened = OpenApproval(opening, 1, now);
+  ASSERT_EQ(opened.steps.size(), 1u);
+  EXPECT_EQ(opened.steps[0].state, S::kCompleted);
+  EXPECT_EQ(opened.steps[0].attempts, 1);
+  const Json record = Json::parse(opened.steps[0].response_json);
+  EXPECT_EQ(record["decision"]["by"], "alice");
+  EXPECT_EQ(record["decision"]["before_request"], true);
+  EXPECT_EQ(record["request"], 1);
+  EXPECT_FALSE(record.contains("early_decision"));
+
+  // Had the data changed before the request opened, the kept decision is dropped
+  // (audited) and the request waits for a decision on the new data.
+  Json revised = Json::parse(kInput);
+  revised["amount"] = 999;
+  const InstanceRecord changed = Instance(I::kRunning, revised.dump());
+  const Facts on_new{Finance(), changed, steps, kNow + 2, random};
+  const Change reopened = OpenApproval(on_new, 1, Snapshot(Finance(), changed));
+  ASSERT_EQ(reopened.steps.size(), 1u);
+  EXPECT_EQ(reopened.steps[0].state, S::kWaiting);
+  ASSERT_EQ(reopened.audits.size(), 1u);
+  EXPECT_EQ(reopened.audits[0].action, "decision_dropped");
+  EXPECT_EQ(reopened.audits[0].actor, "alice");
+}
+
+TEST(ApprovalRulesTest, ARoleDecidesAtItsRankOrAbove) {
+  const WorkflowDefinition definition =
+      Definition("{ material: [/amount], approvers: { role: admin } }");
+  const Open open = OpenRequest(definition);
+  for (const auto& [role, allowed] :
+       std::vector<std::pair<std::string, bool>>{{"viewer", false}, {"operator", false},
+                                                 {"admin", true}}) {
+    SCOPED_TRACE(role);
+    SeededRandom random{8};
+    const Facts facts{definition, open.instance, open.steps, kNow, random};
+    Decision decision = By("root", true, 1, open.version);
+    decision.role = role;
+    decision.groups = {};
+    const DecisionOutcome out = DecisionArrived(facts, 1, decision, ApprovalSnapshot{});
+    EXPECT_EQ(out.refusal.ok(), allowed) << out.refusal;
+  }
+}
+
+TEST(ApprovalRulesTest, ASummaryThatDoesNotRenderFailsTheStepNamingTheField) {
+  const WorkflowDefinition definition = Definition(
+      R"({ material: [/amount], summary: "{{input.customer.name}}" })");
+  const InstanceRecord instance = Instance(I::kRunning, kInput);
+  const Json context = {{"input", Json::parse(kInput)}};
+  const auto snapshot = RenderApproval(definition.steps[1].approval, kInput, context);
+  ASSERT_FALSE(snapshot.ok());
+  std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kPending, S::kPending});
+  SeededRandom random{9};
+  const Facts facts{definition, instance, steps, kNow, random};
+  const Change change = OpenApproval(facts, 1, snapshot);
+  ASSERT_FALSE(change.steps.empty());
+  EXPECT_EQ(change.steps[0].state, S::kFailed);
+  EXPECT_NE(change.steps[0].error_message.find("approval: summary"), std::string::npos)
+      << change.steps[0].error_message;
+}
+
+}  // namespace
+}  // namespace waystone
