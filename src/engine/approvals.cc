@@ -256,20 +256,19 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
     out.change = Change{};
     return out;
   }
-  const InstanceState state = facts.instance.state;
-  if (state != InstanceState::kRunning && state != InstanceState::kNeedsAttention) {
-    return refuse(absl::FailedPreconditionError(
-                      "instance '" + facts.instance.key + "' is " + std::string(ToString(state)) +
-                      "; step '" + step.name + "' takes no more decisions" +
-                      (standing ? " (it stood: " + Describe(*standing) + ")" : std::string())),
-                  standing);
-  }
   if (standing != nullptr) {
     return refuse(absl::FailedPreconditionError(
                       "step '" + step.name + "' was decided already: " + Describe(*standing) +
                       " on data version " + Short(record.value("data_version", "")) +
                       "; the first decision stands"),
                   standing);
+  }
+  const InstanceState state = facts.instance.state;
+  if (state != InstanceState::kRunning && state != InstanceState::kNeedsAttention) {
+    return refuse(absl::FailedPreconditionError(
+                      "instance '" + facts.instance.key + "' is " + std::string(ToString(state)) +
+                      "; step '" + step.name + "' takes no more decisions"),
+                  nullptr);
   }
   const std::string current_version = open ? step.request_hash : current.data_version;
   if (open && decision.request != 0 && decision.request != step.attempts) {
