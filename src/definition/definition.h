@@ -256,6 +256,12 @@ struct WorkflowDefinition {
   // "[redacted]" to tokens without see_redacted: in the input, in step results and
   // in whatever quotes a response body.
   std::vector<std::string> redact;
+  // `revision: { reruns: [check-credit] }`: the steps a revision of the instance's
+  // input runs again when they have completed (reads and transforms only: nothing
+  // that changed something is redone by a revision). Every other completed step
+  // stands as it was.
+  std::vector<std::string> revision_reruns;
+  int revision_line = 0;
   std::vector<StepDefinition> steps;
   std::vector<TargetSpec> targets;  // `targets:`, in file order
   std::vector<MessageTemplate> templates;  // `templates:`, in file order

@@ -47,8 +47,24 @@ class Reader {
     }
     CheckFields(root, "",
                 {"workflow", "description", "key", "retention", "redact", "targets", "templates",
-                 "steps"},
+                 "revision", "steps"},
                 "definition");
+    if (const YAML::Node revision = root["revision"]) {
+      out->revision_line = revision.Mark().line + 1;
+      const YAML::Node reruns = revision.IsMap() ? revision["reruns"] : YAML::Node();
+      if (!revision.IsMap() || !reruns || !reruns.IsSequence()) {
+        Error(revision, "", "'revision' must be a mapping such as { reruns: [check-credit] }");
+      } else {
+        CheckFields(revision, "", {"reruns"}, "revision");
+        for (const YAML::Node& step : reruns) {
+          if (!step.IsScalar() || step.Scalar().empty()) {
+            Error(step, "", "'revision.reruns' lists step names");
+          } else {
+            out->revision_reruns.push_back(step.Scalar());
+          }
+        }
+      }
+    }
     if (const YAML::Node targets = root["targets"]) ReadTargets(targets, &out->targets);
     if (const YAML::Node templates = root["templates"]) ReadTemplates(templates, &out->templates);
     if (const YAML::Node redact = root["redact"]) {

@@ -194,6 +194,22 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     out << "\n";
   }
   out << "On failure, completed steps with a compensation are compensated in reverse order.\n";
+  bool approvals = false;
+  for (const StepDefinition& step : definition.steps) {
+    approvals = approvals || step.kind == StepKind::kApproval;
+  }
+  if (approvals || !definition.revision_reruns.empty()) {
+    std::string reruns;
+    for (const std::string& name : definition.revision_reruns) {
+      reruns += (reruns.empty() ? "" : ", ") + name;
+    }
+    out << "On a revision of the input (POST /v1/instances/{key}/revise): an open approval "
+           "whose material fields changed is cancelled and requested again on the new data; "
+        << (reruns.empty() ? std::string("no completed step runs again")
+                           : "the completed steps " + reruns + " run again; no other")
+        << "; a decided approval is never reopened by a change to its material fields "
+           "(refused) unless it was rejected and waits for an operator.\n";
+  }
   return out.str();
 }
 

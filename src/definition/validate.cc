@@ -145,9 +145,29 @@ class Validator {
       }
     }
     for (size_t i = 0; i < definition_.steps.size(); ++i) CheckStep(static_cast<int>(i));
+    CheckReruns();
   }
 
  private:
+  // What a revision runs again: reads and transforms of the main line only.
+  void CheckReruns() {
+    for (const std::string& name : definition_.revision_reruns) {
+      const int index = definition_.StepIndex(name);
+      if (index < 0) {
+        Error(definition_.revision_line, "", "revision.reruns: no step '" + name + "'");
+        continue;
+      }
+      const StepDefinition& step = definition_.steps[index];
+      const bool reads = step.kind == StepKind::kTransform ||
+                         (step.kind == StepKind::kHttp && !step.request.SideEffecting());
+      if (!reads || !step.group.empty()) {
+        Error(definition_.revision_line, name,
+              "revision.reruns: only a read (GET) or a transform of the main line is run again "
+              "by a revision; a step that changed something is never redone");
+      }
+    }
+  }
+
   void Error(int line, const std::string& step, const std::string& message) {
     out_->push_back({definition_.source, line, step, message});
   }

@@ -279,6 +279,15 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
                       Short(current_version)),
                   nullptr);
   }
+  if (step.state == StepState::kPending && decision.request != 0 &&
+      decision.request <= step.attempts) {
+    return refuse(absl::FailedPreconditionError(
+                      "request " + std::to_string(decision.request) + " of step '" + step.name +
+                      "' was cancelled (superseded): the next request is " +
+                      std::to_string(step.attempts + 1) + ", on data version " +
+                      Short(current_version)),
+                  nullptr);
+  }
   if ((open || step.state == StepState::kPending) && decision.data_version != current_version) {
     return refuse(absl::FailedPreconditionError(
                       "the decision is about data version " + Short(decision.data_version) +
@@ -320,6 +329,113 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
   Json taken = detail;
   if (!open) taken["before_request"] = true;
   out.change.audits.push_back(DecisionAudit(facts, "decide", reason, decision, taken));
+  return out;
+}
+
+absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revision) {
+  const InstanceRecord& instance = facts.instance;
+  if (instance.state != InstanceState::kRunning &&
+      instance.state != InstanceState::kNeedsAttention) {
+    return absl::FailedPreconditionError("instance '" + instance.key + "' is " +
+                                         std::string(ToString(instance.state)) +
+                                         "; its input can no longer be revised");
+  }
+  const Json before = Json::parse(instance.input_json.empty() ? "null" : instance.input_json,
+                                  nullptr, false);
+  const Json after = Json::parse(revision.input_json, nullptr, false);
+  if (!after.is_object()) return absl::InvalidArgumentError("the input must be a JSON object");
+  RevisionOutcome out;
+  out.input_hash = Sha256Hex(JsonText(after));
+  if (!before.is_discarded() && JsonText(before) == JsonText(after)) {
+    out.unchanged = true;
+    return out;
+  }
+  Change& change = out.change;
+  change = At(facts);
+  bool reopened = false;
+  std::vector<StepRecord> touched;
+  for (const StepRecord& step : facts.steps) {
+    const StepDefinition& def = facts.definition.steps[step.index];
+    if (def.kind != StepKind::kApproval) continue;
+    const std::string old_version = MaterialOf(def.approval, instance.input_json).data_version;
+    const std::string new_version = MaterialOf(def.approval, revision.input_json).data_version;
+    if (old_version == new_version) continue;
+    out.material.push_back(step.name);
+    Json record = RecordOf(step);
+    if (step.state == StepState::kWaiting) {
+      StepRecord cancelled = step;
+      const Json was = {{"by", revision.actor},
+                        {"at", facts.now},
+                        {"reason", revision.reason},
+                        {"superseded_by", step.attempts + 1},
+                        {"data_version", new_version}};
+      record["cancelled"] = was;
+      cancelled.state = StepState::kPending;
+      cancelled.next_attempt_at = 0;
+      cancelled.response_json = JsonText(record);
+      touched.push_back(cancelled);
+      Json detail = {{"step", step.name},
+                     {"request", step.attempts},
+                     {"data_version", step.request_hash},
+                     {"superseded_by", step.attempts + 1},
+                     {"new_data_version", new_version}};
+      if (record.contains("snapshot")) detail["snapshot"] = record["snapshot"];
+      change.audits.push_back({0, facts.now, revision.actor, instance.tenant, instance.id,
+                               "approval_cancelled", revision.reason, JsonText(detail)});
+      AddEvent(facts, change, "waystone.approval.cancelled", &cancelled,
+               "request " + std::to_string(step.attempts) + " cancelled: " + revision.reason);
+      AttachToLastEvent(change, record);
+      out.cancelled.push_back(step.name);
+    } else if (step.state == StepState::kFailed &&
+               instance.state == InstanceState::kNeedsAttention && record.contains("decision")) {
+      // Rejected, waiting for an operator: the revised data is asked about anew.
+      StepRecord again = step;
+      again.state = StepState::kPending;
+      again.error_class = ErrorClass::kNone;
+      again.error_message.clear();
+      again.next_attempt_at = 0;
+      touched.push_back(again);
+      out.reopened.push_back(step.name);
+      reopened = true;
+    } else if (step.state == StepState::kCompleted || step.state == StepState::kFailed) {
+      const Json decision = record.value("decision", Json::object());
+      return absl::FailedPreconditionError(
+          "step '" + step.name + "' decided request " + std::to_string(step.attempts) +
+          " (" + (decision.is_object() ? Describe(decision) : std::string("?")) +
+          ") on data version " + Short(step.request_hash) +
+          "; the revision changes its material fields, which a decision never follows: "
+          "close the case and start anew, or revise only what is not material");
+    }
+  }
+  for (const std::string& name : facts.definition.revision_reruns) {
+    const int index = facts.definition.StepIndex(name);
+    if (index < 0 || facts.steps[index].state != StepState::kCompleted) continue;
+    StepRecord again = facts.steps[index];
+    again.state = StepState::kPending;
+    again.next_attempt_at = 0;
+    touched.push_back(again);
+    out.reruns.push_back(name);
+  }
+  change.steps = std::move(touched);
+  change.input_json = JsonText(after);
+  Json detail = {{"input_hash", out.input_hash},
+                 {"previous_input_hash", Sha256Hex(before.is_discarded() ? instance.input_json
+                                                                         : JsonText(before))},
+                 {"material", out.material},
+                 {"cancelled", out.cancelled},
+                 {"reopened", out.reopened},
+                 {"reruns", out.reruns}};
+  change.audits.push_back({0, facts.now, revision.actor, instance.tenant, instance.id, "revise",
+                           revision.reason, JsonText(detail)});
+  AddEvent(facts, change, "waystone.instance.revised", nullptr,
+           (out.material.empty() ? "not material to any approval: " : "") + revision.reason);
+  if (reopened) {
+    change.resolve_alerts = true;
+    SetInstanceState(facts, change, InstanceState::kRunning,
+                     "input revised by " + revision.actor + ": " + revision.reason);
+  } else if (instance.state == InstanceState::kRunning && !change.steps.empty()) {
+    change.next_run_at = facts.now;
+  }
   return out;
 }
 

@@ -81,4 +81,30 @@ Change OpenApproval(const Facts& facts, int index, const absl::StatusOr<Approval
 DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& decision,
                                 const ApprovalSnapshot& current);
 
+// A revision of the instance's input, with who made it and why.
+struct Revision {
+  std::string input_json;  // the new input: a JSON object
+  std::string actor;
+  std::string reason;
+};
+
+struct RevisionOutcome {
+  Change change;
+  bool unchanged = false;              // the input is the same already: nothing to do
+  std::vector<std::string> material;   // approval steps whose data version changed
+  std::vector<std::string> cancelled;  // ... whose open request was cancelled
+  std::vector<std::string> reopened;   // ... rejected, waiting for an operator: asked again
+  std::vector<std::string> reruns;     // completed steps run again (revision.reruns)
+  std::string input_hash;              // of the new input (canonical JSON)
+};
+
+// A revision (`revision.input_json` becomes the input): an open approval whose
+// material fields changed is cancelled (reason, actor, superseded_by: the next
+// request) and asked again on the new data; a rejected one an operator waits on is
+// asked again; one whose fields did not change stands (the revision only notifies);
+// the completed steps of `revision.reruns` run again; nothing else is redone.
+// FailedPrecondition (nothing changes) when the instance is finished or compensating,
+// or a decided approval's material fields would change under its decision.
+absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revision);
+
 }  // namespace waystone

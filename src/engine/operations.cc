@@ -357,4 +357,40 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
   return committed;
 }
 
+absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
+                                                  const std::string& key,
+                                                  const Revision& revision) {
+  if (revision.reason.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError("a reason is required");
+  }
+  WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
+  WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+  WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
+  bool released = false;
+  auto committed = [&]() -> absl::StatusOr<RevisionResult> {
+    WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
+    WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
+    const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
+    WS_ASSIGN_OR_RETURN(RevisionOutcome outcome, waystone::Revise(facts, revision));
+    RevisionResult result{instance,          outcome.unchanged, outcome.material,
+                          outcome.cancelled, outcome.reopened,  outcome.reruns,
+                          outcome.input_hash};
+    if (outcome.unchanged) {
+      released = true;
+      WS_RETURN_IF_ERROR(Release(lease));
+      return result;
+    }
+    Change change = std::move(outcome.change);
+    change.lease = lease;
+    change.lease_expires_at = 0;
+    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
+    WS_RETURN_IF_ERROR(results.front());
+    released = true;
+    WS_ASSIGN_OR_RETURN(result.instance, store_->GetInstance(instance.id));
+    return result;
+  }();
+  if (!committed.ok() && !released) (void)Release(lease);
+  return committed;
+}
+
 }  // namespace waystone

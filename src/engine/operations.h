@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/clock.h"
@@ -14,6 +15,7 @@ namespace waystone {
 class DefinitionCatalog;
 class TemplateEnvironment;
 struct Decision;  // engine/approvals.h
+struct Revision;  // engine/approvals.h
 
 // What an applied (or previewed) operator action did.
 struct ActionResult {
@@ -40,6 +42,14 @@ struct DecisionResult {
   InstanceRecord instance;  // after it
   StepRecord step;          // the approval step after it
   bool replayed = false;    // the same decision by the same actor stood already: nothing done
+};
+
+// What a revision did (engine/approvals.h, Revise).
+struct RevisionResult {
+  InstanceRecord instance;  // after it
+  bool unchanged = false;   // the input was this already: nothing done
+  std::vector<std::string> material, cancelled, reopened, reruns;
+  std::string input_hash;
 };
 
 // Returns the message of an inbox_conflict alert and problem: the event, both hashes.
@@ -103,6 +113,12 @@ class Operations {
   // FailedPrecondition (decided already, superseded, closed, or other data).
   absl::StatusOr<DecisionResult> Decide(const std::string& tenant, const std::string& key,
                                         const Decision& decision);
+
+  // Revises the input of instance `key` of `tenant` (approvals.h, Revise), with its
+  // audit record, in one transaction. NotFound, Aborted as above; FailedPrecondition
+  // (nothing changed) when the instance's state or a decided approval refuses it.
+  absl::StatusOr<RevisionResult> Revise(const std::string& tenant, const std::string& key,
+                                        const Revision& revision);
 
  private:
   absl::StatusOr<Lease> Claim(int64_t instance_id);

@@ -5,7 +5,8 @@
 //   health_handlers.cc    /healthz, /readyz, /metrics, /v1/openapi.json
 //   instance_handlers.cc  GET and POST /v1/instances, GET /v1/instances/{key}, GET /v1/attempts
 //   action_handlers.cc    POST /v1/instances/{key}/{action} (operator actions, dry runs)
-//   approval_handlers.cc  POST /v1/instances/{key}/decide (an approval's decision)
+//   approval_handlers.cc  POST /v1/instances/{key}/decide (an approval's decision),
+//                         POST /v1/instances/{key}/revise (a new version of the input)
 //   alert_handlers.cc     GET /v1/alerts, POST /v1/alerts/{id}/acknowledge
 //   event_handlers.cc     POST /v1/events (the CloudEvents inbox)
 //   triage_handlers.cc    GET /v1/me, GET /v1/triage; why an instance stopped, what may follow
@@ -80,6 +81,8 @@ void ApplyAction(const ApiContext& ctx, const Principal& principal, const std::s
                  const std::string& action_name, const ServerRequest& req, ServerResponse& res);
 
 void DecideApproval(const ApiContext& ctx, const Principal& principal, const std::string& key,
+                    const ServerRequest& req, ServerResponse& res);
+void ReviseInstance(const ApiContext& ctx, const Principal& principal, const std::string& key,
                     const ServerRequest& req, ServerResponse& res);
 // The approval steps of an instance as its view shows them: each request's data
 // version, snapshot and decision, or (not open yet) what a decision before it quotes.

@@ -150,6 +150,9 @@ class ApiServer::Impl {
       case RouteId::kDecide:
         return RunIdempotent(ctx_, principal, req, res,
                              [&] { DecideApproval(ctx_, principal, match.key, req, res); });
+      case RouteId::kRevise:
+        return RunIdempotent(ctx_, principal, req, res,
+                             [&] { ReviseInstance(ctx_, principal, match.key, req, res); });
       case RouteId::kListAlerts:
         return ListAlerts(ctx_, principal, req, res);
       case RouteId::kAcknowledge:

@@ -85,4 +85,23 @@ void DecideApproval(const ApiContext& ctx, const Principal& principal, const std
   SendJson(res, 200, out);
 }
 
+void ReviseInstance(const ApiContext& ctx, const Principal& principal, const std::string& key,
+                    const ServerRequest& req, ServerResponse& res) {
+  auto body = JsonBody(req, res, ParseReviseBody);
+  if (!body) return;
+  auto tenant = WriteTenant(principal, Param(req, "tenant"), req, res);
+  if (!tenant) return;
+  const Revision revision{body->input_json, principal.token_name, body->reason};
+  auto result = ctx.engine->operations().Revise(*tenant, key, revision);
+  if (!result.ok()) return Send(res, ProblemFromStatus(result.status()), req.path);
+  Json out = {{"unchanged", result->unchanged},
+              {"input_hash", result->input_hash},
+              {"material", result->material},
+              {"cancelled", result->cancelled},
+              {"reopened", result->reopened},
+              {"reruns", result->reruns},
+              {"instance", wire::InstanceSummary(result->instance)}};
+  SendJson(res, 200, out);
+}
+
 }  // namespace waystone

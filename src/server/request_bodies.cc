@@ -70,6 +70,20 @@ absl::StatusOr<OperatorRequest> ParseActionBody(const std::string& text) {
   return request;
 }
 
+absl::StatusOr<ReviseBody> ParseReviseBody(const std::string& text) {
+  WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
+  ReviseBody out;
+  WS_RETURN_IF_ERROR(StringField(body, "reason", &out.reason));
+  WS_RETURN_IF_ERROR(OnlyFields(body, {"input", "reason"}));
+  if (!body.contains("input")) return absl::InvalidArgumentError("'input' is required");
+  if (!body["input"].is_object()) return absl::InvalidArgumentError("'input' must be a JSON object");
+  if (out.reason.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError("'reason' is required: why the input changes");
+  }
+  out.input_json = JsonText(body["input"]);
+  return out;
+}
+
 absl::StatusOr<DecisionBody> ParseDecisionBody(const std::string& text) {
   WS_ASSIGN_OR_RETURN(Json body, ObjectOf(text));
   DecisionBody out;

@@ -35,6 +35,13 @@ struct DecisionBody {
 };
 absl::StatusOr<DecisionBody> ParseDecisionBody(const std::string& body);
 
+// POST /v1/instances/{key}/revise: {"input" (object), "reason"}.
+struct ReviseBody {
+  std::string input_json;  // canonical JSON of the new input object
+  std::string reason;
+};
+absl::StatusOr<ReviseBody> ParseReviseBody(const std::string& body);
+
 // POST /v1/batches: {"action", "reason", "filter" (object of strings: the list
 // filters and stopped_at), "tenant"?, and the action's fields as above}.
 struct BatchBody {

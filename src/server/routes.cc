@@ -19,6 +19,7 @@ const RouteSpec kRoutes[] = {
     {RouteId::kAct, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
     // Any role may decide an approval: the step says who (approvals.h, MayDecide).
     {RouteId::kDecide, "POST", Role::kViewer, false, true, {"tenant"}},
+    {RouteId::kRevise, "POST", Role::kOperator, false, true, {"tenant"}},
     {RouteId::kListAlerts, "GET", Role::kViewer, false, false, {"tenant", "state"}},
     {RouteId::kAcknowledge, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
     {RouteId::kEvents, "POST", Role::kOperator, false, true, {}},
@@ -118,6 +119,7 @@ std::vector<Screened> MatchPath(const std::string& path) {
       const std::string action = rest.substr(slash + 1);
       if (ParseOperatorAction(action)) add(RouteId::kAct, rest.substr(0, slash), action);
       if (action == "decide") add(RouteId::kDecide, rest.substr(0, slash), action);
+      if (action == "revise") add(RouteId::kRevise, rest.substr(0, slash), action);
     }
   }
   return out;

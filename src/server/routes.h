@@ -20,7 +20,7 @@ enum class RouteId {
   kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
   kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts, kCreateBatch, kListBatches,
   kShowBatch, kChangeBatch, kListTokens, kCreateToken, kRevokeToken, kListTargets,
-  kChangeTarget, kDecide,
+  kChangeTarget, kDecide, kRevise,
 };
 
 struct RouteSpec {

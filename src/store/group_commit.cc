@@ -56,6 +56,7 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step)
                                       " was received before");
     }
   }
+  if (c.input_json) WS_RETURN_IF_ERROR(sql.ReviseInput(id, *c.input_json));
   if (c.resolve_alerts) WS_RETURN_IF_ERROR(sql.ResolveAlerts(id, c.now));
   if (c.idempotency) {
     WS_ASSIGN_OR_RETURN(std::optional<StoredIdempotencyKey> stored,

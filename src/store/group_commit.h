@@ -3,7 +3,7 @@
 // Store-internal: a group commit, written once for both dialects. Each change is
 // applied under its own savepoint in the transaction the dialect opened, in one
 // order: the fence first (nothing is written unless the lease holds), then the
-// inbox claim, alert resolution, idempotency key, steps, attempts (then the oldest
+// inbox claim, the revised input, alert resolution, idempotency key, steps, attempts (then the oldest
 // of their steps beyond the bound go), events, alerts and audit records. A dialect supplies only the SQL of each step (ChangeSql).
 
 #include <cstdint>
@@ -55,6 +55,8 @@ class ChangeSql : public SavepointSql {
                                           Millis now) = 0;
   // Resolves the instance's open and acknowledged alerts.
   virtual absl::Status ResolveAlerts(int64_t instance_id, Millis now) = 0;
+  // Replaces the instance's input (a revision).
+  virtual absl::Status ReviseInput(int64_t instance_id, const std::string& input_json) = 0;
   // Reads (and where the dialect needs it, locks) the stored idempotency key.
   virtual absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string& tenant, const std::string& key) = 0;

@@ -222,6 +222,9 @@ struct Change {
   // An event claimed in the inbox with this change; the change is refused with
   // AlreadyExists when (tenant, source, id) was claimed before.
   std::optional<InboxClaim> inbox;
+  // A revision: the instance's input from now on. Its input_hash stays the start's
+  // (what a start with the same key is compared with).
+  std::optional<std::string> input_json;
 };
 
 // A delivery of one outbox event to one sink, claimed by a relay under a lease.

@@ -216,6 +216,71 @@ TEST_F(ApprovalProcessTest, TheRequesterAndANonMemberAreRefusedAndTwoApproversAt
   EXPECT_TRUE(contradiction) << view["alerts"].dump();
 }
 
+TEST_F(ApprovalProcessTest, ARevisionDuringApprovalSupersedesTheRequestAndTheOrderHasTheNewData) {
+  auto server = Serve();
+  StartOrder();
+  const Json first = OpenRequest();
+  ASSERT_EQ(first["request"], 1);
+
+  Json input = View()["input"];
+  input["amount"] = 3900;
+  input["lines"][0]["qty"] = 2;
+  const HttpResponse revised =
+      Send("POST", std::string("/v1/instances/") + kKey + "/revise", "ops",
+           Json{{"input", input}, {"reason", "the customer ordered one less"}}.dump());
+  ASSERT_EQ(revised.outcome.status, 200) << revised.body;
+  EXPECT_EQ(Json::parse(revised.body)["cancelled"], Json::array({"approve"})) << revised.body;
+
+  Json second;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        second = OpenRequest();
+        return second["request"] == 2;
+      },
+      std::chrono::seconds(20)))
+      << View().dump();
+  EXPECT_NE(second["data_version"], first["data_version"]);
+  EXPECT_EQ(second["snapshot"]["fields"]["/amount"], 3900);
+
+  // The approver who still looks at request 1: refused, told which request stands.
+  const Json late = Approvers({{"alice", Body(first, "approve", "ok")}});
+  ASSERT_EQ(late[0]["status"], 409) << late;
+  EXPECT_NE(late[0]["body"]["detail"].get<std::string>().find(
+                "the current request is 2, on data version " +
+                second["data_version"].get<std::string>().substr(0, 16)),
+            std::string::npos)
+      << late;
+
+  // A change beside the material fields: request 2 stands.
+  input["delivery_note"] = "ring twice";
+  const HttpResponse noted =
+      Send("POST", std::string("/v1/instances/") + kKey + "/revise", "ops",
+           Json{{"input", input}, {"reason", "delivery note"}}.dump());
+  ASSERT_EQ(noted.outcome.status, 200) << noted.body;
+  EXPECT_EQ(Json::parse(noted.body)["material"], Json::array()) << noted.body;
+  EXPECT_EQ(OpenRequest()["request"], 2);
+
+  const Json approved = Approvers({{"dave", Body(second, "approve", "fine")}});
+  ASSERT_EQ(approved[0]["status"], 200) << approved;
+  EXPECT_EQ(WaitForRest(), "completed");
+  const Json stats = Json::parse(erp_->StatsJson());
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  const Json order = Json::parse(erp_->Call("GET", "/erp/orders/ORD-1", ""));
+  EXPECT_EQ(order["request"]["amount"].dump().find("3900") != std::string::npos, true)
+      << order.dump();
+  EXPECT_EQ(order["request"]["approved_by"], "dave") << order.dump();
+  EXPECT_EQ(Audited("approval_cancelled"), 1);
+  EXPECT_EQ(Audited("revise"), 2);
+  EXPECT_EQ(Audited("decision_refused"), 1);
+  const Json view = View();
+  for (const Json& a : view["audit"]) {
+    if (a["action"] != "approval_cancelled") continue;
+    EXPECT_EQ(a["actor"], "ops");
+    EXPECT_EQ(a["reason"], "the customer ordered one less");
+    EXPECT_EQ(a["detail"]["superseded_by"], 2) << a.dump();
+  }
+}
+
 class ApprovalCrashTest : public ApprovalProcessTest,
                           public ::testing::WithParamInterface<const char*> {};
 

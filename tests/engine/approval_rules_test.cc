@@ -433,5 +433,190 @@ TEST(ApprovalRulesTest, ASummaryThatDoesNotRenderFailsTheStepNamingTheField) {
       << change.steps[0].error_message;
 }
 
+// --- Revisions ---------------------------------------------------------------------
+
+Revision Revised(const std::string& field, Json value) {
+  Json input = Json::parse(kInput);
+  input[field] = std::move(value);
+  return {input.dump(), "crm-sync", "customer changed " + field};
+}
+
+TEST(ApprovalRulesTest, AMaterialRevisionCancelsTheOpenRequestAndAsksAgainOnTheNewData) {
+  const Open open = OpenRequest(Finance());
+  SeededRandom random{10};
+  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const auto out = Revise(facts, Revised("amount", 150));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->cancelled, std::vector<std::string>{"b"});
+  EXPECT_EQ(out->material, std::vector<std::string>{"b"});
+  ASSERT_TRUE(out->change.input_json.has_value());
+  EXPECT_EQ(Json::parse(*out->change.input_json)["amount"], 150);
+  ASSERT_EQ(out->change.steps.size(), 1u);
+  const StepRecord& b = out->change.steps[0];
+  EXPECT_EQ(b.state, S::kPending);
+  const Json cancelled = Json::parse(b.response_json)["cancelled"];
+  EXPECT_EQ(cancelled["by"], "crm-sync");
+  EXPECT_EQ(cancelled["reason"], "customer changed amount");
+  EXPECT_EQ(cancelled["superseded_by"], 2);
+  ASSERT_EQ(out->change.audits.size(), 2u);
+  EXPECT_EQ(out->change.audits[0].action, "approval_cancelled");
+  EXPECT_EQ(out->change.audits[0].actor, "crm-sync");
+  EXPECT_NE(out->change.audits[0].detail_json.find("\"superseded_by\":2"), std::string::npos)
+      << out->change.audits[0].detail_json;
+  EXPECT_EQ(out->change.audits[1].action, "revise");
+  EXPECT_EQ(out->change.next_run_at, kNow);
+
+  // The request opens again: request 2, on the new data.
+  InstanceRecord revised = open.instance;
+  revised.input_json = *out->change.input_json;
+  const std::vector<StepRecord> after = Apply(open.steps, out->change);
+  EXPECT_EQ(Decide(Finance(), revised, after, kNow).kind, NextAction::Kind::kRunStep);
+  const Facts reopening{Finance(), revised, after, kNow + 1, random};
+  const std::vector<StepRecord> reopened =
+      Apply(after, OpenApproval(reopening, 1, Snapshot(Finance(), revised)));
+  EXPECT_EQ(reopened[1].state, S::kWaiting);
+  EXPECT_EQ(reopened[1].attempts, 2);
+  EXPECT_NE(reopened[1].request_hash, open.version);
+
+  // A decision on request 1 now: refused, naming the current request and version.
+  const Facts late{Finance(), revised, reopened, kNow + 2, random};
+  const DecisionOutcome stale =
+      DecisionArrived(late, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
+  EXPECT_EQ(stale.refusal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.refusal.message().find("the current request is 2, on data version " +
+                                         reopened[1].request_hash.substr(0, 16)),
+            std::string::npos)
+      << stale.refusal;
+  ASSERT_EQ(stale.change.audits.size(), 1u);
+  EXPECT_EQ(stale.change.audits[0].action, "decision_refused");
+  // ... and before request 2 opened, too.
+  const Facts between{Finance(), revised, after, kNow + 1, random};
+  const DecisionOutcome early =
+      DecisionArrived(between, 1, By("alice", true, 1, open.version),
+                      Snapshot(Finance(), revised));
+  EXPECT_NE(early.refusal.message().find("request 1 of step 'b' was cancelled (superseded)"),
+            std::string::npos)
+      << early.refusal;
+}
+
+TEST(ApprovalRulesTest, ANonMaterialRevisionOnlyNotifies) {
+  const Open open = OpenRequest(Finance());
+  SeededRandom random{11};
+  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const auto out = Revise(facts, Revised("note", "call first"));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->material.empty());
+  EXPECT_TRUE(out->cancelled.empty());
+  EXPECT_TRUE(out->change.steps.empty());  // the open request stands
+  EXPECT_EQ(EventTypes(out->change), std::vector<std::string>{"waystone.instance.revised"});
+  EXPECT_NE(out->change.events[0].payload_json.find("not material"), std::string::npos);
+  ASSERT_TRUE(out->change.input_json.has_value());
+  ASSERT_EQ(out->change.audits.size(), 1u);
+  EXPECT_EQ(out->change.audits[0].action, "revise");
+
+  // The same input again: nothing to do.
+  InstanceRecord same = open.instance;
+  same.input_json = *out->change.input_json;
+  const Facts again{Finance(), same, open.steps, kNow, random};
+  const auto unchanged = Revise(again, Revised("note", "call first"));
+  ASSERT_TRUE(unchanged.ok());
+  EXPECT_TRUE(unchanged->unchanged);
+}
+
+TEST(ApprovalRulesTest, ADecidedApprovalIsNeverMovedUnderItsDecisionButARejectedOneIsAskedAgain) {
+  const WorkflowDefinition waits =
+      Definition("{ material: [/amount], approvers: { role: viewer }, on_reject: wait }");
+  struct Row {
+    const char* name;
+    bool approve;
+    bool allowed;
+  };
+  for (const Row& row : {Row{"approved", true, false}, Row{"rejected, waiting", false, true}}) {
+    SCOPED_TRACE(row.name);
+    const Open open = OpenRequest(waits);
+    SeededRandom random{12};
+    const Facts facts{waits, open.instance, open.steps, kNow, random};
+    const DecisionOutcome decided =
+        DecisionArrived(facts, 1, By("alice", row.approve, 1, open.version), ApprovalSnapshot{});
+    ASSERT_TRUE(decided.refusal.ok());
+    InstanceRecord instance = open.instance;
+    if (decided.change.state) instance.state = *decided.change.state;
+    const std::vector<StepRecord> after = Apply(open.steps, decided.change);
+    const Facts later{waits, instance, after, kNow + 1, random};
+    const auto revised = Revise(later, Revised("amount", 99));
+    EXPECT_EQ(revised.ok(), row.allowed) << revised.status();
+    if (!revised.ok()) {
+      EXPECT_EQ(revised.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(revised.status().message().find("decided request 1 (approve by alice)"),
+                std::string::npos)
+          << revised.status();
+      // A change beside its material fields is still fine.
+      EXPECT_TRUE(Revise(later, Revised("note", "x")).ok());
+      continue;
+    }
+    EXPECT_EQ(revised->reopened, std::vector<std::string>{"b"});
+    EXPECT_EQ(revised->change.state, I::kRunning);
+    EXPECT_TRUE(revised->change.resolve_alerts);
+    ASSERT_EQ(revised->change.steps.size(), 1u);
+    EXPECT_EQ(revised->change.steps[0].state, S::kPending);
+  }
+}
+
+TEST(ApprovalRulesTest, ARevisionRerunsTheDeclaredReadsAndRedoesNothingElse) {
+  auto loaded = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+revision: { reruns: [price] }
+steps:
+  - name: price
+    request: { method: GET, url: "http://x/price?amount={{input.amount}}" }
+  - name: reserve
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/reserve" }
+  - name: approve
+    approval: { material: [/amount] }
+)", "w.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const InstanceRecord instance = Instance(I::kRunning, kInput);
+  std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted, S::kPending});
+  SeededRandom random{13};
+  const Facts facts{*loaded, instance, steps, kNow, random};
+  const auto out = Revise(facts, Revised("amount", 7));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->reruns, std::vector<std::string>{"price"});
+  ASSERT_EQ(out->change.steps.size(), 1u);
+  EXPECT_EQ(out->change.steps[0].name, "a");  // price; reserve stands
+  EXPECT_EQ(out->change.steps[0].state, S::kPending);
+  const std::vector<StepRecord> after = Apply(steps, out->change);
+  const NextAction next = Decide(*loaded, instance, after, kNow);
+  EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
+  EXPECT_EQ(next.step, 0);
+
+  auto bad = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+revision: { reruns: [reserve, nope] }
+steps:
+  - name: reserve
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/reserve" }
+)", "w.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("a step that changed something is never redone"),
+            std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("no step 'nope'"), std::string::npos) << bad.status();
+}
+
+TEST(ApprovalRulesTest, AFinishedInstanceTakesNoRevision) {
+  for (I state : {I::kCompleted, I::kClosed, I::kCompensating, I::kFailed}) {
+    SCOPED_TRACE(ToString(state));
+    const InstanceRecord instance = Instance(state, kInput);
+    const std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted,
+                                                          S::kCompleted});
+    SeededRandom random{14};
+    const Facts facts{Finance(), instance, steps, kNow, random};
+    const auto out = Revise(facts, Revised("note", "late"));
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
 }  // namespace
 }  // namespace waystone

@@ -46,6 +46,7 @@ class FakeChangeSql final : public ChangeSql {
     return true;
   }
   absl::Status ResolveAlerts(int64_t, Millis) override { return Note("resolve"); }
+  absl::Status ReviseInput(int64_t, const std::string&) override { return Note("revise"); }
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string&, const std::string&) override {
     log.push_back("read key");

@@ -57,6 +57,12 @@ PgStatement ResolveAlertsStatement(int64_t instance_id, Millis now) {
   return {&kResolve, Params(now, instance_id)};
 }
 
+PgStatement ReviseInputStatement(int64_t instance_id, const std::string& input_json) {
+  static const std::string kRevise =
+      "UPDATE instances SET input_json = $1 WHERE id = $2::bigint";
+  return {&kRevise, Params(input_json, instance_id)};
+}
+
 PgStatement UpdateStepStatement(int64_t instance_id, const StepRecord& s) {
   static const std::string kUpdate =
       "UPDATE steps SET state = $1::smallint, attempts = $2::integer, error_class = "
@@ -137,6 +143,9 @@ class PgChangeSql final : public ChangeSql {
   }
   absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
     return c_.Query(ResolveAlertsStatement(instance_id, now)).status();
+  }
+  absl::Status ReviseInput(int64_t instance_id, const std::string& input_json) override {
+    return c_.Query(ReviseInputStatement(instance_id, input_json)).status();
   }
   // FOR UPDATE: a concurrent claim of the same key waits for this transaction.
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
@@ -228,6 +237,9 @@ class PgQueuedChangeSql final : public ChangeSql {
   }
   absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
     return Queue(ResolveAlertsStatement(instance_id, now));
+  }
+  absl::Status ReviseInput(int64_t instance_id, const std::string& input_json) override {
+    return Queue(ReviseInputStatement(instance_id, input_json));
   }
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string&, const std::string&) override {

@@ -57,6 +57,11 @@ class SqliteChangeSql final : public ChangeSql {
         s->BindAll(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id).Run());
     return db_.Changes() == 1;
   }
+  absl::Status ReviseInput(int64_t instance_id, const std::string& input_json) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                        db_.Prepare("UPDATE instances SET input_json = ? WHERE id = ?"));
+    return s->BindAll(std::string_view(input_json), instance_id).Run();
+  }
   absl::Status ResolveAlerts(int64_t instance_id, Millis now) override {
     static const std::string kResolve =
         absl::StrCat("UPDATE alerts SET state = ", SqlValue(AlertState::kResolved),
