@@ -868,6 +868,147 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
   EXPECT_EQ(Send("GET", "/v1/openapi.json", "").outcome.status, 200);
 }
 
+// Decisions and revisions over the API: who may send them (route role, then the
+// step's own approvers, then the tenant), each refusal a problem+json with its status.
+TEST_P(ApiWriteTest, TheRoleAndTenantMatrixCoversDecisionsAndRevisions) {
+  auto approval = LoadDefinitionText(R"(workflow: appr
+key: "{{input.id}}"
+steps:
+  - name: approve
+    approval: { material: [/amount], approvers: { role: operator } }
+)", "appr.yaml");
+  ASSERT_TRUE(approval.ok()) << approval.status();
+  ASSERT_TRUE(engine_->Register(*approval).ok());
+  for (const char* id : {"a1", "a2", "a3"}) {
+    Post("/v1/instances", {{"workflow", "appr"}, {"input", {{"id", id}, {"amount", 5}}}}, 201);
+    ASSERT_EQ(Drive(id), InstanceState::kRunning);
+  }
+  const Json open = Get("/v1/instances/a1")["approvals"][0];
+  ASSERT_EQ(open["state"], "waiting") << open.dump();
+  auto decide = [&](const char* decision) {
+    return Json{{"step", "approve"}, {"request", 1}, {"data_version", open["data_version"]},
+                {"decision", decision}}
+        .dump();
+  };
+  const std::string revise =
+      Json{{"input", {{"id", "x"}, {"amount", 6}}}, {"reason", "the amount changed"}}.dump();
+  struct Case {
+    std::string path;
+    std::string body;
+    std::string caller;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/instances/a1/decide", decide("approve"), "none", 401},
+      {"/v1/instances/a1/decide", decide("approve"), "bad", 401},
+      {"/v1/instances/a1/decide", decide("approve"), "viewer", 403},       // the step's role
+      {"/v1/instances/a1/decide", decide("approve"), "operator_t2", 404},  // another tenant's
+      {"/v1/instances/a1/decide", decide("approve"), "admin", 400},        // must name a tenant
+      {"/v1/instances/a1/decide", "{\"step\": \"approve\"}", "operator", 400},
+      {"/v1/instances/a1/decide", decide("approve"), "operator", 200},
+      {"/v1/instances/a1/decide", decide("reject"), "operator", 409},      // decided already
+      {"/v1/instances/a2/decide?tenant=t1", decide("reject"), "admin", 200},
+      {"/v1/instances/a3/revise", revise, "none", 401},
+      {"/v1/instances/a3/revise", revise, "viewer", 403},
+      {"/v1/instances/a3/revise", revise, "operator_t2", 404},
+      {"/v1/instances/a3/revise", revise, "admin", 400},
+      {"/v1/instances/a3/revise", "{\"input\": {}}", "operator", 400},   // no reason
+      {"/v1/instances/a3/revise", revise, "operator", 200},
+      {"/v1/instances/a1/revise", revise, "operator", 409},  // approved on the old amount
+  };
+  for (const Case& c : cases) {
+    const std::string token = c.caller == "bad"           ? "wst_not-a-token"
+                              : c.caller == "viewer"      ? viewer_
+                              : c.caller == "operator"    ? operator_
+                              : c.caller == "operator_t2" ? operator_t2_
+                              : c.caller == "admin"       ? admin_
+                                                          : "";
+    auto response = Send("POST", c.path, token, c.body);
+    EXPECT_EQ(response.outcome.status, c.status) << c.path << " as " << c.caller << ": "
+                                                 << response.body;
+    if (c.status >= 400) {
+      EXPECT_EQ(Json::parse(response.body, nullptr, false)["status"], c.status) << response.body;
+    }
+  }
+  // What they did: a1 approved by op1, a2 rejected by root, a3 asked again on 6.
+  EXPECT_EQ(Get("/v1/instances/a1")["approvals"][0]["decision"]["by"], "op1");
+  EXPECT_EQ(Get("/v1/instances/a2")["state"], "failed");  // nothing before it to undo
+  const Json a3 = Get("/v1/instances/a3");
+  EXPECT_EQ(a3["input"]["amount"], 6);
+  EXPECT_EQ(a3["approvals"][0]["state"], "pending");  // the next drive asks again
+  EXPECT_EQ(a3["approvals"][0]["next_request"], 2);
+}
+
+// A decision sent while its step still waits behind an earlier one is kept for that
+// step's request of that instance only; two approvers at the same moment: one wins.
+TEST_P(ApiWriteTest, ADecisionBeforeTheRequestIsKeptForItsInstanceAndTwoAtOnceMakeOne) {
+  auto early = LoadDefinitionText(R"(workflow: early
+key: "{{input.id}}"
+steps:
+  - name: stock
+    wait: { event: com.acme.stock }
+  - name: approve
+    approval: { material: [/amount], approvers: { role: operator } }
+)", "early.yaml");
+  ASSERT_TRUE(early.ok()) << early.status();
+  ASSERT_TRUE(engine_->Register(*early).ok());
+  for (const char* id : {"e1", "e2", "e3"}) {
+    Post("/v1/instances", {{"workflow", "early"}, {"input", {{"id", id}, {"amount", 5}}}}, 201);
+    ASSERT_EQ(Drive(id), InstanceState::kRunning);
+  }
+  const Json ahead = Get("/v1/instances/e1")["approvals"][0];
+  ASSERT_EQ(ahead["state"], "pending") << ahead.dump();
+  ASSERT_EQ(ahead["next_request"], 1);
+  // e1 and e2 have the same amount, so the same data version: the decision still
+  // belongs to e1 alone.
+  EXPECT_EQ(Get("/v1/instances/e2")["approvals"][0]["data_version"], ahead["data_version"]);
+  const Json early_body = {{"step", "approve"}, {"data_version", ahead["data_version"]},
+                           {"decision", "approve"}, {"comment", "pre-approved"}};
+  Post("/v1/instances/e1/decide", early_body, 200);
+  EXPECT_EQ(Get("/v1/instances/e1")["approvals"][0]["early_decision"]["by"], "op1");
+  for (const char* id : {"e1", "e2"}) {
+    Signal signal{"t1", id, "com.acme.stock", "/stock", std::string("s-") + id, "{}", "test"};
+    ASSERT_TRUE(engine_->operations().Deliver(signal).ok());
+  }
+  EXPECT_EQ(Drive("e1"), InstanceState::kCompleted);
+  EXPECT_EQ(Get("/v1/instances/e1")["approvals"][0]["decision"]["before_request"], true);
+  EXPECT_EQ(Drive("e2"), InstanceState::kRunning);
+  EXPECT_EQ(Get("/v1/instances/e2")["approvals"][0]["state"], "waiting");
+
+  // Two approvers on e2 at the same moment, over two connections.
+  const Json open = Get("/v1/instances/e2")["approvals"][0];
+  const std::string op_b = *CreateToken(*store_, "op1b", "t1", Role::kOperator, 1);
+  std::vector<int> statuses(2);
+  std::vector<std::thread> approvers;
+  for (int i = 0; i < 2; ++i) {
+    approvers.emplace_back([&, i] {
+      const Json body = {{"step", "approve"}, {"request", open["request"]},
+                         {"data_version", open["data_version"]},
+                         {"decision", i == 0 ? "approve" : "reject"}};
+      statuses[i] = Send("POST", "/v1/instances/e2/decide", i == 0 ? operator_ : op_b,
+                         body.dump())
+                        .outcome.status;
+    });
+  }
+  for (std::thread& t : approvers) t.join();
+  std::vector<int> sorted = statuses;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int>{200, 409}));
+  const Json e2 = Get("/v1/instances/e2");
+  EXPECT_EQ(e2["approvals"][0]["decision"]["by"], statuses[0] == 200 ? "op1" : "op1b");
+  int decided = 0, refused = 0;
+  for (const Json& a : e2["audit"]) {
+    decided += a["action"] == "decide";
+    refused += a["action"] == "decision_refused";
+  }
+  EXPECT_EQ(decided, 1);
+  EXPECT_EQ(refused, 1);
+  // e3 never had a decision: its approval, once open, waits.
+  Signal stock{"t1", "e3", "com.acme.stock", "/stock", "s-e3", "{}", "test"};
+  ASSERT_TRUE(engine_->operations().Deliver(stock).ok());
+  EXPECT_EQ(Drive("e3"), InstanceState::kRunning);
+}
+
 TEST_P(ApiWriteTest, ListsArePagedAndFiltered) {
   recorder_.Answer("/charge", 422);
   for (const char* id : {"p1", "p2", "p3"}) ASSERT_EQ(StartAndDrive(id), InstanceState::kNeedsAttention);
