@@ -186,6 +186,10 @@ struct StepDefinition {
   // retries exhausted) alerts and the workflow goes on without it (FailStep); one that
   // may have acted waits for an operator, nothing before it undone.
   bool optional = false;
+  // `on_failure: pause`: a failure (rejected, retries exhausted) pauses the instance
+  // for an operator instead of compensating what came before, such as an approval
+  // (alert inconsistency_after_approval when an approval before it was approved).
+  bool pause_on_failure = false;
   // Statuses that mean "the target accepted this very request before, under its key"
   // (LINE's 409 for a reused X-Line-Retry-Key): the step completes as if it succeeded.
   std::vector<int> accepted_statuses;

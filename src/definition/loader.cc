@@ -465,7 +465,7 @@ class Reader {
     CheckFields(node, name,
                 {"name", "description", "recovery", "request", "transform", "wait", "approval",
                  "result", "lookup", "compensate", "retry", "errors", "idempotency",
-                 "store_response", "when", "optional"},
+                 "store_response", "when", "optional", "on_failure"},
                 "step");
     const YAML::Node request = node["request"];
     const YAML::Node transform = node["transform"];
@@ -502,6 +502,16 @@ class Reader {
         Error(recovery, name, "'recovery' must be one of repeatable, lookup, compensable, manual");
       } else {
         step->recovery = *parsed;
+      }
+    }
+
+    if (const YAML::Node on_failure = node["on_failure"]) {
+      if (!on_failure.IsScalar() || (on_failure.Scalar() != "pause" &&
+                                     on_failure.Scalar() != "default")) {
+        Error(on_failure, name, "'on_failure' must be pause (wait for an operator, nothing "
+                                "undone) or default");
+      } else {
+        step->pause_on_failure = on_failure.Scalar() == "pause";
       }
     }
 

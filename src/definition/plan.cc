@@ -99,8 +99,8 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     }
     const bool side_effecting = step.request.SideEffecting();
     const char* failed = step.optional ? "alert and go on without it"
-                         : step.recovery == RecoveryClass::kManual
-                             ? "pause for an operator"
+                         : step.recovery == RecoveryClass::kManual || step.pause_on_failure
+                             ? "pause for an operator, nothing undone"
                              : "fail the instance and compensate";
     out << "   call:       " << step.request.method << " " << step.request.url << "  (timeout "
         << step.request.timeout << "ms)\n";

@@ -181,6 +181,9 @@ InstanceState StateAfterFailure(const WorkflowDefinition& definition,
       return InstanceState::kNeedsAttention;
     }
   }
+  // `on_failure: pause`: nothing before it is undone; an operator decides (after an
+  // approval, its decision is not compensated away).
+  if (definition.steps[failed_step].pause_on_failure) return InstanceState::kNeedsAttention;
   for (const int index : busy) {
     if (index != failed_step) return InstanceState::kRunning;  // its outcome comes first
   }

@@ -378,6 +378,18 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
 
 namespace {
 
+// The approval step before `index` that was approved (completed), or "".
+std::string ApprovedBefore(const WorkflowDefinition& definition,
+                           const std::vector<StepRecord>& steps, int index) {
+  for (int i = index - 1; i >= 0; --i) {
+    if (definition.steps[i].kind == StepKind::kApproval &&
+        steps[i].state == StepState::kCompleted) {
+      return steps[i].name;
+    }
+  }
+  return "";
+}
+
 // Fails `step` and moves the instance to `next`, or where StateAfterFailure says.
 Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
                   const std::string& message, std::optional<AlertKind> alert,
@@ -429,7 +441,17 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
     // A branch beside it put the instance before an operator already: it stays there.
     return change;
   }
-  if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
+  if (next == InstanceState::kNeedsAttention && def.pause_on_failure && !forced) {
+    const std::string approved = ApprovedBefore(facts.definition, facts.steps, step.index);
+    AddAlert(facts, change,
+             approved.empty() ? AlertKind::kNeedsOperator : AlertKind::kInconsistencyAfterApproval,
+             step.name,
+             reason + (approved.empty()
+                           ? "; on_failure: pause: nothing before it is undone, an operator "
+                             "decides"
+                           : "; approval '" + approved + "' stood: nothing is undone, an "
+                             "operator reconciles (retry, confirm, compensate or close)"));
+  } else if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
     AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
              reason + (optional ? "; an optional step that may have acted: an operator decides"
                                 : "; manual step: an operator decides"));

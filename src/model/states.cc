@@ -127,6 +127,7 @@ std::string_view ToString(AlertKind kind) {
     case AlertKind::kOptionalStepFailed: return "optional_step_failed";
     case AlertKind::kContradictingDecision: return "contradicting_decision";
     case AlertKind::kApprovalRejected: return "approval_rejected";
+    case AlertKind::kInconsistencyAfterApproval: return "inconsistency_after_approval";
   }
   return "invalid";
 }
@@ -163,7 +164,7 @@ std::string_view ToString(DeliveryState state) {
 }
 
 std::optional<AlertKind> ParseAlertKind(std::string_view text) {
-  for (int i = 1; i <= 13; ++i) {
+  for (int i = 1; i <= 14; ++i) {
     auto kind = static_cast<AlertKind>(i);
     if (ToString(kind) == text) return kind;
   }

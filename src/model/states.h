@@ -88,6 +88,7 @@ enum class AlertKind : uint8_t {
   kOptionalStepFailed = 11,  // an optional step failed; the workflow went on without it
   kContradictingDecision = 12,  // a late approval decision contradicts the one that stood
   kApprovalRejected = 13,       // an approval was rejected; the step says an operator decides
+  kInconsistencyAfterApproval = 14,  // a step after an approval failed; nothing undone
 };
 
 // Which request of a step an attempt record describes. Persisted; values frozen.

@@ -618,5 +618,48 @@ TEST(ApprovalRulesTest, AFinishedInstanceTakesNoRevision) {
   }
 }
 
+// --- After approval ------------------------------------------------------------------
+
+TEST(ApprovalRulesTest, AFailureAfterAnApprovalPausesWhenTheStepSaysSoInsteadOfUndoingIt) {
+  for (const bool pause : {true, false}) {
+    SCOPED_TRACE(pause ? "on_failure: pause" : "default");
+    auto loaded = LoadDefinitionText(std::string(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: a
+    recovery: compensable
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/a" }
+    compensate: { request: { method: POST, url: "http://x/a/undo" } }
+  - name: b
+    approval: { material: [/amount] }
+  - name: c
+    idempotency: { honored: true }
+    request: { method: POST, url: "http://x/c" }
+)") + (pause ? "    on_failure: pause\n" : ""), "w.yaml");
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const InstanceRecord instance = Instance(I::kRunning, kInput);
+    std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted, S::kRunning});
+    steps[2].attempts = 1;
+    SeededRandom random{15};
+    const Facts facts{*loaded, instance, steps, kNow, random};
+    CallResult refused;
+    refused.response.outcome.kind = CallOutcome::Kind::kResponse;
+    refused.response.outcome.status = 422;
+    refused.response.outcome.sent = true;
+    refused.error_class = ErrorClass::kRejected;
+    const Change change = RecordCall(facts, steps[2], refused);
+    EXPECT_EQ(change.state, pause ? I::kNeedsAttention : I::kCompensating);
+    std::vector<AlertKind> alerts;
+    for (const AlertRecord& alert : change.alerts) alerts.push_back(alert.kind);
+    EXPECT_EQ(alerts, pause ? std::vector<AlertKind>{AlertKind::kInconsistencyAfterApproval}
+                            : std::vector<AlertKind>{});
+    if (pause) {
+      EXPECT_NE(change.alerts[0].message.find("approval 'b' stood"), std::string::npos)
+          << change.alerts[0].message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace waystone

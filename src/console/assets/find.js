@@ -12,7 +12,7 @@ const ERROR_CLASSES = ['', 'transient', 'rejected', 'unknown'];
 const ALERTS = ['', 'any', 'retries_exhausted', 'lookup_contradiction', 'compensation_failed',
   'idempotency_conflict', 'needs_operator', 'delivery_parked', 'sink_disabled',
   'unknown_unresolved', 'inbox_conflict', 'result_missing', 'optional_step_failed',
-  'contradicting_decision', 'approval_rejected'];
+  'contradicting_decision', 'approval_rejected', 'inconsistency_after_approval'];
 const STEP_STATES = ['', 'pending', 'running', 'waiting', 'completed', 'failed', 'unknown',
   'compensating', 'compensated', 'compensation_failed', 'skipped'];
 const FILTERS = ['state', 'workflow', 'definition', 'step', 'step_state', 'error_class',
