@@ -145,6 +145,17 @@ struct ApprovalSpec {
   // (the server config's `groups:`).
   std::string group;
   RejectRoute on_reject = RejectRoute::kCompensate;
+  // Deadlines, from when the request opened (durable timers: the step's next
+  // attempt time); 0 = none. A reminder (an approval.reminder event), then the
+  // request escalates (`escalate_to` may decide too from then on), then it times
+  // out with `on_timeout`: reject (as a rejection: on_reject), close, or wait (the
+  // step fails and an operator decides).
+  Millis remind_after = 0;
+  Millis escalate_after = 0;
+  std::string escalate_to;
+  Millis timeout = 0;
+  RejectRoute on_timeout = RejectRoute::kWait;
+  bool timeout_rejects = false;  // on_timeout: reject
 };
 
 // What a step keeps of the answer it got (`store_response`). Answers hold

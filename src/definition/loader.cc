@@ -403,8 +403,32 @@ class Reader {
       Error(node, name, "'approval' must be a mapping such as { material: [/amount] }");
       return;
     }
-    CheckFields(node, name, {"material", "summary", "requester", "approvers", "on_reject"},
+    CheckFields(node, name,
+                {"material", "summary", "requester", "approvers", "on_reject", "remind_after",
+                 "escalate_after", "escalate_to", "timeout", "on_timeout"},
                 "approval");
+    out->remind_after = Duration(node, "remind_after", 0, name);
+    out->escalate_after = Duration(node, "escalate_after", 0, name);
+    out->escalate_to = OptionalString(node, "escalate_to", name);
+    out->timeout = Duration(node, "timeout", 0, name);
+    if ((out->escalate_after > 0) != !out->escalate_to.empty()) {
+      Error(node, name, "'approval.escalate_after' and 'approval.escalate_to' (a group) go "
+                        "together");
+    } else if (!out->escalate_to.empty() && !ValidName(out->escalate_to)) {
+      Error(node["escalate_to"], name, "'approval.escalate_to' must be a group's name");
+    }
+    if (const YAML::Node outcome = node["on_timeout"]) {
+      const std::string text = outcome.IsScalar() ? outcome.Scalar() : "";
+      if (!node["timeout"]) {
+        Error(outcome, name, "'approval.on_timeout' needs 'approval.timeout'");
+      } else if (text == "reject") {
+        out->timeout_rejects = true;
+      } else if (text == "close") {
+        out->on_timeout = RejectRoute::kClose;
+      } else if (text != "wait") {
+        Error(outcome, name, "'approval.on_timeout' must be reject, close or wait");
+      }
+    }
     const YAML::Node material = node["material"];
     if (!material || !material.IsSequence() || material.size() == 0) {
       Error(material ? material : node, name,

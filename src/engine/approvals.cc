@@ -5,6 +5,7 @@
 
 #include "base/sha256.h"
 #include "engine/transition_parts.h"
+#include "model/duration.h"
 #include "model/json_text.h"
 #include "model/template.h"
 
@@ -35,6 +36,27 @@ std::string Describe(const Json& decision) {
 
 std::string Short(const std::string& version) { return version.substr(0, 16); }
 
+Millis NumberAt(const Json& record, const char* field) {
+  const auto it = record.find(field);
+  return it != record.end() && it->is_number_integer() ? it->get<Millis>() : 0;
+}
+
+// The open request's next deadline (reminder, escalation, timeout) not yet passed
+// in `record`; 0 when none is left.
+Millis NextDeadline(const ApprovalSpec& spec, const Json& record) {
+  const Millis requested = NumberAt(record, "requested_at");
+  Millis next = 0;
+  auto consider = [&](Millis after, const char* done) {
+    if (after <= 0 || NumberAt(record, done) != 0) return;
+    const Millis at = requested + after;
+    if (next == 0 || at < next) next = at;
+  };
+  consider(spec.remind_after, "reminded_at");
+  consider(spec.escalate_after, "escalated_at");
+  consider(spec.timeout, "timed_out_at");
+  return next;
+}
+
 // Adds the approval record to the payload of the change's last event, so whoever
 // reads the event (an approval inbox, a notifier) has what the approver sees.
 void AttachToLastEvent(Change& change, const Json& record) {
@@ -54,12 +76,18 @@ Json DetailOf(const StepRecord& step, const Decision& decision) {
   return detail;
 }
 
+bool InGroup(const Decision& decision, const std::string& group) {
+  return !group.empty() &&
+         std::find(decision.groups.begin(), decision.groups.end(), group) != decision.groups.end();
+}
+
 absl::Status MayDecide(const StepDefinition& def, const Decision& decision,
-                       const std::string& requester) {
+                       const std::string& requester, const std::string& escalated_to) {
   const ApprovalSpec& spec = def.approval;
-  if (!spec.group.empty()) {
-    if (std::find(decision.groups.begin(), decision.groups.end(), spec.group) ==
-        decision.groups.end()) {
+  if (InGroup(decision, escalated_to)) {
+    // The request escalated to this group: its members decide too.
+  } else if (!spec.group.empty()) {
+    if (!InGroup(decision, spec.group)) {
       return absl::PermissionDeniedError("step '" + def.name + "' is decided by group '" +
                                          spec.group + "', and '" + decision.actor +
                                          "' is not in it");
@@ -92,19 +120,26 @@ Change Decided(const Facts& facts, StepRecord step, const Json& record) {
     if (facts.instance.state == InstanceState::kRunning) change.next_run_at = facts.now;
     return change;
   }
-  std::string message = "approval rejected by " + decision.value("by", "?");
-  if (const std::string comment = decision.value("comment", ""); !comment.empty()) {
+  std::string message = decision.value("outcome", "") == "timeout"
+                            ? "no decision within " +
+                                  FormatDuration(def.approval.timeout)
+                            : "approval rejected by " + decision.value("by", "?");
+  const bool timed_out = decision.value("outcome", "") == "timeout";
+  if (const std::string comment = decision.value("comment", "");
+      !comment.empty() && !timed_out) {
     message += ": " + comment;
   }
-  if (def.approval.on_reject == RejectRoute::kCompensate) {
+  const RejectRoute route = timed_out && !def.approval.timeout_rejects ? def.approval.on_timeout
+                                                                        : def.approval.on_reject;
+  if (route == RejectRoute::kCompensate) {
     return FailStep(facts, step, ErrorClass::kRejected, message, std::nullopt);
   }
   step.state = StepState::kFailed;
   step.error_class = ErrorClass::kRejected;
   step.error_message = ShortenMessage(message);
   step.finished_at = facts.now;
-  if (def.approval.on_reject == RejectRoute::kWait) {
-    return Pause(facts, step, AlertKind::kApprovalRejected,
+  if (route == RejectRoute::kWait) {
+    return Pause(facts, step, timed_out ? AlertKind::kNeedsOperator : AlertKind::kApprovalRejected,
                  "step '" + step.name + "': " + message + "; an operator decides what follows");
   }
   Change change = At(facts);
@@ -203,12 +238,61 @@ Change OpenApproval(const Facts& facts, int index,
   }
   Change change = At(facts);
   step.state = StepState::kWaiting;
-  step.next_attempt_at = 0;
+  step.next_attempt_at = NextDeadline(facts.definition.steps[index].approval, record);
   step.response_json = JsonText(record);
   change.steps.push_back(step);
   change.audits = std::move(dropped);
   AddEvent(facts, change, "waystone.approval.requested", &step, snapshot->summary);
   AttachToLastEvent(change, record);
+  return change;
+}
+
+Change ApprovalDue(const Facts& facts, int index) {
+  const ApprovalSpec& spec = facts.definition.steps[index].approval;
+  StepRecord step = facts.steps[index];
+  Json record = RecordOf(step);
+  const Millis requested = NumberAt(record, "requested_at");
+  auto due = [&](Millis after, const char* done) {
+    return after > 0 && NumberAt(record, done) == 0 && facts.now >= requested + after;
+  };
+  if (due(spec.timeout, "timed_out_at")) {
+    record["timed_out_at"] = facts.now;
+    record["decision"] = {{"outcome", spec.timeout_rejects ? "reject" : "timeout"},
+                          {"by", "waystone"},
+                          {"at", facts.now},
+                          {"comment", "no decision within " + FormatDuration(spec.timeout)}};
+    Change change = Decided(facts, step, record);
+    AttachToLastEvent(change, record);
+    change.audits.push_back({0, facts.now, "waystone", facts.instance.tenant, facts.instance.id,
+                             "approval_timed_out",
+                             "no decision within " + FormatDuration(spec.timeout),
+                             JsonText(Json{{"step", step.name}, {"request", step.attempts}})});
+    return change;
+  }
+  Change change = At(facts);
+  if (due(spec.remind_after, "reminded_at")) {
+    record["reminded_at"] = facts.now;
+    AddEvent(facts, change, "waystone.approval.reminder", &step,
+             "request " + std::to_string(step.attempts) + " waits for a decision since " +
+                 FormatDuration(facts.now - requested));
+    AttachToLastEvent(change, record);
+  }
+  if (due(spec.escalate_after, "escalated_at")) {
+    record["escalated_at"] = facts.now;
+    record["escalated_to"] = spec.escalate_to;
+    AddEvent(facts, change, "waystone.approval.escalated", &step,
+             "escalated to group " + spec.escalate_to);
+    AttachToLastEvent(change, record);
+    change.audits.push_back({0, facts.now, "waystone", facts.instance.tenant, facts.instance.id,
+                             "approval_escalated", "no decision within " +
+                                 FormatDuration(spec.escalate_after),
+                             JsonText(Json{{"step", step.name},
+                                           {"request", step.attempts},
+                                           {"escalated_to", spec.escalate_to}})});
+  }
+  step.response_json = JsonText(record);
+  step.next_attempt_at = NextDeadline(spec, record);
+  change.steps.push_back(step);
   return change;
 }
 
@@ -238,7 +322,8 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
   const bool open = step.state == StepState::kWaiting;
   const std::string requester =
       open ? record["snapshot"].value("requester", "") : current.requester;
-  if (absl::Status may = MayDecide(def, decision, requester); !may.ok()) {
+  const std::string escalated_to = open ? record.value("escalated_to", "") : "";
+  if (absl::Status may = MayDecide(def, decision, requester, escalated_to); !may.ok()) {
     return refuse(std::move(may), nullptr);
   }
   const Json* standing = nullptr;

@@ -76,6 +76,12 @@ struct DecisionOutcome {
 // other data is dropped (audited).
 Change OpenApproval(const Facts& facts, int index, const absl::StatusOr<ApprovalSnapshot>& snapshot);
 
+// The open request of approval step `index` reached a deadline (its next attempt
+// time): a reminder (event approval.reminder), an escalation (its group may decide
+// too; audited), or the timeout, decided by waystone as `on_timeout` says. The
+// step's next attempt time becomes the next deadline.
+Change ApprovalDue(const Facts& facts, int index);
+
 // A decision for the approval step `index`; `current` is the snapshot rendered now
 // (the request a decision before the request opens is about).
 DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& decision,

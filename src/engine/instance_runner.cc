@@ -686,6 +686,9 @@ class InstanceRunner::Impl {
       return Commit(RecordTransform(Now(), index, output, started));
     }
     if (def.kind == StepKind::kWait) return Commit(RunWait(Now(), index));
+    if (def.kind == StepKind::kApproval && steps_[index].state == StepState::kWaiting) {
+      return Commit(ApprovalDue(Now(), index));  // a deadline of its open request
+    }
     if (def.kind == StepKind::kApproval) {
       return Commit(OpenApproval(
           Now(), index, RenderApproval(def.approval, instance_.input_json, Context(index, ""))));

@@ -109,6 +109,9 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
       case NextAction::Kind::kRunStep:
         if (def.kind == StepKind::kWait) {
           sim.Apply(RunWait(sim.Now(), index));  // waits (or its deadline passed)
+        } else if (def.kind == StepKind::kApproval &&
+                   sim.steps[index].state == StepState::kWaiting) {
+          sim.Apply(ApprovalDue(sim.Now(), index));  // a deadline of its request
         } else if (def.kind == StepKind::kApproval) {
           sim.Apply(OpenApproval(sim.Now(), index,
                                  MaterialOf(def.approval, sim.instance.input_json)));

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/approvals.h"
@@ -38,8 +40,21 @@ Json ApprovalsJson(const ApiContext& ctx, const InstanceRecord& instance,
       for (const char* field : {"request", "data_version", "snapshot", "decision"}) {
         if (record.contains(field)) item[field] = record[field];
       }
+      for (const char* field : {"reminded_at", "escalated_at", "escalated_to", "cancelled"}) {
+        if (record.contains(field)) item[field] = record[field];
+      }
       if (record.contains("requested_at") && record["requested_at"].is_number_integer()) {
-        item["requested_at"] = Rfc3339(record["requested_at"].get<Millis>());
+        const Millis requested = record["requested_at"].get<Millis>();
+        item["requested_at"] = Rfc3339(requested);
+        // The deadlines, and a countdown to the next one (the step's timer).
+        const ApprovalSpec& a = def.approval;
+        if (a.remind_after > 0) item["remind_at"] = Rfc3339(requested + a.remind_after);
+        if (a.escalate_after > 0) item["escalate_at"] = Rfc3339(requested + a.escalate_after);
+        if (a.timeout > 0) item["times_out_at"] = Rfc3339(requested + a.timeout);
+        if (step.state == StepState::kWaiting && step.next_attempt_at > 0) {
+          item["next_deadline_in_seconds"] =
+              std::max<Millis>(0, step.next_attempt_at - ctx.clock->NowMillis()) / 1000;
+        }
       }
     } else {
       // Not open yet: what a decision before its request quotes.

@@ -661,5 +661,85 @@ steps:
   }
 }
 
+// --- Deadlines (the clock is `now`: each row a moment) ----------------------------------
+
+TEST(ApprovalRulesTest, ARequestIsRemindedThenEscalatedThenTimesOutAsDeclared) {
+  const WorkflowDefinition definition = Definition(
+      "{ material: [/amount], approvers: { group: finance }, remind_after: 1h, "
+      "escalate_after: 2h, escalate_to: leads, timeout: 3h, on_timeout: close }");
+  constexpr Millis kHour = 3'600'000;
+  const Open open = OpenRequest(definition);
+  std::vector<StepRecord> steps = open.steps;
+  EXPECT_EQ(steps[1].next_attempt_at, kNow + kHour);  // the durable timer: its first deadline
+  SeededRandom random{16};
+  NextAction next = Decide(definition, open.instance, steps, kNow + kHour / 2);
+  EXPECT_EQ(next.kind, NextAction::Kind::kAwaitEvent);
+  EXPECT_EQ(next.wait_until, kNow + kHour);
+
+  Decision lead = By("lena", true, 1, open.version);
+  lead.groups = {"leads"};
+  {
+    const Facts before{definition, open.instance, steps, kNow + kHour / 2, random};
+    EXPECT_EQ(DecisionArrived(before, 1, lead, ApprovalSnapshot{}).refusal.code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+
+  // One hour: a reminder; still waiting, the next deadline the escalation.
+  next = Decide(definition, open.instance, steps, kNow + kHour);
+  EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
+  const Facts reminding{definition, open.instance, steps, kNow + kHour, random};
+  const Change reminded = ApprovalDue(reminding, 1);
+  EXPECT_EQ(EventTypes(reminded), std::vector<std::string>{"waystone.approval.reminder"});
+  steps = Apply(steps, reminded);
+  EXPECT_EQ(steps[1].state, S::kWaiting);
+  EXPECT_EQ(steps[1].next_attempt_at, kNow + 2 * kHour);
+
+  // Two hours: escalated to the leads, who may decide from now on.
+  const Facts escalating{definition, open.instance, steps, kNow + 2 * kHour, random};
+  const Change escalated = ApprovalDue(escalating, 1);
+  EXPECT_EQ(EventTypes(escalated), std::vector<std::string>{"waystone.approval.escalated"});
+  ASSERT_EQ(escalated.audits.size(), 1u);
+  EXPECT_EQ(escalated.audits[0].action, "approval_escalated");
+  std::vector<StepRecord> after_escalation = Apply(steps, escalated);
+  EXPECT_EQ(after_escalation[1].next_attempt_at, kNow + 3 * kHour);
+  {
+    const Facts later{definition, open.instance, after_escalation, kNow + 2 * kHour + 1, random};
+    const DecisionOutcome by_lead = DecisionArrived(later, 1, lead, ApprovalSnapshot{});
+    EXPECT_TRUE(by_lead.refusal.ok()) << by_lead.refusal;
+  }
+
+  // Three hours without a decision: it times out, and closes as declared.
+  const Facts timing_out{definition, open.instance, after_escalation, kNow + 3 * kHour, random};
+  const Change timed_out = ApprovalDue(timing_out, 1);
+  EXPECT_EQ(timed_out.state, I::kClosed);
+  ASSERT_FALSE(timed_out.steps.empty());
+  EXPECT_EQ(timed_out.steps[0].state, S::kFailed);
+  EXPECT_EQ(timed_out.steps[0].error_message, "no decision within 3h");
+  const Json decision = Json::parse(timed_out.steps[0].response_json)["decision"];
+  EXPECT_EQ(decision["outcome"], "timeout");
+  EXPECT_EQ(decision["by"], "waystone");
+  ASSERT_FALSE(timed_out.audits.empty());
+  EXPECT_EQ(timed_out.audits.back().action, "approval_timed_out");
+}
+
+TEST(ApprovalRulesTest, ATimeoutGoesWhereOnTimeoutSays) {
+  struct Row {
+    const char* on_timeout;
+    I state;
+  };
+  for (const Row& row : {Row{"reject", I::kCompensating}, Row{"wait", I::kNeedsAttention},
+                         Row{"close", I::kClosed}}) {
+    SCOPED_TRACE(row.on_timeout);
+    const WorkflowDefinition definition =
+        Definition(std::string("{ material: [/amount], timeout: 2d, on_timeout: ") +
+                   row.on_timeout + " }");
+    const Open open = OpenRequest(definition);
+    EXPECT_EQ(open.steps[1].next_attempt_at, kNow + 2 * 86'400'000LL);
+    SeededRandom random{17};
+    const Facts facts{definition, open.instance, open.steps, kNow + 2 * 86'400'000LL, random};
+    EXPECT_EQ(ApprovalDue(facts, 1).state, row.state);
+  }
+}
+
 }  // namespace
 }  // namespace waystone
