@@ -15,6 +15,7 @@
 // ("early_decision") for the request about that same data version; nothing else
 // sees it. Every decision, taken or refused, is in the audit log with its actor.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,9 @@ struct Decision {
   std::string actor;                // a token's name
   std::string role;                 // the token's role: viewer, operator or admin
   std::vector<std::string> groups;  // the token's groups in the instance's tenant
+  // Sent as a CloudEvent: (source, id) is claimed in the inbox with its effect, so a
+  // redelivery has none.
+  std::optional<InboxClaim> inbox;
 };
 
 // What a decision did. A refused one (`refusal` not OK: PermissionDenied when the
@@ -92,6 +96,7 @@ struct Revision {
   std::string input_json;  // the new input: a JSON object
   std::string actor;
   std::string reason;
+  std::optional<InboxClaim> inbox;  // sent as a CloudEvent (as Decision::inbox)
 };
 
 struct RevisionOutcome {

@@ -309,6 +309,12 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
   return committed;
 }
 
+absl::StatusOr<DecisionResult> Operations::Received(const InstanceRecord& instance, int index) {
+  WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
+  DecisionResult result{instance, steps[index], false, true};
+  return result;
+}
+
 absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
                                                   const std::string& key,
                                                   const Decision& decision) {
@@ -318,6 +324,12 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
   if (index < 0 || definition->steps[index].kind != StepKind::kApproval) {
     return absl::NotFoundError("instance '" + key + "' has no approval step '" + decision.step +
                                "'");
+  }
+  if (decision.inbox) {
+    WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
+                        store_->LookupInbox(decision.inbox->tenant, decision.inbox->source,
+                                            decision.inbox->id));
+    if (seen) return Received(instance, index);
   }
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   bool released = false;  // a commit releases the lease (lease_expires_at 0)
@@ -340,10 +352,17 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
     Change change = std::move(outcome.change);
     change.lease = lease;
     change.lease_expires_at = 0;
+    change.inbox = decision.inbox;
     change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
                                          idempotency_retention_);
     CrashPoint("before-decide", decision.step);
     WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
+    if (decision.inbox && absl::IsAlreadyExists(results.front())) {
+      // Its event was received by another delivery between the check and now.
+      released = true;
+      WS_RETURN_IF_ERROR(Release(lease));
+      return Received(instance, index);
+    }
     WS_RETURN_IF_ERROR(results.front());
     released = true;
     CrashPoint("after-decide", decision.step);
@@ -365,6 +384,17 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
   }
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
   WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+  if (revision.inbox) {
+    WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
+                        store_->LookupInbox(revision.inbox->tenant, revision.inbox->source,
+                                            revision.inbox->id));
+    if (seen) {
+      RevisionResult duplicate;
+      duplicate.instance = instance;
+      duplicate.duplicate = true;
+      return duplicate;
+    }
+  }
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   bool released = false;
   auto committed = [&]() -> absl::StatusOr<RevisionResult> {
@@ -372,9 +402,14 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
     WS_ASSIGN_OR_RETURN(RevisionOutcome outcome, waystone::Revise(facts, revision));
-    RevisionResult result{instance,          outcome.unchanged, outcome.material,
-                          outcome.cancelled, outcome.reopened,  outcome.reruns,
-                          outcome.input_hash};
+    RevisionResult result;
+    result.instance = instance;
+    result.unchanged = outcome.unchanged;
+    result.material = outcome.material;
+    result.cancelled = outcome.cancelled;
+    result.reopened = outcome.reopened;
+    result.reruns = outcome.reruns;
+    result.input_hash = outcome.input_hash;
     if (outcome.unchanged) {
       released = true;
       WS_RETURN_IF_ERROR(Release(lease));
@@ -383,7 +418,14 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
     Change change = std::move(outcome.change);
     change.lease = lease;
     change.lease_expires_at = 0;
+    change.inbox = revision.inbox;
     WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
+    if (revision.inbox && absl::IsAlreadyExists(results.front())) {
+      released = true;
+      WS_RETURN_IF_ERROR(Release(lease));
+      result.duplicate = true;
+      return result;
+    }
     WS_RETURN_IF_ERROR(results.front());
     released = true;
     WS_ASSIGN_OR_RETURN(result.instance, store_->GetInstance(instance.id));

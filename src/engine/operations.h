@@ -42,12 +42,14 @@ struct DecisionResult {
   InstanceRecord instance;  // after it
   StepRecord step;          // the approval step after it
   bool replayed = false;    // the same decision by the same actor stood already: nothing done
+  bool duplicate = false;   // its event was received before: nothing done
 };
 
 // What a revision did (engine/approvals.h, Revise).
 struct RevisionResult {
   InstanceRecord instance;  // after it
   bool unchanged = false;   // the input was this already: nothing done
+  bool duplicate = false;   // its event was received before: nothing done
   std::vector<std::string> material, cancelled, reopened, reruns;
   std::string input_hash;
 };
@@ -126,6 +128,8 @@ class Operations {
   // signal's event; NotFound when it does not.
   absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const std::string& data_hash);
   absl::Status Release(const Lease& lease);
+  // A decision whose event was received before: the step as it stands, nothing done.
+  absl::StatusOr<DecisionResult> Received(const InstanceRecord& instance, int index);
 
   Store* store_;
   DefinitionCatalog* catalog_;

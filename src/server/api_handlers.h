@@ -84,6 +84,14 @@ void DecideApproval(const ApiContext& ctx, const Principal& principal, const std
                     const ServerRequest& req, ServerResponse& res);
 void ReviseInstance(const ApiContext& ctx, const Principal& principal, const std::string& key,
                     const ServerRequest& req, ServerResponse& res);
+// Applies an event routed by `decide:` or `revise:` to instance `key`: its data
+// holds the decision's fields (as the decide route's body) or {input, reason?}; the
+// token that sent it decides. Returns the result's outcome: decided, revised,
+// unchanged or duplicate (the event was received before).
+absl::StatusOr<std::string> ActOnEvent(const ApiContext& ctx, const Principal& principal,
+                                       const std::string& tenant, const std::string& key,
+                                       const EventRoute& route, const std::string& source,
+                                       const std::string& id, const std::string& data_json);
 // The approval steps of an instance as its view shows them: each request's data
 // version, snapshot and decision, or (not open yet) what a decision before it quotes.
 nlohmann::json ApprovalsJson(const ApiContext& ctx, const InstanceRecord& instance,

@@ -6,6 +6,8 @@
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/operations.h"
+#include "base/status_macros.h"
+#include "model/json_text.h"
 #include "server/api_handlers.h"
 #include "server/redaction.h"
 #include "server/request_bodies.h"
@@ -117,6 +119,45 @@ void ReviseInstance(const ApiContext& ctx, const Principal& principal, const std
               {"reruns", result->reruns},
               {"instance", wire::InstanceSummary(result->instance)}};
   SendJson(res, 200, out);
+}
+
+absl::StatusOr<std::string> ActOnEvent(const ApiContext& ctx, const Principal& principal,
+                                       const std::string& tenant, const std::string& key,
+                                       const EventRoute& route, const std::string& source,
+                                       const std::string& id, const std::string& data_json) {
+  const Json data = Json::parse(data_json, nullptr, false);
+  const InboxClaim inbox{tenant, source, id, EventDataHash(data_json)};
+  auto fields = [&](std::initializer_list<const char*> names) {
+    Json picked = Json::object();
+    for (const char* name : names) {
+      if (data.is_object() && data.contains(name)) picked[name] = data[name];
+    }
+    return JsonText(picked);
+  };
+  if (route.act == "revise") {
+    Json body = Json::parse(fields({"input", "reason"}));
+    if (!body.contains("reason")) body["reason"] = "event " + route.type + " " + id + " from " + source;
+    WS_ASSIGN_OR_RETURN(ReviseBody parsed, ParseReviseBody(JsonText(body)));
+    const Revision revision{parsed.input_json, principal.token_name, parsed.reason, inbox};
+    WS_ASSIGN_OR_RETURN(RevisionResult result,
+                        ctx.engine->operations().Revise(tenant, key, revision));
+    return result.duplicate ? "duplicate" : result.unchanged ? "unchanged" : "revised";
+  }
+  WS_ASSIGN_OR_RETURN(DecisionBody parsed, ParseDecisionBody(fields(
+                                               {"step", "request", "data_version", "decision",
+                                                "comment"})));
+  Decision decision;
+  decision.step = parsed.step;
+  decision.request = parsed.request;
+  decision.data_version = parsed.data_version;
+  decision.approve = parsed.approve;
+  decision.comment = parsed.comment;
+  decision.actor = principal.token_name;
+  decision.role = RoleName(principal.role);
+  decision.groups = GroupsOf(ctx.options.groups, principal.token_name, tenant);
+  decision.inbox = inbox;
+  WS_ASSIGN_OR_RETURN(DecisionResult result, ctx.engine->operations().Decide(tenant, key, decision));
+  return result.duplicate ? "duplicate" : "decided";
 }
 
 }  // namespace waystone

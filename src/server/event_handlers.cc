@@ -131,6 +131,16 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
       } else {
         failed = started.status();
       }
+    } else if (r.route->act != "signal") {
+      // An approval's decision, or a revision, carried by an event (approval_handlers.cc).
+      auto acted = ActOnEvent(ctx, principal, r.tenant, r.key, *r.route, r.event.source,
+                              r.event.id, r.event.data_json);
+      result["instance"] = r.key;
+      if (acted.ok()) {
+        result["outcome"] = *acted;
+      } else {
+        failed = acted.status();
+      }
     } else {
       Signal signal{r.tenant, r.key, r.event.type, r.event.source, r.event.id,
                     r.event.data_json, principal.token_name};

@@ -264,25 +264,34 @@ class ConfigReader : public YamlConfig {
     EventRoute route;
     route.line = node.Mark().line + 1;
     if (!node.IsMap()) return Error(node, "an event route is a mapping with 'type'");
-    if (auto status = CheckFields(node, {"type", "start", "signal"}, "event route");
+    if (auto status = CheckFields(node, {"type", "start", "signal", "decide", "revise"},
+                                  "event route");
         !status.ok()) {
       return status;
     }
     route.type = Text(node, "type");
     if (route.type.empty()) return Error(node, "event route needs 'type'");
     route.start = Text(node, "start");
-    if (const YAML::Node signal = node["signal"]) {
+    int acts = 0;
+    for (const char* act : {"signal", "decide", "revise"}) {
+      const YAML::Node signal = node[act];
+      if (!signal) continue;
+      ++acts;
       if (!signal.IsMap() || !signal["key"] || !signal["key"].IsScalar()) {
-        return Error(signal, "'signal' must be a mapping such as { key: /order_ref }");
+        return Error(signal, "'" + std::string(act) +
+                                 "' must be a mapping such as { key: /order_ref }");
       }
+      route.act = act;
       route.signal_key = signal["key"].Scalar();
       if (!route.signal_key.starts_with("/")) {
-        return Error(signal["key"], "'signal.key' is a JSON pointer into the event's data, "
-                                    "starting with '/'");
+        return Error(signal["key"], "'" + std::string(act) +
+                                        ".key' is a JSON pointer into the event's data, "
+                                        "starting with '/'");
       }
     }
-    if (route.start.empty() == route.signal_key.empty()) {
-      return Error(node, "event route '" + route.type + "' needs either 'start' or 'signal'");
+    if ((route.start.empty() ? 0 : 1) + acts != 1) {
+      return Error(node, "event route '" + route.type +
+                             "' needs one of 'start', 'signal', 'decide' or 'revise'");
     }
     return route;
   }

@@ -15,8 +15,13 @@ struct EventRoute {
   std::string type;
   std::string start;       // start this workflow with the event's data as input, or
   std::string signal_key;  // complete the waiting step of the instance whose business
-                           // key is at this JSON pointer into the data ("/order_ref")
+                           // key is at this JSON pointer into the data ("/order_ref"),
   int line = 0;            // in the config file
+  // What a keyed route does: `signal:`, or (`decide:` / `revise:` with the same
+  // `key`) decide its approval with the data's step, request, data_version, decision
+  // and comment (as the token that sent the event), or revise its input with the
+  // data's input and reason.
+  std::string act = "signal";  // signal | decide | revise
 };
 
 // `waystone serve --config FILE`: the server's settings. Flags and environment

@@ -163,7 +163,9 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
     api.listen = "127.0.0.1:0";
     api.max_body_bytes = 64 * 1024;
     api.events = {{"com.acme.order.received", "wf", "", 1},
-                  {"com.acme.approved", "", "/order", 2}};
+                  {"com.acme.approved", "", "/order", 2},
+                  {"com.acme.order.decided", "", "/order", 3, "decide"},
+                  {"com.acme.order.revised", "", "/order", 4, "revise"}};
     api.permissions = std::move(permissions);
     auto server = ApiServer::Start(api, store_.get(), &clock_, engine_.get());
     ASSERT_TRUE(server.ok()) << server.status();
@@ -1007,6 +1009,66 @@ steps:
   Signal stock{"t1", "e3", "com.acme.stock", "/stock", "s-e3", "{}", "test"};
   ASSERT_TRUE(engine_->operations().Deliver(stock).ok());
   EXPECT_EQ(Drive("e3"), InstanceState::kRunning);
+}
+
+// Decisions and revisions carried by CloudEvents (event routes decide: and revise:):
+// claimed in the inbox with their effect, so a redelivery does nothing again.
+TEST_P(ApiWriteTest, DecisionsAndRevisionsArriveAsEventsOnce) {
+  auto approval = LoadDefinitionText(R"(workflow: appr
+key: "{{input.id}}"
+steps:
+  - name: approve
+    approval: { material: [/amount], approvers: { role: operator } }
+)", "appr.yaml");
+  ASSERT_TRUE(approval.ok()) << approval.status();
+  ASSERT_TRUE(engine_->Register(*approval).ok());
+  Post("/v1/instances", {{"workflow", "appr"}, {"input", {{"id", "ev1"}, {"amount", 5}}}}, 201);
+  ASSERT_EQ(Drive("ev1"), InstanceState::kRunning);
+  auto send = [&](const std::string& type, const std::string& id, const Json& data) {
+    auto response = Send("POST", "/v1/events", operator_, data.dump(),
+                         {{"ce-specversion", "1.0"}, {"ce-id", id}, {"ce-source", "/crm"},
+                          {"ce-type", type}, {"Content-Type", "application/json"}});
+    Json body = Json::parse(response.body, nullptr, false);
+    return std::make_pair(response.outcome.status, body);
+  };
+  const Json revision = {{"order", "ev1"}, {"input", {{"id", "ev1"}, {"amount", 8}}},
+                         {"reason", "amount corrected in the CRM"}};
+  auto [revised_status, revised] = send("com.acme.order.revised", "r-1", revision);
+  ASSERT_EQ(revised_status, 200) << revised.dump();
+  EXPECT_EQ(revised["results"][0]["outcome"], "revised");
+  auto [again_status, again] = send("com.acme.order.revised", "r-1", revision);
+  ASSERT_EQ(again_status, 200) << again.dump();
+  EXPECT_EQ(again["results"][0]["outcome"], "duplicate");
+  ASSERT_EQ(Drive("ev1"), InstanceState::kRunning);  // asked again on 8
+  const Json open = Get("/v1/instances/ev1")["approvals"][0];
+  ASSERT_EQ(open["request"], 2) << open.dump();
+  EXPECT_EQ(open["snapshot"]["fields"]["/amount"], 8);
+
+  const Json decision = {{"order", "ev1"}, {"step", "approve"}, {"request", 2},
+                         {"data_version", open["data_version"]}, {"decision", "approve"},
+                         {"comment", "from the approval portal"}};
+  auto [decided_status, decided] = send("com.acme.order.decided", "d-1", decision);
+  ASSERT_EQ(decided_status, 200) << decided.dump();
+  EXPECT_EQ(decided["results"][0]["outcome"], "decided");
+  auto [redelivered_status, redelivered] = send("com.acme.order.decided", "d-1", decision);
+  ASSERT_EQ(redelivered_status, 200) << redelivered.dump();
+  EXPECT_EQ(redelivered["results"][0]["outcome"], "duplicate");
+  // A decision event that the step refuses: its problem, and the event is not applied.
+  Json other = decision;
+  other["decision"] = "reject";
+  auto [refused_status, refused] = send("com.acme.order.decided", "d-2", other);
+  EXPECT_EQ(refused_status, 409) << refused.dump();
+  EXPECT_EQ(refused["results"][0]["outcome"], "failed");
+  EXPECT_EQ(Drive("ev1"), InstanceState::kCompleted);
+  const Json view = Get("/v1/instances/ev1");
+  int decides = 0, revises = 0;
+  for (const Json& a : view["audit"]) {
+    decides += a["action"] == "decide";
+    revises += a["action"] == "revise";
+  }
+  EXPECT_EQ(decides, 1);
+  EXPECT_EQ(revises, 1);
+  EXPECT_EQ(view["approvals"][0]["decision"]["by"], "op1");
 }
 
 TEST_P(ApiWriteTest, ListsArePagedAndFiltered) {

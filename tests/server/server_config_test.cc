@@ -23,6 +23,10 @@ events:
     start: wf
   - type: a.signal
     signal: { key: /ref }
+  - type: a.decided
+    decide: { key: /ref }
+groups:
+  - { tenant: acme, name: finance, tokens: [alice, bob] }
 )", "/etc/waystone/serve.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->listen, "0.0.0.0:9000");
@@ -34,9 +38,15 @@ events:
   EXPECT_EQ(config->max_body_bytes, 65536u);
   EXPECT_EQ(config->read_timeout_seconds, 5);
   EXPECT_EQ(config->idempotency_retention, 2 * 3600 * 1000);
-  ASSERT_EQ(config->events.size(), 2u);
+  ASSERT_EQ(config->events.size(), 3u);
   EXPECT_EQ(config->events[0].start, "wf");
   EXPECT_EQ(config->events[1].signal_key, "/ref");
+  EXPECT_EQ(config->events[1].act, "signal");
+  EXPECT_EQ(config->events[2].act, "decide");
+  ASSERT_EQ(config->groups.size(), 1u);
+  EXPECT_EQ(config->groups[0].tokens, (std::vector<std::string>{"alice", "bob"}));
+  EXPECT_EQ(GroupsOf(config->groups, "bob", "acme"), std::vector<std::string>{"finance"});
+  EXPECT_TRUE(GroupsOf(config->groups, "bob", "globex").empty());
   EXPECT_EQ(config->events[1].line, 12);
   EXPECT_EQ(config->step_key_retention, "30d");
 }
@@ -58,8 +68,11 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
       {"listen: x\nstep_key_retention: soon\n", "c.yaml:2: 'step_key_retention' must be a duration"},
       {"workers: many\n", "c.yaml:1: 'workers'"},
       {"max_in_flight: 0\n", "c.yaml:1: 'max_in_flight' must be a whole number from 1"},
-      {"events:\n  - type: t\n", "c.yaml:2: event route 't' needs either 'start' or 'signal'"},
-      {"events:\n  - type: t\n    start: w\n    signal: { key: /k }\n", "either 'start' or 'signal'"},
+      {"groups:\n  - { tenant: a, name: g }\n", "c.yaml:2: group 'g' lists its members"},
+      {"groups:\n  - { tenant: a, name: g, tokens: [x] }\n  - { tenant: a, name: g, tokens: [y] }\n",
+       "c.yaml:3: group 'g' of tenant 'a' is named already, at line 2"},
+      {"events:\n  - type: t\n", "c.yaml:2: event route 't' needs one of 'start', 'signal', 'decide' or 'revise'"},
+      {"events:\n  - type: t\n    start: w\n    signal: { key: /k }\n", "needs one of 'start', 'signal'"},
       {"events:\n  - type: t\n    signal: { key: k }\n", "c.yaml:3: 'signal.key' is a JSON pointer"},
       {"events:\n  - {type: t, start: a}\n  - {type: t, start: b}\n", "c.yaml:3: event type 't' is routed twice"},
       {"api: { idempotency_retention: soon }\n", "idempotency_retention"},
