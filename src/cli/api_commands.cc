@@ -160,6 +160,27 @@ int Show(const ApiOptions& api, const ShowOptions& options) {
     std::printf("  %-20s %-20s %8s  %-22s %s\n", Str(s, "name").c_str(), Str(s, "state").c_str(),
                 Str(s, "attempts").c_str(), Str(s, "external_id").c_str(), note.c_str());
   }
+  for (const Json& a : v.value("approvals", Json::array())) {
+    const bool open = a.contains("request") && Str(a, "state") != "pending";
+    std::printf("\n  approval %s: %s", Str(a, "step").c_str(), Str(a, "state").c_str());
+    if (open) std::printf(", request %s", Str(a, "request").c_str());
+    if (!open) std::printf(", next request %s", Str(a, "next_request").c_str());
+    std::printf(" on data version %s\n", Str(a, "data_version").substr(0, 16).c_str());
+    if (a.contains("snapshot")) {
+      const Json& snapshot = a["snapshot"];
+      if (snapshot.contains("summary")) std::printf("    %s\n", Str(snapshot, "summary").c_str());
+      for (auto it = snapshot["fields"].begin(); it != snapshot["fields"].end(); ++it) {
+        std::printf("    %-16s %s\n", it.key().c_str(), JsonText(it.value()).substr(0, 100).c_str());
+      }
+    }
+    if (a.contains("decision")) {
+      std::printf("    decided: %s by %s — %s\n", Str(a["decision"], "outcome").c_str(),
+                  Str(a["decision"], "by").c_str(), Str(a["decision"], "comment").c_str());
+    }
+    if (a.contains("next_deadline_in_seconds")) {
+      std::printf("    next deadline in %ss\n", Str(a, "next_deadline_in_seconds").c_str());
+    }
+  }
   for (const Json& a : v["alerts"]) {
     std::printf("\n  alert %s [%s, %s] %s", Str(a, "id").c_str(), Str(a, "kind").c_str(),
                 Str(a, "state").c_str(), Str(a, "message").c_str());
@@ -192,6 +213,80 @@ int Act(const ApiOptions& api, const ActOptions& options) {
   } else {
     PrintPlan(*result);
   }
+  return kExitOk;
+}
+
+int Decide(const ApiOptions& api, const DecideOptions& options) {
+  if (options.approve == options.reject) {
+    return Fail(absl::InvalidArgumentError("decide needs --approve or --reject"));
+  }
+  // The version shown may be given short; it must be the start of the one shown now.
+  std::string version = options.data_version;
+  int request = options.request;
+  if (version.size() < 64) {
+    if (version.size() < 8) {
+      return Fail(absl::InvalidArgumentError("--data-version needs at least 8 characters"));
+    }
+    auto view = Call(api, "GET", "/v1/instances/" + Encode(options.key), nullptr);
+    if (!view) return kExitError;
+    for (const Json& a : view->value("approvals", Json::array())) {
+      if (Str(a, "step") != options.step) continue;
+      if (Str(a, "data_version").starts_with(version)) version = Str(a, "data_version");
+      if (request == 0 && a.contains("request")) request = a["request"].get<int>();
+    }
+  }
+  Json body = {{"step", options.step},
+               {"data_version", version},
+               {"decision", options.approve ? "approve" : "reject"}};
+  if (request > 0) body["request"] = request;
+  if (!options.comment.empty()) body["comment"] = options.comment;
+  auto result = Call(api, "POST", "/v1/instances/" + Encode(options.key) + "/decide", &body);
+  if (!result) return kExitError;
+  if (options.json) {
+    std::printf("%s\n", result->dump(2).c_str());
+    return kExitOk;
+  }
+  const Json& approval = (*result)["approval"];
+  std::printf("%s %s %s: step %s is %s; instance %s\n",
+              result->value("replayed", false) ? "ALREADY" : "DECIDED",
+              options.approve ? "approve" : "reject", options.key.c_str(), options.step.c_str(),
+              Str(*result, "step_state").c_str(), Str((*result)["instance"], "state").c_str());
+  if (approval.is_object() && approval.contains("request")) {
+    std::printf("request %s on data version %s\n", Str(approval, "request").c_str(),
+                Str(approval, "data_version").substr(0, 16).c_str());
+  }
+  return kExitOk;
+}
+
+int Revise(const ApiOptions& api, const ReviseOptions& options) {
+  auto text = TextOrFile(options.input, 1 << 20);
+  if (!text.ok()) return Fail(text.status());
+  Json input = Json::parse(*text, nullptr, false);
+  if (!input.is_object()) {
+    return Fail(absl::InvalidArgumentError("--input must be a JSON object (or @FILE holding one)"));
+  }
+  Json body = {{"input", input}, {"reason", options.reason}};
+  auto result = Call(api, "POST", "/v1/instances/" + Encode(options.key) + "/revise", &body);
+  if (!result) return kExitError;
+  if (options.json) {
+    std::printf("%s\n", result->dump(2).c_str());
+    return kExitOk;
+  }
+  auto list = [](const Json& names) {
+    std::string out;
+    for (const Json& n : names) out += (out.empty() ? "" : ", ") + n.get<std::string>();
+    return out.empty() ? std::string("none") : out;
+  };
+  if (result->value("unchanged", false)) {
+    std::printf("UNCHANGED %s: the input is this already\n", options.key.c_str());
+    return kExitOk;
+  }
+  std::printf("REVISED %s: input %s\n", options.key.c_str(),
+              Str(*result, "input_hash").substr(0, 16).c_str());
+  std::printf("material to:   %s\n", list((*result)["material"]).c_str());
+  std::printf("cancelled:     %s (asked again on the new data)\n",
+              list((*result)["cancelled"]).c_str());
+  std::printf("runs again:    %s\n", list((*result)["reruns"]).c_str());
   return kExitOk;
 }
 

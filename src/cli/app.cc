@@ -190,6 +190,32 @@ int Main(int argc, char** argv) {
     act_cmds.push_back(cmd);
   }
 
+  DecideOptions decide;
+  CLI::App* decide_cmd = app.add_subcommand(
+      "decide", "Approve or reject an approval step's request (over the API)");
+  decide_cmd->add_option("key", decide.key, "Business key")->required();
+  decide_cmd->add_option("--step", decide.step, "The approval step")->required();
+  auto* approve = decide_cmd->add_flag("--approve", decide.approve, "Approve");
+  auto* reject = decide_cmd->add_flag("--reject", decide.reject, "Reject");
+  approve->excludes(reject);
+  decide_cmd
+      ->add_option("--data-version", decide.data_version,
+                   "The data version you decide on (waystone show prints it)")
+      ->required();
+  decide_cmd->add_option("--request", decide.request, "The request's number (default: the open one)");
+  decide_cmd->add_option("--comment", decide.comment, "Why (kept with the decision)");
+  decide_cmd->add_flag("--json", decide.json, "Print JSON");
+  add_api(decide_cmd);
+
+  ReviseOptions revise;
+  CLI::App* revise_cmd =
+      app.add_subcommand("revise", "Revise an instance's input (over the API)");
+  revise_cmd->add_option("key", revise.key, "Business key")->required();
+  revise_cmd->add_option("--input", revise.input, "The new input: JSON, or @FILE")->required();
+  revise_cmd->add_option("--reason", revise.reason, "Why (kept in the audit trail)")->required();
+  revise_cmd->add_flag("--json", revise.json, "Print JSON");
+  add_api(revise_cmd);
+
   AlertsOptions alerts;
   CLI::App* alerts_cmd = app.add_subcommand("alerts", "List alerts (over the API)");
   alerts_cmd->add_option("--state", alerts.state, "open, acknowledged or resolved");
@@ -293,6 +319,8 @@ int Main(int argc, char** argv) {
       return Act(api, act);
     }
   }
+  if (*decide_cmd) return Decide(api, decide);
+  if (*revise_cmd) return Revise(api, revise);
   if (*alerts_cmd) return Alerts(api, alerts);
   if (*ack_cmd) return Ack(api, ack);
   if (*targets_cmd) return Targets(api, targets_json);

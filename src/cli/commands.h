@@ -163,6 +163,28 @@ struct AckOptions {
   bool dry_run = false;
 };
 
+// waystone decide KEY --step S --approve|--reject --data-version V [--request N]
+struct DecideOptions {
+  std::string key;
+  std::string step;
+  bool approve = false;
+  bool reject = false;
+  std::string data_version;  // the version shown (a prefix of 8+ characters will do)
+  int request = 0;           // 0: the request shown now
+  std::string comment;
+  bool json = false;
+};
+
+// waystone revise KEY --input JSON|@FILE --reason R
+struct ReviseOptions {
+  std::string key;
+  std::string input;
+  std::string reason;
+  bool json = false;
+};
+
+int Decide(const ApiOptions& api, const DecideOptions& options);
+int Revise(const ApiOptions& api, const ReviseOptions& options);
 int Instances(const ApiOptions& api, const InstancesOptions& options);
 int Show(const ApiOptions& api, const ShowOptions& options);
 int Act(const ApiOptions& api, const ActOptions& options);

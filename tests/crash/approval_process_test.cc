@@ -281,6 +281,39 @@ TEST_F(ApprovalProcessTest, ARevisionDuringApprovalSupersedesTheRequestAndTheOrd
   }
 }
 
+TEST_F(ApprovalProcessTest, AnApproverReadsAndDecidesFromTheCommandLine) {
+  auto server = Serve();
+  StartOrder();
+  const Json approval = OpenRequest();
+  auto cli = [&](const std::string& who, std::vector<std::string> args) {
+    std::vector<std::string> argv = {testing::WaystoneBinary()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--server", Url()});
+    auto env = env_;
+    env["WAYSTONE_TOKEN"] = tokens_[who];
+    return testing::RunProcess(argv, env, dir_.path());
+  };
+  const std::string shown = approval["data_version"].get<std::string>().substr(0, 16);
+  const auto show = cli("alice", {"show", kKey});
+  ASSERT_EQ(show.exit_code, 0) << show.err;
+  EXPECT_NE(show.out.find("approval approve: waiting, request 1 on data version " + shown),
+            std::string::npos)
+      << show.out;
+  EXPECT_NE(show.out.find("Order o-1 for C-1: 4200 EUR"), std::string::npos) << show.out;
+  // A version that is not the one shown: refused by the server, nothing decided.
+  const auto wrong = cli("alice", {"decide", kKey, "--step", "approve", "--approve",
+                                   "--data-version", "0123456789abcdef"});
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.err.find("the data changed"), std::string::npos) << wrong.err;
+  const auto decided = cli("alice", {"decide", kKey, "--step", "approve", "--approve",
+                                     "--data-version", shown, "--comment", "checked the lines"});
+  ASSERT_EQ(decided.exit_code, 0) << decided.err;
+  EXPECT_NE(decided.out.find("DECIDED approve crm:o-1"), std::string::npos) << decided.out;
+  EXPECT_EQ(WaitForRest(), "completed");
+  EXPECT_EQ(Orders(), 1);
+  EXPECT_EQ(View()["approvals"][0]["decision"]["comment"], "checked the lines");
+}
+
 class ApprovalCrashTest : public ApprovalProcessTest,
                           public ::testing::WithParamInterface<const char*> {};
 
