@@ -1,5 +1,5 @@
-// Approvals on a real `waystone serve` (examples/order-approval.yaml): approvers are
-// independent HTTP clients (tests/integration/approvers.py, Python's urllib, all
+// Approvals on a real `waystone serve` (examples/server/definitions/order-approval.yaml):
+// approvers are independent HTTP clients (tests/integration/approvers.py, Python's urllib, all
 // going at once), the order goes to tests/targets/erp_target.py, which makes a new
 // order for every create it receives and counts them. Two approvers at once: one
 // decision, one order; the requester and a non-member refused; the server
@@ -33,8 +33,9 @@ class ApprovalProcessTest : public ::testing::Test {
                                                     std::vector<std::string>{});
     ASSERT_TRUE(erp_->ok());
     std::filesystem::create_directories(dir_.File("defs"));
-    std::filesystem::copy_file(testing::SourceDir() + "/examples/order-approval.yaml",
-                               dir_.File("defs/order-approval.yaml"));
+    std::filesystem::copy_file(
+        testing::SourceDir() + "/examples/server/definitions/order-approval.yaml",
+        dir_.File("defs/order-approval.yaml"));
     std::ofstream(dir_.File("server.yaml")) << "definitions: defs\n"
                                                "workers: 2\n"
                                                "groups:\n"

@@ -1747,7 +1747,8 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
       {"/v1/batches/{id}/resume", "post"}, {"/v1/batches/{id}/cancel", "post"},
       {"/v1/tokens", "get"}, {"/v1/tokens", "post"}, {"/v1/tokens/{name}/revoke", "post"},
       {"/v1/targets", "get"}, {"/v1/targets/{name}/pause", "post"},
-      {"/v1/targets/{name}/resume", "post"}};
+      {"/v1/targets/{name}/resume", "post"}, {"/v1/instances/{key}/decide", "post"},
+      {"/v1/instances/{key}/revise", "post"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
         << method << " " << path;
