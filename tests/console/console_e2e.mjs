@@ -140,8 +140,11 @@ try {
   fs.copyFileSync(path.join(here, 'definitions/console-retries.yaml'), path.join(definitions, 'console-retries.yaml'));
   fs.copyFileSync(path.join(source, 'examples/server/definitions/order-to-erp.yaml'),
     path.join(definitions, 'order-to-erp.yaml'));
+  fs.copyFileSync(path.join(source, 'examples/server/definitions/order-approval.yaml'),
+    path.join(definitions, 'order-approval.yaml'));
   fs.writeFileSync(path.join(work, 'waystone.yaml'),
-    `database: ${db}\nlisten: 127.0.0.1:${apiPort}\nworkers: 4\ndefinitions: definitions\n`);
+    `database: ${db}\nlisten: 127.0.0.1:${apiPort}\nworkers: 4\ndefinitions: definitions\n` +
+    'groups:\n  - { tenant: default, name: finance, tokens: [victor] }\n');
 
   start('sim', ['sim', '--port', String(simPort)], env);
   await until('the simulator', async () => (await fetch(`${sim}/_sim/stats`)).ok);
@@ -962,6 +965,45 @@ try {
     const viewed = (await call('GET', `${redactBase}/v1/instances/redacted%3A1`, { bearer: victor })).body;
     assert.equal(viewed.input.customer.phone, '[redacted]');
     assert.equal(viewed.input.order_id, '1');
+  });
+
+  await check('approval: the snapshot and data version are shown; the requester is refused with why; a viewer of the finance group approves; the API, the audit trail and the ERP agree', async () => {
+    await startOrder('order-approval', { source: 'crm', order_id: '50', customer_id: 'C-50', amount: 4200,
+      lines: [{ sku: 'A-1', qty: 3 }], submitted_by: 'alice' });
+    const waiting = await settles('crm:50', (v) => v.approvals?.[0]?.state === 'waiting');
+    const url = `${base}/console/#/instance/default/crm%3A50`;
+    // alice (an operator, and the requester; not in the group) is refused, and told why.
+    await page.goto(url);
+    await page.getByRole('heading', { name: 'Approvals' }).waitFor();
+    await page.getByRole('button', { name: 'Approve' }).click();
+    await page.getByText(/decided by group 'finance', and 'alice' is not in it/).waitFor();
+    assert.equal((await show('crm:50')).approvals[0].state, 'waiting');
+    const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+    const p = await context.newPage();
+    const errors = [];
+    p.on('pageerror', (error) => errors.push(String(error)));
+    await p.goto(url);
+    await p.getByLabel('API token').fill(victor);
+    await p.getByRole('button', { name: 'Log in' }).click();
+    await p.getByRole('heading', { name: 'Approvals' }).waitFor();
+    await p.getByText('Order 50 for C-50: 4200 EUR').waitFor();
+    assert.equal(await p.locator('article.approval code[title]').getAttribute('title'),
+      waiting.approvals[0].data_version);
+    await p.getByLabel('Comment (kept with the decision)').fill('checked against the quote');
+    await p.screenshot({ path: path.join(out, 'instance-approval.png'), fullPage: true, timeout: 60000 });
+    await p.getByRole('button', { name: 'Approve' }).click();
+    // The view is drawn again with the decision in place of the form.
+    await p.locator('article.approval').getByText('approve by victor — checked against the quote').waitFor();
+    assert.equal(await p.getByRole('button', { name: 'Approve' }).count(), 0);
+    const done = await settles('crm:50', (v) => v.state === 'completed');
+    assert.equal(done.approvals[0].decision.by, 'victor');
+    assert.equal(done.approvals[0].decision.comment, 'checked against the quote');
+    assert.equal(done.audit.filter((a) => a.action === 'decide').length, 1);
+    assert.ok(done.audit.some((a) => a.action === 'decision_refused' && a.actor === 'alice'));
+    const erp = await call('GET', `${sim}/erp/orders?ref=${encodeURIComponent('default:crm:50')}`);
+    assert.equal(erp.body.items.length, 1, 'one ERP order, after the approval');
+    assert.deepEqual(errors, []);
+    await context.close();
   });
 } catch (error) {
   failures += 1;

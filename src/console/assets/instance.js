@@ -1,9 +1,11 @@
 // One instance (GET /v1/instances/{key}): why it stopped and what may follow, its
 // header, the step timeline with every request each step sent, every attempt of
 // every step (newest first, paged, with the worker and lease epoch it was sent
-// under), its alerts, the audit trail and event deliveries. Operator actions open the dialog.
+// under), its approvals (approvals.js), its alerts, the audit trail and event
+// deliveries. Operator actions open the dialog.
 
 import { api, instancePath, mayAct, mayDo } from './api.js';
+import { approvalsSection } from './approvals.js';
 import { h, show } from './dom.js';
 import { openActionDialog } from './dialog.js';
 import { actionWords, REASON_WORDS, relative, stateLabel, time } from './format.js';
@@ -153,6 +155,7 @@ export async function renderInstance(main, me, tenant, key) {
         row('updated', time(view.updated_at))),
       h('details', { 'data-keep': 'input' }, h('summary', {}, 'Input (pinned)'),
         h('pre', { class: 'input' }, JSON.stringify(view.input, null, 2)))),
+    approvalsSection(view, me),
     h('section', { 'aria-labelledby': 'steps-title' },
       h('h2', { id: 'steps-title' }, 'Steps'), stepsTimeline(view, me)),
     h('section', { 'aria-labelledby': 'attempts-title' },
