@@ -11,7 +11,8 @@ namespace waystone {
 // checked, the request not yet handed to the HTTP client), after-call (response
 // received, nothing recorded yet),
 // before-compensate, after-compensate; before-decide, after-decide (an approval's
-// decision about to commit, committed and not yet answered); batch-applied:<instance key> (a batch's
+// decision about to commit, committed and not yet answered); batch-applied:<instance
+// key> (a batch's
 // action committed on the instance, its item not yet recorded).
 //
 // Likewise pauses the calling thread when WAYSTONE_PAUSE_AT equals

@@ -170,7 +170,8 @@ int Show(const ApiOptions& api, const ShowOptions& options) {
       const Json& snapshot = a["snapshot"];
       if (snapshot.contains("summary")) std::printf("    %s\n", Str(snapshot, "summary").c_str());
       for (auto it = snapshot["fields"].begin(); it != snapshot["fields"].end(); ++it) {
-        std::printf("    %-16s %s\n", it.key().c_str(), JsonText(it.value()).substr(0, 100).c_str());
+        std::printf("    %-16s %s\n", it.key().c_str(),
+                    JsonText(it.value()).substr(0, 100).c_str());
       }
     }
     if (a.contains("decision")) {

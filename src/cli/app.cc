@@ -202,7 +202,8 @@ int Main(int argc, char** argv) {
       ->add_option("--data-version", decide.data_version,
                    "The data version you decide on (waystone show prints it)")
       ->required();
-  decide_cmd->add_option("--request", decide.request, "The request's number (default: the open one)");
+  decide_cmd->add_option("--request", decide.request,
+                         "The request's number (default: the open one)");
   decide_cmd->add_option("--comment", decide.comment, "Why (kept with the decision)");
   decide_cmd->add_flag("--json", decide.json, "Print JSON");
   add_api(decide_cmd);

@@ -77,7 +77,9 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     if (step.kind == StepKind::kApproval) {
       const ApprovalSpec& a = step.approval;
       std::string material;
-      for (const std::string& pointer : a.material) material += (material.empty() ? "" : ", ") + pointer;
+      for (const std::string& pointer : a.material) {
+        material += (material.empty() ? "" : ", ") + pointer;
+      }
       out << "   asks for approval of the input's " << material
           << " (their hash is the data version every decision quotes)\n"
           << "   decided by: "

@@ -295,6 +295,10 @@ class Validator {
       if (!step.group.empty() && step.kind == StepKind::kApproval) {
         Error(step.line, step.name, "an approval step stands on the main line, not in a branch");
       }
+      if (step.optional && step.kind == StepKind::kApproval) {
+        Error(step.line, step.name, "an approval step is never optional: a rejection would be "
+                                    "passed over");
+      }
       return;
     }
     if (step.kind == StepKind::kTransform) {

@@ -30,8 +30,23 @@ Json RecordOf(const StepRecord& step) {
 
 std::string Outcome(bool approve) { return approve ? "approve" : "reject"; }
 
+// `object[field]` as text, or `fallback` when `object` is no object or the field no
+// string: stored records are ours, but nothing read from a row may throw.
+std::string TextAt(const Json& object, const char* field, const std::string& fallback = "") {
+  if (!object.is_object()) return fallback;
+  const auto it = object.find(field);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+// `object[field]`, or an empty object.
+Json ObjectAt(const Json& object, const char* field) {
+  if (!object.is_object()) return Json::object();
+  const auto it = object.find(field);
+  return it != object.end() && it->is_object() ? *it : Json::object();
+}
+
 std::string Describe(const Json& decision) {
-  return decision.value("outcome", "?") + " by " + decision.value("by", "?");
+  return TextAt(decision, "outcome", "?") + " by " + TextAt(decision, "by", "?");
 }
 
 std::string Short(const std::string& version) { return version.substr(0, 16); }
@@ -112,20 +127,21 @@ Change Decided(const Facts& facts, StepRecord step, const Json& record) {
   const Json& decision = record["decision"];
   step.response_json = JsonText(record);
   step.next_attempt_at = 0;
-  if (decision.value("outcome", "") == "approve") {
+  if (TextAt(decision, "outcome") == "approve") {
     Change change = At(facts);
     MarkCompleted(step, facts.now);
     change.steps.push_back(step);
-    AddEvent(facts, change, "waystone.step.completed", &step, "approved by " + decision.value("by", ""));
+    AddEvent(facts, change, "waystone.step.completed", &step,
+             "approved by " + TextAt(decision, "by"));
     if (facts.instance.state == InstanceState::kRunning) change.next_run_at = facts.now;
     return change;
   }
-  std::string message = decision.value("outcome", "") == "timeout"
+  std::string message = TextAt(decision, "outcome") == "timeout"
                             ? "no decision within " +
                                   FormatDuration(def.approval.timeout)
-                            : "approval rejected by " + decision.value("by", "?");
-  const bool timed_out = decision.value("outcome", "") == "timeout";
-  if (const std::string comment = decision.value("comment", "");
+                            : "approval rejected by " + TextAt(decision, "by", "?");
+  const bool timed_out = TextAt(decision, "outcome") == "timeout";
+  if (const std::string comment = TextAt(decision, "comment");
       !comment.empty() && !timed_out) {
     message += ": " + comment;
   }
@@ -204,9 +220,11 @@ Change OpenApproval(const Facts& facts, int index,
                     const absl::StatusOr<ApprovalSnapshot>& snapshot) {
   StepRecord step = facts.steps[index];
   if (!snapshot.ok()) {
+    // A definition's mistake, not a decision: nothing is undone for it; an operator
+    // fixes the data (a revision) or the definition and retries.
     step.attempts += 1;
-    return FailStep(facts, step, ErrorClass::kRejected,
-                    "approval: " + std::string(snapshot.status().message()), std::nullopt);
+    return FailStepAndWait(facts, step,
+                           "approval: " + std::string(snapshot.status().message()));
   }
   const Json before = RecordOf(step);
   step.attempts += 1;  // the request's number
@@ -219,21 +237,33 @@ Change OpenApproval(const Facts& facts, int index,
                  {"data_version", snapshot->data_version},
                  {"requested_at", facts.now},
                  {"snapshot", snapshot->ToJson()}};
+  // Whoever revised the material fields that superseded the last request is, like
+  // the requester, not the one to approve the new one.
+  if (const std::string reviser = TextAt(ObjectAt(before, "cancelled"), "by");
+      !reviser.empty() && step.state == StepState::kPending) {
+    record["revised_by"] = reviser;
+  }
   std::vector<AuditRecord> dropped;
   if (const auto early = before.find("early_decision");
       early != before.end() && early->is_object()) {
-    if (early->value("data_version", "") == snapshot->data_version) {
+    const std::string by = TextAt(*early, "by");
+    const bool own = !facts.definition.steps[index].approval.requester.empty() &&
+                     (by == snapshot->requester || by == TextAt(record, "revised_by"));
+    if (TextAt(*early, "data_version") == snapshot->data_version && !own) {
       record["decision"] = *early;
       Change change = Decided(facts, step, record);
       AttachToLastEvent(change, record);
       return change;
     }
-    // Decided on data that changed before the request opened: not this request's.
-    dropped.push_back({0, facts.now, early->value("by", ""), facts.instance.tenant,
-                       facts.instance.id, "decision_dropped",
-                       "decided on data version " + Short(early->value("data_version", "")) +
-                           " before its request opened; the request is on " +
-                           Short(snapshot->data_version),
+    // Decided on data that changed before the request opened (or by whom the request
+    // now names as its requester): not this request's.
+    dropped.push_back({0, facts.now, by, facts.instance.tenant, facts.instance.id,
+                       "decision_dropped",
+                       own ? "decided before its request opened by '" + by +
+                                 "', who requested it or revised its data"
+                           : "decided on data version " + Short(TextAt(*early, "data_version")) +
+                                 " before its request opened; the request is on " +
+                                 Short(snapshot->data_version),
                        JsonText(Json{{"step", step.name}, {"decision", *early}})});
   }
   Change change = At(facts);
@@ -302,14 +332,14 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
   StepRecord step = facts.steps[index];
   Json record = RecordOf(step);
   DecisionOutcome out;
-  out.change = At(facts);
+  out.change.now = facts.now;  // a refusal changes nothing but its audit (and alert)
   const Json detail = DetailOf(step, decision);
   auto refuse = [&](absl::Status status, const Json* standing) {
     Json refused = detail;
     refused["refused"] = std::string(status.message());
     out.change.audits.push_back(
         DecisionAudit(facts, "decision_refused", std::string(status.message()), decision, refused));
-    if (standing != nullptr && standing->value("outcome", "") != Outcome(decision.approve)) {
+    if (standing != nullptr && TextAt(*standing, "outcome") != Outcome(decision.approve)) {
       AddAlert(facts, out.change, AlertKind::kContradictingDecision, step.name,
                "a late decision (" + Outcome(decision.approve) + " by " + decision.actor +
                    ") contradicts the one that stood on step '" + step.name + "' (" +
@@ -321,10 +351,28 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
 
   const bool open = step.state == StepState::kWaiting;
   const std::string requester =
-      open ? record["snapshot"].value("requester", "") : current.requester;
-  const std::string escalated_to = open ? record.value("escalated_to", "") : "";
+      open ? TextAt(ObjectAt(record, "snapshot"), "requester") : current.requester;
+  const std::string escalated_to = open ? TextAt(record, "escalated_to") : "";
   if (absl::Status may = MayDecide(def, decision, requester, escalated_to); !may.ok()) {
     return refuse(std::move(may), nullptr);
+  }
+  // Requester != approver, when declared, extends to whoever revised the request's data.
+  if (open && !def.approval.requester.empty() && !TextAt(record, "revised_by").empty() &&
+      TextAt(record, "revised_by") == decision.actor) {
+    return refuse(absl::PermissionDeniedError(
+                      "'" + decision.actor + "' revised the data of request " +
+                      std::to_string(step.attempts) + " of step '" + step.name +
+                      "' and may not decide it"),
+                  nullptr);
+  }
+  if (step.state == StepState::kPending && !def.approval.requester.empty() &&
+      current.requester.empty()) {
+    // Who asked is not known yet (its template reads what is not there yet): a
+    // decision now could be the requester's own.
+    return refuse(absl::FailedPreconditionError(
+                      "step '" + step.name + "' cannot take a decision before its request "
+                      "opens: its requester is not known yet"),
+                  nullptr);
   }
   const Json* standing = nullptr;
   if (step.state == StepState::kPending && record.contains("early_decision")) {
@@ -333,10 +381,12 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
              record.contains("decision")) {
     standing = &record["decision"];
   }
-  if (standing != nullptr && standing->value("by", "") == decision.actor &&
-      standing->value("outcome", "") == Outcome(decision.approve) &&
-      record.value("data_version", standing->value("data_version", "")) ==
-          decision.data_version) {
+  const std::string standing_version =
+      step.state == StepState::kPending ? TextAt(ObjectAt(record, "early_decision"), "data_version")
+                                        : TextAt(record, "data_version");
+  if (standing != nullptr && TextAt(*standing, "by") == decision.actor &&
+      TextAt(*standing, "outcome") == Outcome(decision.approve) &&
+      standing_version == decision.data_version) {
     out.replayed = true;  // the decision that stands, sent again (its answer was lost)
     out.change = Change{};
     return out;
@@ -344,7 +394,7 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
   if (standing != nullptr) {
     return refuse(absl::FailedPreconditionError(
                       "step '" + step.name + "' was decided already: " + Describe(*standing) +
-                      " on data version " + Short(record.value("data_version", "")) +
+                      " on data version " + Short(standing_version) +
                       "; the first decision stands"),
                   standing);
   }
@@ -483,7 +533,7 @@ absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revis
       out.reopened.push_back(step.name);
       reopened = true;
     } else if (step.state == StepState::kCompleted || step.state == StepState::kFailed) {
-      const Json decision = record.value("decision", Json::object());
+      const Json decision = ObjectAt(record, "decision");
       return absl::FailedPreconditionError(
           "step '" + step.name + "' decided request " + std::to_string(step.attempts) +
           " (" + (decision.is_object() ? Describe(decision) : std::string("?")) +

@@ -12,8 +12,8 @@
 //    "snapshot": {"fields": {"/amount": 120}, "summary": "…", "requester": "bob"},
 //    "decision": {"outcome": "approve", "by": "alice", "at": …, "comment": "…"}}
 // A decision that arrives before the request opens is kept on the pending step
-// ("early_decision") for the request about that same data version; nothing else
-// sees it. Every decision, taken or refused, is in the audit log with its actor.
+// ("early_decision") for this instance's request about that same data version only
+// (the view shows it; no other instance or request takes it). Every decision, taken or refused, is in the audit log with its actor.
 
 #include <optional>
 #include <string>
@@ -51,7 +51,7 @@ absl::StatusOr<ApprovalSnapshot> RenderApproval(const ApprovalSpec& spec,
 // A decision as it arrives, with who decides.
 struct Decision {
   std::string step;
-  int request = 0;           // the request quoted; 0: before its request opened
+  int request = 0;  // the request quoted; 0: the one about `data_version` (open or not yet)
   std::string data_version;  // the data version quoted (required)
   bool approve = false;
   std::string comment;
@@ -78,7 +78,8 @@ struct DecisionOutcome {
 // or why it could not be) and the step waits for a decision; a decision kept for
 // this data version before the request opened decides it at once; one kept for
 // other data is dropped (audited).
-Change OpenApproval(const Facts& facts, int index, const absl::StatusOr<ApprovalSnapshot>& snapshot);
+Change OpenApproval(const Facts& facts, int index,
+                    const absl::StatusOr<ApprovalSnapshot>& snapshot);
 
 // The open request of approval step `index` reached a deadline (its next attempt
 // time): a reminder (event approval.reminder), an escalation (its group may decide

@@ -309,6 +309,15 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
   return committed;
 }
 
+absl::Status Operations::SameEvent(const InboxEntry& seen, const InboxClaim& event,
+                                   const InstanceRecord& instance) {
+  if (seen.data_hash.empty() || seen.data_hash == event.data_hash) return absl::OkStatus();
+  WS_RETURN_IF_ERROR(RaiseInboxConflict(*store_, *random_, instance, event.source, event.id,
+                                        seen.data_hash, event.data_hash, clock_->NowMillis()));
+  return absl::FailedPreconditionError(
+      InboxConflictMessage(event.source, event.id, seen.data_hash, event.data_hash));
+}
+
 absl::StatusOr<DecisionResult> Operations::Received(const InstanceRecord& instance, int index) {
   WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
   DecisionResult result{instance, steps[index], false, true};
@@ -329,7 +338,10 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
     WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
                         store_->LookupInbox(decision.inbox->tenant, decision.inbox->source,
                                             decision.inbox->id));
-    if (seen) return Received(instance, index);
+    if (seen) {
+      WS_RETURN_IF_ERROR(SameEvent(*seen, *decision.inbox, instance));
+      return Received(instance, index);
+    }
   }
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   bool released = false;  // a commit releases the lease (lease_expires_at 0)
@@ -389,6 +401,7 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
                         store_->LookupInbox(revision.inbox->tenant, revision.inbox->source,
                                             revision.inbox->id));
     if (seen) {
+      WS_RETURN_IF_ERROR(SameEvent(*seen, *revision.inbox, instance));
       RevisionResult duplicate;
       duplicate.instance = instance;
       duplicate.duplicate = true;

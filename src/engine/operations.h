@@ -111,8 +111,9 @@ class Operations {
   // `tenant`, with its effect and audit record in one transaction. NotFound for no
   // such instance or no approval step of that name; Aborted when a worker holds the
   // instance. A refused decision commits its audit record (and a contradiction's
-  // alert) and returns why: PermissionDenied (the actor may not decide it) or
-  // FailedPrecondition (decided already, superseded, closed, or other data).
+  // alert, and its event's inbox claim) and returns why: PermissionDenied (the actor
+  // may not decide it) or FailedPrecondition (decided already, superseded, closed,
+  // or other data; or its event id was received before with other data).
   absl::StatusOr<DecisionResult> Decide(const std::string& tenant, const std::string& key,
                                         const Decision& decision);
 
@@ -128,6 +129,10 @@ class Operations {
   // signal's event; NotFound when it does not.
   absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const std::string& data_hash);
   absl::Status Release(const Lease& lease);
+  // OK when the inbox's `seen` holds `event`'s data; otherwise raises inbox_conflict
+  // and returns why (FailedPrecondition): the same event id with other data.
+  absl::Status SameEvent(const InboxEntry& seen, const InboxClaim& event,
+                         const InstanceRecord& instance);
   // A decision whose event was received before: the step as it stands, nothing done.
   absl::StatusOr<DecisionResult> Received(const InstanceRecord& instance, int index);
 

@@ -16,7 +16,9 @@
 #include "server/wire_json.h"
 
 // POST /v1/instances/{key}/decide: an approver's decision on an approval step's
-// request. Who may decide is the step's (approvals.h); the token names the actor.
+// request; POST /v1/instances/{key}/revise: a new version of an instance's input;
+// both as CloudEvents too (ActOnEvent), and the view's "approvals". Who may decide
+// is the step's (approvals.h); the token names the actor.
 
 namespace waystone {
 
@@ -88,8 +90,8 @@ void DecideApproval(const ApiContext& ctx, const Principal& principal, const std
   decision.groups = GroupsOf(ctx.options.groups, principal.token_name, *tenant);
   auto result = ctx.engine->operations().Decide(*tenant, key, decision);
   if (!result.ok()) return Send(res, ProblemFromStatus(result.status()), req.path);
-  Json approval = Json::parse(result->step.response_json.empty() ? "{}" : result->step.response_json,
-                              nullptr, false);
+  const std::string& text = result->step.response_json;
+  Json approval = Json::parse(text.empty() ? "{}" : text, nullptr, false);
   Json out = {{"step", result->step.name},
               {"step_state", ToString(result->step.state)},
               {"decision", body->approve ? "approve" : "reject"},
@@ -108,6 +110,9 @@ void ReviseInstance(const ApiContext& ctx, const Principal& principal, const std
   if (!body) return;
   auto tenant = WriteTenant(principal, Param(req, "tenant"), req, res);
   if (!tenant) return;
+  if (!Permitted(ctx.options.permissions, principal, *tenant, Permission::kRevise, req, res)) {
+    return;
+  }
   const Revision revision{body->input_json, principal.token_name, body->reason};
   auto result = ctx.engine->operations().Revise(*tenant, key, revision);
   if (!result.ok()) return Send(res, ProblemFromStatus(result.status()), req.path);
@@ -135,8 +140,15 @@ absl::StatusOr<std::string> ActOnEvent(const ApiContext& ctx, const Principal& p
     return JsonText(picked);
   };
   if (route.act == "revise") {
+    if (!PermissionsOf(ctx.options.permissions, principal.role, tenant)
+             .contains(Permission::kRevise)) {
+      return absl::PermissionDeniedError("the " + std::string(RoleName(principal.role)) +
+                                         " role may not revise in tenant '" + tenant + "'");
+    }
     Json body = Json::parse(fields({"input", "reason"}));
-    if (!body.contains("reason")) body["reason"] = "event " + route.type + " " + id + " from " + source;
+    if (!body.contains("reason")) {
+      body["reason"] = "event " + route.type + " " + id + " from " + source;
+    }
     WS_ASSIGN_OR_RETURN(ReviseBody parsed, ParseReviseBody(JsonText(body)));
     const Revision revision{parsed.input_json, principal.token_name, parsed.reason, inbox};
     WS_ASSIGN_OR_RETURN(RevisionResult result,
@@ -156,7 +168,8 @@ absl::StatusOr<std::string> ActOnEvent(const ApiContext& ctx, const Principal& p
   decision.role = RoleName(principal.role);
   decision.groups = GroupsOf(ctx.options.groups, principal.token_name, tenant);
   decision.inbox = inbox;
-  WS_ASSIGN_OR_RETURN(DecisionResult result, ctx.engine->operations().Decide(tenant, key, decision));
+  WS_ASSIGN_OR_RETURN(DecisionResult result,
+                      ctx.engine->operations().Decide(tenant, key, decision));
   return result.duplicate ? "duplicate" : "decided";
 }
 

@@ -3,10 +3,12 @@
 namespace waystone {
 namespace {
 
+// see_redacted last: operators have every one but it.
 constexpr Permission kAll[] = {Permission::kRetry,   Permission::kConfirm,
                                Permission::kCompensate, Permission::kSkip,
                                Permission::kClose,   Permission::kAcknowledge,
-                               Permission::kPauseTarget, Permission::kSeeRedacted};
+                               Permission::kPauseTarget, Permission::kRevise,
+                               Permission::kSeeRedacted};
 
 }  // namespace
 
@@ -20,6 +22,7 @@ std::string_view ToString(Permission permission) {
     case Permission::kAcknowledge: return "acknowledge";
     case Permission::kSeeRedacted: return "see_redacted";
     case Permission::kPauseTarget: return "pause_target";
+    case Permission::kRevise: return "revise";
   }
   return "?";
 }

@@ -25,6 +25,7 @@ enum class Permission : uint8_t {
   kAcknowledge = 6,  // an alert
   kSeeRedacted = 7,  // the values a definition's `redact:` list hides
   kPauseTarget = 8,  // pause and resume every call to a target
+  kRevise = 9,       // revise an instance's input (a new input version)
 };
 
 std::string_view ToString(Permission permission);

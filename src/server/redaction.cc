@@ -91,6 +91,50 @@ void ForEachString(Json& value, const std::function<void(Json&)>& visit) {
 
 }  // namespace
 
+namespace {
+
+// An approval's snapshot shows input fields by pointer ({"fields": {"/customer": …}}):
+// each field at or under a redacted pointer is hidden whole, and within a field above
+// one the redacted part is hidden, wherever a "snapshot" object is in `shown`.
+void HideSnapshotFields(const std::vector<std::string>& pointer_texts, Json& shown,
+                        std::vector<std::string>* hidden) {
+  if (shown.is_array()) {
+    for (Json& item : shown) HideSnapshotFields(pointer_texts, item, hidden);
+    return;
+  }
+  if (!shown.is_object()) return;
+  for (auto it = shown.begin(); it != shown.end(); ++it) {
+    if (it.key() != "snapshot" || !it->is_object() || !it->contains("fields") ||
+        !(*it)["fields"].is_object()) {
+      HideSnapshotFields(pointer_texts, *it, hidden);
+      continue;
+    }
+    for (auto field = (*it)["fields"].begin(); field != (*it)["fields"].end(); ++field) {
+      const std::string& at = field.key();
+      for (const std::string& redacted : pointer_texts) {
+        if (at == redacted || at.starts_with(redacted + "/")) {
+          if (field->is_string()) hidden->push_back(field->get<std::string>());
+          *field = kRedactedValue;
+          break;
+        }
+        if (redacted.starts_with(at + "/")) {
+          try {
+            const Json::json_pointer inner(redacted.substr(at.size()));
+            if (field->contains(inner)) {
+              Json& value = field->at(inner);
+              if (value.is_string()) hidden->push_back(value.get<std::string>());
+              value = kRedactedValue;
+            }
+          } catch (const Json::exception&) {
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void RedactValues(const std::vector<std::string>& pointer_texts, const InstanceRecord& instance,
                   const std::vector<StepRecord>& steps, Json& shown) {
   if (pointer_texts.empty()) return;
@@ -112,6 +156,7 @@ void RedactValues(const std::vector<std::string>& pointer_texts, const InstanceR
     if (!document.is_discarded()) HidePointers(pointers, document, &hidden);
   }
   if (shown.is_object() && shown.contains("input")) HidePointers(pointers, shown["input"], &hidden);
+  HideSnapshotFields(pointer_texts, shown, &hidden);
   ForEachString(shown, [&](Json& value) {
     std::string text = value.get<std::string>();
     HideInQuotedBody(pointers, text, &hidden);

@@ -76,7 +76,9 @@ absl::StatusOr<ReviseBody> ParseReviseBody(const std::string& text) {
   WS_RETURN_IF_ERROR(StringField(body, "reason", &out.reason));
   WS_RETURN_IF_ERROR(OnlyFields(body, {"input", "reason"}));
   if (!body.contains("input")) return absl::InvalidArgumentError("'input' is required");
-  if (!body["input"].is_object()) return absl::InvalidArgumentError("'input' must be a JSON object");
+  if (!body["input"].is_object()) {
+    return absl::InvalidArgumentError("'input' must be a JSON object");
+  }
   if (out.reason.find_first_not_of(" \t\r\n") == std::string::npos) {
     return absl::InvalidArgumentError("'reason' is required: why the input changes");
   }

@@ -210,14 +210,15 @@ class ConfigReader : public YamlConfig {
     if (!actions || !actions.IsSequence()) {
       return Error(actions ? actions : node,
                    "a permission needs 'actions', the list of all the role may do (retry, "
-                   "confirm, compensate, skip, close, acknowledge, pause_target, see_redacted)");
+                   "confirm, compensate, skip, close, acknowledge, pause_target, revise, "
+                   "see_redacted)");
     }
     for (const auto& action : actions) {
       auto permission = action.IsScalar() ? ParsePermission(action.Scalar()) : std::nullopt;
       if (!permission) {
         return Error(action, "'" + (action.IsScalar() ? action.Scalar() : std::string("?")) +
                                  "' is not one of retry, confirm, compensate, skip, close, "
-                                 "acknowledge, pause_target, see_redacted");
+                                 "acknowledge, pause_target, revise, see_redacted");
       }
       if (rule.role == Role::kViewer && *permission != Permission::kSeeRedacted) {
         return Error(action, "a viewer takes no actions; it may only be granted see_redacted");

@@ -3,8 +3,9 @@
 // Store-internal: a group commit, written once for both dialects. Each change is
 // applied under its own savepoint in the transaction the dialect opened, in one
 // order: the fence first (nothing is written unless the lease holds), then the
-// inbox claim, the revised input, alert resolution, idempotency key, steps, attempts (then the oldest
-// of their steps beyond the bound go), events, alerts and audit records. A dialect supplies only the SQL of each step (ChangeSql).
+// inbox claim, the revised input, alert resolution, idempotency key, steps, attempts
+// (then the oldest of their steps beyond the bound go), events, alerts and audit
+// records. A dialect supplies only the SQL of each step (ChangeSql).
 
 #include <cstdint>
 #include <optional>

@@ -360,6 +360,7 @@ steps:
        "approval.summary"},
       {"    approval: { material: [/a], deadline: 1d }\n", "unknown field 'deadline'"},
       {"    approval: { material: [/a] }\n    recovery: compensable\n", "approval step"},
+      {"    approval: { material: [/a] }\n    optional: true\n", "never optional"},
   };
   for (const Bad& c : cases) {
     auto definition = LoadDefinitionText(

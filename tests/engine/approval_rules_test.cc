@@ -741,5 +741,76 @@ TEST(ApprovalRulesTest, ATimeoutGoesWhereOnTimeoutSays) {
   }
 }
 
+// --- Who may not decide, however the decision comes ---------------------------------
+
+TEST(ApprovalRulesTest, ADecisionKeptFromTheRequesterIsDroppedWhenItsRequestOpens) {
+  // bob decided before the request opened, when the requester's template could not
+  // say yet that it is bob (here: the input named someone else then).
+  const InstanceRecord instance = Instance(I::kRunning, kInput);  // submitted_by: bob
+  std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kPending, S::kPending});
+  const ApprovalSnapshot now = Snapshot(Finance(), instance);
+  steps[1].response_json = Json{{"early_decision", {{"outcome", "approve"}, {"by", "bob"},
+                                                     {"at", kNow}, {"data_version", now.data_version},
+                                                     {"before_request", true}}}}
+                               .dump();
+  SeededRandom random{18};
+  const Facts facts{Finance(), instance, steps, kNow, random};
+  const Change opened = OpenApproval(facts, 1, now);
+  ASSERT_EQ(opened.steps.size(), 1u);
+  EXPECT_EQ(opened.steps[0].state, S::kWaiting);  // not decided by bob's own approval
+  ASSERT_EQ(opened.audits.size(), 1u);
+  EXPECT_EQ(opened.audits[0].action, "decision_dropped");
+  EXPECT_NE(opened.audits[0].reason.find("who requested it"), std::string::npos);
+
+  // And a decision before the request while the requester cannot be known is refused.
+  ApprovalSnapshot unknown = now;
+  unknown.requester.clear();
+  std::vector<StepRecord> early = testing::Steps({S::kRunning, S::kPending, S::kPending});
+  const Facts before{Finance(), instance, early, kNow, random};
+  const DecisionOutcome refused =
+      DecisionArrived(before, 1, By("bob", true, 0, now.data_version), unknown);
+  EXPECT_EQ(refused.refusal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.refusal.message().find("requester is not known yet"), std::string::npos);
+}
+
+TEST(ApprovalRulesTest, WhoRevisedTheDataOfARequestMayNotDecideTheNextOne) {
+  const Open open = OpenRequest(Finance());
+  SeededRandom random{19};
+  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  Revision revision = Revised("amount", 77);
+  revision.actor = "alice";  // a finance member who changed the amount
+  const auto revised = Revise(facts, revision);
+  ASSERT_TRUE(revised.ok()) << revised.status();
+  InstanceRecord instance = open.instance;
+  instance.input_json = *revised->change.input_json;
+  std::vector<StepRecord> steps = Apply(open.steps, revised->change);
+  const Facts reopening{Finance(), instance, steps, kNow + 1, random};
+  steps = Apply(steps, OpenApproval(reopening, 1, Snapshot(Finance(), instance)));
+  EXPECT_EQ(Json::parse(steps[1].response_json)["revised_by"], "alice");
+  const Facts deciding{Finance(), instance, steps, kNow + 2, random};
+  const DecisionOutcome own =
+      DecisionArrived(deciding, 1, By("alice", true, 2, steps[1].request_hash), ApprovalSnapshot{});
+  EXPECT_EQ(own.refusal.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(own.refusal.message().find("revised the data"), std::string::npos) << own.refusal;
+  const DecisionOutcome other =
+      DecisionArrived(deciding, 1, By("dave", true, 2, steps[1].request_hash), ApprovalSnapshot{});
+  EXPECT_TRUE(other.refusal.ok()) << other.refusal;
+}
+
+TEST(ApprovalRulesTest, ARefusalChangesNothingButItsAuditEvenWhileTheInstanceWaitsForATarget) {
+  Open open = OpenRequest(Finance());
+  open.instance.status_reason = "waiting for target 'erp' (paused)";
+  SeededRandom random{20};
+  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  Decision outsider = By("mallory", true, 1, open.version);
+  outsider.groups = {};
+  const DecisionOutcome out = DecisionArrived(facts, 1, outsider, ApprovalSnapshot{});
+  ASSERT_FALSE(out.refusal.ok());
+  EXPECT_EQ(out.change.status_reason, std::nullopt);
+  EXPECT_EQ(out.change.state, std::nullopt);
+  EXPECT_TRUE(out.change.steps.empty());
+  EXPECT_EQ(out.change.audits.size(), 1u);
+}
+
 }  // namespace
 }  // namespace waystone

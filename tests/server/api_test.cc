@@ -183,7 +183,8 @@ TEST_P(ApiTest, MeNamesTheTokensNameTenantAndRole) {
   // Without a permissions section an admin may do everything, in every tenant.
   EXPECT_EQ(root, (Json{{"token", "root"}, {"tenant", "*"}, {"role", "admin"},
                         {"actions", {"retry", "confirm", "compensate", "skip", "close",
-                                     "acknowledge", "see_redacted", "pause_target"}},
+                                     "acknowledge", "see_redacted", "pause_target",
+                                     "revise"}},
                         {"actions_by_tenant", Json::object()}}));
 }
 

@@ -1053,6 +1053,11 @@ steps:
   auto [redelivered_status, redelivered] = send("com.acme.order.decided", "d-1", decision);
   ASSERT_EQ(redelivered_status, 200) << redelivered.dump();
   EXPECT_EQ(redelivered["results"][0]["outcome"], "duplicate");
+  // The same event id with other data is never a duplicate: refused, with an alert.
+  Json changed = decision;
+  changed["comment"] = "edited";
+  auto [conflict_status, conflict] = send("com.acme.order.decided", "d-1", changed);
+  EXPECT_EQ(conflict_status, 409) << conflict.dump();
   // A decision event that the step refuses: its problem, and the event is not applied.
   Json other = decision;
   other["decision"] = "reject";
@@ -1069,6 +1074,47 @@ steps:
   EXPECT_EQ(decides, 1);
   EXPECT_EQ(revises, 1);
   EXPECT_EQ(view["approvals"][0]["decision"]["by"], "op1");
+  bool inbox_conflict = false;
+  for (const Json& alert : view["alerts"]) inbox_conflict |= alert["kind"] == "inbox_conflict";
+  EXPECT_TRUE(inbox_conflict) << view["alerts"].dump();
+}
+
+// What a definition's redact: list hides stays hidden in an approval's snapshot; the
+// permission to revise is narrowed like any other.
+TEST_P(ApiWriteTest, ApprovalSnapshotsHideRedactedFieldsAndRevisionsNeedTheirPermission) {
+  auto approval = LoadDefinitionText(R"(workflow: apprx
+key: "{{input.id}}"
+redact: [/customer/phone, /salary]
+steps:
+  - name: approve
+    approval: { material: [/customer, /salary, /amount] }
+)", "apprx.yaml");
+  ASSERT_TRUE(approval.ok()) << approval.status();
+  ASSERT_TRUE(engine_->Register(*approval).ok());
+  const Json input = {{"id", "x1"}, {"amount", 5}, {"salary", 91000},
+                      {"customer", {{"name", "Aiko"}, {"phone", "+81-90-1234-5678"}}}};
+  Post("/v1/instances", {{"workflow", "apprx"}, {"input", input}}, 201);
+  ASSERT_EQ(Drive("x1"), InstanceState::kRunning);
+  const auto viewed = Send("GET", "/v1/instances/x1", viewer_);
+  ASSERT_EQ(viewed.outcome.status, 200);
+  EXPECT_EQ(viewed.body.find("1234-5678"), std::string::npos) << viewed.body;
+  EXPECT_EQ(viewed.body.find("91000"), std::string::npos) << viewed.body;
+  const Json fields = Json::parse(viewed.body)["approvals"][0]["snapshot"]["fields"];
+  EXPECT_EQ(fields["/customer"]["phone"], "[redacted]") << fields.dump();
+  EXPECT_EQ(fields["/customer"]["name"], "Aiko");
+  EXPECT_EQ(fields["/salary"], "[redacted]");
+  EXPECT_EQ(fields["/amount"], 5);
+  const Json full = Get("/v1/instances/x1?tenant=t1", admin_)["approvals"][0]["snapshot"]["fields"];
+  EXPECT_EQ(full["/customer"]["phone"], "+81-90-1234-5678");
+
+  const std::string revise =
+      Json{{"input", {{"id", "x1"}, {"amount", 6}}}, {"reason", "the amount changed"}}.dump();
+  Restart({PermissionRule{Role::kOperator, "t1", {Permission::kRetry}, 1}});
+  const auto refused = Send("POST", "/v1/instances/x1/revise", operator_, revise);
+  EXPECT_EQ(refused.outcome.status, 403) << refused.body;
+  EXPECT_NE(refused.body.find("revise"), std::string::npos) << refused.body;
+  Restart({});
+  EXPECT_EQ(Send("POST", "/v1/instances/x1/revise", operator_, revise).outcome.status, 200);
 }
 
 TEST_P(ApiWriteTest, ListsArePagedAndFiltered) {
