@@ -1,5 +1,7 @@
 #include "server/triage.h"
 
+#include <nlohmann/json.hpp>
+
 #include "base/time_format.h"
 
 namespace waystone {
@@ -145,6 +147,18 @@ StopExplanation ExplainStop(const InstanceRecord& instance, const std::vector<St
   if (step != nullptr && step->state == StepState::kWaiting) {
     out.reason = StopReason::kWaitingForEvent;
     out.overdue = step->next_attempt_at > 0 && now > step->next_attempt_at;
+    // An approval step's open request (engine/approvals.h): its record names it.
+    const nlohmann::json request = nlohmann::json::parse(step->response_json, nullptr, false);
+    if (request.is_object() && request.contains("data_version") && request.contains("snapshot")) {
+      out.words = name + " waits for a decision on request " +
+                  std::to_string(step->attempts) + " (data version " +
+                  step->request_hash.substr(0, 16) + ")" +
+                  (step->next_attempt_at > 0
+                       ? "; its next deadline is " + FormatRfc3339(step->next_attempt_at)
+                       : std::string()) +
+                  ". An approver decides it (POST .../decide, waystone decide or the console).";
+      return out;
+    }
     out.words = name + " is waiting for an event" +
                 (step->next_attempt_at > 0
                      ? std::string(out.overdue ? "; it was due by " : " until ") +

@@ -123,10 +123,10 @@ TEST(ServerConfigTest, PermissionsNarrowARolePerTenantAndDefaultToTodays) {
   EXPECT_EQ(PermissionsOf(rules, Role::kViewer, "acme"), (std::set<P>{P::kSeeRedacted}));
   EXPECT_EQ(PermissionsOf(rules, Role::kViewer, "other"), (std::set<P>{}));
   // No rule for admins: every action and see_redacted, as without the section.
-  EXPECT_EQ(PermissionsOf(rules, Role::kAdmin, "acme").size(), 8u);
+  EXPECT_EQ(PermissionsOf(rules, Role::kAdmin, "acme").size(), 9u);
   EXPECT_EQ(PermissionsOf({}, Role::kOperator, "acme"),
             (std::set<P>{P::kRetry, P::kConfirm, P::kCompensate, P::kSkip, P::kClose,
-                         P::kAcknowledge, P::kPauseTarget}));
+                         P::kAcknowledge, P::kPauseTarget, P::kRevise}));
   EXPECT_EQ(TenantsWithRules(rules, Role::kOperator), (std::set<std::string>{"acme"}));
 }
 
