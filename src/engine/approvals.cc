@@ -88,6 +88,9 @@ Json DetailOf(const StepRecord& step, const Decision& decision) {
                  {"data_version", decision.data_version},
                  {"decision", Outcome(decision.approve)}};
   if (!decision.comment.empty()) detail["comment"] = decision.comment;
+  if (decision.inbox) {  // the authenticated event that carried it
+    detail["event"] = {{"source", decision.inbox->source}, {"id", decision.inbox->id}};
+  }
   return detail;
 }
 

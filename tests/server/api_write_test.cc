@@ -1074,6 +1074,11 @@ steps:
   EXPECT_EQ(decides, 1);
   EXPECT_EQ(revises, 1);
   EXPECT_EQ(view["approvals"][0]["decision"]["by"], "op1");
+  for (const Json& a : view["audit"]) {
+    if (a["action"] == "decide") {
+      EXPECT_EQ(a["detail"]["event"], (Json{{"source", "/crm"}, {"id", "d-1"}})) << a.dump();
+    }
+  }
   bool inbox_conflict = false;
   for (const Json& alert : view["alerts"]) inbox_conflict |= alert["kind"] == "inbox_conflict";
   EXPECT_TRUE(inbox_conflict) << view["alerts"].dump();
@@ -1552,7 +1557,7 @@ TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
   EXPECT_EQ(Get("/v1/me", operator_t2_)["actions"], (Json{"skip", "close"}));
   EXPECT_EQ(Get("/v1/me", viewer_)["actions"], Json::array());
   Json admin_me = Get("/v1/me", admin_);
-  EXPECT_EQ(admin_me["actions"].size(), 8u) << admin_me.dump();
+  EXPECT_EQ(admin_me["actions"].size(), 9u) << admin_me.dump();
   EXPECT_EQ(admin_me["actions_by_tenant"], (Json{{"t2", {"retry"}}}));
 
   // A batch needs what its action needs, in the batch's tenant: its preview, its
