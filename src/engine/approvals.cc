@@ -385,8 +385,9 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
     standing = &record["decision"];
   }
   const std::string standing_version =
-      step.state == StepState::kPending ? TextAt(ObjectAt(record, "early_decision"), "data_version")
-                                        : TextAt(record, "data_version");
+      step.state == StepState::kPending
+          ? TextAt(ObjectAt(record, "early_decision"), "data_version")
+          : TextAt(record, "data_version");
   if (standing != nullptr && TextAt(*standing, "by") == decision.actor &&
       TextAt(*standing, "outcome") == Outcome(decision.approve) &&
       standing_version == decision.data_version) {

@@ -13,7 +13,8 @@
 //    "decision": {"outcome": "approve", "by": "alice", "at": …, "comment": "…"}}
 // A decision that arrives before the request opens is kept on the pending step
 // ("early_decision") for this instance's request about that same data version only
-// (the view shows it; no other instance or request takes it). Every decision, taken or refused, is in the audit log with its actor.
+// (the view shows it; no other instance or request takes it). Every decision, taken
+// or refused, is in the audit log with its actor.
 
 #include <optional>
 #include <string>

@@ -55,9 +55,10 @@ bool StepDone(const WorkflowDefinition& definition, const StepRecord& step);
 
 // Returns the instance state that follows a step's failure: needs_attention for a
 // manual step or one declared `on_failure: pause`, or while a step beside it (a
-// parallel branch) has an unknown outcome; running while a call beside it is under way in this drive (`busy`: its outcome
-// comes first, then Decide says kSettleFailure); compensating when a completed step
-// has a compensation, else failed.
+// parallel branch) has an unknown outcome; running while a call beside it is under
+// way in this drive (`busy`: its outcome comes first, then Decide says
+// kSettleFailure); compensating when a completed step has a compensation, else
+// failed.
 InstanceState StateAfterFailure(const WorkflowDefinition& definition,
                                 const std::vector<StepRecord>& steps, int failed_step,
                                 const std::vector<int>& busy = {});

@@ -69,7 +69,8 @@ class ApprovalClockTest : public ::testing::TestWithParam<testing::Backend> {
   }
 
   InstanceRecord Start(const std::string& id) {
-    auto started = engine_->StartInstance(definition_, {"t1", Json{{"id", id}, {"amount", 9}}.dump()});
+    const std::string input = Json{{"id", id}, {"amount", 9}}.dump();
+    auto started = engine_->StartInstance(definition_, {"t1", input});
     EXPECT_TRUE(started.ok()) << started.status();
     return started.ok() ? started->instance : InstanceRecord{};
   }
@@ -85,8 +86,8 @@ class ApprovalClockTest : public ::testing::TestWithParam<testing::Backend> {
   }
 
   // Waits (real time) until `condition` holds of the instance's approval step.
-  bool Until(const InstanceRecord& instance, const std::function<bool(const StepRecord&,
-                                                                       const InstanceRecord&)>& condition) {
+  using Condition = std::function<bool(const StepRecord&, const InstanceRecord&)>;
+  bool Until(const InstanceRecord& instance, const Condition& condition) {
     return testing::WaitFor(
         [&] {
           auto steps = store_->GetSteps(instance.id);

@@ -139,7 +139,9 @@ export async function renderInstance(main, me, tenant, key) {
       h('p', { class: 'why' }, stopped.words),
       h('p', { class: 'actions-text' }, nextActionsText(stopped.next_actions)),
       canAct ? (actions.length ? h('div', { class: 'actions', role: 'group', 'aria-label': 'Operator actions' }, actions) : null)
-        : h('p', { class: 'muted' }, `Your token (${me.role}) may read only; an operator acts.`)),
+        : h('p', { class: 'muted' }, `Your token (${me.role}) may read only; an operator acts.`,
+          (view.approvals ?? []).some((a) => a.state === 'waiting')
+            ? ' An approval below may still be yours to decide.' : '')),
     h('section', { 'aria-labelledby': 'header-title' },
       h('h2', { id: 'header-title' }, 'Instance'),
       h('dl', { class: 'facts' },
