@@ -309,13 +309,17 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
   return committed;
 }
 
-absl::Status Operations::SameEvent(const InboxEntry& seen, const InboxClaim& event,
-                                   const InstanceRecord& instance) {
-  if (seen.data_hash.empty() || seen.data_hash == event.data_hash) return absl::OkStatus();
-  WS_RETURN_IF_ERROR(RaiseInboxConflict(*store_, *random_, instance, event.source, event.id,
-                                        seen.data_hash, event.data_hash, clock_->NowMillis()));
+absl::StatusOr<bool> Operations::ReceivedBefore(const std::optional<InboxClaim>& event,
+                                                const InstanceRecord& instance) {
+  if (!event) return false;
+  WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
+                      store_->LookupInbox(event->tenant, event->source, event->id));
+  if (!seen) return false;
+  if (seen->data_hash.empty() || seen->data_hash == event->data_hash) return true;
+  WS_RETURN_IF_ERROR(RaiseInboxConflict(*store_, *random_, instance, event->source, event->id,
+                                        seen->data_hash, event->data_hash, clock_->NowMillis()));
   return absl::FailedPreconditionError(
-      InboxConflictMessage(event.source, event.id, seen.data_hash, event.data_hash));
+      InboxConflictMessage(event->source, event->id, seen->data_hash, event->data_hash));
 }
 
 absl::StatusOr<DecisionResult> Operations::Received(const InstanceRecord& instance, int index) {
@@ -334,15 +338,8 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
     return absl::NotFoundError("instance '" + key + "' has no approval step '" + decision.step +
                                "'");
   }
-  if (decision.inbox) {
-    WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
-                        store_->LookupInbox(decision.inbox->tenant, decision.inbox->source,
-                                            decision.inbox->id));
-    if (seen) {
-      WS_RETURN_IF_ERROR(SameEvent(*seen, *decision.inbox, instance));
-      return Received(instance, index);
-    }
-  }
+  WS_ASSIGN_OR_RETURN(const bool received, ReceivedBefore(decision.inbox, instance));
+  if (received) return Received(instance, index);
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   bool released = false;  // a commit releases the lease (lease_expires_at 0)
   auto committed = [&]() -> absl::StatusOr<DecisionResult> {
@@ -396,17 +393,12 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
   }
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
   WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
-  if (revision.inbox) {
-    WS_ASSIGN_OR_RETURN(std::optional<InboxEntry> seen,
-                        store_->LookupInbox(revision.inbox->tenant, revision.inbox->source,
-                                            revision.inbox->id));
-    if (seen) {
-      WS_RETURN_IF_ERROR(SameEvent(*seen, *revision.inbox, instance));
-      RevisionResult duplicate;
-      duplicate.instance = instance;
-      duplicate.duplicate = true;
-      return duplicate;
-    }
+  WS_ASSIGN_OR_RETURN(const bool received, ReceivedBefore(revision.inbox, instance));
+  if (received) {
+    RevisionResult duplicate;
+    duplicate.instance = instance;
+    duplicate.duplicate = true;
+    return duplicate;
   }
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   bool released = false;

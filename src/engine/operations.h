@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,10 +130,11 @@ class Operations {
   // signal's event; NotFound when it does not.
   absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const std::string& data_hash);
   absl::Status Release(const Lease& lease);
-  // OK when the inbox's `seen` holds `event`'s data; otherwise raises inbox_conflict
-  // and returns why (FailedPrecondition): the same event id with other data.
-  absl::Status SameEvent(const InboxEntry& seen, const InboxClaim& event,
-                         const InstanceRecord& instance);
+  // Whether the event that carries a decision or revision (none: false) is in the
+  // inbox with the same data; with other data it raises inbox_conflict and returns
+  // why (FailedPrecondition): the same event id is never a duplicate of another.
+  absl::StatusOr<bool> ReceivedBefore(const std::optional<InboxClaim>& event,
+                                      const InstanceRecord& instance);
   // A decision whose event was received before: the step as it stands, nothing done.
   absl::StatusOr<DecisionResult> Received(const InstanceRecord& instance, int index);
 

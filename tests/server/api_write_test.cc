@@ -196,6 +196,16 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
     return false;
   }
 
+  // The token a matrix row's caller sends: "none" sends none, "bad" one no server made.
+  std::string TokenOf(const std::string& caller) const {
+    return caller == "bad"           ? "wst_not-a-token"
+           : caller == "viewer"      ? viewer_
+           : caller == "operator"    ? operator_
+           : caller == "operator_t2" ? operator_t2_
+           : caller == "admin"       ? admin_
+                                     : "";
+  }
+
   Json Post(const std::string& path, const Json& body, int want, const std::string& token = "") {
     auto response = Send("POST", path, token.empty() ? operator_ : token, body.dump());
     EXPECT_EQ(response.outcome.status, want) << path << ": " << response.body;
@@ -843,12 +853,7 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
       {"/v1/tokens/matrix/revoke", close, "admin", 409},  // revoked already
   };
   for (const Case& c : cases) {
-    const std::string token = c.caller == "bad"           ? "wst_not-a-token"
-                              : c.caller == "viewer"      ? viewer_
-                              : c.caller == "operator"    ? operator_
-                              : c.caller == "operator_t2" ? operator_t2_
-                              : c.caller == "admin"       ? admin_
-                                                          : "";
+    const std::string token = TokenOf(c.caller);
     const bool is_event = c.path == "/v1/events";
     auto response = Send("POST", c.path, token, c.body,
                          is_event ? std::vector<std::pair<std::string, std::string>>{
@@ -919,12 +924,7 @@ steps:
       {"/v1/instances/a1/revise", revise, "operator", 409},  // approved on the old amount
   };
   for (const Case& c : cases) {
-    const std::string token = c.caller == "bad"           ? "wst_not-a-token"
-                              : c.caller == "viewer"      ? viewer_
-                              : c.caller == "operator"    ? operator_
-                              : c.caller == "operator_t2" ? operator_t2_
-                              : c.caller == "admin"       ? admin_
-                                                          : "";
+    const std::string token = TokenOf(c.caller);
     auto response = Send("POST", c.path, token, c.body);
     EXPECT_EQ(response.outcome.status, c.status) << c.path << " as " << c.caller << ": "
                                                  << response.body;
