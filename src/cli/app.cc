@@ -288,6 +288,35 @@ int Main(int argc, char** argv) {
   sim_cmd->add_option("--faults", sim.faults, "Fault knobs as JSON, or @file");
   sim_cmd->add_option("--seed", sim.seed, "Seed for probabilistic faults")->capture_default_str();
 
+  VerifyCommandOptions verify;
+  CLI::App* verify_cmd = app.add_subcommand(
+      "verify", "Prove a definition recovers: every boundary and outcome against simulated targets");
+  verify_cmd->add_option("definition", verify.definition, "Workflow definition")->required();
+  verify_cmd->add_option("--input", verify.input, "Input JSON object, or @file (default: synthesized)");
+  verify_cmd->add_option("--seed", verify.seed, "Seed of the random schedules")->capture_default_str();
+  verify_cmd->add_option("--schedules", verify.schedules,
+                         "Run this many random schedules instead of every boundary and outcome")
+      ->check(CLI::Range(0, 10'000'000));
+  verify_cmd->add_option("--replay", verify.replay, "Run exactly this schedule (a failure's spec)");
+  verify_cmd->add_flag("--json", verify.json, "Print the report as JSON");
+  verify_cmd->add_option("--jobs", verify.jobs, "Schedules run at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  verify_cmd->add_option("--work-dir", verify.work_dir, "Folder for the schedules' databases");
+  verify_cmd->add_flag("--keep", verify.keep, "Keep every schedule's database and worker log");
+
+  VerifyWorkerOptions verify_worker;
+  CLI::App* verify_worker_cmd = app.add_subcommand("verify-worker", "");  // verify's own, hidden
+  verify_worker_cmd->group("");
+  verify_worker_cmd->add_option("definition", verify_worker.definition)->required();
+  verify_worker_cmd->add_option("--input", verify_worker.input)->required();
+  verify_worker_cmd->add_option("--result", verify_worker.result)->required();
+  verify_worker_cmd->add_option("--crash-at", verify_worker.crash_at);
+  verify_worker_cmd->add_option("--crash-occurrence", verify_worker.crash_occurrence);
+  verify_worker_cmd->add_option("--event-source", verify_worker.event_source);
+  verify_worker_cmd->add_option("--event-id", verify_worker.event_id);
+  add_global(verify_worker_cmd);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -330,6 +359,8 @@ int Main(int argc, char** argv) {
   }
   if (*plan_cmd) return Plan(plan_file);
   if (*sim_cmd) return Sim(sim);
+  if (*verify_cmd) return Verify(verify);
+  if (*verify_worker_cmd) return VerifyWorker(global, verify_worker);
   if (*relay_cmd) return Relay(global, relay);
   return kExitUsage;
 }

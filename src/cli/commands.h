@@ -81,6 +81,30 @@ struct ListOptions {
   bool json = false;
 };
 
+// `waystone verify` (docs/verify.md).
+struct VerifyCommandOptions {
+  std::string definition;
+  std::string input;        // JSON text or @file; "" = synthesized
+  uint64_t seed = 1;
+  int schedules = 0;        // 0: every boundary and outcome; N: N random ones
+  std::string replay;
+  bool json = false;
+  int jobs = 16;
+  std::string work_dir;     // "" = a temporary folder
+  bool keep = false;
+};
+
+// The worker process `verify` runs for each schedule (not for people).
+struct VerifyWorkerOptions {
+  std::string definition;
+  std::string input;
+  std::string result;       // where the instance's end goes (JSON)
+  std::string crash_at;     // "<point>:<step>"
+  int crash_occurrence = 1;
+  std::string event_source;
+  std::string event_id;
+};
+
 struct SimOptions {
   std::string host = "127.0.0.1";
   int port = 8900;
@@ -208,6 +232,8 @@ int TokenRevoke(const GlobalOptions& global, const std::string& name);
 int Serve(const GlobalOptions& global, const ServeOptions& options);
 int Plan(const std::string& file);
 int Sim(const SimOptions& options);
+int Verify(const VerifyCommandOptions& options);
+int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options);
 int Relay(const GlobalOptions& global, const RelayOptions& options);
 
 // Entry point: parses argv and runs the command.

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "base/crash_point.h"
 #include "base/log.h"
 #include "base/random.h"
 #include "base/status_macros.h"
@@ -441,6 +442,46 @@ int TokenRevoke(const GlobalOptions& global, const std::string& name) {
     return Fail(revoked);
   }
   std::fprintf(stderr, "waystone: token '%s' revoked; it is refused from now on\n", name.c_str());
+  return kExitOk;
+}
+
+}  // namespace waystone::cli
+
+namespace waystone::cli {
+
+int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options) {
+  // Armed before any thread can reach a crash point.
+  if (!options.crash_at.empty()) ArmCrashPoint(options.crash_at, options.crash_occurrence);
+  std::stop_token stop = StopOnSignals();
+  auto definition = LoadDefinitionFile(options.definition);
+  if (!definition.ok()) return Fail(definition.status());
+  auto runtime = OpenRuntime(global, 1, 0);
+  if (!runtime.ok()) return Fail(runtime.status());
+  Runtime& rt = **runtime;
+  StartRequest request{global.tenant, options.input, options.event_source, options.event_id};
+  auto started = rt.engine->StartInstance(*definition, request);
+  if (!started.ok()) return Fail(started.status());
+  if (started->outcome == StartOutcome::kEventConflict) return Fail(EventConflict(request, *started));
+  auto state = rt.engine->RunUntilRest(started->instance.id, stop);
+  if (!state.ok()) return Fail(state.status());
+  auto record = rt.store->GetInstance(started->instance.id);
+  if (!record.ok()) return Fail(record.status());
+  auto steps = rt.store->GetSteps(started->instance.id);
+  if (!steps.ok()) return Fail(steps.status());
+  nlohmann::json result{{"state", ToString(record->state)}, {"reason", record->status_reason},
+                        {"steps", nlohmann::json::array()}};
+  for (const StepRecord& step : *steps) {
+    result["steps"].push_back({{"name", step.name},
+                               {"state", ToString(step.state)},
+                               {"external_id", step.external_id}});
+  }
+  const std::string temporary = options.result + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << result.dump() << "\n";
+    if (!out.good()) return Fail(absl::InternalError("cannot write " + temporary));
+  }
+  std::filesystem::rename(temporary, options.result);
   return kExitOk;
 }
 

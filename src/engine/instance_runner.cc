@@ -696,6 +696,7 @@ class InstanceRunner::Impl {
     if (std::optional<Change> beyond = BeyondKeyWindow(Now(), index)) {
       return Commit(std::move(*beyond));
     }
+    CrashPoint("before-step", def.name);
     const bool side_effecting = def.request.SideEffecting();
     const std::string key = side_effecting ? StepKey(index) : "";
     if (side_effecting && key.empty()) {
@@ -724,7 +725,11 @@ class InstanceRunner::Impl {
     // Checkpoint `running` before the call: a crash from here on is an unknown outcome.
     const std::string span = Decorate(*request, key);
     const Millis retention = StepKeyRetention(*definition_, d_.idempotency_retention);
-    absl::Status claimed = Commit(BeginCall(Now(), index, key, hash, span, retention));
+    // The test-only switch stands for a broken engine that calls without its
+    // checkpoint: `waystone verify` must catch it (tests/verify).
+    absl::Status claimed = TestSwitch("skip-running-checkpoint")
+                               ? absl::OkStatus()
+                               : Commit(BeginCall(Now(), index, key, hash, span, retention));
     if (absl::IsFailedPrecondition(claimed)) {
       return Fail(index, std::string(claimed.message()), AlertKind::kIdempotencyConflict);
     }
@@ -739,7 +744,9 @@ class InstanceRunner::Impl {
     return Call(CallPhase::kCall, std::move(*request), index, def.errors,
                 [this, index, name = def.name](const CallResult& sent) {
                   CrashPoint("after-call", name);
-                  return Commit(RecordCall(Now(), steps_[index], sent));
+                  WS_RETURN_IF_ERROR(Commit(RecordCall(Now(), steps_[index], sent)));
+                  CrashPoint("after-checkpoint", name);
+                  return absl::OkStatus();
                 },
                 &def.body_errors);
   }
@@ -759,6 +766,7 @@ class InstanceRunner::Impl {
     WS_ASSIGN_OR_RETURN(bool admitted, Admitted(index, *request, Context(index, "")));
     if (!admitted) return absl::OkStatus();
     Decorate(*request, "");
+    CrashPoint("before-lookup", def.name);
     step.lookups += 1;
     std::shared_ptr<LookupPages> pages;  // shared by the answers of this lookup's pages
     if (def.lookup->Paginated()) {
@@ -778,6 +786,7 @@ class InstanceRunner::Impl {
                              std::shared_ptr<LookupPages> pages) {
     HttpRequest next_page = request;  // the same headers ask for the next page
     auto then = [this, index, step, pages, next_page](const CallResult& sent) -> absl::Status {
+      CrashPoint("after-lookup", step.name);
       if (pages == nullptr) return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));
       if (sent.error_class != ErrorClass::kNone) {
         return Commit(RecordLookup(Now(), step, sent, RenderMatch(index)));  // retried whole
@@ -846,7 +855,9 @@ class InstanceRunner::Impl {
     return Call(CallPhase::kCompensate, std::move(*request), index, {},
                 [this, index, key, name = def.name](const CallResult& sent) {
                   CrashPoint("after-compensate", name);
-                  return Commit(RecordCompensation(Now(), steps_[index], sent, key));
+                  WS_RETURN_IF_ERROR(Commit(RecordCompensation(Now(), steps_[index], sent, key)));
+                  CrashPoint("after-compensate-checkpoint", name);
+                  return absl::OkStatus();
                 });
   }
 

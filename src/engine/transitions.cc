@@ -305,6 +305,8 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
                   const std::string& message, std::optional<AlertKind> alert,
                   std::optional<InstanceState> forced, Acted acted = Acted::kNo);
 
+Change RejectedAfterUnknown(const Facts& facts, StepRecord step, const std::string& detail);
+
 }  // namespace
 
 Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result) {
@@ -359,6 +361,7 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
         return FailStepAndWait(facts, step, detail + "; fix the target's certificate, CA or "
                                                      "client credentials, then retry the step");
       }
+      if (step.unknowns > 0) return RejectedAfterUnknown(facts, step, detail);
       return FailStep(facts, step, result.error_class, detail, std::nullopt);
     case ErrorClass::kUnknown: {
       if (result.exists) return TargetSaysExists(facts, step, response);
@@ -495,6 +498,30 @@ Change SkipStep(const Facts& facts, int index, const std::string& why) {
   change.next_run_at = facts.now;
   return change;
 }
+
+// A refusal of a resubmission proves only that this attempt did nothing: the
+// earlier attempt, whose outcome was unknown, may have taken effect (a target that
+// answers a key it has seen with 409, a proxy that lost the first answer). Neither
+// failed (which would compensate around an effect that may be there) nor sent again:
+// the step stays unknown and an operator confirms its outcome.
+namespace {
+
+Change RejectedAfterUnknown(const Facts& facts, StepRecord step, const std::string& detail) {
+  const std::string what = ShortenMessage(detail) +
+                           " on a resubmission after an unknown outcome; the earlier attempt "
+                           "may have taken effect";
+  Change change = At(facts);
+  MarkUnknown(step, what, facts.now);
+  change.steps.push_back(step);
+  AddEvent(facts, change, "waystone.step.unknown", &step, what);
+  const std::string reason = "step '" + step.name + "': " + what +
+                             "; confirm its outcome with the target, then confirm or retry it";
+  AddAlert(facts, change, AlertKind::kNeedsOperator, step.name, reason);
+  SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
+  return change;
+}
+
+}  // namespace
 
 Change FailStepAndWait(const Facts& facts, StepRecord step, const std::string& message) {
   return FailStepTo(facts, std::move(step), ErrorClass::kRejected, message,

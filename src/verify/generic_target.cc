@@ -1,0 +1,407 @@
+#include "verify/generic_target.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/mutex.h"
+#include "http/http_front.h"
+#include "sim/lost_response.h"
+
+namespace waystone::verify {
+namespace {
+
+using Json = nlohmann::json;
+
+// How much past a request's timeout a stalled or slow answer comes.
+constexpr Millis kPastTimeout = 300;
+
+struct Space {
+  Schedule schedule;
+  pid_t worker = 0;
+  std::map<std::pair<std::string, Role>, int> attempts;
+  std::map<std::pair<std::string, Role>, Outcome> last;  // the last outcome per request kind
+  std::map<std::string, Json> objects;                   // id -> object
+  std::map<std::string, std::string> creator;            // id -> step that created it
+  std::map<std::string, std::string> put_paths;          // path -> id
+  std::map<std::string, std::pair<int, std::string>> answered_keys;  // key -> status, body
+  std::set<std::pair<std::string, std::string>> actions;  // (object, action) done
+  int next_id = 1;
+  Observed observed;
+};
+
+bool SameValue(const Json& field, const std::string& value) {
+  if (field.is_string()) return field.get<std::string>() == value;
+  if (field.is_number() || field.is_boolean()) return field.dump() == value;
+  return false;
+}
+
+// True when `object` holds `value` in its top-level field `name`, or — for a path
+// value, whose field has no name — in any top-level field.
+// its top level. A parameter that names no field is a search term ("q"): any
+// string field that contains it matches.
+bool Holds(const Json& object, const std::string& name, const std::string& value) {
+  if (!object.is_object()) return false;
+  auto it = name.empty() ? object.end() : object.find(name);
+  if (it != object.end()) return SameValue(*it, value);
+  for (const auto& [key, field] : object.items()) {
+    if (name.empty() ? SameValue(field, value)
+                     : field.is_string() && field.get<std::string>().find(value) != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Json ProblemBody(int status, const std::string& detail) {
+  return Json{{"type", "about:blank"}, {"status", status}, {"detail", detail}};
+}
+
+}  // namespace
+
+class GenericTarget::Impl {
+ public:
+  explicit Impl(Contract contract) : contract_(std::move(contract)) {}
+
+  absl::Status Listen() {
+    HttpFrontOptions front;
+    front.listen = "127.0.0.1:0";
+    front.handler_threads = 64;  // stalled and slow answers hold one each
+    front.max_connections = 10'000;
+    front.request_deadline_seconds = 30;
+    auto started = HttpFront::Start(
+        front, [](ServerRequest&, ServerResponse&) { return false; },
+        [this](const ServerRequest& req, ServerResponse& res) { Handle(req, res); });
+    if (!started.ok()) return started.status();
+    front_ = std::move(*started);
+    return absl::OkStatus();
+  }
+
+  int port() const { return front_->port(); }
+
+  std::string Open(int id, const Schedule& schedule) {
+    MutexLock lock(mu_);
+    spaces_[id] = Space{};
+    spaces_[id].schedule = schedule;
+    return "http://127.0.0.1:" + std::to_string(front_->port()) + "/s" + std::to_string(id);
+  }
+
+  void SetWorker(int id, pid_t pid) {
+    MutexLock lock(mu_);
+    auto it = spaces_.find(id);
+    if (it != spaces_.end()) it->second.worker = pid;
+  }
+
+  Observed Close(int id) {
+    MutexLock lock(mu_);
+    auto it = spaces_.find(id);
+    if (it == spaces_.end()) return {};
+    Observed observed = std::move(it->second.observed);
+    spaces_.erase(it);
+    return observed;
+  }
+
+  void Stop() { front_.reset(); }
+
+ private:
+  struct Plan {  // what to do after the lock is let go
+    Outcome outcome = Outcome::kOk;
+    Millis timeout = 0;
+    pid_t kill = 0;
+  };
+
+  void Handle(const ServerRequest& req, ServerResponse& res) {
+    Plan plan;
+    {
+      MutexLock lock(mu_);
+      plan = Decide(req, res);
+    }
+    Shape(req, res, plan);
+  }
+
+  // Applies the request to its schedule's space (or refuses it), under the lock.
+  Plan Decide(const ServerRequest& req, ServerResponse& res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Plan plan;
+    const std::string& path = req.path;
+    const size_t slash = path.find('/', 1);
+    int id = -1;
+    if (path.size() > 2 && path[1] == 's') id = std::atoi(path.substr(2, slash - 2).c_str());
+    auto space_it = spaces_.find(id);
+    if (space_it == spaces_.end()) {
+      Answer(res, 404, ProblemBody(404, "no schedule space " + path));
+      return plan;
+    }
+    Space& space = space_it->second;
+    const std::string rest = slash == std::string::npos ? "/" : path.substr(slash);
+    const Route* route = MatchRoute(contract_, req.method, rest);
+    if (route == nullptr) {
+      space.observed.unmatched.push_back(req.method + " " + rest);
+      Answer(res, 404, ProblemBody(404, "verify's target has no route for " + req.method + " " + rest));
+      return plan;
+    }
+    const auto kind = std::make_pair(route->step, route->role);
+    const int attempt = ++space.attempts[kind];
+    plan.outcome = space.schedule.FaultFor(route->step, route->role, attempt).value_or(Outcome::kOk);
+    plan.timeout = route->timeout;
+    const std::string label = route->step + " " + std::string(RoleName(route->role));
+    if (auto last = space.last.find(kind); last != space.last.end()) {
+      if (last->second == Outcome::kRateLimit) Cover(space, label + " retried after 429");
+      if (last->second == Outcome::kUnavailable && route->role == Role::kCompensate &&
+          Commits(plan.outcome)) {
+        Cover(space, label + " failed, then recovered");
+      }
+    }
+    space.last[kind] = plan.outcome;
+    space.observed.log.push_back(label + " #" + std::to_string(attempt) + " " + req.method + " " +
+                                 rest + " -> " + std::string(OutcomeName(plan.outcome)));
+    switch (plan.outcome) {
+      case Outcome::kReject:
+        Answer(res, 422, ProblemBody(422, "verify: rejected"));
+        return plan;
+      case Outcome::kRateLimit:
+        Answer(res, 429, ProblemBody(429, "verify: rate limited"));
+        res.SetHeader("Retry-After", "1");
+        return plan;
+      case Outcome::kUnavailable:
+      case Outcome::kStall:
+        Answer(res, 503, ProblemBody(503, "verify: unavailable"));
+        return plan;
+      case Outcome::kDuplicate:
+        Answer(res, 409, ProblemBody(409, "verify: this key was used before"));
+        return plan;
+      default:
+        break;
+    }
+    // Committed from here on.
+    std::string key;
+    for (const std::string& name : route->key_headers) {
+      if (const std::string* value = req.Header(name)) key = *value;
+    }
+    if (route->honors_key && !key.empty()) {
+      auto seen = space.answered_keys.find(key);
+      if (seen != space.answered_keys.end()) {
+        Cover(space, label + " key replayed");
+        res.status = seen->second.first;
+        res.SetContent(seen->second.second, "application/json");
+        if (plan.outcome == Outcome::kKill) plan.kill = space.worker;
+        return plan;
+      }
+    }
+    if (route->role == Role::kLookup) {
+      Lookup(space, *route, req, rest, res);
+    } else if (!route->side_effecting) {
+      Read(space, *route, rest, res);
+    } else {
+      Act(space, *route, req, rest, res);
+      if (route->honors_key && !key.empty()) space.answered_keys[key] = {res.status, res.body};
+    }
+    if (plan.outcome == Outcome::kKill) plan.kill = space.worker;
+    return plan;
+  }
+
+  // A side-effecting request: a create, an upsert, or an action on the object its
+  // path names.
+  void Act(Space& space, const Route& route, const ServerRequest& req, const std::string& rest,
+           ServerResponse& res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::string named;
+    for (const std::string& segment : PathSegments(rest)) {
+      if (space.objects.contains(segment)) named = segment;
+    }
+    if (route.method == "PUT") {
+      auto it = space.put_paths.find(rest);
+      if (it == space.put_paths.end()) {
+        const std::string id = NewObject(space, route, req.body, "/id");
+        space.put_paths[rest] = id;
+        Record(space, route, id, "put");
+      }
+      Answer(res, 200, space.objects[space.put_paths[rest]]);
+      return;
+    }
+    if (!named.empty()) {
+      const std::vector<std::string> segments = PathSegments(rest);
+      const std::string action = segments.back() == named ? req.method : segments.back();
+      if (space.actions.insert({named, action}).second) Record(space, route, named, action);
+      Json& object = space.objects[named];
+      if (object.is_object()) object["status"] = action;
+      Answer(res, 200, object);
+      return;
+    }
+    const std::string id = NewObject(space, route, req.body, route.result_pointer);
+    Record(space, route, id, "create");
+    Answer(res, 201, space.objects[id]);
+  }
+
+  // A read that is not a lookup: the object the path names, else one holding every
+  // field the templates read.
+  void Read(Space& space, const Route& route, const std::string& rest, ServerResponse& res)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const std::string& segment : PathSegments(rest)) {
+      if (auto it = space.objects.find(segment); it != space.objects.end()) {
+        Answer(res, 200, it->second);
+        return;
+      }
+    }
+    Json answer = Json::object();
+    const std::vector<std::string> segments = PathSegments(rest);
+    answer["id"] = segments.empty() ? "verify-object" : segments.back();
+    for (const std::string& pointer : route.read_pointers) {
+      if (pointer.empty()) continue;
+      try {
+        Json::json_pointer at(pointer);
+        if (!answer.contains(at)) answer[at] = "verify" + pointer;
+      } catch (const Json::exception&) {
+      }
+    }
+    Answer(res, 200, answer);
+  }
+
+  // A lookup: the objects the step created whose fields hold the request's query
+  // values (and its path's template values), where the step's pointers look.
+  void Lookup(Space& space, const Route& route, const ServerRequest& req, const std::string& rest,
+              ServerResponse& res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::pair<std::string, std::string>> wanted;
+    for (const auto& [name, value] : req.query) {
+      if (std::find(route.literal_params.begin(), route.literal_params.end(), name) ==
+          route.literal_params.end()) {
+        wanted.emplace_back(name, value);
+      }
+    }
+    const std::vector<std::string> segments = PathSegments(rest);
+    for (size_t i = 0; i < segments.size() && i < route.segments.size(); ++i) {
+      if (route.segments[i] == "*") wanted.emplace_back("", segments[i]);
+    }
+    Json candidates = Json::array();
+    for (const auto& [id, object] : space.objects) {
+      if (space.creator[id] != route.step) continue;
+      bool all = true;
+      for (const auto& [name, value] : wanted) {
+        if (!Holds(object, name, value) && !(name.empty() && value == id)) all = false;
+      }
+      if (all) candidates.push_back(object);
+    }
+    Cover(space, route.step + " lookup " + (candidates.empty() ? "not found" : "found"));
+    Json answer = Json::object();
+    try {
+      if (!route.items_pointer.empty() || route.found_pointer.empty()) {
+        answer[Json::json_pointer(route.items_pointer)] = candidates;
+      } else {
+        answer[Json::json_pointer(route.found_pointer)] =
+            candidates.empty() ? Json(nullptr) : candidates.front();
+      }
+    } catch (const Json::exception&) {
+    }
+    Answer(res, 200, answer);
+  }
+
+  std::string NewObject(Space& space, const Route& route, const std::string& body,
+                        const std::string& id_pointer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Json object = Json::parse(body, nullptr, false);
+    if (!object.is_object()) object = Json::object();
+    const std::string id = "v" + std::to_string(space.next_id++) + "-" + route.step;
+    try {
+      object[Json::json_pointer(id_pointer)] = id;
+    } catch (const Json::exception&) {
+      object["id"] = id;
+    }
+    if (!route.lookup_id_pointer.empty()) {
+      try {
+        object[Json::json_pointer(route.lookup_id_pointer)] = id;
+      } catch (const Json::exception&) {
+      }
+    }
+    if (!object.contains("id")) object["id"] = id;
+    space.objects[id] = std::move(object);
+    space.creator[id] = route.step;
+    return id;
+  }
+
+  void Record(Space& space, const Route& route, const std::string& object, const std::string& action)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Effect effect{route.step, route.role, object, action,
+                  static_cast<int>(space.observed.effects.size()) + 1};
+    space.observed.effects.push_back(effect);
+    if (route.role == Role::kCompensate) Cover(space, route.step + " compensated");
+  }
+
+  static void Cover(Space& space, const std::string& what) {
+    for (const std::string& seen : space.observed.coverage) {
+      if (seen == what) return;
+    }
+    space.observed.coverage.push_back(what);
+  }
+
+  static void Answer(ServerResponse& res, int status, const Json& body) {
+    res.status = status;
+    res.SetContent(body.dump(), status >= 400 ? "application/problem+json" : "application/json");
+  }
+
+  // Shapes the answer as the outcome says, outside the lock (it may sleep).
+  static void Shape(const ServerRequest& req, ServerResponse& res, const Plan& plan) {
+    auto sleep_past = [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(plan.timeout + kPastTimeout));
+    };
+    switch (plan.outcome) {
+      case Outcome::kStall:
+      case Outcome::kSlow:
+        sleep_past();
+        return;
+      case Outcome::kCloseBeforeBytes:
+        LoseResponse(req.socket_fd, LostResponse::kCloseBeforeBytes);
+        return;
+      case Outcome::kReset:
+        LoseResponse(req.socket_fd, LostResponse::kReset);
+        return;
+      case Outcome::kPartialStatus:
+        LoseResponse(req.socket_fd, LostResponse::kPartialStatus);
+        return;
+      case Outcome::kPartialHeaders:
+        LoseResponse(req.socket_fd, LostResponse::kPartialHeaders);
+        return;
+      case Outcome::kCutBody:
+        CutBody(req.socket_fd, res.status, res.body.size() + 16);
+        return;
+      case Outcome::kLost500:
+      case Outcome::kLost502:
+      case Outcome::kLost504: {
+        const int status = plan.outcome == Outcome::kLost500 ? 500
+                           : plan.outcome == Outcome::kLost502 ? 502 : 504;
+        res.status = status;
+        res.SetContent(ProblemBody(status, "verify: failed after the commit").dump(),
+                       "application/problem+json");
+        return;
+      }
+      case Outcome::kKill:
+        if (plan.kill > 0) ::kill(plan.kill, SIGKILL);
+        LoseResponse(req.socket_fd, LostResponse::kReset);
+        return;
+      default:
+        return;
+    }
+  }
+
+  const Contract contract_;
+  Mutex mu_;
+  std::map<int, Space> spaces_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<HttpFront> front_;
+};
+
+absl::StatusOr<std::unique_ptr<GenericTarget>> GenericTarget::Start(Contract contract) {
+  auto impl = std::make_unique<Impl>(std::move(contract));
+  if (absl::Status listening = impl->Listen(); !listening.ok()) return listening;
+  return std::unique_ptr<GenericTarget>(new GenericTarget(std::move(impl)));
+}
+
+GenericTarget::GenericTarget(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GenericTarget::~GenericTarget() { impl_->Stop(); }
+int GenericTarget::port() const { return impl_->port(); }
+std::string GenericTarget::Open(int id, const Schedule& schedule) { return impl_->Open(id, schedule); }
+void GenericTarget::SetWorker(int id, pid_t pid) { impl_->SetWorker(id, pid); }
+Observed GenericTarget::Close(int id) { return impl_->Close(id); }
+
+}  // namespace waystone::verify

@@ -1,0 +1,128 @@
+#include "verify/oracles.h"
+
+#include <map>
+#include <set>
+
+namespace waystone::verify {
+namespace {
+
+const RunResult::Step* StepNamed(const RunResult& result, const std::string& name) {
+  for (const RunResult::Step& step : result.steps) {
+    if (step.name == name) return &step;
+  }
+  return nullptr;
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string joined;
+  for (const std::string& item : items) joined += (joined.empty() ? "" : ", ") + item;
+  return joined;
+}
+
+}  // namespace
+
+std::vector<std::string> Judge(const Contract& contract, const Observed& observed,
+                               const RunResult& result, bool clean) {
+  std::vector<std::string> broken;
+  for (const std::string& request : observed.unmatched) {
+    broken.push_back("a request no route of the definition fits reached the target: " + request);
+  }
+  if (!result.reported) {
+    broken.push_back("no result: " + result.problem);
+    return broken;
+  }
+  // At rest, with a reason an operator can act on.
+  static const std::set<std::string> kRest{"completed", "compensated", "failed", "closed",
+                                           "needs_attention"};
+  if (!kRest.contains(result.state)) {
+    broken.push_back("the instance did not come to rest once the faults stopped (it is " +
+                     result.state + ")");
+  } else if (clean && result.state != "completed") {
+    broken.push_back("with nothing injected the instance rests " + result.state + " (" +
+                     result.reason + "): verify's simulated target does not answer as this "
+                     "definition expects, so no other row proves anything");
+  } else if (result.state != "completed" && result.reason.empty()) {
+    broken.push_back("the instance rests " + result.state + " without a reason");
+  }
+
+  // At most one business effect per step identity, its call's and its compensation's.
+  std::map<std::string, std::vector<std::string>> created, compensated;
+  std::map<std::string, int> created_seq, compensated_seq;
+  for (const Effect& effect : observed.effects) {
+    auto& into = effect.role == Role::kCompensate ? compensated : created;
+    into[effect.step].push_back(effect.object + " (" + effect.action + ")");
+    auto& seq = effect.role == Role::kCompensate ? compensated_seq : created_seq;
+    if (!seq.contains(effect.step)) seq[effect.step] = effect.seq;
+  }
+  for (const auto& [step, effects] : created) {
+    if (effects.size() > 1) {
+      broken.push_back("step '" + step + "' took effect " + std::to_string(effects.size()) +
+                       " times at its target: " + Join(effects));
+    }
+  }
+  for (const auto& [step, effects] : compensated) {
+    if (effects.size() > 1) {
+      broken.push_back("the compensation of '" + step + "' took effect " +
+                       std::to_string(effects.size()) + " times: " + Join(effects));
+    }
+  }
+
+  // What the target holds is what the instance records.
+  const bool paused = result.state == "needs_attention";
+  for (const auto& [step, effects] : created) {
+    const RunResult::Step* recorded = StepNamed(result, step);
+    const std::string state = recorded != nullptr ? recorded->state : "absent";
+    if (state == "completed" || state == "compensated" || state == "compensating" ||
+        state == "compensation_failed") {
+      const Effect* first = nullptr;
+      for (const Effect& effect : observed.effects) {
+        if (effect.step == step && effect.role == Role::kCall) {
+          first = &effect;
+          break;
+        }
+      }
+      if (first != nullptr && first->action == "create" && recorded != nullptr &&
+          !recorded->external_id.empty() && recorded->external_id != first->object) {
+        broken.push_back("step '" + step + "' recorded external id '" + recorded->external_id +
+                         "', but its target created '" + first->object + "'");
+      }
+      continue;
+    }
+    if (!paused) {
+      broken.push_back("the target holds the effect of step '" + step + "' (" + Join(effects) +
+                       "), but the instance records the step " + state + " and rests " +
+                       result.state + " with no operator asked");
+    }
+  }
+
+  // Compensation: only over steps that took effect, exactly once each, in reverse order.
+  for (const auto& [step, effects] : compensated) {
+    if (!created.contains(step)) {
+      broken.push_back("the compensation of '" + step + "' took effect, but the step never did");
+    }
+  }
+  if (result.state == "completed" && !compensated.empty()) {
+    broken.push_back("the instance completed, yet compensations took effect");
+  }
+  if (result.state == "compensated") {
+    for (const Route& route : contract.routes) {
+      if (route.role != Role::kCompensate || !created.contains(route.step)) continue;
+      if (!compensated.contains(route.step)) {
+        broken.push_back("the instance is compensated, but step '" + route.step +
+                         "' took effect and was never compensated");
+      }
+    }
+  }
+  for (const auto& [a, a_comp] : compensated_seq) {
+    for (const auto& [b, b_comp] : compensated_seq) {
+      if (!created_seq.contains(a) || !created_seq.contains(b)) continue;
+      if (created_seq[a] < created_seq[b] && a_comp < b_comp) {
+        broken.push_back("'" + a + "' was compensated before '" + b +
+                         "', though it took effect first (compensations run in reverse)");
+      }
+    }
+  }
+  return broken;
+}
+
+}  // namespace waystone::verify

@@ -1,0 +1,349 @@
+#include "verify/schedules.h"
+
+#include <array>
+#include <random>
+#include <span>
+#include <utility>
+
+namespace waystone::verify {
+namespace {
+
+constexpr std::array<std::pair<Outcome, std::string_view>, 16> kOutcomes{{
+    {Outcome::kOk, "ok"},
+    {Outcome::kReject, "reject"},
+    {Outcome::kRateLimit, "rate_limit"},
+    {Outcome::kUnavailable, "unavailable"},
+    {Outcome::kStall, "stall"},
+    {Outcome::kSlow, "slow"},
+    {Outcome::kCloseBeforeBytes, "close_before_bytes"},
+    {Outcome::kReset, "reset"},
+    {Outcome::kPartialStatus, "partial_status"},
+    {Outcome::kPartialHeaders, "partial_headers"},
+    {Outcome::kCutBody, "cut_body"},
+    {Outcome::kLost500, "lost_500"},
+    {Outcome::kLost502, "lost_502"},
+    {Outcome::kLost504, "lost_504"},
+    {Outcome::kDuplicate, "duplicate"},
+    {Outcome::kKill, "kill"},
+}};
+
+// The points a kill may be armed at, by the request they stand before or after.
+constexpr std::array<std::string_view, 5> kCallPoints{"before-step", "before-call", "after-call",
+                                                      "after-checkpoint", "before-send"};
+constexpr std::array<std::string_view, 2> kLookupPoints{"before-lookup", "after-lookup"};
+constexpr std::array<std::string_view, 3> kCompensatePoints{
+    "before-compensate", "after-compensate", "after-compensate-checkpoint"};
+
+std::optional<Role> RoleNamed(std::string_view name) {
+  for (Role role : {Role::kCall, Role::kLookup, Role::kCompensate}) {
+    if (RoleName(role) == name) return role;
+  }
+  return std::nullopt;
+}
+
+const Route* RouteFor(const Contract& contract, std::string_view step, Role role) {
+  for (const Route& route : contract.routes) {
+    if (route.step == step && route.role == role) return &route;
+  }
+  return nullptr;
+}
+
+bool KnownPoint(std::string_view point) {
+  for (auto points : {std::span<const std::string_view>(kCallPoints),
+                      std::span<const std::string_view>(kLookupPoints),
+                      std::span<const std::string_view>(kCompensatePoints)}) {
+    for (std::string_view known : points) {
+      if (known == point) return true;
+    }
+  }
+  return false;
+}
+
+Schedule Row(std::string step, std::string request, std::string injected) {
+  Schedule schedule;
+  schedule.step = std::move(step);
+  schedule.request = std::move(request);
+  schedule.injected = std::move(injected);
+  return schedule;
+}
+
+// The first HTTP step after `index` whose rejection makes the instance compensate.
+const Route* LaterCall(const Contract& contract, int index) {
+  for (const Route& route : contract.routes) {
+    if (route.role == Role::kCall && route.step_index > index) return &route;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view OutcomeName(Outcome outcome) {
+  for (const auto& [known, name] : kOutcomes) {
+    if (known == outcome) return name;
+  }
+  return "?";
+}
+
+std::optional<Outcome> OutcomeNamed(std::string_view name) {
+  for (const auto& [known, known_name] : kOutcomes) {
+    if (known_name == name) return known;
+  }
+  return std::nullopt;
+}
+
+bool Commits(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kOk:
+    case Outcome::kSlow:
+    case Outcome::kCloseBeforeBytes:
+    case Outcome::kReset:
+    case Outcome::kPartialStatus:
+    case Outcome::kPartialHeaders:
+    case Outcome::kCutBody:
+    case Outcome::kLost500:
+    case Outcome::kLost502:
+    case Outcome::kLost504:
+    case Outcome::kKill:
+      return true;
+    case Outcome::kReject:
+    case Outcome::kRateLimit:
+    case Outcome::kUnavailable:
+    case Outcome::kStall:
+    case Outcome::kDuplicate:
+      return false;
+  }
+  return false;
+}
+
+std::string Schedule::Spec() const {
+  std::string spec;
+  auto add = [&](const std::string& item) {
+    if (!spec.empty()) spec += ";";
+    spec += item;
+  };
+  for (const Fault& fault : faults) {
+    add(std::string(RoleName(fault.role)) + ":" + fault.step + "#" +
+        (fault.attempt == 0 ? std::string("*") : std::to_string(fault.attempt)) + "=" +
+        std::string(OutcomeName(fault.outcome)));
+  }
+  if (!crash_at.empty()) add("crash:" + crash_at + "#" + std::to_string(crash_occurrence));
+  if (starts == Starts::kEventTwice) add("starts:event-twice");
+  if (starts == Starts::kConcurrent) add("starts:concurrent");
+  return spec.empty() ? "clean" : spec;
+}
+
+std::optional<Outcome> Schedule::FaultFor(std::string_view step_name, Role role, int attempt) const {
+  for (const Fault& fault : faults) {
+    if (fault.step == step_name && fault.role == role &&
+        (fault.attempt == 0 || fault.attempt == attempt)) {
+      return fault.outcome;
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contract) {
+  Schedule schedule;
+  schedule.injected = std::string(spec);
+  if (spec == "clean") return schedule;
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t end = spec.find(';', at);
+    if (end == std::string_view::npos) end = spec.size();
+    const std::string_view item = spec.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) continue;
+    auto bad = [&](std::string_view why) {
+      return absl::InvalidArgumentError("schedule item '" + std::string(item) + "': " +
+                                        std::string(why));
+    };
+    const size_t colon = item.find(':');
+    if (colon == std::string_view::npos) return bad("expected kind:what");
+    const std::string_view kind = item.substr(0, colon);
+    const std::string_view rest = item.substr(colon + 1);
+    if (kind == "starts") {
+      if (rest == "event-twice") schedule.starts = Starts::kEventTwice;
+      else if (rest == "concurrent") schedule.starts = Starts::kConcurrent;
+      else return bad("starts is event-twice or concurrent");
+      continue;
+    }
+    const size_t hash = rest.rfind('#');
+    if (kind == "crash") {
+      if (hash == std::string_view::npos) return bad("expected crash:<point>:<step>#<n>");
+      const std::string_view at_text = rest.substr(0, hash);
+      const size_t point_end = at_text.find(':');
+      if (point_end == std::string_view::npos || !KnownPoint(at_text.substr(0, point_end))) {
+        return bad("unknown crash point (docs/verify.md lists them)");
+      }
+      if (RouteFor(contract, at_text.substr(point_end + 1), Role::kCall) == nullptr) {
+        return bad("no HTTP step of that name");
+      }
+      schedule.crash_at = std::string(at_text);
+      schedule.crash_occurrence = std::atoi(std::string(rest.substr(hash + 1)).c_str());
+      if (schedule.crash_occurrence < 1) return bad("the occurrence counts from 1");
+      continue;
+    }
+    const std::optional<Role> role = RoleNamed(kind);
+    if (!role) return bad("kind is call, lookup, compensate, crash or starts");
+    const size_t eq = rest.rfind('=');
+    if (hash == std::string_view::npos || eq == std::string_view::npos || eq < hash) {
+      return bad("expected <kind>:<step>#<attempt>=<outcome>");
+    }
+    Fault fault;
+    fault.step = std::string(rest.substr(0, hash));
+    fault.role = *role;
+    const std::string attempt(rest.substr(hash + 1, eq - hash - 1));
+    fault.attempt = attempt == "*" ? 0 : std::atoi(attempt.c_str());
+    if (attempt != "*" && fault.attempt < 1) return bad("the attempt counts from 1, or is *");
+    const std::optional<Outcome> outcome = OutcomeNamed(rest.substr(eq + 1));
+    if (!outcome) return bad("unknown outcome");
+    fault.outcome = *outcome;
+    if (RouteFor(contract, fault.step, fault.role) == nullptr) {
+      return bad("step '" + fault.step + "' sends no " + std::string(kind) + " request");
+    }
+    schedule.faults.push_back(std::move(fault));
+  }
+  if (!schedule.faults.empty()) {
+    schedule.step = schedule.faults.front().step;
+    schedule.request = std::string(RoleName(schedule.faults.front().role));
+  } else if (!schedule.crash_at.empty()) {
+    schedule.step = schedule.crash_at.substr(schedule.crash_at.find(':') + 1);
+    schedule.request = "worker";
+  }
+  return schedule;
+}
+
+std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const Contract& contract,
+                                   std::vector<std::string>* uncovered) {
+  std::vector<Schedule> all;
+  all.push_back(Row("*", "instance", "clean run"));
+  Schedule twice = Row("*", "instance", "the start event delivered twice");
+  twice.starts = Starts::kEventTwice;
+  all.push_back(twice);
+  Schedule concurrent = Row("*", "instance", "two identical starts at once");
+  concurrent.starts = Starts::kConcurrent;
+  all.push_back(concurrent);
+
+  for (int index : contract.http_steps) {
+    const StepDefinition& step = definition.steps[index];
+    const std::string& name = step.name;
+    const bool reads = !step.request.SideEffecting();
+    auto fault = [&](Role role, int attempt, Outcome outcome) {
+      return Fault{name, role, attempt, outcome};
+    };
+    // Every answer its call can get, the first time.
+    for (const auto& [outcome, outcome_name] : kOutcomes) {
+      if (outcome == Outcome::kOk || outcome == Outcome::kKill || outcome == Outcome::kDuplicate) continue;
+      if (reads && outcome == Outcome::kSlow) continue;  // a read's slow answer is its stall
+      Schedule row = Row(name, "call", std::string(outcome_name));
+      row.faults.push_back(fault(Role::kCall, 1, outcome));
+      all.push_back(row);
+    }
+    if (!reads) {
+      Schedule duplicate = Row(name, "call", "reset, then duplicate (409) on the retry");
+      duplicate.faults = {fault(Role::kCall, 1, Outcome::kReset), fault(Role::kCall, 2, Outcome::kDuplicate)};
+      all.push_back(duplicate);
+    }
+    // Every boundary around it, with a kill of the worker there.
+    for (std::string_view point : {"before-step", "before-call", "after-call", "after-checkpoint"}) {
+      Schedule row = Row(name, "call", "kill at " + std::string(point));
+      row.crash_at = std::string(point) + ":" + name;
+      all.push_back(row);
+    }
+    Schedule sent = Row(name, "call", "kill after sent, before the answer is read");
+    sent.faults.push_back(fault(Role::kCall, 1, Outcome::kKill));
+    all.push_back(sent);
+
+    if (step.lookup) {
+      auto after_loss = [&](std::string injected) {
+        Schedule row = Row(name, "lookup", std::move(injected));
+        row.faults.push_back(fault(Role::kCall, 1, Outcome::kReset));
+        return row;
+      };
+      for (std::string_view point : kLookupPoints) {
+        Schedule row = after_loss("kill at " + std::string(point));
+        row.crash_at = std::string(point) + ":" + name;
+        all.push_back(row);
+      }
+      Schedule lookup_sent = after_loss("kill after sent, before the answer is read");
+      lookup_sent.faults.push_back(fault(Role::kLookup, 1, Outcome::kKill));
+      all.push_back(lookup_sent);
+      for (Outcome outcome : {Outcome::kUnavailable, Outcome::kRateLimit, Outcome::kReset,
+                              Outcome::kStall, Outcome::kLost502}) {
+        Schedule row = after_loss(std::string(OutcomeName(outcome)));
+        row.faults.push_back(fault(Role::kLookup, 1, outcome));
+        all.push_back(row);
+      }
+    }
+
+    if (step.compensate) {
+      const Route* later = LaterCall(contract, index);
+      if (later == nullptr) {
+        uncovered->push_back("step '" + name + "' compensate: no HTTP step after it can fail, "
+                             "so its compensation never runs");
+        continue;
+      }
+      auto rejected = [&](std::string injected) {
+        Schedule row = Row(name, "compensate", std::move(injected) + " (" + later->step + " rejected)");
+        row.faults.push_back(Fault{later->step, Role::kCall, 0, Outcome::kReject});
+        return row;
+      };
+      all.push_back(rejected("ok"));
+      for (Outcome outcome : {Outcome::kUnavailable, Outcome::kReset, Outcome::kStall,
+                              Outcome::kLost500}) {
+        Schedule row = rejected(std::string(OutcomeName(outcome)) + " once");
+        row.faults.insert(row.faults.begin(), fault(Role::kCompensate, 1, outcome));
+        all.push_back(row);
+      }
+      Schedule for_good = rejected("unavailable for good");
+      for_good.faults.insert(for_good.faults.begin(), fault(Role::kCompensate, 0, Outcome::kUnavailable));
+      all.push_back(for_good);
+      for (std::string_view point : kCompensatePoints) {
+        Schedule row = rejected("kill at " + std::string(point));
+        row.crash_at = std::string(point) + ":" + name;
+        all.push_back(row);
+      }
+      Schedule comp_sent = rejected("kill after sent, before the answer is read");
+      comp_sent.faults.insert(comp_sent.faults.begin(), fault(Role::kCompensate, 1, Outcome::kKill));
+      all.push_back(comp_sent);
+    }
+  }
+  return all;
+}
+
+Schedule RandomSchedule(const WorkflowDefinition& definition, const Contract& contract,
+                        uint64_t seed, int index) {
+  std::mt19937_64 random(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index));
+  auto pick = [&](size_t n) { return static_cast<size_t>(random() % n); };
+  // Outcomes that take no timeout to play out, so a thousand schedules stay quick.
+  constexpr std::array<Outcome, 11> kQuick{
+      Outcome::kReject,  Outcome::kUnavailable,  Outcome::kCloseBeforeBytes,
+      Outcome::kReset,   Outcome::kPartialStatus, Outcome::kPartialHeaders,
+      Outcome::kCutBody, Outcome::kLost500,       Outcome::kLost502,
+      Outcome::kDuplicate, Outcome::kKill};
+  Schedule schedule;
+  const size_t faults = 1 + pick(3);
+  for (size_t i = 0; i < faults; ++i) {
+    const Route& route = contract.routes[pick(contract.routes.size())];
+    Outcome outcome = kQuick[pick(kQuick.size())];
+    if (outcome == Outcome::kReject && route.role == Role::kLookup) outcome = Outcome::kUnavailable;
+    const int attempt = 1 + static_cast<int>(pick(2));
+    if (schedule.FaultFor(route.step, route.role, attempt)) continue;
+    schedule.faults.push_back(Fault{route.step, route.role, attempt, outcome});
+  }
+  if (pick(2) == 0) {
+    const int step = contract.http_steps[pick(contract.http_steps.size())];
+    const StepDefinition& def = definition.steps[step];
+    std::vector<std::string_view> points(kCallPoints.begin(), kCallPoints.end());
+    if (def.lookup) points.insert(points.end(), kLookupPoints.begin(), kLookupPoints.end());
+    if (def.compensate) points.insert(points.end(), kCompensatePoints.begin(), kCompensatePoints.end());
+    schedule.crash_at = std::string(points[pick(points.size())]) + ":" + def.name;
+    schedule.crash_occurrence = 1 + static_cast<int>(pick(2));
+  }
+  schedule.step = schedule.faults.front().step;
+  schedule.request = std::string(RoleName(schedule.faults.front().role));
+  schedule.injected = "random #" + std::to_string(index);
+  return schedule;
+}
+
+}  // namespace waystone::verify

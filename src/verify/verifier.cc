@@ -1,0 +1,361 @@
+#include "verify/verifier.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace waystone::verify {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string Quote(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The branches a green report must have reached for this contract.
+std::vector<std::string> ExpectedCoverage(const Contract& contract) {
+  std::vector<std::string> expected;
+  for (const Route& route : contract.routes) {
+    const std::string label = route.step + " " + std::string(RoleName(route.role));
+    switch (route.role) {
+      case Role::kCall:
+        expected.push_back(label + " retried after 429");
+        if (route.honors_key && route.side_effecting) expected.push_back(label + " key replayed");
+        break;
+      case Role::kLookup:
+        expected.push_back(route.step + " lookup found");
+        expected.push_back(route.step + " lookup not found");
+        break;
+      case Role::kCompensate:
+        expected.push_back(route.step + " compensated");
+        expected.push_back(label + " failed, then recovered");
+        break;
+    }
+  }
+  return expected;
+}
+
+class Runner {
+ public:
+  Runner(const WorkflowDefinition& definition, const Contract& contract,
+         const VerifyOptions& options, GenericTarget& target, std::string input)
+      : definition_(definition), contract_(contract), options_(options), target_(target),
+        input_(std::move(input)) {}
+
+  Row Run(int id, const Schedule& schedule) {
+    const auto began = std::chrono::steady_clock::now();
+    Row row;
+    row.id = id;
+    row.schedule = schedule;
+    const fs::path dir = fs::path(options_.work_dir) / ("s" + std::to_string(id));
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+    fs::create_directories(dir, ignored);
+    const std::string base = target_.Open(id, schedule);
+    const std::vector<std::string> env = Environment(base);
+    const std::string result_path = (dir / "result.json").string();
+
+    auto args = [&](bool crash) {
+      std::vector<std::string> argv{options_.worker_program, "verify-worker",
+                                    options_.definition_path, "--db", (dir / "waystone.db").string(),
+                                    "--input", input_, "--result", result_path};
+      if (crash && !schedule.crash_at.empty()) {
+        argv.insert(argv.end(), {"--crash-at", schedule.crash_at, "--crash-occurrence",
+                                 std::to_string(schedule.crash_occurrence)});
+      }
+      if (schedule.starts == Starts::kEventTwice) {
+        argv.insert(argv.end(), {"--event-source", "verify", "--event-id", "start-1"});
+      }
+      return argv;
+    };
+    const std::string log = (dir / "worker.log").string();
+    std::string problem;
+    // The first worker, with the kill armed; a second at once for concurrent starts.
+    std::vector<pid_t> first{Spawn(args(true), env, log, &problem)};
+    if (schedule.starts == Starts::kConcurrent) first.push_back(Spawn(args(false), env, log, &problem));
+    target_.SetWorker(id, first.front());
+    bool killed = false;
+    for (pid_t pid : first) killed |= Await(pid, &problem);
+    row.kills += killed ? 1 : 0;
+    // Restarted until a worker brings the instance to rest without being killed
+    // (a schedule may kill more than once); the event delivered again restarts too.
+    for (int restarts = 0; problem.empty() && restarts < 6; ++restarts) {
+      const bool again = killed || (restarts == 0 && schedule.starts == Starts::kEventTwice);
+      if (!again) break;
+      pid_t pid = Spawn(args(false), env, log, &problem);
+      target_.SetWorker(id, pid);
+      killed = Await(pid, &problem);
+      row.kills += killed ? 1 : 0;
+    }
+    row.result = ReadResult(result_path, log, problem);
+    row.observed = target_.Close(id);
+    row.broken = Judge(contract_, row.observed, row.result,
+                       schedule.faults.empty() && schedule.crash_at.empty());
+    if (!options_.keep && row.broken.empty()) fs::remove_all(dir, ignored);
+    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    return row;
+  }
+
+ private:
+  std::vector<std::string> Environment(const std::string& base) const {
+    std::map<std::string, std::string> vars;
+    for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+      const std::string item(*entry);
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos || item.starts_with("WAYSTONE_SECRET_")) continue;
+      vars[item.substr(0, eq)] = item.substr(eq + 1);
+    }
+    for (const std::string& name : contract_.url_envs) vars[name] = base;
+    for (const std::string& name : contract_.other_envs) {
+      if (!vars.contains(name)) vars[name] = "verify-" + name;
+    }
+    // Never a real secret: the simulated targets log what they get.
+    for (const std::string& name : contract_.secrets) vars["WAYSTONE_SECRET_" + name] = "verify-secret";
+    vars.erase("WAYSTONE_CRASH_AT");
+    vars.erase("WAYSTONE_PAUSE_AT");
+    vars.erase("WAYSTONE_DB");
+    vars.erase("WAYSTONE_CONFIG");
+    std::vector<std::string> env;
+    for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+    return env;
+  }
+
+  static pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                     const std::string& log, std::string* problem) {
+    std::vector<char*> argv, envp;
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    for (const std::string& var : env) envp.push_back(const_cast<char*>(var.c_str()));
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid = 0;
+    const int failed = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (failed != 0) {
+      *problem = "cannot start the worker " + args[0] + ": " + std::strerror(failed);
+      return -1;
+    }
+    return pid;
+  }
+
+  // Waits for the worker; true when it was killed (SIGKILL). Past the deadline it
+  // is killed by us, and that is a liveness failure.
+  bool Await(pid_t pid, std::string* problem) const {
+    if (pid <= 0) return false;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(options_.rest_deadline);
+    int status = 0;
+    while (true) {
+      const pid_t done = ::waitpid(pid, &status, WNOHANG);
+      if (done == pid) break;
+      if (done < 0) {
+        *problem = "lost the worker process";
+        return false;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        *problem = "the worker did not bring the instance to rest within " +
+                   std::to_string(options_.rest_deadline / 1000) + " s";
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (WIFSIGNALED(status)) {
+      if (WTERMSIG(status) == SIGKILL) return true;
+      *problem = "the worker died of signal " + std::to_string(WTERMSIG(status));
+    }
+    return false;
+  }
+
+  static RunResult ReadResult(const std::string& path, const std::string& log,
+                              const std::string& problem) {
+    RunResult result;
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    Json parsed = Json::parse(text.str(), nullptr, false);
+    if (!problem.empty() || !parsed.is_object()) {
+      std::ifstream log_in(log);
+      std::stringstream log_text;
+      log_text << log_in.rdbuf();
+      std::string tail = log_text.str();
+      if (tail.size() > 600) tail = "..." + tail.substr(tail.size() - 600);
+      result.problem = (problem.empty() ? "the worker wrote no result" : problem) +
+                       (tail.empty() ? "" : "; its log ends: " + tail);
+      return result;
+    }
+    result.reported = true;
+    result.state = parsed.value("state", "");
+    result.reason = parsed.value("reason", "");
+    if (parsed.contains("steps") && parsed["steps"].is_array()) {
+      for (const Json& step : parsed["steps"]) {
+        result.steps.push_back({step.value("name", ""), step.value("state", ""),
+                                step.value("external_id", "")});
+      }
+    }
+    return result;
+  }
+
+  const WorkflowDefinition& definition_;
+  const Contract& contract_;
+  const VerifyOptions& options_;
+  GenericTarget& target_;
+  const std::string input_;
+};
+
+}  // namespace
+
+int Report::failures() const {
+  int failed = 0;
+  for (const Row& row : rows) failed += row.broken.empty() ? 0 : 1;
+  return failed;
+}
+
+absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Contract& contract,
+                                 const VerifyOptions& options) {
+  const auto began = std::chrono::steady_clock::now();
+  Report report;
+  report.workflow = definition.name;
+  report.inferred = contract.inferred;
+  std::vector<Schedule> schedules;
+  if (!options.replay.empty()) {
+    auto schedule = ParseSpec(options.replay, contract);
+    if (!schedule.ok()) return schedule.status();
+    schedules.push_back(*schedule);
+  } else if (options.random_schedules > 0) {
+    for (int i = 0; i < options.random_schedules; ++i) {
+      schedules.push_back(RandomSchedule(definition, contract, options.seed, i));
+    }
+  } else {
+    schedules = AllSchedules(definition, contract, &report.uncovered);
+  }
+  std::error_code error;
+  fs::create_directories(options.work_dir, error);
+  if (error) {
+    return absl::FailedPreconditionError("cannot make the folder " + options.work_dir + ": " +
+                                         error.message());
+  }
+  auto target = GenericTarget::Start(contract);
+  if (!target.ok()) return target.status();
+  const std::string input =
+      options.input_json.empty() ? SynthesizeInput(definition) : options.input_json;
+  Runner runner(definition, contract, options, **target, input);
+
+  report.rows.resize(schedules.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> jobs;
+  for (int j = 0; j < std::max(1, options.jobs); ++j) {
+    jobs.emplace_back([&] {
+      for (size_t i = next++; i < schedules.size(); i = next++) {
+        report.rows[i] = runner.Run(static_cast<int>(i) + 1, schedules[i]);
+      }
+    });
+  }
+  for (std::thread& job : jobs) job.join();
+
+  std::set<std::string> covered;
+  for (const Row& row : report.rows) covered.insert(row.observed.coverage.begin(), row.observed.coverage.end());
+  report.covered.assign(covered.begin(), covered.end());
+  if (options.replay.empty()) {
+    for (const std::string& branch : ExpectedCoverage(contract)) {
+      if (!covered.contains(branch)) report.uncovered.push_back(branch + ": no schedule reached it");
+    }
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return report;
+}
+
+std::string ReplayLine(const Report& report, const Row& row, const VerifyOptions& options) {
+  (void)report;
+  return "waystone verify " + Quote(options.definition_path) +
+         (options.input_json.empty() ? "" : " --input " + Quote(options.input_json)) +
+         " --replay " + Quote(row.schedule.Spec());
+}
+
+std::string FormatReport(const Report& report, const VerifyOptions& options) {
+  std::ostringstream out;
+  out << "verify " << report.workflow << ": " << report.rows.size() << " schedules\n\n";
+  out << "what verify inferred of the targets:\n";
+  for (const std::string& line : report.inferred) out << "  " << line << "\n";
+  out << "\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-22s %-11s %-52s %s\n", "step", "request", "injected", "result");
+  out << line;
+  for (const Row& row : report.rows) {
+    std::string result = row.broken.empty() ? "pass" : "FAIL";
+    if (row.result.reported) result += " (" + row.result.state + ")";
+    std::snprintf(line, sizeof line, "%-22s %-11s %-52s %s\n", row.schedule.step.c_str(),
+                  row.schedule.request.c_str(), row.schedule.injected.c_str(), result.c_str());
+    out << line;
+  }
+  const int failures = report.failures();
+  if (failures > 0) {
+    out << "\nfailures:\n";
+    for (const Row& row : report.rows) {
+      if (row.broken.empty()) continue;
+      out << "- " << row.schedule.step << " " << row.schedule.request << ", "
+          << row.schedule.injected << "\n";
+      for (const std::string& why : row.broken) out << "    " << why << "\n";
+      out << "    what the target saw:\n";
+      for (const std::string& seen : row.observed.log) out << "      " << seen << "\n";
+      out << "    replay: " << ReplayLine(report, row, options) << "\n";
+    }
+  }
+  out << "\ncovered:\n";
+  for (const std::string& branch : report.covered) out << "  " << branch << "\n";
+  if (!report.uncovered.empty()) {
+    out << "not covered (not passed):\n";
+    for (const std::string& what : report.uncovered) out << "  " << what << "\n";
+  }
+  std::snprintf(line, sizeof line, "\n%d of %zu schedules failed, %zu not covered; %.1f s\n",
+                failures, report.rows.size(), report.uncovered.size(), report.seconds);
+  out << line;
+  return out.str();
+}
+
+std::string ReportJson(const Report& report, const VerifyOptions& options) {
+  Json rows = Json::array();
+  for (const Row& row : report.rows) {
+    Json item{{"step", row.schedule.step},       {"request", row.schedule.request},
+              {"injected", row.schedule.injected}, {"spec", row.schedule.Spec()},
+              {"pass", row.broken.empty()},        {"state", row.result.state},
+              {"kills", row.kills},                {"seconds", row.seconds},
+              {"broken", row.broken}};
+    if (!row.broken.empty()) {
+      item["replay"] = ReplayLine(report, row, options);
+      item["target_log"] = row.observed.log;
+    }
+    rows.push_back(std::move(item));
+  }
+  Json doc{{"workflow", report.workflow}, {"schedules", report.rows.size()},
+           {"failures", report.failures()}, {"inferred", report.inferred},
+           {"covered", report.covered},   {"uncovered", report.uncovered},
+           {"seconds", report.seconds},   {"rows", std::move(rows)}};
+  return doc.dump(2) + "\n";
+}
+
+}  // namespace waystone::verify
