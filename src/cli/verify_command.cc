@@ -59,6 +59,7 @@ int Verify(const VerifyCommandOptions& flags) {
   const std::string printed =
       flags.json ? verify::ReportJson(*report, options) : verify::FormatReport(*report, options);
   std::fwrite(printed.data(), 1, printed.size(), stdout);
+  std::fflush(stdout);
   if (report->failures() > 0 && !flags.json) {
     std::fprintf(stderr, "verify: the folders of the failed schedules are kept in %s\n",
                  options.work_dir.c_str());

@@ -623,6 +623,17 @@ Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& resul
     return Pause(facts, step, AlertKind::kNeedsOperator,
                  of + " was refused: HTTP " + std::to_string(response.outcome.status));
   }
+  if (response.outcome.status != kNotFound && response.body.empty()) {
+    // A 2xx without a body proves nothing: an answer cut after its head (a proxy, a
+    // server stopping) reads this way. Only a 404 or a body that says so is "none";
+    // this one is asked again, never taken for nothing found (found by verify).
+    if (def.retry.Exhausted(step.lookups)) {
+      return Pause(facts, step, AlertKind::kRetriesExhausted,
+                   of + " keeps answering HTTP " + std::to_string(response.outcome.status) +
+                       " without a body");
+    }
+    return Retry(facts, step, StepState::kUnknown, step.lookups, def.retry, std::nullopt);
+  }
   auto parsed = response.outcome.status == kNotFound ? absl::StatusOr<Json>(nullptr)
                                                      : ParseBody(response.body);
   if (!parsed.ok()) {

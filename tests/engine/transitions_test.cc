@@ -374,6 +374,24 @@ TEST(TransitionsTest, ACertificateRefusedWaitsForAnOperatorInsteadOfCompensating
   Check(change, kLooked, {S::kFailed, I::kCompensating, {}}, "invalid");
 }
 
+// Found by `waystone verify`: after a lost answer the step was sent again under its
+// key, the target answered 409 "this key was used before", and the step failed and
+// the order was compensated while the first request's effect stayed at the target.
+TEST(TransitionsTest, ARefusedResubmissionAfterAnUnknownOutcomeWaitsForAnOperator) {
+  World world(kLooked);
+  const CallResult duplicate = Answer(409, R"({"detail":"key used before"})", ErrorClass::kRejected);
+  Change first = RecordCall(world.Now(), world.steps[kLooked], duplicate);
+  Check(first, kLooked, {S::kFailed, I::kCompensating, {}}, "a first refusal proves nothing happened");
+
+  world.steps[kLooked].unknowns = 1;  // an earlier attempt's outcome was not known
+  world.steps[kLooked].attempts = 2;
+  Change again = RecordCall(world.Now(), world.steps[kLooked], duplicate);
+  Check(again, kLooked, {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}, "after unknown");
+  EXPECT_NE(again.status_reason->find("the earlier attempt may have taken effect"), std::string::npos)
+      << *again.status_reason;
+  EXPECT_EQ(EventTypes(again).front(), "waystone.step.unknown");  // never step.failed
+}
+
 TEST(TransitionsTest, ALookupThatCouldNotReadEveryPagePausesTheInstance) {
   World world(kLooked, S::kUnknown);
   const Change change = LookupUnproven(world.Now(), world.steps[kLooked], "more than 2 pages");
@@ -560,6 +578,12 @@ TEST(TransitionsTest, WhatALookupsAnswerDoesToAnUnknownStep) {
        {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
       {"ours without an id: contradiction", items(R"({"items":[{"ref":"t:k"}]})"),
        {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
+      // Found by `waystone verify`: an answer cut after its head reads as a 2xx
+      // without a body, and used to count as "none", so the order was sent again.
+      {"a 2xx without a body proves nothing: looked up again later",
+       Answer(201, "", ErrorClass::kNone), {S::kUnknown, std::nullopt, {}, true}},
+      {"a 2xx without a body, lookups exhausted: paused", Answer(200, "", ErrorClass::kNone),
+       {S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}}, "", false, 3},
       {"lookup busy: looked up again later", Answer(503, "", ErrorClass::kTransient),
        {S::kUnknown, std::nullopt, {}, true}},
       {"lookup lost, lookups exhausted: paused", Lost(),
