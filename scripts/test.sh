@@ -49,7 +49,7 @@ if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
     store_conformance_test api_write_test http_front_test independent_target_test
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.'
+      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|VerifyProcessTest\.TheExampleSaga'
 fi
 
 fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"

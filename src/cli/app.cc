@@ -315,7 +315,9 @@ int Main(int argc, char** argv) {
   verify_worker_cmd->add_option("--crash-occurrence", verify_worker.crash_occurrence);
   verify_worker_cmd->add_option("--event-source", verify_worker.event_source);
   verify_worker_cmd->add_option("--event-id", verify_worker.event_id);
+  verify_worker_cmd->add_option("--relay-config", verify_worker.relay_config);
   add_global(verify_worker_cmd);
+  verify_worker_cmd->add_option("--lease", global.lease);
 
   try {
     app.parse(argc, argv);

@@ -3,10 +3,17 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "engine/tenant_policy.h"
+
+namespace waystone {
+class Relay;
+class Store;
+}  // namespace waystone
 
 namespace waystone::cli {
 
@@ -103,6 +110,7 @@ struct VerifyWorkerOptions {
   int crash_occurrence = 1;
   std::string event_source;
   std::string event_id;
+  std::string relay_config;  // deliver the outbox with it once the instance rests
 };
 
 struct SimOptions {
@@ -233,6 +241,9 @@ int Serve(const GlobalOptions& global, const ServeOptions& options);
 int Plan(const std::string& file);
 int Sim(const SimOptions& options);
 int Verify(const VerifyCommandOptions& options);
+// Delivers until nothing waits on an enabled sink (retries included).
+absl::Status DrainRelay(waystone::Relay& relay, waystone::Store& store, int64_t poll_interval,
+                        std::stop_token stop);
 int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options);
 int Relay(const GlobalOptions& global, const RelayOptions& options);
 

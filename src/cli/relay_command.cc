@@ -39,21 +39,17 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   }
   std::fprintf(stderr, "waystone: relay delivering to %zu sink(s) from %s\n", config->sinks.size(),
                DatabasePath(global).c_str());
+  if (options.until_drained) {
+    absl::Status drained = DrainRelay(**relay, **store, config->poll_interval, stop);
+    std::fprintf(stderr, "waystone: relay stopped\n");
+    return drained.ok() ? kExitOk : Fail(drained);
+  }
   while (!stop.stop_requested()) {
     auto attempted = (*relay)->RunOnce();
     if (!attempted.ok()) {
       std::fprintf(stderr, "waystone: relay: %s\n", std::string(attempted.status().message()).c_str());
     }
     if (attempted.ok() && *attempted == 0) {
-      if (options.until_drained) {
-        // Done when nothing waits on an enabled sink (retries included).
-        auto stats = (*store)->DeliveryStats();
-        bool waiting = !stats.ok();
-        for (const auto& sink : stats.ok() ? *stats : std::vector<SinkStats>{}) {
-          waiting = waiting || (sink.pending > 0 && !sink.disabled);
-        }
-        if (!waiting) break;
-      }
       SystemClock::Get()->SleepFor(config->poll_interval, stop);
     } else if (!attempted.ok()) {
       SystemClock::Get()->SleepFor(1000, stop);
@@ -61,6 +57,28 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   }
   std::fprintf(stderr, "waystone: relay stopped\n");
   return kExitOk;
+}
+
+absl::Status DrainRelay(waystone::Relay& relay, Store& store, Millis poll_interval,
+                        std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    auto attempted = relay.RunOnce();
+    if (!attempted.ok()) {
+      std::fprintf(stderr, "waystone: relay: %s\n", std::string(attempted.status().message()).c_str());
+      SystemClock::Get()->SleepFor(1000, stop);
+      continue;
+    }
+    if (*attempted > 0) continue;
+    // Done when nothing waits on an enabled sink (retries included).
+    auto stats = store.DeliveryStats();
+    bool waiting = !stats.ok();
+    for (const auto& sink : stats.ok() ? *stats : std::vector<SinkStats>{}) {
+      waiting = waiting || (sink.pending > 0 && !sink.disabled);
+    }
+    if (!waiting) return absl::OkStatus();
+    SystemClock::Get()->SleepFor(poll_interval, stop);
+  }
+  return absl::CancelledError("stopped before the outbox was drained");
 }
 
 }  // namespace waystone::cli

@@ -464,6 +464,17 @@ int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options
   if (started->outcome == StartOutcome::kEventConflict) return Fail(EventConflict(request, *started));
   auto state = rt.engine->RunUntilRest(started->instance.id, stop);
   if (!state.ok()) return Fail(state.status());
+  if (!options.relay_config.empty()) {
+    // Its events too, as a relay would deliver them (verify kills it in between).
+    auto config = LoadRelayConfig(options.relay_config);
+    if (!config.ok()) return Fail(config.status());
+    auto relay = waystone::Relay::Create(rt.store.get(), rt.http.get(), SystemClock::Get(),
+                                         &rt.random, *config, rt.engine->owner() + "/relay");
+    if (!relay.ok()) return Fail(relay.status());
+    if (auto drained = DrainRelay(**relay, *rt.store, config->poll_interval, stop); !drained.ok()) {
+      return Fail(drained);
+    }
+  }
   auto record = rt.store->GetInstance(started->instance.id);
   if (!record.ok()) return Fail(record.status());
   auto steps = rt.store->GetSteps(started->instance.id);

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,7 @@ constexpr Millis kPastTimeout = 300;
 struct Space {
   Schedule schedule;
   pid_t worker = 0;
+  pid_t frozen = 0;  // stopped by a freeze outcome, not yet taken by the runner
   std::map<std::pair<std::string, Role>, int> attempts;
   std::map<std::pair<std::string, Role>, Outcome> last;  // the last outcome per request kind
   std::map<std::string, Json> objects;                   // id -> object
@@ -98,6 +100,13 @@ class GenericTarget::Impl {
     if (it != spaces_.end()) it->second.worker = pid;
   }
 
+  pid_t TakeFrozen(int id) {
+    MutexLock lock(mu_);
+    auto it = spaces_.find(id);
+    if (it == spaces_.end()) return 0;
+    return std::exchange(it->second.frozen, 0);
+  }
+
   Observed Close(int id) {
     MutexLock lock(mu_);
     auto it = spaces_.find(id);
@@ -139,6 +148,22 @@ class GenericTarget::Impl {
     }
     Space& space = space_it->second;
     const std::string rest = slash == std::string::npos ? "/" : path.substr(slash);
+    if (rest == "/_events" && req.method == "POST") {
+      Json event = Json::parse(req.body, nullptr, false);
+      DeliveredEvent delivered;
+      delivered.body = req.body;
+      if (event.is_object()) {
+        delivered.id = event.value("id", "");
+        delivered.type = event.value("type", "");
+        if (event.contains("data") && event["data"].is_object()) {
+          delivered.step = event["data"].value("step", "");
+          delivered.external_id = event["data"].value("external_id", "");
+        }
+      }
+      space.observed.events.push_back(std::move(delivered));
+      Answer(res, 200, Json::object());
+      return plan;
+    }
     const Route* route = MatchRoute(contract_, req.method, rest);
     if (route == nullptr) {
       space.observed.unmatched.push_back(req.method + " " + rest);
@@ -189,7 +214,8 @@ class GenericTarget::Impl {
         Cover(space, label + " key replayed");
         res.status = seen->second.first;
         res.SetContent(seen->second.second, "application/json");
-        if (plan.outcome == Outcome::kKill) plan.kill = space.worker;
+        if (plan.outcome == Outcome::kKill || plan.outcome == Outcome::kFreeze) plan.kill = space.worker;
+        if (plan.outcome == Outcome::kFreeze) space.frozen = space.worker;
         return plan;
       }
     }
@@ -201,7 +227,8 @@ class GenericTarget::Impl {
       Act(space, *route, req, rest, res);
       if (route->honors_key && !key.empty()) space.answered_keys[key] = {res.status, res.body};
     }
-    if (plan.outcome == Outcome::kKill) plan.kill = space.worker;
+    if (plan.outcome == Outcome::kKill || plan.outcome == Outcome::kFreeze) plan.kill = space.worker;
+    if (plan.outcome == Outcome::kFreeze) space.frozen = space.worker;
     return plan;
   }
 
@@ -376,6 +403,9 @@ class GenericTarget::Impl {
                        "application/problem+json");
         return;
       }
+      case Outcome::kFreeze:  // the answer goes out and waits, unread, in the socket
+        if (plan.kill > 0) ::kill(plan.kill, SIGSTOP);
+        return;
       case Outcome::kKill:
         if (plan.kill > 0) ::kill(plan.kill, SIGKILL);
         LoseResponse(req.socket_fd, LostResponse::kReset);
@@ -403,5 +433,6 @@ int GenericTarget::port() const { return impl_->port(); }
 std::string GenericTarget::Open(int id, const Schedule& schedule) { return impl_->Open(id, schedule); }
 void GenericTarget::SetWorker(int id, pid_t pid) { impl_->SetWorker(id, pid); }
 Observed GenericTarget::Close(int id) { return impl_->Close(id); }
+pid_t GenericTarget::TakeFrozen(int id) { return impl_->TakeFrozen(id); }
 
 }  // namespace waystone::verify

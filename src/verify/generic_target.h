@@ -7,6 +7,7 @@
 // so the step's pointers resolve, and counts business effects per step. Each
 // schedule has its own space under the URL prefix "/s<N>", so schedules run side
 // by side against one target. Faults come from the schedule (verify/schedules.h).
+// The relay's webhook for the schedule's events is "/s<N>/_events".
 
 #include <sys/types.h>
 
@@ -29,9 +30,19 @@ struct Effect {
   int seq = 0;         // order among the schedule's effects
 };
 
+// One event the relay delivered to the schedule's webhook ("/s<N>/_events").
+struct DeliveredEvent {
+  std::string id;
+  std::string type;         // "waystone.step.completed", ...
+  std::string step;         // data.step ("" for an instance's event)
+  std::string external_id;  // data.external_id
+  std::string body;         // as received
+};
+
 // What the target saw in one schedule.
 struct Observed {
   std::vector<Effect> effects;
+  std::vector<DeliveredEvent> events;  // in the order received, repeats included
   std::vector<std::string> log;       // one line per request: route, attempt, outcome
   std::vector<std::string> coverage;  // branches reached: "create-order lookup found", ...
   std::vector<std::string> unmatched;  // requests no route fits
@@ -50,6 +61,8 @@ class GenericTarget {
   std::string Open(int id, const Schedule& schedule);
   // The worker process a kill outcome kills (the latest one started for `id`).
   void SetWorker(int id, pid_t pid);
+  // The worker a freeze outcome stopped (SIGSTOP) in schedule `id`, once: 0 when none.
+  pid_t TakeFrozen(int id);
   // Closes the space and returns what it saw.
   Observed Close(int id);
 

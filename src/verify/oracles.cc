@@ -19,6 +19,44 @@ std::string Join(const std::vector<std::string>& items) {
   return joined;
 }
 
+// The events the relay delivered: each at least once with one content, none for a
+// step the instance does not record as done, and the instance's last one among them.
+void JudgeEvents(const Observed& observed, const RunResult& result, std::vector<std::string>* broken) {
+  std::map<std::string, std::string> bodies;
+  std::set<std::string> types;
+  std::set<std::string> objects;
+  for (const Effect& effect : observed.effects) objects.insert(effect.object);
+  static const std::set<std::string> kDone{"completed", "compensating", "compensated",
+                                           "compensation_failed"};
+  for (const DeliveredEvent& event : observed.events) {
+    types.insert(event.type);
+    auto [it, first] = bodies.emplace(event.id, event.body);
+    if (!first && it->second != event.body) {
+      broken->push_back("event " + event.id + " was delivered twice with different contents");
+    }
+    if (event.type != "waystone.step.completed") continue;
+    const RunResult::Step* step = StepNamed(result, event.step);
+    if (step == nullptr || !kDone.contains(step->state)) {
+      broken->push_back("an event says step '" + event.step + "' completed, but the instance records it " +
+                        (step == nullptr ? std::string("absent") : step->state));
+    }
+    if (!event.external_id.empty() && event.external_id.starts_with("v") &&
+        event.external_id.find("-" + event.step) != std::string::npos &&
+        !objects.contains(event.external_id)) {
+      broken->push_back("an event announces '" + event.external_id + "' for step '" + event.step +
+                        "', which its target never holds");
+    }
+  }
+  static const std::map<std::string, std::string> kLast{
+      {"completed", "waystone.instance.completed"}, {"compensated", "waystone.instance.compensated"},
+      {"failed", "waystone.instance.failed"}, {"needs_attention", "waystone.instance.needs_attention"}};
+  if (auto last = kLast.find(result.state); last != kLast.end() && !types.contains(last->second)) {
+    broken->push_back("the instance rests " + result.state + ", but its event " + last->second +
+                      " was never delivered (" + std::to_string(observed.events.size()) +
+                      " events were)");
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> Judge(const Contract& contract, const Observed& observed,
@@ -113,6 +151,7 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
       }
     }
   }
+  JudgeEvents(observed, result, &broken);
   for (const auto& [a, a_comp] : compensated_seq) {
     for (const auto& [b, b_comp] : compensated_seq) {
       if (!created_seq.contains(a) || !created_seq.contains(b)) continue;

@@ -8,7 +8,7 @@
 namespace waystone::verify {
 namespace {
 
-constexpr std::array<std::pair<Outcome, std::string_view>, 16> kOutcomes{{
+constexpr std::array<std::pair<Outcome, std::string_view>, 17> kOutcomes{{
     {Outcome::kOk, "ok"},
     {Outcome::kReject, "reject"},
     {Outcome::kRateLimit, "rate_limit"},
@@ -25,6 +25,7 @@ constexpr std::array<std::pair<Outcome, std::string_view>, 16> kOutcomes{{
     {Outcome::kLost504, "lost_504"},
     {Outcome::kDuplicate, "duplicate"},
     {Outcome::kKill, "kill"},
+    {Outcome::kFreeze, "freeze"},
 }};
 
 // The points a kill may be armed at, by the request they stand before or after.
@@ -33,6 +34,9 @@ constexpr std::array<std::string_view, 5> kCallPoints{"before-step", "before-cal
 constexpr std::array<std::string_view, 2> kLookupPoints{"before-lookup", "after-lookup"};
 constexpr std::array<std::string_view, 3> kCompensatePoints{
     "before-compensate", "after-compensate", "after-compensate-checkpoint"};
+// The relay's, with the sink verify gives it: before an event is delivered, and
+// after it was acknowledged but before that is marked.
+constexpr std::array<std::string_view, 2> kRelayPoints{"before-deliver", "after-deliver"};
 
 std::optional<Role> RoleNamed(std::string_view name) {
   for (Role role : {Role::kCall, Role::kLookup, Role::kCompensate}) {
@@ -51,7 +55,8 @@ const Route* RouteFor(const Contract& contract, std::string_view step, Role role
 bool KnownPoint(std::string_view point) {
   for (auto points : {std::span<const std::string_view>(kCallPoints),
                       std::span<const std::string_view>(kLookupPoints),
-                      std::span<const std::string_view>(kCompensatePoints)}) {
+                      std::span<const std::string_view>(kCompensatePoints),
+                      std::span<const std::string_view>(kRelayPoints)}) {
     for (std::string_view known : points) {
       if (known == point) return true;
     }
@@ -104,6 +109,7 @@ bool Commits(Outcome outcome) {
     case Outcome::kLost502:
     case Outcome::kLost504:
     case Outcome::kKill:
+    case Outcome::kFreeze:
       return true;
     case Outcome::kReject:
     case Outcome::kRateLimit:
@@ -175,7 +181,12 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
       if (point_end == std::string_view::npos || !KnownPoint(at_text.substr(0, point_end))) {
         return bad("unknown crash point (docs/verify.md lists them)");
       }
-      if (RouteFor(contract, at_text.substr(point_end + 1), Role::kCall) == nullptr) {
+      const std::string_view point = at_text.substr(0, point_end);
+      const bool relay = point == kRelayPoints[0] || point == kRelayPoints[1];
+      if (relay && at_text.substr(point_end + 1) != kEventSink) {
+        return bad("the relay's points name the sink '" + std::string(kEventSink) + "'");
+      }
+      if (!relay && RouteFor(contract, at_text.substr(point_end + 1), Role::kCall) == nullptr) {
         return bad("no HTTP step of that name");
       }
       schedule.crash_at = std::string(at_text);
@@ -223,6 +234,14 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
   Schedule concurrent = Row("*", "instance", "two identical starts at once");
   concurrent.starts = Starts::kConcurrent;
   all.push_back(concurrent);
+  for (std::string_view point : kRelayPoints) {
+    for (int occurrence : {1, 5}) {
+      Schedule row = Row("*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
+      row.crash_at = std::string(point) + ":" + std::string(kEventSink);
+      row.crash_occurrence = occurrence;
+      all.push_back(row);
+    }
+  }
 
   for (int index : contract.http_steps) {
     const StepDefinition& step = definition.steps[index];
@@ -233,7 +252,10 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
     };
     // Every answer its call can get, the first time.
     for (const auto& [outcome, outcome_name] : kOutcomes) {
-      if (outcome == Outcome::kOk || outcome == Outcome::kKill || outcome == Outcome::kDuplicate) continue;
+      if (outcome == Outcome::kOk || outcome == Outcome::kKill || outcome == Outcome::kDuplicate ||
+          outcome == Outcome::kFreeze) {
+        continue;
+      }
       if (reads && outcome == Outcome::kSlow) continue;  // a read's slow answer is its stall
       Schedule row = Row(name, "call", std::string(outcome_name));
       row.faults.push_back(fault(Role::kCall, 1, outcome));
@@ -253,6 +275,11 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
     Schedule sent = Row(name, "call", "kill after sent, before the answer is read");
     sent.faults.push_back(fault(Role::kCall, 1, Outcome::kKill));
     all.push_back(sent);
+    if (!reads) {
+      Schedule frozen = Row(name, "call", "frozen after sent; a second worker takes over");
+      frozen.faults.push_back(fault(Role::kCall, 1, Outcome::kFreeze));
+      all.push_back(frozen);
+    }
 
     if (step.lookup) {
       auto after_loss = [&](std::string injected) {
@@ -331,7 +358,11 @@ Schedule RandomSchedule(const WorkflowDefinition& definition, const Contract& co
     if (schedule.FaultFor(route.step, route.role, attempt)) continue;
     schedule.faults.push_back(Fault{route.step, route.role, attempt, outcome});
   }
-  if (pick(2) == 0) {
+  if (pick(8) == 0) {
+    schedule.crash_at = std::string(kRelayPoints[pick(kRelayPoints.size())]) + ":" +
+                        std::string(kEventSink);
+    schedule.crash_occurrence = 1 + static_cast<int>(pick(8));
+  } else if (pick(2) == 0) {
     const int step = contract.http_steps[pick(contract.http_steps.size())];
     const StepDefinition& def = definition.steps[step];
     std::vector<std::string_view> points(kCallPoints.begin(), kCallPoints.end());

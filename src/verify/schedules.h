@@ -33,7 +33,13 @@ enum class Outcome : uint8_t {
   kLost504,          // committed, 504 from a proxy
   kDuplicate,        // nothing new: 409, as a target answers a key it has seen
   kKill,             // committed, then the worker is killed before it reads the answer
+  kFreeze,           // committed, then the worker is stopped (SIGSTOP) with the answer
+                     // unread; a second worker takes over once the lease runs out, then
+                     // the first resumes (SIGCONT) and must not act on what it held
 };
+
+// The name of the relay's sink of the schedule's events (its crash points name it).
+inline constexpr std::string_view kEventSink = "events";
 
 std::string_view OutcomeName(Outcome outcome);
 std::optional<Outcome> OutcomeNamed(std::string_view name);

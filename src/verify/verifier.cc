@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -74,11 +75,26 @@ class Runner {
     const std::string base = target_.Open(id, schedule);
     const std::vector<std::string> env = Environment(base);
     const std::string result_path = (dir / "result.json").string();
+    const std::string relay_path = (dir / "relay.yaml").string();
+    {
+      std::ofstream relay(relay_path);
+      relay << "deployment: verify\n"
+               "retry: { max_attempts: 20, initial_interval: 20ms, max_interval: 200ms }\n"
+               "lease: 5s\n"
+               "sinks:\n"
+               "  - name: " << kEventSink << "\n"
+               "    type: webhook\n"
+               "    url: " << base << "/_events\n"
+               "    secret_env: WAYSTONE_VERIFY_HOOK_SECRET\n"
+               "    events: [\"waystone.*\"]\n"
+               "    timeout: 2s\n";
+    }
 
     auto args = [&](bool crash) {
       std::vector<std::string> argv{options_.worker_program, "verify-worker",
                                     options_.definition_path, "--db", (dir / "waystone.db").string(),
-                                    "--input", input_, "--result", result_path};
+                                    "--input", input_, "--result", result_path, "--lease", Lease(),
+                                    "--relay-config", relay_path};
       if (crash && !schedule.crash_at.empty()) {
         argv.insert(argv.end(), {"--crash-at", schedule.crash_at, "--crash-occurrence",
                                  std::to_string(schedule.crash_occurrence)});
@@ -91,11 +107,20 @@ class Runner {
     const std::string log = (dir / "worker.log").string();
     std::string problem;
     // The first worker, with the kill armed; a second at once for concurrent starts.
+    // A worker frozen by the target (SIGSTOP, its answer unread) is outlived: a
+    // second one takes the instance over once the lease has run out and brings it to
+    // rest; then the first resumes, and must find its lease lost.
+    auto takeover = [&] {
+      const pid_t second = Spawn(args(false), env, log, &problem);
+      target_.SetWorker(id, second);
+      row.kills += Await(second, id, {}, &problem) ? 1 : 0;
+      ++row.takeovers;
+    };
     std::vector<pid_t> first{Spawn(args(true), env, log, &problem)};
     if (schedule.starts == Starts::kConcurrent) first.push_back(Spawn(args(false), env, log, &problem));
     target_.SetWorker(id, first.front());
     bool killed = false;
-    for (pid_t pid : first) killed |= Await(pid, &problem);
+    for (pid_t pid : first) killed |= Await(pid, id, takeover, &problem);
     row.kills += killed ? 1 : 0;
     // Restarted until a worker brings the instance to rest without being killed
     // (a schedule may kill more than once); the event delivered again restarts too.
@@ -104,7 +129,7 @@ class Runner {
       if (!again) break;
       pid_t pid = Spawn(args(false), env, log, &problem);
       target_.SetWorker(id, pid);
-      killed = Await(pid, &problem);
+      killed = Await(pid, id, takeover, &problem);
       row.kills += killed ? 1 : 0;
     }
     row.result = ReadResult(result_path, log, problem);
@@ -117,6 +142,14 @@ class Runner {
   }
 
  private:
+  // The workers' lease: past the longest request timeout (the engine requires it),
+  // short enough that a takeover comes soon.
+  std::string Lease() const {
+    Millis longest = 0;
+    for (const Route& route : contract_.routes) longest = std::max(longest, route.timeout);
+    return std::to_string(std::max<Millis>(3, (longest + 2000 + 999) / 1000)) + "s";
+  }
+
   std::vector<std::string> Environment(const std::string& base) const {
     std::map<std::string, std::string> vars;
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
@@ -131,6 +164,7 @@ class Runner {
     }
     // Never a real secret: the simulated targets log what they get.
     for (const std::string& name : contract_.secrets) vars["WAYSTONE_SECRET_" + name] = "verify-secret";
+    vars["WAYSTONE_VERIFY_HOOK_SECRET"] = "whsec_dmVyaWZ5LXdlYmhvb2stc2VjcmV0LWZvci1ldmVudHM=";
     vars.erase("WAYSTONE_CRASH_AT");
     vars.erase("WAYSTONE_PAUSE_AT");
     vars.erase("WAYSTONE_DB");
@@ -163,7 +197,7 @@ class Runner {
 
   // Waits for the worker; true when it was killed (SIGKILL). Past the deadline it
   // is killed by us, and that is a liveness failure.
-  bool Await(pid_t pid, std::string* problem) const {
+  bool Await(pid_t pid, int id, const std::function<void()>& takeover, std::string* problem) {
     if (pid <= 0) return false;
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(options_.rest_deadline);
@@ -171,6 +205,11 @@ class Runner {
     while (true) {
       const pid_t done = ::waitpid(pid, &status, WNOHANG);
       if (done == pid) break;
+      if (const pid_t frozen = takeover ? target_.TakeFrozen(id) : 0; frozen > 0) {
+        takeover();
+        ::kill(frozen, SIGCONT);
+        continue;
+      }
       if (done < 0) {
         *problem = "lost the worker process";
         return false;
@@ -343,7 +382,9 @@ std::string ReportJson(const Report& report, const VerifyOptions& options) {
     Json item{{"step", row.schedule.step},       {"request", row.schedule.request},
               {"injected", row.schedule.injected}, {"spec", row.schedule.Spec()},
               {"pass", row.broken.empty()},        {"state", row.result.state},
-              {"kills", row.kills},                {"seconds", row.seconds},
+              {"kills", row.kills},                {"takeovers", row.takeovers},
+              {"events_delivered", row.observed.events.size()},
+              {"seconds", row.seconds},
               {"broken", row.broken}};
     if (!row.broken.empty()) {
       item["replay"] = ReplayLine(report, row, options);

@@ -38,6 +38,7 @@ struct Row {
   Observed observed;
   std::vector<std::string> broken;
   int kills = 0;       // worker processes killed on the way
+  int takeovers = 0;   // workers that took over from a frozen one
   double seconds = 0;
 };
 

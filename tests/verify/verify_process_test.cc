@@ -54,7 +54,7 @@ TEST(VerifyProcessTest, TheExampleSagaRecoversAtEveryBoundaryFromEveryOutcome) {
   EXPECT_EQ(report["failures"], 0);
   EXPECT_TRUE(report["uncovered"].empty()) << report["uncovered"].dump();
   EXPECT_GE(report["schedules"].get<int>(), 100);
-  int kill_rows = 0;
+  int kill_rows = 0, frozen_rows = 0;
   std::set<std::string> states;
   for (const Json& row : report["rows"]) {
     EXPECT_TRUE(row["pass"].get<bool>()) << row.dump();
@@ -63,9 +63,14 @@ TEST(VerifyProcessTest, TheExampleSagaRecoversAtEveryBoundaryFromEveryOutcome) {
       ++kill_rows;  // its worker really died there, and another took over
       EXPECT_GE(row["kills"].get<int>(), 1) << spec;
     }
+    if (spec.find("=freeze") != std::string::npos) {
+      ++frozen_rows;  // stopped with its answer unread; a second worker took over
+      EXPECT_EQ(row["takeovers"].get<int>(), 1) << spec;
+    }
     states.insert(row["state"].get<std::string>());
   }
   EXPECT_GE(kill_rows, 30);
+  EXPECT_EQ(frozen_rows, 5);  // every side-effecting step
   // Not one happy path: rejections compensate, contradictions wait for people.
   EXPECT_TRUE(states.contains("completed"));
   EXPECT_TRUE(states.contains("compensated"));

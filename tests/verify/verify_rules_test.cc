@@ -132,15 +132,34 @@ TEST(VerifyOraclesTest, EachInvariantCatchesItsBreach) {
     bool clean;
     const char* broken;  // nullptr: holds
   };
+  auto delivered = [](std::string id, std::string type, std::string step = "", std::string body = "b") {
+    return DeliveredEvent{std::move(id), std::move(type), std::move(step), "", std::move(body)};
+  };
+  auto with_events = [](Observed observed, std::vector<DeliveredEvent> events) {
+    observed.events = std::move(events);
+    return observed;
+  };
+  const DeliveredEvent done = delivered("e9", "waystone.instance.completed");
   const std::vector<Case> cases{
-      {"one order, completed", {{create("create-order", "o1", 1)}}, Ended("completed", {{"create-order", "completed", "o1"}}, ""), true, nullptr},
+      {"one order, completed", with_events({{create("create-order", "o1", 1)}}, {done}),
+       Ended("completed", {{"create-order", "completed", "o1"}}, ""), true, nullptr},
+      {"an event delivered twice, the same", with_events({{create("create-order", "o1", 1)}},
+                                                         {delivered("e1", "waystone.step.completed", "create-order"),
+                                                          delivered("e1", "waystone.step.completed", "create-order"), done}),
+       Ended("completed", {{"create-order", "completed", "o1"}}, ""), false, nullptr},
+      {"an event id with two contents", with_events({}, {delivered("e1", "x", "", "a"), delivered("e1", "x", "", "b"), done}),
+       Ended("completed", {}, ""), false, "delivered twice with different contents"},
+      {"an event for a step not done", with_events({}, {delivered("e1", "waystone.step.completed", "create-order")}),
+       Ended("needs_attention", {{"create-order", "unknown", ""}}), false, "an event says step 'create-order' completed"},
+      {"the last event never delivered", {}, Ended("completed", {}, ""), false, "was never delivered"},
       {"two orders", {{create("create-order", "o1", 1), create("create-order", "o2", 2)}},
        Ended("completed", {{"create-order", "completed", "o2"}}, ""), false, "took effect 2 times"},
       {"adopted the wrong one", {{create("create-order", "o1", 1)}},
        Ended("completed", {{"create-order", "completed", "o9"}}, ""), false, "recorded external id 'o9'"},
       {"an effect the instance does not know of", {{create("create-order", "o1", 1)}},
        Ended("failed", {{"create-order", "failed", ""}}), false, "the target holds the effect"},
-      {"an effect an operator is asked about", {{create("create-order", "o1", 1)}},
+      {"an effect an operator is asked about",
+       with_events({{create("create-order", "o1", 1)}}, {delivered("e2", "waystone.instance.needs_attention")}),
        Ended("needs_attention", {{"create-order", "unknown", ""}}), false, nullptr},
       {"still running", {}, Ended("running", {}), false, "did not come to rest"},
       {"clean, not completed", {}, Ended("failed", {}), true, "with nothing injected"},
