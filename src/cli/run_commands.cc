@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +24,7 @@
 #include "engine/batch_runner.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
+#include "engine/approvals.h"
 #include "engine/operations.h"
 #include "engine/lease_reaper.h"
 #include "messaging/relay.h"
@@ -449,6 +453,67 @@ int TokenRevoke(const GlobalOptions& global, const std::string& name) {
 
 namespace waystone::cli {
 
+namespace {
+
+// Delivers what a waiting step of `instance` waits for, twice, unless `answered`
+// holds it; returns what went wrong ("" = nothing). Kill points around it:
+// during-wait (the instance waits, nothing delivered) and after-signal.
+std::string AnswerWaits(Runtime& rt, const WorkflowDefinition& definition,
+                        const InstanceRecord& instance, std::set<std::string>* answered) {
+  auto steps = rt.store->GetSteps(instance.id);
+  if (!steps.ok()) return "";
+  for (const StepRecord& step : *steps) {
+    const StepDefinition& def = definition.steps[step.index];
+    if (step.state != StepState::kWaiting || answered->contains(step.name)) continue;
+    CrashPoint("during-wait", step.name);
+    for (int delivery = 1; delivery <= 2; ++delivery) {
+      bool duplicate = false;
+      if (def.kind == StepKind::kWait) {
+        // The event's data holds what the templates read of it.
+        nlohmann::json data{{"verified", true}};
+        for (const std::string& pointer : def.kept_pointers) {
+          if (pointer.empty()) continue;
+          try {
+            nlohmann::json::json_pointer at(pointer);
+            if (!data.contains(at)) data[at] = "verify" + pointer;
+          } catch (const nlohmann::json::exception&) {
+          }
+        }
+        Signal signal{instance.tenant, instance.key, def.wait_event, "verify", step.name + "-event",
+                      data.dump(), "verify"};
+        auto delivered = rt.engine->operations().Deliver(signal);
+        if (!delivered.ok()) return absl::IsAborted(delivered.status()) ? "" : std::string(delivered.status().message());
+        duplicate = delivered->outcome == SignalOutcome::kDuplicate;
+      } else if (def.kind == StepKind::kApproval) {
+        Decision decision;
+        decision.step = step.name;
+        decision.data_version = step.request_hash;
+        decision.approve = true;
+        decision.comment = "approved by waystone verify";
+        decision.actor = "verify-approver";
+        decision.role = "admin";
+        if (!def.approval.group.empty()) decision.groups.push_back(def.approval.group);
+        decision.inbox = InboxClaim{instance.tenant, "verify", step.name + "-decision",
+                                    EventDataHash(R"({"decision":"approve"})")};
+        auto decided = rt.engine->operations().Decide(instance.tenant, instance.key, decision);
+        if (!decided.ok()) return absl::IsAborted(decided.status()) ? "" : std::string(decided.status().message());
+        duplicate = decided->duplicate || decided->replayed;
+      } else {
+        break;
+      }
+      if (delivery == 1) CrashPoint("after-signal", step.name);
+      if (delivery == 2 && !duplicate) {
+        return "the " + std::string(def.kind == StepKind::kWait ? "event" : "decision") + " for step '" +
+               step.name + "' delivered a second time was applied again";
+      }
+    }
+    answered->insert(step.name);
+  }
+  return "";
+}
+
+}  // namespace
+
 int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options) {
   // Armed before any thread can reach a crash point.
   if (!options.crash_at.empty()) ArmCrashPoint(options.crash_at, options.crash_occurrence);
@@ -462,8 +527,36 @@ int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options
   auto started = rt.engine->StartInstance(*definition, request);
   if (!started.ok()) return Fail(started.status());
   if (started->outcome == StartOutcome::kEventConflict) return Fail(EventConflict(request, *started));
-  auto state = rt.engine->RunUntilRest(started->instance.id, stop);
+  // Whatever the instance waits for comes, twice (the second must change nothing):
+  // a wait step's event, an approval's approving decision.
+  // While RunUntilRest watches a wait with a deadline, a thread answers it; a wait
+  // without one makes RunUntilRest return `running`, and it is answered here.
+  std::mutex answering;
+  std::string violation;
+  std::set<std::string> answered;
+  auto answer = [&] {
+    std::lock_guard<std::mutex> lock(answering);
+    if (auto problem = AnswerWaits(rt, *definition, started->instance, &answered); !problem.empty()) {
+      violation = problem;
+    }
+  };
+  std::jthread responder([&](std::stop_token done) {
+    while (!done.stop_requested()) {
+      answer();
+      SystemClock::Get()->SleepFor(50, done);
+    }
+  });
+  absl::StatusOr<InstanceState> state = InstanceState::kRunning;
+  for (int round = 0; round < 200 && violation.empty(); ++round) {
+    state = rt.engine->RunUntilRest(started->instance.id, stop);
+    if (!state.ok() || *state != InstanceState::kRunning || stop.stop_requested()) break;
+    answer();
+    SystemClock::Get()->SleepFor(20, stop);
+  }
+  responder.request_stop();
+  responder.join();
   if (!state.ok()) return Fail(state.status());
+  if (!violation.empty()) return Fail(absl::InternalError(violation));
   if (!options.relay_config.empty()) {
     // Its events too, as a relay would deliver them (verify kills it in between).
     auto config = LoadRelayConfig(options.relay_config);

@@ -512,6 +512,7 @@ Change RejectedAfterUnknown(const Facts& facts, StepRecord step, const std::stri
                            "may have taken effect";
   Change change = At(facts);
   MarkUnknown(step, what, facts.now);
+  step.unknowns -= 1;  // this attempt's own outcome is known: it was refused
   change.steps.push_back(step);
   AddEvent(facts, change, "waystone.step.unknown", &step, what);
   const std::string reason = "step '" + step.name + "': " + what +

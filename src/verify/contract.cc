@@ -123,10 +123,8 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
     const StepDefinition& step = definition.steps[i];
     const int index = static_cast<int>(i);
     if (step.kind == StepKind::kWait || step.kind == StepKind::kApproval) {
-      return absl::InvalidArgumentError(
-          StepWhere(definition, step) + ": waits for " +
-          (step.kind == StepKind::kWait ? "an event" : "a decision") +
-          "; verify does not deliver events or decisions yet (docs/verify.md, what it does not do)");
+      contract.waiting_steps.push_back(index);
+      continue;
     }
     if (step.kind != StepKind::kHttp) continue;
     WS_ASSIGN_OR_RETURN(Route call, RouteOf(definition, step, index, Role::kCall, step.request));

@@ -64,11 +64,12 @@ struct Contract {
   std::vector<std::string> inferred;    // one line per route: what verify assumed
   // The steps verify exercises, in order: the HTTP steps of the main line.
   std::vector<int> http_steps;
+  // The wait and approval steps: the worker delivers their event or decision (twice).
+  std::vector<int> waiting_steps;
 };
 
 // Infers the contract of `definition`. InvalidArgument naming the step when verify
-// cannot stand in for what it calls (a URL not under {{env.NAME}}, an email, an
-// event or approval it would have to wait for).
+// cannot stand in for what it calls (a URL not under {{env.NAME}}, an email).
 absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition);
 
 // The route a request arrives on: method and path (after the schedule's prefix)

@@ -37,6 +37,17 @@ constexpr std::array<std::string_view, 3> kCompensatePoints{
 // The relay's, with the sink verify gives it: before an event is delivered, and
 // after it was acknowledged but before that is marked.
 constexpr std::array<std::string_view, 2> kRelayPoints{"before-deliver", "after-deliver"};
+// A wait's or an approval's: the instance waits and the event or decision is about
+// to be delivered; it was delivered (and not yet delivered again).
+constexpr std::array<std::string_view, 2> kWaitPoints{"during-wait", "after-signal"};
+
+bool WaitingStep(const WorkflowDefinition* definition, const Contract& contract, std::string_view name) {
+  if (definition == nullptr) return false;
+  for (int index : contract.waiting_steps) {
+    if (definition->steps[index].name == name) return true;
+  }
+  return false;
+}
 
 std::optional<Role> RoleNamed(std::string_view name) {
   for (Role role : {Role::kCall, Role::kLookup, Role::kCompensate}) {
@@ -56,7 +67,8 @@ bool KnownPoint(std::string_view point) {
   for (auto points : {std::span<const std::string_view>(kCallPoints),
                       std::span<const std::string_view>(kLookupPoints),
                       std::span<const std::string_view>(kCompensatePoints),
-                      std::span<const std::string_view>(kRelayPoints)}) {
+                      std::span<const std::string_view>(kRelayPoints),
+                      std::span<const std::string_view>(kWaitPoints)}) {
     for (std::string_view known : points) {
       if (known == point) return true;
     }
@@ -148,7 +160,8 @@ std::optional<Outcome> Schedule::FaultFor(std::string_view step_name, Role role,
   return std::nullopt;
 }
 
-absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contract) {
+absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contract,
+                                   const WorkflowDefinition* definition) {
   Schedule schedule;
   schedule.injected = std::string(spec);
   if (spec == "clean") return schedule;
@@ -186,7 +199,11 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
       if (relay && at_text.substr(point_end + 1) != kEventSink) {
         return bad("the relay's points name the sink '" + std::string(kEventSink) + "'");
       }
-      if (!relay && RouteFor(contract, at_text.substr(point_end + 1), Role::kCall) == nullptr) {
+      const bool waits = point == kWaitPoints[0] || point == kWaitPoints[1];
+      if (waits && !WaitingStep(definition, contract, at_text.substr(point_end + 1))) {
+        return bad("no wait or approval step of that name");
+      }
+      if (!relay && !waits && RouteFor(contract, at_text.substr(point_end + 1), Role::kCall) == nullptr) {
         return bad("no HTTP step of that name");
       }
       schedule.crash_at = std::string(at_text);
@@ -234,6 +251,16 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
   Schedule concurrent = Row("*", "instance", "two identical starts at once");
   concurrent.starts = Starts::kConcurrent;
   all.push_back(concurrent);
+  for (int index : contract.waiting_steps) {
+    const std::string& name = definition.steps[index].name;
+    const std::string what = definition.steps[index].kind == StepKind::kApproval ? "decision" : "event";
+    for (std::string_view point : kWaitPoints) {
+      Schedule row = Row(name, what, point == kWaitPoints[0] ? "kill during the wait"
+                                                             : "kill after the " + what + " was delivered");
+      row.crash_at = std::string(point) + ":" + name;
+      all.push_back(row);
+    }
+  }
   for (std::string_view point : kRelayPoints) {
     for (int occurrence : {1, 5}) {
       Schedule row = Row("*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
@@ -358,7 +385,10 @@ Schedule RandomSchedule(const WorkflowDefinition& definition, const Contract& co
     if (schedule.FaultFor(route.step, route.role, attempt)) continue;
     schedule.faults.push_back(Fault{route.step, route.role, attempt, outcome});
   }
-  if (pick(8) == 0) {
+  if (!contract.waiting_steps.empty() && pick(6) == 0) {
+    const int step = contract.waiting_steps[pick(contract.waiting_steps.size())];
+    schedule.crash_at = std::string(kWaitPoints[pick(kWaitPoints.size())]) + ":" + definition.steps[step].name;
+  } else if (pick(8) == 0) {
     schedule.crash_at = std::string(kRelayPoints[pick(kRelayPoints.size())]) + ":" +
                         std::string(kEventSink);
     schedule.crash_occurrence = 1 + static_cast<int>(pick(8));

@@ -76,8 +76,10 @@ struct Schedule {
   std::optional<Outcome> FaultFor(std::string_view step_name, Role role, int attempt) const;
 };
 
-// Reads a spec back; InvalidArgument naming the item that does not fit `contract`.
-absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contract);
+// Reads a spec back; InvalidArgument naming the item that does not fit `contract`
+// (and `definition`, which names the wait and approval steps).
+absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contract,
+                                   const WorkflowDefinition* definition = nullptr);
 
 // Every boundary and every outcome, for every HTTP step, its lookup and its
 // compensation, plus the instance's starts. `uncovered` gets what no schedule can

@@ -282,7 +282,7 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
   report.inferred = contract.inferred;
   std::vector<Schedule> schedules;
   if (!options.replay.empty()) {
-    auto schedule = ParseSpec(options.replay, contract);
+    auto schedule = ParseSpec(options.replay, contract, &definition);
     if (!schedule.ok()) return schedule.status();
     schedules.push_back(*schedule);
   } else if (options.random_schedules > 0) {

@@ -68,6 +68,7 @@ TEST(VerifyProcessTest, TheExampleSagaRecoversAtEveryBoundaryFromEveryOutcome) {
       EXPECT_EQ(row["takeovers"].get<int>(), 1) << spec;
     }
     states.insert(row["state"].get<std::string>());
+    EXPECT_GE(row["events_delivered"].get<int>(), 2) << spec;  // the relay ran every time
   }
   EXPECT_GE(kill_rows, 30);
   EXPECT_EQ(frozen_rows, 5);  // every side-effecting step
@@ -81,6 +82,28 @@ TEST(VerifyProcessTest, TheExampleSagaRecoversAtEveryBoundaryFromEveryOutcome) {
     EXPECT_NE(std::find(report["covered"].begin(), report["covered"].end(), branch),
               report["covered"].end())
         << branch;
+  }
+}
+
+// The approval example and the one waiting for an event: the worker answers what
+// the instance waits for (twice: the second must change nothing), and is killed
+// during the wait and after the answer.
+TEST(VerifyProcessTest, TheApprovalAndWaitExamplesRecoverToo) {
+  for (const char* file : {"server/definitions/order-approval.yaml", "server/definitions/approved-order.yaml"}) {
+    Verified verified = Verify(Example(file), {});
+    ASSERT_EQ(verified.process.exit_code, 0) << file << verified.process.err << verified.process.out.substr(0, 4000);
+    EXPECT_EQ(verified.report["failures"], 0) << file;
+    EXPECT_TRUE(verified.report["uncovered"].empty()) << file << verified.report["uncovered"].dump();
+    int wait_kills = 0;
+    for (const Json& row : verified.report["rows"]) {
+      const std::string spec = row["spec"].get<std::string>();
+      if (spec.starts_with("crash:during-wait") || spec.starts_with("crash:after-signal")) {
+        EXPECT_EQ(row["kills"], 1) << spec;
+        EXPECT_EQ(row["state"], "completed") << spec;
+        ++wait_kills;
+      }
+    }
+    EXPECT_EQ(wait_kills, 2) << file;
   }
 }
 

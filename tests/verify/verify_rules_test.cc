@@ -90,6 +90,25 @@ TEST(VerifySchedulesTest, EverySpecReadsBackAsTheSameSchedule) {
   }
 }
 
+TEST(VerifySchedulesTest, AnApprovalStepIsKilledAroundItsDecision) {
+  auto definition = LoadDefinitionFile(std::string(WAYSTONE_SOURCE_DIR) +
+                                       "/examples/server/definitions/order-approval.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  auto contract = InferContract(*definition);
+  ASSERT_TRUE(contract.ok()) << contract.status();
+  ASSERT_EQ(contract->waiting_steps, std::vector<int>{0});
+  std::vector<std::string> uncovered;
+  std::vector<std::string> specs;
+  for (const Schedule& schedule : AllSchedules(*definition, *contract, &uncovered)) {
+    specs.push_back(schedule.Spec());
+    auto parsed = ParseSpec(schedule.Spec(), *contract, &*definition);
+    EXPECT_TRUE(parsed.ok()) << schedule.Spec() << ": " << parsed.status();
+  }
+  EXPECT_NE(std::find(specs.begin(), specs.end(), "crash:during-wait:approve#1"), specs.end());
+  EXPECT_NE(std::find(specs.begin(), specs.end(), "crash:after-signal:approve#1"), specs.end());
+  EXPECT_FALSE(ParseSpec("crash:during-wait:create-order#1", *contract, &*definition).ok());
+}
+
 TEST(VerifySchedulesTest, ABadSpecNamesTheItem) {
   const WorkflowDefinition definition = Example();
   auto contract = InferContract(definition);
