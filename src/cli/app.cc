@@ -304,6 +304,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   verify_cmd->add_option("--work-dir", verify.work_dir, "Folder for the schedules' databases");
   verify_cmd->add_flag("--keep", verify.keep, "Keep every schedule's database and worker log");
+  verify_cmd->add_option("--against", verify.against,
+                         "NAME=URL: send {{env.NAME}}'s requests to this sandbox through a "
+                         "fault-injecting proxy (repeatable)");
 
   VerifyWorkerOptions verify_worker;
   CLI::App* verify_worker_cmd = app.add_subcommand("verify-worker", "");  // verify's own, hidden
@@ -316,6 +319,7 @@ int Main(int argc, char** argv) {
   verify_worker_cmd->add_option("--event-source", verify_worker.event_source);
   verify_worker_cmd->add_option("--event-id", verify_worker.event_id);
   verify_worker_cmd->add_option("--relay-config", verify_worker.relay_config);
+  verify_worker_cmd->add_flag("--observe-lookups", verify_worker.observe_lookups);
   add_global(verify_worker_cmd);
   verify_worker_cmd->add_option("--lease", global.lease);
 

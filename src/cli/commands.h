@@ -99,6 +99,7 @@ struct VerifyCommandOptions {
   int jobs = 16;
   std::string work_dir;     // "" = a temporary folder
   bool keep = false;
+  std::vector<std::string> against;  // NAME=URL: that env's system is a team's sandbox
 };
 
 // The worker process `verify` runs for each schedule (not for people).
@@ -111,6 +112,7 @@ struct VerifyWorkerOptions {
   std::string event_source;
   std::string event_id;
   std::string relay_config;  // deliver the outbox with it once the instance rests
+  bool observe_lookups = false;  // report what each step's lookup finds at the end
 };
 
 struct SimOptions {

@@ -33,6 +33,8 @@
 #include "server/auth.h"
 #include "server/server_config.h"
 #include "model/duration.h"
+#include "model/template.h"
+#include "engine/context.h"
 
 namespace waystone::cli {
 
@@ -512,6 +514,69 @@ std::string AnswerWaits(Runtime& rt, const WorkflowDefinition& definition,
   return "";
 }
 
+// Asks each step's own lookup what the target holds now, as the engine would ask
+// it: step -> the external ids of the candidates that match. A paged lookup reads
+// its first page only.
+absl::StatusOr<nlohmann::json> ObserveLookups(Runtime& rt, const WorkflowDefinition& definition,
+                                              const InstanceRecord& instance,
+                                              const std::vector<StepRecord>& steps,
+                                              const std::string& secrets_file) {
+  using Json = nlohmann::json;
+  WS_ASSIGN_OR_RETURN(TemplateEnvironment environment, TemplateEnvironment::Load(secrets_file));
+  auto render = [](const std::string& text, const Json& context) -> absl::StatusOr<std::string> {
+    WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
+    return parsed.RenderText(context);
+  };
+  Json looked_up = Json::object();
+  for (const StepDefinition& def : definition.steps) {
+    if (!def.lookup) continue;
+    const Json context = environment.Build(instance, steps, def.name, "");
+    HttpRequest request;
+    request.method = def.lookup->request.method;
+    request.timeout = def.lookup->request.timeout;
+    WS_ASSIGN_OR_RETURN(request.url, render(def.lookup->request.url, context));
+    for (const auto& [name, value] : def.lookup->request.headers) {
+      WS_ASSIGN_OR_RETURN(std::string text, render(value, context));
+      request.headers.emplace_back(name, text);
+    }
+    const HttpResponse answer = rt.http->Send(request);
+    if (answer.outcome.kind != CallOutcome::Kind::kResponse) {
+      return absl::UnavailableError("the lookup of '" + def.name + "' got no answer: " + answer.error);
+    }
+    Json ids = Json::array();
+    const Json body = answer.outcome.status == 404 ? Json(nullptr) : Json::parse(answer.body, nullptr, false);
+    std::vector<Json> candidates;
+    try {
+      if (!def.lookup->items.empty() && body.contains(Json::json_pointer(def.lookup->items))) {
+        for (const Json& item : body.at(Json::json_pointer(def.lookup->items))) candidates.push_back(item);
+      } else if (!def.lookup->found.empty() && body.contains(Json::json_pointer(def.lookup->found)) &&
+                 !body.at(Json::json_pointer(def.lookup->found)).is_null()) {
+        candidates.push_back(body.at(Json::json_pointer(def.lookup->found)));
+      }
+      for (const Json& candidate : candidates) {
+        bool matches = true;
+        for (const auto& [pointer, value] : def.lookup->match) {
+          WS_ASSIGN_OR_RETURN(std::string expected, render(value, context));
+          const Json::json_pointer at(pointer);
+          const Json* field = candidate.contains(at) ? &candidate.at(at) : nullptr;
+          matches = matches && field != nullptr &&
+                    (field->is_string() ? field->get<std::string>() : field->dump()) == expected;
+        }
+        if (!matches) continue;
+        const Json::json_pointer id_at(def.lookup->external_id.empty() ? "/id" : def.lookup->external_id);
+        const Json& within = def.lookup->items.empty() ? body : candidate;
+        const Json id = within.contains(id_at) ? within.at(id_at) : Json(nullptr);
+        ids.push_back(id.is_string() ? id.get<std::string>() : id.dump());
+      }
+    } catch (const Json::exception& e) {
+      return absl::InvalidArgumentError("the lookup of '" + def.name + "' answered what it cannot read: " +
+                                        e.what());
+    }
+    looked_up[def.name] = std::move(ids);
+  }
+  return looked_up;
+}
+
 }  // namespace
 
 int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options) {
@@ -574,6 +639,11 @@ int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options
   if (!steps.ok()) return Fail(steps.status());
   nlohmann::json result{{"state", ToString(record->state)}, {"reason", record->status_reason},
                         {"steps", nlohmann::json::array()}};
+  if (options.observe_lookups) {
+    auto looked_up = ObserveLookups(rt, *definition, *record, *steps, global.secrets_file);
+    if (!looked_up.ok()) return Fail(looked_up.status());
+    result["looked_up"] = std::move(*looked_up);
+  }
   for (const StepRecord& step : *steps) {
     result["steps"].push_back({{"name", step.name},
                                {"state", ToString(step.state)},

@@ -43,6 +43,18 @@ int Verify(const VerifyCommandOptions& flags) {
   options.random_schedules = flags.schedules;
   options.replay = flags.replay;
   options.keep = flags.keep;
+  for (const std::string& pair : flags.against) {
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos || eq == 0 ||
+        !(pair.compare(eq + 1, 7, "http://") == 0 || pair.compare(eq + 1, 8, "https://") == 0)) {
+      return Fail(absl::InvalidArgumentError("--against '" + pair +
+                                             "': expected NAME=http://host:port (an env name of the "
+                                             "definition and its sandbox's base URL)"));
+    }
+    std::string url = pair.substr(eq + 1);
+    while (url.ends_with("/")) url.pop_back();
+    options.against[pair.substr(0, eq)] = url;
+  }
   bool made_dir = false;
   if (flags.work_dir.empty()) {
     std::string pattern = (std::filesystem::temp_directory_path() / "waystone-verify-XXXXXX").string();

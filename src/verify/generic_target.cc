@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/mutex.h"
+#include "connectors/http/http_client.h"
 #include "http/http_front.h"
 #include "sim/lost_response.h"
 
@@ -69,7 +70,10 @@ Json ProblemBody(int status, const std::string& detail) {
 
 class GenericTarget::Impl {
  public:
-  explicit Impl(Contract contract) : contract_(std::move(contract)) {}
+  Impl(Contract contract, std::map<std::string, std::string> upstreams)
+      : contract_(std::move(contract)), upstreams_(std::move(upstreams)) {
+    if (!upstreams_.empty()) http_ = NewCurlHttpClient({});
+  }
 
   absl::Status Listen() {
     HttpFrontOptions front;
@@ -123,6 +127,9 @@ class GenericTarget::Impl {
     Outcome outcome = Outcome::kOk;
     Millis timeout = 0;
     pid_t kill = 0;
+    std::string forward;  // the sandbox URL the request goes on to; "" = answered here
+    int space = 0;
+    size_t log_line = 0;
   };
 
   void Handle(const ServerRequest& req, ServerResponse& res) {
@@ -131,7 +138,46 @@ class GenericTarget::Impl {
       MutexLock lock(mu_);
       plan = Decide(req, res);
     }
+    if (!plan.forward.empty()) Forward(req, res, plan);
     Shape(req, res, plan);
+  }
+
+  // Sends the request on to the sandbox and takes its answer as this one's.
+  void Forward(const ServerRequest& req, ServerResponse& res, const Plan& plan) {
+    HttpRequest request;
+    request.method = req.method;
+    request.url = plan.forward;
+    request.body = req.body;
+    request.timeout = 30'000;
+    for (const auto& [name, value] : req.headers) {
+      if (name == "host" || name == "content-length" || name == "connection" ||
+          name == "transfer-encoding" || name == "keep-alive") {
+        continue;
+      }
+      request.headers.emplace_back(name, value);
+    }
+    const HttpResponse answer = http_->Send(request);
+    MutexLock lock(mu_);
+    auto space = spaces_.find(plan.space);
+    const std::string line = " -> sandbox " + (answer.outcome.kind == CallOutcome::Kind::kResponse
+                                                   ? "HTTP " + std::to_string(answer.outcome.status)
+                                                   : "no answer: " + answer.error);
+    if (space != spaces_.end() && plan.log_line < space->second.observed.log.size()) {
+      space->second.observed.log[plan.log_line] += line;
+    }
+    if (answer.outcome.kind != CallOutcome::Kind::kResponse) {
+      Answer(res, 502, ProblemBody(502, "verify: the sandbox did not answer: " + answer.error));
+      return;
+    }
+    res.status = answer.outcome.status;
+    res.headers.clear();
+    const std::string type = answer.Header("content-type");
+    res.SetContent(answer.body, type.empty() ? "application/json" : type);
+    for (const auto& [name, value] : answer.headers) {
+      if (name == "retry-after" || name.starts_with("x-") || name == "location") {
+        res.SetHeader(name, value);
+      }
+    }
   }
 
   // Applies the request to its schedule's space (or refuses it), under the lock.
@@ -203,7 +249,16 @@ class GenericTarget::Impl {
       default:
         break;
     }
-    // Committed from here on.
+    // Committed from here on (by the sandbox, for a forwarded route).
+    if (auto upstream = upstreams_.find(route->env); upstream != upstreams_.end()) {
+      const size_t prefix = req.target.find('/', 1);
+      plan.forward = upstream->second + (prefix == std::string::npos ? "/" : req.target.substr(prefix));
+      plan.space = id;
+      plan.log_line = space.observed.log.size() - 1;
+      if (plan.outcome == Outcome::kKill || plan.outcome == Outcome::kFreeze) plan.kill = space.worker;
+      if (plan.outcome == Outcome::kFreeze) space.frozen = space.worker;
+      return plan;
+    }
     std::string key;
     for (const std::string& name : route->key_headers) {
       if (const std::string* value = req.Header(name)) key = *value;
@@ -416,13 +471,16 @@ class GenericTarget::Impl {
   }
 
   const Contract contract_;
+  const std::map<std::string, std::string> upstreams_;
+  std::unique_ptr<HttpClient> http_;
   Mutex mu_;
   std::map<int, Space> spaces_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<HttpFront> front_;
 };
 
-absl::StatusOr<std::unique_ptr<GenericTarget>> GenericTarget::Start(Contract contract) {
-  auto impl = std::make_unique<Impl>(std::move(contract));
+absl::StatusOr<std::unique_ptr<GenericTarget>> GenericTarget::Start(
+    Contract contract, std::map<std::string, std::string> upstreams) {
+  auto impl = std::make_unique<Impl>(std::move(contract), std::move(upstreams));
   if (absl::Status listening = impl->Listen(); !listening.ok()) return listening;
   return std::unique_ptr<GenericTarget>(new GenericTarget(std::move(impl)));
 }

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,8 +51,12 @@ struct Observed {
 
 class GenericTarget {
  public:
-  // Listens on a loopback port of its own.
-  static absl::StatusOr<std::unique_ptr<GenericTarget>> Start(Contract contract);
+  // Listens on a loopback port of its own. The routes of an env named in
+  // `upstreams` (env -> base URL of a team's sandbox) are forwarded there instead:
+  // an outcome that commits sends the request on and then delivers, delays or loses
+  // the sandbox's answer as it says; one that does not is answered here.
+  static absl::StatusOr<std::unique_ptr<GenericTarget>> Start(
+      Contract contract, std::map<std::string, std::string> upstreams = {});
   ~GenericTarget();
   GenericTarget(const GenericTarget&) = delete;
   GenericTarget& operator=(const GenericTarget&) = delete;

@@ -152,6 +152,17 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
     }
   }
   JudgeEvents(observed, result, &broken);
+  for (const auto& [step, ids] : result.looked_up) {
+    const RunResult::Step* recorded = StepNamed(result, step);
+    if (ids.size() > 1) {
+      broken.push_back("the lookup of '" + step + "' finds " + std::to_string(ids.size()) +
+                       " objects at the target: " + Join(ids));
+    } else if (recorded != nullptr && recorded->state == "completed" && !recorded->external_id.empty() &&
+               (ids.empty() || ids.front() != recorded->external_id)) {
+      broken.push_back("step '" + step + "' recorded '" + recorded->external_id +
+                       "', but its lookup finds " + (ids.empty() ? std::string("nothing") : ids.front()));
+    }
+  }
   for (const auto& [a, a_comp] : compensated_seq) {
     for (const auto& [b, b_comp] : compensated_seq) {
       if (!created_seq.contains(a) || !created_seq.contains(b)) continue;

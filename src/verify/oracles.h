@@ -4,6 +4,7 @@
 // (docs/verify.md): what the simulated target holds against what the instance
 // records. Pure: no I/O.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct RunResult {
     std::string external_id;
   };
   std::vector<Step> steps;
+  // What the definition's own lookups found at the end (a sandbox's effects are
+  // seen only this way): step -> the external ids of the candidates.
+  std::map<std::string, std::vector<std::string>> looked_up;
 };
 
 // Returns one line per invariant the run broke; empty when it held them all.

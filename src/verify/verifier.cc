@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -34,9 +35,16 @@ std::string Quote(const std::string& text) {
 }
 
 // The branches a green report must have reached for this contract.
-std::vector<std::string> ExpectedCoverage(const Contract& contract) {
+std::vector<std::string> ExpectedCoverage(const Contract& contract,
+                                          const std::map<std::string, std::string>& against) {
   std::vector<std::string> expected;
   for (const Route& route : contract.routes) {
+    // What a sandbox does with a request is its own: only the proxy's answers count.
+    if (against.contains(route.env) && route.role != Role::kCall) continue;
+    if (against.contains(route.env)) {
+      expected.push_back(route.step + " " + std::string(RoleName(route.role)) + " retried after 429");
+      continue;
+    }
     const std::string label = route.step + " " + std::string(RoleName(route.role));
     switch (route.role) {
       case Role::kCall:
@@ -93,12 +101,13 @@ class Runner {
     auto args = [&](bool crash) {
       std::vector<std::string> argv{options_.worker_program, "verify-worker",
                                     options_.definition_path, "--db", (dir / "waystone.db").string(),
-                                    "--input", input_, "--result", result_path, "--lease", Lease(),
+                                    "--input", InputFor(id), "--result", result_path, "--lease", Lease(),
                                     "--relay-config", relay_path};
       if (crash && !schedule.crash_at.empty()) {
         argv.insert(argv.end(), {"--crash-at", schedule.crash_at, "--crash-occurrence",
                                  std::to_string(schedule.crash_occurrence)});
       }
+      if (!options_.against.empty()) argv.push_back("--observe-lookups");
       if (schedule.starts == Starts::kEventTwice) {
         argv.insert(argv.end(), {"--event-source", "verify", "--event-id", "start-1"});
       }
@@ -142,6 +151,24 @@ class Runner {
   }
 
  private:
+  // The input of schedule `id`. Against a sandbox, which keeps what every schedule
+  // did, the input fields the business key reads get a suffix of the run and the
+  // schedule, so no two schedules share an identity there.
+  std::string InputFor(int id) const {
+    if (options_.against.empty()) return input_;
+    Json input = Json::parse(input_, nullptr, false);
+    if (!input.is_object()) return input_;
+    static const std::regex kKeyField(R"(input\.([A-Za-z0-9_\-]+))");
+    const std::string& key = definition_.key;
+    for (auto it = std::sregex_iterator(key.begin(), key.end(), kKeyField); it != std::sregex_iterator(); ++it) {
+      auto field = input.find((*it)[1].str());
+      if (field != input.end() && field->is_string()) {
+        *field = field->get<std::string>() + "-" + run_ + "-s" + std::to_string(id);
+      }
+    }
+    return input.dump();
+  }
+
   // The workers' lease: past the longest request timeout (the engine requires it),
   // short enough that a takeover comes soon.
   std::string Lease() const {
@@ -250,6 +277,12 @@ class Runner {
     result.reported = true;
     result.state = parsed.value("state", "");
     result.reason = parsed.value("reason", "");
+    if (parsed.contains("looked_up") && parsed["looked_up"].is_object()) {
+      for (const auto& [step, ids] : parsed["looked_up"].items()) {
+        std::vector<std::string>& found = result.looked_up[step];  // found nothing: still asked
+        for (const Json& id : ids) found.push_back(id.get<std::string>());
+      }
+    }
     if (parsed.contains("steps") && parsed["steps"].is_array()) {
       for (const Json& step : parsed["steps"]) {
         result.steps.push_back({step.value("name", ""), step.value("state", ""),
@@ -264,6 +297,9 @@ class Runner {
   const VerifyOptions& options_;
   GenericTarget& target_;
   const std::string input_;
+  // Names this run in the sandbox's keys.
+  const std::string run_ = std::to_string(std::chrono::system_clock::now().time_since_epoch() /
+                                          std::chrono::seconds(1));
 };
 
 }  // namespace
@@ -298,7 +334,15 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
     return absl::FailedPreconditionError("cannot make the folder " + options.work_dir + ": " +
                                          error.message());
   }
-  auto target = GenericTarget::Start(contract);
+  for (const auto& [env, url] : options.against) {
+    if (std::find(contract.url_envs.begin(), contract.url_envs.end(), env) == contract.url_envs.end()) {
+      return absl::InvalidArgumentError("--against " + env + ": no request of " + definition.source +
+                                        " starts with {{env." + env + "}}");
+    }
+    report.inferred.push_back("{{env." + env + "}} is the sandbox " + url +
+                              ", behind verify's fault-injecting proxy");
+  }
+  auto target = GenericTarget::Start(contract, options.against);
   if (!target.ok()) return target.status();
   const std::string input =
       options.input_json.empty() ? SynthesizeInput(definition) : options.input_json;
@@ -320,7 +364,7 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
   for (const Row& row : report.rows) covered.insert(row.observed.coverage.begin(), row.observed.coverage.end());
   report.covered.assign(covered.begin(), covered.end());
   if (options.replay.empty()) {
-    for (const std::string& branch : ExpectedCoverage(contract)) {
+    for (const std::string& branch : ExpectedCoverage(contract, options.against)) {
       if (!covered.contains(branch)) report.uncovered.push_back(branch + ": no schedule reached it");
     }
   }
@@ -330,8 +374,10 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
 
 std::string ReplayLine(const Report& report, const Row& row, const VerifyOptions& options) {
   (void)report;
+  std::string against;
+  for (const auto& [env, url] : options.against) against += " --against " + Quote(env + "=" + url);
   return "waystone verify " + Quote(options.definition_path) +
-         (options.input_json.empty() ? "" : " --input " + Quote(options.input_json)) +
+         (options.input_json.empty() ? "" : " --input " + Quote(options.input_json)) + against +
          " --replay " + Quote(row.schedule.Spec());
 }
 

@@ -6,6 +6,7 @@
 // (verify/oracles.h). docs/verify.md says how to read its report.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ struct VerifyOptions {
   std::string replay;           // one schedule's spec: run exactly that
   Millis rest_deadline = 60'000;  // per worker process: past it the run is not live
   bool keep = false;            // keep the schedules' folders (databases, worker logs)
+  // env name -> a team's sandbox base URL: that system's requests go there through
+  // verify's fault-injecting proxy; each schedule's business key gets a suffix of
+  // its own, and the definition's lookups report what the sandbox holds.
+  std::map<std::string, std::string> against;
 };
 
 struct Row {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "support/erp_target.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -161,6 +162,36 @@ INSTANTIATE_TEST_SUITE_P(
         MutantCase{"compensation-not-idempotent.yaml", "compensation of 'create-order' took effect 2 times", {}, "mutants"},
         MutantCase{"order-to-erp.yaml", "took effect 2 times",
                    {{"WAYSTONE_TEST_SWITCH", "skip-running-checkpoint"}}, "examples"}));
+
+// Against a sandbox verify did not write (tests/targets/erp_target.py, plain
+// Python): the proxy sends each committing request on and then loses, delays or
+// resets the sandbox's answer. What the sandbox itself counts is the judge here.
+TEST(VerifyProcessTest, AgainstAnIndependentSandboxItCountsNoSecondOrderAndCatchesABadLookup) {
+  TempDir dir;
+  ErpTarget sandbox(dir.path());
+  ASSERT_TRUE(sandbox.ok());
+  const std::string url = sandbox.base_url();
+  auto stats = [&] { return Json::parse(sandbox.StatsJson(), nullptr, false); };
+
+  Verified verified = Verify(SourceDir() + "/tests/verify/against/order-and-message.yaml",
+                             {"--against", "ERP_URL=" + url});
+  ASSERT_EQ(verified.process.exit_code, 0) << verified.process.err << verified.process.out.substr(0, 4000);
+  Json counted = stats();
+  ASSERT_TRUE(counted.is_object());
+  EXPECT_GE(counted["orders"].get<int>(), 50) << counted["by_route"].dump();
+  EXPECT_EQ(counted["duplicate_orders"], 0) << counted["orders_by_ref"].dump();
+  EXPECT_EQ(counted["duplicate_messages"], 0);
+  EXPECT_GT(counted["by_route"]["cancel_order"].get<int>(), 0);  // compensations reached it
+  EXPECT_GT(counted["by_route"]["find_orders"].get<int>(), 0);
+
+  sandbox.Call("POST", "/_target/reset", "");
+  Verified mutant = Verify(SourceDir() + "/tests/verify/mutants/wrong-lookup-field.yaml",
+                           {"--against", "ERP_URL=" + url});
+  EXPECT_EQ(mutant.process.exit_code, 1) << mutant.process.out.substr(0, 4000);
+  EXPECT_NE(FailingRow(mutant.report, "but its lookup finds nothing"), nullptr);
+  counted = stats();
+  EXPECT_GT(counted["duplicate_orders"].get<int>(), 0);  // what verify said, the sandbox shows
+}
 
 TEST(VerifyProcessTest, TheBrokenEngineSwitchIsOffByDefault) {
   Verified verified = Verify(Example("order-to-erp.yaml"), {"--replay", "call:create-order#1=kill"});
