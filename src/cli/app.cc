@@ -307,6 +307,8 @@ int Main(int argc, char** argv) {
   verify_cmd->add_option("--against", verify.against,
                          "NAME=URL: send {{env.NAME}}'s requests to this sandbox through a "
                          "fault-injecting proxy (repeatable)");
+  verify_cmd->add_option("--contract", verify.contract,
+                         "Contract file: what cannot be inferred of the systems (docs/verify.md)");
 
   VerifyWorkerOptions verify_worker;
   CLI::App* verify_worker_cmd = app.add_subcommand("verify-worker", "");  // verify's own, hidden

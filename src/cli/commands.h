@@ -100,6 +100,7 @@ struct VerifyCommandOptions {
   std::string work_dir;     // "" = a temporary folder
   bool keep = false;
   std::vector<std::string> against;  // NAME=URL: that env's system is a team's sandbox
+  std::string contract;     // a contract file: what cannot be inferred of the systems
 };
 
 // The worker process `verify` runs for each schedule (not for people).

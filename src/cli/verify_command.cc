@@ -29,6 +29,11 @@ int Verify(const VerifyCommandOptions& flags) {
   }
   auto contract = verify::InferContract(definition);
   if (!contract.ok()) return Fail(contract.status());
+  if (!flags.contract.empty()) {
+    if (auto applied = verify::ApplyContractFile(flags.contract, &*contract); !applied.ok()) {
+      return Fail(applied);
+    }
+  }
 
   verify::VerifyOptions options;
   options.definition_path = std::filesystem::absolute(flags.definition).string();

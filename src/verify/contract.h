@@ -72,6 +72,12 @@ struct Contract {
 // cannot stand in for what it calls (a URL not under {{env.NAME}}, an email).
 absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition);
 
+// Applies a contract file (YAML) to `contract`: per system, by the env name of its
+// base URL, `honors_keys` (whatever the definition declares), `key_header` (the one
+// header it deduplicates on) and `ignore_params` (lookup parameters that are knobs).
+// InvalidArgument as "FILE:LINE: message".
+absl::Status ApplyContractFile(const std::string& path, Contract* contract);
+
 // The route a request arrives on: method and path (after the schedule's prefix)
 // against every route, the most literal match first; nullptr when none matches.
 const Route* MatchRoute(const Contract& contract, std::string_view method, std::string_view path);

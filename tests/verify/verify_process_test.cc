@@ -134,6 +134,7 @@ struct MutantCase {
   const char* broken;
   std::map<std::string, std::string> env;
   const char* definition_dir;  // "examples" or the mutants' folder
+  const char* contract = "";   // a contract file in the mutants' folder
 };
 
 class VerifyMutantTest : public ::testing::TestWithParam<MutantCase> {};
@@ -141,7 +142,9 @@ class VerifyMutantTest : public ::testing::TestWithParam<MutantCase> {};
 TEST_P(VerifyMutantTest, IsCaughtWithAReplayThatReproducesIt) {
   const MutantCase& c = GetParam();
   const std::string definition = std::string(c.definition_dir) == "examples" ? Example(c.file) : Mutant(c.file);
-  Verified verified = Verify(definition, {}, c.env);
+  std::vector<std::string> flags;
+  if (*c.contract != '\0') flags = {"--contract", Mutant(c.contract)};
+  Verified verified = Verify(definition, flags, c.env);
   ASSERT_EQ(verified.process.exit_code, 1) << verified.process.err << verified.process.out.substr(0, 4000);
   const Json* row = FailingRow(verified.report, c.broken);
   ASSERT_NE(row, nullptr) << verified.process.out.substr(0, 6000);
@@ -149,7 +152,8 @@ TEST_P(VerifyMutantTest, IsCaughtWithAReplayThatReproducesIt) {
   EXPECT_NE(replay.find("--replay"), std::string::npos) << replay;
   EXPECT_FALSE((*row)["target_log"].empty());
 
-  Verified again = Verify(definition, {"--replay", (*row)["spec"].get<std::string>()}, c.env);
+  flags.insert(flags.end(), {"--replay", (*row)["spec"].get<std::string>()});
+  Verified again = Verify(definition, flags, c.env);
   EXPECT_EQ(again.process.exit_code, 1) << again.process.out;
   EXPECT_EQ(again.report["schedules"], 1);
   EXPECT_NE(FailingRow(again.report, c.broken), nullptr) << again.process.out;
@@ -161,7 +165,24 @@ INSTANTIATE_TEST_SUITE_P(
         MutantCase{"wrong-lookup-field.yaml", "took effect 2 times", {}, "mutants"},
         MutantCase{"compensation-not-idempotent.yaml", "compensation of 'create-order' took effect 2 times", {}, "mutants"},
         MutantCase{"order-to-erp.yaml", "took effect 2 times",
-                   {{"WAYSTONE_TEST_SWITCH", "skip-running-checkpoint"}}, "examples"}));
+                   {{"WAYSTONE_TEST_SWITCH", "skip-running-checkpoint"}}, "examples"},
+        MutantCase{"key-not-honoured.yaml", "step 'send-message' took effect 2 times", {}, "mutants",
+                   "key-not-honoured.contract.yaml"}));
+
+TEST(VerifyProcessTest, WithoutItsContractFileTheKeyMutantLooksFine) {
+  // The definition alone says the key is honoured: what the contract file adds is
+  // what makes the difference, and a bad contract file is refused at its line.
+  Verified verified = Verify(Mutant("key-not-honoured.yaml"), {});
+  EXPECT_EQ(verified.process.exit_code, 0) << verified.process.out.substr(0, 2000);
+  TempDir dir;
+  WriteFile(dir.File("bad.yaml"), "targets:\n  CHAT_URL: { honors_keys: maybe }\n");
+  ProcessResult bad = RunProcess({WaystoneBinary(), "verify", Mutant("key-not-honoured.yaml"),
+                                  "--contract", dir.File("bad.yaml")},
+                                 {}, dir.path());
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("bad.yaml:2: target 'CHAT_URL': honors_keys is true or false"), std::string::npos)
+      << bad.err;
+}
 
 // Against a sandbox verify did not write (tests/targets/erp_target.py, plain
 // Python): the proxy sends each committing request on and then loses, delays or
