@@ -29,13 +29,14 @@ int Verify(const VerifyCommandOptions& flags) {
   }
   auto contract = verify::InferContract(definition);
   if (!contract.ok()) return Fail(contract.status());
+
+  verify::VerifyOptions options;
   if (!flags.contract.empty()) {
+    options.contract_file = std::filesystem::absolute(flags.contract).string();
     if (auto applied = verify::ApplyContractFile(flags.contract, &*contract); !applied.ok()) {
       return Fail(applied);
     }
   }
-
-  verify::VerifyOptions options;
   options.definition_path = std::filesystem::absolute(flags.definition).string();
   if (!flags.input.empty()) {
     auto input = TextOrFile(flags.input, kMaxInputBytes);

@@ -376,6 +376,7 @@ std::string ReplayLine(const Report& report, const Row& row, const VerifyOptions
   (void)report;
   std::string against;
   for (const auto& [env, url] : options.against) against += " --against " + Quote(env + "=" + url);
+  if (!options.contract_file.empty()) against += " --contract " + Quote(options.contract_file);
   return "waystone verify " + Quote(options.definition_path) +
          (options.input_json.empty() ? "" : " --input " + Quote(options.input_json)) + against +
          " --replay " + Quote(row.schedule.Spec());

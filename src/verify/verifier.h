@@ -34,6 +34,7 @@ struct VerifyOptions {
   // verify's fault-injecting proxy; each schedule's business key gets a suffix of
   // its own, and the definition's lookups report what the sandbox holds.
   std::map<std::string, std::string> against;
+  std::string contract_file;    // named in replay lines
 };
 
 struct Row {
