@@ -307,6 +307,8 @@ int Main(int argc, char** argv) {
   verify_cmd->add_option("--against", verify.against,
                          "NAME=URL: send {{env.NAME}}'s requests to this sandbox through a "
                          "fault-injecting proxy (repeatable)");
+  verify_cmd->add_flag("--allow-uncovered", verify.allow_uncovered,
+                       "Exit 0 though some branch or schedule was not reached (listed all the same)");
   verify_cmd->add_option("--contract", verify.contract,
                          "Contract file: what cannot be inferred of the systems (docs/verify.md)");
 
@@ -322,6 +324,7 @@ int Main(int argc, char** argv) {
   verify_worker_cmd->add_option("--event-id", verify_worker.event_id);
   verify_worker_cmd->add_option("--relay-config", verify_worker.relay_config);
   verify_worker_cmd->add_flag("--observe-lookups", verify_worker.observe_lookups);
+  verify_worker_cmd->add_flag("--operator-compensate", verify_worker.operator_compensate);
   add_global(verify_worker_cmd);
   verify_worker_cmd->add_option("--lease", global.lease);
 

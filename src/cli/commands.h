@@ -101,6 +101,7 @@ struct VerifyCommandOptions {
   bool keep = false;
   std::vector<std::string> against;  // NAME=URL: that env's system is a team's sandbox
   std::string contract;     // a contract file: what cannot be inferred of the systems
+  bool allow_uncovered = false;  // exit 0 though a branch or schedule was not reached
 };
 
 // The worker process `verify` runs for each schedule (not for people).
@@ -114,6 +115,7 @@ struct VerifyWorkerOptions {
   std::string event_id;
   std::string relay_config;  // deliver the outbox with it once the instance rests
   bool observe_lookups = false;  // report what each step's lookup finds at the end
+  bool operator_compensate = false;  // compensate the instance once it completed
 };
 
 struct SimOptions {

@@ -42,7 +42,8 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   if (options.until_drained) {
     absl::Status drained = DrainRelay(**relay, **store, config->poll_interval, stop);
     std::fprintf(stderr, "waystone: relay stopped\n");
-    return drained.ok() ? kExitOk : Fail(drained);
+    // Stopped by a signal before it was drained: a clean stop, as without the flag.
+    return drained.ok() || absl::IsCancelled(drained) ? kExitOk : Fail(drained);
   }
   while (!stop.stop_requested()) {
     auto attempted = (*relay)->RunOnce();

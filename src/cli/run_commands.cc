@@ -1,4 +1,5 @@
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -539,6 +540,7 @@ absl::StatusOr<nlohmann::json> ObserveLookups(Runtime& rt, const WorkflowDefinit
       WS_ASSIGN_OR_RETURN(std::string text, render(value, context));
       request.headers.emplace_back(name, text);
     }
+    request.headers.emplace_back("X-Verify-Observe", "1");  // verify's proxy injects no fault
     const HttpResponse answer = rt.http->Send(request);
     if (answer.outcome.kind != CallOutcome::Kind::kResponse) {
       return absl::UnavailableError("the lookup of '" + def.name + "' got no answer: " + answer.error);
@@ -612,14 +614,31 @@ int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options
     }
   });
   absl::StatusOr<InstanceState> state = InstanceState::kRunning;
-  for (int round = 0; round < 200 && violation.empty(); ++round) {
+  auto violated = [&] {
+    std::lock_guard<std::mutex> lock(answering);
+    return !violation.empty();
+  };
+  for (int round = 0; round < 200 && !violated(); ++round) {
     state = rt.engine->RunUntilRest(started->instance.id, stop);
-    if (!state.ok() || *state != InstanceState::kRunning || stop.stop_requested()) break;
+    if (!state.ok() || stop.stop_requested()) break;
+    if (*state == InstanceState::kCompleted && options.operator_compensate) {
+      // As an operator would from the console (after a restart too: a compensated
+      // instance is refused, and that is the end of it).
+      OperatorRequest compensate;
+      compensate.action = OperatorAction::kCompensate;
+      compensate.reason = "waystone verify: an operator undoes the completed instance";
+      compensate.actor = "verify-operator";
+      auto applied = rt.engine->operations().Apply(started->instance.tenant, started->instance.key,
+                                                   compensate);
+      if (applied.ok() || absl::IsAborted(applied.status())) continue;
+      return Fail(applied.status());
+    }
+    if (*state != InstanceState::kRunning) break;
     answer();
     SystemClock::Get()->SleepFor(20, stop);
   }
   responder.request_stop();
-  responder.join();
+  responder.join();  // `violation` is this thread's alone from here on
   if (!state.ok()) return Fail(state.status());
   if (!violation.empty()) return Fail(absl::InternalError(violation));
   if (!options.relay_config.empty()) {
@@ -649,13 +668,16 @@ int VerifyWorker(const GlobalOptions& global, const VerifyWorkerOptions& options
                                {"state", ToString(step.state)},
                                {"external_id", step.external_id}});
   }
-  const std::string temporary = options.result + ".tmp";
+  // Two workers may finish at once (concurrent starts): each writes its own file.
+  const std::string temporary = options.result + "." + std::to_string(::getpid()) + ".tmp";
   {
     std::ofstream out(temporary, std::ios::trunc);
     out << result.dump() << "\n";
     if (!out.good()) return Fail(absl::InternalError("cannot write " + temporary));
   }
-  std::filesystem::rename(temporary, options.result);
+  std::error_code renamed;
+  std::filesystem::rename(temporary, options.result, renamed);
+  if (renamed) return Fail(absl::InternalError("cannot write " + options.result + ": " + renamed.message()));
   return kExitOk;
 }
 

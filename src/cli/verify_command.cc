@@ -85,7 +85,16 @@ int Verify(const VerifyCommandOptions& flags) {
     std::error_code ignored;
     std::filesystem::remove_all(options.work_dir, ignored);
   }
-  return report->failures() > 0 ? kExitError : kExitOk;
+  if (report->failures() > 0) return kExitError;
+  // Green must mean something: every boundary and outcome asked for was reached
+  // (random draws and a replay say what they missed without failing on it).
+  const bool exhaustive = flags.schedules == 0 && flags.replay.empty();
+  if (exhaustive && !report->uncovered.empty() && !flags.allow_uncovered) {
+    std::fprintf(stderr, "verify: %zu not covered (listed above); --allow-uncovered accepts that\n",
+                 report->uncovered.size());
+    return kExitError;
+  }
+  return kExitOk;
 }
 
 }  // namespace waystone::cli

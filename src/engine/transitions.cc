@@ -20,6 +20,7 @@ constexpr size_t kMaxStoredMessage = 500;
 
 // A lookup answered 404 found nothing: that is an answer, not a failure.
 constexpr int kNotFound = 404;
+constexpr int kNoContent = 204;
 
 // Parses a response body; a body that is not JSON is kept as a JSON string. JSON
 // nested deeper than kMaxJsonDepth is refused: what a step keeps is rendered,
@@ -361,7 +362,12 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
         return FailStepAndWait(facts, step, detail + "; fix the target's certificate, CA or "
                                                      "client credentials, then retry the step");
       }
-      if (step.unknowns > 0) return RejectedAfterUnknown(facts, step, detail);
+      // A resubmission that a lookup allowed (it proved nothing took effect) is
+      // refused on its own merits; one made under the same key without a lookup is not.
+      if (step.unknowns > 0 && def.request.SideEffecting() &&
+          !(def.lookup && step.resolution == Resolution::kResubmitted)) {
+        return RejectedAfterUnknown(facts, step, detail);
+      }
       return FailStep(facts, step, result.error_class, detail, std::nullopt);
     case ErrorClass::kUnknown: {
       if (result.exists) return TargetSaysExists(facts, step, response);
@@ -624,10 +630,11 @@ Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& resul
     return Pause(facts, step, AlertKind::kNeedsOperator,
                  of + " was refused: HTTP " + std::to_string(response.outcome.status));
   }
-  if (response.outcome.status != kNotFound && response.body.empty()) {
+  if (response.outcome.status != kNotFound && response.outcome.status != kNoContent &&
+      response.body.empty()) {
     // A 2xx without a body proves nothing: an answer cut after its head (a proxy, a
-    // server stopping) reads this way. Only a 404 or a body that says so is "none";
-    // this one is asked again, never taken for nothing found (found by verify).
+    // server stopping) reads this way. Only a 404, a 204 or a body that says so is
+    // "none"; this one is asked again, never taken for nothing found (found by verify).
     if (def.retry.Exhausted(step.lookups)) {
       return Pause(facts, step, AlertKind::kRetriesExhausted,
                    of + " keeps answering HTTP " + std::to_string(response.outcome.status) +

@@ -23,14 +23,29 @@ std::string StepWhere(const WorkflowDefinition& definition, const StepDefinition
   return definition.source + ":" + std::to_string(step.line) + ": step '" + step.name + "'";
 }
 
+// Collects the literal pieces (4 characters or more) of every string in `tree`.
+void Fragments(const Json& tree, std::vector<std::string>* into) {
+  if (tree.is_object() || tree.is_array()) {
+    for (const Json& item : tree) Fragments(item, into);
+    return;
+  }
+  if (!tree.is_string()) return;
+  const std::string text = tree.get<std::string>();
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t open = text.find("{{", at);
+    const std::string piece = text.substr(at, open == std::string::npos ? std::string::npos : open - at);
+    if (piece.size() >= 4) into->push_back(piece);
+    if (open == std::string::npos) break;
+    const size_t close = text.find("}}", open);
+    if (close == std::string::npos) break;
+    at = close + 2;
+  }
+}
+
 // Builds the route of `request` for `step`, or says why verify cannot stand in.
 absl::StatusOr<Route> RouteOf(const WorkflowDefinition& definition, const StepDefinition& step,
                               int index, Role role, const RequestSpec& request) {
-  if (request.body_kind == BodyKind::kMail) {
-    return absl::InvalidArgumentError(StepWhere(definition, step) +
-                                      ": sends email over SMTP; verify stands in for HTTP "
-                                      "targets only (test email against a real SMTP server)");
-  }
   static const std::regex kBase(R"(^\{\{\s*env\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}(.*)$)");
   std::smatch match;
   if (!std::regex_match(request.url, match, kBase)) {
@@ -52,10 +67,25 @@ absl::StatusOr<Route> RouteOf(const WorkflowDefinition& definition, const StepDe
   for (std::string& segment : PathSegments(rest)) {
     route.segments.push_back(segment.find("{{") != std::string::npos ? "*" : segment);
   }
-  route.creates = route.side_effecting && request.method == "POST";
+  route.creates = route.side_effecting && (request.method == "POST" || request.method == "MAIL");
+  route.group = step.group;
+  route.branch = step.branch;
+  if (!request.body_json.empty()) {
+    Fragments(Json::parse(request.body_json, nullptr, false), &route.body_fragments);
+  }
+  if (request.body_kind == BodyKind::kMail) {
+    route.method = "MAIL";
+    route.side_effecting = true;
+    route.creates = true;
+    route.mail_delivery = request.mail.delivery;
+    return route;  // an SMTP server keeps no key
+  }
   route.key_headers.push_back("idempotency-key");
   for (const auto& [name, value] : request.headers) {
-    if (value.find("step.idempotency_key") != std::string::npos) route.key_headers.push_back(Lower(name));
+    if (value.find("step.idempotency_key") != std::string::npos ||
+        value.find("step.key_uuid") != std::string::npos) {
+      route.key_headers.push_back(Lower(name));
+    }
   }
   return route;
 }
@@ -65,6 +95,10 @@ std::string Describe(const Route& route) {
   for (const std::string& segment : route.segments) path += "/" + segment;
   std::string line = "step '" + route.step + "' " + std::string(RoleName(route.role)) + ": " +
                      route.method + " {{env." + route.env + "}}" + path;
+  if (route.method == "MAIL") {
+    return "step '" + route.step + "' " + std::string(RoleName(route.role)) + ": an email to {{env." +
+           route.env + "}} (SMTP) -> a message per DATA, known by its Message-ID; no key is kept";
+  }
   if (route.role == Role::kLookup) {
     line += route.items_pointer.empty() ? " -> the object found at " + route.found_pointer
                                         : " -> candidates at " + route.items_pointer;
@@ -163,6 +197,8 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
           Route compensate,
           RouteOf(definition, step, index, Role::kCompensate, step.compensate->request));
       compensate.result_pointer = "/id";
+      // The same system: it honours the compensation's key as it honours the call's.
+      compensate.honors_key = step.idempotency_honored;
       url_envs.insert(compensate.env);
       contract.routes.push_back(std::move(compensate));
     }
@@ -172,10 +208,28 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
                                       ": calls no HTTP target; there is nothing to verify");
   }
   for (const Route& route : contract.routes) contract.inferred.push_back(Describe(route));
+  for (size_t i = 0; i < contract.routes.size(); ++i) {
+    for (size_t j = i + 1; j < contract.routes.size(); ++j) {
+      const Route& a = contract.routes[i];
+      const Route& b = contract.routes[j];
+      if (a.method != "MAIL" && a.method == b.method && a.segments == b.segments &&
+          a.body_fragments == b.body_fragments && (a.step != b.step || a.role != b.role)) {
+        contract.ambiguous.push_back("step '" + b.step + "' " + std::string(RoleName(b.role)) +
+                                     " looks like step '" + a.step + "' " + std::string(RoleName(a.role)) +
+                                     " at the target: its requests count as the other's");
+      }
+    }
+  }
   std::set<std::string> envs, secrets;
   Collect(definition.text, std::regex(R"(env\.([A-Za-z_][A-Za-z0-9_]*))"), &envs);
   Collect(definition.text, std::regex(R"(secret\.([A-Za-z_][A-Za-z0-9_]*))"), &secrets);
   contract.url_envs.assign(url_envs.begin(), url_envs.end());
+  for (const Route& route : contract.routes) {
+    if (route.method == "MAIL" &&
+        std::find(contract.smtp_envs.begin(), contract.smtp_envs.end(), route.env) == contract.smtp_envs.end()) {
+      contract.smtp_envs.push_back(route.env);
+    }
+  }
   for (const std::string& env : envs) {
     if (!url_envs.contains(env)) contract.other_envs.push_back(env);
   }
@@ -183,18 +237,69 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
   return contract;
 }
 
-const Route* MatchRoute(const Contract& contract, std::string_view method, std::string_view path) {
+const Route* MatchMail(const Contract& contract, std::string_view delivery) {
+  const Route* first = nullptr;
+  for (const Route& route : contract.routes) {
+    if (route.method != "MAIL") continue;
+    if (first == nullptr) first = &route;
+    // The delivery template with every {{...}} as a wildcard.
+    std::string pattern;
+    const std::string& text = route.mail_delivery;
+    for (size_t at = 0; at < text.size();) {
+      const size_t open = text.find("{{", at);
+      const size_t close = open == std::string::npos ? std::string::npos : text.find("}}", open);
+      if (close == std::string::npos) {
+        pattern += std::regex_replace(text.substr(at), std::regex(R"([.^$|()\[\]{}*+?\\])"), "\\$&");
+        break;
+      }
+      pattern += std::regex_replace(text.substr(at, open - at), std::regex(R"([.^$|()\[\]{}*+?\\])"),
+                                    "\\$&");
+      pattern += ".*";
+      at = close + 2;
+    }
+    if (!text.empty() && std::regex_match(std::string(delivery), std::regex(pattern))) return &route;
+  }
+  return delivery.empty() ? first : nullptr;
+}
+
+const Route* MatchRoute(const Contract& contract, std::string_view method, std::string_view path,
+                        std::string_view body) {
   const std::vector<std::string> segments = PathSegments(path);
   const Route* best = nullptr;
+  size_t best_held = 0;
   for (const Route& route : contract.routes) {
     if (route.method != method || route.segments.size() != segments.size()) continue;
     bool fits = true;
     for (size_t i = 0; i < segments.size() && fits; ++i) {
       fits = route.segments[i] == "*" || route.segments[i] == segments[i];
     }
-    if (fits && (best == nullptr || route.Literals() > best->Literals())) best = &route;
+    if (!fits) continue;
+    // How much of its body's literal text the request holds: all of it, or it is
+    // another route's request on the same path.
+    size_t held = 0;
+    bool holds_all = true;
+    for (const std::string& fragment : route.body_fragments) {
+      if (body.find(fragment) != std::string_view::npos) held += fragment.size();
+      else holds_all = false;
+    }
+    if (!holds_all && !body.empty()) held = 0;
+    if (best == nullptr || route.Literals() > best->Literals() ||
+        (route.Literals() == best->Literals() && held > best_held)) {
+      best = &route;
+      best_held = held;
+    }
   }
   return best;
+}
+
+std::string SampleValue(const std::string& pointer_or_path) {
+  const std::string lower = Lower(pointer_or_path);
+  const size_t last = lower.find_last_of("/.");
+  const std::string name = last == std::string::npos ? lower : lower.substr(last + 1);
+  if (name.find("email") != std::string::npos || name.find("mail") != std::string::npos) {
+    return "verify@example.com";
+  }
+  return "verify" + pointer_or_path;
 }
 
 std::string SynthesizeInput(const WorkflowDefinition& definition) {
@@ -209,7 +314,7 @@ std::string SynthesizeInput(const WorkflowDefinition& definition) {
       const std::string name = path.substr(start, dot == std::string::npos ? dot : dot - start);
       if (!at->is_object()) break;  // a shorter path made it a leaf
       if (dot == std::string::npos) {
-        if (!at->contains(name)) (*at)[name] = "verify-" + path;
+        if (!at->contains(name)) (*at)[name] = SampleValue("-" + path);
         break;
       }
       Json& next = (*at)[name];

@@ -51,6 +51,19 @@ struct Route {
   // kCall: where a lookup of this step finds a candidate's id (the stored object
   // holds its id there too); "" = no lookup.
   std::string lookup_id_pointer;
+  // An email (method "MAIL"): received by the target's SMTP listener. Its
+  // X-Waystone-Delivery as a pattern ("{{...}}" matches anything): which of the
+  // step's emails a message is (its original, or its correction).
+  std::string mail_delivery;
+  // Forwarded to a team's sandbox (--against): its effects are not seen here.
+  bool forwarded = false;
+  // A branch of a parallel group ("" = the main line): branches side by side take
+  // effect, and are undone, in no order among themselves.
+  std::string group;
+  int branch = -1;
+  // The literal pieces of its body's strings ("is confirmed."): what tells two
+  // requests on one path apart (a LINE message and its correction).
+  std::vector<std::string> body_fragments;
 
   // The specificity of the route: literal segments count.
   int Literals() const;
@@ -59,9 +72,13 @@ struct Route {
 struct Contract {
   std::vector<Route> routes;
   std::vector<std::string> url_envs;   // env names that are a base URL of some request
+  std::vector<std::string> smtp_envs;  // those of them that are an smtp:// URL (emails)
   std::vector<std::string> other_envs;  // env names read elsewhere (given a verify value)
   std::vector<std::string> secrets;     // secret names (given a verify value)
   std::vector<std::string> inferred;    // one line per route: what verify assumed
+  // Routes of two steps that look alike: the second step's requests are counted
+  // (and its faults met) as the first's. Listed as not covered.
+  std::vector<std::string> ambiguous;
   // The steps verify exercises, in order: the HTTP steps of the main line.
   std::vector<int> http_steps;
   // The wait and approval steps: the worker delivers their event or decision (twice).
@@ -78,12 +95,22 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition);
 // InvalidArgument as "FILE:LINE: message".
 absl::Status ApplyContractFile(const std::string& path, Contract* contract);
 
+// The route an email arrives on: the first email route whose delivery pattern fits
+// `delivery` (the message's X-Waystone-Delivery); nullptr when none does.
+const Route* MatchMail(const Contract& contract, std::string_view delivery);
+
 // The route a request arrives on: method and path (after the schedule's prefix)
-// against every route, the most literal match first; nullptr when none matches.
-const Route* MatchRoute(const Contract& contract, std::string_view method, std::string_view path);
+// against every route, the most literal match first, and among those alike the one
+// whose body fragments `body` holds; nullptr when none matches.
+const Route* MatchRoute(const Contract& contract, std::string_view method, std::string_view path,
+                        std::string_view body = {});
 
 // Splits a path at '/' (no empty segments).
 std::vector<std::string> PathSegments(std::string_view path);
+
+// A value for a field verify makes up (of an input, an answer, an event): a plain
+// address for a field named like an email, else "verify<pointer>".
+std::string SampleValue(const std::string& pointer_or_path);
 
 // An input object for the definition: every {{input.a.b}} it reads gets a string
 // "verify-a.b". Used when verify is given no --input.

@@ -1,8 +1,13 @@
 #include "verify/generic_target.h"
 
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <set>
@@ -46,9 +51,8 @@ bool SameValue(const Json& field, const std::string& value) {
 }
 
 // True when `object` holds `value` in its top-level field `name`, or — for a path
-// value, whose field has no name — in any top-level field.
-// its top level. A parameter that names no field is a search term ("q"): any
-// string field that contains it matches.
+// value, whose field has no name — in any top-level field. A parameter that names
+// no field is a search term ("q"): any string field that contains it matches.
 bool Holds(const Json& object, const std::string& name, const std::string& value) {
   if (!object.is_object()) return false;
   auto it = name.empty() ? object.end() : object.find(name);
@@ -90,6 +94,25 @@ class GenericTarget::Impl {
   }
 
   int port() const { return front_->port(); }
+  int smtp_port() const { return smtp_port_; }
+
+  // The SMTP listener: a thread accepting on loopback, a thread per connection.
+  absl::Status ListenSmtp() {
+    smtp_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (smtp_fd_ < 0) return absl::UnavailableError("verify's SMTP listener: no socket");
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (::bind(smtp_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(smtp_fd_, 256) != 0 ||
+        ::getsockname(smtp_fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      return absl::UnavailableError("verify's SMTP listener cannot listen on loopback");
+    }
+    smtp_port_ = ntohs(address.sin_port);
+    acceptor_ = std::thread([this] { AcceptSmtp(); });
+    return absl::OkStatus();
+  }
 
   std::string Open(int id, const Schedule& schedule) {
     MutexLock lock(mu_);
@@ -102,6 +125,14 @@ class GenericTarget::Impl {
     MutexLock lock(mu_);
     auto it = spaces_.find(id);
     if (it != spaces_.end()) it->second.worker = pid;
+  }
+
+  void ForgetWorker(int id, pid_t pid) {
+    MutexLock lock(mu_);
+    auto it = spaces_.find(id);
+    if (it == spaces_.end()) return;
+    if (it->second.worker == pid) it->second.worker = 0;
+    if (it->second.frozen == pid) it->second.frozen = 0;
   }
 
   pid_t TakeFrozen(int id) {
@@ -120,7 +151,21 @@ class GenericTarget::Impl {
     return observed;
   }
 
-  void Stop() { front_.reset(); }
+  void Stop() {
+    front_.reset();
+    if (smtp_fd_ >= 0) {
+      stopping_ = true;
+      ::shutdown(smtp_fd_, SHUT_RDWR);
+      if (acceptor_.joinable()) acceptor_.join();
+      ::close(smtp_fd_);
+      std::vector<std::thread> sessions;
+      {
+        MutexLock lock(mu_);
+        sessions.swap(sessions_);
+      }
+      for (std::thread& session : sessions) session.join();
+    }
+  }
 
  private:
   struct Plan {  // what to do after the lock is let go
@@ -210,16 +255,28 @@ class GenericTarget::Impl {
       Answer(res, 200, Json::object());
       return plan;
     }
-    const Route* route = MatchRoute(contract_, req.method, rest);
+    const Route* route = MatchRoute(contract_, req.method, rest, req.body);
     if (route == nullptr) {
       space.observed.unmatched.push_back(req.method + " " + rest);
       Answer(res, 404, ProblemBody(404, "verify's target has no route for " + req.method + " " + rest));
       return plan;
     }
+    plan.timeout = route->timeout;
+    // verify's own look at a sandbox after the run (ObserveLookups): no fault, not counted.
+    if (req.Header("x-verify-observe") != nullptr) {
+      space.observed.log.push_back(route->step + " observed: " + req.method + " " + rest);
+      if (auto upstream = upstreams_.find(route->env); upstream != upstreams_.end()) {
+        plan.forward = upstream->second + req.target.substr(req.target.find('/', 1));
+        plan.space = id;
+        plan.log_line = space.observed.log.size() - 1;
+      } else if (route->role == Role::kLookup) {
+        Lookup(space, *route, req, rest, res, false);
+      }
+      return plan;
+    }
     const auto kind = std::make_pair(route->step, route->role);
     const int attempt = ++space.attempts[kind];
-    plan.outcome = space.schedule.FaultFor(route->step, route->role, attempt).value_or(Outcome::kOk);
-    plan.timeout = route->timeout;
+    plan.outcome = Met(space, route->step, route->role, attempt);
     const std::string label = route->step + " " + std::string(RoleName(route->role));
     if (auto last = space.last.find(kind); last != space.last.end()) {
       if (last->second == Outcome::kRateLimit) Cover(space, label + " retried after 429");
@@ -255,8 +312,7 @@ class GenericTarget::Impl {
       plan.forward = upstream->second + (prefix == std::string::npos ? "/" : req.target.substr(prefix));
       plan.space = id;
       plan.log_line = space.observed.log.size() - 1;
-      if (plan.outcome == Outcome::kKill || plan.outcome == Outcome::kFreeze) plan.kill = space.worker;
-      if (plan.outcome == Outcome::kFreeze) space.frozen = space.worker;
+      ArmSignal(space, plan);
       return plan;
     }
     std::string key;
@@ -269,22 +325,45 @@ class GenericTarget::Impl {
         Cover(space, label + " key replayed");
         res.status = seen->second.first;
         res.SetContent(seen->second.second, "application/json");
-        if (plan.outcome == Outcome::kKill || plan.outcome == Outcome::kFreeze) plan.kill = space.worker;
-        if (plan.outcome == Outcome::kFreeze) space.frozen = space.worker;
+        ArmSignal(space, plan);
         return plan;
       }
     }
     if (route->role == Role::kLookup) {
-      Lookup(space, *route, req, rest, res);
+      // Covered only when its answer reaches the worker whole.
+      Lookup(space, *route, req, rest, res, plan.outcome == Outcome::kOk);
     } else if (!route->side_effecting) {
       Read(space, *route, rest, res);
     } else {
       Act(space, *route, req, rest, res);
       if (route->honors_key && !key.empty()) space.answered_keys[key] = {res.status, res.body};
     }
-    if (plan.outcome == Outcome::kKill || plan.outcome == Outcome::kFreeze) plan.kill = space.worker;
-    if (plan.outcome == Outcome::kFreeze) space.frozen = space.worker;
+    ArmSignal(space, plan);
     return plan;
+  }
+
+  // The outcome the `attempt`-th request of (step, role) meets, noting the fault met.
+  static Outcome Met(Space& space, const std::string& step, Role role, int attempt) {
+    for (const Fault& fault : space.schedule.faults) {
+      if (fault.step == step && fault.role == role && (fault.attempt == 0 || fault.attempt == attempt)) {
+        const std::string applied = std::string(RoleName(role)) + ":" + step + "#" +
+                                    (fault.attempt == 0 ? "*" : std::to_string(fault.attempt));
+        if (std::find(space.observed.applied.begin(), space.observed.applied.end(), applied) ==
+            space.observed.applied.end()) {
+          space.observed.applied.push_back(applied);
+        }
+        return fault.outcome;
+      }
+    }
+    return Outcome::kOk;
+  }
+
+  // A kill or a freeze goes to the schedule's worker; a frozen one is the runner's
+  // to take over.
+  static void ArmSignal(Space& space, Plan& plan) {
+    if (plan.outcome != Outcome::kKill && plan.outcome != Outcome::kFreeze) return;
+    plan.kill = space.worker;
+    if (plan.outcome == Outcome::kFreeze) space.frozen = space.worker;
   }
 
   // A side-effecting request: a create, an upsert, or an action on the object its
@@ -336,7 +415,7 @@ class GenericTarget::Impl {
       if (pointer.empty()) continue;
       try {
         Json::json_pointer at(pointer);
-        if (!answer.contains(at)) answer[at] = "verify" + pointer;
+        if (!answer.contains(at)) answer[at] = SampleValue(pointer);
       } catch (const Json::exception&) {
       }
     }
@@ -346,7 +425,7 @@ class GenericTarget::Impl {
   // A lookup: the objects the step created whose fields hold the request's query
   // values (and its path's template values), where the step's pointers look.
   void Lookup(Space& space, const Route& route, const ServerRequest& req, const std::string& rest,
-              ServerResponse& res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              ServerResponse& res, bool covers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::pair<std::string, std::string>> wanted;
     for (const auto& [name, value] : req.query) {
       if (std::find(route.literal_params.begin(), route.literal_params.end(), name) ==
@@ -367,7 +446,7 @@ class GenericTarget::Impl {
       }
       if (all) candidates.push_back(object);
     }
-    Cover(space, route.step + " lookup " + (candidates.empty() ? "not found" : "found"));
+    if (covers) Cover(space, route.step + " lookup " + (candidates.empty() ? "not found" : "found"));
     Json answer = Json::object();
     try {
       if (!route.items_pointer.empty() || route.found_pointer.empty()) {
@@ -423,6 +502,161 @@ class GenericTarget::Impl {
     res.SetContent(body.dump(), status >= 400 ? "application/problem+json" : "application/json");
   }
 
+  void AcceptSmtp() {
+    while (!stopping_) {
+      pollfd ready{smtp_fd_, POLLIN, 0};
+      if (::poll(&ready, 1, 200) <= 0) continue;
+      const int fd = ::accept4(smtp_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      MutexLock lock(mu_);
+      sessions_.emplace_back([this, fd] { SmtpSession(fd); });
+    }
+  }
+
+  // One SMTP connection (RFC 5321, what a client that sends one message needs):
+  // EHLO names the schedule's space; the message is committed when DATA ends, then
+  // its reply is given, lost or delayed as the schedule says.
+  void SmtpSession(int fd) {
+    auto send = [fd](const std::string& line) { (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL); };
+    send("220 verify ESMTP\r\n");
+    std::string buffer, message;
+    bool in_data = false;
+    int id = -1;
+    while (!stopping_) {
+      pollfd ready{fd, POLLIN, 0};
+      if (::poll(&ready, 1, 200) == 0) continue;
+      char chunk[4096];
+      const ssize_t got = ::recv(fd, chunk, sizeof chunk, 0);
+      if (got <= 0) break;
+      buffer.append(chunk, static_cast<size_t>(got));
+      size_t end;
+      bool closed = false;
+      while (!closed && (end = buffer.find("\r\n")) != std::string::npos) {
+        const std::string line = buffer.substr(0, end);
+        buffer.erase(0, end + 2);
+        if (in_data) {
+          if (line != ".") {
+            message += (line.starts_with("..") ? line.substr(1) : line) + "\r\n";
+            continue;
+          }
+          in_data = false;
+          closed = EndOfData(fd, id, message, send);
+          message.clear();
+          continue;
+        }
+        std::string verb = line.substr(0, line.find(' '));
+        std::transform(verb.begin(), verb.end(), verb.begin(),
+                       [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+        if (verb == "EHLO" || verb == "HELO") {
+          const std::string domain = line.size() > 5 ? line.substr(5) : "";
+          id = domain.size() > 1 && domain[0] == 's' ? std::atoi(domain.c_str() + 1) : -1;
+          send("250 verify\r\n");
+        } else if (verb == "MAIL") {
+          // Which step's email this is shows in its headers: its fault is drawn when
+          // DATA ends (a refusal there is a refusal of the whole message).
+          send("250 2.1.0 ok\r\n");
+        } else if (verb == "RCPT") {
+          send("250 2.1.5 ok\r\n");
+        } else if (verb == "DATA") {
+          in_data = true;
+          send("354 end with <CRLF>.<CRLF>\r\n");
+        } else if (verb == "QUIT") {
+          send("221 2.0.0 bye\r\n");
+          closed = true;
+        } else if (verb == "RSET" || verb == "NOOP") {
+          send("250 2.0.0 ok\r\n");
+        } else {
+          send("502 5.5.2 not here\r\n");
+        }
+      }
+      if (closed) break;
+    }
+    ::close(fd);
+  }
+
+  // The end of a message's DATA: draws its outcome, commits it (or not) and replies
+  // as the outcome says. Returns true when the connection is done with.
+  template <typename Send>
+  bool EndOfData(int fd, int id, const std::string& message, const Send& send) {
+    auto header = [&](const std::string& name) {
+      const size_t at = message.find("\r\n" + name + ": ");
+      const size_t start = message.starts_with(name + ": ") ? 0 : at;
+      if (start == std::string::npos) return std::string();
+      const size_t value = message.find(": ", start) + 2;
+      return message.substr(value, message.find("\r\n", value) - value);
+    };
+    Plan plan;
+    std::string reply = "250 2.0.0 queued\r\n";
+    {
+      MutexLock lock(mu_);
+      auto space_it = spaces_.find(id);
+      const Route* route = MatchMail(contract_, header("X-Waystone-Delivery"));
+      if (space_it == spaces_.end() || route == nullptr) {
+        send("554 5.3.0 verify has no schedule or email route for this message\r\n");
+        return false;
+      }
+      Space& space = space_it->second;
+      const auto kind = std::make_pair(route->step, route->role);
+      const int attempt = ++space.attempts[kind];
+      plan.outcome = Met(space, route->step, route->role, attempt);
+      const std::string label = route->step + " " + std::string(RoleName(route->role));
+      if (auto last = space.last.find(kind); last != space.last.end()) {
+        if (last->second == Outcome::kRateLimit) Cover(space, label + " retried after 429");
+        if (last->second == Outcome::kUnavailable && route->role == Role::kCompensate &&
+            Commits(plan.outcome)) {
+          Cover(space, label + " failed, then recovered");
+        }
+      }
+      space.last[kind] = plan.outcome;
+      space.observed.log.push_back(route->step + " " + std::string(RoleName(route->role)) + " #" +
+                                   std::to_string(attempt) + " SMTP DATA " +
+                                   header("Message-ID") + " -> " +
+                                   std::string(OutcomeName(plan.outcome)));
+      switch (plan.outcome) {
+        case Outcome::kReject:
+          send("550 5.7.1 verify: rejected\r\n");
+          return false;
+        case Outcome::kRateLimit:
+        case Outcome::kUnavailable:
+        case Outcome::kStall:
+        case Outcome::kDuplicate:
+          send("451 4.3.0 verify: try again later\r\n");
+          return false;
+        default:
+          break;
+      }
+      const std::string message_id = header("Message-ID");
+      space.objects[message_id] = Json{{"message_id", message_id}};
+      space.creator[message_id] = route->step;
+      Record(space, *route, message_id, "create");
+      ArmSignal(space, plan);
+    }
+    switch (plan.outcome) {
+      case Outcome::kOk:
+      case Outcome::kSlow:
+        send(reply);
+        return false;
+      case Outcome::kFreeze:
+        if (plan.kill > 0) ::kill(plan.kill, SIGSTOP);
+        send(reply);
+        return false;
+      case Outcome::kKill:
+        if (plan.kill > 0) ::kill(plan.kill, SIGKILL);
+        LoseResponse(fd, LostResponse::kReset);
+        return true;
+      case Outcome::kReset:
+        LoseResponse(fd, LostResponse::kReset);
+        return true;
+      case Outcome::kPartialStatus:
+      case Outcome::kPartialHeaders:
+      case Outcome::kCutBody:
+        send("25");
+        return true;
+      default:  // every other loss: the connection closes without the reply
+        return true;
+    }
+  }
+
   // Shapes the answer as the outcome says, outside the lock (it may sleep).
   static void Shape(const ServerRequest& req, ServerResponse& res, const Plan& plan) {
     auto sleep_past = [&] {
@@ -476,21 +710,29 @@ class GenericTarget::Impl {
   Mutex mu_;
   std::map<int, Space> spaces_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<HttpFront> front_;
+  int smtp_fd_ = -1;
+  int smtp_port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> sessions_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<GenericTarget>> GenericTarget::Start(
     Contract contract, std::map<std::string, std::string> upstreams) {
   auto impl = std::make_unique<Impl>(std::move(contract), std::move(upstreams));
   if (absl::Status listening = impl->Listen(); !listening.ok()) return listening;
+  if (absl::Status listening = impl->ListenSmtp(); !listening.ok()) return listening;
   return std::unique_ptr<GenericTarget>(new GenericTarget(std::move(impl)));
 }
 
 GenericTarget::GenericTarget(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GenericTarget::~GenericTarget() { impl_->Stop(); }
 int GenericTarget::port() const { return impl_->port(); }
+int GenericTarget::smtp_port() const { return impl_->smtp_port(); }
 std::string GenericTarget::Open(int id, const Schedule& schedule) { return impl_->Open(id, schedule); }
 void GenericTarget::SetWorker(int id, pid_t pid) { impl_->SetWorker(id, pid); }
 Observed GenericTarget::Close(int id) { return impl_->Close(id); }
 pid_t GenericTarget::TakeFrozen(int id) { return impl_->TakeFrozen(id); }
+void GenericTarget::ForgetWorker(int id, pid_t pid) { impl_->ForgetWorker(id, pid); }
 
 }  // namespace waystone::verify

@@ -47,6 +47,7 @@ struct Observed {
   std::vector<std::string> log;       // one line per request: route, attempt, outcome
   std::vector<std::string> coverage;  // branches reached: "create-order lookup found", ...
   std::vector<std::string> unmatched;  // requests no route fits
+  std::vector<std::string> applied;    // the schedule's faults met: "call:create-order#1"
 };
 
 class GenericTarget {
@@ -62,10 +63,15 @@ class GenericTarget {
   GenericTarget& operator=(const GenericTarget&) = delete;
 
   int port() const;
+  // The SMTP listener's port: an email's URL is "smtp://127.0.0.1:<port>/s<id>" (the
+  // path is what the client says in EHLO: the schedule's space).
+  int smtp_port() const;
   // Opens schedule `id`'s space ("http://127.0.0.1:<port>/s<id>"): its faults apply there.
   std::string Open(int id, const Schedule& schedule);
   // The worker process a kill outcome kills (the latest one started for `id`).
   void SetWorker(int id, pid_t pid);
+  // Forgets `pid` as schedule `id`'s worker (it ended): no signal goes to it again.
+  void ForgetWorker(int id, pid_t pid);
   // The worker a freeze outcome stopped (SIGSTOP) in schedule `id`, once: 0 when none.
   pid_t TakeFrozen(int id);
   // Closes the space and returns what it saw.

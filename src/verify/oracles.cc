@@ -79,6 +79,14 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
     broken.push_back("with nothing injected the instance rests " + result.state + " (" +
                      result.reason + "): verify's simulated target does not answer as this "
                      "definition expects, so no other row proves anything");
+  } else if (clean) {
+    for (const RunResult::Step& step : result.steps) {
+      if (step.state != "completed" && step.state != "skipped") {
+        broken.push_back("with nothing injected step '" + step.name + "' ended " + step.state + " (" +
+                         result.reason + "): verify's simulated target does not answer as this "
+                         "definition expects");
+      }
+    }
   } else if (result.state != "completed" && result.reason.empty()) {
     broken.push_back("the instance rests " + result.state + " without a reason");
   }
@@ -126,10 +134,20 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
       }
       continue;
     }
-    if (!paused) {
+    // Only the step an operator is asked about may hold an effect it does not record.
+    if (!paused || (state != "unknown" && state != "running")) {
       broken.push_back("the target holds the effect of step '" + step + "' (" + Join(effects) +
                        "), but the instance records the step " + state + " and rests " +
-                       result.state + " with no operator asked");
+                       result.state + (paused ? ", asking about another step" : " with no operator asked"));
+    }
+  }
+  // And what the instance records as done, the target holds.
+  for (const Route& route : contract.routes) {
+    if (route.role != Role::kCall || !route.side_effecting || route.forwarded) continue;
+    const RunResult::Step* recorded = StepNamed(result, route.step);
+    if (recorded != nullptr && recorded->state == "completed" && !created.contains(route.step)) {
+      broken.push_back("the instance records step '" + route.step +
+                       "' completed, but its target holds nothing from it");
     }
   }
 
@@ -163,9 +181,19 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
                        "', but its lookup finds " + (ids.empty() ? std::string("nothing") : ids.front()));
     }
   }
+  auto beside = [&](const std::string& a, const std::string& b) {
+    const Route* ra = nullptr;
+    const Route* rb = nullptr;
+    for (const Route& route : contract.routes) {
+      if (route.step == a) ra = &route;
+      if (route.step == b) rb = &route;
+    }
+    return ra != nullptr && rb != nullptr && !ra->group.empty() && ra->group == rb->group &&
+           ra->branch != rb->branch;
+  };
   for (const auto& [a, a_comp] : compensated_seq) {
     for (const auto& [b, b_comp] : compensated_seq) {
-      if (!created_seq.contains(a) || !created_seq.contains(b)) continue;
+      if (!created_seq.contains(a) || !created_seq.contains(b) || beside(a, b)) continue;
       if (created_seq[a] < created_seq[b] && a_comp < b_comp) {
         broken.push_back("'" + a + "' was compensated before '" + b +
                          "', though it took effect first (compensations run in reverse)");

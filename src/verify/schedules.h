@@ -65,6 +65,9 @@ struct Schedule {
   std::string crash_at;  // "<point>:<step>" (base/crash_point.h); "" = no kill there
   int crash_occurrence = 1;
   Starts starts = Starts::kOnce;
+  // Once the instance completes, an operator compensates it (the console's
+  // "compensate"): how the compensation of a step that nothing after it can fail runs.
+  bool operator_compensates = false;
   // The matrix's row: step ("*" for the instance), its request, what is injected.
   std::string step = "*";
   std::string request = "instance";

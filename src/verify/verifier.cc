@@ -81,7 +81,7 @@ class Runner {
     fs::remove_all(dir, ignored);
     fs::create_directories(dir, ignored);
     const std::string base = target_.Open(id, schedule);
-    const std::vector<std::string> env = Environment(base);
+    const std::vector<std::string> env = Environment(base, id);
     const std::string result_path = (dir / "result.json").string();
     const std::string relay_path = (dir / "relay.yaml").string();
     {
@@ -108,6 +108,7 @@ class Runner {
                                  std::to_string(schedule.crash_occurrence)});
       }
       if (!options_.against.empty()) argv.push_back("--observe-lookups");
+      if (schedule.operator_compensates) argv.push_back("--operator-compensate");
       if (schedule.starts == Starts::kEventTwice) {
         argv.insert(argv.end(), {"--event-source", "verify", "--event-id", "start-1"});
       }
@@ -119,13 +120,19 @@ class Runner {
     // A worker frozen by the target (SIGSTOP, its answer unread) is outlived: a
     // second one takes the instance over once the lease has run out and brings it to
     // rest; then the first resumes, and must find its lease lost.
+    // Each worker's result is its own: a worker that fails writes none, and the
+    // one before it does not answer for it.
+    auto spawn = [&](bool crash) {
+      fs::remove(result_path, ignored);
+      return Spawn(args(crash), env, log, &problem);
+    };
     auto takeover = [&] {
-      const pid_t second = Spawn(args(false), env, log, &problem);
+      const pid_t second = spawn(false);
       target_.SetWorker(id, second);
       row.kills += Await(second, id, {}, &problem) ? 1 : 0;
       ++row.takeovers;
     };
-    std::vector<pid_t> first{Spawn(args(true), env, log, &problem)};
+    std::vector<pid_t> first{spawn(true)};
     if (schedule.starts == Starts::kConcurrent) first.push_back(Spawn(args(false), env, log, &problem));
     target_.SetWorker(id, first.front());
     bool killed = false;
@@ -136,7 +143,7 @@ class Runner {
     for (int restarts = 0; problem.empty() && restarts < 6; ++restarts) {
       const bool again = killed || (restarts == 0 && schedule.starts == Starts::kEventTwice);
       if (!again) break;
-      pid_t pid = Spawn(args(false), env, log, &problem);
+      pid_t pid = spawn(false);
       target_.SetWorker(id, pid);
       killed = Await(pid, id, takeover, &problem);
       row.kills += killed ? 1 : 0;
@@ -144,7 +151,8 @@ class Runner {
     row.result = ReadResult(result_path, log, problem);
     row.observed = target_.Close(id);
     row.broken = Judge(contract_, row.observed, row.result,
-                       schedule.faults.empty() && schedule.crash_at.empty());
+                       schedule.faults.empty() && schedule.crash_at.empty() &&
+                           !schedule.operator_compensates);
     if (!options_.keep && row.broken.empty()) fs::remove_all(dir, ignored);
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     return row;
@@ -177,7 +185,7 @@ class Runner {
     return std::to_string(std::max<Millis>(3, (longest + 2000 + 999) / 1000)) + "s";
   }
 
-  std::vector<std::string> Environment(const std::string& base) const {
+  std::vector<std::string> Environment(const std::string& base, int id) const {
     std::map<std::string, std::string> vars;
     for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
       const std::string item(*entry);
@@ -186,6 +194,10 @@ class Runner {
       vars[item.substr(0, eq)] = item.substr(eq + 1);
     }
     for (const std::string& name : contract_.url_envs) vars[name] = base;
+    for (const std::string& name : contract_.smtp_envs) {
+      vars[name] = "smtp://127.0.0.1:" + std::to_string(target_.smtp_port()) + "/s" +
+                   std::to_string(id);
+    }
     for (const std::string& name : contract_.other_envs) {
       if (!vars.contains(name)) vars[name] = "verify-" + name;
     }
@@ -212,6 +224,9 @@ class Runner {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    // Nothing else of ours: a connection the target holds open elsewhere would keep a
+    // reset from being one (a child's copy of the socket outlives the target's close).
+    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
     pid_t pid = 0;
     const int failed = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
@@ -222,37 +237,47 @@ class Runner {
     return pid;
   }
 
-  // Waits for the worker; true when it was killed (SIGKILL). Past the deadline it
-  // is killed by us, and that is a liveness failure.
+  // Waits for the worker; true when it was killed (SIGKILL) by a schedule. It is
+  // seen to have ended before it is reaped, and the target forgets it in between,
+  // so no signal of the target's can reach a reused pid. Past the deadline it is
+  // killed here, and that is a liveness failure; an exit other than 0 is a failure.
   bool Await(pid_t pid, int id, const std::function<void()>& takeover, std::string* problem) {
     if (pid <= 0) return false;
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(options_.rest_deadline);
-    int status = 0;
+    bool timed_out = false;
     while (true) {
-      const pid_t done = ::waitpid(pid, &status, WNOHANG);
-      if (done == pid) break;
-      if (const pid_t frozen = takeover ? target_.TakeFrozen(id) : 0; frozen > 0) {
-        takeover();
-        ::kill(frozen, SIGCONT);
-        continue;
-      }
-      if (done < 0) {
+      siginfo_t info{};
+      if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
         *problem = "lost the worker process";
         return false;
       }
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (info.si_pid == pid) break;
+      if (const pid_t frozen = takeover ? target_.TakeFrozen(id) : 0; frozen > 0) {
+        takeover();
+        target_.SetWorker(id, frozen);
+        ::kill(frozen, SIGCONT);
+        continue;
+      }
+      if (!timed_out && std::chrono::steady_clock::now() > deadline) {
         ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        *problem = "the worker did not bring the instance to rest within " +
-                   std::to_string(options_.rest_deadline / 1000) + " s";
-        return false;
+        timed_out = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    target_.ForgetWorker(id, pid);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (timed_out) {
+      *problem = "the worker did not bring the instance to rest within " +
+                 std::to_string(options_.rest_deadline / 1000) + " s";
+      return false;
     }
     if (WIFSIGNALED(status)) {
       if (WTERMSIG(status) == SIGKILL) return true;
       *problem = "the worker died of signal " + std::to_string(WTERMSIG(status));
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+      *problem = "a worker exited with status " + std::to_string(WEXITSTATUS(status));
     }
     return false;
   }
@@ -310,8 +335,10 @@ int Report::failures() const {
   return failed;
 }
 
-absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Contract& contract,
+absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Contract& inferred,
                                  const VerifyOptions& options) {
+  Contract contract = inferred;
+  for (Route& route : contract.routes) route.forwarded = options.against.contains(route.env);
   const auto began = std::chrono::steady_clock::now();
   Report report;
   report.workflow = definition.name;
@@ -361,7 +388,28 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
   for (std::thread& job : jobs) job.join();
 
   std::set<std::string> covered;
-  for (const Row& row : report.rows) covered.insert(row.observed.coverage.begin(), row.observed.coverage.end());
+  for (Row& row : report.rows) {
+    covered.insert(row.observed.coverage.begin(), row.observed.coverage.end());
+    // A schedule whose kill or fault never came tested nothing it claims to.
+    const Schedule& schedule = row.schedule;
+    if (!schedule.crash_at.empty() && row.kills == 0) row.unreached = "its kill point was never reached";
+    for (const Fault& fault : schedule.faults) {
+      const std::string applied = std::string(RoleName(fault.role)) + ":" + fault.step + "#" +
+                                  (fault.attempt == 0 ? "*" : std::to_string(fault.attempt));
+      if (std::find(row.observed.applied.begin(), row.observed.applied.end(), applied) ==
+          row.observed.applied.end()) {
+        row.unreached = "its fault " + applied + " was never met";
+      }
+    }
+    if (!row.unreached.empty()) {
+      ++report.unreached;
+      if (options.random_schedules == 0) {
+        report.uncovered.push_back(schedule.step + " " + schedule.request + ", " + schedule.injected +
+                                   ": " + row.unreached);
+      }
+    }
+  }
+  for (const std::string& note : contract.ambiguous) report.uncovered.push_back(note);
   report.covered.assign(covered.begin(), covered.end());
   if (options.replay.empty()) {
     for (const std::string& branch : ExpectedCoverage(contract, options.against)) {
@@ -372,8 +420,7 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
   return report;
 }
 
-std::string ReplayLine(const Report& report, const Row& row, const VerifyOptions& options) {
-  (void)report;
+std::string ReplayLine(const Row& row, const VerifyOptions& options) {
   std::string against;
   for (const auto& [env, url] : options.against) against += " --against " + Quote(env + "=" + url);
   if (!options.contract_file.empty()) against += " --contract " + Quote(options.contract_file);
@@ -392,7 +439,7 @@ std::string FormatReport(const Report& report, const VerifyOptions& options) {
   std::snprintf(line, sizeof line, "%-22s %-11s %-52s %s\n", "step", "request", "injected", "result");
   out << line;
   for (const Row& row : report.rows) {
-    std::string result = row.broken.empty() ? "pass" : "FAIL";
+    std::string result = !row.broken.empty() ? "FAIL" : row.unreached.empty() ? "pass" : "not reached";
     if (row.result.reported) result += " (" + row.result.state + ")";
     std::snprintf(line, sizeof line, "%-22s %-11s %-52s %s\n", row.schedule.step.c_str(),
                   row.schedule.request.c_str(), row.schedule.injected.c_str(), result.c_str());
@@ -408,7 +455,7 @@ std::string FormatReport(const Report& report, const VerifyOptions& options) {
       for (const std::string& why : row.broken) out << "    " << why << "\n";
       out << "    what the target saw:\n";
       for (const std::string& seen : row.observed.log) out << "      " << seen << "\n";
-      out << "    replay: " << ReplayLine(report, row, options) << "\n";
+      out << "    replay: " << ReplayLine(row, options) << "\n";
     }
   }
   out << "\ncovered:\n";
@@ -417,8 +464,8 @@ std::string FormatReport(const Report& report, const VerifyOptions& options) {
     out << "not covered (not passed):\n";
     for (const std::string& what : report.uncovered) out << "  " << what << "\n";
   }
-  std::snprintf(line, sizeof line, "\n%d of %zu schedules failed, %zu not covered; %.1f s\n",
-                failures, report.rows.size(), report.uncovered.size(), report.seconds);
+  std::snprintf(line, sizeof line, "\n%d of %zu schedules failed, %d not reached, %zu not covered; %.1f s\n",
+                failures, report.rows.size(), report.unreached, report.uncovered.size(), report.seconds);
   out << line;
   return out.str();
 }
@@ -429,18 +476,21 @@ std::string ReportJson(const Report& report, const VerifyOptions& options) {
     Json item{{"step", row.schedule.step},       {"request", row.schedule.request},
               {"injected", row.schedule.injected}, {"spec", row.schedule.Spec()},
               {"pass", row.broken.empty()},        {"state", row.result.state},
+              {"reached", row.unreached.empty()},
               {"kills", row.kills},                {"takeovers", row.takeovers},
               {"events_delivered", row.observed.events.size()},
               {"seconds", row.seconds},
               {"broken", row.broken}};
-    if (!row.broken.empty()) {
-      item["replay"] = ReplayLine(report, row, options);
+    if (!row.broken.empty() || !row.unreached.empty()) {
+      item["replay"] = ReplayLine(row, options);
       item["target_log"] = row.observed.log;
     }
+    if (!row.unreached.empty()) item["unreached"] = row.unreached;
     rows.push_back(std::move(item));
   }
   Json doc{{"workflow", report.workflow}, {"schedules", report.rows.size()},
-           {"failures", report.failures()}, {"inferred", report.inferred},
+           {"failures", report.failures()}, {"unreached", report.unreached},
+           {"inferred", report.inferred},
            {"covered", report.covered},   {"uncovered", report.uncovered},
            {"seconds", report.seconds},   {"rows", std::move(rows)}};
   return doc.dump(2) + "\n";

@@ -45,6 +45,7 @@ struct Row {
   std::vector<std::string> broken;
   int kills = 0;       // worker processes killed on the way
   int takeovers = 0;   // workers that took over from a frozen one
+  std::string unreached;  // why the schedule did not test what it claims ("" = it did)
   double seconds = 0;
 };
 
@@ -54,6 +55,7 @@ struct Report {
   std::vector<std::string> uncovered;  // what no schedule reached
   std::vector<std::string> covered;    // branches some schedule reached
   std::vector<Row> rows;
+  int unreached = 0;   // rows whose kill or fault never came
   double seconds = 0;
 
   int failures() const;

@@ -378,18 +378,33 @@ TEST(TransitionsTest, ACertificateRefusedWaitsForAnOperatorInsteadOfCompensating
 // key, the target answered 409 "this key was used before", and the step failed and
 // the order was compensated while the first request's effect stayed at the target.
 TEST(TransitionsTest, ARefusedResubmissionAfterAnUnknownOutcomeWaitsForAnOperator) {
-  World world(kLooked);
+  World world(kHonoured);
   const CallResult duplicate = Answer(409, R"({"detail":"key used before"})", ErrorClass::kRejected);
-  Change first = RecordCall(world.Now(), world.steps[kLooked], duplicate);
-  Check(first, kLooked, {S::kFailed, I::kCompensating, {}}, "a first refusal proves nothing happened");
+  Change first = RecordCall(world.Now(), world.steps[kHonoured], duplicate);
+  Check(first, kHonoured, {S::kFailed, I::kCompensating, {}}, "a first refusal proves nothing happened");
 
-  world.steps[kLooked].unknowns = 1;  // an earlier attempt's outcome was not known
-  world.steps[kLooked].attempts = 2;
-  Change again = RecordCall(world.Now(), world.steps[kLooked], duplicate);
-  Check(again, kLooked, {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}, "after unknown");
+  world.steps[kHonoured].unknowns = 1;  // an earlier attempt's outcome was not known ...
+  world.steps[kHonoured].attempts = 2;  // ... and it was sent again under the same key
+  world.steps[kHonoured].resolution = Resolution::kResubmitted;
+  Change again = RecordCall(world.Now(), world.steps[kHonoured], duplicate);
+  Check(again, kHonoured, {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}, "after unknown");
   EXPECT_NE(again.status_reason->find("the earlier attempt may have taken effect"), std::string::npos)
       << *again.status_reason;
   EXPECT_EQ(EventTypes(again).front(), "waystone.step.unknown");  // never step.failed
+  EXPECT_EQ(again.steps.front().unknowns, 1);  // the refusal itself was no unknown outcome
+
+  // A lookup that found nothing proved the earlier attempt did nothing: a refusal of
+  // the resubmission it allowed is a refusal, and what came before is undone.
+  World looked(kLooked);
+  looked.steps[kLooked].unknowns = 1;
+  looked.steps[kLooked].resolution = Resolution::kResubmitted;
+  Check(RecordCall(looked.Now(), looked.steps[kLooked], duplicate), kLooked,
+        {S::kFailed, I::kCompensating, {}}, "after a lookup found nothing");
+  // A read changed nothing, whatever happened to the request before.
+  World read(kRead);
+  read.steps[kRead].unknowns = 1;
+  Check(RecordCall(read.Now(), read.steps[kRead], Answer(404, "", ErrorClass::kRejected)), kRead,
+        {S::kFailed, I::kFailed, {}}, "a read");
 }
 
 TEST(TransitionsTest, ALookupThatCouldNotReadEveryPagePausesTheInstance) {
@@ -584,6 +599,8 @@ TEST(TransitionsTest, WhatALookupsAnswerDoesToAnUnknownStep) {
        Answer(201, "", ErrorClass::kNone), {S::kUnknown, std::nullopt, {}, true}},
       {"a 2xx without a body, lookups exhausted: paused", Answer(200, "", ErrorClass::kNone),
        {S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}}, "", false, 3},
+      {"204 No Content is none", Answer(204, "", ErrorClass::kNone), {S::kPending, std::nullopt, {}},
+       "", false, 1, Resolution::kResubmitted},
       {"lookup busy: looked up again later", Answer(503, "", ErrorClass::kTransient),
        {S::kUnknown, std::nullopt, {}, true}},
       {"lookup lost, lookups exhausted: paused", Lost(),
