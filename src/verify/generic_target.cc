@@ -158,12 +158,8 @@ class GenericTarget::Impl {
       ::shutdown(smtp_fd_, SHUT_RDWR);
       if (acceptor_.joinable()) acceptor_.join();
       ::close(smtp_fd_);
-      std::vector<std::thread> sessions;
-      {
-        MutexLock lock(mu_);
-        sessions.swap(sessions_);
-      }
-      for (std::thread& session : sessions) session.join();
+      // Each session sees `stopping_` within its poll interval and ends.
+      while (sessions_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 
@@ -508,8 +504,11 @@ class GenericTarget::Impl {
       if (::poll(&ready, 1, 200) <= 0) continue;
       const int fd = ::accept4(smtp_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
-      MutexLock lock(mu_);
-      sessions_.emplace_back([this, fd] { SmtpSession(fd); });
+      ++sessions_;  // a soak opens thousands: each thread ends on its own
+      std::thread([this, fd] {
+        SmtpSession(fd);
+        --sessions_;
+      }).detach();
     }
   }
 
@@ -714,7 +713,7 @@ class GenericTarget::Impl {
   int smtp_port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
-  std::vector<std::thread> sessions_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> sessions_{0};  // SMTP sessions under way
 };
 
 absl::StatusOr<std::unique_ptr<GenericTarget>> GenericTarget::Start(
