@@ -53,9 +53,10 @@ int Verify(const VerifyCommandOptions& flags) {
     const size_t eq = pair.find('=');
     if (eq == std::string::npos || eq == 0 ||
         !(pair.compare(eq + 1, 7, "http://") == 0 || pair.compare(eq + 1, 8, "https://") == 0)) {
-      return Fail(absl::InvalidArgumentError("--against '" + pair +
-                                             "': expected NAME=http://host:port (an env name of the "
-                                             "definition and its sandbox's base URL)"));
+      return Fail(
+          absl::InvalidArgumentError("--against '" + pair +
+                                     "': expected NAME=http://host:port (an env name of the "
+                                     "definition and its sandbox's base URL)"));
     }
     std::string url = pair.substr(eq + 1);
     while (url.ends_with("/")) url.pop_back();
@@ -63,7 +64,8 @@ int Verify(const VerifyCommandOptions& flags) {
   }
   bool made_dir = false;
   if (flags.work_dir.empty()) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "waystone-verify-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "waystone-verify-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) {
       return Fail(absl::FailedPreconditionError("cannot make a temporary folder for verify"));
     }

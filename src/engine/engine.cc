@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/crash_point.h"
 #include "base/mutex.h"
 #include "base/log.h"
 #include "base/sha256.h"
@@ -220,6 +221,7 @@ class Engine::Impl {
       if (options_.reap_dead_local_owners) {
         (void)ReapDeadLocalOwners(*store_, clock_->NowMillis());
       }
+      CrashPoint("before-claim", "instance");
       auto lease = store_->ClaimInstance(instance_id, options_.owner, clock_->NowMillis(),
                                          options_.lease_duration);
       if (absl::IsFailedPrecondition(lease.status())) {

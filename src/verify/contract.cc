@@ -1,10 +1,9 @@
 #include "verify/contract.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "base/status_macros.h"
 
@@ -34,7 +33,8 @@ void Fragments(const Json& tree, std::vector<std::string>* into) {
   size_t at = 0;
   while (at < text.size()) {
     const size_t open = text.find("{{", at);
-    const std::string piece = text.substr(at, open == std::string::npos ? std::string::npos : open - at);
+    const std::string piece =
+        text.substr(at, open == std::string::npos ? std::string::npos : open - at);
     if (piece.size() >= 4) into->push_back(piece);
     if (open == std::string::npos) break;
     const size_t close = text.find("}}", open);
@@ -51,7 +51,8 @@ absl::StatusOr<Route> RouteOf(const WorkflowDefinition& definition, const StepDe
   if (!std::regex_match(request.url, match, kBase)) {
     return absl::InvalidArgumentError(
         StepWhere(definition, step) + ": its " + std::string(RoleName(role)) + " URL '" +
-        request.url + "' does not start with {{env.NAME}}; verify points each system's base "
+        request.url +
+        "' does not start with {{env.NAME}}; verify points each system's base "
         "URL (an env value) at its simulated target");
   }
   Route route;
@@ -96,8 +97,9 @@ std::string Describe(const Route& route) {
   std::string line = "step '" + route.step + "' " + std::string(RoleName(route.role)) + ": " +
                      route.method + " {{env." + route.env + "}}" + path;
   if (route.method == "MAIL") {
-    return "step '" + route.step + "' " + std::string(RoleName(route.role)) + ": an email to {{env." +
-           route.env + "}} (SMTP) -> a message per DATA, known by its Message-ID; no key is kept";
+    return "step '" + route.step + "' " + std::string(RoleName(route.role)) +
+           ": an email to {{env." + route.env +
+           "}} (SMTP) -> a message per DATA, known by its Message-ID; no key is kept";
   }
   if (route.role == Role::kLookup) {
     line += route.items_pointer.empty() ? " -> the object found at " + route.found_pointer
@@ -116,8 +118,8 @@ std::string Describe(const Route& route) {
 }
 
 void Collect(const std::string& text, const std::regex& pattern, std::set<std::string>* into) {
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern); it != std::sregex_iterator();
-       ++it) {
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern);
+       it != std::sregex_iterator(); ++it) {
     into->insert((*it)[1]);
   }
 }
@@ -126,9 +128,12 @@ void Collect(const std::string& text, const std::regex& pattern, std::set<std::s
 
 std::string_view RoleName(Role role) {
   switch (role) {
-    case Role::kCall: return "call";
-    case Role::kLookup: return "lookup";
-    case Role::kCompensate: return "compensate";
+    case Role::kCall:
+      return "call";
+    case Role::kLookup:
+      return "lookup";
+    case Role::kCompensate:
+      return "compensate";
   }
   return "?";
 }
@@ -193,9 +198,8 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
       contract.routes.push_back(std::move(lookup));
     }
     if (step.compensate) {
-      WS_ASSIGN_OR_RETURN(
-          Route compensate,
-          RouteOf(definition, step, index, Role::kCompensate, step.compensate->request));
+      WS_ASSIGN_OR_RETURN(Route compensate, RouteOf(definition, step, index, Role::kCompensate,
+                                                    step.compensate->request));
       compensate.result_pointer = "/id";
       // The same system: it honours the compensation's key as it honours the call's.
       compensate.honors_key = step.idempotency_honored;
@@ -215,7 +219,8 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
       if (a.method != "MAIL" && a.method == b.method && a.segments == b.segments &&
           a.body_fragments == b.body_fragments && (a.step != b.step || a.role != b.role)) {
         contract.ambiguous.push_back("step '" + b.step + "' " + std::string(RoleName(b.role)) +
-                                     " looks like step '" + a.step + "' " + std::string(RoleName(a.role)) +
+                                     " looks like step '" + a.step + "' " +
+                                     std::string(RoleName(a.role)) +
                                      " at the target: its requests count as the other's");
       }
     }
@@ -225,8 +230,8 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
   Collect(definition.text, std::regex(R"(secret\.([A-Za-z_][A-Za-z0-9_]*))"), &secrets);
   contract.url_envs.assign(url_envs.begin(), url_envs.end());
   for (const Route& route : contract.routes) {
-    if (route.method == "MAIL" &&
-        std::find(contract.smtp_envs.begin(), contract.smtp_envs.end(), route.env) == contract.smtp_envs.end()) {
+    if (route.method == "MAIL" && std::find(contract.smtp_envs.begin(), contract.smtp_envs.end(),
+                                            route.env) == contract.smtp_envs.end()) {
       contract.smtp_envs.push_back(route.env);
     }
   }
@@ -249,15 +254,17 @@ const Route* MatchMail(const Contract& contract, std::string_view delivery) {
       const size_t open = text.find("{{", at);
       const size_t close = open == std::string::npos ? std::string::npos : text.find("}}", open);
       if (close == std::string::npos) {
-        pattern += std::regex_replace(text.substr(at), std::regex(R"([.^$|()\[\]{}*+?\\])"), "\\$&");
+        pattern +=
+            std::regex_replace(text.substr(at), std::regex(R"([.^$|()\[\]{}*+?\\])"), "\\$&");
         break;
       }
-      pattern += std::regex_replace(text.substr(at, open - at), std::regex(R"([.^$|()\[\]{}*+?\\])"),
-                                    "\\$&");
+      pattern += std::regex_replace(text.substr(at, open - at),
+                                    std::regex(R"([.^$|()\[\]{}*+?\\])"), "\\$&");
       pattern += ".*";
       at = close + 2;
     }
-    if (!text.empty() && std::regex_match(std::string(delivery), std::regex(pattern))) return &route;
+    if (!text.empty() && std::regex_match(std::string(delivery), std::regex(pattern)))
+      return &route;
   }
   return delivery.empty() ? first : nullptr;
 }
@@ -279,8 +286,10 @@ const Route* MatchRoute(const Contract& contract, std::string_view method, std::
     size_t held = 0;
     bool holds_all = true;
     for (const std::string& fragment : route.body_fragments) {
-      if (body.find(fragment) != std::string_view::npos) held += fragment.size();
-      else holds_all = false;
+      if (body.find(fragment) != std::string_view::npos)
+        held += fragment.size();
+      else
+        holds_all = false;
     }
     if (!holds_all && !body.empty()) held = 0;
     if (best == nullptr || route.Literals() > best->Literals() ||

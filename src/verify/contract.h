@@ -27,14 +27,14 @@ struct Route {
   // The path after the base URL, split at '/': a segment rendered from a template
   // is "*" and matches any one segment.
   std::vector<std::string> segments;
-  std::string env;            // the {{env.NAME}} its URL starts with
-  Millis timeout = 0;         // the request's timeout
+  std::string env;     // the {{env.NAME}} its URL starts with
+  Millis timeout = 0;  // the request's timeout
   bool side_effecting = false;
   // A call that creates an object: side-effecting, not a PUT, and its path names
   // no object (a POST to a collection). Otherwise a side-effecting request acts on
   // the object its path names (a PUT, a cancel), which is idempotent by its nature.
   bool creates = false;
-  std::string result_pointer;  // where the generated id goes in a create's answer
+  std::string result_pointer;              // where the generated id goes in a create's answer
   std::vector<std::string> read_pointers;  // what the templates read of a GET's answer
   // The target keeps every key it was sent and answers a repeated key as the first
   // time, without a second effect: only when the step declares `idempotency:
@@ -71,8 +71,8 @@ struct Route {
 
 struct Contract {
   std::vector<Route> routes;
-  std::vector<std::string> url_envs;   // env names that are a base URL of some request
-  std::vector<std::string> smtp_envs;  // those of them that are an smtp:// URL (emails)
+  std::vector<std::string> url_envs;    // env names that are a base URL of some request
+  std::vector<std::string> smtp_envs;   // those of them that are an smtp:// URL (emails)
   std::vector<std::string> other_envs;  // env names read elsewhere (given a verify value)
   std::vector<std::string> secrets;     // secret names (given a verify value)
   std::vector<std::string> inferred;    // one line per route: what verify assumed

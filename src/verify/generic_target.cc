@@ -10,11 +10,10 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "base/mutex.h"
 #include "connectors/http/http_client.h"
@@ -39,7 +38,7 @@ struct Space {
   std::map<std::string, std::string> creator;            // id -> step that created it
   std::map<std::string, std::string> put_paths;          // path -> id
   std::map<std::string, std::pair<int, std::string>> answered_keys;  // key -> status, body
-  std::set<std::pair<std::string, std::string>> actions;  // (object, action) done
+  std::set<std::pair<std::string, std::string>> actions;             // (object, action) done
   int next_id = 1;
   Observed observed;
 };
@@ -58,8 +57,9 @@ bool Holds(const Json& object, const std::string& name, const std::string& value
   auto it = name.empty() ? object.end() : object.find(name);
   if (it != object.end()) return SameValue(*it, value);
   for (const auto& [key, field] : object.items()) {
-    if (name.empty() ? SameValue(field, value)
-                     : field.is_string() && field.get<std::string>().find(value) != std::string::npos) {
+    if (name.empty()
+            ? SameValue(field, value)
+            : field.is_string() && field.get<std::string>().find(value) != std::string::npos) {
       return true;
     }
   }
@@ -254,7 +254,8 @@ class GenericTarget::Impl {
     const Route* route = MatchRoute(contract_, req.method, rest, req.body);
     if (route == nullptr) {
       space.observed.unmatched.push_back(req.method + " " + rest);
-      Answer(res, 404, ProblemBody(404, "verify's target has no route for " + req.method + " " + rest));
+      Answer(res, 404,
+             ProblemBody(404, "verify's target has no route for " + req.method + " " + rest));
       return plan;
     }
     plan.timeout = route->timeout;
@@ -305,7 +306,8 @@ class GenericTarget::Impl {
     // Committed from here on (by the sandbox, for a forwarded route).
     if (auto upstream = upstreams_.find(route->env); upstream != upstreams_.end()) {
       const size_t prefix = req.target.find('/', 1);
-      plan.forward = upstream->second + (prefix == std::string::npos ? "/" : req.target.substr(prefix));
+      plan.forward =
+          upstream->second + (prefix == std::string::npos ? "/" : req.target.substr(prefix));
       plan.space = id;
       plan.log_line = space.observed.log.size() - 1;
       ArmSignal(space, plan);
@@ -341,7 +343,8 @@ class GenericTarget::Impl {
   // The outcome the `attempt`-th request of (step, role) meets, noting the fault met.
   static Outcome Met(Space& space, const std::string& step, Role role, int attempt) {
     for (const Fault& fault : space.schedule.faults) {
-      if (fault.step == step && fault.role == role && (fault.attempt == 0 || fault.attempt == attempt)) {
+      if (fault.step == step && fault.role == role &&
+          (fault.attempt == 0 || fault.attempt == attempt)) {
         const std::string applied = std::string(RoleName(role)) + ":" + step + "#" +
                                     (fault.attempt == 0 ? "*" : std::to_string(fault.attempt));
         if (std::find(space.observed.applied.begin(), space.observed.applied.end(), applied) ==
@@ -442,7 +445,8 @@ class GenericTarget::Impl {
       }
       if (all) candidates.push_back(object);
     }
-    if (covers) Cover(space, route.step + " lookup " + (candidates.empty() ? "not found" : "found"));
+    if (covers)
+      Cover(space, route.step + " lookup " + (candidates.empty() ? "not found" : "found"));
     Json answer = Json::object();
     try {
       if (!route.items_pointer.empty() || route.found_pointer.empty()) {
@@ -478,8 +482,8 @@ class GenericTarget::Impl {
     return id;
   }
 
-  void Record(Space& space, const Route& route, const std::string& object, const std::string& action)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void Record(Space& space, const Route& route, const std::string& object,
+              const std::string& action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Effect effect{route.step, route.role, object, action,
                   static_cast<int>(space.observed.effects.size()) + 1};
     space.observed.effects.push_back(effect);
@@ -516,7 +520,9 @@ class GenericTarget::Impl {
   // EHLO names the schedule's space; the message is committed when DATA ends, then
   // its reply is given, lost or delayed as the schedule says.
   void SmtpSession(int fd) {
-    auto send = [fd](const std::string& line) { (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL); };
+    auto send = [fd](const std::string& line) {
+      (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+    };
     send("220 verify ESMTP\r\n");
     std::string buffer, message;
     bool in_data = false;
@@ -608,9 +614,8 @@ class GenericTarget::Impl {
       }
       space.last[kind] = plan.outcome;
       space.observed.log.push_back(route->step + " " + std::string(RoleName(route->role)) + " #" +
-                                   std::to_string(attempt) + " SMTP DATA " +
-                                   header("Message-ID") + " -> " +
-                                   std::string(OutcomeName(plan.outcome)));
+                                   std::to_string(attempt) + " SMTP DATA " + header("Message-ID") +
+                                   " -> " + std::string(OutcomeName(plan.outcome)));
       switch (plan.outcome) {
         case Outcome::kReject:
           send("550 5.7.1 verify: rejected\r\n");
@@ -684,8 +689,9 @@ class GenericTarget::Impl {
       case Outcome::kLost500:
       case Outcome::kLost502:
       case Outcome::kLost504: {
-        const int status = plan.outcome == Outcome::kLost500 ? 500
-                           : plan.outcome == Outcome::kLost502 ? 502 : 504;
+        const int status = plan.outcome == Outcome::kLost500   ? 500
+                           : plan.outcome == Outcome::kLost502 ? 502
+                                                               : 504;
         res.status = status;
         res.SetContent(ProblemBody(status, "verify: failed after the commit").dump(),
                        "application/problem+json");
@@ -728,7 +734,9 @@ GenericTarget::GenericTarget(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 GenericTarget::~GenericTarget() { impl_->Stop(); }
 int GenericTarget::port() const { return impl_->port(); }
 int GenericTarget::smtp_port() const { return impl_->smtp_port(); }
-std::string GenericTarget::Open(int id, const Schedule& schedule) { return impl_->Open(id, schedule); }
+std::string GenericTarget::Open(int id, const Schedule& schedule) {
+  return impl_->Open(id, schedule);
+}
 void GenericTarget::SetWorker(int id, pid_t pid) { impl_->SetWorker(id, pid); }
 Observed GenericTarget::Close(int id) { return impl_->Close(id); }
 pid_t GenericTarget::TakeFrozen(int id) { return impl_->TakeFrozen(id); }

@@ -24,7 +24,7 @@ namespace waystone::verify {
 
 // One business effect the target committed.
 struct Effect {
-  std::string step;   // the step whose route created or acted
+  std::string step;  // the step whose route created or acted
   Role role = Role::kCall;
   std::string object;  // the object's id
   std::string action;  // "create", or the action on an object ("cancel", "put")
@@ -44,8 +44,8 @@ struct DeliveredEvent {
 struct Observed {
   std::vector<Effect> effects;
   std::vector<DeliveredEvent> events;  // in the order received, repeats included
-  std::vector<std::string> log;       // one line per request: route, attempt, outcome
-  std::vector<std::string> coverage;  // branches reached: "create-order lookup found", ...
+  std::vector<std::string> log;        // one line per request: route, attempt, outcome
+  std::vector<std::string> coverage;   // branches reached: "create-order lookup found", ...
   std::vector<std::string> unmatched;  // requests no route fits
   std::vector<std::string> applied;    // the schedule's faults met: "call:create-order#1"
 };

@@ -21,7 +21,8 @@ std::string Join(const std::vector<std::string>& items) {
 
 // The events the relay delivered: each at least once with one content, none for a
 // step the instance does not record as done, and the instance's last one among them.
-void JudgeEvents(const Observed& observed, const RunResult& result, std::vector<std::string>* broken) {
+void JudgeEvents(const Observed& observed, const RunResult& result,
+                 std::vector<std::string>* broken) {
   std::map<std::string, std::string> bodies;
   std::set<std::string> types;
   std::set<std::string> objects;
@@ -37,7 +38,8 @@ void JudgeEvents(const Observed& observed, const RunResult& result, std::vector<
     if (event.type != "waystone.step.completed") continue;
     const RunResult::Step* step = StepNamed(result, event.step);
     if (step == nullptr || !kDone.contains(step->state)) {
-      broken->push_back("an event says step '" + event.step + "' completed, but the instance records it " +
+      broken->push_back("an event says step '" + event.step +
+                        "' completed, but the instance records it " +
                         (step == nullptr ? std::string("absent") : step->state));
     }
     if (!event.external_id.empty() && event.external_id.starts_with("v") &&
@@ -48,8 +50,10 @@ void JudgeEvents(const Observed& observed, const RunResult& result, std::vector<
     }
   }
   static const std::map<std::string, std::string> kLast{
-      {"completed", "waystone.instance.completed"}, {"compensated", "waystone.instance.compensated"},
-      {"failed", "waystone.instance.failed"}, {"needs_attention", "waystone.instance.needs_attention"}};
+      {"completed", "waystone.instance.completed"},
+      {"compensated", "waystone.instance.compensated"},
+      {"failed", "waystone.instance.failed"},
+      {"needs_attention", "waystone.instance.needs_attention"}};
   if (auto last = kLast.find(result.state); last != kLast.end() && !types.contains(last->second)) {
     broken->push_back("the instance rests " + result.state + ", but its event " + last->second +
                       " was never delivered (" + std::to_string(observed.events.size()) +
@@ -77,18 +81,24 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
                      result.state + ")");
   } else if (clean && result.state != "completed") {
     broken.push_back("with nothing injected the instance rests " + result.state + " (" +
-                     result.reason + "): verify's simulated target does not answer as this "
+                     result.reason +
+                     "): verify's simulated target does not answer as this "
                      "definition expects, so no other row proves anything");
   } else if (clean) {
     for (const RunResult::Step& step : result.steps) {
       if (step.state != "completed" && step.state != "skipped") {
-        broken.push_back("with nothing injected step '" + step.name + "' ended " + step.state + " (" +
-                         result.reason + "): verify's simulated target does not answer as this "
+        broken.push_back("with nothing injected step '" + step.name + "' ended " + step.state +
+                         " (" + result.reason +
+                         "): verify's simulated target does not answer as this "
                          "definition expects");
       }
     }
   } else if (result.state != "completed" && result.reason.empty()) {
     broken.push_back("the instance rests " + result.state + " without a reason");
+  }
+  if (result.state == "needs_attention" && result.open_alerts.empty()) {
+    broken.push_back("the instance waits for an operator, but no alert says why (" + result.reason +
+                     ")");
   }
 
   // At most one business effect per step identity, its call's and its compensation's.
@@ -138,7 +148,8 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
     if (!paused || (state != "unknown" && state != "running")) {
       broken.push_back("the target holds the effect of step '" + step + "' (" + Join(effects) +
                        "), but the instance records the step " + state + " and rests " +
-                       result.state + (paused ? ", asking about another step" : " with no operator asked"));
+                       result.state +
+                       (paused ? ", asking about another step" : " with no operator asked"));
     }
   }
   // And what the instance records as done, the target holds.
@@ -175,10 +186,12 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
     if (ids.size() > 1) {
       broken.push_back("the lookup of '" + step + "' finds " + std::to_string(ids.size()) +
                        " objects at the target: " + Join(ids));
-    } else if (recorded != nullptr && recorded->state == "completed" && !recorded->external_id.empty() &&
+    } else if (recorded != nullptr && recorded->state == "completed" &&
+               !recorded->external_id.empty() &&
                (ids.empty() || ids.front() != recorded->external_id)) {
       broken.push_back("step '" + step + "' recorded '" + recorded->external_id +
-                       "', but its lookup finds " + (ids.empty() ? std::string("nothing") : ids.front()));
+                       "', but its lookup finds " +
+                       (ids.empty() ? std::string("nothing") : ids.front()));
     }
   }
   auto beside = [&](const std::string& a, const std::string& b) {

@@ -25,6 +25,7 @@ struct RunResult {
     std::string external_id;
   };
   std::vector<Step> steps;
+  std::vector<std::string> open_alerts;  // "kind:step": the typed reasons an operator has
   // What the definition's own lookups found at the end (a sandbox's effects are
   // seen only this way): step -> the external ids of the candidates.
   std::map<std::string, std::vector<std::string>> looked_up;

@@ -32,16 +32,21 @@ constexpr std::array<std::pair<Outcome, std::string_view>, 17> kOutcomes{{
 constexpr std::array<std::string_view, 5> kCallPoints{"before-step", "before-call", "after-call",
                                                       "after-checkpoint", "before-send"};
 constexpr std::array<std::string_view, 2> kLookupPoints{"before-lookup", "after-lookup"};
-constexpr std::array<std::string_view, 3> kCompensatePoints{
-    "before-compensate", "after-compensate", "after-compensate-checkpoint"};
+constexpr std::array<std::string_view, 3> kCompensatePoints{"before-compensate", "after-compensate",
+                                                            "after-compensate-checkpoint"};
 // The relay's, with the sink verify gives it: before an event is delivered, and
 // after it was acknowledged but before that is marked.
 constexpr std::array<std::string_view, 2> kRelayPoints{"before-deliver", "after-deliver"};
 // A wait's or an approval's: the instance waits and the event or decision is about
 // to be delivered; it was delivered (and not yet delivered again).
 constexpr std::array<std::string_view, 2> kWaitPoints{"during-wait", "after-signal"};
+// Before a worker claims the instance (its first claim): the instance is started and
+// nobody holds it.
+constexpr std::string_view kClaimPoint = "before-claim";
+constexpr std::string_view kInstance = "instance";
 
-bool WaitingStep(const WorkflowDefinition* definition, const Contract& contract, std::string_view name) {
+bool WaitingStep(const WorkflowDefinition* definition, const Contract& contract,
+                 std::string_view name) {
   if (definition == nullptr) return false;
   for (int index : contract.waiting_steps) {
     if (definition->steps[index].name == name) return true;
@@ -64,6 +69,7 @@ const Route* RouteFor(const Contract& contract, std::string_view step, Role role
 }
 
 bool KnownPoint(std::string_view point) {
+  if (point == kClaimPoint) return true;
   for (auto points : {std::span<const std::string_view>(kCallPoints),
                       std::span<const std::string_view>(kLookupPoints),
                       std::span<const std::string_view>(kCompensatePoints),
@@ -155,7 +161,8 @@ std::string Schedule::Spec() const {
   return spec.empty() ? "clean" : spec;
 }
 
-std::optional<Outcome> Schedule::FaultFor(std::string_view step_name, Role role, int attempt) const {
+std::optional<Outcome> Schedule::FaultFor(std::string_view step_name, Role role,
+                                          int attempt) const {
   for (const Fault& fault : faults) {
     if (fault.step == step_name && fault.role == role &&
         (fault.attempt == 0 || fault.attempt == attempt)) {
@@ -178,8 +185,8 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
     at = end + 1;
     if (item.empty()) continue;
     auto bad = [&](std::string_view why) {
-      return absl::InvalidArgumentError("schedule item '" + std::string(item) + "': " +
-                                        std::string(why));
+      return absl::InvalidArgumentError("schedule item '" + std::string(item) +
+                                        "': " + std::string(why));
     };
     const size_t colon = item.find(':');
     if (colon == std::string_view::npos) return bad("expected kind:what");
@@ -191,9 +198,12 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
       continue;
     }
     if (kind == "starts") {
-      if (rest == "event-twice") schedule.starts = Starts::kEventTwice;
-      else if (rest == "concurrent") schedule.starts = Starts::kConcurrent;
-      else return bad("starts is event-twice or concurrent");
+      if (rest == "event-twice")
+        schedule.starts = Starts::kEventTwice;
+      else if (rest == "concurrent")
+        schedule.starts = Starts::kConcurrent;
+      else
+        return bad("starts is event-twice or concurrent");
       continue;
     }
     const size_t hash = rest.rfind('#');
@@ -210,10 +220,15 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
         return bad("the relay's points name the sink '" + std::string(kEventSink) + "'");
       }
       const bool waits = point == kWaitPoints[0] || point == kWaitPoints[1];
+      const bool claims = point == kClaimPoint;
+      if (claims && at_text.substr(point_end + 1) != kInstance) {
+        return bad("before-claim names 'instance'");
+      }
       if (waits && !WaitingStep(definition, contract, at_text.substr(point_end + 1))) {
         return bad("no wait or approval step of that name");
       }
-      if (!relay && !waits && RouteFor(contract, at_text.substr(point_end + 1), Role::kCall) == nullptr) {
+      if (!relay && !waits && !claims &&
+          RouteFor(contract, at_text.substr(point_end + 1), Role::kCall) == nullptr) {
         return bad("no HTTP step of that name");
       }
       schedule.crash_at = std::string(at_text);
@@ -251,8 +266,7 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
   return schedule;
 }
 
-std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const Contract& contract,
-                                   std::vector<std::string>* uncovered) {
+std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const Contract& contract) {
   std::vector<Schedule> all;
   all.push_back(Row("*", "instance", "clean run"));
   Schedule twice = Row("*", "instance", "the start event delivered twice");
@@ -261,34 +275,31 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
   Schedule concurrent = Row("*", "instance", "two identical starts at once");
   concurrent.starts = Starts::kConcurrent;
   all.push_back(concurrent);
+  Schedule claim = Row("*", "instance", "kill before the first claim");
+  claim.crash_at = std::string(kClaimPoint) + ":" + std::string(kInstance);
+  all.push_back(claim);
   for (int index : contract.waiting_steps) {
     const std::string& name = definition.steps[index].name;
-    const std::string what = definition.steps[index].kind == StepKind::kApproval ? "decision" : "event";
+    const std::string what =
+        definition.steps[index].kind == StepKind::kApproval ? "decision" : "event";
     for (std::string_view point : kWaitPoints) {
-      Schedule row = Row(name, what, point == kWaitPoints[0] ? "kill during the wait"
-                                                             : "kill after the " + what + " was delivered");
+      Schedule row = Row(name, what,
+                         point == kWaitPoints[0] ? "kill during the wait"
+                                                 : "kill after the " + what + " was delivered");
       row.crash_at = std::string(point) + ":" + name;
       all.push_back(row);
     }
   }
   for (std::string_view point : kRelayPoints) {
     for (int occurrence : {1, 2}) {
-      Schedule row = Row("*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
+      Schedule row =
+          Row("*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
       row.crash_at = std::string(point) + ":" + std::string(kEventSink);
       row.crash_occurrence = occurrence;
       all.push_back(row);
     }
   }
 
-  // A freeze lasts a lease, which must outlast the longest request timeout: with an
-  // email's (two minutes) a takeover is not worth the wait.
-  Millis longest = 0;
-  for (const Route& route : contract.routes) longest = std::max(longest, route.timeout);
-  const bool freezes = longest <= 15'000;
-  if (!freezes) {
-    uncovered->push_back("frozen workers: a takeover waits out a lease longer than the longest "
-                         "request timeout (" + std::to_string(longest / 1000) + " s)");
-  }
   for (int index : contract.http_steps) {
     const StepDefinition& step = definition.steps[index];
     const std::string& name = step.name;
@@ -316,11 +327,13 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
     }
     if (!reads && !mail && !step.lookup) {  // with a lookup the retry never goes
       Schedule duplicate = Row(name, "call", "reset, then duplicate (409) on the retry");
-      duplicate.faults = {fault(Role::kCall, 1, Outcome::kReset), fault(Role::kCall, 2, Outcome::kDuplicate)};
+      duplicate.faults = {fault(Role::kCall, 1, Outcome::kReset),
+                          fault(Role::kCall, 2, Outcome::kDuplicate)};
       all.push_back(duplicate);
     }
     // Every boundary around it, with a kill of the worker there.
-    for (std::string_view point : {"before-step", "before-call", "after-call", "after-checkpoint"}) {
+    for (std::string_view point :
+         {"before-step", "before-call", "after-call", "after-checkpoint"}) {
       Schedule row = Row(name, "call", "kill at " + std::string(point));
       row.crash_at = std::string(point) + ":" + name;
       all.push_back(row);
@@ -328,7 +341,7 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
     Schedule sent = Row(name, "call", "kill after sent, before the answer is read");
     sent.faults.push_back(fault(Role::kCall, 1, Outcome::kKill));
     all.push_back(sent);
-    if (!reads && freezes) {
+    if (!reads) {
       Schedule frozen = Row(name, "call", "frozen after sent; a second worker takes over");
       frozen.faults.push_back(fault(Role::kCall, 1, Outcome::kFreeze));
       all.push_back(frozen);
@@ -362,23 +375,26 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
       const Route* later = LaterCall(definition, contract, index);
       auto rejected = [&](std::string injected) {
         if (later == nullptr) {
-          Schedule row = Row(name, "compensate", std::move(injected) + " (an operator compensates)");
+          Schedule row =
+              Row(name, "compensate", std::move(injected) + " (an operator compensates)");
           row.operator_compensates = true;
           return row;
         }
-        Schedule row = Row(name, "compensate", std::move(injected) + " (" + later->step + " rejected)");
+        Schedule row =
+            Row(name, "compensate", std::move(injected) + " (" + later->step + " rejected)");
         row.faults.push_back(Fault{later->step, Role::kCall, 0, Outcome::kReject});
         return row;
       };
       all.push_back(rejected("ok"));
-      for (Outcome outcome : {Outcome::kUnavailable, Outcome::kReset, Outcome::kStall,
-                              Outcome::kLost500}) {
+      for (Outcome outcome :
+           {Outcome::kUnavailable, Outcome::kReset, Outcome::kStall, Outcome::kLost500}) {
         Schedule row = rejected(std::string(OutcomeName(outcome)) + " once");
         row.faults.insert(row.faults.begin(), fault(Role::kCompensate, 1, outcome));
         all.push_back(row);
       }
       Schedule for_good = rejected("unavailable for good");
-      for_good.faults.insert(for_good.faults.begin(), fault(Role::kCompensate, 0, Outcome::kUnavailable));
+      for_good.faults.insert(for_good.faults.begin(),
+                             fault(Role::kCompensate, 0, Outcome::kUnavailable));
       all.push_back(for_good);
       for (std::string_view point : kCompensatePoints) {
         Schedule row = rejected("kill at " + std::string(point));
@@ -386,7 +402,8 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
         all.push_back(row);
       }
       Schedule comp_sent = rejected("kill after sent, before the answer is read");
-      comp_sent.faults.insert(comp_sent.faults.begin(), fault(Role::kCompensate, 1, Outcome::kKill));
+      comp_sent.faults.insert(comp_sent.faults.begin(),
+                              fault(Role::kCompensate, 1, Outcome::kKill));
       all.push_back(comp_sent);
     }
   }
@@ -399,35 +416,75 @@ Schedule RandomSchedule(const WorkflowDefinition& definition, const Contract& co
   auto pick = [&](size_t n) { return static_cast<size_t>(random() % n); };
   // Outcomes that take no timeout to play out, so a thousand schedules stay quick.
   constexpr std::array<Outcome, 11> kQuick{
-      Outcome::kReject,  Outcome::kUnavailable,  Outcome::kCloseBeforeBytes,
-      Outcome::kReset,   Outcome::kPartialStatus, Outcome::kPartialHeaders,
-      Outcome::kCutBody, Outcome::kLost500,       Outcome::kLost502,
+      Outcome::kReject,    Outcome::kUnavailable,   Outcome::kCloseBeforeBytes,
+      Outcome::kReset,     Outcome::kPartialStatus, Outcome::kPartialHeaders,
+      Outcome::kCutBody,   Outcome::kLost500,       Outcome::kLost502,
       Outcome::kDuplicate, Outcome::kKill};
+  // Faults drawn where they will be met: a call's first attempt; its lookup's when
+  // that call's answer was lost; a retry's when the step retries (no lookup); the
+  // compensation of an earlier step when a later call is refused.
+  auto loses = [](Outcome outcome) { return Commits(outcome) && outcome != Outcome::kOk; };
+  std::vector<const Route*> calls;
+  for (const Route& route : contract.routes) {
+    if (route.role == Role::kCall) calls.push_back(&route);
+  }
+  auto route_of = [&](const std::string& step, Role role) -> const Route* {
+    for (const Route& route : contract.routes) {
+      if (route.step == step && route.role == role) return &route;
+    }
+    return nullptr;
+  };
   Schedule schedule;
   const size_t faults = 1 + pick(3);
   for (size_t i = 0; i < faults; ++i) {
-    const Route& route = contract.routes[pick(contract.routes.size())];
-    Outcome outcome = kQuick[pick(kQuick.size())];
-    if (outcome == Outcome::kReject && route.role == Role::kLookup) outcome = Outcome::kUnavailable;
-    const int attempt = 1 + static_cast<int>(pick(2));
-    if (schedule.FaultFor(route.step, route.role, attempt)) continue;
-    schedule.faults.push_back(Fault{route.step, route.role, attempt, outcome});
+    const Route& call = *calls[pick(calls.size())];
+    if (schedule.FaultFor(call.step, Role::kCall, 1)) continue;
+    const Outcome outcome = kQuick[pick(kQuick.size())];
+    schedule.faults.push_back(Fault{call.step, Role::kCall, 1, outcome});
+    const Route* lookup = route_of(call.step, Role::kLookup);
+    if (lookup != nullptr && loses(outcome) && pick(2) == 0) {
+      Outcome looked = kQuick[pick(kQuick.size())];
+      if (looked == Outcome::kReject || looked == Outcome::kDuplicate)
+        looked = Outcome::kUnavailable;
+      schedule.faults.push_back(Fault{call.step, Role::kLookup, 1, looked});
+    } else if (lookup == nullptr && (loses(outcome) || outcome == Outcome::kUnavailable) &&
+               pick(2) == 0) {
+      schedule.faults.push_back(Fault{call.step, Role::kCall, 2, kQuick[pick(kQuick.size())]});
+    }
+    if (outcome == Outcome::kReject && pick(2) == 0) {
+      std::vector<const Route*> earlier;
+      for (const Route& route : contract.routes) {
+        if (route.role == Role::kCompensate && route.step_index < call.step_index) {
+          earlier.push_back(&route);
+        }
+      }
+      if (!earlier.empty()) {
+        Outcome undone = kQuick[pick(kQuick.size())];
+        if (undone == Outcome::kDuplicate) undone = Outcome::kUnavailable;
+        const Route& compensate = *earlier[pick(earlier.size())];
+        if (!schedule.FaultFor(compensate.step, Role::kCompensate, 1)) {
+          schedule.faults.push_back(Fault{compensate.step, Role::kCompensate, 1, undone});
+        }
+      }
+    }
   }
   if (!contract.waiting_steps.empty() && pick(6) == 0) {
     const int step = contract.waiting_steps[pick(contract.waiting_steps.size())];
-    schedule.crash_at = std::string(kWaitPoints[pick(kWaitPoints.size())]) + ":" + definition.steps[step].name;
+    schedule.crash_at =
+        std::string(kWaitPoints[pick(kWaitPoints.size())]) + ":" + definition.steps[step].name;
   } else if (pick(8) == 0) {
-    schedule.crash_at = std::string(kRelayPoints[pick(kRelayPoints.size())]) + ":" +
-                        std::string(kEventSink);
-    schedule.crash_occurrence = 1 + static_cast<int>(pick(8));
+    schedule.crash_at =
+        std::string(kRelayPoints[pick(kRelayPoints.size())]) + ":" + std::string(kEventSink);
+    schedule.crash_occurrence = 1 + static_cast<int>(pick(3));
   } else if (pick(2) == 0) {
     const int step = contract.http_steps[pick(contract.http_steps.size())];
     const StepDefinition& def = definition.steps[step];
     std::vector<std::string_view> points(kCallPoints.begin(), kCallPoints.end());
     if (def.lookup) points.insert(points.end(), kLookupPoints.begin(), kLookupPoints.end());
-    if (def.compensate) points.insert(points.end(), kCompensatePoints.begin(), kCompensatePoints.end());
+    if (def.compensate)
+      points.insert(points.end(), kCompensatePoints.begin(), kCompensatePoints.end());
     schedule.crash_at = std::string(points[pick(points.size())]) + ":" + def.name;
-    schedule.crash_occurrence = 1 + static_cast<int>(pick(2));
+    schedule.crash_occurrence = pick(4) == 0 ? 2 : 1;
   }
   schedule.step = schedule.faults.front().step;
   schedule.request = std::string(RoleName(schedule.faults.front().role));

@@ -18,24 +18,24 @@ namespace waystone::verify {
 // What the simulated target does with one request.
 enum class Outcome : uint8_t {
   kOk = 1,
-  kReject,           // 422, nothing committed
-  kRateLimit,        // 429 with Retry-After, nothing committed
-  kUnavailable,      // 503, nothing committed
-  kStall,            // nothing committed, no answer until past the request's timeout
-  kSlow,             // committed, answered only past the request's timeout
-  kCloseBeforeBytes, // committed, the connection closed before a byte of the answer
-  kReset,            // committed, the connection reset
-  kPartialStatus,    // committed, "HTTP/1.1 20" and close
-  kPartialHeaders,   // committed, the status line and a header, and close
-  kCutBody,          // committed, the head and part of the body, and close
-  kLost500,          // committed, answered 500 (a proxy or the server failed after)
-  kLost502,          // committed, 502 from a proxy
-  kLost504,          // committed, 504 from a proxy
-  kDuplicate,        // nothing new: 409, as a target answers a key it has seen
-  kKill,             // committed, then the worker is killed before it reads the answer
-  kFreeze,           // committed, then the worker is stopped (SIGSTOP) with the answer
-                     // unread; a second worker takes over once the lease runs out, then
-                     // the first resumes (SIGCONT) and must not act on what it held
+  kReject,            // 422, nothing committed
+  kRateLimit,         // 429 with Retry-After, nothing committed
+  kUnavailable,       // 503, nothing committed
+  kStall,             // nothing committed, no answer until past the request's timeout
+  kSlow,              // committed, answered only past the request's timeout
+  kCloseBeforeBytes,  // committed, the connection closed before a byte of the answer
+  kReset,             // committed, the connection reset
+  kPartialStatus,     // committed, "HTTP/1.1 20" and close
+  kPartialHeaders,    // committed, the status line and a header, and close
+  kCutBody,           // committed, the head and part of the body, and close
+  kLost500,           // committed, answered 500 (a proxy or the server failed after)
+  kLost502,           // committed, 502 from a proxy
+  kLost504,           // committed, 504 from a proxy
+  kDuplicate,         // nothing new: 409, as a target answers a key it has seen
+  kKill,              // committed, then the worker is killed before it reads the answer
+  kFreeze,            // committed, then the worker is stopped (SIGSTOP) with the answer
+                      // unread; a second worker takes over once the lease runs out, then
+                      // the first resumes (SIGCONT) and must not act on what it held
 };
 
 // The name of the relay's sink of the schedule's events (its crash points name it).
@@ -85,10 +85,8 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
                                    const WorkflowDefinition* definition = nullptr);
 
 // Every boundary and every outcome, for every HTTP step, its lookup and its
-// compensation, plus the instance's starts. `uncovered` gets what no schedule can
-// reach (a compensation with no later step that could fail).
-std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const Contract& contract,
-                                   std::vector<std::string>* uncovered);
+// compensation, every wait, the relay, plus the instance's starts.
+std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const Contract& contract);
 
 // The `index`-th schedule drawn from `seed`: one to three faults, maybe a kill.
 // The same (seed, index) draws the same schedule.

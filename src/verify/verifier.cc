@@ -13,12 +13,11 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 extern char** environ;
 
@@ -42,7 +41,8 @@ std::vector<std::string> ExpectedCoverage(const Contract& contract,
     // What a sandbox does with a request is its own: only the proxy's answers count.
     if (against.contains(route.env) && route.role != Role::kCall) continue;
     if (against.contains(route.env)) {
-      expected.push_back(route.step + " " + std::string(RoleName(route.role)) + " retried after 429");
+      expected.push_back(route.step + " " + std::string(RoleName(route.role)) +
+                         " retried after 429");
       continue;
     }
     const std::string label = route.step + " " + std::string(RoleName(route.role));
@@ -68,7 +68,10 @@ class Runner {
  public:
   Runner(const WorkflowDefinition& definition, const Contract& contract,
          const VerifyOptions& options, GenericTarget& target, std::string input)
-      : definition_(definition), contract_(contract), options_(options), target_(target),
+      : definition_(definition),
+        contract_(contract),
+        options_(options),
+        target_(target),
         input_(std::move(input)) {}
 
   Row Run(int id, const Schedule& schedule) {
@@ -90,19 +93,32 @@ class Runner {
                "retry: { max_attempts: 20, initial_interval: 20ms, max_interval: 200ms }\n"
                "lease: 5s\n"
                "sinks:\n"
-               "  - name: " << kEventSink << "\n"
+               "  - name: "
+            << kEventSink
+            << "\n"
                "    type: webhook\n"
-               "    url: " << base << "/_events\n"
+               "    url: "
+            << base
+            << "/_events\n"
                "    secret_env: WAYSTONE_VERIFY_HOOK_SECRET\n"
                "    events: [\"waystone.*\"]\n"
                "    timeout: 2s\n";
     }
 
     auto args = [&](bool crash) {
-      std::vector<std::string> argv{options_.worker_program, "verify-worker",
-                                    options_.definition_path, "--db", (dir / "waystone.db").string(),
-                                    "--input", InputFor(id), "--result", result_path, "--lease", Lease(),
-                                    "--relay-config", relay_path};
+      std::vector<std::string> argv{options_.worker_program,
+                                    "verify-worker",
+                                    options_.definition_path,
+                                    "--db",
+                                    (dir / "waystone.db").string(),
+                                    "--input",
+                                    InputFor(id),
+                                    "--result",
+                                    result_path,
+                                    "--lease",
+                                    Lease(),
+                                    "--relay-config",
+                                    relay_path};
       if (crash && !schedule.crash_at.empty()) {
         argv.insert(argv.end(), {"--crash-at", schedule.crash_at, "--crash-occurrence",
                                  std::to_string(schedule.crash_occurrence)});
@@ -133,7 +149,8 @@ class Runner {
       ++row.takeovers;
     };
     std::vector<pid_t> first{spawn(true)};
-    if (schedule.starts == Starts::kConcurrent) first.push_back(Spawn(args(false), env, log, &problem));
+    if (schedule.starts == Starts::kConcurrent)
+      first.push_back(Spawn(args(false), env, log, &problem));
     target_.SetWorker(id, first.front());
     bool killed = false;
     for (pid_t pid : first) killed |= Await(pid, id, takeover, &problem);
@@ -150,9 +167,9 @@ class Runner {
     }
     row.result = ReadResult(result_path, log, problem);
     row.observed = target_.Close(id);
-    row.broken = Judge(contract_, row.observed, row.result,
-                       schedule.faults.empty() && schedule.crash_at.empty() &&
-                           !schedule.operator_compensates);
+    row.broken = Judge(
+        contract_, row.observed, row.result,
+        schedule.faults.empty() && schedule.crash_at.empty() && !schedule.operator_compensates);
     if (!options_.keep && row.broken.empty()) fs::remove_all(dir, ignored);
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     return row;
@@ -168,7 +185,8 @@ class Runner {
     if (!input.is_object()) return input_;
     static const std::regex kKeyField(R"(input\.([A-Za-z0-9_\-]+))");
     const std::string& key = definition_.key;
-    for (auto it = std::sregex_iterator(key.begin(), key.end(), kKeyField); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(key.begin(), key.end(), kKeyField);
+         it != std::sregex_iterator(); ++it) {
       auto field = input.find((*it)[1].str());
       if (field != input.end() && field->is_string()) {
         *field = field->get<std::string>() + "-" + run_ + "-s" + std::to_string(id);
@@ -195,14 +213,15 @@ class Runner {
     }
     for (const std::string& name : contract_.url_envs) vars[name] = base;
     for (const std::string& name : contract_.smtp_envs) {
-      vars[name] = "smtp://127.0.0.1:" + std::to_string(target_.smtp_port()) + "/s" +
-                   std::to_string(id);
+      vars[name] =
+          "smtp://127.0.0.1:" + std::to_string(target_.smtp_port()) + "/s" + std::to_string(id);
     }
     for (const std::string& name : contract_.other_envs) {
       if (!vars.contains(name)) vars[name] = "verify-" + name;
     }
     // Never a real secret: the simulated targets log what they get.
-    for (const std::string& name : contract_.secrets) vars["WAYSTONE_SECRET_" + name] = "verify-secret";
+    for (const std::string& name : contract_.secrets)
+      vars["WAYSTONE_SECRET_" + name] = "verify-secret";
     vars["WAYSTONE_VERIFY_HOOK_SECRET"] = "whsec_dmVyaWZ5LXdlYmhvb2stc2VjcmV0LWZvci1ldmVudHM=";
     vars.erase("WAYSTONE_CRASH_AT");
     vars.erase("WAYSTONE_PAUSE_AT");
@@ -243,8 +262,11 @@ class Runner {
   // killed here, and that is a liveness failure; an exit other than 0 is a failure.
   bool Await(pid_t pid, int id, const std::function<void()>& takeover, std::string* problem) {
     if (pid <= 0) return false;
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(options_.rest_deadline);
+    // A takeover waits out a lease first (two minutes with an email step in the
+    // definition): the deadline leaves room for it.
+    const Millis lease = std::stoll(Lease()) * 1000;
+    const Millis allowed = std::max(options_.rest_deadline, 2 * lease + 30'000);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(allowed);
     bool timed_out = false;
     while (true) {
       siginfo_t info{};
@@ -270,7 +292,7 @@ class Runner {
     ::waitpid(pid, &status, 0);
     if (timed_out) {
       *problem = "the worker did not bring the instance to rest within " +
-                 std::to_string(options_.rest_deadline / 1000) + " s";
+                 std::to_string(allowed / 1000) + " s";
       return false;
     }
     if (WIFSIGNALED(status)) {
@@ -302,6 +324,11 @@ class Runner {
     result.reported = true;
     result.state = parsed.value("state", "");
     result.reason = parsed.value("reason", "");
+    if (parsed.contains("open_alerts") && parsed["open_alerts"].is_array()) {
+      for (const Json& alert : parsed["open_alerts"]) {
+        if (alert.is_string()) result.open_alerts.push_back(alert.get<std::string>());
+      }
+    }
     if (parsed.contains("looked_up") && parsed["looked_up"].is_object()) {
       for (const auto& [step, ids] : parsed["looked_up"].items()) {
         std::vector<std::string>& found = result.looked_up[step];  // found nothing: still asked
@@ -310,8 +337,8 @@ class Runner {
     }
     if (parsed.contains("steps") && parsed["steps"].is_array()) {
       for (const Json& step : parsed["steps"]) {
-        result.steps.push_back({step.value("name", ""), step.value("state", ""),
-                                step.value("external_id", "")});
+        result.steps.push_back(
+            {step.value("name", ""), step.value("state", ""), step.value("external_id", "")});
       }
     }
     return result;
@@ -323,8 +350,8 @@ class Runner {
   GenericTarget& target_;
   const std::string input_;
   // Names this run in the sandbox's keys.
-  const std::string run_ = std::to_string(std::chrono::system_clock::now().time_since_epoch() /
-                                          std::chrono::seconds(1));
+  const std::string run_ =
+      std::to_string(std::chrono::system_clock::now().time_since_epoch() / std::chrono::seconds(1));
 };
 
 }  // namespace
@@ -353,7 +380,7 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
       schedules.push_back(RandomSchedule(definition, contract, options.seed, i));
     }
   } else {
-    schedules = AllSchedules(definition, contract, &report.uncovered);
+    schedules = AllSchedules(definition, contract);
   }
   std::error_code error;
   fs::create_directories(options.work_dir, error);
@@ -362,9 +389,10 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
                                          error.message());
   }
   for (const auto& [env, url] : options.against) {
-    if (std::find(contract.url_envs.begin(), contract.url_envs.end(), env) == contract.url_envs.end()) {
-      return absl::InvalidArgumentError("--against " + env + ": no request of " + definition.source +
-                                        " starts with {{env." + env + "}}");
+    if (std::find(contract.url_envs.begin(), contract.url_envs.end(), env) ==
+        contract.url_envs.end()) {
+      return absl::InvalidArgumentError("--against " + env + ": no request of " +
+                                        definition.source + " starts with {{env." + env + "}}");
     }
     report.inferred.push_back("{{env." + env + "}} is the sandbox " + url +
                               ", behind verify's fault-injecting proxy");
@@ -392,7 +420,8 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
     covered.insert(row.observed.coverage.begin(), row.observed.coverage.end());
     // A schedule whose kill or fault never came tested nothing it claims to.
     const Schedule& schedule = row.schedule;
-    if (!schedule.crash_at.empty() && row.kills == 0) row.unreached = "its kill point was never reached";
+    if (!schedule.crash_at.empty() && row.kills == 0)
+      row.unreached = "its kill point was never reached";
     for (const Fault& fault : schedule.faults) {
       const std::string applied = std::string(RoleName(fault.role)) + ":" + fault.step + "#" +
                                   (fault.attempt == 0 ? "*" : std::to_string(fault.attempt));
@@ -404,8 +433,8 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
     if (!row.unreached.empty()) {
       ++report.unreached;
       if (options.random_schedules == 0) {
-        report.uncovered.push_back(schedule.step + " " + schedule.request + ", " + schedule.injected +
-                                   ": " + row.unreached);
+        report.uncovered.push_back(schedule.step + " " + schedule.request + ", " +
+                                   schedule.injected + ": " + row.unreached);
       }
     }
   }
@@ -413,7 +442,8 @@ absl::StatusOr<Report> RunVerify(const WorkflowDefinition& definition, const Con
   report.covered.assign(covered.begin(), covered.end());
   if (options.replay.empty()) {
     for (const std::string& branch : ExpectedCoverage(contract, options.against)) {
-      if (!covered.contains(branch)) report.uncovered.push_back(branch + ": no schedule reached it");
+      if (!covered.contains(branch))
+        report.uncovered.push_back(branch + ": no schedule reached it");
     }
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
@@ -436,10 +466,13 @@ std::string FormatReport(const Report& report, const VerifyOptions& options) {
   for (const std::string& line : report.inferred) out << "  " << line << "\n";
   out << "\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%-22s %-11s %-52s %s\n", "step", "request", "injected", "result");
+  std::snprintf(line, sizeof line, "%-22s %-11s %-52s %s\n", "step", "request", "injected",
+                "result");
   out << line;
   for (const Row& row : report.rows) {
-    std::string result = !row.broken.empty() ? "FAIL" : row.unreached.empty() ? "pass" : "not reached";
+    std::string result = !row.broken.empty()     ? "FAIL"
+                         : row.unreached.empty() ? "pass"
+                                                 : "not reached";
     if (row.result.reported) result += " (" + row.result.state + ")";
     std::snprintf(line, sizeof line, "%-22s %-11s %-52s %s\n", row.schedule.step.c_str(),
                   row.schedule.request.c_str(), row.schedule.injected.c_str(), result.c_str());
@@ -464,8 +497,9 @@ std::string FormatReport(const Report& report, const VerifyOptions& options) {
     out << "not covered (not passed):\n";
     for (const std::string& what : report.uncovered) out << "  " << what << "\n";
   }
-  std::snprintf(line, sizeof line, "\n%d of %zu schedules failed, %d not reached, %zu not covered; %.1f s\n",
-                failures, report.rows.size(), report.unreached, report.uncovered.size(), report.seconds);
+  std::snprintf(line, sizeof line,
+                "\n%d of %zu schedules failed, %d not reached, %zu not covered; %.1f s\n", failures,
+                report.rows.size(), report.unreached, report.uncovered.size(), report.seconds);
   out << line;
   return out.str();
 }
@@ -473,11 +507,15 @@ std::string FormatReport(const Report& report, const VerifyOptions& options) {
 std::string ReportJson(const Report& report, const VerifyOptions& options) {
   Json rows = Json::array();
   for (const Row& row : report.rows) {
-    Json item{{"step", row.schedule.step},       {"request", row.schedule.request},
-              {"injected", row.schedule.injected}, {"spec", row.schedule.Spec()},
-              {"pass", row.broken.empty()},        {"state", row.result.state},
+    Json item{{"step", row.schedule.step},
+              {"request", row.schedule.request},
+              {"injected", row.schedule.injected},
+              {"spec", row.schedule.Spec()},
+              {"pass", row.broken.empty()},
+              {"state", row.result.state},
               {"reached", row.unreached.empty()},
-              {"kills", row.kills},                {"takeovers", row.takeovers},
+              {"kills", row.kills},
+              {"takeovers", row.takeovers},
               {"events_delivered", row.observed.events.size()},
               {"seconds", row.seconds},
               {"broken", row.broken}};
@@ -488,11 +526,11 @@ std::string ReportJson(const Report& report, const VerifyOptions& options) {
     if (!row.unreached.empty()) item["unreached"] = row.unreached;
     rows.push_back(std::move(item));
   }
-  Json doc{{"workflow", report.workflow}, {"schedules", report.rows.size()},
+  Json doc{{"workflow", report.workflow},   {"schedules", report.rows.size()},
            {"failures", report.failures()}, {"unreached", report.unreached},
-           {"inferred", report.inferred},
-           {"covered", report.covered},   {"uncovered", report.uncovered},
-           {"seconds", report.seconds},   {"rows", std::move(rows)}};
+           {"inferred", report.inferred},   {"covered", report.covered},
+           {"uncovered", report.uncovered}, {"seconds", report.seconds},
+           {"rows", std::move(rows)}};
   return doc.dump(2) + "\n";
 }
 

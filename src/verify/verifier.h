@@ -26,15 +26,15 @@ struct VerifyOptions {
   std::string work_dir;         // a folder of its own per schedule goes here
   int jobs = 16;                // schedules run at once (workers mostly wait)
   uint64_t seed = 1;
-  int random_schedules = 0;     // 0: every boundary and outcome; N: N drawn from `seed`
-  std::string replay;           // one schedule's spec: run exactly that
+  int random_schedules = 0;       // 0: every boundary and outcome; N: N drawn from `seed`
+  std::string replay;             // one schedule's spec: run exactly that
   Millis rest_deadline = 60'000;  // per worker process: past it the run is not live
-  bool keep = false;            // keep the schedules' folders (databases, worker logs)
+  bool keep = false;              // keep the schedules' folders (databases, worker logs)
   // env name -> a team's sandbox base URL: that system's requests go there through
   // verify's fault-injecting proxy; each schedule's business key gets a suffix of
   // its own, and the definition's lookups report what the sandbox holds.
   std::map<std::string, std::string> against;
-  std::string contract_file;    // named in replay lines
+  std::string contract_file;  // named in replay lines
 };
 
 struct Row {
@@ -43,8 +43,8 @@ struct Row {
   RunResult result;
   Observed observed;
   std::vector<std::string> broken;
-  int kills = 0;       // worker processes killed on the way
-  int takeovers = 0;   // workers that took over from a frozen one
+  int kills = 0;          // worker processes killed on the way
+  int takeovers = 0;      // workers that took over from a frozen one
   std::string unreached;  // why the schedule did not test what it claims ("" = it did)
   double seconds = 0;
 };
@@ -55,7 +55,7 @@ struct Report {
   std::vector<std::string> uncovered;  // what no schedule reached
   std::vector<std::string> covered;    // branches some schedule reached
   std::vector<Row> rows;
-  int unreached = 0;   // rows whose kill or fault never came
+  int unreached = 0;  // rows whose kill or fault never came
   double seconds = 0;
 
   int failures() const;
