@@ -145,8 +145,17 @@ class Runner {
     auto takeover = [&] {
       const pid_t second = spawn(false);
       target_.SetWorker(id, second);
-      row.kills += Await(second, id, {}, &problem) ? 1 : 0;
+      std::string failed;
+      row.kills += Await(second, id, {}, &failed) ? 1 : 0;
       ++row.takeovers;
+      // Frozen inside a transaction (a parallel branch's checkpoint committing), the
+      // first worker holds SQLite's one write lock: nobody else can write until it
+      // resumes. That is SQLite's, not the definition's: the first resumes and goes on.
+      if (!failed.empty() && LogHolds(log, "database is locked")) {
+        row.note = "the frozen worker held SQLite's write lock; the takeover gave way";
+        return;
+      }
+      if (problem.empty()) problem = failed;
     };
     std::vector<pid_t> first{spawn(true)};
     if (schedule.starts == Starts::kConcurrent)
@@ -302,6 +311,13 @@ class Runner {
       *problem = "a worker exited with status " + std::to_string(WEXITSTATUS(status));
     }
     return false;
+  }
+
+  static bool LogHolds(const std::string& log, const std::string& what) {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str().find(what) != std::string::npos;
   }
 
   static RunResult ReadResult(const std::string& path, const std::string& log,
@@ -491,6 +507,14 @@ std::string FormatReport(const Report& report, const VerifyOptions& options) {
       out << "    replay: " << ReplayLine(row, options) << "\n";
     }
   }
+  bool noted = false;
+  for (const Row& row : report.rows) {
+    if (row.note.empty()) continue;
+    if (!noted) out << "\nnotes:\n";
+    noted = true;
+    out << "- " << row.schedule.step << " " << row.schedule.request << ", " << row.schedule.injected
+        << ": " << row.note << "\n";
+  }
   out << "\ncovered:\n";
   for (const std::string& branch : report.covered) out << "  " << branch << "\n";
   if (!report.uncovered.empty()) {
@@ -517,6 +541,7 @@ std::string ReportJson(const Report& report, const VerifyOptions& options) {
               {"kills", row.kills},
               {"takeovers", row.takeovers},
               {"events_delivered", row.observed.events.size()},
+              {"note", row.note},
               {"seconds", row.seconds},
               {"broken", row.broken}};
     if (!row.broken.empty() || !row.unreached.empty()) {

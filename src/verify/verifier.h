@@ -46,6 +46,7 @@ struct Row {
   int kills = 0;          // worker processes killed on the way
   int takeovers = 0;      // workers that took over from a frozen one
   std::string unreached;  // why the schedule did not test what it claims ("" = it did)
+  std::string note;       // what else happened that a reader should know
   double seconds = 0;
 };
 
