@@ -159,7 +159,8 @@ class GenericTarget::Impl {
       if (acceptor_.joinable()) acceptor_.join();
       ::close(smtp_fd_);
       // Each session sees `stopping_` within its poll interval and ends.
-      while (sessions_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      for (Session& session : sessions_) session.thread.join();
+      sessions_.clear();
     }
   }
 
@@ -508,11 +509,18 @@ class GenericTarget::Impl {
       if (::poll(&ready, 1, 200) <= 0) continue;
       const int fd = ::accept4(smtp_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
-      ++sessions_;  // a soak opens thousands: each thread ends on its own
-      std::thread([this, fd] {
-        SmtpSession(fd);
-        --sessions_;
-      }).detach();
+      // A run opens hundreds: the ended ones are joined as new ones come.
+      std::erase_if(sessions_, [](Session& session) {
+        if (!*session.done) return false;
+        session.thread.join();
+        return true;
+      });
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      sessions_.push_back({std::thread([this, fd, done] {
+                             SmtpSession(fd);
+                             *done = true;
+                           }),
+                           done});
     }
   }
 
@@ -719,7 +727,13 @@ class GenericTarget::Impl {
   int smtp_port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
-  std::atomic<int> sessions_{0};  // SMTP sessions under way
+  // The SMTP sessions, touched only by the acceptor thread (and by Stop once it
+  // has joined it).
+  struct Session {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Session> sessions_;
 };
 
 absl::StatusOr<std::unique_ptr<GenericTarget>> GenericTarget::Start(

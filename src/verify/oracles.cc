@@ -144,8 +144,10 @@ std::vector<std::string> Judge(const Contract& contract, const Observed& observe
       }
       continue;
     }
-    // Only the step an operator is asked about may hold an effect it does not record.
-    if (!paused || (state != "unknown" && state != "running")) {
+    // While the instance waits for an operator, a step that has not settled yet
+    // (unknown, or due to be sent again under its key or after its lookup) may hold
+    // an effect it does not record; one recorded failed, skipped or compensated may not.
+    if (!paused || (state != "unknown" && state != "running" && state != "pending")) {
       broken.push_back("the target holds the effect of step '" + step + "' (" + Join(effects) +
                        "), but the instance records the step " + state + " and rests " +
                        result.state +

@@ -439,7 +439,10 @@ Schedule RandomSchedule(const WorkflowDefinition& definition, const Contract& co
   for (size_t i = 0; i < faults; ++i) {
     const Route& call = *calls[pick(calls.size())];
     if (schedule.FaultFor(call.step, Role::kCall, 1)) continue;
-    const Outcome outcome = kQuick[pick(kQuick.size())];
+    // A 409 for "this key was used before" comes only for a key the target has
+    // seen: on a retry after an answer lost once the first request was committed.
+    Outcome outcome = kQuick[pick(kQuick.size())];
+    if (outcome == Outcome::kDuplicate) outcome = Outcome::kUnavailable;
     schedule.faults.push_back(Fault{call.step, Role::kCall, 1, outcome});
     const Route* lookup = route_of(call.step, Role::kLookup);
     if (lookup != nullptr && loses(outcome) && pick(2) == 0) {
@@ -449,7 +452,9 @@ Schedule RandomSchedule(const WorkflowDefinition& definition, const Contract& co
       schedule.faults.push_back(Fault{call.step, Role::kLookup, 1, looked});
     } else if (lookup == nullptr && (loses(outcome) || outcome == Outcome::kUnavailable) &&
                pick(2) == 0) {
-      schedule.faults.push_back(Fault{call.step, Role::kCall, 2, kQuick[pick(kQuick.size())]});
+      Outcome retried = kQuick[pick(kQuick.size())];
+      if (retried == Outcome::kDuplicate && !loses(outcome)) retried = Outcome::kUnavailable;
+      schedule.faults.push_back(Fault{call.step, Role::kCall, 2, retried});
     }
     if (outcome == Outcome::kReject && pick(2) == 0) {
       std::vector<const Route*> earlier;
