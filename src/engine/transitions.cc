@@ -362,9 +362,12 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
         return FailStepAndWait(facts, step, detail + "; fix the target's certificate, CA or "
                                                      "client credentials, then retry the step");
       }
-      // A resubmission that a lookup allowed (it proved nothing took effect) is
-      // refused on its own merits; one made under the same key without a lookup is not.
-      if (step.unknowns > 0 && def.request.SideEffecting() &&
+      // 409 Conflict for a resubmission under the same key after an unknown outcome:
+      // the target has seen this key (or holds what it made), so the earlier attempt
+      // may have taken effect. Any other refusal of a same-key resubmission is one: a
+      // target that keeps keys would have answered as the first time had it acted.
+      // (After a lookup that proved nothing took effect, even a 409 is a refusal.)
+      if (response.outcome.status == 409 && step.unknowns > 0 && def.request.SideEffecting() &&
           !(def.lookup && step.resolution == Resolution::kResubmitted)) {
         return RejectedAfterUnknown(facts, step, detail);
       }
@@ -505,11 +508,11 @@ Change SkipStep(const Facts& facts, int index, const std::string& why) {
   return change;
 }
 
-// A refusal of a resubmission proves only that this attempt did nothing: the
-// earlier attempt, whose outcome was unknown, may have taken effect (a target that
-// answers a key it has seen with 409, a proxy that lost the first answer). Neither
-// failed (which would compensate around an effect that may be there) nor sent again:
-// the step stays unknown and an operator confirms its outcome.
+// A 409 for a resubmission proves only that this attempt did nothing: the earlier
+// attempt, whose outcome was unknown, may have taken effect (a target that answers a
+// key it has seen with 409). Neither failed (which would compensate around an effect
+// that may be there) nor sent again: the step stays unknown and an operator confirms
+// its outcome.
 namespace {
 
 Change RejectedAfterUnknown(const Facts& facts, StepRecord step, const std::string& detail) {

@@ -393,6 +393,12 @@ TEST(TransitionsTest, ARefusedResubmissionAfterAnUnknownOutcomeWaitsForAnOperato
   EXPECT_EQ(EventTypes(again).front(), "waystone.step.unknown");  // never step.failed
   EXPECT_EQ(again.steps.front().unknowns, 1);  // the refusal itself was no unknown outcome
 
+  // Any other refusal of the same key is one: a target that keeps keys would have
+  // answered as the first time had the first attempt acted (a blocked customer's 422).
+  Check(RecordCall(world.Now(), world.steps[kHonoured],
+                   Answer(422, R"({"error":"customer blocked"})", ErrorClass::kRejected)),
+        kHonoured, {S::kFailed, I::kCompensating, {}}, "a 422 after unknown");
+
   // A lookup that found nothing proved the earlier attempt did nothing: a refusal of
   // the resubmission it allowed is a refusal, and what came before is undone.
   World looked(kLooked);
@@ -403,7 +409,7 @@ TEST(TransitionsTest, ARefusedResubmissionAfterAnUnknownOutcomeWaitsForAnOperato
   // A read changed nothing, whatever happened to the request before.
   World read(kRead);
   read.steps[kRead].unknowns = 1;
-  Check(RecordCall(read.Now(), read.steps[kRead], Answer(404, "", ErrorClass::kRejected)), kRead,
+  Check(RecordCall(read.Now(), read.steps[kRead], Answer(409, "", ErrorClass::kRejected)), kRead,
         {S::kFailed, I::kFailed, {}}, "a read");
 }
 
