@@ -275,6 +275,14 @@ class GenericTarget::Impl {
     const auto kind = std::make_pair(route->step, route->role);
     const int attempt = ++space.attempts[kind];
     plan.outcome = Met(space, route->step, route->role, attempt);
+    // A target that keeps keys answers a key it has seen as the first time: it does
+    // not refuse it (a gateway's 429 or 503 may still come before it looks).
+    if (plan.outcome == Outcome::kReject && route->honors_key && !route->forwarded) {
+      for (const std::string& name : route->key_headers) {
+        const std::string* value = req.Header(name);
+        if (value != nullptr && space.answered_keys.contains(*value)) plan.outcome = Outcome::kOk;
+      }
+    }
     const std::string label = route->step + " " + std::string(RoleName(route->role));
     if (auto last = space.last.find(kind); last != space.last.end()) {
       if (last->second == Outcome::kRateLimit) Cover(space, label + " retried after 429");
