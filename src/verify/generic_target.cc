@@ -284,14 +284,7 @@ class GenericTarget::Impl {
       }
     }
     const std::string label = route->step + " " + std::string(RoleName(route->role));
-    if (auto last = space.last.find(kind); last != space.last.end()) {
-      if (last->second == Outcome::kRateLimit) Cover(space, label + " retried after 429");
-      if (last->second == Outcome::kUnavailable && route->role == Role::kCompensate &&
-          Commits(plan.outcome)) {
-        Cover(space, label + " failed, then recovered");
-      }
-    }
-    space.last[kind] = plan.outcome;
+    NoteOutcome(space, *route, plan.outcome);
     space.observed.log.push_back(label + " #" + std::to_string(attempt) + " " + req.method + " " +
                                  rest + " -> " + std::string(OutcomeName(plan.outcome)));
     switch (plan.outcome) {
@@ -364,6 +357,22 @@ class GenericTarget::Impl {
       }
     }
     return Outcome::kOk;
+  }
+
+  // Notes what this request of (step, role) meets, and the branches that the request
+  // before it makes this one reach: a retry after a 429, a compensation that failed
+  // and then went through.
+  static void NoteOutcome(Space& space, const Route& route, Outcome outcome) {
+    const auto kind = std::make_pair(route.step, route.role);
+    const std::string label = route.step + " " + std::string(RoleName(route.role));
+    if (auto last = space.last.find(kind); last != space.last.end()) {
+      if (last->second == Outcome::kRateLimit) Cover(space, label + " retried after 429");
+      if (last->second == Outcome::kUnavailable && route.role == Role::kCompensate &&
+          Commits(outcome)) {
+        Cover(space, label + " failed, then recovered");
+      }
+    }
+    space.last[kind] = outcome;
   }
 
   // A kill or a freeze goes to the schedule's worker; a frozen one is the runner's
@@ -620,15 +629,7 @@ class GenericTarget::Impl {
       const auto kind = std::make_pair(route->step, route->role);
       const int attempt = ++space.attempts[kind];
       plan.outcome = Met(space, route->step, route->role, attempt);
-      const std::string label = route->step + " " + std::string(RoleName(route->role));
-      if (auto last = space.last.find(kind); last != space.last.end()) {
-        if (last->second == Outcome::kRateLimit) Cover(space, label + " retried after 429");
-        if (last->second == Outcome::kUnavailable && route->role == Role::kCompensate &&
-            Commits(plan.outcome)) {
-          Cover(space, label + " failed, then recovered");
-        }
-      }
-      space.last[kind] = plan.outcome;
+      NoteOutcome(space, *route, plan.outcome);
       space.observed.log.push_back(route->step + " " + std::string(RoleName(route->role)) + " #" +
                                    std::to_string(attempt) + " SMTP DATA " + header("Message-ID") +
                                    " -> " + std::string(OutcomeName(plan.outcome)));
