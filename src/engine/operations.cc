@@ -259,6 +259,12 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(signal.tenant, signal.key));
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   auto committed = [&]() -> absl::StatusOr<SignalResult> {
+    // Under the lease, the inbox again: a concurrent delivery of the same event may
+    // have committed while this one waited for the lease, and moved its step on.
+    if (auto now_seen = SeenBefore(signal, data_hash); !absl::IsNotFound(now_seen.status())) {
+      if (now_seen.ok()) WS_RETURN_IF_ERROR(Release(lease));
+      return now_seen;
+    }
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
@@ -343,6 +349,13 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
   WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
   bool released = false;  // a commit releases the lease (lease_expires_at 0)
   auto committed = [&]() -> absl::StatusOr<DecisionResult> {
+    // Under the lease, the inbox again: a concurrent copy may have committed meanwhile.
+    WS_ASSIGN_OR_RETURN(const bool received_meanwhile, ReceivedBefore(decision.inbox, instance));
+    if (received_meanwhile) {
+      released = true;
+      WS_RETURN_IF_ERROR(Release(lease));
+      return Received(instance, index);
+    }
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     const ApprovalSpec& spec = definition->steps[index].approval;

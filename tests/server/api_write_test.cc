@@ -665,6 +665,47 @@ TEST_P(ApiWriteTest, TheInboxIsPerTenantAndTheSameIdWithOtherDataIsAConflict) {
   EXPECT_EQ(signal.outcome.status, 409) << signal.body;
 }
 
+// A sender that retries before its first try is answered: the same event over
+// several connections at once. Every copy is answered 200; one signals and the rest
+// are duplicates, never "no step waiting" (a copy that found its step moved on).
+TEST_P(ApiWriteTest, TheSameEventSentConcurrentlySignalsOnceAndAnswersEveryCopy) {
+  auto definition = LoadDefinitionText(R"(workflow: gate
+key: "{{input.id}}"
+steps:
+  - name: approval
+    wait: { event: com.acme.approved }
+  - name: after
+    transform: { ok: true }
+)", "gate.yaml");
+  ASSERT_TRUE(definition.ok()) << definition.status();
+  ASSERT_TRUE(engine_->Register(*definition).ok());
+  constexpr int kInstances = 12;
+  constexpr int kCopies = 4;
+  for (int i = 0; i < kInstances; ++i) {
+    const std::string id = "race-" + std::to_string(i);
+    Post("/v1/instances", {{"workflow", "gate"}, {"input", {{"id", id}}}}, 201);
+    ASSERT_EQ(Drive(id), InstanceState::kRunning);
+  }
+  for (int i = 0; i < kInstances; ++i) {
+    const std::string id = "race-" + std::to_string(i);
+    std::vector<std::string> outcomes(kCopies);
+    std::vector<std::thread> senders;
+    for (int c = 0; c < kCopies; ++c) {
+      senders.emplace_back([&, c] {
+        const Json answer = Approve(id, "ap-" + id);  // expects 200
+        outcomes[c] = answer.is_object() ? answer["results"][0].value("outcome", "") : "";
+      });
+    }
+    for (std::thread& t : senders) t.join();
+    std::sort(outcomes.begin(), outcomes.end());
+    EXPECT_EQ(outcomes, (std::vector<std::string>{"duplicate", "duplicate", "duplicate",
+                                                  "signalled"}))
+        << id;
+    EXPECT_EQ(Drive(id), InstanceState::kCompleted) << id;
+    EXPECT_EQ(Step(id, "approval")["external_id"], "ap-" + id);
+  }
+}
+
 TEST_P(ApiWriteTest, AfterGcARedeliveredStartOrSignalChangesNothing) {
   auto start_event = Json{{"specversion", "1.0"}, {"id", "e-9"}, {"source", "/shop"},
                           {"type", "com.acme.order.received"}, {"data", {{"id", "g9"}}}};
