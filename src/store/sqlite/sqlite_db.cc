@@ -1,5 +1,8 @@
 #include "store/sqlite/sqlite_db.h"
 
+#include <chrono>
+#include <thread>
+
 namespace waystone {
 
 absl::Status SqliteStatus(int rc, sqlite3* db, std::string_view what) {
@@ -69,8 +72,8 @@ void SqliteStatement::Reset() {
 absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path,
                                                          int busy_timeout_ms) {
   sqlite3* db = nullptr;
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI |
-                    SQLITE_OPEN_NOMUTEX;
+  const int flags =
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX;
   const int rc = sqlite3_open_v2(path.c_str(), &db, flags, nullptr);
   if (rc != SQLITE_OK) {
     absl::Status status = SqliteStatus(rc, db, "open " + path);
@@ -97,6 +100,17 @@ absl::Status SqliteDb::Exec(std::string_view sql) {
     return status;
   }
   return absl::OkStatus();
+}
+
+absl::Status SqliteDb::EnterWal(int patience_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(patience_ms);
+  while (true) {
+    const int rc = sqlite3_exec(db_, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr);
+    if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) {
+      return SqliteStatus(rc, db_, "PRAGMA journal_mode=WAL");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 absl::StatusOr<SqliteStatement*> SqliteDb::Prepare(const std::string& sql) {

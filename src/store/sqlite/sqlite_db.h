@@ -1,12 +1,12 @@
 #pragma once
 
+#include <sqlite3.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
-
-#include <sqlite3.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -69,6 +69,10 @@ class SqliteDb {
 
   // Runs one or more statements without results.
   absl::Status Exec(std::string_view sql);
+  // Puts the file in WAL mode. The switch needs an exclusive lock that SQLite does
+  // not wait for (the busy handler is not asked), so two processes opening a new
+  // file at once would see "database is locked": this waits up to `patience_ms`.
+  absl::Status EnterWal(int patience_ms);
   // Returns the cached prepared statement for `sql`, reset and unbound.
   absl::StatusOr<SqliteStatement*> Prepare(const std::string& sql);
 

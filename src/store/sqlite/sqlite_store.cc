@@ -1,6 +1,5 @@
 #include "store/sqlite/sqlite_store.h"
 
-
 #include "base/mutex.h"
 #include "store/migration.h"
 #include "store/sqlite/sqlite_rows.h"
@@ -18,10 +17,11 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOption
       options.synchronous != "OFF" && options.synchronous != "EXTRA") {
     return absl::InvalidArgumentError("synchronous must be OFF, NORMAL, FULL or EXTRA");
   }
-  WS_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=WAL"));
+  WS_RETURN_IF_ERROR(db->EnterWal(static_cast<int>(options.busy_timeout)));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=" + options.synchronous));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));
-  auto store = std::unique_ptr<SqliteStore>(new SqliteStore(std::move(db), options.attempts_per_step));
+  auto store =
+      std::unique_ptr<SqliteStore>(new SqliteStore(std::move(db), options.attempts_per_step));
   WS_RETURN_IF_ERROR(store->Migrate());
   return store;
 }
@@ -32,20 +32,19 @@ absl::Status SqliteStore::Migrate() {
   return InWriteTransaction(db, [&]() -> absl::Status {
     WS_RETURN_IF_ERROR(
         db.Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-                  "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
+                "name TEXT NOT NULL, applied_at INTEGER NOT NULL)"));
     WS_ASSIGN_OR_RETURN(SqliteStatement * versions,
                         db.Prepare("SELECT version FROM schema_migrations"));
-    WS_ASSIGN_OR_RETURN(std::vector<int> applied,
-                        CollectRows(versions, [](const SqliteStatement& r) {
-                          return static_cast<int>(r.Int(0));
-                        }));
+    WS_ASSIGN_OR_RETURN(
+        std::vector<int> applied,
+        CollectRows(versions, [](const SqliteStatement& r) { return static_cast<int>(r.Int(0)); }));
     WS_ASSIGN_OR_RETURN(std::vector<const Migration*> pending,
                         PendingMigrations(sqlite_migrations(), applied));
     for (const Migration* migration : pending) {
       WS_RETURN_IF_ERROR(db.Exec(migration->sql));
       WS_ASSIGN_OR_RETURN(SqliteStatement * insert,
                           db.Prepare("INSERT INTO schema_migrations VALUES (?, ?, "
-                                       "CAST(strftime('%s','now') AS INTEGER) * 1000)"));
+                                     "CAST(strftime('%s','now') AS INTEGER) * 1000)"));
       WS_RETURN_IF_ERROR(insert->BindAll(migration->version, migration->name).Run());
     }
     return absl::OkStatus();

@@ -468,6 +468,22 @@ TEST_P(StoreConformanceTest, MigrationsFromManyConnectionsAtOnceApplyOnce) {
   EXPECT_EQ(SchemaVersion(), NewestMigration());
 }
 
+// Workers started together on a file none has made yet (verify's two identical
+// starts did this): each open waits for the others' switch to WAL and migrations.
+TEST(SqliteOpenTest, FirstOpensOfANewFileAtOnceAllSucceed) {
+  testing::TempDir dir;
+  for (int round = 0; round < 20; ++round) {
+    const std::string fresh = dir.File("fresh-" + std::to_string(round) + ".db");
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> results(3);
+    for (int i = 0; i < 3; ++i) {
+      threads.emplace_back([&, i] { results[i] = OpenStore({fresh}).status(); });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& status : results) ASSERT_TRUE(status.ok()) << "round " << round << ": " << status;
+  }
+}
+
 TEST_P(StoreConformanceTest, FinishingABatchRecordsEachOutcomeAndRefusesOnlyTheLostLease) {
   std::vector<int64_t> ids;
   for (const char* key : {"k1", "k2", "k3"}) ids.push_back(store_->StartInstance(Instance(key))->instance.id);
