@@ -3,14 +3,14 @@
 # src/<layer>/ names its own layer or one that ws_<layer> links, directly or
 # through another layer (the target_link_libraries in src/<layer>/CMakeLists.txt
 # are the truth); and no layer links one at its own rank or above:
-#   base < model < http, definition, store, connectors < sim, engine < messaging, server, verify < cli
+#   base < model < http, definition, store, connectors < sim, engine < messaging, server, verify < cli, api
 # Every include directory is src/, so the compiler cannot refuse an upward include;
 # this does. Exits 1 and names each offending line. Run by scripts/test.sh and ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A rank=([base]=0 [model]=1 [http]=2 [sim]=3 [definition]=2 [store]=2 [connectors]=2
-                 [engine]=3 [messaging]=4 [server]=4 [verify]=4 [cli]=5)
+                 [engine]=3 [messaging]=4 [server]=4 [verify]=4 [cli]=5 [api]=5)
 failed=0
 fail() {
   echo "check-layers: $*" >&2

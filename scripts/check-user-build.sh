@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-user -G Ninja -DCMAKE_BUILD_TYPE=Release -DWAYSTONE_WERROR=ON >/dev/null
-cmake --build build-user -j "$(nproc)" --target waystone
+cmake --build build-user -j "$(nproc)" --target waystone waystone_api
 
 work="$(mktemp -d)"
 trap 'kill "$sim_pid" 2>/dev/null || true; rm -rf "$work"' EXIT

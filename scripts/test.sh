@@ -29,7 +29,7 @@ bash scripts/check-user-build.sh
 echo "== clang -Wthread-safety: the libraries' locking, checked by the compiler (base/mutex.h)"
 cmake --preset thread-safety >/dev/null
 cmake --build build-tsa -j "$jobs" --target ws_base ws_model ws_http ws_definition ws_store ws_connectors \
-  ws_engine ws_messaging ws_server ws_sim ws_cli
+  ws_engine ws_messaging ws_server ws_sim ws_cli waystone_api
 
 echo "== release build"
 cmake --preset release >/dev/null
@@ -46,10 +46,11 @@ if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
   echo "== TSan build (concurrency tests)"
   cmake --preset tsan >/dev/null
   cmake --build build-tsan -j "$jobs" --target engine_test engine_parts_test \
-    store_conformance_test api_write_test http_front_test independent_target_test verify_process_test
+    store_conformance_test api_write_test http_front_test independent_target_test verify_process_test \
+    embedded_api_test
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|VerifyProcessTest\.TheExampleSaga'
+      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|VerifyProcessTest\.TheExampleSaga|EmbeddedApiTest\.'
 fi
 
 fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"

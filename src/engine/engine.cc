@@ -118,6 +118,11 @@ class Engine::Impl {
                                         std::string(key.status().message()));
     }
     if (key->empty()) return absl::InvalidArgumentError("business key renders empty");
+    if (!request.key.empty() && request.key != *key) {
+      return absl::InvalidArgumentError("business key '" + request.key + "' was asked for, but '" +
+                                        definition.key + "' gives '" + *key +
+                                        "' for this input; nothing was started");
+    }
     if (key->size() > kMaxBusinessKeyBytes) {
       return absl::InvalidArgumentError("business key is " + std::to_string(key->size()) +
                                         " bytes; the limit is " +

@@ -65,6 +65,9 @@ struct StartRequest {
   // same event delivered again has no second effect.
   std::string event_source;
   std::string event_id;
+  // When set, the business key the definition's `key:` must give for this input;
+  // another key starts nothing (InvalidArgument naming both).
+  std::string key;
 };
 
 // Engine runs workflow instances: it starts them, and its worker pool claims

@@ -1,0 +1,71 @@
+#pragma once
+
+// Status and Result<T>: how every call of Waystone's public API reports failure.
+// No exceptions cross the API; no third-party type appears in it.
+//
+// Thread safety: a Status or Result is a value; distinct objects may be used from
+// distinct threads, one object from one thread at a time (like std::string).
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "waystone/export.h"
+
+namespace waystone::api {
+
+class WAYSTONE_API Status {
+ public:
+  enum class Code {
+    kOk = 0,
+    kInvalidArgument,  // bad input: a definition, an input document, an option
+    kNotFound,         // no such workflow or instance
+    kAlreadyExists,
+    kFailedPrecondition,  // refused in the current state (e.g. the same key, other input)
+    kUnavailable,         // the database cannot be reached now; try again
+    kDeadlineExceeded,
+    kInternal,
+  };
+
+  Status() = default;  // OK
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  // What went wrong, naming the file, line, field or step where there is one.
+  const std::string& message() const { return message_; }
+  // "INVALID_ARGUMENT: message", or "OK".
+  std::string ToString() const;
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+// A value, or the Status that says why there is none.
+template <typename T>
+class Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit, as absl::StatusOr
+  Result(Status status) : status_(std::move(status)) {  // NOLINT
+    if (status_.ok()) status_ = Status(Status::Code::kInternal, "Result built from an OK Status");
+  }
+
+  bool ok() const { return value_.has_value(); }
+  const Status& status() const { return status_; }
+  // The value; only when ok().
+  T& value() & { return *value_; }
+  const T& value() const& { return *value_; }
+  T&& value() && { return std::move(*value_); }
+  T& operator*() & { return *value_; }
+  const T& operator*() const& { return *value_; }
+  T&& operator*() && { return std::move(*value_); }
+  T* operator->() { return &*value_; }
+  const T* operator->() const { return &*value_; }
+
+ private:
+  Status status_;
+  std::optional<T> value_;
+};
+
+}  // namespace waystone::api

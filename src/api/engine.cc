@@ -1,0 +1,220 @@
+// The public Engine over the engine inside: one store, one HTTP client, one
+// worker pool, and the definitions registered by name.
+
+#include "waystone/engine.h"
+
+#include <map>
+#include <mutex>
+
+#include "api/translate.h"
+#include "base/mutex.h"
+#include "base/random.h"
+#include "connectors/http/http_client.h"
+#include "definition/loader.h"
+#include "engine/engine.h"
+#include "store/store.h"
+#include "waystone/version.h"
+
+namespace waystone::api {
+namespace {
+
+InstanceState FromModel(waystone::InstanceState state) {
+  switch (state) {
+    case waystone::InstanceState::kRunning:
+      return InstanceState::kRunning;
+    case waystone::InstanceState::kCompleted:
+      return InstanceState::kCompleted;
+    case waystone::InstanceState::kCompensating:
+      return InstanceState::kCompensating;
+    case waystone::InstanceState::kCompensated:
+      return InstanceState::kCompensated;
+    case waystone::InstanceState::kFailed:
+      return InstanceState::kFailed;
+    case waystone::InstanceState::kNeedsAttention:
+      return InstanceState::kNeedsAttention;
+    case waystone::InstanceState::kClosed:
+      return InstanceState::kClosed;
+  }
+  return InstanceState::kRunning;
+}
+
+bool AtRest(waystone::InstanceState state) {
+  return state != waystone::InstanceState::kRunning &&
+         state != waystone::InstanceState::kCompensating;
+}
+
+// What the public handles share with the engine: it outlives every handle.
+struct Shared {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<HttpClient> http;
+  SeededRandom random;
+  std::unique_ptr<waystone::Engine> engine;
+  std::string tenant;
+
+  Result<Outcome> Describe(const InstanceRecord& instance) {
+    Outcome outcome;
+    outcome.key = instance.key;
+    outcome.workflow = instance.workflow;
+    outcome.state = FromModel(instance.state);
+    outcome.at_rest = AtRest(instance.state);
+    outcome.reason = instance.status_reason;
+    auto steps = store->GetSteps(instance.id);
+    if (!steps.ok()) return FromAbsl(steps.status());
+    for (const StepRecord& step : *steps) {
+      outcome.steps.push_back({step.name, std::string(waystone::ToString(step.state)),
+                               step.attempts, step.external_id, step.response_json,
+                               step.error_message});
+    }
+    return outcome;
+  }
+};
+
+class InstanceHandle final : public Instance {
+ public:
+  InstanceHandle(std::shared_ptr<Shared> shared, int64_t id, std::string key, bool created)
+      : shared_(std::move(shared)), id_(id), key_(std::move(key)), created_(created) {}
+
+  const std::string& key() const override { return key_; }
+  bool created() const override { return created_; }
+
+  Result<Outcome> Wait(std::chrono::milliseconds timeout) override {
+    auto instance = shared_->engine->AwaitRest(id_, timeout.count());
+    if (!instance.ok()) return FromAbsl(instance.status());
+    return shared_->Describe(*instance);
+  }
+
+  Result<Outcome> Get() override {
+    auto instance = shared_->store->GetInstance(id_);
+    if (!instance.ok()) return FromAbsl(instance.status());
+    return shared_->Describe(*instance);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  const int64_t id_;
+  const std::string key_;
+  const bool created_;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  explicit EngineImpl(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  ~EngineImpl() override { shared_->engine->Stop(); }
+
+  Status RegisterFile(const std::string& path) override { return Keep(LoadDefinitionFile(path)); }
+
+  Status RegisterYaml(const std::string& text, const std::string& origin) override {
+    return Keep(LoadDefinitionText(text, origin));
+  }
+
+  Result<std::unique_ptr<Instance>> Start(const std::string& workflow, const std::string& key,
+                                          const std::string& input_json) override {
+    std::shared_ptr<const WorkflowDefinition> definition;
+    {
+      MutexLock lock(mu_);
+      auto found = definitions_.find(workflow);
+      if (found == definitions_.end()) {
+        return Status(Status::Code::kNotFound, "no workflow '" + workflow +
+                                                   "' is registered with this engine "
+                                                   "(RegisterFile or RegisterYaml)");
+      }
+      definition = found->second;
+    }
+    StartRequest request;
+    request.tenant = shared_->tenant;
+    request.input_json = input_json;
+    request.key = key;
+    auto started = shared_->engine->StartInstance(*definition, request);
+    if (!started.ok()) return FromAbsl(started.status());
+    if (started->outcome == StartOutcome::kCollected || started->tombstone) {
+      return Status(Status::Code::kFailedPrecondition,
+                    "instance '" + started->instance.key + "' ended (" +
+                        std::string(waystone::ToString(started->instance.state)) +
+                        ") and was removed by gc; its key is not started again");
+    }
+    return std::unique_ptr<Instance>(
+        new InstanceHandle(shared_, started->instance.id, started->instance.key,
+                           started->outcome == StartOutcome::kCreated));
+  }
+
+  Result<std::unique_ptr<Instance>> Find(const std::string& key) override {
+    auto instance = shared_->store->FindInstance(shared_->tenant, key);
+    if (!instance.ok()) return FromAbsl(instance.status());
+    return std::unique_ptr<Instance>(new InstanceHandle(shared_, instance->id, key, false));
+  }
+
+ private:
+  Status Keep(absl::StatusOr<WorkflowDefinition> loaded) {
+    if (!loaded.ok()) return FromAbsl(loaded.status());
+    if (auto registered = shared_->engine->Register(*loaded); !registered.ok()) {
+      return FromAbsl(registered);
+    }
+    auto definition = std::make_shared<const WorkflowDefinition>(std::move(*loaded));
+    MutexLock lock(mu_);
+    definitions_[definition->name] = std::move(definition);
+    return Status();
+  }
+
+  std::shared_ptr<Shared> shared_;
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<const WorkflowDefinition>> definitions_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+const char* ToString(InstanceState state) {
+  switch (state) {
+    case InstanceState::kRunning:
+      return "running";
+    case InstanceState::kCompleted:
+      return "completed";
+    case InstanceState::kCompensating:
+      return "compensating";
+    case InstanceState::kCompensated:
+      return "compensated";
+    case InstanceState::kFailed:
+      return "failed";
+    case InstanceState::kNeedsAttention:
+      return "needs_attention";
+    case InstanceState::kClosed:
+      return "closed";
+  }
+  return "unknown";
+}
+
+const char* Version() { return WAYSTONE_VERSION_STRING; }
+
+Instance::~Instance() = default;
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
+  if (options.database.empty()) {
+    return Status(Status::Code::kInvalidArgument,
+                  "EngineOptions.database: a SQLite file or a postgresql:// URI is required");
+  }
+  if (options.workers < 0) {
+    return Status(Status::Code::kInvalidArgument, "EngineOptions.workers must not be negative");
+  }
+  auto shared = std::make_shared<Shared>();
+  shared->tenant = options.tenant;
+  StoreOptions store_options;
+  store_options.path = options.database;
+  auto store = OpenStore(store_options);
+  if (!store.ok()) return FromAbsl(store.status());
+  shared->store = std::move(*store);
+  shared->http = NewCurlHttpClient({});
+  waystone::EngineOptions engine_options;
+  engine_options.workers = options.workers > 0 ? options.workers : 1;
+  engine_options.lease_duration = options.lease.count();
+  engine_options.secrets_file = options.secrets_file;
+  engine_options.files_dir = options.files_dir;
+  auto engine = waystone::Engine::Create(shared->store.get(), shared->http.get(),
+                                         SystemClock::Get(), &shared->random, engine_options);
+  if (!engine.ok()) return FromAbsl(engine.status());
+  shared->engine = std::move(*engine);
+  if (options.workers > 0) shared->engine->Start();
+  return std::unique_ptr<Engine>(new EngineImpl(std::move(shared)));
+}
+
+}  // namespace waystone::api

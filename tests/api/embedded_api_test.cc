@@ -1,0 +1,200 @@
+// The public C++ API (include/waystone/) as a program that embeds Waystone uses
+// it: through libwaystone.so and its headers alone, against the independent ERP
+// target (tests/targets/erp_target.py), on SQLite and PostgreSQL. What the target
+// received is counted from its own stats.
+
+#include <gtest/gtest.h>
+#include <waystone/waystone.h>
+
+#include <nlohmann/json.hpp>
+
+#include "support/backends.h"
+#include "support/erp_target.h"
+#include "support/temp_dir.h"
+
+namespace {
+
+using Json = nlohmann::json;
+using waystone::api::Engine;
+using waystone::api::EngineOptions;
+using waystone::api::InstanceState;
+using waystone::api::Outcome;
+using waystone::api::Status;
+using waystone::testing::Backend;
+
+// An ERP order (its answer may be lost: the lookup by reference finds it) and a
+// message the target deduplicates by key.
+constexpr char kOrder[] = R"(workflow: embedded-order
+key: "{{input.order_id}}"
+steps:
+  - name: create-order
+    recovery: lookup
+    request:
+      method: POST
+      url: "{{env.EMBEDDED_ERP_URL}}/erp/orders"
+      body: { ref: "{{instance.ref}}", amount: "{{input.amount}}" }
+      timeout: 2s
+    result: { external_id: "/id" }
+    lookup:
+      request: { method: GET, url: "{{env.EMBEDDED_ERP_URL}}/erp/orders?ref={{instance.ref}}", timeout: 2s }
+      items: "/items"
+      match: { "/ref": "{{instance.ref}}" }
+      external_id: "/id"
+    retry: { max_attempts: 4, initial_interval: 50ms, max_interval: 200ms }
+  - name: notify
+    idempotency: { honored: true }
+    request:
+      method: POST
+      url: "{{env.EMBEDDED_ERP_URL}}/notify/messages"
+      body: { to: "sales", text: "order {{steps.create-order.external_id}}" }
+      timeout: 2s
+    result: { external_id: "/id" }
+    retry: { max_attempts: 4, initial_interval: 50ms, max_interval: 200ms }
+)";
+
+class EmbeddedApiTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    target_ = std::make_unique<waystone::testing::ErpTarget>(dir_.path());
+    ASSERT_TRUE(target_->ok());
+    setenv("EMBEDDED_ERP_URL", target_->base_url().c_str(), 1);
+    database_ = waystone::testing::FreshStorePath(GetParam(), dir_, "embedded");
+    ASSERT_FALSE(database_.empty());
+  }
+
+  std::unique_ptr<Engine> Open(int workers) {
+    EngineOptions options;
+    options.database = database_;
+    options.workers = workers;
+    auto engine = Engine::Open(options);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    if (!engine.ok()) return nullptr;
+    Status registered = (*engine)->RegisterYaml(kOrder, "embedded-order.yaml");
+    EXPECT_TRUE(registered.ok()) << registered.ToString();
+    return std::move(*engine);
+  }
+
+  Json Stats() { return Json::parse(target_->StatsJson()); }
+
+  waystone::testing::TempDir dir_;
+  std::unique_ptr<waystone::testing::ErpTarget> target_;
+  std::string database_;
+};
+
+const waystone::api::StepOutcome* StepOf(const Outcome& outcome, const std::string& name) {
+  for (const auto& step : outcome.steps) {
+    if (step.name == name) return &step;
+  }
+  return nullptr;
+}
+
+TEST_P(EmbeddedApiTest, StartThenWaitGivesTheOutcomeAndTheTargetOneOrderAndOneMessage) {
+  auto engine = Open(2);
+  ASSERT_NE(engine, nullptr);
+  // The ERP commits the order and the answer is lost after the headers.
+  ASSERT_TRUE(target_->Faults(R"({"create_order": {"next": ["partial_body"]}})"));
+  auto order = engine->Start("embedded-order", "A-1", R"({"order_id":"A-1","amount":12})");
+  ASSERT_TRUE(order.ok()) << order.status().ToString();
+  EXPECT_EQ((*order)->key(), "A-1");
+  EXPECT_TRUE((*order)->created());
+  auto outcome = (*order)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+  EXPECT_TRUE(outcome->at_rest);
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_STREQ(waystone::api::ToString(outcome->state), "completed");
+  EXPECT_EQ(outcome->workflow, "embedded-order");
+  const auto* created = StepOf(*outcome, "create-order");
+  const auto* notified = StepOf(*outcome, "notify");
+  ASSERT_NE(created, nullptr);
+  ASSERT_NE(notified, nullptr);
+  EXPECT_EQ(created->state, "completed");
+  EXPECT_EQ(created->external_id, "ORD-1");  // adopted by the lookup, not made twice
+  EXPECT_EQ(notified->external_id, "MSG-1");
+  EXPECT_EQ(notified->attempts, 1);
+
+  // The same business action started again is the first one.
+  auto again = engine->Start("embedded-order", "", R"({"amount":12,"order_id":"A-1"})");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_FALSE((*again)->created());
+  EXPECT_EQ((*again)->Wait(std::chrono::seconds(5))->state, InstanceState::kCompleted);
+  auto found = engine->Find("A-1");
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ((*found)->Get()->state, InstanceState::kCompleted);
+
+  const Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  EXPECT_EQ(stats["duplicate_orders"], 0);
+  EXPECT_EQ(stats["messages"], 1);
+  EXPECT_EQ(stats["by_route"]["create_order"], 1);  // the lost answer was looked up, not resent
+}
+
+TEST_P(EmbeddedApiTest, BadInputIsAClearErrorAndStartsNothing) {
+  EXPECT_EQ(Engine::Open({}).status().code(), Status::Code::kInvalidArgument);
+  auto engine = Open(1);
+  ASSERT_NE(engine, nullptr);
+  // A definition mistake names the origin, the line and the field; nothing is registered.
+  Status bad = engine->RegisterYaml(
+      "workflow: broken\nkey: \"{{input.id}}\"\nsteps:\n"
+      "  - name: s\n    request: { method: GET }\n",
+      "broken.yaml");
+  EXPECT_EQ(bad.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(bad.message().find("broken.yaml"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("url"), std::string::npos) << bad.message();
+  EXPECT_EQ(engine->Start("broken", "", R"({"id":"x"})").status().code(), Status::Code::kNotFound);
+  Status missing = engine->RegisterFile(dir_.File("missing.yaml"));
+  EXPECT_EQ(missing.code(), Status::Code::kNotFound) << missing.ToString();
+  EXPECT_NE(missing.message().find("missing.yaml"), std::string::npos) << missing.message();
+
+  // A key the definition does not give for this input: nothing starts.
+  auto mismatch = engine->Start("embedded-order", "B-9", R"({"order_id":"B-1","amount":1})");
+  ASSERT_EQ(mismatch.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(mismatch.status().message().find("'B-9'"), std::string::npos);
+  EXPECT_NE(mismatch.status().message().find("'B-1'"), std::string::npos);
+  EXPECT_EQ(engine->Find("B-1").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(engine->Find("B-9").status().code(), Status::Code::kNotFound);
+  EXPECT_EQ(engine->Start("embedded-order", "", "[1,2]").status().code(),
+            Status::Code::kInvalidArgument);
+
+  // The same key with other input is refused and changes nothing.
+  auto first = engine->Start("embedded-order", "", R"({"order_id":"C-1","amount":1})");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ((*first)->Wait(std::chrono::seconds(30))->state, InstanceState::kCompleted);
+  auto other = engine->Start("embedded-order", "", R"({"order_id":"C-1","amount":2})");
+  EXPECT_EQ(other.status().code(), Status::Code::kFailedPrecondition) << other.status().ToString();
+  EXPECT_EQ(Stats()["orders"], 1);
+}
+
+// An engine without workers starts; another engine's workers on the same database
+// run the instance (as `waystone worker` would), and the first one's Wait sees it.
+TEST_P(EmbeddedApiTest, AnEngineWithoutWorkersStartsAndAnotherRunsIt) {
+  auto starter = Open(0);
+  ASSERT_NE(starter, nullptr);
+  auto order = starter->Start("embedded-order", "", R"({"order_id":"D-1","amount":3})");
+  ASSERT_TRUE(order.ok()) << order.status().ToString();
+  auto early = (*order)->Wait(std::chrono::milliseconds(300));
+  ASSERT_TRUE(early.ok());
+  EXPECT_FALSE(early->at_rest);  // nobody runs it yet
+  EXPECT_EQ(early->state, InstanceState::kRunning);
+  EXPECT_EQ(Stats()["by_route"]["create_order"], 0);
+  auto runner = Open(2);
+  ASSERT_NE(runner, nullptr);
+  auto outcome = (*order)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+  EXPECT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(Stats()["orders"], 1);
+  EXPECT_EQ(Stats()["messages"], 1);
+}
+
+TEST(EmbeddedApiVersionTest, TheLibraryAndTheHeadersAgree) {
+  const std::string headers = std::to_string(WAYSTONE_VERSION_MAJOR) + "." +
+                              std::to_string(WAYSTONE_VERSION_MINOR) + "." +
+                              std::to_string(WAYSTONE_VERSION_PATCH);
+  EXPECT_EQ(headers, waystone::api::Version());
+  EXPECT_EQ(headers, WAYSTONE_VERSION_STRING);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EmbeddedApiTest,
+                         ::testing::Values(Backend::kSqlite, Backend::kPostgres),
+                         waystone::testing::BackendName);
+
+}  // namespace
