@@ -5,10 +5,12 @@
 // steps/s beside the raw commit rate of the same database measured in the same
 // run. See docs/performance.md.
 //
-//   build/bench/closed_loop_bench [--dir DIR] [--seconds 5] [--callers 1,8,64] [--http 1]
+//   build/bench/closed_loop_bench [--dir DIR] [--seconds 5] [--callers 1,8,64] [--http 1 | --api 1]
 //   build/bench/closed_loop_bench --postgres postgresql://user@host:port [...]
 //     (bench/run-postgres.sh starts a private cluster and passes its URL)
-// In process, a caller is Engine::StartInstance then Engine::AwaitRest. With --http 1
+// In process, a caller is Engine::StartInstance then Engine::AwaitRest. With --api 1
+// it is a program embedding Waystone through the public C++ API (libwaystone.so,
+// include/waystone/): waystone::api::Engine::Start, then Instance::Wait. With --http 1
 // it is a client of `waystone serve`'s API on loopback: POST /v1/instances with
 // `Prefer: wait=30`, one kept-alive connection per caller, answered once the
 // instance completed.
@@ -37,6 +39,7 @@
 #include "store/postgres/pg_connection.h"
 #include "store/postgres/raw_commit_probe.h"
 #include "store/store.h"
+#include "waystone/waystone.h"
 #include "workloads.h"
 
 namespace waystone {
@@ -86,8 +89,27 @@ struct Figures {
 };
 
 // Runs `callers` closed loops on a fresh store at `path`: warm-up, then the window.
+enum class Entry { kInProcess, kPublicApi, kHttp };
+
 absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, double warmup_s,
-                                      double window_s, bool over_http) {
+                                      double window_s, Entry entry) {
+  const bool over_http = entry == Entry::kHttp;
+  // Through the public API, the library opens the database and runs the workers;
+  // the engine below is then not started.
+  std::unique_ptr<api::Engine> embedded;
+  if (entry == Entry::kPublicApi) {
+    api::EngineOptions embedded_options;
+    embedded_options.database = path;
+    embedded_options.workers = std::max(callers, 2);
+    embedded_options.database_connections = callers + 8;
+    auto opened = api::Engine::Open(embedded_options);
+    if (!opened.ok()) return absl::InternalError(opened.status().ToString());
+    embedded = std::move(*opened);
+    if (auto registered = embedded->RegisterYaml(kFiveTransforms, "bench.yaml");
+        !registered.ok()) {
+      return absl::InternalError(registered.ToString());
+    }
+  }
   StoreOptions store_options;
   store_options.path = path;
   store_options.max_connections = callers + 8;
@@ -102,7 +124,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   auto definition = LoadDefinitionText(kFiveTransforms, "bench.yaml");
   if (!definition.ok()) return definition.status();
   const bool postgres = path.starts_with("postgres");
-  (*engine)->Start();
+  if (!embedded) (*engine)->Start();
   std::unique_ptr<ApiServer> server;
   std::string url;
   std::string token;
@@ -161,6 +183,17 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
             failed = true;
             break;
           }
+        } else if (embedded) {
+          auto started = embedded->Start("bench-transforms", "", input);
+          auto rested = started.ok() ? (*started)->Wait(std::chrono::seconds(30))
+                                     : api::Result<api::Outcome>(started.status());
+          if (!rested.ok() || rested->state != api::InstanceState::kCompleted) {
+            std::fprintf(stderr, "instance did not complete: %s\n",
+                         rested.ok() ? rested->reason.c_str()
+                                     : rested.status().ToString().c_str());
+            failed = true;
+            break;
+          }
         } else {
           auto started = (*engine)->StartInstance(*definition, {"bench", input});
           if (!started.ok()) {
@@ -192,6 +225,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   const PgCounts pg_after = postgres ? ReadPgCounts(path) : PgCounts{};
   server.reset();
   (*engine)->Stop();
+  embedded.reset();
   if (failed) return absl::InternalError("a caller failed");
   std::sort(latencies_ms.begin(), latencies_ms.end());
   Figures figures;
@@ -235,6 +269,7 @@ int main(int argc, char** argv) {
   double warmup_s = 1;
   std::vector<int> callers = {1, 8, 64};
   bool over_http = false;
+  bool public_api = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--dir") dir = argv[i + 1];
@@ -243,6 +278,7 @@ int main(int argc, char** argv) {
     else if (flag == "--warmup") warmup_s = std::atof(argv[i + 1]);
     else if (flag == "--callers") callers = ParseCallers(argv[i + 1]);
     else if (flag == "--http") over_http = std::strcmp(argv[i + 1], "0") != 0;
+    else if (flag == "--api") public_api = std::strcmp(argv[i + 1], "0") != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -263,7 +299,9 @@ int main(int argc, char** argv) {
   std::printf("raw single-row commits/s (baseline, same run): %.0f\n", *raw);
   std::printf("closed loop %s: start, wait until completed is durable, repeat; %.0f s warm-up, "
               "%.0f s window\n\n",
-              over_http ? "over HTTP (POST /v1/instances, Prefer: wait=30)" : "in process",
+              over_http    ? "over HTTP (POST /v1/instances, Prefer: wait=30)"
+              : public_api ? "through the public C++ API (api::Engine::Start, Instance::Wait)"
+                           : "in process",
               warmup_s, window_s);
   std::printf("%-8s %10s %12s %10s %10s %14s %12s %15s%s\n", "callers", "workflows",
               "workflows/s", "p50 ms", "p99 ms", "CPU ms/wf", "steps/s", "steps/s / raw",
@@ -278,7 +316,10 @@ int main(int argc, char** argv) {
       if (!RecreatePostgresDatabase(postgres + "/postgres", name).ok()) return 1;
       path = postgres + "/" + name;
     }
-    auto figures = RunClosedLoop(path, n, warmup_s, window_s, over_http);
+    const Entry entry = over_http    ? Entry::kHttp
+                        : public_api ? Entry::kPublicApi
+                                     : Entry::kInProcess;
+    auto figures = RunClosedLoop(path, n, warmup_s, window_s, entry);
     if (!figures.ok()) {
       std::fprintf(stderr, "callers %d: %s\n", n, figures.status().ToString().c_str());
       return 1;

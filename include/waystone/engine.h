@@ -67,6 +67,9 @@ struct EngineOptions {
   // Worker threads of this engine. 0: none; instances started here are run by
   // another process's workers on the same database (`waystone worker`).
   int workers = 4;
+  // PostgreSQL: the connections this engine keeps open (its workers, its commit
+  // thread and the starts share them). SQLite: unused.
+  int database_connections = 8;
   // The tenant instances are started for.
   std::string tenant = "default";
   // A file of NAME=value secrets for {{secret.NAME}}; empty: the environment only.

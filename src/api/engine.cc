@@ -193,6 +193,10 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
     return Status(Status::Code::kInvalidArgument,
                   "EngineOptions.database: a SQLite file or a postgresql:// URI is required");
   }
+  if (options.database_connections < 1) {
+    return Status(Status::Code::kInvalidArgument,
+                  "EngineOptions.database_connections must be at least 1");
+  }
   if (options.workers < 0) {
     return Status(Status::Code::kInvalidArgument, "EngineOptions.workers must not be negative");
   }
@@ -200,6 +204,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
   shared->tenant = options.tenant;
   StoreOptions store_options;
   store_options.path = options.database;
+  store_options.max_connections = options.database_connections;
   auto store = OpenStore(store_options);
   if (!store.ok()) return FromAbsl(store.status());
   shared->store = std::move(*store);

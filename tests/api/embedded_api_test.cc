@@ -130,6 +130,12 @@ TEST_P(EmbeddedApiTest, StartThenWaitGivesTheOutcomeAndTheTargetOneOrderAndOneMe
 
 TEST_P(EmbeddedApiTest, BadInputIsAClearErrorAndStartsNothing) {
   EXPECT_EQ(Engine::Open({}).status().code(), Status::Code::kInvalidArgument);
+  EngineOptions no_connections;
+  no_connections.database = database_;
+  no_connections.database_connections = 0;
+  auto refused = Engine::Open(no_connections);
+  EXPECT_EQ(refused.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("database_connections"), std::string::npos);
   auto engine = Open(1);
   ASSERT_NE(engine, nullptr);
   // A definition mistake names the origin, the line and the field; nothing is registered.
