@@ -37,7 +37,7 @@ enum class InstanceState {
 // "running", "completed", ...: the names the HTTP API and the CLI use.
 WAYSTONE_API const char* ToString(InstanceState state);
 
-// One step's checkpoint as it stands.
+// One step's checkpoint as it stands. A value (like std::string).
 struct StepOutcome {
   std::string name;
   std::string state;        // "pending", "running", "completed", "unknown", ...
@@ -49,18 +49,20 @@ struct StepOutcome {
   std::string error;  // its last error, if any
 };
 
-// An instance as it stands.
+// An instance as it stands. A value (like std::string).
 struct Outcome {
   std::string key;  // the business key
   std::string workflow;
   InstanceState state = InstanceState::kRunning;
   // Completed, compensated, failed, closed or waiting for an operator: nothing
-  // will change until an event or an operator comes.
+  // will change until an operator comes. (An instance waiting for an event is
+  // running, not at rest: Wait returns it when its timeout passes.)
   bool at_rest = false;
   std::string reason;  // why it rests where it does, for operators
   std::vector<StepOutcome> steps;
 };
 
+// What Engine::Open opens. A value (like std::string).
 struct EngineOptions {
   // A SQLite file (created if missing) or a PostgreSQL URI ("postgresql://...").
   std::string database;
@@ -83,6 +85,8 @@ struct EngineOptions {
 
 // A started (or found) instance. Thread-compatible: one thread at a time per
 // handle; handles of the same instance may be used from different threads.
+// A handle keeps its engine's database open; once the Engine is destroyed, Wait
+// sees only what other processes' workers do.
 class WAYSTONE_API Instance {
  public:
   virtual ~Instance();
@@ -119,7 +123,7 @@ class WAYSTONE_API Engine {
   // Loads a YAML definition and registers it under its workflow name (a newer
   // registration of a name is used for new starts; running instances keep the
   // definition they started with). A mistake is InvalidArgument naming the file,
-  // line and field, and registers nothing.
+  // line and field (a file that is not there: NotFound), and registers nothing.
   virtual Status RegisterFile(const std::string& path) = 0;
   // The same from text; `origin` names it in errors.
   virtual Status RegisterYaml(const std::string& text, const std::string& origin) = 0;

@@ -6,6 +6,7 @@
 // Thread safety: a Status or Result is a value; distinct objects may be used from
 // distinct threads, one object from one thread at a time (like std::string).
 
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,7 +15,7 @@
 
 namespace waystone::api {
 
-class WAYSTONE_API Status {
+class [[nodiscard]] WAYSTONE_API Status {
  public:
   enum class Code {
     kOk = 0,
@@ -42,9 +43,11 @@ class WAYSTONE_API Status {
   std::string message_;
 };
 
-// A value, or the Status that says why there is none.
+// A value, or the Status that says why there is none. Reading the value of a
+// Result that holds none aborts the program (as dereferencing a null pointer
+// would, but always, and at once).
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit, as absl::StatusOr
   Result(Status status) : status_(std::move(status)) {  // NOLINT
@@ -54,16 +57,25 @@ class Result {
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
   // The value; only when ok().
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
-  T&& operator*() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
+  T& value() & { return Checked(); }
+  const T& value() const& { return Checked(); }
+  T&& value() && { return std::move(Checked()); }
+  T& operator*() & { return Checked(); }
+  const T& operator*() const& { return Checked(); }
+  T&& operator*() && { return std::move(Checked()); }
+  T* operator->() { return &Checked(); }
+  const T* operator->() const { return &Checked(); }
 
  private:
+  T& Checked() {
+    if (!value_) std::abort();  // the value of an error: status() says what it is
+    return *value_;
+  }
+  const T& Checked() const {
+    if (!value_) std::abort();
+    return *value_;
+  }
+
   Status status_;
   std::optional<T> value_;
 };

@@ -3,6 +3,7 @@
 
 #include "waystone/engine.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -12,6 +13,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "model/keys.h"
 #include "store/store.h"
 #include "waystone/version.h"
 
@@ -43,7 +45,7 @@ bool AtRest(waystone::InstanceState state) {
          state != waystone::InstanceState::kCompensating;
 }
 
-// What the public handles share with the engine: it outlives every handle.
+// What the engine and its handles share: the last of them to go closes it.
 struct Shared {
   std::unique_ptr<Store> store;
   std::unique_ptr<HttpClient> http;
@@ -78,7 +80,10 @@ class InstanceHandle final : public Instance {
   bool created() const override { return created_; }
 
   Result<Outcome> Wait(std::chrono::milliseconds timeout) override {
-    auto instance = shared_->engine->AwaitRest(id_, timeout.count());
+    // No deadline overflows: a year is as long as anyone waits.
+    const auto bounded = std::clamp<std::chrono::milliseconds>(
+        timeout, std::chrono::milliseconds(0), std::chrono::hours(24 * 365));
+    auto instance = shared_->engine->AwaitRest(id_, bounded.count());
     if (!instance.ok()) return FromAbsl(instance.status());
     return shared_->Describe(*instance);
   }
@@ -196,6 +201,11 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
   if (options.database_connections < 1) {
     return Status(Status::Code::kInvalidArgument,
                   "EngineOptions.database_connections must be at least 1");
+  }
+  if (!ValidTenantName(options.tenant)) {
+    return Status(Status::Code::kInvalidArgument,
+                  "EngineOptions.tenant '" + options.tenant +
+                      "' is not a tenant name (1 to 64 letters, digits, '.', '_' or '-')");
   }
   if (options.workers < 0) {
     return Status(Status::Code::kInvalidArgument, "EngineOptions.workers must not be negative");

@@ -136,6 +136,10 @@ TEST_P(EmbeddedApiTest, BadInputIsAClearErrorAndStartsNothing) {
   auto refused = Engine::Open(no_connections);
   EXPECT_EQ(refused.status().code(), Status::Code::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("database_connections"), std::string::npos);
+  EngineOptions bad_tenant;
+  bad_tenant.database = database_;
+  bad_tenant.tenant = "no spaces here";
+  EXPECT_EQ(Engine::Open(bad_tenant).status().code(), Status::Code::kInvalidArgument);
   auto engine = Open(1);
   ASSERT_NE(engine, nullptr);
   // A definition mistake names the origin, the line and the field; nothing is registered.
@@ -184,8 +188,10 @@ TEST_P(EmbeddedApiTest, AnEngineWithoutWorkersStartsAndAnotherRunsIt) {
   EXPECT_EQ(Stats()["by_route"]["create_order"], 0);
   auto runner = Open(2);
   ASSERT_NE(runner, nullptr);
-  auto outcome = (*order)->Wait(std::chrono::seconds(30));
+  // Waiting "for ever" waits (a deadline that overflowed would return at once).
+  auto outcome = (*order)->Wait(std::chrono::milliseconds::max());
   ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+  EXPECT_TRUE(outcome->at_rest);
   EXPECT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
   EXPECT_EQ(Stats()["orders"], 1);
   EXPECT_EQ(Stats()["messages"], 1);
