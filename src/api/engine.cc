@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "api/translate.h"
 #include "base/mutex.h"
@@ -14,28 +15,28 @@
 #include "definition/loader.h"
 #include "engine/engine.h"
 #include "model/keys.h"
+#include "model/states.h"
 #include "store/store.h"
 #include "waystone/version.h"
 
 namespace waystone::api {
 namespace {
 
+// The public states and the engine's, one to one. Their names are the engine's
+// own (model/states.h), the ones the HTTP API and the CLI show.
+constexpr std::pair<waystone::InstanceState, InstanceState> kStates[] = {
+    {waystone::InstanceState::kRunning, InstanceState::kRunning},
+    {waystone::InstanceState::kCompleted, InstanceState::kCompleted},
+    {waystone::InstanceState::kCompensating, InstanceState::kCompensating},
+    {waystone::InstanceState::kCompensated, InstanceState::kCompensated},
+    {waystone::InstanceState::kFailed, InstanceState::kFailed},
+    {waystone::InstanceState::kNeedsAttention, InstanceState::kNeedsAttention},
+    {waystone::InstanceState::kClosed, InstanceState::kClosed},
+};
+
 InstanceState FromModel(waystone::InstanceState state) {
-  switch (state) {
-    case waystone::InstanceState::kRunning:
-      return InstanceState::kRunning;
-    case waystone::InstanceState::kCompleted:
-      return InstanceState::kCompleted;
-    case waystone::InstanceState::kCompensating:
-      return InstanceState::kCompensating;
-    case waystone::InstanceState::kCompensated:
-      return InstanceState::kCompensated;
-    case waystone::InstanceState::kFailed:
-      return InstanceState::kFailed;
-    case waystone::InstanceState::kNeedsAttention:
-      return InstanceState::kNeedsAttention;
-    case waystone::InstanceState::kClosed:
-      return InstanceState::kClosed;
+  for (const auto& [model, public_state] : kStates) {
+    if (model == state) return public_state;
   }
   return InstanceState::kRunning;
 }
@@ -169,21 +170,9 @@ class EngineImpl final : public Engine {
 }  // namespace
 
 const char* ToString(InstanceState state) {
-  switch (state) {
-    case InstanceState::kRunning:
-      return "running";
-    case InstanceState::kCompleted:
-      return "completed";
-    case InstanceState::kCompensating:
-      return "compensating";
-    case InstanceState::kCompensated:
-      return "compensated";
-    case InstanceState::kFailed:
-      return "failed";
-    case InstanceState::kNeedsAttention:
-      return "needs_attention";
-    case InstanceState::kClosed:
-      return "closed";
+  for (const auto& [model, public_state] : kStates) {
+    // The model's names are string literals: .data() is their terminated text.
+    if (public_state == state) return waystone::ToString(model).data();
   }
   return "unknown";
 }
