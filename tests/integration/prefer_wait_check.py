@@ -5,8 +5,10 @@ Python's own http.client talks to a real `waystone serve` (SQLite, real workers)
 whose workflow (tests/fixtures/target-order.yaml) calls tests/targets/erp_target.py.
 The target commits each order and then loses the answer in the ways real servers
 do; the caller waits for the outcome in one request and must get the ERP's order
-number, and the target must hold exactly one order per business key. Counts are
-what the target received.
+number, and the target must hold exactly one order per business key. Then the
+same CloudEvent is sent over four connections at once to instances waiting for it:
+every copy is answered, one signals, and the target receives one message per
+instance. Counts are what the target received.
 
   python3 tests/integration/prefer_wait_check.py --waystone build/apps/waystone
 
@@ -87,11 +89,20 @@ def main():
         defs = os.path.join(tmp, "defs")
         os.makedirs(defs)
         shutil.copy(os.path.join(ROOT, "tests/fixtures/target-order.yaml"), defs)
+        with open(os.path.join(defs, "gate.yaml"), "w") as f:
+            f.write('workflow: gate\nkey: "{{input.id}}"\nsteps:\n'
+                    '  - name: approval\n    wait: { event: com.acme.approved }\n'
+                    '  - name: notify\n    idempotency: { honored: true }\n'
+                    '    request:\n      method: POST\n'
+                    '      url: "{{env.TARGET_URL}}/notify/messages"\n'
+                    '      body: { to: sales, text: "approved {{input.id}}" }\n')
         db = os.path.join(tmp, "w.db")
         config = os.path.join(tmp, "waystone.yaml")
         with open(config, "w") as f:
             f.write("database: %s\nworkers: 4\ndefinitions: %s\n"
-                    "api:\n  handler_threads: 32\n" % (db, defs))
+                    "api:\n  handler_threads: 32\n"
+                    "events:\n  - type: com.acme.approved\n    signal: { key: /order }\n"
+                    % (db, defs))
         env = {k: v for k, v in os.environ.items() if not k.startswith("WAYSTONE_")}
         env["TARGET_URL"] = target_url
         made = subprocess.run([args.waystone, "token", "create", "--db", db, "--tenant",
@@ -179,6 +190,57 @@ def main():
         check("sixteen callers, sixteen orders, none twice",
               all(final["orders_by_ref"].get(ref) == 1 for ref in refs) and
               final["duplicate_orders"] == 0, json.dumps(final["orders_by_ref"])[:600])
+
+        # 4. The same event over four connections at once (a sender that retries before
+        # its first try is answered), to instances waiting for it.
+        gates = ["g-%d" % n for n in range(8)]
+        for gate in gates:
+            status, _, text = call(port, "POST", "/v1/instances",
+                                   {"workflow": "gate", "input": {"id": gate}},
+                                   {"Authorization": "Bearer " + token,
+                                    "Content-Type": "application/json"})
+            check("gate %s starts" % gate, status == 201, "%d %s" % (status, text[:200]))
+        for gate in gates:  # each waits for its event
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                view = json.loads(call(port, "GET", "/v1/instances/" + gate, None,
+                                       {"Authorization": "Bearer " + token})[2])
+                if any(step.get("name") == "approval" and step.get("state") == "waiting"
+                       for step in view.get("steps", [])):
+                    break
+                time.sleep(0.05)
+        for gate in gates:
+            answers = []
+
+            def send(gate=gate, answers=answers):
+                answers.append(call(port, "POST", "/v1/events", {"order": gate}, {
+                    "Authorization": "Bearer " + token, "Content-Type": "application/json",
+                    "ce-specversion": "1.0", "ce-id": "ap-" + gate, "ce-source": "/approvals",
+                    "ce-type": "com.acme.approved"}))
+
+            senders = [threading.Thread(target=send) for _ in range(4)]
+            for sender in senders:
+                sender.start()
+            for sender in senders:
+                sender.join()
+            outcomes = sorted(json.loads(text)["results"][0]["outcome"]
+                              if status == 200 else "%d %s" % (status, text[:200])
+                              for status, _, text in answers)
+            check("%s: four copies at once, one signals, three are duplicates" % gate,
+                  outcomes == ["duplicate", "duplicate", "duplicate", "signalled"],
+                  str(outcomes))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [json.loads(call(port, "GET", "/v1/instances/" + gate, None,
+                                      {"Authorization": "Bearer " + token})[2]).get("state")
+                      for gate in gates]
+            if all(state == "completed" for state in states):
+                break
+            time.sleep(0.1)
+        check("every gate completed", all(state == "completed" for state in states), str(states))
+        sent = {m["text"]: m["count"] for m in stats()["messages_by_content"]}
+        check("the target received one message per gate",
+              all(sent.get("approved " + gate) == 1 for gate in gates), json.dumps(sent)[:600])
     finally:
         for process in (server, target):
             if process is not None and process.poll() is None:
