@@ -10,6 +10,7 @@
 #include "model/classify.h"
 #include "model/condition.h"
 #include "model/retry_policy.h"
+#include "model/sql_statement.h"
 #include "model/states.h"
 #include "model/target_gate.h"
 
@@ -123,6 +124,17 @@ enum class StepKind : uint8_t {
   kTransform = 2,  // computes a JSON value from templates; no I/O
   kWait = 3,       // waits for an event (POST /v1/events) of a type; its data is the result
   kApproval = 4,   // asks people to approve the instance's material data; waits for a decision
+  kSql = 5,        // runs one parameterised statement in the transaction of its checkpoint
+};
+
+// A `sql` step (or its compensation): one statement against the Waystone database,
+// run in the same transaction as the step's checkpoint and outbox event, so the
+// business row and the checkpoint commit together or not at all. Values come only
+// through named parameters bound from templates, never spliced into the text.
+struct SqlSpec {
+  SqlStatement statement;
+  // Per parameter name (in statement.names order): its template; nullopt binds NULL.
+  std::vector<std::pair<std::string, std::optional<std::string>>> params;
 };
 
 // What a rejected approval does to the instance (`approval.on_reject`).
@@ -178,6 +190,8 @@ struct StepDefinition {
   std::string wait_event;              // kind == kWait: the CloudEvents type it waits for
   Millis wait_timeout = 0;             // kind == kWait: fail after this long; 0: wait forever
   ApprovalSpec approval;               // kind == kApproval
+  SqlSpec sql;                         // kind == kSql
+  std::optional<SqlSpec> compensate_sql;  // kind == kSql: its compensation (`compensate: { sql }`)
   std::string result_external_id;      // JSON pointer into the response; empty: none
   std::optional<LookupSpec> lookup;
   std::optional<CompensationSpec> compensate;
@@ -221,6 +235,9 @@ struct StepDefinition {
   // branches' calls are open side by side (no branch waits for another).
   std::string group;
   int branch = -1;
+
+  // Returns true when the step has something that undoes it (`compensate`).
+  bool Compensable() const { return compensate.has_value() || compensate_sql.has_value(); }
 
   // Returns true when `other` is in another branch of this step's group: neither may
   // read the other's outcome.

@@ -475,6 +475,61 @@ class Reader {
     }
   }
 
+  // `sql: { statement: "...", params: { name: "{{template}}" } }` at `where`.
+  void ReadSql(const YAML::Node& node, const std::string& name, const std::string& where,
+               SqlSpec* out) {
+    if (!node.IsMap()) {
+      Error(node, name, "'" + where + "' must be a mapping with 'statement' and 'params'");
+      return;
+    }
+    CheckFields(node, name, {"statement", "params"}, where);
+    const std::string text = RequiredString(node, "statement", name);
+    if (text.empty()) return;
+    auto parsed = ParseSqlStatement(text);
+    if (!parsed.ok()) {
+      Error(node["statement"], name, where + ".statement: " + std::string(parsed.status().message()));
+      return;
+    }
+    out->statement = std::move(*parsed);
+    for (const std::string& table : out->statement.tables) {
+      if (std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), table) !=
+          std::end(kWaystoneTables)) {
+        Error(node["statement"], name,
+              where + ".statement names '" + table + "', one of Waystone's own tables; a sql "
+              "step writes the integration's tables only");
+      }
+    }
+    const YAML::Node params = node["params"];
+    if (params && !params.IsMap()) {
+      Error(params, name, "'" + where + ".params' must map each :name of the statement to a "
+                          "template such as \"{{input.order_id}}\"");
+      return;
+    }
+    for (const std::string& wanted : out->statement.names) {
+      const YAML::Node value = params ? params[wanted] : params;
+      if (!params || !value) {
+        Error(params ? params : node, name,
+              where + ".params has no value for :" + wanted + " of the statement");
+      } else if (value.IsNull()) {
+        out->params.emplace_back(wanted, std::nullopt);
+      } else if (!value.IsScalar()) {
+        Error(value, name, where + ".params." + wanted + " must be a template (a string) or null");
+      } else {
+        out->params.emplace_back(wanted, value.Scalar());
+      }
+    }
+    if (params) {
+      for (const auto& entry : params) {
+        const std::string key = entry.first.Scalar();
+        if (std::find(out->statement.names.begin(), out->statement.names.end(), key) ==
+            out->statement.names.end()) {
+          Error(entry.first, name, where + ".params." + key + " is not used by the statement "
+                                   "(no :" + key + " in it)");
+        }
+      }
+    }
+  }
+
   void ReadStep(const YAML::Node& node, StepDefinition* step) {
     step->line = node.Mark().line + 1;
     if (!node.IsMap()) {
@@ -488,15 +543,20 @@ class Reader {
     }
     CheckFields(node, name,
                 {"name", "description", "recovery", "request", "transform", "wait", "approval",
-                 "result", "lookup", "compensate", "retry", "errors", "idempotency",
+                 "sql", "result", "lookup", "compensate", "retry", "errors", "idempotency",
                  "store_response", "when", "optional", "on_failure"},
                 "step");
     const YAML::Node request = node["request"];
     const YAML::Node transform = node["transform"];
     const YAML::Node wait = node["wait"];
     const YAML::Node approval = node["approval"];
-    if ((request ? 1 : 0) + (transform ? 1 : 0) + (wait ? 1 : 0) + (approval ? 1 : 0) > 1) {
-      Error(node, name, "a step has one of 'request', 'transform', 'wait' or 'approval'");
+    const YAML::Node sql = node["sql"];
+    if ((request ? 1 : 0) + (transform ? 1 : 0) + (wait ? 1 : 0) + (approval ? 1 : 0) +
+            (sql ? 1 : 0) > 1) {
+      Error(node, name, "a step has one of 'request', 'transform', 'wait', 'approval' or 'sql'");
+    } else if (sql) {
+      step->kind = StepKind::kSql;
+      ReadSql(sql, name, "sql", &step->sql);
     } else if (approval) {
       step->kind = StepKind::kApproval;
       ReadApproval(approval, name, &step->approval);
@@ -517,7 +577,8 @@ class Reader {
       step->transform_json = JsonText(ToJson(transform, name));
     } else {
       Error(node, name, "a step needs 'request' (an HTTP call), 'transform' (a computed value), "
-                        "'wait' (an event) or 'approval' (a decision by people)");
+                        "'wait' (an event), 'approval' (a decision by people) or 'sql' (a "
+                        "statement committed with the step)");
     }
 
     if (const YAML::Node recovery = node["recovery"]) {
@@ -612,6 +673,16 @@ class Reader {
       CompensationSpec spec;
       if (!compensate.IsMap()) {
         Error(compensate, name, "'compensate' must be a mapping with 'request'");
+      } else if (step->kind == StepKind::kSql) {
+        CheckFields(compensate, name, {"sql"}, "compensate");
+        if (const YAML::Node compensate_sql = compensate["sql"]) {
+          SqlSpec undo;
+          ReadSql(compensate_sql, name, "compensate.sql", &undo);
+          step->compensate_sql = std::move(undo);
+        } else {
+          Error(compensate, name, "a sql step's compensate needs 'sql' (a statement that undoes "
+                                  "it, committed with the compensation)");
+        }
       } else {
         CheckFields(compensate, name, {"request", "retry"}, "compensate");
         if (const YAML::Node compensate_request = compensate["request"]) {
@@ -620,8 +691,8 @@ class Reader {
           Error(compensate, name, "compensate needs 'request'");
         }
         ReadRetry(compensate["retry"], name, &spec.retry);
+        step->compensate = std::move(spec);
       }
-      step->compensate = std::move(spec);
     }
 
     ReadRetry(node["retry"], name, &step->retry);

@@ -7,6 +7,21 @@
 namespace waystone {
 namespace {
 
+// `text` on one line: each run of blanks and line breaks one space, none at the ends.
+std::string OneLine(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool blank = c == ' ' || c == '\n' || c == '\t' || c == '\r';
+    if (blank) {
+      if (!out.empty() && out.back() != ' ') out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
 std::string Key(const StepDefinition& step) {
   return step.idempotency_key.empty() ? "{{instance.key}}:" + step.name : step.idempotency_key;
 }
@@ -97,6 +112,18 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     }
     if (step.kind == StepKind::kTransform) {
       out << "   computes a value from templates; no external call; rerun on recovery\n\n";
+      continue;
+    }
+    if (step.kind == StepKind::kSql) {
+      out << "   runs SQL:   " << OneLine(step.sql.statement.text) << "\n"
+          << "   commits with the step's checkpoint and event in one transaction: both or "
+             "neither, never one without the other; a failed statement fails the step "
+             "(nothing written)\n";
+      if (step.compensate_sql) {
+        out << "   compensate: " << OneLine(step.compensate_sql->statement.text)
+            << "  (committed with the compensation's checkpoint)\n";
+      }
+      out << "\n";
       continue;
     }
     const bool side_effecting = step.request.SideEffecting();

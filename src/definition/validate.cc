@@ -58,6 +58,16 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
     case StepKind::kTransform:
       visit("transform", step.transform_json, true, false);
       return;
+    case StepKind::kSql:
+      for (const auto& [name, value] : step.sql.params) {
+        if (value) visit("sql.params." + name, *value, false, false);
+      }
+      if (step.compensate_sql) {
+        for (const auto& [name, value] : step.compensate_sql->params) {
+          if (value) visit("compensate.sql.params." + name, *value, false, true);
+        }
+      }
+      return;
     case StepKind::kHttp:
       break;
   }
@@ -298,6 +308,28 @@ class Validator {
       if (step.optional && step.kind == StepKind::kApproval) {
         Error(step.line, step.name, "an approval step is never optional: a rejection would be "
                                     "passed over");
+      }
+      return;
+    }
+    if (step.kind == StepKind::kSql) {
+      ForEachTemplate(step, check);
+      if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kCompensable) {
+        Error(step.line, step.name, "a sql step commits with its checkpoint, so it never has an "
+                                    "unknown outcome; its recovery is 'repeatable' (or "
+                                    "'compensable' with compensate.sql)");
+      }
+      if (step.recovery == RecoveryClass::kCompensable && !step.compensate_sql) {
+        Error(step.line, step.name, "recovery 'compensable' needs compensate.sql");
+      }
+      if (step.lookup) {
+        Error(step.line, step.name, "a sql step has no unknown outcome to look up");
+      }
+      if (!step.idempotency_key.empty() || step.idempotency_honored) {
+        Error(step.line, step.name, "a sql step needs no idempotency key: it commits exactly "
+                                    "once, with its checkpoint");
+      }
+      if (!step.group.empty()) {
+        Error(step.line, step.name, "a sql step stands on the main line, not in a branch");
       }
       return;
     }

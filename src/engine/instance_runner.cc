@@ -25,6 +25,7 @@
 #include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
+#include "store/business_statement.h"
 #include "store/claims.h"
 
 namespace waystone {
@@ -685,6 +686,7 @@ class InstanceRunner::Impl {
       }
       return Commit(RecordTransform(Now(), index, output, started));
     }
+    if (def.kind == StepKind::kSql) return RunSql(index);
     if (def.kind == StepKind::kWait) return Commit(RunWait(Now(), index));
     if (def.kind == StepKind::kApproval && steps_[index].state == StepState::kWaiting) {
       return Commit(ApprovalDue(Now(), index));  // a deadline of its open request
@@ -833,7 +835,84 @@ class InstanceRunner::Impl {
     return rendered.ok() && !rendered->empty() ? *rendered : CompensationKey(step_key);
   }
 
+  // The statement of `spec` with its parameters rendered for step `index`.
+  absl::StatusOr<BusinessStatement> Bound(const SqlSpec& spec, int index) const {
+    const Json context = Context(index, "");
+    BusinessStatement statement;
+    statement.sqlite = spec.statement.sqlite;
+    statement.postgres = spec.statement.postgres;
+    for (const auto& [name, value] : spec.params) {
+      SqlParam bound;
+      if (value) {
+        WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(*value));
+        absl::StatusOr<Json> rendered = parsed.Render(context);
+        if (!rendered.ok()) {
+          return absl::InvalidArgumentError("params." + name + ": " +
+                                            std::string(rendered.status().message()));
+        }
+        bound = ToSqlParam(*rendered);
+      }
+      statement.values.push_back(std::move(bound));
+    }
+    return statement;
+  }
+
+  static SqlParam ToSqlParam(const Json& value) {
+    using Kind = SqlParam::Kind;
+    if (value.is_null()) return {Kind::kNull, ""};
+    if (value.is_boolean()) return {Kind::kBoolean, value.get<bool>() ? "true" : "false"};
+    if (value.is_number_integer() && (value.is_number_unsigned()
+                                          ? value.get<uint64_t>() <= INT64_MAX
+                                          : true)) {
+      return {Kind::kInteger, value.dump()};
+    }
+    if (value.is_number()) return {Kind::kReal, value.dump()};
+    if (value.is_string()) return {Kind::kText, value.get<std::string>()};
+    return {Kind::kText, JsonText(value)};  // an object or array: its JSON (a json column)
+  }
+
+  // A sql step: its statement commits in the transaction of its checkpoint, so there
+  // is no moment at which one is written and the other not, and nothing to recover.
+  absl::Status RunSql(int index) {
+    const StepDefinition& def = definition_->steps[index];
+    CrashPoint("before-step", def.name);
+    const Millis started = d_.clock->NowMillis();
+    absl::StatusOr<BusinessStatement> statement = Bound(def.sql, index);
+    if (!statement.ok()) {
+      return Fail(index, "sql." + std::string(statement.status().message()), std::nullopt);
+    }
+    const absl::Status committed = Commit(RecordSql(Now(), index, std::move(*statement), started));
+    if (IsStatementFailure(committed)) {
+      return Fail(index, "sql: " + std::string(committed.message()), std::nullopt);
+    }
+    WS_RETURN_IF_ERROR(committed);
+    // The rows the store recorded as the step's result, for the templates after it.
+    WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
+    CrashPoint("after-checkpoint", def.name);
+    return absl::OkStatus();
+  }
+
+  absl::Status CompensateSql(int index) {
+    const StepDefinition& def = definition_->steps[index];
+    CrashPoint("before-compensate", def.name);
+    absl::StatusOr<BusinessStatement> statement = Bound(*def.compensate_sql, index);
+    if (!statement.ok()) {
+      return Commit(CompensationFailed(
+          Now(), steps_[index], "compensate.sql." + std::string(statement.status().message()), ""));
+    }
+    const absl::Status committed =
+        Commit(RecordSqlCompensation(Now(), index, std::move(*statement)));
+    if (IsStatementFailure(committed)) {
+      return Commit(CompensationFailed(Now(), steps_[index],
+                                       "compensate.sql: " + std::string(committed.message()), ""));
+    }
+    WS_RETURN_IF_ERROR(committed);
+    CrashPoint("after-compensate-checkpoint", def.name);
+    return absl::OkStatus();
+  }
+
   absl::Status Compensate(int index) {
+    if (definition_->steps[index].compensate_sql) return CompensateSql(index);
     if (std::optional<Change> unsafe = CompensationInFlight(Now(), index)) {
       return Commit(std::move(*unsafe));
     }

@@ -119,6 +119,10 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
           sim.reached[index] = true;
           plan.would_execute.push_back({def.name, "transform", "", "", "", ""});
           sim.Apply(RecordTransform(sim.Now(), index, std::string("{}"), sim.now));
+        } else if (def.kind == StepKind::kSql) {
+          sim.reached[index] = true;
+          plan.would_execute.push_back({def.name, "sql", "", "", "", ""});
+          sim.Apply(RecordSql(sim.Now(), index, {}, sim.now));
         } else {
           sim.reached[index] = true;
           plan.would_execute.push_back(Call(def, "call", def.request, key));
@@ -140,6 +144,12 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
         sim.Apply(RecordCall(sim.Now(), sim.steps[index], AssumedSuccess(def)));
         break;
       case NextAction::Kind::kCompensate:
+        if (def.compensate_sql) {
+          sim.reached[index] = true;
+          plan.would_execute.push_back({def.name, "compensate_sql", "", "", "", ""});
+          sim.Apply(RecordSqlCompensation(sim.Now(), index, {}));
+          break;
+        }
         if (!def.compensate) return;  // a pinned definition always has it; never guess
         sim.reached[index] = true;
         plan.would_execute.push_back(Call(def, "compensate", def.compensate->request,
@@ -180,7 +190,7 @@ void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
     switch (step.state) {
       case StepState::kCompleted:
         plan.would_skip.push_back({step.name, !compensating ? CompletedWhy(step)
-                                              : def.compensate ? "completed; not reached"
+                                              : def.Compensable() ? "completed; not reached"
                                                                : "completed; it has no compensation"});
         return;
       case StepState::kSkipped:
@@ -377,7 +387,9 @@ absl::Status PlanCompensate(const WorkflowDefinition& definition, const Instance
     if (step.state == StepState::kCompensationFailed) {
       return Refuse(StepWhere(step) + "; retry its compensation instead");
     }
-    if (step.state == StepState::kCompleted && definition.steps[step.index].compensate) any = true;
+    if (step.state == StepState::kCompleted && definition.steps[step.index].Compensable()) {
+      any = true;
+    }
   }
   if (!any) return Refuse("no completed step of instance '" + instance.key + "' has a compensation");
   plan.state_after = InstanceState::kCompensating;

@@ -46,7 +46,8 @@ struct OperatorRequest {
 // One external call (or transform) the engine would make after the action.
 struct PlannedCall {
   std::string step;
-  std::string phase;  // call | lookup | call_if_not_found | compensate | transform | wait
+  // call | lookup | call_if_not_found | compensate | transform | wait | sql | compensate_sql
+  std::string phase;
   std::string method;
   std::string url;              // the URL template: secrets are never rendered here
   std::string idempotency_key;  // empty for reads and transforms

@@ -91,7 +91,7 @@ NextAction DecideCompensation(const WorkflowDefinition& definition,
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     const StepRecord& step = *it;
     const bool has_compensation = step.index < static_cast<int>(definition.steps.size()) &&
-                                  definition.steps[step.index].compensate.has_value();
+                                  definition.steps[step.index].Compensable();
     switch (step.state) {
       case StepState::kCompensating:
         return Due(NextAction::Kind::kCompensate, step.index, step.next_attempt_at, now);
@@ -198,7 +198,7 @@ InstanceState StateAfterFailure(const WorkflowDefinition& definition,
   for (const StepRecord& step : steps) {
     // Steps of branches beside it may have completed after it in step order.
     if (step.index != failed_step && step.state == StepState::kCompleted &&
-        definition.steps[step.index].compensate.has_value()) {
+        definition.steps[step.index].Compensable()) {
       return InstanceState::kCompensating;
     }
   }

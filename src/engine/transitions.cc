@@ -752,6 +752,20 @@ Change RecordTransform(const Facts& facts, int index, const absl::StatusOr<std::
   return change;
 }
 
+Change RecordSql(const Facts& facts, int index, BusinessStatement statement, Millis started_at) {
+  StepRecord step = facts.steps[index];
+  step.attempts += 1;
+  Change change = At(facts);
+  MarkCompleted(step, facts.now);
+  step.started_at = started_at;
+  change.steps.push_back(step);
+  statement.step_index = index;
+  statement.records_result = true;
+  change.statements.push_back(std::move(statement));
+  AddEvent(facts, change, "waystone.step.completed", &step);
+  return change;
+}
+
 Change RunWait(const Facts& facts, int index) {
   const StepDefinition& def = facts.definition.steps[index];
   StepRecord step = facts.steps[index];
@@ -843,6 +857,24 @@ Change RecordCompensation(const Facts& facts, StepRecord step, const CallResult&
                    result.response.outcome.retry_after);
   }
   return CompensationFailed(facts, step, "unhandled error class", key);
+}
+
+Change RecordSqlCompensation(const Facts& facts, int index, BusinessStatement statement) {
+  StepRecord step = facts.steps[index];
+  Change change = At(facts);
+  step.state = StepState::kCompensated;
+  step.compensation_attempts += 1;
+  step.error_class = ErrorClass::kNone;
+  step.error_message.clear();
+  step.next_attempt_at = 0;
+  change.steps.push_back(step);
+  statement.step_index = index;
+  statement.records_result = false;
+  change.statements.push_back(std::move(statement));
+  change.audits.push_back(EngineAudit(facts, step, "", "compensated",
+                                      "compensate.sql committed with the checkpoint"));
+  AddEvent(facts, change, "waystone.step.compensated", &step);
+  return change;
 }
 
 std::optional<Change> CompensationInFlight(const Facts& facts, int index) {

@@ -152,6 +152,11 @@ Change LookupUnproven(const Facts& facts, const StepRecord& step, const std::str
 Change RecordTransform(const Facts& facts, int index, const absl::StatusOr<std::string>& output,
                        Millis started_at);
 
+// A sql step commits: completed, with `statement` run in the same transaction (its
+// rows become the step's result there); if the statement fails, nothing of this
+// change is written and the runner fails the step (FailStep, rejected) instead.
+Change RecordSql(const Facts& facts, int index, BusinessStatement statement, Millis started_at);
+
 // A wait step becomes due: it starts waiting (until its timeout), or, when it was
 // waiting already, its deadline passed and it fails.
 Change RunWait(const Facts& facts, int index);
@@ -178,6 +183,10 @@ std::optional<Change> CompensationInFlight(const Facts& facts, int index);
 // whose outcome is unknown is not retried: compensation_failed, for an operator.
 Change RecordCompensation(const Facts& facts, StepRecord compensating, const CallResult& result,
                           const std::string& key);
+
+// A sql step's compensation commits: compensated (audited), `statement` run in the
+// same transaction; if it fails, the runner records CompensationFailed instead.
+Change RecordSqlCompensation(const Facts& facts, int index, BusinessStatement statement);
 
 // The compensation of `step` failed for good (`message`): needs_attention, alerted.
 Change CompensationFailed(const Facts& facts, StepRecord step, const std::string& message,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/status_macros.h"
+#include "store/business_statement.h"
 #include "store/claims.h"
 
 namespace waystone {
@@ -33,6 +34,7 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
 
 bool UndoesOnlyItself(const absl::Status& applied, const Change& change) {
   return absl::IsAborted(applied) || absl::IsFailedPrecondition(applied) ||
+         (IsStatementFailure(applied) && !change.statements.empty()) ||
          (absl::IsAlreadyExists(applied) && change.inbox.has_value()) || IsDeliveryOwned(applied);
 }
 
@@ -67,7 +69,22 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step)
   for (const IdempotencyClaim& owed : c.reservations) {
     WS_RETURN_IF_ERROR(sql.ReserveIdempotencyKey(owed, c.now));
   }
-  for (const StepRecord& s : c.steps) {
+  // A sql step's statement: its rows are the result its step row records.
+  std::vector<std::pair<int, std::string>> results;
+  for (const BusinessStatement& statement : c.statements) {
+    WS_ASSIGN_OR_RETURN(std::string result, sql.RunStatement(statement));
+    if (statement.records_result) results.emplace_back(statement.step_index, std::move(result));
+  }
+  for (const StepRecord& step : c.steps) {
+    StepRecord with_result;
+    const StepRecord* row = &step;
+    for (auto& [index, result] : results) {
+      if (index != step.index) continue;
+      with_result = step;
+      with_result.response_json = result;
+      row = &with_result;
+    }
+    const StepRecord& s = *row;
     WS_ASSIGN_OR_RETURN(bool updated, sql.UpdateStep(id, s));
     if (!updated) {
       return absl::InternalError("step " + std::to_string(s.index) + " of instance " +

@@ -3,7 +3,8 @@
 // Store-internal: a group commit, written once for both dialects. Each change is
 // applied under its own savepoint in the transaction the dialect opened, in one
 // order: the fence first (nothing is written unless the lease holds), then the
-// inbox claim, the revised input, alert resolution, idempotency key, steps, attempts
+// inbox claim, the revised input, alert resolution, idempotency key, sql steps'
+// statements, steps, attempts
 // (then the oldest of their steps beyond the bound go), events, alerts and audit
 // records. A dialect supplies only the SQL of each step (ChangeSql).
 
@@ -66,6 +67,9 @@ class ChangeSql : public SavepointSql {
   // Inserts a reserved delivery identity (Change::reservations) where the key is free,
   // expired or its owner gave up; otherwise leaves the row as it is.
   virtual absl::Status ReserveIdempotencyKey(const IdempotencyClaim& claim, Millis now) = 0;
+  // Runs a sql step's statement; returns its result ({"rows": [...], "count": n}).
+  // An error of the statement itself is a StatementFailure (business_statement.h).
+  virtual absl::StatusOr<std::string> RunStatement(const BusinessStatement& statement) = 0;
   // Updates one step row; false when the instance has no such step.
   virtual absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& step) = 0;
   // Inserts an attempt numbered after the step's last one.

@@ -8,6 +8,7 @@
 
 #include "base/clock.h"
 #include "model/classify.h"
+#include "model/sql_statement.h"
 #include "model/states.h"
 #include "model/target_gate.h"
 
@@ -197,6 +198,19 @@ struct Lease {
 
 // Everything one worker commits for one instance at once. Applied all-or-nothing,
 // and only while `lease` still holds (fencing).
+// A `sql` step's statement (or its compensation's), run by the store inside the
+// change's transaction right after the fence, so it commits with the step's
+// checkpoint and events or not at all. Its rows become the step's result.
+struct BusinessStatement {
+  int step_index = -1;
+  std::string sqlite;    // ?N placeholders
+  std::string postgres;  // $N placeholders
+  std::vector<SqlParam> values;  // values[N - 1]
+  // The step's result (its response_json) becomes {"rows": [...], "count": n}; false
+  // for a compensation, which leaves the step's result as it was.
+  bool records_result = true;
+};
+
 struct Change {
   Lease lease;
   Millis now = 0;
@@ -222,6 +236,8 @@ struct Change {
   // An event claimed in the inbox with this change; the change is refused with
   // AlreadyExists when (tenant, source, id) was claimed before.
   std::optional<InboxClaim> inbox;
+  // Statements of sql steps, run after the fence and before the step rows.
+  std::vector<BusinessStatement> statements;
   // A revision: the instance's input from now on. Its input_hash stays the start's
   // (what a start with the same key is compared with).
   std::optional<std::string> input_json;

@@ -306,7 +306,7 @@ steps:
       {"    wait: { timeout: 1d }\n", "event"},
       {"    wait: { event: e, soon: 1 }\n", "unknown field 'soon'"},
       {"    wait: { event: e }\n    request: { method: GET, url: \"http://x\" }\n",
-       "one of 'request', 'transform', 'wait' or 'approval'"},
+       "one of 'request', 'transform', 'wait', 'approval' or 'sql'"},
       {"    wait: { event: e }\n    recovery: lookup\n    lookup: { request: { method: GET, url: \"http://x\" }, found: /a }\n",
        "wait step"},
       {"    wait: { event: e, timeout: later }\n", "timeout"},
@@ -729,6 +729,83 @@ TEST(LoaderTest, APresenceTestOnAnExternalIdNeverRecordedIsWarned) {
     request: { method: GET, url: "http://x/after" }
 )");
   EXPECT_FALSE(Has(recorded, "records no external id")) << All(recorded);
+}
+
+TEST(LoaderSqlTest, SqlStepsLoadWithTheirParametersInOrder) {
+  auto good = LoadDefinitionText(R"(workflow: w
+key: "{{input.id}}"
+steps:
+  - name: record
+    recovery: compensable
+    sql:
+      statement: |
+        INSERT INTO orders (order_key, amount, note) VALUES (:key, :amount, :note)
+        RETURNING id
+      params:
+        amount: "{{input.amount}}"
+        key: "{{input.id}}"
+        note: null
+    compensate:
+      sql:
+        statement: "UPDATE orders SET state = 'cancelled' WHERE id = :id"
+        params: { id: "{{steps.record.output.rows.0.id}}" }
+  - name: use
+    transform: { row: "{{steps.record.output.rows.0.id}}" }
+)", "w.yaml");
+  ASSERT_TRUE(good.ok()) << good.status();
+  const StepDefinition& step = good->steps[0];
+  EXPECT_EQ(step.kind, StepKind::kSql);
+  ASSERT_EQ(step.sql.params.size(), 3u);
+  EXPECT_EQ(step.sql.params[0].first, "key");  // the statement's order, not the file's
+  EXPECT_EQ(step.sql.params[1].second, "{{input.amount}}");
+  EXPECT_FALSE(step.sql.params[2].second.has_value());  // null binds NULL
+  EXPECT_NE(step.sql.statement.postgres.find("VALUES ($1, $2, $3)"), std::string::npos);
+  ASSERT_TRUE(step.compensate_sql.has_value());
+  EXPECT_TRUE(step.Compensable());
+  EXPECT_EQ(step.compensate_sql->statement.names, std::vector<std::string>{"id"});
+}
+
+TEST(LoaderSqlTest, SqlStepMistakesAreNamedWithFileLineAndStep) {
+  struct Bad {
+    std::string step;
+    std::string says;
+  };
+  const std::vector<Bad> cases = {
+      {"    sql: { statement: \"INSERT INTO t VALUES ('{{input.id}}')\" }\n",
+       "sql.statement: the statement contains a template"},
+      {"    sql: { statement: \"INSERT INTO t VALUES (:a)\" }\n", "no value for :a"},
+      {"    sql: { statement: \"INSERT INTO t VALUES (:a)\", params: { a: x, b: y } }\n",
+       "params.b is not used"},
+      {"    sql: { statement: \"DELETE FROM t; DROP TABLE t\" }\n", "exactly one statement"},
+      {"    sql: { statement: \"DROP TABLE t\" }\n", "not 'drop'"},
+      {"    sql: { statement: \"UPDATE steps SET state = 1\" }\n", "'steps', one of Waystone's own"},
+      {"    sql: { statement: \"SELECT * FROM public.instances\" }\n", "'instances', one of"},
+      {"    sql: { statement: \"SELECT 1\", tx: true }\n", "unknown field 'tx'"},
+      {"    sql: { statement: \"SELECT 1\" }\n    recovery: lookup\n", "its recovery is 'repeatable'"},
+      {"    sql: { statement: \"SELECT 1\" }\n    recovery: compensable\n", "needs compensate.sql"},
+      {"    sql: { statement: \"SELECT 1\" }\n    idempotency: { key: \"x\" }\n",
+       "needs no idempotency key"},
+      {"    sql: { statement: \"SELECT 1\" }\n    compensate: { request: { method: POST, url: "
+       "\"http://x\" } }\n",
+       "unknown field 'request' in compensate"},
+      {"    sql: { statement: \"SELECT :a\", params: { a: \"{{steps.later.output}}\" } }\n",
+       "later"},
+      {"    sql: { statement: \"SELECT 1\" }\n    request: { method: GET, url: \"http://x\" }\n",
+       "a step has one of"},
+  };
+  for (const Bad& c : cases) {
+    auto definition = LoadDefinitionText("workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: "
+                                         "record\n" + c.step +
+                                             "  - name: later\n    transform: { a: 1 }\n",
+                                         "w.yaml");
+    ASSERT_FALSE(definition.ok()) << c.step;
+    EXPECT_NE(definition.status().message().find(c.says), std::string::npos)
+        << c.step << " => " << definition.status().message();
+    EXPECT_NE(definition.status().message().find("w.yaml:"), std::string::npos)
+        << definition.status().message();
+    EXPECT_NE(definition.status().message().find("'record'"), std::string::npos)
+        << definition.status().message();
+  }
 }
 
 }  // namespace

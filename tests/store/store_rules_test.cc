@@ -13,6 +13,7 @@
 
 #include "engine/lease_reaper.h"
 #include "store/gc_order.h"
+#include "store/business_statement.h"
 #include "store/claims.h"
 #include "store/group_commit.h"
 #include "store/lease_claims.h"
@@ -58,8 +59,15 @@ class FakeChangeSql final : public ChangeSql {
   absl::Status ReserveIdempotencyKey(const IdempotencyClaim&, Millis) override {
     return Note("reserve key");
   }
+  absl::StatusOr<std::string> RunStatement(const BusinessStatement& statement) override {
+    log.push_back("statement " + statement.sqlite);
+    if (statement.sqlite == "bad") return StatementFailure(absl::AlreadyExistsError("UNIQUE"));
+    if (statement.sqlite == "busy") return StatementFailure(absl::UnavailableError("busy"));
+    return std::string("{\"rows\":[],\"count\":1}");
+  }
   absl::StatusOr<bool> UpdateStep(int64_t, const StepRecord& s) override {
-    log.push_back("step " + std::to_string(s.index));
+    log.push_back("step " + std::to_string(s.index) +
+                  (s.response_json.empty() ? "" : " " + s.response_json));
     if (s.index == broken_step) return absl::UnavailableError("disk gone");
     return true;
   }
@@ -101,6 +109,32 @@ TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
       "savepoint", "fence 1", "step 0",    "event",   "release", "savepoint", "fence 2",
       "rollback",  "release", "savepoint", "fence 3", "step 0",  "event",     "release"};
   EXPECT_EQ(sql.log, expected);
+}
+
+TEST(StoreRulesTest, ASqlStepsStatementRunsAfterTheFenceAndItsRowsAreTheStepsResult) {
+  FakeChangeSql sql;
+  Change good = ChangeOf(1);
+  good.statements.push_back(BusinessStatement{0, "insert", "insert", {}, true});
+  Change bad = ChangeOf(2);
+  bad.statements.push_back(BusinessStatement{0, "bad", "bad", {}, true});
+  Change undo = ChangeOf(3);  // a compensation's statement leaves the result alone
+  undo.statements.push_back(BusinessStatement{0, "delete", "delete", {}, false});
+  auto results = CommitChanges(sql, {good, bad, undo}, 1000);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE((*results)[0].ok());
+  EXPECT_TRUE(IsStatementFailure((*results)[1])) << (*results)[1];
+  EXPECT_TRUE((*results)[2].ok());
+  const std::vector<std::string> expected = {
+      "savepoint", "fence 1", "statement insert", "step 0 {\"rows\":[],\"count\":1}", "event",
+      "release", "savepoint", "fence 2", "statement bad", "rollback", "release",
+      "savepoint", "fence 3", "statement delete", "step 0", "event", "release"};
+  EXPECT_EQ(sql.log, expected);
+
+  // The database's own trouble is not the statement's: the whole group fails.
+  FakeChangeSql busy;
+  Change troubled = ChangeOf(1);
+  troubled.statements.push_back(BusinessStatement{0, "busy", "busy", {}, true});
+  EXPECT_TRUE(absl::IsUnavailable(CommitChanges(busy, {troubled, good}, 1000).status()));
 }
 
 TEST(StoreRulesTest, AnErrorThatIsNotTheChangesOwnFailsTheWholeGroup) {

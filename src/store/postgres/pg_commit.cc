@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "store/business_statement.h"
 #include "store/claims.h"
 #include "store/group_commit.h"
 #include "store/postgres/pg_rows.h"
@@ -203,6 +204,38 @@ class PgChangeSql final : public ChangeSql {
   absl::Status InsertAudit(const AuditRecord& audit, int64_t instance_id, Millis at) override {
     return PgInsertAudit(c_, audit, instance_id, at);
   }
+  absl::StatusOr<std::string> RunStatement(const BusinessStatement& statement) override {
+    PgParams params;
+    params.reserve(statement.values.size());
+    for (const SqlParam& v : statement.values) {
+      if (v.kind == SqlParam::Kind::kNull) {
+        params.push_back(std::nullopt);
+      } else {
+        params.push_back(v.text);  // typed by the server from where it is used
+      }
+    }
+    auto result = c_.Query(statement.postgres, params);
+    if (!result.ok()) return StatementFailure(result.status());
+    StatementRows rows;
+    for (int r = 0; r < result->rows(); ++r) {
+      WS_RETURN_IF_ERROR(rows.StartRow());
+      for (int col = 0; col < result->columns(); ++col) {
+        StatementRows::Type type = StatementRows::Type::kText;
+        switch (result->ColumnType(col)) {
+          case 20: case 21: case 23: type = StatementRows::Type::kInteger; break;  // int8, int2, int4
+          case 700: case 701: case 1700: type = StatementRows::Type::kReal; break;  // float4, float8, numeric
+          case 16: type = StatementRows::Type::kBoolean; break;
+          case 114: case 3802: type = StatementRows::Type::kJson; break;  // json, jsonb
+          default: break;
+        }
+        if (result->IsNull(r, col)) type = StatementRows::Type::kNull;
+        rows.Add(result->ColumnName(col), type, result->Text(r, col));
+      }
+    }
+    std::string json;
+    WS_RETURN_IF_ERROR(rows.Finish(result->affected(), &json));
+    return json;
+  }
 
  private:
   PgConnection& c_;
@@ -250,6 +283,9 @@ class PgQueuedChangeSql final : public ChangeSql {
   }
   absl::Status ReserveIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
     return Queue(ReserveKeyStatement(claim, now));  // its row count tells nothing
+  }
+  absl::StatusOr<std::string> RunStatement(const BusinessStatement&) override {
+    return absl::UnimplementedError("a sql step's statement is not pipelined");
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     steps_.push_back(UpdateStepStatement(instance_id, s).params);
@@ -409,8 +445,10 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   // The common batch (checkpoints whose leases hold) is sent as one pipeline and
   // committed: two round trips, where one statement at a time costs one per
   // statement while every other change of the batch waits.
+  // Nor is a sql step's statement: its failure is its change's alone, and its rows
+  // are the step's result.
   const bool queueable = std::none_of(changes.begin(), changes.end(), [](const Change& c) {
-    return c.idempotency.has_value();
+    return c.idempotency.has_value() || !c.statements.empty();
   });
   if (queueable && !changes.empty()) {
     PgQueuedChangeSql queued;

@@ -46,6 +46,9 @@ class PgResult {
   std::string Text(int row, int column) const;
   int64_t Int(int row, int column) const;
   bool IsNull(int row, int column) const { return PQgetisnull(result_, row, column) != 0; }
+  int columns() const { return PQnfields(result_); }
+  std::string ColumnName(int column) const { return PQfname(result_, column); }
+  Oid ColumnType(int column) const { return PQftype(result_, column); }
 
  private:
   PGresult* result_;

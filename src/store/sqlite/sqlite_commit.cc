@@ -1,8 +1,11 @@
 // SqliteStore: the group commit (InstanceStore::Commit). The loop and the order of
 // a change are CommitChanges'; this file holds their SQL.
 
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "store/business_statement.h"
 #include "store/claims.h"
 #include "store/group_commit.h"
 #include "store/sql_values.h"
@@ -151,6 +154,66 @@ class SqliteChangeSql final : public ChangeSql {
                                     "?2 AND seq <= (SELECT MAX(seq) FROM attempts WHERE "
                                     "instance_id = ?1 AND step_index = ?2) - ?3"));
     return drop->BindAll(instance_id, step_index, keep).Run();
+  }
+  absl::StatusOr<std::string> RunStatement(const BusinessStatement& statement) override {
+    sqlite3* db = db_.raw();
+    sqlite3_stmt* raw = nullptr;
+    const char* tail = nullptr;
+    const int rc = sqlite3_prepare_v2(db, statement.sqlite.c_str(),
+                                      static_cast<int>(statement.sqlite.size()), &raw, &tail);
+    std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt*)> stmt(raw, sqlite3_finalize);
+    if (rc != SQLITE_OK) return StatementFailure(SqliteStatus(rc, db, "prepare"));
+    if (stmt == nullptr) return StatementFailure(absl::InvalidArgumentError("no statement"));
+    for (size_t i = 0; i < statement.values.size(); ++i) {
+      const SqlParam& v = statement.values[i];
+      const int at = static_cast<int>(i) + 1;
+      switch (v.kind) {
+        case SqlParam::Kind::kNull:
+          sqlite3_bind_null(raw, at);
+          break;
+        case SqlParam::Kind::kInteger:
+          sqlite3_bind_int64(raw, at, std::stoll(v.text));
+          break;
+        case SqlParam::Kind::kReal:
+          sqlite3_bind_double(raw, at, std::stod(v.text));
+          break;
+        case SqlParam::Kind::kBoolean:
+          sqlite3_bind_int(raw, at, v.text == "true" ? 1 : 0);
+          break;
+        case SqlParam::Kind::kText:
+          sqlite3_bind_text(raw, at, v.text.data(), static_cast<int>(v.text.size()),
+                            SQLITE_TRANSIENT);
+          break;
+      }
+    }
+    StatementRows rows;
+    int64_t returned = 0;
+    while (true) {
+      const int step = sqlite3_step(raw);
+      if (step == SQLITE_DONE) break;
+      if (step != SQLITE_ROW) return StatementFailure(SqliteStatus(step, db, "sql step"));
+      ++returned;
+      WS_RETURN_IF_ERROR(rows.StartRow());
+      for (int c = 0; c < sqlite3_column_count(raw); ++c) {
+        const char* name = sqlite3_column_name(raw, c);
+        StatementRows::Type type = StatementRows::Type::kText;
+        switch (sqlite3_column_type(raw, c)) {
+          case SQLITE_NULL: type = StatementRows::Type::kNull; break;
+          case SQLITE_INTEGER: type = StatementRows::Type::kInteger; break;
+          case SQLITE_FLOAT: type = StatementRows::Type::kReal; break;
+          default: break;  // text; a blob is shown as its bytes
+        }
+        const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(raw, c));
+        rows.Add(name != nullptr ? name : "", type,
+                 text != nullptr ? std::string_view(text, static_cast<size_t>(
+                                                              sqlite3_column_bytes(raw, c)))
+                                 : std::string_view());
+      }
+    }
+    const int64_t count = sqlite3_stmt_readonly(raw) != 0 ? returned : db_.Changes();
+    std::string json;
+    WS_RETURN_IF_ERROR(rows.Finish(count, &json));
+    return json;
   }
   absl::Status InsertEvent(const EventRecord& event, int64_t instance_id, Millis now) override {
     return SqliteInsertEvent(db_, event, instance_id, now);

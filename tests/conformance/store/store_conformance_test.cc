@@ -13,6 +13,8 @@
 #include <tuple>
 
 #include "base/sha256.h"
+#include "model/sql_statement.h"
+#include "store/business_statement.h"
 #include "store/claims.h"
 #include "store/migration.h"
 #include "store/postgres/pg_store.h"
@@ -89,6 +91,31 @@ class StoreConformanceTest : public ::testing::TestWithParam<Backend> {
     PQclear(result);
     PQfinish(conn);
     return ok;
+  }
+
+  // The single value of `sql`, read behind the store's back; -1 when it fails.
+  int64_t RawCount(const std::string& sql) {
+    int64_t value = -1;
+    if (GetParam() == Backend::kSqlite) {
+      sqlite3* db = nullptr;
+      EXPECT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+      sqlite3_stmt* stmt = nullptr;
+      if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+          sqlite3_step(stmt) == SQLITE_ROW) {
+        value = sqlite3_column_int64(stmt, 0);
+      }
+      sqlite3_finalize(stmt);
+      sqlite3_close(db);
+      return value;
+    }
+    PGconn* conn = PQconnectdb(path_.c_str());
+    PGresult* result = PQexec(conn, sql.c_str());
+    if (PQresultStatus(result) == PGRES_TUPLES_OK && PQntuples(result) == 1) {
+      value = std::atoll(PQgetvalue(result, 0, 0));
+    }
+    PQclear(result);
+    PQfinish(conn);
+    return value;
   }
 
   testing::TempDir dir_;
@@ -261,6 +288,115 @@ TEST_P(StoreConformanceTest, StateChangeAndOutboxCommitTogetherOrNotAtAll) {
   EXPECT_FALSE(results.ok());
   EXPECT_EQ(store_->GetInstance(id)->state, InstanceState::kRunning);
   EXPECT_EQ(store_->ListEvents(id)->size(), 1u);
+}
+
+// Counts rows behind the store's back (its own connection).
+// A sql step's statement commits with the step's checkpoint: the row, the step's
+// result and its event together; a statement that fails writes nothing of its
+// change while the rest of the batch commits; a lost lease runs no statement.
+TEST_P(StoreConformanceTest, ASqlStepsStatementCommitsWithItsCheckpointOrNotAtAll) {
+  const bool sqlite = GetParam() == Backend::kSqlite;
+  ASSERT_TRUE(RawExec(sqlite ? "CREATE TABLE orders (id INTEGER PRIMARY KEY, order_key TEXT "
+                               "UNIQUE NOT NULL, amount REAL CHECK (amount > 0), note TEXT)"
+                             : "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, order_key TEXT "
+                               "UNIQUE NOT NULL, amount NUMERIC CHECK (amount > 0), note TEXT)"));
+  auto statement = ParseSqlStatement(
+      "INSERT INTO orders (order_key, amount, note) VALUES (:key, :amount, :note) "
+      "RETURNING id, order_key, amount, note");
+  ASSERT_TRUE(statement.ok()) << statement.status();
+  auto insert = [&](const std::string& key, const std::string& amount) {
+    return BusinessStatement{0, statement->sqlite, statement->postgres,
+                             {{SqlParam::Kind::kText, key}, {SqlParam::Kind::kReal, amount},
+                              {SqlParam::Kind::kNull, ""}},
+                             true};
+  };
+  std::vector<int64_t> ids;
+  std::vector<Change> changes;
+  for (const std::string key : {"good", "bad", "stale"}) {
+    const int64_t id = store_->StartInstance(Instance(key))->instance.id;
+    ids.push_back(id);
+  }
+  auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 3u);
+  for (size_t i = 0; i < leases.size(); ++i) {
+    Change change;
+    change.lease = leases[i];
+    change.now = 2001;
+    change.lease_expires_at = 7000;
+    StepRecord step = (*store_->GetSteps(leases[i].instance_id))[0];
+    step.state = StepState::kCompleted;
+    change.steps = {step};
+    change.events = {{0, "done-" + std::to_string(i), leases[i].instance_id, "t1",
+                      "waystone.step.completed", "{}", 0}};
+    changes.push_back(change);
+  }
+  changes[0].statements = {insert("good", "12.5")};
+  changes[1].statements = {insert("bad", "-1")};  // the CHECK refuses it
+  changes[2].statements = {insert("stale", "3")};
+  changes[2].lease.epoch += 1;  // not the lease it holds: nothing may run
+
+  auto results = store_->Commit(changes);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE((*results)[0].ok()) << (*results)[0];
+  EXPECT_TRUE(IsStatementFailure((*results)[1])) << (*results)[1];
+  std::string refused((*results)[1].message());
+  std::transform(refused.begin(), refused.end(), refused.begin(), ::tolower);
+  EXPECT_NE(refused.find("check"), std::string::npos) << refused;
+  EXPECT_TRUE(absl::IsAborted((*results)[2])) << (*results)[2];
+
+  auto first = *store_->GetSteps(leases[0].instance_id);
+  EXPECT_EQ(first[0].state, StepState::kCompleted);
+  EXPECT_EQ(first[0].response_json,
+            R"({"rows":[{"id":1,"order_key":"good","amount":12.5,"note":null}],"count":1})");
+  for (int i : {1, 2}) {
+    EXPECT_EQ((*store_->GetSteps(leases[i].instance_id))[0].state, StepState::kPending) << i;
+    EXPECT_EQ(store_->ListEvents(leases[i].instance_id)->size(), 1u) << i;  // started only
+  }
+  // Only the good row, counted on a connection of the test's own.
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders"), 1);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders WHERE order_key = 'good' AND amount = 12.5"), 1);
+
+  // A statement of the wrong shape for the table fails its change alone, too.
+  auto missing = ParseSqlStatement("UPDATE no_such_table SET a = :a");
+  ASSERT_TRUE(missing.ok());
+  Change again = changes[1];
+  again.statements = {BusinessStatement{0, missing->sqlite, missing->postgres,
+                                        {{SqlParam::Kind::kInteger, "1"}}, true}};
+  auto missing_result = store_->Commit({again});
+  ASSERT_TRUE(missing_result.ok()) << missing_result.status();
+  EXPECT_TRUE(IsStatementFailure((*missing_result)[0])) << (*missing_result)[0];
+  EXPECT_NE((*missing_result)[0].message().find("no_such_table"), std::string::npos);
+}
+
+TEST_P(StoreConformanceTest, SqlStepStatementsMayNotNameWaystonesOwnTables) {
+  // Every table the migrations create is in the list a definition is checked against.
+  std::vector<std::string> tables;
+  const std::string query = GetParam() == Backend::kSqlite
+      ? "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+      : "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()";
+  if (GetParam() == Backend::kSqlite) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db, query.c_str(), -1, &stmt, nullptr), SQLITE_OK);
+    while (sqlite3_step(stmt) == SQLITE_ROW) {
+      tables.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)));
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+  } else {
+    PGconn* conn = PQconnectdb(path_.c_str());
+    PGresult* result = PQexec(conn, query.c_str());
+    for (int r = 0; r < PQntuples(result); ++r) tables.emplace_back(PQgetvalue(result, r, 0));
+    PQclear(result);
+    PQfinish(conn);
+  }
+  ASSERT_GT(tables.size(), 10u);
+  for (const std::string& table : tables) {
+    EXPECT_NE(std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), table),
+              std::end(kWaystoneTables))
+        << table << " is not in kWaystoneTables (model/sql_statement.h)";
+  }
 }
 
 TEST_P(StoreConformanceTest, IdempotencyKeyWithAnotherRequestHashIsAConflict) {

@@ -1,0 +1,52 @@
+#pragma once
+
+// A `sql` step's statement: SQL text whose values come only through named
+// parameters (`:order_id`), never spliced into the text. Parsed once when the
+// definition loads; each store runs it in its own placeholder syntax. No I/O.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace waystone {
+
+// One statement, its named parameters numbered in order of first use.
+struct SqlStatement {
+  std::string text;                 // as written
+  std::vector<std::string> names;   // distinct parameter names; `names[i]` is number i + 1
+  std::string sqlite;               // `:name` replaced by `?N`
+  std::string postgres;             // `:name` replaced by `$N`
+  // Every table named after FROM, INTO, UPDATE, JOIN or TABLE (lower case, unquoted).
+  std::vector<std::string> tables;
+};
+
+// Parses `text`: one INSERT, UPDATE, DELETE, SELECT or WITH statement (a trailing
+// `;` allowed); `:name` outside quotes and comments is a parameter (`::` is
+// PostgreSQL's cast, not one). Refuses, naming what it found: another statement
+// after the first, a template (`{{`), a positional placeholder (`?`, `$1`), a
+// statement of another kind (DDL, transaction control, PRAGMA, ATTACH: they would
+// end or change the transaction the checkpoint commits in), an unterminated quote
+// or comment.
+absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text);
+
+// Waystone's own tables (both stores' migrations create exactly these; a store test
+// checks): a sql step may not name them, since its statement commits with the
+// checkpoint and would change what the engine relies on.
+inline constexpr std::string_view kWaystoneTables[] = {
+    "alerts",          "api_requests",   "api_tokens",   "attempts",        "audit_log",
+    "batch_items",     "batches",        "counters",     "definitions",     "deliveries",
+    "idempotency_keys", "inbox",         "inbox_v",      "instances",       "outbox",
+    "relay_cursors",   "relay_sinks",    "schema_migrations", "server_keys", "steps",
+    "target_calls",    "target_controls", "tombstones"};
+
+// A value bound to a parameter, as a template rendered it.
+struct SqlParam {
+  enum class Kind : uint8_t { kNull = 0, kInteger = 1, kReal = 2, kText = 3, kBoolean = 4 };
+  Kind kind = Kind::kNull;
+  std::string text;  // the value as text ("42", "1.5", "abc", "true"); "" for null
+};
+
+}  // namespace waystone

@@ -1,0 +1,94 @@
+#include "store/business_statement.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/cord.h"
+
+namespace waystone {
+namespace {
+
+constexpr char kFailed[] = "waystone/statement-failed";
+
+absl::Status Failed(std::string message) {
+  absl::Status status = absl::InvalidArgumentError(std::move(message));
+  status.SetPayload(kFailed, absl::Cord("1"));
+  return status;
+}
+
+}  // namespace
+
+absl::Status StatementFailure(const absl::Status& status) {
+  if (status.ok()) return status;
+  switch (status.code()) {
+    case absl::StatusCode::kAlreadyExists:     // a unique or other constraint
+    case absl::StatusCode::kInternal:          // bad SQL, a missing table, bad data
+    case absl::StatusCode::kInvalidArgument:
+      return Failed(std::string(status.message()));
+    case absl::StatusCode::kAborted:  // a lock not available: the database's trouble
+      return absl::UnavailableError(status.message());
+    default:
+      return status;
+  }
+}
+
+bool IsStatementFailure(const absl::Status& status) {
+  return absl::IsInvalidArgument(status) && status.GetPayload(kFailed).has_value();
+}
+
+absl::Status StatementRows::StartRow() {
+  CloseRow();
+  if (count_ == kMaxStatementRows) {
+    return Failed("the statement returned more than " + std::to_string(kMaxStatementRows) +
+                  " rows; a sql step's result is kept with its checkpoint (add a LIMIT, or "
+                  "RETURNING only what later steps read)");
+  }
+  ++count_;
+  row_ = "{";
+  return absl::OkStatus();
+}
+
+void StatementRows::Add(std::string_view column, Type type, std::string_view text) {
+  if (row_.size() > 1) row_ += ',';
+  row_ += nlohmann::json(std::string(column))
+              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  row_ += ':';
+  nlohmann::json value;
+  switch (type) {
+    case Type::kNull:
+      break;
+    case Type::kInteger:
+    case Type::kReal:
+    case Type::kJson:
+      value = nlohmann::json::parse(text, nullptr, false);
+      if (value.is_discarded()) value = std::string(text);  // NaN, a huge numeric: as text
+      break;
+    case Type::kText:
+      value = std::string(text);
+      break;
+    case Type::kBoolean:
+      value = text == "t" || text == "true" || text == "1";
+      break;
+  }
+  row_ += value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void StatementRows::CloseRow() {
+  if (row_.empty()) return;
+  if (!rows_.empty()) rows_ += ',';
+  rows_ += row_;
+  rows_ += '}';
+  row_.clear();
+}
+
+absl::Status StatementRows::Finish(int64_t count, std::string* json) {
+  CloseRow();
+  *json = "{\"rows\":[" + rows_ + "],\"count\":" + std::to_string(count) + "}";
+  if (json->size() > kMaxStatementResultBytes) {
+    return Failed("the statement's result is " + std::to_string(json->size()) +
+                  " bytes, more than a sql step keeps (" +
+                  std::to_string(kMaxStatementResultBytes) + ")");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace waystone
