@@ -491,12 +491,15 @@ class Reader {
       return;
     }
     out->statement = std::move(*parsed);
-    for (const std::string& table : out->statement.tables) {
-      if (std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), table) !=
+    // Any word that is the name of one of Waystone's tables is refused, wherever it
+    // stands (a column of that name too): the lexer need not know where tables go.
+    for (const std::string& word : out->statement.identifiers) {
+      if (std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), word) !=
           std::end(kWaystoneTables)) {
         Error(node["statement"], name,
-              where + ".statement names '" + table + "', one of Waystone's own tables; a sql "
-              "step writes the integration's tables only");
+              where + ".statement names '" + word + "', one of Waystone's own tables; a sql "
+              "step reads and writes the integration's tables only (rename a column of that "
+              "name)");
       }
     }
     const YAML::Node params = node["params"];

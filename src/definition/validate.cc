@@ -313,6 +313,20 @@ class Validator {
     }
     if (step.kind == StepKind::kSql) {
       ForEachTemplate(step, check);
+      // What a statement binds can come back in its rows, kept with the step and shown.
+      auto no_secrets = [&](const SqlSpec& spec, const std::string& where) {
+        for (const auto& [param, value] : spec.params) {
+          if (!value) continue;
+          for (const Path& path : ReferencesIn(*value, false)) {
+            if (!path.empty() && path[0] == "secret") {
+              Error(step.line, step.name, where + ".params." + param + " may not bind a secret: "
+                                          "a statement's rows are kept with the step and shown");
+            }
+          }
+        }
+      };
+      no_secrets(step.sql, "sql");
+      if (step.compensate_sql) no_secrets(*step.compensate_sql, "compensate.sql");
       if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kCompensable) {
         Error(step.line, step.name, "a sql step commits with its checkpoint, so it never has an "
                                     "unknown outcome; its recovery is 'repeatable' (or "

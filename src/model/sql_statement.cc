@@ -15,23 +15,23 @@ std::string Lower(std::string_view text) {
   return out;
 }
 
-// Where a `$tag$` dollar quote that opens at `at` ends (just past its closing tag),
-// or npos when `at` opens none.
-size_t DollarQuoteEnd(std::string_view text, size_t at, bool* unterminated) {
-  size_t tag_end = at + 1;
-  while (tag_end < text.size() && IdentChar(text[tag_end]) &&
-         std::isdigit(static_cast<unsigned char>(text[at + 1])) == 0) {
-    ++tag_end;
-  }
-  if (tag_end >= text.size() || text[tag_end] != '$') return std::string_view::npos;
-  const std::string_view tag = text.substr(at, tag_end - at + 1);
-  const size_t close = text.find(tag, tag_end + 1);
-  if (close == std::string_view::npos) {
-    *unterminated = true;
-    return text.size();
-  }
-  return close + tag.size();
+absl::Status Refused(std::string message) {
+  return absl::InvalidArgumentError(std::move(message));
 }
+
+// Functions a statement may not call: they act beyond the statement (the session's
+// settings, other sessions, files, the server) or stall the transaction it shares.
+constexpr std::string_view kRefusedFunctions[] = {
+    "set_config",   "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
+    "pg_sleep",     "pg_sleep_for",         "pg_sleep_until",    "pg_read_file",
+    "pg_read_binary_file", "pg_ls_dir",     "pg_stat_file",      "lo_import",
+    "lo_export",    "dblink",               "dblink_exec",       "pg_advisory_lock",
+    "pg_advisory_xact_lock", "load_extension", "writefile",      "readfile",
+    "edit",         "fts3_tokenizer",
+    // They run SQL given as a string, where no check of the statement's text sees it.
+    "query_to_xml", "query_to_xml_and_xmlschema", "query_to_xmlschema", "table_to_xml",
+    "table_to_xml_and_xmlschema", "table_to_xmlschema", "cursor_to_xml", "schema_to_xml",
+    "schema_to_xml_and_xmlschema", "database_to_xml", "database_to_xml_and_xmlschema"};
 
 }  // namespace
 
@@ -39,12 +39,12 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
   SqlStatement out;
   out.text = std::string(text);
   if (text.find("{{") != std::string_view::npos) {
-    return absl::InvalidArgumentError(
+    return Refused(
         "the statement contains a template ('{{'); values go in as :named parameters bound "
         "from 'params', never spliced into the SQL text");
   }
   std::string first_word;
-  std::string previous_word;  // the last keyword or identifier seen, lower case
+  std::string previous_word;  // the last word, lower case ("" after any other token)
   bool ended = false;         // a ';' was seen: only blanks and comments may follow
   auto number_of = [&](const std::string& name) {
     auto it = std::find(out.names.begin(), out.names.end(), name);
@@ -54,103 +54,97 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
     }
     return static_cast<size_t>(it - out.names.begin()) + 1;
   };
-  auto note_table = [&](std::string name) {
-    if (previous_word == "from" || previous_word == "into" || previous_word == "update" ||
-        previous_word == "join" || previous_word == "table") {
-      if (std::find(out.tables.begin(), out.tables.end(), name) == out.tables.end()) {
-        out.tables.push_back(std::move(name));
-      }
+  auto note_identifier = [&](std::string name) {
+    if (std::find(out.identifiers.begin(), out.identifiers.end(), name) == out.identifiers.end()) {
+      out.identifiers.push_back(std::move(name));
     }
+  };
+  auto copy = [&](std::string_view piece) {
+    out.sqlite.append(piece);
+    out.postgres.append(piece);
   };
   size_t i = 0;
   while (i < text.size()) {
     const char c = text[i];
-    const auto after_end = [&]() -> absl::Status {
-      if (!ended) return absl::OkStatus();
-      return absl::InvalidArgumentError(
-          "the statement goes on after its ';': a sql step runs exactly one statement");
-    };
     if (std::isspace(static_cast<unsigned char>(c)) != 0) {
-      out.sqlite += c;
-      out.postgres += c;
+      copy(text.substr(i, 1));
       ++i;
       continue;
     }
     if (c == '-' && i + 1 < text.size() && text[i + 1] == '-') {
-      const size_t end = std::min(text.find('\n', i), text.size());
-      out.sqlite.append(text.substr(i, end - i));
-      out.postgres.append(text.substr(i, end - i));
+      // A line comment ends at a line feed or a carriage return (PostgreSQL ends it
+      // at either): the same boundary the databases see.
+      size_t end = text.find_first_of("\r\n", i);
+      if (end == std::string_view::npos) end = text.size();
+      copy(text.substr(i, end - i));
       i = end;
       continue;
     }
     if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
       const size_t close = text.find("*/", i + 2);
-      if (close == std::string_view::npos) {
-        return absl::InvalidArgumentError("a '/*' comment is not closed");
+      if (close == std::string_view::npos) return Refused("a '/*' comment is not closed");
+      if (text.substr(i + 2, close - i - 2).find("/*") != std::string_view::npos) {
+        return Refused("a comment inside a comment is not allowed (PostgreSQL nests them, "
+                       "SQLite does not)");
       }
-      out.sqlite.append(text.substr(i, close + 2 - i));
-      out.postgres.append(text.substr(i, close + 2 - i));
+      copy(text.substr(i, close + 2 - i));
       i = close + 2;
       continue;
     }
-    if (auto status = after_end(); !status.ok()) return status;
+    if (ended) {
+      return Refused("the statement goes on after its ';': a sql step runs exactly one statement");
+    }
     if (c == ';') {
       ended = true;
       ++i;
       continue;
     }
-    if (c == '\'' || c == '"' || c == '`') {
+    if (c == '\'' || c == '"' || c == '`' || c == '[') {
+      const char close = c == '[' ? ']' : c;
       size_t end = i + 1;
       while (true) {
-        end = text.find(c, end);
+        end = text.find(close, end);
         if (end == std::string_view::npos) {
-          return absl::InvalidArgumentError(std::string("a ") + c + " quote is not closed");
+          return Refused(std::string("a ") + c + " quote is not closed");
         }
-        if (end + 1 < text.size() && text[end + 1] == c) {  // a doubled quote stays inside
-          end += 2;
+        if (close != ']' && end + 1 < text.size() && text[end + 1] == close) {
+          end += 2;  // a doubled quote stays inside
           continue;
         }
         break;
       }
       const std::string_view quoted = text.substr(i, end + 1 - i);
-      out.sqlite.append(quoted);
-      out.postgres.append(quoted);
-      if (c != '\'') note_table(std::string(quoted.substr(1, quoted.size() - 2)));
+      copy(quoted);
+      if (c != '\'') note_identifier(Lower(quoted.substr(1, quoted.size() - 2)));
       if (first_word.empty()) first_word = "?";
       previous_word.clear();
       i = end + 1;
       continue;
     }
     if (c == '$') {
-      bool unterminated = false;
-      const size_t end = DollarQuoteEnd(text, i, &unterminated);
-      if (unterminated) return absl::InvalidArgumentError("a $tag$ quote is not closed");
-      if (end != std::string_view::npos) {
-        out.sqlite.append(text.substr(i, end - i));
-        out.postgres.append(text.substr(i, end - i));
-        previous_word.clear();
-        i = end;
-        continue;
-      }
-      return absl::InvalidArgumentError(
-          "a positional placeholder ('$') is not allowed; name the value (:name) and bind it "
-          "in 'params'");
+      return Refused(
+          "'$' is not allowed: no positional placeholders ($1; name the value :name and bind "
+          "it in 'params') and no dollar quoting (SQLite reads $name as a parameter)");
     }
     if (c == '?') {
-      return absl::InvalidArgumentError(
+      return Refused(
           "a positional placeholder ('?') is not allowed; name the value (:name) and bind it "
           "in 'params'");
     }
+    if (c == '\\') {
+      return Refused("a backslash outside a string is not allowed");
+    }
     if (c == ':' && i + 1 < text.size() && text[i + 1] == ':') {  // a cast
-      out.sqlite += "::";
-      out.postgres += "::";
+      copy("::");
+      previous_word.clear();
       i += 2;
       continue;
     }
     if (c == ':' && i + 1 < text.size() && IdentStart(text[i + 1])) {
       size_t end = i + 1;
       while (end < text.size() && IdentChar(text[end])) ++end;
-      const std::string number = std::to_string(number_of(std::string(text.substr(i + 1, end - i - 1))));
+      const std::string number =
+          std::to_string(number_of(std::string(text.substr(i + 1, end - i - 1))));
       out.sqlite += "?" + number;
       out.postgres += "$" + number;
       if (first_word.empty()) first_word = "?";
@@ -160,46 +154,45 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
     }
     if (IdentStart(c)) {
       size_t end = i;
-      while (end < text.size() && (IdentChar(text[end]) || text[end] == '$')) ++end;
+      while (end < text.size() && IdentChar(text[end])) ++end;
       const std::string_view word = text.substr(i, end - i);
-      out.sqlite.append(word);
-      out.postgres.append(word);
       std::string lower = Lower(word);
+      if (end < text.size() && (text[end] == '\'' || text[end] == '"' || text[end] == '&')) {
+        // E'..' (backslash escapes), U&'..' / U&"..." (escaped code points): the same
+        // text would read differently to SQLite and to this check. B'', X'', N'' are plain.
+        if (lower == "e" || lower == "u") {
+          return Refused("escape strings (E'...', U&'...') are not allowed; write a standard "
+                         "string or bind the value as a parameter");
+        }
+      }
+      if (end < text.size() && text[end] == '$') {
+        return Refused("'$' in a name is not allowed (SQLite reads $name as a parameter)");
+      }
+      copy(word);
       if (first_word.empty()) first_word = lower;
-      // schema.table: the table is the last part.
-      if (end < text.size() && text[end] == '.') {
-        i = end;
-        continue;
+      if (previous_word == "or" && lower == "rollback") {
+        return Refused("OR ROLLBACK is not allowed: it would roll back the transaction the "
+                       "step's checkpoint commits in");
       }
-      const bool table_keyword = previous_word == "from" || previous_word == "into" ||
-                                 previous_word == "update" || previous_word == "join" ||
-                                 previous_word == "table";
-      // FROM ONLY t, JOIN LATERAL (...): the table (if any) comes next.
-      if (table_keyword && (lower == "only" || lower == "lateral")) {
-        i = end;
-        continue;
+      if (std::find(std::begin(kRefusedFunctions), std::end(kRefusedFunctions), lower) !=
+          std::end(kRefusedFunctions)) {
+        return Refused("'" + lower + "' is not allowed in a sql step: it acts beyond the "
+                       "statement (settings, other sessions, files, locks or time)");
       }
-      if (lower != "set") note_table(lower);  // ON CONFLICT DO UPDATE SET
+      note_identifier(lower);
       previous_word = std::move(lower);
       i = end;
       continue;
     }
-    if (c == '.') {  // keeps the keyword before a qualified name in view
-      out.sqlite += c;
-      out.postgres += c;
-      ++i;
-      continue;
-    }
-    out.sqlite += c;
-    out.postgres += c;
+    copy(text.substr(i, 1));
     if (first_word.empty()) first_word = std::string(1, c);
     previous_word.clear();
     ++i;
   }
   static constexpr std::string_view kKinds[] = {"insert", "update", "delete", "select", "with"};
-  if (first_word.empty()) return absl::InvalidArgumentError("the statement is empty");
+  if (first_word.empty()) return Refused("the statement is empty");
   if (std::find(std::begin(kKinds), std::end(kKinds), first_word) == std::end(kKinds)) {
-    return absl::InvalidArgumentError(
+    return Refused(
         "a sql step runs one INSERT, UPDATE, DELETE, SELECT or WITH statement, not '" +
         first_word +
         "' (schema changes, transaction control and settings would act on the transaction the "

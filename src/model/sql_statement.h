@@ -19,8 +19,9 @@ struct SqlStatement {
   std::vector<std::string> names;   // distinct parameter names; `names[i]` is number i + 1
   std::string sqlite;               // `:name` replaced by `?N`
   std::string postgres;             // `:name` replaced by `$N`
-  // Every table named after FROM, INTO, UPDATE, JOIN or TABLE (lower case, unquoted).
-  std::vector<std::string> tables;
+  // Every word and quoted identifier outside strings and comments, lower case and
+  // unquoted (a table, a column, a keyword, a function): what may name a table.
+  std::vector<std::string> identifiers;
 };
 
 // Parses `text`: one INSERT, UPDATE, DELETE, SELECT or WITH statement (a trailing
@@ -28,8 +29,13 @@ struct SqlStatement {
 // PostgreSQL's cast, not one). Refuses, naming what it found: another statement
 // after the first, a template (`{{`), a positional placeholder (`?`, `$1`), a
 // statement of another kind (DDL, transaction control, PRAGMA, ATTACH: they would
-// end or change the transaction the checkpoint commits in), an unterminated quote
-// or comment.
+// end or change the transaction the checkpoint commits in), OR ROLLBACK, functions
+// that act beyond the statement (set_config, pg_sleep, load_extension, ...), and
+// what SQLite and PostgreSQL would read differently or this lexer could misread:
+// dollar quotes, E'' and U&'' strings, nested comments, a backslash outside a
+// string, an unterminated quote or comment. A lexer is a first line, not the
+// boundary: each store also enforces the rules where the database can
+// (SqliteChangeSql's authorizer).
 absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text);
 
 // Waystone's own tables (both stores' migrations create exactly these; a store test

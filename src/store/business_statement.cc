@@ -17,18 +17,10 @@ absl::Status Failed(std::string message) {
 
 }  // namespace
 
-absl::Status StatementFailure(const absl::Status& status) {
-  if (status.ok()) return status;
-  switch (status.code()) {
-    case absl::StatusCode::kAlreadyExists:     // a unique or other constraint
-    case absl::StatusCode::kInternal:          // bad SQL, a missing table, bad data
-    case absl::StatusCode::kInvalidArgument:
-      return Failed(std::string(status.message()));
-    case absl::StatusCode::kAborted:  // a lock not available: the database's trouble
-      return absl::UnavailableError(status.message());
-    default:
-      return status;
-  }
+absl::Status StatementFailure(const std::string& message) { return Failed(message); }
+
+absl::Status StatementTrouble(const absl::Status& cause) {
+  return absl::UnavailableError(cause.message());
 }
 
 bool IsStatementFailure(const absl::Status& status) {
@@ -62,6 +54,20 @@ void StatementRows::Add(std::string_view column, Type type, std::string_view tex
       value = nlohmann::json::parse(text, nullptr, false);
       if (value.is_discarded()) value = std::string(text);  // NaN, a huge numeric: as text
       break;
+    case Type::kDecimal: {
+      int digits = 0;
+      bool leading = true;
+      for (char c : text) {
+        if (c == 'e' || c == 'E') break;
+        if (c < '0' || c > '9') continue;
+        if (leading && c == '0') continue;
+        leading = false;
+        ++digits;
+      }
+      value = digits <= 15 ? nlohmann::json::parse(text, nullptr, false) : nlohmann::json();
+      if (digits > 15 || value.is_discarded()) value = std::string(text);  // NaN, 20 digits
+      break;
+    }
     case Type::kText:
       value = std::string(text);
       break;

@@ -18,21 +18,26 @@ namespace waystone {
 inline constexpr int kMaxStatementRows = 100;
 inline constexpr size_t kMaxStatementResultBytes = 64 * 1024;
 
-// The failure of `status` (what running a statement returned) as ApplyChange must
-// see it: an error of the statement itself (a constraint, a missing table, bad
-// SQL or data) becomes a statement failure, which undoes only its change; trouble
-// of the database (busy, connection lost, serialization) stays as it is and fails
-// the whole batch, to be retried; nothing is taken for a lost lease.
-absl::Status StatementFailure(const absl::Status& status);
+// A failure of the statement itself (a constraint, a missing table, bad SQL or
+// data, a refusal): it undoes only its own change, and the runner fails the step
+// with `message`. The dialect decides which errors are the statement's.
+absl::Status StatementFailure(const std::string& message);
 
-// Returns true for the status StatementFailure (or ResultTooLarge) made.
+// Trouble of the database while the statement ran (busy, I/O, memory, a lost
+// connection, a lock wait): Unavailable, so the whole batch fails and is retried;
+// never taken for a lost lease.
+absl::Status StatementTrouble(const absl::Status& cause);
+
+// Returns true for a status StatementFailure made (StatementRows makes them too).
 bool IsStatementFailure(const absl::Status& status);
 
 // The rows of a statement, gathered into {"rows": [{column: value}], "count": n}.
 // Not thread-safe.
 class StatementRows {
  public:
-  enum class Type { kNull, kInteger, kReal, kText, kBoolean, kJson };
+  // kDecimal: an exact number (PostgreSQL numeric), a JSON number when a double holds
+  // it exactly enough (15 significant digits or fewer), else its text.
+  enum class Type { kNull, kInteger, kReal, kDecimal, kText, kBoolean, kJson };
   // Starts a row; Err when the result would hold more than kMaxStatementRows.
   absl::Status StartRow();
   // Adds a column of the row begun last. `text` is the value as the database gave it.

@@ -61,8 +61,8 @@ class FakeChangeSql final : public ChangeSql {
   }
   absl::StatusOr<std::string> RunStatement(const BusinessStatement& statement) override {
     log.push_back("statement " + statement.sqlite);
-    if (statement.sqlite == "bad") return StatementFailure(absl::AlreadyExistsError("UNIQUE"));
-    if (statement.sqlite == "busy") return StatementFailure(absl::UnavailableError("busy"));
+    if (statement.sqlite == "bad") return StatementFailure("UNIQUE constraint failed");
+    if (statement.sqlite == "busy") return StatementTrouble(absl::AbortedError("lock timeout"));
     return std::string("{\"rows\":[],\"count\":1}");
   }
   absl::StatusOr<bool> UpdateStep(int64_t, const StepRecord& s) override {
@@ -130,7 +130,8 @@ TEST(StoreRulesTest, ASqlStepsStatementRunsAfterTheFenceAndItsRowsAreTheStepsRes
       "savepoint", "fence 3", "statement delete", "step 0", "event", "release"};
   EXPECT_EQ(sql.log, expected);
 
-  // The database's own trouble is not the statement's: the whole group fails.
+  // The database's own trouble is not the statement's, and never a lost lease (which
+  // would undo only its change): the whole group fails.
   FakeChangeSql busy;
   Change troubled = ChangeOf(1);
   troubled.statements.push_back(BusinessStatement{0, "busy", "busy", {}, true});

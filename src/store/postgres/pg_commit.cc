@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "store/business_statement.h"
 #include "store/claims.h"
@@ -124,6 +125,24 @@ PgParams Columns(const std::vector<PgParams>& rows) {
 }
 
 // Runs each statement of a change at once (the way a change can fail alone).
+// A sql step's statement failed on the server: its own error (SQLSTATE class 22 data,
+// 23 integrity, 42 syntax or access, 44 check option, P0 a trigger's RAISE, 57014 its
+// time ran out) fails its step; anything else is the database's trouble.
+absl::Status Classified(const absl::Status& status) {
+  const auto state = status.GetPayload(kPgSqlState);
+  const std::string code = state ? std::string(*state) : "";
+  const std::string cls = code.substr(0, 2);
+  if (cls == "22" || cls == "23" || cls == "42" || cls == "44" || cls == "P0" ||
+      code == "57014") {
+    return StatementFailure(std::string(status.message()));
+  }
+  return StatementTrouble(status);
+}
+
+absl::Status Trouble(const absl::Status& status) {
+  return status.ok() ? status : StatementTrouble(status);
+}
+
 class PgChangeSql final : public ChangeSql {
  public:
   explicit PgChangeSql(PgConnection& c) : c_(c) {}
@@ -214,8 +233,17 @@ class PgChangeSql final : public ChangeSql {
         params.push_back(v.text);  // typed by the server from where it is used
       }
     }
-    auto result = c_.Query(statement.postgres, params);
-    if (!result.ok()) return StatementFailure(result.status());
+    // Bounded: a lock held on the integration's table must not stall the commit of
+    // every instance behind it. SET LOCAL ends with the savepoint of the change or the
+    // transaction; it is set back for what follows in the same transaction.
+    WS_RETURN_IF_ERROR(Trouble(c_.Exec("SET LOCAL lock_timeout = '5s'; "
+                                       "SET LOCAL statement_timeout = '30s'")));
+    // Unprepared: the integration migrates its tables, and a plan kept on the
+    // connection would outlive them.
+    auto result = c_.QueryUnprepared(statement.postgres, params);
+    if (!result.ok()) return Classified(result.status());
+    WS_RETURN_IF_ERROR(Trouble(c_.Exec("SET LOCAL lock_timeout TO DEFAULT; "
+                                       "SET LOCAL statement_timeout TO DEFAULT")));
     StatementRows rows;
     for (int r = 0; r < result->rows(); ++r) {
       WS_RETURN_IF_ERROR(rows.StartRow());
@@ -223,7 +251,8 @@ class PgChangeSql final : public ChangeSql {
         StatementRows::Type type = StatementRows::Type::kText;
         switch (result->ColumnType(col)) {
           case 20: case 21: case 23: type = StatementRows::Type::kInteger; break;  // int8, int2, int4
-          case 700: case 701: case 1700: type = StatementRows::Type::kReal; break;  // float4, float8, numeric
+          case 700: case 701: type = StatementRows::Type::kReal; break;  // float4, float8
+          case 1700: type = StatementRows::Type::kDecimal; break;  // numeric: exact
           case 16: type = StatementRows::Type::kBoolean; break;
           case 114: case 3802: type = StatementRows::Type::kJson; break;  // json, jsonb
           default: break;

@@ -1,5 +1,7 @@
 #include "store/postgres/pg_connection.h"
 
+#include "absl/strings/cord.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +31,22 @@ int64_t PgResult::Int(int row, int column) const {
   return std::atoll(PQgetvalue(result_, row, column));
 }
 
+namespace {
+
+// The status of a server error of SQLSTATE `code`.
+absl::Status PgStatusOfCode(const std::string& code, const std::string& message) {
+  if (code == "40001" || code == "40P01" || code.starts_with("08") || code == "57P01" ||
+      code == "57P02" || code == "57P03" || code == "53300") {
+    return absl::UnavailableError(message);
+  }
+  if (code == "23505") return absl::AlreadyExistsError(message);
+  if (code == "55P03") return absl::AbortedError(message);
+  if (code.starts_with("XX")) return absl::DataLossError(message);
+  return absl::InternalError(message);
+}
+
+}  // namespace
+
 absl::Status PgStatus(PGconn* conn, PGresult* result, std::string_view what) {
   std::string message(what);
   message += ": ";
@@ -39,15 +57,11 @@ absl::Status PgStatus(PGconn* conn, PGresult* result, std::string_view what) {
   const char* state = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
   if (state == nullptr) return absl::UnavailableError(message);
   const std::string code(state);
-  if (code == "40001" || code == "40P01" || code.starts_with("08") || code == "57P01" ||
-      code == "57P02" || code == "57P03" || code == "53300") {
-    return absl::UnavailableError(message);
-  }
-  if (code == "23505") return absl::AlreadyExistsError(message);
-  if (code == "55P03") return absl::AbortedError(message);
-  if (code.starts_with("XX")) return absl::DataLossError(message);
-  return absl::InternalError(message);
+  absl::Status status = PgStatusOfCode(code, message);
+  status.SetPayload(kPgSqlState, absl::Cord(code));
+  return status;
 }
+
 
 absl::StatusOr<std::unique_ptr<PgConnection>> PgConnection::Connect(const std::string& conninfo) {
   // Keepalives let both sides notice a peer that vanished without closing.
@@ -120,6 +134,20 @@ absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgPar
   const std::vector<const char*> values = Values(params);
   PGresult* result = PQexecPrepared(conn_, (*name)->c_str(), static_cast<int>(values.size()),
                                     values.data(), nullptr, nullptr, 0);
+  const ExecStatusType status = PQresultStatus(result);
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    absl::Status error = PgStatus(conn_, result, "query");
+    PQclear(result);
+    return error;
+  }
+  return PgResult(result);
+}
+
+absl::StatusOr<PgResult> PgConnection::QueryUnprepared(const std::string& sql,
+                                                        const PgParams& params) {
+  const std::vector<const char*> values = Values(params);
+  PGresult* result = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr,
+                                  values.data(), nullptr, nullptr, 0);
   const ExecStatusType status = PQresultStatus(result);
   if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
     absl::Status error = PgStatus(conn_, result, "query");

@@ -56,8 +56,11 @@ class PgResult {
 
 // Maps a failed result or connection to a status whose code carries the retry
 // meaning: lost connections, serialization failures and deadlocks are Unavailable,
-// unique violations AlreadyExists, lock_not_available Aborted.
+// unique violations AlreadyExists, lock_not_available Aborted. A server's error
+// carries its SQLSTATE as the payload kPgSqlState.
 absl::Status PgStatus(PGconn* conn, PGresult* result, std::string_view what);
+// The payload of a PgStatus that holds the server's SQLSTATE ("23505").
+inline constexpr char kPgSqlState[] = "waystone/sqlstate";
 
 // A statement and its parameters, for a pipeline (PgConnection::Pipeline).
 struct PgStatement {
@@ -79,6 +82,9 @@ class PgConnection {
   absl::StatusOr<PgResult> Query(const PgStatement& statement) {
     return Query(*statement.sql, statement.params);
   }
+  // Runs `sql` with `params` unprepared (PQexecParams: parsed and planned each time,
+  // nothing kept on the connection): for statements the engine did not write.
+  absl::StatusOr<PgResult> QueryUnprepared(const std::string& sql, const PgParams& params);
   // Runs statements without parameters or results (BEGIN, COMMIT, migrations).
   absl::Status Exec(const std::string& sql);
   // Runs `statements` (each prepared once per connection) in libpq pipeline mode:

@@ -368,6 +368,73 @@ TEST_P(StoreConformanceTest, ASqlStepsStatementCommitsWithItsCheckpointOrNotAtAl
   EXPECT_NE((*missing_result)[0].message().find("no_such_table"), std::string::npos);
 }
 
+// The statement and the rest of its change are one: when the change fails after the
+// statement ran (here: a step row that does not exist), its row is not written either,
+// and a failing statement (one that cannot even be prepared) leaves the change after it
+// in the same transaction to commit.
+TEST_P(StoreConformanceTest, ASqlStepsRowGoesWithItsWholeChangeAndAFailedPrepareSparesTheNext) {
+  const bool sqlite = GetParam() == Backend::kSqlite;
+  ASSERT_TRUE(RawExec(sqlite ? "CREATE TABLE orders (id INTEGER PRIMARY KEY, k TEXT)"
+                             : "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, k TEXT)"));
+  auto insert = ParseSqlStatement("INSERT INTO orders (k) VALUES (:k)");
+  auto missing = ParseSqlStatement("INSERT INTO no_such_table (k) VALUES (:k)");
+  ASSERT_TRUE(insert.ok() && missing.ok());
+  for (const std::string key : {"a", "b", "c"}) ASSERT_TRUE(store_->StartInstance(Instance(key)).ok());
+  auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 3u);
+  auto change_of = [&](const Lease& lease, const SqlStatement& statement, const std::string& k) {
+    Change change;
+    change.lease = lease;
+    change.now = 2001;
+    change.lease_expires_at = 7000;
+    StepRecord step = (*store_->GetSteps(lease.instance_id))[0];
+    step.state = StepState::kCompleted;
+    change.steps = {step};
+    change.statements = {BusinessStatement{0, statement.sqlite, statement.postgres,
+                                           {{SqlParam::Kind::kText, k}}, true}};
+    return change;
+  };
+  Change broken = change_of(leases[0], *insert, "lost");
+  broken.steps[0].index = 7;  // no such step: the change fails after its statement ran
+  auto whole = store_->Commit({broken});
+  EXPECT_FALSE(whole.ok() && (*whole)[0].ok());
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders"), 0);
+
+  auto results = store_->Commit({change_of(leases[1], *missing, "x"),
+                                 change_of(leases[2], *insert, "kept")});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE(IsStatementFailure((*results)[0])) << (*results)[0];
+  EXPECT_TRUE((*results)[1].ok()) << (*results)[1];
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders WHERE k = 'kept'"), 1);
+  EXPECT_EQ((*store_->GetSteps(leases[2].instance_id))[0].state, StepState::kCompleted);
+}
+
+// Past the definition's lint (a statement built by hand), SQLite's authorizer still
+// refuses Waystone's tables and anything but reading and writing rows. On PostgreSQL
+// the lint is the boundary (and the database role Waystone runs as): see
+// docs/definition-reference.md#sql.
+TEST_P(StoreConformanceTest, OnSqliteTheDatabaseItselfRefusesWaystonesTablesToAStatement) {
+  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "the authorizer is SQLite's";
+  ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
+  Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
+  for (const std::string sql :
+       {"UPDATE steps SET state = 0", "SELECT token_hash FROM \"main\".api_tokens",
+        "SELECT * FROM sqlite_master", "INSERT OR ROLLBACK INTO counters VALUES (1, 2)",
+        "PRAGMA journal_mode = DELETE", "ATTACH DATABASE ':memory:' AS other",
+        "SAVEPOINT x", "COMMIT", "CREATE TABLE t (a)"}) {
+    Change change;
+    change.lease = lease;
+    change.now = 2001;
+    change.lease_expires_at = 7000;
+    change.statements = {BusinessStatement{0, sql, sql, {}, true}};
+    auto results = store_->Commit({change});
+    ASSERT_TRUE(results.ok()) << sql << ": " << results.status();
+    EXPECT_TRUE(IsStatementFailure((*results)[0])) << sql << ": " << (*results)[0];
+  }
+  EXPECT_EQ((*store_->GetSteps(lease.instance_id))[0].state, StepState::kPending);
+  EXPECT_EQ(store_->GetInstance(lease.instance_id)->state, InstanceState::kRunning);
+}
+
 TEST_P(StoreConformanceTest, SqlStepStatementsMayNotNameWaystonesOwnTables) {
   // Every table the migrations create is in the list a definition is checked against.
   std::vector<std::string> tables;
