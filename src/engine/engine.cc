@@ -161,7 +161,7 @@ class Engine::Impl {
         MutexLock lock(mu_);
         work_arrived_ = true;  // the dispatcher claims it now, not at its next poll
       }
-      wake_.notify_all();
+      dispatch_.notify_one();
     }
     if (result.ok() && result->outcome == StartOutcome::kEventConflict) {
       InstanceRecord about = result->instance;
@@ -195,6 +195,7 @@ class Engine::Impl {
     // workers stay until every call under way has come back and been recorded.
     stop_.request_stop();
     dispatcher_.request_stop();
+    dispatch_.notify_all();
     wake_.notify_all();
     if (dispatcher_.joinable()) dispatcher_.join();
     wake_.notify_all();
@@ -307,7 +308,7 @@ class Engine::Impl {
           for (auto& lease : *leases) ready_.push_back(std::move(lease));
         }
       }
-      if (claimed > 0) wake_.notify_all();
+      for (int i = 0; i < claimed; ++i) wake_.notify_one();  // a worker for each
       if (claimed > 0 && claimed == free) {
         continue;  // maybe more are due; claim again
       }
@@ -323,7 +324,7 @@ class Engine::Impl {
         if (waited.ok()) continue;
       }
       MutexLock lock(mu_);
-      wake_.wait_for(lock.native(), stop, std::chrono::milliseconds(options_.poll_interval),
+      dispatch_.wait_for(lock.native(), stop, std::chrono::milliseconds(options_.poll_interval),
                      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                        return slot_freed_ || work_arrived_;
                      });
@@ -371,8 +372,11 @@ class Engine::Impl {
       if (result.ok() && result->calling) calls = flight->runner->TakeRequests();
       const bool holds = result.ok() && (result->calling || result->awaiting_calls);
       bool rested = false;
+      bool resumable = false;  // queued in answered_ for a worker
+      bool stopping = false;
       {
         MutexLock lock(mu_);
+        stopping = stopping_;
         --busy_;
         slot_freed_ = true;
         flight->out += static_cast<int>(calls.size());
@@ -384,6 +388,7 @@ class Engine::Impl {
         }
         if (holds && !flight->answers.empty()) {
           answered_.push_back(flight);  // a worker resumes it with the next answer
+          resumable = true;
         } else if (flight->out > 0) {
           flight->parked = true;  // until an answer comes back
           ++calling_;
@@ -391,7 +396,12 @@ class Engine::Impl {
           rested = true;
         }
       }
-      wake_.notify_all();
+      dispatch_.notify_one();  // a slot is free
+      if (stopping) {
+        wake_.notify_all();  // the last call back lets every worker leave
+      } else if (resumable) {
+        wake_.notify_one();
+      }
       for (OutgoingCall& call : calls) Send(flight, std::move(call));
       if (!result.ok()) {
         Log(LogLevel::kWarning,
@@ -402,8 +412,8 @@ class Engine::Impl {
       if (result.ok() && IsTerminal(result->state)) {
         MutexLock lock(rest_mu_);
         if (auto it = awaited_.find(instance_id); it != awaited_.end()) {
-          ++it->second.rests;  // every waiter on it looks again
-          rest_.notify_all();
+          ++it->second.rests;  // every waiter on it looks again (none of another's)
+          it->second.rested.notify_all();
         }
       }
     }
@@ -419,6 +429,7 @@ class Engine::Impl {
         // the engine be gone, so nothing of it is touched after.
         MutexLock lock(mu_);
         --flight->out;
+        bool resumable = false;  // queued in answered_ for a worker
         if (flight->broken) {
           if (flight->out == 0 && flight->parked) {
             flight->parked = false;
@@ -431,9 +442,15 @@ class Engine::Impl {
             flight->parked = false;
             --calling_;
             answered_.push_back(flight);
+            resumable = true;
           }
         }
-        wake_.notify_all();
+        // (Not parked: the worker driving it takes the answer when its drive ends.)
+        if (stopping_) {
+          wake_.notify_all();  // the last call back lets every worker leave
+        } else if (resumable) {
+          wake_.notify_one();  // a worker records the answer
+        }
       });
     };
     if (send_at > clock_->NowMillis()) {
@@ -450,16 +467,18 @@ class Engine::Impl {
     // Real time: the caller waits on a socket or a benchmark clock, not on the
     // engine's (possibly fake) clock.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout);
+    Awaited* awaited = nullptr;  // stays until its last waiter erases it
     {
       MutexLock lock(rest_mu_);
-      ++awaited_[instance_id].waiters;
+      awaited = &awaited_[instance_id];
+      ++awaited->waiters;
     }
     auto result = [&]() -> absl::StatusOr<InstanceRecord> {
       while (true) {
         uint64_t seen = 0;
         {
           MutexLock lock(rest_mu_);
-          seen = awaited_[instance_id].rests;
+          seen = awaited->rests;
         }
         // The store answers for what this engine's workers did not drive (another
         // process, an operator); a local worker's finish wakes the wait at once.
@@ -467,16 +486,16 @@ class Engine::Impl {
         const auto now = std::chrono::steady_clock::now();
         if (IsTerminal(instance.state) || now >= deadline) return instance;
         MutexLock lock(rest_mu_);
-        rest_.wait_for(lock.native(),
-                       std::min<std::chrono::steady_clock::duration>(
-                           deadline - now, std::chrono::milliseconds(250)),
-                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rest_mu_) {
-                         return awaited_[instance_id].rests != seen;
+        awaited->rested.wait_for(lock.native(),
+                                 std::min<std::chrono::steady_clock::duration>(
+                                     deadline - now, std::chrono::milliseconds(250)),
+                                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rest_mu_) {
+                                   return awaited->rests != seen;
                        });
       }
     }();
     MutexLock lock(rest_mu_);
-    if (--awaited_[instance_id].waiters == 0) awaited_.erase(instance_id);
+    if (--awaited->waiters == 0) awaited_.erase(instance_id);
     return result;
   }
 
@@ -497,7 +516,8 @@ class Engine::Impl {
   std::unique_ptr<Operations> operations_;
 
   Mutex mu_;
-  std::condition_variable_any wake_;
+  std::condition_variable_any wake_;      // workers: an instance is ready or answered
+  std::condition_variable_any dispatch_;  // the dispatcher: a slot freed or work arrived
   std::deque<Lease> ready_ ABSL_GUARDED_BY(mu_);        // claimed, not yet driven
   std::deque<std::shared_ptr<Flight>> answered_ ABSL_GUARDED_BY(mu_);  // to resume
   int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
@@ -508,10 +528,13 @@ class Engine::Impl {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool work_arrived_ ABSL_GUARDED_BY(mu_) = false;  // a start since the dispatcher last looked
   Mutex rest_mu_;
-  std::condition_variable_any rest_;  // an awaited instance came to rest here
+  // An awaited instance: its waiters wait on its own condition, so one instance
+  // coming to rest wakes only those who wait for it (64 callers each waiting for
+  // their own instance were all woken by each one's finish).
   struct Awaited {
     int waiters = 0;    // callers of AwaitRest on this instance
     uint64_t rests = 0;  // times a local worker left it at rest since the first came
+    std::condition_variable_any rested;  // a local worker left it at rest
   };
   std::map<int64_t, Awaited> awaited_ ABSL_GUARDED_BY(rest_mu_);
   bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only
