@@ -115,6 +115,12 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
                                           const std::vector<StepRecord>& steps,
                                           const std::string& step_name,
                                           const std::string& idempotency_key) const {
+  nlohmann::json context = BuildInstancePart(instance);
+  AddStepPart(context, instance, steps, step_name, idempotency_key);
+  return context;
+}
+
+nlohmann::json TemplateEnvironment::BuildInstancePart(const InstanceRecord& instance) const {
   nlohmann::json context = nlohmann::json::object();
   context["input"] = nlohmann::json::parse(instance.input_json, nullptr, false);
   context["instance"] = {{"key", instance.key},
@@ -122,6 +128,15 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
                          {"tenant", instance.tenant},
                          {"id", public_ids_ ? public_ids_->Encode(instance.id) : std::string()},
                          {"trace_id", instance.trace_id}};
+  context["env"] = env(instance.tenant);
+  context["secret"] = secret(instance.tenant);
+  return context;
+}
+
+void TemplateEnvironment::AddStepPart(nlohmann::json& context, const InstanceRecord& instance,
+                                      const std::vector<StepRecord>& steps,
+                                      const std::string& step_name,
+                                      const std::string& idempotency_key) const {
   nlohmann::json by_name = nlohmann::json::object();
   for (const StepRecord& step : steps) {
     if (step.response_json.empty() && step.external_id.empty()) continue;
@@ -133,12 +148,9 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
                           {"external_id", step.external_id}};
   }
   context["steps"] = std::move(by_name);
-  context["env"] = env(instance.tenant);
-  context["secret"] = secret(instance.tenant);
   context["step"] = {{"name", step_name},
                      {"idempotency_key", idempotency_key},
                      {"key_uuid", KeyUuid(instance.tenant, idempotency_key)}};
-  return context;
 }
 
 nlohmann::json TemplateEnvironment::BuildForKey(const nlohmann::json& input,

@@ -35,6 +35,14 @@ class TemplateEnvironment {
   nlohmann::json Build(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
                        const std::string& step_name, const std::string& idempotency_key) const;
 
+  // Build in two parts, for a caller that renders many steps of one instance: what
+  // stays the same for the instance (input, instance, env, secret), built once, and
+  // then, on a copy of it, what each step sees (steps, step).
+  nlohmann::json BuildInstancePart(const InstanceRecord& instance) const;
+  void AddStepPart(nlohmann::json& context, const InstanceRecord& instance,
+                   const std::vector<StepRecord>& steps, const std::string& step_name,
+                   const std::string& idempotency_key) const;
+
   // Returns a context for the business key template: input and env only.
   nlohmann::json BuildForKey(const nlohmann::json& input, const std::string& tenant) const;
 

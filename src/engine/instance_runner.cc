@@ -339,6 +339,7 @@ class InstanceRunner::Impl {
   }
 
   absl::Status Load() {
+    instance_context_.reset();
     WS_ASSIGN_OR_RETURN(instance_, d_.store->GetInstance(lease_.instance_id));
     lease_until_ = instance_.lease_epoch == lease_.epoch ? instance_.lease_expires_at : 0;
     WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
@@ -382,8 +383,14 @@ class InstanceRunner::Impl {
     return CommitChange(Stamped(std::move(change)));
   }
 
+  // What step `step_index`'s templates see. The instance's part (its input parsed,
+  // its public id, env and secrets) is built once per load, not once per template.
   Json Context(int step_index, const std::string& key) const {
-    return d_.environment->Build(instance_, steps_, definition_->steps[step_index].name, key);
+    if (!instance_context_) instance_context_ = d_.environment->BuildInstancePart(instance_);
+    Json context = *instance_context_;
+    d_.environment->AddStepPart(context, instance_, steps_, definition_->steps[step_index].name,
+                                key);
+    return context;
   }
 
   // Renders `spec` for sending; `body_identity` (when given) gets what the request
@@ -941,6 +948,7 @@ class InstanceRunner::Impl {
   }
 
   RunnerDeps d_;
+  mutable std::optional<Json> instance_context_;  // Context's instance part, since Load
   bool async_ = false;                 // Drive returns at each call instead of sending it
   std::vector<PendingCall> due_;        // checkpointed, to be sent
   std::map<int, PendingCall> out_;     // sent, by id, until answered

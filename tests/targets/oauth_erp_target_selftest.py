@@ -305,7 +305,9 @@ def test_concurrency():
     check(s["token_requests"] == 32 and s["tokens_issued"] == 32, "concurrent counts %s" % s)
     check(s["max_concurrent_token_requests"] > 1,
           "max_concurrent_token_requests %s" % s["max_concurrent_token_requests"])
-    check(elapsed < 3.0, "token requests ran in parallel (%.2f s)" % elapsed)
+    # In series they would take 32 x 200 ms = 6.4 s; 3 s was too tight on a loaded
+    # 2-core machine (a full test run beside it). max_concurrent above is the proof.
+    check(elapsed < 5.5, "token requests ran in parallel (%.2f s)" % elapsed)
     print("  32 concurrent token requests: max_concurrent_token_requests=%d, %.2f s"
           % (s["max_concurrent_token_requests"], elapsed))
     config({"token_delay_ms": 0})
