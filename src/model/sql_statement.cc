@@ -116,7 +116,7 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
       const std::string_view quoted = text.substr(i, end + 1 - i);
       copy(quoted);
       if (c != '\'') note_identifier(Lower(quoted.substr(1, quoted.size() - 2)));
-      if (first_word.empty()) first_word = "?";
+      if (first_word.empty()) first_word.push_back('?');  // not a word: refused below
       previous_word.clear();
       i = end + 1;
       continue;
@@ -147,7 +147,7 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
           std::to_string(number_of(std::string(text.substr(i + 1, end - i - 1))));
       out.sqlite += "?" + number;
       out.postgres += "$" + number;
-      if (first_word.empty()) first_word = "?";
+      if (first_word.empty()) first_word.push_back('?');  // not a word: refused below
       previous_word.clear();
       i = end;
       continue;
