@@ -33,6 +33,17 @@ int64_t PgResult::Int(int row, int column) const {
 
 namespace {
 
+// The rows of a statement that finished, or its error named `what` (the result freed).
+absl::StatusOr<PgResult> Finished(PGconn* conn, PGresult* result, std::string_view what) {
+  const ExecStatusType status = PQresultStatus(result);
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    absl::Status error = PgStatus(conn, result, what);
+    PQclear(result);
+    return error;
+  }
+  return PgResult(result);
+}
+
 // The status of a server error of SQLSTATE `code`.
 absl::Status PgStatusOfCode(const std::string& code, const std::string& message) {
   if (code == "40001" || code == "40P01" || code.starts_with("08") || code == "57P01" ||
@@ -90,15 +101,7 @@ absl::StatusOr<std::unique_ptr<PgConnection>> PgConnection::Connect(const std::s
 PgConnection::~PgConnection() { PQfinish(conn_); }
 
 absl::Status PgConnection::Exec(const std::string& sql) {
-  PGresult* result = PQexec(conn_, sql.c_str());
-  const ExecStatusType status = PQresultStatus(result);
-  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-    absl::Status error = PgStatus(conn_, result, "exec");
-    PQclear(result);
-    return error;
-  }
-  PQclear(result);
-  return absl::OkStatus();
+  return Finished(conn_, PQexec(conn_, sql.c_str()), "exec").status();
 }
 
 absl::StatusOr<const std::string*> PgConnection::Prepared(const std::string& sql) {
@@ -132,29 +135,17 @@ absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgPar
   auto name = Prepared(sql);
   if (!name.ok()) return name.status();
   const std::vector<const char*> values = Values(params);
-  PGresult* result = PQexecPrepared(conn_, (*name)->c_str(), static_cast<int>(values.size()),
-                                    values.data(), nullptr, nullptr, 0);
-  const ExecStatusType status = PQresultStatus(result);
-  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-    absl::Status error = PgStatus(conn_, result, "query");
-    PQclear(result);
-    return error;
-  }
-  return PgResult(result);
+  return Finished(conn_, PQexecPrepared(conn_, (*name)->c_str(), static_cast<int>(values.size()),
+                                        values.data(), nullptr, nullptr, 0),
+                  "query");
 }
 
 absl::StatusOr<PgResult> PgConnection::QueryUnprepared(const std::string& sql,
                                                         const PgParams& params) {
   const std::vector<const char*> values = Values(params);
-  PGresult* result = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr,
-                                  values.data(), nullptr, nullptr, 0);
-  const ExecStatusType status = PQresultStatus(result);
-  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-    absl::Status error = PgStatus(conn_, result, "query");
-    PQclear(result);
-    return error;
-  }
-  return PgResult(result);
+  return Finished(conn_, PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()),
+                                      nullptr, values.data(), nullptr, nullptr, 0),
+                  "query");
 }
 
 absl::StatusOr<std::vector<PgResult>> PgConnection::Pipeline(
