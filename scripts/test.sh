@@ -47,10 +47,10 @@ if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
   cmake --preset tsan >/dev/null
   cmake --build build-tsan -j "$jobs" --target engine_test engine_parts_test \
     store_conformance_test api_write_test http_front_test independent_target_test verify_process_test \
-    embedded_api_test
+    embedded_api_test code_saga_test
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|VerifyProcessTest\.TheExampleSaga|EmbeddedApiTest\.'
+      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|VerifyProcessTest\.TheExampleSaga|EmbeddedApiTest\.|CodeSagaTest\.'
 fi
 
 fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"

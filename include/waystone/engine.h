@@ -21,6 +21,7 @@
 
 #include "waystone/export.h"
 #include "waystone/status.h"
+#include "waystone/workflow.h"
 
 namespace waystone::api {
 
@@ -60,7 +61,22 @@ struct Outcome {
   bool at_rest = false;
   std::string reason;  // why it rests where it does, for operators
   std::vector<StepOutcome> steps;
+  // A workflow written as a function (Workflow): its output (JSON), once completed;
+  // "" otherwise. Output<Out>(outcome) decodes it.
+  std::string output_json;
 };
+
+// The output of a completed function workflow, decoded; FailedPrecondition naming
+// the state (and reason) when it is not completed.
+template <typename Out>
+Result<Out> Output(const Outcome& outcome) {
+  if (outcome.state != InstanceState::kCompleted) {
+    return Status(Status::Code::kFailedPrecondition,
+                  "instance '" + outcome.key + "' is " + ToString(outcome.state) +
+                      (outcome.reason.empty() ? "" : ": " + outcome.reason));
+  }
+  return Codec<Out>::Decode(outcome.output_json);
+}
 
 // What Engine::Open opens. A value (like std::string).
 struct EngineOptions {
@@ -139,6 +155,26 @@ class WAYSTONE_API Engine {
                                                   const std::string& input_json) = 0;
   // The instance of this tenant with business key `key`; NotFound if none.
   virtual Result<std::unique_ptr<Instance>> Find(const std::string& key) = 0;
+
+  // Registers a workflow written as a function (waystone/workflow.h). This engine's
+  // workers run its instances; register it in every process whose workers share
+  // the database (a process without it leaves its instances to one that has it).
+  // Register before instances of it may be due: at Open's return, workers start.
+  template <typename In, typename Out>
+  Status Register(const Workflow<In, Out>& workflow) {
+    return RegisterFunction(workflow.name(), workflow.Raw());
+  }
+  // Starts an instance of `workflow` under business key `key` (required) with
+  // `input`, or returns the one started before with that key and the same input.
+  template <typename In, typename Out>
+  Result<std::unique_ptr<Instance>> Start(const Workflow<In, Out>& workflow,
+                                          const std::string& key, const In& input) {
+    return Start(workflow.name(), key, Codec<In>::Encode(input));
+  }
+  // The untyped registration Register uses: the function over JSON text.
+  virtual Status RegisterFunction(
+      const std::string& name,
+      std::function<Result<std::string>(Context&, const std::string&)> function) = 0;
 
  protected:
   Engine() = default;

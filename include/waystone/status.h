@@ -26,6 +26,8 @@ class [[nodiscard]] WAYSTONE_API Status {
     kUnavailable,         // the database cannot be reached now; try again
     kDeadlineExceeded,
     kInternal,
+    // A workflow's run stops here (a timer, an operator, another worker): return it.
+    kAborted,
   };
 
   Status() = default;  // OK

@@ -7,3 +7,4 @@
 #include "waystone/engine.h"
 #include "waystone/status.h"
 #include "waystone/version.h"
+#include "waystone/workflow.h"

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "api/translate.h"
+#include "api/workflow.h"
 #include "base/mutex.h"
 #include "base/random.h"
 #include "connectors/http/http_client.h"
@@ -67,6 +68,10 @@ struct Shared {
       outcome.steps.push_back({step.name, std::string(waystone::ToString(step.state)),
                                step.attempts, step.external_id, step.response_json,
                                step.error_message});
+      // A function workflow's output is its last row's, "$return" (code_runner.cc).
+      if (instance.state == waystone::InstanceState::kCompleted && step.name == "$return") {
+        outcome.output_json = step.response_json;
+      }
     }
     return outcome;
   }
@@ -122,7 +127,7 @@ class EngineImpl final : public Engine {
       if (found == definitions_.end()) {
         return Status(Status::Code::kNotFound, "no workflow '" + workflow +
                                                    "' is registered with this engine "
-                                                   "(RegisterFile or RegisterYaml)");
+                                                   "(RegisterFile, RegisterYaml or Register)");
       }
       definition = found->second;
     }
@@ -141,6 +146,21 @@ class EngineImpl final : public Engine {
     return std::unique_ptr<Instance>(
         new InstanceHandle(shared_, started->instance.id, started->instance.key,
                            started->outcome == StartOutcome::kCreated));
+  }
+
+  Status RegisterFunction(
+      const std::string& name,
+      std::function<Result<std::string>(Context&, const std::string&)> function) override {
+    if (!function) {
+      return Status(Status::Code::kInvalidArgument, "workflow '" + name + "' has no function");
+    }
+    auto registered = shared_->engine->RegisterCode(
+        name, std::make_shared<const FunctionWorkflow>(std::move(function)));
+    if (!registered.ok()) return FromAbsl(registered.status());
+    auto definition = std::make_shared<const WorkflowDefinition>(std::move(*registered));
+    MutexLock lock(mu_);
+    definitions_[name] = std::move(definition);
+    return Status();
   }
 
   Result<std::unique_ptr<Instance>> Find(const std::string& key) override {

@@ -30,6 +30,9 @@ std::string Status::ToString() const {
     case Code::kInternal:
       name = "INTERNAL";
       break;
+    case Code::kAborted:
+      name = "ABORTED";
+      break;
   }
   return std::string(name) + ": " + message_;
 }

@@ -1,5 +1,7 @@
 #include "definition/definition.h"
 
+#include "base/sha256.h"
+
 namespace waystone {
 
 bool RequestSpec::SideEffecting() const {
@@ -11,6 +13,28 @@ int WorkflowDefinition::StepIndex(std::string_view step_name) const {
     if (steps[i].name == step_name) return static_cast<int>(i);
   }
   return -1;
+}
+
+namespace {
+constexpr std::string_view kCodeWorkflowHeader = "# a workflow written as code\ncode-workflow: ";
+}  // namespace
+
+WorkflowDefinition CodeWorkflowDefinition(const std::string& name) {
+  WorkflowDefinition definition;
+  definition.name = name;
+  definition.code = true;
+  definition.source = "code workflow '" + name + "'";
+  definition.text = std::string(kCodeWorkflowHeader) + name + "\n";
+  definition.content_hash = Sha256Hex(definition.text);
+  return definition;
+}
+
+std::optional<std::string> ParseCodeWorkflowText(std::string_view text) {
+  if (!text.starts_with(kCodeWorkflowHeader) || !text.ends_with('\n')) return std::nullopt;
+  text.remove_prefix(kCodeWorkflowHeader.size());
+  text.remove_suffix(1);
+  if (text.empty() || text.find('\n') != std::string_view::npos) return std::nullopt;
+  return std::string(text);
 }
 
 }  // namespace waystone

@@ -300,9 +300,21 @@ struct WorkflowDefinition {
   std::string source;        // file name (or "<inline>") used in messages
   std::string text;          // the exact text loaded; pinned on instances
   std::string content_hash;  // SHA-256 of `text`
+  // A workflow written as a C++ function (the embedded API's Workflow): no `steps`
+  // and no `key` template; its step rows are appended as the function runs, and the
+  // process that registered the function is the one that can run it.
+  bool code = false;
 
   // Returns the index of the step named `name`, or -1.
   int StepIndex(std::string_view step_name) const;
 };
+
+// The definition of the code workflow `name` (code set, no steps). Its text, which
+// instances pin, names it; ParseCodeWorkflowText reads it back.
+WorkflowDefinition CodeWorkflowDefinition(const std::string& name);
+
+// The workflow name when `text` is a code workflow's definition text; nullopt for
+// any other text (a YAML definition).
+std::optional<std::string> ParseCodeWorkflowText(std::string_view text);
 
 }  // namespace waystone

@@ -24,7 +24,12 @@ absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> DefinitionCatalog::Get
   }
   auto text = store_->GetDefinition(hash);
   if (!text.ok()) return text.status();
-  auto definition = LoadDefinitionText(*text, "definition " + hash.substr(0, 12));
+  absl::StatusOr<WorkflowDefinition> definition;
+  if (auto code = ParseCodeWorkflowText(*text)) {
+    definition = CodeWorkflowDefinition(*code);
+  } else {
+    definition = LoadDefinitionText(*text, "definition " + hash.substr(0, 12));
+  }
   if (!definition.ok()) {
     return absl::DataLossError("stored definition " + hash.substr(0, 12) +
                                " no longer loads: " + std::string(definition.status().message()));

@@ -185,6 +185,7 @@ std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definitio
                                              const TemplateEnvironment& environment,
                                              Millis retention) {
   std::vector<IdempotencyClaim> owed;
+  if (definition.code) return owed;  // a code workflow has no notification channels
   std::vector<StepRecord> after;  // the steps as `change` leaves them, when needed
   for (const StepRecord& done : change.steps) {
     if (done.state != StepState::kCompleted || steps[done.index].state == StepState::kCompleted) {

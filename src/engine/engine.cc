@@ -18,6 +18,7 @@
 #include "base/status_macros.h"
 #include "engine/call_metrics.h"
 #include "engine/catalog.h"
+#include "engine/code_workflow.h"
 #include "engine/commit_queue.h"
 #include "engine/context.h"
 #include "engine/events.h"
@@ -63,7 +64,26 @@ class Engine::Impl {
   RunnerDeps Deps() {
     return RunnerDeps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
                       options_.lease_duration, options_.idempotency_retention, keeper_.get(),
-                      metrics_, options_.files_dir};
+                      metrics_, options_.files_dir, &code_};
+  }
+
+  absl::StatusOr<WorkflowDefinition> RegisterCode(const std::string& name,
+                                                  std::shared_ptr<const CodeWorkflow> workflow) {
+    if (name.empty() || name.size() > 128 ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+            std::string::npos) {
+      return absl::InvalidArgumentError("workflow name '" + name +
+                                        "': 1 to 128 letters, digits, '.', '_' or '-'");
+    }
+    WorkflowDefinition definition = CodeWorkflowDefinition(name);
+    code_.Register(name, std::move(workflow));
+    WS_RETURN_IF_ERROR(catalog_.Register(definition, clock_->NowMillis()));
+    {
+      MutexLock lock(mu_);
+      work_arrived_ = true;  // instances waiting for this function may run now
+    }
+    dispatch_.notify_one();
+    return definition;
   }
 
   absl::Status Register(const WorkflowDefinition& definition) {
@@ -109,19 +129,31 @@ class Engine::Impl {
       }
     }
     WS_ASSIGN_OR_RETURN(nlohmann::json input, ParseBoundedJson(request.input_json, "input"));
-    if (!input.is_object()) return absl::InvalidArgumentError("input must be a JSON object");
-    WS_ASSIGN_OR_RETURN(Template key_template, Template::Parse(definition.key));
-    auto key = key_template.RenderText(environment_.BuildForKey(input, request.tenant));
-    if (!key.ok()) {
-      return absl::InvalidArgumentError("business key '" + definition.key +
-                                        "' cannot be built from this input: " +
-                                        std::string(key.status().message()));
-    }
-    if (key->empty()) return absl::InvalidArgumentError("business key renders empty");
-    if (!request.key.empty() && request.key != *key) {
-      return absl::InvalidArgumentError("business key '" + request.key + "' was asked for, but '" +
-                                        definition.key + "' gives '" + *key +
-                                        "' for this input; nothing was started");
+    absl::StatusOr<std::string> key;
+    if (definition.code) {
+      // A code workflow has no key template: the caller names the business action.
+      if (request.key.empty()) {
+        return absl::InvalidArgumentError("workflow '" + definition.name +
+                                          "' is code: its start needs a business key");
+      }
+      key = request.key;
+    } else {
+      // (A code workflow's input is any JSON value its codec writes.)
+      if (!input.is_object()) return absl::InvalidArgumentError("input must be a JSON object");
+      WS_ASSIGN_OR_RETURN(Template key_template, Template::Parse(definition.key));
+      key = key_template.RenderText(environment_.BuildForKey(input, request.tenant));
+      if (!key.ok()) {
+        return absl::InvalidArgumentError("business key '" + definition.key +
+                                          "' cannot be built from this input: " +
+                                          std::string(key.status().message()));
+      }
+      if (key->empty()) return absl::InvalidArgumentError("business key renders empty");
+      if (!request.key.empty() && request.key != *key) {
+        return absl::InvalidArgumentError("business key '" + request.key +
+                                          "' was asked for, but '" + definition.key +
+                                          "' gives '" + *key + "' for this input; nothing was "
+                                          "started");
+      }
     }
     if (key->size() > kMaxBusinessKeyBytes) {
       return absl::InvalidArgumentError("business key is " + std::to_string(key->size()) +
@@ -134,7 +166,7 @@ class Engine::Impl {
         return absl::InvalidArgumentError("business key contains a control character");
       }
     }
-    WS_RETURN_IF_ERROR(Register(definition));
+    if (!definition.code) WS_RETURN_IF_ERROR(Register(definition));
 
     NewInstance in;
     in.tenant = request.tenant;
@@ -511,6 +543,7 @@ class Engine::Impl {
   CallMetrics own_metrics_;  // counts the calls when the options bring no CallMetrics
   CallMetrics* metrics_;     // options_.call_metrics or &own_metrics_
   DefinitionCatalog catalog_;
+  CodeWorkflows code_;  // the code workflows registered with this engine
   CommitQueue commits_;
   std::unique_ptr<LeaseKeeper> keeper_;  // renews leases during long calls
   std::unique_ptr<Operations> operations_;
@@ -569,6 +602,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Store* store, HttpClient*
 
 absl::Status Engine::Register(const WorkflowDefinition& definition) {
   return impl_->Register(definition);
+}
+absl::StatusOr<WorkflowDefinition> Engine::RegisterCode(
+    const std::string& name, std::shared_ptr<const CodeWorkflow> workflow) {
+  return impl_->RegisterCode(name, std::move(workflow));
 }
 absl::StatusOr<StartResult> Engine::StartInstance(const WorkflowDefinition& definition,
                                                   const StartRequest& request) {

@@ -16,6 +16,7 @@
 namespace waystone {
 
 class CallMetrics;
+class CodeWorkflow;
 class DefinitionCatalog;
 class Operations;
 
@@ -89,8 +90,15 @@ class Engine {
   // Checks `definition` against engine limits (step timeouts vs lease) and stores it.
   absl::Status Register(const WorkflowDefinition& definition);
 
+  // Registers the code workflow `name` (code_workflow.h): its definition
+  // (CodeWorkflowDefinition) is stored and made current, and this engine's workers
+  // run its instances with `workflow`. Returns the definition to start it with.
+  absl::StatusOr<WorkflowDefinition> RegisterCode(const std::string& name,
+                                                  std::shared_ptr<const CodeWorkflow> workflow);
+
   // Starts an instance of `definition` (registering it), or returns the existing
-  // one with the same business key. InvalidArgument for bad input (not a JSON
+  // one with the same business key. A code workflow's key is request.key, which it
+  // requires. InvalidArgument for bad input (not a JSON
   // object, too large, key template fails); FailedPrecondition for the same key
   // with another input.
   absl::StatusOr<StartResult> StartInstance(const WorkflowDefinition& definition,

@@ -16,6 +16,7 @@
 #include "base/status_macros.h"
 #include "engine/approvals.h"
 #include "engine/call_metrics.h"
+#include "engine/code_runner.h"
 #include "engine/context.h"
 #include "engine/lookup_pages.h"
 #include "engine/request_body.h"
@@ -66,6 +67,7 @@ class InstanceRunner::Impl {
   absl::StatusOr<DriveResult> Drive(std::stop_token stop, bool async) {
     async_ = async;
     WS_RETURN_IF_ERROR(Load());
+    if (definition_->code) return DriveCodeWorkflow(d_, lease_, instance_, steps_, stop);
     return Loop(stop);
   }
 
@@ -344,7 +346,7 @@ class InstanceRunner::Impl {
     lease_until_ = instance_.lease_epoch == lease_.epoch ? instance_.lease_expires_at : 0;
     WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
     WS_ASSIGN_OR_RETURN(definition_, d_.catalog->Get(instance_.definition_hash));
-    if (steps_.size() != definition_->steps.size()) {
+    if (!definition_->code && steps_.size() != definition_->steps.size()) {
       return absl::DataLossError("instance " + instance_.key + " has " +
                                  std::to_string(steps_.size()) + " step rows but its definition " +
                                  std::to_string(definition_->steps.size()) + " steps");

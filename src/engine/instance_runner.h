@@ -18,6 +18,7 @@
 namespace waystone {
 
 class CallMetrics;
+class CodeWorkflows;
 class TemplateEnvironment;
 
 // What a runner needs; all pointers outlive the runner.
@@ -34,6 +35,7 @@ struct RunnerDeps {
   LeaseKeeper* keeper = nullptr;  // renews the lease during long calls; may be null
   CallMetrics* metrics = nullptr;  // counts the calls made; required
   std::string files_dir;  // where uploads' `path` files live; empty: none may be sent
+  CodeWorkflows* code = nullptr;  // the code workflows this process runs; may be null
 };
 
 // Where a drive left the instance.

@@ -268,6 +268,10 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+    if (definition->code) {
+      return absl::FailedPreconditionError("instance '" + instance.key +
+                                           "' runs a function, which takes no events (yet)");
+    }
     if (instance.state != InstanceState::kRunning &&
         instance.state != InstanceState::kNeedsAttention) {
       return absl::FailedPreconditionError("instance '" + instance.key + "' is " +
@@ -406,6 +410,10 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
   }
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
   WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+  if (definition->code) {
+    return absl::FailedPreconditionError("instance '" + key +
+                                         "' runs a function: its input is not revised");
+  }
   WS_ASSIGN_OR_RETURN(const bool received, ReceivedBefore(revision.inbox, instance));
   if (received) {
     RevisionResult duplicate;

@@ -456,6 +456,126 @@ bool AuditHoldsBatchAction(const std::vector<AuditRecord>& audit, std::string_vi
   return false;
 }
 
+namespace {
+
+// An action on an instance of a code workflow (definition.code): its steps are its
+// function's, run again from the top once the instance is released. Retry runs a
+// failed step again (or, on a step that completed, the function from the top:
+// after a divergence, once the program is fixed); confirm settles an unknown
+// outcome (happened: the step's result is the operator's; not happened: it runs
+// again); compensate undoes what the function did so far; close ends the case.
+absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
+                                          const std::vector<StepRecord>& steps,
+                                          const OperatorRequest& request, Millis now) {
+  ActionPlan plan;
+  plan.state_before = instance.state;
+  const std::string by = " by " + request.actor + ": " + request.reason;
+  const bool at_rest = instance.state == InstanceState::kNeedsAttention ||
+                       instance.state == InstanceState::kFailed;
+  auto find = [&]() -> absl::StatusOr<StepRecord> {
+    // The last step of that name: a function may ask for a name more than once.
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+      if (it->name == request.step) return *it;
+    }
+    return absl::NotFoundError("instance '" + instance.key + "' has no step '" + request.step +
+                               "'");
+  };
+  switch (request.action) {
+    case OperatorAction::kClose:
+      if (instance.state == InstanceState::kClosed) return Refuse(Where(instance) + " already");
+      plan.state_after = InstanceState::kClosed;
+      plan.status_reason = "closed" + by;
+      return plan;
+    case OperatorAction::kCompensate:
+      if (!at_rest && instance.state != InstanceState::kRunning) {
+        return Refuse(Where(instance) + "; compensation starts from running, failed or "
+                      "needs_attention");
+      }
+      for (const StepRecord& step : steps) {
+        if (step.state == StepState::kUnknown || step.state == StepState::kRunning) {
+          return Refuse(StepWhere(step) + ": it may have acted; confirm whether it happened "
+                        "before compensating");
+        }
+      }
+      plan.state_after = InstanceState::kCompensating;
+      plan.status_reason = "compensation started" + by;
+      return plan;
+    case OperatorAction::kSkip:
+      return Refuse("instance '" + instance.key + "' runs a function: its steps cannot be "
+                    "skipped, only retried, confirmed or compensated");
+    case OperatorAction::kRetry:
+    case OperatorAction::kConfirm:
+      break;
+  }
+  if (!at_rest) {
+    return Refuse(Where(instance) + "; an operator retries or confirms a step only while it "
+                  "rests (needs_attention or failed)");
+  }
+  WS_ASSIGN_OR_RETURN(StepRecord step, find());
+  const bool unknown = step.state == StepState::kUnknown || step.state == StepState::kRunning;
+  // Once a compensation ran, the instance goes on compensating (never forward again).
+  const bool undoing = std::any_of(steps.begin(), steps.end(), [](const StepRecord& s) {
+    return s.state == StepState::kCompensating || s.state == StepState::kCompensated ||
+           s.state == StepState::kCompensationFailed;
+  });
+  if (request.action == OperatorAction::kRetry) {
+    if (unknown) {
+      return Refuse(StepWhere(step) + ": it may have acted; confirm whether it happened instead "
+                    "of retrying");
+    }
+    if (step.state == StepState::kCompensationFailed) {
+      step.state = StepState::kCompleted;  // its compensation runs again
+      step.compensation_attempts = 0;
+      step.next_attempt_at = 0;
+      step.error_message.clear();
+      plan.changed_steps.push_back(step);
+      plan.status_reason = "compensation of step '" + request.step + "' retried" + by;
+    } else if (step.state == StepState::kFailed) {
+      step.error_class = ErrorClass::kTransient;  // runs again when the function reaches it
+      step.attempts = 0;
+      step.next_attempt_at = 0;
+      plan.changed_steps.push_back(step);
+      plan.status_reason = "step '" + request.step + "' retried" + by;
+    } else {
+      plan.status_reason = "function run again from the top at step '" + request.step + "'" + by;
+    }
+    plan.state_after = undoing ? InstanceState::kCompensating : InstanceState::kRunning;
+    return plan;
+  }
+  if (!request.happened) {
+    return absl::InvalidArgumentError("confirm needs \"happened\": true or false");
+  }
+  if (!unknown) return Refuse(StepWhere(step) + ": only an unknown outcome is confirmed");
+  if (*request.happened) {
+    if (request.response_json.empty()) {
+      return absl::InvalidArgumentError(
+          "confirming that step '" + request.step + "' of a function happened needs its "
+          "result (\"response\"): what the step would have returned, as JSON");
+    }
+    step.state = StepState::kCompleted;
+    step.response_json = request.response_json;
+    step.external_id = request.external_id;
+    step.finished_at = now;
+  } else {
+    if (!request.external_id.empty()) {
+      return absl::InvalidArgumentError("external_id is only for an outcome that happened");
+    }
+    step.state = StepState::kFailed;  // it did not act: it runs again
+    step.error_class = ErrorClass::kTransient;
+    step.attempts = 0;
+    step.next_attempt_at = 0;
+  }
+  step.resolution = Resolution::kOperator;
+  step.unknown_since = 0;
+  plan.changed_steps.push_back(step);
+  plan.state_after = undoing ? InstanceState::kCompensating : InstanceState::kRunning;
+  plan.status_reason = "outcome of step '" + request.step + "' confirmed as " +
+                       (*request.happened ? "happened" : "not happened") + by;
+  return plan;
+}
+
+}  // namespace
+
 absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definition,
                                               const InstanceRecord& instance,
                                               const std::vector<StepRecord>& steps,
@@ -467,6 +587,7 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
   if (request.reason.size() > 2000) {
     return absl::InvalidArgumentError("reason is longer than 2000 characters");
   }
+  if (definition.code) return PlanCodeAction(instance, steps, request, now);
   if (steps.size() != definition.steps.size()) {
     return absl::DataLossError("instance '" + instance.key + "' does not match its definition");
   }

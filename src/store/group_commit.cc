@@ -4,6 +4,7 @@
 
 #include "base/status_macros.h"
 #include "store/business_statement.h"
+#include "store/business_work.h"
 #include "store/claims.h"
 
 namespace waystone {
@@ -34,9 +35,43 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
 
 bool UndoesOnlyItself(const absl::Status& applied, const Change& change) {
   return absl::IsAborted(applied) || absl::IsFailedPrecondition(applied) ||
-         (IsStatementFailure(applied) && !change.statements.empty()) ||
+         (IsStatementFailure(applied) && (!change.statements.empty() || change.work)) ||
          (absl::IsAlreadyExists(applied) && change.inbox.has_value()) || IsDeliveryOwned(applied);
 }
+
+namespace {
+
+// The statements of a code workflow's transaction, run on the change's own
+// connection. After the first failure nothing more runs (PostgreSQL could not go
+// on in the transaction anyway): the work fails with it, whatever it returns.
+class WorkStatements final : public StatementRunner {
+ public:
+  explicit WorkStatements(ChangeSql& sql) : sql_(sql) {}
+  absl::StatusOr<std::string> Run(const BusinessStatement& statement) override {
+    if (!failed_.ok()) return failed_;
+    auto rows = sql_.RunStatement(statement);
+    if (!rows.ok()) failed_ = rows.status();
+    return rows;
+  }
+  const absl::Status& failed() const { return failed_; }
+
+ private:
+  ChangeSql& sql_;
+  absl::Status failed_;
+};
+
+// Runs the work: the database's trouble fails the batch (Unavailable); the
+// statement's refusal, or an error of the work's own, fails its change alone.
+absl::StatusOr<BusinessWorkResult> RunWork(ChangeSql& sql, const BusinessWork& work) {
+  WorkStatements statements(sql);
+  auto done = work.Run(statements);
+  if (!statements.failed().ok()) return statements.failed();
+  if (done.ok()) return done;
+  if (IsStatementFailure(done.status())) return done.status();
+  return StatementFailure(std::string(done.status().message()));
+}
+
+}  // namespace
 
 absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step) {
   const int64_t id = c.lease.instance_id;
@@ -75,6 +110,19 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step)
     WS_ASSIGN_OR_RETURN(std::string result, sql.RunStatement(statement));
     if (statement.records_result) results.emplace_back(statement.step_index, std::move(result));
   }
+  std::vector<EventRecord> work_events;
+  if (c.work) {
+    WS_ASSIGN_OR_RETURN(BusinessWorkResult done, RunWork(sql, *c.work));
+    results.emplace_back(c.work->step_index(), std::move(done.result_json));
+    work_events = std::move(done.events);
+  }
+  for (const StepRecord& step : c.added_steps) {
+    StepRecord row = step;
+    for (auto& [index, result] : results) {
+      if (index == step.index) row.response_json = result;
+    }
+    WS_RETURN_IF_ERROR(sql.InsertStep(id, row));
+  }
   for (const StepRecord& step : c.steps) {
     StepRecord with_result;
     const StepRecord* row = &step;
@@ -102,6 +150,7 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step)
     WS_RETURN_IF_ERROR(sql.DropOldAttempts(id, a.step_index, attempts_per_step));
   }
   for (const EventRecord& e : c.events) WS_RETURN_IF_ERROR(sql.InsertEvent(e, id, c.now));
+  for (const EventRecord& e : work_events) WS_RETURN_IF_ERROR(sql.InsertEvent(e, id, c.now));
   for (const AlertRecord& a : c.alerts) WS_RETURN_IF_ERROR(sql.InsertAlert(a, id, c.now));
   for (const AuditRecord& a : c.audits) WS_RETURN_IF_ERROR(sql.InsertAudit(a, id, c.now));
   return absl::OkStatus();

@@ -4,7 +4,7 @@
 // applied under its own savepoint in the transaction the dialect opened, in one
 // order: the fence first (nothing is written unless the lease holds), then the
 // inbox claim, the revised input, alert resolution, idempotency key, sql steps'
-// statements, steps, attempts
+// statements, added steps, a code workflow's transaction work, steps, attempts
 // (then the oldest of their steps beyond the bound go), events, alerts and audit
 // records. A dialect supplies only the SQL of each step (ChangeSql).
 
@@ -70,6 +70,8 @@ class ChangeSql : public SavepointSql {
   // Runs a sql step's statement; returns its result ({"rows": [...], "count": n}).
   // An error of the statement itself is a StatementFailure (business_statement.h).
   virtual absl::StatusOr<std::string> RunStatement(const BusinessStatement& statement) = 0;
+  // Inserts one step row (Change::added_steps).
+  virtual absl::Status InsertStep(int64_t instance_id, const StepRecord& step) = 0;
   // Updates one step row; false when the instance has no such step.
   virtual absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& step) = 0;
   // Inserts an attempt numbered after the step's last one.

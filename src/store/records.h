@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -211,6 +212,8 @@ struct BusinessStatement {
   bool records_result = true;
 };
 
+class BusinessWork;
+
 struct Change {
   Lease lease;
   Millis now = 0;
@@ -238,6 +241,14 @@ struct Change {
   std::optional<InboxClaim> inbox;
   // Statements of sql steps, run after the fence and before the step rows.
   std::vector<BusinessStatement> statements;
+  // Step rows this change appends (a code workflow's steps are added as its
+  // function asks for them): inserted whole, after the statements and `work` (a
+  // row at the work's index gets its result), before `steps` are updated. The
+  // instance must not have a row at their index.
+  std::vector<StepRecord> added_steps;
+  // A code workflow's transaction step (store.h): run after the fence and the
+  // statements, before the step rows; its result becomes its step's response_json.
+  std::shared_ptr<const BusinessWork> work;
   // A revision: the instance's input from now on. Its input_hash stays the start's
   // (what a start with the same key is compared with).
   std::optional<std::string> input_json;

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "store/business_work.h"
 #include "store/records.h"
 
 namespace waystone {

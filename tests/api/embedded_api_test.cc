@@ -8,8 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <stdexcept>
+
 #include "support/backends.h"
 #include "support/erp_target.h"
+#include "support/process.h"
 #include "support/temp_dir.h"
 
 namespace {
@@ -195,6 +199,134 @@ TEST_P(EmbeddedApiTest, AnEngineWithoutWorkersStartsAndAnotherRunsIt) {
   EXPECT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
   EXPECT_EQ(Stats()["orders"], 1);
   EXPECT_EQ(Stats()["messages"], 1);
+}
+
+// A workflow written as a function: the clock, a UUID and a random number are recorded
+// once and replayed; a durable timer lets the instance rest and run again from the
+// top, where each recorded step returns its result (the step's effect happens once).
+// A new function that gives a recorded step another input parks the instance.
+waystone::api::Workflow<int64_t, std::string> Timed(std::atomic<int>* runs, std::atomic<int>* effects,
+                                                    const std::string& version) {
+  namespace api = waystone::api;
+  return {"timed", [runs, effects, version](api::Context& ctx,
+                                            const int64_t& n) -> api::Result<std::string> {
+    ++*runs;
+    auto before = ctx.Now();
+    if (!before.ok()) return before.status();
+    auto id = ctx.Uuid();
+    if (!id.ok()) return id.status();
+    auto dice = ctx.Random();
+    if (!dice.ok()) return dice.status();
+    api::StepOptions<int64_t> options;
+    options.input = version;
+    auto doubled = ctx.Step<int64_t>("double", [&]() -> api::Result<int64_t> {
+      ++*effects;
+      return n * 2;
+    }, options);
+    if (!doubled.ok()) return doubled.status();
+    // (Input 5 sleeps long enough to be caught asleep.)
+    const std::chrono::milliseconds nap(n == 5 ? 3000 : 400);
+    if (api::Status slept = ctx.Sleep(nap); !slept.ok()) return slept;
+    auto after = ctx.Now();
+    if (!after.ok()) return after.status();
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(*after - *before).count();
+    return *id + " " + std::to_string(*doubled) + " " + std::to_string(*dice) + " " +
+           (waited >= 400 ? "slept" : "did not sleep " + std::to_string(waited));
+  }};
+}
+
+TEST_P(EmbeddedApiTest, AFunctionsClockRandomnessAndTimerAreRecordedAndReplayed) {
+  std::atomic<int> runs{0}, effects{0};
+  auto timed = Timed(&runs, &effects, "v1");
+  std::string output;
+  {
+    auto engine = Open(2);
+    ASSERT_NE(engine, nullptr);
+    ASSERT_TRUE(engine->Register(timed).ok());
+    EXPECT_EQ(engine->Start(timed, "", int64_t{21}).status().code(),
+              Status::Code::kInvalidArgument);  // a function's start needs its key
+    auto started = engine->Start(timed, "T-1", int64_t{21});
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    auto outcome = (*started)->Wait(std::chrono::seconds(30));
+    ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+    ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+    auto result = waystone::api::Output<std::string>(*outcome);
+    ASSERT_TRUE(result.ok()) << result.status().ToString();
+    output = *result;
+    EXPECT_NE(output.find(" 42 "), std::string::npos) << output;
+    EXPECT_NE(output.find("slept"), std::string::npos) << output;
+    EXPECT_EQ(output[14], '4') << output;  // a version 4 UUID
+    EXPECT_GE(runs.load(), 2);  // the timer: it rested, and ran again from the top
+    EXPECT_EQ(effects.load(), 1);
+    std::vector<std::string> names;
+    for (const auto& step : outcome->steps) names.push_back(step.name);
+    EXPECT_EQ(names, (std::vector<std::string>{"$now", "$uuid", "$random", "double", "$sleep",
+                                                "$now", "$return"}));
+    // Started again: the same instance, the same output; nothing runs.
+    auto again = engine->Start(timed, "T-1", int64_t{21});
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE((*again)->created());
+    EXPECT_EQ(*waystone::api::Output<std::string>(*(*again)->Get()), output);
+
+    // T-2 rests on its timer when this engine goes.
+    ASSERT_TRUE(engine->Start(timed, "T-2", int64_t{5}).ok());
+    ASSERT_TRUE(waystone::testing::WaitFor(
+        [&] {
+          auto found = engine->Find("T-2");
+          if (!found.ok()) return false;
+          auto now = (*found)->Get();
+          return now.ok() && now->steps.size() == 5 && now->steps[4].state == "waiting";
+        },
+        std::chrono::seconds(20)));
+  }
+  // The function changed: the step recorded with "v1" is asked for with "v2".
+  auto changed = Timed(&runs, &effects, "v2");
+  auto engine = Open(2);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(changed).ok());
+  auto parked = engine->Find("T-2");
+  ASSERT_TRUE(parked.ok());
+  auto outcome = (*parked)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  EXPECT_EQ(outcome->state, InstanceState::kNeedsAttention);
+  EXPECT_NE(outcome->reason.find("definition_diverged: step 4 'double' was recorded with another "
+                                 "input"),
+            std::string::npos)
+      << outcome->reason;
+  EXPECT_EQ(effects.load(), 2);  // T-1's and T-2's: nothing ran again
+  EXPECT_EQ(waystone::api::Output<std::string>(*outcome).status().code(),
+            Status::Code::kFailedPrecondition);
+}
+
+// The program's code misbehaves: an exception thrown by a step is a rejection of that
+// step (the process goes on), and a step that calls the context from inside itself
+// is refused; each instance fails with a reason that says so.
+TEST_P(EmbeddedApiTest, AThrowingStepOrOneThatCallsTheContextFailsItsInstanceNotTheProcess) {
+  namespace api = waystone::api;
+  api::Workflow<std::string, std::string> unruly(
+      "unruly", [](api::Context& ctx, const std::string& how) -> api::Result<std::string> {
+        return ctx.Step<std::string>("misbehave", [&]() -> api::Result<std::string> {
+          if (how == "throw") throw std::runtime_error("no such customer");
+          auto now = ctx.Now();  // inside a step: refused
+          if (!now.ok()) return now.status();
+          return std::string("called the context");
+        });
+      });
+  auto engine = Open(2);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(unruly).ok());
+  for (const std::string how : {"throw", "nest"}) {
+    auto started = engine->Start(unruly, "U-" + how, how);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    auto outcome = (*started)->Wait(std::chrono::seconds(30));
+    ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+    EXPECT_EQ(outcome->state, InstanceState::kFailed) << how << ": " << outcome->reason;
+    EXPECT_NE(outcome->reason.find(how == "throw" ? "threw: no such customer"
+                                                  : "may not call the workflow's context"),
+              std::string::npos)
+        << outcome->reason;
+  }
 }
 
 TEST(EmbeddedApiVersionTest, TheLibraryAndTheHeadersAgree) {

@@ -22,7 +22,7 @@ cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log" ||
 lib=$(find "$tmp/prefix" -name 'libwaystone.so' | head -1)
 [[ -n "$lib" ]] || fail "no libwaystone.so installed"
 libdir=$(dirname "$lib")
-for header in waystone.h engine.h status.h export.h version.h; do
+for header in waystone.h engine.h status.h export.h version.h workflow.h json_codec.h; do
   [[ -f "$tmp/prefix/include/waystone/$header" ]] || fail "header $header not installed"
   # Each compiles on its own, as C++17, with nothing but the installed headers.
   echo "#include <waystone/$header>" |
@@ -80,6 +80,16 @@ out=$("$tmp/example/order-example" "$db" "$source/examples/embedded/order.yaml" 
 grep -q 'K-1 found completed' <<< "$out" || fail "K-1 was not found completed: $out"
 [[ "$(stat orders)" == 1 ]] || fail "the ERP has $(stat orders) orders after K-1 twice, not 1"
 [[ "$(stat messages)" == 1 ]] || fail "the target has $(stat messages) messages, not 1"
+# A workflow written as a C++ function (examples/embedded/order_saga.cc), built out of
+# the tree too: its order, its row in the program's own table, its message.
+saga_db="$tmp/saga.db"
+python3 -c "import sqlite3, sys
+sqlite3.connect(sys.argv[1]).execute('CREATE TABLE orders (id INTEGER PRIMARY KEY, order_key TEXT UNIQUE NOT NULL, erp_id TEXT NOT NULL, amount NUMERIC, state TEXT NOT NULL DEFAULT \\'open\\')')" "$saga_db"
+out=$("$tmp/example/order-saga" "$saga_db" "$ERP_URL" S-1 5 U-1) || fail "order-saga failed: $out"
+grep -q 'state completed' <<< "$out" || fail "S-1 did not complete: $out"
+grep -q 'erp ORD-2 row 1' <<< "$out" || fail "S-1 did not record ORD-2 in row 1: $out"
+[[ "$(stat orders)" == 2 ]] || fail "the ERP has $(stat orders) orders after S-1, not 2"
+[[ "$(stat messages)" == 2 ]] || fail "the target has $(stat messages) messages after S-1, not 2"
 
 # 2. pkg-config alone, with the C++ compiler.
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
@@ -89,8 +99,8 @@ c++ -o "$tmp/pc-example" "$source/examples/embedded/main.cc" $flags -Wl,-rpath,"
 out=$("$tmp/pc-example" "$db" "$source/examples/embedded/order.yaml" K-2 \
       '{"order_id":"K-2","amount":7}') || fail "the pkg-config build failed: $out"
 grep -q 'K-2 started completed' <<< "$out" || fail "K-2 did not complete: $out"
-[[ "$(stat orders)" == 2 ]] || fail "the ERP has $(stat orders) orders, not 2"
-[[ "$(stat messages)" == 2 ]] || fail "the target has $(stat messages) messages, not 2"
+[[ "$(stat orders)" == 3 ]] || fail "the ERP has $(stat orders) orders, not 3"
+[[ "$(stat messages)" == 3 ]] || fail "the target has $(stat messages) messages, not 3"
 # A bad definition: a clear error naming the file, and exit 1.
 printf 'workflow: bad\nkey: "{{input.id}}"\nsteps:\n  - name: s\n    request: { method: GET }\n' \
   > "$tmp/bad.yaml"
@@ -98,4 +108,4 @@ if out=$("$tmp/pc-example" "$db" "$tmp/bad.yaml" X '{"id":"X"}' 2>&1); then
   fail "a bad definition was accepted: $out"
 fi
 grep -q 'bad.yaml' <<< "$out" || fail "the error does not name the file: $out"
-echo "out-of-tree: find_package and pkg-config builds ran; the ERP counted 2 orders, 2 messages"
+echo "out-of-tree: find_package and pkg-config builds ran; the ERP counted 3 orders, 3 messages"

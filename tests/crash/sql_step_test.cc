@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/backends.h"
+#include "support/database_client.h"
 #include "support/erp_target.h"
 #include "support/postgres_cluster.h"
 #include "support/process.h"
@@ -23,15 +24,6 @@ namespace {
 
 using Json = nlohmann::json;
 using testing::Backend;
-
-constexpr char kSqliteTable[] =
-    "CREATE TABLE orders (id INTEGER PRIMARY KEY, order_key TEXT UNIQUE NOT NULL, "
-    "erp_id TEXT NOT NULL, amount NUMERIC CHECK (amount > 0), "
-    "state TEXT NOT NULL DEFAULT 'open')";
-constexpr char kPostgresTable[] =
-    "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, order_key TEXT UNIQUE NOT NULL, "
-    "erp_id TEXT NOT NULL, amount NUMERIC CHECK (amount > 0), "
-    "state TEXT NOT NULL DEFAULT 'open')";
 
 class SqlStepTest : public ::testing::TestWithParam<Backend> {
  protected:
@@ -45,32 +37,12 @@ class SqlStepTest : public ::testing::TestWithParam<Backend> {
       ASSERT_FALSE(db_.empty());
     }
     // The integration's table, made beside Waystone's before Waystone ever opens it.
-    Query(GetParam() == Backend::kSqlite ? kSqliteTable : kPostgresTable);
+    Query(testing::OrdersTableSql(GetParam()));
   }
 
-  // Runs `sql` with the database's own client (no code of ours); returns its output
-  // rows as "a|b" lines.
+  // Runs `sql` with the database's own client (no code of ours); its rows as "a|b" lines.
   std::string Query(const std::string& sql) {
-    testing::ProcessResult result;
-    if (GetParam() == Backend::kSqlite) {
-      result = testing::RunProcess(
-          {"/usr/bin/env", "python3", "-c",
-           "import sqlite3, sys\n"
-           "db = sqlite3.connect(sys.argv[1], timeout=10)\n"
-           "rows = db.execute(sys.argv[2]).fetchall()\n"
-           "db.commit()\n"
-           "print('\\n'.join('|'.join('' if v is None else str(v) for v in r) for r in rows))\n",
-           db_, sql},
-          {}, dir_.path());
-    } else {
-      result = testing::RunProcess({"/usr/bin/env", "psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-                                    "-d", db_, "-c", sql},
-                                   {}, dir_.path());
-    }
-    EXPECT_EQ(result.exit_code, 0) << sql << "\n" << result.err;
-    std::string out = result.out;
-    while (!out.empty() && out.back() == '\n') out.pop_back();
-    return out;
+    return testing::ClientQuery(GetParam(), db_, sql, dir_.path());
   }
 
   std::map<std::string, std::string> Env(std::map<std::string, std::string> extra = {}) {

@@ -278,5 +278,95 @@ steps:
   EXPECT_EQ(not_happened->state_after, I::kFailed) << "nothing to undo";
 }
 
+
+// A code workflow's instance: its rows are its function's steps.
+std::vector<StepRecord> CodeSteps(std::vector<std::pair<std::string, StepState>> rows) {
+  std::vector<StepRecord> steps;
+  for (auto& [name, state] : rows) {
+    StepRecord step;
+    step.index = static_cast<int>(steps.size());
+    step.name = name;
+    step.state = state;
+    step.attempts = 1;
+    steps.push_back(step);
+  }
+  return steps;
+}
+
+absl::StatusOr<ActionPlan> CodePlan(InstanceState state, const std::vector<StepRecord>& steps,
+                                    const OperatorRequest& request) {
+  const WorkflowDefinition code = CodeWorkflowDefinition("saga");
+  return PlanOperatorAction(code, Instance(state), steps, request, 1000,
+                            [](int) { return std::string(); });
+}
+
+TEST(OperatorPlanTest, ACodeWorkflowsUnknownStepIsConfirmedNotRetried) {
+  const auto steps = CodeSteps({{"read", S::kCompleted}, {"create", S::kUnknown}});
+  auto retried = CodePlan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "create"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(retried.status())) << retried.status();
+  auto compensated = CodePlan(I::kNeedsAttention, steps, Request(OperatorAction::kCompensate));
+  EXPECT_TRUE(absl::IsFailedPrecondition(compensated.status())) << compensated.status();
+
+  OperatorRequest happened = Request(OperatorAction::kConfirm, "create");
+  happened.happened = true;
+  // Happened: with the result the step would have returned (the function decodes it).
+  EXPECT_TRUE(absl::IsInvalidArgument(CodePlan(I::kNeedsAttention, steps, happened).status()));
+  happened.response_json = R"("ORD-7")";
+  happened.external_id = "ORD-7";
+  auto plan = CodePlan(I::kNeedsAttention, steps, happened);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->state_after, I::kRunning);
+  ASSERT_EQ(plan->changed_steps.size(), 1u);
+  EXPECT_EQ(plan->changed_steps[0].state, S::kCompleted);
+  EXPECT_EQ(plan->changed_steps[0].response_json, R"("ORD-7")");
+  EXPECT_EQ(plan->changed_steps[0].resolution, Resolution::kOperator);
+
+  OperatorRequest not_happened = Request(OperatorAction::kConfirm, "create");
+  not_happened.happened = false;
+  plan = CodePlan(I::kNeedsAttention, steps, not_happened);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->changed_steps.size(), 1u);
+  EXPECT_EQ(plan->changed_steps[0].state, S::kFailed);  // runs again when reached
+  EXPECT_EQ(plan->changed_steps[0].error_class, ErrorClass::kTransient);
+  EXPECT_EQ(plan->changed_steps[0].attempts, 0);
+}
+
+TEST(OperatorPlanTest, ACodeWorkflowIsRetriedClosedAndCompensatedButNotSkipped) {
+  const auto steps = CodeSteps({{"read", S::kCompleted}, {"create", S::kFailed}});
+  auto retried = CodePlan(I::kFailed, steps, Request(OperatorAction::kRetry, "create"));
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->state_after, I::kRunning);
+  ASSERT_EQ(retried->changed_steps.size(), 1u);
+  EXPECT_EQ(retried->changed_steps[0].attempts, 0);
+  // A completed step named: the function runs again from the top (after a fix).
+  auto rerun = CodePlan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "read"));
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  EXPECT_TRUE(rerun->changed_steps.empty());
+  EXPECT_EQ(rerun->state_after, I::kRunning);
+  EXPECT_TRUE(absl::IsNotFound(
+      CodePlan(I::kFailed, steps, Request(OperatorAction::kRetry, "nope")).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      CodePlan(I::kRunning, steps, Request(OperatorAction::kRetry, "create")).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      CodePlan(I::kFailed, steps, Request(OperatorAction::kSkip, "create")).status()));
+  auto compensate = CodePlan(I::kFailed, steps, Request(OperatorAction::kCompensate));
+  ASSERT_TRUE(compensate.ok()) << compensate.status();
+  EXPECT_EQ(compensate->state_after, I::kCompensating);
+  // A compensation that failed is retried: the instance goes on compensating.
+  const auto undoing = CodeSteps(
+      {{"read", S::kCompleted}, {"create", S::kCompensationFailed}, {"notify", S::kCompensated}});
+  auto again = CodePlan(I::kNeedsAttention, undoing, Request(OperatorAction::kRetry, "create"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state_after, I::kCompensating);
+  ASSERT_EQ(again->changed_steps.size(), 1u);
+  EXPECT_EQ(again->changed_steps[0].state, S::kCompleted);
+  EXPECT_EQ(again->changed_steps[0].compensation_attempts, 0);
+  auto closed = CodePlan(I::kNeedsAttention, steps, Request(OperatorAction::kClose));
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed->state_after, I::kClosed);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      CodePlan(I::kClosed, steps, Request(OperatorAction::kClose)).status()));
+}
+
 }  // namespace
 }  // namespace waystone

@@ -65,6 +65,11 @@ class FakeChangeSql final : public ChangeSql {
     if (statement.sqlite == "busy") return StatementTrouble(absl::AbortedError("lock timeout"));
     return std::string("{\"rows\":[],\"count\":1}");
   }
+  absl::Status InsertStep(int64_t, const StepRecord& s) override {
+    log.push_back("insert step " + std::to_string(s.index) +
+                  (s.response_json.empty() ? "" : " " + s.response_json));
+    return absl::OkStatus();
+  }
   absl::StatusOr<bool> UpdateStep(int64_t, const StepRecord& s) override {
     log.push_back("step " + std::to_string(s.index) +
                   (s.response_json.empty() ? "" : " " + s.response_json));

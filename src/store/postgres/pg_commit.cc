@@ -65,6 +65,23 @@ PgStatement ReviseInputStatement(int64_t instance_id, const std::string& input_j
   return {&kRevise, Params(input_json, instance_id)};
 }
 
+PgStatement InsertStepStatement(int64_t instance_id, const StepRecord& s) {
+  static const std::string kInsert =
+      "INSERT INTO steps (instance_id, step_index, name, state, attempts, error_class, "
+      "error_message, external_id, response_json, idempotency_key, request_hash, resolution, "
+      "unknowns, lookups, compensation_attempts, next_attempt_at, started_at, finished_at, "
+      "span_id, unknown_since) VALUES ($1::bigint, $2::integer, $3, $4::smallint, $5::integer, "
+      "$6::smallint, $7, $8, $9, $10, $11, $12::smallint, $13::integer, $14::integer, "
+      "$15::integer, $16::bigint, $17::bigint, $18::bigint, $19, $20::bigint)";
+  return {&kInsert,
+          Params(instance_id, s.index, s.name, static_cast<int64_t>(s.state), s.attempts,
+                 static_cast<int64_t>(s.error_class), s.error_message, s.external_id,
+                 s.response_json, s.idempotency_key, s.request_hash,
+                 static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
+                 s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
+                 s.span_id, s.unknown_since)};
+}
+
 PgStatement UpdateStepStatement(int64_t instance_id, const StepRecord& s) {
   static const std::string kUpdate =
       "UPDATE steps SET state = $1::smallint, attempts = $2::integer, error_class = "
@@ -204,6 +221,9 @@ class PgChangeSql final : public ChangeSql {
   absl::Status ReserveIdempotencyKey(const IdempotencyClaim& claim, Millis now) override {
     return c_.Query(ReserveKeyStatement(claim, now)).status();
   }
+  absl::Status InsertStep(int64_t instance_id, const StepRecord& s) override {
+    return c_.Query(InsertStepStatement(instance_id, s)).status();
+  }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(PgResult updated, c_.Query(UpdateStepStatement(instance_id, s)));
     return updated.affected() == 1;
@@ -315,6 +335,9 @@ class PgQueuedChangeSql final : public ChangeSql {
   }
   absl::StatusOr<std::string> RunStatement(const BusinessStatement&) override {
     return absl::UnimplementedError("a sql step's statement is not pipelined");
+  }
+  absl::Status InsertStep(int64_t, const StepRecord&) override {
+    return absl::UnimplementedError("an added step is not pipelined");
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     steps_.push_back(UpdateStepStatement(instance_id, s).params);
@@ -474,10 +497,12 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   // The common batch (checkpoints whose leases hold) is sent as one pipeline and
   // committed: two round trips, where one statement at a time costs one per
   // statement while every other change of the batch waits.
-  // Nor is a sql step's statement: its failure is its change's alone, and its rows
-  // are the step's result.
+  // Nor is a sql step's statement, or a code workflow's transaction: its failure is
+  // its change's alone, and its rows are the step's result. Nor are added step rows
+  // (a code workflow's), whose statement the batch update does not hold.
   const bool queueable = std::none_of(changes.begin(), changes.end(), [](const Change& c) {
-    return c.idempotency.has_value() || !c.statements.empty();
+    return c.idempotency.has_value() || !c.statements.empty() || c.work ||
+           !c.added_steps.empty();
   });
   if (queueable && !changes.empty()) {
     PgQueuedChangeSql queued;

@@ -172,6 +172,23 @@ class SqliteChangeSql final : public ChangeSql {
                       claim.expires_at)
         .Run();
   }
+  absl::Status InsertStep(int64_t instance_id, const StepRecord& s) override {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * step,
+        db_.Prepare("INSERT INTO steps (instance_id, step_index, name, state, attempts, "
+                    "error_class, error_message, external_id, response_json, idempotency_key, "
+                    "request_hash, resolution, unknowns, lookups, compensation_attempts, "
+                    "next_attempt_at, started_at, finished_at, span_id, unknown_since) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+    return step
+        ->BindAll(instance_id, s.index, s.name, static_cast<int64_t>(s.state), s.attempts,
+                  static_cast<int64_t>(s.error_class), s.error_message, s.external_id,
+                  s.response_json, s.idempotency_key, s.request_hash,
+                  static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
+                  s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
+                  s.span_id, s.unknown_since)
+        .Run();
+  }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(
         SqliteStatement * step,

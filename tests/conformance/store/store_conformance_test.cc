@@ -368,6 +368,96 @@ TEST_P(StoreConformanceTest, ASqlStepsStatementCommitsWithItsCheckpointOrNotAtAl
   EXPECT_NE((*missing_result)[0].message().find("no_such_table"), std::string::npos);
 }
 
+// A code workflow's work (Change::work) runs in its change's transaction after the
+// fence: its statements' rows, the step row the change adds (with the work's result),
+// the events it emits and the change's own commit together; a work that fails (its own
+// error, or a statement the database refuses, after which nothing more runs) writes
+// nothing of its change while the rest of the batch commits.
+class InsertWork final : public BusinessWork {
+ public:
+  InsertWork(std::string key, std::string amount, bool fail_after)
+      : key_(std::move(key)), amount_(std::move(amount)), fail_after_(fail_after) {}
+  int step_index() const override { return 0; }
+  absl::StatusOr<BusinessWorkResult> Run(StatementRunner& sql) const override {
+    auto insert = ParseSqlStatement(
+        "INSERT INTO orders (order_key, amount) VALUES (:key, :amount) RETURNING order_key");
+    if (!insert.ok()) return insert.status();
+    auto rows = sql.Run(BusinessStatement{0, insert->sqlite, insert->postgres,
+                                          {{SqlParam::Kind::kText, key_},
+                                           {SqlParam::Kind::kReal, amount_}},
+                                          true});
+    // A refused statement is ignored here: the store fails the work all the same, and
+    // the statement after it does not run.
+    auto second = sql.Run(BusinessStatement{0, insert->sqlite, insert->postgres,
+                                            {{SqlParam::Kind::kText, key_ + "-2"},
+                                             {SqlParam::Kind::kReal, "1"}},
+                                            true});
+    if (fail_after_) return absl::FailedPreconditionError("the program says no");
+    BusinessWorkResult done;
+    done.result_json = rows.ok() ? *rows : "{}";
+    done.events.push_back({0, "work-" + key_, 0, "t1", "shop.order.recorded", "{}", 0});
+    return done;
+  }
+
+ private:
+  std::string key_, amount_;
+  bool fail_after_;
+};
+
+TEST_P(StoreConformanceTest, ACodeWorkflowsTransactionCommitsWithTheStepRowItAdds) {
+  const bool sqlite = GetParam() == Backend::kSqlite;
+  ASSERT_TRUE(RawExec(sqlite ? "CREATE TABLE orders (id INTEGER PRIMARY KEY, order_key TEXT "
+                               "UNIQUE NOT NULL, amount REAL CHECK (amount > 0))"
+                             : "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, order_key TEXT "
+                               "UNIQUE NOT NULL, amount NUMERIC CHECK (amount > 0))"));
+  for (const std::string key : {"good", "refused", "said-no"}) {
+    NewInstance code = Instance(key);
+    code.step_names.clear();  // a code workflow's rows come as its function asks
+    ASSERT_TRUE(store_->StartInstance(code).ok());
+  }
+  auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_EQ(leases.size(), 3u);
+  std::vector<Change> changes;
+  const std::pair<const char*, const char*> works[] = {{"good", "5"}, {"refused", "-1"},
+                                                       {"said-no", "2"}};
+  for (size_t i = 0; i < leases.size(); ++i) {
+    Change change;
+    change.lease = leases[i];
+    change.now = 2001;
+    change.lease_expires_at = 7000;
+    StepRecord row;
+    row.index = 0;
+    row.name = "record-order";
+    row.state = StepState::kCompleted;
+    row.attempts = 1;
+    change.added_steps = {row};
+    change.work = std::make_shared<InsertWork>(works[i].first, works[i].second, i == 2);
+    changes.push_back(change);
+  }
+  auto results = store_->Commit(changes);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE((*results)[0].ok()) << (*results)[0];
+  EXPECT_TRUE(IsStatementFailure((*results)[1])) << (*results)[1];
+  EXPECT_TRUE(IsStatementFailure((*results)[2])) << (*results)[2];
+  EXPECT_NE((*results)[2].message().find("the program says no"), std::string::npos);
+
+  auto good = *store_->GetSteps(leases[0].instance_id);
+  ASSERT_EQ(good.size(), 1u);
+  EXPECT_EQ(good[0].name, "record-order");
+  EXPECT_EQ(good[0].state, StepState::kCompleted);
+  EXPECT_EQ(good[0].response_json, R"({"rows":[{"order_key":"good"}],"count":1})");
+  auto events = *store_->ListEvents(leases[0].instance_id);
+  ASSERT_EQ(events.size(), 2u);  // started, and the work's own
+  EXPECT_EQ(events[1].type, "shop.order.recorded");
+  for (int i : {1, 2}) {
+    EXPECT_TRUE(store_->GetSteps(leases[i].instance_id)->empty()) << i;
+    EXPECT_EQ(store_->ListEvents(leases[i].instance_id)->size(), 1u) << i;
+  }
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders"), 2);  // good and good-2
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders WHERE order_key LIKE 'refused%'"), 0);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders WHERE order_key LIKE 'said-no%'"), 0);
+}
+
 // The statement and the rest of its change are one: when the change fails after the
 // statement ran (here: a step row that does not exist), its row is not written either,
 // and a failing statement (one that cannot even be prepared) leaves the change after it

@@ -1,0 +1,876 @@
+#include "engine/code_runner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "base/crash_point.h"
+#include "base/log.h"
+#include "base/mutex.h"
+#include "base/sha256.h"
+#include "base/status_macros.h"
+#include "engine/code_workflow.h"
+#include "engine/events.h"
+#include "engine/lease_keeper.h"
+#include "model/keys.h"
+#include "store/business_statement.h"
+
+namespace waystone {
+
+ErrorClass ClassifyCodeFailure(const absl::Status& status) {
+  if (absl::IsUnavailable(status) || absl::IsResourceExhausted(status)) {
+    return ErrorClass::kTransient;
+  }
+  if (absl::IsDeadlineExceeded(status) || absl::IsUnknown(status)) return ErrorClass::kUnknown;
+  return ErrorClass::kRejected;
+}
+
+namespace {
+
+constexpr std::string_view kStoppedMessage = "the workflow run stopped here";
+// How long an instance whose function this process lacks waits before a worker
+// looks at it again (the process that has it may claim it meanwhile).
+constexpr Millis kNoCodeRetry = 1000;
+
+absl::Status Stopped() { return absl::AbortedError(std::string(kStoppedMessage)); }
+
+// Journal rows of the context's own (the clock, a UUID, a patch, a timer, the
+// output) are named with a leading '$', which a step's name may not have.
+constexpr char kNow[] = "$now";
+constexpr char kRandom[] = "$random";
+constexpr char kUuid[] = "$uuid";
+constexpr char kSleep[] = "$sleep";
+constexpr char kReturn[] = "$return";
+constexpr char kPatchPrefix[] = "$patched:";
+
+// Why the run stopped, and what the drive returns for it.
+struct Stop {
+  enum class Kind { kRest, kLeaseLost, kError } kind = Kind::kRest;
+  std::optional<Millis> wake_at;  // kRest: due again then (a timer, a retry)
+  absl::Status error;             // kError
+};
+
+// A transaction step's work, run by the store in the change's transaction.
+class TransactionWork final : public BusinessWork {
+ public:
+  using Fn = std::function<absl::StatusOr<std::string>(CodeTransaction&)>;
+  TransactionWork(int index, const Fn& fn, const InstanceRecord& instance, Random& random,
+                  Millis now)
+      : index_(index), fn_(fn), instance_(instance), random_(random), now_(now) {}
+
+  int step_index() const override { return index_; }
+
+  absl::StatusOr<BusinessWorkResult> Run(StatementRunner& sql) const override {
+    Session session(sql, *this);
+    auto result = fn_(session);
+    if (!result.ok()) return result.status();
+    BusinessWorkResult done{*result, std::move(session.events)};
+    MutexLock lock(mu_);
+    last_result_ = done.result_json;
+    return done;
+  }
+
+  // The result of the last run (the one that committed, once Commit returned OK).
+  std::string last_result() const {
+    MutexLock lock(mu_);
+    return last_result_;
+  }
+
+ private:
+  class Session final : public CodeTransaction {
+   public:
+    Session(StatementRunner& sql, const TransactionWork& work) : sql_(sql), work_(work) {}
+
+    absl::StatusOr<std::string> Execute(const std::string& text,
+                                        const std::map<std::string, SqlParam>& params) override {
+      auto parsed = ParseSqlStatement(text);
+      if (!parsed.ok()) return parsed.status();
+      for (const std::string& word : parsed->identifiers) {
+        if (std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), word) !=
+            std::end(kWaystoneTables)) {
+          return absl::InvalidArgumentError("statement names '" + word +
+                                            "', one of Waystone's own tables");
+        }
+      }
+      BusinessStatement statement;
+      statement.step_index = work_.index_;
+      statement.sqlite = parsed->sqlite;
+      statement.postgres = parsed->postgres;
+      for (const std::string& name : parsed->names) {
+        auto value = params.find(name);
+        if (value == params.end()) {
+          return absl::InvalidArgumentError("statement parameter ':" + name + "' has no value");
+        }
+        statement.values.push_back(value->second);
+      }
+      if (params.size() != parsed->names.size()) {
+        for (const auto& [name, value] : params) {
+          if (std::find(parsed->names.begin(), parsed->names.end(), name) ==
+              parsed->names.end()) {
+            return absl::InvalidArgumentError("value for ':" + name +
+                                              "', which the statement does not use");
+          }
+        }
+      }
+      return sql_.Run(statement);
+    }
+
+    void Emit(const std::string& type, const std::string& payload_json) override {
+      EventRecord event;
+      event.event_id = work_.random_.Hex(16);
+      event.instance_id = work_.instance_.id;
+      event.tenant = work_.instance_.tenant;
+      event.type = type;
+      event.payload_json = payload_json;
+      event.created_at = work_.now_;
+      events.push_back(std::move(event));
+    }
+
+    std::vector<EventRecord> events;
+
+   private:
+    StatementRunner& sql_;
+    const TransactionWork& work_;
+  };
+
+  const int index_;
+  const Fn fn_;
+  const InstanceRecord instance_;
+  Random& random_;
+  const Millis now_;
+  mutable Mutex mu_;
+  mutable std::string last_result_ ABSL_GUARDED_BY(mu_);
+};
+
+class CodeRun final : public CodeContext {
+ public:
+  CodeRun(const RunnerDeps& deps, const Lease& lease, const InstanceRecord& instance,
+          std::vector<StepRecord> steps, std::stop_token stop)
+      : d_(deps),
+        lease_(lease),
+        instance_(instance),
+        journal_(std::move(steps)),
+        stop_token_(std::move(stop)),
+        compensating_(instance.state == InstanceState::kCompensating) {}
+
+  absl::StatusOr<DriveResult> Drive(const CodeWorkflow& workflow) {
+    auto output = workflow.Run(*this, instance_.input_json);
+    if (!stop_) {
+      if (compensating_) {
+        // However the function ended (its failure again, or where the record ends):
+        // the compensations it registered run.
+        Fail(output.ok() ? absl::OkStatus() : output.status());
+      } else if (output.ok()) {
+        Finish(*output);
+      } else if (IsCodeRunStopped(output.status())) {
+        // It returned the stop of a run that had not stopped: not ours to record.
+        stop_ = Stop{Stop::Kind::kError, std::nullopt,
+                     absl::InternalError("the workflow returned a stop that was not its own")};
+      } else {
+        Fail(output.status());
+      }
+    }
+    const Stop& stop = *stop_;
+    if (stop.kind == Stop::Kind::kError) return stop.error;
+    return DriveResult{instance_.state, stop.wake_at, stop.kind == Stop::Kind::kLeaseLost};
+  }
+
+  absl::StatusOr<std::string> Step(const std::string& name, const std::string& input_json,
+                                   const std::function<absl::StatusOr<std::string>()>& fn,
+                                   const CodeStepOptions& options) override {
+    if (restricted_) return Inside();
+    if (stop_) return Stopped();
+    if (absl::Status valid = ValidName("step", name); !valid.ok()) return valid;
+    const std::string hash = Sha256Hex("step\n" + name + "\n" + input_json);
+    if (const StepRecord* recorded = Recorded(name, hash)) {
+      const int index = recorded->index;
+      switch (recorded->state) {
+        case StepState::kCompleted:
+        case StepState::kCompensating:
+        case StepState::kCompensated:
+        case StepState::kCompensationFailed:
+          Compensable(index, options);
+          return recorded->response_json;
+        case StepState::kFailed:
+          if (!compensating_ && recorded->error_class != ErrorClass::kRejected &&
+              !options.retry.Exhausted(recorded->attempts)) {
+            if (recorded->next_attempt_at > d_.clock->NowMillis()) {
+              return Rest(recorded->next_attempt_at);
+            }
+            return Attempt(index, fn, options);
+          }
+          return FailedStep(*recorded);
+        case StepState::kRunning:
+        case StepState::kUnknown:
+          if (compensating_) return Beyond(name);
+          return Recover(index, fn, options);
+        default:
+          return Diverge("step '" + name + "' is recorded " +
+                         std::string(ToString(recorded->state)));
+      }
+    }
+    if (stop_) return Stopped();  // Recorded found another step: diverged
+    if (compensating_) return Beyond(name);
+    if (stop_token_.stop_requested()) return Rest(d_.clock->NowMillis());  // nothing new
+    CrashPoint("before-step", name);
+    StepRecord row = NewRow(name, hash);
+    row.state = StepState::kRunning;
+    row.attempts = 1;
+    row.idempotency_key = StepKey(name);
+    Change change;
+    change.added_steps.push_back(row);
+    if (!Commit(std::move(change))) return Stopped();
+    return Call(row.index, fn, options);
+  }
+
+  absl::StatusOr<std::string> Transaction(
+      const std::string& name,
+      const std::function<absl::StatusOr<std::string>(CodeTransaction&)>& fn) override {
+    if (restricted_) return Inside();
+    if (stop_) return Stopped();
+    if (absl::Status valid = ValidName("transaction", name); !valid.ok()) return valid;
+    const std::string hash = Sha256Hex("transaction\n" + name);
+    if (const StepRecord* recorded = Recorded(name, hash)) {
+      if (recorded->state != StepState::kFailed) return recorded->response_json;
+      // Failed: the same again, unless an operator retried it (transient).
+      if (recorded->error_class == ErrorClass::kRejected || compensating_) {
+        return FailedStep(*recorded);
+      }
+      StepRecord row = *recorded;
+      row.attempts += 1;
+      return RunTransaction(std::move(row), /*added=*/false, fn);
+    }
+    if (stop_) return Stopped();
+    if (compensating_) return Beyond(name);
+    if (stop_token_.stop_requested()) return Rest(d_.clock->NowMillis());
+    CrashPoint("before-step", name);
+    StepRecord row = NewRow(name, hash);
+    row.attempts = 1;
+    return RunTransaction(std::move(row), /*added=*/true, fn);
+  }
+
+  // Commits `row` completed with the transaction that runs `fn` (the row added, or
+  // updated when an operator retried it); when the transaction fails, commits the row
+  // failed with its reason instead.
+  absl::StatusOr<std::string> RunTransaction(
+      StepRecord row, bool added,
+      const std::function<absl::StatusOr<std::string>(CodeTransaction&)>& fn) {
+    const Millis now = d_.clock->NowMillis();
+    row.state = StepState::kCompleted;
+    row.error_class = ErrorClass::kNone;
+    row.error_message.clear();
+    row.finished_at = now;
+    auto work = std::make_shared<TransactionWork>(row.index, fn, instance_, *d_.random, now);
+    Change change;
+    (added ? change.added_steps : change.steps).push_back(row);
+    change.events.push_back(MakeEvent("waystone.step.completed", instance_, &row, "",
+                                      *d_.random, now));
+    change.work = work;
+    absl::Status committed;
+    {
+      Restricted user(this, "", /*keep_lease=*/false);
+      committed = CommitStatus(change);
+    }
+    if (committed.ok()) {
+      journal_[row.index].response_json = work->last_result();
+      CrashPoint("after-checkpoint", row.name);
+      return journal_[row.index].response_json;
+    }
+    if (stop_) return Stopped();
+    // The statement (or the function) failed: nothing of it was written. The step
+    // is recorded failed, so a later run fails it the same way.
+    row.state = StepState::kFailed;
+    row.error_class = ErrorClass::kRejected;
+    row.error_message = std::string(committed.message());
+    Change failed;
+    (added ? failed.added_steps : failed.steps).push_back(row);
+    if (!Commit(std::move(failed))) return Stopped();
+    return FailedStep(row);
+  }
+
+  absl::StatusOr<Millis> Now() override {
+    WS_ASSIGN_OR_RETURN(std::string value, Value(kNow, [&] {
+                          return std::to_string(d_.clock->NowMillis());
+                        }));
+    return std::stoll(value);
+  }
+
+  absl::StatusOr<uint64_t> Random() override {
+    WS_ASSIGN_OR_RETURN(std::string value, Value(kRandom, [&] {
+                          return std::to_string(d_.random->Next());
+                        }));
+    return std::stoull(value);
+  }
+
+  absl::StatusOr<std::string> Uuid() override {
+    WS_ASSIGN_OR_RETURN(std::string value, Value(kUuid, [&] {
+                          std::string hex = d_.random->Hex(16);
+                          hex[12] = '4';  // RFC 9562 version 4, variant 10
+                          hex[16] = "89ab"[std::stoi(hex.substr(16, 1), nullptr, 16) & 3];
+                          return "\"" + hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" +
+                                 hex.substr(12, 4) + "-" + hex.substr(16, 4) + "-" +
+                                 hex.substr(20) + "\"";
+                        }));
+    return value.substr(1, value.size() - 2);
+  }
+
+  absl::Status Sleep(Millis duration) override {
+    if (restricted_) return Inside();
+    if (stop_) return Stopped();
+    const std::string hash = Sha256Hex(std::string("sleep\n") + std::to_string(duration));
+    if (const StepRecord* recorded = Recorded(kSleep, hash)) {
+      if (recorded->state == StepState::kCompleted) return absl::OkStatus();
+      if (compensating_) return Beyond(kSleep);
+      if (recorded->next_attempt_at > d_.clock->NowMillis()) {
+        return Rest(recorded->next_attempt_at);
+      }
+      StepRecord row = *recorded;
+      row.state = StepState::kCompleted;
+      row.finished_at = d_.clock->NowMillis();
+      Change change;
+      change.steps.push_back(row);
+      if (!Commit(std::move(change))) return Stopped();
+      return absl::OkStatus();
+    }
+    if (stop_) return Stopped();
+    if (compensating_) return Beyond(kSleep);
+    const Millis now = d_.clock->NowMillis();
+    StepRecord row = NewRow(kSleep, hash);
+    row.state = StepState::kWaiting;
+    row.next_attempt_at = now + std::max<Millis>(duration, 0);
+    Change change;
+    change.added_steps.push_back(row);
+    return Rest(row.next_attempt_at, std::move(change));
+  }
+
+  absl::StatusOr<bool> Patched(const std::string& patch) override {
+    if (restricted_) return Inside();
+    if (stop_) return Stopped();
+    const std::string name = kPatchPrefix + patch;
+    if (position_ < journal_.size()) {
+      // Recorded with the patch: its path. Recorded without it (an older run went
+      // on past this point): the old path, and the record is not consumed.
+      if (journal_[position_].name != name) return false;
+      ++position_;
+      return true;
+    }
+    if (compensating_) return false;
+    StepRecord row = NewRow(name, Sha256Hex("patched\n" + patch));
+    row.state = StepState::kCompleted;
+    row.finished_at = row.started_at;
+    Change change;
+    change.added_steps.push_back(row);
+    if (!Commit(std::move(change))) return Stopped();
+    return true;
+  }
+
+  const std::string& idempotency_key() const override { return current_key_; }
+  const std::string& business_key() const override { return instance_.key; }
+
+ private:
+  // While the program's own code runs inside a step, a lookup, a compensation or a
+  // transaction: idempotency_key() names that call, the lease is kept (but for a
+  // transaction, which runs inside a commit), and every other context call is
+  // refused: it would be recorded in the middle of a step (and inside a
+  // transaction, on the commit thread, it would wait for itself).
+  class Restricted {
+   public:
+    Restricted(CodeRun* run, std::string key, bool keep_lease = true)
+        : run_(run), held_(keep_lease ? run->d_.keeper : nullptr, run->lease_) {
+      run_->current_key_ = std::move(key);
+      run_->restricted_.store(true);
+    }
+    ~Restricted() {
+      run_->restricted_.store(false);
+      run_->current_key_.clear();
+    }
+    Restricted(const Restricted&) = delete;
+    Restricted& operator=(const Restricted&) = delete;
+
+   private:
+    CodeRun* run_;
+    LeaseKeeper::Guard held_;
+  };
+
+  // A step's name: not the context's own ('$...'), and nothing that would make its
+  // idempotency key another's ("<step>#2", "<step key>:compensate").
+  static absl::Status ValidName(const char* what, const std::string& name) {
+    if (name.empty() || name.size() > 200 || name.front() == '$' ||
+        name.find_first_of(":#\n") != std::string::npos) {
+      return absl::InvalidArgumentError(std::string(what) + " name '" + name +
+                                        "': 1 to 200 characters, not beginning with '$', "
+                                        "without ':', '#' or a line break");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Inside() const {
+    return absl::FailedPreconditionError(
+        "a step, lookup, compensation or transaction may not call the workflow's context "
+        "(only idempotency_key() and key()): call it from the workflow function");
+  }
+
+  // The record at the next position, checked against what the function asks for
+  // now; nullptr when the record ends here (or it diverged: stop_ is set then).
+  const StepRecord* Recorded(const std::string& name, const std::string& hash) {
+    if (position_ >= journal_.size()) return nullptr;
+    const StepRecord& recorded = journal_[position_];
+    if (recorded.name != name) {
+      (void)Diverge("recorded '" + recorded.name + "' at step " + std::to_string(position_ + 1) +
+              ", this run asks for '" + name + "'");
+      return nullptr;
+    }
+    if (recorded.request_hash != hash) {
+      (void)Diverge("step " + std::to_string(position_ + 1) + " '" + name +
+              "' was recorded with another input (hash " + recorded.request_hash.substr(0, 12) +
+              "), this run gives " + hash.substr(0, 12));
+      return nullptr;
+    }
+    ++position_;
+    return &recorded;
+  }
+
+  // A row for the next position, not yet committed.
+  StepRecord NewRow(const std::string& name, const std::string& hash) {
+    StepRecord row;
+    row.instance_id = instance_.id;
+    row.index = static_cast<int>(journal_.size());
+    row.name = name;
+    row.request_hash = hash;
+    row.started_at = d_.clock->NowMillis();
+    return row;
+  }
+
+  // "<tenant>:<key>:<step>", and "#2", "#3", ... for later steps of the same name.
+  std::string StepKey(const std::string& name) const {
+    const auto earlier = std::count_if(journal_.begin(), journal_.end(),
+                                       [&](const StepRecord& s) { return s.name == name; });
+    std::string key = DefaultIdempotencyKey(instance_.tenant, instance_.key, name);
+    if (earlier > 0) key += "#" + std::to_string(earlier + 1);
+    return key;
+  }
+
+  // A value of the context's own (the clock, a random number): recorded once.
+  absl::StatusOr<std::string> Value(const char* name, const std::function<std::string()>& make) {
+    if (restricted_) return Inside();
+    if (stop_) return Stopped();
+    const std::string hash = Sha256Hex(name);
+    if (const StepRecord* recorded = Recorded(name, hash)) return recorded->response_json;
+    if (stop_) return Stopped();
+    if (compensating_) return Beyond(name);
+    StepRecord row = NewRow(name, hash);
+    row.state = StepState::kCompleted;
+    row.finished_at = row.started_at;
+    row.response_json = make();
+    Change change;
+    change.added_steps.push_back(row);
+    if (!Commit(std::move(change))) return Stopped();
+    return row.response_json;
+  }
+
+  // Runs step `index` again: a retry after a transient failure, or a repeat after
+  // an unknown outcome of a repeatable step (or a lookup that found nothing).
+  absl::StatusOr<std::string> Attempt(int index, const std::function<absl::StatusOr<std::string>()>& fn,
+                                      const CodeStepOptions& options) {
+    if (stop_token_.stop_requested()) return Rest(d_.clock->NowMillis());
+    StepRecord row = journal_[index];
+    row.state = StepState::kRunning;
+    row.attempts += 1;
+    row.next_attempt_at = 0;
+    Change change;
+    change.steps.push_back(row);
+    if (!Commit(std::move(change))) return Stopped();
+    return Call(index, fn, options);
+  }
+
+  // Runs the step whose `running` checkpoint is committed, and records its outcome.
+  absl::StatusOr<std::string> Call(int index, const std::function<absl::StatusOr<std::string>()>& fn,
+                                   const CodeStepOptions& options) {
+    const std::string name = journal_[index].name;
+    CrashPoint("before-call", name);
+    absl::StatusOr<std::string> result;
+    {
+      Restricted user(this, journal_[index].idempotency_key);
+      result = fn();
+    }
+    CrashPoint("after-call", name);
+    StepRecord row = journal_[index];
+    if (result.ok()) return Complete(std::move(row), std::move(*result), options);
+    const Millis now = d_.clock->NowMillis();
+    Change change;
+    row.error_class = ClassifyCodeFailure(result.status());
+    row.error_message = std::string(result.status().message());
+    if (row.error_class == ErrorClass::kUnknown) {
+      row.state = StepState::kUnknown;
+      row.unknowns += 1;
+      if (row.unknown_since == 0) row.unknown_since = now;
+      change.steps.push_back(row);
+      if (!Commit(std::move(change))) return Stopped();
+      CrashPoint("after-checkpoint", name);
+      return Recover(index, fn, options);
+    }
+    row.state = StepState::kFailed;
+    row.finished_at = now;
+    if (row.error_class == ErrorClass::kTransient && !options.retry.Exhausted(row.attempts)) {
+      row.next_attempt_at = now + options.retry.NextDelay(row.attempts, std::nullopt, *d_.random);
+      change.steps.push_back(row);
+      return Rest(row.next_attempt_at, std::move(change));
+    }
+    change.steps.push_back(row);
+    if (!Commit(std::move(change))) return Stopped();
+    CrashPoint("after-checkpoint", name);
+    return FailedStep(row);
+  }
+
+  // Records step `row` completed with `result` (its run's, or what its lookup found).
+  absl::StatusOr<std::string> Complete(StepRecord row, std::string result,
+                                       const CodeStepOptions& options) {
+    const Millis now = d_.clock->NowMillis();
+    row.state = StepState::kCompleted;
+    row.response_json = std::move(result);
+    row.error_class = ErrorClass::kNone;
+    row.error_message.clear();
+    row.unknown_since = 0;
+    row.finished_at = now;
+    Change change;
+    change.steps.push_back(row);
+    change.events.push_back(
+        MakeEvent("waystone.step.completed", instance_, &row, "", *d_.random, now));
+    if (!Commit(std::move(change))) return Stopped();
+    CrashPoint("after-checkpoint", row.name);
+    Compensable(row.index, options);
+    return row.response_json;
+  }
+
+  // Step `index` may have acted (found running after a crash, or its outcome was
+  // unknown). First it waits a backoff (the target may still be at work on it), then
+  // it is looked up, or run again when it is repeatable; a step that can be neither
+  // waits for an operator, and so does one whose attempts ran out while its outcome
+  // is still unknown.
+  absl::StatusOr<std::string> Recover(int index, const std::function<absl::StatusOr<std::string>()>& fn,
+                                      const CodeStepOptions& options) {
+    StepRecord row = journal_[index];
+    const Millis now = d_.clock->NowMillis();
+    row.state = StepState::kUnknown;
+    row.error_class = ErrorClass::kUnknown;
+    if (row.unknown_since == 0) row.unknown_since = now;
+    if (row.error_message.empty()) row.error_message = "interrupted before its outcome was recorded";
+    if (!options.lookup && !options.repeatable) {
+      Change change;
+      change.steps.push_back(row);
+      return Park("step '" + row.name +
+                      "' may have acted: its outcome is unknown, it is not repeatable and has "
+                      "no lookup; an operator finds out what happened",
+                  std::move(change));
+    }
+    if (journal_[index].state == StepState::kRunning || row.next_attempt_at == 0) {
+      row.next_attempt_at =
+          now + options.retry.NextDelay(std::max(1, row.attempts), std::nullopt, *d_.random);
+      Change change;
+      change.steps.push_back(row);
+      return Rest(row.next_attempt_at, std::move(change));
+    }
+    if (row.next_attempt_at > now) return Rest(row.next_attempt_at);
+    if (options.lookup) {
+      CrashPoint("before-lookup", row.name);
+      absl::StatusOr<std::optional<std::string>> found;
+      {
+        Restricted user(this, row.idempotency_key);
+        found = options.lookup();
+      }
+      CrashPoint("after-lookup", row.name);
+      row.lookups += 1;
+      if (!found.ok()) {
+        row.error_message = "lookup: " + std::string(found.status().message());
+        row.next_attempt_at = now + options.retry.NextDelay(row.lookups, std::nullopt, *d_.random);
+        Change change;
+        change.steps.push_back(row);
+        return Rest(row.next_attempt_at, std::move(change));
+      }
+      if (found->has_value()) {
+        row.resolution = Resolution::kLookupFound;
+        return Complete(std::move(row), std::move(**found), options);
+      }
+      // Not found: it did not act, and runs again under the same key.
+      row.resolution = Resolution::kResubmitted;
+      journal_[index] = row;
+      if (options.retry.Exhausted(row.attempts)) return GiveUp(index, "the lookup found nothing");
+      return Attempt(index, fn, options);
+    }
+    if (options.retry.Exhausted(row.attempts)) {
+      Change change;
+      change.steps.push_back(row);
+      return Park("step '" + row.name + "' may have acted: its outcome stayed unknown after " +
+                      std::to_string(row.attempts) + " attempts; an operator finds out what "
+                      "happened",
+                  std::move(change));
+    }
+    return Attempt(index, fn, options);  // repeatable: again, under the same key
+  }
+
+  // Fails step `index` for good: its lookup found it never acted, and its attempts ran out.
+  absl::StatusOr<std::string> GiveUp(int index, const std::string& why) {
+    StepRecord row = journal_[index];
+    row.state = StepState::kFailed;
+    row.error_class = ErrorClass::kRejected;
+    row.error_message = "gave up after " + std::to_string(row.attempts) + " attempts: " + why;
+    row.finished_at = d_.clock->NowMillis();
+    Change change;
+    change.steps.push_back(row);
+    if (!Commit(std::move(change))) return Stopped();
+    return FailedStep(row);
+  }
+
+  absl::Status FailedStep(const StepRecord& row) const {
+    return absl::FailedPreconditionError("step '" + row.name + "' failed (" +
+                                         std::string(ToString(row.error_class)) +
+                                         "): " + row.error_message);
+  }
+
+  // Keeps the compensation of completed step `index`, for a failure later.
+  void Compensable(int index, const CodeStepOptions& options) {
+    if (options.compensate) compensations_.emplace_back(index, options.compensate);
+  }
+
+  // The function returned: its output is the instance's.
+  void Finish(const std::string& output) {
+    if (position_ < journal_.size()) {
+      (void)Diverge("the function returned before step " + std::to_string(position_ + 1) +
+                    " '" + journal_[position_].name + "', which it recorded");
+      return;
+    }
+    const Millis now = d_.clock->NowMillis();
+    StepRecord row = NewRow(kReturn, Sha256Hex(std::string(kReturn)));
+    row.state = StepState::kCompleted;
+    row.response_json = output;
+    row.finished_at = now;
+    Change change;
+    change.added_steps.push_back(row);
+    change.state = InstanceState::kCompleted;
+    change.status_reason = "";
+    change.next_run_at = kNoDueTime;
+    InstanceRecord after = instance_;
+    after.state = InstanceState::kCompleted;
+    change.events.push_back(
+        MakeEvent("waystone.instance.completed", after, nullptr, "", *d_.random, now));
+    Release(std::move(change));
+  }
+
+  // The function failed with `error`: the completed steps' compensations run in
+  // reverse order, each recorded on its step, then the instance rests compensated
+  // (failed when there was nothing to undo).
+  void Fail(const absl::Status& error) {
+    const std::string reason =
+        error.ok() ? "the function completed" : std::string(error.message());
+    if (!compensating_) {
+      if (compensations_.empty()) {
+        Change change;
+        change.state = InstanceState::kFailed;
+        change.status_reason = reason;
+        change.next_run_at = kNoDueTime;
+        InstanceRecord after = instance_;
+        after.state = InstanceState::kFailed;
+        change.events.push_back(MakeEvent("waystone.instance.failed", after, nullptr, reason,
+                                          *d_.random, d_.clock->NowMillis()));
+        Release(std::move(change));
+        return;
+      }
+      Change change;
+      change.state = InstanceState::kCompensating;
+      change.status_reason = reason;
+      if (!Commit(std::move(change))) return;
+      compensating_ = true;
+    }
+    for (auto it = compensations_.rbegin(); it != compensations_.rend(); ++it) {
+      if (!Compensate(it->first, it->second)) return;
+    }
+    Change change;
+    change.state = InstanceState::kCompensated;
+    change.next_run_at = kNoDueTime;
+    InstanceRecord after = instance_;
+    after.state = InstanceState::kCompensated;
+    change.events.push_back(MakeEvent("waystone.instance.compensated", after, nullptr,
+                                      instance_.status_reason, *d_.random,
+                                      d_.clock->NowMillis()));
+    Release(std::move(change));
+  }
+
+  // Runs the compensation of step `index` unless it ran; false when the run stopped
+  // (a retry timer, an operator, the lease).
+  bool Compensate(int index,
+                  const std::function<absl::Status(CodeContext&, const std::string&)>& undo) {
+    StepRecord row = journal_[index];
+    if (row.state == StepState::kCompensated) return true;
+    if (row.state == StepState::kCompensationFailed) {
+      (void)Park("the compensation of step '" + row.name + "' failed: " + row.error_message, Change());
+      return false;
+    }
+    const Millis now = d_.clock->NowMillis();
+    if (row.next_attempt_at > now) {
+      (void)Rest(row.next_attempt_at);
+      return false;
+    }
+    if (stop_token_.stop_requested()) {
+      (void)Rest(now);
+      return false;
+    }
+    row.state = StepState::kCompensating;
+    row.compensation_attempts += 1;
+    row.next_attempt_at = 0;
+    Change start;
+    start.steps.push_back(row);
+    if (!Commit(std::move(start))) return false;
+    CrashPoint("before-compensate", row.name);
+    absl::Status undone;
+    {
+      Restricted user(this, CompensationKey(row.idempotency_key));
+      undone = undo(*this, row.response_json);
+    }
+    CrashPoint("after-compensate", row.name);
+    Change change;
+    if (undone.ok()) {
+      row.state = StepState::kCompensated;
+      row.error_message.clear();
+      change.steps.push_back(row);
+      if (!Commit(std::move(change))) return false;
+      CrashPoint("after-compensate-checkpoint", row.name);
+      return true;
+    }
+    row.error_message = "compensation: " + std::string(undone.message());
+    const ErrorClass error = ClassifyCodeFailure(undone);
+    // Nothing happened, or it may have: undone again (a compensation is expected to
+    // be repeatable, under its own key), within the attempts.
+    if (error != ErrorClass::kRejected && !kCompensationRetry.Exhausted(row.compensation_attempts)) {
+      row.state = StepState::kCompleted;
+      row.next_attempt_at =
+          now + kCompensationRetry.NextDelay(row.compensation_attempts, std::nullopt, *d_.random);
+      change.steps.push_back(row);
+      (void)Rest(row.next_attempt_at, std::move(change));
+      return false;
+    }
+    row.state = StepState::kCompensationFailed;
+    change.steps.push_back(row);
+    (void)Park("the compensation of step '" + row.name + "' failed: " + row.error_message,
+         std::move(change));
+    return false;
+  }
+
+  // While compensating, the function asks for what the record does not hold (or
+  // holds unfinished): its run ends here, and what it registered is compensated.
+  absl::Status Beyond(const std::string& name) {
+    Log(LogLevel::kInfo, "instance " + instance_.key + ": compensating from step " +
+                             std::to_string(position_ + 1) + " ('" + name + "')");
+    return Stopped();
+  }
+
+  // The function no longer matches the record: the instance waits for an operator
+  // (never retried forever).
+  absl::Status Diverge(const std::string& detail) {
+    (void)Park("definition_diverged: " + detail, Change());
+    return Stopped();
+  }
+
+  absl::Status Park(const std::string& reason, Change change) {
+    change.state = InstanceState::kNeedsAttention;
+    change.status_reason = reason;
+    change.next_run_at = kNoDueTime;
+    Log(LogLevel::kWarning, "instance " + instance_.key + ": " + reason);
+    Release(std::move(change));
+    return Stopped();
+  }
+
+  // Lets go of the instance until `wake_at`, with what `change` records.
+  absl::Status Rest(Millis wake_at, Change change = Change()) {
+    change.next_run_at = wake_at;
+    Release(std::move(change), wake_at);
+    return Stopped();
+  }
+
+  // Commits `change` and releases the lease; the run stops (to run again at
+  // `wake_at` when given).
+  void Release(Change change, std::optional<Millis> wake_at = std::nullopt) {
+    change.lease = lease_;
+    change.now = d_.clock->NowMillis();
+    change.lease_expires_at = 0;
+    if (CommitStamped(change)) stop_ = Stop{Stop::Kind::kRest, wake_at, {}};
+  }
+
+  // Commits `change` under the lease, renewed; false (the run stopped) when it fails.
+  bool Commit(Change change) { return CommitStatus(change).ok(); }
+
+  absl::Status CommitStatus(Change& change) {
+    change.lease = lease_;
+    change.now = d_.clock->NowMillis();
+    change.lease_expires_at = change.now + d_.lease_duration;
+    return CommitStamped(change) ? absl::OkStatus() : last_error_;
+  }
+
+  bool CommitStamped(const Change& change) {
+    absl::Status status = d_.commits->Commit(change);
+    if (!status.ok()) {
+      last_error_ = status;
+      if (change.work && IsStatementFailure(status)) return false;  // its own failure
+      if (absl::IsAborted(status)) {
+        stop_ = Stop{Stop::Kind::kLeaseLost, std::nullopt, {}};
+      } else {
+        stop_ = Stop{Stop::Kind::kError, std::nullopt, status};
+      }
+      return false;
+    }
+    if (change.state) instance_.state = *change.state;
+    if (change.status_reason) instance_.status_reason = *change.status_reason;
+    for (const StepRecord& row : change.added_steps) {
+      journal_.push_back(row);
+      position_ = journal_.size();
+    }
+    for (const StepRecord& row : change.steps) journal_[row.index] = row;
+    return true;
+  }
+
+  static constexpr RetryPolicy kCompensationRetry{10, 1000, 60'000, 2.0, 3'600'000};
+
+  const RunnerDeps& d_;
+  const Lease lease_;
+  InstanceRecord instance_;
+  std::vector<StepRecord> journal_;  // the step rows as committed, by index
+  size_t position_ = 0;              // the next step the function reaches
+  std::stop_token stop_token_;
+  bool compensating_;
+  std::optional<Stop> stop_;
+  absl::Status last_error_;
+  std::string current_key_;
+  std::atomic<bool> restricted_{false};  // see Restricted
+  std::vector<std::pair<int, std::function<absl::Status(CodeContext&, const std::string&)>>>
+      compensations_;
+};
+
+}  // namespace
+
+bool IsCodeRunStopped(const absl::Status& status) {
+  return absl::IsAborted(status) && status.message() == std::string(kStoppedMessage);
+}
+
+absl::StatusOr<DriveResult> DriveCodeWorkflow(const RunnerDeps& deps, const Lease& lease,
+                                              const InstanceRecord& instance,
+                                              std::vector<StepRecord> steps,
+                                              std::stop_token stop) {
+  std::shared_ptr<const CodeWorkflow> workflow =
+      deps.code != nullptr ? deps.code->Find(instance.workflow) : nullptr;
+  if (workflow == nullptr) {
+    // Another process registered it: this one lets go, and looks again later.
+    Change release;
+    release.lease = lease;
+    release.now = deps.clock->NowMillis();
+    release.lease_expires_at = 0;
+    release.next_run_at = release.now + kNoCodeRetry;
+    WS_RETURN_IF_ERROR(deps.commits->Commit(release));
+    return DriveResult{instance.state, release.next_run_at, false};
+  }
+  CodeRun run(deps, lease, instance, std::move(steps), std::move(stop));
+  return run.Drive(*workflow);
+}
+
+}  // namespace waystone

@@ -1,0 +1,134 @@
+#pragma once
+
+// Workflows written as C++ functions (the embedded API's Workflow<In, Out>), as the
+// engine sees them: a function it runs under the instance's lease, from the top on
+// every run, whose context journals each step as a step row. A step already
+// recorded returns its recorded result (re-execution); one that is not runs and is
+// recorded. See docs/cpp-api.md.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "base/mutex.h"
+#include "model/retry_policy.h"
+#include "model/sql_statement.h"
+#include "store/store.h"
+
+namespace waystone {
+
+// How a code step's failure is classified, from the status its function returns:
+// Unavailable or ResourceExhausted: transient (nothing happened; retried with
+// backoff); DeadlineExceeded or Unknown: the outcome is unknown (it may have acted);
+// anything else: rejected (never retried).
+ErrorClass ClassifyCodeFailure(const absl::Status& status);
+
+class CodeContext;
+
+struct CodeStepOptions {
+  // The step may run again when its outcome is unknown (interrupted, a timeout):
+  // it does nothing twice, or its target takes its idempotency key. When false, an
+  // unknown outcome is looked up (`lookup`), or the instance waits for an operator.
+  bool repeatable = true;
+  // Attempts in all (transient failures and repeats) before it fails, and the
+  // backoff between them.
+  RetryPolicy retry;
+  // Asks the target whether the step acted after all, before it runs again: its
+  // result when it did, nullopt when it did not. Errors are transient.
+  std::function<absl::StatusOr<std::optional<std::string>>()> lookup;
+  // Undoes the completed step (given its result) when the workflow fails later.
+  // It runs after the function returned: it must not use what the function's
+  // frame held (it gets the context, with the compensation's idempotency key).
+  std::function<absl::Status(CodeContext& ctx, const std::string& result_json)> compensate;
+};
+
+// What a transaction's function reaches the database through: the change's own
+// connection, inside the transaction that also commits the step's checkpoint.
+// Used by the thread running the function, only while it runs.
+class CodeTransaction {
+ public:
+  // Runs `statement`, with :name parameters bound from `params` (never spliced), on
+  // a table of the program's own (Waystone's tables are refused); returns its rows
+  // as {"rows": [...], "count": n}.
+  virtual absl::StatusOr<std::string> Execute(
+      const std::string& statement, const std::map<std::string, SqlParam>& params) = 0;
+  // Adds an outbox event, committed with the transaction (the relay delivers it).
+  virtual void Emit(const std::string& type, const std::string& payload_json) = 0;
+
+ protected:
+  ~CodeTransaction() = default;
+};
+
+// The context a code workflow's function calls. Once the run must stop (it waits
+// for a timer, the instance was parked, the lease was lost, the function diverged
+// from the record) every call returns the same error: kStopped (Aborted). The
+// function is expected to return it; what it returns then is not recorded.
+// Used by the thread running the function.
+class CodeContext {
+ public:
+  virtual ~CodeContext() = default;
+  // Runs `fn` once for the instance, recorded as step `name` at the next position
+  // (an earlier run's result is returned without running it). `input_json` is
+  // hashed: another input at the same position is a divergence.
+  virtual absl::StatusOr<std::string> Step(const std::string& name,
+                                           const std::string& input_json,
+                                           const std::function<absl::StatusOr<std::string>()>& fn,
+                                           const CodeStepOptions& options) = 0;
+  // Runs `fn` inside the transaction that records it as step `name`: what it writes
+  // and the checkpoint commit together or not at all. Its result is the step's.
+  virtual absl::StatusOr<std::string> Transaction(
+      const std::string& name,
+      const std::function<absl::StatusOr<std::string>(CodeTransaction&)>& fn) = 0;
+  // The clock, a random number, a UUID: recorded on first use, the same on replay.
+  virtual absl::StatusOr<Millis> Now() = 0;
+  virtual absl::StatusOr<uint64_t> Random() = 0;
+  virtual absl::StatusOr<std::string> Uuid() = 0;
+  // Waits `duration` on a durable timer: the instance rests (no thread held) and
+  // runs again from the top when it is due.
+  virtual absl::Status Sleep(Millis duration) = 0;
+  // True when this run may take the code path introduced under `patch`: an instance
+  // that recorded steps past this point without it keeps the old path.
+  virtual absl::StatusOr<bool> Patched(const std::string& patch) = 0;
+  // The idempotency key of the step running now ("" outside a step): the same on
+  // every attempt of that step.
+  virtual const std::string& idempotency_key() const = 0;
+  virtual const std::string& business_key() const = 0;
+};
+
+// A code workflow's function.
+class CodeWorkflow {
+ public:
+  virtual ~CodeWorkflow() = default;
+  // Runs the workflow from the top with the instance's input; returns its output
+  // (JSON text), or an error that fails it (its completed steps are compensated).
+  virtual absl::StatusOr<std::string> Run(CodeContext& ctx,
+                                          const std::string& input_json) const = 0;
+};
+
+// The code workflows this process can run, by name. Thread-safe.
+class CodeWorkflows {
+ public:
+  void Register(const std::string& name, std::shared_ptr<const CodeWorkflow> workflow) {
+    MutexLock lock(mu_);
+    by_name_[name] = std::move(workflow);
+  }
+  std::shared_ptr<const CodeWorkflow> Find(const std::string& name) {
+    MutexLock lock(mu_);
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : it->second;
+  }
+
+ private:
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<const CodeWorkflow>> by_name_ ABSL_GUARDED_BY(mu_);
+};
+
+// The error every context call returns once the run has stopped.
+bool IsCodeRunStopped(const absl::Status& status);
+
+}  // namespace waystone
