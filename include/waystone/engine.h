@@ -78,6 +78,20 @@ Result<Out> Output(const Outcome& outcome) {
   return Codec<Out>::Decode(outcome.output_json);
 }
 
+// A clock a test moves by hand (EngineOptions::clock): the engine's time — durable
+// timers (Context::Sleep), retry backoffs, WaitEvent's timeout, recorded
+// Context::Now(), leases — moves only when the test advances it. Thread-safe.
+class WAYSTONE_API ManualClock {
+ public:
+  static std::shared_ptr<ManualClock> Create(std::chrono::system_clock::time_point start);
+  virtual ~ManualClock();
+  virtual std::chrono::system_clock::time_point Now() const = 0;
+  virtual void Advance(std::chrono::milliseconds by) = 0;
+
+ protected:
+  ManualClock() = default;
+};
+
 // What Engine::Open opens. A value (like std::string).
 struct EngineOptions {
   // A SQLite file (created if missing) or a PostgreSQL URI ("postgresql://...").
@@ -97,6 +111,9 @@ struct EngineOptions {
   // How long a worker's claim on an instance lasts without a commit; must exceed
   // the longest step timeout. Another process takes an instance over after it.
   std::chrono::milliseconds lease = std::chrono::seconds(30);
+  // For tests: the engine's time, moved by hand. Null: the system clock. (Wait's
+  // timeout is always real time.)
+  std::shared_ptr<ManualClock> clock;
 };
 
 // A started (or found) instance. Thread-compatible: one thread at a time per
@@ -171,6 +188,15 @@ class WAYSTONE_API Engine {
                                           const std::string& key, const In& input) {
     return Start(workflow.name(), key, Codec<In>::Encode(input));
   }
+  // Delivers an event to the instance of this tenant with business key `key`: a
+  // function waiting in Context::WaitEvent for `event_type` gets `data_json`. The
+  // event is claimed in the inbox under (source, id) with its effect: delivered
+  // again, it changes nothing (OK). FailedPrecondition when the instance does not
+  // wait for that type now (try again later), NotFound when there is no such instance.
+  virtual Status Signal(const std::string& key, const std::string& event_type,
+                        const std::string& source, const std::string& id,
+                        const std::string& data_json) = 0;
+
   // The untyped registration Register uses: the function over JSON text.
   virtual Status RegisterFunction(
       const std::string& name,

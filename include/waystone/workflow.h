@@ -36,6 +36,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "waystone/export.h"
 #include "waystone/status.h"
@@ -164,6 +165,52 @@ std::string Encode(const T& value) {
   return Codec<T>::Encode(value);
 }
 
+// An HTTP request a workflow sends with Context::Call.
+struct HttpRequest {
+  std::string method = "GET";
+  std::string url;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  std::chrono::milliseconds timeout{10'000};
+};
+
+// What a call received.
+struct HttpResponse {
+  int status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;  // names in lower case
+  std::string body;
+  // The value of header `lower_name`, "" when absent.
+  std::string Header(const std::string& lower_name) const {
+    for (const auto& [name, value] : headers) {
+      if (name == lower_name) return value;
+    }
+    return "";
+  }
+};
+
+// What a call's failure was: nothing happened (retried), the target refused (never
+// retried), or it may have acted (looked up, or sent again when repeatable).
+enum class ErrorClass { kTransient, kRejected, kUnknown };
+
+// How a Context::Call recovers and is undone. A value.
+struct CallOptions {
+  // The target acts once per Idempotency-Key: an unknown outcome is sent again under
+  // the same key. GET, HEAD and OPTIONS always may be sent again.
+  bool repeatable = false;
+  Retry retry;
+  // An HTTP status's class where the default does not fit (by default 2xx succeed;
+  // 408, 425, 429, 503 and a request that never left are transient; other 5xx and a
+  // lost answer unknown; any other status rejected).
+  std::map<int, ErrorClass> errors;
+  // Before an unknown outcome is sent again: `lookup` is sent, and `found` reads its
+  // answer: the call's response when the call acted, nullopt when it did not.
+  std::optional<HttpRequest> lookup;
+  std::function<std::optional<HttpResponse>(const HttpResponse& answer)> found;
+  // The request that undoes the completed call, given its response (nullopt: nothing
+  // to undo), sent with the Idempotency-Key "<call's key>:compensate".
+  std::function<std::optional<HttpRequest>(const HttpResponse& response)> compensate;
+};
+
 // A statement parameter's value.
 struct SqlValue {
   enum class Kind { kNull, kText, kInteger, kReal };
@@ -218,6 +265,18 @@ class WAYSTONE_API Context {
   template <typename T, typename F>
   Result<T> Transaction(const std::string& name, F&& fn);
 
+  // Sends `request` once for this instance as step `name`: with an Idempotency-Key
+  // header (the step's key, the same on every attempt) unless it has one; the
+  // answer classified (a 2xx is the result; see CallOptions::errors); a transient
+  // failure retried; an unknown outcome looked up (`lookup`) or sent again when
+  // `repeatable`, else left to an operator. A refusal is kFailedPrecondition naming
+  // the status and the body. On a later run, the recorded response.
+  virtual Result<HttpResponse> Call(const std::string& name, const HttpRequest& request,
+                                    const CallOptions& options) = 0;
+  Result<HttpResponse> Call(const std::string& name, const HttpRequest& request) {
+    return Call(name, request, CallOptions());
+  }
+
   // The time, a random number and a UUID: recorded on first use, the same on replay.
   virtual Result<std::chrono::system_clock::time_point> Now() = 0;
   virtual Result<uint64_t> Random() = 0;
@@ -225,6 +284,13 @@ class WAYSTONE_API Context {
   // Waits on a durable timer: the instance rests (no thread held) and its function
   // runs again when it is due, past this call.
   virtual Status Sleep(std::chrono::milliseconds duration) = 0;
+  // Waits for an event of `event_type` delivered to this instance (Engine::Signal,
+  // or the HTTP API's events), at most `timeout` (0: no limit): its data (JSON), or
+  // kDeadlineExceeded once the timeout passed. The instance rests without a thread
+  // meanwhile. An event that comes while the instance does not wait for its type is
+  // refused (the sender tries again).
+  virtual Result<std::string> WaitEvent(const std::string& event_type,
+                                        std::chrono::milliseconds timeout) = 0;
   // True when this run takes the code path introduced under `patch`; false for an
   // instance that went past this point before the patch (it keeps the old path).
   virtual Result<bool> Patched(const std::string& patch) = 0;

@@ -8,13 +8,17 @@
 #include <mutex>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "api/translate.h"
 #include "api/workflow.h"
+#include "base/manual_clock.h"
 #include "base/mutex.h"
 #include "base/random.h"
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "engine/operations.h"
 #include "model/keys.h"
 #include "model/states.h"
 #include "store/store.h"
@@ -47,8 +51,23 @@ bool AtRest(waystone::InstanceState state) {
          state != waystone::InstanceState::kCompensating;
 }
 
+class ManualClockImpl final : public ManualClock {
+ public:
+  // (A FakeClock instantiated here would have its waits exported from the library.)
+  explicit ManualClockImpl(Millis start) : clock_(MakeManualClock(start)) {}
+  std::chrono::system_clock::time_point Now() const override {
+    return std::chrono::system_clock::time_point(std::chrono::milliseconds(clock_->NowMillis()));
+  }
+  void Advance(std::chrono::milliseconds by) override { AdvanceManualClock(*clock_, by.count()); }
+  const waystone::Clock* clock() const { return clock_.get(); }
+
+ private:
+  std::unique_ptr<Clock> clock_;
+};
+
 // What the engine and its handles share: the last of them to go closes it.
 struct Shared {
+  std::shared_ptr<ManualClock> manual_clock;  // kept while the engine uses it
   std::unique_ptr<Store> store;
   std::unique_ptr<HttpClient> http;
   SeededRandom random;
@@ -163,6 +182,32 @@ class EngineImpl final : public Engine {
     return Status();
   }
 
+  Status Signal(const std::string& key, const std::string& event_type, const std::string& source,
+                const std::string& id, const std::string& data_json) override {
+    if (source.empty() || id.empty()) {
+      return Status(Status::Code::kInvalidArgument, "an event needs its source and its id");
+    }
+    if (!data_json.empty() &&
+        nlohmann::json::parse(data_json, nullptr, /*allow_exceptions=*/false).is_discarded()) {
+      return Status(Status::Code::kInvalidArgument, "an event's data must be JSON");
+    }
+    waystone::Signal signal;
+    signal.tenant = shared_->tenant;
+    signal.key = key;
+    signal.event_type = event_type;
+    signal.source = source;
+    signal.id = id;
+    signal.data_json = data_json.empty() ? "null" : data_json;
+    signal.actor = "embedded";
+    auto delivered = shared_->engine->operations().Deliver(signal);
+    if (!delivered.ok()) return FromAbsl(delivered.status());
+    if (delivered->outcome == SignalOutcome::kConflict) {
+      return Status(Status::Code::kFailedPrecondition,
+                    "event " + source + " " + id + " was received before with other data");
+    }
+    return Status();
+  }
+
   Result<std::unique_ptr<Instance>> Find(const std::string& key) override {
     auto instance = shared_->store->FindInstance(shared_->tenant, key);
     if (!instance.ok()) return FromAbsl(instance.status());
@@ -200,6 +245,12 @@ const char* ToString(InstanceState state) {
 const char* Version() { return WAYSTONE_VERSION_STRING; }
 
 Instance::~Instance() = default;
+ManualClock::~ManualClock() = default;
+
+std::shared_ptr<ManualClock> ManualClock::Create(std::chrono::system_clock::time_point start) {
+  return std::make_shared<ManualClockImpl>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count());
+}
 Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
@@ -233,8 +284,18 @@ Result<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
   engine_options.lease_duration = options.lease.count();
   engine_options.secrets_file = options.secrets_file;
   engine_options.files_dir = options.files_dir;
-  auto engine = waystone::Engine::Create(shared->store.get(), shared->http.get(),
-                                         SystemClock::Get(), &shared->random, engine_options);
+  const waystone::Clock* clock = SystemClock::Get();
+  if (options.clock != nullptr) {
+    const auto* manual = dynamic_cast<const ManualClockImpl*>(options.clock.get());
+    if (manual == nullptr) {
+      return Status(Status::Code::kInvalidArgument,
+                    "EngineOptions.clock: a clock from ManualClock::Create is required");
+    }
+    shared->manual_clock = options.clock;
+    clock = manual->clock();
+  }
+  auto engine = waystone::Engine::Create(shared->store.get(), shared->http.get(), clock,
+                                         &shared->random, engine_options);
   if (!engine.ok()) return FromAbsl(engine.status());
   shared->engine = std::move(*engine);
   if (options.workers > 0) shared->engine->Start();

@@ -69,6 +69,50 @@ absl::StatusOr<T> ToAbslOr(Result<T> result) {
   return std::move(*result);
 }
 
+// The engine's record of a call's answer ({"status", "headers", "body"}) and back.
+std::string ResponseJson(const HttpResponse& response) {
+  nlohmann::json headers = nlohmann::json::object();
+  for (const auto& [name, value] : response.headers) headers[name] = value;
+  return nlohmann::json{{"status", response.status}, {"headers", headers}, {"body", response.body}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<HttpResponse> ParseResponse(const std::string& json) {
+  const nlohmann::json parsed = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object() || !parsed.contains("status") || !parsed["status"].is_number_integer() ||
+      !parsed.contains("body") || !parsed["body"].is_string()) {
+    return Status(Status::Code::kInvalidArgument,
+                  "not a call's recorded response: " + json.substr(0, 120));
+  }
+  HttpResponse response;
+  response.status = parsed["status"].get<int>();
+  response.body = parsed["body"].get<std::string>();
+  if (parsed.contains("headers") && parsed["headers"].is_object()) {
+    for (const auto& [name, value] : parsed["headers"].items()) {
+      if (value.is_string()) response.headers.emplace_back(name, value.get<std::string>());
+    }
+  }
+  return response;
+}
+
+waystone::HttpRequest ToEngine(const HttpRequest& request) {
+  waystone::HttpRequest out;
+  out.method = request.method;
+  out.url = request.url;
+  out.headers = request.headers;
+  out.body = request.body;
+  out.timeout = request.timeout.count();
+  return out;
+}
+
+RetryPolicy ToPolicy(const Retry& retry) {
+  RetryPolicy policy;
+  policy.max_attempts = std::max(1, retry.max_attempts);
+  policy.initial_interval = std::max<int64_t>(0, retry.initial_backoff.count());
+  policy.max_interval = std::max<int64_t>(0, retry.max_backoff.count());
+  return policy;
+}
+
 class TxImpl final : public Tx {
  public:
   explicit TxImpl(CodeTransaction& tx) : tx_(tx) {}
@@ -118,9 +162,7 @@ class ContextImpl final : public Context {
                                const RawStepOptions& options) override {
     CodeStepOptions code;
     code.repeatable = options.repeatable;
-    code.retry.max_attempts = std::max(1, options.retry.max_attempts);
-    code.retry.initial_interval = std::max<int64_t>(0, options.retry.initial_backoff.count());
-    code.retry.max_interval = std::max<int64_t>(0, options.retry.max_backoff.count());
+    code.retry = ToPolicy(options.retry);
     if (options.lookup) {
       code.lookup = [lookup = options.lookup]() {
         return ToAbslOr(Guarded("the lookup", [&] { return lookup(); }));
@@ -138,6 +180,56 @@ class ContextImpl final : public Context {
         [&fn]() { return ToAbslOr(Guarded("the step", [&] { return fn(); })); }, code);
     if (!result.ok()) return FromEngine(result.status());
     return *result;
+  }
+
+  Result<HttpResponse> Call(const std::string& name, const HttpRequest& request,
+                            const CallOptions& options) override {
+    CodeCallOptions code;
+    code.repeatable = options.repeatable;
+    code.retry = ToPolicy(options.retry);
+    for (const auto& [status, error] : options.errors) {
+      switch (error) {
+        case ErrorClass::kTransient:
+          code.transient_statuses.push_back(status);
+          break;
+        case ErrorClass::kUnknown:
+          code.unknown_statuses.push_back(status);
+          break;
+        case ErrorClass::kRejected:
+          code.rejected_statuses.push_back(status);
+          break;
+      }
+    }
+    if (options.lookup) code.lookup = ToEngine(*options.lookup);
+    if (options.found) {
+      code.found = [&found = options.found](const std::string& answer_json)
+          -> absl::StatusOr<std::optional<std::string>> {
+        Result<HttpResponse> answer = ParseResponse(answer_json);
+        if (!answer.ok()) return ToAbsl(answer.status());
+        Result<std::optional<HttpResponse>> matched = Guarded(
+            "the lookup's `found`",
+            [&]() -> Result<std::optional<HttpResponse>> { return found(*answer); });
+        if (!matched.ok()) return ToAbsl(matched.status());
+        if (!matched->has_value()) return std::optional<std::string>();
+        return std::optional<std::string>(ResponseJson(**matched));
+      };
+    }
+    if (options.compensate) {
+      // Runs after the function returned: it keeps a copy.
+      code.compensate = [undo = options.compensate](const std::string& result_json)
+          -> absl::StatusOr<std::optional<waystone::HttpRequest>> {
+        Result<HttpResponse> result = ParseResponse(result_json);
+        if (!result.ok()) return ToAbsl(result.status());
+        Result<std::optional<HttpRequest>> request = Guarded(
+            "the compensation", [&]() -> Result<std::optional<HttpRequest>> { return undo(*result); });
+        if (!request.ok()) return ToAbsl(request.status());
+        if (!request->has_value()) return std::optional<waystone::HttpRequest>();
+        return std::optional<waystone::HttpRequest>(ToEngine(**request));
+      };
+    }
+    auto recorded = ctx_.Call(name, ToEngine(request), code);
+    if (!recorded.ok()) return FromEngine(recorded.status());
+    return ParseResponse(*recorded);
   }
 
   Result<std::string> TransactionJson(
@@ -170,6 +262,13 @@ class ContextImpl final : public Context {
 
   Status Sleep(std::chrono::milliseconds duration) override {
     return FromEngine(ctx_.Sleep(duration.count()));
+  }
+
+  Result<std::string> WaitEvent(const std::string& event_type,
+                                std::chrono::milliseconds timeout) override {
+    auto data = ctx_.WaitEvent(event_type, std::max<int64_t>(0, timeout.count()));
+    if (!data.ok()) return FromEngine(data.status());
+    return *data;
   }
 
   Result<bool> Patched(const std::string& patch) override {

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <mutex>
+
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +19,7 @@
 #include "engine/events.h"
 #include "engine/lease_keeper.h"
 #include "model/keys.h"
+#include "model/json_text.h"
 #include "store/business_statement.h"
 
 namespace waystone {
@@ -175,7 +179,10 @@ class CodeRun final : public CodeContext {
     }
     const Stop& stop = *stop_;
     if (stop.kind == Stop::Kind::kError) return stop.error;
-    return DriveResult{instance_.state, stop.wake_at, stop.kind == Stop::Kind::kLeaseLost};
+    DriveResult result{instance_.state, stop.wake_at, stop.kind == Stop::Kind::kLeaseLost};
+    result.awaiting_event = awaiting_event_;
+    if (result.wake_at == kNoDueTime) result.wake_at.reset();  // an event with no deadline
+    return result;
   }
 
   absl::StatusOr<std::string> Step(const std::string& name, const std::string& input_json,
@@ -224,6 +231,53 @@ class CodeRun final : public CodeContext {
     change.added_steps.push_back(row);
     if (!Commit(std::move(change))) return Stopped();
     return Call(row.index, fn, options);
+  }
+
+  absl::StatusOr<std::string> Call(const std::string& name, HttpRequest request,
+                                   const CodeCallOptions& options) override {
+    if (restricted_) return Inside();
+    if (request.method.empty() || request.url.empty()) {
+      return absl::InvalidArgumentError("call '" + name + "': a method and a URL are required");
+    }
+    const bool safe =
+        request.method == "GET" || request.method == "HEAD" || request.method == "OPTIONS";
+    CodeStepOptions step;
+    step.repeatable = options.repeatable || safe;
+    step.retry = options.retry;
+    StatusOverrides errors;
+    for (int status : options.transient_statuses) errors[status] = ErrorClass::kTransient;
+    for (int status : options.unknown_statuses) errors[status] = ErrorClass::kUnknown;
+    for (int status : options.rejected_statuses) errors[status] = ErrorClass::kRejected;
+    if (options.lookup) {
+      // Used while the call's step runs: what it captures lives as long.
+      step.lookup = [this, &options]() -> absl::StatusOr<std::optional<std::string>> {
+        HttpResponse answer = Send(*options.lookup, "");
+        if (Classify(answer.outcome, {}) != ErrorClass::kNone) {
+          return absl::UnavailableError("the lookup got " + Described(answer));
+        }
+        if (!options.found) return absl::InvalidArgumentError("a lookup needs `found`");
+        return options.found(ResultJson(answer));
+      };
+    }
+    if (options.compensate) {
+      // Runs after the function returned: it keeps copies.
+      step.compensate = [this, undo = options.compensate](CodeContext&,
+                                                          const std::string& result) {
+        absl::StatusOr<std::optional<HttpRequest>> request = undo(result);
+        if (!request.ok()) return absl::FailedPreconditionError(request.status().message());
+        if (!request->has_value()) return absl::OkStatus();  // nothing to undo
+        HttpResponse answer = Send(**request, current_key_);
+        return Failure(Classify(answer.outcome, {}), answer);
+      };
+    }
+    return Step(name, RequestHash(request.method, request.url, request.body),
+                [&]() -> absl::StatusOr<std::string> {
+                  HttpResponse answer = Send(request, current_key_);
+                  const ErrorClass error = Classify(answer.outcome, errors);
+                  if (error == ErrorClass::kNone) return ResultJson(answer);
+                  return Failure(error, answer);
+                },
+                step);
   }
 
   absl::StatusOr<std::string> Transaction(
@@ -346,6 +400,48 @@ class CodeRun final : public CodeContext {
     return Rest(row.next_attempt_at, std::move(change));
   }
 
+  absl::StatusOr<std::string> WaitEvent(const std::string& event_type, Millis timeout) override {
+    if (restricted_) return Inside();
+    if (stop_) return Stopped();
+    if (event_type.empty() || event_type.find('\n') != std::string::npos) {
+      return absl::InvalidArgumentError("an event type is required");
+    }
+    const std::string name = CodeWaitRowName(event_type);
+    const std::string hash = Sha256Hex("wait\n" + event_type + "\n" + std::to_string(timeout));
+    auto timed_out = [&] {
+      return absl::DeadlineExceededError("no event '" + event_type + "' came within " +
+                                         std::to_string(timeout) + " ms");
+    };
+    if (const StepRecord* recorded = Recorded(name, hash)) {
+      if (recorded->state == StepState::kCompleted) return recorded->response_json;
+      if (recorded->state == StepState::kFailed) return timed_out();
+      if (compensating_) return Beyond(name);
+      if (recorded->next_attempt_at > d_.clock->NowMillis()) {
+        awaiting_event_ = true;
+        return Rest(recorded->next_attempt_at);
+      }
+      StepRecord row = *recorded;
+      row.state = StepState::kFailed;
+      row.error_class = ErrorClass::kRejected;
+      row.error_message = std::string(timed_out().message());
+      row.finished_at = d_.clock->NowMillis();
+      row.next_attempt_at = 0;
+      Change change;
+      change.steps.push_back(row);
+      if (!Commit(std::move(change))) return Stopped();
+      return timed_out();
+    }
+    if (stop_) return Stopped();
+    if (compensating_) return Beyond(name);
+    StepRecord row = NewRow(name, hash);
+    row.state = StepState::kWaiting;
+    row.next_attempt_at = timeout > 0 ? row.started_at + timeout : kNoDueTime;
+    Change change;
+    change.added_steps.push_back(row);
+    awaiting_event_ = true;
+    return Rest(row.next_attempt_at, std::move(change));
+  }
+
   absl::StatusOr<bool> Patched(const std::string& patch) override {
     if (restricted_) return Inside();
     if (stop_) return Stopped();
@@ -394,6 +490,49 @@ class CodeRun final : public CodeContext {
     CodeRun* run_;
     LeaseKeeper::Guard held_;
   };
+
+  // Sends `request` with the Idempotency-Key `key` (unless "" or set already).
+  HttpResponse Send(HttpRequest request, const std::string& key) const {
+    bool keyed = key.empty();
+    for (const auto& [name, value] : request.headers) {
+      std::string lower = name;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (lower == "idempotency-key") keyed = true;
+    }
+    if (!keyed) request.headers.emplace_back("Idempotency-Key", key);
+    return d_.http->Send(request);
+  }
+
+  // An answer as a call's result: {"status": n, "headers": {...}, "body": "text"}.
+  static std::string ResultJson(const HttpResponse& answer) {
+    nlohmann::json headers = nlohmann::json::object();
+    for (const auto& [name, value] : answer.headers) headers[name] = value;
+    return JsonText(nlohmann::json{
+        {"status", answer.outcome.status}, {"headers", headers}, {"body", answer.body}});
+  }
+
+  static std::string Described(const HttpResponse& answer) {
+    if (answer.outcome.kind != CallOutcome::Kind::kResponse) {
+      return "no answer (" + (answer.error.empty() ? std::string("connection lost") : answer.error) +
+             ")";
+    }
+    return "HTTP " + std::to_string(answer.outcome.status) + " " + answer.body.substr(0, 200);
+  }
+
+  // A call's failure as a step's: its class in its code (ClassifyCodeFailure).
+  static absl::Status Failure(ErrorClass error, const HttpResponse& answer) {
+    switch (error) {
+      case ErrorClass::kNone:
+        return absl::OkStatus();
+      case ErrorClass::kTransient:
+        return absl::UnavailableError(Described(answer));
+      case ErrorClass::kUnknown:
+        return absl::DeadlineExceededError(Described(answer));
+      case ErrorClass::kRejected:
+        break;
+    }
+    return absl::FailedPreconditionError(Described(answer));
+  }
 
   // A step's name: not the context's own ('$...'), and nothing that would make its
   // idempotency key another's ("<step>#2", "<step key>:compensate").
@@ -843,6 +982,7 @@ class CodeRun final : public CodeContext {
   absl::Status last_error_;
   std::string current_key_;
   std::atomic<bool> restricted_{false};  // see Restricted
+  bool awaiting_event_ = false;          // it rests in WaitEvent
   std::vector<std::pair<int, std::function<absl::Status(CodeContext&, const std::string&)>>>
       compensations_;
 };

@@ -16,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/mutex.h"
+#include "connectors/http/http_client.h"
+#include "model/classify.h"
 #include "model/retry_policy.h"
 #include "model/sql_statement.h"
 #include "store/store.h"
@@ -64,6 +66,28 @@ class CodeTransaction {
   ~CodeTransaction() = default;
 };
 
+// A code workflow's HTTP call (CodeContext::Call): how it recovers and is undone.
+struct CodeCallOptions {
+  // The target takes the call's Idempotency-Key (it acts once per key): an unknown
+  // outcome is sent again under the same key. GET, HEAD and OPTIONS always may be.
+  bool repeatable = false;
+  RetryPolicy retry;
+  // HTTP statuses whose class the default does not fit. (Lists of plain ints: the
+  // public library builds them, and a std container over an engine type would be
+  // exported from it.)
+  std::vector<int> transient_statuses, unknown_statuses, rejected_statuses;
+  // Asks the target whether the call acted before it is sent again: `lookup` is sent,
+  // and `found` reads its answer (JSON as the call's result is) into the call's
+  // result when it acted, nullopt when it did not.
+  std::optional<HttpRequest> lookup;
+  std::function<absl::StatusOr<std::optional<std::string>>(const std::string& answer_json)> found;
+  // The request that undoes the completed call (given its result), sent with the key
+  // "<call's key>:compensate"; nullopt: nothing to undo; an error: it cannot be
+  // undone (an operator decides).
+  std::function<absl::StatusOr<std::optional<HttpRequest>>(const std::string& result_json)>
+      compensate;
+};
+
 // The context a code workflow's function calls. Once the run must stop (it waits
 // for a timer, the instance was parked, the lease was lost, the function diverged
 // from the record) every call returns the same error: kStopped (Aborted). The
@@ -79,6 +103,13 @@ class CodeContext {
                                            const std::string& input_json,
                                            const std::function<absl::StatusOr<std::string>()>& fn,
                                            const CodeStepOptions& options) = 0;
+  // Sends `request` once for the instance as step `name` (a step whose function is
+  // the call): its Idempotency-Key header is the step's key, the same on every
+  // attempt; the answer is classified as a YAML step's is; an unknown outcome is
+  // looked up before it is sent again. Its result is {"status": n, "headers":
+  // {lower-case name: value}, "body": "text"}.
+  virtual absl::StatusOr<std::string> Call(const std::string& name, HttpRequest request,
+                                           const CodeCallOptions& options) = 0;
   // Runs `fn` inside the transaction that records it as step `name`: what it writes
   // and the checkpoint commit together or not at all. Its result is the step's.
   virtual absl::StatusOr<std::string> Transaction(
@@ -91,6 +122,11 @@ class CodeContext {
   // Waits `duration` on a durable timer: the instance rests (no thread held) and
   // runs again from the top when it is due.
   virtual absl::Status Sleep(Millis duration) = 0;
+  // Waits for an event of `event_type` delivered to the instance (Operations::Deliver,
+  // claimed in the inbox) for at most `timeout` (0: no limit): its data (JSON), or
+  // DeadlineExceeded once the timeout passed. The instance rests meanwhile. An event
+  // that comes while nothing waits for its type is refused (the sender retries).
+  virtual absl::StatusOr<std::string> WaitEvent(const std::string& event_type, Millis timeout) = 0;
   // True when this run may take the code path introduced under `patch`: an instance
   // that recorded steps past this point without it keeps the old path.
   virtual absl::StatusOr<bool> Patched(const std::string& patch) = 0;
@@ -127,6 +163,9 @@ class CodeWorkflows {
   Mutex mu_;
   std::map<std::string, std::shared_ptr<const CodeWorkflow>> by_name_ ABSL_GUARDED_BY(mu_);
 };
+
+// The step row of a function waiting for an event of `event_type` (WaitEvent).
+inline std::string CodeWaitRowName(const std::string& event_type) { return "$wait:" + event_type; }
 
 // The error every context call returns once the run has stopped.
 bool IsCodeRunStopped(const absl::Status& status);

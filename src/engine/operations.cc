@@ -1,5 +1,7 @@
 #include "engine/operations.h"
 
+#include "engine/code_workflow.h"
+
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
@@ -268,33 +270,55 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
-    if (definition->code) {
-      return absl::FailedPreconditionError("instance '" + instance.key +
-                                           "' runs a function, which takes no events (yet)");
-    }
     if (instance.state != InstanceState::kRunning &&
         instance.state != InstanceState::kNeedsAttention) {
       return absl::FailedPreconditionError("instance '" + instance.key + "' is " +
                                            std::string(ToString(instance.state)) +
                                            "; it takes no more events");
     }
-    const StepRecord* waiting = nullptr;
-    for (const StepRecord& step : steps) {
-      const StepDefinition& def = definition->steps[step.index];
-      if (def.kind == StepKind::kWait && def.wait_event == signal.event_type &&
-          (step.state == StepState::kPending || step.state == StepState::kWaiting)) {
-        waiting = &step;
+    Change change;
+    if (definition->code) {
+      // A function waits in ctx.WaitEvent: its row "$wait:<type>" (code_runner.cc).
+      change.now = clock_->NowMillis();
+      for (const StepRecord& step : steps) {
+        if (step.state != StepState::kWaiting || step.name != CodeWaitRowName(signal.event_type)) {
+          continue;
+        }
+        StepRecord arrived = step;
+        arrived.state = StepState::kCompleted;
+        arrived.response_json = signal.data_json;
+        arrived.external_id = signal.id;
+        arrived.next_attempt_at = 0;
+        arrived.finished_at = change.now;
+        change.steps.push_back(arrived);
+        change.events.push_back(MakeEvent("waystone.step.completed", instance, &arrived,
+                                          "event " + signal.event_type, *random_, change.now));
         break;
       }
+      if (change.steps.empty()) {
+        return absl::FailedPreconditionError("instance '" + instance.key +
+                                             "' does not wait for event type '" +
+                                             signal.event_type + "' now");
+      }
+    } else {
+      const StepRecord* waiting = nullptr;
+      for (const StepRecord& step : steps) {
+        const StepDefinition& def = definition->steps[step.index];
+        if (def.kind == StepKind::kWait && def.wait_event == signal.event_type &&
+            (step.state == StepState::kPending || step.state == StepState::kWaiting)) {
+          waiting = &step;
+          break;
+        }
+      }
+      if (waiting == nullptr) {
+        return absl::FailedPreconditionError("instance '" + instance.key +
+                                             "' has no step waiting for event type '" +
+                                             signal.event_type + "'");
+      }
+      const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
+      change = EventArrived(facts, waiting->index, signal.data_json, signal.id,
+                            "event " + signal.event_type + " from " + signal.source);
     }
-    if (waiting == nullptr) {
-      return absl::FailedPreconditionError("instance '" + instance.key +
-                                           "' has no step waiting for event type '" +
-                                           signal.event_type + "'");
-    }
-    const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
-    Change change = EventArrived(facts, waiting->index, signal.data_json, signal.id,
-                                 "event " + signal.event_type + " from " + signal.source);
     change.lease = lease;
     change.lease_expires_at = 0;
     if (instance.state == InstanceState::kRunning) change.next_run_at = change.now;

@@ -329,6 +329,168 @@ TEST_P(EmbeddedApiTest, AThrowingStepOrOneThatCallsTheContextFailsItsInstanceNot
   }
 }
 
+// ctx.Call against the independent ERP target: the create's answer is lost after the
+// order is made (it is looked up, not sent again), the message's connection closes
+// before any answer (it is sent again under the same key, which the target honours),
+// and a refused message undoes the order with its compensation. What the target
+// counted is checked.
+waystone::api::Workflow<std::string, std::string> CalledOrder(const std::string& erp) {
+  namespace api = waystone::api;
+  return {"called-order", [erp](api::Context& ctx, const std::string& to) -> api::Result<std::string> {
+    const std::string ref = "call:" + ctx.key();
+    api::CallOptions create;
+    create.retry = {4, std::chrono::milliseconds(20), std::chrono::milliseconds(100)};
+    create.lookup = api::HttpRequest{"GET", erp + "/erp/orders?ref=" + ref, {}, "",
+                                     std::chrono::seconds(5)};
+    create.found = [ref](const api::HttpResponse& answer) -> std::optional<api::HttpResponse> {
+      const Json items = Json::parse(answer.body)["items"];  // (a temporary's part would dangle)
+      for (const Json& item : items) {
+        if (item["ref"] == ref) return api::HttpResponse{201, {}, item.dump()};
+      }
+      return std::nullopt;
+    };
+    create.compensate = [erp](const api::HttpResponse& made) -> std::optional<api::HttpRequest> {
+      const std::string id = Json::parse(made.body)["id"];
+      return api::HttpRequest{"POST", erp + "/erp/orders/" + id + "/cancel", {}, "{}",
+                              std::chrono::seconds(5)};
+    };
+    const api::HttpRequest order{"POST", erp + "/erp/orders",
+                                 {{"Content-Type", "application/json"}},
+                                 Json{{"ref", ref}, {"amount", 3}}.dump(), std::chrono::seconds(5)};
+    auto made = ctx.Call("create-order", order, create);
+    if (!made.ok()) return made.status();
+    const std::string id = Json::parse(made->body)["id"];
+    api::CallOptions notify;
+    notify.repeatable = true;  // the target keeps one message per Idempotency-Key
+    notify.retry = create.retry;
+    Json message = {{"text", "order " + id}};
+    if (!to.empty()) message["to"] = to;
+    auto sent = ctx.Call("notify",
+                         {"POST", erp + "/notify/messages", {{"Content-Type", "application/json"}},
+                          message.dump(), std::chrono::seconds(5)},
+                         notify);
+    if (!sent.ok()) return sent.status();
+    return id;
+  }};
+}
+
+TEST_P(EmbeddedApiTest, ACallIsLookedUpOrSentAgainUnderItsKeyAndUndoneOnFailure) {
+  auto engine = Open(2);
+  ASSERT_NE(engine, nullptr);
+  const auto called = CalledOrder(target_->base_url());
+  ASSERT_TRUE(engine->Register(called).ok());
+  ASSERT_TRUE(target_->Faults(R"({"create_order": {"next": ["partial_body"]},
+                                  "send_message": {"next": ["close_before_bytes"]}})"));
+  auto started = engine->Start(called, "CALL-1", std::string("U-1"));
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto outcome = (*started)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), "ORD-1");
+  Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["create_order"], 1) << stats.dump();  // looked up, not resent
+  EXPECT_EQ(stats["messages"], 1) << stats.dump();
+  EXPECT_EQ(stats["by_route"]["send_message"], 2) << stats.dump();  // sent again, same key
+  EXPECT_EQ(stats["duplicate_messages"], 0) << stats.dump();
+
+  // No recipient: the target refuses the message (422), and the order is cancelled.
+  auto refused = engine->Start(called, "CALL-2", std::string());
+  ASSERT_TRUE(refused.ok());
+  outcome = (*refused)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  EXPECT_EQ(outcome->state, InstanceState::kCompensated) << outcome->reason;
+  EXPECT_NE(outcome->reason.find("HTTP 422"), std::string::npos) << outcome->reason;
+  stats = Stats();
+  EXPECT_EQ(stats["orders"], 2) << stats.dump();
+  ASSERT_EQ(stats["cancels"].size(), 1u) << stats.dump();
+  EXPECT_EQ(stats["messages"], 1) << stats.dump();
+}
+
+// A function waits for an event (the instance rests meanwhile): the event's data is
+// what ctx.WaitEvent returns; another type, or no wait yet, is refused; the same event
+// again changes nothing; with no event the timeout comes.
+TEST_P(EmbeddedApiTest, AFunctionWaitsForItsEventOrItsTimeout) {
+  namespace api = waystone::api;
+  api::Workflow<int64_t, std::string> approval(
+      "approval", [](api::Context& ctx, const int64_t& wait_ms) -> api::Result<std::string> {
+        auto decided = ctx.WaitEvent("com.example.approved", std::chrono::milliseconds(wait_ms));
+        if (decided.ok()) return "approved " + *decided;
+        if (decided.status().code() == api::Status::Code::kDeadlineExceeded) {
+          return std::string("no answer");
+        }
+        return decided.status();
+      });
+  auto engine = Open(2);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(approval).ok());
+  EXPECT_EQ(engine->Signal("nobody", "com.example.approved", "crm", "e-0", "{}").code(),
+            Status::Code::kNotFound);
+  auto waiting = engine->Start(approval, "AP-1", int64_t{60'000});
+  ASSERT_TRUE(waiting.ok()) << waiting.status().ToString();
+  ASSERT_TRUE(waystone::testing::WaitFor(
+      [&] {
+        auto now = (*waiting)->Get();
+        return now.ok() && !now->steps.empty() && now->steps[0].state == "waiting";
+      },
+      std::chrono::seconds(20)));
+  EXPECT_EQ(engine->Signal("AP-1", "com.example.other", "crm", "e-1", "{}").code(),
+            Status::Code::kFailedPrecondition);
+  EXPECT_EQ(engine->Signal("AP-1", "com.example.approved", "crm", "e-2", "{not json").code(),
+            Status::Code::kInvalidArgument);
+  Status delivered = engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})");
+  ASSERT_TRUE(delivered.ok()) << delivered.ToString();
+  auto outcome = (*waiting)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), R"(approved {"by":"alice"})");
+  EXPECT_TRUE(engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})").ok());
+
+  auto unanswered = engine->Start(approval, "AP-2", int64_t{300});
+  ASSERT_TRUE(unanswered.ok());
+  outcome = (*unanswered)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), "no answer");
+}
+
+// Testing a workflow with a clock moved by hand: an hour's durable timer comes due
+// when the test advances the clock, not before, and the recorded times say an hour.
+TEST_P(EmbeddedApiTest, AManualClockMovesAFunctionsTimers) {
+  namespace api = waystone::api;
+  api::Workflow<int64_t, int64_t> nap("nap", [](api::Context& ctx, const int64_t&) -> api::Result<int64_t> {
+    auto before = ctx.Now();
+    if (!before.ok()) return before.status();
+    if (api::Status slept = ctx.Sleep(std::chrono::hours(1)); !slept.ok()) return slept;
+    auto after = ctx.Now();
+    if (!after.ok()) return after.status();
+    return static_cast<int64_t>(
+        std::chrono::duration_cast<std::chrono::minutes>(*after - *before).count());
+  });
+  const auto start = std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 50));
+  auto clock = api::ManualClock::Create(start);
+  EngineOptions options;
+  options.database = database_;
+  options.workers = 2;
+  options.clock = clock;
+  auto engine = Engine::Open(options);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE((*engine)->Register(nap).ok());
+  auto started = (*engine)->Start(nap, "NAP-1", int64_t{0});
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto asleep = (*started)->Wait(std::chrono::milliseconds(500));
+  ASSERT_TRUE(asleep.ok());
+  EXPECT_EQ(asleep->state, InstanceState::kRunning);  // an hour to go on its clock
+  ASSERT_EQ(asleep->steps.size(), 2u);
+  EXPECT_EQ(asleep->steps[1].state, "waiting");
+  clock->Advance(std::chrono::hours(1));
+  auto outcome = (*started)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*waystone::api::Output<int64_t>(*outcome), 60);
+  EXPECT_EQ(clock->Now(), start + std::chrono::hours(1));
+}
+
 TEST(EmbeddedApiVersionTest, TheLibraryAndTheHeadersAgree) {
   const std::string headers = std::to_string(WAYSTONE_VERSION_MAJOR) + "." +
                               std::to_string(WAYSTONE_VERSION_MINOR) + "." +
