@@ -80,7 +80,9 @@ Result<Out> Output(const Outcome& outcome) {
 
 // A clock a test moves by hand (EngineOptions::clock): the engine's time — durable
 // timers (Context::Sleep), retry backoffs, WaitEvent's timeout, recorded
-// Context::Now(), leases — moves only when the test advances it. Thread-safe.
+// Context::Now(), leases — moves only when the test advances it. Advance it while
+// no step is running: a lease is in the same time, and a step under way when an
+// advance passes its lease may be taken over as interrupted. Thread-safe.
 class WAYSTONE_API ManualClock {
  public:
   static std::shared_ptr<ManualClock> Create(std::chrono::system_clock::time_point start);
@@ -192,7 +194,10 @@ class WAYSTONE_API Engine {
   // function waiting in Context::WaitEvent for `event_type` gets `data_json`. The
   // event is claimed in the inbox under (source, id) with its effect: delivered
   // again, it changes nothing (OK). FailedPrecondition when the instance does not
-  // wait for that type now (try again later), NotFound when there is no such instance.
+  // wait for that type now (an event that comes before its wait is refused, not kept:
+  // try again later); DeadlineExceeded when its wait timed out; Unavailable when a
+  // worker holds the instance for long (try again); NotFound when there is no such
+  // instance.
   virtual Status Signal(const std::string& key, const std::string& event_type,
                         const std::string& source, const std::string& id,
                         const std::string& data_json) = 0;

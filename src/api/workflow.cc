@@ -266,7 +266,11 @@ class ContextImpl final : public Context {
 
   Result<std::string> WaitEvent(const std::string& event_type,
                                 std::chrono::milliseconds timeout) override {
-    auto data = ctx_.WaitEvent(event_type, std::max<int64_t>(0, timeout.count()));
+    if (timeout.count() < 0) {
+      return Status(Status::Code::kInvalidArgument,
+                    "WaitEvent('" + event_type + "'): a timeout is 0 (none) or more");
+    }
+    auto data = ctx_.WaitEvent(event_type, timeout.count());
     if (!data.ok()) return FromEngine(data.status());
     return *data;
   }

@@ -249,25 +249,28 @@ class CodeRun final : public CodeContext {
     for (int status : options.unknown_statuses) errors[status] = ErrorClass::kUnknown;
     for (int status : options.rejected_statuses) errors[status] = ErrorClass::kRejected;
     if (options.lookup) {
-      // Used while the call's step runs: what it captures lives as long.
+      if (!options.found) {
+        return absl::InvalidArgumentError("call '" + name + "': a lookup needs `found`");
+      }
+      // Used while the call's step runs: what it captures lives as long. A 404 is an
+      // answer (nothing there), as for a YAML step's lookup; `found` reads it.
       step.lookup = [this, &options]() -> absl::StatusOr<std::optional<std::string>> {
         HttpResponse answer = Send(*options.lookup, "");
-        if (Classify(answer.outcome, {}) != ErrorClass::kNone) {
+        if (Classify(answer.outcome, {{404, ErrorClass::kNone}}) != ErrorClass::kNone) {
           return absl::UnavailableError("the lookup got " + Described(answer));
         }
-        if (!options.found) return absl::InvalidArgumentError("a lookup needs `found`");
         return options.found(ResultJson(answer));
       };
     }
     if (options.compensate) {
       // Runs after the function returned: it keeps copies.
-      step.compensate = [this, undo = options.compensate](CodeContext&,
-                                                          const std::string& result) {
+      step.compensate = [this, undo = options.compensate, errors](CodeContext&,
+                                                                  const std::string& result) {
         absl::StatusOr<std::optional<HttpRequest>> request = undo(result);
         if (!request.ok()) return absl::FailedPreconditionError(request.status().message());
         if (!request->has_value()) return absl::OkStatus();  // nothing to undo
         HttpResponse answer = Send(**request, current_key_);
-        return Failure(Classify(answer.outcome, {}), answer);
+        return Failure(Classify(answer.outcome, errors), answer);
       };
     }
     return Step(name, RequestHash(request.method, request.url, request.body),
@@ -724,8 +727,15 @@ class CodeRun final : public CodeContext {
       row.lookups += 1;
       if (!found.ok()) {
         row.error_message = "lookup: " + std::string(found.status().message());
-        row.next_attempt_at = now + options.retry.NextDelay(row.lookups, std::nullopt, *d_.random);
         Change change;
+        if (options.retry.Exhausted(row.lookups)) {
+          change.steps.push_back(row);
+          return Park("step '" + row.name + "' may have acted and its lookup failed " +
+                          std::to_string(row.lookups) + " times (" + row.error_message +
+                          "); an operator finds out what happened",
+                      std::move(change));
+        }
+        row.next_attempt_at = now + options.retry.NextDelay(row.lookups, std::nullopt, *d_.random);
         change.steps.push_back(row);
         return Rest(row.next_attempt_at, std::move(change));
       }

@@ -270,21 +270,30 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
+    Change change;
+    change.now = clock_->NowMillis();
+    // A function waits in ctx.WaitEvent: its latest row "$wait:<type>" (code_runner.cc)
+    // decides: waiting (the event completes it), or timed out, whether or not a worker
+    // has recorded the timeout yet (and whatever became of the instance since).
+    const StepRecord* wait = nullptr;
+    for (const StepRecord& step : steps) {
+      if (definition->code && step.name == CodeWaitRowName(signal.event_type)) wait = &step;
+    }
+    if (wait != nullptr && ((wait->state == StepState::kWaiting &&
+                             wait->next_attempt_at <= change.now) ||
+                            wait->state == StepState::kFailed)) {
+      return absl::DeadlineExceededError("instance '" + instance.key + "' waited for event "
+                                         "type '" + signal.event_type + "' until its timeout");
+    }
     if (instance.state != InstanceState::kRunning &&
         instance.state != InstanceState::kNeedsAttention) {
       return absl::FailedPreconditionError("instance '" + instance.key + "' is " +
                                            std::string(ToString(instance.state)) +
                                            "; it takes no more events");
     }
-    Change change;
     if (definition->code) {
-      // A function waits in ctx.WaitEvent: its row "$wait:<type>" (code_runner.cc).
-      change.now = clock_->NowMillis();
-      for (const StepRecord& step : steps) {
-        if (step.state != StepState::kWaiting || step.name != CodeWaitRowName(signal.event_type)) {
-          continue;
-        }
-        StepRecord arrived = step;
+      if (wait != nullptr && wait->state == StepState::kWaiting) {
+        StepRecord arrived = *wait;
         arrived.state = StepState::kCompleted;
         arrived.response_json = signal.data_json;
         arrived.external_id = signal.id;
@@ -293,7 +302,6 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
         change.steps.push_back(arrived);
         change.events.push_back(MakeEvent("waystone.step.completed", instance, &arrived,
                                           "event " + signal.event_type, *random_, change.now));
-        break;
       }
       if (change.steps.empty()) {
         return absl::FailedPreconditionError("instance '" + instance.key +

@@ -491,6 +491,45 @@ TEST_P(EmbeddedApiTest, AManualClockMovesAFunctionsTimers) {
   EXPECT_EQ(clock->Now(), start + std::chrono::hours(1));
 }
 
+// An event that comes after its wait timed out is refused, even before a worker has
+// recorded the timeout (the manual clock passed it while nothing ran).
+TEST_P(EmbeddedApiTest, AnEventAfterItsTimeoutIsRefused) {
+  namespace api = waystone::api;
+  api::Workflow<int64_t, std::string> waits(
+      "waits", [](api::Context& ctx, const int64_t&) -> api::Result<std::string> {
+        auto data = ctx.WaitEvent("com.example.paid", std::chrono::minutes(1));
+        if (data.ok()) return *data;
+        if (data.status().code() == api::Status::Code::kDeadlineExceeded) {
+          return std::string("unpaid");
+        }
+        return data.status();
+      });
+  auto clock = api::ManualClock::Create(std::chrono::system_clock::time_point(
+      std::chrono::hours(24 * 365 * 50)));
+  EngineOptions options;
+  options.database = database_;
+  options.workers = 1;
+  options.clock = clock;
+  auto engine = Engine::Open(options);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE((*engine)->Register(waits).ok());
+  auto started = (*engine)->Start(waits, "PAY-1", int64_t{0});
+  ASSERT_TRUE(started.ok());
+  ASSERT_TRUE(waystone::testing::WaitFor(
+      [&] {
+        auto now = (*started)->Get();
+        return now.ok() && !now->steps.empty() && now->steps[0].state == "waiting";
+      },
+      std::chrono::seconds(20)));
+  clock->Advance(std::chrono::minutes(2));
+  EXPECT_EQ((*engine)->Signal("PAY-1", "com.example.paid", "bank", "p-1", "{}").code(),
+            Status::Code::kDeadlineExceeded);
+  auto outcome = (*started)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), "unpaid");
+}
+
 TEST(EmbeddedApiVersionTest, TheLibraryAndTheHeadersAgree) {
   const std::string headers = std::to_string(WAYSTONE_VERSION_MAJOR) + "." +
                               std::to_string(WAYSTONE_VERSION_MINOR) + "." +
