@@ -150,12 +150,7 @@ TEST_P(CodeSagaTest, KilledAtEveryBoundaryOneOrderOneRowOneMessage) {
   EXPECT_EQ(stats["duplicate_messages"], 0) << stats.dump();
   for (const Json& message : stats["messages_by_content"]) {
     const std::string text = message["text"];
-    const std::string erp = text.substr(6, text.find(' ', 6) - 6);
-    const std::string local = text.substr(text.rfind(' ') + 1);
-    EXPECT_EQ(Query("SELECT COUNT(*) FROM orders WHERE id = " + local + " AND erp_id = '" + erp +
-                    "'"),
-              "1")
-        << text;
+    EXPECT_EQ(testing::RowsNamedByMessage(GetParam(), db_, text, dir_.path()), "1") << text;
   }
 }
 

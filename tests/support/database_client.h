@@ -17,4 +17,10 @@ const char* OrdersTableSql(Backend backend);
 std::string ClientQuery(Backend backend, const std::string& database, const std::string& sql,
                         const std::string& dir);
 
+// How many rows of `orders` the order message `text` names: its text is
+// "order <erp id> is local row <id>", and the row with that id must hold that erp id
+// ("1" when the message and the row agree).
+std::string RowsNamedByMessage(Backend backend, const std::string& database,
+                               const std::string& text, const std::string& dir);
+
 }  // namespace waystone::testing
