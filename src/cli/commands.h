@@ -35,6 +35,9 @@ struct GlobalOptions {
   std::string step_key_retention = "7d";
   // --attempts-per-step: attempt records kept per step (StoreOptions::attempts_per_step).
   int attempts_per_step = 1000;
+  // SQLite's synchronous mode (StoreOptions::synchronous); not a flag: verify-worker
+  // sets NORMAL, since it is killed, never powered off.
+  std::string sqlite_synchronous = "FULL";
   bool verbose = false;
   // A server config (--config, WAYSTONE_CONFIG) whose `tenants:` every engine
   // command obeys: serve reads it whole, run/start/worker its tenants and secrets.

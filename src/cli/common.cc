@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStoreFor(const GlobalOptions& global)
   StoreOptions options;
   options.path = DatabasePath(global);
   options.attempts_per_step = global.attempts_per_step;
+  options.synchronous = global.sqlite_synchronous;
   return OpenStore(options);
 }
 
