@@ -943,12 +943,20 @@ class Reader {
         read.url = RequiredString(settings, "url", name);
       } else if (channel == "email") {
         read.kind = NotifyChannel::Kind::kEmail;
-        CheckFields(settings, name, {"url", "from", "to", "user", "password"}, where);
+        CheckFields(settings, name, {"url", "from", "to", "user", "password", "timeout"}, where);
         read.url = RequiredString(settings, "url", name);
         read.from = RequiredString(settings, "from", name);
         read.to = RequiredString(settings, "to", name);
         read.user = OptionalString(settings, "user", name);
         read.password = OptionalString(settings, "password", name);
+        if (settings["timeout"]) {
+          const Millis timeout = Duration(settings, "timeout", -1, name);  // -1: said already
+          if (timeout >= 0 && timeout < 1000) {
+            Error(settings["timeout"], name, "'" + where + ".timeout' is at least 1s (default " +
+                                                 std::to_string(kEmailTimeout / 1000) + "s)");
+          }
+          read.timeout = std::max<Millis>(timeout, 0);
+        }
         if (!read.url.empty() && !read.url.starts_with("{{") &&
             !read.url.starts_with("smtp://") && !read.url.starts_with("smtps://")) {
           Error(settings["url"], name, "'" + where + ".url' is the SMTP server: "

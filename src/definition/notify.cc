@@ -43,7 +43,7 @@ RequestSpec ChannelRequest(const NotifySpec& spec, const NotifyChannel& channel,
       request.url = channel.url;
       // A server may take minutes to answer the end of DATA (RFC 5321 §4.5.3.2.6 allows
       // ten): waiting longer leaves fewer delivered emails `unknown`.
-      request.timeout = kEmailTimeout;
+      request.timeout = channel.timeout > 0 ? channel.timeout : kEmailTimeout;
       request.body_kind = BodyKind::kMail;
       request.body_json.clear();
       request.mail = MailSpec{.from = channel.from,

@@ -23,6 +23,7 @@ struct NotifyChannel {
   std::string from;   // email: the sender's address
   std::string user;   // email: SMTP AUTH user ("" = no AUTH)
   std::string password;  // email: SMTP AUTH password ({{secret.NAME}} or {{env.NAME}})
+  Millis timeout = 0;    // email: how long to wait for the server (0 = kEmailTimeout)
 };
 
 struct NotifySpec {

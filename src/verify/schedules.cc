@@ -315,7 +315,7 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
         continue;
       }
       if (reads && outcome == Outcome::kSlow) continue;  // a read's slow answer is its stall
-      // SMTP: past its two-minute timeout, and its lost replies are one shape (a close).
+      // SMTP: past its timeout, and its lost replies are one shape (a close).
       if (mail && (outcome == Outcome::kStall || outcome == Outcome::kSlow ||
                    outcome == Outcome::kPartialHeaders || outcome == Outcome::kCutBody ||
                    outcome == Outcome::kLost502 || outcome == Outcome::kLost504)) {

@@ -161,6 +161,7 @@ steps:
   EXPECT_EQ(mail.message_id, "{{step.key_uuid}}");
   EXPECT_EQ(mail.delivery, email.idempotency_key);
   EXPECT_EQ(mail.password, "{{secret.SMTP_PASSWORD}}");
+  EXPECT_EQ(email.request.timeout, kEmailTimeout) << "minutes, as RFC 5321 allows after DATA";
   EXPECT_FALSE(email.compensate.has_value());
   EXPECT_NE(Lint(R"(workflow: orders
 key: "{{input.id}}"
@@ -198,10 +199,12 @@ steps:
       correction: cancelled
       recipient: "{{input.customer}}"
       channels:
-        email: { url: "smtp://mail.example:25", from: orders@shop.example, to: "{{input.email}}" }
+        email: { url: "smtp://mail.example:25", from: orders@shop.example, to: "{{input.email}}",
+                 timeout: 20s }
 )"), "n.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const StepDefinition& email = definition->steps[1];
+  EXPECT_EQ(email.request.timeout, 20'000) << "a relay on the LAN answers sooner";
   EXPECT_EQ(email.recovery, RecoveryClass::kManual) << "the original's unknown outcome waits";
   ASSERT_TRUE(email.compensate.has_value());
   EXPECT_TRUE(email.compensate->at_most_once) << "an SMTP server keeps no key";
@@ -209,6 +212,7 @@ steps:
             "notify:{{input.customer}}:cancelled@1:{{instance.ref}}/create:email");
   EXPECT_EQ(email.compensate->request.mail.subject, "Order {{steps.create.external_id}} cancelled");
   EXPECT_EQ(email.compensate->request.mail.delivery, email.compensate->idempotency_key);
+  EXPECT_EQ(email.compensate->request.timeout, 20'000);
 }
 
 TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
@@ -254,6 +258,14 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
                "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, user: u, "
                "password: hunter22 }"),
        "'notify.channels.email.password' must be exactly one {{secret.NAME}} or {{env.NAME}}"},
+      {"an email timeout under a second",
+       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+               "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: 500ms }"),
+       "'notify.channels.email.timeout' is at least 1s (default 120s)"},
+      {"an email timeout that is not a duration",
+       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+               "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: soon }"),
+       "'timeout' must be a duration such as 200ms, 2s or 1m"},
       {"a user without password",
        replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
                "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, user: u }"),
