@@ -167,7 +167,9 @@ class CommitLoad {
       : store_(OpenWith(path, bound)), attempts_(attempts) {
     if (auto s = store_->PutDefinition("defhash", "wf", "wf.yaml", "text", 1); !s.ok()) Die("def", s);
     for (int i = 0; i < kBatch; ++i) {
-      auto started = store_->StartInstance(InstanceNamed("c" + std::to_string(i)));
+      std::string name = "c";  // appended, not "c" + ...: GCC 12 -O3's false -Wrestrict
+      name += std::to_string(i);
+      auto started = store_->StartInstance(InstanceNamed(name));
       if (!started.ok()) Die("start", started.status());
       auto lease = store_->ClaimInstance(started->instance.id, "bench-host/1/w", 2000, 3'600'000);
       if (!lease.ok()) Die("claim", lease.status());

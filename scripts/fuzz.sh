@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (ASan+UBSan) and runs each for SECONDS
-# (default 20) from a copy of its checked-in seed corpus (tests/fuzz/corpus/<target>).
-# A crash, leak, hang (-timeout=10) or sanitizer report fails the run; the input that
-# caused it is left in build-fuzz/findings/. Prints each target's final figures.
+# Builds the libFuzzer targets in the asan preset's build (clang, ASan+UBSan, build-asan/)
+# and runs each for SECONDS (default 20) from a copy of its checked-in seed corpus
+# (tests/fuzz/corpus/<target>). A crash, leak, hang (-timeout=10) or sanitizer report
+# fails the run; the input that caused it is left in build-asan/findings/. Prints each
+# target's final figures.
 #   scripts/fuzz.sh [SECONDS]      e.g. scripts/fuzz.sh 900 for the documented soak
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-20}"
 targets=(definition template cloudevents api_body http_front)
 
-cmake --preset fuzz >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
+cmake --preset asan >/dev/null
+cmake --build build-asan -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
 
-mkdir -p build-fuzz/findings
+mkdir -p build-asan/findings
 for t in "${targets[@]}"; do
-  work="build-fuzz/corpus/$t"
+  work="build-asan/corpus/$t"
   rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/"$t"/* "$work"/
   echo "== fuzz $t for ${seconds}s"
-  log="build-fuzz/findings/$t.log"
+  log="build-asan/findings/$t.log"
   if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-       "build-fuzz/tests/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -max_len=16384 \
-       -print_final_stats=1 -artifact_prefix="build-fuzz/findings/$t-" "$work" >"$log" 2>&1; then
+       "build-asan/tests/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -max_len=16384 \
+       -print_final_stats=1 -artifact_prefix="build-asan/findings/$t-" "$work" >"$log" 2>&1; then
     tail -60 "$log"
-    echo "fuzz: $t failed; the input is in build-fuzz/findings/" >&2
+    echo "fuzz: $t failed; the input is in build-asan/findings/" >&2
     exit 1
   fi
   # The last status line (executions, coverage, features) and the final stats.
