@@ -953,7 +953,7 @@ class Reader {
           const Millis timeout = Duration(settings, "timeout", -1, name);  // -1: said already
           if (timeout >= 0 && timeout < 1000) {
             Error(settings["timeout"], name, "'" + where + ".timeout' is at least 1s (default " +
-                                                 std::to_string(kEmailTimeout / 1000) + "s)");
+                                                 std::to_string(kEmailTimeout / 60000) + "m)");
           }
           read.timeout = std::max<Millis>(timeout, 0);
         }

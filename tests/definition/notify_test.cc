@@ -261,7 +261,7 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
       {"an email timeout under a second",
        replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
                "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: 500ms }"),
-       "'notify.channels.email.timeout' is at least 1s (default 120s)"},
+       "'notify.channels.email.timeout' is at least 1s (default 2m)"},
       {"an email timeout that is not a duration",
        replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
                "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: soon }"),
