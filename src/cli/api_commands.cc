@@ -160,6 +160,12 @@ int Show(const ApiOptions& api, const ShowOptions& options) {
     std::printf("  %-20s %-20s %8s  %-22s %s\n", Str(s, "name").c_str(), Str(s, "state").c_str(),
                 Str(s, "attempts").c_str(), Str(s, "external_id").c_str(), note.c_str());
   }
+  for (const Json& e : v.value("kept_events", Json::array())) {
+    std::printf("\n  kept event %s (%s %s, %s): its function has not waited for it yet",
+                Str(e, "type").c_str(), Str(e, "source").c_str(), Str(e, "id").c_str(),
+                Str(e, "received_at").c_str());
+  }
+  if (v.contains("kept_events")) std::printf("\n");
   for (const Json& a : v.value("approvals", Json::array())) {
     const bool open = a.contains("request") && Str(a, "state") != "pending";
     std::printf("\n  approval %s: %s", Str(a, "step").c_str(), Str(a, "state").c_str());

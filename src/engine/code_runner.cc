@@ -437,6 +437,29 @@ class CodeRun final : public CodeContext {
     if (stop_) return Stopped();
     if (compensating_) return Beyond(name);
     StepRecord row = NewRow(name, hash);
+    // An event of the type that came before this wait (Operations::Deliver kept it)
+    // completes it at once: the oldest, taken in the transaction that records it.
+    // Under the lease no other delivery commits meanwhile.
+    auto kept = d_.store->GetKeptEvents(instance_.id);
+    if (!kept.ok()) {
+      stop_ = Stop{Stop::Kind::kError, std::nullopt, kept.status()};
+      return Stopped();
+    }
+    for (const KeptEvent& event : *kept) {
+      if (event.event_type != event_type) continue;
+      row.state = StepState::kCompleted;
+      row.response_json = event.data_json;
+      row.external_id = event.event_id;
+      row.finished_at = row.started_at;
+      Change change;
+      change.added_steps.push_back(row);
+      change.take = KeptEventTake{event.seq, row.index};
+      change.events.push_back(MakeEvent("waystone.step.completed", instance_, &row,
+                                        "event " + event_type + " kept since it came",
+                                        *d_.random, row.finished_at));
+      if (!Commit(std::move(change))) return Stopped();
+      return event.data_json;
+    }
     row.state = StepState::kWaiting;
     row.next_attempt_at = timeout > 0 ? row.started_at + timeout : kNoDueTime;
     Change change;

@@ -125,7 +125,8 @@ class CodeContext {
   // Waits for an event of `event_type` delivered to the instance (Operations::Deliver,
   // claimed in the inbox) for at most `timeout` (0: no limit): its data (JSON), or
   // DeadlineExceeded once the timeout passed. The instance rests meanwhile. An event
-  // that comes while nothing waits for its type is refused (the sender retries).
+  // that came before (while nothing waited for its type) was kept: the oldest such
+  // is taken at once.
   virtual absl::StatusOr<std::string> WaitEvent(const std::string& event_type, Millis timeout) = 0;
   // True when this run may take the code path introduced under `patch`: an instance
   // that recorded steps past this point without it keeps the old path.

@@ -30,6 +30,10 @@ using Json = nlohmann::json;
 // A signal waits this long for a worker to let go of the instance.
 constexpr Millis kClaimPatience = 3000;
 
+// A code workflow's instance keeps at most this many events its function has not
+// waited for (a sender that keeps sending what nothing takes is refused).
+constexpr size_t kMaxKeptEvents = 100;
+
 // True when every placeholder of `url` names what an operator may see in the
 // instance view anyway: the input, the instance, the step's key, a step's
 // external id, or the base URL of a system (an env value at the very start).
@@ -304,9 +308,16 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
                                           "event " + signal.event_type, *random_, change.now));
       }
       if (change.steps.empty()) {
-        return absl::FailedPreconditionError("instance '" + instance.key +
-                                             "' does not wait for event type '" +
-                                             signal.event_type + "' now");
+        // Its function does not wait for this type now: kept for its next WaitEvent
+        // of the type (one that never comes leaves it unused, shown with the instance).
+        WS_ASSIGN_OR_RETURN(std::vector<KeptEvent> kept, store_->GetKeptEvents(instance.id));
+        if (kept.size() >= kMaxKeptEvents) {
+          return absl::FailedPreconditionError(
+              "instance '" + instance.key + "' keeps " + std::to_string(kept.size()) +
+              " events its function has not waited for; it takes no more");
+        }
+        change.keep = KeptEvent{0, signal.event_type, signal.source, signal.id,
+                                signal.data_json, change.now};
       }
     } else {
       const StepRecord* waiting = nullptr;
@@ -329,15 +340,21 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     }
     change.lease = lease;
     change.lease_expires_at = 0;
-    if (instance.state == InstanceState::kRunning) change.next_run_at = change.now;
+    // A kept event wakes nothing: the instance rests until what it waits for.
+    if (instance.state == InstanceState::kRunning && !change.keep) change.next_run_at = change.now;
     change.inbox = InboxClaim{signal.tenant, signal.source, signal.id, data_hash};
     change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
                                          idempotency_retention_);
-    const StepRecord& step = change.steps.front();
-    const Json detail = {{"step", step.name}, {"type", signal.event_type},
-                         {"source", signal.source}, {"id", signal.id}};
+    Json detail = {{"type", signal.event_type}, {"source", signal.source}, {"id", signal.id}};
+    if (change.keep) {
+      detail["kept"] = true;
+    } else {
+      detail["step"] = change.steps.front().name;
+    }
     change.audits.push_back({0, change.now, signal.actor, instance.tenant, instance.id, "signal",
-                             "event " + signal.event_type, JsonText(detail)});
+                             "event " + signal.event_type +
+                                 (change.keep ? ", kept until the function waits for it" : ""),
+                             JsonText(detail)});
     WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
     if (absl::IsAlreadyExists(results.front())) {
       // Claimed by a concurrent delivery of the same event between the check and now.
@@ -345,7 +362,8 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
       return SeenBefore(signal, data_hash);
     }
     WS_RETURN_IF_ERROR(results.front());
-    return SignalResult{SignalOutcome::kApplied, data_hash, ""};
+    return SignalResult{change.keep ? SignalOutcome::kKept : SignalOutcome::kApplied, data_hash,
+                        ""};
   }();
   if (!committed.ok()) (void)Release(lease);
   return committed;

@@ -30,6 +30,8 @@ enum class SignalOutcome : uint8_t {
   kApplied = 1,    // the waiting step completed with the event's data
   kDuplicate = 2,  // (tenant, source, id) was received before with the same data: no effect
   kConflict = 3,   // ... with other data: no effect, an inbox_conflict alert is raised
+  kKept = 4,       // a code workflow's function does not wait for its type yet: kept for
+                   // its next WaitEvent of that type
 };
 
 struct SignalResult {

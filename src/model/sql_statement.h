@@ -44,7 +44,8 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text);
 inline constexpr std::string_view kWaystoneTables[] = {
     "alerts",          "api_requests",   "api_tokens",   "attempts",        "audit_log",
     "batch_items",     "batches",        "counters",     "definitions",     "deliveries",
-    "idempotency_keys", "inbox",         "inbox_v",      "instances",       "outbox",
+    "idempotency_keys", "inbox",         "inbox_v",      "instances",       "kept_events",
+    "outbox",
     "relay_cursors",   "relay_sinks",    "schema_migrations", "server_keys", "steps",
     "target_calls",    "target_controls", "tombstones"};
 

@@ -150,8 +150,9 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
         conflict = InboxConflictMessage(r.event.source, r.event.id, delivered->stored_data_hash,
                                         delivered->data_hash);
       } else if (delivered.ok()) {
-        result["outcome"] =
-            delivered->outcome == SignalOutcome::kApplied ? "signalled" : "duplicate";
+        result["outcome"] = delivered->outcome == SignalOutcome::kApplied ? "signalled"
+                            : delivered->outcome == SignalOutcome::kKept  ? "kept"
+                                                                          : "duplicate";
       } else {
         failed = delivered.status();
       }

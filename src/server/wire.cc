@@ -96,6 +96,7 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
   WS_ASSIGN_OR_RETURN(std::vector<AuditRecord> audit, store.ListAudit(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<DeliveryRecord> deliveries, store.ListDeliveries(instance.id));
   WS_ASSIGN_OR_RETURN(std::vector<StepAttemptCounts> counts, store.CountAttempts(instance.id));
+  WS_ASSIGN_OR_RETURN(std::vector<KeptEvent> kept, store.GetKeptEvents(instance.id));
   Json out = wire::InstanceSummary(instance);
   out["steps"] = Json::array();
   for (const auto& s : steps) {
@@ -129,6 +130,17 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
       }
     }
     out["steps"].push_back(step);
+  }
+  // A code workflow's events that came before its function waited for their type.
+  if (!kept.empty()) out["kept_events"] = Json::array();
+  for (const KeptEvent& e : kept) {
+    Json data = Json::parse(e.data_json, nullptr, false);
+    if (data.is_discarded()) data = e.data_json;
+    out["kept_events"].push_back({{"type", e.event_type},
+                                  {"source", e.source},
+                                  {"id", e.event_id},
+                                  {"received_at", Rfc3339(e.received_at)},
+                                  {"data", std::move(data)}});
   }
   out["alerts"] = Json::array();
   for (const auto& a : alerts) out["alerts"].push_back(wire::Alert(a, instance.key, ids));

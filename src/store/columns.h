@@ -200,6 +200,12 @@ AttemptRecord ReadAttempt(const Row& r) {
           r.Int(11)};
 }
 
+// Columns: seq, event_type, source, event_id, data_json, received_at.
+template <typename Row>
+KeptEvent ReadKeptEvent(const Row& r) {
+  return {r.Int(0), r.Text(1), r.Text(2), r.Text(3), r.Text(4), r.Int(5)};
+}
+
 // Columns: step_index, the step's newest attempt seq, its oldest kept seq (both 0
 // when it has none). A step's seqs are 1, 2, ... and the bound deletes only the
 // oldest, so the newest seq counts every request recorded and the kept ones are

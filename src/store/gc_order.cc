@@ -18,6 +18,7 @@ absl::StatusOr<GcReport> CollectGarbageWith(GcSql& sql, Millis finished_before, 
            "DELETE FROM deliveries WHERE instance_id IN (SELECT id FROM gc_ids)",
            "DELETE FROM outbox WHERE instance_id IN (SELECT id FROM gc_ids)",
            "DELETE FROM steps WHERE instance_id IN (SELECT id FROM gc_ids)",
+           "DELETE FROM kept_events WHERE instance_id IN (SELECT id FROM gc_ids)",
            "DELETE FROM alerts WHERE instance_id IN (SELECT id FROM gc_ids)",
            "DELETE FROM instances WHERE id IN (SELECT id FROM gc_ids)",
        }) {

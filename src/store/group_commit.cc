@@ -93,6 +93,15 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step)
                                       " was received before");
     }
   }
+  if (c.keep) WS_RETURN_IF_ERROR(sql.KeepEvent(id, *c.keep));
+  if (c.take) {
+    WS_ASSIGN_OR_RETURN(bool taken, sql.TakeKeptEvent(id, *c.take, c.now));
+    if (!taken) {
+      return absl::FailedPreconditionError("kept event " + std::to_string(c.take->seq) +
+                                           " of instance " + std::to_string(id) +
+                                           " was taken before");
+    }
+  }
   if (c.input_json) WS_RETURN_IF_ERROR(sql.ReviseInput(id, *c.input_json));
   if (c.resolve_alerts) WS_RETURN_IF_ERROR(sql.ResolveAlerts(id, c.now));
   if (c.idempotency) {

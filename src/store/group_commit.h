@@ -3,7 +3,7 @@
 // Store-internal: a group commit, written once for both dialects. Each change is
 // applied under its own savepoint in the transaction the dialect opened, in one
 // order: the fence first (nothing is written unless the lease holds), then the
-// inbox claim, the revised input, alert resolution, idempotency key, sql steps'
+// inbox claim, a kept event kept or taken, the revised input, alert resolution, idempotency key, sql steps'
 // statements, added steps, a code workflow's transaction work, steps, attempts
 // (then the oldest of their steps beyond the bound go), events, alerts and audit
 // records. A dialect supplies only the SQL of each step (ChangeSql).
@@ -55,6 +55,11 @@ class ChangeSql : public SavepointSql {
   // Claims `claim` in the inbox for the instance; false when it was claimed before.
   virtual absl::StatusOr<bool> ClaimInbox(const InboxClaim& claim, int64_t instance_id,
                                           Millis now) = 0;
+  // Keeps `event` for the instance's function, numbered after its last kept event.
+  virtual absl::Status KeepEvent(int64_t instance_id, const KeptEvent& event) = 0;
+  // Marks the kept event taken; false when it was taken before (or never kept).
+  virtual absl::StatusOr<bool> TakeKeptEvent(int64_t instance_id, const KeptEventTake& take,
+                                             Millis now) = 0;
   // Resolves the instance's open and acknowledged alerts.
   virtual absl::Status ResolveAlerts(int64_t instance_id, Millis now) = 0;
   // Replaces the instance's input (a revision).

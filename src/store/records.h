@@ -128,6 +128,24 @@ struct InboxEntry {
   Millis received_at = 0;
 };
 
+// An event delivered to a code workflow's instance while its function did not wait
+// for the event's type: kept, in arrival order, until a WaitEvent for that type
+// takes it (the oldest first) in the transaction that records the wait.
+struct KeptEvent {
+  int64_t seq = 0;  // per instance, 1, 2, ... in arrival order (the store numbers it)
+  std::string event_type;
+  std::string source;
+  std::string event_id;
+  std::string data_json;
+  Millis received_at = 0;
+};
+
+// The kept event `seq` taken by the wait step at `step_index`.
+struct KeptEventTake {
+  int64_t seq = 0;
+  int step_index = 0;
+};
+
 // What remains of an instance removed by gc: enough to answer a late start or
 // start event for its key as existing, and to show what it did.
 struct TombstoneRecord {
@@ -239,6 +257,11 @@ struct Change {
   // An event claimed in the inbox with this change; the change is refused with
   // AlreadyExists when (tenant, source, id) was claimed before.
   std::optional<InboxClaim> inbox;
+  // An event kept for the instance's function (its seq is the store's), and a kept
+  // event a wait step takes: the change is refused (FailedPrecondition) when it was
+  // taken before.
+  std::optional<KeptEvent> keep;
+  std::optional<KeptEventTake> take;
   // Statements of sql steps, run after the fence and before the step rows.
   std::vector<BusinessStatement> statements;
   // Step rows this change appends (a code workflow's steps are added as its

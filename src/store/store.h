@@ -104,6 +104,10 @@ class InstanceStore {
 
   virtual absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) = 0;
 
+  // Returns the events kept for the instance's function that no wait took yet, in
+  // arrival order (Change::keep).
+  virtual absl::StatusOr<std::vector<KeptEvent>> GetKeptEvents(int64_t instance_id) = 0;
+
   // Returns the attempt records of an instance in (step, seq) order.
   virtual absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) = 0;
 

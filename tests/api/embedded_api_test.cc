@@ -408,8 +408,8 @@ TEST_P(EmbeddedApiTest, ACallIsLookedUpOrSentAgainUnderItsKeyAndUndoneOnFailure)
 }
 
 // A function waits for an event (the instance rests meanwhile): the event's data is
-// what ctx.WaitEvent returns; another type, or no wait yet, is refused; the same event
-// again changes nothing; with no event the timeout comes.
+// what ctx.WaitEvent returns; another type is kept (nothing waits for it); the same
+// event again changes nothing; with no event the timeout comes.
 TEST_P(EmbeddedApiTest, AFunctionWaitsForItsEventOrItsTimeout) {
   namespace api = waystone::api;
   api::Workflow<int64_t, std::string> approval(
@@ -434,8 +434,7 @@ TEST_P(EmbeddedApiTest, AFunctionWaitsForItsEventOrItsTimeout) {
         return now.ok() && !now->steps.empty() && now->steps[0].state == "waiting";
       },
       std::chrono::seconds(20)));
-  EXPECT_EQ(engine->Signal("AP-1", "com.example.other", "crm", "e-1", "{}").code(),
-            Status::Code::kFailedPrecondition);
+  EXPECT_TRUE(engine->Signal("AP-1", "com.example.other", "crm", "e-1", "{}").ok());
   EXPECT_EQ(engine->Signal("AP-1", "com.example.approved", "crm", "e-2", "{not json").code(),
             Status::Code::kInvalidArgument);
   Status delivered = engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})");
@@ -535,6 +534,88 @@ TEST_P(EmbeddedApiTest, AnEventAfterItsTimeoutIsRefused) {
   ASSERT_TRUE(outcome.ok());
   ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
   EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), "unpaid");
+}
+
+// Events that come before the function waits for them (here: while it sleeps) are
+// kept, wake nothing, and are taken by its waits in the order they came; the same
+// event again is a duplicate, the same id with other data a conflict; an instance
+// keeps at most 100; a kept event survives the engine's restart.
+TEST_P(EmbeddedApiTest, AnEventBeforeItsWaitIsKeptAndTakenInOrder) {
+  namespace api = waystone::api;
+  api::Workflow<int64_t, std::string> payments(
+      "payments", [](api::Context& ctx, const int64_t&) -> api::Result<std::string> {
+        if (api::Status slept = ctx.Sleep(std::chrono::hours(1)); !slept.ok()) return slept;
+        std::string paid;
+        for (int i = 0; i < 2; ++i) {
+          auto data = ctx.WaitEvent("com.example.paid", std::chrono::minutes(1));
+          if (!data.ok()) return data.status();
+          paid += *data;
+        }
+        return paid;
+      });
+  const auto start = std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 50));
+  auto clock = api::ManualClock::Create(start);
+  auto open = [&] {
+    EngineOptions options;
+    options.database = database_;
+    options.workers = 1;
+    options.clock = clock;
+    auto engine = Engine::Open(options);
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    if (engine.ok()) {
+      EXPECT_TRUE((*engine)->Register(payments).ok());
+    }
+    return engine.ok() ? std::move(*engine) : nullptr;
+  };
+  auto engine = open();
+  ASSERT_NE(engine, nullptr);
+  auto started = engine->Start(payments, "PAY-7", int64_t{0});
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  ASSERT_TRUE(waystone::testing::WaitFor(
+      [&] {
+        auto now = (*started)->Get();
+        return now.ok() && now->steps.size() == 1 && now->steps[0].state == "waiting";
+      },
+      std::chrono::seconds(20)));
+  ASSERT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-1", R"({"n":1})").ok());
+  ASSERT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-2", R"({"n":2})").ok());
+  EXPECT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-1", R"({"n":1})").ok());
+  EXPECT_EQ(engine->Signal("PAY-7", "com.example.paid", "bank", "p-1", R"({"n":9})").code(),
+            Status::Code::kFailedPrecondition);
+  for (int i = 0; i < 98; ++i) {
+    Status kept = engine->Signal("PAY-7", "com.example.noise", "bank", "n-" + std::to_string(i),
+                                 "{}");
+    ASSERT_TRUE(kept.ok()) << i << ": " << kept.ToString();
+  }
+  Status full = engine->Signal("PAY-7", "com.example.noise", "bank", "n-98", "{}");
+  EXPECT_EQ(full.code(), Status::Code::kFailedPrecondition) << full.ToString();
+  EXPECT_NE(full.message().find("keeps 100 events"), std::string::npos) << full.ToString();
+  // Nothing woke it: still asleep, one step recorded.
+  auto asleep = (*started)->Wait(std::chrono::milliseconds(300));
+  ASSERT_TRUE(asleep.ok());
+  EXPECT_EQ(asleep->state, InstanceState::kRunning);
+  EXPECT_EQ(asleep->steps.size(), 1u);
+
+  // Kept in the database: another engine on it takes them.
+  engine.reset();
+  engine = open();
+  ASSERT_NE(engine, nullptr);
+  clock->Advance(std::chrono::hours(1));
+  auto restarted = engine->Find("PAY-7");
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  auto outcome = (*restarted)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), R"({"n":1}{"n":2})");
+  int waits = 0;
+  for (const auto& step : outcome->steps) {
+    if (step.name != "$wait:com.example.paid") continue;
+    ++waits;
+    EXPECT_EQ(step.state, "completed");
+  }
+  EXPECT_EQ(waits, 2);
+  // Taken: the same event again is a duplicate, not kept anew.
+  EXPECT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-2", R"({"n":2})").ok());
 }
 
 TEST(EmbeddedApiVersionTest, TheLibraryAndTheHeadersAgree) {

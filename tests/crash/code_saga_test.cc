@@ -240,7 +240,9 @@ TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
   const int messages_before = Stats()["messages"];  // d-2's, sent before it was parked
 
   std::filesystem::create_directories(dir_.File("defs"));
-  std::ofstream(dir_.File("server.yaml")) << "definitions: defs\nworkers: 1\n";
+  std::ofstream(dir_.File("server.yaml"))
+      << "definitions: defs\nworkers: 1\n"
+         "events:\n  - type: com.example.note\n    signal: { key: /order }\n";
   const std::string ops = Token("ops", "operator");
   const std::string viewer = Token("eve", "viewer");
   const int port = testing::FreeLoopbackPort();
@@ -272,6 +274,26 @@ TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
     for (const char* id : {"d-1", "d-2", "d-3"}) {
       EXPECT_NE(listed.body.find(std::string("\"") + id + "\""), std::string::npos) << listed.body;
     }
+
+    // An event its function does not wait for is kept (and listed), once.
+    HttpRequest note{"POST", url + "/v1/events",
+                     {{"Authorization", "Bearer " + ops},
+                      {"Content-Type", "application/cloudevents+json"}},
+                     R"({"specversion":"1.0","id":"n-1","source":"/desk","type":"com.example.note",)"
+                     R"("data":{"order":"d-1","text":"call back"}})",
+                     10'000};
+    for (const char* outcome : {"kept", "duplicate"}) {
+      const HttpResponse noted = http->Send(note);
+      ASSERT_EQ(noted.outcome.status, 200) << noted.body;
+      EXPECT_EQ(Json::parse(noted.body)["results"][0]["outcome"], outcome) << noted.body;
+    }
+    const Json with_note = Json::parse(send("GET", "/v1/instances/d-1", ops, "").body);
+    ASSERT_EQ(with_note["kept_events"].size(), 1u) << with_note.dump();
+    EXPECT_EQ(with_note["kept_events"][0]["data"]["text"], "call back");
+    auto cli_shown = testing::RunProcess({testing::WaystoneBinary(), "show", "d-1", "--server", url},
+                                         {{"WAYSTONE_TOKEN", ops}}, dir_.path());
+    EXPECT_NE(cli_shown.out.find("kept event com.example.note (/desk n-1"), std::string::npos)
+        << cli_shown.out << cli_shown.err;
 
     // notify may have been sent: retrying it is refused, a confirmation is not.
     const HttpResponse retried = send("POST", "/v1/instances/d-1/retry", ops,

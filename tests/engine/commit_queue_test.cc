@@ -39,6 +39,9 @@ class FailingBatchStore final : public InstanceStore {
     return real_->FindInstance(t, k);
   }
   absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t id) override { return real_->GetSteps(id); }
+  absl::StatusOr<std::vector<KeptEvent>> GetKeptEvents(int64_t id) override {
+    return real_->GetKeptEvents(id);
+  }
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t id) override {
     return real_->ListAttempts(id);
   }

@@ -128,6 +128,34 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
   }
 }
 
+// An event kept for a code workflow's function (Operations::Deliver keeps it) is
+// listed in the instance's view until a wait takes it; an instance without one has
+// no such list.
+TEST_P(ApiTest, TheInstanceViewListsKeptEvents) {
+  EXPECT_FALSE(Json::parse(Get("/v1/instances/k1", viewer_t1_).body).contains("kept_events"));
+  auto leases = store_->ClaimRunnable("w", 2000, 5000, 10);
+  ASSERT_TRUE(leases.ok()) << leases.status();
+  ASSERT_FALSE(leases->empty());
+  Change keep;
+  keep.lease = leases->front();
+  keep.now = 1'700'000'000'000;
+  keep.lease_expires_at = 0;
+  keep.keep = KeptEvent{0, "com.example.paid", "/bank", "p-1", R"({"amount":12})", keep.now};
+  for (const Lease& lease : *leases) {
+    if (store_->GetInstance(lease.instance_id)->key == "k1") keep.lease = lease;
+  }
+  ASSERT_TRUE((*store_->Commit({keep}))[0].ok());
+  auto shown = Get("/v1/instances/k1", viewer_t1_);
+  ASSERT_EQ(shown.outcome.status, 200) << shown.body;
+  const Json view = Json::parse(shown.body);
+  ASSERT_EQ(view["kept_events"].size(), 1u) << shown.body;
+  EXPECT_EQ(view["kept_events"][0]["type"], "com.example.paid");
+  EXPECT_EQ(view["kept_events"][0]["source"], "/bank");
+  EXPECT_EQ(view["kept_events"][0]["id"], "p-1");
+  EXPECT_EQ(view["kept_events"][0]["data"]["amount"], 12);
+  EXPECT_EQ(view["kept_events"][0]["received_at"], "2023-11-14T22:13:20.000Z");
+}
+
 TEST_P(ApiTest, RevokedExpiredAndAllTenantNonAdminTokensAre401) {
   // Stored as older versions made them, or as time made them.
   ASSERT_TRUE(store_->PutToken({Sha256Hex("wst_old-star-operator"), "old-op", "*", "operator", 1,

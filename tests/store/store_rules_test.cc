@@ -46,6 +46,11 @@ class FakeChangeSql final : public ChangeSql {
     log.push_back("inbox");
     return true;
   }
+  absl::Status KeepEvent(int64_t, const KeptEvent&) override { return Note("keep"); }
+  absl::StatusOr<bool> TakeKeptEvent(int64_t, const KeptEventTake&, Millis) override {
+    log.push_back("take");
+    return true;
+  }
   absl::Status ResolveAlerts(int64_t, Millis) override { return Note("resolve"); }
   absl::Status ReviseInput(int64_t, const std::string&) override { return Note("revise"); }
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
@@ -157,6 +162,8 @@ TEST(StoreRulesTest, TheFenceComesFirstAndAReleaseToRunNowWakesWorkers) {
   c.lease_expires_at = 0;
   c.next_run_at = c.now;
   c.inbox = InboxClaim{"t", "s", "e", "h"};
+  c.keep = KeptEvent{};
+  c.take = KeptEventTake{};
   c.resolve_alerts = true;
   c.idempotency = IdempotencyClaim{"t", "k", "hash", 1, "step", 500};
   // Two attempts of step 2, one of step 0: each step's bound once, after them all.
@@ -165,9 +172,9 @@ TEST(StoreRulesTest, TheFenceComesFirstAndAReleaseToRunNowWakesWorkers) {
   c.audits.push_back(AuditRecord{});
   ASSERT_TRUE(ApplyChange(sql, c, 7).ok());
   const std::vector<std::string> expected = {
-      "fence 1", "signal",   "inbox",    "resolve",  "read key", "put key", "step 0",
-      "attempt", "attempt",  "attempt",  "drop 2 7", "drop 0 7", "event",   "alert",
-      "audit"};
+      "fence 1", "signal",   "inbox",    "keep",     "take",    "resolve",  "read key",
+      "put key", "step 0",   "attempt",  "attempt", "attempt",  "drop 2 7", "drop 0 7",
+      "event",   "alert",    "audit"};
   EXPECT_EQ(sql.log, expected);
 }
 
@@ -299,6 +306,7 @@ TEST(StoreRulesTest, GcBuriesBeforeItDeletesAndChildrenGoBeforeParents) {
                                              "DELETE FROM deliveries",
                                              "DELETE FROM outbox",
                                              "DELETE FROM steps",
+                                             "DELETE FROM kept_events",
                                              "DELETE FROM alerts",
                                              "DELETE FROM instances",
                                              "inbox",

@@ -224,6 +224,25 @@ class PgChangeSql final : public ChangeSql {
   absl::Status InsertStep(int64_t instance_id, const StepRecord& s) override {
     return c_.Query(InsertStepStatement(instance_id, s)).status();
   }
+  // Only the lease holder keeps events for an instance, so MAX + 1 does not race.
+  absl::Status KeepEvent(int64_t instance_id, const KeptEvent& e) override {
+    return c_.Query("INSERT INTO kept_events (instance_id, seq, event_type, source, event_id, "
+                    "data_json, received_at) VALUES ($1::bigint, (SELECT COALESCE(MAX(seq), 0) "
+                    "+ 1 FROM kept_events WHERE instance_id = $1::bigint), $2, $3, $4, $5, "
+                    "$6::bigint)",
+                    Params(instance_id, e.event_type, e.source, e.event_id, e.data_json,
+                           e.received_at))
+        .status();
+  }
+  absl::StatusOr<bool> TakeKeptEvent(int64_t instance_id, const KeptEventTake& take,
+                                     Millis now) override {
+    WS_ASSIGN_OR_RETURN(
+        PgResult taken,
+        c_.Query("UPDATE kept_events SET taken_by = $1::integer, taken_at = $2::bigint WHERE "
+                 "instance_id = $3::bigint AND seq = $4::bigint AND taken_by IS NULL",
+                 Params(take.step_index, now, instance_id, take.seq)));
+    return taken.affected() == 1;
+  }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     WS_ASSIGN_OR_RETURN(PgResult updated, c_.Query(UpdateStepStatement(instance_id, s)));
     return updated.affected() == 1;
@@ -338,6 +357,12 @@ class PgQueuedChangeSql final : public ChangeSql {
   }
   absl::Status InsertStep(int64_t, const StepRecord&) override {
     return absl::UnimplementedError("an added step is not pipelined");
+  }
+  absl::Status KeepEvent(int64_t, const KeptEvent&) override {
+    return absl::UnimplementedError("a kept event is not pipelined");
+  }
+  absl::StatusOr<bool> TakeKeptEvent(int64_t, const KeptEventTake&, Millis) override {
+    return absl::UnimplementedError("a kept event is not pipelined");
   }
   absl::StatusOr<bool> UpdateStep(int64_t instance_id, const StepRecord& s) override {
     steps_.push_back(UpdateStepStatement(instance_id, s).params);
@@ -499,10 +524,10 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   // statement while every other change of the batch waits.
   // Nor is a sql step's statement, or a code workflow's transaction: its failure is
   // its change's alone, and its rows are the step's result. Nor are added step rows
-  // (a code workflow's), whose statement the batch update does not hold.
+  // or kept events (a code workflow's), whose statements the batch does not hold.
   const bool queueable = std::none_of(changes.begin(), changes.end(), [](const Change& c) {
     return c.idempotency.has_value() || !c.statements.empty() || c.work ||
-           !c.added_steps.empty();
+           !c.added_steps.empty() || c.keep || c.take;
   });
   if (queueable && !changes.empty()) {
     PgQueuedChangeSql queued;

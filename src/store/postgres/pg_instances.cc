@@ -248,6 +248,16 @@ absl::StatusOr<std::vector<StepRecord>> PostgresStore::GetSteps(int64_t instance
   return PgRows(r, ReadStep<PgRow>);
 }
 
+absl::StatusOr<std::vector<KeptEvent>> PostgresStore::GetKeptEvents(int64_t instance_id) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c->Query("SELECT seq, event_type, source, event_id, data_json, received_at "
+                               "FROM kept_events WHERE instance_id = $1::bigint AND taken_by IS "
+                               "NULL ORDER BY seq",
+                               Params(instance_id)));
+  return PgRows(r, ReadKeptEvent<PgRow>);
+}
+
 absl::StatusOr<std::vector<AttemptRecord>> PostgresStore::ListAttempts(int64_t instance_id) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(PgResult r, c->Query(absl::StrCat("SELECT ", kPgAttemptColumns,

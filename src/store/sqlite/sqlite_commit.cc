@@ -116,6 +116,24 @@ class SqliteChangeSql final : public ChangeSql {
         s->BindAll(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id).Run());
     return db_.Changes() == 1;
   }
+  absl::Status KeepEvent(int64_t instance_id, const KeptEvent& e) override {
+    WS_ASSIGN_OR_RETURN(
+        SqliteStatement * s,
+        db_.Prepare("INSERT INTO kept_events (instance_id, seq, event_type, source, event_id, "
+                    "data_json, received_at) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM "
+                    "kept_events WHERE instance_id = ?1), ?2, ?3, ?4, ?5, ?6)"));
+    return s->BindAll(instance_id, e.event_type, e.source, e.event_id,
+                      std::string_view(e.data_json), e.received_at)
+        .Run();
+  }
+  absl::StatusOr<bool> TakeKeptEvent(int64_t instance_id, const KeptEventTake& take,
+                                     Millis now) override {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                        db_.Prepare("UPDATE kept_events SET taken_by = ?, taken_at = ? WHERE "
+                                    "instance_id = ? AND seq = ? AND taken_by IS NULL"));
+    WS_RETURN_IF_ERROR(s->BindAll(take.step_index, now, instance_id, take.seq).Run());
+    return db_.Changes() == 1;
+  }
   absl::Status ReviseInput(int64_t instance_id, const std::string& input_json) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                         db_.Prepare("UPDATE instances SET input_json = ? WHERE id = ?"));

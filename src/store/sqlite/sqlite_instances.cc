@@ -162,6 +162,16 @@ absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_i
   return CollectRows(s, ReadStep<SqliteStatement>);
 }
 
+absl::StatusOr<std::vector<KeptEvent>> SqliteStore::GetKeptEvents(int64_t instance_id) {
+  MutexLock lock(mu_);
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
+                      db_->Prepare("SELECT seq, event_type, source, event_id, data_json, "
+                                   "received_at FROM kept_events WHERE instance_id = ? AND "
+                                   "taken_by IS NULL ORDER BY seq"));
+  s->BindAll(instance_id);
+  return CollectRows(s, ReadKeptEvent<SqliteStatement>);
+}
+
 absl::StatusOr<std::vector<AttemptRecord>> SqliteStore::ListAttempts(int64_t instance_id) {
   MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,

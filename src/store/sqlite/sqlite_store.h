@@ -40,6 +40,7 @@ class SqliteStore final : public Store {
   absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,
                                               const std::string& key) override;
   absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t instance_id) override;
+  absl::StatusOr<std::vector<KeptEvent>> GetKeptEvents(int64_t instance_id) override;
   absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t instance_id) override;
   absl::StatusOr<std::vector<AttemptRecord>> ListAttemptPage(const AttemptQuery& query) override;
   absl::StatusOr<std::vector<StepAttemptCounts>> CountAttempts(int64_t instance_id) override;

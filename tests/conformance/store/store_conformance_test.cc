@@ -956,6 +956,9 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
     if (lease.instance_id == leases[0].instance_id) {
       c.idempotency = IdempotencyClaim{"t1", "old-key", "h", lease.instance_id, "one", 2500};
     }
+    if (lease.instance_id != leases[1].instance_id) {
+      c.keep = KeptEvent{0, "never-waited", "/src", "e", "{}", 2001};
+    }
     changes.push_back(c);
   }
   ASSERT_TRUE(store_->Commit(changes).ok());
@@ -992,6 +995,9 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
   EXPECT_TRUE(store_->FindInstance("t1", "k2").ok());
   EXPECT_TRUE(store_->FindInstance("t1", "k3").ok());
   EXPECT_FALSE(store_->GetIdempotencyClaim("t1", "old-key")->has_value());
+  // k1's kept event went with it; k3's is still there.
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM kept_events"), 1);
+  EXPECT_EQ(store_->GetKeptEvents(leases[2].instance_id)->size(), 1u);
   // What is left of k1 answers a late start for its key; nothing is created.
   auto tombstone = store_->FindTombstone("t1", "k1");
   ASSERT_TRUE(tombstone.ok()) << tombstone.status();
@@ -1034,6 +1040,73 @@ TEST_P(StoreConformanceTest, ApiRequestsClaimReplayAndAreTakenOverWhenAbandoned)
   EXPECT_EQ(store_->BeginApiRequest(later, 0, "")->outcome, ApiRequestOutcome::kNew);
   ASSERT_TRUE(store_->AbandonApiRequest("t1", "k").ok());
   EXPECT_EQ(store_->BeginApiRequest(r, 0, "")->outcome, ApiRequestOutcome::kNew);
+}
+
+// Events kept for a code workflow's function: numbered in arrival order per
+// instance, listed until taken, each taken once (a second take fails its change,
+// which writes nothing), and written only under the lease.
+TEST_P(StoreConformanceTest, KeptEventsAreNumberedListedAndTakenOnce) {
+  NewInstance code = Instance("kept");
+  code.step_names.clear();
+  const int64_t id = store_->StartInstance(code)->instance.id;
+  ASSERT_TRUE(store_->StartInstance(Instance("other")).ok());
+  Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
+  ASSERT_EQ(lease.instance_id, id);
+  auto keep = [&](const std::string& type, const std::string& event_id, Millis now) {
+    Change change;
+    change.lease = lease;
+    change.now = now;
+    change.lease_expires_at = 7000;
+    change.keep = KeptEvent{0, type, "/bank", event_id, R"({"id":")" + event_id + R"("})", now};
+    return (*store_->Commit({change}))[0];
+  };
+  ASSERT_TRUE(keep("paid", "p-1", 2001).ok());
+  ASSERT_TRUE(keep("shipped", "s-1", 2002).ok());
+  ASSERT_TRUE(keep("paid", "p-2", 2003).ok());
+  auto kept = *store_->GetKeptEvents(id);
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[0].seq, 1);
+  EXPECT_EQ(kept[0].event_id, "p-1");
+  EXPECT_EQ(kept[0].event_type, "paid");
+  EXPECT_EQ(kept[0].source, "/bank");
+  EXPECT_EQ(kept[0].data_json, R"({"id":"p-1"})");
+  EXPECT_EQ(kept[0].received_at, 2001);
+  EXPECT_EQ(kept[1].seq, 2);
+  EXPECT_EQ(kept[2].seq, 3);
+  EXPECT_EQ(kept[2].event_id, "p-2");
+  EXPECT_TRUE(store_->GetKeptEvents(id + 1)->empty());
+
+  auto take = [&](int64_t seq, int index) {
+    Change change;
+    change.lease = lease;
+    change.now = 2010;
+    change.lease_expires_at = 7000;
+    StepRecord row;
+    row.index = index;
+    row.name = "$wait:paid";
+    row.state = StepState::kCompleted;
+    change.added_steps = {row};
+    change.take = KeptEventTake{seq, index};
+    return (*store_->Commit({change}))[0];
+  };
+  ASSERT_TRUE(take(1, 0).ok());
+  kept = *store_->GetKeptEvents(id);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept[0].event_id, "s-1");
+  // Taken before: refused, and its step row is not written.
+  EXPECT_FALSE(take(1, 1).ok());
+  EXPECT_EQ(store_->GetSteps(id)->size(), 1u);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM kept_events WHERE taken_by = 0 AND taken_at = 2010"),
+            1);
+  // A lost lease keeps nothing.
+  Change stale;
+  stale.lease = lease;
+  stale.lease.epoch += 1;
+  stale.now = 2011;
+  stale.lease_expires_at = 7000;
+  stale.keep = KeptEvent{0, "paid", "/bank", "p-3", "{}", 2011};
+  EXPECT_TRUE(absl::IsAborted((*store_->Commit({stale}))[0]));
+  EXPECT_EQ(store_->GetKeptEvents(id)->size(), 2u);
 }
 
 TEST_P(StoreConformanceTest, AChangeClaimsItsInboxEventOnceAndResolvesAlerts) {
