@@ -278,6 +278,7 @@ class CodeRun final : public CodeContext {
                   HttpResponse answer = Send(request, current_key_);
                   const ErrorClass error = Classify(answer.outcome, errors);
                   if (error == ErrorClass::kNone) return ResultJson(answer);
+                  retry_after_ = answer.outcome.retry_after;  // when the server says to come back
                   return Failure(error, answer);
                 },
                 step);
@@ -657,6 +658,7 @@ class CodeRun final : public CodeContext {
     const std::string name = journal_[index].name;
     CrashPoint("before-call", name);
     absl::StatusOr<std::string> result;
+    retry_after_.reset();
     {
       Restricted user(this, journal_[index].idempotency_key);
       result = fn();
@@ -680,7 +682,8 @@ class CodeRun final : public CodeContext {
     row.state = StepState::kFailed;
     row.finished_at = now;
     if (row.error_class == ErrorClass::kTransient && !options.retry.Exhausted(row.attempts)) {
-      row.next_attempt_at = now + options.retry.NextDelay(row.attempts, std::nullopt, *d_.random);
+      // Never sooner than a call's Retry-After (up to the policy's cap).
+      row.next_attempt_at = now + options.retry.NextDelay(row.attempts, retry_after_, *d_.random);
       change.steps.push_back(row);
       return Rest(row.next_attempt_at, std::move(change));
     }
@@ -1008,6 +1011,7 @@ class CodeRun final : public CodeContext {
   const Lease lease_;
   InstanceRecord instance_;
   std::vector<StepRecord> journal_;  // the step rows as committed, by index
+  std::optional<Millis> retry_after_;  // the Retry-After of the step's call that just failed
   size_t position_ = 0;              // the next step the function reaches
   std::stop_token stop_token_;
   bool compensating_;

@@ -407,6 +407,39 @@ TEST_P(EmbeddedApiTest, ACallIsLookedUpOrSentAgainUnderItsKeyAndUndoneOnFailure)
   EXPECT_EQ(stats["messages"], 1) << stats.dump();
 }
 
+// A call refused with 503 and Retry-After: 120 is sent again no sooner than the
+// server asked, though its own backoff is at most 100 ms (a manual clock: what the
+// target counts decides, not the time the machine takes).
+TEST_P(EmbeddedApiTest, ACallHonoursTheServersRetryAfter) {
+  auto clock = waystone::api::ManualClock::Create(std::chrono::system_clock::time_point(
+      std::chrono::hours(24 * 365 * 50)));
+  EngineOptions options;
+  options.database = database_;
+  options.workers = 1;
+  options.clock = clock;
+  auto engine = Engine::Open(options);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const auto called = CalledOrder(target_->base_url());
+  ASSERT_TRUE((*engine)->Register(called).ok());
+  ASSERT_TRUE(target_->Faults(R"({"send_message": {"next": ["refuse_503"], "retry_after_s": 120}})"));
+  auto started = (*engine)->Start(called, "LATER-1", std::string("U-1"));
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  ASSERT_TRUE(waystone::testing::WaitFor([&] { return Stats()["by_route"]["send_message"] == 1; },
+                                         std::chrono::seconds(20)));
+  clock->Advance(std::chrono::seconds(60));
+  auto early = (*started)->Wait(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(early.ok());
+  EXPECT_EQ(early->state, InstanceState::kRunning);
+  EXPECT_EQ(Stats()["by_route"]["send_message"], 1) << Stats().dump();
+  clock->Advance(std::chrono::seconds(61));
+  auto outcome = (*started)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  const Json stats = Stats();
+  EXPECT_EQ(stats["by_route"]["send_message"], 2) << stats.dump();
+  EXPECT_EQ(stats["messages"], 1) << stats.dump();
+}
+
 // A function waits for an event (the instance rests meanwhile): the event's data is
 // what ctx.WaitEvent returns; another type is kept (nothing waits for it); the same
 // event again changes nothing; with no event the timeout comes.

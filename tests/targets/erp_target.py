@@ -393,15 +393,18 @@ def parse_json_object(body):
 # --------------------------------------------------------------------------
 
 class FaultSetting:
-    def __init__(self, next_shapes=(), rate=0.0, shape=None, delay_ms=DEFAULT_LATE_DELAY_MS):
+    def __init__(self, next_shapes=(), rate=0.0, shape=None, delay_ms=DEFAULT_LATE_DELAY_MS,
+                 retry_after_s=0):
         self.next = deque(next_shapes)
         self.rate = rate
         self.shape = shape
         self.delay_ms = delay_ms
+        self.retry_after_s = retry_after_s   # the Retry-After a refuse_503 carries
 
     def as_json(self):
         return {"next": list(self.next), "rate": self.rate,
-                "shape": self.shape, "delay_ms": self.delay_ms}
+                "shape": self.shape, "delay_ms": self.delay_ms,
+                "retry_after_s": self.retry_after_s}
 
 
 def validate_fault_setting(route, spec):
@@ -410,7 +413,7 @@ def validate_fault_setting(route, spec):
         return None
     if not isinstance(spec, dict):
         raise ValueError("settings for %s must be an object" % route)
-    unknown = set(spec) - {"next", "rate", "shape", "delay_ms"}
+    unknown = set(spec) - {"next", "rate", "shape", "delay_ms", "retry_after_s"}
     if unknown:
         raise ValueError("unknown keys for %s: %s" % (route, sorted(unknown)))
     nxt = spec.get("next", [])
@@ -427,7 +430,10 @@ def validate_fault_setting(route, spec):
     delay = spec.get("delay_ms", DEFAULT_LATE_DELAY_MS)
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
         raise ValueError("delay_ms must be a non-negative number")
-    return FaultSetting(nxt, float(rate), shape, delay)
+    retry_after = spec.get("retry_after_s", 0)
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 0:
+        raise ValueError("retry_after_s must be a non-negative integer")
+    return FaultSetting(nxt, float(rate), shape, delay, retry_after)
 
 
 class State:
@@ -472,6 +478,10 @@ class State:
         if setting.rate > 0 and self.rng.random() < setting.rate:
             return setting.shape, setting.delay_ms
         return "ok", setting.delay_ms
+
+    def retry_after(self, route):
+        setting = self.faults.get(route)
+        return str(setting.retry_after_s if setting is not None else 0)
 
     # ---- business handlers (lock held) -----------------------------------
 
@@ -767,7 +777,8 @@ class Connection:
                     # Decided before the effect: nothing is committed.
                     if shape == "refuse_503":
                         resp = Response(503, {"error": "unavailable (injected fault, not committed)",
-                                              "shape": shape}, [("Retry-After", "0")])
+                                              "shape": shape},
+                                        [("Retry-After", state.retry_after(route))])
                     else:
                         resp = Response(422, {"error": "rejected (injected fault, not committed)",
                                               "shape": shape})
