@@ -193,11 +193,12 @@ class WAYSTONE_API Engine {
   // Delivers an event to the instance of this tenant with business key `key`: a
   // function waiting in Context::WaitEvent for `event_type` gets `data_json`. The
   // event is claimed in the inbox under (source, id) with its effect: delivered
-  // again, it changes nothing (OK). FailedPrecondition when the instance does not
-  // wait for that type now (an event that comes before its wait is refused, not kept:
-  // try again later); DeadlineExceeded when its wait timed out; Unavailable when a
-  // worker holds the instance for long (try again); NotFound when there is no such
-  // instance.
+  // again, it changes nothing (OK). When the function does not wait for that type
+  // now, the event is kept (OK) for its next WaitEvent of the type; FailedPrecondition
+  // when the instance keeps 100 such events already, or takes no more events (it
+  // ended, or compensates); DeadlineExceeded when its latest wait for the type timed
+  // out (until it waits for the type again); Unavailable when a worker holds the
+  // instance for long (try again); NotFound when there is no such instance.
   virtual Status Signal(const std::string& key, const std::string& event_type,
                         const std::string& source, const std::string& id,
                         const std::string& data_json) = 0;

@@ -287,8 +287,8 @@ class WAYSTONE_API Context {
   // Waits for an event of `event_type` delivered to this instance (Engine::Signal,
   // or the HTTP API's events), at most `timeout` (0: no limit): its data (JSON), or
   // kDeadlineExceeded once the timeout passed. The instance rests without a thread
-  // meanwhile. An event that comes while the instance does not wait for its type is
-  // refused (the sender tries again).
+  // meanwhile. An event that came while the function did not wait for its type was
+  // kept: the oldest such is returned at once (see Engine::Signal).
   virtual Result<std::string> WaitEvent(const std::string& event_type,
                                         std::chrono::milliseconds timeout) = 0;
   // True when this run takes the code path introduced under `patch`; false for an

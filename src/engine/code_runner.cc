@@ -18,6 +18,7 @@
 #include "engine/code_workflow.h"
 #include "engine/events.h"
 #include "engine/lease_keeper.h"
+#include "engine/transitions.h"
 #include "model/keys.h"
 #include "model/json_text.h"
 #include "store/business_statement.h"
@@ -255,8 +256,9 @@ class CodeRun final : public CodeContext {
       // Used while the call's step runs: what it captures lives as long. A 404 is an
       // answer (nothing there), as for a YAML step's lookup; `found` reads it.
       step.lookup = [this, &options]() -> absl::StatusOr<std::optional<std::string>> {
-        HttpResponse answer = Send(*options.lookup, "");
-        if (Classify(answer.outcome, {{404, ErrorClass::kNone}}) != ErrorClass::kNone) {
+        const StatusOverrides answered = {{404, ErrorClass::kNone}};
+        HttpResponse answer = Send(*options.lookup, "", answered);
+        if (Classify(answer.outcome, answered) != ErrorClass::kNone) {
           return absl::UnavailableError("the lookup got " + Described(answer));
         }
         return options.found(ResultJson(answer));
@@ -269,13 +271,13 @@ class CodeRun final : public CodeContext {
         absl::StatusOr<std::optional<HttpRequest>> request = undo(result);
         if (!request.ok()) return absl::FailedPreconditionError(request.status().message());
         if (!request->has_value()) return absl::OkStatus();  // nothing to undo
-        HttpResponse answer = Send(**request, current_key_);
+        HttpResponse answer = Send(**request, current_key_, errors);
         return Failure(Classify(answer.outcome, errors), answer);
       };
     }
     return Step(name, RequestHash(request.method, request.url, request.body),
                 [&]() -> absl::StatusOr<std::string> {
-                  HttpResponse answer = Send(request, current_key_);
+                  HttpResponse answer = Send(request, current_key_, errors);
                   const ErrorClass error = Classify(answer.outcome, errors);
                   if (error == ErrorClass::kNone) return ResultJson(answer);
                   retry_after_ = answer.outcome.retry_after;  // when the server says to come back
@@ -329,7 +331,7 @@ class CodeRun final : public CodeContext {
     change.work = work;
     absl::Status committed;
     {
-      Restricted user(this, "", /*keep_lease=*/false);
+      Restricted user(this, "", -1, AttemptPhase::kCall, /*keep_lease=*/false);
       committed = CommitStatus(change);
     }
     if (committed.ok()) {
@@ -501,9 +503,12 @@ class CodeRun final : public CodeContext {
   // transaction, on the commit thread, it would wait for itself).
   class Restricted {
    public:
-    Restricted(CodeRun* run, std::string key, bool keep_lease = true)
+    Restricted(CodeRun* run, std::string key, int index = -1,
+               AttemptPhase phase = AttemptPhase::kCall, bool keep_lease = true)
         : run_(run), held_(keep_lease ? run->d_.keeper : nullptr, run->lease_) {
       run_->current_key_ = std::move(key);
+      run_->current_index_ = index;
+      run_->current_phase_ = phase;
       run_->restricted_.store(true);
     }
     ~Restricted() {
@@ -518,8 +523,10 @@ class CodeRun final : public CodeContext {
     LeaseKeeper::Guard held_;
   };
 
-  // Sends `request` with the Idempotency-Key `key` (unless "" or set already).
-  HttpResponse Send(HttpRequest request, const std::string& key) const {
+  // Sends `request` with the Idempotency-Key `key` (unless "" or set already), and
+  // keeps its attempt record (classified with `errors`) for the step's next commit,
+  // as a YAML step's requests are: the console's history of the step.
+  HttpResponse Send(HttpRequest request, const std::string& key, const StatusOverrides& errors) {
     bool keyed = key.empty();
     for (const auto& [name, value] : request.headers) {
       std::string lower = name;
@@ -527,7 +534,25 @@ class CodeRun final : public CodeContext {
       if (lower == "idempotency-key") keyed = true;
     }
     if (!keyed) request.headers.emplace_back("Idempotency-Key", key);
-    return d_.http->Send(request);
+    AttemptRecord attempt;
+    attempt.started_at = d_.clock->NowMillis();
+    HttpResponse answer = d_.http->Send(request);
+    attempt.step_index = current_index_;
+    attempt.phase = current_phase_;
+    attempt.sent = answer.outcome.sent;
+    attempt.connection = answer.outcome.connection;
+    attempt.status =
+        answer.outcome.kind == CallOutcome::Kind::kResponse ? answer.outcome.status : 0;
+    attempt.error_class = Classify(answer.outcome, errors);
+    attempt.detail = ShortenMessage(DescribeResponse(answer));
+    attempt.finished_at = d_.clock->NowMillis();
+    attempt.worker = lease_.owner;
+    attempt.lease_epoch = lease_.epoch;
+    if (attempt.step_index >= 0) {
+      MutexLock lock(attempts_mu_);
+      pending_attempts_.push_back(std::move(attempt));
+    }
+    return answer;
   }
 
   // An answer as a call's result: {"status": n, "headers": {...}, "body": "text"}.
@@ -660,7 +685,7 @@ class CodeRun final : public CodeContext {
     absl::StatusOr<std::string> result;
     retry_after_.reset();
     {
-      Restricted user(this, journal_[index].idempotency_key);
+      Restricted user(this, journal_[index].idempotency_key, index, AttemptPhase::kCall);
       result = fn();
     }
     CrashPoint("after-call", name);
@@ -746,7 +771,7 @@ class CodeRun final : public CodeContext {
       CrashPoint("before-lookup", row.name);
       absl::StatusOr<std::optional<std::string>> found;
       {
-        Restricted user(this, row.idempotency_key);
+        Restricted user(this, row.idempotency_key, row.index, AttemptPhase::kLookup);
         found = options.lookup();
       }
       CrashPoint("after-lookup", row.name);
@@ -901,7 +926,8 @@ class CodeRun final : public CodeContext {
     CrashPoint("before-compensate", row.name);
     absl::Status undone;
     {
-      Restricted user(this, CompensationKey(row.idempotency_key));
+      Restricted user(this, CompensationKey(row.idempotency_key), row.index,
+                      AttemptPhase::kCompensate);
       undone = undo(*this, row.response_json);
     }
     CrashPoint("after-compensate", row.name);
@@ -983,7 +1009,14 @@ class CodeRun final : public CodeContext {
     return CommitStamped(change) ? absl::OkStatus() : last_error_;
   }
 
-  bool CommitStamped(const Change& change) {
+  bool CommitStamped(Change change) {
+    {
+      MutexLock lock(attempts_mu_);
+      change.attempts.insert(change.attempts.begin(),
+                             std::make_move_iterator(pending_attempts_.begin()),
+                             std::make_move_iterator(pending_attempts_.end()));
+      pending_attempts_.clear();
+    }
     absl::Status status = d_.commits->Commit(change);
     if (!status.ok()) {
       last_error_ = status;
@@ -1018,6 +1051,12 @@ class CodeRun final : public CodeContext {
   std::optional<Stop> stop_;
   absl::Status last_error_;
   std::string current_key_;
+  int current_index_ = -1;  // the step whose function runs (Restricted), and what for
+  AttemptPhase current_phase_ = AttemptPhase::kCall;
+  // The requests ctx.Call sent since the last commit: they commit with what they led
+  // to. (Guarded: a step's function may call from a thread of its own.)
+  Mutex attempts_mu_;
+  std::vector<AttemptRecord> pending_attempts_ ABSL_GUARDED_BY(attempts_mu_);
   std::atomic<bool> restricted_{false};  // see Restricted
   bool awaiting_event_ = false;          // it rests in WaitEvent
   std::vector<std::pair<int, std::function<absl::Status(CodeContext&, const std::string&)>>>

@@ -25,11 +25,6 @@ void RedactChange(Change& change) {
     RedactJson(step.response_json);
     Redact(step.external_id);
   }
-  for (StepRecord& step : change.added_steps) {
-    Redact(step.error_message);
-    RedactJson(step.response_json);
-    Redact(step.external_id);
-  }
   if (change.keep) RedactJson(change.keep->data_json);
   for (EventRecord& event : change.events) RedactJson(event.payload_json);
   for (AlertRecord& alert : change.alerts) Redact(alert.message);

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "support/backends.h"
+#include "support/database_client.h"
 #include "support/erp_target.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -79,6 +80,11 @@ class EmbeddedApiTest : public ::testing::TestWithParam<Backend> {
   }
 
   Json Stats() { return Json::parse(target_->StatsJson()); }
+
+  // Runs `sql` on the database with its own client (no code of ours): "a|b" lines.
+  std::string Query(const std::string& sql) {
+    return waystone::testing::ClientQuery(GetParam(), database_, sql, dir_.path());
+  }
 
   waystone::testing::TempDir dir_;
   std::unique_ptr<waystone::testing::ErpTarget> target_;
@@ -393,6 +399,13 @@ TEST_P(EmbeddedApiTest, ACallIsLookedUpOrSentAgainUnderItsKeyAndUndoneOnFailure)
   EXPECT_EQ(stats["messages"], 1) << stats.dump();
   EXPECT_EQ(stats["by_route"]["send_message"], 2) << stats.dump();  // sent again, same key
   EXPECT_EQ(stats["duplicate_messages"], 0) << stats.dump();
+  // Each request is in the step's attempt history, as a YAML step's (phase 1 call,
+  // 2 lookup; status 0 when no whole answer came).
+  const std::string history =
+      "SELECT s.name, a.phase, a.status FROM attempts a JOIN steps s ON s.instance_id = "
+      "a.instance_id AND s.step_index = a.step_index JOIN instances i ON i.id = a.instance_id "
+      "WHERE i.business_key = 'CALL-1' ORDER BY a.step_index, a.seq";
+  EXPECT_EQ(Query(history), "create-order|1|0\ncreate-order|2|200\nnotify|1|0\nnotify|1|200");
 
   // No recipient: the target refuses the message (422), and the order is cancelled.
   auto refused = engine->Start(called, "CALL-2", std::string());
@@ -477,6 +490,8 @@ TEST_P(EmbeddedApiTest, AFunctionWaitsForItsEventOrItsTimeout) {
   ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
   EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), R"(approved {"by":"alice"})");
   EXPECT_TRUE(engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})").ok());
+  EXPECT_EQ(Query("SELECT event_type, event_id, taken_by IS NULL FROM kept_events"),
+            Query("SELECT 'com.example.other', 'e-1', 1 = 1"));
 
   auto unanswered = engine->Start(approval, "AP-2", int64_t{300});
   ASSERT_TRUE(unanswered.ok());
@@ -610,6 +625,8 @@ TEST_P(EmbeddedApiTest, AnEventBeforeItsWaitIsKeptAndTakenInOrder) {
         return now.ok() && now->steps.size() == 1 && now->steps[0].state == "waiting";
       },
       std::chrono::seconds(20)));
+  const std::string due = "SELECT next_run_at FROM instances WHERE business_key = 'PAY-7'";
+  const std::string due_before = Query(due);
   ASSERT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-1", R"({"n":1})").ok());
   ASSERT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-2", R"({"n":2})").ok());
   EXPECT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-1", R"({"n":1})").ok());
@@ -623,8 +640,10 @@ TEST_P(EmbeddedApiTest, AnEventBeforeItsWaitIsKeptAndTakenInOrder) {
   Status full = engine->Signal("PAY-7", "com.example.noise", "bank", "n-98", "{}");
   EXPECT_EQ(full.code(), Status::Code::kFailedPrecondition) << full.ToString();
   EXPECT_NE(full.message().find("keeps 100 events"), std::string::npos) << full.ToString();
-  // Nothing woke it: still asleep, one step recorded.
-  auto asleep = (*started)->Wait(std::chrono::milliseconds(300));
+  // Nothing woke it: due when its timer is, one step recorded, 100 kept.
+  EXPECT_EQ(Query(due), due_before);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM kept_events WHERE taken_by IS NULL"), "100");
+  auto asleep = (*started)->Get();
   ASSERT_TRUE(asleep.ok());
   EXPECT_EQ(asleep->state, InstanceState::kRunning);
   EXPECT_EQ(asleep->steps.size(), 1u);
@@ -649,6 +668,9 @@ TEST_P(EmbeddedApiTest, AnEventBeforeItsWaitIsKeptAndTakenInOrder) {
   EXPECT_EQ(waits, 2);
   // Taken: the same event again is a duplicate, not kept anew.
   EXPECT_TRUE(engine->Signal("PAY-7", "com.example.paid", "bank", "p-2", R"({"n":2})").ok());
+  EXPECT_EQ(Query("SELECT event_id FROM kept_events WHERE taken_by IS NOT NULL ORDER BY seq"),
+            "p-1\np-2");
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM kept_events WHERE taken_by IS NULL"), "98");
 }
 
 TEST(EmbeddedApiVersionTest, TheLibraryAndTheHeadersAgree) {

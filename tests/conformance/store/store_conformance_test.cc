@@ -1049,12 +1049,18 @@ TEST_P(StoreConformanceTest, KeptEventsAreNumberedListedAndTakenOnce) {
   NewInstance code = Instance("kept");
   code.step_names.clear();
   const int64_t id = store_->StartInstance(code)->instance.id;
-  ASSERT_TRUE(store_->StartInstance(Instance("other")).ok());
-  Lease lease = (*store_->ClaimRunnable("w", 2000, 5000, 10))[0];
+  const int64_t other = store_->StartInstance(Instance("other"))->instance.id;
+  Lease lease, other_lease;
+  const std::vector<Lease> claims = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  for (const Lease& claimed : claims) {
+    (claimed.instance_id == id ? lease : other_lease) = claimed;
+  }
   ASSERT_EQ(lease.instance_id, id);
-  auto keep = [&](const std::string& type, const std::string& event_id, Millis now) {
+  ASSERT_EQ(other_lease.instance_id, other);
+  auto keep = [&](const std::string& type, const std::string& event_id, Millis now,
+                  bool on_other = false) {
     Change change;
-    change.lease = lease;
+    change.lease = on_other ? other_lease : lease;
     change.now = now;
     change.lease_expires_at = 7000;
     change.keep = KeptEvent{0, type, "/bank", event_id, R"({"id":")" + event_id + R"("})", now};
@@ -1063,6 +1069,7 @@ TEST_P(StoreConformanceTest, KeptEventsAreNumberedListedAndTakenOnce) {
   ASSERT_TRUE(keep("paid", "p-1", 2001).ok());
   ASSERT_TRUE(keep("shipped", "s-1", 2002).ok());
   ASSERT_TRUE(keep("paid", "p-2", 2003).ok());
+  ASSERT_TRUE(keep("paid", "o-1", 2004, /*on_other=*/true).ok());
   auto kept = *store_->GetKeptEvents(id);
   ASSERT_EQ(kept.size(), 3u);
   EXPECT_EQ(kept[0].seq, 1);
@@ -1074,7 +1081,10 @@ TEST_P(StoreConformanceTest, KeptEventsAreNumberedListedAndTakenOnce) {
   EXPECT_EQ(kept[1].seq, 2);
   EXPECT_EQ(kept[2].seq, 3);
   EXPECT_EQ(kept[2].event_id, "p-2");
-  EXPECT_TRUE(store_->GetKeptEvents(id + 1)->empty());
+  auto of_other = *store_->GetKeptEvents(other);  // numbered per instance
+  ASSERT_EQ(of_other.size(), 1u);
+  EXPECT_EQ(of_other[0].seq, 1);
+  EXPECT_EQ(of_other[0].event_id, "o-1");
 
   auto take = [&](int64_t seq, int index) {
     Change change;
