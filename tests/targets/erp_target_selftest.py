@@ -462,11 +462,13 @@ class ErpTargetTest(unittest.TestCase):
                                           "shape": "close_before_bytes", "delay_ms": 1500}})
         self.assertEqual(r, {"faults": {"create_order": {
             "next": ["close_before_bytes", "ok"], "rate": 0.3,
-            "shape": "close_before_bytes", "delay_ms": 1500}}})
+            "shape": "close_before_bytes", "delay_ms": 1500, "retry_after_s": 0}}})
         for bad in [b"{", b"[]", {"create_order": {"shape": "explode", "rate": 1}},
                     {"create_order": {"next": ["ok", "nope"]}}, {"nosuch_route": {}},
                     {"create_order": {"rate": 2, "shape": "reset"}},
-                    {"create_order": {"rate": 0.5}}, {"create_order": {"bogus": 1}}]:
+                    {"create_order": {"rate": 0.5}}, {"create_order": {"bogus": 1}},
+                    {"create_order": {"retry_after_s": -1}},
+                    {"create_order": {"retry_after_s": 1.5}}]:
             with self.subTest(bad=bad):
                 self.assertEqual(self.call("POST", "/_target/faults", bad).status, 400)
         # Rejected posts changed nothing; replacing a route replaces its settings.
@@ -559,6 +561,12 @@ class ErpTargetTest(unittest.TestCase):
         self.assertEqual(r.status, 201)
         # The connection stays usable afterwards.
         self.assertEqual(c.request("GET", "/erp/orders/ORD-1").status, 200)
+
+    def test_refuse_503_carries_the_retry_after_set(self):
+        self.faults({"create_order": {"next": ["refuse_503"], "retry_after_s": 120}})
+        r = self.client().request("POST", "/erp/orders", {"ref": "R"})
+        self.assertEqual((r.status, r.headers["retry-after"]), (503, "120"))
+        self.assertEqual(self.stats()["orders"], 0)
 
     def test_pre_commit_shapes(self):
         self.faults({"create_order": {"next": ["refuse_503", "reject_422_before"]},
