@@ -3,10 +3,10 @@
 // Store-internal: a group commit, written once for both dialects. Each change is
 // applied under its own savepoint in the transaction the dialect opened, in one
 // order: the fence first (nothing is written unless the lease holds), then the
-// inbox claim, a kept event kept or taken, the revised input, alert resolution, idempotency key, sql steps'
-// statements, added steps, a code workflow's transaction work, steps, attempts
-// (then the oldest of their steps beyond the bound go), events, alerts and audit
-// records. A dialect supplies only the SQL of each step (ChangeSql).
+// inbox claim, a kept event kept or taken, the revised input, alert resolution,
+// idempotency key, sql steps' statements, added steps, a code workflow's
+// transaction work, steps, attempts (then the oldest of their steps beyond the
+// bound go), events, alerts and audit records. A dialect supplies only the SQL of each step (ChangeSql).
 
 #include <cstdint>
 #include <optional>

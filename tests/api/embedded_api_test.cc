@@ -67,17 +67,30 @@ class EmbeddedApiTest : public ::testing::TestWithParam<Backend> {
     ASSERT_FALSE(database_.empty());
   }
 
-  std::unique_ptr<Engine> Open(int workers) {
+  // An engine on the test's database, with `clock` when given; nothing registered.
+  std::unique_ptr<Engine> OpenBare(int workers,
+                                   std::shared_ptr<waystone::api::ManualClock> clock = nullptr) {
     EngineOptions options;
     options.database = database_;
     options.workers = workers;
+    options.clock = std::move(clock);
     auto engine = Engine::Open(options);
     EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-    if (!engine.ok()) return nullptr;
-    Status registered = (*engine)->RegisterYaml(kOrder, "embedded-order.yaml");
-    EXPECT_TRUE(registered.ok()) << registered.ToString();
-    return std::move(*engine);
+    return engine.ok() ? std::move(*engine) : nullptr;
   }
+
+  // An engine with the order definition registered.
+  std::unique_ptr<Engine> Open(int workers) {
+    auto engine = OpenBare(workers);
+    if (engine == nullptr) return nullptr;
+    Status registered = engine->RegisterYaml(kOrder, "embedded-order.yaml");
+    EXPECT_TRUE(registered.ok()) << registered.ToString();
+    return engine;
+  }
+
+  // Where the manual-clock tests start their clocks: fifty years past the epoch.
+  static constexpr std::chrono::system_clock::time_point kClockStart{
+      std::chrono::hours(24 * 365 * 50)};
 
   Json Stats() { return Json::parse(target_->StatsJson()); }
 
@@ -424,18 +437,13 @@ TEST_P(EmbeddedApiTest, ACallIsLookedUpOrSentAgainUnderItsKeyAndUndoneOnFailure)
 // server asked, though its own backoff is at most 100 ms (a manual clock: what the
 // target counts decides, not the time the machine takes).
 TEST_P(EmbeddedApiTest, ACallHonoursTheServersRetryAfter) {
-  auto clock = waystone::api::ManualClock::Create(std::chrono::system_clock::time_point(
-      std::chrono::hours(24 * 365 * 50)));
-  EngineOptions options;
-  options.database = database_;
-  options.workers = 1;
-  options.clock = clock;
-  auto engine = Engine::Open(options);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto clock = waystone::api::ManualClock::Create(kClockStart);
+  auto engine = OpenBare(1, clock);
+  ASSERT_NE(engine, nullptr);
   const auto called = CalledOrder(target_->base_url());
-  ASSERT_TRUE((*engine)->Register(called).ok());
+  ASSERT_TRUE(engine->Register(called).ok());
   ASSERT_TRUE(target_->Faults(R"({"send_message": {"next": ["refuse_503"], "retry_after_s": 120}})"));
-  auto started = (*engine)->Start(called, "LATER-1", std::string("U-1"));
+  auto started = engine->Start(called, "LATER-1", std::string("U-1"));
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   ASSERT_TRUE(waystone::testing::WaitFor([&] { return Stats()["by_route"]["send_message"] == 1; },
                                          std::chrono::seconds(20)));
@@ -514,16 +522,11 @@ TEST_P(EmbeddedApiTest, AManualClockMovesAFunctionsTimers) {
     return static_cast<int64_t>(
         std::chrono::duration_cast<std::chrono::minutes>(*after - *before).count());
   });
-  const auto start = std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 50));
-  auto clock = api::ManualClock::Create(start);
-  EngineOptions options;
-  options.database = database_;
-  options.workers = 2;
-  options.clock = clock;
-  auto engine = Engine::Open(options);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_TRUE((*engine)->Register(nap).ok());
-  auto started = (*engine)->Start(nap, "NAP-1", int64_t{0});
+  auto clock = api::ManualClock::Create(kClockStart);
+  auto engine = OpenBare(2, clock);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(nap).ok());
+  auto started = engine->Start(nap, "NAP-1", int64_t{0});
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   // It sleeps (however long the machine takes to get there), and stays asleep: an
   // hour to go on its clock, whatever real time passes.
@@ -542,7 +545,7 @@ TEST_P(EmbeddedApiTest, AManualClockMovesAFunctionsTimers) {
   ASSERT_TRUE(outcome.ok());
   ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
   EXPECT_EQ(*waystone::api::Output<int64_t>(*outcome), 60);
-  EXPECT_EQ(clock->Now(), start + std::chrono::hours(1));
+  EXPECT_EQ(clock->Now(), kClockStart + std::chrono::hours(1));
 }
 
 // An event that comes after its wait timed out is refused, even before a worker has
@@ -558,16 +561,11 @@ TEST_P(EmbeddedApiTest, AnEventAfterItsTimeoutIsRefused) {
         }
         return data.status();
       });
-  auto clock = api::ManualClock::Create(std::chrono::system_clock::time_point(
-      std::chrono::hours(24 * 365 * 50)));
-  EngineOptions options;
-  options.database = database_;
-  options.workers = 1;
-  options.clock = clock;
-  auto engine = Engine::Open(options);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_TRUE((*engine)->Register(waits).ok());
-  auto started = (*engine)->Start(waits, "PAY-1", int64_t{0});
+  auto clock = api::ManualClock::Create(kClockStart);
+  auto engine = OpenBare(1, clock);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(waits).ok());
+  auto started = engine->Start(waits, "PAY-1", int64_t{0});
   ASSERT_TRUE(started.ok());
   ASSERT_TRUE(waystone::testing::WaitFor(
       [&] {
@@ -576,7 +574,7 @@ TEST_P(EmbeddedApiTest, AnEventAfterItsTimeoutIsRefused) {
       },
       std::chrono::seconds(20)));
   clock->Advance(std::chrono::minutes(2));
-  EXPECT_EQ((*engine)->Signal("PAY-1", "com.example.paid", "bank", "p-1", "{}").code(),
+  EXPECT_EQ(engine->Signal("PAY-1", "com.example.paid", "bank", "p-1", "{}").code(),
             Status::Code::kDeadlineExceeded);
   auto outcome = (*started)->Wait(std::chrono::seconds(30));
   ASSERT_TRUE(outcome.ok());
@@ -601,19 +599,13 @@ TEST_P(EmbeddedApiTest, AnEventBeforeItsWaitIsKeptAndTakenInOrder) {
         }
         return paid;
       });
-  const auto start = std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 50));
-  auto clock = api::ManualClock::Create(start);
+  auto clock = api::ManualClock::Create(kClockStart);
   auto open = [&] {
-    EngineOptions options;
-    options.database = database_;
-    options.workers = 1;
-    options.clock = clock;
-    auto engine = Engine::Open(options);
-    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-    if (engine.ok()) {
-      EXPECT_TRUE((*engine)->Register(payments).ok());
+    auto engine = OpenBare(1, clock);
+    if (engine != nullptr) {
+      EXPECT_TRUE(engine->Register(payments).ok());
     }
-    return engine.ok() ? std::move(*engine) : nullptr;
+    return engine;
   };
   auto engine = open();
   ASSERT_NE(engine, nullptr);
