@@ -126,10 +126,12 @@ struct Codec<double> {
 // - kDeadlineExceeded: the outcome is unknown — it may have acted: looked up
 //   (`lookup`), run again when `repeatable`, else the instance waits for an operator;
 // - any other code: rejected — never retried; the workflow gets the failure.
+// Each retried class has a Retry of its own (StepOptions::retry, ::unknown): one
+// budget is not spent by the other's failures.
 struct Retry {
   int max_attempts = 5;  // in all, the first included
-  std::chrono::milliseconds initial_backoff{200};
-  std::chrono::milliseconds max_backoff{10'000};
+  std::chrono::milliseconds initial_backoff{200};  // ceiling of the first backoff
+  std::chrono::milliseconds max_backoff{10'000};   // the ceiling doubles up to this
 };
 
 class Context;
@@ -145,7 +147,24 @@ struct StepOptions {
   // Context::idempotency_key(). When false, an unknown outcome is looked up, or the
   // instance waits for an operator.
   bool repeatable = true;
+  // Transient failures (nothing happened): how many attempts may fail so, the
+  // first included, before the step fails; and the backoff between them (never
+  // shorter than a call's Retry-After).
   Retry retry;
+  // Unknown outcomes (it may have acted, or ran past `timeout`): how many the step
+  // may have before an operator decides; each is looked up, or run again when
+  // repeatable, after a backoff (the target may still be at work on it). A lookup
+  // that fails is asked again within the same number.
+  Retry unknown;
+  // How long one run of the function may take; 0: no limit. A function cannot be
+  // stopped from outside: at its timeout the instance's lease runs out (it is
+  // renewed no further), and any worker, this engine's too, recovers the step as
+  // after a crash: its outcome unknown, it is looked up, run again when repeatable
+  // (while the late run may still be going: let the target dedupe by
+  // idempotency_key()), else left to an operator. What the late run returns is not
+  // recorded once another worker took the instance; its thread is held until it
+  // returns. (The lookup is not bounded by it: give its requests timeouts.)
+  std::chrono::milliseconds timeout{0};
   // Asks the target, before the step runs again, whether it acted after all: its
   // result when it did, nullopt when it did not. An error is retried later.
   std::function<Result<std::optional<T>>()> lookup;
@@ -197,7 +216,8 @@ struct CallOptions {
   // The target acts once per Idempotency-Key: an unknown outcome is sent again under
   // the same key. GET, HEAD and OPTIONS always may be sent again.
   bool repeatable = false;
-  Retry retry;
+  Retry retry;    // transient failures, as StepOptions::retry
+  Retry unknown;  // unknown outcomes (lost answers, 5xx), as StepOptions::unknown
   // An HTTP status's class where the default does not fit (by default 2xx succeed;
   // 408, 425, 429, 503 and a request that never left are transient; other 5xx and a
   // lost answer unknown; any other status rejected).
@@ -306,6 +326,8 @@ class WAYSTONE_API Context {
     std::string input;
     bool repeatable = true;
     Retry retry;
+    Retry unknown;
+    std::chrono::milliseconds timeout{0};
     std::function<Result<std::optional<std::string>>()> lookup;
     std::function<Status(Context&, const std::string&)> compensate;
   };
@@ -352,6 +374,8 @@ Result<T> Context::Step(const std::string& name, F&& fn, StepOptions<T> options)
   raw.input = std::move(options.input);
   raw.repeatable = options.repeatable;
   raw.retry = options.retry;
+  raw.unknown = options.unknown;
+  raw.timeout = options.timeout;
   if (options.lookup) {
     raw.lookup = [lookup = std::move(options.lookup)]() -> Result<std::optional<std::string>> {
       Result<std::optional<T>> found = lookup();

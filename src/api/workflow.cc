@@ -163,6 +163,8 @@ class ContextImpl final : public Context {
     CodeStepOptions code;
     code.repeatable = options.repeatable;
     code.retry = ToPolicy(options.retry);
+    code.unknown = ToPolicy(options.unknown);
+    code.timeout = std::max<int64_t>(0, options.timeout.count());
     if (options.lookup) {
       code.lookup = [lookup = options.lookup]() {
         return ToAbslOr(Guarded("the lookup", [&] { return lookup(); }));
@@ -187,6 +189,7 @@ class ContextImpl final : public Context {
     CodeCallOptions code;
     code.repeatable = options.repeatable;
     code.retry = ToPolicy(options.retry);
+    code.unknown = ToPolicy(options.unknown);
     for (const auto& [status, error] : options.errors) {
       switch (error) {
         case ErrorClass::kTransient:

@@ -204,7 +204,7 @@ class CodeRun final : public CodeContext {
           return recorded->response_json;
         case StepState::kFailed:
           if (!compensating_ && recorded->error_class != ErrorClass::kRejected &&
-              !options.retry.Exhausted(recorded->attempts)) {
+              !options.retry.Exhausted(Transients(*recorded))) {
             if (recorded->next_attempt_at > d_.clock->NowMillis()) {
               return Rest(recorded->next_attempt_at);
             }
@@ -230,7 +230,7 @@ class CodeRun final : public CodeContext {
     row.idempotency_key = StepKey(name);
     Change change;
     change.added_steps.push_back(row);
-    if (!Commit(std::move(change))) return Stopped();
+    if (!Commit(std::move(change), options.timeout)) return Stopped();
     return Call(row.index, fn, options);
   }
 
@@ -245,6 +245,7 @@ class CodeRun final : public CodeContext {
     CodeStepOptions step;
     step.repeatable = options.repeatable || safe;
     step.retry = options.retry;
+    step.unknown = options.unknown;
     StatusOverrides errors;
     for (int status : options.transient_statuses) errors[status] = ErrorClass::kTransient;
     for (int status : options.unknown_statuses) errors[status] = ErrorClass::kUnknown;
@@ -504,8 +505,9 @@ class CodeRun final : public CodeContext {
   class Restricted {
    public:
     Restricted(CodeRun* run, std::string key, int index = -1,
-               AttemptPhase phase = AttemptPhase::kCall, bool keep_lease = true)
-        : run_(run), held_(keep_lease ? run->d_.keeper : nullptr, run->lease_) {
+               AttemptPhase phase = AttemptPhase::kCall, bool keep_lease = true,
+               Millis until = 0)
+        : run_(run), held_(keep_lease ? run->d_.keeper : nullptr, run->lease_, until) {
       run_->current_key_ = std::move(key);
       run_->current_index_ = index;
       run_->current_phase_ = phase;
@@ -673,7 +675,7 @@ class CodeRun final : public CodeContext {
     row.next_attempt_at = 0;
     Change change;
     change.steps.push_back(row);
-    if (!Commit(std::move(change))) return Stopped();
+    if (!Commit(std::move(change), options.timeout)) return Stopped();
     return Call(index, fn, options);
   }
 
@@ -685,7 +687,8 @@ class CodeRun final : public CodeContext {
     absl::StatusOr<std::string> result;
     retry_after_.reset();
     {
-      Restricted user(this, journal_[index].idempotency_key, index, AttemptPhase::kCall);
+      Restricted user(this, journal_[index].idempotency_key, index, AttemptPhase::kCall,
+                      /*keep_lease=*/true, Deadline(options));
       result = fn();
     }
     CrashPoint("after-call", name);
@@ -706,9 +709,10 @@ class CodeRun final : public CodeContext {
     }
     row.state = StepState::kFailed;
     row.finished_at = now;
-    if (row.error_class == ErrorClass::kTransient && !options.retry.Exhausted(row.attempts)) {
+    if (row.error_class == ErrorClass::kTransient && !options.retry.Exhausted(Transients(row))) {
       // Never sooner than a call's Retry-After (up to the policy's cap).
-      row.next_attempt_at = now + options.retry.NextDelay(row.attempts, retry_after_, *d_.random);
+      row.next_attempt_at =
+          now + options.retry.NextDelay(Transients(row), retry_after_, *d_.random);
       change.steps.push_back(row);
       return Rest(row.next_attempt_at, std::move(change));
     }
@@ -747,10 +751,19 @@ class CodeRun final : public CodeContext {
                                       const CodeStepOptions& options) {
     StepRecord row = journal_[index];
     const Millis now = d_.clock->NowMillis();
+    const bool interrupted = row.state == StepState::kRunning;
     row.state = StepState::kUnknown;
     row.error_class = ErrorClass::kUnknown;
     if (row.unknown_since == 0) row.unknown_since = now;
-    if (row.error_message.empty()) row.error_message = "interrupted before its outcome was recorded";
+    if (interrupted) {
+      // Found running: its run ended without a word (a crash, a lost lease, its timeout).
+      row.unknowns += 1;
+      row.error_message = "interrupted before its outcome was recorded";
+      if (options.timeout > 0) {
+        row.error_message += " (its worker stopped, or it ran past its timeout of " +
+                             std::to_string(options.timeout) + " ms)";
+      }
+    }
     if (!options.lookup && !options.repeatable) {
       Change change;
       change.steps.push_back(row);
@@ -759,9 +772,9 @@ class CodeRun final : public CodeContext {
                       "no lookup; an operator finds out what happened",
                   std::move(change));
     }
-    if (journal_[index].state == StepState::kRunning || row.next_attempt_at == 0) {
+    if (interrupted || row.next_attempt_at == 0) {
       row.next_attempt_at =
-          now + options.retry.NextDelay(std::max(1, row.attempts), std::nullopt, *d_.random);
+          now + options.unknown.NextDelay(std::max(1, row.unknowns), std::nullopt, *d_.random);
       Change change;
       change.steps.push_back(row);
       return Rest(row.next_attempt_at, std::move(change));
@@ -779,14 +792,15 @@ class CodeRun final : public CodeContext {
       if (!found.ok()) {
         row.error_message = "lookup: " + std::string(found.status().message());
         Change change;
-        if (options.retry.Exhausted(row.lookups)) {
+        if (options.unknown.Exhausted(row.lookups)) {
           change.steps.push_back(row);
           return Park("step '" + row.name + "' may have acted and its lookup failed " +
                           std::to_string(row.lookups) + " times (" + row.error_message +
                           "); an operator finds out what happened",
                       std::move(change));
         }
-        row.next_attempt_at = now + options.retry.NextDelay(row.lookups, std::nullopt, *d_.random);
+        row.next_attempt_at =
+            now + options.unknown.NextDelay(row.lookups, std::nullopt, *d_.random);
         change.steps.push_back(row);
         return Rest(row.next_attempt_at, std::move(change));
       }
@@ -797,14 +811,17 @@ class CodeRun final : public CodeContext {
       // Not found: it did not act, and runs again under the same key.
       row.resolution = Resolution::kResubmitted;
       journal_[index] = row;
-      if (options.retry.Exhausted(row.attempts)) return GiveUp(index, "the lookup found nothing");
+      if (options.unknown.Exhausted(row.unknowns)) {
+        return GiveUp(index, "the lookup found nothing after " + std::to_string(row.unknowns) +
+                                 " unknown outcomes");
+      }
       return Attempt(index, fn, options);
     }
-    if (options.retry.Exhausted(row.attempts)) {
+    if (options.unknown.Exhausted(row.unknowns)) {
       Change change;
       change.steps.push_back(row);
-      return Park("step '" + row.name + "' may have acted: its outcome stayed unknown after " +
-                      std::to_string(row.attempts) + " attempts; an operator finds out what "
+      return Park("step '" + row.name + "' may have acted: its outcome was unknown " +
+                      std::to_string(row.unknowns) + " times; an operator finds out what "
                       "happened",
                   std::move(change));
     }
@@ -999,15 +1016,26 @@ class CodeRun final : public CodeContext {
     if (CommitStamped(change)) stop_ = Stop{Stop::Kind::kRest, wake_at, {}};
   }
 
-  // Commits `change` under the lease, renewed; false (the run stopped) when it fails.
-  bool Commit(Change change) { return CommitStatus(change).ok(); }
+  // Commits `change` under the lease, renewed (for `timeout` when shorter than a
+  // lease); false (the run stopped) when it fails.
+  bool Commit(Change change, Millis timeout = 0) { return CommitStatus(change, timeout).ok(); }
 
-  absl::Status CommitStatus(Change& change) {
+  absl::Status CommitStatus(Change& change, Millis timeout = 0) {
     change.lease = lease_;
     change.now = d_.clock->NowMillis();
-    change.lease_expires_at = change.now + d_.lease_duration;
+    change.lease_expires_at =
+        change.now + (timeout > 0 ? std::min(timeout, d_.lease_duration) : d_.lease_duration);
     return CommitStamped(change) ? absl::OkStatus() : last_error_;
   }
+
+  // When the run of a step's function that begins now is given up: its lease is
+  // renewed no further (0: no timeout).
+  Millis Deadline(const CodeStepOptions& options) const {
+    return options.timeout > 0 ? d_.clock->NowMillis() + options.timeout : 0;
+  }
+
+  // The attempts of `row` that failed transiently (the others ended unknown, or run).
+  static int Transients(const StepRecord& row) { return std::max(0, row.attempts - row.unknowns); }
 
   bool CommitStamped(Change change) {
     {

@@ -37,9 +37,19 @@ struct CodeStepOptions {
   // it does nothing twice, or its target takes its idempotency key. When false, an
   // unknown outcome is looked up (`lookup`), or the instance waits for an operator.
   bool repeatable = true;
-  // Attempts in all (transient failures and repeats) before it fails, and the
-  // backoff between them.
+  // Retries by error class (a rejection is never retried):
+  // - transient failures (nothing happened): attempts that may fail so, the first
+  //   included, before the step fails; and the backoff between them;
+  // - unknown outcomes (it may have acted, or it ran past `timeout`): how many the
+  //   step may have, each looked up or run again after a backoff, before an operator
+  //   decides (a lookup that failed counts against it too).
   RetryPolicy retry;
+  RetryPolicy unknown;
+  // How long one run of the function may take (0: no limit).
+  // Past it the instance's lease is no longer renewed: when it runs out, any worker
+  // recovers the step as after a crash (its outcome unknown), and what the late run
+  // returns is not recorded. Its thread is held until it returns.
+  Millis timeout = 0;
   // Asks the target whether the step acted after all, before it runs again: its
   // result when it did, nullopt when it did not. Errors are transient.
   std::function<absl::StatusOr<std::optional<std::string>>()> lookup;
@@ -71,7 +81,8 @@ struct CodeCallOptions {
   // The target takes the call's Idempotency-Key (it acts once per key): an unknown
   // outcome is sent again under the same key. GET, HEAD and OPTIONS always may be.
   bool repeatable = false;
-  RetryPolicy retry;
+  RetryPolicy retry;    // transient failures, as CodeStepOptions::retry
+  RetryPolicy unknown;  // unknown outcomes, as CodeStepOptions::unknown
   // HTTP statuses whose class the default does not fit. (Lists of plain ints: the
   // public library builds them, and a std container over an engine type would be
   // exported from it.)

@@ -22,15 +22,19 @@ class LeaseKeeper {
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
 
-  // Renews `lease` every third of the lease duration until Release.
-  void Hold(const Lease& lease);
+  // Renews `lease` every third of the lease duration until Release, or until
+  // `until` when it is not 0: the lease is then renewed no further than `until`,
+  // and left to run out there (a step past its timeout: another worker recovers
+  // the instance, and the runner's late commit is refused).
+  void Hold(const Lease& lease, Millis until = 0);
   void Release(const Lease& lease);
 
-  // Holds a lease for the lifetime of the guard.
+  // Holds a lease for the lifetime of the guard (until `until` when not 0).
   class Guard {
    public:
-    Guard(LeaseKeeper* keeper, const Lease& lease) : keeper_(keeper), lease_(lease) {
-      if (keeper_ != nullptr) keeper_->Hold(lease_);
+    Guard(LeaseKeeper* keeper, const Lease& lease, Millis until = 0)
+        : keeper_(keeper), lease_(lease) {
+      if (keeper_ != nullptr) keeper_->Hold(lease_, until);
     }
     ~Guard() {
       if (keeper_ != nullptr) keeper_->Release(lease_);
@@ -50,7 +54,11 @@ class LeaseKeeper {
   const Clock* clock_;
   Millis lease_duration_;
   Mutex mu_;
-  std::map<int64_t, Lease> held_ ABSL_GUARDED_BY(mu_);  // by instance id
+  struct Held {
+    Lease lease;
+    Millis until = 0;  // 0: until released
+  };
+  std::map<int64_t, Held> held_ ABSL_GUARDED_BY(mu_);  // by instance id
   std::jthread thread_;
 };
 

@@ -532,7 +532,8 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
       plan.status_reason = "compensation of step '" + request.step + "' retried" + by;
     } else if (step.state == StepState::kFailed) {
       step.error_class = ErrorClass::kTransient;  // runs again when the function reaches it
-      step.attempts = 0;
+      step.attempts = 0;  // with its retries by class afresh
+      step.unknowns = 0;
       step.next_attempt_at = 0;
       plan.changed_steps.push_back(step);
       plan.status_reason = "step '" + request.step + "' retried" + by;
@@ -563,6 +564,7 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
     step.state = StepState::kFailed;  // it did not act: it runs again
     step.error_class = ErrorClass::kTransient;
     step.attempts = 0;
+    step.unknowns = 0;
     step.next_attempt_at = 0;
   }
   step.resolution = Resolution::kOperator;

@@ -9,6 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include "support/backends.h"
@@ -459,6 +462,175 @@ TEST_P(EmbeddedApiTest, ACallHonoursTheServersRetryAfter) {
   const Json stats = Stats();
   EXPECT_EQ(stats["by_route"]["send_message"], 2) << stats.dump();
   EXPECT_EQ(stats["messages"], 1) << stats.dump();
+}
+
+// Retries by error class: a message call may fail transiently once more than its
+// transient budget allows overall, as long as each class stays within its own
+// (one 503 and two lost answers, with 2 transient attempts and 3 unknown outcomes
+// allowed, are sent a fourth time); each budget, spent alone, stops the step its
+// own way: two 503s fail it, three lost answers leave it to an operator. Counted
+// at the independent target.
+TEST_P(EmbeddedApiTest, EachErrorClassIsRetriedWithinItsOwnBudget) {
+  namespace api = waystone::api;
+  const std::string erp = target_->base_url();
+  api::Workflow<std::string, std::string> message(
+      "budgeted-message", [erp](api::Context& ctx, const std::string& text) -> api::Result<std::string> {
+        api::CallOptions notify;
+        notify.repeatable = true;  // the target keeps one message per Idempotency-Key
+        notify.retry = {2, std::chrono::milliseconds(10), std::chrono::milliseconds(40)};
+        notify.unknown = {3, std::chrono::milliseconds(10), std::chrono::milliseconds(40)};
+        auto sent = ctx.Call("notify",
+                             {"POST", erp + "/notify/messages",
+                              {{"Content-Type", "application/json"}},
+                              Json{{"to", "sales"}, {"text", text}}.dump(), std::chrono::seconds(5)},
+                             notify);
+        if (!sent.ok()) return sent.status();
+        return std::string(Json::parse(sent->body)["id"]);
+      });
+  auto engine = OpenBare(2);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(message).ok());
+  auto run = [&](const std::string& key) {
+    auto started = engine->Start(message, key, "hello " + key);
+    EXPECT_TRUE(started.ok()) << started.status().ToString();
+    auto outcome = started.ok() ? (*started)->Wait(std::chrono::seconds(30))
+                                : waystone::api::Result<Outcome>(started.status());
+    EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();
+    EXPECT_TRUE(outcome.ok() && outcome->at_rest);
+    return outcome.ok() ? *outcome : Outcome();
+  };
+
+  ASSERT_TRUE(target_->Faults(
+      R"({"send_message": {"next": ["refuse_503", "close_before_bytes", "close_before_bytes"]}})"));
+  Outcome outcome = run("BUDGET-1");
+  ASSERT_EQ(outcome.state, InstanceState::kCompleted) << outcome.reason;
+  Json stats = Stats();
+  EXPECT_EQ(stats["by_route"]["send_message"], 4) << stats.dump();
+  EXPECT_EQ(stats["messages"], 1) << stats.dump();
+  EXPECT_EQ(Query("SELECT s.attempts, s.unknowns FROM steps s JOIN instances i ON i.id = "
+                  "s.instance_id WHERE i.business_key = 'BUDGET-1' AND s.name = 'notify'"),
+            "4|2");
+
+  ASSERT_TRUE(target_->Faults(R"({"send_message": {"next": ["refuse_503", "refuse_503"]}})"));
+  outcome = run("BUDGET-2");
+  EXPECT_EQ(outcome.state, InstanceState::kFailed) << outcome.reason;
+  EXPECT_NE(outcome.reason.find("HTTP 503"), std::string::npos) << outcome.reason;
+  stats = Stats();
+  EXPECT_EQ(stats["by_route"]["send_message"], 6) << stats.dump();
+  EXPECT_EQ(stats["messages"], 1) << stats.dump();
+
+  ASSERT_TRUE(target_->Faults(R"({"send_message": {"next": ["close_before_bytes",
+      "close_before_bytes", "close_before_bytes"]}})"));
+  outcome = run("BUDGET-3");
+  EXPECT_EQ(outcome.state, InstanceState::kNeedsAttention) << outcome.reason;
+  EXPECT_NE(outcome.reason.find("outcome was unknown 3 times"), std::string::npos)
+      << outcome.reason;
+  stats = Stats();
+  EXPECT_EQ(stats["by_route"]["send_message"], 9) << stats.dump();
+  EXPECT_EQ(stats["messages"], 2) << stats.dump();  // the first of the three made it
+}
+
+// A step past its timeout: its lease runs out at the timeout and the engine's other
+// worker recovers it as after a crash, while the first run still hangs. Repeatable,
+// it runs again and the instance completes; the late run's result, when it comes,
+// is not recorded. Not repeatable and without a lookup, it waits for an operator
+// who is told why.
+TEST_P(EmbeddedApiTest, AStepPastItsTimeoutIsRecoveredWhileItsLateRunIsRefused) {
+  namespace api = waystone::api;
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+    std::map<std::string, int> runs;  // by business key
+    int returned_late = 0;
+  };
+  auto gate = std::make_shared<Gate>();
+  api::Workflow<bool, std::string> slow(
+      "slow-reserve", [gate](api::Context& ctx, const bool& repeatable) -> api::Result<std::string> {
+        api::StepOptions<std::string> options;
+        options.repeatable = repeatable;
+        options.timeout = std::chrono::milliseconds(300);
+        options.unknown = {3, std::chrono::milliseconds(10), std::chrono::milliseconds(40)};
+        return ctx.Step<std::string>(
+            "reserve",
+            [gate, &ctx]() -> api::Result<std::string> {
+              std::unique_lock lock(gate->mu);
+              if (++gate->runs[ctx.key()] > 1) return std::string("prompt");
+              // The first run hangs until the test lets it go.
+              gate->cv.wait_for(lock, std::chrono::seconds(60), [&] { return gate->open; });
+              ++gate->returned_late;
+              gate->cv.notify_all();
+              return std::string("late");
+            },
+            options);
+      });
+  struct Release {  // lets a hung run go before its engine stops (it waits for it)
+    std::shared_ptr<Gate> gate;
+    ~Release() {
+      std::lock_guard lock(gate->mu);
+      gate->open = true;
+      gate->cv.notify_all();
+    }
+  };
+  auto let_go = [&](int late_runs) {
+    std::unique_lock lock(gate->mu);
+    gate->open = true;
+    gate->cv.notify_all();
+    EXPECT_TRUE(gate->cv.wait_for(lock, std::chrono::seconds(20),
+                                  [&] { return gate->returned_late == late_runs; }));
+    gate->open = false;
+  };
+  // The step row as the database holds it (state 3 completed, 5 unknown).
+  const std::string row =
+      "SELECT s.state, s.attempts, s.unknowns, s.response_json FROM steps s JOIN instances i "
+      "ON i.id = s.instance_id WHERE s.name = 'reserve' AND i.business_key = ";
+
+  {
+    auto engine = OpenBare(2);
+    ASSERT_NE(engine, nullptr);
+    ASSERT_TRUE(engine->Register(slow).ok());
+    Release release{gate};
+    auto started = engine->Start(slow, "SLOW-1", true);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    auto outcome = (*started)->Wait(std::chrono::seconds(30));
+    ASSERT_TRUE(outcome.ok());
+    ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+    EXPECT_EQ(*api::Output<std::string>(*outcome), "prompt");
+    let_go(1);
+    engine.reset();  // its workers joined: the late run's commit was tried, and refused
+    auto after = (*started)->Wait(std::chrono::seconds(1));  // read from the database alone
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(after->state, InstanceState::kCompleted);
+    EXPECT_EQ(*api::Output<std::string>(*after), "prompt");
+    EXPECT_EQ(Query(row + "'SLOW-1'"), "3|2|1|\"prompt\"");
+  }
+  {
+    auto engine = OpenBare(2);
+    ASSERT_NE(engine, nullptr);
+    ASSERT_TRUE(engine->Register(slow).ok());
+    Release release{gate};
+    {
+      std::lock_guard lock(gate->mu);
+      gate->open = false;  // (the first block's Release opened it)
+    }
+    auto started = engine->Start(slow, "SLOW-2", false);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    auto outcome = (*started)->Wait(std::chrono::seconds(30));
+    ASSERT_TRUE(outcome.ok());
+    ASSERT_EQ(outcome->state, InstanceState::kNeedsAttention) << outcome->reason;
+    EXPECT_NE(outcome->reason.find("may have acted"), std::string::npos) << outcome->reason;
+    const auto* reserve = StepOf(*outcome, "reserve");
+    ASSERT_NE(reserve, nullptr);
+    EXPECT_EQ(reserve->state, "unknown");
+    EXPECT_NE(reserve->error.find("ran past its timeout of 300 ms"), std::string::npos)
+        << reserve->error;
+    let_go(2);
+    engine.reset();
+    EXPECT_EQ(Query(row + "'SLOW-2'"), "5|1|1|");
+    auto after = (*started)->Wait(std::chrono::seconds(1));  // read from the database alone
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(after->state, InstanceState::kNeedsAttention);
+  }
 }
 
 // A function waits for an event (the instance rests meanwhile): the event's data is

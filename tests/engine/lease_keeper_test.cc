@@ -98,5 +98,23 @@ TEST_F(LeaseKeeperTest, ALeaseTakenOverIsNotRenewedForTheLoser) {
   EXPECT_EQ(instance.lease_expires_at, kStart + kLease + 1 + kLease);  // the winner's, untouched
 }
 
+// A hold with a deadline (a step's timeout) renews up to it and never past it;
+// then the lease runs out there and another worker may claim the instance.
+TEST_F(LeaseKeeperTest, AHoldWithADeadlineRenewsNoFurtherThanIt) {
+  const Lease bounded = StartAndClaim("bounded", kStart, kLease);
+  const Lease witness = StartAndClaim("witness", kStart, kLease);
+  const Millis until = kStart + kLease + kLease / 2;
+  keeper_->Hold(bounded, until);
+  keeper_->Hold(witness);
+  ASSERT_TRUE(RenewedPast(bounded.instance_id, until - 1));
+  EXPECT_EQ(Get(bounded.instance_id).lease_expires_at, until);  // capped at the deadline
+  // Well past the deadline: the witness goes on being renewed, the bounded lease not.
+  ASSERT_TRUE(RenewedPast(witness.instance_id, until + kLease));
+  EXPECT_EQ(Get(bounded.instance_id).lease_expires_at, until);
+  auto taken = store_->ClaimInstance(bounded.instance_id, "worker-2", until, kLease);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->epoch, bounded.epoch + 1);
+}
+
 }  // namespace
 }  // namespace waystone

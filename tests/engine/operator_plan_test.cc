@@ -287,7 +287,8 @@ std::vector<StepRecord> CodeSteps(std::vector<std::pair<std::string, StepState>>
     step.index = static_cast<int>(steps.size());
     step.name = name;
     step.state = state;
-    step.attempts = 1;
+    step.attempts = 3;
+    step.unknowns = 2;
     steps.push_back(step);
   }
   return steps;
@@ -328,7 +329,8 @@ TEST(OperatorPlanTest, ACodeWorkflowsUnknownStepIsConfirmedNotRetried) {
   ASSERT_EQ(plan->changed_steps.size(), 1u);
   EXPECT_EQ(plan->changed_steps[0].state, S::kFailed);  // runs again when reached
   EXPECT_EQ(plan->changed_steps[0].error_class, ErrorClass::kTransient);
-  EXPECT_EQ(plan->changed_steps[0].attempts, 0);
+  EXPECT_EQ(plan->changed_steps[0].attempts, 0);  // both retry budgets afresh
+  EXPECT_EQ(plan->changed_steps[0].unknowns, 0);
 }
 
 TEST(OperatorPlanTest, ACodeWorkflowIsRetriedClosedAndCompensatedButNotSkipped) {
@@ -338,6 +340,7 @@ TEST(OperatorPlanTest, ACodeWorkflowIsRetriedClosedAndCompensatedButNotSkipped) 
   EXPECT_EQ(retried->state_after, I::kRunning);
   ASSERT_EQ(retried->changed_steps.size(), 1u);
   EXPECT_EQ(retried->changed_steps[0].attempts, 0);
+  EXPECT_EQ(retried->changed_steps[0].unknowns, 0);
   // A completed step named: the function runs again from the top (after a fix).
   auto rerun = CodePlan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "read"));
   ASSERT_TRUE(rerun.ok()) << rerun.status();
