@@ -203,6 +203,20 @@ class WAYSTONE_API Engine {
                         const std::string& source, const std::string& id,
                         const std::string& data_json) = 0;
 
+  // Registers the systems that workflows written as functions call, as a YAML
+  // definition's `targets:` (docs/definition-reference.md#targets): a document
+  // `targets: { erp: { url: ..., tls: ..., oauth2: ..., limits: ...,
+  // circuit_breaker: ... } }`. Every request of Context::Call (the call, its
+  // lookup, its compensation) whose URL lies under a target's `url` goes with
+  // its TLS identity and OAuth2 token, and asks its protections first (an
+  // operator's pause, the circuit breaker, the concurrency cap and rate limit,
+  // shared by every process on the database): refused, it is not sent, and the
+  // instance waits (its reason says for what) without spending an attempt. A
+  // name registered again is replaced. Secrets come from {{secret.NAME}} or
+  // {{env.NAME}} only. A mistake is InvalidArgument naming `origin`, the line and
+  // the field, and registers nothing.
+  virtual Status RegisterTargets(const std::string& yaml, const std::string& origin) = 0;
+
   // The untyped registration Register uses: the function over JSON text.
   virtual Status RegisterFunction(
       const std::string& name,

@@ -153,17 +153,20 @@ struct StepOptions {
   Retry retry;
   // Unknown outcomes (it may have acted, or ran past `timeout`): how many the step
   // may have before an operator decides; each is looked up, or run again when
-  // repeatable, after a backoff (the target may still be at work on it). A lookup
-  // that fails is asked again within the same number.
+  // repeatable, after a backoff (the target may still be at work on it). Its
+  // lookups are counted against the same number (a failed one is asked again
+  // until they are spent).
   Retry unknown;
   // How long one run of the function may take; 0: no limit. A function cannot be
   // stopped from outside: at its timeout the instance's lease runs out (it is
-  // renewed no further), and any worker, this engine's too, recovers the step as
-  // after a crash: its outcome unknown, it is looked up, run again when repeatable
-  // (while the late run may still be going: let the target dedupe by
-  // idempotency_key()), else left to an operator. What the late run returns is not
-  // recorded once another worker took the instance; its thread is held until it
-  // returns. (The lookup is not bounded by it: give its requests timeouts.)
+  // renewed no further), and any worker with a free thread, this engine's too,
+  // recovers the step as after a crash: its outcome unknown, it is looked up, run
+  // again when repeatable (while the late run may still be going: let the target
+  // dedupe by idempotency_key()), else left to an operator; when it is not
+  // repeatable, a lookup's "not found" is left to an operator too. What the late
+  // run returns is not recorded once another worker took the instance; its thread
+  // is held until it returns. (The lookup is not bounded by it.) See
+  // docs/cpp-api.md#the-context.
   std::chrono::milliseconds timeout{0};
   // Asks the target, before the step runs again, whether it acted after all: its
   // result when it did, nullopt when it did not. An error is retried later.

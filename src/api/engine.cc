@@ -167,6 +167,13 @@ class EngineImpl final : public Engine {
                            started->outcome == StartOutcome::kCreated));
   }
 
+  Status RegisterTargets(const std::string& yaml, const std::string& origin) override {
+    auto targets = LoadTargetsText(yaml, origin);
+    if (!targets.ok()) return FromAbsl(targets.status());
+    shared_->engine->AddCodeTargets(*targets);
+    return Status();
+  }
+
   Status RegisterFunction(
       const std::string& name,
       std::function<Result<std::string>(Context&, const std::string&)> function) override {

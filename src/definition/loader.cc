@@ -40,6 +40,17 @@ class Reader {
   Reader(std::string_view source, std::vector<Diagnostic>* diagnostics)
       : source_(source), diagnostics_(diagnostics) {}
 
+  // A document of `targets:` alone (the targets of C++ workflows).
+  void ReadTargetsDocument(const YAML::Node& root, WorkflowDefinition* out) {
+    if (!root.IsMap() || !root["targets"]) {
+      Error(root, "", "a targets document is a mapping with 'targets', e.g. targets: { erp: "
+                      "{ url: \"{{env.ERP_URL}}\" } }");
+      return;
+    }
+    CheckFields(root, "", {"targets"}, "targets document");
+    ReadTargets(root["targets"], &out->targets);
+  }
+
   void Read(const YAML::Node& root, WorkflowDefinition* out) {
     if (!root.IsMap()) {
       Error(root, "", "a definition is a mapping with 'workflow', 'key' and 'steps'");
@@ -1350,6 +1361,38 @@ absl::StatusOr<WorkflowDefinition> LoadDefinitionText(std::string_view text,
   }
   if (!message.empty()) return absl::InvalidArgumentError(message);
   return definition;
+}
+
+absl::StatusOr<std::vector<TargetSpec>> LoadTargetsText(std::string_view text,
+                                                        std::string_view source) {
+  std::vector<Diagnostic> diagnostics;
+  WorkflowDefinition definition;
+  definition.source = std::string(source);
+  if (text.size() > kMaxDefinitionBytes) {
+    return absl::InvalidArgumentError(std::string(source) + ": " + std::to_string(text.size()) +
+                                      " bytes; the limit is " +
+                                      std::to_string(kMaxDefinitionBytes));
+  }
+  if (const size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
+    return absl::InvalidArgumentError(std::string(source) + ": not valid UTF-8 (byte " +
+                                      std::to_string(bad) + ")");
+  }
+  try {
+    const YAML::Node root = YAML::Load(std::string(text));
+    Reader(source, &diagnostics).ReadTargetsDocument(root, &definition);
+  } catch (const YAML::Exception& e) {
+    diagnostics.push_back({std::string(source), e.mark.is_null() ? 0 : e.mark.line + 1, "",
+                           "malformed YAML/JSON: " + e.msg});
+  }
+  if (diagnostics.empty()) ValidateDefinition(definition, &diagnostics);
+  std::string message;
+  for (const auto& d : diagnostics) {
+    if (d.severity != Severity::kError) continue;
+    if (!message.empty()) message.push_back('\n');
+    message += d.ToString();
+  }
+  if (!message.empty()) return absl::InvalidArgumentError(message);
+  return std::move(definition.targets);
 }
 
 absl::Status ReadFileText(const std::string& path, size_t max_bytes, std::string* out) {

@@ -38,6 +38,12 @@ std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_vi
 absl::StatusOr<WorkflowDefinition> LoadDefinitionText(std::string_view text,
                                                       std::string_view source);
 
+// Parses and validates a document of `targets:` alone (the same form as a
+// definition's), for the calls of C++ workflows; InvalidArgument listing every
+// problem (source:line) otherwise.
+absl::StatusOr<std::vector<TargetSpec>> LoadTargetsText(std::string_view text,
+                                                        std::string_view source);
+
 // Reads `path` and loads it; NotFound when it cannot be read.
 absl::StatusOr<WorkflowDefinition> LoadDefinitionFile(const std::string& path);
 

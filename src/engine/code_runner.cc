@@ -16,11 +16,15 @@
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "engine/code_workflow.h"
+#include "engine/context.h"
 #include "engine/events.h"
 #include "engine/lease_keeper.h"
+#include "engine/target_settings.h"
 #include "engine/transitions.h"
 #include "model/keys.h"
 #include "model/json_text.h"
+#include "model/target_gate.h"
+#include "model/template.h"
 #include "store/business_statement.h"
 
 namespace waystone {
@@ -215,6 +219,12 @@ class CodeRun final : public CodeContext {
         case StepState::kUnknown:
           if (compensating_) return Beyond(name);
           return Recover(index, fn, options);
+        case StepState::kPending:  // its target refused it: not sent yet
+          if (compensating_) return Beyond(name);
+          if (recorded->next_attempt_at > d_.clock->NowMillis()) {
+            return Rest(recorded->next_attempt_at);
+          }
+          return Attempt(index, fn, options);
         default:
           return Diverge("step '" + name + "' is recorded " +
                          std::string(ToString(recorded->state)));
@@ -527,7 +537,10 @@ class CodeRun final : public CodeContext {
 
   // Sends `request` with the Idempotency-Key `key` (unless "" or set already), and
   // keeps its attempt record (classified with `errors`) for the step's next commit,
-  // as a YAML step's requests are: the console's history of the step.
+  // as a YAML step's requests are: the console's history of the step. A request
+  // under a registered target goes with its TLS identity and OAuth2 client, once
+  // the target's protections admit it; refused, it is not sent (kNotSent,
+  // withdrawn) and `waiting_` says until when and why.
   HttpResponse Send(HttpRequest request, const std::string& key, const StatusOverrides& errors) {
     bool keyed = key.empty();
     for (const auto& [name, value] : request.headers) {
@@ -536,6 +549,39 @@ class CodeRun final : public CodeContext {
       if (lower == "idempotency-key") keyed = true;
     }
     if (!keyed) request.headers.emplace_back("Idempotency-Key", key);
+    const std::shared_ptr<const std::vector<TargetSpec>> targets = d_.code->Targets();
+    const TargetSpec* target = nullptr;
+    std::optional<TargetCallSettle> permit;
+    if (!targets->empty()) {
+      const nlohmann::json context = d_.environment->BuildInstancePart(instance_);
+      absl::StatusOr<const TargetSpec*> found = TargetOf(*targets, request.url, context);
+      absl::Status applied = found.ok() ? ApplyTarget(*targets, request, context) : found.status();
+      if (!applied.ok()) return Unsendable(std::string(applied.message()));
+      target = *found;
+    }
+    if (target != nullptr) {
+      const Millis now = d_.clock->NowMillis();
+      TargetCallAsk ask = MakeTargetCallAsk(
+          instance_.tenant, *target, now, d_.lease_duration, request.timeout,
+          lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6));
+      absl::StatusOr<Admission> admission = d_.store->AdmitTargetCall(ask);
+      if (!admission.ok()) {
+        return Unsendable("target '" + target->name + "': " + admission.status().ToString(),
+                          CallOutcome::Kind::kNotSent);
+      }
+      if (!admission->admitted) {
+        waiting_ = Waiting{admission->retry_at + d_.random->UniformInclusive(std::clamp<Millis>(
+                                                     admission->retry_at - now, 1, 250)),
+                           admission->reason};
+        return Unsendable(admission->reason, CallOutcome::Kind::kNotSent, /*withdrawn=*/true);
+      }
+      if (target->limits.Any()) {
+        permit = TargetCallSettle{instance_.tenant, target->name, target->limits,
+                                  std::move(ask.permit), admission->probe, CallHealth::kUntold, 0};
+      }
+      // A rate slot within kRateHorizon: sent on time.
+      if (admission->send_at > now) d_.clock->SleepFor(admission->send_at - now, stop_token_);
+    }
     AttemptRecord attempt;
     attempt.started_at = d_.clock->NowMillis();
     HttpResponse answer = d_.http->Send(request);
@@ -550,10 +596,32 @@ class CodeRun final : public CodeContext {
     attempt.finished_at = d_.clock->NowMillis();
     attempt.worker = lease_.owner;
     attempt.lease_epoch = lease_.epoch;
+    if (permit) {
+      permit->health = HealthOf(answer.outcome, attempt.error_class);
+      permit->now = attempt.finished_at;
+      absl::Status settled = d_.store->SettleTargetCall(*permit);
+      if (!settled.ok()) {  // the permit expires by itself; the circuit misses one outcome
+        Log(LogLevel::kWarning, "target '" + permit->target + "': " + settled.ToString());
+      }
+    }
+    if (answer.outcome.identity_refused && current_phase_ == AttemptPhase::kCall) {
+      identity_refused_ = true;
+    }
     if (attempt.step_index >= 0) {
       MutexLock lock(attempts_mu_);
       pending_attempts_.push_back(std::move(attempt));
     }
+    return answer;
+  }
+
+  // A request that was not sent: kInvalid (rejected) unless said otherwise.
+  static HttpResponse Unsendable(const std::string& why,
+                                 CallOutcome::Kind kind = CallOutcome::Kind::kInvalid,
+                                 bool withdrawn = false) {
+    HttpResponse answer;
+    answer.outcome.kind = kind;
+    answer.outcome.withdrawn = withdrawn;
+    answer.error = why;
     return answer;
   }
 
@@ -686,6 +754,8 @@ class CodeRun final : public CodeContext {
     CrashPoint("before-call", name);
     absl::StatusOr<std::string> result;
     retry_after_.reset();
+    waiting_.reset();
+    identity_refused_ = false;
     {
       Restricted user(this, journal_[index].idempotency_key, index, AttemptPhase::kCall,
                       /*keep_lease=*/true, Deadline(options));
@@ -696,8 +766,32 @@ class CodeRun final : public CodeContext {
     if (result.ok()) return Complete(std::move(row), std::move(*result), options);
     const Millis now = d_.clock->NowMillis();
     Change change;
+    if (waiting_) {
+      // Its target refused the call: nothing was sent, so it was no attempt. It
+      // waits, not yet sent, until the target may take it.
+      row.state = StepState::kPending;
+      row.attempts = std::max(0, row.attempts - 1);
+      row.next_attempt_at = waiting_->until;
+      row.error_message = waiting_->reason;
+      change.steps.push_back(row);
+      change.status_reason = WaitingReason(waiting_->reason, instance_.status_reason);
+      const Millis until = waiting_->until;
+      waiting_.reset();
+      return Rest(until, std::move(change));
+    }
     row.error_class = ClassifyCodeFailure(result.status());
     row.error_message = std::string(result.status().message());
+    if (identity_refused_) {
+      // Our certificate or client credentials were refused: no business refusal, so
+      // nothing is undone; an operator retries the step once they are fixed.
+      row.state = StepState::kFailed;
+      row.error_class = ErrorClass::kRejected;
+      row.finished_at = now;
+      change.steps.push_back(row);
+      return Park("step '" + row.name + "': " + row.error_message +
+                      "; an operator retries the step once the identity is fixed",
+                  std::move(change));
+    }
     if (row.error_class == ErrorClass::kUnknown) {
       row.state = StepState::kUnknown;
       row.unknowns += 1;
@@ -772,6 +866,14 @@ class CodeRun final : public CodeContext {
                       "no lookup; an operator finds out what happened",
                   std::move(change));
     }
+    if (!options.lookup && options.unknown.Exhausted(row.unknowns)) {
+      Change change;
+      change.steps.push_back(row);
+      return Park("step '" + row.name + "' may have acted: its outcome was unknown " +
+                      std::to_string(row.unknowns) + " times; an operator finds out what "
+                      "happened",
+                  std::move(change));
+    }
     if (interrupted || row.next_attempt_at == 0) {
       row.next_attempt_at =
           now + options.unknown.NextDelay(std::max(1, row.unknowns), std::nullopt, *d_.random);
@@ -783,20 +885,29 @@ class CodeRun final : public CodeContext {
     if (options.lookup) {
       CrashPoint("before-lookup", row.name);
       absl::StatusOr<std::optional<std::string>> found;
+      waiting_.reset();
       {
         Restricted user(this, row.idempotency_key, row.index, AttemptPhase::kLookup);
         found = options.lookup();
       }
       CrashPoint("after-lookup", row.name);
+      if (waiting_) {  // its target refused the lookup: asked again when it may take it
+        row.next_attempt_at = waiting_->until;
+        Change change;
+        change.steps.push_back(row);
+        change.status_reason = WaitingReason(waiting_->reason, instance_.status_reason);
+        waiting_.reset();
+        return Rest(row.next_attempt_at, std::move(change));
+      }
       row.lookups += 1;
       if (!found.ok()) {
         row.error_message = "lookup: " + std::string(found.status().message());
         Change change;
         if (options.unknown.Exhausted(row.lookups)) {
           change.steps.push_back(row);
-          return Park("step '" + row.name + "' may have acted and its lookup failed " +
-                          std::to_string(row.lookups) + " times (" + row.error_message +
-                          "); an operator finds out what happened",
+          return Park("step '" + row.name + "' may have acted and its lookup failed (" +
+                          row.error_message + ") after " + std::to_string(row.lookups) +
+                          " lookups; an operator finds out what happened",
                       std::move(change));
         }
         row.next_attempt_at =
@@ -808,7 +919,17 @@ class CodeRun final : public CodeContext {
         row.resolution = Resolution::kLookupFound;
         return Complete(std::move(row), std::move(**found), options);
       }
-      // Not found: it did not act, and runs again under the same key.
+      // Not found: it did not act, and runs again under the same key. Unless it
+      // has a timeout and is not repeatable: a run past its timeout may still be
+      // going (and act after this lookup), so an operator decides.
+      if (options.timeout > 0 && !options.repeatable) {
+        Change change;
+        change.steps.push_back(row);
+        return Park("step '" + row.name + "': its lookup found nothing, but a run past its "
+                        "timeout may still act, and it is not repeatable; an operator "
+                        "confirms whether it happened",
+                    std::move(change));
+      }
       row.resolution = Resolution::kResubmitted;
       journal_[index] = row;
       if (options.unknown.Exhausted(row.unknowns)) {
@@ -816,14 +937,6 @@ class CodeRun final : public CodeContext {
                                  " unknown outcomes");
       }
       return Attempt(index, fn, options);
-    }
-    if (options.unknown.Exhausted(row.unknowns)) {
-      Change change;
-      change.steps.push_back(row);
-      return Park("step '" + row.name + "' may have acted: its outcome was unknown " +
-                      std::to_string(row.unknowns) + " times; an operator finds out what "
-                      "happened",
-                  std::move(change));
     }
     return Attempt(index, fn, options);  // repeatable: again, under the same key
   }
@@ -942,6 +1055,7 @@ class CodeRun final : public CodeContext {
     if (!Commit(std::move(start))) return false;
     CrashPoint("before-compensate", row.name);
     absl::Status undone;
+    waiting_.reset();
     {
       Restricted user(this, CompensationKey(row.idempotency_key), row.index,
                       AttemptPhase::kCompensate);
@@ -949,6 +1063,16 @@ class CodeRun final : public CodeContext {
     }
     CrashPoint("after-compensate", row.name);
     Change change;
+    if (waiting_) {  // its target refused it: no attempt; again when it may take it
+      row.state = StepState::kCompleted;
+      row.compensation_attempts -= 1;
+      row.next_attempt_at = waiting_->until;
+      change.steps.push_back(row);
+      change.status_reason = WaitingReason(waiting_->reason, instance_.status_reason);
+      waiting_.reset();
+      (void)Rest(row.next_attempt_at, std::move(change));
+      return false;
+    }
     if (undone.ok()) {
       row.state = StepState::kCompensated;
       row.error_message.clear();
@@ -1021,6 +1145,7 @@ class CodeRun final : public CodeContext {
   bool Commit(Change change, Millis timeout = 0) { return CommitStatus(change, timeout).ok(); }
 
   absl::Status CommitStatus(Change& change, Millis timeout = 0) {
+    GoOn(change);
     change.lease = lease_;
     change.now = d_.clock->NowMillis();
     change.lease_expires_at =
@@ -1032,6 +1157,14 @@ class CodeRun final : public CodeContext {
   // renewed no further (0: no timeout).
   Millis Deadline(const CodeStepOptions& options) const {
     return options.timeout > 0 ? d_.clock->NowMillis() + options.timeout : 0;
+  }
+
+  // Once the instance goes on after waiting for a target (any commit under way but
+  // a rest): its reason before.
+  void GoOn(Change& change) const {
+    if (!change.status_reason && instance_.status_reason.starts_with(kAwaitingTarget)) {
+      change.status_reason = ReasonBeforeWaiting(instance_.status_reason);
+    }
   }
 
   // The attempts of `row` that failed transiently (the others ended unknown, or run).
@@ -1073,6 +1206,13 @@ class CodeRun final : public CodeContext {
   InstanceRecord instance_;
   std::vector<StepRecord> journal_;  // the step rows as committed, by index
   std::optional<Millis> retry_after_;  // the Retry-After of the step's call that just failed
+  // Set by Send when a target refused a request (not sent): until when, and why.
+  struct Waiting {
+    Millis until = 0;
+    std::string reason;
+  };
+  std::optional<Waiting> waiting_;
+  bool identity_refused_ = false;  // the step's call: our certificate or credentials refused
   size_t position_ = 0;              // the next step the function reaches
   std::stop_token stop_token_;
   bool compensating_;

@@ -6,6 +6,7 @@
 // recorded returns its recorded result (re-execution); one that is not runs and is
 // recorded. See docs/cpp-api.md.
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "base/clock.h"
 #include "base/mutex.h"
 #include "connectors/http/http_client.h"
+#include "definition/definition.h"
 #include "model/classify.h"
 #include "model/retry_policy.h"
 #include "model/sql_statement.h"
@@ -47,8 +49,10 @@ struct CodeStepOptions {
   RetryPolicy unknown;
   // How long one run of the function may take (0: no limit).
   // Past it the instance's lease is no longer renewed: when it runs out, any worker
-  // recovers the step as after a crash (its outcome unknown), and what the late run
-  // returns is not recorded. Its thread is held until it returns.
+  // with a free thread recovers the step as after a crash (its outcome unknown; not
+  // sent again on a lookup's "not found" unless repeatable), and what the late run
+  // returns is refused once another took the instance. Its thread is held until it
+  // returns.
   Millis timeout = 0;
   // Asks the target whether the step acted after all, before it runs again: its
   // result when it did, nullopt when it did not. Errors are transient.
@@ -171,9 +175,32 @@ class CodeWorkflows {
     return it == by_name_.end() ? nullptr : it->second;
   }
 
+  // The targets their calls go through (CodeContext::Call, its lookup and its
+  // compensation), as a definition's `targets:`: a name given again is replaced.
+  void AddTargets(const std::vector<TargetSpec>& targets) {
+    MutexLock lock(mu_);
+    auto merged = std::make_shared<std::vector<TargetSpec>>(*targets_);
+    for (const TargetSpec& target : targets) {
+      auto same = std::find_if(merged->begin(), merged->end(),
+                               [&](const TargetSpec& t) { return t.name == target.name; });
+      if (same != merged->end()) {
+        *same = target;
+      } else {
+        merged->push_back(target);
+      }
+    }
+    targets_ = std::move(merged);
+  }
+  std::shared_ptr<const std::vector<TargetSpec>> Targets() {
+    MutexLock lock(mu_);
+    return targets_;
+  }
+
  private:
   Mutex mu_;
   std::map<std::string, std::shared_ptr<const CodeWorkflow>> by_name_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::vector<TargetSpec>> targets_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const std::vector<TargetSpec>>();
 };
 
 // The step row of a function waiting for an event of `event_type` (WaitEvent).

@@ -67,6 +67,8 @@ class Engine::Impl {
                       metrics_, options_.files_dir, &code_};
   }
 
+  void AddCodeTargets(const std::vector<TargetSpec>& targets) { code_.AddTargets(targets); }
+
   absl::StatusOr<WorkflowDefinition> RegisterCode(const std::string& name,
                                                   std::shared_ptr<const CodeWorkflow> workflow) {
     if (name.empty() || name.size() > 128 ||
@@ -606,6 +608,9 @@ absl::Status Engine::Register(const WorkflowDefinition& definition) {
 absl::StatusOr<WorkflowDefinition> Engine::RegisterCode(
     const std::string& name, std::shared_ptr<const CodeWorkflow> workflow) {
   return impl_->RegisterCode(name, std::move(workflow));
+}
+void Engine::AddCodeTargets(const std::vector<TargetSpec>& targets) {
+  impl_->AddCodeTargets(targets);
 }
 absl::StatusOr<StartResult> Engine::StartInstance(const WorkflowDefinition& definition,
                                                   const StartRequest& request) {

@@ -96,6 +96,9 @@ class Engine {
   absl::StatusOr<WorkflowDefinition> RegisterCode(const std::string& name,
                                                   std::shared_ptr<const CodeWorkflow> workflow);
 
+  // Adds the targets the calls of code workflows go through (CodeWorkflows::AddTargets).
+  void AddCodeTargets(const std::vector<TargetSpec>& targets);
+
   // Starts an instance of `definition` (registering it), or returns the existing
   // one with the same business key. A code workflow's key is request.key, which it
   // requires. InvalidArgument for bad input (not a JSON

@@ -21,6 +21,7 @@
 #include "engine/lookup_pages.h"
 #include "engine/request_body.h"
 #include "engine/state_machine.h"
+#include "engine/target_settings.h"
 #include "engine/transitions.h"
 #include "model/condition.h"
 #include "model/json_text.h"
@@ -34,9 +35,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// How far ahead a target's rate limit hands out slots: a call admitted for a later
-// slot waits in memory (holding its lease) rather than asking again.
-constexpr Millis kRateHorizon = 1000;
 
 // A lookup answered 404 found nothing: that is an answer, not a failure.
 const StatusOverrides kLookupStatuses = {{404, ErrorClass::kNone}};
@@ -419,71 +417,14 @@ class InstanceRunner::Impl {
     return request;
   }
 
-  // Returns the target whose rendered base URL `url` lies under (the longest such),
-  // or null.
+  // The target `url` lies under (target_settings.h), or null.
   absl::StatusOr<const TargetSpec*> TargetOf(const std::string& url, const Json& context) const {
-    const TargetSpec* found = nullptr;
-    size_t matched = 0;
-    for (const TargetSpec& target : definition_->targets) {
-      WS_ASSIGN_OR_RETURN(std::string base, RenderSetting(target, target.url, context));
-      while (base.ends_with("/")) base.pop_back();
-      const bool under = !base.empty() && url.starts_with(base) &&
-                         (url.size() == base.size() || std::string_view("/?#").find(
-                                                           url[base.size()]) != std::string::npos);
-      if (!under || base.size() <= matched) continue;
-      matched = base.size();
-      found = &target;
-    }
-    return found;
+    return waystone::TargetOf(definition_->targets, url, context);
   }
 
-  // Renders one of `target`'s settings (a template over env and secret).
-  static absl::StatusOr<std::string> RenderSetting(const TargetSpec& target,
-                                                   const std::string& text, const Json& context) {
-    WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
-    auto rendered = parsed.RenderText(context);
-    if (!rendered.ok()) {
-      return absl::InvalidArgumentError("target '" + target.name + "': " +
-                                        std::string(rendered.status().message()));
-    }
-    return rendered;
-  }
-
-  // Returns the TLS identity of `target` (null: none, the system's CAs).
-  static absl::StatusOr<TlsIdentity> TlsOf(const TargetSpec* target, const Json& context) {
-    TlsIdentity identity;
-    if (target == nullptr) return identity;
-    identity.target = target->name;
-    WS_ASSIGN_OR_RETURN(identity.ca_file, RenderSetting(*target, target->ca_file, context));
-    WS_ASSIGN_OR_RETURN(identity.cert_file, RenderSetting(*target, target->cert_file, context));
-    WS_ASSIGN_OR_RETURN(identity.key_file, RenderSetting(*target, target->key_file, context));
-    WS_ASSIGN_OR_RETURN(identity.key_password,
-                        RenderSetting(*target, target->key_password, context));
-    return identity;
-  }
-
-  // Gives `request` the settings of the target its URL lies under: its TLS identity
-  // and OAuth2 credentials (the token endpoint reached with the TLS identity of the
-  // target its own URL lies under).
+  // Gives `request` its target's TLS identity and OAuth2 client (target_settings.h).
   absl::Status ApplyTarget(HttpRequest& request, const Json& context) const {
-    WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(request.url, context));
-    WS_ASSIGN_OR_RETURN(request.tls, TlsOf(target, context));
-    request.oauth2 = {};
-    if (target == nullptr || target->token_url.empty()) return absl::OkStatus();
-    OAuth2Client& client = request.oauth2;
-    client.target = target->name;
-    WS_ASSIGN_OR_RETURN(client.token_url, RenderSetting(*target, target->token_url, context));
-    WS_ASSIGN_OR_RETURN(client.client_id, RenderSetting(*target, target->client_id, context));
-    WS_ASSIGN_OR_RETURN(client.client_secret,
-                        RenderSetting(*target, target->client_secret, context));
-    WS_ASSIGN_OR_RETURN(client.scope, RenderSetting(*target, target->scope, context));
-    if (client.client_secret.empty()) {
-      return absl::InvalidArgumentError("target '" + target->name +
-                                        "': oauth2.client_secret rendered empty");
-    }
-    WS_ASSIGN_OR_RETURN(const TargetSpec* issuer, TargetOf(client.token_url, context));
-    WS_ASSIGN_OR_RETURN(client.tls, TlsOf(issuer, context));
-    return absl::OkStatus();
+    return waystone::ApplyTarget(definition_->targets, request, context);
   }
 
   // Asks the shared control of the target `url` lies under whether a call may go
@@ -495,17 +436,9 @@ class InstanceRunner::Impl {
     DropPermit(permit_);
     WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
     if (target == nullptr) return true;
-    TargetCallAsk ask;
-    ask.tenant = instance_.tenant;
-    ask.target = target->name;
-    ask.limits = target->limits;
-    ask.now = d_.clock->NowMillis();
-    ask.horizon = std::min<Millis>(kRateHorizon, d_.lease_duration / 4);
-    // The permit (and a probe's hold) outlives the call: its slot's wait, its
-    // timeout (a token request and one resend may add as much again) and a margin.
-    ask.call_lease = std::max<Millis>(d_.lease_duration,
-                                      ask.horizon + 2 * std::max<Millis>(request.timeout, 0) + 5000);
-    ask.permit = lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6);
+    TargetCallAsk ask = MakeTargetCallAsk(
+        instance_.tenant, *target, d_.clock->NowMillis(), d_.lease_duration, request.timeout,
+        lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6));
     WS_ASSIGN_OR_RETURN(Admission admission, d_.store->AdmitTargetCall(ask));
     if (admission.admitted) {
       if (target->limits.Any()) {

@@ -24,6 +24,7 @@ void LeaseKeeper::Hold(const Lease& lease, Millis until) {
 }
 
 void LeaseKeeper::Release(const Lease& lease) {
+  MutexLock pass(pass_mu_);
   MutexLock lock(mu_);
   // Only this lease's hold: a runner that lost its lease must not end the renewals
   // of the one that took the instance over.
@@ -35,6 +36,7 @@ void LeaseKeeper::Loop(std::stop_token stop) {
   while (!stop.stop_requested()) {
     clock_->WaitFor(lease_duration_ / 3, stop);
     if (stop.stop_requested()) return;
+    MutexLock pass(pass_mu_);
     const Millis now = clock_->NowMillis();
     std::vector<Held> leases;
     {

@@ -53,6 +53,10 @@ class LeaseKeeper {
   CommitQueue* commits_;
   const Clock* clock_;
   Millis lease_duration_;
+  // Held through a whole renewal pass, and by Release: a renewal taken before a
+  // release cannot land after it (over the runner's own later commit, setting its
+  // lease back to a deadline that has passed).
+  Mutex pass_mu_;  // taken before mu_
   Mutex mu_;
   struct Held {
     Lease lease;

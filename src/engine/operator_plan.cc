@@ -534,6 +534,7 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
       step.error_class = ErrorClass::kTransient;  // runs again when the function reaches it
       step.attempts = 0;  // with its retries by class afresh
       step.unknowns = 0;
+      step.lookups = 0;
       step.next_attempt_at = 0;
       plan.changed_steps.push_back(step);
       plan.status_reason = "step '" + request.step + "' retried" + by;
@@ -565,6 +566,7 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
     step.error_class = ErrorClass::kTransient;
     step.attempts = 0;
     step.unknowns = 0;
+    step.lookups = 0;
     step.next_attempt_at = 0;
   }
   step.resolution = Resolution::kOperator;

@@ -64,10 +64,7 @@ std::string EventTypeFor(InstanceState state) {
 
 // The instance's reason, or while it waits for a target the one it had before.
 std::string ReasonBeforeWaiting(const InstanceRecord& instance) {
-  const std::string& reason = instance.status_reason;
-  if (!reason.starts_with(kAwaitingTarget)) return reason;
-  const size_t before = reason.find(kBeforeWaiting);
-  return before == std::string::npos ? "" : reason.substr(before + kBeforeWaiting.size());
+  return waystone::ReasonBeforeWaiting(instance.status_reason);
 }
 
 }  // namespace

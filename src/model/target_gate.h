@@ -90,4 +90,19 @@ std::string PausedReasonPattern(const std::string& target);
 inline constexpr std::string_view kAwaitingTarget = "waiting for target '";
 inline constexpr std::string_view kBeforeWaiting = "; before that: ";
 
+// The reason an instance had before it waited for a target (`status_reason` itself
+// when it does not wait for one).
+inline std::string ReasonBeforeWaiting(const std::string& status_reason) {
+  if (!status_reason.starts_with(kAwaitingTarget)) return status_reason;
+  const size_t before = status_reason.find(kBeforeWaiting);
+  return before == std::string::npos ? "" : status_reason.substr(before + kBeforeWaiting.size());
+}
+
+// The reason of an instance that waits for a target (`waiting`, a reason that begins
+// with kAwaitingTarget), keeping the one it had before.
+inline std::string WaitingReason(const std::string& waiting, const std::string& status_reason) {
+  const std::string before = ReasonBeforeWaiting(status_reason);
+  return before.empty() ? waiting : waiting + std::string(kBeforeWaiting) + before;
+}
+
 }  // namespace waystone

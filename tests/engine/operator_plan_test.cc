@@ -289,6 +289,7 @@ std::vector<StepRecord> CodeSteps(std::vector<std::pair<std::string, StepState>>
     step.state = state;
     step.attempts = 3;
     step.unknowns = 2;
+    step.lookups = 2;
     steps.push_back(step);
   }
   return steps;
@@ -331,6 +332,7 @@ TEST(OperatorPlanTest, ACodeWorkflowsUnknownStepIsConfirmedNotRetried) {
   EXPECT_EQ(plan->changed_steps[0].error_class, ErrorClass::kTransient);
   EXPECT_EQ(plan->changed_steps[0].attempts, 0);  // both retry budgets afresh
   EXPECT_EQ(plan->changed_steps[0].unknowns, 0);
+  EXPECT_EQ(plan->changed_steps[0].lookups, 0);
 }
 
 TEST(OperatorPlanTest, ACodeWorkflowIsRetriedClosedAndCompensatedButNotSkipped) {
@@ -341,6 +343,7 @@ TEST(OperatorPlanTest, ACodeWorkflowIsRetriedClosedAndCompensatedButNotSkipped) 
   ASSERT_EQ(retried->changed_steps.size(), 1u);
   EXPECT_EQ(retried->changed_steps[0].attempts, 0);
   EXPECT_EQ(retried->changed_steps[0].unknowns, 0);
+  EXPECT_EQ(retried->changed_steps[0].lookups, 0);
   // A completed step named: the function runs again from the top (after a fix).
   auto rerun = CodePlan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "read"));
   ASSERT_TRUE(rerun.ok()) << rerun.status();

@@ -1,0 +1,95 @@
+#include "engine/target_settings.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status_macros.h"
+#include "model/template.h"
+
+namespace waystone {
+namespace {
+
+// Renders one of `target`'s settings (a template over env and secret).
+absl::StatusOr<std::string> RenderSetting(const TargetSpec& target, const std::string& text,
+                                          const nlohmann::json& context) {
+  WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
+  auto rendered = parsed.RenderText(context);
+  if (!rendered.ok()) {
+    return absl::InvalidArgumentError("target '" + target.name + "': " +
+                                      std::string(rendered.status().message()));
+  }
+  return rendered;
+}
+
+// Returns the TLS identity of `target` (null: none, the system's CAs).
+absl::StatusOr<TlsIdentity> TlsOf(const TargetSpec* target, const nlohmann::json& context) {
+  TlsIdentity identity;
+  if (target == nullptr) return identity;
+  identity.target = target->name;
+  WS_ASSIGN_OR_RETURN(identity.ca_file, RenderSetting(*target, target->ca_file, context));
+  WS_ASSIGN_OR_RETURN(identity.cert_file, RenderSetting(*target, target->cert_file, context));
+  WS_ASSIGN_OR_RETURN(identity.key_file, RenderSetting(*target, target->key_file, context));
+  WS_ASSIGN_OR_RETURN(identity.key_password,
+                      RenderSetting(*target, target->key_password, context));
+  return identity;
+}
+
+}  // namespace
+
+absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& targets,
+                                           const std::string& url,
+                                           const nlohmann::json& context) {
+  const TargetSpec* found = nullptr;
+  size_t matched = 0;
+  for (const TargetSpec& target : targets) {
+    WS_ASSIGN_OR_RETURN(std::string base, RenderSetting(target, target.url, context));
+    while (base.ends_with("/")) base.pop_back();
+    const bool under = !base.empty() && url.starts_with(base) &&
+                       (url.size() == base.size() ||
+                        std::string_view("/?#").find(url[base.size()]) != std::string::npos);
+    if (!under || base.size() <= matched) continue;
+    matched = base.size();
+    found = &target;
+  }
+  return found;
+}
+
+absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& request,
+                         const nlohmann::json& context) {
+  WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(targets, request.url, context));
+  WS_ASSIGN_OR_RETURN(request.tls, TlsOf(target, context));
+  request.oauth2 = {};
+  if (target == nullptr || target->token_url.empty()) return absl::OkStatus();
+  OAuth2Client& client = request.oauth2;
+  client.target = target->name;
+  WS_ASSIGN_OR_RETURN(client.token_url, RenderSetting(*target, target->token_url, context));
+  WS_ASSIGN_OR_RETURN(client.client_id, RenderSetting(*target, target->client_id, context));
+  WS_ASSIGN_OR_RETURN(client.client_secret,
+                      RenderSetting(*target, target->client_secret, context));
+  WS_ASSIGN_OR_RETURN(client.scope, RenderSetting(*target, target->scope, context));
+  if (client.client_secret.empty()) {
+    return absl::InvalidArgumentError("target '" + target->name +
+                                      "': oauth2.client_secret rendered empty");
+  }
+  WS_ASSIGN_OR_RETURN(const TargetSpec* issuer, TargetOf(targets, client.token_url, context));
+  WS_ASSIGN_OR_RETURN(client.tls, TlsOf(issuer, context));
+  return absl::OkStatus();
+}
+
+TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& target, Millis now,
+                                Millis lease_duration, Millis timeout, std::string permit) {
+  TargetCallAsk ask;
+  ask.tenant = tenant;
+  ask.target = target.name;
+  ask.limits = target.limits;
+  ask.now = now;
+  ask.horizon = std::min<Millis>(kRateHorizon, lease_duration / 4);
+  ask.call_lease = std::max<Millis>(lease_duration,
+                                    ask.horizon + 2 * std::max<Millis>(timeout, 0) + 5000);
+  ask.permit = std::move(permit);
+  return ask;
+}
+
+}  // namespace waystone

@@ -1,0 +1,44 @@
+#pragma once
+
+// The `targets:` of a definition (or those registered for C++ workflows) applied to
+// a request: the target its URL lies under, its TLS identity and OAuth2 client, and
+// the question the store answers for every worker before a call to it goes (a
+// pause, a circuit breaker, a concurrency cap, a rate limit).
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/status/statusor.h"
+#include "connectors/http/http_client.h"
+#include "definition/definition.h"
+#include "store/records.h"
+
+namespace waystone {
+
+// How far ahead a target's rate limit hands out slots: a call admitted for a later
+// slot waits for it in memory; one further behind asks again later.
+inline constexpr Millis kRateHorizon = 1000;
+
+// Returns the target among `targets` whose base URL (rendered with `context`:
+// env and secret) `url` lies under (the same prefix, then '/', '?', '#' or the
+// end; the longest wins), or null.
+absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& targets,
+                                           const std::string& url,
+                                           const nlohmann::json& context);
+
+// Gives `request` the settings of the target its URL lies under: its TLS identity
+// and OAuth2 client (the token endpoint reached with the TLS identity of the target
+// its own URL lies under). InvalidArgument naming the target when a setting does
+// not render.
+absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& request,
+                         const nlohmann::json& context);
+
+// The store's question before a call of `timeout` to `target` from `tenant`: the
+// permit (named `permit`) outlives the call — its rate slot's wait, its timeout (a
+// token request and one resend may add as much again) and a margin.
+TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& target, Millis now,
+                                Millis lease_duration, Millis timeout, std::string permit);
+
+}  // namespace waystone
