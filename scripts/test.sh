@@ -66,11 +66,11 @@ if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
   cmake --preset tsan >/dev/null
   cmake --build build-tsan -j "$jobs" --target engine_test engine_parts_test \
     store_conformance_test api_write_test http_front_test independent_target_test \
-    embedded_api_test code_saga_test
+    embedded_api_test code_saga_test code_targets_test
   stage "TSan tests"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" \
-      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|EmbeddedApiTest\.|CodeSagaTest\.'
+      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|EmbeddedApiTest\.|CodeSagaTest\.|CodeTargetsTest\.'
 elif [[ "${WAYSTONE_FUZZ_SECONDS:-20}" != "0" ]]; then
   stage "libFuzzer targets, ${WAYSTONE_FUZZ_SECONDS:-20}s each"
   bash scripts/fuzz.sh "${WAYSTONE_FUZZ_SECONDS:-20}"

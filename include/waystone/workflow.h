@@ -229,6 +229,11 @@ struct CallOptions {
   // answer: the call's response when the call acted, nullopt when it did not.
   std::optional<HttpRequest> lookup;
   std::function<std::optional<HttpResponse>(const HttpResponse& answer)> found;
+  // A lookup over pages (a search that answers a page at a time): given a page in
+  // which `found` found nothing, the request for the next one; nullopt after the
+  // last (then the call did not act). Each page is sent as the lookup is; at most
+  // 100 pages, then the lookup fails (and is asked again later).
+  std::function<std::optional<HttpRequest>(const HttpResponse& page)> next_page;
   // The request that undoes the completed call, given its response (nullopt: nothing
   // to undo), sent with the Idempotency-Key "<call's key>:compensate".
   std::function<std::optional<HttpRequest>(const HttpResponse& response)> compensate;

@@ -217,6 +217,19 @@ class ContextImpl final : public Context {
         return std::optional<std::string>(ResponseJson(**matched));
       };
     }
+    if (options.next_page) {
+      code.next_page = [&next_page = options.next_page](const std::string& page_json)
+          -> absl::StatusOr<std::optional<waystone::HttpRequest>> {
+        Result<HttpResponse> page = ParseResponse(page_json);
+        if (!page.ok()) return ToAbsl(page.status());
+        Result<std::optional<HttpRequest>> next = Guarded(
+            "the lookup's `next_page`",
+            [&]() -> Result<std::optional<HttpRequest>> { return next_page(*page); });
+        if (!next.ok()) return ToAbsl(next.status());
+        if (!next->has_value()) return std::optional<waystone::HttpRequest>();
+        return std::optional<waystone::HttpRequest>(ToEngine(**next));
+      };
+    }
     if (options.compensate) {
       // Runs after the function returned: it keeps a copy.
       code.compensate = [undo = options.compensate](const std::string& result_json)

@@ -43,6 +43,8 @@ constexpr std::string_view kStoppedMessage = "the workflow run stopped here";
 // How long an instance whose function this process lacks waits before a worker
 // looks at it again (the process that has it may claim it meanwhile).
 constexpr Millis kNoCodeRetry = 1000;
+// The most pages a ctx.Call's lookup reads (CodeCallOptions::next_page).
+constexpr int kMaxCodeLookupPages = 100;
 
 absl::Status Stopped() { return absl::AbortedError(std::string(kStoppedMessage)); }
 
@@ -268,11 +270,25 @@ class CodeRun final : public CodeContext {
       // answer (nothing there), as for a YAML step's lookup; `found` reads it.
       step.lookup = [this, &options]() -> absl::StatusOr<std::optional<std::string>> {
         const StatusOverrides answered = {{404, ErrorClass::kNone}};
-        HttpResponse answer = Send(*options.lookup, "", answered);
-        if (Classify(answer.outcome, answered) != ErrorClass::kNone) {
-          return absl::UnavailableError("the lookup got " + Described(answer));
+        HttpRequest request = *options.lookup;
+        for (int page = 1;; ++page) {
+          HttpResponse answer = Send(request, "", answered);
+          const std::string where = page > 1 ? " (page " + std::to_string(page) + ")" : "";
+          if (Classify(answer.outcome, answered) != ErrorClass::kNone) {
+            return absl::UnavailableError("the lookup got " + Described(answer) + where);
+          }
+          const std::string json = ResultJson(answer);
+          absl::StatusOr<std::optional<std::string>> found = options.found(json);
+          if (!found.ok() || found->has_value() || !options.next_page) return found;
+          absl::StatusOr<std::optional<HttpRequest>> next = options.next_page(json);
+          if (!next.ok()) return next.status();
+          if (!next->has_value()) return std::optional<std::string>();  // the last page
+          if (page >= kMaxCodeLookupPages) {
+            return absl::UnavailableError("the lookup went past " +
+                                          std::to_string(kMaxCodeLookupPages) + " pages");
+          }
+          request = std::move(**next);
         }
-        return options.found(ResultJson(answer));
       };
     }
     if (options.compensate) {

@@ -96,6 +96,10 @@ struct CodeCallOptions {
   // result when it acted, nullopt when it did not.
   std::optional<HttpRequest> lookup;
   std::function<absl::StatusOr<std::optional<std::string>>(const std::string& answer_json)> found;
+  // Over pages: the request for the page after `page_json` (one `found` found
+  // nothing in), nullopt after the last. Up to 100 pages.
+  std::function<absl::StatusOr<std::optional<HttpRequest>>(const std::string& page_json)>
+      next_page;
   // The request that undoes the completed call (given its result), sent with the key
   // "<call's key>:compensate"; nullopt: nothing to undo; an error: it cannot be
   // undone (an operator decides).

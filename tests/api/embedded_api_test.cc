@@ -436,6 +436,64 @@ TEST_P(EmbeddedApiTest, ACallIsLookedUpOrSentAgainUnderItsKeyAndUndoneOnFailure)
   EXPECT_EQ(stats["messages"], 1) << stats.dump();
 }
 
+// A lookup over pages, against the independent paged ERP (tests/targets/
+// paged_erp_target.py: a loose substring search, two results a page, a "next" link):
+// the create's answer is lost after the order is made, and the lookup reads page
+// after page until the fourth holds it, past six older orders whose references
+// contain this one's. One order; four pages read, each in the attempt history.
+TEST_P(EmbeddedApiTest, ALookupReadsPagesUntilItFindsTheCall) {
+  namespace api = waystone::api;
+  waystone::testing::TargetProcess erp(dir_.path(), "paged_erp_target.py", {});
+  ASSERT_TRUE(erp.ok());
+  const std::string base = erp.base_url();
+  ASSERT_NE(erp.Call("POST", "/_target/seed", R"({"orders": [{"ref": "pg-10"}, {"ref": "pg-11"},
+      {"ref": "pg-12"}, {"ref": "pg-13"}, {"ref": "pg-14"}, {"ref": "pg-15"}]})"), "");
+  ASSERT_NE(erp.Call("POST", "/_target/settings", R"({"create_faults": ["lost"]})"), "");
+  api::Workflow<std::string, std::string> paged(
+      "paged-order", [base](api::Context& ctx, const std::string& ref) -> api::Result<std::string> {
+        api::CallOptions create;
+        create.retry = {4, std::chrono::milliseconds(20), std::chrono::milliseconds(100)};
+        create.unknown = create.retry;
+        create.lookup = api::HttpRequest{"GET", base + "/api/orders?q=" + ref + "&per_page=2", {},
+                                         "", std::chrono::seconds(5)};
+        create.found = [ref](const api::HttpResponse& page) -> std::optional<api::HttpResponse> {
+          const Json data = Json::parse(page.body)["data"];
+          for (const Json& order : data) {
+            if (order["ref"] == ref) return api::HttpResponse{200, {}, Json{{"data", order}}.dump()};
+          }
+          return std::nullopt;
+        };
+        create.next_page = [base](const api::HttpResponse& page) -> std::optional<api::HttpRequest> {
+          const Json next = Json::parse(page.body)["next"];
+          if (next.is_null()) return std::nullopt;
+          return api::HttpRequest{"GET", base + next.get<std::string>(), {}, "",
+                                  std::chrono::seconds(5)};
+        };
+        auto made = ctx.Call("create-order",
+                             {"POST", base + "/api/orders", {{"Content-Type", "application/json"}},
+                              Json{{"ref", ref}}.dump(), std::chrono::seconds(5)},
+                             create);
+        if (!made.ok()) return made.status();
+        return std::string(Json::parse(made->body)["data"]["order_no"]);
+      });
+  auto engine = OpenBare(2);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(paged).ok());
+  auto started = engine->Start(paged, "PAGED-1", std::string("pg-1"));
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto outcome = (*started)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*api::Output<std::string>(*outcome), "SO-7");
+  const Json stats = Json::parse(erp.StatsJson());
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  EXPECT_EQ(stats["creates_received"], 1) << stats.dump();
+  EXPECT_EQ(stats["searches"]["v1"], 4) << stats.dump();
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM attempts a JOIN instances i ON i.id = a.instance_id "
+                  "WHERE i.business_key = 'PAGED-1' AND a.phase = 2 AND a.status = 200"),
+            "4");
+}
+
 // A call refused with 503 and Retry-After: 120 is sent again no sooner than the
 // server asked, though its own backoff is at most 100 ms (a manual clock: what the
 // target counts decides, not the time the machine takes).
