@@ -212,9 +212,10 @@ class WAYSTONE_API Engine {
   // operator's pause, the circuit breaker, the concurrency cap and rate limit,
   // shared by every process on the database): refused, it is not sent, and the
   // instance waits (its reason says for what) without spending an attempt. A
-  // name registered again is replaced. Secrets come from {{secret.NAME}} or
-  // {{env.NAME}} only. A mistake is InvalidArgument naming `origin`, the line and
-  // the field, and registers nothing.
+  // name registered again is replaced. Targets are this process's: register them
+  // before Register(workflow), in every process that runs it. Secrets come from
+  // {{secret.NAME}} or {{env.NAME}} only. A mistake is InvalidArgument naming
+  // `origin`, the line and the field, and registers nothing.
   virtual Status RegisterTargets(const std::string& yaml, const std::string& origin) = 0;
 
   // The untyped registration Register uses: the function over JSON text.

@@ -184,6 +184,7 @@ class CodeRun final : public CodeContext {
         Fail(output.status());
       }
     }
+    DropAdmitted();
     const Stop& stop = *stop_;
     if (stop.kind == Stop::Kind::kError) return stop.error;
     DriveResult result{instance_.state, stop.wake_at, stop.kind == Stop::Kind::kLeaseLost};
@@ -221,12 +222,6 @@ class CodeRun final : public CodeContext {
         case StepState::kUnknown:
           if (compensating_) return Beyond(name);
           return Recover(index, fn, options);
-        case StepState::kPending:  // its target refused it: not sent yet
-          if (compensating_) return Beyond(name);
-          if (recorded->next_attempt_at > d_.clock->NowMillis()) {
-            return Rest(recorded->next_attempt_at);
-          }
-          return Attempt(index, fn, options);
         default:
           return Diverge("step '" + name + "' is recorded " +
                          std::string(ToString(recorded->state)));
@@ -235,6 +230,9 @@ class CodeRun final : public CodeContext {
     if (stop_) return Stopped();  // Recorded found another step: diverged
     if (compensating_) return Beyond(name);
     if (stop_token_.stop_requested()) return Rest(d_.clock->NowMillis());  // nothing new
+    if (options.admit) {
+      if (std::optional<CodeWait> wait = options.admit()) return WaitForTarget(*wait, Change());
+    }
     CrashPoint("before-step", name);
     StepRecord row = NewRow(name, hash);
     row.state = StepState::kRunning;
@@ -242,7 +240,10 @@ class CodeRun final : public CodeContext {
     row.idempotency_key = StepKey(name);
     Change change;
     change.added_steps.push_back(row);
-    if (!Commit(std::move(change), options.timeout)) return Stopped();
+    if (!Commit(std::move(change), options.timeout)) {
+      DropAdmitted();
+      return Stopped();
+    }
     return Call(row.index, fn, options);
   }
 
@@ -258,6 +259,9 @@ class CodeRun final : public CodeContext {
     step.repeatable = options.repeatable || safe;
     step.retry = options.retry;
     step.unknown = options.unknown;
+    // Its target's protections are asked before each attempt's checkpoint: refused,
+    // nothing is recorded. (Its lookup and compensation ask as they send.)
+    step.admit = [this, &request]() { return AdmitCall(request); };
     StatusOverrides errors;
     for (int status : options.transient_statuses) errors[status] = ErrorClass::kTransient;
     for (int status : options.unknown_statuses) errors[status] = ErrorClass::kUnknown;
@@ -272,7 +276,10 @@ class CodeRun final : public CodeContext {
         const StatusOverrides answered = {{404, ErrorClass::kNone}};
         HttpRequest request = *options.lookup;
         for (int page = 1;; ++page) {
-          HttpResponse answer = Send(request, "", answered);
+          // The first page asks the target (the next follow at once, as a YAML
+          // lookup's do); only the first page's 404 says "nothing there".
+          HttpResponse answer = page == 1 ? Send(request, "", answered)
+                                          : Send(request, "", {}, /*admit=*/false);
           const std::string where = page > 1 ? " (page " + std::to_string(page) + ")" : "";
           if (Classify(answer.outcome, answered) != ErrorClass::kNone) {
             return absl::UnavailableError("the lookup got " + Described(answer) + where);
@@ -551,13 +558,74 @@ class CodeRun final : public CodeContext {
     LeaseKeeper::Guard held_;
   };
 
+  // The env and secret a target's settings render with (built once per run).
+  const nlohmann::json& TargetContext() const {
+    if (!target_context_) target_context_ = d_.environment->BuildInstancePart(instance_);
+    return *target_context_;
+  }
+
+  // Asks the protections of the target `request` lies under whether it may go now
+  // (an operator's pause, the circuit breaker, the concurrency cap, the rate limit:
+  // the store answers for every worker on the database). Admitted: nullopt, its
+  // permit and rate slot kept in admitted_ for Send. Refused: until when, and why.
+  // A request under no target, or whose target does not render (Send says so), goes.
+  std::optional<CodeWait> AdmitCall(const HttpRequest& request) {
+    DropAdmitted();
+    const std::shared_ptr<const std::vector<TargetSpec>> targets = d_.code->Targets();
+    if (targets->empty()) return std::nullopt;
+    absl::StatusOr<const TargetSpec*> target = TargetOf(*targets, request.url, TargetContext());
+    if (!target.ok() || *target == nullptr) return std::nullopt;
+    const Millis now = d_.clock->NowMillis();
+    TargetCallAsk ask = MakeTargetCallAsk(
+        instance_.tenant, **target, now, d_.lease_duration, request.timeout,
+        lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6));
+    absl::StatusOr<Admission> admission = d_.store->AdmitTargetCall(ask);
+    if (!admission.ok()) {
+      // The store could not answer: nothing goes, and it asks again shortly.
+      return CodeWait{now + 1000, std::string(kAwaitingTarget) + (*target)->name +
+                                      "': its protections could not be asked: " +
+                                      std::string(admission.status().message())};
+    }
+    if (!admission->admitted) {
+      // Spread out those refused together, so they do not all ask again at once.
+      const Millis spread = std::clamp<Millis>(admission->retry_at - now, 1, 250);
+      return CodeWait{admission->retry_at + d_.random->UniformInclusive(spread),
+                      admission->reason};
+    }
+    Admitted admitted;
+    if ((*target)->limits.Any()) {
+      admitted.permit = TargetCallSettle{instance_.tenant, (*target)->name, (*target)->limits,
+                                         std::move(ask.permit), admission->probe,
+                                         CallHealth::kUntold, 0};
+    }
+    admitted.send_at = admission->send_at;
+    admitted_ = std::move(admitted);
+    return std::nullopt;
+  }
+
+  // Returns an admitted call's permit unused (its checkpoint did not commit).
+  void DropAdmitted() {
+    if (admitted_ && admitted_->permit) Settle(*admitted_->permit);
+    admitted_.reset();
+  }
+
+  void Settle(TargetCallSettle& permit) {
+    permit.now = d_.clock->NowMillis();
+    absl::Status settled = d_.store->SettleTargetCall(permit);
+    if (!settled.ok()) {  // the permit expires by itself; the circuit misses one outcome
+      Log(LogLevel::kWarning, "target '" + permit.target + "': " + settled.ToString());
+    }
+  }
+
   // Sends `request` with the Idempotency-Key `key` (unless "" or set already), and
   // keeps its attempt record (classified with `errors`) for the step's next commit,
   // as a YAML step's requests are: the console's history of the step. A request
-  // under a registered target goes with its TLS identity and OAuth2 client, once
-  // the target's protections admit it; refused, it is not sent (kNotSent,
-  // withdrawn) and `waiting_` says until when and why.
-  HttpResponse Send(HttpRequest request, const std::string& key, const StatusOverrides& errors) {
+  // under a registered target goes with its TLS identity and OAuth2 client. The
+  // step's call was admitted before its checkpoint (AdmitCall); a lookup or a
+  // compensation asks here unless `admit` is false (a lookup's later pages):
+  // refused, it is not sent (kNotSent, withdrawn) and `waiting_` says until when.
+  HttpResponse Send(HttpRequest request, const std::string& key, const StatusOverrides& errors,
+                    bool admit = true) {
     bool keyed = key.empty();
     for (const auto& [name, value] : request.headers) {
       std::string lower = name;
@@ -565,38 +633,28 @@ class CodeRun final : public CodeContext {
       if (lower == "idempotency-key") keyed = true;
     }
     if (!keyed) request.headers.emplace_back("Idempotency-Key", key);
+    std::optional<Admitted> admitted = std::exchange(admitted_, std::nullopt);
     const std::shared_ptr<const std::vector<TargetSpec>> targets = d_.code->Targets();
-    const TargetSpec* target = nullptr;
-    std::optional<TargetCallSettle> permit;
     if (!targets->empty()) {
-      const nlohmann::json context = d_.environment->BuildInstancePart(instance_);
-      absl::StatusOr<const TargetSpec*> found = TargetOf(*targets, request.url, context);
-      absl::Status applied = found.ok() ? ApplyTarget(*targets, request, context) : found.status();
-      if (!applied.ok()) return Unsendable(std::string(applied.message()));
-      target = *found;
+      absl::Status applied = ApplyTarget(*targets, request, TargetContext());
+      if (!applied.ok()) {
+        // A deployment's mistake (a setting that does not render), not the target's
+        // answer: the step's call waits for an operator, as for a refused identity.
+        if (admitted && admitted->permit) Settle(*admitted->permit);
+        if (current_phase_ == AttemptPhase::kCall) identity_refused_ = true;
+        return Unsendable(std::string(applied.message()));
+      }
+      if (current_phase_ != AttemptPhase::kCall && admit) {
+        if (std::optional<CodeWait> wait = AdmitCall(request)) {
+          waiting_ = std::move(wait);
+          return Unsendable(waiting_->reason, CallOutcome::Kind::kNotSent, /*withdrawn=*/true);
+        }
+        admitted = std::exchange(admitted_, std::nullopt);
+      }
     }
-    if (target != nullptr) {
-      const Millis now = d_.clock->NowMillis();
-      TargetCallAsk ask = MakeTargetCallAsk(
-          instance_.tenant, *target, now, d_.lease_duration, request.timeout,
-          lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6));
-      absl::StatusOr<Admission> admission = d_.store->AdmitTargetCall(ask);
-      if (!admission.ok()) {
-        return Unsendable("target '" + target->name + "': " + admission.status().ToString(),
-                          CallOutcome::Kind::kNotSent);
-      }
-      if (!admission->admitted) {
-        waiting_ = Waiting{admission->retry_at + d_.random->UniformInclusive(std::clamp<Millis>(
-                                                     admission->retry_at - now, 1, 250)),
-                           admission->reason};
-        return Unsendable(admission->reason, CallOutcome::Kind::kNotSent, /*withdrawn=*/true);
-      }
-      if (target->limits.Any()) {
-        permit = TargetCallSettle{instance_.tenant, target->name, target->limits,
-                                  std::move(ask.permit), admission->probe, CallHealth::kUntold, 0};
-      }
-      // A rate slot within kRateHorizon: sent on time.
-      if (admission->send_at > now) d_.clock->SleepFor(admission->send_at - now, stop_token_);
+    if (admitted && admitted->send_at > d_.clock->NowMillis()) {
+      // Its rate slot, within kRateHorizon: sent on time (a stop waits for it too).
+      d_.clock->SleepFor(admitted->send_at - d_.clock->NowMillis(), std::stop_token());
     }
     AttemptRecord attempt;
     attempt.started_at = d_.clock->NowMillis();
@@ -612,13 +670,9 @@ class CodeRun final : public CodeContext {
     attempt.finished_at = d_.clock->NowMillis();
     attempt.worker = lease_.owner;
     attempt.lease_epoch = lease_.epoch;
-    if (permit) {
-      permit->health = HealthOf(answer.outcome, attempt.error_class);
-      permit->now = attempt.finished_at;
-      absl::Status settled = d_.store->SettleTargetCall(*permit);
-      if (!settled.ok()) {  // the permit expires by itself; the circuit misses one outcome
-        Log(LogLevel::kWarning, "target '" + permit->target + "': " + settled.ToString());
-      }
+    if (admitted && admitted->permit) {
+      admitted->permit->health = HealthOf(answer.outcome, attempt.error_class);
+      Settle(*admitted->permit);
     }
     if (answer.outcome.identity_refused && current_phase_ == AttemptPhase::kCall) {
       identity_refused_ = true;
@@ -753,13 +807,26 @@ class CodeRun final : public CodeContext {
   absl::StatusOr<std::string> Attempt(int index, const std::function<absl::StatusOr<std::string>()>& fn,
                                       const CodeStepOptions& options) {
     if (stop_token_.stop_requested()) return Rest(d_.clock->NowMillis());
+    if (options.admit) {
+      if (std::optional<CodeWait> wait = options.admit()) {
+        // The step stays as it is (failed, or unknown: looked up again), due then.
+        StepRecord waiting = journal_[index];
+        waiting.next_attempt_at = wait->until;
+        Change change;
+        change.steps.push_back(waiting);
+        return WaitForTarget(*wait, std::move(change));
+      }
+    }
     StepRecord row = journal_[index];
     row.state = StepState::kRunning;
     row.attempts += 1;
     row.next_attempt_at = 0;
     Change change;
     change.steps.push_back(row);
-    if (!Commit(std::move(change), options.timeout)) return Stopped();
+    if (!Commit(std::move(change), options.timeout)) {
+      DropAdmitted();
+      return Stopped();
+    }
     return Call(index, fn, options);
   }
 
@@ -770,7 +837,6 @@ class CodeRun final : public CodeContext {
     CrashPoint("before-call", name);
     absl::StatusOr<std::string> result;
     retry_after_.reset();
-    waiting_.reset();
     identity_refused_ = false;
     {
       Restricted user(this, journal_[index].idempotency_key, index, AttemptPhase::kCall,
@@ -782,19 +848,6 @@ class CodeRun final : public CodeContext {
     if (result.ok()) return Complete(std::move(row), std::move(*result), options);
     const Millis now = d_.clock->NowMillis();
     Change change;
-    if (waiting_) {
-      // Its target refused the call: nothing was sent, so it was no attempt. It
-      // waits, not yet sent, until the target may take it.
-      row.state = StepState::kPending;
-      row.attempts = std::max(0, row.attempts - 1);
-      row.next_attempt_at = waiting_->until;
-      row.error_message = waiting_->reason;
-      change.steps.push_back(row);
-      change.status_reason = WaitingReason(waiting_->reason, instance_.status_reason);
-      const Millis until = waiting_->until;
-      waiting_.reset();
-      return Rest(until, std::move(change));
-    }
     row.error_class = ClassifyCodeFailure(result.status());
     row.error_message = std::string(result.status().message());
     if (identity_refused_) {
@@ -805,7 +858,7 @@ class CodeRun final : public CodeContext {
       row.finished_at = now;
       change.steps.push_back(row);
       return Park("step '" + row.name + "': " + row.error_message +
-                      "; an operator retries the step once the identity is fixed",
+                      "; an operator retries the step once that is fixed",
                   std::move(change));
     }
     if (row.error_class == ErrorClass::kUnknown) {
@@ -911,9 +964,8 @@ class CodeRun final : public CodeContext {
         row.next_attempt_at = waiting_->until;
         Change change;
         change.steps.push_back(row);
-        change.status_reason = WaitingReason(waiting_->reason, instance_.status_reason);
-        waiting_.reset();
-        return Rest(row.next_attempt_at, std::move(change));
+        const CodeWait wait = *std::exchange(waiting_, std::nullopt);
+        return WaitForTarget(wait, std::move(change));
       }
       row.lookups += 1;
       if (!found.ok()) {
@@ -1084,9 +1136,8 @@ class CodeRun final : public CodeContext {
       row.compensation_attempts -= 1;
       row.next_attempt_at = waiting_->until;
       change.steps.push_back(row);
-      change.status_reason = WaitingReason(waiting_->reason, instance_.status_reason);
-      waiting_.reset();
-      (void)Rest(row.next_attempt_at, std::move(change));
+      const CodeWait wait = *std::exchange(waiting_, std::nullopt);
+      (void)WaitForTarget(wait, std::move(change));
       return false;
     }
     if (undone.ok()) {
@@ -1140,6 +1191,13 @@ class CodeRun final : public CodeContext {
     return Stopped();
   }
 
+  // Lets go of the instance until its target may take the call `wait` names, with
+  // what `change` records: its reason says why (the one before comes back after).
+  absl::Status WaitForTarget(const CodeWait& wait, Change change) {
+    change.status_reason = WaitingReason(ShortenMessage(wait.reason), instance_.status_reason);
+    return Rest(wait.until, std::move(change));
+  }
+
   // Lets go of the instance until `wake_at`, with what `change` records.
   absl::Status Rest(Millis wake_at, Change change = Change()) {
     change.next_run_at = wake_at;
@@ -1150,6 +1208,7 @@ class CodeRun final : public CodeContext {
   // Commits `change` and releases the lease; the run stops (to run again at
   // `wake_at` when given).
   void Release(Change change, std::optional<Millis> wake_at = std::nullopt) {
+    if (!change.steps.empty() || !change.added_steps.empty()) GoOn(change);
     change.lease = lease_;
     change.now = d_.clock->NowMillis();
     change.lease_expires_at = 0;
@@ -1222,13 +1281,16 @@ class CodeRun final : public CodeContext {
   InstanceRecord instance_;
   std::vector<StepRecord> journal_;  // the step rows as committed, by index
   std::optional<Millis> retry_after_;  // the Retry-After of the step's call that just failed
-  // Set by Send when a target refused a request (not sent): until when, and why.
-  struct Waiting {
-    Millis until = 0;
-    std::string reason;
+  // Set by Send when a target refused a lookup or a compensation (not sent).
+  std::optional<CodeWait> waiting_;
+  bool identity_refused_ = false;  // the step's call: our identity or its target's settings
+  // The call's admission (AdmitCall), taken before its checkpoint, for its Send.
+  struct Admitted {
+    std::optional<TargetCallSettle> permit;  // a limited target's: settled after the answer
+    Millis send_at = 0;                      // its rate slot
   };
-  std::optional<Waiting> waiting_;
-  bool identity_refused_ = false;  // the step's call: our certificate or credentials refused
+  std::optional<Admitted> admitted_;
+  mutable std::optional<nlohmann::json> target_context_;  // env and secret, for targets
   size_t position_ = 0;              // the next step the function reaches
   std::stop_token stop_token_;
   bool compensating_;
@@ -1238,7 +1300,8 @@ class CodeRun final : public CodeContext {
   int current_index_ = -1;  // the step whose function runs (Restricted), and what for
   AttemptPhase current_phase_ = AttemptPhase::kCall;
   // The requests ctx.Call sent since the last commit: they commit with what they led
-  // to. (Guarded: a step's function may call from a thread of its own.)
+  // to. (Guarded, though only the run's thread sends: the context refuses calls
+  // from inside a step, and waiting_, admitted_ and the rest are the run thread's.)
   Mutex attempts_mu_;
   std::vector<AttemptRecord> pending_attempts_ ABSL_GUARDED_BY(attempts_mu_);
   std::atomic<bool> restricted_{false};  // see Restricted

@@ -34,6 +34,13 @@ ErrorClass ClassifyCodeFailure(const absl::Status& status);
 
 class CodeContext;
 
+// Why a step's run must wait before it begins (its target refused the call), and
+// until when.
+struct CodeWait {
+  Millis until = 0;
+  std::string reason;
+};
+
 struct CodeStepOptions {
   // The step may run again when its outcome is unknown (interrupted, a timeout):
   // it does nothing twice, or its target takes its idempotency key. When false, an
@@ -57,6 +64,9 @@ struct CodeStepOptions {
   // Asks the target whether the step acted after all, before it runs again: its
   // result when it did, nullopt when it did not. Errors are transient.
   std::function<absl::StatusOr<std::optional<std::string>>()> lookup;
+  // Asked before each run's `running` checkpoint: nullopt to go; a wait when the run
+  // may not begin yet (nothing of it is recorded, and it spends no attempt).
+  std::function<std::optional<CodeWait>()> admit;
   // Undoes the completed step (given its result) when the workflow fails later.
   // It runs after the function returned: it must not use what the function's
   // frame held (it gets the context, with the compensation's idempotency key).

@@ -287,6 +287,28 @@ TEST_P(CodeTargetsTest, BadTargetsAreRefusedNamingTheLine) {
   }
 }
 
+// A target whose settings do not render (an environment variable the deployment
+// forgot) is no business refusal: the call is not sent, nothing is compensated,
+// and the instance waits for an operator, its reason naming the target.
+TEST_P(CodeTargetsTest, ATargetThatDoesNotRenderLeavesTheCallToAnOperator) {
+  StartFragile();
+  unsetenv("WAYSTONE_TEST_NO_SUCH_URL");
+  const std::string targets =
+      "targets:\n  erp:\n    url: \"" + target_->base_url() +
+      "/erp\"\n  forgotten:\n    url: \"{{env.WAYSTONE_TEST_NO_SUCH_URL}}/crm\"\n";
+  auto engine = Open(2, targets, target_->base_url());
+  ASSERT_NE(engine, nullptr);
+  auto started = engine->Start(OrderCall(target_->base_url()), "unrendered", std::string("unrendered"));
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto outcome = (*started)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  EXPECT_EQ(outcome->state, InstanceState::kNeedsAttention) << outcome->reason;
+  EXPECT_NE(outcome->reason.find("target 'forgotten'"), std::string::npos) << outcome->reason;
+  EXPECT_NE(outcome->reason.find("an operator retries the step"), std::string::npos)
+      << outcome->reason;
+  EXPECT_EQ(Stats()["requests"], 0) << Stats().dump();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CodeTargetsTest,
                          ::testing::Values(Backend::kSqlite, Backend::kPostgres),
                          waystone::testing::BackendName);
