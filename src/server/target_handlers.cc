@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -108,12 +109,23 @@ void ChangeTarget(const ApiContext& ctx, const Principal& principal, const std::
   const std::map<std::string, TargetSpec> declared = ctx.definitions->CurrentTargets();
   auto spec = declared.find(name);
   if (spec == declared.end()) {
-    std::string known;
-    for (const auto& [target, unused] : declared) known += (known.empty() ? "" : ", ") + target;
-    return Send(res,
-                NotFound("no workflow this server runs declares target '" + name + "'" +
-                         (known.empty() ? " (none declares any)" : " (declared: " + known + ")")),
-                req.path);
+    // Not this server's, but on record: the targets of workflows written as C++
+    // functions are declared by the programs that run them (Engine::RegisterTargets),
+    // and a call to a limited one leaves its row.
+    auto controls = ctx.store->ListTargetControls(*tenant, ctx.clock->NowMillis());
+    if (!controls.ok()) return Send(res, ProblemFromStatus(controls.status()), req.path);
+    const bool on_record =
+        std::any_of(controls->begin(), controls->end(),
+                    [&](const TargetControl& control) { return control.target == name; });
+    if (!on_record) {
+      std::string known;
+      for (const auto& [target, unused] : declared) known += (known.empty() ? "" : ", ") + target;
+      return Send(res,
+                  NotFound("no workflow this server runs declares target '" + name + "'" +
+                           (known.empty() ? " (none declares any)" : " (declared: " + known + ")") +
+                           ", and no call to it is on record"),
+                  req.path);
+    }
   }
   const bool pause = verb == "pause";
   AuditRecord audit;
@@ -125,7 +137,8 @@ void ChangeTarget(const ApiContext& ctx, const Principal& principal, const std::
   audit.detail_json = Json{{"target", name}}.dump();
   auto control = ctx.store->PauseTarget(*tenant, name, pause, audit);
   if (!control.ok()) return Send(res, ProblemFromStatus(control.status()), req.path);
-  SendJson(res, 200, TargetJson(name, &spec->second, *control, audit.at));
+  SendJson(res, 200, TargetJson(name, spec == declared.end() ? nullptr : &spec->second, *control,
+                                audit.at));
 }
 
 }  // namespace waystone

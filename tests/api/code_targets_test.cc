@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <thread>
 
 #include "support/backends.h"
@@ -285,6 +287,76 @@ TEST_P(CodeTargetsTest, BadTargetsAreRefusedNamingTheLine) {
     EXPECT_NE(status.message().find(c.says), std::string::npos) << status.ToString();
     EXPECT_NE(status.message().find("targets.yaml"), std::string::npos) << status.ToString();
   }
+}
+
+// An operator pauses the ERP with the CLI, over the HTTP API of a `waystone serve`
+// that does not run these workflows (the program declares the target; its first
+// call put it on record): the program's calls stop, each instance saying why and
+// recording nothing; resumed, every order is made once.
+TEST_P(CodeTargetsTest, AnOperatorPausesTheProgramsTargetOverTheApi) {
+  StartFragile();
+  const std::string base = target_->base_url();
+  const std::string targets = Protected(base, "    limits: { concurrency: 4 }");
+  auto runner = Open(4, targets, base);
+  ASSERT_NE(runner, nullptr);
+  const auto order = OrderCall(base);
+  auto first = runner->Start(order, "before-pause", std::string("before-pause"));
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ((*first)->Wait(std::chrono::seconds(30))->state, InstanceState::kCompleted);
+
+  const std::map<std::string, std::string> db = {{"WAYSTONE_DB", database_}};
+  auto token = waystone::testing::RunProcess(
+      {waystone::testing::WaystoneBinary(), "token", "create", "--tenant", "default", "--role",
+       "operator", "--name", "night-ops"},
+      db, dir_.path());
+  ASSERT_EQ(token.exit_code, 0) << token.err;
+  const std::map<std::string, std::string> operator_env = {
+      {"WAYSTONE_TOKEN", token.out.substr(0, token.out.find('\n'))}};
+  std::filesystem::create_directories(dir_.File("defs"));
+  waystone::testing::WriteFile(dir_.File("server.yaml"), "definitions: defs\nworkers: 1\n");
+  const std::string url = "http://127.0.0.1:" + std::to_string(waystone::testing::FreeLoopbackPort());
+  waystone::testing::Process server({waystone::testing::WaystoneBinary(), "serve", "--config",
+                                     dir_.File("server.yaml"), "--listen", url.substr(7)},
+                                    db, dir_.path());
+  auto cli = [&](const std::string& verb, const std::string& reason) {
+    return waystone::testing::RunProcess({waystone::testing::WaystoneBinary(), "target", verb,
+                                          "erp", "--reason", reason, "--server", url},
+                                         operator_env, dir_.path());
+  };
+  ASSERT_TRUE(waystone::testing::WaitFor(
+      [&] { return cli("pause", "ERP reindexing").exit_code == 0; }, std::chrono::seconds(30)))
+      << server.Errors();
+
+  std::vector<std::unique_ptr<api::Instance>> paused;
+  for (int i = 0; i < 3; ++i) {
+    const std::string key = "paused-" + std::to_string(i);
+    auto started = runner->Start(order, key, key);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    paused.push_back(std::move(*started));
+  }
+  for (auto& instance : paused) {
+    ASSERT_TRUE(waystone::testing::WaitFor(
+        [&] {
+          auto now = instance->Get();
+          return now.ok() &&
+                 now->reason.starts_with("waiting for target 'erp': paused by night-ops at ") &&
+                 now->reason.ends_with(": ERP reindexing");
+        },
+        std::chrono::seconds(20)))
+        << instance->Get()->reason;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(Stats()["requests"], 1) << Stats().dump();
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM steps s JOIN instances i ON i.id = s.instance_id "
+                  "WHERE i.business_key LIKE 'paused-%'"),
+            "0");  // a call its target refused records nothing
+
+  auto resumed = cli("resume", "reindex done");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  ExpectAllCompleted(paused);
+  const Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 4) << stats.dump();
+  EXPECT_EQ(stats["requests"], 4) << stats.dump();
 }
 
 // A target whose settings do not render (an environment variable the deployment

@@ -2102,6 +2102,20 @@ TEST_P(ApiWriteTest, AnOperatorPausesAndResumesATargetWithAReasonAudited) {
   EXPECT_EQ((*audit)[0].reason, "ERP maintenance window, CHG-7");
   EXPECT_EQ((*audit)[1].action, "target.resume");
 
+  // A target no workflow of this server declares, but on record (a C++ program's,
+  // Engine::RegisterTargets, whose limited calls leave its row): paused as well.
+  EXPECT_NE(Post("/v1/targets/crm/pause", why, 404)["detail"].get<std::string>().find(
+                "no call to it is on record"),
+            std::string::npos);
+  TargetCallAsk crm{"t1", "crm", {}, clock_.NowMillis(), 1000, 30'000, "permit-3"};
+  crm.limits.concurrency = 1;
+  ASSERT_TRUE(store_->AdmitTargetCall(crm)->admitted);
+  Json crm_paused = Post("/v1/targets/crm/pause", why, 200);
+  EXPECT_EQ(crm_paused["paused"], true) << crm_paused.dump();
+  EXPECT_EQ(crm_paused["declared"], false) << crm_paused.dump();
+  crm.permit = "permit-4";
+  EXPECT_FALSE(store_->AdmitTargetCall(crm)->admitted);
+
   // The server config may take the permission away from operators.
   Restart({{Role::kOperator, "", {Permission::kRetry}, 1}});
   Json forbidden = Post("/v1/targets/erp/pause", why, 403);
