@@ -170,7 +170,10 @@ class EngineImpl final : public Engine {
   Status RegisterTargets(const std::string& yaml, const std::string& origin) override {
     auto targets = LoadTargetsText(yaml, origin);
     if (!targets.ok()) return FromAbsl(targets.status());
-    shared_->engine->AddCodeTargets(*targets);
+    absl::Status added = shared_->engine->AddCodeTargets(*targets, shared_->tenant);
+    if (!added.ok()) {
+      return Status(Status::Code::kInvalidArgument, origin + ": " + std::string(added.message()));
+    }
     return Status();
   }
 

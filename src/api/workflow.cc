@@ -203,6 +203,27 @@ class ContextImpl final : public Context {
           break;
       }
     }
+    if (options.classify) {
+      code.classify = [&classify = options.classify](const std::string& answer_json)
+          -> std::optional<waystone::ErrorClass> {
+        Result<HttpResponse> answer = ParseResponse(answer_json);
+        if (!answer.ok()) return waystone::ErrorClass::kRejected;
+        Result<std::optional<ErrorClass>> said = Guarded(
+            "the call's `classify`",
+            [&]() -> Result<std::optional<ErrorClass>> { return classify(*answer); });
+        if (!said.ok()) return waystone::ErrorClass::kRejected;
+        if (!said->has_value()) return std::nullopt;
+        switch (**said) {
+          case ErrorClass::kTransient:
+            return waystone::ErrorClass::kTransient;
+          case ErrorClass::kUnknown:
+            return waystone::ErrorClass::kUnknown;
+          case ErrorClass::kRejected:
+            break;
+        }
+        return waystone::ErrorClass::kRejected;
+      };
+    }
     if (options.lookup) code.lookup = ToEngine(*options.lookup);
     if (options.found) {
       code.found = [&found = options.found](const std::string& answer_json)

@@ -57,6 +57,9 @@ constexpr char kSleep[] = "$sleep";
 constexpr char kReturn[] = "$return";
 constexpr char kPatchPrefix[] = "$patched:";
 
+// What a call's body says of its class (CodeCallOptions::classify).
+using BodyClassifier = std::function<std::optional<ErrorClass>(const std::string&)>;
+
 // Why the run stopped, and what the drive returns for it.
 struct Stop {
   enum class Kind { kRest, kLeaseLost, kError } kind = Kind::kRest;
@@ -281,7 +284,8 @@ class CodeRun final : public CodeContext {
           HttpResponse answer = page == 1 ? Send(request, "", answered)
                                           : Send(request, "", {}, /*admit=*/false);
           const std::string where = page > 1 ? " (page " + std::to_string(page) + ")" : "";
-          if (Classify(answer.outcome, answered) != ErrorClass::kNone) {
+          if (Classify(answer.outcome, page == 1 ? answered : StatusOverrides{}) !=
+              ErrorClass::kNone) {
             return absl::UnavailableError("the lookup got " + Described(answer) + where);
           }
           const std::string json = ResultJson(answer);
@@ -311,8 +315,8 @@ class CodeRun final : public CodeContext {
     }
     return Step(name, RequestHash(request.method, request.url, request.body),
                 [&]() -> absl::StatusOr<std::string> {
-                  HttpResponse answer = Send(request, current_key_, errors);
-                  const ErrorClass error = Classify(answer.outcome, errors);
+                  HttpResponse answer = Send(request, current_key_, errors, true, &options.classify);
+                  const ErrorClass error = ClassOf(answer, errors, &options.classify);
                   if (error == ErrorClass::kNone) return ResultJson(answer);
                   retry_after_ = answer.outcome.retry_after;  // when the server says to come back
                   return Failure(error, answer);
@@ -625,7 +629,7 @@ class CodeRun final : public CodeContext {
   // compensation asks here unless `admit` is false (a lookup's later pages):
   // refused, it is not sent (kNotSent, withdrawn) and `waiting_` says until when.
   HttpResponse Send(HttpRequest request, const std::string& key, const StatusOverrides& errors,
-                    bool admit = true) {
+                    bool admit = true, const BodyClassifier* classify = nullptr) {
     bool keyed = key.empty();
     for (const auto& [name, value] : request.headers) {
       std::string lower = name;
@@ -633,7 +637,8 @@ class CodeRun final : public CodeContext {
       if (lower == "idempotency-key") keyed = true;
     }
     if (!keyed) request.headers.emplace_back("Idempotency-Key", key);
-    std::optional<Admitted> admitted = std::exchange(admitted_, std::nullopt);
+    std::optional<Admitted> admitted;
+    if (current_phase_ == AttemptPhase::kCall) admitted = std::exchange(admitted_, std::nullopt);
     const std::shared_ptr<const std::vector<TargetSpec>> targets = d_.code->Targets();
     if (!targets->empty()) {
       absl::Status applied = ApplyTarget(*targets, request, TargetContext());
@@ -665,7 +670,7 @@ class CodeRun final : public CodeContext {
     attempt.connection = answer.outcome.connection;
     attempt.status =
         answer.outcome.kind == CallOutcome::Kind::kResponse ? answer.outcome.status : 0;
-    attempt.error_class = Classify(answer.outcome, errors);
+    attempt.error_class = ClassOf(answer, errors, classify);
     attempt.detail = ShortenMessage(DescribeResponse(answer));
     attempt.finished_at = d_.clock->NowMillis();
     attempt.worker = lease_.owner;
@@ -682,6 +687,17 @@ class CodeRun final : public CodeContext {
       pending_attempts_.push_back(std::move(attempt));
     }
     return answer;
+  }
+
+  // The class of `answer`: what `classify` reads in a complete answer's body, else
+  // by its status (with `errors`).
+  static ErrorClass ClassOf(const HttpResponse& answer, const StatusOverrides& errors,
+                            const BodyClassifier* classify) {
+    if (classify != nullptr && *classify &&
+        answer.outcome.kind == CallOutcome::Kind::kResponse) {
+      if (std::optional<ErrorClass> said = (*classify)(ResultJson(answer))) return *said;
+    }
+    return Classify(answer.outcome, errors);
   }
 
   // A request that was not sent: kInvalid (rejected) unless said otherwise.
@@ -863,6 +879,7 @@ class CodeRun final : public CodeContext {
     }
     if (row.error_class == ErrorClass::kUnknown) {
       row.state = StepState::kUnknown;
+      row.resolution = Resolution::kNone;  // unresolved again: looked up again
       row.unknowns += 1;
       if (row.unknown_since == 0) row.unknown_since = now;
       change.steps.push_back(row);
@@ -920,6 +937,7 @@ class CodeRun final : public CodeContext {
     if (row.unknown_since == 0) row.unknown_since = now;
     if (interrupted) {
       // Found running: its run ended without a word (a crash, a lost lease, its timeout).
+      row.resolution = Resolution::kNone;
       row.unknowns += 1;
       row.error_message = "interrupted before its outcome was recorded";
       if (options.timeout > 0) {
@@ -951,6 +969,9 @@ class CodeRun final : public CodeContext {
       return Rest(row.next_attempt_at, std::move(change));
     }
     if (row.next_attempt_at > now) return Rest(row.next_attempt_at);
+    // A lookup found nothing already (its resend was then held back by its target):
+    // sent now, not looked up again.
+    if (options.lookup && row.resolution == Resolution::kResubmitted) return Attempt(index, fn, options);
     if (options.lookup) {
       CrashPoint("before-lookup", row.name);
       absl::StatusOr<std::optional<std::string>> found;

@@ -101,6 +101,10 @@ struct CodeCallOptions {
   // public library builds them, and a std container over an engine type would be
   // exported from it.)
   std::vector<int> transient_statuses, unknown_statuses, rejected_statuses;
+  // Reads a complete answer of the call itself (JSON as its result) before its
+  // status is looked at: its class (kTransient, kRejected or kUnknown) when the
+  // body says it failed (a 200 {"status":"ERROR"}), nullopt to class it by status.
+  std::function<std::optional<ErrorClass>(const std::string& answer_json)> classify;
   // Asks the target whether the call acted before it is sent again: `lookup` is sent,
   // and `found` reads its answer (JSON as the call's result is) into the call's
   // result when it acted, nullopt when it did not.

@@ -25,6 +25,7 @@
 #include "engine/instance_runner.h"
 #include "engine/lease_keeper.h"
 #include "engine/lease_reaper.h"
+#include "engine/target_settings.h"
 #include "engine/operations.h"
 #include "engine/pacer.h"
 #include "model/json_text.h"
@@ -67,7 +68,14 @@ class Engine::Impl {
                       metrics_, options_.files_dir, &code_};
   }
 
-  void AddCodeTargets(const std::vector<TargetSpec>& targets) { code_.AddTargets(targets); }
+  absl::Status AddCodeTargets(const std::vector<TargetSpec>& targets, const std::string& tenant) {
+    InstanceRecord nobody;
+    nobody.tenant = tenant;
+    nobody.input_json = "{}";
+    WS_RETURN_IF_ERROR(CheckTargetsRender(targets, environment_.BuildInstancePart(nobody)));
+    code_.AddTargets(targets);
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<WorkflowDefinition> RegisterCode(const std::string& name,
                                                   std::shared_ptr<const CodeWorkflow> workflow) {
@@ -609,8 +617,9 @@ absl::StatusOr<WorkflowDefinition> Engine::RegisterCode(
     const std::string& name, std::shared_ptr<const CodeWorkflow> workflow) {
   return impl_->RegisterCode(name, std::move(workflow));
 }
-void Engine::AddCodeTargets(const std::vector<TargetSpec>& targets) {
-  impl_->AddCodeTargets(targets);
+absl::Status Engine::AddCodeTargets(const std::vector<TargetSpec>& targets,
+                                    const std::string& tenant) {
+  return impl_->AddCodeTargets(targets, tenant);
 }
 absl::StatusOr<StartResult> Engine::StartInstance(const WorkflowDefinition& definition,
                                                   const StartRequest& request) {

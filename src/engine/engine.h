@@ -96,8 +96,10 @@ class Engine {
   absl::StatusOr<WorkflowDefinition> RegisterCode(const std::string& name,
                                                   std::shared_ptr<const CodeWorkflow> workflow);
 
-  // Adds the targets the calls of code workflows go through (CodeWorkflows::AddTargets).
-  void AddCodeTargets(const std::vector<TargetSpec>& targets);
+  // Adds the targets the calls of code workflows go through (CodeWorkflows::AddTargets),
+  // once each renders with the environment and secrets of `tenant`
+  // (CheckTargetsRender); adds nothing otherwise.
+  absl::Status AddCodeTargets(const std::vector<TargetSpec>& targets, const std::string& tenant);
 
   // Starts an instance of `definition` (registering it), or returns the existing
   // one with the same business key. A code workflow's key is request.key, which it

@@ -78,6 +78,17 @@ absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& re
   return absl::OkStatus();
 }
 
+absl::Status CheckTargetsRender(const std::vector<TargetSpec>& targets,
+                                const nlohmann::json& context) {
+  for (const TargetSpec& target : targets) {
+    WS_ASSIGN_OR_RETURN(std::string base, RenderSetting(target, target.url, context));
+    HttpRequest request;
+    request.url = base;
+    WS_RETURN_IF_ERROR(ApplyTarget(targets, request, context));
+  }
+  return absl::OkStatus();
+}
+
 TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& target, Millis now,
                                 Millis lease_duration, Millis timeout, std::string permit) {
   TargetCallAsk ask;

@@ -35,6 +35,12 @@ absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& target
 absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& request,
                          const nlohmann::json& context);
 
+// Renders every setting of every target in `targets` with `context` (env and
+// secret): InvalidArgument naming the first target and setting that does not (an
+// environment variable or secret the deployment lacks).
+absl::Status CheckTargetsRender(const std::vector<TargetSpec>& targets,
+                                const nlohmann::json& context);
+
 // The store's question before a call of `timeout` to `target` from `tenant`: the
 // permit (named `permit`) outlives the call — its rate slot's wait, its timeout (a
 // token request and one resend may add as much again) and a margin.

@@ -324,8 +324,16 @@ TEST_P(CodeTargetsTest, AnOperatorPausesTheProgramsTargetOverTheApi) {
                                          operator_env, dir_.path());
   };
   ASSERT_TRUE(waystone::testing::WaitFor(
-      [&] { return cli("pause", "ERP reindexing").exit_code == 0; }, std::chrono::seconds(30)))
+      [&] {  // the server answers (its target list) before the one pause is sent
+        return waystone::testing::RunProcess(
+                   {waystone::testing::WaystoneBinary(), "targets", "--server", url},
+                   operator_env, dir_.path())
+                   .exit_code == 0;
+      },
+      std::chrono::seconds(30)))
       << server.Errors();
+  auto paused_now = cli("pause", "ERP reindexing");
+  ASSERT_EQ(paused_now.exit_code, 0) << paused_now.out << paused_now.err;
 
   std::vector<std::unique_ptr<api::Instance>> paused;
   for (int i = 0; i < 3; ++i) {
@@ -359,26 +367,41 @@ TEST_P(CodeTargetsTest, AnOperatorPausesTheProgramsTargetOverTheApi) {
   EXPECT_EQ(stats["requests"], 4) << stats.dump();
 }
 
-// A target whose settings do not render (an environment variable the deployment
-// forgot) is no business refusal: the call is not sent, nothing is compensated,
-// and the instance waits for an operator, its reason naming the target.
-TEST_P(CodeTargetsTest, ATargetThatDoesNotRenderLeavesTheCallToAnOperator) {
+// A target whose settings do not render (an environment variable or a secret the
+// deployment lacks) is refused when it is registered, naming it: not at 3 a.m. on
+// the first call. Nothing of that document is registered.
+TEST_P(CodeTargetsTest, ATargetThatDoesNotRenderIsRefusedAtRegistration) {
   StartFragile();
   unsetenv("WAYSTONE_TEST_NO_SUCH_URL");
-  const std::string targets =
-      "targets:\n  erp:\n    url: \"" + target_->base_url() +
-      "/erp\"\n  forgotten:\n    url: \"{{env.WAYSTONE_TEST_NO_SUCH_URL}}/crm\"\n";
-  auto engine = Open(2, targets, target_->base_url());
+  const std::string base = target_->base_url();
+  auto engine = Open(2, Protected(base, "    limits: { rate: 1000 }"), base);
   ASSERT_NE(engine, nullptr);
-  auto started = engine->Start(OrderCall(target_->base_url()), "unrendered", std::string("unrendered"));
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
-  auto outcome = (*started)->Wait(std::chrono::seconds(30));
-  ASSERT_TRUE(outcome.ok());
-  EXPECT_EQ(outcome->state, InstanceState::kNeedsAttention) << outcome->reason;
-  EXPECT_NE(outcome->reason.find("target 'forgotten'"), std::string::npos) << outcome->reason;
-  EXPECT_NE(outcome->reason.find("an operator retries the step"), std::string::npos)
-      << outcome->reason;
-  EXPECT_EQ(Stats()["requests"], 0) << Stats().dump();
+  const std::string broken = "targets:\n  erp:\n    url: \"" + base +
+                             "/erp\"\n    limits: { concurrency: 1 }\n  forgotten:\n    url: "
+                             "\"{{env.WAYSTONE_TEST_NO_SUCH_URL}}/crm\"\n";
+  api::Status refused = engine->RegisterTargets(broken, "later.yaml");
+  EXPECT_EQ(refused.code(), api::Status::Code::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("later.yaml"), std::string::npos) << refused.ToString();
+  EXPECT_NE(refused.message().find("target 'forgotten'"), std::string::npos) << refused.ToString();
+  EXPECT_NE(refused.message().find("WAYSTONE_TEST_NO_SUCH_URL"), std::string::npos)
+      << refused.ToString();
+  const std::string secret = "targets:\n  crm:\n    url: \"" + base +
+                             "/crm\"\n    oauth2:\n      token_url: \"" + base +
+                             "/token\"\n      client_id: me\n"
+                             "      client_secret: \"{{secret.no_such_secret}}\"\n";
+  EXPECT_EQ(engine->RegisterTargets(secret, "crm.yaml").code(), api::Status::Code::kInvalidArgument);
+  // The erp registered first is unchanged (no concurrency cap of 1): four orders
+  // held 150 ms each are under way together.
+  Configure({{"service_ms", 150}});
+  std::vector<std::unique_ptr<api::Instance>> instances;
+  for (int i = 0; i < 4; ++i) {
+    const std::string key = "kept-" + std::to_string(i);
+    auto started = engine->Start(OrderCall(base), key, key);
+    ASSERT_TRUE(started.ok());
+    instances.push_back(std::move(*started));
+  }
+  ExpectAllCompleted(instances);
+  EXPECT_GT(Stats()["in_flight_max"].get<int>(), 1) << Stats().dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CodeTargetsTest,

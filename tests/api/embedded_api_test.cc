@@ -494,6 +494,63 @@ TEST_P(EmbeddedApiTest, ALookupReadsPagesUntilItFindsTheCall) {
             "4");
 }
 
+// An API that answers 200 and says in the body that nothing happened (the paged
+// ERP's {"status":"ERROR","code":"RATE_LIMIT"}, committing nothing): the call's
+// `classify` reads the body, so the rate limit is retried (one order, two creates
+// received) and a validation error fails the call, where by status alone both would
+// have been taken as orders made.
+TEST_P(EmbeddedApiTest, ACallsBodyCanSayItFailed) {
+  namespace api = waystone::api;
+  waystone::testing::TargetProcess erp(dir_.path(), "paged_erp_target.py", {});
+  ASSERT_TRUE(erp.ok());
+  const std::string base = erp.base_url();
+  ASSERT_NE(erp.Call("POST", "/_target/settings", R"({"create_faults": ["rate_limit"]})"), "");
+  api::Workflow<std::string, std::string> order(
+      "body-classified", [base](api::Context& ctx, const std::string& ref) -> api::Result<std::string> {
+        api::CallOptions create;
+        create.retry = {4, std::chrono::milliseconds(20), std::chrono::milliseconds(100)};
+        create.classify = [](const api::HttpResponse& answer) -> std::optional<api::ErrorClass> {
+          const Json body = Json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
+          if (!body.is_object() || body.value("status", "") != "ERROR") return std::nullopt;
+          if (body.value("code", "") == "RATE_LIMIT") return api::ErrorClass::kTransient;
+          return api::ErrorClass::kRejected;
+        };
+        const Json payload = ref.empty() ? Json{{"amount", 1}} : Json{{"ref", ref}};
+        auto made = ctx.Call("create-order",
+                             {"POST", base + "/api/orders", {{"Content-Type", "application/json"}},
+                              payload.dump(), std::chrono::seconds(5)},
+                             create);
+        if (!made.ok()) return made.status();
+        return std::string(Json::parse(made->body)["data"]["order_no"]);
+      });
+  auto engine = OpenBare(2);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->Register(order).ok());
+  auto limited = engine->Start(order, "BODY-1", std::string("body-1"));
+  ASSERT_TRUE(limited.ok()) << limited.status().ToString();
+  auto outcome = (*limited)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
+  EXPECT_EQ(*api::Output<std::string>(*outcome), "SO-1");
+  Json stats = Json::parse(erp.StatsJson());
+  EXPECT_EQ(stats["creates_received"], 2) << stats.dump();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+  // The attempt history classes the first answer by its body (1: transient).
+  EXPECT_EQ(Query("SELECT a.status, a.error_class FROM attempts a JOIN instances i ON i.id = "
+                  "a.instance_id WHERE i.business_key = 'BODY-1' ORDER BY a.seq"),
+            "200|1\n200|0");
+
+  auto invalid = engine->Start(order, "BODY-2", std::string());
+  ASSERT_TRUE(invalid.ok());
+  outcome = (*invalid)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(outcome.ok());
+  EXPECT_EQ(outcome->state, InstanceState::kFailed) << outcome->reason;
+  EXPECT_NE(outcome->reason.find("VALIDATION"), std::string::npos) << outcome->reason;
+  stats = Json::parse(erp.StatsJson());
+  EXPECT_EQ(stats["creates_received"], 3) << stats.dump();
+  EXPECT_EQ(stats["orders"], 1) << stats.dump();
+}
+
 // A call refused with 503 and Retry-After: 120 is sent again no sooner than the
 // server asked, though its own backoff is at most 100 ms (a manual clock: what the
 // target counts decides, not the time the machine takes).

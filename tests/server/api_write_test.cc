@@ -2110,11 +2110,20 @@ TEST_P(ApiWriteTest, AnOperatorPausesAndResumesATargetWithAReasonAudited) {
   TargetCallAsk crm{"t1", "crm", {}, clock_.NowMillis(), 1000, 30'000, "permit-3"};
   crm.limits.concurrency = 1;
   ASSERT_TRUE(store_->AdmitTargetCall(crm)->admitted);
+  ASSERT_TRUE(store_->SettleTargetCall({"t1", "crm", crm.limits, "permit-3", false,
+                                        CallHealth::kHealthy, clock_.NowMillis()})
+                  .ok());
+  EXPECT_EQ(Send("POST", "/v1/targets/crm/pause", viewer_, why.dump()).outcome.status, 403);
   Json crm_paused = Post("/v1/targets/crm/pause", why, 200);
   EXPECT_EQ(crm_paused["paused"], true) << crm_paused.dump();
   EXPECT_EQ(crm_paused["declared"], false) << crm_paused.dump();
   crm.permit = "permit-4";
-  EXPECT_FALSE(store_->AdmitTargetCall(crm)->admitted);
+  auto crm_refused = store_->AdmitTargetCall(crm);
+  ASSERT_TRUE(crm_refused.ok());
+  EXPECT_FALSE(crm_refused->admitted);
+  EXPECT_NE(crm_refused->reason.find("paused by op1"), std::string::npos) << crm_refused->reason;
+  crm.tenant = "t2";  // another tenant's calls to its crm go on
+  EXPECT_TRUE(store_->AdmitTargetCall(crm)->admitted);
 
   // The server config may take the permission away from operators.
   Restart({{Role::kOperator, "", {Permission::kRetry}, 1}});
