@@ -225,11 +225,11 @@ struct CallOptions {
   // 408, 425, 429, 503 and a request that never left are transient; other 5xx and a
   // lost answer unknown; any other status rejected).
   std::map<int, ErrorClass> errors;
-  // Reads a complete answer before its status is looked at, for the APIs that answer
-  // 200 and say in the body that nothing happened: its class when the body says it
-  // failed (200 {"status":"ERROR","code":"RATE_LIMIT"}: kTransient), nullopt to class
-  // it by status. For the call itself, not its lookup or compensation. An exception
-  // it throws is a rejection.
+  // Reads a 2xx answer's body, for the APIs that answer 200 and say in the body
+  // that nothing happened: its class when the body says it failed (200
+  // {"status":"ERROR","code":"RATE_LIMIT"}: kTransient), nullopt when it succeeded.
+  // Other statuses keep their class. For the call itself, not its lookup or
+  // compensation. An exception it throws leaves the answer unknown (looked up).
   std::function<std::optional<ErrorClass>(const HttpResponse& answer)> classify;
   // Before an unknown outcome is sent again: `lookup` is sent, and `found` reads its
   // answer: the call's response when the call acted, nullopt when it did not.

@@ -206,12 +206,14 @@ class ContextImpl final : public Context {
     if (options.classify) {
       code.classify = [&classify = options.classify](const std::string& answer_json)
           -> std::optional<waystone::ErrorClass> {
+        // One that cannot say (it threw) leaves the answer unknown: looked up, or
+        // left to an operator, never taken as a refusal of what may have been done.
         Result<HttpResponse> answer = ParseResponse(answer_json);
-        if (!answer.ok()) return waystone::ErrorClass::kRejected;
+        if (!answer.ok()) return waystone::ErrorClass::kUnknown;
         Result<std::optional<ErrorClass>> said = Guarded(
             "the call's `classify`",
             [&]() -> Result<std::optional<ErrorClass>> { return classify(*answer); });
-        if (!said.ok()) return waystone::ErrorClass::kRejected;
+        if (!said.ok()) return waystone::ErrorClass::kUnknown;
         if (!said->has_value()) return std::nullopt;
         switch (**said) {
           case ErrorClass::kTransient:

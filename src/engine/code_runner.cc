@@ -315,8 +315,9 @@ class CodeRun final : public CodeContext {
     }
     return Step(name, RequestHash(request.method, request.url, request.body),
                 [&]() -> absl::StatusOr<std::string> {
-                  HttpResponse answer = Send(request, current_key_, errors, true, &options.classify);
-                  const ErrorClass error = ClassOf(answer, errors, &options.classify);
+                  ErrorClass error = ErrorClass::kNone;  // classed once, as its history has it
+                  HttpResponse answer =
+                      Send(request, current_key_, errors, true, &options.classify, &error);
                   if (error == ErrorClass::kNone) return ResultJson(answer);
                   retry_after_ = answer.outcome.retry_after;  // when the server says to come back
                   return Failure(error, answer);
@@ -629,7 +630,8 @@ class CodeRun final : public CodeContext {
   // compensation asks here unless `admit` is false (a lookup's later pages):
   // refused, it is not sent (kNotSent, withdrawn) and `waiting_` says until when.
   HttpResponse Send(HttpRequest request, const std::string& key, const StatusOverrides& errors,
-                    bool admit = true, const BodyClassifier* classify = nullptr) {
+                    bool admit = true, const BodyClassifier* classify = nullptr,
+                    ErrorClass* error_class = nullptr) {
     bool keyed = key.empty();
     for (const auto& [name, value] : request.headers) {
       std::string lower = name;
@@ -647,12 +649,13 @@ class CodeRun final : public CodeContext {
         // answer: the step's call waits for an operator, as for a refused identity.
         if (admitted && admitted->permit) Settle(*admitted->permit);
         if (current_phase_ == AttemptPhase::kCall) identity_refused_ = true;
-        return Unsendable(std::string(applied.message()));
+        return Unsent(Unsendable(std::string(applied.message())), errors, error_class);
       }
       if (current_phase_ != AttemptPhase::kCall && admit) {
         if (std::optional<CodeWait> wait = AdmitCall(request)) {
           waiting_ = std::move(wait);
-          return Unsendable(waiting_->reason, CallOutcome::Kind::kNotSent, /*withdrawn=*/true);
+          return Unsent(Unsendable(waiting_->reason, CallOutcome::Kind::kNotSent, true), errors,
+                        error_class);
         }
         admitted = std::exchange(admitted_, std::nullopt);
       }
@@ -671,6 +674,7 @@ class CodeRun final : public CodeContext {
     attempt.status =
         answer.outcome.kind == CallOutcome::Kind::kResponse ? answer.outcome.status : 0;
     attempt.error_class = ClassOf(answer, errors, classify);
+    if (error_class != nullptr) *error_class = attempt.error_class;
     attempt.detail = ShortenMessage(DescribeResponse(answer));
     attempt.finished_at = d_.clock->NowMillis();
     attempt.worker = lease_.owner;
@@ -689,15 +693,23 @@ class CodeRun final : public CodeContext {
     return answer;
   }
 
-  // The class of `answer`: what `classify` reads in a complete answer's body, else
-  // by its status (with `errors`).
+  // The class of `answer`: what `classify` reads in the body of a 2xx answer, else
+  // by its status (with `errors`). (A 5xx that may have acted stays unknown whatever
+  // its body says.)
   static ErrorClass ClassOf(const HttpResponse& answer, const StatusOverrides& errors,
                             const BodyClassifier* classify) {
-    if (classify != nullptr && *classify &&
-        answer.outcome.kind == CallOutcome::Kind::kResponse) {
+    if (classify != nullptr && *classify && answer.outcome.kind == CallOutcome::Kind::kResponse &&
+        answer.outcome.status >= 200 && answer.outcome.status < 300) {
       if (std::optional<ErrorClass> said = (*classify)(ResultJson(answer))) return *said;
     }
     return Classify(answer.outcome, errors);
+  }
+
+  // `answer` of a request that was not sent, its class in `error_class` (if given).
+  static HttpResponse Unsent(HttpResponse answer, const StatusOverrides& errors,
+                             ErrorClass* error_class) {
+    if (error_class != nullptr) *error_class = Classify(answer.outcome, errors);
+    return answer;
   }
 
   // A request that was not sent: kInvalid (rejected) unless said otherwise.
@@ -828,6 +840,11 @@ class CodeRun final : public CodeContext {
         // The step stays as it is (failed, or unknown: looked up again), due then.
         StepRecord waiting = journal_[index];
         waiting.next_attempt_at = wait->until;
+        if (wait->until - d_.clock->NowMillis() > kRateHorizon) {
+          // A long hold (a pause, an open circuit): a lookup that found nothing before
+          // it says little after it: looked up again.
+          waiting.resolution = Resolution::kNone;
+        }
         Change change;
         change.steps.push_back(waiting);
         return WaitForTarget(*wait, std::move(change));

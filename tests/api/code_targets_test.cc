@@ -158,7 +158,10 @@ TEST_P(CodeTargetsTest, ARateLimitedTargetReceivesItsRateAndEveryCallOnce) {
   EXPECT_EQ(stats["orders"], 40) << stats.dump();
   const double rate = ReceivedRate(stats["arrivals"]);
   EXPECT_NEAR(rate, 20.0, 2.0) << stats["arrivals"].dump();
-  EXPECT_LE(stats["max_per_second_1s"].get<int>(), 25) << stats["arrivals"].dump();
+  // Spread, not bunched (without the limit all 40 arrive within a tenth of a second):
+  // a second holds its 20 slots and some late ones from the second before, more
+  // when the machine is busy running other tests beside this one.
+  EXPECT_LE(stats["max_per_second_1s"].get<int>(), 30) << stats["arrivals"].dump();
   std::printf("the target received %.2f calls a second (limit 20)\n", rate);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM steps WHERE name = 'create-order' AND attempts = 1"), "40");
 }
