@@ -581,9 +581,8 @@ class CodeRun final : public CodeContext {
     absl::StatusOr<const TargetSpec*> target = TargetOf(*targets, request.url, TargetContext());
     if (!target.ok() || *target == nullptr) return std::nullopt;
     const Millis now = d_.clock->NowMillis();
-    TargetCallAsk ask = MakeTargetCallAsk(
-        instance_.tenant, **target, now, d_.lease_duration, request.timeout,
-        lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6));
+    TargetCallAsk ask = MakeTargetCallAsk(instance_.tenant, **target, now, d_.lease_duration,
+                                          request.timeout, lease_, *d_.random);
     absl::StatusOr<Admission> admission = d_.store->AdmitTargetCall(ask);
     if (!admission.ok()) {
       // The store could not answer: nothing goes, and it asks again shortly.
@@ -592,10 +591,7 @@ class CodeRun final : public CodeContext {
                                       std::string(admission.status().message())};
     }
     if (!admission->admitted) {
-      // Spread out those refused together, so they do not all ask again at once.
-      const Millis spread = std::clamp<Millis>(admission->retry_at - now, 1, 250);
-      return CodeWait{admission->retry_at + d_.random->UniformInclusive(spread),
-                      admission->reason};
+      return CodeWait{RetryRefusedAt(*admission, now, *d_.random), admission->reason};
     }
     Admitted admitted;
     if ((*target)->limits.Any()) {
@@ -616,10 +612,7 @@ class CodeRun final : public CodeContext {
 
   void Settle(TargetCallSettle& permit) {
     permit.now = d_.clock->NowMillis();
-    absl::Status settled = d_.store->SettleTargetCall(permit);
-    if (!settled.ok()) {  // the permit expires by itself; the circuit misses one outcome
-      Log(LogLevel::kWarning, "target '" + permit.target + "': " + settled.ToString());
-    }
+    SettleTargetPermit(*d_.store, permit);
   }
 
   // Sends `request` with the Idempotency-Key `key` (unless "" or set already), and

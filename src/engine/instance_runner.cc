@@ -436,9 +436,8 @@ class InstanceRunner::Impl {
     DropPermit(permit_);
     WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
     if (target == nullptr) return true;
-    TargetCallAsk ask = MakeTargetCallAsk(
-        instance_.tenant, *target, d_.clock->NowMillis(), d_.lease_duration, request.timeout,
-        lease_.owner + "/" + std::to_string(lease_.instance_id) + "/" + d_.random->Hex(6));
+    TargetCallAsk ask = MakeTargetCallAsk(instance_.tenant, *target, d_.clock->NowMillis(),
+                                          d_.lease_duration, request.timeout, lease_, *d_.random);
     WS_ASSIGN_OR_RETURN(Admission admission, d_.store->AdmitTargetCall(ask));
     if (admission.admitted) {
       if (target->limits.Any()) {
@@ -447,9 +446,7 @@ class InstanceRunner::Impl {
       send_at_ = admission.send_at;
       return true;
     }
-    // Spread out those refused together, so they do not all ask again at once.
-    const Millis spread = std::max<Millis>(1, std::min<Millis>(250, admission.retry_at - ask.now));
-    const Millis until = admission.retry_at + d_.random->UniformInclusive(spread);
+    const Millis until = RetryRefusedAt(admission, ask.now, *d_.random);
     if (!parked_) {
       parked_ = Parked{until, admission.reason, {step_index}, instance_.state};
     } else {  // a branch beside it was refused too: the instance wakes for the first
@@ -467,10 +464,7 @@ class InstanceRunner::Impl {
                             std::move(permit->id), permit->probe, health,
                             d_.clock->NowMillis()};
     permit.reset();
-    absl::Status settled = d_.store->SettleTargetCall(settle);
-    if (!settled.ok()) {  // the permit expires by itself; the circuit misses one outcome
-      Log(LogLevel::kWarning, "target '" + settle.target + "': " + settled.ToString());
-    }
+    SettleTargetPermit(*d_.store, settle);
   }
 
   // Returns the values a lookup's `match` pointers must equal, rendered for step `index`.

@@ -5,7 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/log.h"
+#include "base/random.h"
 #include "base/status_macros.h"
+#include "store/store.h"
 #include "model/template.h"
 
 namespace waystone {
@@ -90,7 +93,8 @@ absl::Status CheckTargetsRender(const std::vector<TargetSpec>& targets,
 }
 
 TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& target, Millis now,
-                                Millis lease_duration, Millis timeout, std::string permit) {
+                                Millis lease_duration, Millis timeout, const Lease& lease,
+                                Random& random) {
   TargetCallAsk ask;
   ask.tenant = tenant;
   ask.target = target.name;
@@ -99,8 +103,20 @@ TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& tar
   ask.horizon = std::min<Millis>(kRateHorizon, lease_duration / 4);
   ask.call_lease = std::max<Millis>(lease_duration,
                                     ask.horizon + 2 * std::max<Millis>(timeout, 0) + 5000);
-  ask.permit = std::move(permit);
+  ask.permit = lease.owner + "/" + std::to_string(lease.instance_id) + "/" + random.Hex(6);
   return ask;
+}
+
+Millis RetryRefusedAt(const Admission& refused, Millis now, Random& random) {
+  const Millis spread = std::clamp<Millis>(refused.retry_at - now, 1, 250);
+  return refused.retry_at + random.UniformInclusive(spread);
+}
+
+void SettleTargetPermit(Store& store, const TargetCallSettle& settle) {
+  absl::Status settled = store.SettleTargetCall(settle);
+  if (!settled.ok()) {
+    Log(LogLevel::kWarning, "target '" + settle.target + "': " + settled.ToString());
+  }
 }
 
 }  // namespace waystone
