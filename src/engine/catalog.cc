@@ -16,6 +16,12 @@ absl::Status DefinitionCatalog::Register(const WorkflowDefinition& definition, M
   return absl::OkStatus();
 }
 
+bool DefinitionCatalog::IsCurrent(const WorkflowDefinition& definition) {
+  MutexLock lock(mu_);
+  auto it = current_.find(definition.name);
+  return it != current_.end() && it->second->content_hash == definition.content_hash;
+}
+
 absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> DefinitionCatalog::Get(
     const std::string& hash) {
   {

@@ -28,6 +28,10 @@ class DefinitionCatalog {
   // the runners that use it; immutable.
   absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> Get(const std::string& hash);
 
+  // Whether `definition` is stored and the current version of its workflow name
+  // (then Register would change nothing).
+  bool IsCurrent(const WorkflowDefinition& definition);
+
   // Returns the current registered version of `workflow`, or nullptr.
   std::shared_ptr<const WorkflowDefinition> Current(const std::string& workflow);
 

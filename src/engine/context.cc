@@ -111,6 +111,33 @@ const nlohmann::json& TemplateEnvironment::secret(const std::string& tenant) con
   return found != tenant_secret_.end() ? found->second : kNone;
 }
 
+namespace {
+
+// Whether a step's record has anything for templates to read.
+bool ShowsResult(const StepRecord& step) {
+  return !step.response_json.empty() || !step.external_id.empty();
+}
+
+// What {{steps.NAME}} holds: the recorded result (parsed when it is JSON) and
+// the external id.
+nlohmann::json StepEntry(const StepRecord& step) {
+  nlohmann::json response = step.response_json.empty()
+                                ? nlohmann::json(nullptr)
+                                : nlohmann::json::parse(step.response_json, nullptr, false);
+  if (response.is_discarded()) response = step.response_json;
+  return {{"response", response}, {"output", response}, {"external_id", step.external_id}};
+}
+
+// What {{step}} holds: the step rendered for and its key.
+nlohmann::json StepSelf(const InstanceRecord& instance, const std::string& step_name,
+                        const std::string& idempotency_key) {
+  return {{"name", step_name},
+          {"idempotency_key", idempotency_key},
+          {"key_uuid", KeyUuid(instance.tenant, idempotency_key)}};
+}
+
+}  // namespace
+
 nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
                                           const std::vector<StepRecord>& steps,
                                           const std::string& step_name,
@@ -139,18 +166,42 @@ void TemplateEnvironment::AddStepPart(nlohmann::json& context, const InstanceRec
                                       const std::string& idempotency_key) const {
   nlohmann::json by_name = nlohmann::json::object();
   for (const StepRecord& step : steps) {
-    if (step.response_json.empty() && step.external_id.empty()) continue;
-    nlohmann::json response = step.response_json.empty()
-                                  ? nlohmann::json(nullptr)
-                                  : nlohmann::json::parse(step.response_json, nullptr, false);
-    if (response.is_discarded()) response = step.response_json;
-    by_name[step.name] = {{"response", response}, {"output", response},
-                          {"external_id", step.external_id}};
+    if (!ShowsResult(step)) continue;
+    by_name[step.name] = StepEntry(step);
   }
   context["steps"] = std::move(by_name);
-  context["step"] = {{"name", step_name},
-                     {"idempotency_key", idempotency_key},
-                     {"key_uuid", KeyUuid(instance.tenant, idempotency_key)}};
+  context["step"] = StepSelf(instance, step_name, idempotency_key);
+}
+
+void InstanceContext::Reset() {
+  context_.reset();
+  shown_.clear();
+}
+
+const nlohmann::json& InstanceContext::For(const InstanceRecord& instance,
+                                           const std::vector<StepRecord>& steps,
+                                           const std::string& step_name,
+                                           const std::string& idempotency_key) {
+  if (!context_) context_ = environment_->BuildInstancePart(instance);
+  nlohmann::json& by_name = (*context_)["steps"];
+  if (!by_name.is_object() || shown_.size() != steps.size()) {
+    by_name = nlohmann::json::object();
+    shown_.assign(steps.size(), {});
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const StepRecord& step = steps[i];
+    auto& [response, external_id] = shown_[i];
+    if (response == step.response_json && external_id == step.external_id) continue;
+    response = step.response_json;
+    external_id = step.external_id;
+    if (ShowsResult(step)) {
+      by_name[step.name] = StepEntry(step);
+    } else {
+      by_name.erase(step.name);
+    }
+  }
+  (*context_)["step"] = StepSelf(instance, step_name, idempotency_key);
+  return *context_;
 }
 
 nlohmann::json TemplateEnvironment::BuildForKey(const nlohmann::json& input,

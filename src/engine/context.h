@@ -63,6 +63,28 @@ class TemplateEnvironment {
   std::map<std::string, nlohmann::json> tenant_secret_;
 };
 
+// One instance's template context, kept by a runner across the steps it renders:
+// the instance's part (input, instance, env, secret) is built once, and a step's
+// recorded result is parsed again only when its record changed. What For returns
+// is what TemplateEnvironment::Build would, and stays valid until the next call.
+// Not thread-safe: one runner's.
+class InstanceContext {
+ public:
+  explicit InstanceContext(const TemplateEnvironment* environment) : environment_(environment) {}
+
+  // Forgets everything: the instance was read again.
+  void Reset();
+
+  const nlohmann::json& For(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
+                            const std::string& step_name, const std::string& idempotency_key);
+
+ private:
+  const TemplateEnvironment* environment_;
+  std::optional<nlohmann::json> context_;
+  // Per step index, the (response_json, external_id) context_["steps"] shows.
+  std::vector<std::pair<std::string, std::string>> shown_;
+};
+
 // What a step keeps of an answer, as JSON text, by its `store_response`: the
 // pointers its templates read (by default), all, none ("{}"), or a list. Never
 // empty: a kept answer also marks "the target said yes".

@@ -176,7 +176,11 @@ class Engine::Impl {
         return absl::InvalidArgumentError("business key contains a control character");
       }
     }
-    if (!definition.code) WS_RETURN_IF_ERROR(Register(definition));
+    // Registered once, not on every start: a write on the store per start would queue
+    // behind (and on SQLite, take the write lock from) the checkpoints.
+    if (!definition.code && !catalog_.IsCurrent(definition)) {
+      WS_RETURN_IF_ERROR(Register(definition));
+    }
 
     NewInstance in;
     in.tenant = request.tenant;

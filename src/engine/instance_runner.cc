@@ -339,7 +339,7 @@ class InstanceRunner::Impl {
   }
 
   absl::Status Load() {
-    instance_context_.reset();
+    context_.Reset();
     WS_ASSIGN_OR_RETURN(instance_, d_.store->GetInstance(lease_.instance_id));
     lease_until_ = instance_.lease_epoch == lease_.epoch ? instance_.lease_expires_at : 0;
     WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
@@ -384,13 +384,11 @@ class InstanceRunner::Impl {
   }
 
   // What step `step_index`'s templates see. The instance's part (its input parsed,
-  // its public id, env and secrets) is built once per load, not once per template.
-  Json Context(int step_index, const std::string& key) const {
-    if (!instance_context_) instance_context_ = d_.environment->BuildInstancePart(instance_);
-    Json context = *instance_context_;
-    d_.environment->AddStepPart(context, instance_, steps_, definition_->steps[step_index].name,
-                                key);
-    return context;
+  // its public id, env and secrets) is built once per load, not once per template,
+  // and a step's result parsed again only when its record changed.
+  // The result stays valid until the next call.
+  const Json& Context(int step_index, const std::string& key) const {
+    return context_.For(instance_, steps_, definition_->steps[step_index].name, key);
   }
 
   // Renders `spec` for sending; `body_identity` (when given) gets what the request
@@ -472,7 +470,7 @@ class InstanceRunner::Impl {
     std::vector<std::pair<std::string, std::string>> expected;
     const LookupSpec& lookup = *definition_->steps[index].lookup;
     if (lookup.match.empty()) return expected;
-    const Json context = Context(index, steps_[index].idempotency_key);
+    const Json& context = Context(index, steps_[index].idempotency_key);
     for (const auto& [pointer, value] : lookup.match) {
       WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(value));
       WS_ASSIGN_OR_RETURN(std::string text, parsed.RenderText(context));
@@ -773,7 +771,7 @@ class InstanceRunner::Impl {
 
   // The statement of `spec` with its parameters rendered for step `index`.
   absl::StatusOr<BusinessStatement> Bound(const SqlSpec& spec, int index) const {
-    const Json context = Context(index, "");
+    const Json& context = Context(index, "");
     BusinessStatement statement;
     statement.sqlite = spec.statement.sqlite;
     statement.postgres = spec.statement.postgres;
@@ -877,7 +875,7 @@ class InstanceRunner::Impl {
   }
 
   RunnerDeps d_;
-  mutable std::optional<Json> instance_context_;  // Context's instance part, since Load
+  mutable InstanceContext context_{d_.environment};  // Context's, since Load
   bool async_ = false;                 // Drive returns at each call instead of sending it
   std::vector<PendingCall> due_;        // checkpointed, to be sent
   std::map<int, PendingCall> out_;     // sent, by id, until answered
