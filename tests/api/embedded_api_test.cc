@@ -565,6 +565,18 @@ TEST_P(EmbeddedApiTest, ACallHonoursTheServersRetryAfter) {
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   ASSERT_TRUE(waystone::testing::WaitFor([&] { return Stats()["by_route"]["send_message"] == 1; },
                                          std::chrono::seconds(20)));
+  // The target counts the request before the engine has its answer: the clock moves
+  // only once the engine rested the instance until the time the server asked for
+  // (moved before, the wait would start from the moved time).
+  const int64_t asked_until =
+      std::chrono::duration_cast<std::chrono::milliseconds>(kClockStart.time_since_epoch())
+          .count() + 120'000;
+  ASSERT_TRUE(waystone::testing::WaitFor(
+      [&] {
+        return Query("SELECT CASE WHEN next_run_at >= " + std::to_string(asked_until) +
+                     " THEN 1 ELSE 0 END FROM instances WHERE business_key = 'LATER-1'") == "1";
+      },
+      std::chrono::seconds(20)));
   clock->Advance(std::chrono::seconds(60));
   auto early = (*started)->Wait(std::chrono::milliseconds(1500));
   ASSERT_TRUE(early.ok());

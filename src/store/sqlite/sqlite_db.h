@@ -16,8 +16,9 @@ namespace waystone {
 // Maps an SQLite result code to a status whose code carries the retry meaning.
 absl::Status SqliteStatus(int rc, sqlite3* db, std::string_view what);
 
-// A prepared statement owned by SqliteDb's cache; reset after each use.
-// Not thread-safe: used under SqliteStore's mutex.
+// A prepared statement owned by SqliteDb's cache; reset before each use (Prepare)
+// and after (FirstRow, CollectRows), so no read transaction stays open.
+// Not thread-safe: used under the mutex of its SqliteStore connection.
 class SqliteStatement {
  public:
   explicit SqliteStatement(sqlite3_stmt* stmt) : stmt_(stmt) {}
@@ -76,6 +77,11 @@ class SqliteDb {
   // Returns the cached prepared statement for `sql`, reset and unbound.
   absl::StatusOr<SqliteStatement*> Prepare(const std::string& sql);
 
+  // Whether the database lives in memory only (no file another connection could open).
+  bool InMemory() const {
+    const char* file = sqlite3_db_filename(db_, "main");
+    return file == nullptr || *file == '\0';
+  }
   int64_t Changes() const { return sqlite3_changes64(db_); }
   int64_t LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }
   sqlite3* raw() const { return db_; }

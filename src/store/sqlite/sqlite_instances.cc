@@ -137,29 +137,29 @@ absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> SqliteStore::StartInsta
 }
 
 absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {
-  MutexLock lock(mu_);
-  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, SqliteInstanceById(*db_, id));
+  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance,
+                      Reading([&](SqliteDb& db) { return SqliteInstanceById(db, id); }));
   if (!instance) return absl::NotFoundError("no instance with id " + std::to_string(id));
   return *instance;
 }
 
 absl::StatusOr<InstanceRecord> SqliteStore::FindInstance(const std::string& tenant,
                                                          const std::string& key) {
-  MutexLock lock(mu_);
-  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance,
-                      SqliteInstanceByKey(*db_, tenant, key));
+  WS_ASSIGN_OR_RETURN(
+      std::optional<InstanceRecord> instance,
+      Reading([&](SqliteDb& db) { return SqliteInstanceByKey(db, tenant, key); }));
   if (!instance) return absl::NotFoundError("no instance '" + key + "' in tenant '" + tenant + "'");
   return *instance;
 }
 
 absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_id) {
-  MutexLock lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db_->Prepare(absl::StrCat("SELECT ", kStepColumns,
-                                                " FROM steps WHERE instance_id = ? ORDER BY "
-                                                "step_index")));
-  s->BindAll(instance_id);
-  return CollectRows(s, ReadStep<SqliteStatement>);
+  static const std::string kSteps =
+      absl::StrCat("SELECT ", kStepColumns, " FROM steps WHERE instance_id = ? ORDER BY step_index");
+  return Reading([&](SqliteDb& db) -> absl::StatusOr<std::vector<StepRecord>> {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s, db.Prepare(kSteps));
+    s->BindAll(instance_id);
+    return CollectRows(s, ReadStep<SqliteStatement>);
+  });
 }
 
 absl::StatusOr<std::vector<KeptEvent>> SqliteStore::GetKeptEvents(int64_t instance_id) {

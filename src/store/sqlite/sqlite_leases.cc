@@ -99,13 +99,14 @@ absl::StatusOr<std::optional<Millis>> SqliteStore::NextDueTime() {
   static const std::string kNext =
       absl::StrCat("SELECT MIN(MAX(next_run_at, lease_expires_at)) FROM instances WHERE state IN ",
                    SqlRunnableStates(), " AND next_run_at < ", SqlNoDueTime());
-  MutexLock lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kNext));
-  WS_ASSIGN_OR_RETURN(std::optional<std::optional<Millis>> due,
-                      FirstRow(s, [](const SqliteStatement& r) {
-                        return r.IsNull(0) ? std::optional<Millis>() : r.Int(0);
-                      }));
-  return due ? *due : std::nullopt;
+  return Reading([&](SqliteDb& db) -> absl::StatusOr<std::optional<Millis>> {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s, db.Prepare(kNext));
+    WS_ASSIGN_OR_RETURN(std::optional<std::optional<Millis>> due,
+                        FirstRow(s, [](const SqliteStatement& r) {
+                          return r.IsNull(0) ? std::optional<Millis>() : r.Int(0);
+                        }));
+    return due ? *due : std::nullopt;
+  });
 }
 
 }  // namespace waystone

@@ -23,6 +23,18 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOption
   auto store =
       std::unique_ptr<SqliteStore>(new SqliteStore(std::move(db), options.attempts_per_step));
   WS_RETURN_IF_ERROR(store->Migrate());
+  bool in_memory = false;
+  {
+    MutexLock lock(store->mu_);
+    in_memory = store->db_->InMemory();
+  }
+  if (!in_memory) {
+    WS_ASSIGN_OR_RETURN(auto reader,
+                        SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout)));
+    WS_RETURN_IF_ERROR(reader->Exec("PRAGMA query_only=ON"));
+    MutexLock lock(store->read_mu_);
+    store->reader_ = std::move(reader);
+  }
   return store;
 }
 

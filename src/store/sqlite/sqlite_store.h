@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 
 #include "base/mutex.h"
 #include "store/store.h"
@@ -11,7 +12,8 @@ class SqliteDb;
 
 // Store on one SQLite file in WAL mode. Several processes may open the same file;
 // SQLite's write lock serializes their transactions. Thread-safe: one connection
-// guarded by a mutex. Its methods live in files named by concern (sqlite_instances,
+// for writes and reads, guarded by a mutex, and one for the most frequent reads
+// (Reading) guarded by another. Its methods live in files named by concern (sqlite_instances,
 // sqlite_leases, sqlite_commit, sqlite_relay, sqlite_alerts, sqlite_access,
 // sqlite_maintenance; the same names as in postgres/), which hold only SQL: the
 // rules they follow are the dialect-neutral ones in store/.
@@ -120,9 +122,27 @@ class SqliteStore final : public Store {
   SqliteStore(std::unique_ptr<SqliteDb> db, int attempts_per_step);
   absl::Status Migrate();
 
+  // Runs `read` (given a connection) on the reader connection, or on the writer's
+  // when there is none (an in-memory database is one connection's alone).
+  template <typename Read>
+  auto Reading(Read&& read) -> decltype(read(std::declval<SqliteDb&>())) {
+    {
+      MutexLock lock(read_mu_);
+      if (reader_ != nullptr) return read(*reader_);
+    }
+    MutexLock lock(mu_);
+    return read(*db_);
+  }
+
   const int attempts_per_step_;
   Mutex mu_;
   std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);
+  // A second connection for the reads workers and waiting callers make most (an
+  // instance, its steps, when work is next due): in WAL mode it reads the last
+  // commit while the writer's next transaction, fsync included, holds mu_. (A pool
+  // of four, picked by thread, measured the same as one on two cores.)
+  Mutex read_mu_;
+  std::unique_ptr<SqliteDb> reader_ ABSL_GUARDED_BY(read_mu_);  // set by Open
 };
 
 }  // namespace waystone

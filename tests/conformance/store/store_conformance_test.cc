@@ -525,6 +525,34 @@ TEST_P(StoreConformanceTest, OnSqliteTheDatabaseItselfRefusesWaystonesTablesToAS
   EXPECT_EQ(store_->GetInstance(lease.instance_id)->state, InstanceState::kRunning);
 }
 
+// Reads go to a second connection beside the writer's; a database in memory is one
+// connection's alone (a second would open another, empty one), so there it keeps one.
+TEST_P(StoreConformanceTest, OnSqliteAnInMemoryDatabaseReadsWhatItWrote) {
+  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "in-memory databases are SQLite's";
+  for (const std::string path :
+       {":memory:", "file::memory:", "file:conformance-memory?mode=memory&cache=shared"}) {
+    StoreOptions options;
+    options.path = path;
+    auto store = OpenStore(options);
+    ASSERT_TRUE(store.ok()) << path << ": " << store.status();
+    ASSERT_TRUE((*store)->PutDefinition("defhash", "wf", "wf.yaml", "text", 1).ok()) << path;
+    auto started = (*store)->StartInstance(Instance("m1"));
+    ASSERT_TRUE(started.ok()) << path << ": " << started.status();
+    auto read = (*store)->GetInstance(started->instance.id);
+    ASSERT_TRUE(read.ok()) << path << ": " << read.status();
+    EXPECT_EQ(read->key, "m1") << path;
+    auto found = (*store)->FindInstance("t1", "m1");
+    ASSERT_TRUE(found.ok()) << path << ": " << found.status();
+    EXPECT_EQ(found->id, read->id) << path;
+    auto steps = (*store)->GetSteps(read->id);
+    ASSERT_TRUE(steps.ok()) << path << ": " << steps.status();
+    EXPECT_EQ(steps->size(), 2u) << path;
+    auto due = (*store)->NextDueTime();
+    ASSERT_TRUE(due.ok()) << path << ": " << due.status();
+    EXPECT_EQ(*due, std::optional<Millis>(1000)) << path;
+  }
+}
+
 TEST_P(StoreConformanceTest, SqlStepStatementsMayNotNameWaystonesOwnTables) {
   // Every table the migrations create is in the list a definition is checked against.
   std::vector<std::string> tables;
