@@ -105,6 +105,18 @@ waystone::HttpRequest ToEngine(const HttpRequest& request) {
   return out;
 }
 
+waystone::ErrorClass ToEngine(ErrorClass error) {
+  switch (error) {
+    case ErrorClass::kTransient:
+      return waystone::ErrorClass::kTransient;
+    case ErrorClass::kUnknown:
+      return waystone::ErrorClass::kUnknown;
+    case ErrorClass::kRejected:
+      break;
+  }
+  return waystone::ErrorClass::kRejected;
+}
+
 RetryPolicy ToPolicy(const Retry& retry) {
   RetryPolicy policy;
   policy.max_attempts = std::max(1, retry.max_attempts);
@@ -215,15 +227,7 @@ class ContextImpl final : public Context {
             [&]() -> Result<std::optional<ErrorClass>> { return classify(*answer); });
         if (!said.ok()) return waystone::ErrorClass::kUnknown;
         if (!said->has_value()) return std::nullopt;
-        switch (**said) {
-          case ErrorClass::kTransient:
-            return waystone::ErrorClass::kTransient;
-          case ErrorClass::kUnknown:
-            return waystone::ErrorClass::kUnknown;
-          case ErrorClass::kRejected:
-            break;
-        }
-        return waystone::ErrorClass::kRejected;
+        return ToEngine(**said);
       };
     }
     if (options.lookup) code.lookup = ToEngine(*options.lookup);

@@ -57,8 +57,8 @@ constexpr char kSleep[] = "$sleep";
 constexpr char kReturn[] = "$return";
 constexpr char kPatchPrefix[] = "$patched:";
 
-// What a call's body says of its class (CodeCallOptions::classify).
-using BodyClassifier = std::function<std::optional<ErrorClass>(const std::string&)>;
+// What a call's body says of its class.
+using BodyClassifier = decltype(CodeCallOptions::classify);
 
 // Why the run stopped, and what the drive returns for it.
 struct Stop {
@@ -981,7 +981,9 @@ class CodeRun final : public CodeContext {
     if (row.next_attempt_at > now) return Rest(row.next_attempt_at);
     // A lookup found nothing already (its resend was then held back by its target):
     // sent now, not looked up again.
-    if (options.lookup && row.resolution == Resolution::kResubmitted) return Attempt(index, fn, options);
+    if (options.lookup && row.resolution == Resolution::kResubmitted) {
+      return Attempt(index, fn, options);
+    }
     if (options.lookup) {
       CrashPoint("before-lookup", row.name);
       absl::StatusOr<std::optional<std::string>> found;

@@ -107,6 +107,19 @@ class EmbeddedApiTest : public ::testing::TestWithParam<Backend> {
   std::string database_;
 };
 
+// ctx.Call's create of an order on the paged ERP (paged_erp_target.py) at `base`:
+// the order number it made, or the call's error.
+waystone::api::Result<std::string> CreatePagedOrder(waystone::api::Context& ctx,
+                                                    const std::string& base, const Json& payload,
+                                                    const waystone::api::CallOptions& options) {
+  auto made = ctx.Call("create-order",
+                       {"POST", base + "/api/orders", {{"Content-Type", "application/json"}},
+                        payload.dump(), std::chrono::seconds(5)},
+                       options);
+  if (!made.ok()) return made.status();
+  return std::string(Json::parse(made->body)["data"]["order_no"]);
+}
+
 const waystone::api::StepOutcome* StepOf(const Outcome& outcome, const std::string& name) {
   for (const auto& step : outcome.steps) {
     if (step.name == name) return &step;
@@ -469,12 +482,7 @@ TEST_P(EmbeddedApiTest, ALookupReadsPagesUntilItFindsTheCall) {
           return api::HttpRequest{"GET", base + next.get<std::string>(), {}, "",
                                   std::chrono::seconds(5)};
         };
-        auto made = ctx.Call("create-order",
-                             {"POST", base + "/api/orders", {{"Content-Type", "application/json"}},
-                              Json{{"ref", ref}}.dump(), std::chrono::seconds(5)},
-                             create);
-        if (!made.ok()) return made.status();
-        return std::string(Json::parse(made->body)["data"]["order_no"]);
+        return CreatePagedOrder(ctx, base, Json{{"ref", ref}}, create);
       });
   auto engine = OpenBare(2);
   ASSERT_NE(engine, nullptr);
@@ -515,13 +523,8 @@ TEST_P(EmbeddedApiTest, ACallsBodyCanSayItFailed) {
           if (body.value("code", "") == "RATE_LIMIT") return api::ErrorClass::kTransient;
           return api::ErrorClass::kRejected;
         };
-        const Json payload = ref.empty() ? Json{{"amount", 1}} : Json{{"ref", ref}};
-        auto made = ctx.Call("create-order",
-                             {"POST", base + "/api/orders", {{"Content-Type", "application/json"}},
-                              payload.dump(), std::chrono::seconds(5)},
-                             create);
-        if (!made.ok()) return made.status();
-        return std::string(Json::parse(made->body)["data"]["order_no"]);
+        return CreatePagedOrder(ctx, base, ref.empty() ? Json{{"amount", 1}} : Json{{"ref", ref}},
+                                create);
       });
   auto engine = OpenBare(2);
   ASSERT_NE(engine, nullptr);
