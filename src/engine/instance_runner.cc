@@ -154,6 +154,8 @@ class InstanceRunner::Impl {
   // requests are due or every step that could go waits for a call under way.
   absl::StatusOr<DriveResult> Loop(std::stop_token stop) {
     while (true) {
+      // The last commit finished the instance with its last step (FinishAfter).
+      if (finished_) return Finish(absl::OkStatus(), std::nullopt);
       const Millis now = d_.clock->NowMillis();
       // A branch refused by its target while the instance ran forward does not hold
       // what follows a failure beside it (compensation, an operator's look).
@@ -376,11 +378,60 @@ class InstanceRunner::Impl {
     return absl::OkStatus();
   }
 
-  // Commits what a transition returned, with the deliveries it makes owed.
+  // Commits what a transition returned, with the deliveries it makes owed. When the
+  // instance finishes right after it (its last step settled), the finish commits in
+  // the same transaction: one commit less per instance, and the step's outcome is as
+  // durable as it was on its own.
   absl::Status Commit(Change change) {
     change.reservations = OwedDeliveries(*definition_, instance_, steps_, change,
                                          *d_.environment, d_.idempotency_retention);
-    return CommitChange(Stamped(std::move(change)));
+    std::optional<Change> finish = FinishAfter(change);
+    Change stamped = Stamped(std::move(change));
+    if (finish) {
+      stamped.state = finish->state;
+      stamped.status_reason = std::move(finish->status_reason);
+      stamped.next_run_at = finish->next_run_at;
+      stamped.lease_expires_at = 0;
+      std::move(finish->events.begin(), finish->events.end(), std::back_inserter(stamped.events));
+      std::move(finish->alerts.begin(), finish->alerts.end(), std::back_inserter(stamped.alerts));
+      std::move(finish->audits.begin(), finish->audits.end(), std::back_inserter(stamped.audits));
+    }
+    WS_RETURN_IF_ERROR(CommitChange(stamped));
+    finished_ = finish.has_value();
+    return absl::OkStatus();
+  }
+
+  // The finish Decide would call for once `change` is committed, decided on this
+  // runner's view with `change` applied; nullopt when something else comes next.
+  // Only a change that settles steps and nothing the store computes (a statement's
+  // rows, a code step's work), while no call is due, out or refused.
+  std::optional<Change> FinishAfter(const Change& change) {
+    if (change.state || change.steps.empty() || !change.statements.empty() || change.work ||
+        !change.added_steps.empty() || Busy() || parked_) {
+      return std::nullopt;
+    }
+    std::vector<StepRecord> before;
+    before.reserve(change.steps.size());
+    for (const StepRecord& step : change.steps) {
+      before.push_back(std::exchange(steps_[step.index], step));
+    }
+    const std::string reason = instance_.status_reason;
+    const Millis next_run_at = instance_.next_run_at;
+    if (change.status_reason) instance_.status_reason = *change.status_reason;
+    if (change.next_run_at) instance_.next_run_at = *change.next_run_at;
+
+    std::optional<Change> finish;
+    const NextAction next = Decide(*definition_, instance_, steps_, change.now);
+    if (next.kind == NextAction::Kind::kFinish) {
+      Facts facts = Now();
+      facts.now = change.now;
+      finish = waystone::Finish(facts, next.final_state);
+    }
+
+    instance_.status_reason = reason;
+    instance_.next_run_at = next_run_at;
+    for (auto it = before.rbegin(); it != before.rend(); ++it) steps_[it->index] = std::move(*it);
+    return finish;
   }
 
   // What step `step_index`'s templates see. The instance's part (its input parsed,
@@ -888,6 +939,7 @@ class InstanceRunner::Impl {
   std::optional<Parked> parked_;   // set when a target refused the call due
   Millis send_at_ = 0;             // the admitted call's rate slot
   Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
+  bool finished_ = false;   // the last commit finished the instance (FinishAfter)
   Lease lease_;
   InstanceRecord instance_;
   std::vector<StepRecord> steps_;

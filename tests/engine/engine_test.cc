@@ -1,7 +1,11 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <sstream>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -10,6 +14,7 @@
 #include "sim/simulator.h"
 #include "store/store.h"
 #include "support/backends.h"
+#include "support/database_client.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -34,6 +39,7 @@ class EngineTest : public ::testing::TestWithParam<testing::Backend> {
     StoreOptions options;
     options.path = testing::FreshStorePath(GetParam(), dir_, "engine");
     ASSERT_FALSE(options.path.empty());
+    path_ = options.path;
     auto store = OpenStore(options);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -107,6 +113,7 @@ class EngineTest : public ::testing::TestWithParam<testing::Backend> {
   }
 
   testing::TempDir dir_;
+  std::string path_;  // the store's file or URI
   FakeClock clock_{1'800'000'000'000};
   SeededRandom random_{11};
   std::unique_ptr<Simulator> sim_;
@@ -131,6 +138,31 @@ TEST_P(EngineTest, HappyPathCompletesEveryStepOnceWithEvents) {
   EXPECT_EQ(types.front(), "waystone.instance.started");
   EXPECT_EQ(std::count(types.begin(), types.end(), "waystone.step.completed"), 6);
   EXPECT_EQ(types.back(), "waystone.instance.completed");
+}
+
+// The last step's outcome and the instance's completion are one commit, not two; the
+// steps before it each commit on their own. Read with psql: PostgreSQL stamps each
+// outbox row with the id of the transaction that wrote it.
+TEST_P(EngineTest, TheLastStepCommitsWithTheInstancesCompletion) {
+  if (GetParam() == testing::Backend::kSqlite) {
+    GTEST_SKIP() << "SQLite keeps no transaction id to compare";
+  }
+  InstanceRecord instance = Run(example_, Order("7"));
+  ASSERT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
+  const std::string id = std::to_string(instance.id);
+  // One line per transaction, oldest first: its events' types, in order.
+  const std::string transactions = testing::ClientQuery(
+      GetParam(), path_,
+      "SELECT string_agg(type, ',' ORDER BY seq) FROM outbox WHERE instance_id = " + id +
+          " GROUP BY txid ORDER BY min(seq)",
+      dir_.path());
+  std::vector<std::string> lines;
+  std::istringstream in(transactions);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_GE(lines.size(), 3u) << transactions;
+  EXPECT_EQ(lines.back(), "waystone.step.completed,waystone.instance.completed") << transactions;
+  EXPECT_EQ(lines[lines.size() - 2], "waystone.step.completed") << transactions;
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), "waystone.step.completed"), 5) << transactions;
 }
 
 TEST_P(EngineTest, LostResponseBecomesUnknownAndTheLookupAdoptsTheOrder) {
