@@ -201,8 +201,24 @@ class Engine::Impl {
     shown.workflow = in.workflow;
     shown.trace_id = in.trace_id;
     in.started_event = MakeEvent("waystone.instance.started", shown, nullptr, "", *random_, in.now);
+    // With a worker of this engine free for it, the instance is created leased to this
+    // engine and handed to that worker: no claim transaction, no dispatcher between.
+    const bool reserved = ReserveWorker();
+    if (reserved) {
+      in.lease_owner = options_.owner;
+      in.lease_expires_at = in.now + options_.lease_duration;
+    }
     auto result = commits_.Start(in);  // group-committed with other callers' starts
-    if (result.ok() && result->outcome == StartOutcome::kCreated) {
+    const bool created = result.ok() && result->outcome == StartOutcome::kCreated;
+    if (reserved) {
+      std::optional<Lease> lease;
+      if (created && result->instance.lease_owner == options_.owner &&
+          result->instance.lease_epoch == 1) {
+        lease = Lease{result->instance.id, 1, options_.owner};
+      }
+      HandOver(lease);
+    }
+    if (created && !reserved) {
       {
         MutexLock lock(mu_);
         work_arrived_ = true;  // the dispatcher claims it now, not at its next poll
@@ -302,7 +318,9 @@ class Engine::Impl {
   absl::StatusOr<bool> Idle() {
     {
       MutexLock lock(mu_);
-      if (busy_ > 0 || calling_ > 0 || !ready_.empty() || !answered_.empty()) return false;
+      if (busy_ > 0 || calling_ > 0 || starting_ > 0 || !ready_.empty() || !answered_.empty()) {
+        return false;
+      }
     }
     WS_ASSIGN_OR_RETURN(std::optional<Millis> due, store_->NextDueTime());
     return !due.has_value();
@@ -337,11 +355,8 @@ class Engine::Impl {
       }
       int free = 0;
       {
-        // As many as there are idle workers, within the bound on instances held.
         MutexLock lock(mu_);
-        const int queued = static_cast<int>(ready_.size() + answered_.size());
-        free = std::min(options_.workers - busy_ - queued,
-                        options_.max_in_flight - busy_ - calling_ - queued);
+        free = FreeSlots();
       }
       int claimed = 0;
       if (free > 0) {
@@ -376,6 +391,53 @@ class Engine::Impl {
                      });
       slot_freed_ = false;
       work_arrived_ = false;
+    }
+  }
+
+  // As many instances as there are idle workers, within the bound on instances held;
+  // starts under way that reserved a worker count as held.
+  int FreeSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int queued = static_cast<int>(ready_.size() + answered_.size()) + starting_;
+    return std::min(options_.workers - busy_ - queued,
+                    options_.max_in_flight - busy_ - calling_ - queued);
+  }
+
+  // Reserves a worker for a start, when the workers run and one is free.
+  bool ReserveWorker() {
+    MutexLock lock(mu_);
+    if (!started_ || stopping_ || FreeSlots() <= 0) return false;
+    ++starting_;
+    return true;
+  }
+
+  // Ends a start's reservation: its instance, created leased to this engine, goes to
+  // the worker reserved for it. Without one (the start found an existing instance, or
+  // failed) the slot goes back to the dispatcher. Once the workers stop, the lease is
+  // handed back at once (Stop() has taken what was ready).
+  void HandOver(const std::optional<Lease>& lease) {
+    bool stopped = false;
+    {
+      MutexLock lock(mu_);
+      --starting_;
+      if (!lease) {
+        slot_freed_ = true;
+      } else if (stopping_ || !started_) {
+        stopped = true;
+      } else {
+        ready_.push_back(*lease);
+      }
+    }
+    if (!lease) {
+      dispatch_.notify_one();
+    } else if (stopped) {
+      Change release;
+      release.lease = *lease;
+      release.now = clock_->NowMillis();
+      release.lease_expires_at = 0;
+      auto status = commits_.Commit(release);
+      if (!status.ok()) Log(LogLevel::kWarning, "releasing lease: " + status.ToString());
+    } else {
+      wake_.notify_one();
     }
   }
 
@@ -569,6 +631,7 @@ class Engine::Impl {
   std::deque<std::shared_ptr<Flight>> answered_ ABSL_GUARDED_BY(mu_);  // to resume
   int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
   int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances parked while their calls are under way
+  int starting_ ABSL_GUARDED_BY(mu_) = 0;  // starts under way with a worker reserved
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::stop_source stop_;  // runners stop between actions once Stop() requests it
   bool slot_freed_ ABSL_GUARDED_BY(mu_) = false;

@@ -397,6 +397,11 @@ struct NewInstance {
   std::vector<std::string> step_names;
   EventRecord started_event;
   Millis now = 0;
+  // Created already leased (epoch 1) to this owner until lease_expires_at, for a
+  // worker of its own that is free: no claim follows, and no other worker is woken.
+  // Empty: created for whichever worker claims it first.
+  std::string lease_owner;
+  Millis lease_expires_at = 0;
 };
 
 enum class StartOutcome : uint8_t {

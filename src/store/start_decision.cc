@@ -96,7 +96,8 @@ absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& 
   if (created) {
     WS_RETURN_IF_ERROR(sql.InsertPendingSteps(*created, in.step_names));
     WS_RETURN_IF_ERROR(sql.InsertEvent(in.started_event, *created, in.now));
-    WS_RETURN_IF_ERROR(sql.SignalWork());
+    // Created leased, it has its worker: nobody else is woken for it.
+    if (in.lease_owner.empty()) WS_RETURN_IF_ERROR(sql.SignalWork());
     WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance, sql.InstanceById(*created));
     if (!instance) return absl::InternalError("instance vanished inside its transaction");
     result.outcome = StartOutcome::kCreated;

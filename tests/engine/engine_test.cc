@@ -328,6 +328,49 @@ steps:
   }
 }
 
+// With a worker free, a start is created leased to this engine and handed to that
+// worker: the instance runs to its end under the start's lease (epoch 1; a claim
+// would have made it 2). Without one (the workers stopped), it is created for any
+// worker and the dispatcher claims it once they run.
+TEST_P(EngineTest, AStartWithAWorkerFreeIsCreatedLeasedToItAndNeedsNoClaim) {
+  engine_.reset();
+  EngineOptions options;
+  options.workers = 2;
+  auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  engine_ = std::move(*engine);
+  engine_->Start();
+  auto started = engine_->StartInstance(example_, {"default", Order("9")});
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_EQ(started->instance.lease_owner, engine_->owner());
+  EXPECT_EQ(started->instance.lease_epoch, 1);
+  auto rested = engine_->AwaitRest(started->instance.id, 30'000);
+  ASSERT_TRUE(rested.ok()) << rested.status();
+  EXPECT_EQ(rested->state, InstanceState::kCompleted) << rested->status_reason;
+  EXPECT_EQ(rested->lease_epoch, 1);
+  // The same start again finds it; the worker it reserved is given back.
+  auto again = engine_->StartInstance(example_, {"default", Order("9")});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, StartOutcome::kExisting);
+  EXPECT_TRUE(testing::WaitFor([&] { return engine_->Idle().value_or(false); },
+                               std::chrono::seconds(10)));
+
+  engine_->Stop();
+  auto queued = engine_->StartInstance(example_, {"default", Order("10", "C-2")});
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(queued->instance.lease_owner, "");
+  EXPECT_EQ(queued->instance.lease_epoch, 0);
+  engine_->Start();
+  rested = engine_->AwaitRest(queued->instance.id, 30'000);
+  ASSERT_TRUE(rested.ok()) << rested.status();
+  EXPECT_EQ(rested->state, InstanceState::kCompleted) << rested->status_reason;
+  EXPECT_EQ(rested->lease_epoch, 1);
+  engine_->Stop();
+  Json stats = Stats();
+  EXPECT_EQ(stats["orders"], 2) << stats.dump();
+  EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
+}
+
 TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
   // The pool's timers run on real time.
   engine_.reset();

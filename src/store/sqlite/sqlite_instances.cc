@@ -51,15 +51,16 @@ class SqliteStartSql final : public StartSql {
                                                         const std::string& source_event) override {
     static const std::string kInsert = absl::StrCat(
         "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
-        "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at) VALUES "
-        "(?1, ?2, ?3, ?4, ?5, ?6, ",
+        "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at, "
+        "lease_owner, lease_expires_at, lease_epoch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
         SqlValue(InstanceState::kRunning),
-        ", ?7, ?8, ?9, ?7, ?7) ON CONFLICT (tenant, business_key) DO NOTHING");
+        ", ?7, ?8, ?9, ?7, ?7, ?10, ?11, CASE WHEN ?10 = '' THEN 0 ELSE 1 END) ON CONFLICT "
+        "(tenant, business_key) DO NOTHING");
     WS_ASSIGN_OR_RETURN(SqliteStatement * insert, db_.Prepare(kInsert));
     WS_RETURN_IF_ERROR(insert
                            ->BindAll(in.tenant, in.key, in.workflow, in.definition_hash,
                                      in.input_json, in.input_hash, in.now, in.trace_id,
-                                     source_event)
+                                     source_event, in.lease_owner, in.lease_expires_at)
                            .Run());
     if (db_.Changes() == 0) return std::optional<int64_t>();
     return std::optional<int64_t>(db_.LastInsertRowId());

@@ -232,6 +232,48 @@ TEST_P(StoreConformanceTest, ClaimsExcludeLeasedInstancesUntilExpiry) {
   EXPECT_EQ((*after_expiry)[0].epoch, 2);
 }
 
+// A start with a worker of its own free: created leased to that worker, which commits
+// under the lease with no claim; nobody else claims it before the lease runs out.
+TEST_P(StoreConformanceTest, AStartCanCreateItsInstanceLeasedToItsOwnWorker) {
+  NewInstance in = Instance("k1");
+  in.lease_owner = "worker-a";
+  in.lease_expires_at = 6000;
+  auto started = store_->StartInstance(in);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_EQ(started->outcome, StartOutcome::kCreated);
+  const int64_t id = started->instance.id;
+  EXPECT_EQ(started->instance.lease_owner, "worker-a");
+  EXPECT_EQ(started->instance.lease_epoch, 1);
+  EXPECT_EQ(started->instance.lease_expires_at, 6000);
+  EXPECT_TRUE(store_->ClaimRunnable("worker-b", 5999, 5000, 10)->empty());
+
+  StepRecord step = (*store_->GetSteps(id))[0];
+  step.state = StepState::kCompleted;
+  Change change;
+  change.lease = {id, 1, "worker-a"};
+  change.now = 2000;
+  change.lease_expires_at = 0;  // lets go
+  change.steps.push_back(step);
+  auto results = store_->Commit({change});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE((*results)[0].ok()) << (*results)[0];
+  EXPECT_EQ((*store_->GetSteps(id))[0].state, StepState::kCompleted);
+  auto next = store_->ClaimRunnable("worker-b", 2001, 5000, 10);
+  ASSERT_EQ(next->size(), 1u);
+  EXPECT_EQ((*next)[0].epoch, 2);
+
+  // A start that finds the instance leaves its lease alone; one without an owner is
+  // created for any worker.
+  auto again = store_->StartInstance(in);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, StartOutcome::kExisting);
+  EXPECT_EQ(again->instance.lease_owner, "worker-b");
+  auto plain = store_->StartInstance(Instance("k2"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->instance.lease_owner, "");
+  EXPECT_EQ(plain->instance.lease_epoch, 0);
+}
+
 TEST_P(StoreConformanceTest, NotDueInstancesAreNotClaimed) {
   NewInstance in = Instance("k1");
   in.now = 10'000;
@@ -967,6 +1009,26 @@ TEST_P(StoreConformanceTest, StartingAnInstanceWakesIdleWorkers) {
   starter.join();
   // Woken by the notification, not by the 60 s timeout.
   EXPECT_LT(waited, std::chrono::seconds(30));
+}
+
+// A start created leased to its own worker wakes nobody: no other worker can take it.
+TEST_P(StoreConformanceTest, AStartLeasedToItsOwnWorkerWakesNobody) {
+  if (GetParam() == Backend::kSqlite) GTEST_SKIP() << "SQLite workers poll";
+  ASSERT_TRUE(store_->WaitForWork(0).ok());  // subscribes
+  auto other = Open();
+  NewInstance leased = Instance("leased");
+  leased.lease_owner = "worker-a";
+  leased.lease_expires_at = 60'000;
+  ASSERT_TRUE(other->StartInstance(leased).ok());
+  // A notification would have arrived by the time the start returned.
+  const auto begin = std::chrono::steady_clock::now();
+  ASSERT_TRUE(store_->WaitForWork(1000).ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - begin, std::chrono::milliseconds(900));
+  // The check can tell: a start for any worker does wake it.
+  ASSERT_TRUE(other->StartInstance(Instance("plain")).ok());
+  const auto again = std::chrono::steady_clock::now();
+  ASSERT_TRUE(store_->WaitForWork(60'000).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(30));
 }
 
 TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
