@@ -64,6 +64,17 @@ class EngineTest : public ::testing::TestWithParam<testing::Backend> {
         .dump();
   }
 
+  // Replaces the engine with one of `workers` workers on real time (the pool's
+  // timers run on its clock).
+  void UseRealTimeWorkers(int workers) {
+    engine_.reset();
+    EngineOptions options;
+    options.workers = workers;
+    auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+  }
+
   // Starts an instance of `definition` and drives it until it rests.
   InstanceRecord Run(const WorkflowDefinition& definition, const std::string& input) {
     auto started = engine_->StartInstance(definition, {"default", input});
@@ -333,12 +344,7 @@ steps:
 // would have made it 2). Without one (the workers stopped), it is created for any
 // worker and the dispatcher claims it once they run.
 TEST_P(EngineTest, AStartWithAWorkerFreeIsCreatedLeasedToItAndNeedsNoClaim) {
-  engine_.reset();
-  EngineOptions options;
-  options.workers = 2;
-  auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  engine_ = std::move(*engine);
+  ASSERT_NO_FATAL_FAILURE(UseRealTimeWorkers(2));
   engine_->Start();
   auto started = engine_->StartInstance(example_, {"default", Order("9")});
   ASSERT_TRUE(started.ok()) << started.status();
@@ -372,13 +378,7 @@ TEST_P(EngineTest, AStartWithAWorkerFreeIsCreatedLeasedToItAndNeedsNoClaim) {
 }
 
 TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
-  // The pool's timers run on real time.
-  engine_.reset();
-  EngineOptions options;
-  options.workers = 8;
-  auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  engine_ = std::move(*engine);
+  ASSERT_NO_FATAL_FAILURE(UseRealTimeWorkers(8));
   ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.2},
                                   "line.push": {"unavailable": 0.2, "retry_after_s": 0}})").ok());
   for (int i = 0; i < 30; ++i) {
