@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -222,6 +223,7 @@ class Engine::Impl {
       {
         MutexLock lock(mu_);
         work_arrived_ = true;  // the dispatcher claims it now, not at its next poll
+        backlog_ = true;
       }
       dispatch_.notify_one();
     }
@@ -318,7 +320,7 @@ class Engine::Impl {
   absl::StatusOr<bool> Idle() {
     {
       MutexLock lock(mu_);
-      if (busy_ > 0 || calling_ > 0 || starting_ > 0 || !ready_.empty() || !answered_.empty()) {
+      if (busy_ > 0 || calling_ > 0 || reserved_ > 0 || !ready_.empty() || !answered_.empty()) {
         return false;
       }
     }
@@ -360,13 +362,16 @@ class Engine::Impl {
       }
       int claimed = 0;
       if (free > 0) {
+        // (A start meanwhile may reserve one of these slots too: the worker it
+        // reserved then takes a claimed lease a little later, which holds.)
         auto leases = store_->ClaimRunnable(options_.owner, now, options_.lease_duration, free);
+        MutexLock lock(mu_);
         if (!leases.ok()) {
           Log(LogLevel::kWarning, "claim: " + leases.status().ToString());
         } else {
           claimed = static_cast<int>(leases->size());
-          MutexLock lock(mu_);
           for (auto& lease : *leases) ready_.push_back(std::move(lease));
+          backlog_ = claimed == free;  // all it asked for: maybe more are due
         }
       }
       for (int i = 0; i < claimed; ++i) wake_.notify_one();  // a worker for each
@@ -380,9 +385,16 @@ class Engine::Impl {
         if (due.ok() && due->has_value()) {
           wait = std::clamp<Millis>(**due - clock_->NowMillis(), 0, kIdleWait);
         }
+        const auto waiting_since = std::chrono::steady_clock::now();
         auto waited = store_->WaitForWork(wait);
         if (absl::IsUnimplemented(waited)) notifications_ = false;
-        if (waited.ok()) continue;
+        if (waited.ok()) {
+          if (std::chrono::steady_clock::now() - waiting_since < std::chrono::milliseconds(wait)) {
+            MutexLock lock(mu_);
+            backlog_ = true;  // woken: work may have arrived (the next claim says)
+          }
+          continue;
+        }
       }
       MutexLock lock(mu_);
       dispatch_.wait_for(lock.native(), stop, std::chrono::milliseconds(options_.poll_interval),
@@ -395,30 +407,33 @@ class Engine::Impl {
   }
 
   // As many instances as there are idle workers, within the bound on instances held;
-  // starts under way that reserved a worker count as held.
+  // the slots reserved by starts under way count as held.
   int FreeSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int queued = static_cast<int>(ready_.size() + answered_.size()) + starting_;
+    const int queued = static_cast<int>(ready_.size() + answered_.size()) + reserved_;
     return std::min(options_.workers - busy_ - queued,
                     options_.max_in_flight - busy_ - calling_ - queued);
   }
 
-  // Reserves a worker for a start, when the workers run and one is free.
+  // Reserves a worker for a start, when the workers run, one is free and no instance
+  // may be waiting for the dispatcher: a start does not go before those (under a
+  // steady stream of starts they would wait for a gap in it).
   bool ReserveWorker() {
     MutexLock lock(mu_);
-    if (!started_ || stopping_ || FreeSlots() <= 0) return false;
-    ++starting_;
+    if (!started_ || stopping_ || backlog_ || FreeSlots() <= 0) return false;
+    ++reserved_;
     return true;
   }
 
   // Ends a start's reservation: its instance, created leased to this engine, goes to
   // the worker reserved for it. Without one (the start found an existing instance, or
   // failed) the slot goes back to the dispatcher. Once the workers stop, the lease is
-  // handed back at once (Stop() has taken what was ready).
+  // handed back at once (Stop() has taken what was ready), due now, so that another
+  // process's workers are woken for it.
   void HandOver(const std::optional<Lease>& lease) {
     bool stopped = false;
     {
       MutexLock lock(mu_);
-      --starting_;
+      --reserved_;
       if (!lease) {
         slot_freed_ = true;
       } else if (stopping_ || !started_) {
@@ -434,6 +449,7 @@ class Engine::Impl {
       release.lease = *lease;
       release.now = clock_->NowMillis();
       release.lease_expires_at = 0;
+      release.next_run_at = release.now;
       auto status = commits_.Commit(release);
       if (!status.ok()) Log(LogLevel::kWarning, "releasing lease: " + status.ToString());
     } else {
@@ -631,12 +647,16 @@ class Engine::Impl {
   std::deque<std::shared_ptr<Flight>> answered_ ABSL_GUARDED_BY(mu_);  // to resume
   int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
   int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances parked while their calls are under way
-  int starting_ ABSL_GUARDED_BY(mu_) = 0;  // starts under way with a worker reserved
+  int reserved_ ABSL_GUARDED_BY(mu_) = 0;  // slots held by starts under way
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::stop_source stop_;  // runners stop between actions once Stop() requests it
   bool slot_freed_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool work_arrived_ ABSL_GUARDED_BY(mu_) = false;  // a start since the dispatcher last looked
+  // Instances may be due that the dispatcher has not claimed: a start created for any
+  // worker, a claim that got all it asked for, the store's signal. Cleared by a claim
+  // that finds fewer than it asked for.
+  bool backlog_ ABSL_GUARDED_BY(mu_) = false;
   Mutex rest_mu_;
   // An awaited instance: its waiters wait on its own condition, so one instance
   // coming to rest wakes only those who wait for it (64 callers each waiting for
