@@ -179,6 +179,14 @@ TEST_F(PostgresCrashTest, DatabaseRestartedImmediatelySeveralTimes) {
   for (int i = 0; i < 2; ++i) {
     workers.push_back(std::make_unique<testing::Process>(Worker("3s", true), Env(), dir_.path()));
   }
+  // The restarts are to come while instances run, not while a worker opens its store
+  // (slow under a sanitizer): each worker has said it runs first.
+  for (auto& w : workers) {
+    ASSERT_TRUE(testing::WaitFor(
+        [&] { return w->Errors().find("running with") != std::string::npos; },
+        std::chrono::seconds(60)))
+        << w->Errors();
+  }
   for (int restart = 0; restart < 3; ++restart) {
     // Deliberate: the workers run a while between restarts, mid-flight when it goes.
     std::this_thread::sleep_for(std::chrono::milliseconds(600));
