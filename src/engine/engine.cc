@@ -273,14 +273,7 @@ class Engine::Impl {
       MutexLock lock(mu_);
       unstarted.swap(ready_);
     }
-    for (const Lease& lease : unstarted) {
-      Change release;
-      release.lease = lease;
-      release.now = clock_->NowMillis();
-      release.lease_expires_at = 0;
-      auto status = commits_.Commit(release);
-      if (!status.ok()) Log(LogLevel::kWarning, "releasing lease: " + status.ToString());
-    }
+    for (const Lease& lease : unstarted) HandBack(lease, /*due_now=*/false);
     MutexLock lock(mu_);
     started_ = false;
     stopping_ = false;
@@ -445,16 +438,22 @@ class Engine::Impl {
     if (!lease) {
       dispatch_.notify_one();
     } else if (stopped) {
-      Change release;
-      release.lease = *lease;
-      release.now = clock_->NowMillis();
-      release.lease_expires_at = 0;
-      release.next_run_at = release.now;
-      auto status = commits_.Commit(release);
-      if (!status.ok()) Log(LogLevel::kWarning, "releasing lease: " + status.ToString());
+      HandBack(*lease, /*due_now=*/true);
     } else {
       wake_.notify_one();
     }
+  }
+
+  // Lets go of a lease no worker started on; `due_now` also makes the instance due at
+  // once (which on PostgreSQL wakes other processes' workers).
+  void HandBack(const Lease& lease, bool due_now) {
+    Change release;
+    release.lease = lease;
+    release.now = clock_->NowMillis();
+    release.lease_expires_at = 0;
+    if (due_now) release.next_run_at = release.now;
+    auto status = commits_.Commit(release);
+    if (!status.ok()) Log(LogLevel::kWarning, "releasing lease: " + status.ToString());
   }
 
   void WorkerLoop() {
