@@ -1139,6 +1139,8 @@ class Server:
         while True:
             try:
                 sock, _ = self.listener.accept()
+            except socket.timeout:
+                continue        # lets the main thread run a pending signal handler
             except OSError:
                 time.sleep(0.05)
                 continue
@@ -1148,6 +1150,9 @@ class Server:
                 pass
             conn = Connection(self, sock)
             threading.Thread(target=conn.serve, daemon=True).start()
+
+
+ACCEPT_POLL = 0.2   # seconds the main thread may sleep in accept()
 
 
 class Stop(BaseException):
@@ -1187,6 +1192,10 @@ def main(argv=None):
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, args.port))
         listener.listen(128)
+        # The kernel may hand SIGTERM/SIGINT to a connection thread; Python
+        # then runs the handler only when the main thread next wakes.  A
+        # bounded accept() makes sure it does.
+        listener.settimeout(ACCEPT_POLL)
         sys.stdout.write("PORT %d\n" % listener.getsockname()[1])
         sys.stdout.flush()
         Server(listener, int(args.max_body_mb * 1024 * 1024)).serve_forever()

@@ -7,6 +7,7 @@ and raw sockets, and exits non-zero if any check fails.
     python3 tests/targets/dms_target_selftest.py
 """
 
+import ctypes
 import hashlib
 import http.client
 import json
@@ -55,6 +56,18 @@ class Target:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return None
+
+
+def signal_a_connection_thread(proc, sig):
+    """Sends sig to one of proc's threads other than its main thread, as the
+    kernel may do with any process-directed signal.  False when there is none."""
+    others = [int(t) for t in os.listdir("/proc/%d/task" % proc.pid) if int(t) != proc.pid]
+    if not others:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(proc.pid, min(others), sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+    return True
 
 
 def call(port, method, path, body=None, headers=None, conn=None):
@@ -467,6 +480,29 @@ def test_limits():
     check(rc == 0, "second target exits 0 on SIGTERM", rc)
 
 
+def test_signal_on_a_connection_thread():
+    # The kernel may hand a process-directed SIGTERM to the thread serving an
+    # idle keep-alive connection rather than to the one in accept().
+    target = Target()
+    idle = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+    rc = "not signalled"
+    try:
+        idle.request("GET", "/_target/stats")
+        idle.getresponse().read()
+        if check(signal_a_connection_thread(target.proc, signal.SIGTERM),
+                 "an idle keep-alive connection has its own thread"):
+            try:
+                rc = target.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rc = None
+    finally:
+        idle.close()
+        if target.proc.poll() is None:
+            target.proc.kill()
+            target.proc.wait()
+    check(rc == 0, "SIGTERM taken by a connection thread still stops the target with 0", rc)
+
+
 def main():
     t0 = time.monotonic()
     target = Target()
@@ -478,10 +514,11 @@ def main():
                 test(target.port)
             except Exception as exc:
                 check(False, "%s raised" % test.__name__, repr(exc))
-        try:
-            test_limits()
-        except Exception as exc:
-            check(False, "test_limits raised", repr(exc))
+        for test in (test_limits, test_signal_on_a_connection_thread):
+            try:
+                test()
+            except Exception as exc:
+                check(False, "%s raised" % test.__name__, repr(exc))
     finally:
         rc = target.stop()
     check(rc == 0, "target exits 0 on SIGTERM", rc)

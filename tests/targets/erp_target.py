@@ -863,6 +863,8 @@ class Server:
         while True:
             try:
                 client, _addr = self.sock.accept()
+            except socket.timeout:
+                continue                # lets the main thread run a pending signal handler
             except OSError:
                 time.sleep(0.05)        # e.g. EMFILE; keep serving
                 continue
@@ -874,6 +876,9 @@ class Server:
                 conn_id = self.state.new_connection()
             conn = Connection(self, client, conn_id)
             threading.Thread(target=conn.serve, name="conn-%d" % conn_id, daemon=True).start()
+
+
+ACCEPT_POLL = 0.2   # seconds the main thread may sleep in accept()
 
 
 class _Stop(BaseException):
@@ -915,6 +920,10 @@ def main(argv=None):
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, args.port))
         listener.listen(128)
+        # The kernel may hand SIGTERM/SIGINT to a connection thread; Python
+        # then runs the handler only when the main thread next wakes.  A
+        # bounded accept() makes sure it does.
+        listener.settimeout(ACCEPT_POLL)
         sys.stdout.write("PORT %d\n" % listener.getsockname()[1])
         sys.stdout.flush()
         Server(listener, args.seed).serve_forever()

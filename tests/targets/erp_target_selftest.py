@@ -7,6 +7,7 @@ with raw sockets (and urllib where convenient).  Run:
     python3 tests/targets/erp_target_selftest.py
 """
 
+import ctypes
 import json
 import os
 import select
@@ -46,6 +47,29 @@ def stop_server(proc, sig=signal.SIGTERM):
     proc.send_signal(sig)
     try:
         return proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+def signal_a_connection_thread(proc, sig):
+    """Sends sig to one of proc's threads other than its main thread, as the
+    kernel may do with any process-directed signal.  Returns False when proc
+    has no other thread."""
+    tids = sorted(int(t) for t in os.listdir("/proc/%d/task" % proc.pid))
+    others = [t for t in tids if t != proc.pid]
+    if not others:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(proc.pid, others[0], sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+    return True
+
+
+def wait_exit(proc, seconds=5):
+    try:
+        return proc.wait(seconds)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -627,6 +651,21 @@ class SignalTest(unittest.TestCase):
                 self.assertEqual(r.status, 200)
                 self.assertEqual(stop_server(proc, sig), 0)
                 self.assertEqual(proc.stdout.read(), "")   # only the PORT line
+                proc.stdout.close()
+                idle.close()
+
+    def test_a_stop_signal_taken_by_a_connection_thread_still_stops_the_server(self):
+        # A process-directed signal goes to any thread that does not block
+        # it.  The server must stop even when the kernel picks the thread
+        # that serves an idle keep-alive connection, not the one in accept().
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with self.subTest(sig=sig):
+                proc, port = start_server()
+                idle = RawClient(port)
+                r = idle.request("GET", "/erp/orders?ref=a")
+                self.assertEqual(r.status, 200)
+                self.assertTrue(signal_a_connection_thread(proc, sig))
+                self.assertEqual(wait_exit(proc), 0)
                 proc.stdout.close()
                 idle.close()
 

@@ -249,6 +249,9 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 # Main
 # --------------------------------------------------------------------------
 
+ACCEPT_POLL = 0.2   # seconds the main thread may sleep in accept()
+
+
 class _Stop(Exception):
     pass
 
@@ -299,8 +302,15 @@ def main(argv=None):
         sys.stdout.write("PORT %d\nCONTROL %d\n"
                          % (listener.getsockname()[1], control.server_address[1]))
         sys.stdout.flush()
+        # The kernel may hand SIGTERM/SIGINT to another thread (the control
+        # server, a connection); Python then runs the handler only when the
+        # main thread next wakes.  A bounded accept() makes sure it does.
+        listener.settimeout(ACCEPT_POLL)
         while True:
-            conn, _ = listener.accept()
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
             threading.Thread(target=serve_tls_connection, args=(ctx, conn),
                              daemon=True).start()
     except _Stop:
