@@ -42,14 +42,14 @@ absl::Status CommitQueue::Commit(const Change& change) {
   if (!running_) return absl::UnavailableError("commit queue is stopped");
   queue_.push_back(&pending);
   wake_.notify_one();
-  done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending.done; });
+  while (!pending.done) pending.settled.wait(lock.native());
   return pending.result;
 }
 
 std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& changes) {
-  std::vector<Pending> pending;
-  pending.reserve(changes.size());
-  for (const Change& change : changes) pending.push_back(Pending{&change});
+  // A deque: a Pending (its condition) neither moves nor copies.
+  std::deque<Pending> pending;
+  for (const Change& change : changes) pending.emplace_back().change = &change;
   MutexLock lock(mu_);
   if (!running_) {
     return std::vector<absl::Status>(changes.size(),
@@ -57,12 +57,12 @@ std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& chan
   }
   for (Pending& p : pending) queue_.push_back(&p);
   wake_.notify_one();
-  done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return std::all_of(pending.begin(), pending.end(), [](const Pending& p) { return p.done; });
-  });
   std::vector<absl::Status> results;
   results.reserve(pending.size());
-  for (const Pending& p : pending) results.push_back(p.result);
+  for (Pending& p : pending) {
+    while (!p.done) p.settled.wait(lock.native());
+    results.push_back(p.result);
+  }
   return results;
 }
 
@@ -73,7 +73,7 @@ absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
     if (!running_) return absl::UnavailableError("commit queue is stopped");
     starts_.push_back(&pending);
     start_wake_.notify_one();
-    done_.wait(lock.native(), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending.done; });
+    while (!pending.done) pending.settled.wait(lock.native());
   }
   // The shared transaction failed as a whole: this start runs again alone, on the
   // caller's thread, beside the others (and the next batches).
@@ -107,6 +107,7 @@ void CommitQueue::StartAll(const std::vector<PendingStart*>& batch) {
       pending.result = results.status();
     }
     pending.done = true;
+    pending.settled.notify_one();
   }
 }
 
@@ -125,7 +126,6 @@ void CommitQueue::StartLoop(std::stop_token stop) {
       }
     }
     StartAll(batch);
-    done_.notify_all();
   }
 }
 
@@ -156,9 +156,9 @@ void CommitQueue::Loop(std::stop_token stop) {
       for (size_t i = 0; i < batch.size(); ++i) {
         batch[i]->result = results.ok() ? (*results)[i] : results.status();
         batch[i]->done = true;
+        batch[i]->settled.notify_one();
       }
     }
-    done_.notify_all();
   }
 }
 

@@ -46,16 +46,22 @@ class CommitQueue {
   absl::StatusOr<StartResult> Start(const NewInstance& start);
 
  private:
+  // Each waiting caller has its own condition, notified under mu_ once its batch
+  // settled, so a batch wakes only its own callers (not every caller queued behind
+  // it). Notifying under mu_ keeps the condition alive until the notify returns:
+  // the caller cannot see `done` and leave before the committer lets mu_ go.
   struct Pending {
     const Change* change;
     absl::Status result;
     bool done = false;
+    std::condition_variable settled;
   };
   struct PendingStart {
     const NewInstance* start;
     absl::StatusOr<StartResult> result = absl::UnknownError("not started");
     bool done = false;
     bool alone = false;  // its batch failed: the caller starts it again by itself
+    std::condition_variable settled;
   };
   // Starts per transaction at most: each runs under a savepoint, and PostgreSQL
   // keeps 64 subtransactions per backend in its fast cache.
@@ -70,7 +76,6 @@ class CommitQueue {
   Mutex mu_;
   std::condition_variable_any wake_;        // committer: changes arrived
   std::condition_variable_any start_wake_;  // starter: starts arrived
-  std::condition_variable done_;      // callers: their batch finished
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingStart*> starts_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
