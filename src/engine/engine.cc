@@ -8,6 +8,7 @@
 #include <optional>
 #include <stop_token>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -272,6 +273,7 @@ class Engine::Impl {
     {
       MutexLock lock(mu_);
       unstarted.swap(ready_);
+      for (const Lease& lease : unstarted) held_.erase(lease.instance_id);
     }
     for (const Lease& lease : unstarted) HandBack(lease, /*due_now=*/false);
     MutexLock lock(mu_);
@@ -363,7 +365,10 @@ class Engine::Impl {
           Log(LogLevel::kWarning, "claim: " + leases.status().ToString());
         } else {
           claimed = static_cast<int>(leases->size());
-          for (auto& lease : *leases) ready_.push_back(std::move(lease));
+          for (auto& lease : *leases) {
+            held_.insert(lease.instance_id);
+            ready_.push_back(std::move(lease));
+          }
           backlog_ = claimed == free;  // all it asked for: maybe more are due
         }
       }
@@ -432,6 +437,7 @@ class Engine::Impl {
       } else if (stopping_ || !started_) {
         stopped = true;
       } else {
+        held_.insert(lease->instance_id);
         ready_.push_back(*lease);
       }
     }
@@ -517,6 +523,7 @@ class Engine::Impl {
           ++calling_;
         } else {
           rested = true;
+          held_.erase(instance_id);
         }
       }
       dispatch_.notify_one();  // a slot is free
@@ -556,6 +563,7 @@ class Engine::Impl {
         if (flight->broken) {
           if (flight->out == 0 && flight->parked) {
             flight->parked = false;
+            held_.erase(flight->runner->instance_id());
             flight->runner.reset();  // before Stop() may go on and free what it uses
             --calling_;
           }
@@ -597,6 +605,7 @@ class Engine::Impl {
       ++awaited->waiters;
     }
     auto result = [&]() -> absl::StatusOr<InstanceRecord> {
+      bool first = true;
       while (true) {
         uint64_t seen = 0;
         {
@@ -604,10 +613,18 @@ class Engine::Impl {
           seen = awaited->rests;
         }
         // The store answers for what this engine's workers did not drive (another
-        // process, an operator); a local worker's finish wakes the wait at once.
-        WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->GetInstance(instance_id));
+        // process, an operator); a local worker's finish wakes the wait at once. While
+        // a local worker holds it (checked after `seen`: its rest comes later), the
+        // first read would find it still running: the wait goes first.
+        const bool read = !first || !HeldHere(instance_id);
+        first = false;
+        if (read) {
+          WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->GetInstance(instance_id));
+          if (IsTerminal(instance.state) || std::chrono::steady_clock::now() >= deadline) {
+            return instance;
+          }
+        }
         const auto now = std::chrono::steady_clock::now();
-        if (IsTerminal(instance.state) || now >= deadline) return instance;
         MutexLock lock(rest_mu_);
         awaited->rested.wait_for(lock.native(),
                                  std::min<std::chrono::steady_clock::duration>(
@@ -620,6 +637,11 @@ class Engine::Impl {
     MutexLock lock(rest_mu_);
     if (--awaited->waiters == 0) awaited_.erase(instance_id);
     return result;
+  }
+
+  bool HeldHere(int64_t instance_id) {
+    MutexLock lock(mu_);
+    return held_.contains(instance_id);
   }
 
  private:
@@ -647,6 +669,10 @@ class Engine::Impl {
   int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
   int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances parked while their calls are under way
   int reserved_ ABSL_GUARDED_BY(mu_) = 0;  // slots held by starts under way
+  // Instances whose lease this engine's workers hold (ready, driven, or waiting for
+  // their calls): a local worker announces their rest, so AwaitRest need not read
+  // them before it waits.
+  std::unordered_set<int64_t> held_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::stop_source stop_;  // runners stop between actions once Stop() requests it
   bool slot_freed_ ABSL_GUARDED_BY(mu_) = false;
