@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "support/backends.h"
+#include "support/arrivals.h"
 #include "support/database_client.h"
 #include "support/erp_target.h"
 #include "support/process.h"
@@ -133,17 +134,6 @@ std::string Protected(const std::string& base, const std::string& protection) {
   return "targets:\n  erp:\n    url: \"" + base + "/erp\"\n" + protection + "\n";
 }
 
-// Calls a second from the median gap between two arrivals (the pace while calls
-// queue for the limit).
-double ReceivedRate(const Json& arrivals) {
-  std::vector<double> gaps;
-  for (size_t i = 1; i < arrivals.size(); ++i) {
-    gaps.push_back(arrivals[i].get<double>() - arrivals[i - 1].get<double>());
-  }
-  std::sort(gaps.begin(), gaps.end());
-  return gaps.empty() ? 0 : 1.0 / gaps[gaps.size() / 2];
-}
-
 // A rate of 20 a second: the target receives 20 a second, one request per order
 // (a refused call is not sent, and is no attempt).
 TEST_P(CodeTargetsTest, ARateLimitedTargetReceivesItsRateAndEveryCallOnce) {
@@ -156,7 +146,7 @@ TEST_P(CodeTargetsTest, ARateLimitedTargetReceivesItsRateAndEveryCallOnce) {
   const Json stats = Stats();
   EXPECT_EQ(stats["requests"], 40) << stats.dump();
   EXPECT_EQ(stats["orders"], 40) << stats.dump();
-  const double rate = ReceivedRate(stats["arrivals"]);
+  const double rate = waystone::testing::ReceivedRate(stats["arrivals"].get<std::vector<double>>());
   EXPECT_NEAR(rate, 20.0, 2.0) << stats["arrivals"].dump();
   // Spread, not bunched (without the limit all 40 arrive within a tenth of a second):
   // a second holds its 20 slots and some late ones from the second before, more

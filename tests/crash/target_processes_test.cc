@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "store/store.h"
+#include "support/arrivals.h"
 #include "support/erp_target.h"
 #include "support/postgres_cluster.h"
 #include "support/process.h"
@@ -52,25 +53,6 @@ steps:
 // "host/pid" of a lease owner ("host/pid/random").
 std::string ProcessOf(const std::string& owner) {
   return owner.substr(0, owner.find('/', owner.find('/') + 1));
-}
-
-// Calls a second the target received, from the median time between two arrivals:
-// the pace while calls queue for the limit. (First to last arrival would also count
-// the last instance's own wait to ask again, e.g. one that parked as a resume came:
-// an instance's timing, not the limit's.)
-double ReceivedRate(const Json& arrivals) {
-  std::vector<double> gaps;
-  for (size_t i = 1; i < arrivals.size(); ++i) {
-    gaps.push_back(arrivals[i].get<double>() - arrivals[i - 1].get<double>());
-  }
-  std::sort(gaps.begin(), gaps.end());
-  return 1.0 / gaps[gaps.size() / 2];
-}
-
-// Calls a second from the first arrival to the last.
-double OverallRate(const Json& arrivals) {
-  return static_cast<double>(arrivals.size() - 1) /
-         (arrivals.back().get<double>() - arrivals.front().get<double>());
 }
 
 class TargetProcessesTest : public ::testing::Test {
@@ -212,11 +194,12 @@ TEST_F(TargetProcessesTest, APauseAndTheLimitsHoldAcrossTwoWorkerProcesses) {
   EXPECT_EQ(stats["requests"], 60) << stats.dump();
   EXPECT_EQ(stats["orders"], 60) << stats.dump();
   const Json& arrivals = stats["arrivals"];
-  const double rate = ReceivedRate(arrivals);
+  const auto times = arrivals.get<std::vector<double>>();
+  const double rate = testing::ReceivedRate(times);
   EXPECT_NEAR(rate, 20.0, 2.0) << arrivals.dump();
-  EXPECT_GT(OverallRate(arrivals), 12.0) << arrivals.dump();  // no long stalls
+  EXPECT_GT(testing::OverallRate(times), 12.0) << arrivals.dump();  // no long stalls
   std::printf("the target received %.2f calls a second (limit 20; %.2f first to last)\n", rate,
-              OverallRate(arrivals));
+              testing::OverallRate(times));
   // Spread, not bunched: each call leaves at its slot, give or take this machine's
   // scheduling (under ASan ~150 ms), so a second holds its 20 slots and a few late
   // ones from the second before; without the shared limit it would hold all 60.

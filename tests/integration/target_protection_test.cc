@@ -18,6 +18,7 @@
 #include "definition/loader.h"
 #include "engine/engine.h"
 #include "store/store.h"
+#include "support/arrivals.h"
 #include "support/erp_target.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
@@ -141,25 +142,6 @@ void ExpectOneOrderEach(const Json& stats, const std::vector<InstanceRecord>& in
   EXPECT_EQ(stats["orders"], instances.size()) << stats.dump();
 }
 
-// Calls a second the target received, from the median time between two arrivals:
-// the pace while calls queue for the limit. (First to last arrival would also count
-// the last instance's own wait to ask again, e.g. one that parked as a resume came:
-// an instance's timing, not the limit's.)
-double ReceivedRate(const Json& arrivals) {
-  std::vector<double> gaps;
-  for (size_t i = 1; i < arrivals.size(); ++i) {
-    gaps.push_back(arrivals[i].get<double>() - arrivals[i - 1].get<double>());
-  }
-  std::sort(gaps.begin(), gaps.end());
-  return 1.0 / gaps[gaps.size() / 2];
-}
-
-// Calls a second from the first arrival to the last.
-double OverallRate(const Json& arrivals) {
-  return static_cast<double>(arrivals.size() - 1) /
-         (arrivals.back().get<double>() - arrivals.front().get<double>());
-}
-
 TEST_F(TargetProtectionTest, TheTargetReceivesTheConfiguredRateWithinTenPercent) {
   StartEngine("    limits: { rate: 20 }", /*start=*/false);
   auto ids = StartMany("rate", 80);  // all due before the workers start: the limit is the bound
@@ -168,11 +150,12 @@ TEST_F(TargetProtectionTest, TheTargetReceivesTheConfiguredRateWithinTenPercent)
   const Json stats = Stats();
   ExpectOneOrderEach(stats, instances);
   ASSERT_EQ(stats["requests"], 80) << stats.dump();
-  const double rate = ReceivedRate(stats["arrivals"]);
+  const auto arrivals = stats["arrivals"].get<std::vector<double>>();
+  const double rate = testing::ReceivedRate(arrivals);
   EXPECT_NEAR(rate, 20.0, 2.0) << stats["arrivals"].dump();
-  EXPECT_GT(OverallRate(stats["arrivals"]), 12.0) << stats["arrivals"].dump();  // no long stalls
+  EXPECT_GT(testing::OverallRate(arrivals), 12.0) << stats["arrivals"].dump();  // no long stalls
   std::printf("the target received %.2f calls a second (limit 20; %.2f first to last)\n", rate,
-              OverallRate(stats["arrivals"]));
+              testing::OverallRate(arrivals));
   // Spread, not bunched: each call leaves at its slot, give or take this machine's
   // scheduling (under ASan ~150 ms), so a second holds its 20 slots and a few late
   // ones from the second before; without the limit it would hold all 80.
