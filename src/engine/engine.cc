@@ -37,6 +37,13 @@
 namespace waystone {
 
 class Engine::Impl {
+  // A lease claimed or taken by a start, not yet driven; a start's brings what it
+  // created, so the worker need not read it back.
+  struct Ready {
+    Lease lease;
+    std::optional<CreatedInstance> created;
+  };
+
  public:
   Impl(Store* store, HttpClient* http, const Clock* clock, Random* random,
        const EngineOptions& options, TemplateEnvironment environment)
@@ -213,12 +220,13 @@ class Engine::Impl {
     auto result = commits_.Start(in);  // group-committed with other callers' starts
     const bool created = result.ok() && result->outcome == StartOutcome::kCreated;
     if (reserved) {
-      std::optional<Lease> lease;
+      std::optional<Ready> ready;
       if (created && result->instance.lease_owner == options_.owner &&
           result->instance.lease_epoch == 1) {
-        lease = Lease{result->instance.id, 1, options_.owner};
+        ready = Ready{Lease{result->instance.id, 1, options_.owner},
+                      CreatedBy(result->instance, in.step_names)};
       }
-      HandOver(lease);
+      HandOver(std::move(ready));
     }
     if (created && !reserved) {
       {
@@ -269,13 +277,13 @@ class Engine::Impl {
     }
     workers_.clear();
     // Leases claimed but never started are handed back.
-    std::deque<Lease> unstarted;
+    std::deque<Ready> unstarted;
     {
       MutexLock lock(mu_);
       unstarted.swap(ready_);
-      for (const Lease& lease : unstarted) held_.erase(lease.instance_id);
+      for (const Ready& ready : unstarted) held_.erase(ready.lease.instance_id);
     }
-    for (const Lease& lease : unstarted) HandBack(lease, /*due_now=*/false);
+    for (const Ready& ready : unstarted) HandBack(ready.lease, /*due_now=*/false);
     MutexLock lock(mu_);
     started_ = false;
     stopping_ = false;
@@ -367,7 +375,7 @@ class Engine::Impl {
           claimed = static_cast<int>(leases->size());
           for (auto& lease : *leases) {
             held_.insert(lease.instance_id);
-            ready_.push_back(std::move(lease));
+            ready_.push_back(Ready{std::move(lease), std::nullopt});
           }
           backlog_ = claimed == free;  // all it asked for: maybe more are due
         }
@@ -427,24 +435,24 @@ class Engine::Impl {
   // failed) the slot goes back to the dispatcher. Once the workers stop, the lease is
   // handed back at once (Stop() has taken what was ready), due now, so that another
   // process's workers are woken for it.
-  void HandOver(const std::optional<Lease>& lease) {
+  void HandOver(std::optional<Ready> ready) {
     bool stopped = false;
     {
       MutexLock lock(mu_);
       --reserved_;
-      if (!lease) {
+      if (!ready) {
         slot_freed_ = true;
       } else if (stopping_ || !started_) {
         stopped = true;
       } else {
-        held_.insert(lease->instance_id);
-        ready_.push_back(*lease);
+        held_.insert(ready->lease.instance_id);
+        ready_.push_back(std::move(*ready));
       }
     }
-    if (!lease) {
+    if (!ready) {
       dispatch_.notify_one();
     } else if (stopped) {
-      HandBack(*lease, /*due_now=*/true);
+      HandBack(ready->lease, /*due_now=*/true);
     } else {
       wake_.notify_one();
     }
@@ -464,7 +472,7 @@ class Engine::Impl {
 
   void WorkerLoop() {
     while (true) {
-      Lease lease;
+      Ready ready;
       std::shared_ptr<Flight> flight;
       std::pair<int, HttpResponse> answer;
       {
@@ -481,7 +489,7 @@ class Engine::Impl {
           answer = std::move(flight->answers.front());
           flight->answers.pop_front();
         } else if (!stopping_ && !ready_.empty()) {
-          lease = std::move(ready_.front());
+          ready = std::move(ready_.front());
           ready_.pop_front();
         } else {
           return;
@@ -493,7 +501,8 @@ class Engine::Impl {
         result = flight->runner->Resume(answer.first, std::move(answer.second), stop_.get_token());
       } else {
         flight = std::make_shared<Flight>();
-        flight->runner = std::make_unique<InstanceRunner>(Deps(), lease);
+        flight->runner =
+            std::make_unique<InstanceRunner>(Deps(), ready.lease, std::move(ready.created));
         result = flight->runner->Drive(stop_.get_token(), /*async=*/true);
       }
       const int64_t instance_id = flight->runner->instance_id();
@@ -664,7 +673,7 @@ class Engine::Impl {
   Mutex mu_;
   std::condition_variable_any wake_;      // workers: an instance is ready or answered
   std::condition_variable_any dispatch_;  // the dispatcher: a slot freed or work arrived
-  std::deque<Lease> ready_ ABSL_GUARDED_BY(mu_);        // claimed, not yet driven
+  std::deque<Ready> ready_ ABSL_GUARDED_BY(mu_);  // not yet driven
   std::deque<std::shared_ptr<Flight>> answered_ ABSL_GUARDED_BY(mu_);  // to resume
   int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
   int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances parked while their calls are under way

@@ -60,7 +60,8 @@ AttemptPhase AttemptPhaseOf(CallPhase phase) {
 // themselves live there; this class holds the I/O around them.
 class InstanceRunner::Impl {
  public:
-  Impl(const RunnerDeps& deps, Lease lease) : d_(deps), lease_(std::move(lease)) {}
+  Impl(const RunnerDeps& deps, Lease lease, std::optional<CreatedInstance> created)
+      : d_(deps), lease_(std::move(lease)), created_(std::move(created)) {}
 
   absl::StatusOr<DriveResult> Drive(std::stop_token stop, bool async) {
     async_ = async;
@@ -342,9 +343,15 @@ class InstanceRunner::Impl {
 
   absl::Status Load() {
     context_.Reset();
-    WS_ASSIGN_OR_RETURN(instance_, d_.store->GetInstance(lease_.instance_id));
+    if (created_) {
+      instance_ = std::move(created_->instance);
+      steps_ = std::move(created_->steps);
+      created_.reset();
+    } else {
+      WS_ASSIGN_OR_RETURN(instance_, d_.store->GetInstance(lease_.instance_id));
+      WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
+    }
     lease_until_ = instance_.lease_epoch == lease_.epoch ? instance_.lease_expires_at : 0;
-    WS_ASSIGN_OR_RETURN(steps_, d_.store->GetSteps(lease_.instance_id));
     WS_ASSIGN_OR_RETURN(definition_, d_.catalog->Get(instance_.definition_hash));
     if (!definition_->code && steps_.size() != definition_->steps.size()) {
       return absl::DataLossError("instance " + instance_.key + " has " +
@@ -941,13 +948,30 @@ class InstanceRunner::Impl {
   Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
   bool finished_ = false;   // the last commit finished the instance (FinishAfter)
   Lease lease_;
+  std::optional<CreatedInstance> created_;  // until the first Load
   InstanceRecord instance_;
   std::vector<StepRecord> steps_;
   std::shared_ptr<const WorkflowDefinition> definition_;
 };
 
-InstanceRunner::InstanceRunner(const RunnerDeps& deps, Lease lease)
-    : impl_(std::make_unique<Impl>(deps, std::move(lease))) {}
+CreatedInstance CreatedBy(const InstanceRecord& instance,
+                          const std::vector<std::string>& step_names) {
+  CreatedInstance created{instance, {}};
+  created.steps.reserve(step_names.size());
+  for (size_t i = 0; i < step_names.size(); ++i) {
+    StepRecord step;
+    step.instance_id = instance.id;
+    step.index = static_cast<int>(i);
+    step.name = step_names[i];
+    step.state = StepState::kPending;
+    created.steps.push_back(std::move(step));
+  }
+  return created;
+}
+
+InstanceRunner::InstanceRunner(const RunnerDeps& deps, Lease lease,
+                               std::optional<CreatedInstance> created)
+    : impl_(std::make_unique<Impl>(deps, std::move(lease), std::move(created))) {}
 InstanceRunner::~InstanceRunner() = default;
 
 absl::StatusOr<DriveResult> InstanceRunner::Drive(std::stop_token stop, bool async) {

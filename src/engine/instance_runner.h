@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 #include <stop_token>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,13 +60,28 @@ struct OutgoingCall {
   Millis send_at = 0;    // no earlier than this clock time (a target's rate limit); 0: at once
 };
 
+// An instance as the transaction that created it left it: its row and its pending
+// steps. The first drive of an instance this engine has just started begins from it
+// instead of reading both back.
+struct CreatedInstance {
+  InstanceRecord instance;
+  std::vector<StepRecord> steps;
+};
+
+// What a start that created `instance` with steps named `step_names` wrote: the row
+// it read back, and each step pending with nothing recorded yet.
+CreatedInstance CreatedBy(const InstanceRecord& instance,
+                          const std::vector<std::string>& step_names);
+
 // InstanceRunner drives one claimed instance: decide, checkpoint, call, classify,
 // checkpoint, until the instance waits, finishes, pauses or the lease is lost.
 // Every write goes through the CommitQueue with the lease as fencing token.
 // Single-threaded: one runner per claimed instance.
 class InstanceRunner {
  public:
-  InstanceRunner(const RunnerDeps& deps, Lease lease);
+  // With `created`, the first drive begins from it rather than from the store.
+  InstanceRunner(const RunnerDeps& deps, Lease lease,
+                 std::optional<CreatedInstance> created = std::nullopt);
   ~InstanceRunner();
   InstanceRunner(const InstanceRunner&) = delete;
   InstanceRunner& operator=(const InstanceRunner&) = delete;

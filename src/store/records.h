@@ -39,6 +39,7 @@ struct InstanceRecord {
   std::string source_event;     // "source id" of the event that started it, if any
   Millis created_at = 0;
   Millis updated_at = 0;
+  bool operator==(const InstanceRecord&) const = default;
 };
 
 // One checkpoint: the latest state of one step of one instance.
@@ -63,6 +64,7 @@ struct StepRecord {
   Millis finished_at = 0;
   std::string span_id;              // W3C trace-context parent id of the last call
   Millis unknown_since = 0;         // when the outcome became unknown; 0 when it is not
+  bool operator==(const StepRecord&) const = default;
 };
 
 // One request sent for a step (its call, a lookup or its compensation): whether it

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "definition/loader.h"
+#include "engine/instance_runner.h"
 #include "sim/simulator.h"
 #include "store/store.h"
 #include "support/backends.h"
@@ -375,6 +376,26 @@ TEST_P(EngineTest, AStartWithAWorkerFreeIsCreatedLeasedToItAndNeedsNoClaim) {
   Json stats = Stats();
   EXPECT_EQ(stats["orders"], 2) << stats.dump();
   EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
+}
+
+// The first drive of an instance this engine started begins from what the start
+// created (CreatedBy) instead of reading it back: the two must be the same.
+TEST_P(EngineTest, WhatAStartCreatedIsWhatTheStoreReadsBack) {
+  auto started = engine_->StartInstance(example_, {"default", Order("12")});
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_EQ(started->outcome, StartOutcome::kCreated);
+  std::vector<std::string> names;
+  for (const auto& step : example_.steps) names.push_back(step.name);
+  const CreatedInstance created = CreatedBy(started->instance, names);
+  auto instance = store_->GetInstance(started->instance.id);
+  auto steps = store_->GetSteps(started->instance.id);
+  ASSERT_TRUE(instance.ok()) << instance.status();
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(created.instance, *instance);
+  ASSERT_EQ(created.steps.size(), steps->size());
+  for (size_t i = 0; i < steps->size(); ++i) {
+    EXPECT_EQ(created.steps[i], (*steps)[i]) << "step " << i << " " << (*steps)[i].name;
+  }
 }
 
 TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {

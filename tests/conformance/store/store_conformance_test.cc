@@ -245,6 +245,21 @@ TEST_P(StoreConformanceTest, AStartCanCreateItsInstanceLeasedToItsOwnWorker) {
   EXPECT_EQ(started->instance.lease_owner, "worker-a");
   EXPECT_EQ(started->instance.lease_epoch, 1);
   EXPECT_EQ(started->instance.lease_expires_at, 6000);
+  // The start answers the row as stored, and its steps are pending with nothing
+  // recorded: the worker it was created for begins from these without reading them.
+  EXPECT_EQ(started->instance, *store_->GetInstance(id));
+  auto created_steps = store_->GetSteps(id);
+  ASSERT_TRUE(created_steps.ok()) << created_steps.status();
+  ASSERT_EQ(created_steps->size(), in.step_names.size());
+  ASSERT_FALSE(in.step_names.empty());
+  for (size_t i = 0; i < created_steps->size(); ++i) {
+    StepRecord pending;
+    pending.instance_id = id;
+    pending.index = static_cast<int>(i);
+    pending.name = in.step_names[i];
+    pending.state = StepState::kPending;
+    EXPECT_EQ((*created_steps)[i], pending) << "step " << i;
+  }
   EXPECT_TRUE(store_->ClaimRunnable("worker-b", 5999, 5000, 10)->empty());
 
   StepRecord step = (*store_->GetSteps(id))[0];
