@@ -37,8 +37,8 @@
 namespace waystone {
 
 class Engine::Impl {
-  // A lease claimed or taken by a start, not yet driven; a start's brings what it
-  // created, so the worker need not read it back.
+  // A lease not yet driven: claimed by the dispatcher, or taken by a start, which also
+  // brings what it created so that the worker need not read it back.
   struct Ready {
     Lease lease;
     std::optional<CreatedInstance> created;
@@ -436,23 +436,28 @@ class Engine::Impl {
   // handed back at once (Stop() has taken what was ready), due now, so that another
   // process's workers are woken for it.
   void HandOver(std::optional<Ready> ready) {
+    if (!ready) {
+      {
+        MutexLock lock(mu_);
+        --reserved_;
+        slot_freed_ = true;
+      }
+      dispatch_.notify_one();
+      return;
+    }
     bool stopped = false;
     {
       MutexLock lock(mu_);
       --reserved_;
-      if (!ready) {
-        slot_freed_ = true;
-      } else if (stopping_ || !started_) {
+      if (stopping_ || !started_) {
         stopped = true;
       } else {
         held_.insert(ready->lease.instance_id);
         ready_.push_back(std::move(*ready));
       }
     }
-    if (!ready) {
-      dispatch_.notify_one();
-    } else if (stopped) {
-      HandBack(ready->lease, /*due_now=*/true);
+    if (stopped) {
+      HandBack(ready->lease, /*due_now=*/true);  // not moved from: it stayed here
     } else {
       wake_.notify_one();
     }
@@ -648,12 +653,12 @@ class Engine::Impl {
     return result;
   }
 
+ private:
   bool HeldHere(int64_t instance_id) {
     MutexLock lock(mu_);
     return held_.contains(instance_id);
   }
 
- private:
   Store* store_;
   // Sends through the caller's client, with bearer tokens for targets that use OAuth2.
   std::unique_ptr<HttpClient> authorizing_;
@@ -680,7 +685,9 @@ class Engine::Impl {
   int reserved_ ABSL_GUARDED_BY(mu_) = 0;  // slots held by starts under way
   // Instances whose lease this engine's workers hold (ready, driven, or waiting for
   // their calls): a local worker announces their rest, so AwaitRest need not read
-  // them before it waits.
+  // them before it waits. (An id held twice, e.g. a broken flight's instance claimed
+  // again once its lease ran out, leaves with the first hold to end: AwaitRest then
+  // only reads once more than it needs to.)
   std::unordered_set<int64_t> held_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::stop_source stop_;  // runners stop between actions once Stop() requests it

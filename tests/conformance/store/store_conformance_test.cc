@@ -76,6 +76,28 @@ class StoreConformanceTest : public ::testing::TestWithParam<Backend> {
     return in;
   }
 
+  // A created start answers its row as stored, and its steps are pending with nothing
+  // recorded: the worker a start was leased to begins from these without reading them.
+  void ExpectAnsweredAsStored(const NewInstance& in, const StartResult& started) {
+    ASSERT_EQ(started.outcome, StartOutcome::kCreated);
+    const int64_t id = started.instance.id;
+    auto stored = store_->GetInstance(id);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    EXPECT_EQ(started.instance, *stored) << in.key;
+    auto steps = store_->GetSteps(id);
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    ASSERT_FALSE(in.step_names.empty());
+    ASSERT_EQ(steps->size(), in.step_names.size());
+    for (size_t i = 0; i < steps->size(); ++i) {
+      StepRecord pending;
+      pending.instance_id = id;
+      pending.index = static_cast<int>(i);
+      pending.name = in.step_names[i];
+      pending.state = StepState::kPending;
+      EXPECT_EQ((*steps)[i], pending) << in.key << " step " << i;
+    }
+  }
+
   // Runs SQL behind the store's back; returns whether the database accepted it.
   bool RawExec(const std::string& sql) {
     if (GetParam() == Backend::kSqlite) {
@@ -189,6 +211,32 @@ TEST_P(StoreConformanceTest, StartsInOneBatchAreEachAsIfAlone) {
   EXPECT_EQ(stored->input_hash, Sha256Hex(R"({"a":1})"));
 }
 
+// Leased starts group-committed in one transaction (one with an event, under its own
+// savepoint; one refused for its key between them): each created one answers its row
+// as stored and its steps pending, as a start alone does.
+TEST_P(StoreConformanceTest, LeasedStartsInOneBatchAnswerTheirRowsAsStored) {
+  std::vector<NewInstance> starts = {Instance("k1"), Instance("k2"), Instance("k1", R"({"a":2})"),
+                                     Instance("k3")};
+  starts[1].event_source = "crm";
+  starts[1].event_id = "evt-2";
+  starts[1].event_data_hash = starts[1].input_hash;
+  starts[3].step_names = {"one", "two", "three"};
+  for (NewInstance& in : starts) {
+    in.lease_owner = "worker-a";
+    in.lease_expires_at = 6000;
+  }
+  auto batch = store_->StartInstances(starts);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), starts.size());
+  EXPECT_EQ((*batch)[2].status().code(), absl::StatusCode::kFailedPrecondition);
+  for (int i : {0, 1, 3}) {
+    ASSERT_TRUE((*batch)[i].ok()) << (*batch)[i].status();
+    EXPECT_EQ((*batch)[i]->instance.lease_owner, "worker-a");
+    EXPECT_EQ((*batch)[i]->instance.lease_epoch, 1);
+    ASSERT_NO_FATAL_FAILURE(ExpectAnsweredAsStored(starts[i], *(*batch)[i]));
+  }
+}
+
 TEST_P(StoreConformanceTest, SameEventTwiceHasOneEffect) {
   NewInstance in = Instance("k1");
   in.event_source = "crm";
@@ -245,21 +293,7 @@ TEST_P(StoreConformanceTest, AStartCanCreateItsInstanceLeasedToItsOwnWorker) {
   EXPECT_EQ(started->instance.lease_owner, "worker-a");
   EXPECT_EQ(started->instance.lease_epoch, 1);
   EXPECT_EQ(started->instance.lease_expires_at, 6000);
-  // The start answers the row as stored, and its steps are pending with nothing
-  // recorded: the worker it was created for begins from these without reading them.
-  EXPECT_EQ(started->instance, *store_->GetInstance(id));
-  auto created_steps = store_->GetSteps(id);
-  ASSERT_TRUE(created_steps.ok()) << created_steps.status();
-  ASSERT_EQ(created_steps->size(), in.step_names.size());
-  ASSERT_FALSE(in.step_names.empty());
-  for (size_t i = 0; i < created_steps->size(); ++i) {
-    StepRecord pending;
-    pending.instance_id = id;
-    pending.index = static_cast<int>(i);
-    pending.name = in.step_names[i];
-    pending.state = StepState::kPending;
-    EXPECT_EQ((*created_steps)[i], pending) << "step " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectAnsweredAsStored(in, *started));
   EXPECT_TRUE(store_->ClaimRunnable("worker-b", 5999, 5000, 10)->empty());
 
   StepRecord step = (*store_->GetSteps(id))[0];
