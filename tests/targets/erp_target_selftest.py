@@ -43,14 +43,19 @@ def start_server(seed=7):
     return proc, int(line.split()[1])
 
 
-def stop_server(proc, sig=signal.SIGTERM):
-    proc.send_signal(sig)
+def wait_exit(proc, seconds=5):
+    """The exit status, or None (and the process killed) when it outlives `seconds`."""
     try:
-        return proc.wait(5)
+        return proc.wait(seconds)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         return None
+
+
+def stop_server(proc, sig=signal.SIGTERM):
+    proc.send_signal(sig)
+    return wait_exit(proc)
 
 
 def signal_a_connection_thread(proc, sig):
@@ -65,15 +70,6 @@ def signal_a_connection_thread(proc, sig):
     if libc.tgkill(proc.pid, others[0], sig) != 0:
         raise OSError(ctypes.get_errno(), "tgkill")
     return True
-
-
-def wait_exit(proc, seconds=5):
-    try:
-        return proc.wait(seconds)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return None
 
 
 class Resp:
