@@ -252,8 +252,10 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 ACCEPT_POLL = 0.2   # seconds the main thread may sleep in accept()
 
 
-class _Stop(Exception):
-    pass
+class _Stop(BaseException):
+    """Raised from the signal handler to leave accept().  Not an Exception, so
+    that no `except Exception` on the way (socketserver's own, around a
+    connection's thread start) swallows it."""
 
 
 def _stop(signum, frame):

@@ -573,8 +573,10 @@ class Server(ThreadingHTTPServer):
 # Main
 # --------------------------------------------------------------------------
 
-class _Stop(Exception):
-    pass
+class _Stop(BaseException):
+    """Raised from the signal handler to leave serve_forever().  Not an Exception, so
+    that no `except Exception` on the way (socketserver's own, around a
+    connection's thread start) swallows it."""
 
 
 def _stop(signum, frame):

@@ -427,21 +427,81 @@ def test_http_edges():
     check(s["token_requests"] == 1 and s["unauthorized"] == 0, "edges not counted %s" % s)
 
 
+# Runs the target with each new connection's thread start delayed, as on a
+# loaded machine: a stop signal then usually lands while the main thread is
+# inside socketserver's process_request().
+SLOW_THREAD_START = """
+import sys, time
+sys.path.insert(0, %r)
+import oauth_erp_target as target
+original = target.Server.process_request
+def slow_process_request(self, request, client_address):
+    time.sleep(0.05)
+    original(self, request, client_address)
+target.Server.process_request = slow_process_request
+target.main(sys.argv[1:])
+""" % HERE
+
+
+def start_target(slow_thread_start=False):
+    program = ["-c", SLOW_THREAD_START] if slow_thread_start else [TARGET]
+    proc = subprocess.Popen(
+        [sys.executable] + program + ["--client-id", CLIENT_ID,
+                                      "--client-secret", CLIENT_SECRET,
+                                      "--port", "0", "--scope", SCOPE],
+        stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not (line.startswith("PORT ") and line.strip().split()[1].isdigit()):
+        proc.kill()
+        proc.wait()
+        raise AssertionError("PORT line: %r" % line)
+    return proc, int(line.split()[1])
+
+
+def test_stop_while_accepting():
+    """SIGTERM stops the target even when it lands while the main thread is
+    handing a new connection to its thread: socketserver's error handler
+    there must not swallow the stop."""
+    for slow in (False, True, True):
+        proc, port = start_target(slow_thread_start=slow)
+        done = threading.Event()
+
+        def hammer():
+            while not done.is_set():
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=1)
+                    s.close()
+                except OSError:
+                    return            # the target has gone: the listener closed
+        threads = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
+        try:
+            for t in threads:
+                t.start()
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rc = "still running 5 s after SIGTERM"
+            check(rc == 0, "stop while accepting connections%s: exit status %s"
+                  % (" (slow thread start)" if slow else "", rc))
+        finally:
+            done.set()
+            for t in threads:
+                t.join()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def main():
     global PORT
-    proc = subprocess.Popen(
-        [sys.executable, TARGET, "--client-id", CLIENT_ID, "--client-secret", CLIENT_SECRET,
-         "--port", "0", "--scope", SCOPE],
-        stdout=subprocess.PIPE, text=True)
+    proc, PORT = start_target()
     ok = False
     t0 = time.monotonic()
     try:
-        line = proc.stdout.readline()
-        check(line.startswith("PORT ") and line.strip().split()[1].isdigit(),
-              "PORT line: %r" % line)
-        PORT = int(line.split()[1])
         for test in (test_token_endpoint, test_protected_api, test_concurrency,
-                     test_config_and_faults, test_http_edges):
+                     test_config_and_faults, test_http_edges, test_stop_while_accepting):
             test()
             print("ok   %s" % test.__name__)
         proc.send_signal(signal.SIGTERM)
