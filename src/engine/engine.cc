@@ -552,14 +552,18 @@ class Engine::Impl {
             "instance " + std::to_string(instance_id) + ": " + result.status().ToString());
       }
       if (!rested) continue;
-      flight.reset();
       if (result.ok() && IsTerminal(result->state)) {
         MutexLock lock(rest_mu_);
         if (auto it = awaited_.find(instance_id); it != awaited_.end()) {
+          // Its waiters take the row as committed instead of reading it back; not
+          // after a lost lease, when another worker may have written since.
+          it->second.rest_row.reset();
+          if (!result->lease_lost) it->second.rest_row = flight->runner->instance();
           ++it->second.rests;  // every waiter on it looks again (none of another's)
           it->second.rested.notify_all();
         }
       }
+      flight.reset();
     }
   }
 
@@ -627,9 +631,10 @@ class Engine::Impl {
           seen = awaited->rests;
         }
         // The store answers for what this engine's workers did not drive (another
-        // process, an operator); a local worker's finish wakes the wait at once. While
-        // a local worker holds it (checked after `seen`: its rest comes later), the
-        // first read would find it still running: the wait goes first.
+        // process, an operator); a local worker's finish wakes the wait at once and
+        // hands it the row it committed. While a local worker holds it (checked after
+        // `seen`: its rest comes later), the first read would find it still running:
+        // the wait goes first.
         const bool read = !first || !HeldHere(instance_id);
         first = false;
         if (read) {
@@ -640,12 +645,12 @@ class Engine::Impl {
         }
         const auto now = std::chrono::steady_clock::now();
         MutexLock lock(rest_mu_);
-        awaited->rested.wait_for(lock.native(),
-                                 std::min<std::chrono::steady_clock::duration>(
-                                     deadline - now, std::chrono::milliseconds(250)),
-                                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rest_mu_) {
-                                   return awaited->rests != seen;
-                       });
+        const bool rested = awaited->rested.wait_for(
+            lock.native(),
+            std::min<std::chrono::steady_clock::duration>(deadline - now,
+                                                          std::chrono::milliseconds(250)),
+            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rest_mu_) { return awaited->rests != seen; });
+        if (rested && awaited->rest_row) return *awaited->rest_row;
       }
     }();
     MutexLock lock(rest_mu_);
@@ -706,6 +711,9 @@ class Engine::Impl {
     int waiters = 0;    // callers of AwaitRest on this instance
     uint64_t rests = 0;  // times a local worker left it at rest since the first came
     std::condition_variable_any rested;  // a local worker left it at rest
+    // The row as the worker that last left it at rest committed it (none when that
+    // worker lost its lease: then the store answers).
+    std::optional<InstanceRecord> rest_row;
   };
   std::map<int64_t, Awaited> awaited_ ABSL_GUARDED_BY(rest_mu_);
   bool notifications_ = true;  // the store can wake the dispatcher; dispatcher thread only

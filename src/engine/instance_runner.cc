@@ -89,6 +89,7 @@ class InstanceRunner::Impl {
   }
 
   int64_t instance_id() const { return lease_.instance_id; }
+  const InstanceRecord& instance() const { return instance_; }
 
  private:
   // What an outcome leads to once classified: the transition to commit.
@@ -374,13 +375,18 @@ class InstanceRunner::Impl {
     return change;
   }
 
-  // Commits `change` and, once durable, mirrors it into the in-memory view.
+  // Commits `change` and, once durable, mirrors it into the in-memory view: every
+  // column of the instance row the store's fence writes, as it writes them.
   absl::Status CommitChange(const Change& change) {
     WS_RETURN_IF_ERROR(d_.commits->Commit(change));
     lease_until_ = change.lease_expires_at;
+    instance_.updated_at = change.now;
+    instance_.lease_expires_at = change.lease_expires_at;
+    if (change.lease_expires_at == 0) instance_.lease_owner.clear();
     if (change.state) instance_.state = *change.state;
     if (change.status_reason) instance_.status_reason = *change.status_reason;
     if (change.next_run_at) instance_.next_run_at = *change.next_run_at;
+    if (change.input_json) instance_.input_json = *change.input_json;
     for (const StepRecord& step : change.steps) steps_[step.index] = step;
     return absl::OkStatus();
   }
@@ -983,5 +989,7 @@ absl::StatusOr<DriveResult> InstanceRunner::Resume(int id, HttpResponse response
   return impl_->Resume(id, std::move(response), stop);
 }
 int64_t InstanceRunner::instance_id() const { return impl_->instance_id(); }
+
+const InstanceRecord& InstanceRunner::instance() const { return impl_->instance(); }
 
 }  // namespace waystone

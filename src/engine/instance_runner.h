@@ -107,6 +107,10 @@ class InstanceRunner {
   absl::StatusOr<DriveResult> Resume(int id, HttpResponse response, std::stop_token stop);
 
   int64_t instance_id() const;
+  // The instance's row as this runner last committed it: what the store reads back
+  // while no one else writes it (its lease holds them off). Valid after a drive that
+  // returned without error and kept its lease.
+  const InstanceRecord& instance() const;
 
  private:
   class Impl;

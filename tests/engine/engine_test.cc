@@ -378,6 +378,31 @@ TEST_P(EngineTest, AStartWithAWorkerFreeIsCreatedLeasedToItAndNeedsNoClaim) {
   EXPECT_EQ(stats["duplicate_orders"], 0) << stats.dump();
 }
 
+// A caller awaiting an instance a local worker drives takes the row that worker
+// committed when it left the instance at rest, instead of reading it back: it must be
+// what the store reads, whichever way the instance came to rest (its last step's
+// commit finishing it; a rejection, a compensation, then the finish on its own).
+TEST_P(EngineTest, TheRowAWorkerHandsToAwaitRestIsWhatTheStoreReads) {
+  ASSERT_NO_FATAL_FAILURE(UseRealTimeWorkers(2));
+  engine_->Start();
+  const std::pair<std::string, InstanceState> cases[] = {
+      {Order("20"), InstanceState::kCompleted},
+      {Order("21", "C-BLOCKED-21"), InstanceState::kCompensated}};
+  for (const auto& [input, rest] : cases) {
+    auto started = engine_->StartInstance(example_, {"default", input});
+    ASSERT_TRUE(started.ok()) << started.status();
+    auto rested = engine_->AwaitRest(started->instance.id, 30'000);
+    ASSERT_TRUE(rested.ok()) << rested.status();
+    EXPECT_EQ(rested->state, rest) << rested->status_reason;
+    auto stored = store_->GetInstance(started->instance.id);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    EXPECT_EQ(*rested, *stored) << input;
+    EXPECT_EQ(rested->lease_owner, "");
+    EXPECT_EQ(rested->lease_expires_at, 0);
+  }
+  engine_->Stop();
+}
+
 // The first drive of an instance this engine started begins from what the start
 // created (CreatedBy) instead of reading it back: the two must be the same.
 TEST_P(EngineTest, WhatAStartCreatedIsWhatTheStoreReadsBack) {
