@@ -83,16 +83,13 @@ absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& 
     if (!claimed) return AnswerClaimedEvent(sql, in);
   }
   StartResult result;
-  WS_ASSIGN_OR_RETURN(result.tombstone, sql.TombstoneOfKey(in.tenant, in.key));
-  std::optional<int64_t> created;
-  if (!result.tombstone) {
-    const std::string source_event = has_event ? in.event_source + " " + in.event_id : "";
-    WS_ASSIGN_OR_RETURN(created, sql.InsertInstance(in, source_event));
-    if (created) {
-      WS_ASSIGN_OR_RETURN(bool buried, sql.BuriedMeanwhile(in.tenant, in.key));
-      if (buried) return absl::AbortedError(kCollectedMeanwhile);  // the tombstone wins
-    }
+  const std::string source_event = has_event ? in.event_source + " " + in.event_id : "";
+  WS_ASSIGN_OR_RETURN(StartSql::Insertion insertion, sql.InsertInstance(in, source_event));
+  const std::optional<int64_t> created = insertion.created;
+  if (created && insertion.tombstone) {
+    return absl::AbortedError(kCollectedMeanwhile);  // the tombstone wins
   }
+  result.tombstone = std::move(insertion.tombstone);
   if (created) {
     WS_RETURN_IF_ERROR(sql.InsertPendingSteps(*created, in.step_names));
     WS_RETURN_IF_ERROR(sql.InsertEvent(in.started_event, *created, in.now));

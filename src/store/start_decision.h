@@ -45,16 +45,17 @@ class StartSql : public SavepointSql {
                                                                       const std::string& key) = 0;
   virtual absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(
       int64_t instance_id) = 0;
-  virtual absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
-                                                                        const std::string& key) = 0;
-  // Inserts the instance row (state running, due now) unless its key is taken;
-  // returns its id, or nullopt when another instance holds the key.
-  virtual absl::StatusOr<std::optional<int64_t>> InsertInstance(
-      const NewInstance& start, const std::string& source_event) = 0;
-  // Returns true when a gc buried the key while the insert above waited for it (a
-  // dialect whose writers are serialized never sees one: false without a query).
-  virtual absl::StatusOr<bool> BuriedMeanwhile(const std::string& tenant,
-                                               const std::string& key) = 0;
+  // What InsertInstance did and found.
+  struct Insertion {
+    std::optional<int64_t> created;            // the new row's id; nullopt when the key is held
+    std::optional<TombstoneRecord> tombstone;  // the key's, as read after the insert
+  };
+  // Inserts the instance row (state running, due now) unless an instance or a
+  // tombstone holds its key, then reads the key's tombstone. A tombstone beside a
+  // created row means a gc buried the key while the insert waited for it (a dialect
+  // whose writers are serialized never sees one).
+  virtual absl::StatusOr<Insertion> InsertInstance(const NewInstance& start,
+                                                   const std::string& source_event) = 0;
   // Inserts one pending row per step name, indexed from 0.
   virtual absl::Status InsertPendingSteps(int64_t instance_id,
                                           const std::vector<std::string>& names) = 0;

@@ -442,6 +442,7 @@ class FakeStartSql final : public StartSql {
   std::vector<std::string> log;
 
   absl::Status fail_insert;  // the next InsertInstance answers this when set
+  std::optional<TombstoneRecord> buried_meanwhile;
 
   absl::Status Savepoint() override {
     log.push_back("savepoint");
@@ -472,19 +473,20 @@ class FakeStartSql final : public StartSql {
   absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(int64_t) override {
     return std::nullopt;
   }
-  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string&,
-                                                                const std::string&) override {
-    return tombstone;
-  }
-  absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance&,
-                                                        const std::string&) override {
+  // Inserts unless `existing` or `tombstone` holds the key; `buried_meanwhile` plays
+  // a gc that buried the key while the insert waited.
+  absl::StatusOr<Insertion> InsertInstance(const NewInstance&, const std::string&) override {
     log.push_back("insert");
     if (!fail_insert.ok()) return fail_insert;
-    if (existing) return std::optional<int64_t>();
-    return std::optional<int64_t>(7);
-  }
-  absl::StatusOr<bool> BuriedMeanwhile(const std::string&, const std::string&) override {
-    return false;
+    Insertion insertion;
+    insertion.tombstone = tombstone;
+    if (buried_meanwhile) {
+      insertion.created = 7;
+      insertion.tombstone = buried_meanwhile;
+    } else if (!existing && !tombstone) {
+      insertion.created = 7;
+    }
+    return insertion;
   }
   absl::Status InsertPendingSteps(int64_t, const std::vector<std::string>& names) override {
     log.push_back("steps " + std::to_string(names.size()));
@@ -533,7 +535,18 @@ TEST(StoreRulesTest, AStartCreatesAnswersFromTheExistingInstanceOrFromItsTombsto
   auto collected = StartInstanceWith(buried, StartOf("h1"));
   ASSERT_TRUE(collected.ok());
   EXPECT_EQ(collected->outcome, StartOutcome::kCollected);
-  EXPECT_TRUE(buried.log.empty());  // nothing inserted under a tombstone
+  ASSERT_TRUE(collected->tombstone.has_value());
+  EXPECT_EQ(collected->instance.id, 3);
+  EXPECT_EQ(buried.log, (std::vector<std::string>{"insert"}));  // nothing under a tombstone
+  EXPECT_TRUE(absl::IsFailedPrecondition(StartInstanceWith(buried, StartOf("h2")).status()));
+
+  // A gc buried the key while the insert waited: the start runs again, where the
+  // tombstone answers it.
+  FakeStartSql raced;
+  raced.buried_meanwhile = buried.tombstone;
+  auto again = StartInstanceWith(raced, StartOf("h1"));
+  EXPECT_TRUE(StartAgain(again.status())) << again.status();
+  EXPECT_EQ(raced.log, (std::vector<std::string>{"insert"}));
 }
 
 TEST(StoreRulesTest, EnumValuesInSqlAreTheirStoredNumbers) {

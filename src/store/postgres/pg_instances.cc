@@ -69,41 +69,32 @@ class PgStartSql final : public StartSql {
     WS_RETURN_IF_ERROR(Flush());
     return PgTombstoneOfInstance(c_, id);
   }
-  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
-                                                                const std::string& key) override {
-    WS_ASSIGN_OR_RETURN(std::vector<PgResult> r, Run({PgTombstoneOfKeyStatement(tenant, key)}));
-    return PgFirstRow(r[0], ReadTombstone<PgRow>);
-  }
-  // ON CONFLICT makes concurrent identical starts wait for each other instead of
-  // failing. The burial check runs right after it, in the same pipeline.
-  absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance& in,
-                                                        const std::string& source_event) override {
+  // One round trip: the insert, unless a tombstone holds the key (ON CONFLICT makes
+  // concurrent identical starts wait for each other instead of failing), then the
+  // key's tombstone, read by a statement after the insert so that it sees what a gc
+  // committed while the insert waited.
+  absl::StatusOr<Insertion> InsertInstance(const NewInstance& in,
+                                           const std::string& source_event) override {
     static const std::string kInsert = absl::StrCat(
         "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
         "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at, "
-        "lease_owner, lease_expires_at, lease_epoch) VALUES ($1, $2, $3, $4, $5, $6, ",
+        "lease_owner, lease_expires_at, lease_epoch) SELECT $1, $2, $3, $4, $5, $6, ",
         SqlValue(InstanceState::kRunning),
         ", $7::bigint, $8, $9, $7::bigint, $7::bigint, $10, $11::bigint, CASE WHEN $10 = '' "
-        "THEN 0 ELSE 1 END) ON CONFLICT (tenant, business_key) DO NOTHING RETURNING ",
+        "THEN 0 ELSE 1 END WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE tenant = $1 AND "
+        "business_key = $2) ON CONFLICT (tenant, business_key) DO NOTHING RETURNING ",
         kInstanceColumns);
     WS_ASSIGN_OR_RETURN(
         std::vector<PgResult> r,
         Run({{&kInsert, Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
                                in.input_hash, in.now, in.trace_id, source_event, in.lease_owner,
                                in.lease_expires_at)},
-             BuriedStatement(in.tenant, in.key)}));
+             PgTombstoneOfKeyStatement(in.tenant, in.key)}));
     inserted_ = PgFirstRow(r[0], ReadInstance<PgRow>);
-    buried_ = r[1].rows() > 0;
-    if (!inserted_) return std::optional<int64_t>();
-    return std::optional<int64_t>(inserted_->id);
-  }
-  // The insert may have waited for a gc that removed an instance with this key and
-  // buried it meanwhile: checked by a statement after the insert, which sees what
-  // committed while it waited.
-  absl::StatusOr<bool> BuriedMeanwhile(const std::string& tenant, const std::string& key) override {
-    if (buried_) return *std::exchange(buried_, std::nullopt);
-    WS_ASSIGN_OR_RETURN(std::vector<PgResult> late, Run({BuriedStatement(tenant, key)}));
-    return late[0].rows() > 0;
+    Insertion insertion;
+    if (inserted_) insertion.created = inserted_->id;
+    insertion.tombstone = PgFirstRow(r[1], ReadTombstone<PgRow>);
+    return insertion;
   }
   // One statement for all the steps: their names as one text[].
   absl::Status InsertPendingSteps(int64_t id, const std::vector<std::string>& names) override {
@@ -139,11 +130,6 @@ class PgStartSql final : public StartSql {
   absl::Status Flush() { return Run({}).status(); }
 
  private:
-  static PgStatement BuriedStatement(const std::string& tenant, const std::string& key) {
-    static const std::string kBuried =
-        "SELECT 1 FROM tombstones WHERE tenant = $1 AND business_key = $2";
-    return {&kBuried, Params(tenant, key)};
-  }
   absl::Status Defer(PgStatement statement) {
     deferred_.push_back(std::move(statement));
     return absl::OkStatus();
@@ -167,7 +153,6 @@ class PgStartSql final : public StartSql {
   bool signalled_ = false;
   bool signalled_at_savepoint_ = false;
   std::optional<InstanceRecord> inserted_;  // by the last InsertInstance
-  std::optional<bool> buried_;              // checked right after the last InsertInstance
 };
 
 }  // namespace

@@ -43,12 +43,10 @@ class SqliteStartSql final : public StartSql {
   absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfInstance(int64_t id) override {
     return SqliteTombstoneOfInstance(db_, id);
   }
-  absl::StatusOr<std::optional<TombstoneRecord>> TombstoneOfKey(const std::string& tenant,
-                                                                const std::string& key) override {
-    return SqliteTombstoneOfKey(db_, tenant, key);
-  }
-  absl::StatusOr<std::optional<int64_t>> InsertInstance(const NewInstance& in,
-                                                        const std::string& source_event) override {
+  // BEGIN IMMEDIATE: no gc runs between the tombstone's read and the insert, so
+  // the insert is tried only where there is none.
+  absl::StatusOr<Insertion> InsertInstance(const NewInstance& in,
+                                           const std::string& source_event) override {
     static const std::string kInsert = absl::StrCat(
         "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
         "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at, "
@@ -56,17 +54,17 @@ class SqliteStartSql final : public StartSql {
         SqlValue(InstanceState::kRunning),
         ", ?7, ?8, ?9, ?7, ?7, ?10, ?11, CASE WHEN ?10 = '' THEN 0 ELSE 1 END) ON CONFLICT "
         "(tenant, business_key) DO NOTHING");
+    Insertion insertion;
+    WS_ASSIGN_OR_RETURN(insertion.tombstone, SqliteTombstoneOfKey(db_, in.tenant, in.key));
+    if (insertion.tombstone) return insertion;
     WS_ASSIGN_OR_RETURN(SqliteStatement * insert, db_.Prepare(kInsert));
     WS_RETURN_IF_ERROR(insert
                            ->BindAll(in.tenant, in.key, in.workflow, in.definition_hash,
                                      in.input_json, in.input_hash, in.now, in.trace_id,
                                      source_event, in.lease_owner, in.lease_expires_at)
                            .Run());
-    if (db_.Changes() == 0) return std::optional<int64_t>();
-    return std::optional<int64_t>(db_.LastInsertRowId());
-  }
-  absl::StatusOr<bool> BuriedMeanwhile(const std::string&, const std::string&) override {
-    return false;  // BEGIN IMMEDIATE: no gc ran since the tombstone was read
+    if (db_.Changes() > 0) insertion.created = db_.LastInsertRowId();
+    return insertion;
   }
   absl::Status InsertPendingSteps(int64_t id, const std::vector<std::string>& names) override {
     static const std::string kInsert =

@@ -1151,6 +1151,56 @@ TEST_P(StoreConformanceTest, GarbageCollectionKeepsWhatIsStillNeeded) {
   EXPECT_EQ(store_->StartInstance(changed).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A gc that buries a key while a start of that key waits for the row the gc deletes:
+// the start answers the tombstone and creates nothing. (PostgreSQL only: SQLite's
+// writers are serialized, so there a start never waits beside a gc.)
+TEST_P(StoreConformanceTest, AStartThatWaitedForAGcBuryingItsKeyAnswersTheTombstone) {
+  if (GetParam() == Backend::kSqlite) GTEST_SKIP() << "SQLite's writers are serialized";
+  auto first = store_->StartInstance(Instance("k1"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->outcome, StartOutcome::kCreated);
+  const std::string id = std::to_string(first->instance.id);
+  // A gc's transaction, as BuryPicked and the deletes after it leave it, not yet committed.
+  PGconn* gc = PQconnectdb(path_.c_str());
+  ASSERT_EQ(PQstatus(gc), CONNECTION_OK) << PQerrorMessage(gc);
+  auto exec = [&](const std::string& sql) {
+    PGresult* result = PQexec(gc, sql.c_str());
+    const bool ok = PQresultStatus(result) == PGRES_COMMAND_OK;
+    if (!ok) ADD_FAILURE() << sql << ": " << PQerrorMessage(gc);
+    PQclear(result);
+    return ok;
+  };
+  bool open = exec("BEGIN") &&
+              exec("INSERT INTO tombstones SELECT tenant, business_key, workflow, input_hash, "
+                   "state, '{}', id, updated_at, 5000 FROM instances WHERE id = " + id) &&
+              exec("DELETE FROM outbox WHERE instance_id = " + id) &&
+              exec("DELETE FROM steps WHERE instance_id = " + id) &&
+              exec("DELETE FROM instances WHERE id = " + id);
+  absl::StatusOr<StartResult> again = absl::UnknownError("not run");
+  std::thread start;
+  bool waited = false;
+  if (open) {
+    start = std::thread([&] { again = store_->StartInstance(Instance("k1")); });
+    // The start's insert waits for the row the gc deleted; then the gc commits.
+    waited = testing::WaitFor(
+        [&] {
+          return RawCount("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
+                          "current_database() AND wait_event_type = 'Lock'") == 1;
+        },
+        std::chrono::seconds(10));
+    exec("COMMIT");
+    start.join();
+  }
+  PQfinish(gc);
+  ASSERT_TRUE(open);
+  EXPECT_TRUE(waited) << "the start never waited for the gc";
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, StartOutcome::kCollected);
+  ASSERT_TRUE(again->tombstone.has_value());
+  EXPECT_EQ(again->instance.id, first->instance.id);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances WHERE business_key = 'k1'"), 0);
+}
+
 TEST_P(StoreConformanceTest, ApiRequestsClaimReplayAndAreTakenOverWhenAbandoned) {
   ApiRequestRecord r{"t1", "k", "hash-a", false, 0, "", "", 1000, 100000, "host/1/x"};
   auto first = store_->BeginApiRequest(r, 0, "");
