@@ -18,7 +18,6 @@ void CommitQueue::Start() {
   MutexLock lock(mu_);
   if (running_) return;
   running_ = true;
-  thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
   start_thread_ = std::jthread([this](std::stop_token stop) { StartLoop(stop); });
 }
 
@@ -27,22 +26,22 @@ void CommitQueue::Stop() {
     MutexLock lock(mu_);
     if (!running_) return;
     running_ = false;
+    // What was queued before is committed by its callers; wait until it is.
+    while (committing_ || !queue_.empty()) idle_.wait(lock.native());
   }
-  thread_.request_stop();
   start_thread_.request_stop();
-  wake_.notify_all();
   start_wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
   if (start_thread_.joinable()) start_thread_.join();
 }
 
 absl::Status CommitQueue::Commit(const Change& change) {
   Pending pending{&change};
-  MutexLock lock(mu_);
-  if (!running_) return absl::UnavailableError("commit queue is stopped");
-  queue_.push_back(&pending);
-  wake_.notify_one();
-  while (!pending.done) pending.settled.wait(lock.native());
+  {
+    MutexLock lock(mu_);
+    if (!running_) return absl::UnavailableError("commit queue is stopped");
+    queue_.push_back(&pending);
+  }
+  Settle(pending);
   return pending.result;
 }
 
@@ -50,20 +49,71 @@ std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& chan
   // A deque: a Pending (its condition) neither moves nor copies.
   std::deque<Pending> pending;
   for (const Change& change : changes) pending.emplace_back().change = &change;
-  MutexLock lock(mu_);
-  if (!running_) {
-    return std::vector<absl::Status>(changes.size(),
-                                     absl::UnavailableError("commit queue is stopped"));
+  {
+    MutexLock lock(mu_);
+    if (!running_) {
+      return std::vector<absl::Status>(changes.size(),
+                                       absl::UnavailableError("commit queue is stopped"));
+    }
+    for (Pending& p : pending) queue_.push_back(&p);
   }
-  for (Pending& p : pending) queue_.push_back(&p);
-  wake_.notify_one();
   std::vector<absl::Status> results;
   results.reserve(pending.size());
   for (Pending& p : pending) {
-    while (!p.done) p.settled.wait(lock.native());
+    Settle(p);
     results.push_back(p.result);
   }
   return results;
+}
+
+int CommitQueue::Queued() {
+  MutexLock lock(mu_);
+  return static_cast<int>(queue_.size());
+}
+
+void CommitQueue::Settle(Pending& mine) {
+  std::vector<Pending*> batch;
+  while (true) {
+    {
+      MutexLock lock(mu_);
+      while (!mine.done && committing_) mine.settled.wait(lock.native());
+      if (mine.done) return;
+      // Nobody commits: this caller commits the oldest changes queued, its own among
+      // them or ahead of it.
+      committing_ = true;
+      batch.clear();
+      while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
+        batch.push_back(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    CommitBatch(batch);
+  }
+}
+
+void CommitQueue::CommitBatch(const std::vector<Pending*>& batch) {
+  std::vector<Change> changes;
+  changes.reserve(batch.size());
+  for (const Pending* p : batch) {
+    changes.push_back(*p->change);
+    RedactChange(changes.back());  // nothing stored carries a secret a downstream echoed
+  }
+  auto results = store_->Commit(changes);
+  MutexLock lock(mu_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i]->result = results.ok() ? (*results)[i] : results.status();
+    batch[i]->done = true;
+    batch[i]->settled.notify_one();
+  }
+  committing_ = false;
+  // The caller of the oldest change still queued commits next. (Its caller waits on
+  // it now, or is on its way to: a CommitAll settles its changes in order, and the
+  // ones before this are done.)
+  if (!queue_.empty()) {
+    queue_.front()->settled.notify_one();
+  } else {
+    idle_.notify_all();
+  }
 }
 
 absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
@@ -126,39 +176,6 @@ void CommitQueue::StartLoop(std::stop_token stop) {
       }
     }
     StartAll(batch);
-  }
-}
-
-void CommitQueue::Loop(std::stop_token stop) {
-  std::vector<Pending*> batch;
-  std::vector<Change> changes;
-  while (true) {
-    {
-      MutexLock lock(mu_);
-      wake_.wait(lock.native(), stop,
-                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); });
-      if (queue_.empty()) return;  // stopped with nothing left to commit
-      batch.clear();
-      while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
-        batch.push_back(queue_.front());
-        queue_.pop_front();
-      }
-    }
-    changes.clear();
-    changes.reserve(batch.size());
-    for (Pending* p : batch) {
-      changes.push_back(*p->change);
-      RedactChange(changes.back());  // nothing stored carries a secret a downstream echoed
-    }
-    auto results = store_->Commit(changes);
-    {
-      MutexLock lock(mu_);
-      for (size_t i = 0; i < batch.size(); ++i) {
-        batch[i]->result = results.ok() ? (*results)[i] : results.status();
-        batch[i]->done = true;
-        batch[i]->settled.notify_one();
-      }
-    }
   }
 }
 

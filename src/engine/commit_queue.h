@@ -16,9 +16,13 @@ struct CommitQueueOptions {
 
 // CommitQueue groups the changes of concurrently running instances into shared
 // transactions (group commit), so a batch of checkpoints costs one fsync. Callers
-// block until their change is durable. Starts are grouped the same way, on a thread
-// of their own (so on PostgreSQL a batch of starts commits beside a batch of
-// checkpoints). Owns those two threads between Start() and Stop(). Thread-safe.
+// block until their change is durable. Changes are committed by their callers: one
+// that finds nobody committing commits the oldest changes queued (its own among
+// them) on its own thread, while those arriving meanwhile queue for the next batch
+// (leader and followers), so a lone caller's commit needs no hand-over to another
+// thread. Starts are grouped the same way, on a thread of their own (so on
+// PostgreSQL a batch of starts commits beside a batch of checkpoints), which the
+// queue owns between Start() and Stop(). Thread-safe.
 class CommitQueue {
  public:
   CommitQueue(InstanceStore* store, CommitQueueOptions options);
@@ -45,11 +49,15 @@ class CommitQueue {
   // on its own, so one caller's trouble is not another's. Unavailable once stopped.
   absl::StatusOr<StartResult> Start(const NewInstance& start);
 
+  // Changes queued for the next transaction (not in the one being committed).
+  int Queued();
+
  private:
   // Each waiting caller has its own condition, notified under mu_ once its batch
-  // settled, so a batch wakes only its own callers (not every caller queued behind
-  // it). Notifying under mu_ keeps the condition alive until the notify returns:
-  // the caller cannot see `done` and leave before the committer lets mu_ go.
+  // settled (or, oldest queued, once it is its turn to commit), so a batch wakes
+  // only its own callers and the next to commit, not every caller queued behind
+  // it. Notifying under mu_ keeps the condition alive until the notify returns: the
+  // caller cannot see `done` and leave before the committer lets mu_ go.
   struct Pending {
     const Change* change;
     absl::Status result;
@@ -66,7 +74,11 @@ class CommitQueue {
   // Starts per transaction at most: each runs under a savepoint, and PostgreSQL
   // keeps 64 subtransactions per backend in its fast cache.
   static constexpr int kMaxStartBatch = 32;
-  void Loop(std::stop_token stop);
+  // Returns once `mine` is committed, committing batches itself whenever nobody
+  // else does.
+  void Settle(Pending& mine);
+  // Commits `batch` (taken from the queue by this caller) and answers its callers.
+  void CommitBatch(const std::vector<Pending*>& batch);
   void StartLoop(std::stop_token stop);
   // Runs a batch of starts in one transaction (or each alone when it fails).
   void StartAll(const std::vector<PendingStart*>& batch);
@@ -74,12 +86,12 @@ class CommitQueue {
   InstanceStore* store_;
   CommitQueueOptions options_;
   Mutex mu_;
-  std::condition_variable_any wake_;        // committer: changes arrived
   std::condition_variable_any start_wake_;  // starter: starts arrived
-  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  std::condition_variable idle_;            // Stop(): nothing queued or committing
+  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);  // changes no caller commits yet
+  bool committing_ ABSL_GUARDED_BY(mu_) = false;     // a caller commits a batch now
   std::deque<PendingStart*> starts_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::jthread thread_;        // commits changes
   std::jthread start_thread_;  // commits starts: on PostgreSQL beside the changes, on another
                                // connection
 };

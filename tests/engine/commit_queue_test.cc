@@ -1,6 +1,8 @@
 #include "engine/commit_queue.h"
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -8,6 +10,7 @@
 
 #include "base/sha256.h"
 #include "engine/engine_parts.h"
+#include "support/process.h"
 
 namespace waystone {
 namespace {
@@ -20,6 +23,9 @@ class FailingBatchStore final : public InstanceStore {
   std::atomic<int> batches{0};
   std::atomic<int> alone{0};
   std::atomic<int> commits{0};  // change transactions
+  std::atomic<bool> hold{false};  // a change transaction waits while set
+  std::mutex mu;
+  std::vector<std::thread::id> committed_on;  // the thread of each change transaction
 
   absl::StatusOr<StartResult> StartInstance(const NewInstance& in) override {
     alone.fetch_add(1);
@@ -31,7 +37,12 @@ class FailingBatchStore final : public InstanceStore {
     return absl::UnavailableError("database is locked");
   }
   absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& c) override {
+    {
+      std::lock_guard lock(mu);
+      committed_on.push_back(std::this_thread::get_id());
+    }
     commits.fetch_add(1);
+    while (hold.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return real_->Commit(c);
   }
   absl::StatusOr<InstanceRecord> GetInstance(int64_t id) override { return real_->GetInstance(id); }
@@ -96,6 +107,58 @@ TEST_F(CommitQueueTest, ACommitReturnsOnceTheChangeIsInTheStore) {
   const InstanceRecord instance = Get(lease.instance_id);
   EXPECT_EQ(instance.state, InstanceState::kCompleted);
   EXPECT_EQ(instance.lease_expires_at, 0);  // released with the change
+}
+
+// A caller that finds nobody committing commits on its own thread: no hand-over.
+TEST_F(CommitQueueTest, ALoneCallerCommitsOnItsOwnThread) {
+  const Lease lease = StartAndClaim("own", 1000, 30'000);
+  FailingBatchStore store(store_.get());
+  CommitQueue queue(&store, {});
+  queue.Start();
+  ASSERT_TRUE(queue.Commit(Finish(lease, 2000)).ok());
+  EXPECT_EQ(store.committed_on, (std::vector<std::thread::id>{std::this_thread::get_id()}));
+  EXPECT_EQ(Get(lease.instance_id).state, InstanceState::kCompleted);
+}
+
+// While one caller commits, another's change waits for the next transaction, which
+// its own caller commits; Stop() returns only once both are in the store.
+TEST_F(CommitQueueTest, AChangeQueuedBehindACommitIsCommittedNextAndStopWaitsForIt) {
+  const Lease first = StartAndClaim("first", 1000, 30'000);
+  const Lease second = StartAndClaim("second", 1000, 30'000);
+  FailingBatchStore store(store_.get());
+  CommitQueue queue(&store, {});
+  queue.Start();
+  store.hold = true;
+  absl::Status first_result = absl::UnknownError("not run");
+  absl::Status second_result = absl::UnknownError("not run");
+  std::thread::id second_thread;
+  std::thread a([&] { first_result = queue.Commit(Finish(first, 2000)); });
+  ASSERT_TRUE(testing::WaitFor([&] { return store.commits.load() == 1; },
+                               std::chrono::seconds(10)));
+  std::thread b([&] {
+    second_thread = std::this_thread::get_id();
+    second_result = queue.Commit(Finish(second, 2000));
+  });
+  ASSERT_TRUE(testing::WaitFor([&] { return queue.Queued() == 1; }, std::chrono::seconds(10)));
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    queue.Stop();
+    stopped = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(stopped.load()) << "Stop() returned with a commit under way";
+  store.hold = false;
+  a.join();
+  b.join();
+  stopper.join();
+  EXPECT_TRUE(first_result.ok()) << first_result;
+  EXPECT_TRUE(second_result.ok()) << second_result;
+  EXPECT_EQ(store.commits.load(), 2);
+  ASSERT_EQ(store.committed_on.size(), 2u);
+  EXPECT_EQ(store.committed_on[1], second_thread);
+  EXPECT_EQ(Get(first.instance_id).state, InstanceState::kCompleted);
+  EXPECT_EQ(Get(second.instance_id).state, InstanceState::kCompleted);
+  EXPECT_TRUE(absl::IsUnavailable(queue.Commit(Finish(first, 3000))));
 }
 
 TEST_F(CommitQueueTest, AStaleLeaseIsAbortedAndTheOthersStillCommit) {
