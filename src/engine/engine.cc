@@ -558,7 +558,8 @@ class Engine::Impl {
           // Its waiters take the row as committed instead of reading it back; not
           // after a lost lease, when another worker may have written since.
           it->second.rest_row.reset();
-          if (!result->lease_lost) it->second.rest_row = flight->runner->instance();
+          const InstanceRecord* row = flight->runner->committed_row();
+          if (!result->lease_lost && row != nullptr) it->second.rest_row = *row;
           ++it->second.rests;  // every waiter on it looks again (none of another's)
           it->second.rested.notify_all();
         }
@@ -712,7 +713,7 @@ class Engine::Impl {
     uint64_t rests = 0;  // times a local worker left it at rest since the first came
     std::condition_variable_any rested;  // a local worker left it at rest
     // The row as the worker that last left it at rest committed it (none when that
-    // worker lost its lease: then the store answers).
+    // worker lost its lease or ran a code workflow: then the store answers).
     std::optional<InstanceRecord> rest_row;
   };
   std::map<int64_t, Awaited> awaited_ ABSL_GUARDED_BY(rest_mu_);

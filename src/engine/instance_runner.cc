@@ -19,6 +19,7 @@
 #include "engine/code_runner.h"
 #include "engine/context.h"
 #include "engine/lookup_pages.h"
+#include "engine/redaction.h"
 #include "engine/request_body.h"
 #include "engine/state_machine.h"
 #include "engine/target_settings.h"
@@ -89,7 +90,9 @@ class InstanceRunner::Impl {
   }
 
   int64_t instance_id() const { return lease_.instance_id; }
-  const InstanceRecord& instance() const { return instance_; }
+  const InstanceRecord* committed_row() const {
+    return definition_ != nullptr && !definition_->code ? &instance_ : nullptr;
+  }
 
  private:
   // What an outcome leads to once classified: the transition to commit.
@@ -376,7 +379,8 @@ class InstanceRunner::Impl {
   }
 
   // Commits `change` and, once durable, mirrors it into the in-memory view: every
-  // column of the instance row the store's fence writes, as it writes them.
+  // column of the instance row the store's fence writes, as it writes them (the
+  // reason redacted, as the commit queue stores it).
   absl::Status CommitChange(const Change& change) {
     WS_RETURN_IF_ERROR(d_.commits->Commit(change));
     lease_until_ = change.lease_expires_at;
@@ -384,7 +388,7 @@ class InstanceRunner::Impl {
     instance_.lease_expires_at = change.lease_expires_at;
     if (change.lease_expires_at == 0) instance_.lease_owner.clear();
     if (change.state) instance_.state = *change.state;
-    if (change.status_reason) instance_.status_reason = *change.status_reason;
+    if (change.status_reason) instance_.status_reason = Redacted(*change.status_reason);
     if (change.next_run_at) instance_.next_run_at = *change.next_run_at;
     if (change.input_json) instance_.input_json = *change.input_json;
     for (const StepRecord& step : change.steps) steps_[step.index] = step;
@@ -990,6 +994,6 @@ absl::StatusOr<DriveResult> InstanceRunner::Resume(int id, HttpResponse response
 }
 int64_t InstanceRunner::instance_id() const { return impl_->instance_id(); }
 
-const InstanceRecord& InstanceRunner::instance() const { return impl_->instance(); }
+const InstanceRecord* InstanceRunner::committed_row() const { return impl_->committed_row(); }
 
 }  // namespace waystone

@@ -109,8 +109,9 @@ class InstanceRunner {
   int64_t instance_id() const;
   // The instance's row as this runner last committed it: what the store reads back
   // while no one else writes it (its lease holds them off). Valid after a drive that
-  // returned without error and kept its lease.
-  const InstanceRecord& instance() const;
+  // returned without error and kept its lease. Null for a code workflow, whose run
+  // commits through a runner of its own (code_runner.h) that keeps no such row.
+  const InstanceRecord* committed_row() const;
 
  private:
   class Impl;

@@ -35,4 +35,9 @@ void RedactChange(Change& change) {
   for (AttemptRecord& attempt : change.attempts) Redact(attempt.detail);
 }
 
+std::string Redacted(const std::string& text) {
+  if (!HaveSecrets() || text.empty()) return text;
+  return RedactSecrets(text);
+}
+
 }  // namespace waystone

@@ -11,4 +11,7 @@ namespace waystone {
 // carries a secret a downstream echoed.
 void RedactChange(Change& change);
 
+// `text` as RedactChange stores it (a status reason, a message).
+std::string Redacted(const std::string& text);
+
 }  // namespace waystone

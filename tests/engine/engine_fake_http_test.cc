@@ -290,6 +290,32 @@ TEST_P(EngineFakeHttpTest, AStartWakesAnIdlePoolAndAwaitRestReturnsTheResult) {
   (*pool)->Stop();
 }
 
+// A caller awaiting an instance takes the row its worker committed: with a secret a
+// downstream echoed into the reason it came to rest with, that row is redacted as
+// the stored one is.
+TEST_P(EngineFakeHttpTest, TheRowAwaitRestTakesFromItsWorkerIsRedactedAsStored) {
+  AnswerTheExample();
+  http_.Always(kCreateOrder,
+               FakeReply::Answer(422, R"({"error": "token erp-secret may not order"})"));
+  EngineOptions options;
+  options.workers = 2;
+  options.call_metrics = &metrics_;
+  auto pool = Engine::Create(store_.get(), &http_, SystemClock::Get(), &random_, options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  (*pool)->Start();
+  auto started = (*pool)->StartInstance(example_, {"default", Order("O-9")});
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto rested = (*pool)->AwaitRest(started->instance.id, 20'000);
+  (*pool)->Stop();
+  ASSERT_TRUE(rested.ok()) << rested.status();
+  auto stored = store_->GetInstance(started->instance.id);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_NE(stored->status_reason.find("***"), std::string::npos) << stored->status_reason;
+  EXPECT_EQ(rested->status_reason.find("erp-secret"), std::string::npos)
+      << rested->status_reason;
+  EXPECT_EQ(*rested, *stored) << rested->status_reason;
+}
+
 TEST_P(EngineFakeHttpTest, TheExampleSendsOneRequestPerStepAndCountsThemInTheGivenMetrics) {
   AnswerTheExample();
   InstanceRecord instance = Run(example_, Order("1"));
