@@ -10,28 +10,65 @@
 namespace waystone {
 
 CommitQueue::CommitQueue(InstanceStore* store, CommitQueueOptions options)
-    : store_(store), options_(options) {}
+    : store_(store), options_(options) {
+  options_.max_batch = std::max(1, options_.max_batch);
+}
 
 CommitQueue::~CommitQueue() { Stop(); }
 
 void CommitQueue::Start() {
   MutexLock lock(mu_);
-  if (running_) return;
   running_ = true;
-  start_thread_ = std::jthread([this](std::stop_token stop) { StartLoop(stop); });
 }
 
 void CommitQueue::Stop() {
-  {
-    MutexLock lock(mu_);
-    if (!running_) return;
-    running_ = false;
-    // What was queued before is committed by its callers; wait until it is.
-    while (committing_ || !queue_.empty()) idle_.wait(lock.native());
+  MutexLock lock(mu_);
+  running_ = false;
+  // What was queued before is committed by its callers; wait until it is.
+  while (changes_.busy || !changes_.queued.empty() || starts_.busy || !starts_.queued.empty()) {
+    idle_.wait(lock.native());
   }
-  start_thread_.request_stop();
-  start_wake_.notify_all();
-  if (start_thread_.joinable()) start_thread_.join();
+}
+
+template <>
+CommitQueue::Lane<CommitQueue::Pending>& CommitQueue::LaneOf() {
+  return changes_;
+}
+
+template <>
+CommitQueue::Lane<CommitQueue::PendingStart>& CommitQueue::LaneOf() {
+  return starts_;
+}
+
+template <typename P>
+bool CommitQueue::TakeTurn(P& mine, int max_batch, std::vector<P*>& batch) {
+  MutexLock lock(mu_);
+  Lane<P>& lane = LaneOf<P>();
+  while (!mine.done && lane.busy) mine.settled.wait(lock.native());
+  if (mine.done) return false;
+  // Nobody commits in this lane: this caller takes the oldest queued, its own among
+  // them or ahead of it.
+  lane.busy = true;
+  batch.clear();
+  while (!lane.queued.empty() && static_cast<int>(batch.size()) < max_batch) {
+    batch.push_back(lane.queued.front());
+    lane.queued.pop_front();
+  }
+  return true;
+}
+
+template <typename P>
+void CommitQueue::EndTurn() {
+  Lane<P>& lane = LaneOf<P>();
+  lane.busy = false;
+  // The caller of the oldest still queued takes the next turn. (It waits on it now,
+  // or is on its way to: a CommitAll settles its changes in order, and the ones
+  // before this are done.)
+  if (!lane.queued.empty()) {
+    lane.queued.front()->settled.notify_one();
+  } else {
+    idle_.notify_all();
+  }
 }
 
 absl::Status CommitQueue::Commit(const Change& change) {
@@ -39,7 +76,7 @@ absl::Status CommitQueue::Commit(const Change& change) {
   {
     MutexLock lock(mu_);
     if (!running_) return absl::UnavailableError("commit queue is stopped");
-    queue_.push_back(&pending);
+    changes_.queued.push_back(&pending);
   }
   Settle(pending);
   return pending.result;
@@ -55,7 +92,7 @@ std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& chan
       return std::vector<absl::Status>(changes.size(),
                                        absl::UnavailableError("commit queue is stopped"));
     }
-    for (Pending& p : pending) queue_.push_back(&p);
+    for (Pending& p : pending) changes_.queued.push_back(&p);
   }
   std::vector<absl::Status> results;
   results.reserve(pending.size());
@@ -66,28 +103,51 @@ std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& chan
   return results;
 }
 
+absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
+  PendingStart pending{&start};
+  {
+    MutexLock lock(mu_);
+    if (!running_) return absl::UnavailableError("commit queue is stopped");
+    starts_.queued.push_back(&pending);
+  }
+  std::vector<PendingStart*> batch;
+  while (TakeTurn(pending, kMaxStartBatch, batch)) {
+    GuardTurn(batch, [&] { StartAll(batch); });
+  }
+  // The shared transaction failed as a whole: this start runs again alone, on the
+  // caller's thread, beside the others (and the next batches).
+  if (pending.alone) return store_->StartInstance(start);
+  return std::move(pending.result);
+}
+
 int CommitQueue::Queued() {
   MutexLock lock(mu_);
-  return static_cast<int>(queue_.size());
+  return static_cast<int>(changes_.queued.size());
+}
+
+template <typename P, typename Run>
+void CommitQueue::GuardTurn(const std::vector<P*>& batch, Run&& run) {
+  try {
+    run();
+  } catch (...) {
+    // What threw (an allocation, the store) leaves before the batch was answered:
+    // its callers are answered here and the next one takes a turn, so no caller
+    // waits for a turn that never ends. The exception goes on to this caller.
+    MutexLock lock(mu_);
+    for (P* p : batch) {
+      p->result = absl::InternalError("the commit threw; it may or may not have been written");
+      p->done = true;
+      p->settled.notify_one();
+    }
+    EndTurn<P>();
+    throw;
+  }
 }
 
 void CommitQueue::Settle(Pending& mine) {
   std::vector<Pending*> batch;
-  while (true) {
-    {
-      MutexLock lock(mu_);
-      while (!mine.done && committing_) mine.settled.wait(lock.native());
-      if (mine.done) return;
-      // Nobody commits: this caller commits the oldest changes queued, its own among
-      // them or ahead of it.
-      committing_ = true;
-      batch.clear();
-      while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
-        batch.push_back(queue_.front());
-        queue_.pop_front();
-      }
-    }
-    CommitBatch(batch);
+  while (TakeTurn(mine, options_.max_batch, batch)) {
+    GuardTurn(batch, [&] { CommitBatch(batch); });
   }
 }
 
@@ -105,30 +165,7 @@ void CommitQueue::CommitBatch(const std::vector<Pending*>& batch) {
     batch[i]->done = true;
     batch[i]->settled.notify_one();
   }
-  committing_ = false;
-  // The caller of the oldest change still queued commits next. (Its caller waits on
-  // it now, or is on its way to: a CommitAll settles its changes in order, and the
-  // ones before this are done.)
-  if (!queue_.empty()) {
-    queue_.front()->settled.notify_one();
-  } else {
-    idle_.notify_all();
-  }
-}
-
-absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
-  PendingStart pending{&start};
-  {
-    MutexLock lock(mu_);
-    if (!running_) return absl::UnavailableError("commit queue is stopped");
-    starts_.push_back(&pending);
-    start_wake_.notify_one();
-    while (!pending.done) pending.settled.wait(lock.native());
-  }
-  // The shared transaction failed as a whole: this start runs again alone, on the
-  // caller's thread, beside the others (and the next batches).
-  if (pending.alone) return store_->StartInstance(start);
-  return std::move(pending.result);
+  EndTurn<Pending>();
 }
 
 void CommitQueue::StartAll(const std::vector<PendingStart*>& batch) {
@@ -159,24 +196,7 @@ void CommitQueue::StartAll(const std::vector<PendingStart*>& batch) {
     pending.done = true;
     pending.settled.notify_one();
   }
-}
-
-void CommitQueue::StartLoop(std::stop_token stop) {
-  std::vector<PendingStart*> batch;
-  while (true) {
-    {
-      MutexLock lock(mu_);
-      start_wake_.wait(lock.native(), stop,
-                       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !starts_.empty(); });
-      if (starts_.empty()) return;  // stopped with nothing left to start
-      batch.clear();
-      while (!starts_.empty() && static_cast<int>(batch.size()) < kMaxStartBatch) {
-        batch.push_back(starts_.front());
-        starts_.pop_front();
-      }
-    }
-    StartAll(batch);
-  }
+  EndTurn<PendingStart>();
 }
 
 }  // namespace waystone

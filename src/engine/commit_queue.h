@@ -2,7 +2,7 @@
 
 #include <condition_variable>
 #include <deque>
-#include <thread>
+#include <vector>
 
 #include "base/mutex.h"
 #include "store/store.h"
@@ -20,9 +20,9 @@ struct CommitQueueOptions {
 // that finds nobody committing commits the oldest changes queued (its own among
 // them) on its own thread, while those arriving meanwhile queue for the next batch
 // (leader and followers), so a lone caller's commit needs no hand-over to another
-// thread. Starts are grouped the same way, on a thread of their own (so on
-// PostgreSQL a batch of starts commits beside a batch of checkpoints), which the
-// queue owns between Start() and Stop(). Thread-safe.
+// thread. Starts are grouped the same way in a lane of their own (so on PostgreSQL
+// a batch of starts commits beside a batch of checkpoints). Owns no thread.
+// Thread-safe.
 class CommitQueue {
  public:
   CommitQueue(InstanceStore* store, CommitQueueOptions options);
@@ -31,7 +31,9 @@ class CommitQueue {
   CommitQueue& operator=(const CommitQueue&) = delete;
 
   void Start();
-  // Commits what is queued, then stops; later Commit calls return Unavailable.
+  // Waits until what is queued is committed, then stops; later calls return
+  // Unavailable. The last callers may still be leaving their Commit when it
+  // returns: whoever destroys the queue must have let its callers return first.
   void Stop();
 
   // Commits `change` with whatever else is waiting. Returns its own status: OK,
@@ -71,29 +73,45 @@ class CommitQueue {
     bool alone = false;  // its batch failed: the caller starts it again by itself
     std::condition_variable settled;
   };
+  // What waits to be committed in one kind of transaction, and whether one of its
+  // callers commits a batch of it now.
+  template <typename P>
+  struct Lane {
+    std::deque<P*> queued;
+    bool busy = false;
+  };
   // Starts per transaction at most: each runs under a savepoint, and PostgreSQL
   // keeps 64 subtransactions per backend in its fast cache.
   static constexpr int kMaxStartBatch = 32;
+  // The lane of changes (Pending) or of starts (PendingStart).
+  template <typename P>
+  Lane<P>& LaneOf() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `mine` is done (false) or nobody commits in its lane (true: this
+  // caller takes the oldest queued into `batch`, commits them, then calls EndTurn).
+  template <typename P>
+  bool TakeTurn(P& mine, int max_batch, std::vector<P*>& batch);
+  // Under mu_, once a turn's batch is answered: lets the next caller take a turn.
+  template <typename P>
+  void EndTurn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a turn (`run` answers `batch` and ends the turn); when it throws, answers
+  // the batch Internal and ends the turn before the exception goes on.
+  template <typename P, typename Run>
+  void GuardTurn(const std::vector<P*>& batch, Run&& run);
   // Returns once `mine` is committed, committing batches itself whenever nobody
   // else does.
   void Settle(Pending& mine);
   // Commits `batch` (taken from the queue by this caller) and answers its callers.
   void CommitBatch(const std::vector<Pending*>& batch);
-  void StartLoop(std::stop_token stop);
   // Runs a batch of starts in one transaction (or each alone when it fails).
   void StartAll(const std::vector<PendingStart*>& batch);
 
   InstanceStore* store_;
   CommitQueueOptions options_;
   Mutex mu_;
-  std::condition_variable_any start_wake_;  // starter: starts arrived
-  std::condition_variable idle_;            // Stop(): nothing queued or committing
-  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);  // changes no caller commits yet
-  bool committing_ ABSL_GUARDED_BY(mu_) = false;     // a caller commits a batch now
-  std::deque<PendingStart*> starts_ ABSL_GUARDED_BY(mu_);
+  std::condition_variable idle_;  // Stop(): nothing queued or committing
+  Lane<Pending> changes_ ABSL_GUARDED_BY(mu_);
+  Lane<PendingStart> starts_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::jthread start_thread_;  // commits starts: on PostgreSQL beside the changes, on another
-                               // connection
 };
 
 }  // namespace waystone

@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -23,7 +25,9 @@ class FailingBatchStore final : public InstanceStore {
   std::atomic<int> batches{0};
   std::atomic<int> alone{0};
   std::atomic<int> commits{0};  // change transactions
-  std::atomic<bool> hold{false};  // a change transaction waits while set
+  std::atomic<bool> throw_next{false};  // the next change transaction throws
+  // The change transactions let through: the next waits until this grows.
+  std::atomic<int> allowed{std::numeric_limits<int>::max()};
   std::mutex mu;
   std::vector<std::thread::id> committed_on;  // the thread of each change transaction
 
@@ -41,8 +45,9 @@ class FailingBatchStore final : public InstanceStore {
       std::lock_guard lock(mu);
       committed_on.push_back(std::this_thread::get_id());
     }
-    commits.fetch_add(1);
-    while (hold.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (throw_next.exchange(false)) throw std::runtime_error("out of something");
+    const int n = commits.fetch_add(1) + 1;
+    while (n > allowed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return real_->Commit(c);
   }
   absl::StatusOr<InstanceRecord> GetInstance(int64_t id) override { return real_->GetInstance(id); }
@@ -128,7 +133,7 @@ TEST_F(CommitQueueTest, AChangeQueuedBehindACommitIsCommittedNextAndStopWaitsFor
   FailingBatchStore store(store_.get());
   CommitQueue queue(&store, {});
   queue.Start();
-  store.hold = true;
+  store.allowed = 0;
   absl::Status first_result = absl::UnknownError("not run");
   absl::Status second_result = absl::UnknownError("not run");
   std::thread::id second_thread;
@@ -145,10 +150,14 @@ TEST_F(CommitQueueTest, AChangeQueuedBehindACommitIsCommittedNextAndStopWaitsFor
     queue.Stop();
     stopped = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(stopped.load()) << "Stop() returned with a commit under way";
-  store.hold = false;
+  // a's transaction goes through; b's is taken next and held.
+  store.allowed = 1;
   a.join();
+  EXPECT_TRUE(testing::WaitFor([&] { return store.commits.load() == 2; },
+                               std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(stopped.load()) << "Stop() returned with a queued change not yet committed";
+  store.allowed = 2;
   b.join();
   stopper.join();
   EXPECT_TRUE(first_result.ok()) << first_result;
@@ -159,6 +168,21 @@ TEST_F(CommitQueueTest, AChangeQueuedBehindACommitIsCommittedNextAndStopWaitsFor
   EXPECT_EQ(Get(first.instance_id).state, InstanceState::kCompleted);
   EXPECT_EQ(Get(second.instance_id).state, InstanceState::kCompleted);
   EXPECT_TRUE(absl::IsUnavailable(queue.Commit(Finish(first, 3000))));
+}
+
+// A commit that throws reaches its caller, and the next caller still commits: the
+// turn it held ends (a regression hangs here).
+TEST_F(CommitQueueTest, ACommitThatThrowsLeavesTheQueueToTheNextCaller) {
+  const Lease lease = StartAndClaim("throws", 1000, 30'000);
+  FailingBatchStore store(store_.get());
+  CommitQueue queue(&store, {});
+  queue.Start();
+  store.throw_next = true;
+  EXPECT_THROW(queue.Commit(Finish(lease, 2000)), std::runtime_error);
+  EXPECT_EQ(Get(lease.instance_id).state, InstanceState::kRunning);
+  EXPECT_TRUE(queue.Commit(Finish(lease, 2000)).ok());
+  EXPECT_EQ(Get(lease.instance_id).state, InstanceState::kCompleted);
+  queue.Stop();
 }
 
 TEST_F(CommitQueueTest, AStaleLeaseIsAbortedAndTheOthersStillCommit) {

@@ -15,10 +15,10 @@ namespace {
 // The SQL of a start; the algorithm is StartInstanceWith. The writes that answer
 // only a status (steps, event, notification, inbox link) wait and go out in one
 // pipeline with the next statement whose answer the algorithm needs (or with
-// Flush), so a created start costs two round trips: the tombstone check and the
-// insert with its check for a concurrent burial. A write that failed fails that
-// next statement: never a FailedPrecondition, so the whole batch, as it would have
-// at once.
+// Flush), so a created start costs one round trip: the insert with the tombstone
+// check after it (which also finds a concurrent burial). A write that failed fails
+// that next statement: never a FailedPrecondition, so the whole batch, as it would
+// have at once.
 class PgStartSql final : public StartSql {
  public:
   explicit PgStartSql(PgConnection& c) : c_(c) {}
