@@ -107,7 +107,9 @@ absl::StatusOr<StartResult> StartInstanceWith(StartSql& sql, const NewInstance& 
   } else {
     WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> existing,
                         sql.InstanceByKey(in.tenant, in.key));
-    if (!existing) return absl::UnavailableError("instance not visible yet; retry");
+    // The insert found the key held, and neither an instance nor a tombstone holds it
+    // now: a gc removed one (or its expired tombstone) meanwhile. Start again.
+    if (!existing) return absl::AbortedError(kCollectedMeanwhile);
     WS_RETURN_IF_ERROR(CheckStartAgainst(existing->workflow, existing->input_hash, in, false));
     result.outcome = StartOutcome::kExisting;
     result.instance = *existing;

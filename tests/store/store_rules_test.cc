@@ -443,6 +443,7 @@ class FakeStartSql final : public StartSql {
 
   absl::Status fail_insert;  // the next InsertInstance answers this when set
   std::optional<TombstoneRecord> buried_meanwhile;
+  bool held_unseen = false;  // the insert finds the key held; no row or tombstone is read
 
   absl::Status Savepoint() override {
     log.push_back("savepoint");
@@ -483,7 +484,7 @@ class FakeStartSql final : public StartSql {
     if (buried_meanwhile) {
       insertion.created = 7;
       insertion.tombstone = buried_meanwhile;
-    } else if (!existing && !tombstone) {
+    } else if (!existing && !tombstone && !held_unseen) {
       insertion.created = 7;
     }
     return insertion;
@@ -547,6 +548,13 @@ TEST(StoreRulesTest, AStartCreatesAnswersFromTheExistingInstanceOrFromItsTombsto
   auto again = StartInstanceWith(raced, StartOf("h1"));
   EXPECT_TRUE(StartAgain(again.status())) << again.status();
   EXPECT_EQ(raced.log, (std::vector<std::string>{"insert"}));
+
+  // The insert found the key held, but what held it was gone by the next read (a gc
+  // removed the instance, or the tombstone had expired): the start runs again too.
+  FakeStartSql vanished;
+  vanished.held_unseen = true;
+  auto retried = StartInstanceWith(vanished, StartOf("h1"));
+  EXPECT_TRUE(StartAgain(retried.status())) << retried.status();
 }
 
 TEST(StoreRulesTest, EnumValuesInSqlAreTheirStoredNumbers) {
