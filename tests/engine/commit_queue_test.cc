@@ -178,7 +178,7 @@ TEST_F(CommitQueueTest, ACommitThatThrowsLeavesTheQueueToTheNextCaller) {
   CommitQueue queue(&store, {});
   queue.Start();
   store.throw_next = true;
-  EXPECT_THROW(queue.Commit(Finish(lease, 2000)), std::runtime_error);
+  EXPECT_THROW((void)queue.Commit(Finish(lease, 2000)), std::runtime_error);
   EXPECT_EQ(Get(lease.instance_id).state, InstanceState::kRunning);
   EXPECT_TRUE(queue.Commit(Finish(lease, 2000)).ok());
   EXPECT_EQ(Get(lease.instance_id).state, InstanceState::kCompleted);
