@@ -2,15 +2,17 @@
 
 #include <algorithm>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "base/mutex.h"
+#include "base/status_macros.h"
 #include "engine/redaction.h"
 
 namespace waystone {
 
 CommitQueue::CommitQueue(InstanceStore* store, CommitQueueOptions options)
-    : store_(store), options_(options) {
+    : store_(store), options_(options), one_writer_(store->OneWriter()) {
   options_.max_batch = std::max(1, options_.max_batch);
 }
 
@@ -41,34 +43,62 @@ CommitQueue::Lane<CommitQueue::PendingStart>& CommitQueue::LaneOf() {
 }
 
 template <typename P>
-bool CommitQueue::TakeTurn(P& mine, int max_batch, std::vector<P*>& batch) {
+bool& CommitQueue::BusyOf() {
+  return one_writer_ ? changes_.busy : LaneOf<P>().busy;
+}
+
+namespace {
+
+// Moves the oldest of `queued`, up to `most`, into `batch`.
+template <typename P>
+void TakeOldest(std::deque<P*>& queued, int most, std::vector<P*>& batch) {
+  while (!queued.empty() && static_cast<int>(batch.size()) < most) {
+    batch.push_back(queued.front());
+    queued.pop_front();
+  }
+}
+
+// Wakes the caller of the oldest of `queued`; false when nothing is queued.
+template <typename P>
+bool WakeOldest(const std::deque<P*>& queued) {
+  if (queued.empty()) return false;
+  queued.front()->settled.notify_one();
+  return true;
+}
+
+}  // namespace
+
+template <typename P>
+bool CommitQueue::TakeTurn(P& mine, Turn& turn) {
   MutexLock lock(mu_);
-  Lane<P>& lane = LaneOf<P>();
-  while (!mine.done && lane.busy) mine.settled.wait(lock.native());
+  bool& busy = BusyOf<P>();
+  while (!mine.done && busy) mine.settled.wait(lock.native());
   if (mine.done) return false;
   // Nobody commits in this lane: this caller takes the oldest queued, its own among
-  // them or ahead of it.
-  lane.busy = true;
-  batch.clear();
-  while (!lane.queued.empty() && static_cast<int>(batch.size()) < max_batch) {
-    batch.push_back(lane.queued.front());
-    lane.queued.pop_front();
+  // them or ahead of it (with one writer, of both lanes).
+  busy = true;
+  turn.changes.clear();
+  turn.starts.clear();
+  if (one_writer_ || std::is_same_v<P, Pending>) {
+    TakeOldest(changes_.queued, options_.max_batch, turn.changes);
+  }
+  if (one_writer_ || std::is_same_v<P, PendingStart>) {
+    TakeOldest(starts_.queued, kMaxStartBatch, turn.starts);
   }
   return true;
 }
 
 template <typename P>
 void CommitQueue::EndTurn() {
-  Lane<P>& lane = LaneOf<P>();
-  lane.busy = false;
+  BusyOf<P>() = false;
   // The caller of the oldest still queued takes the next turn. (It waits on it now,
   // or is on its way to: a CommitAll settles its changes in order, and the ones
-  // before this are done.)
-  if (!lane.queued.empty()) {
-    lane.queued.front()->settled.notify_one();
-  } else {
-    idle_.notify_all();
-  }
+  // before this are done.) With one writer, the oldest of each lane is woken, and
+  // whichever comes first takes both.
+  bool queued = false;
+  if (one_writer_ || std::is_same_v<P, Pending>) queued |= WakeOldest(changes_.queued);
+  if (one_writer_ || std::is_same_v<P, PendingStart>) queued |= WakeOldest(starts_.queued);
+  if (!queued) idle_.notify_all();
 }
 
 absl::Status CommitQueue::Commit(const Change& change) {
@@ -110,10 +140,8 @@ absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
     if (!running_) return absl::UnavailableError("commit queue is stopped");
     starts_.queued.push_back(&pending);
   }
-  std::vector<PendingStart*> batch;
-  while (TakeTurn(pending, kMaxStartBatch, batch)) {
-    GuardTurn(batch, [&] { StartAll(batch); });
-  }
+  Turn turn;
+  while (TakeTurn(pending, turn)) RunTurn<PendingStart>(turn);
   // The shared transaction failed as a whole: this start runs again alone, on the
   // caller's thread, beside the others (and the next batches).
   if (pending.alone) return store_->StartInstance(start);
@@ -122,81 +150,99 @@ absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
 
 int CommitQueue::Queued() {
   MutexLock lock(mu_);
-  return static_cast<int>(changes_.queued.size());
+  return static_cast<int>(changes_.queued.size() + starts_.queued.size());
 }
 
-template <typename P, typename Run>
-void CommitQueue::GuardTurn(const std::vector<P*>& batch, Run&& run) {
+template <typename P>
+void CommitQueue::RunTurn(const Turn& turn) {
+  std::vector<size_t> start_order;
+  absl::StatusOr<InstanceStore::Committed> committed;
   try {
-    run();
+    committed = CommitTurn(turn, start_order);
   } catch (...) {
-    // What threw (an allocation, the store) leaves before the batch was answered:
+    // What threw (an allocation, the store) leaves before the turn was answered:
     // its callers are answered here and the next one takes a turn, so no caller
     // waits for a turn that never ends. The exception goes on to this caller.
+    const absl::Status threw =
+        absl::InternalError("the commit threw; it may or may not have been written");
     MutexLock lock(mu_);
-    for (P* p : batch) {
-      p->result = absl::InternalError("the commit threw; it may or may not have been written");
+    for (Pending* p : turn.changes) {
+      p->result = threw;
+      p->done = true;
+      p->settled.notify_one();
+    }
+    for (PendingStart* p : turn.starts) {
+      p->result = threw;
       p->done = true;
       p->settled.notify_one();
     }
     EndTurn<P>();
     throw;
   }
+  MutexLock lock(mu_);
+  Answer(turn, start_order, std::move(committed));
+  EndTurn<P>();
 }
 
 void CommitQueue::Settle(Pending& mine) {
-  std::vector<Pending*> batch;
-  while (TakeTurn(mine, options_.max_batch, batch)) {
-    GuardTurn(batch, [&] { CommitBatch(batch); });
-  }
+  Turn turn;
+  while (TakeTurn(mine, turn)) RunTurn<Pending>(turn);
 }
 
-void CommitQueue::CommitBatch(const std::vector<Pending*>& batch) {
+absl::StatusOr<InstanceStore::Committed> CommitQueue::CommitTurn(const Turn& turn,
+                                                                 std::vector<size_t>& start_order) {
   std::vector<Change> changes;
-  changes.reserve(batch.size());
-  for (const Pending* p : batch) {
+  changes.reserve(turn.changes.size());
+  for (const Pending* p : turn.changes) {
     changes.push_back(*p->change);
     RedactChange(changes.back());  // nothing stored carries a secret a downstream echoed
   }
-  auto results = store_->Commit(changes);
-  MutexLock lock(mu_);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i]->result = results.ok() ? (*results)[i] : results.status();
-    batch[i]->done = true;
-    batch[i]->settled.notify_one();
-  }
-  EndTurn<Pending>();
-}
-
-void CommitQueue::StartAll(const std::vector<PendingStart*>& batch) {
-  // In (tenant, key) order, so that two processes batching the same keys take their
-  // locks in the same order.
-  std::vector<size_t> order(batch.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const NewInstance& x = *batch[a]->start;
-    const NewInstance& y = *batch[b]->start;
+  // Starts in (tenant, key) order, so that two processes batching the same keys
+  // take their locks in the same order.
+  start_order.resize(turn.starts.size());
+  for (size_t i = 0; i < start_order.size(); ++i) start_order[i] = i;
+  std::stable_sort(start_order.begin(), start_order.end(), [&](size_t a, size_t b) {
+    const NewInstance& x = *turn.starts[a]->start;
+    const NewInstance& y = *turn.starts[b]->start;
     return std::tie(x.tenant, x.key) < std::tie(y.tenant, y.key);
   });
   std::vector<NewInstance> starts;
-  starts.reserve(batch.size());
-  for (size_t i : order) starts.push_back(*batch[i]->start);
-  auto results = batch.size() == 1 ? absl::StatusOr<std::vector<absl::StatusOr<StartResult>>>(
-                                         std::vector{store_->StartInstance(starts.front())})
-                                   : store_->StartInstances(starts);
-  MutexLock lock(mu_);
-  for (size_t n = 0; n < order.size(); ++n) {
-    PendingStart& pending = *batch[order[n]];
-    if (results.ok()) {
-      pending.result = std::move((*results)[n]);
+  starts.reserve(start_order.size());
+  for (size_t i : start_order) starts.push_back(*turn.starts[i]->start);
+
+  if (!starts.empty() && !changes.empty()) return store_->StartAndCommit(starts, changes);
+  InstanceStore::Committed committed;
+  if (!changes.empty()) {
+    WS_ASSIGN_OR_RETURN(committed.applied, store_->Commit(changes));
+  } else if (starts.size() == 1) {
+    committed.started.push_back(store_->StartInstance(starts.front()));  // its own answer
+  } else if (!starts.empty()) {
+    WS_ASSIGN_OR_RETURN(committed.started, store_->StartInstances(starts));
+  }
+  return committed;
+}
+
+void CommitQueue::Answer(const Turn& turn, const std::vector<size_t>& start_order,
+                         absl::StatusOr<InstanceStore::Committed> committed) {
+  for (size_t i = 0; i < turn.changes.size(); ++i) {
+    Pending& pending = *turn.changes[i];
+    pending.result = committed.ok() ? committed->applied[i] : committed.status();
+    pending.done = true;
+    pending.settled.notify_one();
+  }
+  for (size_t n = 0; n < start_order.size(); ++n) {
+    PendingStart& pending = *turn.starts[start_order[n]];
+    if (committed.ok()) {
+      pending.result = std::move(committed->started[n]);
     } else {
-      pending.alone = batch.size() > 1;  // one start alone: its own error is the answer
-      pending.result = results.status();
+      // The shared transaction failed as a whole (a lone start answers its own
+      // error through StartInstance, above): the start runs again by itself.
+      pending.alone = true;
+      pending.result = committed.status();
     }
     pending.done = true;
     pending.settled.notify_one();
   }
-  EndTurn<PendingStart>();
 }
 
 }  // namespace waystone

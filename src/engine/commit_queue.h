@@ -20,9 +20,10 @@ struct CommitQueueOptions {
 // that finds nobody committing commits the oldest changes queued (its own among
 // them) on its own thread, while those arriving meanwhile queue for the next batch
 // (leader and followers), so a lone caller's commit needs no hand-over to another
-// thread. Starts are grouped the same way in a lane of their own (so on PostgreSQL
-// a batch of starts commits beside a batch of checkpoints). Owns no thread.
-// Thread-safe.
+// thread. Starts are grouped the same way in a lane of their own, so on PostgreSQL
+// a batch of starts commits beside a batch of checkpoints; where the store has one
+// writer (SQLite), a turn takes both lanes into one transaction instead, as two
+// would run one after the other anyway. Owns no thread. Thread-safe.
 class CommitQueue {
  public:
   CommitQueue(InstanceStore* store, CommitQueueOptions options);
@@ -51,7 +52,8 @@ class CommitQueue {
   // on its own, so one caller's trouble is not another's. Unavailable once stopped.
   absl::StatusOr<StartResult> Start(const NewInstance& start);
 
-  // Changes queued for the next transaction (not in the one being committed).
+  // Changes and starts queued for the next transaction (not in the one being
+  // committed).
   int Queued();
 
  private:
@@ -74,11 +76,17 @@ class CommitQueue {
     std::condition_variable settled;
   };
   // What waits to be committed in one kind of transaction, and whether one of its
-  // callers commits a batch of it now.
+  // callers commits a batch of it now (with one writer, changes_.busy stands for
+  // both lanes).
   template <typename P>
   struct Lane {
     std::deque<P*> queued;
     bool busy = false;
+  };
+  // What one turn commits: changes or starts, or with one writer both.
+  struct Turn {
+    std::vector<Pending*> changes;
+    std::vector<PendingStart*> starts;
   };
   // Starts per transaction at most: each runs under a savepoint, and PostgreSQL
   // keeps 64 subtransactions per backend in its fast cache.
@@ -86,24 +94,33 @@ class CommitQueue {
   // The lane of changes (Pending) or of starts (PendingStart).
   template <typename P>
   Lane<P>& LaneOf() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until `mine` is done (false) or nobody commits in its lane (true: this
-  // caller takes the oldest queued into `batch`, commits them, then calls EndTurn).
+  // Whether somebody commits what `P`'s lane holds now.
   template <typename P>
-  bool TakeTurn(P& mine, int max_batch, std::vector<P*>& batch);
-  // Under mu_, once a turn's batch is answered: lets the next caller take a turn.
+  bool& BusyOf() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `mine` is done (false) or nobody commits in its lane (true: this
+  // caller takes the oldest queued into `turn`, commits them, then calls EndTurn).
+  template <typename P>
+  bool TakeTurn(P& mine, Turn& turn);
+  // Under mu_, once a turn is answered: lets the next caller take a turn.
   template <typename P>
   void EndTurn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs a turn (`run` answers `batch` and ends the turn); when it throws, answers
-  // the batch Internal and ends the turn before the exception goes on.
-  template <typename P, typename Run>
-  void GuardTurn(const std::vector<P*>& batch, Run&& run);
+  // Commits `turn` (taken from the queues by this caller), answers its callers and
+  // ends the turn; when that throws, answers them Internal and ends the turn
+  // before the exception goes on.
+  template <typename P>
+  void RunTurn(const Turn& turn);
   // Returns once `mine` is committed, committing batches itself whenever nobody
   // else does.
   void Settle(Pending& mine);
-  // Commits `batch` (taken from the queue by this caller) and answers its callers.
-  void CommitBatch(const std::vector<Pending*>& batch);
-  // Runs a batch of starts in one transaction (or each alone when it fails).
-  void StartAll(const std::vector<PendingStart*>& batch);
+  // Commits the turn's changes, its starts (in `start_order`, which it sets), or
+  // both in one transaction.
+  absl::StatusOr<InstanceStore::Committed> CommitTurn(const Turn& turn,
+                                                      std::vector<size_t>& start_order);
+  // Answers each caller of the turn (under mu_). A transaction that failed as a
+  // whole answers each change its error and sends each start to run alone.
+  void Answer(const Turn& turn, const std::vector<size_t>& start_order,
+              absl::StatusOr<InstanceStore::Committed> committed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   InstanceStore* store_;
   CommitQueueOptions options_;
@@ -112,6 +129,7 @@ class CommitQueue {
   Lane<Pending> changes_ ABSL_GUARDED_BY(mu_);
   Lane<PendingStart> starts_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
+  const bool one_writer_;  // both lanes commit in one transaction (StartAndCommit)
 };
 
 }  // namespace waystone

@@ -97,6 +97,26 @@ class InstanceStore {
   // A non-OK return means the transaction as a whole failed and nothing was applied.
   virtual absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& changes) = 0;
 
+  // Whether a batch of starts and a batch of changes are best committed together
+  // (StartAndCommit): true where write transactions run one at a time anyway (one
+  // writer), so two of them would only wait for each other and cost two syncs.
+  virtual bool OneWriter() const { return false; }
+
+  // What one shared transaction of starts and changes answered, each in order.
+  struct Committed {
+    std::vector<absl::StatusOr<StartResult>> started;
+    std::vector<absl::Status> applied;
+  };
+  // Starts `starts` as StartInstances does, then applies `changes` as Commit does,
+  // in one transaction. A non-OK return means nothing was written: each start may
+  // run again on its own. Unimplemented where OneWriter() is false.
+  virtual absl::StatusOr<Committed> StartAndCommit(const std::vector<NewInstance>& starts,
+                                                   const std::vector<Change>& changes) {
+    (void)starts;
+    (void)changes;
+    return absl::UnimplementedError("starts and changes commit apart");
+  }
+
   virtual absl::StatusOr<InstanceRecord> GetInstance(int64_t id) = 0;
 
   virtual absl::StatusOr<InstanceRecord> FindInstance(const std::string& tenant,

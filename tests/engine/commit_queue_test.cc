@@ -24,7 +24,7 @@ class FailingBatchStore final : public InstanceStore {
   explicit FailingBatchStore(InstanceStore* real) : real_(real) {}
   std::atomic<int> batches{0};
   std::atomic<int> alone{0};
-  std::atomic<int> commits{0};  // change transactions
+  std::atomic<int> commits{0};  // transactions with changes
   std::atomic<bool> throw_next{false};  // the next change transaction throws
   // The change transactions let through: the next waits until this grows.
   std::atomic<int> allowed{std::numeric_limits<int>::max()};
@@ -40,15 +40,28 @@ class FailingBatchStore final : public InstanceStore {
     batches.fetch_add(1);
     return absl::UnavailableError("database is locked");
   }
+  // With one_writer, the queue commits starts and changes together (StartAndCommit),
+  // which fails as a whole when fail_together is set.
+  bool one_writer = false;
+  std::atomic<bool> fail_together{false};
+  std::atomic<int> together{0};  // shared transactions of starts and changes
+  std::vector<size_t> together_sizes;  // starts + changes in each
+
   absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& c) override {
+    Enter();
+    return real_->Commit(c);
+  }
+  bool OneWriter() const override { return one_writer; }
+  absl::StatusOr<Committed> StartAndCommit(const std::vector<NewInstance>& starts,
+                                           const std::vector<Change>& changes) override {
+    Enter();
+    together.fetch_add(1);
     {
       std::lock_guard lock(mu);
-      committed_on.push_back(std::this_thread::get_id());
+      together_sizes.push_back(starts.size() + changes.size());
     }
-    if (throw_next.exchange(false)) throw std::runtime_error("out of something");
-    const int n = commits.fetch_add(1) + 1;
-    while (n > allowed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return real_->Commit(c);
+    if (fail_together) return absl::UnavailableError("database is locked");
+    return real_->StartAndCommit(starts, changes);
   }
   absl::StatusOr<InstanceRecord> GetInstance(int64_t id) override { return real_->GetInstance(id); }
   absl::StatusOr<InstanceRecord> FindInstance(const std::string& t, const std::string& k) override {
@@ -89,6 +102,17 @@ class FailingBatchStore final : public InstanceStore {
   }
 
  private:
+  // A change transaction begins: recorded, thrown when asked, held at the gate.
+  void Enter() {
+    {
+      std::lock_guard lock(mu);
+      committed_on.push_back(std::this_thread::get_id());
+    }
+    if (throw_next.exchange(false)) throw std::runtime_error("out of something");
+    const int n = commits.fetch_add(1) + 1;
+    while (n > allowed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
   InstanceStore* real_;
 };
 
@@ -101,6 +125,36 @@ class CommitQueueTest : public testing::StoreWithInstances {
     change.state = InstanceState::kCompleted;
     change.lease_expires_at = 0;
     return change;
+  }
+
+  // What the callers of CommitWithTwoQueuedBehind were answered.
+  struct QueuedBehind {
+    absl::Status first = absl::UnknownError("not run");
+    absl::Status second = absl::UnknownError("not run");
+    absl::StatusOr<StartResult> started = absl::UnknownError("not run");
+  };
+
+  // Commits a change finishing `first` while `store` holds its transaction, queues a
+  // change finishing `second` and a start of "new" behind it, then lets the store go.
+  static QueuedBehind CommitWithTwoQueuedBehind(FailingBatchStore& store, const Lease& first,
+                                                const Lease& second) {
+    CommitQueue queue(&store, {});
+    queue.Start();
+    QueuedBehind answered;
+    store.allowed = 0;
+    std::thread a([&] { answered.first = queue.Commit(Finish(first, 2000)); });
+    EXPECT_TRUE(testing::WaitFor([&] { return store.commits.load() == 1; },
+                                 std::chrono::seconds(10)));
+    std::thread b([&] { answered.second = queue.Commit(Finish(second, 2000)); });
+    std::thread c([&] { answered.started = queue.Start(StartOf("new")); });
+    EXPECT_TRUE(testing::WaitFor([&] { return queue.Queued() == 2; }, std::chrono::seconds(10)))
+        << "the start and the change did not both wait behind the held transaction";
+    store.allowed = std::numeric_limits<int>::max();
+    a.join();
+    b.join();
+    c.join();
+    queue.Stop();
+    return answered;
   }
 };
 
@@ -334,6 +388,47 @@ TEST_F(CommitQueueTest, WhenTheSharedStartTransactionFailsEachStartRunsAgainAlon
     EXPECT_TRUE(store_->FindInstance("t1", "k" + std::to_string(i)).ok()) << i;
   }
   queue.Stop();
+}
+
+// With one writer (SQLite), what queued behind a commit goes in one transaction,
+// starts and changes alike, and each caller gets its own answer.
+TEST_F(CommitQueueTest, WithOneWriterStartsAndChangesQueuedTogetherShareOneTransaction) {
+  const Lease first = StartAndClaim("first", 1000, 30'000);
+  const Lease second = StartAndClaim("second", 1000, 30'000);
+  FailingBatchStore store(store_.get());
+  store.one_writer = true;
+  const QueuedBehind answered = CommitWithTwoQueuedBehind(store, first, second);
+  EXPECT_TRUE(answered.first.ok()) << answered.first;
+  EXPECT_TRUE(answered.second.ok()) << answered.second;
+  ASSERT_TRUE(answered.started.ok()) << answered.started.status();
+  EXPECT_EQ(answered.started->outcome, StartOutcome::kCreated);
+  // first's transaction, then one for second's change and the start together.
+  EXPECT_EQ(store.commits.load(), 2);
+  EXPECT_EQ(store.together.load(), 1);
+  EXPECT_EQ(store.together_sizes, std::vector<size_t>{2});
+  EXPECT_EQ(store.alone.load(), 0);
+  EXPECT_EQ(store.batches.load(), 0);
+  EXPECT_EQ(Get(second.instance_id).state, InstanceState::kCompleted);
+  EXPECT_EQ(Get(answered.started->instance.id).state, InstanceState::kRunning);
+}
+
+// When the shared transaction fails as a whole, the change is answered its error
+// and the start runs again alone: the start is made once, the change not at all.
+TEST_F(CommitQueueTest, WithOneWriterAFailedSharedTransactionSendsTheStartAloneAndAnswersTheChange) {
+  const Lease first = StartAndClaim("first", 1000, 30'000);
+  const Lease second = StartAndClaim("second", 1000, 30'000);
+  FailingBatchStore store(store_.get());
+  store.one_writer = true;
+  store.fail_together = true;
+  const QueuedBehind answered = CommitWithTwoQueuedBehind(store, first, second);
+  EXPECT_TRUE(answered.first.ok()) << answered.first;
+  EXPECT_TRUE(absl::IsUnavailable(answered.second)) << answered.second;
+  ASSERT_TRUE(answered.started.ok()) << answered.started.status();
+  EXPECT_EQ(answered.started->outcome, StartOutcome::kCreated);
+  EXPECT_EQ(store.together.load(), 1);
+  EXPECT_EQ(store.alone.load(), 1);
+  EXPECT_EQ(Get(second.instance_id).state, InstanceState::kRunning);  // nothing written
+  EXPECT_TRUE(store_->FindInstance("t1", "new").ok());
 }
 
 }  // namespace

@@ -356,12 +356,29 @@ class SqliteChangeSql final : public ChangeSql {
 
 }  // namespace
 
+absl::StatusOr<std::vector<absl::Status>> SqliteApplyChanges(SqliteDb& db,
+                                                             const std::vector<Change>& changes,
+                                                             int attempts_per_step) {
+  SqliteChangeSql sql(db);
+  return CommitChanges(sql, changes, attempts_per_step);
+}
+
 absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<Change>& changes) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
-  return InWriteTransactionFor(db, [&] {
-    SqliteChangeSql sql(db);
-    return CommitChanges(sql, changes, attempts_per_step_);
+  return InWriteTransactionFor(
+      db, [&] { return SqliteApplyChanges(db, changes, attempts_per_step_); });
+}
+
+absl::StatusOr<InstanceStore::Committed> SqliteStore::StartAndCommit(
+    const std::vector<NewInstance>& starts, const std::vector<Change>& changes) {
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  return InWriteTransactionFor(db, [&]() -> absl::StatusOr<Committed> {
+    Committed committed;
+    WS_ASSIGN_OR_RETURN(committed.started, SqliteStartInstances(db, starts));
+    WS_ASSIGN_OR_RETURN(committed.applied, SqliteApplyChanges(db, changes, attempts_per_step_));
+    return committed;
   });
 }
 

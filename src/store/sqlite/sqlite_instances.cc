@@ -129,10 +129,13 @@ absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> SqliteStore::StartInsta
     const std::vector<NewInstance>& starts) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
-  return InWriteTransactionFor(db, [&] {
-    SqliteStartSql sql(db);
-    return StartInstancesWith(sql, starts);
-  });
+  return InWriteTransactionFor(db, [&] { return SqliteStartInstances(db, starts); });
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> SqliteStartInstances(
+    SqliteDb& db, const std::vector<NewInstance>& starts) {
+  SqliteStartSql sql(db);
+  return StartInstancesWith(sql, starts);
 }
 
 absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {

@@ -93,6 +93,14 @@ absl::Status SqliteInsertAudit(SqliteDb& db, const AuditRecord& audit, int64_t i
                                Millis at);
 absl::Status SqliteAddToCounter(SqliteDb& db, const std::string& name, int64_t delta);
 
+// Inside the write transaction open on `db`: starts `starts` (StartInstancesWith)
+// or applies `changes` (CommitChanges).
+absl::StatusOr<std::vector<absl::StatusOr<StartResult>>> SqliteStartInstances(
+    SqliteDb& db, const std::vector<NewInstance>& starts);
+absl::StatusOr<std::vector<absl::Status>> SqliteApplyChanges(SqliteDb& db,
+                                                             const std::vector<Change>& changes,
+                                                             int attempts_per_step);
+
 }  // namespace waystone
 
 namespace waystone {

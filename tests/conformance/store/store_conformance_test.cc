@@ -364,6 +364,56 @@ TEST_P(StoreConformanceTest, StaleLeaseCommitsNothing) {
   EXPECT_EQ(events[1].event_id, "owner-event");
 }
 
+// With one writer, a batch of starts and a batch of changes share one transaction:
+// each start and each change answers as it would in its own batch (a refused key
+// and a lost lease undo only themselves), and what is stored is the same.
+TEST_P(StoreConformanceTest, StartsAndChangesInOneTransactionAnswerAsInTheirOwn) {
+  if (!store_->OneWriter()) {
+    EXPECT_TRUE(absl::IsUnimplemented(store_->StartAndCommit({Instance("x")}, {}).status()));
+    EXPECT_FALSE(store_->FindInstance("t1", "x").ok());
+    return;
+  }
+  ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
+  Lease old_lease = (*store_->ClaimRunnable("worker-a", 2000, 1000, 10))[0];
+  Lease lease = (*store_->ClaimRunnable("worker-b", 3001, 5000, 10))[0];
+  const int64_t id = lease.instance_id;
+  StepRecord step = (*store_->GetSteps(id))[0];
+  step.state = StepState::kCompleted;
+  step.external_id = "from-owner";
+  Change good;
+  good.lease = lease;
+  good.now = 3002;
+  good.lease_expires_at = 9000;
+  good.steps = {step};
+  good.events = {{0, "owner-event", id, "t1", "waystone.step.completed", "{}", 0}};
+  Change stale = good;
+  stale.lease = old_lease;
+  stale.steps[0].external_id = "from-zombie";
+  stale.events = {{0, "zombie-event", id, "t1", "waystone.step.completed", "{}", 0}};
+
+  auto committed = store_->StartAndCommit(
+      {Instance("k2"), Instance("k1", R"({"a":2})"), Instance("k3")}, {stale, good});
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  ASSERT_EQ(committed->started.size(), 3u);
+  ASSERT_TRUE(committed->started[0].ok()) << committed->started[0].status();
+  EXPECT_EQ(committed->started[1].status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(committed->started[2].ok()) << committed->started[2].status();
+  for (int i : {0, 2}) {
+    const NewInstance in = Instance(i == 0 ? "k2" : "k3");
+    ASSERT_NO_FATAL_FAILURE(ExpectAnsweredAsStored(in, *committed->started[i]));
+    EXPECT_EQ(store_->ListEvents(committed->started[i]->instance.id)->size(), 1u);
+  }
+  ASSERT_EQ(committed->applied.size(), 2u);
+  EXPECT_EQ(committed->applied[0].code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(committed->applied[1].ok()) << committed->applied[1];
+  EXPECT_EQ((*store_->GetSteps(id))[0].external_id, "from-owner");
+  auto events = *store_->ListEvents(id);
+  ASSERT_EQ(events.size(), 2u);  // started + the owner's
+  EXPECT_EQ(events[1].event_id, "owner-event");
+  EXPECT_EQ(store_->FindInstance("t1", "k1")->input_hash, Sha256Hex(R"({"a":1})"));
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances"), 3);
+}
+
 TEST_P(StoreConformanceTest, StateChangeAndOutboxCommitTogetherOrNotAtAll) {
   auto started = store_->StartInstance(Instance("k1"));
   const int64_t id = started->instance.id;
