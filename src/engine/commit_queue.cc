@@ -54,15 +54,21 @@ template <typename P>
 void TakeOldest(std::deque<P*>& queued, int most, std::vector<P*>& batch) {
   while (!queued.empty() && static_cast<int>(batch.size()) < most) {
     batch.push_back(queued.front());
+    batch.back()->taken = true;
     queued.pop_front();
   }
 }
 
-// Wakes the caller of the oldest of `queued`; false when nothing is queued.
+// Wakes the caller of the oldest of `queued` to take a turn; false when nothing is
+// queued. (Under the queue's mutex: what is queued is not yet taken, so its caller
+// still waits and the Pending lives.)
 template <typename P>
 bool WakeOldest(const std::deque<P*>& queued) {
   if (queued.empty()) return false;
-  queued.front()->settled.notify_one();
+  P& oldest = *queued.front();
+  MutexLock lock(oldest.m);
+  oldest.turn = true;
+  oldest.settled.notify_one();
   return true;
 }
 
@@ -70,22 +76,32 @@ bool WakeOldest(const std::deque<P*>& queued) {
 
 template <typename P>
 bool CommitQueue::TakeTurn(P& mine, Turn& turn) {
-  MutexLock lock(mu_);
-  bool& busy = BusyOf<P>();
-  while (!mine.done && busy) mine.settled.wait(lock.native());
-  if (mine.done) return false;
-  // Nobody commits in this lane: this caller takes the oldest queued, its own among
-  // them or ahead of it (with one writer, of both lanes).
-  busy = true;
-  turn.changes.clear();
-  turn.starts.clear();
-  if (one_writer_ || std::is_same_v<P, Pending>) {
-    TakeOldest(changes_.queued, options_.max_batch, turn.changes);
+  while (true) {
+    {
+      MutexLock lock(mu_);
+      bool& busy = BusyOf<P>();
+      if (!mine.taken && !busy) {
+        // Nobody commits in this lane: this caller takes the oldest queued, its own
+        // among them or ahead of it (with one writer, of both lanes).
+        busy = true;
+        turn.changes.clear();
+        turn.starts.clear();
+        if (one_writer_ || std::is_same_v<P, Pending>) {
+          TakeOldest(changes_.queued, options_.max_batch, turn.changes);
+        }
+        if (one_writer_ || std::is_same_v<P, PendingStart>) {
+          TakeOldest(starts_.queued, kMaxStartBatch, turn.starts);
+        }
+        return true;
+      }
+    }
+    // Somebody commits now, perhaps `mine` with it: wait for the answer, or (oldest
+    // queued) for the turn to end.
+    MutexLock lock(mine.m);
+    while (!mine.done && !mine.turn) mine.settled.wait(lock.native());
+    if (mine.done) return false;
+    mine.turn = false;
   }
-  if (one_writer_ || std::is_same_v<P, PendingStart>) {
-    TakeOldest(starts_.queued, kMaxStartBatch, turn.starts);
-  }
-  return true;
 }
 
 template <typename P>
@@ -108,8 +124,7 @@ absl::Status CommitQueue::Commit(const Change& change) {
     if (!running_) return absl::UnavailableError("commit queue is stopped");
     changes_.queued.push_back(&pending);
   }
-  Settle(pending);
-  return pending.result;
+  return Settle(pending);
 }
 
 std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& changes) {
@@ -126,10 +141,7 @@ std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& chan
   }
   std::vector<absl::Status> results;
   results.reserve(pending.size());
-  for (Pending& p : pending) {
-    Settle(p);
-    results.push_back(p.result);
-  }
+  for (Pending& p : pending) results.push_back(Settle(p));
   return results;
 }
 
@@ -142,10 +154,13 @@ absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
   }
   Turn turn;
   while (TakeTurn(pending, turn)) RunTurn<PendingStart>(turn);
+  {
+    MutexLock lock(pending.m);
+    if (!pending.alone) return std::move(pending.result);
+  }
   // The shared transaction failed as a whole: this start runs again alone, on the
   // caller's thread, beside the others (and the next batches).
-  if (pending.alone) return store_->StartInstance(start);
-  return std::move(pending.result);
+  return store_->StartInstance(start);
 }
 
 int CommitQueue::Queued() {
@@ -161,32 +176,40 @@ void CommitQueue::RunTurn(const Turn& turn) {
     committed = CommitTurn(turn, start_order);
   } catch (...) {
     // What threw (an allocation, the store) leaves before the turn was answered:
-    // its callers are answered here and the next one takes a turn, so no caller
-    // waits for a turn that never ends. The exception goes on to this caller.
+    // the next caller takes a turn and these are answered, so no caller waits for
+    // a turn that never ends. The exception goes on to this caller.
+    {
+      MutexLock lock(mu_);
+      EndTurn<P>();
+    }
     const absl::Status threw =
         absl::InternalError("the commit threw; it may or may not have been written");
-    MutexLock lock(mu_);
     for (Pending* p : turn.changes) {
+      MutexLock lock(p->m);
       p->result = threw;
       p->done = true;
       p->settled.notify_one();
     }
     for (PendingStart* p : turn.starts) {
+      MutexLock lock(p->m);
       p->result = threw;
       p->done = true;
       p->settled.notify_one();
     }
-    EndTurn<P>();
     throw;
   }
-  MutexLock lock(mu_);
+  {
+    MutexLock lock(mu_);
+    EndTurn<P>();  // the next turn begins while this one's callers are woken
+  }
   Answer(turn, start_order, std::move(committed));
-  EndTurn<P>();
 }
 
-void CommitQueue::Settle(Pending& mine) {
+absl::Status CommitQueue::Settle(Pending& mine) {
   Turn turn;
   while (TakeTurn(mine, turn)) RunTurn<Pending>(turn);
+  MutexLock lock(mine.m);
+  return mine.result;
 }
 
 absl::StatusOr<InstanceStore::Committed> CommitQueue::CommitTurn(const Turn& turn,
@@ -226,17 +249,19 @@ void CommitQueue::Answer(const Turn& turn, const std::vector<size_t>& start_orde
                          absl::StatusOr<InstanceStore::Committed> committed) {
   for (size_t i = 0; i < turn.changes.size(); ++i) {
     Pending& pending = *turn.changes[i];
+    MutexLock lock(pending.m);
     pending.result = committed.ok() ? committed->applied[i] : committed.status();
     pending.done = true;
     pending.settled.notify_one();
   }
   for (size_t n = 0; n < start_order.size(); ++n) {
     PendingStart& pending = *turn.starts[start_order[n]];
+    MutexLock lock(pending.m);
     if (committed.ok()) {
       pending.result = std::move(committed->started[n]);
     } else {
       // The shared transaction failed as a whole (a lone start answers its own
-      // error through StartInstance, above): the start runs again by itself.
+      // error through StartInstance): the start runs again by itself.
       pending.alone = true;
       pending.result = committed.status();
     }

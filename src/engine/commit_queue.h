@@ -57,22 +57,31 @@ class CommitQueue {
   int Queued();
 
  private:
-  // Each waiting caller has its own condition, notified under mu_ once its batch
+  // Each waiting caller has its own mutex and condition, notified once its batch
   // settled (or, oldest queued, once it is its turn to commit), so a batch wakes
   // only its own callers and the next to commit, not every caller queued behind
-  // it. Notifying under mu_ keeps the condition alive until the notify returns: the
-  // caller cannot see `done` and leave before the committer lets mu_ go.
+  // it. A batch's callers are answered after its turn ended, outside mu_, so the
+  // next turn begins while they are woken. Notifying under the caller's own mutex
+  // keeps the condition alive until the notify returns: the caller cannot see
+  // `done` and leave before the committer lets that mutex go.
   struct Pending {
     const Change* change;
-    absl::Status result;
-    bool done = false;
+    bool taken = false;  // under mu_: in a batch being committed
+    Mutex m;
+    absl::Status result ABSL_GUARDED_BY(m);
+    bool done ABSL_GUARDED_BY(m) = false;
+    bool turn ABSL_GUARDED_BY(m) = false;  // oldest queued, woken to take a turn
     std::condition_variable settled;
   };
   struct PendingStart {
     const NewInstance* start;
-    absl::StatusOr<StartResult> result = absl::UnknownError("not started");
-    bool done = false;
-    bool alone = false;  // its batch failed: the caller starts it again by itself
+    bool taken = false;  // under mu_
+    Mutex m;
+    absl::StatusOr<StartResult> result ABSL_GUARDED_BY(m) = absl::UnknownError("not started");
+    bool done ABSL_GUARDED_BY(m) = false;
+    bool turn ABSL_GUARDED_BY(m) = false;
+    // Its batch failed: the caller starts it again by itself.
+    bool alone ABSL_GUARDED_BY(m) = false;
     std::condition_variable settled;
   };
   // What waits to be committed in one kind of transaction, and whether one of its
@@ -101,26 +110,26 @@ class CommitQueue {
   // caller takes the oldest queued into `turn`, commits them, then calls EndTurn).
   template <typename P>
   bool TakeTurn(P& mine, Turn& turn);
-  // Under mu_, once a turn is answered: lets the next caller take a turn.
+  // Under mu_, once a turn is committed: lets the next caller take a turn.
   template <typename P>
   void EndTurn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Commits `turn` (taken from the queues by this caller), answers its callers and
-  // ends the turn; when that throws, answers them Internal and ends the turn
-  // before the exception goes on.
+  // Commits `turn` (taken from the queues by this caller), ends the turn, then
+  // answers its callers; when the commit throws, ends the turn, answers them
+  // Internal, and the exception goes on.
   template <typename P>
   void RunTurn(const Turn& turn);
-  // Returns once `mine` is committed, committing batches itself whenever nobody
-  // else does.
-  void Settle(Pending& mine);
+  // Returns `mine`'s status once it is committed, committing batches itself
+  // whenever nobody else does.
+  absl::Status Settle(Pending& mine);
   // Commits the turn's changes, its starts (in `start_order`, which it sets), or
   // both in one transaction.
   absl::StatusOr<InstanceStore::Committed> CommitTurn(const Turn& turn,
                                                       std::vector<size_t>& start_order);
-  // Answers each caller of the turn (under mu_). A transaction that failed as a
-  // whole answers each change its error and sends each start to run alone.
-  void Answer(const Turn& turn, const std::vector<size_t>& start_order,
-              absl::StatusOr<InstanceStore::Committed> committed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers each caller of the turn, each under its own mutex (the turn has ended:
+  // not under mu_). A transaction that failed as a whole answers each change its
+  // error and sends each start to run alone.
+  static void Answer(const Turn& turn, const std::vector<size_t>& start_order,
+                     absl::StatusOr<InstanceStore::Committed> committed);
 
   InstanceStore* store_;
   CommitQueueOptions options_;
