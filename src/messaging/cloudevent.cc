@@ -16,6 +16,9 @@ std::string WorkflowOf(const EventRecord& event) {
 std::string ToCloudEventJson(const EventRecord& event, const std::string& deployment) {
   nlohmann::json data = nlohmann::json::parse(event.payload_json, nullptr, false);
   if (data.is_discarded()) data = nlohmann::json::object();
+  // An instance.started event is written before its instance has an id (0 in its
+  // payload); the outbox row holds the id.
+  if (data.is_object() && event.instance_id != 0) data["instance_id"] = event.instance_id;
   const std::string workflow = data.is_object() ? data.value("workflow", "") : "";
   const std::string key = data.is_object() ? data.value("instance_key", "") : "";
   nlohmann::json doc = {{"specversion", "1.0"},
