@@ -82,10 +82,13 @@ bool CommitQueue::TakeTurn(P& mine, Turn& turn) {
       bool& busy = BusyOf<P>();
       if (!mine.taken && !busy) {
         // Nobody commits in this lane: this caller takes the oldest queued, its own
-        // among them or ahead of it (with one writer, of both lanes).
-        busy = true;
+        // among them or ahead of it (with one writer, of both lanes). (Room first:
+        // nothing below throws once the lane is busy.)
         turn.changes.clear();
         turn.starts.clear();
+        turn.changes.reserve(options_.max_batch);
+        turn.starts.reserve(kMaxStartBatch);
+        busy = true;
         if (one_writer_ || std::is_same_v<P, Pending>) {
           TakeOldest(changes_.queued, options_.max_batch, turn.changes);
         }
@@ -107,6 +110,11 @@ bool CommitQueue::TakeTurn(P& mine, Turn& turn) {
 template <typename P>
 void CommitQueue::EndTurn() {
   BusyOf<P>() = false;
+  WakeNext<P>();
+}
+
+template <typename P>
+void CommitQueue::WakeNext() {
   // The caller of the oldest still queued takes the next turn. (It waits on it now,
   // or is on its way to: a CommitAll settles its changes in order, and the ones
   // before this are done.) With one writer, the oldest of each lane is woken, and
@@ -141,7 +149,14 @@ std::vector<absl::Status> CommitQueue::CommitAll(const std::vector<Change>& chan
   }
   std::vector<absl::Status> results;
   results.reserve(pending.size());
-  for (Pending& p : pending) results.push_back(Settle(p));
+  try {
+    for (Pending& p : pending) results.push_back(Settle(p));
+  } catch (...) {
+    // Settle withdrew the change that threw; the later ones leave the queue too
+    // before their Pendings go.
+    for (size_t i = results.size() + 1; i < pending.size(); ++i) Withdraw(pending[i]);
+    throw;
+  }
   return results;
 }
 
@@ -153,7 +168,12 @@ absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
     starts_.queued.push_back(&pending);
   }
   Turn turn;
-  while (TakeTurn(pending, turn)) RunTurn<PendingStart>(turn);
+  try {
+    while (TakeTurn(pending, turn)) RunTurn<PendingStart>(turn);
+  } catch (...) {
+    Withdraw(pending);
+    throw;
+  }
   {
     MutexLock lock(pending.m);
     if (!pending.alone) return std::move(pending.result);
@@ -207,9 +227,40 @@ void CommitQueue::RunTurn(const Turn& turn) {
 
 absl::Status CommitQueue::Settle(Pending& mine) {
   Turn turn;
-  while (TakeTurn(mine, turn)) RunTurn<Pending>(turn);
+  try {
+    while (TakeTurn(mine, turn)) RunTurn<Pending>(turn);
+  } catch (...) {
+    Withdraw(mine);
+    throw;
+  }
+  {
+    MutexLock lock(mine.m);
+    if (!mine.alone) return mine.result;
+  }
+  // Its shared transaction with starts failed as a whole: committed again by
+  // itself, so that a start's trouble is not this change's.
+  std::vector<Change> alone = {*mine.change};
+  RedactChange(alone.back());
+  auto results = store_->Commit(alone);
+  if (!results.ok()) return results.status();
+  return results->front();
+}
+
+template <typename P>
+void CommitQueue::Withdraw(P& mine) {
+  {
+    MutexLock lock(mu_);
+    if (!mine.taken) {
+      std::deque<P*>& queued = LaneOf<P>().queued;
+      queued.erase(std::find(queued.begin(), queued.end(), &mine));
+      // It may have been woken for a turn it will not take: the next takes it.
+      if (!BusyOf<P>()) WakeNext<P>();
+      return;
+    }
+  }
+  // In a batch another caller commits: its answer comes; the Pending lives until then.
   MutexLock lock(mine.m);
-  return mine.result;
+  while (!mine.done) mine.settled.wait(lock.native());
 }
 
 absl::StatusOr<InstanceStore::Committed> CommitQueue::CommitTurn(const Turn& turn,
@@ -233,14 +284,21 @@ absl::StatusOr<InstanceStore::Committed> CommitQueue::CommitTurn(const Turn& tur
   starts.reserve(start_order.size());
   for (size_t i : start_order) starts.push_back(*turn.starts[i]->start);
 
-  if (!starts.empty() && !changes.empty()) return store_->StartAndCommit(starts, changes);
   InstanceStore::Committed committed;
-  if (!changes.empty()) {
+  if (!starts.empty() && !changes.empty()) {
+    WS_ASSIGN_OR_RETURN(committed, store_->StartAndCommit(starts, changes));
+  } else if (!changes.empty()) {
     WS_ASSIGN_OR_RETURN(committed.applied, store_->Commit(changes));
   } else if (starts.size() == 1) {
     committed.started.push_back(store_->StartInstance(starts.front()));  // its own answer
   } else if (!starts.empty()) {
     WS_ASSIGN_OR_RETURN(committed.started, store_->StartInstances(starts));
+  }
+  if (committed.applied.size() != changes.size() || committed.started.size() != starts.size()) {
+    return absl::InternalError("the store answered " + std::to_string(committed.applied.size()) +
+                               " of " + std::to_string(changes.size()) + " changes and " +
+                               std::to_string(committed.started.size()) + " of " +
+                               std::to_string(starts.size()) + " starts");
   }
   return committed;
 }
@@ -251,6 +309,8 @@ void CommitQueue::Answer(const Turn& turn, const std::vector<size_t>& start_orde
     Pending& pending = *turn.changes[i];
     MutexLock lock(pending.m);
     pending.result = committed.ok() ? committed->applied[i] : committed.status();
+    // Failed as a whole beside starts: maybe for a start's sake, so it goes again alone.
+    pending.alone = !committed.ok() && !turn.starts.empty();
     pending.done = true;
     pending.settled.notify_one();
   }

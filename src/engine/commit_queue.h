@@ -48,8 +48,9 @@ class CommitQueue {
 
   // Starts `start` (InstanceStore::StartInstance) in one transaction with the starts
   // of the other callers waiting at the same time (a transaction apart from the
-  // changes'). When the shared transaction fails as a whole, each start runs again
-  // on its own, so one caller's trouble is not another's. Unavailable once stopped.
+  // changes', unless the store has one writer). When the shared transaction fails
+  // as a whole, each start (and each change it held) runs again on its own, so one
+  // caller's trouble is not another's. Unavailable once stopped.
   absl::StatusOr<StartResult> Start(const NewInstance& start);
 
   // Changes and starts queued for the next transaction (not in the one being
@@ -71,6 +72,9 @@ class CommitQueue {
     absl::Status result ABSL_GUARDED_BY(m);
     bool done ABSL_GUARDED_BY(m) = false;
     bool turn ABSL_GUARDED_BY(m) = false;  // oldest queued, woken to take a turn
+    // Its transaction, shared with starts, failed as a whole: the caller commits it
+    // again by itself.
+    bool alone ABSL_GUARDED_BY(m) = false;
     std::condition_variable settled;
   };
   struct PendingStart {
@@ -113,13 +117,23 @@ class CommitQueue {
   // Under mu_, once a turn is committed: lets the next caller take a turn.
   template <typename P>
   void EndTurn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_: wakes the caller of the oldest queued in `P`'s lane (with one
+  // writer, in each lane) to take a turn, or Stop() when nothing is queued.
+  template <typename P>
+  void WakeNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a caller leaving by an exception: takes `mine` out of the queue, or, when
+  // another caller's batch holds it, waits for its answer (so nobody touches the
+  // Pending after its caller left).
+  template <typename P>
+  void Withdraw(P& mine);
   // Commits `turn` (taken from the queues by this caller), ends the turn, then
   // answers its callers; when the commit throws, ends the turn, answers them
   // Internal, and the exception goes on.
   template <typename P>
   void RunTurn(const Turn& turn);
   // Returns `mine`'s status once it is committed, committing batches itself
-  // whenever nobody else does.
+  // whenever nobody else does (and committing it again alone when its transaction
+  // shared with starts failed as a whole).
   absl::Status Settle(Pending& mine);
   // Commits the turn's changes, its starts (in `start_order`, which it sets), or
   // both in one transaction.
@@ -127,7 +141,7 @@ class CommitQueue {
                                                       std::vector<size_t>& start_order);
   // Answers each caller of the turn, each under its own mutex (the turn has ended:
   // not under mu_). A transaction that failed as a whole answers each change its
-  // error and sends each start to run alone.
+  // error and sends each start to run alone (and, when it held both, each change).
   static void Answer(const Turn& turn, const std::vector<size_t>& start_order,
                      absl::StatusOr<InstanceStore::Committed> committed);
 

@@ -412,9 +412,9 @@ TEST_F(CommitQueueTest, WithOneWriterStartsAndChangesQueuedTogetherShareOneTrans
   EXPECT_EQ(Get(answered.started->instance.id).state, InstanceState::kRunning);
 }
 
-// When the shared transaction fails as a whole, the change is answered its error
-// and the start runs again alone: the start is made once, the change not at all.
-TEST_F(CommitQueueTest, WithOneWriterAFailedSharedTransactionSendsTheStartAloneAndAnswersTheChange) {
+// When the shared transaction fails as a whole (for the start's sake or the
+// change's), each runs again alone: a start's trouble is not a change's.
+TEST_F(CommitQueueTest, WithOneWriterAFailedSharedTransactionSendsTheStartAndTheChangeEachAlone) {
   const Lease first = StartAndClaim("first", 1000, 30'000);
   const Lease second = StartAndClaim("second", 1000, 30'000);
   FailingBatchStore store(store_.get());
@@ -422,13 +422,36 @@ TEST_F(CommitQueueTest, WithOneWriterAFailedSharedTransactionSendsTheStartAloneA
   store.fail_together = true;
   const QueuedBehind answered = CommitWithTwoQueuedBehind(store, first, second);
   EXPECT_TRUE(answered.first.ok()) << answered.first;
-  EXPECT_TRUE(absl::IsUnavailable(answered.second)) << answered.second;
+  EXPECT_TRUE(answered.second.ok()) << answered.second;
   ASSERT_TRUE(answered.started.ok()) << answered.started.status();
   EXPECT_EQ(answered.started->outcome, StartOutcome::kCreated);
   EXPECT_EQ(store.together.load(), 1);
   EXPECT_EQ(store.alone.load(), 1);
-  EXPECT_EQ(Get(second.instance_id).state, InstanceState::kRunning);  // nothing written
+  EXPECT_EQ(store.commits.load(), 3);  // first's, the shared one, the change alone
+  EXPECT_EQ(Get(second.instance_id).state, InstanceState::kCompleted);
   EXPECT_TRUE(store_->FindInstance("t1", "new").ok());
+}
+
+// A CommitAll whose first transaction throws takes its changes still queued out of
+// the queue before they go: the next caller commits alone, and nothing it was
+// left is a change that no longer exists.
+TEST_F(CommitQueueTest, ACommitAllThatThrowsLeavesNothingOfItsOwnQueued) {
+  std::vector<Change> changes;
+  for (int i = 0; i < 40; ++i) {
+    changes.push_back(Finish(StartAndClaim("r" + std::to_string(i), 1000, 30'000), 2000));
+  }
+  const Lease after = StartAndClaim("after", 1000, 30'000);
+  FailingBatchStore store(store_.get());
+  CommitQueue queue(&store, {16});
+  queue.Start();
+  store.throw_next = true;
+  EXPECT_THROW((void)queue.CommitAll(changes), std::runtime_error);
+  EXPECT_EQ(queue.Queued(), 0);
+  store.committed_on.clear();
+  EXPECT_TRUE(queue.Commit(Finish(after, 3000)).ok());
+  EXPECT_EQ(store.commits.load(), 1);  // `after` alone (the one that threw counts none)
+  EXPECT_EQ(Get(after.instance_id).state, InstanceState::kCompleted);
+  queue.Stop();
 }
 
 }  // namespace
