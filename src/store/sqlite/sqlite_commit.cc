@@ -75,9 +75,9 @@ class SqliteChangeSql final : public ChangeSql {
  public:
   explicit SqliteChangeSql(SqliteDb& db) : db_(db) {}
 
-  absl::Status Savepoint() override { return db_.Exec("SAVEPOINT change"); }
-  absl::Status RollbackToSavepoint() override { return db_.Exec("ROLLBACK TO change"); }
-  absl::Status ReleaseSavepoint() override { return db_.Exec("RELEASE change"); }
+  absl::Status Savepoint() override { return db_.Run("SAVEPOINT change"); }
+  absl::Status RollbackToSavepoint() override { return db_.Run("ROLLBACK TO change"); }
+  absl::Status ReleaseSavepoint() override { return db_.Run("RELEASE change"); }
 
   absl::StatusOr<bool> Fence(const Change& c) override {
     WS_ASSIGN_OR_RETURN(

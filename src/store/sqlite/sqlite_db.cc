@@ -3,6 +3,8 @@
 #include <chrono>
 #include <thread>
 
+#include "base/status_macros.h"
+
 namespace waystone {
 
 absl::Status SqliteStatus(int rc, sqlite3* db, std::string_view what) {
@@ -111,6 +113,11 @@ absl::Status SqliteDb::EnterWal(int patience_ms) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+absl::Status SqliteDb::Run(const std::string& sql) {
+  WS_ASSIGN_OR_RETURN(SqliteStatement * statement, Prepare(sql));
+  return statement->Run();
 }
 
 absl::StatusOr<SqliteStatement*> SqliteDb::Prepare(const std::string& sql) {

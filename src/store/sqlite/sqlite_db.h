@@ -76,6 +76,9 @@ class SqliteDb {
   absl::Status EnterWal(int patience_ms);
   // Returns the cached prepared statement for `sql`, reset and unbound.
   absl::StatusOr<SqliteStatement*> Prepare(const std::string& sql);
+  // Runs one statement without results or parameters through the cache: for the
+  // ones run per change (savepoints), which Exec would parse each time.
+  absl::Status Run(const std::string& sql);
 
   // Whether the database lives in memory only (no file another connection could open).
   bool InMemory() const {

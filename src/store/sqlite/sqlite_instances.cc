@@ -16,9 +16,9 @@ class SqliteStartSql final : public StartSql {
  public:
   explicit SqliteStartSql(SqliteDb& db) : db_(db) {}
 
-  absl::Status Savepoint() override { return db_.Exec("SAVEPOINT start"); }
-  absl::Status RollbackToSavepoint() override { return db_.Exec("ROLLBACK TO SAVEPOINT start"); }
-  absl::Status ReleaseSavepoint() override { return db_.Exec("RELEASE SAVEPOINT start"); }
+  absl::Status Savepoint() override { return db_.Run("SAVEPOINT start"); }
+  absl::Status RollbackToSavepoint() override { return db_.Run("ROLLBACK TO SAVEPOINT start"); }
+  absl::Status ReleaseSavepoint() override { return db_.Run("RELEASE SAVEPOINT start"); }
 
   absl::StatusOr<bool> ClaimStartEvent(const NewInstance& in) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * claim,
