@@ -7,8 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
-#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -640,56 +638,6 @@ TEST_P(StoreConformanceTest, ASqlStepsRowGoesWithItsWholeChangeAndAFailedPrepare
   EXPECT_TRUE((*results)[1].ok()) << (*results)[1];
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders WHERE k = 'kept'"), 1);
   EXPECT_EQ((*store_->GetSteps(leases[2].instance_id))[0].state, StepState::kCompleted);
-}
-
-// The write system calls this process made so far (/proc/self/io's syscw).
-int64_t WriteCalls() {
-  std::ifstream io("/proc/self/io");
-  std::string field;
-  int64_t value = 0;
-  while (io >> field >> value) {
-    if (field == "syscw:") return value;
-  }
-  ADD_FAILURE() << "no syscw in /proc/self/io";
-  return -1;
-}
-
-// Where every commit syncs (synchronous FULL, the default), a commit's WAL frames
-// reach the file in a few writes, not two per page (SQLite writes a frame's header
-// and its page apart); with NORMAL, where commits do not sync, they are not
-// gathered. What is written is the same: another connection, and the store opened
-// again, read every start back.
-TEST_P(StoreConformanceTest, OnSqliteACommitsWalFramesReachTheFileInAFewWrites) {
-  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "SQLite's WAL";
-  std::vector<NewInstance> starts;
-  const std::string input = R"({"note":")" + std::string(1500, 'x') + R"("})";
-  for (int i = 0; i < 40; ++i) starts.push_back(Instance("many-" + std::to_string(i), input));
-  std::map<std::string, int64_t> writes;
-  for (const std::string synchronous : {"FULL", "NORMAL"}) {
-    StoreOptions options;
-    options.path = dir_.File(synchronous + ".db");
-    options.synchronous = synchronous;
-    auto store = OpenStore(options);
-    ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE((*store)->PutDefinition("defhash", "wf", "wf.yaml", "text", 1).ok());
-    const int64_t before = WriteCalls();
-    auto started = (*store)->StartInstances(starts);
-    writes[synchronous] = WriteCalls() - before;
-    ASSERT_TRUE(started.ok()) << started.status();
-    for (const auto& one : *started) ASSERT_TRUE(one.ok()) << one.status();
-    path_ = options.path;
-    EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances"), 40) << synchronous;
-    EXPECT_EQ(RawCount("SELECT COUNT(*) FROM steps"), 80) << synchronous;
-    store->reset();
-    auto again = OpenStore(options);
-    ASSERT_TRUE(again.ok()) << again.status();
-    EXPECT_EQ((*again)->ListInstances({})->size(), 40u) << synchronous;
-  }
-  // 40 instances of 1.5 KB, 80 steps and 40 events: dozens of pages, two writes each
-  // when not gathered.
-  EXPECT_GE(writes["NORMAL"], 40);
-  EXPECT_LE(writes["FULL"] * 5, writes["NORMAL"])
-      << "FULL: " << writes["FULL"] << " writes, NORMAL: " << writes["NORMAL"];
 }
 
 // Past the definition's lint (a statement built by hand), SQLite's authorizer still
