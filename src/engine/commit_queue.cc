@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "base/mutex.h"
@@ -72,7 +73,29 @@ bool WakeOldest(const std::deque<P*>& queued) {
   return true;
 }
 
+// Answers `pending` under its own mutex: its caller may leave as soon as that is let
+// go, so nothing touches it afterwards.
+template <typename P, typename Result>
+void Settled(P& pending, Result&& result, bool alone) {
+  MutexLock lock(pending.m);
+  pending.result = std::forward<Result>(result);
+  pending.alone = alone;
+  pending.done = true;
+  pending.settled.notify_one();
+}
+
 }  // namespace
+
+template <typename P>
+void CommitQueue::AwaitAnswer(P& mine) {
+  Turn turn;
+  try {
+    while (TakeTurn(mine, turn)) RunTurn<P>(turn);
+  } catch (...) {
+    Withdraw(mine);
+    throw;
+  }
+}
 
 template <typename P>
 bool CommitQueue::TakeTurn(P& mine, Turn& turn) {
@@ -167,13 +190,7 @@ absl::StatusOr<StartResult> CommitQueue::Start(const NewInstance& start) {
     if (!running_) return absl::UnavailableError("commit queue is stopped");
     starts_.queued.push_back(&pending);
   }
-  Turn turn;
-  try {
-    while (TakeTurn(pending, turn)) RunTurn<PendingStart>(turn);
-  } catch (...) {
-    Withdraw(pending);
-    throw;
-  }
+  AwaitAnswer(pending);
   {
     MutexLock lock(pending.m);
     if (!pending.alone) return std::move(pending.result);
@@ -204,18 +221,8 @@ void CommitQueue::RunTurn(const Turn& turn) {
     }
     const absl::Status threw =
         absl::InternalError("the commit threw; it may or may not have been written");
-    for (Pending* p : turn.changes) {
-      MutexLock lock(p->m);
-      p->result = threw;
-      p->done = true;
-      p->settled.notify_one();
-    }
-    for (PendingStart* p : turn.starts) {
-      MutexLock lock(p->m);
-      p->result = threw;
-      p->done = true;
-      p->settled.notify_one();
-    }
+    for (Pending* p : turn.changes) Settled(*p, threw, false);
+    for (PendingStart* p : turn.starts) Settled(*p, threw, false);
     throw;
   }
   {
@@ -226,13 +233,7 @@ void CommitQueue::RunTurn(const Turn& turn) {
 }
 
 absl::Status CommitQueue::Settle(Pending& mine) {
-  Turn turn;
-  try {
-    while (TakeTurn(mine, turn)) RunTurn<Pending>(turn);
-  } catch (...) {
-    Withdraw(mine);
-    throw;
-  }
+  AwaitAnswer(mine);
   {
     MutexLock lock(mine.m);
     if (!mine.alone) return mine.result;
@@ -306,27 +307,22 @@ absl::StatusOr<InstanceStore::Committed> CommitQueue::CommitTurn(const Turn& tur
 void CommitQueue::Answer(const Turn& turn, const std::vector<size_t>& start_order,
                          absl::StatusOr<InstanceStore::Committed> committed) {
   for (size_t i = 0; i < turn.changes.size(); ++i) {
-    Pending& pending = *turn.changes[i];
-    MutexLock lock(pending.m);
-    pending.result = committed.ok() ? committed->applied[i] : committed.status();
-    // Failed as a whole beside starts: maybe for a start's sake, so it goes again alone.
-    pending.alone = !committed.ok() && !turn.starts.empty();
-    pending.done = true;
-    pending.settled.notify_one();
+    if (committed.ok()) {
+      Settled(*turn.changes[i], committed->applied[i], false);
+    } else {
+      // Failed as a whole beside starts: maybe for a start's sake, so it goes again alone.
+      Settled(*turn.changes[i], committed.status(), !turn.starts.empty());
+    }
   }
   for (size_t n = 0; n < start_order.size(); ++n) {
     PendingStart& pending = *turn.starts[start_order[n]];
-    MutexLock lock(pending.m);
     if (committed.ok()) {
-      pending.result = std::move(committed->started[n]);
+      Settled(pending, std::move(committed->started[n]), false);
     } else {
       // The shared transaction failed as a whole (a lone start answers its own
       // error through StartInstance): the start runs again by itself.
-      pending.alone = true;
-      pending.result = committed.status();
+      Settled(pending, committed.status(), true);
     }
-    pending.done = true;
-    pending.settled.notify_one();
   }
 }
 

@@ -110,6 +110,11 @@ class CommitQueue {
   // Whether somebody commits what `P`'s lane holds now.
   template <typename P>
   bool& BusyOf() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns once `mine` is answered, taking turns whenever nobody commits in its
+  // lane; when a turn throws, takes `mine` out of the queue (Withdraw) before the
+  // exception goes on.
+  template <typename P>
+  void AwaitAnswer(P& mine);
   // Waits until `mine` is done (false) or nobody commits in its lane (true: this
   // caller takes the oldest queued into `turn`, commits them, then calls EndTurn).
   template <typename P>
