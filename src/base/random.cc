@@ -24,6 +24,20 @@ std::string Random::Hex(int bytes) {
   return out;
 }
 
+std::string Random::TimeOrderedHex(int64_t unix_ms) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  const uint64_t ms = static_cast<uint64_t>(unix_ms < 0 ? 0 : unix_ms) & 0xffff'ffff'ffffULL;
+  const uint64_t rand_a = Next() & 0xfff;
+  const uint64_t high = (ms << 16) | (uint64_t{7} << 12) | rand_a;
+  const uint64_t low = (uint64_t{2} << 62) | (Next() >> 2);
+  std::string out(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    out[static_cast<size_t>(15 - i)] = kDigits[(high >> (4 * i)) & 0xf];
+    out[static_cast<size_t>(31 - i)] = kDigits[(low >> (4 * i)) & 0xf];
+  }
+  return out;
+}
+
 SeededRandom::SeededRandom() : engine_(std::random_device{}()) {
   // Mix in a second draw so two processes started in the same instant differ.
   engine_.seed((static_cast<uint64_t>(std::random_device{}()) << 32) ^ engine_());

@@ -20,6 +20,11 @@ class Random {
   int64_t UniformInclusive(int64_t bound);
   // Returns `bytes` random bytes as lowercase hex (2 * bytes characters).
   std::string Hex(int bytes);
+  // Returns a UUID version 7 (RFC 9562 section 5.7) as 32 lowercase hex digits, no dashes:
+  // 48 bits of `unix_ms`, then 74 random bits around the version and variant. Ids of later
+  // milliseconds sort after earlier ones, so a unique index of them grows at its end instead
+  // of at a random leaf per insert (one page per commit rather than one per row).
+  std::string TimeOrderedHex(int64_t unix_ms);
 };
 
 // SeededRandom is a mutex-guarded mt19937_64; seeded from std::random_device

@@ -134,7 +134,7 @@ class TransactionWork final : public BusinessWork {
 
     void Emit(const std::string& type, const std::string& payload_json) override {
       EventRecord event;
-      event.event_id = work_.random_.Hex(16);
+      event.event_id = work_.random_.TimeOrderedHex(work_.now_);
       event.instance_id = work_.instance_.id;
       event.tenant = work_.instance_.tenant;
       event.type = type;

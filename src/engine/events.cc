@@ -28,7 +28,7 @@ EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
   }
   if (!message.empty()) data["message"] = std::string(message);
   EventRecord event;
-  event.event_id = random.Hex(16);
+  event.event_id = random.TimeOrderedHex(now);
   event.instance_id = instance.id;
   event.tenant = instance.tenant;
   event.type = std::string(type);
