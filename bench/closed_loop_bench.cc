@@ -356,6 +356,9 @@ int main(int argc, char** argv) {
   }
   if (auto after = measure_raw(); after.ok()) {
     std::printf("raw single-row commits/s after the last row: %.0f\n", *after);
+  } else {
+    std::printf("raw single-row commits/s after the last row: not measured (%s)\n",
+                after.status().ToString().c_str());
   }
   if (postgres.empty()) {
     for (const char* suffix : {"", "-wal", "-shm"}) {
