@@ -72,11 +72,11 @@ void SqliteStatement::Reset() {
 }
 
 absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path,
-                                                         int busy_timeout_ms) {
+                                                         int busy_timeout_ms, const char* vfs) {
   sqlite3* db = nullptr;
   const int flags =
       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX;
-  const int rc = sqlite3_open_v2(path.c_str(), &db, flags, nullptr);
+  const int rc = sqlite3_open_v2(path.c_str(), &db, flags, vfs);
   if (rc != SQLITE_OK) {
     absl::Status status = SqliteStatus(rc, db, "open " + path);
     sqlite3_close(db);

@@ -62,8 +62,10 @@ class SqliteStatement {
 // One SQLite connection with a statement cache. Not thread-safe.
 class SqliteDb {
  public:
+  // Opens `path` through the VFS named `vfs` (nullptr: the default one).
   static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path,
-                                                        int busy_timeout_ms);
+                                                        int busy_timeout_ms,
+                                                        const char* vfs = nullptr);
   ~SqliteDb();
   SqliteDb(const SqliteDb&) = delete;
   SqliteDb& operator=(const SqliteDb&) = delete;

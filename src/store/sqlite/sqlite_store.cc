@@ -3,6 +3,7 @@
 #include "base/mutex.h"
 #include "store/migration.h"
 #include "store/sqlite/sqlite_rows.h"
+#include "store/sqlite/wal_gather_vfs.h"
 
 namespace waystone {
 
@@ -11,12 +12,17 @@ SqliteStore::SqliteStore(std::unique_ptr<SqliteDb> db, int attempts_per_step)
 SqliteStore::~SqliteStore() = default;
 
 absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOptions& options) {
-  WS_ASSIGN_OR_RETURN(auto db,
-                      SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout)));
   if (options.synchronous != "FULL" && options.synchronous != "NORMAL" &&
       options.synchronous != "OFF" && options.synchronous != "EXTRA") {
     return absl::InvalidArgumentError("synchronous must be OFF, NORMAL, FULL or EXTRA");
   }
+  // Where every commit syncs the WAL, the writes of a commit's frames are gathered
+  // into one (wal_gather_vfs.h).
+  const bool syncs_each_commit = options.synchronous == "FULL" || options.synchronous == "EXTRA";
+  const char* vfs =
+      syncs_each_commit && RegisterWalGatherVfs() ? kWalGatherVfs : nullptr;
+  WS_ASSIGN_OR_RETURN(auto db,
+                      SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout), vfs));
   WS_RETURN_IF_ERROR(db->EnterWal(static_cast<int>(options.busy_timeout)));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=" + options.synchronous));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA foreign_keys=ON"));

@@ -7,6 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <sys/resource.h>
+#include <filesystem>
+#include <csignal>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -19,6 +24,7 @@
 #include "store/migration.h"
 #include "store/postgres/pg_store.h"
 #include "store/sqlite/sqlite_store.h"
+#include "store/sqlite/wal_gather_vfs.h"
 #include "support/backends.h"
 #include "support/postgres_cluster.h"
 #include "support/process.h"
@@ -638,6 +644,217 @@ TEST_P(StoreConformanceTest, ASqlStepsRowGoesWithItsWholeChangeAndAFailedPrepare
   EXPECT_TRUE((*results)[1].ok()) << (*results)[1];
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders WHERE k = 'kept'"), 1);
   EXPECT_EQ((*store_->GetSteps(leases[2].instance_id))[0].state, StepState::kCompleted);
+}
+
+// The write system calls this process made so far (/proc/self/io's syscw).
+int64_t WriteCalls() {
+  std::ifstream io("/proc/self/io");
+  std::string field;
+  int64_t value = 0;
+  while (io >> field >> value) {
+    if (field == "syscw:") return value;
+  }
+  ADD_FAILURE() << "no syscw in /proc/self/io";
+  return -1;
+}
+
+// Where every commit syncs (synchronous FULL, the default), a commit's WAL frames
+// reach the file in a few writes, not two per page (SQLite writes a frame's header
+// and its page apart). They are not gathered with NORMAL, where commits do not sync,
+// nor with power-safe overwrite off (`?psow=0`), where SQLite pads a commit to a
+// sector after its sync. What is written is the same: another connection, and the
+// store opened again, read every start back.
+TEST_P(StoreConformanceTest, OnSqliteACommitsWalFramesReachTheFileInAFewWrites) {
+  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "SQLite's WAL";
+  std::vector<NewInstance> starts;
+  const std::string input = R"({"note":")" + std::string(1500, 'x') + R"("})";
+  for (int i = 0; i < 40; ++i) starts.push_back(Instance("many-" + std::to_string(i), input));
+  std::map<std::string, int64_t> writes;
+  for (const std::string variant : {"FULL", "NORMAL", "FULL-psow0"}) {
+    StoreOptions options;
+    const std::string file = dir_.File(variant + ".db");
+    options.path = variant == "FULL-psow0" ? "file:" + file + "?psow=0" : file;
+    options.synchronous = variant == "NORMAL" ? "NORMAL" : "FULL";
+    auto store = OpenStore(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->PutDefinition("defhash", "wf", "wf.yaml", "text", 1).ok());
+    const int64_t before = WriteCalls();
+    auto started = (*store)->StartInstances(starts);
+    writes[variant] = WriteCalls() - before;
+    ASSERT_TRUE(started.ok()) << started.status();
+    for (const auto& one : *started) ASSERT_TRUE(one.ok()) << one.status();
+    path_ = file;
+    EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances"), 40) << variant;
+    EXPECT_EQ(RawCount("SELECT COUNT(*) FROM steps"), 80) << variant;
+    store->reset();
+    auto again = OpenStore(options);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ((*again)->ListInstances({})->size(), 40u) << variant;
+  }
+  // 40 instances of 1.5 KB, 80 steps and 40 events: dozens of pages, two writes each
+  // when not gathered.
+  EXPECT_GE(writes["NORMAL"], 40);
+  EXPECT_LE(writes["FULL"] * 5, writes["NORMAL"])
+      << "FULL: " << writes["FULL"] << " writes, NORMAL: " << writes["NORMAL"];
+  EXPECT_GE(writes["FULL-psow0"], writes["NORMAL"])
+      << "psow=0: " << writes["FULL-psow0"] << " writes, NORMAL: " << writes["NORMAL"];
+}
+
+// A transaction bigger than the page cache writes ("spills") frames to the WAL before
+// it commits; rolled back, it leaves them past the WAL's end for the next writer to
+// overwrite. Gathered and not yet written when the write lock is handed over, they
+// would later land on that writer's committed frames. Here, from an emptied WAL, a
+// connection through the gathering VFS spills ~20 frames (less than it gathers at
+// once) and rolls back; a plain connection commits rows over the same stretch of the
+// WAL; the first writes again; a third connection, and a checkpoint into the database
+// file, find every row intact.
+TEST_P(StoreConformanceTest, OnSqliteARolledBackSpillNeverLandsOnTheNextWritersFrames) {
+  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "SQLite's WAL";
+  ASSERT_TRUE(RegisterWalGatherVfs());
+  const std::string file = dir_.File("spill.db");
+  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  auto open = [&](const char* vfs) {
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open_v2(file.c_str(), &db, flags, vfs), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    return db;
+  };
+  auto exec = [](sqlite3* db, const std::string& sql) {
+    char* error = nullptr;
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+    EXPECT_EQ(rc, SQLITE_OK) << sql << ": " << (error != nullptr ? error : "");
+    sqlite3_free(error);
+  };
+  auto text = [](sqlite3* db, const std::string& sql) {
+    sqlite3_stmt* statement = nullptr;
+    std::string out;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &statement, nullptr) != SQLITE_OK) {
+      return std::string("prepare: ") + sqlite3_errmsg(db);
+    }
+    if (const int rc = sqlite3_step(statement); rc == SQLITE_ROW) {
+      out = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
+    } else {
+      out = std::string("step: ") + sqlite3_errmsg(db);
+    }
+    sqlite3_finalize(statement);
+    return out;
+  };
+  sqlite3* gathering = open(kWalGatherVfs);
+  exec(gathering, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=4; "
+                  "CREATE TABLE spilled (id INTEGER PRIMARY KEY, v BLOB); "
+                  "CREATE TABLE kept (id INTEGER PRIMARY KEY, v TEXT)");
+  sqlite3* plain = open(nullptr);
+  exec(plain, "PRAGMA synchronous=FULL");
+  for (int round = 0; round < 3; ++round) {
+    // From an empty WAL, so that the rollback reads no page back from it (a read would
+    // write what was gathered while the write lock is still held).
+    exec(plain, "PRAGMA wal_checkpoint(TRUNCATE)");
+    exec(gathering, "BEGIN; WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 "
+                    "FROM n WHERE value < 25) INSERT INTO spilled (v) SELECT randomblob(3000) "
+                    "FROM n; ROLLBACK");
+    exec(plain, "WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM n "
+                "WHERE value < 60) INSERT INTO kept (v) SELECT printf('%0900d', value) FROM n");
+    exec(gathering, "INSERT INTO spilled VALUES (NULL, x'00')");
+  }
+  sqlite3* reader = open(nullptr);
+  EXPECT_EQ(text(reader, "SELECT COUNT(*) || ' ' || SUM(LENGTH(v)) FROM kept"), "180 162000");
+  EXPECT_EQ(text(reader, "SELECT COUNT(*) FROM spilled"), "3");
+  EXPECT_EQ(text(reader, "PRAGMA integrity_check"), "ok");
+  exec(reader, "PRAGMA wal_checkpoint(TRUNCATE)");
+  for (sqlite3* db : {gathering, plain, reader}) sqlite3_close(db);
+  sqlite3* again = open(nullptr);
+  EXPECT_EQ(text(again, "SELECT COUNT(*) || ' ' || SUM(LENGTH(v)) FROM kept"), "180 162000");
+  EXPECT_EQ(text(again, "PRAGMA integrity_check"), "ok");
+  sqlite3_close(again);
+}
+
+// A commit whose WAL frames cannot all be written (here the process may not grow a file
+// past a limit: RLIMIT_FSIZE, its SIGXFSZ ignored) fails as a whole and leaves nothing
+// of itself, gathered or not: another connection, `PRAGMA integrity_check` and the
+// store opened again find exactly what committed before, and the next commit works.
+TEST_P(StoreConformanceTest, OnSqliteACommitThatCannotBeWrittenFailsAndLeavesNothing) {
+  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "SQLite's WAL";
+  const std::string input = R"({"note":")" + std::string(1500, 'x') + R"("})";
+  auto batch = [&](const std::string& prefix) {
+    std::vector<NewInstance> starts;
+    for (int i = 0; i < 40; ++i) starts.push_back(Instance(prefix + std::to_string(i), input));
+    return starts;
+  };
+  ASSERT_TRUE(store_->PutDefinition("defhash", "wf", "wf.yaml", "text", 1).ok());
+  auto first = store_->StartInstances(batch("before-"));
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  const auto wal_size = std::filesystem::file_size(path_ + "-wal");
+  struct rlimit before {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit limited = before;
+  limited.rlim_cur = static_cast<rlim_t>(wal_size + 16 * 1024);  // a few frames more
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  auto refused = store_->StartInstances(batch("refused-"));
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &before), 0);
+  std::signal(SIGXFSZ, old_handler);
+  bool any_failed = !refused.ok();
+  if (refused.ok()) {
+    for (const auto& one : *refused) any_failed = any_failed || !one.ok();
+  }
+  EXPECT_TRUE(any_failed) << "40 starts of 1.5 KB each fit in 16 KiB of WAL?";
+
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances WHERE business_key LIKE 'refused-%'"), 0);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances"), 40);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM steps"), 80);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM pragma_integrity_check WHERE integrity_check = 'ok'"), 1);
+  auto after = store_->StartInstances(batch("after-"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  for (const auto& one : *after) EXPECT_TRUE(one.ok()) << one.status();
+  store_.reset();
+  StoreOptions options;
+  options.path = path_;
+  auto again = OpenStore(options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->ListInstances({})->size(), 80u);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances WHERE business_key LIKE 'refused-%'"), 0);
+}
+
+// A database opened without locks (`?nolock=1`) answers through the gathering VFS as
+// through the default one: SQLite keeps its rollback journal, even in exclusive locking
+// mode, and the rows written are read back.
+TEST_P(StoreConformanceTest, OnSqliteADatabaseWithoutSharedMemoryWorksThroughTheGatheringVfs) {
+  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "SQLite's WAL";
+  ASSERT_TRUE(RegisterWalGatherVfs());
+  std::map<std::string, std::string> modes;
+  for (const char* vfs : {static_cast<const char*>(nullptr), kWalGatherVfs}) {
+    const std::string name = vfs == nullptr ? "default" : "gathering";
+    const std::string uri = "file:" + dir_.File(name + ".db") + "?nolock=1";
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(uri.c_str(), &db,
+                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI, vfs),
+              SQLITE_OK);
+    std::string answers;
+    for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA locking_mode=EXCLUSIVE",
+                            "PRAGMA journal_mode=WAL",
+                            "CREATE TABLE IF NOT EXISTS t (v TEXT); INSERT INTO t VALUES ('x')",
+                            "SELECT COUNT(*) FROM t"}) {
+      sqlite3_stmt* statement = nullptr;
+      const char* tail = nullptr;
+      std::string rest = sql;
+      while (!rest.empty()) {
+        ASSERT_EQ(sqlite3_prepare_v2(db, rest.c_str(), -1, &statement, &tail), SQLITE_OK)
+            << sqlite3_errmsg(db);
+        rest = tail;
+        if (statement == nullptr) break;
+        if (sqlite3_step(statement) == SQLITE_ROW) {
+          answers += std::string(reinterpret_cast<const char*>(sqlite3_column_text(statement, 0))) + " ";
+        }
+        sqlite3_finalize(statement);
+      }
+    }
+    modes[name] = answers;
+    sqlite3_close(db);
+  }
+  // Without shared memory SQLite keeps its rollback journal, through either VFS.
+  EXPECT_EQ(modes["default"], "delete exclusive delete 1 ");
+  EXPECT_EQ(modes["gathering"], modes["default"]);
 }
 
 // Past the definition's lint (a statement built by hand), SQLite's authorizer still
