@@ -56,7 +56,9 @@ int Flush(GatherFile* f) {
 }
 
 // Writes what the database file's WAL gathered.
-int FlushWalOf(GatherFile* db) { return db->wal_of_db != nullptr ? Flush(db->wal_of_db) : SQLITE_OK; }
+int FlushWalOf(GatherFile* db) {
+  return db->wal_of_db != nullptr ? Flush(db->wal_of_db) : SQLITE_OK;
+}
 
 int Close(sqlite3_file* file) {
   GatherFile* f = Of(file);
@@ -87,7 +89,7 @@ int Write(sqlite3_file* file, const void* data, int amount, sqlite3_int64 offset
   if (amount > kBufferBytes) return f->real->pMethods->xWrite(f->real, data, amount, offset);
   if (f->buffer == nullptr) {
     f->buffer = static_cast<char*>(std::malloc(kBufferBytes));
-    if (f->buffer == nullptr) return SQLITE_NOMEM;
+    if (f->buffer == nullptr) return SQLITE_IOERR_NOMEM;
   }
   if (f->used == 0) f->offset = offset;
   std::memcpy(f->buffer + f->used, data, static_cast<size_t>(amount));

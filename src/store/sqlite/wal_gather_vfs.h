@@ -16,8 +16,11 @@ inline constexpr char kWalGatherVfs[] = "waystone-wal-gather";
 // when SQLite publishes them to other connections, and whatever a rolled-back
 // transaction spilled is in the file before another writer may append. A write that
 // fails fails every later write, read and sync of that WAL until the write lock is
-// released, so its transaction cannot commit. Returns false when the default VFS
-// cannot be wrapped.
+// released, so its transaction cannot commit. Not for a connection whose `synchronous`
+// changes after it opens (a commit without a sync would be published with nothing to
+// report a failed write to) or that sets `locking_mode=EXCLUSIVE` (its write lock never
+// passes through xShmLock, so a failed write would fail the connection until it
+// closes); the store does neither. Returns false when the default VFS cannot be wrapped.
 bool RegisterWalGatherVfs();
 
 }  // namespace waystone

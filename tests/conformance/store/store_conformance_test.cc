@@ -803,7 +803,8 @@ TEST_P(StoreConformanceTest, OnSqliteACommitThatCannotBeWrittenFailsAndLeavesNot
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances WHERE business_key LIKE 'refused-%'"), 0);
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances"), 40);
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM steps"), 80);
-  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM pragma_integrity_check WHERE integrity_check = 'ok'"), 1);
+  EXPECT_EQ(
+      RawCount("SELECT COUNT(*) FROM pragma_integrity_check WHERE integrity_check = 'ok'"), 1);
   auto after = store_->StartInstances(batch("after-"));
   ASSERT_TRUE(after.ok()) << after.status();
   for (const auto& one : *after) EXPECT_TRUE(one.ok()) << one.status();
@@ -844,7 +845,8 @@ TEST_P(StoreConformanceTest, OnSqliteADatabaseWithoutSharedMemoryWorksThroughThe
         rest = tail;
         if (statement == nullptr) break;
         if (sqlite3_step(statement) == SQLITE_ROW) {
-          answers += std::string(reinterpret_cast<const char*>(sqlite3_column_text(statement, 0))) + " ";
+          answers += reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
+          answers += " ";
         }
         sqlite3_finalize(statement);
       }
