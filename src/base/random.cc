@@ -1,4 +1,6 @@
 #include "base/random.h"
+
+#include "base/hex.h"
 #include "base/mutex.h"
 
 namespace waystone {
@@ -10,32 +12,28 @@ int64_t Random::UniformInclusive(int64_t bound) {
 }
 
 std::string Random::Hex(int bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(static_cast<size_t>(bytes) * 2);
+  std::string raw;
+  raw.reserve(static_cast<size_t>(bytes));
   uint64_t word = 0;
   for (int i = 0; i < bytes; ++i) {
     if (i % 8 == 0) word = Next();
-    const unsigned byte = static_cast<unsigned>(word & 0xff);
+    raw.push_back(static_cast<char>(word & 0xff));
     word >>= 8;
-    out.push_back(kDigits[byte >> 4]);
-    out.push_back(kDigits[byte & 0xf]);
   }
-  return out;
+  return HexOf(raw);
 }
 
 std::string Random::TimeOrderedHex(int64_t unix_ms) {
-  static constexpr char kDigits[] = "0123456789abcdef";
   const uint64_t ms = static_cast<uint64_t>(unix_ms < 0 ? 0 : unix_ms) & 0xffff'ffff'ffffULL;
   const uint64_t rand_a = Next() & 0xfff;
   const uint64_t high = (ms << 16) | (uint64_t{7} << 12) | rand_a;
   const uint64_t low = (uint64_t{2} << 62) | (Next() >> 2);
-  std::string out(32, '0');
-  for (int i = 0; i < 16; ++i) {
-    out[static_cast<size_t>(15 - i)] = kDigits[(high >> (4 * i)) & 0xf];
-    out[static_cast<size_t>(31 - i)] = kDigits[(low >> (4 * i)) & 0xf];
+  std::string raw(16, '\0');  // big-endian: the millisecond first
+  for (int i = 0; i < 8; ++i) {
+    raw[static_cast<size_t>(7 - i)] = static_cast<char>((high >> (8 * i)) & 0xff);
+    raw[static_cast<size_t>(15 - i)] = static_cast<char>((low >> (8 * i)) & 0xff);
   }
-  return out;
+  return HexOf(raw);
 }
 
 SeededRandom::SeededRandom() : engine_(std::random_device{}()) {

@@ -28,6 +28,12 @@ TEST(RandomTest, TimeOrderedHexIsTheRfc9562ExampleUuidV7) {
   EXPECT_EQ(random.TimeOrderedHex(0x017F22E279B0), "017f22e279b07cc398c4dc0c0c07398f");
 }
 
+// Hex takes each 64-bit draw's bytes lowest first.
+TEST(RandomTest, HexWritesEachDrawsBytesLowestFirst) {
+  ScriptedRandom random({0x0123456789abcdef, 0x1122334455667788});
+  EXPECT_EQ(random.Hex(10), "efcdab89674523018877");
+}
+
 TEST(RandomTest, TimeOrderedHexSortsByMillisecondAndDiffersWithinOne) {
   SeededRandom random(7);
   std::vector<std::string> ids;

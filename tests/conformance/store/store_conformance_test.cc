@@ -700,6 +700,31 @@ TEST_P(StoreConformanceTest, OnSqliteACommitsWalFramesReachTheFileInAFewWrites) 
       << "psow=0: " << writes["FULL-psow0"] << " writes, NORMAL: " << writes["NORMAL"];
 }
 
+// Runs `sql` (one or more statements) on `db`; a failure fails the test, naming the SQL.
+void ExecOn(sqlite3* db, const std::string& sql) {
+  char* error = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
+  EXPECT_EQ(rc, SQLITE_OK) << sql << ": " << (error != nullptr ? error : "");
+  sqlite3_free(error);
+}
+
+// The first column of the first row of `sql` on `db`, as text; SQLite's message when
+// there is none.
+std::string FirstText(sqlite3* db, const std::string& sql) {
+  sqlite3_stmt* statement = nullptr;
+  std::string out;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &statement, nullptr) != SQLITE_OK) {
+    return std::string("prepare: ") + sqlite3_errmsg(db);
+  }
+  if (const int rc = sqlite3_step(statement); rc == SQLITE_ROW) {
+    out = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
+  } else {
+    out = std::string("step: ") + sqlite3_errmsg(db);
+  }
+  sqlite3_finalize(statement);
+  return out;
+}
+
 // A transaction bigger than the page cache writes ("spills") frames to the WAL before
 // it commits; rolled back, it leaves them past the WAL's end for the next writer to
 // overwrite. Gathered and not yet written when the write lock is handed over, they
@@ -719,52 +744,32 @@ TEST_P(StoreConformanceTest, OnSqliteARolledBackSpillNeverLandsOnTheNextWritersF
     sqlite3_busy_timeout(db, 5000);
     return db;
   };
-  auto exec = [](sqlite3* db, const std::string& sql) {
-    char* error = nullptr;
-    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error);
-    EXPECT_EQ(rc, SQLITE_OK) << sql << ": " << (error != nullptr ? error : "");
-    sqlite3_free(error);
-  };
-  auto text = [](sqlite3* db, const std::string& sql) {
-    sqlite3_stmt* statement = nullptr;
-    std::string out;
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &statement, nullptr) != SQLITE_OK) {
-      return std::string("prepare: ") + sqlite3_errmsg(db);
-    }
-    if (const int rc = sqlite3_step(statement); rc == SQLITE_ROW) {
-      out = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
-    } else {
-      out = std::string("step: ") + sqlite3_errmsg(db);
-    }
-    sqlite3_finalize(statement);
-    return out;
-  };
   sqlite3* gathering = open(kWalGatherVfs);
-  exec(gathering, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=4; "
+  ExecOn(gathering, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=4; "
                   "CREATE TABLE spilled (id INTEGER PRIMARY KEY, v BLOB); "
                   "CREATE TABLE kept (id INTEGER PRIMARY KEY, v TEXT)");
   sqlite3* plain = open(nullptr);
-  exec(plain, "PRAGMA synchronous=FULL");
+  ExecOn(plain, "PRAGMA synchronous=FULL");
   for (int round = 0; round < 3; ++round) {
     // From an empty WAL, so that the rollback reads no page back from it (a read would
     // write what was gathered while the write lock is still held).
-    exec(plain, "PRAGMA wal_checkpoint(TRUNCATE)");
-    exec(gathering, "BEGIN; WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 "
+    ExecOn(plain, "PRAGMA wal_checkpoint(TRUNCATE)");
+    ExecOn(gathering, "BEGIN; WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 "
                     "FROM n WHERE value < 25) INSERT INTO spilled (v) SELECT randomblob(3000) "
                     "FROM n; ROLLBACK");
-    exec(plain, "WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM n "
+    ExecOn(plain, "WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM n "
                 "WHERE value < 60) INSERT INTO kept (v) SELECT printf('%0900d', value) FROM n");
-    exec(gathering, "INSERT INTO spilled VALUES (NULL, x'00')");
+    ExecOn(gathering, "INSERT INTO spilled VALUES (NULL, x'00')");
   }
   sqlite3* reader = open(nullptr);
-  EXPECT_EQ(text(reader, "SELECT COUNT(*) || ' ' || SUM(LENGTH(v)) FROM kept"), "180 162000");
-  EXPECT_EQ(text(reader, "SELECT COUNT(*) FROM spilled"), "3");
-  EXPECT_EQ(text(reader, "PRAGMA integrity_check"), "ok");
-  exec(reader, "PRAGMA wal_checkpoint(TRUNCATE)");
+  EXPECT_EQ(FirstText(reader, "SELECT COUNT(*) || ' ' || SUM(LENGTH(v)) FROM kept"), "180 162000");
+  EXPECT_EQ(FirstText(reader, "SELECT COUNT(*) FROM spilled"), "3");
+  EXPECT_EQ(FirstText(reader, "PRAGMA integrity_check"), "ok");
+  ExecOn(reader, "PRAGMA wal_checkpoint(TRUNCATE)");
   for (sqlite3* db : {gathering, plain, reader}) sqlite3_close(db);
   sqlite3* again = open(nullptr);
-  EXPECT_EQ(text(again, "SELECT COUNT(*) || ' ' || SUM(LENGTH(v)) FROM kept"), "180 162000");
-  EXPECT_EQ(text(again, "PRAGMA integrity_check"), "ok");
+  EXPECT_EQ(FirstText(again, "SELECT COUNT(*) || ' ' || SUM(LENGTH(v)) FROM kept"), "180 162000");
+  EXPECT_EQ(FirstText(again, "PRAGMA integrity_check"), "ok");
   sqlite3_close(again);
 }
 
@@ -832,25 +837,12 @@ TEST_P(StoreConformanceTest, OnSqliteADatabaseWithoutSharedMemoryWorksThroughThe
                               SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI, vfs),
               SQLITE_OK);
     std::string answers;
-    for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA locking_mode=EXCLUSIVE",
-                            "PRAGMA journal_mode=WAL",
-                            "CREATE TABLE IF NOT EXISTS t (v TEXT); INSERT INTO t VALUES ('x')",
-                            "SELECT COUNT(*) FROM t"}) {
-      sqlite3_stmt* statement = nullptr;
-      const char* tail = nullptr;
-      std::string rest = sql;
-      while (!rest.empty()) {
-        ASSERT_EQ(sqlite3_prepare_v2(db, rest.c_str(), -1, &statement, &tail), SQLITE_OK)
-            << sqlite3_errmsg(db);
-        rest = tail;
-        if (statement == nullptr) break;
-        if (sqlite3_step(statement) == SQLITE_ROW) {
-          answers += reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
-          answers += " ";
-        }
-        sqlite3_finalize(statement);
-      }
+    for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA locking_mode=EXCLUSIVE",
+                               "PRAGMA journal_mode=WAL"}) {
+      answers += FirstText(db, pragma) + " ";
     }
+    ExecOn(db, "CREATE TABLE IF NOT EXISTS t (v TEXT); INSERT INTO t VALUES ('x')");
+    answers += FirstText(db, "SELECT COUNT(*) FROM t") + " ";
     modes[name] = answers;
     sqlite3_close(db);
   }
