@@ -202,7 +202,7 @@ ApprovalSnapshot MaterialOf(const ApprovalSpec& spec, const std::string& input_j
 
 absl::StatusOr<ApprovalSnapshot> RenderApproval(const ApprovalSpec& spec,
                                                 const std::string& input_json,
-                                                const Json& context) {
+                                                const TemplateScope& context) {
   ApprovalSnapshot out = MaterialOf(spec, input_json);
   for (auto [field, text, into] : {std::tuple{"summary", &spec.summary, &out.summary},
                                    std::tuple{"requester", &spec.requester, &out.requester}}) {

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/transitions.h"
+#include "model/template.h"
 
 namespace waystone {
 
@@ -47,7 +48,7 @@ ApprovalSnapshot MaterialOf(const ApprovalSpec& spec, const std::string& input_j
 // the field that did not render.
 absl::StatusOr<ApprovalSnapshot> RenderApproval(const ApprovalSpec& spec,
                                                 const std::string& input_json,
-                                                const nlohmann::json& context);
+                                                const TemplateScope& context);
 
 // A decision as it arrives, with who decides.
 struct Decision {

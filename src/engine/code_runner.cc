@@ -564,9 +564,9 @@ class CodeRun final : public CodeContext {
   };
 
   // The env and secret a target's settings render with (built once per run).
-  const nlohmann::json& TargetContext() const {
-    if (!target_context_) target_context_ = d_.environment->BuildInstancePart(instance_);
-    return *target_context_;
+  TemplateScope TargetContext() const {
+    if (!target_context_) target_context_ = d_.environment->BuildOwnPart(instance_);
+    return d_.environment->Scope(*target_context_, instance_.tenant);
   }
 
   // Asks the protections of the target `request` lies under whether it may go now
@@ -1323,7 +1323,7 @@ class CodeRun final : public CodeContext {
     Millis send_at = 0;                      // its rate slot
   };
   std::optional<Admitted> admitted_;
-  mutable std::optional<nlohmann::json> target_context_;  // env and secret, for targets
+  mutable std::optional<nlohmann::json> target_context_;  // input and instance, for targets
   size_t position_ = 0;              // the next step the function reaches
   std::stop_token stop_token_;
   bool compensating_;

@@ -148,6 +148,13 @@ nlohmann::json TemplateEnvironment::Build(const InstanceRecord& instance,
 }
 
 nlohmann::json TemplateEnvironment::BuildInstancePart(const InstanceRecord& instance) const {
+  nlohmann::json context = BuildOwnPart(instance);
+  context["env"] = env(instance.tenant);
+  context["secret"] = secret(instance.tenant);
+  return context;
+}
+
+nlohmann::json TemplateEnvironment::BuildOwnPart(const InstanceRecord& instance) const {
   nlohmann::json context = nlohmann::json::object();
   context["input"] = nlohmann::json::parse(instance.input_json, nullptr, false);
   context["instance"] = {{"key", instance.key},
@@ -155,9 +162,12 @@ nlohmann::json TemplateEnvironment::BuildInstancePart(const InstanceRecord& inst
                          {"tenant", instance.tenant},
                          {"id", public_ids_ ? public_ids_->Encode(instance.id) : std::string()},
                          {"trace_id", instance.trace_id}};
-  context["env"] = env(instance.tenant);
-  context["secret"] = secret(instance.tenant);
   return context;
+}
+
+TemplateScope TemplateEnvironment::Scope(const nlohmann::json& own,
+                                         const std::string& tenant) const {
+  return TemplateScope(own, "env", &env(tenant), "secret", &secret(tenant));
 }
 
 void TemplateEnvironment::AddStepPart(nlohmann::json& context, const InstanceRecord& instance,
@@ -178,11 +188,11 @@ void InstanceContext::Reset() {
   shown_.clear();
 }
 
-const nlohmann::json& InstanceContext::For(const InstanceRecord& instance,
-                                           const std::vector<StepRecord>& steps,
-                                           const std::string& step_name,
-                                           const std::string& idempotency_key) {
-  if (!context_) context_ = environment_->BuildInstancePart(instance);
+TemplateScope InstanceContext::For(const InstanceRecord& instance,
+                                  const std::vector<StepRecord>& steps,
+                                  const std::string& step_name,
+                                  const std::string& idempotency_key) {
+  if (!context_) context_ = environment_->BuildOwnPart(instance);
   nlohmann::json& by_name = (*context_)["steps"];
   if (!by_name.is_object() || shown_.size() != steps.size()) {
     by_name = nlohmann::json::object();
@@ -201,12 +211,13 @@ const nlohmann::json& InstanceContext::For(const InstanceRecord& instance,
     }
   }
   (*context_)["step"] = StepSelf(instance, step_name, idempotency_key);
-  return *context_;
+  return environment_->Scope(*context_, instance.tenant);
 }
 
-nlohmann::json TemplateEnvironment::BuildForKey(const nlohmann::json& input,
-                                                const std::string& tenant) const {
-  return {{"input", input}, {"env", env(tenant)}};
+TemplateScope TemplateEnvironment::ForKey(const nlohmann::json& input,
+                                          const std::string& tenant) const {
+  static const nlohmann::json kNothingElse = nlohmann::json::object();
+  return TemplateScope(kNothingElse, "input", &input, "env", &env(tenant));
 }
 
 std::string StepIdempotencyKey(const WorkflowDefinition& definition, const InstanceRecord& instance,

@@ -13,6 +13,7 @@
 #include "base/public_id.h"
 #include "definition/definition.h"
 #include "engine/tenant_policy.h"
+#include "model/template.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -43,8 +44,16 @@ class TemplateEnvironment {
                    const std::vector<StepRecord>& steps, const std::string& step_name,
                    const std::string& idempotency_key) const;
 
-  // Returns a context for the business key template: input and env only.
-  nlohmann::json BuildForKey(const nlohmann::json& input, const std::string& tenant) const;
+  // The instance's part without env and secret (input, instance): `Scope` adds
+  // those without copying them, where BuildInstancePart copies them in.
+  nlohmann::json BuildOwnPart(const InstanceRecord& instance) const;
+  // What templates of `tenant` read: `own`'s members, and the tenant's env and
+  // secret, shared (valid while `own` and this environment live).
+  TemplateScope Scope(const nlohmann::json& own, const std::string& tenant) const;
+
+  // What the business key template reads: `input` and the tenant's env only
+  // (valid while `input` and this environment live).
+  TemplateScope ForKey(const nlohmann::json& input, const std::string& tenant) const;
 
   // The `env` a tenant's templates read.
   const nlohmann::json& env(const std::string& tenant) const;
@@ -64,10 +73,10 @@ class TemplateEnvironment {
 };
 
 // One instance's template context, kept by a runner across the steps it renders:
-// the instance's part (input, instance, env, secret) is built once, and a step's
-// recorded result is parsed again only when its record changed. What For returns
-// is what TemplateEnvironment::Build would, and stays valid until the next call.
-// Not thread-safe: one runner's.
+// the instance's part (input, instance) is built once, env and secret are the
+// environment's own (never copied), and a step's recorded result is parsed again
+// only when its record changed. What For returns reads what TemplateEnvironment::Build
+// would hold, and stays valid until the next call. Not thread-safe: one runner's.
 class InstanceContext {
  public:
   explicit InstanceContext(const TemplateEnvironment* environment) : environment_(environment) {}
@@ -75,8 +84,8 @@ class InstanceContext {
   // Forgets everything: the instance was read again.
   void Reset();
 
-  const nlohmann::json& For(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
-                            const std::string& step_name, const std::string& idempotency_key);
+  TemplateScope For(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
+                    const std::string& step_name, const std::string& idempotency_key);
 
  private:
   const TemplateEnvironment* environment_;

@@ -160,7 +160,7 @@ class Engine::Impl {
       // (A code workflow's input is any JSON value its codec writes.)
       if (!input.is_object()) return absl::InvalidArgumentError("input must be a JSON object");
       WS_ASSIGN_OR_RETURN(Template key_template, Template::Parse(definition.key));
-      key = key_template.RenderText(environment_.BuildForKey(input, request.tenant));
+      key = key_template.RenderText(environment_.ForKey(input, request.tenant));
       if (!key.ok()) {
         return absl::InvalidArgumentError("business key '" + definition.key +
                                           "' cannot be built from this input: " +

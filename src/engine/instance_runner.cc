@@ -452,16 +452,17 @@ class InstanceRunner::Impl {
   }
 
   // What step `step_index`'s templates see. The instance's part (its input parsed,
-  // its public id, env and secrets) is built once per load, not once per template,
-  // and a step's result parsed again only when its record changed.
+  // its public id) is built once per load, not once per template, env and secrets
+  // are read where the environment keeps them, and a step's result is parsed again
+  // only when its record changed.
   // The result stays valid until the next call.
-  const Json& Context(int step_index, const std::string& key) const {
+  TemplateScope Context(int step_index, const std::string& key) const {
     return context_.For(instance_, steps_, definition_->steps[step_index].name, key);
   }
 
   // Renders `spec` for sending; `body_identity` (when given) gets what the request
   // hash takes of its body (RenderBody).
-  absl::StatusOr<HttpRequest> Render(const RequestSpec& spec, const Json& context,
+  absl::StatusOr<HttpRequest> Render(const RequestSpec& spec, const TemplateScope& context,
                                      std::string* body_identity = nullptr) const {
     HttpRequest request;
     request.method = spec.method;
@@ -484,12 +485,13 @@ class InstanceRunner::Impl {
   }
 
   // The target `url` lies under (target_settings.h), or null.
-  absl::StatusOr<const TargetSpec*> TargetOf(const std::string& url, const Json& context) const {
+  absl::StatusOr<const TargetSpec*> TargetOf(const std::string& url,
+                                             const TemplateScope& context) const {
     return waystone::TargetOf(definition_->targets, url, context);
   }
 
   // Gives `request` its target's TLS identity and OAuth2 client (target_settings.h).
-  absl::Status ApplyTarget(HttpRequest& request, const Json& context) const {
+  absl::Status ApplyTarget(HttpRequest& request, const TemplateScope& context) const {
     return waystone::ApplyTarget(definition_->targets, request, context);
   }
 
@@ -497,7 +499,8 @@ class InstanceRunner::Impl {
   // now (operator pause, circuit breaker, concurrency cap, rate limit: the store
   // decides for every worker on the database). True: go, holding the permit until
   // the answer. False: refused, the instance to be parked (Park) with the reason.
-  absl::StatusOr<bool> Admitted(int step_index, const HttpRequest& request, const Json& context) {
+  absl::StatusOr<bool> Admitted(int step_index, const HttpRequest& request,
+                                const TemplateScope& context) {
     const std::string& url = request.url;
     DropPermit(permit_);
     WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
@@ -538,7 +541,7 @@ class InstanceRunner::Impl {
     std::vector<std::pair<std::string, std::string>> expected;
     const LookupSpec& lookup = *definition_->steps[index].lookup;
     if (lookup.match.empty()) return expected;
-    const Json& context = Context(index, steps_[index].idempotency_key);
+    const TemplateScope context = Context(index, steps_[index].idempotency_key);
     for (const auto& [pointer, value] : lookup.match) {
       WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(value));
       WS_ASSIGN_OR_RETURN(std::string text, parsed.RenderText(context));
@@ -839,7 +842,7 @@ class InstanceRunner::Impl {
 
   // The statement of `spec` with its parameters rendered for step `index`.
   absl::StatusOr<BusinessStatement> Bound(const SqlSpec& spec, int index) const {
-    const Json& context = Context(index, "");
+    const TemplateScope context = Context(index, "");
     BusinessStatement statement;
     statement.sqlite = spec.statement.sqlite;
     statement.postgres = spec.statement.postgres;

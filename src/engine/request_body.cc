@@ -19,7 +19,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::StatusOr<std::string> RenderString(const std::string& text, const Json& context,
+absl::StatusOr<std::string> RenderString(const std::string& text, const TemplateScope& context,
                                          const std::string& what) {
   if (text.empty()) return std::string();
   WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
@@ -33,7 +33,7 @@ absl::StatusOr<std::string> RenderString(const std::string& text, const Json& co
 // The fields of `fields_json` rendered, ordered by name (a JSON object keeps no other
 // order); a non-string value as JSON text.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> RenderFields(
-    const std::string& fields_json, const Json& context) {
+    const std::string& fields_json, const TemplateScope& context) {
   std::vector<std::pair<std::string, std::string>> fields;
   if (fields_json.empty()) return fields;
   WS_ASSIGN_OR_RETURN(Json rendered, RenderTree(Json::parse(fields_json), context));
@@ -91,7 +91,7 @@ struct Pinned {
   std::string content_type;
 };
 
-absl::StatusOr<Pinned> PinFile(const FileSpec& spec, const Json& context,
+absl::StatusOr<Pinned> PinFile(const FileSpec& spec, const TemplateScope& context,
                                const std::string& files_dir, const std::string& what) {
   Pinned pinned;
   WS_ASSIGN_OR_RETURN(pinned.filename, RenderString(spec.filename, context, what + " filename"));
@@ -147,7 +147,7 @@ bool HasHeader(const HttpRequest& request, std::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const Json& context,
+absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateScope& context,
                                        const std::string& files_dir, HttpRequest& request) {
   switch (spec.body_kind) {
     case BodyKind::kJson:

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "connectors/http/http_client.h"
 #include "definition/definition.h"
+#include "model/template.h"
 
 namespace waystone {
 
@@ -21,7 +22,7 @@ namespace waystone {
 // changes between attempts changes the hash (an idempotency conflict, never a
 // different upload under the same key). InvalidArgument naming the field when a
 // template, a path or base64 is wrong; NotFound when a file is missing.
-absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const nlohmann::json& context,
+absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateScope& context,
                                        const std::string& files_dir, HttpRequest& request);
 
 }  // namespace waystone

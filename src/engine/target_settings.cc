@@ -16,7 +16,7 @@ namespace {
 
 // Renders one of `target`'s settings (a template over env and secret).
 absl::StatusOr<std::string> RenderSetting(const TargetSpec& target, const std::string& text,
-                                          const nlohmann::json& context) {
+                                          const TemplateScope& context) {
   WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
   auto rendered = parsed.RenderText(context);
   if (!rendered.ok()) {
@@ -27,7 +27,7 @@ absl::StatusOr<std::string> RenderSetting(const TargetSpec& target, const std::s
 }
 
 // Returns the TLS identity of `target` (null: none, the system's CAs).
-absl::StatusOr<TlsIdentity> TlsOf(const TargetSpec* target, const nlohmann::json& context) {
+absl::StatusOr<TlsIdentity> TlsOf(const TargetSpec* target, const TemplateScope& context) {
   TlsIdentity identity;
   if (target == nullptr) return identity;
   identity.target = target->name;
@@ -43,7 +43,7 @@ absl::StatusOr<TlsIdentity> TlsOf(const TargetSpec* target, const nlohmann::json
 
 absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& targets,
                                            const std::string& url,
-                                           const nlohmann::json& context) {
+                                           const TemplateScope& context) {
   const TargetSpec* found = nullptr;
   size_t matched = 0;
   for (const TargetSpec& target : targets) {
@@ -60,7 +60,7 @@ absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& target
 }
 
 absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& request,
-                         const nlohmann::json& context) {
+                         const TemplateScope& context) {
   WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(targets, request.url, context));
   WS_ASSIGN_OR_RETURN(request.tls, TlsOf(target, context));
   request.oauth2 = {};
@@ -82,7 +82,7 @@ absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& re
 }
 
 absl::Status CheckTargetsRender(const std::vector<TargetSpec>& targets,
-                                const nlohmann::json& context) {
+                                const TemplateScope& context) {
   for (const TargetSpec& target : targets) {
     WS_ASSIGN_OR_RETURN(std::string base, RenderSetting(target, target.url, context));
     HttpRequest request;

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "connectors/http/http_client.h"
 #include "definition/definition.h"
+#include "model/template.h"
 #include "store/records.h"
 
 namespace waystone {
@@ -29,20 +30,20 @@ inline constexpr Millis kRateHorizon = 1000;
 // end; the longest wins), or null.
 absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& targets,
                                            const std::string& url,
-                                           const nlohmann::json& context);
+                                           const TemplateScope& context);
 
 // Gives `request` the settings of the target its URL lies under: its TLS identity
 // and OAuth2 client (the token endpoint reached with the TLS identity of the target
 // its own URL lies under). InvalidArgument naming the target when a setting does
 // not render.
 absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& request,
-                         const nlohmann::json& context);
+                         const TemplateScope& context);
 
 // Renders every setting of every target in `targets` with `context` (env and
 // secret): InvalidArgument naming the first target and setting that does not (an
 // environment variable or secret the deployment lacks).
 absl::Status CheckTargetsRender(const std::vector<TargetSpec>& targets,
-                                const nlohmann::json& context);
+                                const TemplateScope& context);
 
 // The store's question before a call of `timeout` to `target` from `tenant`, by the
 // runner holding `lease`: the permit (named after the lease, and unique) outlives

@@ -6,7 +6,7 @@
 
 namespace waystone {
 
-absl::StatusOr<bool> Holds(const Condition& condition, const nlohmann::json& context) {
+absl::StatusOr<bool> Holds(const Condition& condition, const TemplateScope& context) {
   using Test = Condition::Test;
   switch (condition.test) {
     case Test::kAlways:
@@ -28,7 +28,7 @@ absl::StatusOr<bool> Holds(const Condition& condition, const nlohmann::json& con
       if (!value.ok()) return value.status();
       bool present = false;
       if (value->references().size() == 1) {
-        const nlohmann::json* found = Resolve(context, value->references()[0]);
+        const nlohmann::json* found = context.Find(value->references()[0]);
         present = found != nullptr && !found->is_null() &&
                   !(found->is_string() && found->get_ref<const std::string&>().empty());
       }

@@ -9,6 +9,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/statusor.h"
+#include "model/template.h"
 
 namespace waystone {
 
@@ -32,6 +33,6 @@ struct Condition {
 // Judges `condition` against a step's template context. Errors name the template
 // that could not be judged (a missing path for kTrue/kEquals, a value that is not
 // true or false), never a value.
-absl::StatusOr<bool> Holds(const Condition& condition, const nlohmann::json& context);
+absl::StatusOr<bool> Holds(const Condition& condition, const TemplateScope& context);
 
 }  // namespace waystone

@@ -34,9 +34,9 @@ absl::StatusOr<std::string> ScalarText(const Json& value, const std::string& whe
 
 // Returns the text of the value at `path`; errors name the placeholder.
 absl::StatusOr<std::string> PlaceholderText(const std::vector<std::string>& path,
-                                            const Json& context) {
+                                            const TemplateScope& context) {
   const std::string where = JoinPath(path);
-  const Json* value = Resolve(context, path);
+  const Json* value = context.Find(path);
   if (value == nullptr) {
     return absl::InvalidArgumentError("template {{" + where +
                                       "}} refers to a value that is not there");
@@ -105,9 +105,13 @@ absl::StatusOr<Template> Template::Parse(std::string_view text) {
   return result;
 }
 
-const Json* Resolve(const Json& root, const std::vector<std::string>& path) {
+namespace {
+
+// Resolve from path[first] on.
+const Json* ResolveFrom(const Json& root, const std::vector<std::string>& path, size_t first) {
   const Json* node = &root;
-  for (const auto& segment : path) {
+  for (size_t i = first; i < path.size(); ++i) {
+    const std::string& segment = path[i];
     if (node->is_object()) {
       auto it = node->find(segment);
       if (it == node->end()) return nullptr;
@@ -127,9 +131,26 @@ const Json* Resolve(const Json& root, const std::vector<std::string>& path) {
   return node;
 }
 
-absl::StatusOr<Json> Template::Render(const Json& context) const {
+}  // namespace
+
+const Json* Resolve(const Json& root, const std::vector<std::string>& path) {
+  return ResolveFrom(root, path, 0);
+}
+
+const Json* TemplateScope::Find(const std::vector<std::string>& path) const {
+  if (!path.empty()) {
+    for (const Named& named : named_) {
+      if (named.value != nullptr && named.name == path[0]) {
+        return ResolveFrom(*named.value, path, 1);
+      }
+    }
+  }
+  return ResolveFrom(*root_, path, 0);
+}
+
+absl::StatusOr<Json> Template::Render(const TemplateScope& context) const {
   if (pieces_.size() == 1 && !pieces_[0].path.empty()) {
-    const Json* value = Resolve(context, pieces_[0].path);
+    const Json* value = context.Find(pieces_[0].path);
     if (value == nullptr) {
       return absl::InvalidArgumentError("template {{" + JoinPath(pieces_[0].path) +
                                         "}} refers to a value that is not there");
@@ -149,7 +170,7 @@ absl::StatusOr<Json> Template::Render(const Json& context) const {
   return Json(out);
 }
 
-absl::StatusOr<std::string> Template::RenderText(const Json& context) const {
+absl::StatusOr<std::string> Template::RenderText(const TemplateScope& context) const {
   auto value = Render(context);
   if (!value.ok()) return value.status();
   return ScalarText(*value, references_.empty() ? "" : JoinPath(references_.front()));
@@ -199,7 +220,7 @@ UrlState Advance(UrlState state, std::string_view literal, bool at_start) {
 
 }  // namespace
 
-absl::StatusOr<std::string> Template::RenderUrl(const Json& context) const {
+absl::StatusOr<std::string> Template::RenderUrl(const TemplateScope& context) const {
   std::string out;
   UrlState state = UrlState::kStart;
   for (size_t i = 0; i < pieces_.size(); ++i) {
@@ -279,7 +300,7 @@ absl::Status Template::CheckUrl() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Json> RenderTree(const Json& tree, const Json& context) {
+absl::StatusOr<Json> RenderTree(const Json& tree, const TemplateScope& context) {
   if (tree.is_string()) {
     auto parsed = Template::Parse(tree.get<std::string>());
     if (!parsed.ok()) return parsed.status();

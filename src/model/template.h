@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10,6 +11,32 @@
 #include "absl/status/statusor.h"
 
 namespace waystone {
+
+// What templates read: a JSON object, and beside it up to two objects found under
+// their own top-level names without being copied into it (the environment and the
+// secrets, which every instance's context shares). A name given here hides a member
+// of that name in the object. Holds pointers: valid while what it was made from
+// lives; made for one render, never kept.
+class TemplateScope {
+ public:
+  // Every JSON object is a scope of its own members.
+  TemplateScope(const nlohmann::json& root)  // NOLINT(google-explicit-constructor)
+      : root_(&root) {}
+  TemplateScope(const nlohmann::json& root, std::string_view name, const nlohmann::json* value,
+                std::string_view other_name = {}, const nlohmann::json* other_value = nullptr)
+      : root_(&root), named_{{{name, value}, {other_name, other_value}}} {}
+
+  // Returns the value at `path`, or nullptr when any segment is missing.
+  const nlohmann::json* Find(const std::vector<std::string>& path) const;
+
+ private:
+  struct Named {
+    std::string_view name;  // empty: unused
+    const nlohmann::json* value = nullptr;
+  };
+  const nlohmann::json* root_;
+  std::array<Named, 2> named_{};
+};
 
 // A string with "{{path}}" placeholders, parsed once. A path is dot-separated
 // segments resolved in a JSON context: input.order_id, steps.fetch-customer.response.id,
@@ -25,10 +52,10 @@ class Template {
   // Renders against `context`. A template that is exactly one placeholder yields
   // the referenced JSON value unchanged (a number stays a number); otherwise the
   // pieces are joined into a string. Errors name the placeholder, never a value.
-  absl::StatusOr<nlohmann::json> Render(const nlohmann::json& context) const;
+  absl::StatusOr<nlohmann::json> Render(const TemplateScope& context) const;
 
   // Renders and requires a string, number or boolean result, returned as text.
-  absl::StatusOr<std::string> RenderText(const nlohmann::json& context) const;
+  absl::StatusOr<std::string> RenderText(const TemplateScope& context) const;
 
   // Renders a URL: literal text stays as written, and every placeholder value is
   // percent-encoded (RFC 3986) by the rules of the part it stands in: a path
@@ -36,7 +63,7 @@ class Template {
   // query or fragment value (only unreserved characters kept; '&', '=', '+', '#',
   // space are encoded). A placeholder at the very start is the base URL
   // (`{{env.ERP_URL}}/orders`) and is inserted as written.
-  absl::StatusOr<std::string> RenderUrl(const nlohmann::json& context) const;
+  absl::StatusOr<std::string> RenderUrl(const TemplateScope& context) const;
 
   // Returns an error when a placeholder sits where percent-encoding cannot make
   // its value safe: inside the scheme or authority (host, port, user) after a
@@ -54,7 +81,7 @@ class Template {
 
 // Renders every string inside a JSON tree (a request body, say) as a Template.
 absl::StatusOr<nlohmann::json> RenderTree(const nlohmann::json& tree,
-                                          const nlohmann::json& context);
+                                          const TemplateScope& context);
 
 // Collects the placeholder paths of every string inside a JSON tree; returns the
 // first parse error.

@@ -37,6 +37,48 @@ TEST(TemplateTest, ArrayIndexes) {
   EXPECT_EQ(*t->RenderText(Context()), "b");
 }
 
+TEST(TemplateScopeTest, NamedObjectsAreReadBesideTheRootWithoutBeingInIt) {
+  const Json own = {{"input", {{"order_id", "10042"}}}, {"env", {{"ERP_URL", "http://stale"}}}};
+  const Json env = {{"ERP_URL", "http://erp"}, {"PORT", 81}};
+  const Json secret = {{"TOKEN", "s3cr3t-value"}};
+  const TemplateScope scope(own, "env", &env, "secret", &secret);
+
+  auto url = Template::Parse("{{env.ERP_URL}}/orders/{{input.order_id}}?t={{secret.TOKEN}}");
+  ASSERT_TRUE(url.ok());
+  // A name given to the scope hides the root's member of that name.
+  EXPECT_EQ(*url->RenderText(scope), "http://erp/orders/10042?t=s3cr3t-value");
+  // A whole named object, a number kept a number, and what is in neither.
+  EXPECT_EQ(*Template::Parse("{{env}}")->Render(scope), env);
+  EXPECT_EQ(*Template::Parse("{{env.PORT}}")->Render(scope), Json(81));
+  EXPECT_EQ(scope.Find({"env", "MISSING"}), nullptr);
+  EXPECT_EQ(scope.Find({"secret", "TOKEN", "deeper"}), nullptr);
+  EXPECT_EQ(scope.Find({"steps"}), nullptr);
+  auto missing = Template::Parse("{{secret.OTHER}}")->Render(scope);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("{{secret.OTHER}}"), std::string_view::npos);
+
+  // A scope of one JSON object reads its members only.
+  const TemplateScope plain(own);
+  EXPECT_EQ(*url->RenderText(Json{{"input", {{"order_id", "1"}}},
+                                  {"env", {{"ERP_URL", "http://a"}}},
+                                  {"secret", {{"TOKEN", "t"}}}}),
+            "http://a/orders/1?t=t");
+  EXPECT_EQ(plain.Find({"secret"}), nullptr);
+  EXPECT_EQ(*plain.Find({"env", "ERP_URL"}), Json("http://stale"));
+}
+
+TEST(TemplateScopeTest, TreesUrlsAndTextRenderThroughAScope) {
+  const Json own = {{"input", {{"k", "a b"}}}};
+  const Json env = {{"BASE", "http://127.0.0.1:81"}};
+  const TemplateScope scope(own, "env", &env);
+  auto tree = RenderTree(Json{{"url", "{{env.BASE}}"}, {"items", {"{{input.k}}", 3}}}, scope);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  EXPECT_EQ(*tree, (Json{{"url", "http://127.0.0.1:81"}, {"items", {"a b", 3}}}));
+  auto url = Template::Parse("{{env.BASE}}/x/{{input.k}}");
+  ASSERT_TRUE(url.ok());
+  EXPECT_EQ(*url->RenderUrl(scope), "http://127.0.0.1:81/x/a%20b");
+}
+
 TEST(TemplateTest, ReferencesAreListed) {
   auto t = Template::Parse("{{a.b}}-{{c}}");
   ASSERT_TRUE(t.ok());
@@ -113,11 +155,11 @@ TEST(TemplateTest, PlaceholdersInTheHostAreRefusedUnlessFromEnv) {
   auto host = Template::Parse("http://{{input.k}}/x");
   ASSERT_TRUE(host.ok());
   EXPECT_FALSE(host->CheckUrl().ok());
-  EXPECT_FALSE(host->RenderUrl({{"input", {{"k", "evil.example"}}}}).ok());
+  EXPECT_FALSE(host->RenderUrl(Json{{"input", {{"k", "evil.example"}}}}).ok());
   auto port = Template::Parse("http://127.0.0.1:{{env.PORT}}/x/{{input.k}}");
   ASSERT_TRUE(port.ok());
   EXPECT_TRUE(port->CheckUrl().ok());
-  EXPECT_EQ(*port->RenderUrl({{"env", {{"PORT", "81"}}}, {"input", {{"k", "a b"}}}}),
+  EXPECT_EQ(*port->RenderUrl(Json{{"env", {{"PORT", "81"}}}, {"input", {{"k", "a b"}}}}),
             "http://127.0.0.1:81/x/a%20b");
   auto base = Template::Parse("{{env.ERP_URL}}/x");
   ASSERT_TRUE(base.ok());
