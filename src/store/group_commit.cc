@@ -172,8 +172,14 @@ absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
       sql, changes,
       [&](const Change& change) { return ApplyChange(sql, change, attempts_per_step); },
       UndoesOnlyItself,
-      // An event received before or a key conflict fails after the fence wrote.
-      [](const Change&) { return true; });
+      // Only what can fail alone after its fence wrote needs a savepoint: an event
+      // received before, a kept event taken before, a key conflict, a sql step's or
+      // a code workflow's statement. A lost lease fails at the fence, which then
+      // wrote nothing; anything else fails the whole transaction.
+      [](const Change& c) {
+        return c.inbox.has_value() || c.take.has_value() || c.idempotency.has_value() ||
+               !c.statements.empty() || c.work != nullptr;
+      });
 }
 
 }  // namespace waystone

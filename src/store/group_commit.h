@@ -1,7 +1,8 @@
 #pragma once
 
-// Store-internal: a group commit, written once for both dialects. Each change is
-// applied under its own savepoint in the transaction the dialect opened, in one
+// Store-internal: a group commit, written once for both dialects. Each change that
+// can fail alone after writing is applied under its own savepoint in the transaction
+// the dialect opened (one that can only lose its lease fails before writing), in one
 // order: the fence first (nothing is written unless the lease holds), then the
 // inbox claim, a kept event kept or taken, the revised input, alert resolution,
 // idempotency key, sql steps' statements, added steps, a code workflow's
@@ -106,8 +107,9 @@ bool UndoesOnlyItself(const absl::Status& applied, const Change& change);
 // attempts of each step it adds attempts to. Aborted when the lease is lost.
 absl::Status ApplyChange(ChangeSql& sql, const Change& change, int attempts_per_step);
 
-// Applies each change under its own savepoint and returns one status per change
-// (see Store::Commit); a non-OK return fails the whole transaction.
+// Applies each change, under its own savepoint where it can fail alone after
+// writing, and returns one status per change (see Store::Commit); a non-OK return
+// fails the whole transaction.
 absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
                                                         const std::vector<Change>& changes,
                                                         int attempts_per_step);

@@ -1615,6 +1615,88 @@ TEST_P(StoreConformanceTest, AChangeClaimsItsInboxEventOnceAndResolvesAlerts) {
   EXPECT_EQ(store_->GetInstance(id)->status_reason, "still here");
 }
 
+// A change refused after its fence wrote (an event received before, a kept event
+// taken before, an idempotency key used for another request) leaves its instance's
+// row as it was: the fence's own write goes with the rest of the change, while the
+// other change of the batch commits. (A change that can only lose its lease needs
+// no savepoint: its fence fails before anything is written.)
+TEST_P(StoreConformanceTest, AChangeRefusedAfterItsFenceLeavesItsInstanceRowAsItWas) {
+  NewInstance code = Instance("k1");
+  code.step_names.clear();
+  const int64_t id = store_->StartInstance(code)->instance.id;
+  const int64_t other = store_->StartInstance(Instance("k2"))->instance.id;
+  Lease lease, other_lease;
+  const std::vector<Lease> claims = *store_->ClaimRunnable("w", 2000, 5000, 10);
+  for (const Lease& claimed : claims) {
+    (claimed.instance_id == id ? lease : other_lease) = claimed;
+  }
+  ASSERT_EQ(lease.instance_id, id);
+  ASSERT_EQ(other_lease.instance_id, other);
+  // What each refusal needs stored first: an inbox event claimed, a kept event
+  // taken, a key used for one request.
+  Change setup;
+  setup.lease = lease;
+  setup.now = 2001;
+  setup.lease_expires_at = 7000;
+  setup.inbox = InboxClaim{"t1", "/src", "ev-1", "hash-1"};
+  setup.keep = KeptEvent{0, "paid", "/bank", "p-1", "{}", 2001};
+  setup.idempotency = IdempotencyClaim{"t1", "k1:one", "hash-a", id, "one", 100'000};
+  ASSERT_TRUE((*store_->Commit({setup}))[0].ok());
+  Change take = setup;
+  take.inbox.reset();
+  take.keep.reset();
+  take.idempotency.reset();
+  StepRecord row;
+  row.name = "$wait:paid";
+  row.state = StepState::kCompleted;
+  take.added_steps = {row};
+  take.take = KeptEventTake{1, 0};
+  ASSERT_TRUE((*store_->Commit({take}))[0].ok());
+
+  const std::vector<std::pair<std::string, absl::StatusCode>> refusals = {
+      {"inbox", absl::StatusCode::kAlreadyExists},
+      {"take", absl::StatusCode::kFailedPrecondition},
+      {"key", absl::StatusCode::kFailedPrecondition}};
+  for (size_t i = 0; i < refusals.size(); ++i) {
+    const auto& [kind, code] = refusals[i];
+    const InstanceRecord before = *store_->GetInstance(id);
+    Change refused;
+    refused.lease = lease;
+    refused.now = 3000 + static_cast<Millis>(i);
+    refused.lease_expires_at = 9000;
+    refused.state = InstanceState::kNeedsAttention;
+    refused.status_reason = "must not stay";
+    refused.next_run_at = 99'000;
+    if (kind == "inbox") refused.inbox = setup.inbox;
+    if (kind == "take") {
+      row.index = 1;
+      refused.added_steps = {row};
+      refused.take = KeptEventTake{1, 1};
+    }
+    if (kind == "key") {
+      refused.idempotency = setup.idempotency;
+      refused.idempotency->request_hash = "hash-b";
+    }
+    Change fine;
+    fine.lease = other_lease;
+    fine.now = refused.now;
+    fine.lease_expires_at = 7000;
+    fine.status_reason = "applied " + kind;
+    auto results = store_->Commit({refused, fine});
+    ASSERT_TRUE(results.ok()) << kind << ": " << results.status();
+    EXPECT_EQ((*results)[0].code(), code) << kind << ": " << (*results)[0];
+    EXPECT_TRUE((*results)[1].ok()) << kind << ": " << (*results)[1];
+    const InstanceRecord after = *store_->GetInstance(id);
+    EXPECT_EQ(after.state, before.state) << kind;
+    EXPECT_EQ(after.status_reason, before.status_reason) << kind;
+    EXPECT_EQ(after.next_run_at, before.next_run_at) << kind;
+    EXPECT_EQ(after.lease_expires_at, before.lease_expires_at) << kind;
+    EXPECT_EQ(after.updated_at, before.updated_at) << kind;
+    EXPECT_EQ(store_->GetSteps(id)->size(), 1u) << kind;
+    EXPECT_EQ(store_->GetInstance(other)->status_reason, "applied " + kind);
+  }
+}
+
 TEST_P(StoreConformanceTest, ListsFilterByStepExternalIdHttpStatusUpdatedAndDefinition) {
   ASSERT_TRUE(store_->PutDefinition("0123abcdef", "wf", "wf.yaml", "text", 1).ok());
   for (int i = 0; i < 3; ++i) {
