@@ -82,6 +82,24 @@ class StoreConformanceTest : public ::testing::TestWithParam<Backend> {
     return in;
   }
 
+  // A start of an instance without steps (a code workflow's), which adds its own.
+  NewInstance Stepless(const std::string& key) {
+    NewInstance in = Instance(key);
+    in.step_names.clear();
+    return in;
+  }
+
+  // Claims the leases of the two runnable instances `id` and `other`.
+  std::pair<Lease, Lease> ClaimBoth(int64_t id, int64_t other) {
+    Lease lease, other_lease;
+    const std::vector<Lease> claims = *store_->ClaimRunnable("w", 2000, 5000, 10);
+    for (const Lease& claimed : claims) {
+      if (claimed.instance_id == id) lease = claimed;
+      if (claimed.instance_id == other) other_lease = claimed;
+    }
+    return {lease, other_lease};
+  }
+
   // A created start answers its row as stored, and its steps are pending with nothing
   // recorded: the worker a start was leased to begins from these without reading them.
   void ExpectAnsweredAsStored(const NewInstance& in, const StartResult& started) {
@@ -1496,15 +1514,11 @@ TEST_P(StoreConformanceTest, ApiRequestsClaimReplayAndAreTakenOverWhenAbandoned)
 // instance, listed until taken, each taken once (a second take fails its change,
 // which writes nothing), and written only under the lease.
 TEST_P(StoreConformanceTest, KeptEventsAreNumberedListedAndTakenOnce) {
-  NewInstance code = Instance("kept");
-  code.step_names.clear();
-  const int64_t id = store_->StartInstance(code)->instance.id;
+  const int64_t id = store_->StartInstance(Stepless("kept"))->instance.id;
   const int64_t other = store_->StartInstance(Instance("other"))->instance.id;
-  Lease lease, other_lease;
-  const std::vector<Lease> claims = *store_->ClaimRunnable("w", 2000, 5000, 10);
-  for (const Lease& claimed : claims) {
-    (claimed.instance_id == id ? lease : other_lease) = claimed;
-  }
+  const std::pair<Lease, Lease> leases = ClaimBoth(id, other);
+  const Lease& lease = leases.first;
+  const Lease& other_lease = leases.second;
   ASSERT_EQ(lease.instance_id, id);
   ASSERT_EQ(other_lease.instance_id, other);
   auto keep = [&](const std::string& type, const std::string& event_id, Millis now,
@@ -1621,15 +1635,11 @@ TEST_P(StoreConformanceTest, AChangeClaimsItsInboxEventOnceAndResolvesAlerts) {
 // other change of the batch commits. (A change that can only lose its lease needs
 // no savepoint: its fence fails before anything is written.)
 TEST_P(StoreConformanceTest, AChangeRefusedAfterItsFenceLeavesItsInstanceRowAsItWas) {
-  NewInstance code = Instance("k1");
-  code.step_names.clear();
-  const int64_t id = store_->StartInstance(code)->instance.id;
+  const int64_t id = store_->StartInstance(Stepless("k1"))->instance.id;
   const int64_t other = store_->StartInstance(Instance("k2"))->instance.id;
-  Lease lease, other_lease;
-  const std::vector<Lease> claims = *store_->ClaimRunnable("w", 2000, 5000, 10);
-  for (const Lease& claimed : claims) {
-    (claimed.instance_id == id ? lease : other_lease) = claimed;
-  }
+  const std::pair<Lease, Lease> leases = ClaimBoth(id, other);
+  const Lease& lease = leases.first;
+  const Lease& other_lease = leases.second;
   ASSERT_EQ(lease.instance_id, id);
   ASSERT_EQ(other_lease.instance_id, other);
   // What each refusal needs stored first: an inbox event claimed, a kept event
