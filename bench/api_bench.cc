@@ -22,6 +22,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "flags.h"
 #include "server/api_server.h"
 #include "server/auth.h"
 #include "store/sqlite/raw_commit_probe.h"
@@ -100,6 +101,7 @@ Result Run(const std::string& db_path, int clients, int requests, bool with_key)
 int main(int argc, char** argv) {
   std::string dir = std::filesystem::temp_directory_path().string();
   int requests = 1000;
+  if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
     if (std::strcmp(argv[i], "--requests") == 0) requests = std::atoi(argv[i + 1]);

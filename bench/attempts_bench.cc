@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/sha256.h"
+#include "flags.h"
 #include "server/wire.h"
 #include "store/postgres/raw_commit_probe.h"
 #include "store/store.h"
@@ -244,6 +245,7 @@ int main(int argc, char** argv) {
   using namespace waystone;
   std::string dir = std::filesystem::temp_directory_path() / "waystone-attempts-bench";
   std::string postgres;
+  if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
     if (std::strcmp(argv[i], "--postgres") == 0) postgres = argv[i + 1];

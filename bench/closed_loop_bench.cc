@@ -34,6 +34,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "flags.h"
 #include "server/api_server.h"
 #include "server/auth.h"
 #include "store/postgres/pg_connection.h"
@@ -272,6 +273,7 @@ int main(int argc, char** argv) {
   std::vector<int> callers = {1, 8, 64};
   bool over_http = false;
   bool public_api = false;
+  if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--dir") dir = argv[i + 1];

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "connectors/http/http_client.h"
+#include "flags.h"
 #include "sim/simulator.h"
 
 namespace waystone {
@@ -59,6 +60,7 @@ Figures Measure(const std::string& url, ConnectionReuse reuse, int threads, int 
 
 int main(int argc, char** argv) {
   int calls = 3000;
+  if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--calls") == 0) calls = std::atoi(argv[i + 1]);
   }

@@ -25,6 +25,7 @@ extern char** environ;
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "flags.h"
 #include "store/postgres/raw_commit_probe.h"
 #include "store/store.h"
 #include "workloads.h"
@@ -191,6 +192,7 @@ int main(int argc, char** argv) {
     const int threads = argc >= 5 ? std::atoi(argv[4]) : 16;
     return waystone::RunWorkerProcess(argv[2], threads);
   }
+  if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--postgres") == 0) {
       int instances = 2000;

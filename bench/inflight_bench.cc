@@ -31,6 +31,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "flags.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -199,6 +200,7 @@ int main(int argc, char** argv) {
   double delay_s = 2;
   int workers = 4;
   std::vector<int> counts = {1000, 10000};
+  if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--dir") dir = argv[i + 1];

@@ -45,6 +45,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
+#include "flags.h"
 #include "messaging/relay.h"
 #include "messaging/relay_config.h"
 #include "messaging/sink.h"
@@ -420,6 +421,7 @@ int Run(const std::map<std::string, std::string>& flags) {
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> flags;
+  if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strncmp(argv[i], "--", 2) != 0) {
       std::fprintf(stderr, "relay_bench: unexpected argument %s\n", argv[i]);
