@@ -563,7 +563,8 @@ class CodeRun final : public CodeContext {
     LeaseKeeper::Guard held_;
   };
 
-  // The env and secret a target's settings render with (built once per run).
+  // What a target's settings render with: the instance's part (built once per run),
+  // and env and secret where the environment keeps them.
   TemplateScope TargetContext() const {
     if (!target_context_) target_context_ = d_.environment->BuildOwnPart(instance_);
     return d_.environment->Scope(*target_context_, instance_.tenant);

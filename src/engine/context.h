@@ -36,9 +36,9 @@ class TemplateEnvironment {
   nlohmann::json Build(const InstanceRecord& instance, const std::vector<StepRecord>& steps,
                        const std::string& step_name, const std::string& idempotency_key) const;
 
-  // Build in two parts, for a caller that renders many steps of one instance: what
-  // stays the same for the instance (input, instance, env, secret), built once, and
-  // then, on a copy of it, what each step sees (steps, step).
+  // Build in two parts: what stays the same for the instance (input, instance, env,
+  // secret, all copied in), and then what each step sees (steps, step). A caller that
+  // renders many steps of one instance uses InstanceContext instead.
   nlohmann::json BuildInstancePart(const InstanceRecord& instance) const;
   void AddStepPart(nlohmann::json& context, const InstanceRecord& instance,
                    const std::vector<StepRecord>& steps, const std::string& step_name,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "base/status_macros.h"
 #include "store/business_statement.h"
 #include "store/business_work.h"
@@ -31,6 +32,30 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
       "idempotency key '" + claim.key + "' was used for request hash " +
       stored->request_hash.substr(0, 16) + "; this request has hash " +
       claim.request_hash.substr(0, 16) + " (the request changed under the same key)");
+}
+
+namespace {
+
+constexpr char kLeaseLost[] = "waystone/lease-lost";
+
+// The fence's answer when the lease no longer holds (nothing was written).
+absl::Status LeaseLost(const Lease& lease) {
+  absl::Status status =
+      absl::AbortedError("lease lost on instance " + std::to_string(lease.instance_id) +
+                         " (epoch " + std::to_string(lease.epoch) + ")");
+  status.SetPayload(kLeaseLost, absl::Cord("1"));
+  return status;
+}
+
+bool IsLeaseLost(const absl::Status& status) {
+  return absl::IsAborted(status) && status.GetPayload(kLeaseLost).has_value();
+}
+
+}  // namespace
+
+bool TakesSavepoint(const Change& c) {
+  return c.inbox.has_value() || c.take.has_value() || c.idempotency.has_value() ||
+         !c.statements.empty() || c.work != nullptr;
 }
 
 bool UndoesOnlyItself(const absl::Status& applied, const Change& change) {
@@ -76,10 +101,7 @@ absl::StatusOr<BusinessWorkResult> RunWork(ChangeSql& sql, const BusinessWork& w
 absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step) {
   const int64_t id = c.lease.instance_id;
   WS_ASSIGN_OR_RETURN(bool held, sql.Fence(c));
-  if (!held) {
-    return absl::AbortedError("lease lost on instance " + std::to_string(id) + " (epoch " +
-                              std::to_string(c.lease.epoch) + ")");
-  }
+  if (!held) return LeaseLost(c.lease);
   if (c.lease_expires_at == 0 && c.next_run_at && *c.next_run_at <= c.now &&
       (!c.state || *c.state == InstanceState::kRunning ||
        *c.state == InstanceState::kCompensating)) {
@@ -171,15 +193,13 @@ absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
   return EachUnderSavepoint<absl::Status>(
       sql, changes,
       [&](const Change& change) { return ApplyChange(sql, change, attempts_per_step); },
-      UndoesOnlyItself,
-      // Only what can fail alone after its fence wrote needs a savepoint: an event
-      // received before, a kept event taken before, a key conflict, a sql step's or
-      // a code workflow's statement. A lost lease fails at the fence, which then
-      // wrote nothing; anything else fails the whole transaction.
-      [](const Change& c) {
-        return c.inbox.has_value() || c.take.has_value() || c.idempotency.has_value() ||
-               !c.statements.empty() || c.work != nullptr;
-      });
+      // Without a savepoint, only a lease lost at the fence (before anything was
+      // written) undoes only its change: any other failure, PostgreSQL's lock timeout
+      // (Aborted too) among them, fails the whole transaction.
+      [](const absl::Status& applied, const Change& change) {
+        return TakesSavepoint(change) ? UndoesOnlyItself(applied, change) : IsLeaseLost(applied);
+      },
+      TakesSavepoint);
 }
 
 }  // namespace waystone

@@ -98,6 +98,12 @@ class ChangeSql : public SavepointSql {
 absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
                                  const std::optional<StoredIdempotencyKey>& stored, Millis now);
 
+// Whether `change` is applied under a savepoint of its own: only where it can fail
+// alone after its fence wrote (an event received before, a kept event taken before,
+// a key conflict, a sql step's or a code workflow's statement). A change that can
+// only lose its lease fails at the fence, before writing anything, and needs none.
+bool TakesSavepoint(const Change& change);
+
 // Returns true when a change of `change`'s kind that ended with `applied` undoes
 // only itself (a lost lease, a key conflict, an event received before); anything
 // else (I/O, busy, a bug) fails the whole group so that every caller retries.

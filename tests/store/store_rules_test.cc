@@ -32,6 +32,7 @@ class FakeChangeSql final : public ChangeSql {
   std::vector<std::string> log;
   int64_t lost = -1;
   int broken_step = -1;
+  int timed_out_step = -1;  // fails a step update as PostgreSQL's lock timeout does
   std::optional<StoredIdempotencyKey> stored_key;
 
   absl::Status Savepoint() override { return Note("savepoint"); }
@@ -79,6 +80,7 @@ class FakeChangeSql final : public ChangeSql {
     log.push_back("step " + std::to_string(s.index) +
                   (s.response_json.empty() ? "" : " " + s.response_json));
     if (s.index == broken_step) return absl::UnavailableError("disk gone");
+    if (s.index == timed_out_step) return absl::AbortedError("lock timeout");
     return true;
   }
   absl::Status InsertAttempt(int64_t, const AttemptRecord&) override { return Note("attempt"); }
@@ -115,10 +117,30 @@ TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
   EXPECT_TRUE((*results)[0].ok());
   EXPECT_TRUE(absl::IsAborted((*results)[1]));
   EXPECT_TRUE((*results)[2].ok());
-  const std::vector<std::string> expected = {
-      "savepoint", "fence 1", "step 0",    "event",   "release", "savepoint", "fence 2",
-      "rollback",  "release", "savepoint", "fence 3", "step 0",  "event",     "release"};
+  // A checkpoint can fail alone only at its fence, before writing: no savepoints.
+  const std::vector<std::string> expected = {"fence 1", "step 0",  "event", "fence 2",
+                                             "fence 3", "step 0", "event"};
   EXPECT_EQ(sql.log, expected);
+}
+
+// Without a savepoint, an Aborted that is not the fence's lost lease (PostgreSQL's
+// lock timeout answers Aborted too) cannot be undone alone: the whole group fails.
+TEST(StoreRulesTest, AnAbortedThatIsNotALostLeaseFailsAGroupWithoutSavepoints) {
+  FakeChangeSql sql;
+  sql.timed_out_step = 0;
+  auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2)}, 1000);
+  EXPECT_TRUE(absl::IsAborted(results.status())) << results.status();
+  EXPECT_EQ(sql.log, (std::vector<std::string>{"fence 1", "step 0"}));
+  // With a savepoint (an inbox claim) it is rolled back to it, as before.
+  FakeChangeSql claimed;
+  claimed.timed_out_step = 0;
+  Change with_inbox = ChangeOf(1);
+  with_inbox.inbox = InboxClaim{"t", "/src", "e-1", "h"};
+  auto alone = CommitChanges(claimed, {with_inbox}, 1000);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_TRUE(absl::IsAborted((*alone)[0]));
+  EXPECT_EQ(claimed.log.front(), "savepoint");
+  EXPECT_EQ(claimed.log.back(), "release");
 }
 
 TEST(StoreRulesTest, ASqlStepsStatementRunsAfterTheFenceAndItsRowsAreTheStepsResult) {
@@ -153,7 +175,14 @@ TEST(StoreRulesTest, AnErrorThatIsNotTheChangesOwnFailsTheWholeGroup) {
   sql.broken_step = 0;
   auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2)}, 1000);
   EXPECT_TRUE(absl::IsUnavailable(results.status())) << results.status();
-  EXPECT_EQ(sql.log.back(), "rollback");
+  EXPECT_EQ(sql.log.back(), "step 0");  // nothing after it: the caller rolls back
+  // Under a savepoint (a key claimed), the change is rolled back to it first.
+  FakeChangeSql keyed;
+  keyed.broken_step = 0;
+  Change with_key = ChangeOf(1);
+  with_key.idempotency = IdempotencyClaim{"t", "k", "h", 1, "one", 1000};
+  EXPECT_TRUE(absl::IsUnavailable(CommitChanges(keyed, {with_key}, 1000).status()));
+  EXPECT_EQ(keyed.log.back(), "rollback");
 }
 
 TEST(StoreRulesTest, TheFenceComesFirstAndAReleaseToRunNowWakesWorkers) {
