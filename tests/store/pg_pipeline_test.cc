@@ -61,5 +61,20 @@ TEST_F(PgPipelineTest, AFailedStatementStopsTheRestAndTheTransactionRollsBack) {
   EXPECT_EQ(Rows(), 1);
 }
 
+// A transaction a statement failed in cannot commit: PostgreSQL answers its COMMIT
+// with "ROLLBACK" and no error, which Commit reports; a sound one commits.
+TEST_F(PgPipelineTest, ACommitOfAFailedTransactionIsAnError) {
+  ASSERT_TRUE(c_->Exec("BEGIN").ok());
+  ASSERT_TRUE(c_->Query(kInsert, Params(1, "a")).ok());
+  EXPECT_FALSE(c_->Query(kInsert, Params(1, "duplicate")).ok());
+  const absl::Status committed = c_->Commit();
+  EXPECT_EQ(committed.code(), absl::StatusCode::kInternal) << committed;
+  EXPECT_EQ(Rows(), 0);
+  ASSERT_TRUE(c_->Exec("BEGIN").ok());
+  ASSERT_TRUE(c_->Query(kInsert, Params(2, "b")).ok());
+  EXPECT_TRUE(c_->Commit().ok());
+  EXPECT_EQ(Rows(), 1);
+}
+
 }  // namespace
 }  // namespace waystone

@@ -539,7 +539,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
       WS_ASSIGN_OR_RETURN(Lent c, Acquire());
       auto results = c->Pipeline(queued.statements());
       if (results.ok() && queued.AsAssumed(*results)) {
-        WS_RETURN_IF_ERROR(c->Exec("COMMIT"));
+        WS_RETURN_IF_ERROR(c->Commit());
         return *assumed;
       }
       // A lost connection fails the batch as it would one statement at a time.

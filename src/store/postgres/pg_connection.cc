@@ -104,6 +104,18 @@ absl::Status PgConnection::Exec(const std::string& sql) {
   return Finished(conn_, PQexec(conn_, sql.c_str()), "exec").status();
 }
 
+absl::Status PgConnection::Commit() {
+  PGresult* result = PQexec(conn_, "COMMIT");
+  if (PQresultStatus(result) == PGRES_COMMAND_OK &&
+      std::string_view(PQcmdStatus(result)) == "ROLLBACK") {
+    PQclear(result);
+    return absl::InternalError(
+        "the transaction had failed before its COMMIT; PostgreSQL rolled it back, nothing "
+        "was written");
+  }
+  return Finished(conn_, result, "commit").status();
+}
+
 absl::StatusOr<const std::string*> PgConnection::Prepared(const std::string& sql) {
   auto it = prepared_.find(sql);
   if (it == prepared_.end()) {

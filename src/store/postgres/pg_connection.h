@@ -85,8 +85,12 @@ class PgConnection {
   // Runs `sql` with `params` unprepared (PQexecParams: parsed and planned each time,
   // nothing kept on the connection): for statements the engine did not write.
   absl::StatusOr<PgResult> QueryUnprepared(const std::string& sql, const PgParams& params);
-  // Runs statements without parameters or results (BEGIN, COMMIT, migrations).
+  // Runs statements without parameters or results (BEGIN, migrations).
   absl::Status Exec(const std::string& sql);
+  // Commits the open transaction. One that an earlier statement failed is rolled back
+  // by the server, which answers COMMIT with "ROLLBACK" and no error: Internal here,
+  // as nothing was written.
+  absl::Status Commit();
   // Runs `statements` (each prepared once per connection) in libpq pipeline mode:
   // all are sent before the first result is read, in rounds of at most
   // kPipelineRound, so a batch costs one round trip per round instead of one per

@@ -38,7 +38,7 @@ absl::Status PostgresStore::InTransaction(Body&& body) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_RETURN_IF_ERROR(c->Exec("BEGIN"));
   absl::Status status = body(*c);
-  if (status.ok()) status = c->Exec("COMMIT");
+  if (status.ok()) status = c->Commit();
   // A connection whose ROLLBACK failed may still be in a transaction: never lent again.
   if (!status.ok() && !c->Exec("ROLLBACK").ok()) c->MarkBroken();
   return status;

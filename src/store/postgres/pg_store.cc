@@ -84,7 +84,7 @@ absl::Status PostgresStore::Migrate() {
                        Params(migration->version, migration->name))
                       .status();
       }
-      if (applied.ok()) applied = c->Exec("COMMIT");
+      if (applied.ok()) applied = c->Commit();
       if (!applied.ok()) {
         if (!c->Exec("ROLLBACK").ok()) c->MarkBroken();
         return applied;
