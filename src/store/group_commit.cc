@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/cord.h"
 #include "base/status_macros.h"
 #include "store/business_statement.h"
 #include "store/business_work.h"
@@ -33,25 +32,6 @@ absl::Status CheckIdempotencyKey(const IdempotencyClaim& claim,
       stored->request_hash.substr(0, 16) + "; this request has hash " +
       claim.request_hash.substr(0, 16) + " (the request changed under the same key)");
 }
-
-namespace {
-
-constexpr char kLeaseLost[] = "waystone/lease-lost";
-
-// The fence's answer when the lease no longer holds (nothing was written).
-absl::Status LeaseLost(const Lease& lease) {
-  absl::Status status =
-      absl::AbortedError("lease lost on instance " + std::to_string(lease.instance_id) +
-                         " (epoch " + std::to_string(lease.epoch) + ")");
-  status.SetPayload(kLeaseLost, absl::Cord("1"));
-  return status;
-}
-
-bool IsLeaseLost(const absl::Status& status) {
-  return absl::IsAborted(status) && status.GetPayload(kLeaseLost).has_value();
-}
-
-}  // namespace
 
 bool TakesSavepoint(const Change& c) {
   return c.inbox.has_value() || c.take.has_value() || c.idempotency.has_value() ||
@@ -101,7 +81,10 @@ absl::StatusOr<BusinessWorkResult> RunWork(ChangeSql& sql, const BusinessWork& w
 absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step) {
   const int64_t id = c.lease.instance_id;
   WS_ASSIGN_OR_RETURN(bool held, sql.Fence(c));
-  if (!held) return LeaseLost(c.lease);
+  if (!held) {
+    return LeaseLostError("lease lost on instance " + std::to_string(id) + " (epoch " +
+                          std::to_string(c.lease.epoch) + ")");
+  }
   if (c.lease_expires_at == 0 && c.next_run_at && *c.next_run_at <= c.now &&
       (!c.state || *c.state == InstanceState::kRunning ||
        *c.state == InstanceState::kCompensating)) {
@@ -190,7 +173,7 @@ absl::Status ApplyChange(ChangeSql& sql, const Change& c, int attempts_per_step)
 absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
                                                         const std::vector<Change>& changes,
                                                         int attempts_per_step) {
-  return EachUnderSavepoint<absl::Status>(
+  auto applied = EachUnderSavepoint<absl::Status>(
       sql, changes,
       [&](const Change& change) { return ApplyChange(sql, change, attempts_per_step); },
       // Without a savepoint, only a lease lost at the fence (before anything was
@@ -200,6 +183,12 @@ absl::StatusOr<std::vector<absl::Status>> CommitChanges(ChangeSql& sql,
         return TakesSavepoint(change) ? UndoesOnlyItself(applied, change) : IsLeaseLost(applied);
       },
       TakesSavepoint);
+  // A transaction failed as a whole by an Aborted (a lock timeout) lost no lease: its
+  // callers reload and go on, as after any failed transaction.
+  if (!applied.ok() && absl::IsAborted(applied.status()) && !IsLeaseLost(applied.status())) {
+    return absl::UnavailableError(applied.status().message());
+  }
+  return applied;
 }
 
 }  // namespace waystone

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "base/status_macros.h"
+#include "store/claims.h"
 
 namespace waystone {
 
@@ -33,7 +34,7 @@ absl::Status CompleteClaims(DeliverySql& sql, std::vector<DeliveryClaim>* claims
 absl::Status FinishDeliveryWith(DeliverySql& sql, const DeliveryClaim& claim,
                                 const DeliveryUpdate& u) {
   WS_ASSIGN_OR_RETURN(bool held, sql.FinishClaimed(claim, u));
-  if (!held) return absl::AbortedError("delivery " + std::to_string(claim.id) + " lease lost");
+  if (!held) return LeaseLostError("delivery " + std::to_string(claim.id) + " lease lost");
   if (u.state == DeliveryState::kDelivered) {
     WS_RETURN_IF_ERROR(sql.MarkEventDelivered(claim.event.seq, u.now));
   }
@@ -56,9 +57,14 @@ absl::StatusOr<std::vector<absl::Status>> FinishDeliveriesWith(
       update.alert.reset();
       update.alert_event.reset();
     }
-    // A lost lease writes nothing (FinishClaimed changed no row), so the batch goes on.
+    // A lost lease writes nothing (FinishClaimed changed no row), so the batch goes on;
+    // anything else fails it (a lock timeout, Aborted too, as Unavailable: no lease
+    // was lost).
     absl::Status status = FinishDeliveryWith(sql, f.claim, update);
-    if (!status.ok() && !absl::IsAborted(status)) return status;
+    if (absl::IsAborted(status) && !IsLeaseLost(status)) {
+      return absl::UnavailableError(status.message());
+    }
+    if (!status.ok() && !IsLeaseLost(status)) return status;
     if (status.ok() && update.disable_sink) disabled.insert(f.claim.sink);
     results.push_back(std::move(status));
   }

@@ -124,12 +124,13 @@ TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
 }
 
 // Without a savepoint, an Aborted that is not the fence's lost lease (PostgreSQL's
-// lock timeout answers Aborted too) cannot be undone alone: the whole group fails.
+// lock timeout answers Aborted too) cannot be undone alone: the whole group fails,
+// Unavailable (no lease was lost: its callers reload and go on).
 TEST(StoreRulesTest, AnAbortedThatIsNotALostLeaseFailsAGroupWithoutSavepoints) {
   FakeChangeSql sql;
   sql.timed_out_step = 0;
   auto results = CommitChanges(sql, {ChangeOf(1), ChangeOf(2)}, 1000);
-  EXPECT_TRUE(absl::IsAborted(results.status())) << results.status();
+  EXPECT_TRUE(absl::IsUnavailable(results.status())) << results.status();
   EXPECT_EQ(sql.log, (std::vector<std::string>{"fence 1", "step 0"}));
   // With a savepoint (an inbox claim) it is rolled back to it, as before.
   FakeChangeSql claimed;
@@ -350,6 +351,7 @@ class FakeDeliverySql final : public DeliverySql {
   bool held = true;
   std::set<int64_t> lost_ids;  // claims whose lease another relay holds now
   bool fail_marks = false;
+  bool time_out_marks = false;  // as PostgreSQL's lock timeout: Aborted
   std::vector<std::string> log;
   absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>& seqs) override {
     std::vector<EventRecord> rows;
@@ -368,6 +370,7 @@ class FakeDeliverySql final : public DeliverySql {
   }
   absl::Status MarkEventDelivered(int64_t, Millis) override {
     if (fail_marks) return absl::UnavailableError("disk full");
+    if (time_out_marks) return absl::AbortedError("lock timeout");
     return Note("mark");
   }
   absl::Status InsertAlert(const AlertRecord&, Millis) override { return Note("alert"); }
@@ -409,6 +412,14 @@ TEST(StoreRulesTest, ABatchOfDeliveriesSkipsOnlyTheLostLeaseAndStopsAtAnError) {
   auto failed = FinishDeliveriesWith(failing, batch);
   EXPECT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
   EXPECT_EQ(failing.log, (std::vector<std::string>{"finish"}));  // stopped at the error
+
+  // A lock timeout after the claim was finished is no lost lease: the batch fails
+  // (Unavailable), where taking it for one would have committed half a delivery.
+  FakeDeliverySql timed_out;
+  timed_out.time_out_marks = true;
+  auto stopped = FinishDeliveriesWith(timed_out, batch);
+  EXPECT_TRUE(absl::IsUnavailable(stopped.status())) << stopped.status();
+  EXPECT_EQ(timed_out.log, (std::vector<std::string>{"finish"}));
 }
 
 TEST(StoreRulesTest, ASinkDisabledInABatchIsAlertedOnceByTheFirstDisableWritten) {
