@@ -2,17 +2,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/cord.h"
+#include "store/marked_status.h"
 
 namespace waystone {
 namespace {
 
 constexpr char kFailed[] = "waystone/statement-failed";
 
-absl::Status Failed(std::string message) {
-  absl::Status status = absl::InvalidArgumentError(std::move(message));
-  status.SetPayload(kFailed, absl::Cord("1"));
-  return status;
+absl::Status Failed(const std::string& message) {
+  return MarkedStatus(absl::StatusCode::kInvalidArgument, message, kFailed);
 }
 
 }  // namespace
@@ -24,7 +22,7 @@ absl::Status StatementTrouble(const absl::Status& cause) {
 }
 
 bool IsStatementFailure(const absl::Status& status) {
-  return absl::IsInvalidArgument(status) && status.GetPayload(kFailed).has_value();
+  return HasMark(status, absl::StatusCode::kInvalidArgument, kFailed);
 }
 
 absl::Status StatementRows::StartRow() {

@@ -1,6 +1,6 @@
 #include "store/claims.h"
 
-#include "absl/strings/cord.h"
+#include "store/marked_status.h"
 
 namespace waystone {
 namespace {
@@ -11,23 +11,19 @@ constexpr char kLeaseLost[] = "waystone/lease-lost";
 }  // namespace
 
 absl::Status DeliveryOwnedError(const std::string& message) {
-  absl::Status status = absl::AlreadyExistsError(message);
-  status.SetPayload(kOwned, absl::Cord("1"));
-  return status;
+  return MarkedStatus(absl::StatusCode::kAlreadyExists, message, kOwned);
 }
 
 bool IsDeliveryOwned(const absl::Status& status) {
-  return absl::IsAlreadyExists(status) && status.GetPayload(kOwned).has_value();
+  return HasMark(status, absl::StatusCode::kAlreadyExists, kOwned);
 }
 
 absl::Status LeaseLostError(const std::string& message) {
-  absl::Status status = absl::AbortedError(message);
-  status.SetPayload(kLeaseLost, absl::Cord("1"));
-  return status;
+  return MarkedStatus(absl::StatusCode::kAborted, message, kLeaseLost);
 }
 
 bool IsLeaseLost(const absl::Status& status) {
-  return absl::IsAborted(status) && status.GetPayload(kLeaseLost).has_value();
+  return HasMark(status, absl::StatusCode::kAborted, kLeaseLost);
 }
 
 }  // namespace waystone
