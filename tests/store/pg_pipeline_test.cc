@@ -76,5 +76,38 @@ TEST_F(PgPipelineTest, ACommitOfAFailedTransactionIsAnError) {
   EXPECT_EQ(Rows(), 1);
 }
 
+// A statement joining arrays of rows to a table, prepared while the table was small,
+// keeps its plan for a small table: it scans the whole table each time as the table
+// grows. Planned each time, it reads the grown table through its primary key. Scans
+// are counted by the server, in the transaction's own statistics.
+TEST_F(PgPipelineTest, AStatementPlannedEachTimeFollowsItsTableAsItGrows) {
+  static const std::string kJoined =
+      "UPDATE t SET v = u.v FROM unnest($1::integer[], $2::text[]) AS u(n, v) WHERE t.n = u.n";
+  const PgParams rows = Params("{1,2,3}", "{a,b,c}");
+  // The server's count of scans not yet published, before and after, in one
+  // transaction (it publishes them only between transactions).
+  auto whole_table_scans = [&](bool planned_each_time) -> int64_t {
+    static const std::string kScans =
+        "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 't'";
+    EXPECT_TRUE(c_->Exec("BEGIN").ok());
+    auto before = c_->Query(kScans);
+    auto results = c_->Pipeline({{&kJoined, rows, planned_each_time}});
+    EXPECT_TRUE(results.ok()) << results.status();
+    EXPECT_EQ(results.ok() ? results->front().affected() : -1, 3);
+    auto after = c_->Query(kScans);
+    EXPECT_TRUE(before.ok() && after.ok()) << before.status() << after.status();
+    EXPECT_TRUE(c_->Exec("ROLLBACK").ok());
+    return before.ok() && after.ok() ? after->Int(0, 0) - before->Int(0, 0) : -1;
+  };
+  ASSERT_TRUE(c_->Exec("INSERT INTO t SELECT n, 'x' FROM generate_series(0, 9) n").ok());
+  // After five runs PostgreSQL settles on a plan it keeps for the prepared statement.
+  for (int i = 0; i < 8; ++i) whole_table_scans(false);
+  ASSERT_TRUE(c_->Exec("INSERT INTO t SELECT n, 'x' FROM generate_series(10, 49999) n").ok());
+
+  EXPECT_GT(whole_table_scans(false), 0) << "the kept plan no longer scans: the hazard is gone";
+  EXPECT_EQ(whole_table_scans(true), 0);
+  EXPECT_EQ(Rows(), 50000);
+}
+
 }  // namespace
 }  // namespace waystone

@@ -165,6 +165,7 @@ absl::StatusOr<std::vector<PgResult>> PgConnection::Pipeline(
   // Prepared beforehand (once per connection), so that the pipeline holds only
   // executions and its results map one to one onto the statements.
   for (const PgStatement& s : statements) {
+    if (s.planned_each_time) continue;
     if (auto name = Prepared(*s.sql); !name.ok()) return name.status();
   }
   std::vector<PgResult> results;
@@ -190,11 +191,14 @@ absl::Status PgConnection::PipelineRound(const PgStatement* begin, const PgState
   // sending it whole before reading cannot fill both sockets' buffers.
   for (const PgStatement* s = begin; s != end; ++s) {
     const std::vector<const char*> values = Values(s->params);
-    if (PQsendQueryPrepared(conn_, prepared_.find(*s->sql)->second.c_str(),
-                            static_cast<int>(values.size()), values.data(), nullptr, nullptr,
-                            0) != 1) {
-      return PgStatus(conn_, nullptr, "pipeline send");
-    }
+    const int count = static_cast<int>(values.size());
+    const int sent =
+        s->planned_each_time
+            ? PQsendQueryParams(conn_, s->sql->c_str(), count, nullptr, values.data(), nullptr,
+                                nullptr, 0)
+            : PQsendQueryPrepared(conn_, prepared_.find(*s->sql)->second.c_str(), count,
+                                  values.data(), nullptr, nullptr, 0);
+    if (sent != 1) return PgStatus(conn_, nullptr, "pipeline send");
   }
   if (PQpipelineSync(conn_) != 1) return PgStatus(conn_, nullptr, "pipeline sync");
   // One result (then a null) per statement, then the sync's. After an error the

@@ -66,6 +66,11 @@ inline constexpr char kPgSqlState[] = "waystone/sqlstate";
 struct PgStatement {
   const std::string* sql;  // a static string: outlives every connection
   PgParams params;
+  // Planned for its parameters each time it runs, instead of prepared once per
+  // connection. For a statement over arrays of rows that joins a table which grows
+  // while the connection lives: a plan kept from when the table was small scans it
+  // whole (a seq scan and a hash join), and keeps doing so as it grows.
+  bool planned_each_time = false;
 };
 
 // One libpq connection with a prepared-statement cache. Not thread-safe: the
@@ -80,7 +85,8 @@ class PgConnection {
   // Runs `sql` (prepared once per connection) with `params`.
   absl::StatusOr<PgResult> Query(const std::string& sql, const PgParams& params = {});
   absl::StatusOr<PgResult> Query(const PgStatement& statement) {
-    return Query(*statement.sql, statement.params);
+    return statement.planned_each_time ? QueryUnprepared(*statement.sql, statement.params)
+                                       : Query(*statement.sql, statement.params);
   }
   // Runs `sql` with `params` unprepared (PQexecParams: parsed and planned each time,
   // nothing kept on the connection): for statements the engine did not write.
@@ -91,10 +97,10 @@ class PgConnection {
   // by the server, which answers COMMIT with "ROLLBACK" and no error: Internal here,
   // as nothing was written.
   absl::Status Commit();
-  // Runs `statements` (each prepared once per connection) in libpq pipeline mode:
-  // all are sent before the first result is read, in rounds of at most
-  // kPipelineRound, so a batch costs one round trip per round instead of one per
-  // statement. Returns one result per statement in order. The first statement that
+  // Runs `statements` (each prepared once per connection, unless planned each time)
+  // in libpq pipeline mode: all are sent before the first result is read, in rounds
+  // of at most kPipelineRound, so a batch costs one round trip per round instead of
+  // one per statement. Returns one result per statement in order. The first statement that
   // fails ends the run: its error is returned and nothing after it ran; inside a
   // transaction, the transaction is then failed and must be rolled back.
   static constexpr size_t kPipelineRound = 256;

@@ -15,10 +15,13 @@ class PgDeliverySql final : public DeliverySql {
   explicit PgDeliverySql(PgConnection& c) : c_(c) {}
 
   absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>& seqs) override {
+    // Planned each time: a plan kept from when the outbox held a hundred rows reads
+    // all of it (PgStatement::planned_each_time).
     static const std::string kEvents =
         absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = ANY($1::bigint[])");
-    WS_ASSIGN_OR_RETURN(PgResult events,
-                        c_.Query(kEvents, Params(absl::StrCat("{", absl::StrJoin(seqs, ","), "}"))));
+    WS_ASSIGN_OR_RETURN(
+        PgResult events,
+        c_.Query({&kEvents, Params(absl::StrCat("{", absl::StrJoin(seqs, ","), "}")), true}));
     return PgRows(events, waystone::ReadEvent<PgRow>);
   }
   absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate& u) override {
