@@ -34,6 +34,15 @@ inline std::string SqlRunnableStates() {
   return SqlList(InstanceState::kRunning, InstanceState::kCompensating);
 }
 
+// The rows that can hold a lease another worker takes over, where a reaper looks
+// for leases of dead workers: instances a worker drives, deliveries pending. Both
+// dialects keep a partial index over exactly these rows (instances_due,
+// deliveries_due), so the look reads the work in flight, not every row ever kept.
+inline std::string SqlLeasedInstanceRows() { return "state IN " + SqlRunnableStates(); }
+inline std::string SqlLeasedDeliveryRows() {
+  return absl::StrCat("state = ", SqlValue(DeliveryState::kPending));
+}
+
 // Instances that have finished for good, which gc may collect.
 inline std::string SqlFinishedStates() {
   return SqlList(InstanceState::kCompleted, InstanceState::kCompensated, InstanceState::kFailed,

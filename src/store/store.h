@@ -51,7 +51,9 @@ class LeaseStore {
   virtual absl::StatusOr<Lease> ClaimInstance(int64_t instance_id, const std::string& owner,
                                               Millis now, Millis lease_duration) = 0;
 
-  // Returns the distinct owners of unexpired leases.
+  // Returns the distinct owners of unexpired leases on instances a worker drives
+  // (running or compensating). An operator's lease on another instance is left to
+  // expire: it is held for the length of one action.
   virtual absl::StatusOr<std::vector<std::string>> LeaseOwners(Millis now) = 0;
 
   // Ends every lease held by `owner` (an owner known to be dead).
@@ -199,7 +201,8 @@ class RelayStore {
   virtual absl::StatusOr<std::vector<absl::Status>> FinishDeliveries(
       const std::vector<FinishedDelivery>& finished) = 0;
 
-  // Returns the owners of unexpired delivery leases; ends those of one owner.
+  // Returns the owners of unexpired leases on pending deliveries; ends those of one
+  // owner.
   virtual absl::StatusOr<std::vector<std::string>> DeliveryLeaseOwners(Millis now) = 0;
 
   virtual absl::Status ExpireDeliveryLeases(const std::string& owner) = 0;

@@ -59,7 +59,7 @@ absl::StatusOr<Lease> PostgresStore::ClaimInstance(int64_t instance_id, const st
 
 absl::StatusOr<std::vector<std::string>> PostgresStore::LeaseOwners(Millis now) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return PgLeaseOwners(*c, "instances", now);
+  return PgLeaseOwners(*c, "instances", SqlLeasedInstanceRows(), now);
 }
 
 absl::Status PostgresStore::ExpireLeases(const std::string& owner) {

@@ -169,7 +169,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::FinishDeliveries(
 
 absl::StatusOr<std::vector<std::string>> PostgresStore::DeliveryLeaseOwners(Millis now) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  return PgLeaseOwners(*c, "deliveries", now);
+  return PgLeaseOwners(*c, "deliveries", SqlLeasedDeliveryRows(), now);
 }
 
 absl::Status PostgresStore::ExpireDeliveryLeases(const std::string& owner) {

@@ -109,9 +109,10 @@ PgStatement PgSignalWorkStatement() {
 absl::Status PgSignalWork(PgConnection& c) { return c.Query(PgSignalWorkStatement()).status(); }
 
 absl::StatusOr<std::vector<std::string>> PgLeaseOwners(PgConnection& c, const char* table,
-                                                       Millis now) {
+                                                       const std::string& rows, Millis now) {
   WS_ASSIGN_OR_RETURN(PgResult r, c.Query(absl::StrCat("SELECT DISTINCT lease_owner FROM ", table,
-                                                       " WHERE lease_expires_at > $1::bigint AND "
+                                                       " WHERE ", rows,
+                                                       " AND lease_expires_at > $1::bigint AND "
                                                        "lease_owner <> ''"),
                                           Params(now)));
   return PgRows(r, ReadText0<PgRow>);

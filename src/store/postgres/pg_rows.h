@@ -104,10 +104,11 @@ absl::Status PgAddToCounter(PgConnection& c, const std::string& name, int64_t de
 // Wakes workers waiting in WaitForWork once the transaction commits.
 absl::Status PgSignalWork(PgConnection& c);
 
-// The distinct owners of unexpired leases in `table` (instances or deliveries:
-// fixed names, never input), and the end of one owner's leases there.
+// The distinct owners of unexpired leases on the `rows` of `table` (instances or
+// deliveries and the condition of their leased rows, see SqlLeasedInstanceRows:
+// fixed text, never input), and the end of one owner's leases there.
 absl::StatusOr<std::vector<std::string>> PgLeaseOwners(PgConnection& c, const char* table,
-                                                       Millis now);
+                                                       const std::string& rows, Millis now);
 absl::Status PgExpireLeases(PgConnection& c, const char* table, const std::string& owner);
 
 }  // namespace waystone

@@ -87,7 +87,7 @@ absl::StatusOr<Lease> SqliteStore::ClaimInstance(int64_t instance_id, const std:
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::LeaseOwners(Millis now) {
   MutexLock lock(mu_);
-  return SqliteLeaseOwners(*db_, "instances", now);
+  return SqliteLeaseOwners(*db_, "instances", SqlLeasedInstanceRows(), now);
 }
 
 absl::Status SqliteStore::ExpireLeases(const std::string& owner) {

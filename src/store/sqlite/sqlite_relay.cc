@@ -181,7 +181,7 @@ absl::StatusOr<std::vector<absl::Status>> SqliteStore::FinishDeliveries(
 
 absl::StatusOr<std::vector<std::string>> SqliteStore::DeliveryLeaseOwners(Millis now) {
   MutexLock lock(mu_);
-  return SqliteLeaseOwners(*db_, "deliveries", now);
+  return SqliteLeaseOwners(*db_, "deliveries", SqlLeasedDeliveryRows(), now);
 }
 
 absl::Status SqliteStore::ExpireDeliveryLeases(const std::string& owner) {

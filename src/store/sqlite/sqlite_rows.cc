@@ -104,11 +104,11 @@ absl::Status SqliteAddToCounter(SqliteDb& db, const std::string& name, int64_t d
 namespace waystone {
 
 absl::StatusOr<std::vector<std::string>> SqliteLeaseOwners(SqliteDb& db, const char* table,
-                                                           Millis now) {
+                                                           const std::string& rows, Millis now) {
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db.Prepare(absl::StrCat("SELECT DISTINCT lease_owner FROM ", table,
-                                              " WHERE lease_expires_at > ? AND lease_owner <> "
-                                              "''")));
+                                              " WHERE ", rows,
+                                              " AND lease_expires_at > ? AND lease_owner <> ''")));
   s->BindAll(now);
   return CollectRows(s, ReadText0<SqliteStatement>);
 }

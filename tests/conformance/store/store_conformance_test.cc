@@ -1143,6 +1143,29 @@ TEST_P(StoreConformanceTest, ExpireLeasesFreesADeadOwnersInstances) {
   EXPECT_EQ(store_->ClaimRunnable("alive", 2003, 60'000, 10)->size(), 1u);
 }
 
+// The reaper asks which owners hold leases on the work in flight (a question that
+// reads every instance ever kept, asked every second, grows with the history): an
+// instance a worker drives counts; an operator's lease, held for the length of one
+// action on an instance that waits for one, is left to expire.
+TEST_P(StoreConformanceTest, LeaseOwnersAreThoseOfTheInstancesWorkersDrive) {
+  ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
+  auto waiting = store_->StartInstance(Instance("k2"));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  const int64_t waiting_id = waiting->instance.id;
+  auto leases = store_->ClaimRunnable("worker", 2000, 60'000, 10);
+  ASSERT_TRUE(leases.ok() && leases->size() == 2u) << leases.status();
+  Change attention;
+  attention.lease = (*leases)[0].instance_id == waiting_id ? (*leases)[0] : (*leases)[1];
+  attention.now = 2001;
+  attention.lease_expires_at = 0;
+  attention.state = InstanceState::kNeedsAttention;
+  auto committed = store_->Commit({attention});
+  ASSERT_TRUE(committed.ok() && (*committed)[0].ok()) << committed.status();
+  ASSERT_TRUE(store_->ClaimInstance(waiting_id, "operator", 2002, 60'000).ok());
+
+  EXPECT_EQ(*store_->LeaseOwners(2003), std::vector<std::string>{"worker"});
+}
+
 TEST_P(StoreConformanceTest, MigrationsFromManyConnectionsAtOnceApplyOnce) {
   store_.reset();
   std::vector<std::thread> threads;
