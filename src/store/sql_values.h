@@ -34,13 +34,19 @@ inline std::string SqlRunnableStates() {
   return SqlList(InstanceState::kRunning, InstanceState::kCompensating);
 }
 
-// The rows that can hold a lease another worker takes over, where a reaper looks
-// for leases of dead workers: instances a worker drives, deliveries pending. Both
-// dialects keep a partial index over exactly these rows (instances_due,
-// deliveries_due), so the look reads the work in flight, not every row ever kept.
-inline std::string SqlLeasedInstanceRows() { return "state IN " + SqlRunnableStates(); }
-inline std::string SqlLeasedDeliveryRows() {
-  return absl::StrCat("state = ", SqlValue(DeliveryState::kPending));
+// Where a reaper looks for leases of dead workers: the rows a worker holds a lease
+// on for longer than one action, as conditions that each match a partial index of
+// both dialects, so the look reads the work in flight, not every row ever kept.
+// Instances a worker drives (instances_due), and those that need attention
+// (instances_attention: a worker keeps its lease while a branch beside the failed
+// step still has a call out); deliveries pending (deliveries_due). An operator's
+// lease, held for one action on an instance in another state, is left to expire.
+inline std::vector<std::string> SqlLeasedInstanceRows() {
+  return {"state IN " + SqlRunnableStates(),
+          absl::StrCat("state = ", SqlValue(InstanceState::kNeedsAttention))};
+}
+inline std::vector<std::string> SqlLeasedDeliveryRows() {
+  return {absl::StrCat("state = ", SqlValue(DeliveryState::kPending))};
 }
 
 // Instances that have finished for good, which gc may collect.

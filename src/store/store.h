@@ -52,8 +52,8 @@ class LeaseStore {
                                               Millis now, Millis lease_duration) = 0;
 
   // Returns the distinct owners of unexpired leases on instances a worker drives
-  // (running or compensating). An operator's lease on another instance is left to
-  // expire: it is held for the length of one action.
+  // (running or compensating) or that need attention. An operator's lease on an
+  // instance in another state is left to expire: it is held for one action.
   virtual absl::StatusOr<std::vector<std::string>> LeaseOwners(Millis now) = 0;
 
   // Ends every lease held by `owner` (an owner known to be dead).

@@ -446,18 +446,18 @@ class PgQueuedChangeSql final : public ChangeSql {
     return true;
   }
 
-  // FenceStatement, UpdateStepStatement, PgInsertEventStatement,
-  // InsertAttemptStatement and DropOldAttemptsStatement over arrays of their
-  // parameters, in the same order.
-  // One of the statements below over its rows' parameters. Those that join a table
-  // are planned each time: a plan kept from the batch on a new database, when
+  // One of the statements below over its rows' parameters, planned each time: each
+  // joins a table, and a plan kept from the first batches on a new database, when
   // `steps` held a few hundred rows, scanned the whole table for every batch after
   // (1,712 of 2,685 step updates in a 5 s benchmark window, two thirds of the
-  // server's statement time).
+  // server's statement time). kEvents joins none and stays prepared.
   static PgStatement Joined(const std::string& sql, const std::vector<PgParams>& rows) {
     return {&sql, Columns(rows), /*planned_each_time=*/true};
   }
 
+  // FenceStatement, UpdateStepStatement, PgInsertEventStatement,
+  // InsertAttemptStatement and DropOldAttemptsStatement over arrays of their
+  // parameters, in the same order.
   static const std::string kFences;
   static const std::string kSteps;
   static const std::string kEvents;

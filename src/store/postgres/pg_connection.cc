@@ -162,8 +162,9 @@ absl::StatusOr<PgResult> PgConnection::QueryUnprepared(const std::string& sql,
 
 absl::StatusOr<std::vector<PgResult>> PgConnection::Pipeline(
     const std::vector<PgStatement>& statements) {
-  // Prepared beforehand (once per connection), so that the pipeline holds only
-  // executions and its results map one to one onto the statements.
+  // Prepared beforehand (once per connection), so that the pipeline's results map
+  // one to one onto the statements (one planned each time is parsed in the pipeline,
+  // as an unnamed statement, and also gives one result).
   for (const PgStatement& s : statements) {
     if (s.planned_each_time) continue;
     if (auto name = Prepared(*s.sql); !name.ok()) return name.status();

@@ -89,7 +89,8 @@ class PgConnection {
                                        : Query(*statement.sql, statement.params);
   }
   // Runs `sql` with `params` unprepared (PQexecParams: parsed and planned each time,
-  // nothing kept on the connection): for statements the engine did not write.
+  // nothing kept on the connection): for statements the engine did not write, and
+  // for the engine's own that are planned each time (PgStatement).
   absl::StatusOr<PgResult> QueryUnprepared(const std::string& sql, const PgParams& params);
   // Runs statements without parameters or results (BEGIN, migrations).
   absl::Status Exec(const std::string& sql);

@@ -1,6 +1,7 @@
 #include "store/postgres/pg_rows.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "store/sql_values.h"
 
 namespace waystone {
@@ -109,12 +110,14 @@ PgStatement PgSignalWorkStatement() {
 absl::Status PgSignalWork(PgConnection& c) { return c.Query(PgSignalWorkStatement()).status(); }
 
 absl::StatusOr<std::vector<std::string>> PgLeaseOwners(PgConnection& c, const char* table,
-                                                       const std::string& rows, Millis now) {
-  WS_ASSIGN_OR_RETURN(PgResult r, c.Query(absl::StrCat("SELECT DISTINCT lease_owner FROM ", table,
-                                                       " WHERE ", rows,
-                                                       " AND lease_expires_at > $1::bigint AND "
-                                                       "lease_owner <> ''"),
-                                          Params(now)));
+                                                       const std::vector<std::string>& rows,
+                                                       Millis now) {
+  std::vector<std::string> selects;
+  for (const std::string& condition : rows) {
+    selects.push_back(absl::StrCat("SELECT lease_owner FROM ", table, " WHERE ", condition,
+                                   " AND lease_expires_at > $1::bigint AND lease_owner <> ''"));
+  }
+  WS_ASSIGN_OR_RETURN(PgResult r, c.Query(absl::StrJoin(selects, " UNION "), Params(now)));
   return PgRows(r, ReadText0<PgRow>);
 }
 

@@ -105,10 +105,12 @@ absl::Status PgAddToCounter(PgConnection& c, const std::string& name, int64_t de
 absl::Status PgSignalWork(PgConnection& c);
 
 // The distinct owners of unexpired leases on the `rows` of `table` (instances or
-// deliveries and the condition of their leased rows, see SqlLeasedInstanceRows:
-// fixed text, never input), and the end of one owner's leases there.
+// deliveries, and the conditions naming their leased rows, one query each, see
+// SqlLeasedInstanceRows: fixed text, never input), and the end of one owner's
+// leases there.
 absl::StatusOr<std::vector<std::string>> PgLeaseOwners(PgConnection& c, const char* table,
-                                                       const std::string& rows, Millis now);
+                                                       const std::vector<std::string>& rows,
+                                                       Millis now);
 absl::Status PgExpireLeases(PgConnection& c, const char* table, const std::string& owner);
 
 }  // namespace waystone

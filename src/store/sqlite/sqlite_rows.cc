@@ -1,6 +1,7 @@
 #include "store/sqlite/sqlite_rows.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "store/sql_values.h"
 
 namespace waystone {
@@ -104,11 +105,14 @@ absl::Status SqliteAddToCounter(SqliteDb& db, const std::string& name, int64_t d
 namespace waystone {
 
 absl::StatusOr<std::vector<std::string>> SqliteLeaseOwners(SqliteDb& db, const char* table,
-                                                           const std::string& rows, Millis now) {
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db.Prepare(absl::StrCat("SELECT DISTINCT lease_owner FROM ", table,
-                                              " WHERE ", rows,
-                                              " AND lease_expires_at > ? AND lease_owner <> ''")));
+                                                           const std::vector<std::string>& rows,
+                                                           Millis now) {
+  std::vector<std::string> selects;
+  for (const std::string& condition : rows) {
+    selects.push_back(absl::StrCat("SELECT lease_owner FROM ", table, " WHERE ", condition,
+                                   " AND lease_expires_at > ?1 AND lease_owner <> ''"));
+  }
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db.Prepare(absl::StrJoin(selects, " UNION ")));
   s->BindAll(now);
   return CollectRows(s, ReadText0<SqliteStatement>);
 }

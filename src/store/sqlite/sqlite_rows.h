@@ -106,10 +106,12 @@ absl::StatusOr<std::vector<absl::Status>> SqliteApplyChanges(SqliteDb& db,
 namespace waystone {
 
 // The distinct owners of unexpired leases on the `rows` of `table` (instances or
-// deliveries and the condition of their leased rows, see SqlLeasedInstanceRows:
-// fixed text, never input), and the end of one owner's leases there.
+// deliveries, and the conditions naming their leased rows, one query each, see
+// SqlLeasedInstanceRows: fixed text, never input), and the end of one owner's
+// leases there.
 absl::StatusOr<std::vector<std::string>> SqliteLeaseOwners(SqliteDb& db, const char* table,
-                                                           const std::string& rows, Millis now);
+                                                           const std::vector<std::string>& rows,
+                                                           Millis now);
 absl::Status SqliteExpireLeases(SqliteDb& db, const char* table, const std::string& owner);
 
 }  // namespace waystone

@@ -1145,25 +1145,37 @@ TEST_P(StoreConformanceTest, ExpireLeasesFreesADeadOwnersInstances) {
 
 // The reaper asks which owners hold leases on the work in flight (a question that
 // reads every instance ever kept, asked every second, grows with the history): an
-// instance a worker drives counts; an operator's lease, held for the length of one
-// action on an instance that waits for one, is left to expire.
-TEST_P(StoreConformanceTest, LeaseOwnersAreThoseOfTheInstancesWorkersDrive) {
-  ASSERT_TRUE(store_->StartInstance(Instance("k1")).ok());
-  auto waiting = store_->StartInstance(Instance("k2"));
-  ASSERT_TRUE(waiting.ok()) << waiting.status();
-  const int64_t waiting_id = waiting->instance.id;
-  auto leases = store_->ClaimRunnable("worker", 2000, 60'000, 10);
+// instance a worker drives counts, and one that needs attention while its worker
+// still holds it (a branch beside the failed step has a call out); an operator's
+// lease, held for one action on a finished instance, is left to expire.
+TEST_P(StoreConformanceTest, LeaseOwnersAreThoseOfTheInstancesWorkersHold) {
+  auto attention_started = store_->StartInstance(Instance("attention"));
+  auto failed_started = store_->StartInstance(Instance("failed"));
+  ASSERT_TRUE(attention_started.ok() && failed_started.ok());
+  auto leases = store_->ClaimRunnable("branching worker", 2000, 60'000, 10);
   ASSERT_TRUE(leases.ok() && leases->size() == 2u) << leases.status();
-  Change attention;
-  attention.lease = (*leases)[0].instance_id == waiting_id ? (*leases)[0] : (*leases)[1];
+  const bool attention_first = (*leases)[0].instance_id == attention_started->instance.id;
+  Change attention;  // the worker keeps its lease
+  attention.lease = (*leases)[attention_first ? 0 : 1];
   attention.now = 2001;
-  attention.lease_expires_at = 0;
+  attention.lease_expires_at = 62'000;
   attention.state = InstanceState::kNeedsAttention;
-  auto committed = store_->Commit({attention});
-  ASSERT_TRUE(committed.ok() && (*committed)[0].ok()) << committed.status();
-  ASSERT_TRUE(store_->ClaimInstance(waiting_id, "operator", 2002, 60'000).ok());
+  Change failed;  // released
+  failed.lease = (*leases)[attention_first ? 1 : 0];
+  failed.now = 2001;
+  failed.lease_expires_at = 0;
+  failed.state = InstanceState::kFailed;
+  auto committed = store_->Commit({attention, failed});
+  ASSERT_TRUE(committed.ok() && (*committed)[0].ok() && (*committed)[1].ok())
+      << committed.status();
+  ASSERT_TRUE(store_->ClaimInstance(failed_started->instance.id, "operator", 2002, 60'000).ok());
+  ASSERT_TRUE(store_->StartInstance(Instance("driven")).ok());
+  ASSERT_EQ(store_->ClaimRunnable("worker", 2003, 60'000, 10)->size(), 1u);
 
-  EXPECT_EQ(*store_->LeaseOwners(2003), std::vector<std::string>{"worker"});
+  auto owners = store_->LeaseOwners(2004);
+  ASSERT_TRUE(owners.ok()) << owners.status();
+  std::sort(owners->begin(), owners->end());
+  EXPECT_EQ(*owners, (std::vector<std::string>{"branching worker", "worker"}));
 }
 
 TEST_P(StoreConformanceTest, MigrationsFromManyConnectionsAtOnceApplyOnce) {
