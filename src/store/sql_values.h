@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "store/records.h"
 
 namespace waystone {
@@ -47,6 +48,18 @@ inline std::vector<std::string> SqlLeasedInstanceRows() {
 }
 inline std::vector<std::string> SqlLeasedDeliveryRows() {
   return {absl::StrCat("state = ", SqlValue(DeliveryState::kPending))};
+}
+// The query for the owners of unexpired leases on the `rows` of `table` (fixed
+// text, never input), with `now` the dialect's parameter ("$1::bigint", "?1"): one
+// SELECT per condition, each read through its partial index, joined by UNION.
+inline std::string SqlLeaseOwners(const char* table, const std::vector<std::string>& rows,
+                                  const char* now) {
+  std::vector<std::string> selects;
+  for (const std::string& condition : rows) {
+    selects.push_back(absl::StrCat("SELECT lease_owner FROM ", table, " WHERE ", condition,
+                                   " AND lease_expires_at > ", now, " AND lease_owner <> ''"));
+  }
+  return absl::StrJoin(selects, " UNION ");
 }
 
 // Instances that have finished for good, which gc may collect.

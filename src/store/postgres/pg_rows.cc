@@ -1,7 +1,6 @@
 #include "store/postgres/pg_rows.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "store/sql_values.h"
 
 namespace waystone {
@@ -112,12 +111,8 @@ absl::Status PgSignalWork(PgConnection& c) { return c.Query(PgSignalWorkStatemen
 absl::StatusOr<std::vector<std::string>> PgLeaseOwners(PgConnection& c, const char* table,
                                                        const std::vector<std::string>& rows,
                                                        Millis now) {
-  std::vector<std::string> selects;
-  for (const std::string& condition : rows) {
-    selects.push_back(absl::StrCat("SELECT lease_owner FROM ", table, " WHERE ", condition,
-                                   " AND lease_expires_at > $1::bigint AND lease_owner <> ''"));
-  }
-  WS_ASSIGN_OR_RETURN(PgResult r, c.Query(absl::StrJoin(selects, " UNION "), Params(now)));
+  WS_ASSIGN_OR_RETURN(PgResult r,
+                      c.Query(SqlLeaseOwners(table, rows, "$1::bigint"), Params(now)));
   return PgRows(r, ReadText0<PgRow>);
 }
 

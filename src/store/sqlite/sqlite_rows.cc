@@ -1,7 +1,6 @@
 #include "store/sqlite/sqlite_rows.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "store/sql_values.h"
 
 namespace waystone {
@@ -107,12 +106,7 @@ namespace waystone {
 absl::StatusOr<std::vector<std::string>> SqliteLeaseOwners(SqliteDb& db, const char* table,
                                                            const std::vector<std::string>& rows,
                                                            Millis now) {
-  std::vector<std::string> selects;
-  for (const std::string& condition : rows) {
-    selects.push_back(absl::StrCat("SELECT lease_owner FROM ", table, " WHERE ", condition,
-                                   " AND lease_expires_at > ?1 AND lease_owner <> ''"));
-  }
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db.Prepare(absl::StrJoin(selects, " UNION ")));
+  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db.Prepare(SqlLeaseOwners(table, rows, "?1")));
   s->BindAll(now);
   return CollectRows(s, ReadText0<SqliteStatement>);
 }
