@@ -425,14 +425,7 @@ class PgQueuedChangeSql final : public ChangeSql {
     rows_ = std::move(rows);
   }
   const std::vector<PgStatement>& statements() const { return statements_; }
-  // Returns true when every result shows the row count its statement assumed.
-  bool AsAssumed(const std::vector<PgResult>& results) const {
-    if (results.size() != rows_.size()) return false;
-    for (size_t i = 0; i < rows_.size(); ++i) {
-      if (rows_[i] && results[i].affected() != *rows_[i]) return false;
-    }
-    return true;
-  }
+  const std::vector<std::optional<int64_t>>& rows() const { return rows_; }
 
  private:
   absl::Status Queue(PgStatement statement) {
@@ -526,6 +519,32 @@ const std::string PgQueuedChangeSql::kDrops =
 
 }  // namespace
 
+absl::StatusOr<bool> PostgresStore::CommitAsAssumed(
+    const std::vector<PgStatement>& statements,
+    const std::vector<std::optional<int64_t>>& assumed) {
+  WS_ASSIGN_OR_RETURN(Lent c, Acquire());
+  auto results = c->Pipeline(statements);
+  const bool as_assumed =
+      results.ok() && results->size() == assumed.size() &&
+      std::equal(assumed.begin(), assumed.end(), results->begin(),
+                 [](const std::optional<int64_t>& rows, const PgResult& result) {
+                   return !rows || result.affected() == *rows;
+                 });
+  if (as_assumed) {
+    WS_RETURN_IF_ERROR(c->Commit());
+    return true;
+  }
+  // A lost connection fails the batch as it would one statement at a time.
+  if (c->broken()) {
+    return results.ok() ? absl::UnavailableError("connection lost") : results.status();
+  }
+  if (absl::Status rolled_back = c->Exec("ROLLBACK"); !rolled_back.ok()) {
+    c->MarkBroken();  // it may still be in the transaction: never lent again
+    return rolled_back;
+  }
+  return false;
+}
+
 absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
     const std::vector<Change>& changes) {
   // The common batch (checkpoints whose leases hold) is sent as one pipeline and
@@ -545,20 +564,8 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
                                     [](const absl::Status& s) { return s.ok(); })) {
       static const std::string kBegin = "BEGIN";
       queued.Finish({&kBegin, {}});
-      WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-      auto results = c->Pipeline(queued.statements());
-      if (results.ok() && queued.AsAssumed(*results)) {
-        WS_RETURN_IF_ERROR(c->Commit());
-        return *assumed;
-      }
-      // A lost connection fails the batch as it would one statement at a time.
-      if (c->broken()) {
-        return results.ok() ? absl::UnavailableError("connection lost") : results.status();
-      }
-      if (absl::Status rolled_back = c->Exec("ROLLBACK"); !rolled_back.ok()) {
-        c->MarkBroken();  // it may still be in the transaction: never lent again
-        return rolled_back;
-      }
+      WS_ASSIGN_OR_RETURN(bool committed, CommitAsAssumed(queued.statements(), queued.rows()));
+      if (committed) return *assumed;
     }
   }
   std::vector<absl::Status> results;

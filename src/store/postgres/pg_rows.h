@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "store/columns.h"
 #include "store/postgres/pg_connection.h"
@@ -72,6 +74,11 @@ auto PgFirstRow(const PgResult& result, Read read)
     -> std::optional<decltype(read(PgRow(result, 0)))> {
   if (result.rows() == 0) return std::nullopt;
   return read(PgRow(result, 0));
+}
+
+// `values` as a PostgreSQL array literal ("{1,2,3}"), a parameter of type bigint[].
+inline std::string PgArrayOf(const std::vector<int64_t>& values) {
+  return absl::StrCat("{", absl::StrJoin(values, ","), "}");
 }
 
 absl::StatusOr<std::optional<InstanceRecord>> PgInstanceById(PgConnection& c, int64_t id);

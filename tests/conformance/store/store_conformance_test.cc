@@ -1253,10 +1253,14 @@ TEST_P(StoreConformanceTest, FinishingABatchRecordsEachOutcomeAndRefusesOnlyTheL
   EXPECT_EQ(state_of(b[2].event.instance_id).state, DeliveryState::kPending);
   EXPECT_EQ(state_of(b[2].event.instance_id).attempts, 1);
   EXPECT_EQ(state_of(b[2].event.instance_id).last_error, "HTTP 500");
+  // Only k2's event is delivered to every sink it is for: its outbox row is marked.
+  const std::string kMarked = "SELECT COUNT(*) FROM outbox WHERE delivered_at IS NOT NULL";
+  EXPECT_EQ(RawCount(kMarked), 1);
   // The lost lease left k1 to relay-b, which finishes it; k3 waits for its retry time.
   results = store_->FinishDeliveries({{b[0], delivered}});
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_TRUE((*results)[0].ok());
+  EXPECT_EQ(RawCount(kMarked), 2);
   EXPECT_TRUE(store_->ClaimDeliveries("relay-b", 5003, 1000, 10, {"s"})->empty());
   auto stats = *store_->DeliveryStats();
   ASSERT_EQ(stats.size(), 1u);
