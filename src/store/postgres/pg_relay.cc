@@ -143,7 +143,7 @@ absl::Status PostgresStore::AddDeliveries(const std::string& sink, int64_t expec
                                           int64_t new_cursor,
                                           const std::vector<std::pair<int64_t, int64_t>>& wanted,
                                           Millis now) {
-  // One statement for the whole expansion, its rows in the order wanted.
+  // One statement for the whole expansion (claims take deliveries by outbox_seq).
   static const std::string kInsert = absl::StrCat(
       "INSERT INTO deliveries (outbox_seq, sink, instance_id, state, created_at) SELECT "
       "u.seq, $2, u.instance_id, ",
