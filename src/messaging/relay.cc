@@ -17,6 +17,10 @@ namespace {
 
 constexpr int kExpandBatch = 500;
 constexpr Millis kUnknownScanInterval = 5'000;
+// How often a relay looks for leases of dead relays on this host, as the engine's
+// dispatcher does: the look reads every pending delivery (2 ms at a backlog of
+// 35,000 on PostgreSQL), too much for every round.
+constexpr Millis kReapInterval = 1'000;
 
 bool IsAlertType(const std::string& type) { return type.starts_with("waystone.alert."); }
 
@@ -88,9 +92,12 @@ absl::StatusOr<int> Relay::RunOnce() {
   }
   WS_RETURN_IF_ERROR(Expand());
   // A relay on this host that died mid-delivery leaves leases behind: take them now.
-  WS_ASSIGN_OR_RETURN(std::vector<std::string> owners, store_->DeliveryLeaseOwners(now));
-  for (const std::string& owner : owners) {
-    if (IsDeadLocalOwner(owner)) WS_RETURN_IF_ERROR(store_->ExpireDeliveryLeases(owner));
+  if (!last_reap_ || now - *last_reap_ >= kReapInterval) {
+    last_reap_ = now;
+    WS_ASSIGN_OR_RETURN(std::vector<std::string> owners, store_->DeliveryLeaseOwners(now));
+    for (const std::string& owner : owners) {
+      if (IsDeadLocalOwner(owner)) WS_RETURN_IF_ERROR(store_->ExpireDeliveryLeases(owner));
+    }
   }
   WS_ASSIGN_OR_RETURN(std::vector<std::string> disabled, store_->DisabledSinks());
   std::vector<std::string> enabled;

@@ -80,6 +80,8 @@ class Relay {
   std::map<std::string, std::unique_ptr<Sink>> sinks_;
   std::unique_ptr<DeliveryPool> pool_;
   Millis last_unknown_scan_ = 0;
+  // When this relay last looked for dead relays' leases.
+  std::optional<Millis> last_reap_ ABSL_GUARDED_BY(mu_);
   std::jthread thread_;
 };
 

@@ -4,6 +4,9 @@
 
 #include "messaging/relay.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
@@ -450,6 +453,54 @@ steps:
   ASSERT_EQ(ops.size(), before + 1);
   EXPECT_EQ(ops.back()["type"], "waystone.alert.unknown_unresolved");
   EXPECT_EQ(ops.back()["data"]["step"], "push");
+}
+
+// A relay on this host that died holding deliveries: the next relay takes its leases
+// at once, in its first round, instead of waiting out their 60 s; after that it looks
+// again once a second (the look reads every pending delivery), not every round.
+TEST_F(RelayTest, ADeadLocalRelaysLeasesAreTakenAtTheFirstRoundThenOnceASecond) {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  const std::string dead = std::string(host) + "/" + std::to_string(child) + "/gone";
+  // The dead relay expanded the outbox for `hooks` and claimed what it found.
+  auto claim_as_dead = [&] {
+    auto cursor = store_->OutboxCursor("hooks");
+    ASSERT_TRUE(cursor.ok()) << cursor.status();
+    auto rows = store_->ReadOutbox(*cursor, 100);
+    ASSERT_TRUE(rows.ok() && !rows->empty()) << rows.status();
+    std::vector<std::pair<int64_t, int64_t>> wanted;
+    for (const auto& r : *rows) wanted.emplace_back(r.seq, r.instance_id);
+    const Millis now = clock_.NowMillis();
+    ASSERT_TRUE(store_->AddDeliveries("hooks", *cursor, rows->back().seq, wanted, now).ok());
+    auto claims = store_->ClaimDeliveries(dead, now, 60'000, 100, {"hooks"});
+    ASSERT_TRUE(claims.ok() && !claims->empty()) << claims.status();
+  };
+  auto delivered = [&] { return static_cast<int>(hooks_.received().size()); };
+
+  const InstanceRecord first = RunOrder("reaped-1");
+  claim_as_dead();
+  auto relay = MakeRelay();
+  SyncReceivers();
+  ASSERT_TRUE(relay->RunOnce().ok());
+  EXPECT_GT(delivered(), 0) << "the dead relay's leases were not taken in the first round";
+  Drain(*relay, 20);
+  const int after_first = delivered();
+  EXPECT_EQ(after_first, static_cast<int>(EventsOf(first.id).size()));
+
+  RunOrder("reaped-2");
+  claim_as_dead();
+  clock_.Advance(500);  // within the second: nothing to take yet
+  SyncReceivers();
+  ASSERT_TRUE(relay->RunOnce().ok());
+  EXPECT_EQ(delivered(), after_first);
+  clock_.Advance(600);
+  SyncReceivers();
+  ASSERT_TRUE(relay->RunOnce().ok());
+  EXPECT_GT(delivered(), after_first);
 }
 
 TEST_F(RelayTest, AChangeThatRollsBackProducesNoEvent) {
