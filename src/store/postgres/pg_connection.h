@@ -101,9 +101,9 @@ class PgConnection {
   // Runs `statements` (each prepared once per connection, unless planned each time)
   // in libpq pipeline mode: all are sent before the first result is read, in rounds
   // of at most kPipelineRound, so a batch costs one round trip per round instead of
-  // one per statement. Returns one result per statement in order. The first statement that
-  // fails ends the run: its error is returned and nothing after it ran; inside a
-  // transaction, the transaction is then failed and must be rolled back.
+  // one per statement. Returns one result per statement in order. The first
+  // statement that fails ends the run: its error is returned and nothing after it
+  // ran; inside a transaction, the transaction is then failed and must be rolled back.
   static constexpr size_t kPipelineRound = 256;
   absl::StatusOr<std::vector<PgResult>> Pipeline(const std::vector<PgStatement>& statements);
   // Returns true when the connection is unusable and must be replaced.

@@ -40,9 +40,7 @@ class PgDeliverySql final : public DeliverySql {
     // all of it (PgStatement::planned_each_time).
     static const std::string kEvents =
         absl::StrCat("SELECT ", kEventColumns, " FROM outbox WHERE seq = ANY($1::bigint[])");
-    WS_ASSIGN_OR_RETURN(
-        PgResult events,
-        c_.Query({&kEvents, Params(PgArrayOf(seqs)), true}));
+    WS_ASSIGN_OR_RETURN(PgResult events, c_.Query({&kEvents, Params(PgArrayOf(seqs)), true}));
     return PgRows(events, waystone::ReadEvent<PgRow>);
   }
   absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate& u) override {
