@@ -91,7 +91,8 @@ absl::StatusOr<int> Relay::RunOnce() {
     WS_RETURN_IF_ERROR(RaiseStaleUnknownAlerts());
   }
   WS_RETURN_IF_ERROR(Expand());
-  // A relay on this host that died mid-delivery leaves leases behind: take them now.
+  // A relay on this host that died mid-delivery leaves leases behind: take them at
+  // the first round, then look again once a second.
   if (!last_reap_ || now - *last_reap_ >= kReapInterval) {
     last_reap_ = now;
     WS_ASSIGN_OR_RETURN(std::vector<std::string> owners, store_->DeliveryLeaseOwners(now));

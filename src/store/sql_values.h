@@ -50,13 +50,14 @@ inline std::vector<std::string> SqlLeasedDeliveryRows() {
   return {absl::StrCat("state = ", SqlValue(DeliveryState::kPending))};
 }
 // The query for the owners of unexpired leases on the `rows` of `table` (fixed
-// text, never input), with `now` the dialect's parameter ("$1::bigint", "?1"): one
-// SELECT per condition, each read through its partial index, joined by UNION.
+// text, never input), each once, with `now` the dialect's parameter ("$1::bigint",
+// "?1"): one SELECT per condition, each read through its partial index, joined by
+// UNION.
 inline std::string SqlLeaseOwners(const char* table, const std::vector<std::string>& rows,
                                   const char* now) {
   std::vector<std::string> selects;
   for (const std::string& condition : rows) {
-    selects.push_back(absl::StrCat("SELECT lease_owner FROM ", table, " WHERE ", condition,
+    selects.push_back(absl::StrCat("SELECT DISTINCT lease_owner FROM ", table, " WHERE ", condition,
                                    " AND lease_expires_at > ", now, " AND lease_owner <> ''"));
   }
   return absl::StrJoin(selects, " UNION ");

@@ -1146,8 +1146,8 @@ TEST_P(StoreConformanceTest, ExpireLeasesFreesADeadOwnersInstances) {
 // The reaper asks which owners hold leases on the work in flight (a question that
 // reads every instance ever kept, asked every second, grows with the history): an
 // instance a worker drives counts, and one that needs attention while its worker
-// still holds it (a branch beside the failed step has a call out); an operator's
-// lease, held for one action on a finished instance, is left to expire.
+// still holds it (a branch beside the failed step has a call out), each owner once;
+// an operator's lease, held for one action on a finished instance, is left to expire.
 TEST_P(StoreConformanceTest, LeaseOwnersAreThoseOfTheInstancesWorkersHold) {
   auto attention_started = store_->StartInstance(Instance("attention"));
   auto failed_started = store_->StartInstance(Instance("failed"));
@@ -1170,7 +1170,8 @@ TEST_P(StoreConformanceTest, LeaseOwnersAreThoseOfTheInstancesWorkersHold) {
       << committed.status();
   ASSERT_TRUE(store_->ClaimInstance(failed_started->instance.id, "operator", 2002, 60'000).ok());
   ASSERT_TRUE(store_->StartInstance(Instance("driven")).ok());
-  ASSERT_EQ(store_->ClaimRunnable("worker", 2003, 60'000, 10)->size(), 1u);
+  ASSERT_TRUE(store_->StartInstance(Instance("driven too")).ok());
+  ASSERT_EQ(store_->ClaimRunnable("worker", 2003, 60'000, 10)->size(), 2u);
 
   auto owners = store_->LeaseOwners(2004);
   ASSERT_TRUE(owners.ok()) << owners.status();
@@ -1231,6 +1232,7 @@ TEST_P(StoreConformanceTest, FinishingABatchRecordsEachOutcomeAndRefusesOnlyTheL
   auto b = *store_->ClaimDeliveries("relay-b", 5001, 1000, 10, {"s"});
   ASSERT_EQ(b.size(), 3u);
   ASSERT_EQ(b[0].event.instance_id, a[0].event.instance_id);
+  EXPECT_EQ(*store_->DeliveryLeaseOwners(5001), std::vector<std::string>{"relay-b"});  // once
   DeliveryUpdate delivered;
   delivered.now = 5002;
   delivered.state = DeliveryState::kDelivered;
