@@ -391,51 +391,42 @@ class PgQueuedChangeSql final : public ChangeSql {
   // statement each, then the rest in the order queued, all after `begin`, and last
   // the attempts and the bound on them, as one statement each.
   void Finish(PgStatement begin) {
-    std::vector<PgStatement> all = {std::move(begin)};
-    std::vector<std::optional<int64_t>> rows = {std::nullopt};
+    PgAssumedBatch all;
+    all.Add(std::move(begin));
     // Every fence, then every step, must find its row: one instance or step twice
     // in a batch (updated once by a joined UPDATE) counts short and is applied
     // again one change at a time, in order.
     if (!fences_.empty()) {
-      all.push_back(Joined(kFences, fences_));
-      rows.push_back(static_cast<int64_t>(fences_.size()));
+      all.Add(Joined(kFences, fences_), static_cast<int64_t>(fences_.size()));
     }
     if (!steps_.empty()) {
-      all.push_back(Joined(kSteps, steps_));
-      rows.push_back(static_cast<int64_t>(steps_.size()));
+      all.Add(Joined(kSteps, steps_), static_cast<int64_t>(steps_.size()));
     }
     // In the batch's order: unnest yields its rows in order, and the outbox's
     // sequence numbers them as they come.
     if (!events_.empty()) {
-      all.push_back({&kEvents, Columns(events_)});
-      rows.push_back(std::nullopt);
+      all.Add({&kEvents, Columns(events_)});
     }
-    all.insert(all.end(), std::make_move_iterator(statements_.begin()),
-               std::make_move_iterator(statements_.end()));
-    rows.insert(rows.end(), rows_.begin(), rows_.end());
+    for (size_t i = 0; i < queued_.statements.size(); ++i) {
+      all.Add(std::move(queued_.statements[i]), queued_.rows[i]);
+    }
     if (!attempts_.empty()) {
-      all.push_back(Joined(kAttempts, attempts_));
-      rows.push_back(static_cast<int64_t>(attempts_.size()));
+      all.Add(Joined(kAttempts, attempts_), static_cast<int64_t>(attempts_.size()));
     }
     if (!drops_.empty()) {
-      all.push_back(Joined(kDrops, drops_));
-      rows.push_back(std::nullopt);
+      all.Add(Joined(kDrops, drops_));
     }
-    statements_ = std::move(all);
-    rows_ = std::move(rows);
+    queued_ = std::move(all);
   }
-  const std::vector<PgStatement>& statements() const { return statements_; }
-  const std::vector<std::optional<int64_t>>& rows() const { return rows_; }
+  const PgAssumedBatch& batch() const { return queued_; }
 
  private:
   absl::Status Queue(PgStatement statement) {
-    statements_.push_back(std::move(statement));
-    rows_.push_back(std::nullopt);
+    queued_.Add(std::move(statement));
     return absl::OkStatus();
   }
   bool Queue(PgStatement statement, int64_t rows) {
-    statements_.push_back(std::move(statement));
-    rows_.push_back(rows);
+    queued_.Add(std::move(statement), rows);
     return true;
   }
 
@@ -463,8 +454,7 @@ class PgQueuedChangeSql final : public ChangeSql {
   std::vector<PgParams> events_;
   std::vector<PgParams> attempts_;
   std::vector<PgParams> drops_;
-  std::vector<PgStatement> statements_;
-  std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
+  PgAssumedBatch queued_;  // the statements queued, then (Finish) the whole batch
 };
 
 const std::string PgQueuedChangeSql::kFences =
@@ -519,14 +509,12 @@ const std::string PgQueuedChangeSql::kDrops =
 
 }  // namespace
 
-absl::StatusOr<bool> PostgresStore::CommitAsAssumed(
-    const std::vector<PgStatement>& statements,
-    const std::vector<std::optional<int64_t>>& assumed) {
+absl::StatusOr<bool> PostgresStore::CommitAsAssumed(const PgAssumedBatch& batch) {
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
-  auto results = c->Pipeline(statements);
+  auto results = c->Pipeline(batch.statements);
   const bool as_assumed =
-      results.ok() && results->size() == assumed.size() &&
-      std::equal(assumed.begin(), assumed.end(), results->begin(),
+      results.ok() && results->size() == batch.rows.size() &&
+      std::equal(batch.rows.begin(), batch.rows.end(), results->begin(),
                  [](const std::optional<int64_t>& rows, const PgResult& result) {
                    return !rows || result.affected() == *rows;
                  });
@@ -564,7 +552,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
                                     [](const absl::Status& s) { return s.ok(); })) {
       static const std::string kBegin = "BEGIN";
       queued.Finish({&kBegin, {}});
-      WS_ASSIGN_OR_RETURN(bool committed, CommitAsAssumed(queued.statements(), queued.rows()));
+      WS_ASSIGN_OR_RETURN(bool committed, CommitAsAssumed(queued.batch()));
       if (committed) return *assumed;
     }
   }

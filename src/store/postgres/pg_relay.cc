@@ -79,17 +79,17 @@ class PgQueuedDeliverySql final : public DeliverySql {
  public:
   PgQueuedDeliverySql() {
     static const std::string kBegin = "BEGIN";
-    Queue({&kBegin, {}}, std::nullopt);
+    batch_.Add({&kBegin, {}});
   }
   absl::StatusOr<std::vector<EventRecord>> ReadEvents(const std::vector<int64_t>&) override {
     return absl::UnimplementedError("reading events is not pipelined");
   }
   absl::StatusOr<bool> FinishClaimed(const DeliveryClaim& claim, const DeliveryUpdate& u) override {
-    Queue(FinishClaimedStatement(claim, u), 1);
+    batch_.Add(FinishClaimedStatement(claim, u), 1);
     return true;
   }
   absl::Status MarkEventDelivered(int64_t seq, Millis now) override {
-    Queue(MarkEventDeliveredStatement(seq, now), std::nullopt);
+    batch_.Add(MarkEventDeliveredStatement(seq, now));
     return absl::OkStatus();
   }
   absl::Status InsertAlert(const AlertRecord&, Millis) override {
@@ -102,16 +102,10 @@ class PgQueuedDeliverySql final : public DeliverySql {
     return absl::UnimplementedError("disabling a sink is not pipelined");
   }
 
-  const std::vector<PgStatement>& statements() const { return statements_; }
-  const std::vector<std::optional<int64_t>>& rows() const { return rows_; }
+  const PgAssumedBatch& batch() const { return batch_; }
 
  private:
-  void Queue(PgStatement statement, std::optional<int64_t> rows) {
-    statements_.push_back(std::move(statement));
-    rows_.push_back(rows);
-  }
-  std::vector<PgStatement> statements_;
-  std::vector<std::optional<int64_t>> rows_;  // the affected rows assumed, where it matters
+  PgAssumedBatch batch_;
 };
 
 }  // namespace
@@ -227,7 +221,7 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::FinishDeliveries(
     auto assumed = FinishDeliveriesWith(queued, finished);
     if (assumed.ok() && std::all_of(assumed->begin(), assumed->end(),
                                     [](const absl::Status& s) { return s.ok(); })) {
-      WS_ASSIGN_OR_RETURN(bool committed, CommitAsAssumed(queued.statements(), queued.rows()));
+      WS_ASSIGN_OR_RETURN(bool committed, CommitAsAssumed(queued.batch()));
       if (committed) return *assumed;
     }
   }

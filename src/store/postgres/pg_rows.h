@@ -76,6 +76,18 @@ auto PgFirstRow(const PgResult& result, Read read)
   return read(PgRow(result, 0));
 }
 
+// Statements for one pipelined transaction (PostgresStore::CommitAsAssumed), each
+// with the rows its result must show where that matters (nullopt: any count).
+struct PgAssumedBatch {
+  std::vector<PgStatement> statements;
+  std::vector<std::optional<int64_t>> rows;
+
+  void Add(PgStatement statement, std::optional<int64_t> assumed = std::nullopt) {
+    statements.push_back(std::move(statement));
+    rows.push_back(assumed);
+  }
+};
+
 // `values` as a PostgreSQL array literal ("{1,2,3}"), a parameter of type bigint[].
 inline std::string PgArrayOf(const std::vector<int64_t>& values) {
   return absl::StrCat("{", absl::StrJoin(values, ","), "}");

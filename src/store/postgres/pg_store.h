@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <memory>
-#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -13,7 +12,7 @@
 namespace waystone {
 
 class PgConnection;
-struct PgStatement;
+struct PgAssumedBatch;
 
 // Store on PostgreSQL, for many worker processes on many hosts. Claims use
 // FOR UPDATE SKIP LOCKED; every commit checks the lease epoch. Holds a small pool
@@ -140,13 +139,12 @@ class PostgresStore final : public Store {
   // defined in pg_rows.h.
   template <typename Body>
   absl::Status InTransaction(Body&& body);
-  // Runs `statements` (BEGIN first) as one pipeline, two round trips in all, and
-  // commits when every result shows the rows `assumed` of it (nullopt: any count).
-  // False when one does not, or a statement failed: rolled back, for the caller to
-  // apply the batch again one statement at a time, each with its own answer. A lost
-  // connection, or a failed COMMIT or ROLLBACK, is an error.
-  absl::StatusOr<bool> CommitAsAssumed(const std::vector<PgStatement>& statements,
-                                       const std::vector<std::optional<int64_t>>& assumed);
+  // Runs `batch` (BEGIN first) as one pipeline, two round trips in all, and commits
+  // when every result shows the rows assumed of it. False when one does not, or a
+  // statement failed: rolled back, for the caller to apply the batch again one
+  // statement at a time, each with its own answer. A lost connection, or a failed
+  // COMMIT or ROLLBACK, is an error.
+  absl::StatusOr<bool> CommitAsAssumed(const PgAssumedBatch& batch);
 
   absl::Status Migrate();
 
