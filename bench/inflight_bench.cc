@@ -1,14 +1,16 @@
 // Instances waiting on a slow endpoint: N instances each make one call to a loopback
 // endpoint that answers after a fixed delay (tests/targets/slow_target.py, run by
 // bench/run-inflight.sh). Prints, per N: throughput, the most requests the endpoint
-// saw open at once, the process's threads, and resident memory per instance in
-// flight. The baseline, measured in the same run: the same N requests sent at once
-// straight through the HTTP client (no engine, no store) to the same endpoint.
+// saw open at once, the process's threads, and memory per instance in flight (the
+// resident size's growth, and the allocator's bytes in use). The baseline, measured in
+// the same run: the same N requests sent at once straight through the HTTP client (no
+// engine, no store) to the same endpoint.
 // See docs/performance.md.
 //
 //   bench/run-inflight.sh [--instances 1000,10000] [--workers 4] [--delay 2]
 //   build/bench/inflight_bench --target http://127.0.0.1:PORT --delay 2 [--dir DIR] ...
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -52,6 +54,14 @@ long ProcStatus(const char* field) {
   return -1;
 }
 
+// Bytes the process's allocator has handed out and not had back, in KiB, over all its
+// arenas. Unlike the resident size it does not hide what reused memory another run or
+// thread freed, nor count what was freed and kept.
+long HeapInUseKb() {
+  const struct mallinfo2 info = mallinfo2();
+  return static_cast<long>((info.uordblks + info.hblkhd) / 1024);
+}
+
 std::vector<int> ParseList(const char* text) {
   std::vector<int> values;
   std::stringstream in(text);
@@ -72,6 +82,8 @@ struct Figures {
   long most_threads = 0;
   long rss_base_kb = 0;      // engine created, instances started, nothing claimed
   long rss_at_most_open_kb = 0;
+  long heap_base_kb = 0;     // allocated and not freed, at the same two moments
+  long heap_at_most_open_kb = 0;
   long received = 0;         // requests the endpoint received in this run
   long duplicate_keys = 0;
   int completed = 0;
@@ -135,6 +147,7 @@ steps:
   for (auto& starter : starters) starter.join();
   const Json before = TargetStats(probe, target);
   figures.rss_base_kb = ProcStatus("VmRSS");
+  figures.heap_base_kb = HeapInUseKb();
 
   std::atomic<bool> done{false};
   std::thread watch([&] {
@@ -144,6 +157,7 @@ steps:
       if (stats.is_object() && stats["open"].get<int>() > figures.most_open) {
         figures.most_open = stats["open"].get<int>();
         figures.rss_at_most_open_kb = ProcStatus("VmRSS");
+        figures.heap_at_most_open_kb = HeapInUseKb();
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -227,23 +241,27 @@ int main(int argc, char** argv) {
   std::printf("endpoint %s answers after %.1f s; %d workers; %u cores; open files %ld\n",
               target.c_str(), delay_s, workers, std::thread::hardware_concurrency(),
               static_cast<long>(files.rlim_cur));
-  std::printf("%-10s %8s %10s %10s %10s %10s %9s %9s %10s %11s %9s %5s\n", "instances",
-              "seconds", "wf/s", "raw_req/s", "wf/raw", "most_open", "threads", "rss_base", "rss_peak", "KiB/flight",
-              "received", "dups");
+  std::printf("%-10s %8s %10s %10s %8s %10s %8s %9s %9s %11s %12s %9s %5s\n", "instances",
+              "seconds", "wf/s", "raw_req/s", "wf/raw", "most_open", "threads", "rss_base",
+              "rss_peak", "rss/flight", "heap/flight", "received", "dups");
   for (size_t run = 0; run < counts.size(); ++run) {
     const int instances = counts[run];
     // Keys of their own: the endpoint may have seen earlier processes' runs.
     const int id = static_cast<int>(getpid()) * 100 + static_cast<int>(run);
     const double raw = instances / RawSeconds(target, id, instances);
     Figures f = RunOnce(dir, target, id, instances, workers, *probe);
-    const double per_flight =
-        f.most_open > 0 ? static_cast<double>(f.rss_at_most_open_kb - f.rss_base_kb) / f.most_open
-                        : 0;
+    // KiB per request open: the resident size's growth (what the system sees; memory
+    // another run freed and this one reused hides in it) and the allocator's.
+    auto per_flight = [&f](long base_kb, long peak_kb) {
+      return f.most_open > 0 ? static_cast<double>(peak_kb - base_kb) / f.most_open : 0.0;
+    };
     const double rate = f.completed / f.seconds;
-    std::printf("%-10d %8.2f %10.1f %10.1f %10.2f %10d %9ld %8ldM %9ldM %11.1f %9ld %5ld\n",
-                instances, f.seconds, rate, raw, rate / raw, f.most_open,
-                f.most_threads, f.rss_base_kb / 1024, f.rss_at_most_open_kb / 1024, per_flight,
-                f.received, f.duplicate_keys);
+    std::printf("%-10d %8.2f %10.1f %10.1f %8.2f %10d %8ld %8ldM %8ldM %11.1f %12.1f %9ld %5ld\n",
+                instances, f.seconds, rate, raw, rate / raw, f.most_open, f.most_threads,
+                f.rss_base_kb / 1024, f.rss_at_most_open_kb / 1024,
+                per_flight(f.rss_base_kb, f.rss_at_most_open_kb),
+                per_flight(f.heap_base_kb, f.heap_at_most_open_kb), f.received,
+                f.duplicate_keys);
     if (f.completed != instances || f.received != instances || f.duplicate_keys != 0) {
       std::fprintf(stderr, "completed %d and received %ld of %d instances\n", f.completed,
                    f.received, instances);

@@ -344,7 +344,9 @@ class Engine::Impl {
   struct Flight {
     std::unique_ptr<InstanceRunner> runner;
     int out = 0;                                         // sent, not yet answered
-    std::deque<std::pair<int, HttpResponse>> answers;    // answered, not yet recorded
+    // Answered, not yet recorded, oldest first: seldom more than one, and a vector
+    // costs nothing while empty (a deque keeps a block for each of thousands waiting).
+    std::vector<std::pair<int, HttpResponse>> answers;
     bool parked = false;   // waits for an answer (counted in calling_)
     bool broken = false;   // its drive ended with calls out: their answers are dropped
   };
@@ -492,7 +494,7 @@ class Engine::Impl {
           flight = std::move(answered_.front());
           answered_.pop_front();
           answer = std::move(flight->answers.front());
-          flight->answers.pop_front();
+          flight->answers.erase(flight->answers.begin());
         } else if (!stopping_ && !ready_.empty()) {
           ready = std::move(ready_.front());
           ready_.pop_front();

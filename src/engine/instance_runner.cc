@@ -62,7 +62,9 @@ AttemptPhase AttemptPhaseOf(CallPhase phase) {
 class InstanceRunner::Impl {
  public:
   Impl(const RunnerDeps& deps, Lease lease, std::optional<CreatedInstance> created)
-      : d_(deps), lease_(std::move(lease)), created_(std::move(created)) {}
+      : d_(deps), lease_(std::move(lease)) {
+    if (created) created_ = std::make_unique<CreatedInstance>(std::move(*created));
+  }
 
   absl::StatusOr<DriveResult> Drive(std::stop_token stop, bool async) {
     async_ = async;
@@ -79,7 +81,11 @@ class InstanceRunner::Impl {
       const int id = call.id;
       out_.emplace(id, std::move(call));
     }
-    due_.clear();
+    // While they are out the runner keeps only its rows: the room of the calls due, and
+    // the templates' context, built again from the rows once an answer comes (thousands
+    // of runners may wait at once, each context as large as the answers it shows).
+    due_ = {};
+    context_.Reset();
     return outgoing;
   }
 
@@ -961,7 +967,7 @@ class InstanceRunner::Impl {
   Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
   bool finished_ = false;   // the last commit finished the instance (FinishAfter)
   Lease lease_;
-  std::optional<CreatedInstance> created_;  // until the first Load
+  std::unique_ptr<CreatedInstance> created_;  // until the first Load
   InstanceRecord instance_;
   std::vector<StepRecord> steps_;
   std::shared_ptr<const WorkflowDefinition> definition_;

@@ -204,10 +204,11 @@ absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateSc
                           RenderString(mail.message_id, context, "email message id"));
       WS_ASSIGN_OR_RETURN(fields.delivery, RenderString(mail.delivery, context, "email delivery"));
       WS_ASSIGN_OR_RETURN(request.body, ComposeMail(fields));
-      request.mail.from = fields.from;
-      request.mail.to = {fields.to};
-      WS_ASSIGN_OR_RETURN(request.mail.user, RenderString(mail.user, context, "email user"));
-      WS_ASSIGN_OR_RETURN(request.mail.password,
+      MailEnvelope& envelope = request.mail.Mutable();
+      envelope.from = fields.from;
+      envelope.to = {fields.to};
+      WS_ASSIGN_OR_RETURN(envelope.user, RenderString(mail.user, context, "email user"));
+      WS_ASSIGN_OR_RETURN(envelope.password,
                           RenderString(mail.password, context, "email password"));
       return request.body;  // the same on every attempt (the sender adds the Date)
     }

@@ -62,10 +62,12 @@ absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& target
 absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& request,
                          const TemplateScope& context) {
   WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(targets, request.url, context));
+  request.tls = Boxed<TlsIdentity>();  // none outside a target: no allocation
+  request.oauth2 = Boxed<OAuth2Client>();
+  if (target == nullptr) return absl::OkStatus();
   WS_ASSIGN_OR_RETURN(request.tls, TlsOf(target, context));
-  request.oauth2 = {};
-  if (target == nullptr || target->token_url.empty()) return absl::OkStatus();
-  OAuth2Client& client = request.oauth2;
+  if (target->token_url.empty()) return absl::OkStatus();
+  OAuth2Client& client = request.oauth2.Mutable();
   client.target = target->name;
   WS_ASSIGN_OR_RETURN(client.token_url, RenderSetting(*target, target->token_url, context));
   WS_ASSIGN_OR_RETURN(client.client_id, RenderSetting(*target, target->client_id, context));

@@ -269,7 +269,7 @@ TEST_F(OAuth2ClientTest, ATokenThatCouldBreakAHeaderLineIsRefused) {
 TEST_F(OAuth2ClientTest, AnotherSecretIsAnotherToken) {
   Send(Order("A"), 0);
   HttpRequest rotated = Order("B");
-  rotated.oauth2.client_secret = "rotated";
+  rotated.oauth2.Mutable().client_secret = "rotated";
   Send(rotated, 1);
   EXPECT_EQ(inner_.Waiting("/oauth/token"), 2);
 }

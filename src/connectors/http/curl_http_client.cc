@@ -30,7 +30,7 @@ struct EasyDeleter {
 };
 
 // The receive buffer of one request (libcurl's minimum is 1 KiB, its default 16).
-constexpr long kReceiveBuffer = 4096;
+constexpr long kReceiveBuffer = 2048;
 
 size_t WriteBody(char* data, size_t size, size_t count, void* user) {
   auto* body = static_cast<std::string*>(user);
@@ -232,15 +232,15 @@ void ConfigureHttp(Transfer& transfer) {
       }
     }
     curl_easy_setopt(curl, CURLOPT_MIMEPOST, transfer.mime);
-  } else if (!request.body_file.path.empty()) {
-    FileStream* stream = stream_of(request.body_file);
+  } else if (!request.body_file->path.empty()) {
+    FileStream* stream = stream_of(*request.body_file);
     curl_easy_setopt(curl, CURLOPT_POST, 1L);
     curl_easy_setopt(curl, CURLOPT_READFUNCTION, ReadStream);
     curl_easy_setopt(curl, CURLOPT_READDATA, stream);
     curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, SeekStream);
     curl_easy_setopt(curl, CURLOPT_SEEKDATA, stream);
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
-                     static_cast<curl_off_t>(request.body_file.size));
+                     static_cast<curl_off_t>(request.body_file->size));
   } else if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
              request.method == "PATCH") {
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.c_str());
@@ -277,7 +277,7 @@ void Configure(Transfer& transfer, const HttpClientOptions& options) {
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, options.verify_tls ? 1L : 0L);
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, options.verify_tls ? 2L : 0L);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, transfer.error_detail);
-  const TlsIdentity& tls = request.tls;
+  const TlsIdentity& tls = *request.tls;
   if (!tls.ca_file.empty()) {
     // Instead of the system's CAs, not beside them: libcurl would otherwise still
     // trust its built-in CA folder, and so any public CA, for this target.
@@ -387,14 +387,14 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     response.outcome.kind = CallOutcome::Kind::kInvalid;
     response.outcome.identity_refused = true;
     response.outcome.sent = false;
-    const std::string& target = transfer.request.tls.target;
+    const std::string& target = transfer.request.tls->target;
     response.error = "TLS with " + (target.empty() ? std::string("the server")
                                                     : "target '" + target + "'") +
                      " failed: " + detail;
     response.body.clear();
     return;
   }
-  const std::string& target = transfer.request.tls.target;  // set for any request under a target
+  const std::string& target = transfer.request.tls->target;  // set for any request under a target
   const std::string located = target.empty() ? detail : "target '" + target + "': " + detail;
   if (transfer.request.IsMail()) {
     curl_mail::Conclude(curl, rc, transfer.mail, located, response);

@@ -66,12 +66,12 @@ void Configure(CURL* curl, const HttpRequest& request, MailTransfer& mail) {
   // The date the message left (RFC 5322 §3.6.1); the rest of it is the same on every
   // attempt, its Message-ID above all.
   mail.message = HasDate(request.body) ? request.body : "Date: " + DateNow() + "\r\n" + request.body;
-  for (const std::string& to : request.mail.to) {
+  for (const std::string& to : request.mail->to) {
     mail.recipients = curl_slist_append(mail.recipients, ("<" + to + ">").c_str());
   }
   curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "smtp,smtps");
-  curl_easy_setopt(curl, CURLOPT_MAIL_FROM, ("<" + request.mail.from + ">").c_str());
+  curl_easy_setopt(curl, CURLOPT_MAIL_FROM, ("<" + request.mail->from + ">").c_str());
   curl_easy_setopt(curl, CURLOPT_MAIL_RCPT, mail.recipients);
   curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
   curl_easy_setopt(curl, CURLOPT_READFUNCTION, ReadMessage);
@@ -79,9 +79,9 @@ void Configure(CURL* curl, const HttpRequest& request, MailTransfer& mail) {
   curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(mail.message.size()));
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, ReadReply);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &mail.last_reply);
-  if (!request.mail.user.empty() && !request.mail.password.empty()) {
-    curl_easy_setopt(curl, CURLOPT_USERNAME, request.mail.user.c_str());
-    curl_easy_setopt(curl, CURLOPT_PASSWORD, request.mail.password.c_str());
+  if (!request.mail->user.empty() && !request.mail->password.empty()) {
+    curl_easy_setopt(curl, CURLOPT_USERNAME, request.mail->user.c_str());
+    curl_easy_setopt(curl, CURLOPT_PASSWORD, request.mail->password.c_str());
   }
   // smtp://: STARTTLS when the server offers it (verified like any TLS); a server that
   // offers none is spoken to in the clear. smtps:// is TLS from the first byte.

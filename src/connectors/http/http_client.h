@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "base/boxed.h"
 #include "base/clock.h"
 #include "model/classify.h"
 
@@ -105,16 +106,18 @@ struct HttpRequest {
   // to call sends nothing when it wakes. Empty: always sent. Called on the client's
   // thread; it must be quick and thread-safe.
   std::function<bool()> may_send;
-  TlsIdentity tls;
-  OAuth2Client oauth2;  // sent with a bearer token when set (NewOAuth2HttpClient)
+  // The parts below are empty in most requests, and boxed so that an empty one costs
+  // a pointer: thousands of requests can be under way at once.
+  Boxed<TlsIdentity> tls;
+  Boxed<OAuth2Client> oauth2;  // sent with a bearer token when set (NewOAuth2HttpClient)
   // Non-empty: the body is multipart/form-data of these parts (`body` unused; the
   // client sets the Content-Type with its boundary).
   std::vector<FormPart> multipart;
   // `path` set: the body is streamed from this file (`body` unused).
-  FileContent body_file;
-  MailEnvelope mail;
+  Boxed<FileContent> body_file;
+  Boxed<MailEnvelope> mail;
 
-  bool IsMail() const { return !mail.from.empty(); }
+  bool IsMail() const { return !mail->from.empty(); }
 };
 
 // What came back. `outcome` says whether a response arrived, and if not, whether

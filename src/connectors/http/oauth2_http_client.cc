@@ -142,7 +142,7 @@ class OAuth2HttpClient final : public HttpClient {
   OAuth2HttpClient(HttpClient* inner, const Clock* clock) : inner_(inner), clock_(clock) {}
 
   HttpResponse Send(const HttpRequest& request) override {
-    if (request.oauth2.token_url.empty()) return inner_->Send(request);
+    if (request.oauth2->token_url.empty()) return inner_->Send(request);
     std::promise<HttpResponse> answered;
     std::future<HttpResponse> answer = answered.get_future();
     SendAsync(request, [&answered](HttpResponse response) {
@@ -152,7 +152,7 @@ class OAuth2HttpClient final : public HttpClient {
   }
 
   void SendAsync(HttpRequest request, HttpDone done) override {
-    if (request.oauth2.token_url.empty()) {
+    if (request.oauth2->token_url.empty()) {
       return inner_->SendAsync(std::move(request), std::move(done));
     }
     Authorized(std::move(request), std::move(done), /*again=*/false);
@@ -161,8 +161,8 @@ class OAuth2HttpClient final : public HttpClient {
  private:
   // Sends `request` with its credentials' token; on a 401, once `again` with a new one.
   void Authorized(HttpRequest request, HttpDone done, bool again) {
-    std::shared_ptr<TokenSlot> shared = SlotOf(request.oauth2);
-    const OAuth2Client client = request.oauth2;
+    std::shared_ptr<TokenSlot> shared = SlotOf(*request.oauth2);
+    const OAuth2Client client = *request.oauth2;
     const Millis timeout = request.timeout;
     // The waiter is kept in the slot: it holds the slot by plain pointer (slots live
     // as long as this client), never by shared_ptr, which would make a cycle.
@@ -185,7 +185,7 @@ class OAuth2HttpClient final : public HttpClient {
                         // A fresh token refused as well: the credentials' rights (scope,
                         // audience), not a business refusal.
                         response.outcome.identity_refused = true;
-                        response.error = "target '" + request.oauth2.target +
+                        response.error = "target '" + request.oauth2->target +
                                          "' refused a newly issued token (401)";
                       }
                       if (!expired || again) return std::move(done)(std::move(response));
