@@ -84,7 +84,7 @@ class InstanceRunner::Impl {
     // While they are out the runner keeps only its rows: the room of the calls due, and
     // the templates' context, built again from the rows once an answer comes (thousands
     // of runners may wait at once, each context as large as the answers it shows).
-    due_ = {};
+    std::vector<PendingCall>().swap(due_);  // (clear() and `= {}` keep the room)
     context_.Reset();
     return outgoing;
   }
