@@ -45,17 +45,7 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
     // Stopped by a signal before it was drained: a clean stop, as without the flag.
     return drained.ok() || absl::IsCancelled(drained) ? kExitOk : Fail(drained);
   }
-  while (!stop.stop_requested()) {
-    auto attempted = (*relay)->RunOnce();
-    if (!attempted.ok()) {
-      std::fprintf(stderr, "waystone: relay: %s\n", std::string(attempted.status().message()).c_str());
-    }
-    if (attempted.ok() && *attempted == 0) {
-      SystemClock::Get()->SleepFor(config->poll_interval, stop);
-    } else if (!attempted.ok()) {
-      SystemClock::Get()->SleepFor(1000, stop);
-    }
-  }
+  (*relay)->Run(stop);  // until a signal, then what it holds is delivered and recorded
   std::fprintf(stderr, "waystone: relay stopped\n");
   return kExitOk;
 }

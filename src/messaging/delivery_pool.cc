@@ -15,13 +15,17 @@ DeliveryPool::~DeliveryPool() {
   threads_.clear();  // joins
 }
 
-void DeliveryPool::Run(std::vector<std::function<void()>>& tasks) {
+void DeliveryPool::Start(std::vector<std::function<void()>>& tasks) {
   if (tasks.empty()) return;
   MutexLock lock(mu_);
   tasks_ = &tasks;
   next_ = 0;
   unfinished_ = tasks.size();
   work_.notify_all();
+}
+
+void DeliveryPool::Wait() {
+  MutexLock lock(mu_);
   while (unfinished_ > 0) done_.wait(lock.native());
   tasks_ = nullptr;
 }
@@ -34,7 +38,7 @@ void DeliveryPool::Work() {
     }
     if (stopping_) return;
     std::function<void()>& task = (*tasks_)[next_++];
-    // The batch outlives its tasks: Run returns only once `unfinished_` is 0.
+    // The batch outlives its tasks: Wait returns only once `unfinished_` is 0.
     lock.native().unlock();
     task();
     lock.native().lock();

@@ -10,11 +10,11 @@
 
 namespace waystone {
 
-// DeliveryPool runs the tasks of one batch on a fixed set of threads and returns
-// once all of them ran. The threads live as long as the pool, so each keeps the
-// kept-alive connections it made (the HTTP client keeps them per thread). Run is
-// called from one thread at a time; the tasks of a batch must not depend on each
-// other's order.
+// DeliveryPool runs the tasks of one batch on a fixed set of threads. The threads
+// live as long as the pool, so each keeps the kept-alive connections it made (the
+// HTTP client keeps them per thread). One batch at a time, from one thread: Start,
+// then Wait, between which the caller may do other work. The tasks of a
+// batch must not depend on each other's order.
 class DeliveryPool {
  public:
   explicit DeliveryPool(int threads);
@@ -22,8 +22,11 @@ class DeliveryPool {
   DeliveryPool(const DeliveryPool&) = delete;
   DeliveryPool& operator=(const DeliveryPool&) = delete;
 
-  // Runs every task of `tasks` once, on the pool's threads; returns when all ran.
-  void Run(std::vector<std::function<void()>>& tasks);
+  // Starts running every task of `tasks` once and returns at once; `tasks` must
+  // outlive the Wait that follows.
+  void Start(std::vector<std::function<void()>>& tasks);
+  // Returns once every task of the batch Start began has run (at once without one).
+  void Wait();
 
  private:
   void Work();

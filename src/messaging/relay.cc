@@ -1,7 +1,10 @@
 #include "messaging/relay.h"
 
+#include <algorithm>
 #include <functional>
 #include <set>
+
+#include "absl/cleanup/cleanup.h"
 
 #include "base/mutex.h"
 #include "base/crash_point.h"
@@ -21,6 +24,8 @@ constexpr Millis kUnknownScanInterval = 5'000;
 // dispatcher does: the look reads every pending delivery (2 ms at a backlog of
 // 35,000 on PostgreSQL), too much for every round.
 constexpr Millis kReapInterval = 1'000;
+// How long Run waits after a round that failed before it tries again (at least).
+constexpr Millis kErrorPause = 1'000;
 
 bool IsAlertType(const std::string& type) { return type.starts_with("waystone.alert."); }
 
@@ -64,16 +69,20 @@ void Relay::SetSinkForTest(const std::string& name, std::unique_ptr<Sink> sink) 
   sinks_[name] = std::move(sink);
 }
 
+// One round: its claims, the tasks that deliver them (they point into the round, so
+// it does not move once started), and their outcomes.
+struct Relay::Round {
+  std::vector<DeliveryClaim> claims;
+  Millis leases_end = 0;
+  // A lane is the claims of one instance and sink.
+  std::map<std::pair<std::string, int64_t>, std::vector<size_t>> lanes;
+  std::vector<std::function<void()>> tasks;
+  std::vector<std::optional<DeliveryOutcome>> outcomes;
+  Millis finished_at = 0;  // when its last delivery ended
+};
+
 void Relay::Start() {
-  thread_ = std::jthread([this](std::stop_token stop) {
-    while (!stop.stop_requested()) {
-      auto attempted = RunOnce();
-      if (!attempted.ok()) {
-        Log(LogLevel::kWarning, "relay: " + attempted.status().ToString());
-      }
-      if (!attempted.ok() || *attempted == 0) clock_->WaitFor(config_.poll_interval, stop);
-    }
-  });
+  thread_ = std::jthread([this](std::stop_token stop) { Run(stop); });
 }
 
 void Relay::Stop() {
@@ -83,8 +92,109 @@ void Relay::Stop() {
   }
 }
 
+void Relay::Run(std::stop_token stop) {
+  std::unique_ptr<Round> ahead;      // claimed, not yet delivered
+  std::unique_ptr<Round> delivered;  // delivered, not yet recorded
+  while (true) {
+    const bool stopping = stop.stop_requested();
+    if (stopping && ahead == nullptr && delivered == nullptr) return;
+    absl::StatusOr<int> attempted = Turn(ahead, delivered, stop);
+    if (stopping) continue;  // what it holds goes out and is recorded, then it returns
+    if (!attempted.ok()) {
+      Log(LogLevel::kWarning, "relay: " + attempted.status().ToString());
+      clock_->WaitFor(std::max(config_.poll_interval, kErrorPause), stop);
+    } else if (*attempted == 0 && ahead == nullptr && delivered == nullptr) {
+      clock_->WaitFor(config_.poll_interval, stop);
+    }
+  }
+}
+
+bool Relay::StillFits(const Round& round) const {
+  const Millis now = clock_->NowMillis();
+  for (const DeliveryClaim& claim : round.claims) {
+    if (now + sinks_.at(claim.sink)->longest_attempt() >= round.leases_end) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<int> Relay::Turn(std::unique_ptr<Round>& ahead, std::unique_ptr<Round>& delivered,
+                                std::stop_token stop) {
+  MutexLock lock(mu_);
+  if (ahead != nullptr) {
+    // Sinks that answered 410 in the round before: it is recorded (they are disabled,
+    // with one alert each) before their next claims could go out, and those stay
+    // back (leased until their lease ends). Claims that no longer fit in their leases
+    // (the round before took longer than the ones before it) are let go, and claimed
+    // afresh below once nothing else of this relay's is leased.
+    std::set<std::string> gone;
+    for (size_t i = 0; delivered != nullptr && i < delivered->claims.size(); ++i) {
+      const std::optional<DeliveryOutcome>& outcome = delivered->outcomes[i];
+      if (outcome && outcome->result == DeliveryOutcome::Result::kEndpointGone) {
+        gone.insert(delivered->claims[i].sink);
+      }
+    }
+    const bool fits = StillFits(*ahead);
+    if (!gone.empty() || !fits) WS_RETURN_IF_ERROR(Record(delivered));
+    if (!fits) {
+      ahead.reset();
+      WS_RETURN_IF_ERROR(store_->ExpireDeliveryLeases(owner_));
+    } else {
+      std::erase_if(ahead->claims,
+                    [&](const DeliveryClaim& claim) { return gone.contains(claim.sink); });
+    }
+  }
+  if (ahead == nullptr && !stop.stop_requested()) {
+    // Nothing claimed ahead: the round before is recorded first, so that its
+    // instances' next events can be claimed now; no claims over one not recorded.
+    WS_RETURN_IF_ERROR(Record(delivered));
+    WS_ASSIGN_OR_RETURN(ahead, Claim());
+  }
+  std::unique_ptr<Round> round = std::move(ahead);
+  if (round != nullptr && round->claims.empty()) round.reset();
+  const Millis started_at = clock_->NowMillis();
+  absl::Status status;
+  if (round != nullptr) StartDelivering(*round);
+  {
+    // Whatever happens below, the round's tasks end before it can go.
+    absl::Cleanup wait = [this] { pool_->Wait(); };
+    // While the sinks take the round: the one before is recorded, then the next
+    // claimed, if this one should be out well within a lease (as the last one was).
+    status.Update(Record(delivered));
+    Millis longest = 0;
+    for (const auto& [name, sink] : sinks_) longest = std::max(longest, sink->longest_attempt());
+    if (round != nullptr && status.ok() && !stop.stop_requested() &&
+        last_round_ + longest < config_.lease / 2) {
+      absl::StatusOr<std::unique_ptr<Round>> claimed = Claim();
+      if (claimed.ok() && !(*claimed)->claims.empty()) ahead = std::move(*claimed);
+      status.Update(claimed.status());
+    }
+  }
+  if (round == nullptr) {
+    if (!status.ok()) return status;
+    return 0;
+  }
+  round->finished_at = clock_->NowMillis();
+  last_round_ = round->finished_at - started_at;
+  const int attempted = static_cast<int>(round->claims.size());
+  delivered = std::move(round);  // recorded by the next turn, while its round is out
+  if (!status.ok()) return status;
+  return attempted;
+}
+
 absl::StatusOr<int> Relay::RunOnce() {
   MutexLock lock(mu_);
+  WS_ASSIGN_OR_RETURN(std::unique_ptr<Round> round, Claim());
+  StartDelivering(*round);
+  pool_->Wait();
+  round->finished_at = clock_->NowMillis();
+  // One transaction for the round: a relay killed before it commits delivers the
+  // round's acknowledged events again, with the same ids (at least once).
+  const int attempted = static_cast<int>(round->claims.size());
+  WS_RETURN_IF_ERROR(Record(round));
+  return attempted;
+}
+
+absl::StatusOr<std::unique_ptr<Relay::Round>> Relay::Claim() {
   const Millis now = clock_->NowMillis();
   if (now - last_unknown_scan_ >= kUnknownScanInterval) {
     last_unknown_scan_ = now;
@@ -107,28 +217,35 @@ absl::StatusOr<int> Relay::RunOnce() {
       enabled.push_back(sink.name);
     }
   }
-  if (enabled.empty()) return 0;
+  auto round = std::make_unique<Round>();
+  if (enabled.empty()) return round;
   const Millis claimed_at = clock_->NowMillis();
-  WS_ASSIGN_OR_RETURN(std::vector<DeliveryClaim> claims,
-                      store_->ClaimDeliveries(owner_, claimed_at, config_.lease,
-                                              config_.batch, enabled));
-  for (const DeliveryClaim& claim : claims) {
+  WS_ASSIGN_OR_RETURN(round->claims, store_->ClaimDeliveries(owner_, claimed_at, config_.lease,
+                                                             config_.batch, enabled));
+  for (const DeliveryClaim& claim : round->claims) {
     if (!sinks_.contains(claim.sink)) return absl::InternalError("no sink named " + claim.sink);
   }
-  const std::vector<std::optional<DeliveryOutcome>> outcomes = DeliverAll(claims, claimed_at + config_.lease);
-  const Millis finished_at = clock_->NowMillis();
+  round->leases_end = claimed_at + config_.lease;
+  return round;
+}
+
+absl::Status Relay::Record(std::unique_ptr<Round>& delivered) {
+  if (delivered == nullptr) return absl::OkStatus();
+  // Recorded, or (on an error) left to its leases' end and delivered again.
+  const std::unique_ptr<Round> kept = std::move(delivered);
+  const Round& round = *kept;
   std::vector<FinishedDelivery> finished;
-  for (size_t i = 0; i < claims.size(); ++i) {
-    if (!outcomes[i]) continue;
-    finished.push_back({claims[i], UpdateFor(claims[i], *outcomes[i], finished_at)});
+  for (size_t i = 0; i < round.claims.size(); ++i) {
+    if (!round.outcomes[i]) continue;
+    finished.push_back(
+        {round.claims[i], UpdateFor(round.claims[i], *round.outcomes[i], round.finished_at)});
   }
-  // One transaction for the round: a relay killed before it commits delivers the
-  // round's acknowledged events again, with the same ids (at least once).
+  if (finished.empty()) return absl::OkStatus();
   WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->FinishDeliveries(finished));
   for (const absl::Status& status : results) {
     if (!status.ok()) Log(LogLevel::kInfo, "relay: " + std::string(status.message()));
   }
-  return static_cast<int>(claims.size());
+  return absl::OkStatus();
 }
 
 absl::Status Relay::Expand() {
@@ -177,38 +294,36 @@ absl::Status Relay::RaiseStaleUnknownAlerts() {
   return absl::OkStatus();
 }
 
-std::vector<std::optional<DeliveryOutcome>> Relay::DeliverAll(
-    const std::vector<DeliveryClaim>& claims, Millis leases_end) {
-  // A lane is the claims of one instance and sink. The store claims only the oldest
-  // pending delivery of each, so a lane holds one claim; should it hold more, they
-  // go one after another in outbox order and stop at the first not acknowledged
-  // (the rest keep their lease until it expires), so no event overtakes an earlier one.
-  std::map<std::pair<std::string, int64_t>, std::vector<size_t>> lanes;
-  for (size_t i = 0; i < claims.size(); ++i) {
-    lanes[{claims[i].sink, claims[i].event.instance_id}].push_back(i);
+void Relay::StartDelivering(Round& round) {
+  // The store claims only the oldest pending delivery of each instance and sink, so a
+  // lane holds one claim; should it hold more, they go one after another in outbox
+  // order and stop at the first not acknowledged (the rest keep their lease until it
+  // expires), so no event overtakes an earlier one.
+  for (size_t i = 0; i < round.claims.size(); ++i) {
+    round.lanes[{round.claims[i].sink, round.claims[i].event.instance_id}].push_back(i);
   }
-  std::vector<std::optional<DeliveryOutcome>> outcomes(claims.size());
-  std::vector<std::function<void()>> tasks;
-  tasks.reserve(lanes.size());
-  for (const auto& lane : lanes) {
+  round.outcomes.assign(round.claims.size(), std::nullopt);
+  round.tasks.reserve(round.lanes.size());
+  for (const auto& lane : round.lanes) {
     const std::vector<size_t>* indexes = &lane.second;
-    tasks.push_back([this, &claims, &outcomes, indexes, leases_end] {
+    round.tasks.push_back([this, &round, indexes] {
       for (size_t i : *indexes) {
-        const Millis longest = sinks_.at(claims[i].sink)->longest_attempt();
-        if (clock_->NowMillis() + longest >= leases_end) break;  // left to expire, not sent
+        const DeliveryClaim& claim = round.claims[i];
+        const Millis longest = sinks_.at(claim.sink)->longest_attempt();
+        if (clock_->NowMillis() + longest >= round.leases_end) break;  // left to expire
+        std::optional<DeliveryOutcome>& outcome = round.outcomes[i];
         try {
-          outcomes[i] = Attempt(claims[i]);
+          outcome = Attempt(claim);
         } catch (const std::exception& e) {
           // A sink that throws is a failed attempt, retried like any other.
-          outcomes[i] = DeliveryOutcome{DeliveryOutcome::Result::kRetry,
-                                        std::string("delivery threw: ") + e.what()};
+          outcome = DeliveryOutcome{DeliveryOutcome::Result::kRetry,
+                                    std::string("delivery threw: ") + e.what()};
         }
-        if (outcomes[i]->result != DeliveryOutcome::Result::kDelivered) break;
+        if (outcome->result != DeliveryOutcome::Result::kDelivered) break;
       }
     });
   }
-  pool_->Run(tasks);
-  return outcomes;
+  pool_->Start(round.tasks);
 }
 
 DeliveryOutcome Relay::Attempt(const DeliveryClaim& claim) {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,11 +44,21 @@ class Relay {
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;
 
+  // Start runs Run on a thread of the relay's until Stop.
   void Start();
   void Stop();
 
-  // Runs one round; returns how many deliveries were attempted.
-  absl::StatusOr<int> RunOnce();
+  // Runs rounds until `stop`, each round's deliveries overlapping the store's work
+  // around them: while the sinks take round N, the relay records round N-1's
+  // outcomes and claims round N+1 (the lanes of round N stay leased, so no event
+  // overtakes another). It claims ahead only while the last round and the sinks'
+  // longest attempt fit in half a lease; claims that no longer fit when their turn
+  // comes are let go and claimed afresh. On `stop` it delivers and records what it
+  // holds. After an error it waits at least a second.
+  void Run(std::stop_token stop) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Runs one round from claim to record; returns how many deliveries were attempted.
+  absl::StatusOr<int> RunOnce() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Replaces a sink (tests inject failing ones).
   void SetSinkForTest(const std::string& name, std::unique_ptr<Sink> sink);
@@ -55,14 +66,29 @@ class Relay {
  private:
   Relay(Store* store, const Clock* clock, Random* random, const RelayConfig& config,
         const std::string& owner);
+  struct Round;
+
   absl::Status Expand();
   absl::Status RaiseStaleUnknownAlerts();
-  // Hands each claim to its sink, in parallel across instances and sinks; one
-  // outcome per claim, none for a claim left unattempted behind a failed one. A claim
-  // is attempted only while its sink's longest attempt fits before `leases_end`: past
-  // it, another relay may have claimed it (and the ones after) and be delivering it.
-  std::vector<std::optional<DeliveryOutcome>> DeliverAll(const std::vector<DeliveryClaim>& claims,
-                                                         Millis leases_end);
+  // The store's work before a round: alerts for old unknown outcomes, the outbox
+  // expanded into deliveries, dead local relays' leases taken, and the claims.
+  absl::StatusOr<std::unique_ptr<Round>> Claim() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts handing each of `round`'s claims to its sink on the pool, in parallel
+  // across instances and sinks; pool_->Wait() ends it. One outcome per claim, none
+  // for a claim left unattempted behind a failed one. A claim is attempted only while
+  // its sink's longest attempt fits before the claims' leases end: past it, another
+  // relay may have claimed it (and the ones after) and be delivering it.
+  void StartDelivering(Round& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the outcomes of `delivered` (none: nothing) in one transaction, and lets
+  // the round go.
+  absl::Status Record(std::unique_ptr<Round>& delivered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One turn of Run: delivers `ahead` (claimed now when there is none, unless
+  // stopping), records `delivered` meanwhile and claims the next round into `ahead`;
+  // then `delivered` is the round just delivered. Returns how many it attempted.
+  absl::StatusOr<int> Turn(std::unique_ptr<Round>& ahead, std::unique_ptr<Round>& delivered,
+                           std::stop_token stop) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether every claim of `round` can still be attempted before its lease ends.
+  bool StillFits(const Round& round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeliveryOutcome Attempt(const DeliveryClaim& claim);
   // What an outcome means for the delivery (a 410 carries the sink's alert; the store
   // writes one per sink disabled in a batch).
@@ -82,6 +108,9 @@ class Relay {
   Millis last_unknown_scan_ = 0;
   // When this relay last looked for dead relays' leases.
   std::optional<Millis> last_reap_ ABSL_GUARDED_BY(mu_);
+  // How long Run's last round took to deliver; claims are taken ahead only after a
+  // quick one.
+  Millis last_round_ ABSL_GUARDED_BY(mu_) = 0;
   std::jthread thread_;
 };
 

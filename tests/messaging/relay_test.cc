@@ -9,9 +9,11 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -596,6 +598,229 @@ TEST_F(RelayTest, ARoundMarksDeliveredExactlyWhatTheEndpointAcknowledged) {
   EXPECT_EQ(marked, acknowledged);
   EXPECT_EQ(tried.size(), 20u);
   EXPECT_EQ(acknowledged.size(), 10u);
+}
+
+// A sink that acknowledges everything (or answers 410 to everything), keeps what it
+// got per instance, and can look at the database with a connection of its own (not
+// the store's) for the deliveries a relay holds leased at that moment.
+class LeaseWatchingSink final : public Sink {
+ public:
+  struct Options {
+    int wait_for_leased = 0;  // the first delivery waits (up to 5 s) to see this many leased
+    int hold_at = 0;          // delivery number `hold_at` waits until Release()
+    bool gone = false;        // answers 410
+  };
+  LeaseWatchingSink(const std::string& path, std::string owner, Options options)
+      : owner_(std::move(owner)), options_(options) {
+    EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  }
+  ~LeaseWatchingSink() override { sqlite3_close(db_); }
+  const std::string& name() const override { return name_; }
+
+  DeliveryOutcome Deliver(const EventRecord& event, const std::string&) override {
+    const int number = ++calls_;
+    if (number == 1 && options_.wait_for_leased > 0) {
+      // The relay holding more leases than its round has: the next round claimed
+      // while this one is out.
+      int leased = -1;
+      testing::WaitFor([&] { return (leased = Leased()) >= options_.wait_for_leased; },
+                       std::chrono::seconds(5));
+      leased_at_first_ = leased;
+    }
+    if (number == options_.hold_at) {
+      std::unique_lock<std::mutex> lock(gate_mu_);
+      held_ = true;
+      gate_.notify_all();
+      gate_.wait_for(lock, std::chrono::seconds(10), [&] { return released_; });
+    }
+    if (options_.gone) return {DeliveryOutcome::Result::kEndpointGone, "410", std::nullopt};
+    std::lock_guard<std::mutex> lock(mu_);
+    got_[event.instance_id].push_back(event.event_id);
+    return {DeliveryOutcome::Result::kDelivered, "ok", std::nullopt};
+  }
+
+  // Pending deliveries whose lease `owner` holds now.
+  int Leased() {
+    std::lock_guard<std::mutex> lock(db_mu_);
+    sqlite3_stmt* statement = nullptr;
+    const char* sql = "SELECT count(*) FROM deliveries WHERE lease_owner = ?1 AND state = ?2 "
+                      "AND lease_expires_at > ?3";
+    if (sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr) != SQLITE_OK) return -1;
+    sqlite3_bind_text(statement, 1, owner_.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(statement, 2, static_cast<int>(DeliveryState::kPending));
+    sqlite3_bind_int64(statement, 3, SystemClock::Get()->NowMillis());
+    const int leased = sqlite3_step(statement) == SQLITE_ROW ? sqlite3_column_int(statement, 0)
+                                                             : -1;
+    sqlite3_finalize(statement);
+    return leased;
+  }
+  bool WaitUntilHeld() {
+    std::unique_lock<std::mutex> lock(gate_mu_);
+    return gate_.wait_for(lock, std::chrono::seconds(10), [&] { return held_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    released_ = true;
+    gate_.notify_all();
+  }
+  int calls() const { return calls_; }
+  int count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int count = 0;
+    for (const auto& [instance, ids] : got_) count += static_cast<int>(ids.size());
+    return count;
+  }
+  std::map<int64_t, std::vector<std::string>> got() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return got_;
+  }
+  int leased_at_first() const { return leased_at_first_; }
+
+ private:
+  std::string name_ = "hooks";
+  std::string owner_;
+  Options options_;
+  std::mutex db_mu_;
+  sqlite3* db_ = nullptr;
+  std::atomic<int> calls_{0};
+  std::atomic<int> leased_at_first_{-1};
+  std::mutex gate_mu_;
+  std::condition_variable gate_;
+  bool held_ = false;
+  bool released_ = false;
+  std::mutex mu_;
+  std::map<int64_t, std::vector<std::string>> got_;  // event ids as they came, per instance
+};
+
+// A relay on the system clock delivering to `sink` in rounds of `batch`, one at a time.
+std::unique_ptr<Relay> MakeRoundRelay(Store* store, HttpClient* http, Random* random,
+                                      const std::string& url, int batch,
+                                      std::unique_ptr<Sink> sink,
+                                      const std::string& poll_interval = "10ms") {
+  const std::string yaml = "deployment: test\nparallel: 1\nbatch: " + std::to_string(batch) +
+                           "\nlease: 30s\npoll_interval: " + poll_interval + "\n"
+                           "sinks:\n  - { name: hooks, type: webhook, url: \"" + url +
+                           "\", secret_env: TEST_WEBHOOK_SECRET }\n";
+  auto config = ParseRelayConfig(yaml, "relay.yaml");
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto relay = Relay::Create(store, http, SystemClock::Get(), random, *config, "relay-run");
+  EXPECT_TRUE(relay.ok()) << relay.status();
+  (*relay)->SetSinkForTest("hooks", std::move(sink));
+  return std::move(*relay);
+}
+
+TEST_F(RelayTest, RunClaimsTheNextRoundWhileTheSinksTakeThisOne) {
+  std::vector<InstanceRecord> orders;
+  for (int i = 0; i < 6; ++i) orders.push_back(RunOrder("ahead-" + std::to_string(i)));
+  // Rounds of two: while the first two deliveries are out, two more are claimed.
+  auto sink = std::make_unique<LeaseWatchingSink>(dir_.File("relay.db"), "relay-run",
+                                                  LeaseWatchingSink::Options{.wait_for_leased = 4});
+  LeaseWatchingSink* watching = sink.get();
+  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
+                              std::move(sink));
+  const int total = static_cast<int>(AllEvents().size());
+  relay->Start();
+  EXPECT_TRUE(testing::WaitFor([&] { return watching->count() >= total; },
+                               std::chrono::seconds(30)));
+  relay->Stop();
+  EXPECT_EQ(watching->leased_at_first(), 4)
+      << "the next round was not claimed while the first was being delivered";
+  // Each event once, in its instance's order.
+  std::map<int64_t, std::vector<std::string>> expected;
+  for (const InstanceRecord& order : orders) {
+    for (const EventRecord& event : EventsOf(order.id)) {
+      expected[order.id].push_back(event.event_id);
+    }
+  }
+  EXPECT_EQ(watching->got(), expected);
+  EXPECT_EQ(watching->calls(), total);
+  EXPECT_EQ(watching->Leased(), 0);
+  for (const SinkStats& stats : SinkStatsNow()) {
+    if (stats.sink == "hooks") {
+      EXPECT_EQ(stats.pending, 0);
+    }
+  }
+}
+
+TEST_F(RelayTest, RunMovesAnInstancesEventsAtTheSinksPaceNotThePollInterval) {
+  const InstanceRecord order = RunOrder("one-lane");
+  const int total = static_cast<int>(EventsOf(order.id).size());
+  ASSERT_GE(total, 5);
+  // One instance: each round holds its one next event, and nothing can be claimed
+  // ahead (its lane is out). A 5 s poll interval would show between events.
+  auto sink = std::make_unique<LeaseWatchingSink>(dir_.File("relay.db"), "relay-run",
+                                                  LeaseWatchingSink::Options{});
+  LeaseWatchingSink* watching = sink.get();
+  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
+                              std::move(sink), "5s");
+  relay->Start();
+  EXPECT_TRUE(testing::WaitFor([&] { return watching->count() >= total; },
+                               std::chrono::seconds(4)))
+      << watching->count() << " of " << total << " events in 4 s";
+  relay->Stop();
+  EXPECT_EQ(watching->count(), total);
+}
+
+TEST_F(RelayTest, StoppedRunDeliversAndRecordsWhatItClaimedAhead) {
+  for (int i = 0; i < 6; ++i) RunOrder("stop-" + std::to_string(i));
+  // The third delivery (the second round's first) is held until the relay has claimed
+  // the third round ahead; then the relay is told to stop.
+  auto sink = std::make_unique<LeaseWatchingSink>(dir_.File("relay.db"), "relay-run",
+                                                  LeaseWatchingSink::Options{.hold_at = 3});
+  LeaseWatchingSink* watching = sink.get();
+  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
+                              std::move(sink));
+  std::stop_source stop;
+  std::thread running([&] { relay->Run(stop.get_token()); });
+  ASSERT_TRUE(watching->WaitUntilHeld());
+  const bool ahead = testing::WaitFor([&] { return watching->Leased() == 4; },
+                                      std::chrono::seconds(5));
+  stop.request_stop();
+  watching->Release();
+  running.join();
+  ASSERT_TRUE(ahead) << "no round was claimed ahead while the second was out";
+  // The round out and the one claimed ahead went out, and were recorded: nothing it
+  // claimed is left to wait out its lease, and what the sink took is exactly what the
+  // store marks delivered.
+  EXPECT_EQ(watching->count(), 6);
+  EXPECT_EQ(watching->Leased(), 0);
+  std::set<std::string> got, marked;
+  for (const auto& [instance, ids] : watching->got()) got.insert(ids.begin(), ids.end());
+  for (const InstanceRecord& instance : InstancesNow()) {
+    auto deliveries = store_->ListDeliveries(instance.id);
+    ASSERT_TRUE(deliveries.ok()) << deliveries.status();
+    for (const DeliveryRecord& d : *deliveries) {
+      if (d.sink == "hooks" && d.state == DeliveryState::kDelivered) marked.insert(d.event_id);
+    }
+  }
+  EXPECT_EQ(marked, got);
+}
+
+TEST_F(RelayTest, RunDisablesAGoneSinkOnceAndSendsItNoMore) {
+  for (int i = 0; i < 6; ++i) RunOrder("gone-" + std::to_string(i));
+  // The first round's two deliveries answer 410 while the second round is claimed
+  // ahead: that one must not go out to the gone endpoint, nor alert a second time.
+  auto sink = std::make_unique<LeaseWatchingSink>(
+      dir_.File("relay.db"), "relay-run",
+      LeaseWatchingSink::Options{.wait_for_leased = 4, .gone = true});
+  LeaseWatchingSink* watching = sink.get();
+  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
+                              std::move(sink));
+  relay->Start();
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        auto disabled = store_->DisabledSinks();
+        return disabled.ok() && !disabled->empty();
+      },
+      std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rounds that would follow
+  relay->Stop();
+  EXPECT_EQ(watching->leased_at_first(), 4);  // a round was claimed ahead
+  EXPECT_EQ(watching->calls(), 2) << "the round claimed ahead went out to a gone endpoint";
+  auto alerts = store_->ListAlerts(0);
+  ASSERT_TRUE(alerts.ok()) << alerts.status();
+  ASSERT_EQ(alerts->size(), 1u);
+  EXPECT_EQ((*alerts)[0].kind, AlertKind::kSinkDisabled);
 }
 
 TEST(WebhookSignatureTest, MatchesAnIndependentImplementationAndCatchesTampering) {
