@@ -27,7 +27,9 @@ namespace waystone {
 void CrashPoint(std::string_view point, std::string_view step);
 
 // Kills this process at the `occurrence`-th (1-based) time CrashPoint is reached
-// with "<point>:<step>" == `at`. Call before any thread reaches a crash point.
+// with "<point>:<step>" == `at`. Call before any thread reaches a crash point. (The
+// relay's "before-deliver"/"after-deliver" are reached once per delivery, or once per
+// batch for a sink that takes batches.)
 void ArmCrashPoint(std::string at, int occurrence);
 
 // True when the test-only switch `name` is on (WAYSTONE_TEST_SWITCH holds it,

@@ -1,7 +1,14 @@
 #include <nats/nats.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "base/mutex.h"
 #include "messaging/sink.h"
 
@@ -50,9 +57,142 @@ class NatsSink final : public Sink {
     return {DeliveryOutcome::Result::kDelivered, "", {}};
   }
 
+  bool delivers_batches() const override { return true; }
+
+  // Publishes each event without waiting for the one before's acknowledgement; the
+  // acknowledgements come back on the connection's thread (OnAck), each found by its
+  // message. All within longest_attempt(), as Deliver: one not back by then is a retry.
+  std::vector<DeliveryOutcome> DeliverBatch(const std::vector<const EventRecord*>& events,
+                                            const std::vector<std::string>& bodies) override {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(longest_attempt());
+    std::vector<DeliveryOutcome> outcomes(events.size());
+    std::shared_ptr<NatsConnection> connection;
+    if (auto error = Connect(connection); !error.empty()) {
+      for (DeliveryOutcome& outcome : outcomes) {
+        outcome = {DeliveryOutcome::Result::kRetry, error, {}};
+      }
+      return outcomes;
+    }
+    Awaited awaited;
+    awaited.outcomes.resize(events.size());
+    // However this ends, no acknowledgement finds `awaited` afterwards.
+    absl::Cleanup forget = [&] {
+      MutexLock lock(acks_mu_);
+      std::erase_if(awaiting_, [&](const auto& entry) { return entry.second.awaited == &awaited; });
+    };
+    std::string failed;  // the connection's error, once publishing on it failed
+    for (size_t i = 0; i < events.size(); ++i) {
+      const Millis left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              deadline - std::chrono::steady_clock::now())
+                              .count();
+      natsMsg* message = nullptr;
+      natsStatus status = NATS_TIMEOUT;
+      if (failed.empty() && left > 0) {
+        status = natsMsg_Create(&message, events[i]->type.c_str(), nullptr, bodies[i].data(),
+                                static_cast<int>(bodies[i].size()));
+      }
+      if (status == NATS_OK) {
+        {
+          MutexLock lock(acks_mu_);
+          awaiting_[message] = {&awaited, i};
+          ++awaited.left;
+        }
+        jsPubOptions options;
+        jsPubOptions_Init(&options);
+        options.MsgId = events[i]->event_id.c_str();
+        // Then the library answers OnAck with a timeout. The same for every message:
+        // nats.c 3.4 handles varying ones slowly (a quarter of the rate on loopback);
+        // the wait below keeps the batch within longest_attempt().
+        options.MaxWait = kAckWait;
+        natsMsg* kept = message;  // the key; the library clears `message` once it owns it
+        status = js_PublishMsgAsync(connection->js, &message, &options);
+        if (status != NATS_OK) {
+          MutexLock lock(acks_mu_);
+          if (awaiting_.erase(kept) > 0) --awaited.left;
+        }
+        natsMsg_Destroy(message);  // no effect once the library took it
+      }
+      if (status == NATS_OK) continue;
+      if (status == NATS_CONNECTION_CLOSED || status == NATS_NO_SERVER) {
+        failed = std::string("publish: ") + natsStatus_GetText(status);
+        Disconnect(connection);
+      }
+      const std::string detail = !failed.empty() ? failed
+                                 : left <= 0    ? "publish: no time left in the attempt"
+                                                : std::string("publish: ") +
+                                                      natsStatus_GetText(status);
+      MutexLock lock(acks_mu_);
+      awaited.outcomes[i] = DeliveryOutcome{DeliveryOutcome::Result::kRetry, detail, {}};
+    }
+    MutexLock lock(acks_mu_);
+    while (awaited.left > 0 &&
+           acks_done_.wait_until(lock.native(), deadline) != std::cv_status::timeout) {
+    }
+    for (size_t i = 0; i < events.size(); ++i) {
+      outcomes[i] = awaited.outcomes[i].value_or(DeliveryOutcome{
+          DeliveryOutcome::Result::kRetry, "no acknowledgement from JetStream in time", {}});
+    }
+    return outcomes;
+  }
+
+  ~NatsSink() override {
+    // Acknowledgements still out (of batches that stopped waiting) come to OnAck,
+    // which uses this sink: they are let come, or time out, before it goes.
+    std::shared_ptr<NatsConnection> connection;
+    {
+      MutexLock lock(mu_);
+      connection = connection_;
+    }
+    if (connection != nullptr && connection->js != nullptr) {
+      jsPubOptions options;
+      jsPubOptions_Init(&options);
+      options.MaxWait = kAckWait + 1000;
+      js_PublishAsyncComplete(connection->js, &options);
+    }
+  }
+
  private:
   static constexpr Millis kConnectTimeout = 2000;
   static constexpr Millis kAckWait = 5000;  // JetStream's publish acknowledgement
+
+  // A batch's publishes whose acknowledgement is still out.
+  struct Awaited {
+    size_t left = 0;
+    std::vector<std::optional<DeliveryOutcome>> outcomes;
+  };
+  struct Slot {
+    Awaited* awaited;
+    size_t index;
+  };
+
+  // The library's answer to an asynchronous publish: acknowledged (a duplicate too:
+  // JetStream holds the id), refused, or not in time. Runs on the connection's thread.
+  static void OnAck(jsCtx*, natsMsg* message, jsPubAck* ack, jsPubAckErr* error, void* closure) {
+    try {
+      DeliveryOutcome outcome{DeliveryOutcome::Result::kDelivered, "", {}};
+      if (ack == nullptr) {
+        const char* text = error != nullptr && error->ErrText != nullptr
+                               ? error->ErrText
+                               : natsStatus_GetText(error != nullptr ? error->Err : NATS_ERR);
+        outcome = {DeliveryOutcome::Result::kRetry, std::string("publish: ") + text, {}};
+      }
+      static_cast<NatsSink*>(closure)->Settle(message, std::move(outcome));
+    } catch (...) {
+      // Nothing may unwind into the library's C frames: the batch times it out.
+    }
+    natsMsg_Destroy(message);
+  }
+
+  void Settle(natsMsg* message, DeliveryOutcome outcome) {
+    MutexLock lock(acks_mu_);
+    auto it = awaiting_.find(message);
+    if (it == awaiting_.end()) return;  // its batch stopped waiting
+    const Slot slot = it->second;
+    awaiting_.erase(it);
+    slot.awaited->outcomes[slot.index] = std::move(outcome);
+    if (--slot.awaited->left == 0) acks_done_.notify_all();
+  }
 
   // Sets `out` to a connection whose stream exists; returns "" then, else why not.
   // One thread at a time connects; the others wait for it.
@@ -77,7 +217,11 @@ class NatsSink final : public Sink {
         fresh->connection = nullptr;
         return std::string("connect ") + config_.nats_url + ": " + natsStatus_GetText(status);
       }
-      if (natsConnection_JetStream(&fresh->js, fresh->connection, nullptr) != NATS_OK) {
+      jsOptions js_options;
+      jsOptions_Init(&js_options);
+      js_options.PublishAsync.AckHandler = &NatsSink::OnAck;
+      js_options.PublishAsync.AckHandlerClosure = this;
+      if (natsConnection_JetStream(&fresh->js, fresh->connection, &js_options) != NATS_OK) {
         return "JetStream is not available on " + config_.nats_url;
       }
       connection_ = std::move(fresh);
@@ -121,6 +265,11 @@ class NatsSink final : public Sink {
   }
 
   const SinkConfig config_;
+  // Declared before the connection, so they outlive it (OnAck uses them).
+  Mutex acks_mu_;
+  std::condition_variable acks_done_;  // a batch's last acknowledgement came
+  // Publishes of batches under way, by their message (unique while it is out).
+  std::unordered_map<natsMsg*, Slot> awaiting_ ABSL_GUARDED_BY(acks_mu_);
   Mutex mu_;
   std::shared_ptr<NatsConnection> connection_ ABSL_GUARDED_BY(mu_);
   bool stream_ready_ ABSL_GUARDED_BY(mu_) = false;

@@ -76,6 +76,9 @@ struct Relay::Round {
   Millis leases_end = 0;
   // A lane is the claims of one instance and sink.
   std::map<std::pair<std::string, int64_t>, std::vector<size_t>> lanes;
+  // Claims (indexes) handed to a sink together: lanes of one claim to a sink that
+  // takes batches.
+  std::vector<std::vector<size_t>> batches;
   std::vector<std::function<void()>> tasks;
   std::vector<std::optional<DeliveryOutcome>> outcomes;
   Millis finished_at = 0;  // when its last delivery ended
@@ -303,8 +306,27 @@ void Relay::StartDelivering(Round& round) {
     round.lanes[{round.claims[i].sink, round.claims[i].event.instance_id}].push_back(i);
   }
   round.outcomes.assign(round.claims.size(), std::nullopt);
+  // A lane of one claim to a sink that takes batches goes in a batch: the sink's share
+  // of the round split over the pool's threads.
+  std::map<std::string, std::vector<size_t>> batched;  // by sink
+  for (const auto& [lane, indexes] : round.lanes) {
+    if (indexes.size() == 1 && sinks_.at(lane.first)->delivers_batches()) {
+      batched[lane.first].push_back(indexes.front());
+    }
+  }
+  for (const auto& [sink, indexes] : batched) {
+    const size_t share = (indexes.size() + config_.parallel - 1) / config_.parallel;
+    for (size_t first = 0; first < indexes.size(); first += share) {
+      const size_t last = std::min(indexes.size(), first + share);
+      round.batches.emplace_back(indexes.begin() + first, indexes.begin() + last);
+    }
+  }
   round.tasks.reserve(round.lanes.size());
+  for (const std::vector<size_t>& batch : round.batches) {
+    round.tasks.push_back([this, &round, &batch] { DeliverBatch(round, batch); });
+  }
   for (const auto& lane : round.lanes) {
+    if (lane.second.size() == 1 && batched.contains(lane.first.first)) continue;
     const std::vector<size_t>* indexes = &lane.second;
     round.tasks.push_back([this, &round, indexes] {
       for (size_t i : *indexes) {
@@ -324,6 +346,34 @@ void Relay::StartDelivering(Round& round) {
     });
   }
   pool_->Start(round.tasks);
+}
+
+void Relay::DeliverBatch(Round& round, const std::vector<size_t>& batch) {
+  const std::string& name = round.claims[batch.front()].sink;
+  Sink& sink = *sinks_.at(name);
+  if (clock_->NowMillis() + sink.longest_attempt() >= round.leases_end) return;  // left to expire
+  std::vector<const EventRecord*> events;
+  std::vector<std::string> bodies;
+  for (size_t i : batch) {
+    events.push_back(&round.claims[i].event);
+    bodies.push_back(ToCloudEventJson(round.claims[i].event, config_.deployment));
+  }
+  CrashPoint("before-deliver", name);
+  std::vector<DeliveryOutcome> outcomes;
+  try {
+    outcomes = sink.DeliverBatch(events, bodies);
+  } catch (const std::exception& e) {
+    // A sink that throws is a failed attempt of each, retried like any other.
+    outcomes.assign(batch.size(), DeliveryOutcome{DeliveryOutcome::Result::kRetry,
+                                                  std::string("delivery threw: ") + e.what()});
+  }
+  CrashPoint("after-deliver", name);
+  outcomes.resize(batch.size(), DeliveryOutcome{DeliveryOutcome::Result::kRetry,
+                                                "the sink gave no outcome for it"});
+  for (size_t k = 0; k < batch.size(); ++k) {
+    outcomes[k].detail = RedactSecrets(outcomes[k].detail);  // as Attempt does
+    round.outcomes[batch[k]] = std::move(outcomes[k]);
+  }
 }
 
 DeliveryOutcome Relay::Attempt(const DeliveryClaim& claim) {

@@ -90,6 +90,9 @@ class Relay {
   // Whether every claim of `round` can still be attempted before its lease ends.
   bool StillFits(const Round& round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DeliveryOutcome Attempt(const DeliveryClaim& claim);
+  // Hands the claims `batch` (indexes into `round`, of one sink) to the sink at once,
+  // unless they no longer fit in their leases; sets their outcomes.
+  void DeliverBatch(Round& round, const std::vector<size_t>& batch);
   // What an outcome means for the delivery (a 410 carries the sink's alert; the store
   // writes one per sink disabled in a batch).
   DeliveryUpdate UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome, Millis now);

@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/clock.h"
@@ -35,6 +36,19 @@ class Sink {
   virtual Millis longest_attempt() const { return 0; }
   // Delivers one CloudEvent (`cloudevent_json`, structured mode) of `event`.
   virtual DeliveryOutcome Deliver(const EventRecord& event, const std::string& cloudevent_json) = 0;
+  // Whether DeliverBatch does better than Deliver one event at a time: the relay then
+  // hands it a round's events (each the next of its instance) in batches.
+  virtual bool delivers_batches() const { return false; }
+  // Delivers `events` (their CloudEvents in `bodies`) each as Deliver would, but
+  // together; returns one outcome per event, in order. Takes at most longest_attempt()
+  // for the whole batch: a sink that delivers_batches() overrides it (this default,
+  // one event after another, does not keep that bound).
+  virtual std::vector<DeliveryOutcome> DeliverBatch(const std::vector<const EventRecord*>& events,
+                                                    const std::vector<std::string>& bodies) {
+    std::vector<DeliveryOutcome> outcomes;
+    for (size_t i = 0; i < events.size(); ++i) outcomes.push_back(Deliver(*events[i], bodies[i]));
+    return outcomes;
+  }
 };
 
 // Returns a webhook sink: POST in CloudEvents structured mode, signed per the
@@ -43,7 +57,8 @@ std::unique_ptr<Sink> NewWebhookSink(const SinkConfig& config, HttpClient* http,
                                      const Clock* clock);
 
 // Returns a NATS JetStream sink: publishes on the event's type as subject with
-// Nats-Msg-Id = event id and waits for the stream's acknowledgement. Connects
+// Nats-Msg-Id = event id and waits for the stream's acknowledgement; a batch is
+// published without waiting in between, and its acknowledgements gathered. Connects
 // lazily and reconnects; creates the stream (subjects "waystone.>") if missing.
 std::unique_ptr<Sink> NewNatsSink(const SinkConfig& config);
 

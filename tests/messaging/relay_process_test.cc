@@ -9,12 +9,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "messaging/sink.h"
 #include "sim/simulator.h"
 #include "store/store.h"
 #include "support/process.h"
@@ -301,6 +303,128 @@ TEST_F(RelayProcessTest, NatsGetsEachEventOnceAcrossRelayAndServerRestarts) {
   EXPECT_EQ(ids.size(), unique.size()) << "an event id appears twice on the stream";
   EXPECT_EQ(ids.size(), committed.size());
   for (const auto& e : committed) EXPECT_TRUE(unique.contains(e.event_id)) << e.type;
+}
+
+// The NATS sink's batch against a real nats-server whose stream takes five messages
+// and refuses the rest: each acknowledgement and each refusal reaches its own event.
+TEST_F(RelayProcessTest, NatsBatchMatchesEachAcknowledgementToItsEvent) {
+  const int port = testing::FreeLoopbackPort();
+  testing::Process server({"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
+                           std::to_string(port), "-sd", dir_.File("jetstream")},
+                          Env(), dir_.path());
+  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+  const std::string url = "nats://127.0.0.1:" + std::to_string(port);
+  {
+    natsConnection* connection = nullptr;
+    ASSERT_EQ(natsConnection_ConnectTo(&connection, url.c_str()), NATS_OK);
+    jsCtx* js = nullptr;
+    ASSERT_EQ(natsConnection_JetStream(&js, connection, nullptr), NATS_OK);
+    jsStreamConfig stream;
+    jsStreamConfig_Init(&stream);
+    stream.Name = "SMALL";
+    const char* subjects[] = {"waystone.>"};
+    stream.Subjects = subjects;
+    stream.SubjectsLen = 1;
+    stream.MaxMsgs = 5;
+    stream.Discard = js_DiscardNew;  // the sixth and later are refused, not made room for
+    jsStreamInfo* info = nullptr;
+    jsErrCode error;
+    ASSERT_EQ(js_AddStream(&info, js, &stream, nullptr, &error), NATS_OK);
+    jsStreamInfo_Destroy(info);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(connection);
+  }
+  SinkConfig config;
+  config.name = "bus";
+  config.kind = SinkKind::kNats;
+  config.nats_url = url;
+  config.stream = "SMALL";
+  auto sink = NewNatsSink(config);
+  ASSERT_TRUE(sink->delivers_batches());
+  std::vector<EventRecord> events;
+  std::vector<std::string> bodies;
+  for (int i = 0; i < 10; ++i) {
+    const std::string id = "batch-" + std::to_string(i);
+    events.push_back({i + 1, id, i + 1, "default", "waystone.step.completed", "{}", 0});
+    bodies.push_back(Json{{"specversion", "1.0"}, {"id", id}}.dump());
+  }
+  std::vector<const EventRecord*> batch;
+  for (const EventRecord& event : events) batch.push_back(&event);
+
+  auto delivered_ids = [&](const std::vector<DeliveryOutcome>& outcomes) {
+    std::set<std::string> ids;
+    EXPECT_EQ(outcomes.size(), events.size());
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      if (outcomes[i].result == DeliveryOutcome::Result::kDelivered) {
+        ids.insert(events[i].event_id);
+      } else {
+        EXPECT_EQ(outcomes[i].result, DeliveryOutcome::Result::kRetry);
+        EXPECT_NE(outcomes[i].detail, "") << events[i].event_id;
+      }
+    }
+    return ids;
+  };
+  const std::set<std::string> first = delivered_ids(sink->DeliverBatch(batch, bodies));
+  const std::vector<std::string> held = StreamIds(port, "SMALL");
+  EXPECT_EQ(first.size(), 5u);
+  EXPECT_EQ(first, std::set<std::string>(held.begin(), held.end()));
+  // Again: the five held are acknowledged as duplicates (delivered), the rest refused.
+  const std::set<std::string> again = delivered_ids(sink->DeliverBatch(batch, bodies));
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(StreamIds(port, "SMALL").size(), 5u);
+}
+
+// The NATS sink's batch when the server stops answering (SIGSTOP) mid-way: each event
+// is a retry within the sink's longest attempt; once the server goes on, the same batch
+// again is acknowledged, and the stream holds each event once (what the server had
+// taken while stopped is recognised by its Nats-Msg-Id).
+TEST_F(RelayProcessTest, NatsBatchToAStoppedServerRetriesInTimeAndLandsOnce) {
+  const int port = testing::FreeLoopbackPort();
+  testing::Process server({"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
+                           std::to_string(port), "-sd", dir_.File("jetstream")},
+                          Env(), dir_.path());
+  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+  SinkConfig config;
+  config.name = "bus";
+  config.kind = SinkKind::kNats;
+  config.nats_url = "nats://127.0.0.1:" + std::to_string(port);
+  config.stream = "HALTED";
+  auto sink = NewNatsSink(config);
+  auto batch_of = [](const std::string& prefix, std::vector<EventRecord>& events,
+                     std::vector<std::string>& bodies) {
+    for (int i = 0; i < 5; ++i) {
+      const std::string id = prefix + std::to_string(i);
+      events.push_back({i + 1, id, i + 1, "default", "waystone.step.completed", "{}", 0});
+      bodies.push_back(Json{{"specversion", "1.0"}, {"id", id}}.dump());
+    }
+    std::vector<const EventRecord*> pointers;
+    for (const EventRecord& event : events) pointers.push_back(&event);
+    return pointers;
+  };
+  auto count = [](const std::vector<DeliveryOutcome>& outcomes, DeliveryOutcome::Result result) {
+    return std::count_if(outcomes.begin(), outcomes.end(),
+                         [&](const DeliveryOutcome& o) { return o.result == result; });
+  };
+  std::vector<EventRecord> first_events, halted_events;
+  std::vector<std::string> first_bodies, halted_bodies;
+  const auto first = batch_of("up-", first_events, first_bodies);
+  ASSERT_EQ(count(sink->DeliverBatch(first, first_bodies), DeliveryOutcome::Result::kDelivered),
+            5);  // connected, the stream made
+
+  server.Signal(SIGSTOP);
+  const auto halted = batch_of("halted-", halted_events, halted_bodies);
+  const auto began = std::chrono::steady_clock::now();
+  const std::vector<DeliveryOutcome> stalled = sink->DeliverBatch(halted, halted_bodies);
+  const auto took = std::chrono::steady_clock::now() - began;
+  server.Signal(SIGCONT);
+  EXPECT_EQ(count(stalled, DeliveryOutcome::Result::kRetry), 5);
+  EXPECT_LE(took, std::chrono::milliseconds(sink->longest_attempt() + 500));
+
+  EXPECT_EQ(count(sink->DeliverBatch(halted, halted_bodies), DeliveryOutcome::Result::kDelivered),
+            5);
+  const std::vector<std::string> ids = StreamIds(port, "HALTED");
+  EXPECT_EQ(ids.size(), 10u);
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), 10u);
 }
 
 }  // namespace

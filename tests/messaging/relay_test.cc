@@ -197,6 +197,20 @@ class RelayTest : public ::testing::Test {
     return std::move(*relay);
   }
 
+  // A relay on the fake clock with `tuning` (relay config lines) whose one sink,
+  // "hooks", is `sink`.
+  std::unique_ptr<Relay> MakeRelayWith(const std::string& tuning, std::unique_ptr<Sink> sink) {
+    const std::string yaml = "deployment: test\n" + tuning +
+                             "sinks:\n  - { name: hooks, type: webhook, url: \"" + hooks_.url() +
+                             "\", secret_env: TEST_WEBHOOK_SECRET }\n";
+    auto config = ParseRelayConfig(yaml, "relay.yaml");
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
+    EXPECT_TRUE(relay.ok()) << relay.status();
+    (*relay)->SetSinkForTest("hooks", std::move(sink));
+    return std::move(*relay);
+  }
+
   // Runs relay rounds, moving the fake clock past retry timers, until a round
   // finds nothing due and nothing waits, or `rounds` ran out.
   void Drain(Relay& relay, int rounds = 400) {
@@ -328,21 +342,14 @@ class StallingSink final : public Sink {
 
 TEST_F(RelayTest, ARoundPastItsLeasesSendsNothingMore) {
   for (int i = 0; i < 4; ++i) RunOrder("s" + std::to_string(i));
-  const std::string yaml = "deployment: test\nparallel: 1\nlease: 30s\n"
-                           "sinks:\n  - { name: hooks, type: webhook, url: \"" + hooks_.url() +
-                           "\", secret_env: TEST_WEBHOOK_SECRET }\n";
-  auto config = ParseRelayConfig(yaml, "relay.yaml");
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
-  ASSERT_TRUE(relay.ok()) << relay.status();
   auto sink = std::make_unique<StallingSink>(&clock_, 30'000);
   StallingSink* stalling = sink.get();
-  (*relay)->SetSinkForTest("hooks", std::move(sink));
-  auto attempted = (*relay)->RunOnce();
+  auto relay = MakeRelayWith("parallel: 1\nlease: 30s\n", std::move(sink));
+  auto attempted = relay->RunOnce();
   ASSERT_TRUE(attempted.ok()) << attempted.status();
   ASSERT_GE(*attempted, 4);  // one claim per instance
   EXPECT_EQ(stalling->ids().size(), 1u) << "the round went on sending after its leases ran out";
-  Drain(**relay);
+  Drain(*relay);
   const std::vector<std::string> ids = stalling->ids();
   // The stalled one's acknowledgement still counts (no other relay took it over).
   EXPECT_EQ(ids.size(), AllEvents().size());
@@ -641,18 +648,13 @@ class LeaseWatchingSink final : public Sink {
 
   // Pending deliveries whose lease `owner` holds now.
   int Leased() {
-    std::lock_guard<std::mutex> lock(db_mu_);
-    sqlite3_stmt* statement = nullptr;
-    const char* sql = "SELECT count(*) FROM deliveries WHERE lease_owner = ?1 AND state = ?2 "
-                      "AND lease_expires_at > ?3";
-    if (sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr) != SQLITE_OK) return -1;
-    sqlite3_bind_text(statement, 1, owner_.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int(statement, 2, static_cast<int>(DeliveryState::kPending));
-    sqlite3_bind_int64(statement, 3, SystemClock::Get()->NowMillis());
-    const int leased = sqlite3_step(statement) == SQLITE_ROW ? sqlite3_column_int(statement, 0)
-                                                             : -1;
-    sqlite3_finalize(statement);
-    return leased;
+    return Count("SELECT count(*) FROM deliveries WHERE lease_owner = ?1 AND state = ?2 "
+                 "AND lease_expires_at > ?3",
+                 DeliveryState::kPending);
+  }
+  // Deliveries the store marks delivered.
+  int Marked() {
+    return Count("SELECT count(*) FROM deliveries WHERE state = ?2", DeliveryState::kDelivered);
   }
   bool WaitUntilHeld() {
     std::unique_lock<std::mutex> lock(gate_mu_);
@@ -677,6 +679,20 @@ class LeaseWatchingSink final : public Sink {
   int leased_at_first() const { return leased_at_first_; }
 
  private:
+  // Runs `sql`, a count, binding ?1 the owner, ?2 `state` and ?3 now (those it has).
+  int Count(const char* sql, DeliveryState state) {
+    std::lock_guard<std::mutex> lock(db_mu_);
+    sqlite3_stmt* statement = nullptr;
+    if (sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr) != SQLITE_OK) return -1;
+    sqlite3_bind_text(statement, 1, owner_.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(statement, 2, static_cast<int>(state));
+    sqlite3_bind_int64(statement, 3, SystemClock::Get()->NowMillis());
+    const int count = sqlite3_step(statement) == SQLITE_ROW ? sqlite3_column_int(statement, 0)
+                                                            : -1;
+    sqlite3_finalize(statement);
+    return count;
+  }
+
   std::string name_ = "hooks";
   std::string owner_;
   Options options_;
@@ -773,8 +789,11 @@ TEST_F(RelayTest, StoppedRunDeliversAndRecordsWhatItClaimedAhead) {
   std::stop_source stop;
   std::thread running([&] { relay->Run(stop.get_token()); });
   ASSERT_TRUE(watching->WaitUntilHeld());
-  const bool ahead = testing::WaitFor([&] { return watching->Leased() == 4; },
-                                      std::chrono::seconds(5));
+  // The first round recorded (its two no longer leased), the second out: four leased
+  // means the third claimed ahead.
+  const bool ahead = testing::WaitFor(
+      [&] { return watching->Marked() == 2 && watching->Leased() == 4; },
+      std::chrono::seconds(5));
   stop.request_stop();
   watching->Release();
   running.join();
@@ -821,6 +840,66 @@ TEST_F(RelayTest, RunDisablesAGoneSinkOnceAndSendsItNoMore) {
   ASSERT_TRUE(alerts.ok()) << alerts.status();
   ASSERT_EQ(alerts->size(), 1u);
   EXPECT_EQ((*alerts)[0].kind, AlertKind::kSinkDisabled);
+}
+
+// A sink that takes batches: it keeps each batch's size and acknowledges the events
+// of even-numbered instances only, so the outcome of each position is its own.
+class BatchingSink final : public Sink {
+ public:
+  const std::string& name() const override { return name_; }
+  DeliveryOutcome Deliver(const EventRecord&, const std::string&) override {
+    ADD_FAILURE() << "a lone delivery to a sink that takes batches";
+    return {DeliveryOutcome::Result::kRetry, "lone", std::nullopt};
+  }
+  bool delivers_batches() const override { return true; }
+  std::vector<DeliveryOutcome> DeliverBatch(const std::vector<const EventRecord*>& events,
+                                            const std::vector<std::string>& bodies) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    sizes_.push_back(static_cast<int>(events.size()));
+    std::vector<DeliveryOutcome> outcomes;
+    for (size_t i = 0; i < events.size(); ++i) {
+      EXPECT_EQ(Json::parse(bodies[i])["id"], events[i]->event_id);
+      outcomes.push_back(events[i]->instance_id % 2 == 0
+                             ? DeliveryOutcome{DeliveryOutcome::Result::kDelivered, "ok", {}}
+                             : DeliveryOutcome{DeliveryOutcome::Result::kRetry, "odd", {}});
+    }
+    return outcomes;
+  }
+  std::vector<int> sizes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int> sorted = sizes_;
+    std::sort(sorted.begin(), sorted.end());
+    return sorted;
+  }
+
+ private:
+  std::string name_ = "hooks";
+  std::mutex mu_;
+  std::vector<int> sizes_;
+};
+
+TEST_F(RelayTest, ASinkThatTakesBatchesGetsTheRoundSplitOverThePoolAndEachOutcomeCounts) {
+  std::vector<InstanceRecord> orders;
+  for (int i = 0; i < 12; ++i) orders.push_back(RunOrder("batched-" + std::to_string(i)));
+  auto sink = std::make_unique<BatchingSink>();
+  BatchingSink* batching = sink.get();
+  auto relay = MakeRelayWith("parallel: 4\nbatch: 64\n", std::move(sink));
+  auto attempted = relay->RunOnce();
+  ASSERT_TRUE(attempted.ok()) << attempted.status();
+  ASSERT_EQ(*attempted, 12);  // the first event of each instance
+  EXPECT_EQ(batching->sizes(), (std::vector<int>{3, 3, 3, 3}));  // 12 over 4 threads
+  for (const InstanceRecord& order : orders) {
+    auto deliveries = store_->ListDeliveries(order.id);
+    ASSERT_TRUE(deliveries.ok()) << deliveries.status();
+    int tried = 0;
+    for (const DeliveryRecord& d : *deliveries) {
+      if (d.sink != "hooks" || d.attempts == 0) continue;
+      ++tried;
+      EXPECT_EQ(d.state, order.id % 2 == 0 ? DeliveryState::kDelivered : DeliveryState::kPending)
+          << "instance " << order.id << ": " << d.event_id;
+    }
+    EXPECT_EQ(tried, 1) << "instance " << order.id;
+  }
 }
 
 TEST(WebhookSignatureTest, MatchesAnIndependentImplementationAndCatchesTampering) {
