@@ -3,15 +3,17 @@
 // over the run. See docs/performance.md.
 //
 //   build/bench/relay_bench [--dir DIR] [--instances 2000] [--sinks webhook,nats]
-//                           [--batch N] [--parallel N]
+//                           [--batch N] [--parallel N] [--receiver node|python]
 //   build/bench/relay_bench --postgres postgresql://user@host:port [...]
 //     (WAYSTONE_BENCH=relay_bench bash bench/run-postgres.sh starts a private cluster)
 //
 // The engine first runs `instances` five-step workflows to rest (seven events each);
 // its events/s is the rate the relay has to keep up with. Then one relay per sink
 // drains the outbox. What arrived is counted by counterparts that share no code with
-// ours: a Python standard-library HTTP server (bench/loopback_receiver.py), which also
-// checks the order per instance, and a real nats-server (the stream's message count).
+// ours: an HTTP server on Node's own http module (bench/loopback_receiver.mjs; or with
+// --receiver python, the slower Python standard-library one, loopback_receiver.py),
+// which also checks the order per instance, and a real nats-server (the stream's
+// message count).
 // Baselines in the same run: the database's raw single-row commit rate, and each sink's
 // raw rate (one publisher calling the sink in a loop, no store).
 
@@ -289,6 +291,12 @@ int Run(const std::map<std::string, std::string>& flags) {
   const std::string dir = flag("dir", ".");
   const int instances = std::atoi(flag("instances", "2000").c_str());
   const std::string sinks = flag("sinks", "webhook,nats");
+  // The webhook's counterpart: Node's http module (one event loop) or Python's
+  // standard library (a thread per connection, slower than the relay).
+  const std::string receiver_kind = flag("receiver", "node");
+  if (receiver_kind != "node" && receiver_kind != "python") {
+    Fail("--receiver is node or python, not " + receiver_kind);
+  }
   if (instances < 1) Fail("--instances must be a positive whole number");
   for (absl::string_view sink : absl::StrSplit(sinks, ',')) {
     if (sink != "webhook" && sink != "nats") Fail("--sinks lists webhook and/or nats, not " + std::string(sink));
@@ -342,8 +350,12 @@ int Run(const std::map<std::string, std::string>& flags) {
 
   if (sinks.find("webhook") != std::string::npos) {
     std::string port;
-    Child receiver({"/usr/bin/python3", std::string(WAYSTONE_SOURCE_DIR) +
-                                            "/bench/loopback_receiver.py"},
+    const std::string bench_dir = std::string(WAYSTONE_SOURCE_DIR) + "/bench/";
+    Child receiver(receiver_kind == "python"
+                       ? std::vector<std::string>{"/usr/bin/python3",
+                                                  bench_dir + "loopback_receiver.py"}
+                       : std::vector<std::string>{"/usr/bin/node",
+                                                  bench_dir + "loopback_receiver.mjs"},
                    &port);
     if (port.empty()) Fail("the receiver did not start");
     const std::string base = "http://127.0.0.1:" + port;
