@@ -4,6 +4,7 @@
 //
 //   build/bench/relay_bench [--dir DIR] [--instances 2000] [--sinks webhook,nats]
 //                           [--batch N] [--parallel N] [--receiver node|python]
+//                           [--keep-alive 1]
 //   build/bench/relay_bench --postgres postgresql://user@host:port [...]
 //     (WAYSTONE_BENCH=relay_bench bash bench/run-postgres.sh starts a private cluster)
 //
@@ -294,6 +295,10 @@ int Run(const std::map<std::string, std::string>& flags) {
   // The webhook's counterpart: Node's http module (one event loop) or Python's
   // standard library (a thread per connection, slower than the relay).
   const std::string receiver_kind = flag("receiver", "node");
+  // The webhook sink's keep_alive (and its raw baseline's): 1 reuses connections.
+  const std::string keep_alive_flag = flag("keep-alive", "0");
+  if (keep_alive_flag != "0" && keep_alive_flag != "1") Fail("--keep-alive is 0 or 1");
+  const bool keep_alive = keep_alive_flag == "1";
   if (receiver_kind != "node" && receiver_kind != "python") {
     Fail("--receiver is node or python, not " + receiver_kind);
   }
@@ -366,11 +371,13 @@ int Run(const std::map<std::string, std::string>& flags) {
     raw_config.name = "raw";
     raw_config.url = base + "/raw";
     raw_config.secret = kSecret;
+    raw_config.keep_alive = keep_alive;
     Row row{"webhook", {}, RawSinkRate(*NewWebhookSink(raw_config, http.get(), SystemClock::Get()),
                                        "raw-"), 0};
     row.drained = Drain(store->get(), http.get(), "hook",
                         "{ name: hook, type: webhook, url: \"" + base +
-                            "/hook\", secret_env: RELAY_BENCH_SECRET }",
+                            "/hook\", secret_env: RELAY_BENCH_SECRET, keep_alive: " +
+                            (keep_alive ? "true" : "false") + " }",
                         tuning, total, [&] { return ReceiverStats(*http, base, "/count")["unique"].get<int64_t>(); });
     const Json stats = ReceiverStats(*http, base, "/stats");
     row.counted = stats["unique"].get<int64_t>();

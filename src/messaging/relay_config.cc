@@ -97,7 +97,7 @@ class ConfigReader : public YamlConfig {
     if (!node.IsMap()) return Error(node, "a sink is a mapping with 'name' and 'type'");
     static const std::set<std::string> kFields = {"name", "type", "events", "workflows", "url",
                                                   "secret_env", "secret_file", "timeout",
-                                                  "stream"};
+                                                  "keep_alive", "stream"};
     if (auto status = CheckFields(node, kFields, "sink"); !status.ok()) return status;
     if (!node["name"]) return Error(node, "sink needs 'name'");
     sink.name = node["name"].Scalar();
@@ -127,6 +127,14 @@ class ConfigReader : public YamlConfig {
     auto timeout = Duration(node, "timeout", sink.timeout);
     if (!timeout.ok()) return timeout.status();
     sink.timeout = *timeout;
+    if (const YAML::Node keep_alive = node["keep_alive"]) {
+      const std::string value = keep_alive.Scalar();
+      if (value != "true" && value != "false") {
+        return Error(keep_alive, "sink '" + sink.name + "': keep_alive is true or false, not '" +
+                                     value + "'");
+      }
+      sink.keep_alive = value == "true";
+    }
     if (const YAML::Node env = node["secret_env"]) {
       const char* value = std::getenv(env.Scalar().c_str());
       if (value == nullptr || *value == '\0') {

@@ -25,6 +25,12 @@ struct SinkConfig {
   std::string url;
   std::string secret;
   Millis timeout = 5'000;
+  // Reuse kept-alive connections to the endpoint. Off: each delivery on a connection
+  // of its own, which libcurl never sends twice. On: much cheaper per event, but a
+  // request on a connection the endpoint closed as it was sent may be sent again by
+  // libcurl, unrecorded: one more copy of that event, same webhook-id, which a
+  // receiver that deduplicates (as at-least-once delivery requires) drops.
+  bool keep_alive = false;
   // NATS JetStream: server URL and stream (created with subjects "waystone.>"
   // when missing); each event is published on a subject equal to its type.
   std::string nats_url;

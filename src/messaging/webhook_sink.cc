@@ -23,6 +23,7 @@ class WebhookSink final : public Sink {
     request.url = config_.url;
     request.body = body;
     request.timeout = config_.timeout;
+    request.reuse = config_.keep_alive ? ConnectionReuse::kReuse : ConnectionReuse::kFresh;
     request.headers = {{"Content-Type", "application/cloudevents+json"},
                        {"webhook-id", event.event_id},
                        {"webhook-timestamp", std::to_string(timestamp)},

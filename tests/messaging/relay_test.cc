@@ -77,6 +77,7 @@ class Receiver {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_.erase(subject);
       ++requests_;
+      connections_.insert(req.remote_port);
       const long long now_s = now_s_.load();
       if (!IndependentVerify(req.get_header_value("webhook-id"),
                              req.get_header_value("webhook-timestamp"), req.body,
@@ -133,6 +134,15 @@ class Receiver {
     std::lock_guard<std::mutex> lock(mu_);
     return overlaps_;
   }
+  // Requests to /hook, and the connections (client ports) they came on.
+  int requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+  int connections() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(connections_.size());
+  }
 
  private:
   httplib::Server server_;
@@ -148,6 +158,7 @@ class Receiver {
   std::set<std::string> in_flight_;  // subjects of the requests being handled
   int max_in_flight_ = 0;
   int overlaps_ = 0;  // requests that arrived while one of the same subject was in flight
+  std::set<int> connections_;  // client ports seen
 };
 
 class RelayTest : public ::testing::Test {
@@ -902,6 +913,33 @@ TEST_F(RelayTest, ASinkThatTakesBatchesGetsTheRoundSplitOverThePoolAndEachOutcom
   }
 }
 
+// A webhook sink sends each delivery on a connection of its own, unless keep_alive
+// says otherwise; counted by the receiver (the client ports it saw).
+TEST_F(RelayTest, AWebhookSinkReusesConnectionsOnlyWithKeepAlive) {
+  for (int i = 0; i < 3; ++i) RunOrder("k" + std::to_string(i));
+  for (const bool keep_alive : {false, true}) {
+    Receiver receiver;
+    const std::string yaml = std::string("deployment: test\nparallel: 1\n") +
+                             "sinks:\n  - { name: r" + (keep_alive ? "1" : "0") +
+                             ", type: webhook, url: \"" + receiver.url() +
+                             "\", secret_env: TEST_WEBHOOK_SECRET, keep_alive: " +
+                             (keep_alive ? "true" : "false") + " }\n";
+    auto config = ParseRelayConfig(yaml, "relay.yaml");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
+    ASSERT_TRUE(relay.ok()) << relay.status();
+    receiver.set_now(clock_.NowMillis() / 1000);
+    Drain(**relay);
+    EXPECT_EQ(receiver.received().size(), AllEvents().size());
+    const int requests = receiver.requests();
+    if (keep_alive) {
+      EXPECT_LT(receiver.connections(), requests / 2) << requests << " requests";
+    } else {
+      EXPECT_EQ(receiver.connections(), requests);
+    }
+  }
+}
+
 TEST(WebhookSignatureTest, MatchesAnIndependentImplementationAndCatchesTampering) {
   const long long now = 1'900'000'000;
   const std::string body = R"({"id":"ev1","type":"waystone.step.completed"})";
@@ -928,6 +966,16 @@ TEST(RelayConfigTest, ErrorsNameTheLine) {
   EXPECT_NE(no_secret.status().message().find("secret_env"), std::string::npos);
   auto unknown = ParseRelayConfig("sinks: []\ncolour: red\n", "r.yaml");
   EXPECT_NE(unknown.status().message().find("unknown field 'colour'"), std::string::npos);
+  setenv("TEST_WEBHOOK_SECRET", kSecret, 1);
+  auto keep_alive = ParseRelayConfig("sinks:\n  - { name: a, type: webhook, url: http://x,\n"
+                                     "      secret_env: TEST_WEBHOOK_SECRET, keep_alive: yes }\n",
+                                     "r.yaml");
+  ASSERT_FALSE(keep_alive.ok());
+  EXPECT_NE(keep_alive.status().message().find("r.yaml:3"), std::string::npos)
+      << keep_alive.status();
+  EXPECT_NE(keep_alive.status().message().find("keep_alive is true or false, not 'yes'"),
+            std::string::npos)
+      << keep_alive.status();
 }
 
 }  // namespace
