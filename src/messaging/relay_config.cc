@@ -118,6 +118,20 @@ class ConfigReader : public YamlConfig {
     sink.workflows = *workflows;
     if (!node["url"]) return Error(node, "sink '" + sink.name + "' needs 'url'");
     const std::string url = node["url"].Scalar();
+    // A field of the other kind would be ignored: said instead.
+    static const std::set<std::string> kWebhookOnly = {"secret_env", "secret_file", "timeout",
+                                                       "keep_alive"};
+    for (const auto& field : node) {
+      const std::string name = field.first.Scalar();
+      const bool other = sink.kind == SinkKind::kNats ? kWebhookOnly.contains(name)
+                                                      : name == "stream";
+      if (other) {
+        return Error(field.first, "sink '" + sink.name + "': '" + name + "' is for " +
+                                      (sink.kind == SinkKind::kNats ? "webhook" : "nats") +
+                                      " sinks, and this one is " +
+                                      (sink.kind == SinkKind::kNats ? "nats" : "a webhook"));
+      }
+    }
     if (sink.kind == SinkKind::kNats) {
       sink.nats_url = url;
       if (node["stream"]) sink.stream = node["stream"].Scalar();

@@ -976,6 +976,24 @@ TEST(RelayConfigTest, ErrorsNameTheLine) {
   EXPECT_NE(keep_alive.status().message().find("keep_alive is true or false, not 'yes'"),
             std::string::npos)
       << keep_alive.status();
+  // A field of the other kind of sink would mean nothing: an error, not ignored.
+  auto nats_timeout = ParseRelayConfig("sinks:\n  - name: bus\n    type: nats\n"
+                                       "    url: nats://x\n    timeout: 5s\n",
+                                       "r.yaml");
+  ASSERT_FALSE(nats_timeout.ok());
+  EXPECT_NE(nats_timeout.status().message().find("r.yaml:5"), std::string::npos)
+      << nats_timeout.status();
+  EXPECT_NE(nats_timeout.status().message().find("'timeout' is for webhook sinks"),
+            std::string::npos)
+      << nats_timeout.status();
+  auto webhook_stream = ParseRelayConfig(
+      "sinks:\n  - { name: a, type: webhook, url: http://x, secret_env: TEST_WEBHOOK_SECRET,\n"
+      "      stream: S }\n",
+      "r.yaml");
+  ASSERT_FALSE(webhook_stream.ok());
+  EXPECT_NE(webhook_stream.status().message().find("'stream' is for nats sinks"),
+            std::string::npos)
+      << webhook_stream.status();
 }
 
 }  // namespace
