@@ -37,6 +37,16 @@ absl::StatusOr<Millis> YamlConfig::Duration(const YAML::Node& map, const char* f
   return *parsed;
 }
 
+absl::StatusOr<bool> YamlConfig::Flag(const YAML::Node& map, const char* field, bool fallback,
+                                      const std::string& owner) const {
+  const YAML::Node node = map[field];
+  if (!node) return fallback;
+  const std::string text = node.IsScalar() ? node.Scalar() : "";
+  if (text == "true" || text == "false") return text == "true";
+  return Error(node, owner + ": " + field + " is true or false" +
+                         (node.IsScalar() ? ", not '" + text + "'" : ""));
+}
+
 std::string YamlConfig::Path(const std::string& path) const {
   if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
   return (std::filesystem::path(source_).parent_path() / path).lexically_normal().string();

@@ -38,6 +38,11 @@ class YamlConfig {
   // `field` as a duration ("5s"); `fallback` when absent.
   absl::StatusOr<Millis> Duration(const YAML::Node& map, const char* field, Millis fallback) const;
 
+  // `field` as true or false; `fallback` when absent. Anything else is an error
+  // "OWNER: FIELD is true or false, not 'x'", `owner` naming what holds the field.
+  absl::StatusOr<bool> Flag(const YAML::Node& map, const char* field, bool fallback,
+                            const std::string& owner) const;
+
   // `path` taken from the config file's folder when relative; "" stays "".
   std::string Path(const std::string& path) const;
 

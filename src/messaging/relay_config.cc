@@ -141,14 +141,9 @@ class ConfigReader : public YamlConfig {
     auto timeout = Duration(node, "timeout", sink.timeout);
     if (!timeout.ok()) return timeout.status();
     sink.timeout = *timeout;
-    if (const YAML::Node keep_alive = node["keep_alive"]) {
-      const std::string value = keep_alive.Scalar();
-      if (value != "true" && value != "false") {
-        return Error(keep_alive, "sink '" + sink.name + "': keep_alive is true or false, not '" +
-                                     value + "'");
-      }
-      sink.keep_alive = value == "true";
-    }
+    auto keep_alive = Flag(node, "keep_alive", sink.keep_alive, "sink '" + sink.name + "'");
+    if (!keep_alive.ok()) return keep_alive.status();
+    sink.keep_alive = *keep_alive;
     if (const YAML::Node env = node["secret_env"]) {
       const char* value = std::getenv(env.Scalar().c_str());
       if (value == nullptr || *value == '\0') {

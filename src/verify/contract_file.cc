@@ -34,12 +34,9 @@ absl::Status Apply(const YAML::Node& root, const YamlConfig& config, Contract* c
     std::string said;
     for (Route& route : contract->routes) {
       if (route.env != env) continue;
-      if (const YAML::Node honors = target["honors_keys"]) {
-        if (!honors.IsScalar() || (honors.Scalar() != "true" && honors.Scalar() != "false")) {
-          return config.Error(honors, "target '" + env + "': honors_keys is true or false");
-        }
-        if (route.role == Role::kCall) route.honors_key = honors.Scalar() == "true";
-      }
+      auto honors = config.Flag(target, "honors_keys", route.honors_key, "target '" + env + "'");
+      if (!honors.ok()) return honors.status();
+      if (route.role == Role::kCall) route.honors_key = *honors;
       if (const std::string header = YamlConfig::Text(target, "key_header"); !header.empty()) {
         std::string lower = header;
         std::transform(lower.begin(), lower.end(), lower.begin(),
