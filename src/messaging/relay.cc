@@ -112,12 +112,13 @@ void Relay::Run(std::stop_token stop) {
   }
 }
 
+bool Relay::Fits(const Round& round, const std::string& sink) const {
+  return clock_->NowMillis() + sinks_.at(sink)->longest_attempt() < round.leases_end;
+}
+
 bool Relay::StillFits(const Round& round) const {
-  const Millis now = clock_->NowMillis();
-  for (const DeliveryClaim& claim : round.claims) {
-    if (now + sinks_.at(claim.sink)->longest_attempt() >= round.leases_end) return false;
-  }
-  return true;
+  return std::all_of(round.claims.begin(), round.claims.end(),
+                     [&](const DeliveryClaim& claim) { return Fits(round, claim.sink); });
 }
 
 absl::StatusOr<int> Relay::Turn(std::unique_ptr<Round>& ahead, std::unique_ptr<Round>& delivered,
@@ -306,33 +307,19 @@ void Relay::StartDelivering(Round& round) {
     round.lanes[{round.claims[i].sink, round.claims[i].event.instance_id}].push_back(i);
   }
   round.outcomes.assign(round.claims.size(), std::nullopt);
-  // A lane of one claim to a sink that takes batches goes in a batch: the sink's share
-  // of the round split over the pool's threads.
+  // A lane of one claim to a sink that takes batches goes in a batch (the sink's share
+  // of the round split over the pool's threads); any other lane is a task of its own.
   std::map<std::string, std::vector<size_t>> batched;  // by sink
+  round.tasks.reserve(round.lanes.size());
   for (const auto& [lane, indexes] : round.lanes) {
     if (indexes.size() == 1 && sinks_.at(lane.first)->delivers_batches()) {
       batched[lane.first].push_back(indexes.front());
+      continue;
     }
-  }
-  for (const auto& [sink, indexes] : batched) {
-    const size_t share = (indexes.size() + config_.parallel - 1) / config_.parallel;
-    for (size_t first = 0; first < indexes.size(); first += share) {
-      const size_t last = std::min(indexes.size(), first + share);
-      round.batches.emplace_back(indexes.begin() + first, indexes.begin() + last);
-    }
-  }
-  round.tasks.reserve(round.lanes.size());
-  for (const std::vector<size_t>& batch : round.batches) {
-    round.tasks.push_back([this, &round, &batch] { DeliverBatch(round, batch); });
-  }
-  for (const auto& lane : round.lanes) {
-    if (lane.second.size() == 1 && batched.contains(lane.first.first)) continue;
-    const std::vector<size_t>* indexes = &lane.second;
-    round.tasks.push_back([this, &round, indexes] {
+    round.tasks.push_back([this, &round, indexes = &indexes] {
       for (size_t i : *indexes) {
         const DeliveryClaim& claim = round.claims[i];
-        const Millis longest = sinks_.at(claim.sink)->longest_attempt();
-        if (clock_->NowMillis() + longest >= round.leases_end) break;  // left to expire
+        if (!Fits(round, claim.sink)) break;  // left to expire
         std::optional<DeliveryOutcome>& outcome = round.outcomes[i];
         try {
           outcome = Attempt(claim);
@@ -345,13 +332,23 @@ void Relay::StartDelivering(Round& round) {
       }
     });
   }
+  for (const auto& [sink, indexes] : batched) {
+    const size_t share = (indexes.size() + config_.parallel - 1) / config_.parallel;
+    for (size_t first = 0; first < indexes.size(); first += share) {
+      const size_t last = std::min(indexes.size(), first + share);
+      round.batches.emplace_back(indexes.begin() + first, indexes.begin() + last);
+    }
+  }
+  for (const std::vector<size_t>& batch : round.batches) {  // complete: no more moves
+    round.tasks.push_back([this, &round, &batch] { DeliverBatch(round, batch); });
+  }
   pool_->Start(round.tasks);
 }
 
 void Relay::DeliverBatch(Round& round, const std::vector<size_t>& batch) {
   const std::string& name = round.claims[batch.front()].sink;
+  if (!Fits(round, name)) return;  // left to expire
   Sink& sink = *sinks_.at(name);
-  if (clock_->NowMillis() + sink.longest_attempt() >= round.leases_end) return;  // left to expire
   std::vector<const EventRecord*> events;
   std::vector<std::string> bodies;
   for (size_t i : batch) {

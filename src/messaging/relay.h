@@ -87,8 +87,11 @@ class Relay {
   // then `delivered` is the round just delivered. Returns how many it attempted.
   absl::StatusOr<int> Turn(std::unique_ptr<Round>& ahead, std::unique_ptr<Round>& delivered,
                            std::stop_token stop) ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether every claim of `round` can still be attempted before its lease ends.
-  bool StillFits(const Round& round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether an attempt to `sink` begun now ends before `round`'s leases do: past
+  // them, another relay may have claimed its deliveries and be delivering them.
+  bool Fits(const Round& round, const std::string& sink) const;
+  // Whether every claim of `round` Fits.
+  bool StillFits(const Round& round) const;
   DeliveryOutcome Attempt(const DeliveryClaim& claim);
   // Hands the claims `batch` (indexes into `round`, of one sink) to the sink at once,
   // unless they no longer fit in their leases; sets their outcomes.

@@ -55,6 +55,17 @@ class RelayProcessTest : public ::testing::Test {
     db_ = dir_.File("relay.db");
   }
 
+  // Starts nats-server with JetStream on `port` (its store in the test's folder) and
+  // waits until it listens.
+  std::unique_ptr<testing::Process> StartNats(int port) {
+    auto server = std::make_unique<testing::Process>(
+        std::vector<std::string>{"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
+                                 std::to_string(port), "-sd", dir_.File("jetstream")},
+        Env(), dir_.path());
+    EXPECT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+    return server;
+  }
+
   std::map<std::string, std::string> Env(std::map<std::string, std::string> extra = {}) {
     extra.emplace("WAYSTONE_DB", db_);
     extra.emplace("WEBHOOK_SECRET", kSecret);
@@ -261,11 +272,7 @@ std::vector<std::string> StreamIds(int port, const std::string& stream) {
 
 TEST_F(RelayProcessTest, NatsGetsEachEventOnceAcrossRelayAndServerRestarts) {
   const int port = testing::FreeLoopbackPort();
-  const std::string store_dir = dir_.File("jetstream");
-  std::vector<std::string> nats = {"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
-                                   std::to_string(port), "-sd", store_dir};
-  auto server = std::make_unique<testing::Process>(nats, Env(), dir_.path());
-  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+  auto server = StartNats(port);
   testing::WriteFile(dir_.File("relay.yaml"),
                      "retry: { max_attempts: 100, initial_interval: 50ms, max_interval: 500ms }\n"
                      "sinks:\n  - { name: bus, type: nats, url: \"nats://127.0.0.1:" +
@@ -283,8 +290,7 @@ TEST_F(RelayProcessTest, NatsGetsEachEventOnceAcrossRelayAndServerRestarts) {
                          Env(), dir_.path());
   // Deliberate: the relay keeps failing against the absent server for a while first.
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
-  server = std::make_unique<testing::Process>(nats, Env(), dir_.path());
-  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+  server = StartNats(port);
   auto store = OpenStore({db_});
   ASSERT_TRUE(testing::WaitFor(
       [&] {
@@ -305,14 +311,38 @@ TEST_F(RelayProcessTest, NatsGetsEachEventOnceAcrossRelayAndServerRestarts) {
   for (const auto& e : committed) EXPECT_TRUE(unique.contains(e.event_id)) << e.type;
 }
 
+// A NATS sink named "bus" publishing to `stream` on the nats-server at `port`.
+std::unique_ptr<Sink> NatsSinkTo(int port, const std::string& stream) {
+  SinkConfig config;
+  config.name = "bus";
+  config.kind = SinkKind::kNats;
+  config.nats_url = "nats://127.0.0.1:" + std::to_string(port);
+  config.stream = stream;
+  return NewNatsSink(config);
+}
+
+// `count` events "PREFIX0".. with their CloudEvents, as the relay hands a sink a batch.
+struct TestBatch {
+  TestBatch(const std::string& prefix, int count) {
+    for (int i = 0; i < count; ++i) {
+      const std::string id = prefix + std::to_string(i);
+      events.push_back({i + 1, id, i + 1, "default", "waystone.step.completed", "{}", 0});
+      bodies.push_back(Json{{"specversion", "1.0"}, {"id", id}}.dump());
+    }
+    for (const EventRecord& event : events) pointers.push_back(&event);
+  }
+  TestBatch(const TestBatch&) = delete;  // `pointers` point into `events`
+  TestBatch& operator=(const TestBatch&) = delete;
+  std::vector<EventRecord> events;
+  std::vector<std::string> bodies;
+  std::vector<const EventRecord*> pointers;
+};
+
 // The NATS sink's batch against a real nats-server whose stream takes five messages
 // and refuses the rest: each acknowledgement and each refusal reaches its own event.
 TEST_F(RelayProcessTest, NatsBatchMatchesEachAcknowledgementToItsEvent) {
   const int port = testing::FreeLoopbackPort();
-  testing::Process server({"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
-                           std::to_string(port), "-sd", dir_.File("jetstream")},
-                          Env(), dir_.path());
-  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
+  auto server = StartNats(port);
   const std::string url = "nats://127.0.0.1:" + std::to_string(port);
   {
     natsConnection* connection = nullptr;
@@ -334,22 +364,10 @@ TEST_F(RelayProcessTest, NatsBatchMatchesEachAcknowledgementToItsEvent) {
     jsCtx_Destroy(js);
     natsConnection_Destroy(connection);
   }
-  SinkConfig config;
-  config.name = "bus";
-  config.kind = SinkKind::kNats;
-  config.nats_url = url;
-  config.stream = "SMALL";
-  auto sink = NewNatsSink(config);
+  auto sink = NatsSinkTo(port, "SMALL");
   ASSERT_TRUE(sink->delivers_batches());
-  std::vector<EventRecord> events;
-  std::vector<std::string> bodies;
-  for (int i = 0; i < 10; ++i) {
-    const std::string id = "batch-" + std::to_string(i);
-    events.push_back({i + 1, id, i + 1, "default", "waystone.step.completed", "{}", 0});
-    bodies.push_back(Json{{"specversion", "1.0"}, {"id", id}}.dump());
-  }
-  std::vector<const EventRecord*> batch;
-  for (const EventRecord& event : events) batch.push_back(&event);
+  const TestBatch batch("batch-", 10);
+  const std::vector<EventRecord>& events = batch.events;
 
   auto delivered_ids = [&](const std::vector<DeliveryOutcome>& outcomes) {
     std::set<std::string> ids;
@@ -364,12 +382,12 @@ TEST_F(RelayProcessTest, NatsBatchMatchesEachAcknowledgementToItsEvent) {
     }
     return ids;
   };
-  const std::set<std::string> first = delivered_ids(sink->DeliverBatch(batch, bodies));
+  const std::set<std::string> first = delivered_ids(sink->DeliverBatch(batch.pointers, batch.bodies));
   const std::vector<std::string> held = StreamIds(port, "SMALL");
   EXPECT_EQ(first.size(), 5u);
   EXPECT_EQ(first, std::set<std::string>(held.begin(), held.end()));
   // Again: the five held are acknowledged as duplicates (delivered), the rest refused.
-  const std::set<std::string> again = delivered_ids(sink->DeliverBatch(batch, bodies));
+  const std::set<std::string> again = delivered_ids(sink->DeliverBatch(batch.pointers, batch.bodies));
   EXPECT_EQ(again, first);
   EXPECT_EQ(StreamIds(port, "SMALL").size(), 5u);
 }
@@ -380,47 +398,28 @@ TEST_F(RelayProcessTest, NatsBatchMatchesEachAcknowledgementToItsEvent) {
 // taken while stopped is recognised by its Nats-Msg-Id).
 TEST_F(RelayProcessTest, NatsBatchToAStoppedServerRetriesInTimeAndLandsOnce) {
   const int port = testing::FreeLoopbackPort();
-  testing::Process server({"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p",
-                           std::to_string(port), "-sd", dir_.File("jetstream")},
-                          Env(), dir_.path());
-  ASSERT_TRUE(testing::WaitFor([&] { return PortOpen(port); }, std::chrono::seconds(10)));
-  SinkConfig config;
-  config.name = "bus";
-  config.kind = SinkKind::kNats;
-  config.nats_url = "nats://127.0.0.1:" + std::to_string(port);
-  config.stream = "HALTED";
-  auto sink = NewNatsSink(config);
-  auto batch_of = [](const std::string& prefix, std::vector<EventRecord>& events,
-                     std::vector<std::string>& bodies) {
-    for (int i = 0; i < 5; ++i) {
-      const std::string id = prefix + std::to_string(i);
-      events.push_back({i + 1, id, i + 1, "default", "waystone.step.completed", "{}", 0});
-      bodies.push_back(Json{{"specversion", "1.0"}, {"id", id}}.dump());
-    }
-    std::vector<const EventRecord*> pointers;
-    for (const EventRecord& event : events) pointers.push_back(&event);
-    return pointers;
-  };
+  auto server = StartNats(port);
+  auto sink = NatsSinkTo(port, "HALTED");
   auto count = [](const std::vector<DeliveryOutcome>& outcomes, DeliveryOutcome::Result result) {
     return std::count_if(outcomes.begin(), outcomes.end(),
                          [&](const DeliveryOutcome& o) { return o.result == result; });
   };
-  std::vector<EventRecord> first_events, halted_events;
-  std::vector<std::string> first_bodies, halted_bodies;
-  const auto first = batch_of("up-", first_events, first_bodies);
-  ASSERT_EQ(count(sink->DeliverBatch(first, first_bodies), DeliveryOutcome::Result::kDelivered),
+  const TestBatch first("up-", 5);
+  ASSERT_EQ(count(sink->DeliverBatch(first.pointers, first.bodies),
+                  DeliveryOutcome::Result::kDelivered),
             5);  // connected, the stream made
 
-  server.Signal(SIGSTOP);
-  const auto halted = batch_of("halted-", halted_events, halted_bodies);
+  server->Signal(SIGSTOP);
+  const TestBatch halted("halted-", 5);
   const auto began = std::chrono::steady_clock::now();
-  const std::vector<DeliveryOutcome> stalled = sink->DeliverBatch(halted, halted_bodies);
+  const std::vector<DeliveryOutcome> stalled = sink->DeliverBatch(halted.pointers, halted.bodies);
   const auto took = std::chrono::steady_clock::now() - began;
-  server.Signal(SIGCONT);
+  server->Signal(SIGCONT);
   EXPECT_EQ(count(stalled, DeliveryOutcome::Result::kRetry), 5);
   EXPECT_LE(took, std::chrono::milliseconds(sink->longest_attempt() + 500));
 
-  EXPECT_EQ(count(sink->DeliverBatch(halted, halted_bodies), DeliveryOutcome::Result::kDelivered),
+  EXPECT_EQ(count(sink->DeliverBatch(halted.pointers, halted.bodies),
+                  DeliveryOutcome::Result::kDelivered),
             5);
   const std::vector<std::string> ids = StreamIds(port, "HALTED");
   EXPECT_EQ(ids.size(), 10u);
