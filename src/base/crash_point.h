@@ -28,8 +28,9 @@ void CrashPoint(std::string_view point, std::string_view step);
 
 // Kills this process at the `occurrence`-th (1-based) time CrashPoint is reached
 // with "<point>:<step>" == `at`. Call before any thread reaches a crash point. (The
-// relay's "before-deliver"/"after-deliver" are reached once per delivery, or once per
-// batch for a sink that takes batches.)
+// relay's "before-deliver"/"after-deliver" are reached once per batch: a sink's lanes
+// of one claim go in batches, to webhooks and NATS; a lane of more claims reaches them
+// once per delivery.)
 void ArmCrashPoint(std::string at, int occurrence);
 
 // True when the test-only switch `name` is on (WAYSTONE_TEST_SWITCH holds it,

@@ -62,8 +62,10 @@ class NatsSink final : public Sink {
   // Publishes each event without waiting for the one before's acknowledgement; the
   // acknowledgements come back on the connection's thread (OnAck), each found by its
   // message. All within longest_attempt(), as Deliver: one not back by then is a retry.
+  // The relay asked may_start before the batch; every event starts at once.
   std::vector<DeliveryOutcome> DeliverBatch(const std::vector<const EventRecord*>& events,
-                                            const std::vector<std::string>& bodies) override {
+                                            const std::vector<std::string>& bodies,
+                                            const MayStart& /*may_start*/) override {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(longest_attempt());
     std::vector<DeliveryOutcome> outcomes(events.size());

@@ -358,16 +358,15 @@ void Relay::DeliverBatch(Round& round, const std::vector<size_t>& batch) {
   CrashPoint("before-deliver", name);
   std::vector<DeliveryOutcome> outcomes;
   try {
-    outcomes = sink.DeliverBatch(events, bodies);
+    outcomes = sink.DeliverBatch(events, bodies, [&] { return Fits(round, name); });
   } catch (const std::exception& e) {
     // A sink that throws is a failed attempt of each, retried like any other.
     outcomes.assign(batch.size(), DeliveryOutcome{DeliveryOutcome::Result::kRetry,
                                                   std::string("delivery threw: ") + e.what()});
   }
   CrashPoint("after-deliver", name);
-  outcomes.resize(batch.size(), DeliveryOutcome{DeliveryOutcome::Result::kRetry,
-                                                "the sink gave no outcome for it"});
-  for (size_t k = 0; k < batch.size(); ++k) {
+  // Events past the last outcome were not attempted: left to expire, as a lane's are.
+  for (size_t k = 0; k < std::min(batch.size(), outcomes.size()); ++k) {
     outcomes[k].detail = RedactSecrets(outcomes[k].detail);  // as Attempt does
     round.outcomes[batch[k]] = std::move(outcomes[k]);
   }

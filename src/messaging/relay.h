@@ -57,7 +57,7 @@ class Relay {
   // holds. After an error it waits at least a second.
   void Run(std::stop_token stop) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Runs one round from claim to record; returns how many deliveries were attempted.
+  // Runs one round from claim to record; returns how many deliveries it claimed.
   absl::StatusOr<int> RunOnce() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Replaces a sink (tests inject failing ones).
@@ -76,15 +76,16 @@ class Relay {
   // Starts handing each of `round`'s claims to its sink on the pool, in parallel
   // across instances and sinks; pool_->Wait() ends it. One outcome per claim, none
   // for a claim left unattempted behind a failed one. A claim is attempted only while
-  // its sink's longest attempt fits before the claims' leases end: past it, another
-  // relay may have claimed it (and the ones after) and be delivering it.
+  // its sink's longest attempt fits before the claims' leases end (in a lane, and
+  // within a batch): past it, another relay may have claimed it (and the ones after)
+  // and be delivering it; one left unattempted waits for its lease to end.
   void StartDelivering(Round& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the outcomes of `delivered` (none: nothing) in one transaction, and lets
   // the round go.
   absl::Status Record(std::unique_ptr<Round>& delivered) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One turn of Run: delivers `ahead` (claimed now when there is none, unless
   // stopping), records `delivered` meanwhile and claims the next round into `ahead`;
-  // then `delivered` is the round just delivered. Returns how many it attempted.
+  // then `delivered` is the round just delivered. Returns how many it claimed.
   absl::StatusOr<int> Turn(std::unique_ptr<Round>& ahead, std::unique_ptr<Round>& delivered,
                            std::stop_token stop) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether an attempt to `sink` begun now ends before `round`'s leases do: past
@@ -93,8 +94,8 @@ class Relay {
   // Whether every claim of `round` Fits.
   bool StillFits(const Round& round) const;
   DeliveryOutcome Attempt(const DeliveryClaim& claim);
-  // Hands the claims `batch` (indexes into `round`, of one sink) to the sink at once,
-  // unless they no longer fit in their leases; sets their outcomes.
+  // Hands the claims `batch` (indexes into `round`, of one sink) to the sink together;
+  // the sink starts each only while it Fits. Sets the outcomes of those attempted.
   void DeliverBatch(Round& round, const std::vector<size_t>& batch);
   // What an outcome means for the delivery (a 410 carries the sink's alert; the store
   // writes one per sink disabled in a batch).

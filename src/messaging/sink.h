@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,14 +40,21 @@ class Sink {
   // Whether DeliverBatch does better than Deliver one event at a time: the relay then
   // hands it a round's events (each the next of its instance) in batches.
   virtual bool delivers_batches() const { return false; }
+  // Whether one more attempt may begin now: the relay's lease on the batch still has
+  // room for the sink's longest attempt.
+  using MayStart = std::function<bool()>;
   // Delivers `events` (their CloudEvents in `bodies`) each as Deliver would, but
-  // together; returns one outcome per event, in order. Takes at most longest_attempt()
-  // for the whole batch: a sink that delivers_batches() overrides it (this default,
-  // one event after another, does not keep that bound).
+  // together; returns one outcome per event attempted, in order. An event past the last
+  // outcome was not attempted (a sink starts none once `may_start` says no) and waits
+  // for its lease to end. A sink that delivers_batches() keeps every attempt within
+  // longest_attempt() of its start.
   virtual std::vector<DeliveryOutcome> DeliverBatch(const std::vector<const EventRecord*>& events,
-                                                    const std::vector<std::string>& bodies) {
+                                                    const std::vector<std::string>& bodies,
+                                                    const MayStart& may_start) {
     std::vector<DeliveryOutcome> outcomes;
-    for (size_t i = 0; i < events.size(); ++i) outcomes.push_back(Deliver(*events[i], bodies[i]));
+    for (size_t i = 0; i < events.size() && may_start(); ++i) {
+      outcomes.push_back(Deliver(*events[i], bodies[i]));
+    }
     return outcomes;
   }
 };

@@ -333,6 +333,10 @@ struct TestBatch {
   }
   TestBatch(const TestBatch&) = delete;  // `pointers` point into `events`
   TestBatch& operator=(const TestBatch&) = delete;
+  // Hands the batch to `sink` as the relay would, with room in the lease throughout.
+  std::vector<DeliveryOutcome> SentTo(Sink& sink) const {
+    return sink.DeliverBatch(pointers, bodies, [] { return true; });
+  }
   std::vector<EventRecord> events;
   std::vector<std::string> bodies;
   std::vector<const EventRecord*> pointers;
@@ -382,12 +386,12 @@ TEST_F(RelayProcessTest, NatsBatchMatchesEachAcknowledgementToItsEvent) {
     }
     return ids;
   };
-  const std::set<std::string> first = delivered_ids(sink->DeliverBatch(batch.pointers, batch.bodies));
+  const std::set<std::string> first = delivered_ids(batch.SentTo(*sink));
   const std::vector<std::string> held = StreamIds(port, "SMALL");
   EXPECT_EQ(first.size(), 5u);
   EXPECT_EQ(first, std::set<std::string>(held.begin(), held.end()));
   // Again: the five held are acknowledged as duplicates (delivered), the rest refused.
-  const std::set<std::string> again = delivered_ids(sink->DeliverBatch(batch.pointers, batch.bodies));
+  const std::set<std::string> again = delivered_ids(batch.SentTo(*sink));
   EXPECT_EQ(again, first);
   EXPECT_EQ(StreamIds(port, "SMALL").size(), 5u);
 }
@@ -405,20 +409,20 @@ TEST_F(RelayProcessTest, NatsBatchToAStoppedServerRetriesInTimeAndLandsOnce) {
                          [&](const DeliveryOutcome& o) { return o.result == result; });
   };
   const TestBatch first("up-", 5);
-  ASSERT_EQ(count(sink->DeliverBatch(first.pointers, first.bodies),
+  ASSERT_EQ(count(first.SentTo(*sink),
                   DeliveryOutcome::Result::kDelivered),
             5);  // connected, the stream made
 
   server->Signal(SIGSTOP);
   const TestBatch halted("halted-", 5);
   const auto began = std::chrono::steady_clock::now();
-  const std::vector<DeliveryOutcome> stalled = sink->DeliverBatch(halted.pointers, halted.bodies);
+  const std::vector<DeliveryOutcome> stalled = halted.SentTo(*sink);
   const auto took = std::chrono::steady_clock::now() - began;
   server->Signal(SIGCONT);
   EXPECT_EQ(count(stalled, DeliveryOutcome::Result::kRetry), 5);
   EXPECT_LE(took, std::chrono::milliseconds(sink->longest_attempt() + 500));
 
-  EXPECT_EQ(count(sink->DeliverBatch(halted.pointers, halted.bodies),
+  EXPECT_EQ(count(halted.SentTo(*sink),
                   DeliveryOutcome::Result::kDelivered),
             5);
   const std::vector<std::string> ids = StreamIds(port, "HALTED");

@@ -864,7 +864,8 @@ class BatchingSink final : public Sink {
   }
   bool delivers_batches() const override { return true; }
   std::vector<DeliveryOutcome> DeliverBatch(const std::vector<const EventRecord*>& events,
-                                            const std::vector<std::string>& bodies) override {
+                                            const std::vector<std::string>& bodies,
+                                            const MayStart&) override {
     std::lock_guard<std::mutex> lock(mu_);
     sizes_.push_back(static_cast<int>(events.size()));
     std::vector<DeliveryOutcome> outcomes;
@@ -937,6 +938,135 @@ TEST_F(RelayTest, AWebhookSinkReusesConnectionsOnlyWithKeepAlive) {
     } else {
       EXPECT_EQ(receiver.connections(), requests);
     }
+  }
+}
+
+// Sends through `inner`, moving the fake clock `step` on at each answer, before the
+// caller hears it: each request to the endpoint seems to take that long.
+class SlowAnswers final : public HttpClient {
+ public:
+  SlowAnswers(HttpClient* inner, FakeClock* clock, Millis step)
+      : inner_(inner), clock_(clock), step_(step) {}
+  HttpResponse Send(const HttpRequest& request) override {
+    HttpResponse response = inner_->Send(request);
+    clock_->Advance(step_);
+    return response;
+  }
+  void SendAsync(HttpRequest request, HttpDone done) override {
+    inner_->SendAsync(std::move(request),
+                      [this, done = std::move(done)](HttpResponse response) mutable {
+                        clock_->Advance(step_);
+                        std::move(done)(std::move(response));
+                      });
+  }
+
+ private:
+  HttpClient* inner_;
+  FakeClock* clock_;
+  Millis step_;
+};
+
+// Answers 204 at once, inside SendAsync (the default SendAsync calls Send), and
+// records how deeply SendAsync calls were nested: a batch whose answers each sent the
+// next from inside the one before would nest as deep as the batch is long.
+class InlineAnswers final : public HttpClient {
+ public:
+  HttpResponse Send(const HttpRequest& request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_.push_back(Json::parse(request.body)["id"]);
+    HttpResponse response;
+    response.outcome.kind = CallOutcome::Kind::kResponse;
+    response.outcome.status = 204;
+    return response;
+  }
+  void SendAsync(HttpRequest request, HttpDone done) override {
+    const int depth = ++depth_;
+    deepest_ = std::max(deepest_.load(), depth);
+    HttpClient::SendAsync(std::move(request), std::move(done));
+    --depth_;
+  }
+  std::vector<std::string> ids() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_;
+  }
+  int deepest() const { return deepest_; }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> ids_;
+  std::atomic<int> depth_ = 0;
+  std::atomic<int> deepest_ = 0;
+};
+
+// A relay whose one sink is the webhook "hooks" (hooks_), sending through `http`.
+std::unique_ptr<Relay> WebhookRelay(Store* store, HttpClient* http, const Clock* clock,
+                                    Random* random, const std::string& tuning,
+                                    const std::string& url) {
+  const std::string yaml = "deployment: test\n" + tuning +
+                           "sinks:\n  - { name: hooks, type: webhook, url: \"" + url +
+                           "\", secret_env: TEST_WEBHOOK_SECRET }\n";
+  auto config = ParseRelayConfig(yaml, "relay.yaml");
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto relay = Relay::Create(store, http, clock, random, *config, "relay-1");
+  EXPECT_TRUE(relay.ok()) << relay.status();
+  return std::move(*relay);
+}
+
+TEST_F(RelayTest, AWebhookRoundKeepsParallelRequestsOutAndNoMore) {
+  for (int i = 0; i < 12; ++i) RunOrder("p" + std::to_string(i));
+  hooks_.set_hold_ms(40);  // so that requests sent together are seen together
+  auto relay = WebhookRelay(store_.get(), http_.get(), &clock_, &random_, "parallel: 3\n",
+                            hooks_.url());
+  SyncReceivers();
+  auto attempted = relay->RunOnce();
+  ASSERT_TRUE(attempted.ok()) << attempted.status();
+  ASSERT_EQ(*attempted, 12);  // the first event of each instance
+  EXPECT_EQ(hooks_.received().size(), 12u);
+  EXPECT_LE(hooks_.max_in_flight(), 3);
+  EXPECT_GE(hooks_.max_in_flight(), 2);  // (3 but for a pool thread late by 40 ms)
+  EXPECT_EQ(hooks_.overlaps(), 0);
+  Drain(*relay);
+  EXPECT_EQ(hooks_.received().size(), AllEvents().size());
+}
+
+// The endpoint's answers take 15 s each (on the fake clock) and a request may take
+// 5 s (the sink's timeout): with a 30-second lease, the second request is the last
+// that fits, and the batch starts no third. The rest go in later rounds, each once.
+TEST_F(RelayTest, AWebhookBatchStartsNoRequestItsLeaseHasNoRoomFor) {
+  for (int i = 0; i < 4; ++i) RunOrder("l" + std::to_string(i));
+  SlowAnswers slow(http_.get(), &clock_, 15'000);
+  auto relay = WebhookRelay(store_.get(), &slow, &clock_, &random_,
+                            "parallel: 1\nlease: 30s\n", hooks_.url());
+  SyncReceivers();
+  auto attempted = relay->RunOnce();
+  ASSERT_TRUE(attempted.ok()) << attempted.status();
+  ASSERT_EQ(*attempted, 4);
+  EXPECT_EQ(hooks_.received().size(), 2u) << "the batch went on past its lease";
+  // The two not sent were not attempted: no failure counted against them.
+  for (const SinkStats& stats : SinkStatsNow()) EXPECT_EQ(stats.failed_attempts, 0);
+  Drain(*relay);
+  std::set<std::string> ids;
+  for (const Json& event : hooks_.received()) ids.insert(event["id"].get<std::string>());
+  EXPECT_EQ(ids.size(), hooks_.received().size()) << "an event arrived twice";
+  EXPECT_EQ(ids.size(), AllEvents().size());
+}
+
+TEST_F(RelayTest, AWebhookBatchAnsweredInlineSendsEachEventOnceWithoutNesting) {
+  for (int i = 0; i < 20; ++i) RunOrder("i" + std::to_string(i));
+  InlineAnswers inline_answers;
+  auto relay = WebhookRelay(store_.get(), &inline_answers, &clock_, &random_, "parallel: 1\n",
+                            hooks_.url());
+  auto attempted = relay->RunOnce();
+  ASSERT_TRUE(attempted.ok()) << attempted.status();
+  ASSERT_EQ(*attempted, 20);
+  EXPECT_EQ(inline_answers.ids().size(), 20u);
+  EXPECT_EQ(inline_answers.deepest(), 1) << "each answer sent the next from inside it";
+  Drain(*relay);
+  const std::vector<std::string> ids = inline_answers.ids();
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), ids.size());
+  EXPECT_EQ(ids.size(), AllEvents().size());
+  for (const SinkStats& stats : SinkStatsNow()) {
+    EXPECT_EQ(stats.delivered, static_cast<int64_t>(ids.size()));
   }
 }
 

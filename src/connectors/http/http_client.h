@@ -156,9 +156,10 @@ class HttpClient {
   // Sends `request` and waits for the response or the timeout. Never throws.
   virtual HttpResponse Send(const HttpRequest& request) = 0;
   // Sends `request` and returns at once; `done` gets the response (or the transport
-  // error) when it comes, on a thread of the client's: it must be quick and must not
-  // send or wait for another request on the same client. A waiting request holds no
-  // thread of the caller's. This default sends it with Send on the calling thread.
+  // error) when it comes, on a thread of the client's, or at once on the caller's (a
+  // request refused before it left; this default, which sends with Send): it must be
+  // quick, and must not Send or wait for another request on the same client (it may
+  // SendAsync one). A waiting request holds no thread of the caller's.
   virtual void SendAsync(HttpRequest request, HttpDone done) {
     std::move(done)(Send(request));
   }
