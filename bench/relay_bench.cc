@@ -251,9 +251,8 @@ struct Drained {
 
 // One relay with the sink of `sink_yaml` drains the outbox; prints the backlog (events
 // the counterpart has not received yet, `arrived`) every 250 ms. The counterpart is
-// asked every 10 ms, which costs the store nothing (the store's own count scans every
-// delivery under the store's lock, and slowed the relay it measured by ~10 %); once all
-// arrived, the store is asked until it marked the last round.
+// asked every 10 ms, which costs the store nothing (its own count scans every delivery
+// kept); once all arrived, the store is asked until it marked the last round.
 Drained Drain(Store* store, HttpClient* http, const std::string& name,
               const std::string& sink_yaml, const std::string& tuning, int64_t total,
               const std::function<int64_t()>& arrived) {

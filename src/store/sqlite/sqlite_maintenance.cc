@@ -1,6 +1,7 @@
 // SqliteStore: garbage collection, the summary and counters (MaintenanceStore).
 // The order of a gc is CollectGarbageWith's; this file holds its SQL.
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
 #include "store/gc_order.h"
@@ -121,26 +122,36 @@ absl::StatusOr<StoreSummary> SqliteStore::Summary() {
   static const std::string kClasses =
       absl::StrCat("SELECT error_class, COUNT(*) FROM steps WHERE error_class <> ",
                    SqlValue(ErrorClass::kNone), " GROUP BY error_class ORDER BY error_class");
-  MutexLock lock(mu_);
-  StoreSummary summary;
-  WS_ASSIGN_OR_RETURN(SqliteStatement * by_state,
-                      db_->Prepare("SELECT state, COUNT(*) FROM instances GROUP BY state "
+  // Scans of whole tables: on the reporting connection, not the writer's, in one read
+  // transaction so that the counts are of one moment.
+  return Reporting([&](SqliteDb& db) -> absl::StatusOr<StoreSummary> {
+    // (In memory it is the writer's connection, whose lock keeps the moment still.)
+    const bool snapshot = !db.InMemory();
+    if (snapshot) WS_RETURN_IF_ERROR(db.Exec("BEGIN"));
+    absl::Cleanup end = [&db, snapshot] {
+      // Never left open: an open read would pin this old moment for every later report.
+      if (snapshot && !db.Exec("COMMIT").ok()) (void)db.Exec("ROLLBACK");
+    };
+    StoreSummary summary;
+    WS_ASSIGN_OR_RETURN(SqliteStatement * by_state,
+                        db.Prepare("SELECT state, COUNT(*) FROM instances GROUP BY state "
                                    "ORDER BY state"));
-  WS_ASSIGN_OR_RETURN(summary.instances_by_state,
-                      CollectRows(by_state, ReadCountOf<InstanceState, SqliteStatement>));
-  WS_ASSIGN_OR_RETURN(SqliteStatement * steps, db_->Prepare(kSteps));
-  WS_ASSIGN_OR_RETURN(bool row, steps->Step());
-  if (row) ReadSummaryCounts(*steps, &summary);
-  steps->Reset();
-  WS_ASSIGN_OR_RETURN(SqliteStatement * classes, db_->Prepare(kClasses));
-  WS_ASSIGN_OR_RETURN(summary.steps_by_error_class,
-                      CollectRows(classes, ReadCountOf<ErrorClass, SqliteStatement>));
-  WS_ASSIGN_OR_RETURN(SqliteStatement * states,
-                      db_->Prepare("SELECT state, COUNT(*) FROM steps GROUP BY state ORDER BY "
+    WS_ASSIGN_OR_RETURN(summary.instances_by_state,
+                        CollectRows(by_state, ReadCountOf<InstanceState, SqliteStatement>));
+    WS_ASSIGN_OR_RETURN(SqliteStatement * steps, db.Prepare(kSteps));
+    WS_ASSIGN_OR_RETURN(bool row, steps->Step());
+    if (row) ReadSummaryCounts(*steps, &summary);
+    steps->Reset();
+    WS_ASSIGN_OR_RETURN(SqliteStatement * classes, db.Prepare(kClasses));
+    WS_ASSIGN_OR_RETURN(summary.steps_by_error_class,
+                        CollectRows(classes, ReadCountOf<ErrorClass, SqliteStatement>));
+    WS_ASSIGN_OR_RETURN(SqliteStatement * states,
+                        db.Prepare("SELECT state, COUNT(*) FROM steps GROUP BY state ORDER BY "
                                    "state"));
-  WS_ASSIGN_OR_RETURN(summary.steps_by_state,
-                      CollectRows(states, ReadCountOf<StepState, SqliteStatement>));
-  return summary;
+    WS_ASSIGN_OR_RETURN(summary.steps_by_state,
+                        CollectRows(states, ReadCountOf<StepState, SqliteStatement>));
+    return summary;
+  });
 }
 
 absl::Status SqliteStore::AddToCounter(const std::string& name, int64_t delta) {

@@ -224,9 +224,11 @@ absl::StatusOr<std::vector<SinkStats>> SqliteStore::DeliveryStats() {
       "), COALESCE(MIN(CASE WHEN d.state = ", SqlValue(DeliveryState::kPending),
       " THEN d.created_at END), 0), COALESCE((SELECT disabled FROM relay_sinks r WHERE r.sink = "
       "d.sink), 0) FROM deliveries d GROUP BY d.sink ORDER BY d.sink");
-  MutexLock lock(mu_);
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kStats));
-  return CollectRows(s, ReadSinkStats<SqliteStatement>);
+  // A scan of every delivery kept: on the reporting connection, not the writer's.
+  return Reporting([&](SqliteDb& db) -> absl::StatusOr<std::vector<SinkStats>> {
+    WS_ASSIGN_OR_RETURN(SqliteStatement * s, db.Prepare(kStats));
+    return CollectRows(s, ReadSinkStats<SqliteStatement>);
+  });
 }
 
 }  // namespace waystone

@@ -35,11 +35,13 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOption
     in_memory = store->db_->InMemory();
   }
   if (!in_memory) {
-    WS_ASSIGN_OR_RETURN(auto reader,
-                        SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout)));
-    WS_RETURN_IF_ERROR(reader->Exec("PRAGMA query_only=ON"));
-    MutexLock lock(store->read_mu_);
-    store->reader_ = std::move(reader);
+    for (ReadConnection* connection : {&store->reader_, &store->reporter_}) {
+      WS_ASSIGN_OR_RETURN(auto reader,
+                          SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout)));
+      WS_RETURN_IF_ERROR(reader->Exec("PRAGMA query_only=ON"));
+      MutexLock lock(connection->mu);
+      connection->db = std::move(reader);
+    }
   }
   return store;
 }

@@ -12,8 +12,9 @@ class SqliteDb;
 
 // Store on one SQLite file in WAL mode. Several processes may open the same file;
 // SQLite's write lock serializes their transactions. Thread-safe: one connection
-// for writes and reads, guarded by a mutex, and one for the most frequent reads
-// (Reading) guarded by another. Its methods live in files named by concern (sqlite_instances,
+// for writes and reads, guarded by a mutex; one for the most frequent reads (Reading)
+// and one for reports that scan whole tables (Reporting), each guarded by a mutex of
+// its own. Its methods live in files named by concern (sqlite_instances,
 // sqlite_leases, sqlite_commit, sqlite_relay, sqlite_alerts, sqlite_access,
 // sqlite_maintenance; the same names as in postgres/), which hold only SQL: the
 // rules they follow are the dialect-neutral ones in store/.
@@ -127,27 +128,45 @@ class SqliteStore final : public Store {
   SqliteStore(std::unique_ptr<SqliteDb> db, int attempts_per_step);
   absl::Status Migrate();
 
-  // Runs `read` (given a connection) on the reader connection, or on the writer's
-  // when there is none (an in-memory database is one connection's alone).
+  // A read-only connection of its own (WAL mode: it reads the last commit while the
+  // writer's next transaction, fsync included, holds mu_).
+  struct ReadConnection {
+    Mutex mu;
+    std::unique_ptr<SqliteDb> db ABSL_GUARDED_BY(mu);  // set by Open
+  };
+
+  // Runs `read` (given a connection) on `connection`, or on the writer's when there is
+  // none (an in-memory database is one connection's alone).
   template <typename Read>
-  auto Reading(Read&& read) -> decltype(read(std::declval<SqliteDb&>())) {
+  auto ReadingOn(ReadConnection& connection, Read&& read)
+      -> decltype(read(std::declval<SqliteDb&>())) {
     {
-      MutexLock lock(read_mu_);
-      if (reader_ != nullptr) return read(*reader_);
+      MutexLock lock(connection.mu);
+      if (connection.db != nullptr) return read(*connection.db);
     }
     MutexLock lock(mu_);
     return read(*db_);
+  }
+  // The reads workers and waiting callers make most (an instance, its steps, when work
+  // is next due).
+  template <typename Read>
+  auto Reading(Read&& read) -> decltype(read(std::declval<SqliteDb&>())) {
+    return ReadingOn(reader_, std::forward<Read>(read));
+  }
+  // Reports that read whole tables (metrics, delivery counts): they hold neither the
+  // writer nor the workers' reader while they scan.
+  template <typename Read>
+  auto Reporting(Read&& read) -> decltype(read(std::declval<SqliteDb&>())) {
+    return ReadingOn(reporter_, std::forward<Read>(read));
   }
 
   const int attempts_per_step_;
   Mutex mu_;
   std::unique_ptr<SqliteDb> db_ ABSL_GUARDED_BY(mu_);
-  // A second connection for the reads workers and waiting callers make most (an
-  // instance, its steps, when work is next due): in WAL mode it reads the last
-  // commit while the writer's next transaction, fsync included, holds mu_. (A pool
-  // of four, picked by thread, measured the same as one on two cores.)
-  Mutex read_mu_;
-  std::unique_ptr<SqliteDb> reader_ ABSL_GUARDED_BY(read_mu_);  // set by Open
+  // (A pool of four for the frequent reads, picked by thread, measured the same as
+  // one on two cores.)
+  ReadConnection reader_;
+  ReadConnection reporter_;
 };
 
 }  // namespace waystone
