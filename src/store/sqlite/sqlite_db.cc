@@ -1,6 +1,7 @@
 #include "store/sqlite/sqlite_db.h"
 
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "base/status_macros.h"
@@ -106,12 +107,29 @@ absl::Status SqliteDb::Exec(std::string_view sql) {
 
 absl::Status SqliteDb::EnterWal(int patience_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(patience_ms);
+  // The pragma answers the journal mode the database is in after it.
+  auto answer = [](void* mode, int columns, char** values, char**) {
+    if (columns > 0 && values[0] != nullptr) *static_cast<std::string*>(mode) = values[0];
+    return 0;
+  };
   while (true) {
-    const int rc = sqlite3_exec(db_, "PRAGMA journal_mode=WAL", nullptr, nullptr, nullptr);
-    if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) {
-      return SqliteStatus(rc, db_, "PRAGMA journal_mode=WAL");
+    std::string mode;
+    const int rc = sqlite3_exec(db_, "PRAGMA journal_mode=WAL", answer, &mode, nullptr);
+    if ((rc & 0xff) == SQLITE_BUSY && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (rc != SQLITE_OK) return SqliteStatus(rc, db_, "PRAGMA journal_mode=WAL");
+    // SQLite keeps its rollback journal where it has no locks or shared memory (a
+    // "?nolock=1" URI, some network file systems): the store's connections would then
+    // read and write without the locks that keep them apart.
+    if (mode != "wal" && mode != "memory") {
+      return absl::FailedPreconditionError(
+          "the database stays in journal mode '" + mode +
+          "': Waystone needs WAL, which SQLite refuses without file locks and shared memory "
+          "(a '?nolock=1' URI, some network file systems)");
+    }
+    return absl::OkStatus();
   }
 }
 

@@ -932,6 +932,21 @@ TEST_P(StoreConformanceTest, OnSqliteAnInMemoryDatabaseReadsWhatItWrote) {
   }
 }
 
+// Without file locks SQLite refuses WAL and keeps its rollback journal, in which the
+// store's connections would read and write without the locks that keep them apart:
+// the store refuses to open such a database, and says why.
+TEST_P(StoreConformanceTest, OnSqliteADatabaseThatCannotEnterWalIsRefused) {
+  if (GetParam() != Backend::kSqlite) GTEST_SKIP() << "SQLite's WAL";
+  StoreOptions options;
+  options.path = "file:" + dir_.File("nolock.db") + "?nolock=1";
+  auto store = OpenStore(options);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_NE(store.status().message().find("journal mode 'delete'"), std::string::npos)
+      << store.status();
+  EXPECT_NE(store.status().message().find("needs WAL"), std::string::npos) << store.status();
+}
+
 // Metrics scrapes and the relay's counts scan whole tables. On SQLite they read on a
 // connection of their own: a report never waits for the writer (nor the writer for it,
 // for as long as the scan takes). Here another connection holds the database's write
