@@ -729,9 +729,6 @@ class Reader : public RequestReader {
     }
     Error(when.begin()->first, step, kForms);
   }
-
-  std::string_view source_;
-  std::vector<Diagnostic>* diagnostics_;
 };
 
 }  // namespace
