@@ -3,6 +3,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "base/hex.h"
+
 namespace waystone {
 
 uint32_t PublicIds::Round(int round, uint32_t half) const {
@@ -29,20 +31,17 @@ std::string PublicIds::Encode(int64_t id) const {
     right = next;
   }
   const uint64_t out = (static_cast<uint64_t>(left) << 32) | right;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string text(16, '0');
-  for (int i = 15; i >= 0; --i) text[static_cast<size_t>(15 - i)] = kHex[(out >> (i * 4)) & 15];
-  return text;
+  std::string bytes(8, '\0');  // big-endian: the hex reads as the number
+  for (size_t i = 0; i < 8; ++i) bytes[i] = static_cast<char>(out >> (56 - 8 * i));
+  return HexOf(bytes);
 }
 
 std::optional<int64_t> PublicIds::Decode(std::string_view text) const {
   if (text.size() != 16) return std::nullopt;
+  const std::optional<std::string> bytes = FromHex(text);  // lower case only, as Encode writes
+  if (!bytes) return std::nullopt;
   uint64_t value = 0;
-  for (char c : text) {
-    int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (digit < 0) return std::nullopt;
-    value = (value << 4) | static_cast<uint64_t>(digit);
-  }
+  for (char byte : *bytes) value = (value << 8) | static_cast<unsigned char>(byte);
   uint32_t left = static_cast<uint32_t>(value >> 32);
   uint32_t right = static_cast<uint32_t>(value);
   for (int round = 3; round >= 0; --round) {

@@ -11,19 +11,14 @@
 #include <cstring>
 #include <memory>
 
+#include "base/hex.h"
+
 namespace waystone {
 
 namespace {
 
 std::string Hex(const unsigned char* digest, unsigned int length) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(length * 2);
-  for (unsigned int i = 0; i < length; ++i) {
-    out.push_back(kDigits[digest[i] >> 4]);
-    out.push_back(kDigits[digest[i] & 0xf]);
-  }
-  return out;
+  return HexOf(std::string_view(reinterpret_cast<const char*>(digest), length));
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "base/public_id.h"
 
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -22,6 +25,22 @@ TEST(PublicIdsTest, RoundTripsAndHidesTheSequence) {
   // Neighbours share no visible order: not sorted the way the ids are.
   EXPECT_FALSE(ids.Encode(1) < ids.Encode(2) && ids.Encode(2) < ids.Encode(3) &&
                ids.Encode(3) < ids.Encode(4) && ids.Encode(4) < ids.Encode(5));
+}
+
+// Public ids are in URLs people keep: the same key must give the same text in every
+// version. (Pinned from the build of 2026-12-06.)
+TEST(PublicIdsTest, TheTextOfAnIdNeverChanges) {
+  const PublicIds ids("a server key");
+  const std::vector<std::pair<int64_t, std::string>> pinned = {
+      {1, "c96cac2659ff8c22"},
+      {2, "59161cf2fb666456"},
+      {1000, "ecb8714c86572188"},
+      {123456789, "d031a70f74ee76ad"},
+      {int64_t{1} << 53, "4e16b75367acb204"}};
+  for (const auto& [id, text] : pinned) {
+    EXPECT_EQ(ids.Encode(id), text) << id;
+    EXPECT_EQ(ids.Decode(text), id) << text;
+  }
 }
 
 TEST(PublicIdsTest, AnotherKeyOrForeignTextDoesNotDecode) {
