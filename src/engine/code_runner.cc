@@ -15,6 +15,8 @@
 #include "base/mutex.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
+#include "engine/code_call_answers.h"
+#include "engine/code_transaction.h"
 #include "engine/code_workflow.h"
 #include "engine/context.h"
 #include "engine/events.h"
@@ -57,106 +59,19 @@ constexpr char kSleep[] = "$sleep";
 constexpr char kReturn[] = "$return";
 constexpr char kPatchPrefix[] = "$patched:";
 
-// What a call's body says of its class.
-using BodyClassifier = decltype(CodeCallOptions::classify);
+using code_call::BodyClassifier;
+using code_call::ClassOf;
+using code_call::Described;
+using code_call::Failure;
+using code_call::ResultJson;
+using code_call::Unsendable;
+using code_call::Unsent;
 
 // Why the run stopped, and what the drive returns for it.
 struct Stop {
   enum class Kind { kRest, kLeaseLost, kError } kind = Kind::kRest;
   std::optional<Millis> wake_at;  // kRest: due again then (a timer, a retry)
   absl::Status error;             // kError
-};
-
-// A transaction step's work, run by the store in the change's transaction.
-class TransactionWork final : public BusinessWork {
- public:
-  using Fn = std::function<absl::StatusOr<std::string>(CodeTransaction&)>;
-  TransactionWork(int index, const Fn& fn, const InstanceRecord& instance, Random& random,
-                  Millis now)
-      : index_(index), fn_(fn), instance_(instance), random_(random), now_(now) {}
-
-  int step_index() const override { return index_; }
-
-  absl::StatusOr<BusinessWorkResult> Run(StatementRunner& sql) const override {
-    Session session(sql, *this);
-    auto result = fn_(session);
-    if (!result.ok()) return result.status();
-    BusinessWorkResult done{*result, std::move(session.events)};
-    MutexLock lock(mu_);
-    last_result_ = done.result_json;
-    return done;
-  }
-
-  // The result of the last run (the one that committed, once Commit returned OK).
-  std::string last_result() const {
-    MutexLock lock(mu_);
-    return last_result_;
-  }
-
- private:
-  class Session final : public CodeTransaction {
-   public:
-    Session(StatementRunner& sql, const TransactionWork& work) : sql_(sql), work_(work) {}
-
-    absl::StatusOr<std::string> Execute(const std::string& text,
-                                        const std::map<std::string, SqlParam>& params) override {
-      auto parsed = ParseSqlStatement(text);
-      if (!parsed.ok()) return parsed.status();
-      for (const std::string& word : parsed->identifiers) {
-        if (std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), word) !=
-            std::end(kWaystoneTables)) {
-          return absl::InvalidArgumentError("statement names '" + word +
-                                            "', one of Waystone's own tables");
-        }
-      }
-      BusinessStatement statement;
-      statement.step_index = work_.index_;
-      statement.sqlite = parsed->sqlite;
-      statement.postgres = parsed->postgres;
-      for (const std::string& name : parsed->names) {
-        auto value = params.find(name);
-        if (value == params.end()) {
-          return absl::InvalidArgumentError("statement parameter ':" + name + "' has no value");
-        }
-        statement.values.push_back(value->second);
-      }
-      if (params.size() != parsed->names.size()) {
-        for (const auto& [name, value] : params) {
-          if (std::find(parsed->names.begin(), parsed->names.end(), name) ==
-              parsed->names.end()) {
-            return absl::InvalidArgumentError("value for ':" + name +
-                                              "', which the statement does not use");
-          }
-        }
-      }
-      return sql_.Run(statement);
-    }
-
-    void Emit(const std::string& type, const std::string& payload_json) override {
-      EventRecord event;
-      event.event_id = work_.random_.TimeOrderedHex(work_.now_);
-      event.instance_id = work_.instance_.id;
-      event.tenant = work_.instance_.tenant;
-      event.type = type;
-      event.payload_json = payload_json;
-      event.created_at = work_.now_;
-      events.push_back(std::move(event));
-    }
-
-    std::vector<EventRecord> events;
-
-   private:
-    StatementRunner& sql_;
-    const TransactionWork& work_;
-  };
-
-  const int index_;
-  const Fn fn_;
-  const InstanceRecord instance_;
-  Random& random_;
-  const Millis now_;
-  mutable Mutex mu_;
-  mutable std::string last_result_ ABSL_GUARDED_BY(mu_);
 };
 
 class CodeRun final : public CodeContext {
@@ -685,67 +600,6 @@ class CodeRun final : public CodeContext {
       pending_attempts_.push_back(std::move(attempt));
     }
     return answer;
-  }
-
-  // The class of `answer`: what `classify` reads in the body of a 2xx answer, else
-  // by its status (with `errors`). (A 5xx that may have acted stays unknown whatever
-  // its body says.)
-  static ErrorClass ClassOf(const HttpResponse& answer, const StatusOverrides& errors,
-                            const BodyClassifier* classify) {
-    if (classify != nullptr && *classify && answer.outcome.kind == CallOutcome::Kind::kResponse &&
-        answer.outcome.status >= 200 && answer.outcome.status < 300) {
-      if (std::optional<ErrorClass> said = (*classify)(ResultJson(answer))) return *said;
-    }
-    return Classify(answer.outcome, errors);
-  }
-
-  // `answer` of a request that was not sent, its class in `error_class` (if given).
-  static HttpResponse Unsent(HttpResponse answer, const StatusOverrides& errors,
-                             ErrorClass* error_class) {
-    if (error_class != nullptr) *error_class = Classify(answer.outcome, errors);
-    return answer;
-  }
-
-  // A request that was not sent: kInvalid (rejected) unless said otherwise.
-  static HttpResponse Unsendable(const std::string& why,
-                                 CallOutcome::Kind kind = CallOutcome::Kind::kInvalid,
-                                 bool withdrawn = false) {
-    HttpResponse answer;
-    answer.outcome.kind = kind;
-    answer.outcome.withdrawn = withdrawn;
-    answer.error = why;
-    return answer;
-  }
-
-  // An answer as a call's result: {"status": n, "headers": {...}, "body": "text"}.
-  static std::string ResultJson(const HttpResponse& answer) {
-    nlohmann::json headers = nlohmann::json::object();
-    for (const auto& [name, value] : answer.headers) headers[name] = value;
-    return JsonText(nlohmann::json{
-        {"status", answer.outcome.status}, {"headers", headers}, {"body", answer.body}});
-  }
-
-  static std::string Described(const HttpResponse& answer) {
-    if (answer.outcome.kind != CallOutcome::Kind::kResponse) {
-      return "no answer (" + (answer.error.empty() ? std::string("connection lost") : answer.error) +
-             ")";
-    }
-    return "HTTP " + std::to_string(answer.outcome.status) + " " + answer.body.substr(0, 200);
-  }
-
-  // A call's failure as a step's: its class in its code (ClassifyCodeFailure).
-  static absl::Status Failure(ErrorClass error, const HttpResponse& answer) {
-    switch (error) {
-      case ErrorClass::kNone:
-        return absl::OkStatus();
-      case ErrorClass::kTransient:
-        return absl::UnavailableError(Described(answer));
-      case ErrorClass::kUnknown:
-        return absl::DeadlineExceededError(Described(answer));
-      case ErrorClass::kRejected:
-        break;
-    }
-    return absl::FailedPreconditionError(Described(answer));
   }
 
   // A step's name: not the context's own ('$...'), and nothing that would make its
