@@ -211,14 +211,21 @@ class RelayTest : public ::testing::Test {
   // A relay on the fake clock with `tuning` (relay config lines) whose one sink,
   // "hooks", is `sink`.
   std::unique_ptr<Relay> MakeRelayWith(const std::string& tuning, std::unique_ptr<Sink> sink) {
+    std::unique_ptr<Relay> relay = MakeWebhookRelay(tuning, http_.get());
+    relay->SetSinkForTest("hooks", std::move(sink));
+    return relay;
+  }
+
+  // A relay on the fake clock with `tuning` whose one sink is the webhook "hooks"
+  // (hooks_), sending through `http`.
+  std::unique_ptr<Relay> MakeWebhookRelay(const std::string& tuning, HttpClient* http) {
     const std::string yaml = "deployment: test\n" + tuning +
                              "sinks:\n  - { name: hooks, type: webhook, url: \"" + hooks_.url() +
                              "\", secret_env: TEST_WEBHOOK_SECRET }\n";
     auto config = ParseRelayConfig(yaml, "relay.yaml");
     EXPECT_TRUE(config.ok()) << config.status();
-    auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
+    auto relay = Relay::Create(store_.get(), http, &clock_, &random_, *config, "relay-1");
     EXPECT_TRUE(relay.ok()) << relay.status();
-    (*relay)->SetSinkForTest("hooks", std::move(sink));
     return std::move(*relay);
   }
 
@@ -998,25 +1005,10 @@ class InlineAnswers final : public HttpClient {
   std::atomic<int> deepest_ = 0;
 };
 
-// A relay whose one sink is the webhook "hooks" (hooks_), sending through `http`.
-std::unique_ptr<Relay> WebhookRelay(Store* store, HttpClient* http, const Clock* clock,
-                                    Random* random, const std::string& tuning,
-                                    const std::string& url) {
-  const std::string yaml = "deployment: test\n" + tuning +
-                           "sinks:\n  - { name: hooks, type: webhook, url: \"" + url +
-                           "\", secret_env: TEST_WEBHOOK_SECRET }\n";
-  auto config = ParseRelayConfig(yaml, "relay.yaml");
-  EXPECT_TRUE(config.ok()) << config.status();
-  auto relay = Relay::Create(store, http, clock, random, *config, "relay-1");
-  EXPECT_TRUE(relay.ok()) << relay.status();
-  return std::move(*relay);
-}
-
 TEST_F(RelayTest, AWebhookRoundKeepsParallelRequestsOutAndNoMore) {
   for (int i = 0; i < 12; ++i) RunOrder("p" + std::to_string(i));
   hooks_.set_hold_ms(40);  // so that requests sent together are seen together
-  auto relay = WebhookRelay(store_.get(), http_.get(), &clock_, &random_, "parallel: 3\n",
-                            hooks_.url());
+  auto relay = MakeWebhookRelay("parallel: 3\n", http_.get());
   SyncReceivers();
   auto attempted = relay->RunOnce();
   ASSERT_TRUE(attempted.ok()) << attempted.status();
@@ -1035,8 +1027,7 @@ TEST_F(RelayTest, AWebhookRoundKeepsParallelRequestsOutAndNoMore) {
 TEST_F(RelayTest, AWebhookBatchStartsNoRequestItsLeaseHasNoRoomFor) {
   for (int i = 0; i < 4; ++i) RunOrder("l" + std::to_string(i));
   SlowAnswers slow(http_.get(), &clock_, 15'000);
-  auto relay = WebhookRelay(store_.get(), &slow, &clock_, &random_,
-                            "parallel: 1\nlease: 30s\n", hooks_.url());
+  auto relay = MakeWebhookRelay("parallel: 1\nlease: 30s\n", &slow);
   SyncReceivers();
   auto attempted = relay->RunOnce();
   ASSERT_TRUE(attempted.ok()) << attempted.status();
@@ -1054,8 +1045,7 @@ TEST_F(RelayTest, AWebhookBatchStartsNoRequestItsLeaseHasNoRoomFor) {
 TEST_F(RelayTest, AWebhookBatchAnsweredInlineSendsEachEventOnceWithoutNesting) {
   for (int i = 0; i < 20; ++i) RunOrder("i" + std::to_string(i));
   InlineAnswers inline_answers;
-  auto relay = WebhookRelay(store_.get(), &inline_answers, &clock_, &random_, "parallel: 1\n",
-                            hooks_.url());
+  auto relay = MakeWebhookRelay("parallel: 1\n", &inline_answers);
   auto attempted = relay->RunOnce();
   ASSERT_TRUE(attempted.ok()) << attempted.status();
   ASSERT_EQ(*attempted, 20);
