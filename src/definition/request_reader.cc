@@ -179,8 +179,7 @@ void RequestReader::ReadSql(const YAML::Node& node, const std::string& name,
   // Any word that is the name of one of Waystone's tables is refused, wherever it
   // stands (a column of that name too): the lexer need not know where tables go.
   for (const std::string& word : out->statement.identifiers) {
-    if (std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), word) !=
-        std::end(kWaystoneTables)) {
+    if (IsWaystoneTable(word)) {
       Error(node["statement"], name,
             where + ".statement names '" + word + "', one of Waystone's own tables; a sql "
             "step reads and writes the integration's tables only (rename a column of that "

@@ -1,7 +1,6 @@
 #include "engine/code_transaction.h"
 
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <vector>
 
@@ -19,8 +18,7 @@ class TransactionWork::Session final : public CodeTransaction {
     auto parsed = ParseSqlStatement(text);
     if (!parsed.ok()) return parsed.status();
     for (const std::string& word : parsed->identifiers) {
-      if (std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), word) !=
-          std::end(kWaystoneTables)) {
+      if (IsWaystoneTable(word)) {
         return absl::InvalidArgumentError("statement names '" + word +
                                           "', one of Waystone's own tables");
       }

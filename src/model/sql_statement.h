@@ -49,6 +49,14 @@ inline constexpr std::string_view kWaystoneTables[] = {
     "relay_cursors",   "relay_sinks",    "schema_migrations", "server_keys", "steps",
     "target_calls",    "target_controls", "tombstones"};
 
+// Whether `name` (in lower case) is one of kWaystoneTables.
+inline bool IsWaystoneTable(std::string_view name) {
+  for (std::string_view table : kWaystoneTables) {
+    if (table == name) return true;
+  }
+  return false;
+}
+
 // A value bound to a parameter, as a template rendered it.
 struct SqlParam {
   enum class Kind : uint8_t { kNull = 0, kInteger = 1, kReal = 2, kText = 3, kBoolean = 4 };

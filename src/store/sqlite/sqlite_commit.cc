@@ -29,9 +29,7 @@ int AuthorizeBusinessStatement(void*, int action, const char* first, const char*
     if (first == nullptr) return false;
     std::string table(first);
     for (char& c : table) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return table.starts_with("sqlite_") ||
-           std::find(std::begin(kWaystoneTables), std::end(kWaystoneTables), table) !=
-               std::end(kWaystoneTables);
+    return table.starts_with("sqlite_") || IsWaystoneTable(table);
   };
   switch (action) {
     case SQLITE_SELECT:
