@@ -28,21 +28,6 @@ using Json = nlohmann::json;
 // How much past a request's timeout a stalled or slow answer comes.
 constexpr Millis kPastTimeout = 300;
 
-struct Space {
-  Schedule schedule;
-  pid_t worker = 0;
-  pid_t frozen = 0;  // stopped by a freeze outcome, not yet taken by the runner
-  std::map<std::pair<std::string, Role>, int> attempts;
-  std::map<std::pair<std::string, Role>, Outcome> last;  // the last outcome per request kind
-  std::map<std::string, Json> objects;                   // id -> object
-  std::map<std::string, std::string> creator;            // id -> step that created it
-  std::map<std::string, std::string> put_paths;          // path -> id
-  std::map<std::string, std::pair<int, std::string>> answered_keys;  // key -> status, body
-  std::set<std::pair<std::string, std::string>> actions;             // (object, action) done
-  int next_id = 1;
-  Observed observed;
-};
-
 bool SameValue(const Json& field, const std::string& value) {
   if (field.is_string()) return field.get<std::string>() == value;
   if (field.is_number() || field.is_boolean()) return field.dump() == value;
@@ -74,6 +59,22 @@ Json ProblemBody(int status, const std::string& detail) {
 
 class GenericTarget::Impl {
  public:
+  // One verified run's simulated world: its schedule, its worker, what it was sent.
+  struct Space {
+    Schedule schedule;
+    pid_t worker = 0;
+    pid_t frozen = 0;  // stopped by a freeze outcome, not yet taken by the runner
+    std::map<std::pair<std::string, Role>, int> attempts;
+    std::map<std::pair<std::string, Role>, Outcome> last;  // the last outcome per request kind
+    std::map<std::string, Json> objects;                   // id -> object
+    std::map<std::string, std::string> creator;            // id -> step that created it
+    std::map<std::string, std::string> put_paths;          // path -> id
+    std::map<std::string, std::pair<int, std::string>> answered_keys;  // key -> status, body
+    std::set<std::pair<std::string, std::string>> actions;             // (object, action) done
+    int next_id = 1;
+    Observed observed;
+  };
+
   Impl(Contract contract, std::map<std::string, std::string> upstreams)
       : contract_(std::move(contract)), upstreams_(std::move(upstreams)) {
     if (!upstreams_.empty()) http_ = NewCurlHttpClient({});

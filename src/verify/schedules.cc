@@ -82,7 +82,7 @@ bool KnownPoint(std::string_view point) {
   return false;
 }
 
-Schedule Row(std::string step, std::string request, std::string injected) {
+Schedule ScheduleRow(std::string step, std::string request, std::string injected) {
   Schedule schedule;
   schedule.step = std::move(step);
   schedule.request = std::move(request);
@@ -268,14 +268,14 @@ absl::StatusOr<Schedule> ParseSpec(std::string_view spec, const Contract& contra
 
 std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const Contract& contract) {
   std::vector<Schedule> all;
-  all.push_back(Row("*", "instance", "clean run"));
-  Schedule twice = Row("*", "instance", "the start event delivered twice");
+  all.push_back(ScheduleRow("*", "instance", "clean run"));
+  Schedule twice = ScheduleRow("*", "instance", "the start event delivered twice");
   twice.starts = Starts::kEventTwice;
   all.push_back(twice);
-  Schedule concurrent = Row("*", "instance", "two identical starts at once");
+  Schedule concurrent = ScheduleRow("*", "instance", "two identical starts at once");
   concurrent.starts = Starts::kConcurrent;
   all.push_back(concurrent);
-  Schedule claim = Row("*", "instance", "kill before the first claim");
+  Schedule claim = ScheduleRow("*", "instance", "kill before the first claim");
   claim.crash_at = std::string(kClaimPoint) + ":" + std::string(kInstance);
   all.push_back(claim);
   for (int index : contract.waiting_steps) {
@@ -283,7 +283,7 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
     const std::string what =
         definition.steps[index].kind == StepKind::kApproval ? "decision" : "event";
     for (std::string_view point : kWaitPoints) {
-      Schedule row = Row(name, what,
+      Schedule row = ScheduleRow(name, what,
                          point == kWaitPoints[0] ? "kill during the wait"
                                                  : "kill after the " + what + " was delivered");
       row.crash_at = std::string(point) + ":" + name;
@@ -293,7 +293,7 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
   for (std::string_view point : kRelayPoints) {
     for (int occurrence : {1, 2}) {
       Schedule row =
-          Row("*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
+          ScheduleRow("*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
       row.crash_at = std::string(point) + ":" + std::string(kEventSink);
       row.crash_occurrence = occurrence;
       all.push_back(row);
@@ -321,12 +321,12 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
                    outcome == Outcome::kLost502 || outcome == Outcome::kLost504)) {
         continue;
       }
-      Schedule row = Row(name, "call", std::string(outcome_name));
+      Schedule row = ScheduleRow(name, "call", std::string(outcome_name));
       row.faults.push_back(fault(Role::kCall, 1, outcome));
       all.push_back(row);
     }
     if (!reads && !mail && !step.lookup) {  // with a lookup the retry never goes
-      Schedule duplicate = Row(name, "call", "reset, then duplicate (409) on the retry");
+      Schedule duplicate = ScheduleRow(name, "call", "reset, then duplicate (409) on the retry");
       duplicate.faults = {fault(Role::kCall, 1, Outcome::kReset),
                           fault(Role::kCall, 2, Outcome::kDuplicate)};
       all.push_back(duplicate);
@@ -334,22 +334,22 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
     // Every boundary around it, with a kill of the worker there.
     for (std::string_view point :
          {"before-step", "before-call", "after-call", "after-checkpoint"}) {
-      Schedule row = Row(name, "call", "kill at " + std::string(point));
+      Schedule row = ScheduleRow(name, "call", "kill at " + std::string(point));
       row.crash_at = std::string(point) + ":" + name;
       all.push_back(row);
     }
-    Schedule sent = Row(name, "call", "kill after sent, before the answer is read");
+    Schedule sent = ScheduleRow(name, "call", "kill after sent, before the answer is read");
     sent.faults.push_back(fault(Role::kCall, 1, Outcome::kKill));
     all.push_back(sent);
     if (!reads) {
-      Schedule frozen = Row(name, "call", "frozen after sent; a second worker takes over");
+      Schedule frozen = ScheduleRow(name, "call", "frozen after sent; a second worker takes over");
       frozen.faults.push_back(fault(Role::kCall, 1, Outcome::kFreeze));
       all.push_back(frozen);
     }
 
     if (step.lookup) {
       auto after_loss = [&](std::string injected) {
-        Schedule row = Row(name, "lookup", std::move(injected));
+        Schedule row = ScheduleRow(name, "lookup", std::move(injected));
         row.faults.push_back(fault(Role::kCall, 1, Outcome::kReset));
         return row;
       };
@@ -376,12 +376,12 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
       auto rejected = [&](std::string injected) {
         if (later == nullptr) {
           Schedule row =
-              Row(name, "compensate", std::move(injected) + " (an operator compensates)");
+              ScheduleRow(name, "compensate", std::move(injected) + " (an operator compensates)");
           row.operator_compensates = true;
           return row;
         }
         Schedule row =
-            Row(name, "compensate", std::move(injected) + " (" + later->step + " rejected)");
+            ScheduleRow(name, "compensate", std::move(injected) + " (" + later->step + " rejected)");
         row.faults.push_back(Fault{later->step, Role::kCall, 0, Outcome::kReject});
         return row;
       };

@@ -38,7 +38,7 @@ constexpr char kNotify[] = R"(  - name: confirm
 )";
 
 // Returns every diagnostic of `text`, one per line.
-std::string Lint(const std::string& text) {
+std::string LintText(const std::string& text) {
   WorkflowDefinition definition;
   std::string all;
   for (const Diagnostic& d : LintDefinitionText(text, "n.yaml", &definition)) {
@@ -163,7 +163,7 @@ steps:
   EXPECT_EQ(mail.password, "{{secret.SMTP_PASSWORD}}");
   EXPECT_EQ(email.request.timeout, kEmailTimeout) << "minutes, as RFC 5321 allows after DATA";
   EXPECT_FALSE(email.compensate.has_value());
-  EXPECT_NE(Lint(R"(workflow: orders
+  EXPECT_NE(LintText(R"(workflow: orders
 key: "{{input.id}}"
 templates:
   t: { version: 1, subject: "s {{input.nope}}", text: x }
@@ -281,15 +281,15 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
-    const std::string found = Lint(row.text);
+    const std::string found = LintText(row.text);
     EXPECT_NE(found.find(row.expected), std::string::npos) << found;
   }
   // Reporting an optional step: it may have failed.
   std::string optional = head;
   optional.replace(optional.find("    idempotency"), 0, "    optional: true\n");
-  EXPECT_NE(Lint(optional + notify).find("which is optional and may have failed"),
+  EXPECT_NE(LintText(optional + notify).find("which is optional and may have failed"),
             std::string::npos)
-      << Lint(optional + notify);
+      << LintText(optional + notify);
 }
 
 }  // namespace
@@ -382,7 +382,7 @@ TEST(ParallelTest, WhatABranchCannotKnowIsRefused) {
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
-    const std::string found = Lint(row.text);
+    const std::string found = LintText(row.text);
     EXPECT_NE(found.find(row.expected), std::string::npos) << found;
   }
 }

@@ -23,10 +23,10 @@ using Json = nlohmann::json;
 using S = StepState;
 using I = InstanceState;
 
-constexpr Millis kNow = 50'000;
+constexpr Millis kApprovalNow = 50'000;
 
 // a: a compensable create; b: the approval (`approval` is its YAML); c: the order.
-WorkflowDefinition Definition(const std::string& approval) {
+WorkflowDefinition ApprovalDefinition(const std::string& approval) {
   auto loaded = LoadDefinitionText(R"(workflow: w
 key: "{{input.id}}"
 steps:
@@ -46,7 +46,7 @@ steps:
 }
 
 const WorkflowDefinition& Finance() {
-  static const WorkflowDefinition definition = Definition(
+  static const WorkflowDefinition definition = ApprovalDefinition(
       R"({ material: [/amount, /lines], summary: "order {{input.id}}: {{input.amount}} EUR",
          requester: "{{input.submitted_by}}", approvers: { group: finance } })");
   return definition;
@@ -71,7 +71,7 @@ ApprovalSnapshot Snapshot(const WorkflowDefinition& definition, const InstanceRe
   return snapshot.ok() ? *snapshot : ApprovalSnapshot{};
 }
 
-std::vector<StepRecord> Apply(std::vector<StepRecord> steps, const Change& change) {
+std::vector<StepRecord> ApprovalApply(std::vector<StepRecord> steps, const Change& change) {
   for (const StepRecord& step : change.steps) steps[step.index] = step;
   return steps;
 }
@@ -87,9 +87,9 @@ Open OpenRequest(const WorkflowDefinition& definition, I state = I::kRunning) {
   Open open{Instance(state, kInput), testing::Steps({S::kCompleted, S::kPending, S::kPending}),
             ""};
   SeededRandom random{1};
-  const Facts facts{definition, open.instance, open.steps, kNow, random};
+  const Facts facts{definition, open.instance, open.steps, kApprovalNow, random};
   const Change change = OpenApproval(facts, 1, Snapshot(definition, open.instance));
-  open.steps = Apply(open.steps, change);
+  open.steps = ApprovalApply(open.steps, change);
   open.version = open.steps[1].request_hash;
   return open;
 }
@@ -107,7 +107,7 @@ Decision By(const std::string& actor, bool approve, int request, const std::stri
   return decision;
 }
 
-std::vector<std::string> EventTypes(const Change& change) {
+std::vector<std::string> ApprovalEventTypes(const Change& change) {
   std::vector<std::string> types;
   for (const EventRecord& event : change.events) types.push_back(event.type);
   return types;
@@ -145,16 +145,16 @@ TEST(ApprovalRulesTest, ARequestOpensOnTheSnapshotAndWaitsWithoutADeadline) {
   EXPECT_EQ(record["snapshot"]["summary"], "order o-1: 120 EUR");
   EXPECT_EQ(record["snapshot"]["requester"], "bob");
   EXPECT_FALSE(record.contains("decision"));
-  const NextAction next = Decide(Finance(), open.instance, open.steps, kNow + 3'600'000);
+  const NextAction next = Decide(Finance(), open.instance, open.steps, kApprovalNow + 3'600'000);
   EXPECT_EQ(next.kind, NextAction::Kind::kAwaitEvent);
   EXPECT_EQ(next.step, 1);
   EXPECT_EQ(next.wait_until, 0);
 
   SeededRandom random{1};
   std::vector<StepRecord> pending = testing::Steps({S::kCompleted, S::kPending, S::kPending});
-  const Facts facts{Finance(), open.instance, pending, kNow, random};
+  const Facts facts{Finance(), open.instance, pending, kApprovalNow, random};
   const Change change = OpenApproval(facts, 1, Snapshot(Finance(), open.instance));
-  ASSERT_EQ(EventTypes(change), std::vector<std::string>{"waystone.approval.requested"});
+  ASSERT_EQ(ApprovalEventTypes(change), std::vector<std::string>{"waystone.approval.requested"});
   const Json payload = Json::parse(change.events[0].payload_json);
   EXPECT_EQ(payload["approval"]["data_version"], open.version);
   EXPECT_EQ(payload["message"], "order o-1: 120 EUR");
@@ -163,7 +163,7 @@ TEST(ApprovalRulesTest, ARequestOpensOnTheSnapshotAndWaitsWithoutADeadline) {
 TEST(ApprovalRulesTest, AnApprovalCompletesTheStepWithWhoAndWhenAndTheRunGoesOn) {
   const Open open = OpenRequest(Finance());
   SeededRandom random{2};
-  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
   const DecisionOutcome out =
       DecisionArrived(facts, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
   ASSERT_TRUE(out.refusal.ok()) << out.refusal;
@@ -173,16 +173,16 @@ TEST(ApprovalRulesTest, AnApprovalCompletesTheStepWithWhoAndWhenAndTheRunGoesOn)
   const Json decision = Json::parse(b.response_json)["decision"];
   EXPECT_EQ(decision["outcome"], "approve");
   EXPECT_EQ(decision["by"], "alice");
-  EXPECT_EQ(decision["at"], kNow);
+  EXPECT_EQ(decision["at"], kApprovalNow);
   EXPECT_EQ(decision["comment"], "fine");
-  EXPECT_EQ(out.change.next_run_at, kNow);
+  EXPECT_EQ(out.change.next_run_at, kApprovalNow);
   ASSERT_EQ(out.change.audits.size(), 1u);
   EXPECT_EQ(out.change.audits[0].action, "decide");
   EXPECT_EQ(out.change.audits[0].actor, "alice");
   EXPECT_EQ(out.change.audits[0].reason, "approve: fine");
   EXPECT_NE(out.change.audits[0].detail_json.find(open.version), std::string::npos);
-  const std::vector<StepRecord> after = Apply(open.steps, out.change);
-  const NextAction next = Decide(Finance(), open.instance, after, kNow);
+  const std::vector<StepRecord> after = ApprovalApply(open.steps, out.change);
+  const NextAction next = Decide(Finance(), open.instance, after, kApprovalNow);
   EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
   EXPECT_EQ(next.step, 2);
 }
@@ -205,12 +205,12 @@ TEST(ApprovalRulesTest, ARejectionGoesWhereTheStepSays) {
   };
   for (const Row& row : table) {
     SCOPED_TRACE(row.on_reject);
-    const WorkflowDefinition definition = Definition(
+    const WorkflowDefinition definition = ApprovalDefinition(
         std::string("{ material: [/amount], approvers: { role: operator }, on_reject: ") +
         row.on_reject + " }");
     const Open open = OpenRequest(definition);
     SeededRandom random{3};
-    const Facts facts{definition, open.instance, open.steps, kNow, random};
+    const Facts facts{definition, open.instance, open.steps, kApprovalNow, random};
     Decision decision = By("carol", false, 1, open.version);
     decision.role = "operator";
     const DecisionOutcome out = DecisionArrived(facts, 1, decision, ApprovalSnapshot{});
@@ -220,7 +220,7 @@ TEST(ApprovalRulesTest, ARejectionGoesWhereTheStepSays) {
     EXPECT_EQ(out.change.steps[0].state, S::kFailed);
     EXPECT_EQ(out.change.steps[0].error_class, ErrorClass::kRejected);
     EXPECT_EQ(out.change.steps[0].error_message, "approval rejected by carol: too much");
-    EXPECT_EQ(EventTypes(out.change), row.events);
+    EXPECT_EQ(ApprovalEventTypes(out.change), row.events);
     std::vector<AlertKind> alerts;
     for (const AlertRecord& alert : out.change.alerts) alerts.push_back(alert.kind);
     EXPECT_EQ(alerts, row.alerts);
@@ -254,7 +254,7 @@ TEST(ApprovalRulesTest, ADecisionTheStepDoesNotAcceptIsRefusedAuditedAndChangesN
   for (const Row& row : table) {
     SCOPED_TRACE(row.name);
     SeededRandom random{4};
-    const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+    const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
     const DecisionOutcome out = DecisionArrived(facts, 1, row.decision, ApprovalSnapshot{});
     EXPECT_EQ(out.refusal.code(), row.code) << out.refusal;
     EXPECT_NE(out.refusal.message().find(row.says), std::string::npos) << out.refusal;
@@ -270,12 +270,12 @@ TEST(ApprovalRulesTest, ADecisionTheStepDoesNotAcceptIsRefusedAuditedAndChangesN
 TEST(ApprovalRulesTest, TheFirstDecisionWinsALaterOneIsRefusedAndAContradictionAlerts) {
   const Open open = OpenRequest(Finance());
   SeededRandom random{5};
-  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
   const DecisionOutcome first =
       DecisionArrived(facts, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
   ASSERT_TRUE(first.refusal.ok());
-  const std::vector<StepRecord> decided = Apply(open.steps, first.change);
-  const Facts later{Finance(), open.instance, decided, kNow + 5, random};
+  const std::vector<StepRecord> decided = ApprovalApply(open.steps, first.change);
+  const Facts later{Finance(), open.instance, decided, kApprovalNow + 5, random};
 
   // Another approver agreeing: refused (409), audited, no alert.
   const DecisionOutcome agree =
@@ -309,7 +309,7 @@ TEST(ApprovalRulesTest, ADecisionOnAnInstanceClosedBeforeItsRequestIsRefused) {
   InstanceRecord closed = Instance(I::kClosed, kInput);
   const std::vector<StepRecord> steps = testing::Steps({S::kRunning, S::kPending, S::kPending});
   SeededRandom random{6};
-  const Facts facts{Finance(), closed, steps, kNow, random};
+  const Facts facts{Finance(), closed, steps, kApprovalNow, random};
   const ApprovalSnapshot now = Snapshot(Finance(), closed);
   const DecisionOutcome out =
       DecisionArrived(facts, 1, By("alice", true, 0, now.data_version), now);
@@ -323,13 +323,13 @@ TEST(ApprovalRulesTest, ADecisionOnAnInstanceClosedBeforeItsRequestIsRefused) {
 TEST(ApprovalRulesTest, ALateDecisionOnAClosedInstanceIsRefusedNamingWhatStood) {
   const Open open = OpenRequest(Finance());
   SeededRandom random{6};
-  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
   const DecisionOutcome approved =
       DecisionArrived(facts, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
   InstanceRecord closed = open.instance;
   closed.state = I::kClosed;
-  const std::vector<StepRecord> decided = Apply(open.steps, approved.change);
-  const Facts late{Finance(), closed, decided, kNow + 9, random};
+  const std::vector<StepRecord> decided = ApprovalApply(open.steps, approved.change);
+  const Facts late{Finance(), closed, decided, kApprovalNow + 9, random};
   const DecisionOutcome out =
       DecisionArrived(late, 1, By("erin", false, 1, open.version), ApprovalSnapshot{});
   EXPECT_EQ(out.refusal.code(), absl::StatusCode::kFailedPrecondition);
@@ -347,7 +347,7 @@ TEST(ApprovalRulesTest, ADecisionBeforeTheRequestIsKeptForThatRequestOnly) {
   std::vector<StepRecord> steps = testing::Steps({S::kRunning, S::kPending, S::kPending});
   const ApprovalSnapshot now = Snapshot(Finance(), instance);
   SeededRandom random{7};
-  const Facts facts{Finance(), instance, steps, kNow, random};
+  const Facts facts{Finance(), instance, steps, kApprovalNow, random};
 
   Decision wrong = By("alice", true, 0, std::string(64, 'a'));
   const DecisionOutcome refused = DecisionArrived(facts, 1, wrong, now);
@@ -362,10 +362,10 @@ TEST(ApprovalRulesTest, ADecisionBeforeTheRequestIsKeptForThatRequestOnly) {
   EXPECT_EQ(kept.change.next_run_at, std::nullopt);
   ASSERT_EQ(kept.change.audits.size(), 1u);
   EXPECT_NE(kept.change.audits[0].detail_json.find("before_request"), std::string::npos);
-  steps = Apply(steps, kept.change);
+  steps = ApprovalApply(steps, kept.change);
 
   // A second one before the request: the first stands.
-  const Facts again{Finance(), instance, steps, kNow + 1, random};
+  const Facts again{Finance(), instance, steps, kApprovalNow + 1, random};
   const DecisionOutcome second =
       DecisionArrived(again, 1, By("dave", false, 0, now.data_version), now);
   EXPECT_EQ(second.refusal.code(), absl::StatusCode::kFailedPrecondition);
@@ -373,7 +373,7 @@ TEST(ApprovalRulesTest, ADecisionBeforeTheRequestIsKeptForThatRequestOnly) {
 
   // a completes; b's request opens on the same data and is decided at once.
   steps[0].state = S::kCompleted;
-  const Facts opening{Finance(), instance, steps, kNow + 2, random};
+  const Facts opening{Finance(), instance, steps, kApprovalNow + 2, random};
   const Change opened = OpenApproval(opening, 1, now);
   ASSERT_EQ(opened.steps.size(), 1u);
   EXPECT_EQ(opened.steps[0].state, S::kCompleted);
@@ -389,7 +389,7 @@ TEST(ApprovalRulesTest, ADecisionBeforeTheRequestIsKeptForThatRequestOnly) {
   Json revised = Json::parse(kInput);
   revised["amount"] = 999;
   const InstanceRecord changed = Instance(I::kRunning, revised.dump());
-  const Facts on_new{Finance(), changed, steps, kNow + 2, random};
+  const Facts on_new{Finance(), changed, steps, kApprovalNow + 2, random};
   const Change reopened = OpenApproval(on_new, 1, Snapshot(Finance(), changed));
   ASSERT_EQ(reopened.steps.size(), 1u);
   EXPECT_EQ(reopened.steps[0].state, S::kWaiting);
@@ -400,14 +400,14 @@ TEST(ApprovalRulesTest, ADecisionBeforeTheRequestIsKeptForThatRequestOnly) {
 
 TEST(ApprovalRulesTest, ARoleDecidesAtItsRankOrAbove) {
   const WorkflowDefinition definition =
-      Definition("{ material: [/amount], approvers: { role: admin } }");
+      ApprovalDefinition("{ material: [/amount], approvers: { role: admin } }");
   const Open open = OpenRequest(definition);
   for (const auto& [role, allowed] :
        std::vector<std::pair<std::string, bool>>{{"viewer", false}, {"operator", false},
                                                  {"admin", true}}) {
     SCOPED_TRACE(role);
     SeededRandom random{8};
-    const Facts facts{definition, open.instance, open.steps, kNow, random};
+    const Facts facts{definition, open.instance, open.steps, kApprovalNow, random};
     Decision decision = By("root", true, 1, open.version);
     decision.role = role;
     decision.groups = {};
@@ -417,7 +417,7 @@ TEST(ApprovalRulesTest, ARoleDecidesAtItsRankOrAbove) {
 }
 
 TEST(ApprovalRulesTest, ASummaryThatDoesNotRenderFailsTheStepNamingTheField) {
-  const WorkflowDefinition definition = Definition(
+  const WorkflowDefinition definition = ApprovalDefinition(
       R"({ material: [/amount], summary: "{{input.customer.name}}" })");
   const InstanceRecord instance = Instance(I::kRunning, kInput);
   const Json context = {{"input", Json::parse(kInput)}};
@@ -425,7 +425,7 @@ TEST(ApprovalRulesTest, ASummaryThatDoesNotRenderFailsTheStepNamingTheField) {
   ASSERT_FALSE(snapshot.ok());
   std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kPending, S::kPending});
   SeededRandom random{9};
-  const Facts facts{definition, instance, steps, kNow, random};
+  const Facts facts{definition, instance, steps, kApprovalNow, random};
   const Change change = OpenApproval(facts, 1, snapshot);
   ASSERT_FALSE(change.steps.empty());
   EXPECT_EQ(change.steps[0].state, S::kFailed);
@@ -444,7 +444,7 @@ Revision Revised(const std::string& field, Json value) {
 TEST(ApprovalRulesTest, AMaterialRevisionCancelsTheOpenRequestAndAsksAgainOnTheNewData) {
   const Open open = OpenRequest(Finance());
   SeededRandom random{10};
-  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
   const auto out = Revise(facts, Revised("amount", 150));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->cancelled, std::vector<std::string>{"b"});
@@ -464,22 +464,22 @@ TEST(ApprovalRulesTest, AMaterialRevisionCancelsTheOpenRequestAndAsksAgainOnTheN
   EXPECT_NE(out->change.audits[0].detail_json.find("\"superseded_by\":2"), std::string::npos)
       << out->change.audits[0].detail_json;
   EXPECT_EQ(out->change.audits[1].action, "revise");
-  EXPECT_EQ(out->change.next_run_at, kNow);
+  EXPECT_EQ(out->change.next_run_at, kApprovalNow);
 
   // The request opens again: request 2, on the new data.
   InstanceRecord revised = open.instance;
   revised.input_json = *out->change.input_json;
-  const std::vector<StepRecord> after = Apply(open.steps, out->change);
-  EXPECT_EQ(Decide(Finance(), revised, after, kNow).kind, NextAction::Kind::kRunStep);
-  const Facts reopening{Finance(), revised, after, kNow + 1, random};
+  const std::vector<StepRecord> after = ApprovalApply(open.steps, out->change);
+  EXPECT_EQ(Decide(Finance(), revised, after, kApprovalNow).kind, NextAction::Kind::kRunStep);
+  const Facts reopening{Finance(), revised, after, kApprovalNow + 1, random};
   const std::vector<StepRecord> reopened =
-      Apply(after, OpenApproval(reopening, 1, Snapshot(Finance(), revised)));
+      ApprovalApply(after, OpenApproval(reopening, 1, Snapshot(Finance(), revised)));
   EXPECT_EQ(reopened[1].state, S::kWaiting);
   EXPECT_EQ(reopened[1].attempts, 2);
   EXPECT_NE(reopened[1].request_hash, open.version);
 
   // A decision on request 1 now: refused, naming the current request and version.
-  const Facts late{Finance(), revised, reopened, kNow + 2, random};
+  const Facts late{Finance(), revised, reopened, kApprovalNow + 2, random};
   const DecisionOutcome stale =
       DecisionArrived(late, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});
   EXPECT_EQ(stale.refusal.code(), absl::StatusCode::kFailedPrecondition);
@@ -490,7 +490,7 @@ TEST(ApprovalRulesTest, AMaterialRevisionCancelsTheOpenRequestAndAsksAgainOnTheN
   ASSERT_EQ(stale.change.audits.size(), 1u);
   EXPECT_EQ(stale.change.audits[0].action, "decision_refused");
   // ... and before request 2 opened, too.
-  const Facts between{Finance(), revised, after, kNow + 1, random};
+  const Facts between{Finance(), revised, after, kApprovalNow + 1, random};
   const DecisionOutcome early =
       DecisionArrived(between, 1, By("alice", true, 1, open.version),
                       Snapshot(Finance(), revised));
@@ -502,13 +502,13 @@ TEST(ApprovalRulesTest, AMaterialRevisionCancelsTheOpenRequestAndAsksAgainOnTheN
 TEST(ApprovalRulesTest, ANonMaterialRevisionOnlyNotifies) {
   const Open open = OpenRequest(Finance());
   SeededRandom random{11};
-  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
   const auto out = Revise(facts, Revised("note", "call first"));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(out->material.empty());
   EXPECT_TRUE(out->cancelled.empty());
   EXPECT_TRUE(out->change.steps.empty());  // the open request stands
-  EXPECT_EQ(EventTypes(out->change), std::vector<std::string>{"waystone.instance.revised"});
+  EXPECT_EQ(ApprovalEventTypes(out->change), std::vector<std::string>{"waystone.instance.revised"});
   EXPECT_NE(out->change.events[0].payload_json.find("not material"), std::string::npos);
   ASSERT_TRUE(out->change.input_json.has_value());
   ASSERT_EQ(out->change.audits.size(), 1u);
@@ -517,7 +517,7 @@ TEST(ApprovalRulesTest, ANonMaterialRevisionOnlyNotifies) {
   // The same input again: nothing to do.
   InstanceRecord same = open.instance;
   same.input_json = *out->change.input_json;
-  const Facts again{Finance(), same, open.steps, kNow, random};
+  const Facts again{Finance(), same, open.steps, kApprovalNow, random};
   const auto unchanged = Revise(again, Revised("note", "call first"));
   ASSERT_TRUE(unchanged.ok());
   EXPECT_TRUE(unchanged->unchanged);
@@ -525,7 +525,7 @@ TEST(ApprovalRulesTest, ANonMaterialRevisionOnlyNotifies) {
 
 TEST(ApprovalRulesTest, ADecidedApprovalIsNeverMovedUnderItsDecisionButARejectedOneIsAskedAgain) {
   const WorkflowDefinition waits =
-      Definition("{ material: [/amount], approvers: { role: viewer }, on_reject: wait }");
+      ApprovalDefinition("{ material: [/amount], approvers: { role: viewer }, on_reject: wait }");
   struct Row {
     const char* name;
     bool approve;
@@ -535,14 +535,14 @@ TEST(ApprovalRulesTest, ADecidedApprovalIsNeverMovedUnderItsDecisionButARejected
     SCOPED_TRACE(row.name);
     const Open open = OpenRequest(waits);
     SeededRandom random{12};
-    const Facts facts{waits, open.instance, open.steps, kNow, random};
+    const Facts facts{waits, open.instance, open.steps, kApprovalNow, random};
     const DecisionOutcome decided =
         DecisionArrived(facts, 1, By("alice", row.approve, 1, open.version), ApprovalSnapshot{});
     ASSERT_TRUE(decided.refusal.ok());
     InstanceRecord instance = open.instance;
     if (decided.change.state) instance.state = *decided.change.state;
-    const std::vector<StepRecord> after = Apply(open.steps, decided.change);
-    const Facts later{waits, instance, after, kNow + 1, random};
+    const std::vector<StepRecord> after = ApprovalApply(open.steps, decided.change);
+    const Facts later{waits, instance, after, kApprovalNow + 1, random};
     const auto revised = Revise(later, Revised("amount", 99));
     EXPECT_EQ(revised.ok(), row.allowed) << revised.status();
     if (!revised.ok()) {
@@ -579,15 +579,15 @@ steps:
   const InstanceRecord instance = Instance(I::kRunning, kInput);
   std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted, S::kPending});
   SeededRandom random{13};
-  const Facts facts{*loaded, instance, steps, kNow, random};
+  const Facts facts{*loaded, instance, steps, kApprovalNow, random};
   const auto out = Revise(facts, Revised("amount", 7));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->reruns, std::vector<std::string>{"price"});
   ASSERT_EQ(out->change.steps.size(), 1u);
   EXPECT_EQ(out->change.steps[0].name, "a");  // price; reserve stands
   EXPECT_EQ(out->change.steps[0].state, S::kPending);
-  const std::vector<StepRecord> after = Apply(steps, out->change);
-  const NextAction next = Decide(*loaded, instance, after, kNow);
+  const std::vector<StepRecord> after = ApprovalApply(steps, out->change);
+  const NextAction next = Decide(*loaded, instance, after, kApprovalNow);
   EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
   EXPECT_EQ(next.step, 0);
 
@@ -612,7 +612,7 @@ TEST(ApprovalRulesTest, AFinishedInstanceTakesNoRevision) {
     const std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted,
                                                           S::kCompleted});
     SeededRandom random{14};
-    const Facts facts{Finance(), instance, steps, kNow, random};
+    const Facts facts{Finance(), instance, steps, kApprovalNow, random};
     const auto out = Revise(facts, Revised("note", "late"));
     EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
   }
@@ -642,7 +642,7 @@ steps:
     std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted, S::kRunning});
     steps[2].attempts = 1;
     SeededRandom random{15};
-    const Facts facts{*loaded, instance, steps, kNow, random};
+    const Facts facts{*loaded, instance, steps, kApprovalNow, random};
     CallResult refused;
     refused.response.outcome.kind = CallOutcome::Kind::kResponse;
     refused.response.outcome.status = 422;
@@ -664,52 +664,52 @@ steps:
 // --- Deadlines (the clock is `now`: each row a moment) ----------------------------------
 
 TEST(ApprovalRulesTest, ARequestIsRemindedThenEscalatedThenTimesOutAsDeclared) {
-  const WorkflowDefinition definition = Definition(
+  const WorkflowDefinition definition = ApprovalDefinition(
       "{ material: [/amount], approvers: { group: finance }, remind_after: 1h, "
       "escalate_after: 2h, escalate_to: leads, timeout: 3h, on_timeout: close }");
   constexpr Millis kHour = 3'600'000;
   const Open open = OpenRequest(definition);
   std::vector<StepRecord> steps = open.steps;
-  EXPECT_EQ(steps[1].next_attempt_at, kNow + kHour);  // the durable timer: its first deadline
+  EXPECT_EQ(steps[1].next_attempt_at, kApprovalNow + kHour);  // the durable timer: its first deadline
   SeededRandom random{16};
-  NextAction next = Decide(definition, open.instance, steps, kNow + kHour / 2);
+  NextAction next = Decide(definition, open.instance, steps, kApprovalNow + kHour / 2);
   EXPECT_EQ(next.kind, NextAction::Kind::kAwaitEvent);
-  EXPECT_EQ(next.wait_until, kNow + kHour);
+  EXPECT_EQ(next.wait_until, kApprovalNow + kHour);
 
   Decision lead = By("lena", true, 1, open.version);
   lead.groups = {"leads"};
   {
-    const Facts before{definition, open.instance, steps, kNow + kHour / 2, random};
+    const Facts before{definition, open.instance, steps, kApprovalNow + kHour / 2, random};
     EXPECT_EQ(DecisionArrived(before, 1, lead, ApprovalSnapshot{}).refusal.code(),
               absl::StatusCode::kPermissionDenied);
   }
 
   // One hour: a reminder; still waiting, the next deadline the escalation.
-  next = Decide(definition, open.instance, steps, kNow + kHour);
+  next = Decide(definition, open.instance, steps, kApprovalNow + kHour);
   EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
-  const Facts reminding{definition, open.instance, steps, kNow + kHour, random};
+  const Facts reminding{definition, open.instance, steps, kApprovalNow + kHour, random};
   const Change reminded = ApprovalDue(reminding, 1);
-  EXPECT_EQ(EventTypes(reminded), std::vector<std::string>{"waystone.approval.reminder"});
-  steps = Apply(steps, reminded);
+  EXPECT_EQ(ApprovalEventTypes(reminded), std::vector<std::string>{"waystone.approval.reminder"});
+  steps = ApprovalApply(steps, reminded);
   EXPECT_EQ(steps[1].state, S::kWaiting);
-  EXPECT_EQ(steps[1].next_attempt_at, kNow + 2 * kHour);
+  EXPECT_EQ(steps[1].next_attempt_at, kApprovalNow + 2 * kHour);
 
   // Two hours: escalated to the leads, who may decide from now on.
-  const Facts escalating{definition, open.instance, steps, kNow + 2 * kHour, random};
+  const Facts escalating{definition, open.instance, steps, kApprovalNow + 2 * kHour, random};
   const Change escalated = ApprovalDue(escalating, 1);
-  EXPECT_EQ(EventTypes(escalated), std::vector<std::string>{"waystone.approval.escalated"});
+  EXPECT_EQ(ApprovalEventTypes(escalated), std::vector<std::string>{"waystone.approval.escalated"});
   ASSERT_EQ(escalated.audits.size(), 1u);
   EXPECT_EQ(escalated.audits[0].action, "approval_escalated");
-  std::vector<StepRecord> after_escalation = Apply(steps, escalated);
-  EXPECT_EQ(after_escalation[1].next_attempt_at, kNow + 3 * kHour);
+  std::vector<StepRecord> after_escalation = ApprovalApply(steps, escalated);
+  EXPECT_EQ(after_escalation[1].next_attempt_at, kApprovalNow + 3 * kHour);
   {
-    const Facts later{definition, open.instance, after_escalation, kNow + 2 * kHour + 1, random};
+    const Facts later{definition, open.instance, after_escalation, kApprovalNow + 2 * kHour + 1, random};
     const DecisionOutcome by_lead = DecisionArrived(later, 1, lead, ApprovalSnapshot{});
     EXPECT_TRUE(by_lead.refusal.ok()) << by_lead.refusal;
   }
 
   // Three hours without a decision: it times out, and closes as declared.
-  const Facts timing_out{definition, open.instance, after_escalation, kNow + 3 * kHour, random};
+  const Facts timing_out{definition, open.instance, after_escalation, kApprovalNow + 3 * kHour, random};
   const Change timed_out = ApprovalDue(timing_out, 1);
   EXPECT_EQ(timed_out.state, I::kClosed);
   ASSERT_FALSE(timed_out.steps.empty());
@@ -731,12 +731,12 @@ TEST(ApprovalRulesTest, ATimeoutGoesWhereOnTimeoutSays) {
                          Row{"close", I::kClosed}}) {
     SCOPED_TRACE(row.on_timeout);
     const WorkflowDefinition definition =
-        Definition(std::string("{ material: [/amount], timeout: 2d, on_timeout: ") +
+        ApprovalDefinition(std::string("{ material: [/amount], timeout: 2d, on_timeout: ") +
                    row.on_timeout + " }");
     const Open open = OpenRequest(definition);
-    EXPECT_EQ(open.steps[1].next_attempt_at, kNow + 2 * 86'400'000LL);
+    EXPECT_EQ(open.steps[1].next_attempt_at, kApprovalNow + 2 * 86'400'000LL);
     SeededRandom random{17};
-    const Facts facts{definition, open.instance, open.steps, kNow + 2 * 86'400'000LL, random};
+    const Facts facts{definition, open.instance, open.steps, kApprovalNow + 2 * 86'400'000LL, random};
     EXPECT_EQ(ApprovalDue(facts, 1).state, row.state);
   }
 }
@@ -750,11 +750,11 @@ TEST(ApprovalRulesTest, ADecisionKeptFromTheRequesterIsDroppedWhenItsRequestOpen
   std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kPending, S::kPending});
   const ApprovalSnapshot now = Snapshot(Finance(), instance);
   steps[1].response_json = Json{{"early_decision", {{"outcome", "approve"}, {"by", "bob"},
-                                                     {"at", kNow}, {"data_version", now.data_version},
+                                                     {"at", kApprovalNow}, {"data_version", now.data_version},
                                                      {"before_request", true}}}}
                                .dump();
   SeededRandom random{18};
-  const Facts facts{Finance(), instance, steps, kNow, random};
+  const Facts facts{Finance(), instance, steps, kApprovalNow, random};
   const Change opened = OpenApproval(facts, 1, now);
   ASSERT_EQ(opened.steps.size(), 1u);
   EXPECT_EQ(opened.steps[0].state, S::kWaiting);  // not decided by bob's own approval
@@ -766,7 +766,7 @@ TEST(ApprovalRulesTest, ADecisionKeptFromTheRequesterIsDroppedWhenItsRequestOpen
   ApprovalSnapshot unknown = now;
   unknown.requester.clear();
   std::vector<StepRecord> early = testing::Steps({S::kRunning, S::kPending, S::kPending});
-  const Facts before{Finance(), instance, early, kNow, random};
+  const Facts before{Finance(), instance, early, kApprovalNow, random};
   const DecisionOutcome refused =
       DecisionArrived(before, 1, By("bob", true, 0, now.data_version), unknown);
   EXPECT_EQ(refused.refusal.code(), absl::StatusCode::kFailedPrecondition);
@@ -776,18 +776,18 @@ TEST(ApprovalRulesTest, ADecisionKeptFromTheRequesterIsDroppedWhenItsRequestOpen
 TEST(ApprovalRulesTest, WhoRevisedTheDataOfARequestMayNotDecideTheNextOne) {
   const Open open = OpenRequest(Finance());
   SeededRandom random{19};
-  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
   Revision revision = Revised("amount", 77);
   revision.actor = "alice";  // a finance member who changed the amount
   const auto revised = Revise(facts, revision);
   ASSERT_TRUE(revised.ok()) << revised.status();
   InstanceRecord instance = open.instance;
   instance.input_json = *revised->change.input_json;
-  std::vector<StepRecord> steps = Apply(open.steps, revised->change);
-  const Facts reopening{Finance(), instance, steps, kNow + 1, random};
-  steps = Apply(steps, OpenApproval(reopening, 1, Snapshot(Finance(), instance)));
+  std::vector<StepRecord> steps = ApprovalApply(open.steps, revised->change);
+  const Facts reopening{Finance(), instance, steps, kApprovalNow + 1, random};
+  steps = ApprovalApply(steps, OpenApproval(reopening, 1, Snapshot(Finance(), instance)));
   EXPECT_EQ(Json::parse(steps[1].response_json)["revised_by"], "alice");
-  const Facts deciding{Finance(), instance, steps, kNow + 2, random};
+  const Facts deciding{Finance(), instance, steps, kApprovalNow + 2, random};
   const DecisionOutcome own =
       DecisionArrived(deciding, 1, By("alice", true, 2, steps[1].request_hash), ApprovalSnapshot{});
   EXPECT_EQ(own.refusal.code(), absl::StatusCode::kPermissionDenied);
@@ -801,7 +801,7 @@ TEST(ApprovalRulesTest, ARefusalChangesNothingButItsAuditEvenWhileTheInstanceWai
   Open open = OpenRequest(Finance());
   open.instance.status_reason = "waiting for target 'erp' (paused)";
   SeededRandom random{20};
-  const Facts facts{Finance(), open.instance, open.steps, kNow, random};
+  const Facts facts{Finance(), open.instance, open.steps, kApprovalNow, random};
   Decision outsider = By("mallory", true, 1, open.version);
   outsider.groups = {};
   const DecisionOutcome out = DecisionArrived(facts, 1, outsider, ApprovalSnapshot{});

@@ -21,7 +21,7 @@ using I = InstanceState;
 // a: compensable create; b: optional notify; c: conditional create; d: a create
 // that can fail for good. b and c have compensations, so "never compensated" is
 // the rule's doing, not a step without one.
-const WorkflowDefinition& Definition() {
+const WorkflowDefinition& ConditionalDefinition() {
   static const WorkflowDefinition definition = [] {
     auto loaded = LoadDefinitionText(R"(workflow: w
 key: "{{input.id}}"
@@ -56,7 +56,7 @@ steps:
   return definition;
 }
 
-constexpr Millis kNow = 10'000;
+constexpr Millis kConditionalNow = 10'000;
 
 CallResult Answer(int status, ErrorClass error_class) {
   CallResult result;
@@ -82,9 +82,9 @@ OperatorRequest Request(OperatorAction action, std::string step, std::string rea
   return request;
 }
 
-std::string Key(int index) { return "k:" + std::to_string(index); }
+std::string ConditionalKey(int index) { return "k:" + std::to_string(index); }
 
-std::vector<std::string> EventTypes(const Change& change) {
+std::vector<std::string> ConditionalEventTypes(const Change& change) {
   std::vector<std::string> types;
   for (const EventRecord& event : change.events) types.push_back(event.type);
   return types;
@@ -107,7 +107,7 @@ TEST(ConditionalRulesTest, AFailedOptionalStepAlertsAndTheRunGoesOnToTheNextStep
         testing::Steps({S::kCompleted, S::kRunning, S::kPending, S::kPending});
     steps[1].attempts = row.attempts;
     SeededRandom random{3};
-    const Facts facts{Definition(), instance, steps, kNow, random};
+    const Facts facts{ConditionalDefinition(), instance, steps, kConditionalNow, random};
     const Change change = RecordCall(facts, steps[1], row.result);
     ASSERT_EQ(change.steps.size(), 1u);
     EXPECT_EQ(change.steps[0].state, S::kFailed);
@@ -116,13 +116,13 @@ TEST(ConditionalRulesTest, AFailedOptionalStepAlertsAndTheRunGoesOnToTheNextStep
     ASSERT_EQ(change.alerts.size(), 1u);
     EXPECT_EQ(change.alerts[0].kind, AlertKind::kOptionalStepFailed);
     EXPECT_NE(change.alerts[0].message.find("went on without it"), std::string::npos);
-    EXPECT_EQ(EventTypes(change), (std::vector<std::string>{
+    EXPECT_EQ(ConditionalEventTypes(change), (std::vector<std::string>{
                                       "waystone.step.failed",
                                       "waystone.alert.optional_step_failed"}));
-    EXPECT_EQ(change.next_run_at, kNow);
+    EXPECT_EQ(change.next_run_at, kConditionalNow);
     const std::vector<StepRecord> after = Apply(steps, change);
-    EXPECT_TRUE(StepDone(Definition(), after[1]));
-    const NextAction next = Decide(Definition(), instance, after, kNow);
+    EXPECT_TRUE(StepDone(ConditionalDefinition(), after[1]));
+    const NextAction next = Decide(ConditionalDefinition(), instance, after, kConditionalNow);
     EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
     EXPECT_EQ(next.step, 2);
   }
@@ -135,15 +135,15 @@ TEST(ConditionalRulesTest, ANonOptionalStepFailingTheSameWayMovesTheInstance) {
   steps[1].resolution = Resolution::kPassedOver;
   steps[3].attempts = 1;
   SeededRandom random{3};
-  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Facts facts{ConditionalDefinition(), instance, steps, kConditionalNow, random};
   const Change change = RecordCall(facts, steps[3], Answer(422, ErrorClass::kRejected));
   EXPECT_EQ(change.state, I::kCompensating);
-  EXPECT_FALSE(StepDone(Definition(), change.steps[0]));
+  EXPECT_FALSE(StepDone(ConditionalDefinition(), change.steps[0]));
   // d failed, so nothing of it is undone; compensation undoes a, past the skipped c
   // and the failed b (both have compensations).
   std::vector<StepRecord> after = Apply(steps, change);
   instance.state = I::kCompensating;
-  const NextAction next = Decide(Definition(), instance, after, kNow);
+  const NextAction next = Decide(ConditionalDefinition(), instance, after, kConditionalNow);
   EXPECT_EQ(next.kind, NextAction::Kind::kCompensate);
   EXPECT_EQ(next.step, 0);
 }
@@ -153,7 +153,7 @@ TEST(ConditionalRulesTest, ASkippedStepIsDoneSaysWhyAndIsNeverCompensated) {
   std::vector<StepRecord> steps =
       testing::Steps({S::kCompleted, S::kCompleted, S::kPending, S::kPending});
   SeededRandom random{3};
-  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Facts facts{ConditionalDefinition(), instance, steps, kConditionalNow, random};
   const Change change = SkipStep(facts, 2, "when: {{input.read}} is false");
   ASSERT_EQ(change.steps.size(), 1u);
   EXPECT_EQ(change.steps[0].state, S::kSkipped);
@@ -161,14 +161,14 @@ TEST(ConditionalRulesTest, ASkippedStepIsDoneSaysWhyAndIsNeverCompensated) {
   EXPECT_EQ(change.steps[0].error_message, "when: {{input.read}} is false");
   EXPECT_EQ(change.state, std::nullopt);
   EXPECT_TRUE(change.alerts.empty());
-  EXPECT_EQ(EventTypes(change), (std::vector<std::string>{"waystone.step.skipped"}));
+  EXPECT_EQ(ConditionalEventTypes(change), (std::vector<std::string>{"waystone.step.skipped"}));
   std::vector<StepRecord> after = Apply(steps, change);
-  EXPECT_EQ(Decide(Definition(), instance, after, kNow).step, 3);
+  EXPECT_EQ(Decide(ConditionalDefinition(), instance, after, kConditionalNow).step, 3);
   // After d fails for good, compensation goes back past c (skipped, though it has a
   // compensation) to b (completed here: what it did is undone).
   after[3].state = S::kFailed;
   instance.state = I::kCompensating;
-  const NextAction next = Decide(Definition(), instance, after, kNow);
+  const NextAction next = Decide(ConditionalDefinition(), instance, after, kConditionalNow);
   EXPECT_EQ(next.kind, NextAction::Kind::kCompensate);
   EXPECT_EQ(next.step, 1);
 }
@@ -179,8 +179,8 @@ TEST(ConditionalRulesTest, AnOperatorRetriesTheStepTheRunStoppedAtNotAPassedOver
       testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kFailed});
   steps[1].resolution = Resolution::kPassedOver;
   const OperatorRequest request = Request(OperatorAction::kRetry, "b", "ticket 7");
-  auto refused = PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), steps, request,
-                                    kNow, Key);
+  auto refused = PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention), steps, request,
+                                    kConditionalNow, ConditionalKey);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("('d')"), std::string::npos) << refused.status();
 }
@@ -200,13 +200,13 @@ TEST(ConditionalRulesTest, AnOperatorSkipsOrConfirmsAnOptionalStepThatMayHaveAct
   steps[1].attempts = 2;
   steps[1].unknowns = 1;
   SeededRandom random{3};
-  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Facts facts{ConditionalDefinition(), instance, steps, kConditionalNow, random};
   const Change failed = RecordCall(facts, steps[1], Answer(422, ErrorClass::kRejected));
   ASSERT_EQ(failed.state, I::kNeedsAttention);
   const std::vector<StepRecord> waiting = Apply(steps, failed);
   const InstanceRecord paused = testing::Instance(I::kNeedsAttention);
   OperatorRequest skip = Request(OperatorAction::kSkip, "b", "checked: the message arrived");
-  auto skipped = PlanOperatorAction(Definition(), paused, waiting, skip, kNow, Key);
+  auto skipped = PlanOperatorAction(ConditionalDefinition(), paused, waiting, skip, kConditionalNow, ConditionalKey);
   ASSERT_TRUE(skipped.ok()) << skipped.status();
   EXPECT_EQ(skipped->state_after, I::kRunning);
   ASSERT_EQ(skipped->changed_steps.size(), 1u);
@@ -214,13 +214,13 @@ TEST(ConditionalRulesTest, AnOperatorSkipsOrConfirmsAnOptionalStepThatMayHaveAct
   OperatorRequest confirm = skip;
   confirm.action = OperatorAction::kConfirm;
   confirm.happened = true;
-  auto confirmed = PlanOperatorAction(Definition(), paused, waiting, confirm, kNow, Key);
+  auto confirmed = PlanOperatorAction(ConditionalDefinition(), paused, waiting, confirm, kConditionalNow, ConditionalKey);
   ASSERT_TRUE(confirmed.ok()) << confirmed.status();
   EXPECT_EQ(confirmed->changed_steps[0].state, S::kCompleted);
   // A required step is not skipped that way.
   std::vector<StepRecord> at_d = testing::Steps({S::kCompleted, S::kCompleted, S::kSkipped, S::kFailed});
   skip.step = "d";
-  EXPECT_FALSE(PlanOperatorAction(Definition(), paused, at_d, skip, kNow, Key).ok());
+  EXPECT_FALSE(PlanOperatorAction(ConditionalDefinition(), paused, at_d, skip, kConditionalNow, ConditionalKey).ok());
 }
 
 TEST(ConditionalRulesTest, ASuccessItCouldNotReadIsNotPassedOver) {
@@ -229,7 +229,7 @@ TEST(ConditionalRulesTest, ASuccessItCouldNotReadIsNotPassedOver) {
       testing::Steps({S::kCompleted, S::kRunning, S::kPending, S::kPending});
   steps[1].attempts = 1;
   SeededRandom random{3};
-  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Facts facts{ConditionalDefinition(), instance, steps, kConditionalNow, random};
   CallResult unreadable = Answer(200, ErrorClass::kNone);
   unreadable.response.body = std::string(200, '[') + std::string(200, ']');  // nested too deep
   const Change said_yes = RecordCall(facts, steps[1], unreadable);
@@ -254,7 +254,7 @@ TEST(ConditionalRulesTest, AnOptionalStepThatMayHaveActedIsNotPassedOver) {
   steps[1].unknowns = 1;
   steps[1].resolution = Resolution::kResubmitted;
   SeededRandom random{3};
-  const Facts facts{Definition(), instance, steps, kNow, random};
+  const Facts facts{ConditionalDefinition(), instance, steps, kConditionalNow, random};
   const Change after_unknown = RecordCall(facts, steps[1], Answer(422, ErrorClass::kRejected));
   // It waits for an operator: neither passed over nor undoing the order before it.
   EXPECT_EQ(after_unknown.state, I::kNeedsAttention);
@@ -273,16 +273,16 @@ TEST(ConditionalRulesTest, AnOptionalStepThatMayHaveActedIsNotPassedOver) {
   const Change certificate = FailStepAndWait(facts, steps[1], "certificate refused");
   EXPECT_EQ(certificate.state, I::kNeedsAttention);
   std::vector<StepRecord> waiting = Apply(steps, certificate);
-  EXPECT_FALSE(StepDone(Definition(), waiting[1]));
+  EXPECT_FALSE(StepDone(ConditionalDefinition(), waiting[1]));
   // The operator retries b, the step it stopped at, not the one after it.
   OperatorRequest request = Request(OperatorAction::kRetry, "c", "certificate renewed");
-  auto refused = PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), waiting,
-                                    request, kNow, Key);
+  auto refused = PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention), waiting,
+                                    request, kConditionalNow, ConditionalKey);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("('b')"), std::string::npos) << refused.status();
   request.step = "b";
-  EXPECT_TRUE(PlanOperatorAction(Definition(), testing::Instance(I::kNeedsAttention), waiting,
-                                 request, kNow, Key)
+  EXPECT_TRUE(PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention), waiting,
+                                 request, kConditionalNow, ConditionalKey)
                   .ok());
 }
 

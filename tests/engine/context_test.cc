@@ -19,7 +19,7 @@ absl::StatusOr<Json> RenderWith(const std::string& text, const TemplateScope& sc
   return parsed->Render(scope);
 }
 
-class InstanceContextTest : public testing::Test {
+class InstanceContextTest : public ::testing::Test {
  protected:
   void SetUp() override {
     setenv("WS_CONTEXT_TEST_URL", "http://erp.example", 1);

@@ -12,7 +12,7 @@
 namespace waystone {
 namespace {
 
-WorkflowDefinition Definition() {
+WorkflowDefinition PlanDefinition() {
   auto definition = LoadDefinitionText(R"(workflow: w
 key: "{{input.id}}"
 steps:
@@ -46,7 +46,7 @@ using I = InstanceState;
 using testing::Instance;
 using testing::Steps;
 
-std::string Key(int index) { return "k:" + std::string(1, static_cast<char>('a' + index)); }
+std::string PlanKey(int index) { return "k:" + std::string(1, static_cast<char>('a' + index)); }
 
 OperatorRequest Request(OperatorAction action, std::string step = "") {
   OperatorRequest r;
@@ -59,7 +59,7 @@ OperatorRequest Request(OperatorAction action, std::string step = "") {
 
 absl::StatusOr<ActionPlan> Plan(InstanceState state, const std::vector<StepRecord>& steps,
                                 const OperatorRequest& request) {
-  return PlanOperatorAction(Definition(), Instance(state), steps, request, 1000, Key);
+  return PlanOperatorAction(PlanDefinition(), Instance(state), steps, request, 1000, PlanKey);
 }
 
 TEST(OperatorPlanTest, ReasonIsMandatory) {
@@ -89,7 +89,7 @@ TEST(OperatorPlanTest, RetryOfAFailedManualStepRunsItAndTheRest) {
   std::vector<StepRecord> after = steps;
   after[2] = plan->changed_steps[0];
   auto instance = Instance(I::kRunning);
-  EXPECT_EQ(Decide(Definition(), instance, after, 1000).step, 2);
+  EXPECT_EQ(Decide(PlanDefinition(), instance, after, 1000).step, 2);
 }
 
 TEST(OperatorPlanTest, RetryIsRefusedOutsideTheStepTheInstanceStoppedAt) {
@@ -232,7 +232,7 @@ TEST(OperatorPlanTest, ACompensationThatFailedCanBeRetried) {
 }
 
 TEST(OperatorPlanTest, WaitStepsWaitAndTimeOut) {
-  auto definition = Definition();
+  auto definition = PlanDefinition();
   auto steps = Steps({S::kCompleted, S::kCompleted, S::kCompleted, S::kWaiting, S::kPending});
   auto instance = Instance(I::kRunning);
   EXPECT_EQ(Decide(definition, instance, steps, 1000),
@@ -267,13 +267,13 @@ steps:
   confirm.happened = true;
   confirm.response_json = "{}";
   auto happened = PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps, confirm,
-                                     1000, Key);
+                                     1000, PlanKey);
   ASSERT_TRUE(happened.ok()) << happened.status();
   EXPECT_EQ(happened->state_after, I::kCompensating) << "b happened: it is undone";
   EXPECT_NE(happened->status_reason.find("step 'c' had failed"), std::string::npos);
   confirm.happened = false;
   auto not_happened = PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps,
-                                         confirm, 1000, Key);
+                                         confirm, 1000, PlanKey);
   ASSERT_TRUE(not_happened.ok()) << not_happened.status();
   EXPECT_EQ(not_happened->state_after, I::kFailed) << "nothing to undo";
 }

@@ -34,7 +34,7 @@ constexpr int kManual = 4;      // POST, manual, no lookup
 constexpr int kMissingId = 5;   // POST, manual, records an external id, no lookup
 constexpr int kWait = 6;        // waits for an event, 1 s deadline
 
-const WorkflowDefinition& Definition() {
+const WorkflowDefinition& TransitionsDefinition() {
   static const WorkflowDefinition definition = [] {
     auto loaded = LoadDefinitionText(R"(workflow: w
 key: "{{input.id}}"
@@ -89,19 +89,19 @@ struct World {
   SeededRandom random{7};
 
   explicit World(int at, StepState state = S::kRunning) {
-    std::vector<StepState> states(Definition().steps.size(), S::kPending);
+    std::vector<StepState> states(TransitionsDefinition().steps.size(), S::kPending);
     for (int i = 0; i < at; ++i) states[i] = S::kCompleted;
     states[at] = state;
     for (size_t i = 0; i < states.size(); ++i) {
       StepRecord s;
       s.index = static_cast<int>(i);
-      s.name = Definition().steps[i].name;
+      s.name = TransitionsDefinition().steps[i].name;
       s.state = states[i];
       steps.push_back(s);
     }
     steps[at].attempts = 1;
   }
-  Facts Now() { return {Definition(), instance, steps, kNow, random}; }
+  Facts Now() { return {TransitionsDefinition(), instance, steps, kNow, random}; }
 };
 
 CallResult Answer(int status, std::string body, ErrorClass error_class) {
@@ -497,14 +497,14 @@ TEST(TransitionsTest, AStepFoundRunningIsLookedUpOnlyAfterARequestTimeout) {
   Change change = RecoverRunning(looked.Now(), kLooked);
   EXPECT_EQ(change.steps.front().next_attempt_at, kNow + 10'000);
   looked.steps[kLooked] = change.steps.front();
-  EXPECT_EQ(Decide(Definition(), looked.instance, looked.steps, kNow + 9'999).kind,
+  EXPECT_EQ(Decide(TransitionsDefinition(), looked.instance, looked.steps, kNow + 9'999).kind,
             NextAction::Kind::kWait);
-  EXPECT_EQ(Decide(Definition(), looked.instance, looked.steps, kNow + 10'000).kind,
+  EXPECT_EQ(Decide(TransitionsDefinition(), looked.instance, looked.steps, kNow + 10'000).kind,
             NextAction::Kind::kResolveUnknown);
   for (int index : {kRead, kHonoured, kManual}) {
     World world(index, S::kRunning);
     EXPECT_EQ(RecoverRunning(world.Now(), index).steps.front().next_attempt_at, 0)
-        << Definition().steps[index].name;
+        << TransitionsDefinition().steps[index].name;
   }
 }
 

@@ -25,7 +25,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr char kWorkflow[] = R"(workflow: order-mail
+constexpr char kEmailWorkflow[] = R"(workflow: order-mail
 key: "{{input.id}}"
 templates:
   confirmed:
@@ -68,7 +68,7 @@ class NotifyEmailTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     http_ = NewCurlHttpClient({});
-    auto definition = LoadDefinitionText(kWorkflow, "order-mail.yaml");
+    auto definition = LoadDefinitionText(kEmailWorkflow, "order-mail.yaml");
     ASSERT_TRUE(definition.ok()) << definition.status();
     definition_ = *definition;
   }
@@ -337,7 +337,7 @@ TEST_F(NotifyEmailTest, AWrongPasswordIsRefusedAndNotRetried) {
 // One delivery per identity: a second instance announcing the same business event to
 // the same recipient with the same message sends nothing; its channels are skipped.
 TEST_F(NotifyEmailTest, ASecondInstanceOfTheSameDeliverySendsNothing) {
-  std::string text = kWorkflow;
+  std::string text = kEmailWorkflow;
   const std::string recipient = "      recipient: \"{{input.customer}}\"\n";
   text.replace(text.find(recipient), recipient.size(),
                recipient + "      event: \"order-confirmed/{{input.order}}\"\n");

@@ -24,7 +24,7 @@ using Json = nlohmann::json;
 
 // Two branches, each undone by a call of its own; then `done`, refused (400: it sends
 // no Webhook-Id) when the input says so.
-constexpr char kWorkflow[] = R"(workflow: parallel
+constexpr char kParallelWorkflow[] = R"(workflow: parallel
 key: "{{input.id}}"
 steps:
   - name: updates
@@ -87,7 +87,7 @@ class ParallelTargetTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     http_ = NewCurlHttpClient({});
-    auto definition = LoadDefinitionText(kWorkflow, "parallel.yaml");
+    auto definition = LoadDefinitionText(kParallelWorkflow, "parallel.yaml");
     ASSERT_TRUE(definition.ok()) << definition.status();
     definition_ = *definition;
     auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
