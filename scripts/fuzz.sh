@@ -3,7 +3,7 @@
 # and runs each for SECONDS (default 20) from a copy of its checked-in seed corpus
 # (tests/fuzz/corpus/<target>). A crash, leak, hang (-timeout=10) or sanitizer report
 # fails the run; the input that caused it is left in build-asan/findings/. Prints each
-# target's final figures.
+# target's final figures. Targets run side by side, one per core.
 #   scripts/fuzz.sh [SECONDS]      e.g. scripts/fuzz.sh 900 for the documented soak
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,20 +14,41 @@ cmake --preset asan >/dev/null
 cmake --build build-asan -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
 
 mkdir -p build-asan/findings
-for t in "${targets[@]}"; do
-  work="build-asan/corpus/$t"
+# Each target is one process on one core: as many run side by side as there are cores.
+run_target() {
+  local t="$1" work="build-asan/corpus/$1" log="build-asan/findings/$1.log"
   rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/"$t"/* "$work"/
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    "build-asan/tests/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -max_len=16384 \
+    -print_final_stats=1 -artifact_prefix="build-asan/findings/$t-" "$work" >"$log" 2>&1
+}
+report() {
+  local t="$1" log="build-asan/findings/$1.log"
   echo "== fuzz $t for ${seconds}s"
-  log="build-asan/findings/$t.log"
-  if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-       "build-asan/tests/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -max_len=16384 \
-       -print_final_stats=1 -artifact_prefix="build-asan/findings/$t-" "$work" >"$log" 2>&1; then
-    tail -60 "$log"
-    echo "fuzz: $t failed; the input is in build-asan/findings/" >&2
-    exit 1
-  fi
   # The last status line (executions, coverage, features) and the final stats.
   grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' "$log" | tail -1 || true
   grep -E 'stat::number_of_executed_units|stat::peak_rss_mb' "$log" || true
+}
+parallel="$(nproc)"
+failed=()
+for ((i = 0; i < ${#targets[@]}; i += parallel)); do
+  batch=("${targets[@]:i:parallel}")
+  pids=()
+  for t in "${batch[@]}"; do
+    run_target "$t" &
+    pids+=($!)
+  done
+  for j in "${!batch[@]}"; do
+    if wait "${pids[$j]}"; then
+      report "${batch[$j]}"
+    else
+      failed+=("${batch[$j]}")
+    fi
+  done
 done
+for t in "${failed[@]}"; do
+  tail -60 "build-asan/findings/$t.log"
+  echo "fuzz: $t failed; the input is in build-asan/findings/" >&2
+done
+((${#failed[@]} == 0)) || exit 1
 echo "fuzz targets ran ${seconds}s each without a finding"

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config lld
   libsqlite3-dev sqlite3 libcurl4-openssl-dev libssl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev curl

@@ -1,22 +1,63 @@
 #!/usr/bin/env bash
-# Sets up everything and runs every test, in four builds:
-#   1. what a user gets (Release, no test hooks, warning-clean; scripts/check-user-build.sh);
-#   2. the release preset (Release, test hooks): the whole suite, unit to crash;
-#   3. the asan preset (clang, ASan+UBSan, -Wthread-safety as errors): the unit,
-#      integration and postgres labels, then each libFuzzer target for a bounded time;
-#   4. the tsan preset (clang): the concurrency tests.
-# The suites labelled crash (process kills on SQLite, verify's schedules) run once, in the
-# release build: under a sanitizer they would take most of CI's time to test the same
-# recovery paths again. The kill suites labelled postgres (and the C++ saga's) still run
-# under ASan. verify's own threads are then checked by no sanitizer; its target, HttpFront,
-# is covered under TSan by HttpFront*Test.
-# WAYSTONE_SANITIZERS=0 skips builds 3 and 4 (and with them -Wthread-safety);
+# Sets up everything and runs every test, each once in an optimized build, in three
+# compiles of src/:
+#   1. the release preset (gcc, Release, test hooks): the programs of the crash label
+#      (process kills on SQLite, verify's schedules, the serve and relay processes), the
+#      benchmarks, and the tests labelled release_only (the console in a real browser,
+#      the installed package built out of tree); then what a user gets (`cmake
+#      -DCMAKE_BUILD_TYPE=Release`, no test hooks, warning-clean; check-user-build.sh),
+#      which finds every object but the crash-point hook's in ccache and so costs links;
+#   2. the asan preset (clang -O1, ASan+UBSan, -Wthread-safety as errors): the unit,
+#      integration and postgres labels (the PostgreSQL kill suites and the C++ saga's
+#      among them), then each libFuzzer target for a bounded time, side by side;
+#   3. the tsan preset (clang -O1): the tests labelled concurrency (tests/CMakeLists.txt:
+#      ws_test's CONCURRENCY filter names them beside their test program).
+# The crash label runs in the release build alone: under a sanitizer it would take most
+# of CI's time to test the same recovery paths again. verify's own threads are then
+# checked by no sanitizer; its target, HttpFront, is covered under TSan by HttpFront*Test.
+# Which test runs where, and the seconds of each stage: docs/performance.md#ci.
+#
+#   scripts/test.sh            everything (what .ci/run runs)
+#   scripts/test.sh --quick    a developer's loop: the release preset's whole build, then the
+#                              labels unit and integration (no user build, no sanitizers)
+# WAYSTONE_SANITIZERS=0 skips builds 2 and 3 (and with them -Wthread-safety) and runs
+# every label in the release build instead;
 # WAYSTONE_FUZZ_SECONDS (default 20) sets the time per fuzz target, 0 skips them.
-# Each stage prints the seconds since the start, so a slow machine shows where it went.
+# Each stage prints the seconds since the start, and the end prints a table of every
+# stage's seconds, so a slow machine shows where it went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-stage() { printf '== [%4ds] %s\n' "$SECONDS" "$*"; }
+quick=0
+case "${1:-}" in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
+
+# The stage table: each stage's name and start; the previous stage ends where the next
+# begins. Printed at the end (and on failure, up to the stage that failed).
+stage_names=()
+stage_starts=()
+stage() {
+  stage_names+=("$*")
+  stage_starts+=("$SECONDS")
+  printf '== [%4ds] %s\n' "$SECONDS" "$*"
+}
+stage_table() {
+  local status="$1" end="$SECONDS" i next
+  echo
+  echo "== stages (seconds)"
+  for i in "${!stage_names[@]}"; do
+    next="${stage_starts[$((i + 1))]:-$end}"
+    printf '   %5d  %s\n' "$((next - stage_starts[i]))" "${stage_names[$i]}"
+  done
+  printf '   %5d  total (%s)\n' "$end" "$status"
+  if ((end > 2700)); then
+    echo "warning: the test command took ${end}s, more than 2700s: CI's limit is 5400s, and a" \
+         "cold machine is slower than a warm one (docs/performance.md#ci)" >&2
+  fi
+}
 
 stage "setup"
 bash scripts/setup.sh
@@ -28,49 +69,75 @@ export CCACHE_BASEDIR="$PWD"
 # One private PostgreSQL cluster for every test process (tests that restart the
 # server start their own). Stopped however this script ends.
 pg_dir="$(mktemp -d)"
-trap 'bash scripts/pg-test-cluster.sh stop "$pg_dir"' EXIT
+finish() {
+  local rc=$?
+  bash scripts/pg-test-cluster.sh stop "$pg_dir"
+  if ((rc == 0)); then stage_table "passed"; else stage_table "FAILED, exit $rc"; fi
+}
+trap finish EXIT
 WAYSTONE_TEST_PG="$(bash scripts/pg-test-cluster.sh start "$pg_dir")"
 export WAYSTONE_TEST_PG
 stage "PostgreSQL test cluster at $WAYSTONE_TEST_PG"
 
-stage "layers: every #include in src/ points down (scripts/check-layers.sh)"
-bash scripts/check-layers.sh
+sanitizers=1
+[[ "${WAYSTONE_SANITIZERS:-1}" == "0" ]] && sanitizers=0
+
+if ((quick)); then
+  stage "release build (every target)"
+  cmake --preset release >/dev/null
+  cmake --build build -j "$jobs"
+  stage "release tests: labels unit, integration"
+  ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" -L 'unit|integration'
+  stage "quick tests passed"
+  exit 0
+fi
+
+cmake --preset release >/dev/null
+if ((sanitizers)); then
+  stage "release build: the crash label's programs, the benchmarks, the release_only tests' programs"
+  cmake --build build -j "$jobs" --target waystone waystone_api tests_crash benches
+else
+  stage "release build (every target)"
+  cmake --build build -j "$jobs"
+fi
 
 stage "a user's build (Release, no test hooks, warning-clean)"
 bash scripts/check-user-build.sh
 
-stage "release build"
-cmake --preset release >/dev/null
-cmake --build build -j "$jobs"
-stage "release tests: every label"
-ctest --test-dir build --output-on-failure -j "$jobs"
+if ((sanitizers)); then
+  stage "release tests: labels crash, release_only"
+  ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" -L 'crash|release_only'
+else
+  stage "release tests: every label"
+  ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs"
+fi
 
-if [[ "${WAYSTONE_SANITIZERS:-1}" != "0" ]]; then
+if ((sanitizers)); then
+  fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
+  fuzz_targets=()
+  if [[ "$fuzz_seconds" != "0" ]]; then
+    fuzz_targets=(definition_fuzz template_fuzz cloudevents_fuzz api_body_fuzz http_front_fuzz)
+  fi
   stage "ASan + UBSan build (clang -Wthread-safety: the locking of base/mutex.h checked as errors)"
   cmake --preset asan >/dev/null
-  cmake --build build-asan -j "$jobs" --target tests_unit tests_integration tests_postgres waystone
+  cmake --build build-asan -j "$jobs" --target tests_unit tests_integration tests_postgres waystone \
+    "${fuzz_targets[@]}"
   stage "ASan + UBSan tests: labels unit, integration, postgres"
-  # The browser drives the same server the release run drove; OutOfTreeExample is not
-  # defined in sanitizer builds.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$jobs" -L 'unit|integration|postgres' \
-      -E '^ConsoleBrowserTest$'
+    ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$jobs" \
+      -L 'unit|integration|postgres' -LE release_only
 
-  fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
   if [[ "$fuzz_seconds" != "0" ]]; then
     stage "libFuzzer targets (asan build), ${fuzz_seconds}s each"
     bash scripts/fuzz.sh "$fuzz_seconds"
   fi
 
-  stage "TSan build (concurrency tests)"
+  stage "TSan build (the tests labelled concurrency)"
   cmake --preset tsan >/dev/null
-  cmake --build build-tsan -j "$jobs" --target engine_test engine_parts_test \
-    store_conformance_test api_write_test http_front_test independent_target_test \
-    embedded_api_test code_saga_test code_targets_test
-  stage "TSan tests"
+  cmake --build build-tsan -j "$jobs" --target tests_concurrency
+  stage "TSan tests: label concurrency"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
-    ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" \
-      -R 'EngineTest\.|EngineFakeHttpTest\.|Simulator(Shape)?Test\.|CommitQueueTest\.|LeaseKeeperTest\.|StoreConformanceTest\.|ApiWriteTest\.|HttpFront(Connection)?Test\.|WaitingCallsTest\.|LostResponseTest\..*_pool|OAuthTargetTest\.|TargetProtectionTest\.|ParallelCallsTest\.|ParallelTargetTest\.|ApprovalClockTest\.|EmbeddedApiTest\.|CodeSagaTest\.|CodeTargetsTest\.'
+    ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" -L concurrency
 elif [[ "${WAYSTONE_FUZZ_SECONDS:-20}" != "0" ]]; then
   stage "libFuzzer targets, ${WAYSTONE_FUZZ_SECONDS:-20}s each"
   bash scripts/fuzz.sh "${WAYSTONE_FUZZ_SECONDS:-20}"
