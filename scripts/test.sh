@@ -69,12 +69,12 @@ export CCACHE_BASEDIR="$PWD"
 # One private PostgreSQL cluster for every test process (tests that restart the
 # server start their own). Stopped however this script ends.
 pg_dir="$(mktemp -d)"
-finish() {
-  local rc=$?
+finish() {  # finish EXIT_CODE
+  local rc="$1"
   bash scripts/pg-test-cluster.sh stop "$pg_dir"
   if ((rc == 0)); then stage_table "passed"; else stage_table "FAILED, exit $rc"; fi
 }
-trap finish EXIT
+trap 'finish $?' EXIT
 WAYSTONE_TEST_PG="$(bash scripts/pg-test-cluster.sh start "$pg_dir")"
 export WAYSTONE_TEST_PG
 stage "PostgreSQL test cluster at $WAYSTONE_TEST_PG"
@@ -92,6 +92,39 @@ if ((quick)); then
   exit 0
 fi
 
+# A sanitizer build runs beside the test stage before it, at the lowest CPU and I/O
+# priority: the tests wait on processes, sockets and timers for half their time, and the
+# compiler gets only what they leave idle, so their timing is what it is alone. Its
+# output goes to build-*.log, shown if it fails; the stage that waits for it says so.
+bg_pid=""
+bg_log=""
+background_build() {  # background_build LOG COMMAND...: starts COMMAND in a session of its own
+  bg_log="$1"
+  shift
+  setsid nice -n 19 ionice -c 3 "$@" >"$bg_log" 2>&1 &
+  bg_pid=$!
+}
+wait_background_build() {
+  local rc=0
+  wait "$bg_pid" || rc=$?
+  bg_pid=""
+  if ((rc != 0)); then
+    tail -100 "$bg_log"
+    echo "test.sh: the build in the background failed (exit $rc); its whole output: $bg_log" >&2
+    exit "$rc"
+  fi
+}
+stop_background_build() {
+  if [[ -n "$bg_pid" ]]; then kill -- "-$bg_pid" 2>/dev/null || true; fi
+}
+trap 'rc=$?; stop_background_build; finish $rc' EXIT
+
+fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
+fuzz_targets=()
+if [[ "$fuzz_seconds" != "0" ]]; then
+  fuzz_targets=(definition_fuzz template_fuzz cloudevents_fuzz api_body_fuzz http_front_fuzz)
+fi
+
 cmake --preset release >/dev/null
 if ((sanitizers)); then
   stage "release build: the crash label's programs, the benchmarks, the release_only tests' programs"
@@ -101,11 +134,17 @@ else
   cmake --build build -j "$jobs"
 fi
 
+if ((sanitizers)); then
+  cmake --preset asan >/dev/null
+  background_build "$PWD/build-asan.log" cmake --build build-asan -j "$jobs" \
+    --target tests_unit tests_integration tests_postgres waystone "${fuzz_targets[@]}"
+fi
+
 stage "a user's build (Release, no test hooks, warning-clean)"
 bash scripts/check-user-build.sh
 
 if ((sanitizers)); then
-  stage "release tests: labels crash, release_only"
+  stage "release tests: labels crash, release_only (ASan + UBSan build beside them)"
   ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" -L 'crash|release_only'
 else
   stage "release tests: every label"
@@ -113,18 +152,16 @@ else
 fi
 
 if ((sanitizers)); then
-  fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
-  fuzz_targets=()
-  if [[ "$fuzz_seconds" != "0" ]]; then
-    fuzz_targets=(definition_fuzz template_fuzz cloudevents_fuzz api_body_fuzz http_front_fuzz)
-  fi
-  stage "ASan + UBSan build (clang -Wthread-safety: the locking of base/mutex.h checked as errors)"
-  cmake --preset asan >/dev/null
-  cmake --build build-asan -j "$jobs" --target tests_unit tests_integration tests_postgres waystone \
-    "${fuzz_targets[@]}"
-  stage "ASan + UBSan tests: labels unit, integration, postgres"
+  stage "ASan + UBSan build, the rest (clang -O1, -Wthread-safety: base/mutex.h's locking as errors)"
+  wait_background_build
+  cmake --preset tsan >/dev/null
+  background_build "$PWD/build-tsan.log" cmake --build build-tsan -j "$jobs" --target tests_concurrency
+
+  # One test more than cores: at -j2 these tests kept the cores 44% busy (they wait on
+  # servers, timers and other processes); the serial ones still run alone.
+  stage "ASan + UBSan tests: labels unit, integration, postgres (TSan build beside them)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$jobs" \
+    ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$((jobs + 1))" \
       -L 'unit|integration|postgres' -LE release_only
 
   if [[ "$fuzz_seconds" != "0" ]]; then
@@ -132,9 +169,8 @@ if ((sanitizers)); then
     bash scripts/fuzz.sh "$fuzz_seconds"
   fi
 
-  stage "TSan build (the tests labelled concurrency)"
-  cmake --preset tsan >/dev/null
-  cmake --build build-tsan -j "$jobs" --target tests_concurrency
+  stage "TSan build, the rest (clang -O1: the tests labelled concurrency)"
+  wait_background_build
   stage "TSan tests: label concurrency"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" -L concurrency

@@ -47,6 +47,25 @@ class PostgresCrashTest : public ::testing::Test {
     return argv;
   }
 
+  // The example saga with every call's 2 s timeout raised to 30 s. The faults these
+  // tests inject are explicit (dropped answers, 503, 429, errors, restarts, kills); a
+  // slow answer is not one of them. Under ASan on two cores shared by four workers and
+  // the simulator, answers took over 2 s, and instances failed on timeouts that had
+  // nothing to do with the kills (issue 44: 251 of 500 stopped short of done).
+  std::string PatientExample() {
+    std::string text = testing::ReadFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
+    size_t replaced = 0;
+    for (size_t at = text.find("timeout: 2s"); at != std::string::npos;
+         at = text.find("timeout: 2s", at)) {
+      text.replace(at, 11, "timeout: 30s");
+      ++replaced;
+    }
+    EXPECT_GT(replaced, 5u) << "the example's timeouts changed; update this test";
+    const std::string path = dir_.File("order-to-erp.yaml");
+    testing::WriteFile(path, text);
+    return path;
+  }
+
   void StartOrders(int count, const std::string& prefix) {
     std::string lines;
     for (int i = 0; i < count; ++i) {
@@ -56,7 +75,7 @@ class PostgresCrashTest : public ::testing::Test {
     }
     testing::WriteFile(dir_.File(prefix + ".jsonl"), lines);
     auto started = testing::RunProcess({testing::WaystoneBinary(), "start",
-                                        testing::SourceDir() + "/examples/order-to-erp.yaml",
+                                        PatientExample(),
                                         "--inputs", dir_.File(prefix + ".jsonl")},
                                        Env(), dir_.path());
     ASSERT_EQ(started.exit_code, 0) << started.err;
@@ -75,6 +94,35 @@ class PostgresCrashTest : public ::testing::Test {
   }
 
   Json Stats() { return Json::parse(sim_->StatsJson()); }
+
+  // Says how many instances are in each state and, for the first few that neither
+  // completed nor were compensated, where each stopped and why: a failure names its cause.
+  std::string Described() {
+    std::string out;
+    for (const auto& [state, n] : ByState()) {
+      out += std::string(ToString(state)) + ": " + std::to_string(n) + "; ";
+    }
+    auto instances = store_->ListInstances({std::nullopt, std::nullopt, std::nullopt, 100000});
+    if (!instances.ok()) return out + instances.status().ToString();
+    int shown = 0;
+    for (const auto& instance : *instances) {
+      if (instance.state == InstanceState::kCompleted ||
+          instance.state == InstanceState::kCompensated || shown == 5) {
+        continue;
+      }
+      ++shown;
+      out += "\n  " + instance.key + " " + std::string(ToString(instance.state)) + ":";
+      auto steps = store_->GetSteps(instance.id);
+      if (!steps.ok()) continue;
+      for (const auto& step : *steps) {
+        if (step.state == StepState::kCompleted || step.state == StepState::kPending) continue;
+        out += " " + step.name + "=" + std::string(ToString(step.state)) + " after " +
+               std::to_string(step.attempts) + " attempts (" +
+               std::string(ToString(step.error_class)) + ": " + step.error_message + ")";
+      }
+    }
+    return out;
+  }
 
   void ExpectNoDuplicatesAndEachStepOnce(int orders, int blocked) {
     Json stats = Stats();
@@ -141,8 +189,8 @@ TEST_F(PostgresCrashTest, FourWorkersFiveHundredInstancesRandomKills) {
   ASSERT_EQ(finisher.exit_code, 0) << finisher.err;
   EXPECT_GE(kills, 3) << "the run ended before the workers were killed a few times";
   auto by_state = ByState();
-  EXPECT_EQ(by_state[InstanceState::kCompleted], 450);
-  EXPECT_EQ(by_state[InstanceState::kCompensated], 50);
+  EXPECT_EQ(by_state[InstanceState::kCompleted], 450) << Described();
+  EXPECT_EQ(by_state[InstanceState::kCompensated], 50) << Described();
   ExpectNoDuplicatesAndEachStepOnce(500, 50);
 }
 

@@ -41,11 +41,6 @@ bool PortOpen(int port) {
   return open;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 class RelayProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -99,7 +94,7 @@ class RelayProcessTest : public ::testing::Test {
     testing::WaitFor(
         [&] {
           for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
-            const std::string text = ReadFile(entry.path());
+            const std::string text = testing::ReadFile(entry.path());
             const size_t at = text.find(prefix);
             if (at != std::string::npos) {
               found = text.substr(at + prefix.size(), text.find('\n', at) - at - prefix.size());

@@ -21,4 +21,7 @@ class TempDir {
 // Writes `text` to `path`, replacing it.
 void WriteFile(const std::string& path, const std::string& text);
 
+// Returns the whole of the file at `path`; empty when it cannot be read.
+std::string ReadFile(const std::string& path);
+
 }  // namespace waystone::testing
