@@ -7,10 +7,13 @@
 #      the installed package built out of tree); then what a user gets (`cmake
 #      -DCMAKE_BUILD_TYPE=Release`, no test hooks, warning-clean; check-user-build.sh),
 #      which finds every object but the crash-point hook's in ccache and so costs links;
-#   2. the asan preset (clang -O1, ASan+UBSan, -Wthread-safety as errors): the unit,
+#      the preset's other test programs are compiled too (in the background), so that
+#      `cmake --build build` stays warning-clean with gcc;
+#   2. the asan preset (clang; src/ at -O1, test code at -O0; ASan+UBSan, -Wthread-safety
+#      as errors): the unit,
 #      integration and postgres labels (the PostgreSQL kill suites and the C++ saga's
 #      among them), then each libFuzzer target for a bounded time, side by side;
-#   3. the tsan preset (clang -O1): the tests labelled concurrency (tests/CMakeLists.txt:
+#   3. the tsan preset (clang; src/ at -O1, test code at -O0): the tests labelled concurrency (tests/CMakeLists.txt:
 #      ws_test's CONCURRENCY filter names them beside their test program).
 # The crash label runs in the release build alone: under a sanitizer it would take most
 # of CI's time to test the same recovery paths again. verify's own threads are then
@@ -59,6 +62,19 @@ stage_table() {
   fi
 }
 
+# One private PostgreSQL cluster for every test process (tests that restart the
+# server start their own), and a build in the background (below): both stopped however
+# this script ends.
+pg_dir=""
+bg_pid=""
+finish() {  # finish EXIT_CODE
+  local rc="$1"
+  if [[ -n "$bg_pid" ]]; then kill -- "-$bg_pid" 2>/dev/null || true; fi
+  if [[ -n "$pg_dir" ]]; then bash scripts/pg-test-cluster.sh stop "$pg_dir"; fi
+  if ((rc == 0)); then stage_table "passed"; else stage_table "FAILED, exit $rc"; fi
+}
+trap 'finish $?' EXIT
+
 stage "setup"
 bash scripts/setup.sh
 jobs="$(nproc)"
@@ -66,15 +82,7 @@ jobs="$(nproc)"
 # preset compile src/ with the same flags, so the second finds the first's objects.
 export CCACHE_BASEDIR="$PWD"
 
-# One private PostgreSQL cluster for every test process (tests that restart the
-# server start their own). Stopped however this script ends.
 pg_dir="$(mktemp -d)"
-finish() {  # finish EXIT_CODE
-  local rc="$1"
-  bash scripts/pg-test-cluster.sh stop "$pg_dir"
-  if ((rc == 0)); then stage_table "passed"; else stage_table "FAILED, exit $rc"; fi
-}
-trap 'finish $?' EXIT
 WAYSTONE_TEST_PG="$(bash scripts/pg-test-cluster.sh start "$pg_dir")"
 export WAYSTONE_TEST_PG
 stage "PostgreSQL test cluster at $WAYSTONE_TEST_PG"
@@ -92,13 +100,12 @@ if ((quick)); then
   exit 0
 fi
 
-# A sanitizer build runs beside the test stage before it, at the lowest CPU and I/O
-# priority: the tests wait on processes, sockets and timers for half their time, and the
-# compiler gets only what they leave idle, so their timing is what it is alone. Its
-# output goes to build-*.log, shown if it fails; the stage that waits for it says so.
-bg_pid=""
+# A build runs beside the test stage before it, at the lowest CPU and I/O priority: the
+# tests wait on processes, sockets and timers for half their time, and the compiler gets
+# only what they leave idle, so their timing is what it is alone. Its output goes to
+# build-*.log, shown if it fails; the stage that waits for it says so.
 bg_log=""
-background_build() {  # background_build LOG COMMAND...: starts COMMAND in a session of its own
+background_build() {  # background_build LOG COMMAND...: runs COMMAND in a session of its own
   bg_log="$1"
   shift
   setsid nice -n 19 ionice -c 3 "$@" >"$bg_log" 2>&1 &
@@ -114,10 +121,6 @@ wait_background_build() {
     exit "$rc"
   fi
 }
-stop_background_build() {
-  if [[ -n "$bg_pid" ]]; then kill -- "-$bg_pid" 2>/dev/null || true; fi
-}
-trap 'rc=$?; stop_background_build; finish $rc' EXIT
 
 fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
 fuzz_targets=()
@@ -135,16 +138,20 @@ else
 fi
 
 if ((sanitizers)); then
+  # In the background: the rest of the release preset (the test programs that run under
+  # ASan, compiled by gcc too, so `cmake --build build` stays warning-clean), then the
+  # ASan build.
   cmake --preset asan >/dev/null
-  background_build "$PWD/build-asan.log" cmake --build build-asan -j "$jobs" \
-    --target tests_unit tests_integration tests_postgres waystone "${fuzz_targets[@]}"
+  background_build "$PWD/build-asan.log" bash -c "cmake --build build -j $jobs && \
+    cmake --build build-asan -j $jobs --target tests_unit tests_integration tests_postgres \
+      waystone ${fuzz_targets[*]}"
 fi
 
 stage "a user's build (Release, no test hooks, warning-clean)"
 bash scripts/check-user-build.sh
 
 if ((sanitizers)); then
-  stage "release tests: labels crash, release_only (ASan + UBSan build beside them)"
+  stage "release tests: labels crash, release_only (other release programs, then the ASan build, beside them)"
   ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" -L 'crash|release_only'
 else
   stage "release tests: every label"
@@ -152,7 +159,7 @@ else
 fi
 
 if ((sanitizers)); then
-  stage "ASan + UBSan build, the rest (clang -O1, -Wthread-safety: base/mutex.h's locking as errors)"
+  stage "release build's other programs, then the ASan + UBSan build: the rest (clang -O1, -Wthread-safety: base/mutex.h's locking as errors)"
   wait_background_build
   cmake --preset tsan >/dev/null
   background_build "$PWD/build-tsan.log" cmake --build build-tsan -j "$jobs" --target tests_concurrency
