@@ -9,13 +9,14 @@
 #      which finds every object but the crash-point hook's in ccache and so costs links;
 #      the preset's other test programs are compiled too (in the background), so that
 #      `cmake --build build` stays warning-clean with gcc;
-#   2. the asan preset (clang; src/ at -O1, test code at -O0; ASan+UBSan, -Wthread-safety
+#   2. the asan preset (clang; src/ at -O1; ASan+UBSan, -Wthread-safety
 #      as errors): the unit, integration and postgres labels (the PostgreSQL kill suites
 #      and the C++ saga's among them), then each libFuzzer target for a bounded time,
 #      side by side;
-#   3. the tsan preset (clang; src/ at -O1, test code at -O0): the tests labelled
+#   3. the tsan preset (clang; src/ at -O1): the tests labelled
 #      concurrency (tests/CMakeLists.txt: ws_test's CONCURRENCY filter names them beside
 #      their test program).
+# Test code is -O0 in every build; src/ keeps the build's optimisation.
 # The crash label runs in the release build alone: under a sanitizer it would take most
 # of CI's time to test the same recovery paths again. verify's own threads are then
 # checked by no sanitizer; its target, HttpFront, is covered under TSan by HttpFront*Test.

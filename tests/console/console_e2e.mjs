@@ -9,7 +9,7 @@
 // Exits 77 (ctest: skipped, loudly) only when /usr/bin/chromium is missing.
 
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, execFileSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -110,11 +110,29 @@ const env = {
   WAYSTONE_SECRET_LINE_TOKEN: randomBytes(8).toString('hex'),
 };
 
-function token(role, name) {
-  const printed = execFileSync(waystone, ['token', 'create', '--db', db, '--tenant', 'default',
-    '--role', role, '--name', name], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-  const found = printed.match(/wst_[0-9a-f]{64}/);
-  assert.ok(found, `no token in: ${printed}`);
+// Runs a program to its end without blocking the event loop. (spawnSync did: under a
+// loaded CI machine the console test's event loop stood still past the server's 10 s
+// idle deadline, and the next fetch went out on a kept-alive connection the server had
+// just closed: "fetch failed".)
+function run(file, args, { input } = {}) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (data) => { stdout += data; });
+    child.stderr.on('data', (data) => { stderr += data; });
+    child.on('error', reject);
+    child.on('close', (status) => resolve({ status, stdout, stderr }));
+    child.stdin.end(input ?? '');
+  });
+}
+
+async function token(role, name) {
+  const printed = await run(waystone, ['token', 'create', '--db', db, '--tenant', 'default',
+    '--role', role, '--name', name]);
+  assert.equal(printed.status, 0, printed.stderr);
+  const found = printed.stdout.match(/wst_[0-9a-f]{64}/);
+  assert.ok(found, `no token in: ${printed.stdout}`);
   return found[0];
 }
 
@@ -149,8 +167,8 @@ try {
   start('sim', ['sim', '--port', String(simPort)], env);
   await until('the simulator', async () => (await fetch(`${sim}/_sim/stats`)).ok);
   // Tokens first: the store is created by the first command that opens it.
-  const alice = token('operator', 'alice');
-  const victor = token('viewer', 'victor');
+  const alice = await token('operator', 'alice');
+  const victor = await token('viewer', 'victor');
   start('serve', ['serve', '--config', path.join(work, 'waystone.yaml')], env);
   await until('waystone serve', async () => (await fetch(`${base}/readyz`)).ok);
 
@@ -192,8 +210,8 @@ try {
   await check('every module of the console parses (node --check)', async () => {
     const assets = path.join(source, 'src/console/assets');
     for (const file of fs.readdirSync(assets).filter((f) => f.endsWith('.js'))) {
-      const parsed = spawnSync(process.execPath, ['--input-type=module', '--check'],
-        { input: fs.readFileSync(path.join(assets, file)), encoding: 'utf8' });
+      const parsed = await run(process.execPath, ['--input-type=module', '--check'],
+        { input: fs.readFileSync(path.join(assets, file)) });
       assert.equal(parsed.status, 0, `${file}: ${parsed.stderr}`);
     }
   });
@@ -795,7 +813,7 @@ try {
     fs.writeFileSync(path.join(work, 'narrow.yaml'),
       `database: ${db}\nlisten: 127.0.0.1:${narrowPort}\ndefinitions: definitions\n` +
       'permissions:\n  - role: operator\n    tenant: default\n    actions: [retry, confirm]\n');
-    const nora = token('operator', 'nora');
+    const nora = await token('operator', 'nora');
     start('serve-narrow', ['serve', '--api-only', '--config', path.join(work, 'narrow.yaml')], env);
     await until('the narrowed server', async () => (await fetch(`${narrow}/readyz`)).ok);
     // Its own order with an unknown outcome (the ERP's answer lost): confirm is offered.
@@ -862,7 +880,7 @@ try {
   // Access: an admin of tenant "default" creates a token in the Tokens view,
   // revokes it there with a reason, and the token is refused from then on.
   await check('tokens: only an admin is offered the view; it creates a token, revokes it with a reason, and that token then gets 401', async () => {
-    const ada = token('admin', 'ada');
+    const ada = await token('admin', 'ada');
     const operatorView = await browser.newContext({ viewport: { width: 1366, height: 900 } });
     const opage = await operatorView.newPage();
     await opage.goto(`${base}/console/`);
@@ -943,7 +961,7 @@ try {
     const phone = '+81-90-5555-0101';
     await call('POST', `${redactBase}/v1/instances`, { bearer: alice,
       body: { workflow: 'console-redacted', input: { order_id: '1', customer: { phone } } } });
-    const ada = token('admin', 'ada-redact');
+    const ada = await token('admin', 'ada-redact');
     const url = `${redactBase}/console/#/instance/default/redacted%3A1`;
     const seen = {};
     for (const [who, bearer] of [['victor', victor], ['ada', ada]]) {
