@@ -1,4 +1,5 @@
 #include "support/process.h"
+#include "support/temp_dir.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -11,8 +12,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -20,13 +19,6 @@ extern char** environ;
 
 namespace waystone::testing {
 namespace {
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
 
 std::atomic<int> counter{0};
 
@@ -75,8 +67,8 @@ Process::~Process() {
   }
 }
 
-std::string Process::Output() const { return ReadAll(out_path_); }
-std::string Process::Errors() const { return ReadAll(err_path_); }
+std::string Process::Output() const { return ReadFile(out_path_); }
+std::string Process::Errors() const { return ReadFile(err_path_); }
 
 void Process::Signal(int signal) {
   if (running_) ::kill(pid_, signal);
@@ -103,8 +95,8 @@ ProcessResult Process::Wait(std::chrono::milliseconds timeout) {
   }
   if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
-  result.out = ReadAll(out_path_);
-  result.err += ReadAll(err_path_);
+  result.out = ReadFile(out_path_);
+  result.err += ReadFile(err_path_);
   return result;
 }
 
