@@ -72,7 +72,10 @@ bg_pid=""
 finish() {  # finish EXIT_CODE
   local rc="$1"
   if [[ -n "$bg_pid" ]]; then kill -- "-$bg_pid" 2>/dev/null || true; fi
-  if [[ -n "$pg_dir" ]]; then bash scripts/pg-test-cluster.sh stop "$pg_dir"; fi
+  if [[ -n "$pg_dir" ]]; then
+    stage "stop the PostgreSQL test cluster"
+    bash scripts/pg-test-cluster.sh stop "$pg_dir"
+  fi
   if ((rc == 0)); then stage_table "passed"; else stage_table "FAILED, exit $rc"; fi
 }
 trap 'finish $?' EXIT
@@ -100,7 +103,7 @@ if ((quick)); then
   cmake --build build -j "$jobs"
   stage "release tests: labels unit, integration"
   ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" -L 'unit|integration'
-  stage "quick tests passed"
+  echo "== quick tests passed"
   exit 0
 fi
 
@@ -187,4 +190,4 @@ elif [[ "${WAYSTONE_FUZZ_SECONDS:-20}" != "0" ]]; then
   stage "libFuzzer targets, ${WAYSTONE_FUZZ_SECONDS:-20}s each"
   bash scripts/fuzz.sh "${WAYSTONE_FUZZ_SECONDS:-20}"
 fi
-stage "all tests passed"
+echo "== all tests passed"
