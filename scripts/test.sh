@@ -6,9 +6,9 @@
 #      benchmarks, and the tests labelled release_only (the console in a real browser,
 #      the installed package built out of tree); then what a user gets (`cmake
 #      -DCMAKE_BUILD_TYPE=Release`, no test hooks, warning-clean; check-user-build.sh),
-#      which finds every object but the crash-point hook's in ccache and so costs links;
-#      the preset's other test programs are compiled too (in the background), so that
-#      `cmake --build build` stays warning-clean with gcc;
+#      which finds every object but the crash-point hook's in ccache and so costs links.
+#      The preset's other test programs run under ASan and are compiled by clang there
+#      (with -Werror), not by gcc too: `--quick` builds every target with gcc;
 #   2. the asan preset (clang; src/ at -O1; ASan+UBSan, -Wthread-safety
 #      as errors): the unit, integration and postgres labels (the PostgreSQL kill suites
 #      and the C++ saga's among them), then each libFuzzer target for a bounded time,
@@ -145,20 +145,17 @@ else
 fi
 
 if ((sanitizers)); then
-  # In the background: the rest of the release preset (the test programs that run under
-  # ASan, compiled by gcc too, so `cmake --build build` stays warning-clean), then the
-  # ASan build.
+  # The ASan build, in the background.
   cmake --preset asan >/dev/null
-  background_build "$PWD/build-asan.log" bash -c "cmake --build build -j $jobs && \
-    cmake --build build-asan -j $jobs --target tests_unit tests_integration tests_postgres \
-      waystone ${fuzz_targets[*]}"
+  background_build "$PWD/build-asan.log" cmake --build build-asan -j "$jobs" \
+    --target tests_unit tests_integration tests_postgres waystone "${fuzz_targets[@]}"
 fi
 
 stage "a user's build (Release, no test hooks, warning-clean)"
 bash scripts/check-user-build.sh
 
 if ((sanitizers)); then
-  stage "release tests: labels crash, release_only (other release programs, then the ASan build, beside them)"
+  stage "release tests: labels crash, release_only (the ASan build beside them)"
   ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" -L 'crash|release_only'
 else
   stage "release tests: every label"
@@ -166,7 +163,7 @@ else
 fi
 
 if ((sanitizers)); then
-  stage "release build's other programs, then the ASan + UBSan build: the rest (clang -O1, -Wthread-safety: base/mutex.h's locking as errors)"
+  stage "ASan + UBSan build, the rest (clang -O1, -Wthread-safety: base/mutex.h's locking as errors)"
   wait_background_build
   cmake --preset tsan >/dev/null
   background_build "$PWD/build-tsan.log" cmake --build build-tsan -j "$jobs" --target tests_concurrency
