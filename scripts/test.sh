@@ -13,7 +13,8 @@
 #      as errors): the unit, integration and postgres labels (the PostgreSQL kill suites
 #      and the C++ saga's among them), then each libFuzzer target for a bounded time,
 #      side by side;
-#   3. the tsan preset (clang; src/ at -O1): the tests labelled
+#   3. the tsan preset (clang; src/ at -O0: its tests wait on threads, sockets and
+#      the database, and took no longer than at -O1, whose build cost twice): the tests labelled
 #      concurrency (tests/CMakeLists.txt: ws_test's CONCURRENCY filter names them beside
 #      their test program).
 # Test code is -O0 in every build; src/ keeps the build's optimisation.
@@ -168,9 +169,11 @@ if ((sanitizers)); then
   cmake --preset tsan >/dev/null
   background_build "$PWD/build-tsan.log" cmake --build build-tsan -j "$jobs" --target tests_concurrency
 
+  # Three at a time on two cores: alone, two of them kept 0.9 of a core busy (they wait
+  # on processes, sockets and timers); the TSan build takes what they leave.
   stage "ASan + UBSan tests: labels unit, integration, postgres (TSan build beside them)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$jobs" \
+    ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$((jobs + 1))" \
       -L 'unit|integration|postgres' -LE release_only
 
   if [[ "$fuzz_seconds" != "0" ]]; then
@@ -178,7 +181,7 @@ if ((sanitizers)); then
     bash scripts/fuzz.sh "$fuzz_seconds"
   fi
 
-  stage "TSan build, the rest (clang -O1: the tests labelled concurrency)"
+  stage "TSan build, the rest (clang -O0: the tests labelled concurrency)"
   wait_background_build
   stage "TSan tests: label concurrency"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
