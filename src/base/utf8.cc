@@ -37,4 +37,62 @@ size_t FirstInvalidUtf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+namespace {
+
+// The length of the invisible character at `text[i]` (0: none there). `text` from
+// `i` on is assumed well-formed for the multi-byte forms.
+size_t InvisibleAt(std::string_view text, size_t i) {
+  const auto c = static_cast<unsigned char>(text[i]);
+  if (c < 0x20 || c == 0x7F) return 1;
+  auto byte = [&](size_t k) {
+    return i + k < text.size() ? static_cast<unsigned char>(text[i + k]) : 0;
+  };
+  if (c == 0xC2 && byte(1) >= 0x80 && byte(1) <= 0x9F) return 2;  // C1 controls
+  if (c == 0xE2 && byte(1) == 0x80 &&
+      ((byte(2) >= 0x8B && byte(2) <= 0x8F) || (byte(2) >= 0xAA && byte(2) <= 0xAE))) {
+    return 3;  // zero-width space/joiners, LRM/RLM, LRE..RLO
+  }
+  if (c == 0xE2 && byte(1) == 0x81 && (byte(2) == 0xA0 || (byte(2) >= 0xA6 && byte(2) <= 0xA9))) {
+    return 3;  // word joiner, LRI..PDI
+  }
+  if (c == 0xEF && byte(1) == 0xBB && byte(2) == 0xBF) return 3;  // zero-width no-break space
+  return 0;
+}
+
+}  // namespace
+
+bool HasInvisibleCharacter(std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (InvisibleAt(text, i) != 0) return true;
+  }
+  return false;
+}
+
+std::string Printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    // One character's bytes, when they are well-formed UTF-8.
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t length = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+                                    : c >= 0xF0 && c <= 0xF4    ? 4 : 0;
+    const bool valid = length != 0 && i + length <= text.size() &&
+                       FirstInvalidUtf8(text.substr(i, length)) == std::string_view::npos;
+    size_t hidden = valid ? InvisibleAt(text, i) : 1;
+    if (hidden == 0) {
+      out.append(text.substr(i, length));
+      i += length;
+      continue;
+    }
+    for (; hidden > 0 && i < text.size(); --hidden, ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
 }  // namespace waystone

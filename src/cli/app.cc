@@ -20,7 +20,8 @@ int Main(int argc, char** argv) {
   auto add_engine = [&](CLI::App* sub) {
     sub->add_option("--secrets", global.secrets_file, "File of NAME=value secrets for {{secret.NAME}}");
     sub->add_option("--files", global.files_dir,
-                    "Folder whose files uploads may send (a request's path: is relative to it)");
+                    "Folder whose files uploads may send: each tenant's in DIR/<tenant>/ (a "
+                    "request's path: is relative to it)");
     sub->add_option("--lease", global.lease, "Lease duration, e.g. 30s")->capture_default_str();
     sub->add_option("--step-key-retention", global.step_key_retention,
                     "How long a step's idempotency key stays pinned to its request (a workflow's "

@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "definition/loader.h"
+#include "server/server_config.h"
 
 namespace waystone::cli {
 
@@ -51,6 +52,17 @@ absl::StatusOr<std::string> TextOrFile(const std::string& arg, size_t max_bytes)
   auto status = ReadFileText(arg.substr(1), max_bytes, &text);
   if (!status.ok()) return status;
   return text;
+}
+
+absl::StatusOr<std::map<std::string, TenantPolicy>> ConfiguredTenants(const GlobalOptions& global) {
+  if (global.tenants) return *global.tenants;
+  const char* env_config = std::getenv("WAYSTONE_CONFIG");
+  const std::string path =
+      !global.config.empty() ? global.config : env_config != nullptr ? env_config : "";
+  if (path.empty()) return std::map<std::string, TenantPolicy>();
+  auto config = LoadServerConfig(path);
+  if (!config.ok()) return config.status();
+  return config->tenants;
 }
 
 int Fail(const absl::Status& status) {

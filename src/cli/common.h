@@ -1,5 +1,6 @@
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,10 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStoreFor(const GlobalOptions& global)
 // is unreachable (a long-running worker that starts before its database does).
 absl::StatusOr<std::unique_ptr<Store>> OpenStoreWaiting(const GlobalOptions& global,
                                                         Millis patience);
+
+// The tenants of the server config this command obeys (--config, WAYSTONE_CONFIG;
+// GlobalOptions::tenants once read); empty without one, or without `tenants:`.
+absl::StatusOr<std::map<std::string, TenantPolicy>> ConfiguredTenants(const GlobalOptions& global);
 
 // Returns `arg` itself, or the contents of the file when it starts with '@'.
 absl::StatusOr<std::string> TextOrFile(const std::string& arg, size_t max_bytes);

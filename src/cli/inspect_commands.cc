@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 #include "cli/common.h"
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
@@ -34,7 +35,7 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
   std::printf("instance  %s  (tenant %s, workflow %s)\n", instance.key.c_str(),
               instance.tenant.c_str(), instance.workflow.c_str());
   std::printf("state     %s — %s\n", std::string(ToString(instance.state)).c_str(),
-              instance.status_reason.c_str());
+              Printable(instance.status_reason).c_str());
   std::printf("trace     %s\n\n", instance.trace_id.c_str());
   std::printf("  %-20s %-20s %8s  %-22s %s\n", "step", "state", "attempts", "external id",
               "note");
@@ -51,8 +52,8 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
               std::to_string(s.compensation_attempts);
     }
     std::printf("  %-20s %-20s %8d  %-22s %s\n", s.name.c_str(),
-                std::string(ToString(s.state)).c_str(), s.attempts, s.external_id.c_str(),
-                note.c_str());
+                std::string(ToString(s.state)).c_str(), s.attempts, Printable(s.external_id).c_str(),
+                Printable(note).c_str());
   }
   if (!attempts.empty()) {
     // Every request sent: which step and phase, whether it left, on which connection,
@@ -69,12 +70,12 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
       std::printf("  %-20s %3d  %-10s %-4s %-6s %6s  %s\n", step.c_str(), a.seq,
                   std::string(ToString(a.phase)).c_str(), a.sent ? "yes" : "no",
                   std::string(ToString(a.connection)).c_str(),
-                  a.status == 0 ? "-" : std::to_string(a.status).c_str(), outcome.c_str());
+                  a.status == 0 ? "-" : std::to_string(a.status).c_str(), Printable(outcome).c_str());
     }
   }
   for (const auto& alert : alerts) {
     std::printf("\n  alert [%s, %s] %s", std::string(ToString(alert.kind)).c_str(),
-                std::string(ToString(alert.state)).c_str(), alert.message.c_str());
+                std::string(ToString(alert.state)).c_str(), Printable(alert.message).c_str());
   }
   if (!alerts.empty()) std::printf("\n");
   if (!deliveries.empty()) {
@@ -82,7 +83,7 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
                 "last error");
     for (const auto& d : deliveries) {
       std::printf("  %-36s %-12s %-10s %8d  %s\n", d.event_type.c_str(), d.sink.c_str(),
-                  std::string(ToString(d.state)).c_str(), d.attempts, d.last_error.c_str());
+                  std::string(ToString(d.state)).c_str(), d.attempts, Printable(d.last_error).c_str());
     }
   }
   return absl::OkStatus();
@@ -210,7 +211,7 @@ int List(const GlobalOptions& global, const ListOptions& options) {
   }
   for (const auto& r : *instances) {
     std::printf("%-32s %-16s %-16s %s\n", r.key.c_str(), r.workflow.c_str(),
-                std::string(ToString(r.state)).c_str(), r.status_reason.c_str());
+                std::string(ToString(r.state)).c_str(), Printable(r.status_reason).c_str());
   }
   return kExitOk;
 }

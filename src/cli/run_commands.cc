@@ -12,6 +12,7 @@
 #include "base/random.h"
 #include "base/status_macros.h"
 #include "base/time_format.h"
+#include "base/utf8.h"
 #include "model/json_text.h"
 #include "cli/common.h"
 #include "cli/runtime.h"
@@ -216,6 +217,11 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     auto loaded = LoadRelayConfig(options.relay_config);
     if (!loaded.ok()) return Fail(loaded.status());
     relay_config = *loaded;
+    auto tenants = ConfiguredTenants(global);
+    if (!tenants.ok()) return Fail(tenants.status());
+    std::vector<std::string> names;
+    for (const auto& [name, policy] : *tenants) names.push_back(name);
+    if (auto status = CheckSinkTenants(*relay_config, names); !status.ok()) return Fail(status);
   }
   auto runtime = OpenRuntime(global, options.workers, kStartPatience, options.max_in_flight);
   if (!runtime.ok()) return Fail(runtime.status());
@@ -350,6 +356,7 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   api.tls_cert_file = options.tls_cert.empty() ? config.tls_cert_file : options.tls_cert;
   api.tls_key_file = options.tls_key.empty() ? config.tls_key_file : options.tls_key;
   api.max_connections = config.max_connections;
+  api.max_connections_per_client = config.max_connections_per_client;
   api.handler_threads = config.handler_threads;
   global.tenants = config.tenants;
   global.tenant_lines = config.tenant_lines;
@@ -411,7 +418,7 @@ int TokenList(const GlobalOptions& global, bool json) {
   std::printf("%-24s %-12s %-16s %-9s %-8s %-24s %s\n", "NAME", "ID", "TENANT", "ROLE", "STATE",
               "CREATED", "EXPIRES");
   for (const TokenRecord& t : *tokens) {
-    std::printf("%-24s %-12s %-16s %-9s %-8s %-24s %s\n", t.name.c_str(),
+    std::printf("%-24s %-12s %-16s %-9s %-8s %-24s %s\n", Printable(t.name).c_str(),
                 t.token_hash.substr(0, 12).c_str(), t.tenant.c_str(), t.role.c_str(), state(t),
                 when(t.created_at).c_str(), when(t.expires_at).c_str());
   }

@@ -45,6 +45,45 @@ Json ObjectAt(const Json& object, const char* field) {
   return it != object.end() && it->is_object() ? *it : Json::object();
 }
 
+// The actors who changed the material data of the step's request, in `record`'s
+// "revised_by" (a list; a single name in records written before it was one).
+std::vector<std::string> RevisersIn(const Json& record) {
+  std::vector<std::string> out;
+  const auto it = record.find("revised_by");
+  if (it == record.end()) return out;
+  if (it->is_string()) out.push_back(it->get<std::string>());
+  if (it->is_array()) {
+    for (const Json& name : *it) {
+      if (name.is_string()) out.push_back(name.get<std::string>());
+    }
+  }
+  return out;
+}
+
+void AddReviser(Json& record, const std::string& actor) {
+  std::vector<std::string> names = RevisersIn(record);
+  if (actor.empty() || std::find(names.begin(), names.end(), actor) != names.end()) return;
+  names.push_back(actor);
+  record["revised_by"] = names;
+}
+
+// Why `actor` may not decide the request: it started the instance, is the request's
+// requester, or changed its material data (at any time before the decision). Empty:
+// none of these. The four-eyes rule holds whether or not the definition names a
+// requester.
+std::string OwnInterest(const Facts& facts, const std::string& requester, const Json& record,
+                        const std::string& actor) {
+  if (!facts.instance.started_by.empty() && actor == facts.instance.started_by) {
+    return "started this instance";
+  }
+  if (!requester.empty() && actor == requester) return "requested the approval";
+  const std::vector<std::string> revisers = RevisersIn(record);
+  if (std::find(revisers.begin(), revisers.end(), actor) != revisers.end()) {
+    return "revised the data it is about";
+  }
+  return "";
+}
+
 std::string Describe(const Json& decision) {
   return TextAt(decision, "outcome", "?") + " by " + TextAt(decision, "by", "?");
 }
@@ -100,7 +139,7 @@ bool InGroup(const Decision& decision, const std::string& group) {
 }
 
 absl::Status MayDecide(const StepDefinition& def, const Decision& decision,
-                       const std::string& requester, const std::string& escalated_to) {
+                       const std::string& escalated_to) {
   const ApprovalSpec& spec = def.approval;
   if (InGroup(decision, escalated_to)) {
     // The request escalated to this group: its members decide too.
@@ -114,10 +153,6 @@ absl::Status MayDecide(const StepDefinition& def, const Decision& decision,
     return absl::PermissionDeniedError("step '" + def.name + "' is decided by role " + spec.role +
                                        " or above, and '" + decision.actor + "' is " +
                                        (decision.role.empty() ? "none" : decision.role));
-  }
-  if (!spec.requester.empty() && requester == decision.actor) {
-    return absl::PermissionDeniedError("'" + decision.actor + "' requested the approval of step '" +
-                                       def.name + "' and may not decide it");
   }
   return absl::OkStatus();
 }
@@ -240,18 +275,18 @@ Change OpenApproval(const Facts& facts, int index,
                  {"data_version", snapshot->data_version},
                  {"requested_at", facts.now},
                  {"snapshot", snapshot->ToJson()}};
-  // Whoever revised the material fields that superseded the last request is, like
-  // the requester, not the one to approve the new one.
-  if (const std::string reviser = TextAt(ObjectAt(before, "cancelled"), "by");
-      !reviser.empty() && step.state == StepState::kPending) {
-    record["revised_by"] = reviser;
+  // Whoever changed the material data of this request, before it opened or while
+  // an earlier one was open, is, like the starter and the requester, not the one to
+  // decide it.
+  for (const std::string& reviser : RevisersIn(before)) AddReviser(record, reviser);
+  if (step.state == StepState::kPending) {
+    AddReviser(record, TextAt(ObjectAt(before, "cancelled"), "by"));
   }
   std::vector<AuditRecord> dropped;
   if (const auto early = before.find("early_decision");
       early != before.end() && early->is_object()) {
     const std::string by = TextAt(*early, "by");
-    const bool own = !facts.definition.steps[index].approval.requester.empty() &&
-                     (by == snapshot->requester || by == TextAt(record, "revised_by"));
+    const bool own = !OwnInterest(facts, snapshot->requester, record, by).empty();
     if (TextAt(*early, "data_version") == snapshot->data_version && !own) {
       record["decision"] = *early;
       Change change = Decided(facts, step, record);
@@ -262,8 +297,8 @@ Change OpenApproval(const Facts& facts, int index,
     // now names as its requester): not this request's.
     dropped.push_back({0, facts.now, by, facts.instance.tenant, facts.instance.id,
                        "decision_dropped",
-                       own ? "decided before its request opened by '" + by +
-                                 "', who requested it or revised its data"
+                       own ? "decided before its request opened by '" + by + "', who " +
+                                 OwnInterest(facts, snapshot->requester, record, by)
                            : "decided on data version " + Short(TextAt(*early, "data_version")) +
                                  " before its request opened; the request is on " +
                                  Short(snapshot->data_version),
@@ -356,16 +391,16 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
   const std::string requester =
       open ? TextAt(ObjectAt(record, "snapshot"), "requester") : current.requester;
   const std::string escalated_to = open ? TextAt(record, "escalated_to") : "";
-  if (absl::Status may = MayDecide(def, decision, requester, escalated_to); !may.ok()) {
+  if (absl::Status may = MayDecide(def, decision, escalated_to); !may.ok()) {
     return refuse(std::move(may), nullptr);
   }
-  // Requester != approver, when declared, extends to whoever revised the request's data.
-  if (open && !def.approval.requester.empty() && !TextAt(record, "revised_by").empty() &&
-      TextAt(record, "revised_by") == decision.actor) {
-    return refuse(absl::PermissionDeniedError(
-                      "'" + decision.actor + "' revised the data of request " +
-                      std::to_string(step.attempts) + " of step '" + step.name +
-                      "' and may not decide it"),
+  // Four eyes: whoever started the instance, requested the approval or changed its
+  // material data (by any route, at any time before the decision) does not decide it.
+  if (const std::string why = OwnInterest(facts, requester, record, decision.actor);
+      !why.empty() && step.state != StepState::kCompleted && step.state != StepState::kFailed) {
+    return refuse(absl::PermissionDeniedError("'" + decision.actor + "' " + why +
+                                              " and may not decide step '" + step.name +
+                                              "' (four eyes)"),
                   nullptr);
   }
   if (step.state == StepState::kPending && !def.approval.requester.empty() &&
@@ -501,7 +536,14 @@ absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revis
     if (old_version == new_version) continue;
     out.material.push_back(step.name);
     Json record = RecordOf(step);
-    if (step.state == StepState::kWaiting) {
+    if (step.state == StepState::kPending) {
+      // Not asked yet: the request will be about data this actor chose.
+      StepRecord noted = step;
+      AddReviser(record, revision.actor);
+      noted.response_json = JsonText(record);
+      touched.push_back(noted);
+    } else if (step.state == StepState::kWaiting) {
+      AddReviser(record, revision.actor);
       StepRecord cancelled = step;
       const Json was = {{"by", revision.actor},
                         {"at", facts.now},
@@ -529,6 +571,8 @@ absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revis
                instance.state == InstanceState::kNeedsAttention && record.contains("decision")) {
       // Rejected, waiting for an operator: the revised data is asked about anew.
       StepRecord again = step;
+      AddReviser(record, revision.actor);
+      again.response_json = JsonText(record);
       again.state = StepState::kPending;
       again.error_class = ErrorClass::kNone;
       again.error_message.clear();

@@ -48,8 +48,7 @@ void RegisterAll(const nlohmann::json& secrets) {
     if (!it.value().is_string()) continue;
     const std::string value = it.value().get<std::string>();
     RegisterSecretValue(value);
-    RegisterSecretValue(PercentEncode(value, UrlPart::kQuery));
-    RegisterSecretValue(PercentEncode(value, UrlPart::kPathSegment));
+    RegisterSecretValue(PercentEncode(value));
   }
 }
 

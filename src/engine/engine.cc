@@ -199,6 +199,7 @@ class Engine::Impl {
     in.input_json = JsonText(input);  // canonical: keys sorted
     in.input_hash = Sha256Hex(in.input_json);
     in.trace_id = random_->Hex(16);
+    in.started_by = request.started_by;
     in.event_source = request.event_source;
     in.event_id = request.event_id;
     in.event_data_hash = in.input_hash;  // a start event's data is the input

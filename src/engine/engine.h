@@ -69,6 +69,8 @@ struct StartRequest {
   // When set, the business key the definition's `key:` must give for this input;
   // another key starts nothing (InvalidArgument naming both).
   std::string key;
+  // The token that starts it (recorded; an approval's starter may not decide it).
+  std::string started_by;
 };
 
 // Engine runs workflow instances: it starts them, and its worker pool claims

@@ -484,7 +484,8 @@ class InstanceRunner::Impl {
       }
       request.headers.emplace_back(name, std::move(text));
     }
-    WS_ASSIGN_OR_RETURN(std::string identity, RenderBody(spec, context, d_.files_dir, request));
+    WS_ASSIGN_OR_RETURN(const std::string files, TenantFilesFolder(d_.files_dir, instance_.tenant));
+    WS_ASSIGN_OR_RETURN(std::string identity, RenderBody(spec, context, files, request));
     if (body_identity != nullptr) *body_identity = std::move(identity);
     WS_RETURN_IF_ERROR(ApplyTarget(request, context));
     return request;

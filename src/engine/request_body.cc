@@ -66,7 +66,8 @@ absl::StatusOr<std::string> FileInside(const std::string& files_dir, const std::
   char file[PATH_MAX];
   if (realpath(files_dir.c_str(), root) == nullptr) {
     return absl::FailedPreconditionError(what + ": the files folder " + files_dir +
-                                         " cannot be opened");
+                                         " cannot be opened (each tenant's files are in a "
+                                         "folder named after it, inside --files)");
   }
   const std::string joined = std::string(root) + "/" + relative;
   if (realpath(joined.c_str(), file) == nullptr) {
@@ -146,6 +147,16 @@ bool HasHeader(const HttpRequest& request, std::string_view name) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> TenantFilesFolder(const std::string& files_dir,
+                                              const std::string& tenant) {
+  if (files_dir.empty()) return std::string();
+  if (tenant.empty() || tenant == "." || tenant == ".." ||
+      tenant.find_first_of(std::string_view("/\0", 2)) != std::string::npos) {
+    return absl::InvalidArgumentError("tenant '" + tenant + "' cannot name a files folder");
+  }
+  return files_dir + "/" + tenant;
+}
 
 absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateScope& context,
                                        const std::string& files_dir, HttpRequest& request) {

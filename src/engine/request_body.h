@@ -25,4 +25,11 @@ namespace waystone {
 absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateScope& context,
                                        const std::string& files_dir, HttpRequest& request);
 
+// The folder of `tenant`'s files: `<files_dir>/<tenant>`, so that a tenant's uploads
+// read only its own (no configuration lets two tenants share one). Empty when
+// `files_dir` is (no file may be sent); InvalidArgument for a tenant name that is not
+// one folder name.
+absl::StatusOr<std::string> TenantFilesFolder(const std::string& files_dir,
+                                              const std::string& tenant);
+
 }  // namespace waystone

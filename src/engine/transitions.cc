@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/redact.h"
 #include "engine/context.h"
 #include "engine/events.h"
 #include "engine/state_machine.h"
@@ -250,8 +251,11 @@ AuditRecord EngineAudit(const Facts& facts, const StepRecord& step, const std::s
 }  // namespace
 
 std::string ShortenMessage(std::string_view text) {
-  if (text.size() <= kMaxStoredMessage) return std::string(text);
-  return std::string(text.substr(0, kMaxStoredMessage)) + "...";
+  // Redacted before it is cut: a secret the cut splits would keep its first part.
+  std::string redacted = RedactSecrets(text);
+  if (redacted.size() <= kMaxStoredMessage) return redacted;
+  redacted.resize(kMaxStoredMessage);
+  return redacted + "...";
 }
 
 std::string DescribeResponse(const HttpResponse& response) {

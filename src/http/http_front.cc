@@ -3,8 +3,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
+#include <map>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -62,8 +65,22 @@ absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string&
   return context;
 }
 
+// Connections past the limits that may still ask the health path, at once.
+constexpr int kMaxOverflow = 32;
+
 }  // namespace
 
+// One admitted connection as the front counts it.
+struct ConnectionSlot {
+  std::string address;  // the client's
+  uint64_t order = 0;   // of admission: the oldest idle one goes first
+  // Waits for a request and has sent none of its bytes yet.
+  std::atomic<bool> idle{true};
+  // Admitted past the limits: answers the health path, and 503 to anything else.
+  bool overflow = false;
+  // Closes the connection, on its own strand; set before the next admission.
+  std::function<void()> evict;
+};
 
 class HttpFront::Impl {
  public:
@@ -148,7 +165,55 @@ class HttpFront::Impl {
   const ScreenFn& screen() const { return screen_; }
   const HandleFn& handle() const { return handle_; }
   net::thread_pool& pool() { return pool_; }
-  std::atomic<int>& connections() { return connections_; }
+
+  // A slot for a new connection from `address`, or null when it is to be refused.
+  // Past a limit, the oldest idle connection in the way is evicted for it.
+  std::shared_ptr<ConnectionSlot> TakeSlot(const std::string& address) {
+    std::shared_ptr<ConnectionSlot> victim;
+    std::shared_ptr<ConnectionSlot> slot = std::make_shared<ConnectionSlot>();
+    slot->address = address;
+    {
+      MutexLock lock(slots_mu_);
+      const int per_client = options_.max_connections_per_client > 0
+                                 ? options_.max_connections_per_client
+                                 : options_.max_connections;
+      const auto mine = per_address_.find(address);
+      const bool client_full = mine != per_address_.end() && mine->second >= per_client;
+      const bool full = static_cast<int>(slots_.size()) - overflow_ >= options_.max_connections;
+      if (client_full || full) {
+        for (const auto& [order, held] : slots_) {  // oldest first
+          if (held->overflow || !held->idle.load() || (client_full && held->address != address)) {
+            continue;
+          }
+          victim = held;
+          break;
+        }
+        if (victim != nullptr) {
+          ForgetLocked(*victim);
+        } else if (overflow_ < kMaxOverflow) {
+          slot->overflow = true;
+        } else {
+          return nullptr;
+        }
+      }
+      slot->order = next_order_++;
+      slots_.emplace(slot->order, slot);
+      if (slot->overflow) {
+        ++overflow_;
+      } else {
+        ++per_address_[address];
+      }
+    }
+    if (victim != nullptr && victim->evict) victim->evict();
+    return slot;
+  }
+
+  // The connection of `slot` ended (or was evicted: then it is gone already).
+  void ReleaseSlot(const ConnectionSlot& slot) {
+    MutexLock lock(slots_mu_);
+    const auto it = slots_.find(slot.order);
+    if (it != slots_.end() && it->second.get() == &slot) ForgetLocked(slot);
+  }
   // Counts requests read and not yet answered (+1 / -1); the destructor waits for none.
   void AddBusy(int delta) {
     MutexLock lock(busy_mu_);
@@ -162,11 +227,26 @@ class HttpFront::Impl {
   // Takes one accepted connection, or answers 503 when there are too many.
   void Admit(tcp::socket socket);
 
+  void ForgetLocked(const ConnectionSlot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slots_mu_) {
+    if (slot.overflow) {
+      --overflow_;
+    } else if (const auto count = per_address_.find(slot.address);
+               count != per_address_.end() && --count->second <= 0) {
+      per_address_.erase(count);
+    }
+    slots_.erase(slot.order);
+  }
+
   HttpFrontOptions options_;
   std::unique_ptr<net::ssl::context> tls_;  // null: plain HTTP
   ScreenFn screen_;
   HandleFn handle_;
-  std::atomic<int> connections_{0};
+  // Admission (TakeSlot): the open connections by age, the regular ones per address.
+  Mutex slots_mu_;
+  std::map<uint64_t, std::shared_ptr<ConnectionSlot>> slots_ ABSL_GUARDED_BY(slots_mu_);
+  std::unordered_map<std::string, int> per_address_ ABSL_GUARDED_BY(slots_mu_);
+  int overflow_ ABSL_GUARDED_BY(slots_mu_) = 0;
+  uint64_t next_order_ ABSL_GUARDED_BY(slots_mu_) = 0;
   Mutex busy_mu_;
   std::condition_variable idle_;  // busy_ reached 0
   int busy_ ABSL_GUARDED_BY(busy_mu_) = 0;
@@ -190,15 +270,20 @@ namespace {
 template <typename Stream>
 class Connection : public std::enable_shared_from_this<Connection<Stream>> {
  public:
-  Connection(Stream stream, HttpFront::Impl* front) : stream_(std::move(stream)), front_(front) {
-    front_->connections().fetch_add(1);
-  }
+  Connection(Stream stream, HttpFront::Impl* front, std::shared_ptr<ConnectionSlot> slot)
+      : stream_(std::move(stream)), front_(front), slot_(std::move(slot)) {}
   ~Connection() {
     Busy(false);
-    front_->connections().fetch_sub(1);
+    front_->ReleaseSlot(*slot_);
   }
 
   void Start() {
+    // Evicted (a new connection needs the place of this idle one): closed on its strand.
+    slot_->evict = [weak = this->weak_from_this(), executor = stream_.get_executor()] {
+      net::post(executor, [weak] {
+        if (auto self = weak.lock()) self->Close();
+      });
+    };
     if constexpr (std::is_same_v<Stream, TlsStream>) {
       // The handshake is within the first request's deadline; a client that
       // speaks plain HTTP fails it and is closed unanswered.
@@ -220,15 +305,32 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   const HttpFrontOptions& options() const { return front_->options(); }
 
+  // Waits, idle, for the first bytes of the next request (a client that sends none
+  // within the request deadline is closed unanswered, and an idle connection is the
+  // first to give its place to a new one), then reads its head.
   void ReadNextHead() {
     parser_.emplace();
     ConfigureParser(*parser_, options());
-    // One deadline for the whole request, head and body (time the request waits
-    // for a handler thread of ours is added back: it is not the client's).
+    head_only_ = false;  // until this request's method is known
+    if (buffer_.size() > 0) return ReadRequestHead();  // sent already, after the last request
+    slot_->idle = true;
+    Lowest().expires_after(std::chrono::seconds(options().request_deadline_seconds));
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](error_code ec, size_t n) {
+                              if (ec) return self->Close();
+                              self->buffer_.commit(n);
+                              self->ReadRequestHead();
+                            });
+  }
+
+  void ReadRequestHead() {
+    slot_->idle = false;
+    // One deadline for the whole request, head and body, from its first byte (time
+    // the request waits for a handler thread of ours is added back: it is not the
+    // client's).
     deadline_ = std::chrono::steady_clock::now() +
                 std::chrono::seconds(options().request_deadline_seconds);
     Lowest().expires_at(deadline_);
-    head_only_ = false;  // until this request's method is known
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = shared_from_this()](error_code ec, size_t) {
                                self->OnHead(ec);
@@ -256,7 +358,14 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
       // Answered here, on the I/O thread: busy handlers never delay it.
       ServerResponse ok;
       ok.SetContent("ok\n", "text/plain");
-      return Write(std::move(ok), parser_->get().keep_alive());
+      return Write(std::move(ok), parser_->get().keep_alive() && !slot_->overflow);
+    }
+    if (slot_->overflow) {
+      // Admitted past the limits for the health check only.
+      ServerResponse busy = ProblemResponse(ProblemKind::kUnavailable,
+                                            "too many connections; retry shortly", request_.path);
+      busy.SetHeader("Retry-After", "1");
+      return Write(std::move(busy), false);
     }
     Busy(true);
     const auto queued = std::chrono::steady_clock::now();
@@ -376,6 +485,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
 
   Stream stream_;
   HttpFront::Impl* front_;
+  std::shared_ptr<ConnectionSlot> slot_;
   beast::flat_buffer buffer_;
   std::optional<Parser> parser_;
   ServerRequest request_;
@@ -416,7 +526,9 @@ void HttpFront::Impl::Admit(tcp::socket socket) {
   {
     error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    if (connections_.load() >= options_.max_connections) {
+    const tcp::endpoint peer = socket.remote_endpoint(ignored);
+    std::shared_ptr<ConnectionSlot> slot = TakeSlot(peer.address().to_string());
+    if (slot == nullptr) {
       static const std::string kBusy = [] {
         ServerResponse busy = ProblemResponse(ProblemKind::kUnavailable,
                                               "too many connections; retry shortly", "");
@@ -433,11 +545,18 @@ void HttpFront::Impl::Admit(tcp::socket socket) {
       }
       socket.close(ignored);
     } else {
-      if (tls_ != nullptr) {
-        std::make_shared<Connection<TlsStream>>(TlsStream(std::move(socket), *tls_), this)->Start();
-      } else {
-        std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), this)
-            ->Start();
+      try {
+        if (tls_ != nullptr) {
+          std::make_shared<Connection<TlsStream>>(TlsStream(std::move(socket), *tls_), this, slot)
+              ->Start();
+        } else {
+          std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)),
+                                                          this, slot)
+              ->Start();
+        }
+      } catch (...) {
+        ReleaseSlot(*slot);  // no connection holds it
+        throw;
       }
     }
   }

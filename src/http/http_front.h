@@ -68,8 +68,14 @@ struct HttpFrontOptions {
   // the previous response on a kept-alive connection). Past it the connection closes.
   int request_deadline_seconds = 10;
   int write_deadline_seconds = 10;
-  // Open connections; beyond it new ones get 503 and are closed.
+  // Open connections, and those of one client address (0: max_connections). A new
+  // connection past either limit takes the place of the oldest connection that waits
+  // for a request and has sent none of it yet (of that address, for the second),
+  // which is closed: idle connections never keep a client out. When none waits, the
+  // new one may still ask the health path (a few such at once); anything else it
+  // asks is answered 503, and past those few it gets 503 at once.
   int max_connections = 1024;
+  int max_connections_per_client = 0;
   // Threads that run handlers (they may wait on the database). Reading and
   // writing never wait on them: a slow client holds a socket, not a thread.
   int handler_threads = 8;
@@ -92,7 +98,8 @@ using HandleFn = std::function<void(const ServerRequest& req, ServerResponse& re
 // HttpFront accepts HTTP/1.1 connections and hands complete requests to the
 // handler, on a thread pool of its own. It protects itself: a deadline for each
 // whole request, limits on header count and size, the body limit enforced while a
-// chunked body arrives, a connection limit, no ranges. Failures of the front
+// chunked body arrives, connection limits (overall and per client address) that idle
+// connections cannot fill, no ranges. Failures of the front
 // (unreadable request, too large) are answered as RFC 9457 problems. A handler that
 // throws answers 500. Stops and joins its threads when destroyed.
 class HttpFront {

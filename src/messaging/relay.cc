@@ -259,6 +259,7 @@ absl::Status Relay::Expand() {
     if (rows.empty()) continue;
     std::vector<std::pair<int64_t, int64_t>> wanted;  // seq, instance id
     for (const EventRecord& row : rows) {
+      if (!sink.Serves(row.tenant)) continue;  // another tenant's event
       const bool wants = IsAlertType(row.type) ? sink.name == config_.alert_sink ||
                                                      (!sink.events.empty() &&
                                                       sink.Wants(row.type, WorkflowOf(row)))

@@ -95,9 +95,9 @@ class ConfigReader : public YamlConfig {
   absl::StatusOr<SinkConfig> ReadSink(const YAML::Node& node) {
     SinkConfig sink;
     if (!node.IsMap()) return Error(node, "a sink is a mapping with 'name' and 'type'");
-    static const std::set<std::string> kFields = {"name", "type", "events", "workflows", "url",
-                                                  "secret_env", "secret_file", "timeout",
-                                                  "keep_alive", "stream"};
+    static const std::set<std::string> kFields = {"name", "type", "events", "workflows",
+                                                  "tenants", "url", "secret_env", "secret_file",
+                                                  "timeout", "keep_alive", "stream"};
     if (auto status = CheckFields(node, kFields, "sink"); !status.ok()) return status;
     if (!node["name"]) return Error(node, "sink needs 'name'");
     sink.name = node["name"].Scalar();
@@ -116,6 +116,9 @@ class ConfigReader : public YamlConfig {
     auto workflows = List(node["workflows"]);
     if (!workflows.ok()) return workflows.status();
     sink.workflows = *workflows;
+    auto tenants = List(node["tenants"]);
+    if (!tenants.ok()) return tenants.status();
+    sink.tenants = *tenants;
     if (!node["url"]) return Error(node, "sink '" + sink.name + "' needs 'url'");
     const std::string url = node["url"].Scalar();
     // A field of the other kind would be ignored: said instead.
@@ -186,6 +189,28 @@ bool SinkConfig::Wants(const std::string& type, const std::string& workflow) con
     if (Matches(pattern, type)) return true;
   }
   return false;
+}
+
+bool SinkConfig::Serves(const std::string& tenant) const {
+  return tenants.empty() || std::find(tenants.begin(), tenants.end(), tenant) != tenants.end();
+}
+
+absl::Status CheckSinkTenants(const RelayConfig& config, const std::vector<std::string>& tenants) {
+  if (tenants.empty()) return absl::OkStatus();
+  for (const SinkConfig& sink : config.sinks) {
+    if (sink.tenants.empty()) {
+      return absl::InvalidArgumentError(
+          "sink '" + sink.name + "' names no 'tenants': with tenants configured, each sink "
+          "lists the tenants whose events it receives (it would receive every tenant's)");
+    }
+    for (const std::string& tenant : sink.tenants) {
+      if (std::find(tenants.begin(), tenants.end(), tenant) == tenants.end()) {
+        return absl::InvalidArgumentError("sink '" + sink.name + "' names tenant '" + tenant +
+                                          "', which is not configured (tenants:)");
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RelayConfig> ParseRelayConfig(const std::string& text, const std::string& source) {

@@ -20,6 +20,9 @@ struct SinkConfig {
   std::vector<std::string> events;
   // Workflows whose events it receives; empty: all.
   std::vector<std::string> workflows;
+  // Tenants whose events it receives; empty: all, which a server with `tenants:`
+  // refuses (CheckSinkTenants): a sink belongs to its tenants.
+  std::vector<std::string> tenants;
   // Webhook: endpoint, signing secret ("whsec_…", read from secret_env or
   // secret_file, never written in the config), timeout.
   std::string url;
@@ -38,6 +41,8 @@ struct SinkConfig {
 
   // Returns true when this sink takes an event of `type` from `workflow`.
   bool Wants(const std::string& type, const std::string& workflow) const;
+  // Returns true when this sink takes events of `tenant` at all.
+  bool Serves(const std::string& tenant) const;
 };
 
 struct RelayConfig {
@@ -66,5 +71,10 @@ struct RelayConfig {
 // the environment variable or file each sink names.
 absl::StatusOr<RelayConfig> LoadRelayConfig(const std::string& path);
 absl::StatusOr<RelayConfig> ParseRelayConfig(const std::string& text, const std::string& source);
+
+// With tenants configured (the server config's `tenants:`, here their names), every
+// sink must list the tenants it serves, each of them configured: a sink without
+// `tenants:` would receive every tenant's events. InvalidArgument naming the sink.
+absl::Status CheckSinkTenants(const RelayConfig& config, const std::vector<std::string>& tenants);
 
 }  // namespace waystone

@@ -176,15 +176,14 @@ absl::StatusOr<std::string> Template::RenderText(const TemplateScope& context) c
   return ScalarText(*value, references_.empty() ? "" : JoinPath(references_.front()));
 }
 
-std::string PercentEncode(std::string_view value, UrlPart part) {
+std::string PercentEncode(std::string_view value) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   out.reserve(value.size());
   for (unsigned char c : value) {
     const bool unreserved = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                             (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' || c == '~';
-    const bool kept = unreserved || (part == UrlPart::kPathSegment && (c == ':' || c == '@'));
-    if (kept) {
+    if (unreserved) {
       out.push_back(static_cast<char>(c));
     } else {
       out.push_back('%');
@@ -197,25 +196,43 @@ std::string PercentEncode(std::string_view value, UrlPart part) {
 
 namespace {
 
-// Where the text so far has reached inside a URL.
+// Where the text so far has reached inside a URL. kAuthority: the scheme, user, host
+// or port may still change, until a '/', '?' or '#' ends the authority.
 enum class UrlState { kStart, kAuthority, kPath, kQuery };
 
-// Moves `state` across literal URL text.
-UrlState Advance(UrlState state, std::string_view literal, bool at_start) {
+// Moves `state` across trusted URL text (a literal, or an env value as the deployment
+// configured it). At the start, text without "://" is still the authority: an env
+// base "127.0.0.1:8080" is a host and port.
+UrlState Advance(UrlState state, std::string_view text) {
   size_t at = 0;
   if (state == UrlState::kStart) {
-    if (!at_start) return UrlState::kPath;  // after a base URL placeholder
-    const size_t scheme = literal.find("://");
-    if (scheme == std::string_view::npos) return UrlState::kPath;
-    at = scheme + 3;
+    const size_t scheme = text.find("://");
+    at = scheme == std::string_view::npos ? 0 : scheme + 3;
     state = UrlState::kAuthority;
   }
-  for (; at < literal.size(); ++at) {
-    const char c = literal[at];
+  for (; at < text.size(); ++at) {
+    const char c = text[at];
     if (state == UrlState::kAuthority && c == '/') state = UrlState::kPath;
     if (state != UrlState::kQuery && (c == '?' || c == '#')) state = UrlState::kQuery;
   }
   return state;
+}
+
+// The scheme and authority of `url`: everything before the first '/', '?' or '#'
+// after "://" (or after the start when there is no "://").
+std::string_view SchemeAndAuthority(std::string_view url) {
+  const size_t scheme = url.find("://");
+  const size_t from = scheme == std::string_view::npos ? 0 : scheme + 3;
+  return url.substr(0, std::min(url.size(), url.find_first_of("/?#", from)));
+}
+
+bool IsEnv(const std::vector<std::string>& path) { return path[0] == "env"; }
+
+std::string AuthorityError(const std::vector<std::string>& path) {
+  return "{{" + JoinPath(path) + "}} would be written into the scheme, host or port of the URL, "
+         "which only the definition and env values may choose: put a literal '/' between the "
+         "base URL and it (\"{{env.BASE_URL}}/{{" + JoinPath(path) + "}}\"), so that it is a "
+         "path segment";
 }
 
 }  // namespace
@@ -223,79 +240,63 @@ UrlState Advance(UrlState state, std::string_view literal, bool at_start) {
 absl::StatusOr<std::string> Template::RenderUrl(const TemplateScope& context) const {
   std::string out;
   UrlState state = UrlState::kStart;
-  for (size_t i = 0; i < pieces_.size(); ++i) {
-    const Piece& piece = pieces_[i];
+  // The scheme and authority, once fixed by trusted text: every value from input or an
+  // answer comes after it, and the URL rendered must keep it.
+  std::optional<std::string> fixed;
+  for (const Piece& piece : pieces_) {
     if (piece.path.empty()) {
       out += piece.literal;
-      state = Advance(state, piece.literal, i == 0);
+      state = Advance(state, piece.literal);
       continue;
     }
     const std::string where = JoinPath(piece.path);
     auto text = PlaceholderText(piece.path, context);
     if (!text.ok()) return text.status();
-    // Where a value goes in raw (env as the base or the host), a control character
-    // would split the request line: refused, as no URL can carry one.
-    const bool raw = state == UrlState::kStart || state == UrlState::kAuthority;
-    if (raw && std::any_of(text->begin(), text->end(), [](char c) {
-          return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-        })) {
-      return absl::InvalidArgumentError("template {{" + where +
-                                        "}} holds a control character; a URL cannot carry it");
-    }
-    switch (state) {
-      case UrlState::kStart:
-        // The base URL, as configured: only the deployment's env may choose scheme and host.
-        if (piece.path[0] != "env") {
-          return absl::InvalidArgumentError("template {{" + where +
-                                            "}} starts the URL but is not an env value");
-        }
-        out += *text;
-        state = UrlState::kPath;
-        if (text->find('?') != std::string::npos) state = UrlState::kQuery;
-        break;
-      case UrlState::kAuthority:
-        // The deployment's own configuration (a host or port from env) is trusted as written.
-        if (piece.path[0] == "env") {
-          out += *text;
-          break;
-        }
+    if (state == UrlState::kStart || state == UrlState::kAuthority) {
+      // Only the deployment's env may choose scheme, host and port; its value goes in as
+      // written, and a control character would split the request line.
+      if (!IsEnv(piece.path)) return absl::InvalidArgumentError("template " + AuthorityError(piece.path));
+      if (std::any_of(text->begin(), text->end(), [](char c) {
+            return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+          })) {
         return absl::InvalidArgumentError("template {{" + where +
-                                          "}} stands in the host part of a URL and cannot be "
-                                          "encoded safely");
-      case UrlState::kPath:
-        // "." and ".." would be dot-segments that move the path: encode them.
-        out += *text == "." || *text == ".." ? std::string(text->size() == 1 ? "%2E" : "%2E%2E")
-                                             : PercentEncode(*text, UrlPart::kPathSegment);
-        break;
-      case UrlState::kQuery:
-        out += PercentEncode(*text, UrlPart::kQuery);
-        break;
+                                          "}} holds a control character; a URL cannot carry it");
+      }
+      out += *text;
+      state = Advance(state, *text);
+      continue;
     }
+    if (!fixed) fixed = std::string(SchemeAndAuthority(out));
+    if (state == UrlState::kPath) {
+      // A path segment: '/', '@' and ':' encoded like every reserved character, and
+      // "." and ".." (dot-segments that would move the path) too.
+      out += *text == "." || *text == ".." ? std::string(text->size() == 1 ? "%2E" : "%2E%2E")
+                                           : PercentEncode(*text);
+    } else {
+      out += PercentEncode(*text);
+    }
+  }
+  if (fixed && SchemeAndAuthority(out) != *fixed) {
+    return absl::InvalidArgumentError("the rendered URL's host is not the one its definition "
+                                      "and env fixed; nothing was sent");
   }
   return out;
 }
 
 absl::Status Template::CheckUrl() const {
+  // Before the values are known, an env value is the authority's end only if literal
+  // text after it says so: "{{env.DMS_URL}}{{input.path}}" could put the path into the
+  // host ("@evil:81"), as could "{{env.DMS_HOST}}:{{input.port}}".
   UrlState state = UrlState::kStart;
-  for (size_t i = 0; i < pieces_.size(); ++i) {
-    const Piece& piece = pieces_[i];
+  for (const Piece& piece : pieces_) {
     if (piece.path.empty()) {
-      state = Advance(state, piece.literal, i == 0);
+      state = Advance(state, piece.literal);
       continue;
     }
-    if (state == UrlState::kStart && piece.path[0] != "env") {
-      return absl::InvalidArgumentError("{{" + JoinPath(piece.path) +
-                                        "}} starts the URL, so it would choose the scheme and "
-                                        "host; only an env value (a configured base URL) may");
+    if (state == UrlState::kStart || state == UrlState::kAuthority) {
+      if (!IsEnv(piece.path)) return absl::InvalidArgumentError(AuthorityError(piece.path));
+      state = UrlState::kAuthority;
     }
-    if (state == UrlState::kAuthority && piece.path[0] != "env") {
-      return absl::InvalidArgumentError("{{" + JoinPath(piece.path) +
-                                        "}} stands in the scheme or host of the URL, where "
-                                        "percent-encoding cannot make a value safe; only env "
-                                        "values, a placeholder at the very start (a base URL) "
-                                        "or one in the path, query or fragment is allowed");
-    }
-    if (state == UrlState::kStart) state = UrlState::kPath;
   }
   return absl::OkStatus();
 }

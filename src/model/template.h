@@ -57,17 +57,20 @@ class Template {
   // Renders and requires a string, number or boolean result, returned as text.
   absl::StatusOr<std::string> RenderText(const TemplateScope& context) const;
 
-  // Renders a URL: literal text stays as written, and every placeholder value is
-  // percent-encoded (RFC 3986) by the rules of the part it stands in: a path
-  // segment (only unreserved characters, ':' and '@' kept; '/' is encoded) or a
-  // query or fragment value (only unreserved characters kept; '&', '=', '+', '#',
-  // space are encoded). A placeholder at the very start is the base URL
-  // (`{{env.ERP_URL}}/orders`) and is inserted as written.
+  // Renders a URL: literal text stays as written, and every value from anything but
+  // env is percent-encoded (RFC 3986: only unreserved characters kept, so '/', '@',
+  // ':', '?', '&', '=', '#' are encoded) as one path segment or query value. Scheme,
+  // host and port come from literal text and env values only, and are fixed before
+  // any other value is written: a value that would land in them is refused (so is
+  // "{{env.DMS_URL}}{{input.path}}" when DMS_URL has no path), and the URL rendered
+  // must keep the authority that was fixed. A placeholder at the very start is the
+  // base URL (`{{env.ERP_URL}}/orders`) and must be an env value.
   absl::StatusOr<std::string> RenderUrl(const TemplateScope& context) const;
 
-  // Returns an error when a placeholder sits where percent-encoding cannot make
-  // its value safe: inside the scheme or authority (host, port, user) after a
-  // literal beginning, e.g. "http://{{input.host}}/x" (env values are allowed).
+  // What lint says before values are known: an error when a placeholder other than an
+  // env value could land in the scheme, host or port, i.e. comes before a literal '/',
+  // '?' or '#' ends the authority: "http://{{input.host}}/x", "{{input.url}}/x",
+  // "{{env.DMS_URL}}{{input.path}}", "{{env.DMS_HOST}}:{{input.port}}".
   absl::Status CheckUrl() const;
 
  private:
@@ -91,11 +94,9 @@ absl::Status CollectTreeReferences(const nlohmann::json& tree,
 // Returns the value at `path` inside `root`, or nullptr when any segment is missing.
 const nlohmann::json* Resolve(const nlohmann::json& root, const std::vector<std::string>& path);
 
-// Which part of a URL a value is placed in.
-enum class UrlPart : uint8_t { kPathSegment = 1, kQuery = 2 };
-
-// Percent-encodes `value` for `part` (UTF-8 bytes outside the kept set become %XX).
-std::string PercentEncode(std::string_view value, UrlPart part);
+// Percent-encodes `value` for a URL's path segment or query value: UTF-8 bytes other
+// than RFC 3986's unreserved characters (letters, digits, "-._~") become %XX.
+std::string PercentEncode(std::string_view value);
 
 // Encodes `value` as application/x-www-form-urlencoded does (WHATWG URL's urlencoded
 // serializer, RFC 6749 Appendix B): letters, digits and "*-._" kept, space as '+',

@@ -42,6 +42,7 @@ class ApiServer::Impl {
     front_options_.max_body_bytes = options.max_body_bytes;
     front_options_.request_deadline_seconds = options.read_timeout_seconds;
     front_options_.max_connections = options.max_connections;
+    front_options_.max_connections_per_client = options.max_connections_per_client;
     front_options_.handler_threads = options.handler_threads;
     front_options_.health_path = "/healthz";
     front_options_.tls_cert_file = options.tls_cert_file;

@@ -22,6 +22,8 @@ struct ApiServerOptions {
   int read_timeout_seconds = 10;
   // Open connections at most; more are answered 503 and closed.
   int max_connections = 1024;
+  // Of one client address (HttpFrontOptions::max_connections_per_client).
+  int max_connections_per_client = 256;
   // Threads that run handlers; slow clients never hold one.
   int handler_threads = 8;
   // How long an Idempotency-Key pins its request and stored response.

@@ -26,8 +26,10 @@ absl::StatusOr<std::string> CreateToken(AccessStore& store, const std::string& n
                                       "viewer or operator token one tenant");
   }
   if (name.empty() || name.size() > 128 || FirstInvalidUtf8(name) != std::string::npos ||
-      name.find_first_of("\r\n\t") != std::string::npos) {
-    return absl::InvalidArgumentError("a token needs a name of 1 to 128 characters, on one line");
+      HasInvisibleCharacter(name)) {
+    return absl::InvalidArgumentError(
+        "a token needs a name of 1 to 128 characters, with no control, bidirectional or "
+        "zero-width character");
   }
   if (expires_at != 0 && expires_at <= now) {
     return absl::InvalidArgumentError("the token would expire before it is made");

@@ -120,6 +120,7 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
     std::string conflict;
     if (r.definition) {
       StartRequest start{r.tenant, r.event.data_json, r.event.source, r.event.id};
+      start.started_by = principal.token_name;
       auto started = ctx.engine->StartInstance(*r.definition, start);
       if (started.ok() && started->outcome == StartOutcome::kEventConflict) {
         conflict = InboxConflictMessage(r.event.source, r.event.id, started->stored_data_hash,

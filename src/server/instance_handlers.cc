@@ -315,6 +315,7 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
   StartRequest start;
   start.tenant = *tenant;
   start.input_json = body->input_json;
+  start.started_by = principal.token_name;
   auto started = ctx.engine->StartInstance(*definition, start);
   if (!started.ok()) {
     if (absl::IsPermissionDenied(started.status())) {

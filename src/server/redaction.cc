@@ -165,10 +165,8 @@ void RedactValues(const std::vector<std::string>& pointer_texts, const InstanceR
   // As a URL holds them too (a dry run's rendered_url): percent-encoded.
   const size_t plain = hidden.size();
   for (size_t i = 0; i < plain; ++i) {
-    for (UrlPart part : {UrlPart::kPathSegment, UrlPart::kQuery}) {
-      std::string encoded = PercentEncode(hidden[i], part);
-      if (encoded != hidden[i]) hidden.push_back(std::move(encoded));
-    }
+    std::string encoded = PercentEncode(hidden[i]);
+    if (encoded != hidden[i]) hidden.push_back(std::move(encoded));
   }
   // The longest first: a value that contains another is hidden whole.
   std::sort(hidden.begin(), hidden.end(),

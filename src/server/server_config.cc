@@ -68,6 +68,7 @@ class ConfigReader : public YamlConfig {
       if (!api.IsMap()) return Error(api, "'api' is a mapping");
       static const std::set<std::string> kApiFields = {"max_body_bytes", "read_timeout",
                                                        "idempotency_retention", "max_connections",
+                                                       "max_connections_per_client",
                                                        "handler_threads"};
       if (auto status = CheckFields(api, kApiFields, "api"); !status.ok()) return status;
       if (const YAML::Node bytes = api["max_body_bytes"]) {
@@ -85,6 +86,8 @@ class ConfigReader : public YamlConfig {
       }
       for (const auto& [field, out, low, high] :
            {std::tuple{"max_connections", &config.max_connections, 8, 100000},
+            std::tuple{"max_connections_per_client", &config.max_connections_per_client, 1,
+                       100000},
             std::tuple{"handler_threads", &config.handler_threads, 1, 256}}) {
         if (const YAML::Node value = api[field]) {
           if (!YAML::convert<int>::decode(value, *out) || *out < low || *out > high) {

@@ -47,6 +47,7 @@ struct ServerConfig {
   Millis idempotency_retention = 24LL * 3600 * 1000;  // Idempotency-Key records
   std::vector<EventRoute> events;
   int max_connections = 1024;
+  int max_connections_per_client = 256;  // api.max_connections_per_client
   int handler_threads = 8;
   // `tenants:`: per tenant, the workflows it may start, its secrets file and env.
   // Empty: one trust domain.

@@ -20,6 +20,7 @@ nlohmann::json InstanceSummary(const InstanceRecord& r) {
           {"definition_hash", r.definition_hash},
           {"input_hash", r.input_hash},
           {"trace_id", r.trace_id},
+          {"started_by", r.started_by},
           {"created_at", Rfc3339(r.created_at)},
           {"updated_at", Rfc3339(r.updated_at)}};
 }

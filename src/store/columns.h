@@ -17,7 +17,7 @@ namespace waystone {
 inline constexpr char kInstanceColumns[] =
     "id, tenant, business_key, workflow, definition_hash, input_json, input_hash, state, "
     "status_reason, next_run_at, lease_owner, lease_expires_at, lease_epoch, trace_id, "
-    "source_event, created_at, updated_at";
+    "source_event, created_at, updated_at, started_by";
 
 inline constexpr char kStepColumns[] =
     "instance_id, step_index, name, state, attempts, error_class, error_message, external_id, "
@@ -69,6 +69,7 @@ InstanceRecord ReadInstance(const Row& r) {
   i.source_event = r.Text(14);
   i.created_at = r.Int(15);
   i.updated_at = r.Int(16);
+  i.started_by = r.Text(17);
   return i;
 }
 

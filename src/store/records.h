@@ -37,6 +37,7 @@ struct InstanceRecord {
   int64_t lease_epoch = 0;
   std::string trace_id;
   std::string source_event;     // "source id" of the event that started it, if any
+  std::string started_by;       // the token that started it; empty from the CLI or code
   Millis created_at = 0;
   Millis updated_at = 0;
   bool operator==(const InstanceRecord&) const = default;
@@ -393,6 +394,7 @@ struct NewInstance {
   std::string input_json;
   std::string input_hash;
   std::string trace_id;
+  std::string started_by;    // the token that starts it (InstanceRecord::started_by)
   std::string event_source;  // with event_id: claimed in the inbox in the same transaction
   std::string event_id;
   std::string event_data_hash;

@@ -409,7 +409,7 @@ TEST(LoaderTest, AWorkflowMayKeepItsStepKeysLonger) {
 TEST(LoaderTest, UrlsAndLookupsAreCheckedForTenantsAndSafety) {
   std::string host = kValid;
   host.replace(host.find("\"{{env.URL}}/orders\""), 20, "\"http://{{input.host}}/orders\"");
-  EXPECT_TRUE(Has(Lint(host), "stands in the scheme or host", 0, "write")) << host;
+  EXPECT_TRUE(Has(Lint(host), "would be written into the scheme, host or port", 0, "write")) << host;
   // A lookup that neither asks for nor matches the tenant's reference: a warning.
   auto diagnostics = Lint(kValid);
   ASSERT_FALSE(diagnostics.empty());

@@ -583,9 +583,15 @@ steps:
   const auto out = Revise(facts, Revised("amount", 7));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->reruns, std::vector<std::string>{"price"});
-  ASSERT_EQ(out->change.steps.size(), 1u);
-  EXPECT_EQ(out->change.steps[0].name, "a");  // price; reserve stands
+  // price runs again; reserve stands; the approval, not asked yet, only notes who
+  // changed its data (four eyes).
+  ASSERT_EQ(out->change.steps.size(), 2u);
+  EXPECT_EQ(out->change.steps[0].index, 2);
   EXPECT_EQ(out->change.steps[0].state, S::kPending);
+  EXPECT_EQ(Json::parse(out->change.steps[0].response_json)["revised_by"],
+            Json::array({"crm-sync"}));
+  EXPECT_EQ(out->change.steps[1].name, "a");  // price
+  EXPECT_EQ(out->change.steps[1].state, S::kPending);
   const std::vector<StepRecord> after = ApprovalApply(steps, out->change);
   const NextAction next = Decide(*loaded, instance, after, kApprovalNow);
   EXPECT_EQ(next.kind, NextAction::Kind::kRunStep);
@@ -760,7 +766,7 @@ TEST(ApprovalRulesTest, ADecisionKeptFromTheRequesterIsDroppedWhenItsRequestOpen
   EXPECT_EQ(opened.steps[0].state, S::kWaiting);  // not decided by bob's own approval
   ASSERT_EQ(opened.audits.size(), 1u);
   EXPECT_EQ(opened.audits[0].action, "decision_dropped");
-  EXPECT_NE(opened.audits[0].reason.find("who requested it"), std::string::npos);
+  EXPECT_NE(opened.audits[0].reason.find("who requested the approval"), std::string::npos);
 
   // And a decision before the request while the requester cannot be known is refused.
   ApprovalSnapshot unknown = now;
@@ -786,7 +792,7 @@ TEST(ApprovalRulesTest, WhoRevisedTheDataOfARequestMayNotDecideTheNextOne) {
   std::vector<StepRecord> steps = ApprovalApply(open.steps, revised->change);
   const Facts reopening{Finance(), instance, steps, kApprovalNow + 1, random};
   steps = ApprovalApply(steps, OpenApproval(reopening, 1, Snapshot(Finance(), instance)));
-  EXPECT_EQ(Json::parse(steps[1].response_json)["revised_by"], "alice");
+  EXPECT_EQ(Json::parse(steps[1].response_json)["revised_by"], Json::array({"alice"}));
   const Facts deciding{Finance(), instance, steps, kApprovalNow + 2, random};
   const DecisionOutcome own =
       DecisionArrived(deciding, 1, By("alice", true, 2, steps[1].request_hash), ApprovalSnapshot{});
@@ -795,6 +801,84 @@ TEST(ApprovalRulesTest, WhoRevisedTheDataOfARequestMayNotDecideTheNextOne) {
   const DecisionOutcome other =
       DecisionArrived(deciding, 1, By("dave", true, 2, steps[1].request_hash), ApprovalSnapshot{});
   EXPECT_TRUE(other.refusal.ok()) << other.refusal;
+}
+
+// Issue 45, high 3: alice revised the amount before the request opened, then approved
+// it herself, with no `requester` in the definition. Whoever changed the material
+// data, at any time before the decision, and whoever started the instance, do not
+// decide: early or after the request opened.
+TEST(ApprovalRulesTest, WhoRevisedBeforeTheRequestOpenedOrStartedTheInstanceMayNotDecide) {
+  const WorkflowDefinition plain = ApprovalDefinition(
+      R"({ material: [/amount], summary: "order {{input.id}}", approvers: { group: finance } })");
+  InstanceRecord instance = Instance(I::kRunning, kInput);
+  instance.started_by = "carol";  // a finance member who started it
+  std::vector<StepRecord> steps = testing::Steps({S::kRunning, S::kPending, S::kPending});
+  SeededRandom random{23};
+  Revision revision = Revised("amount", 99999);
+  revision.actor = "alice";
+  const auto revised = Revise(Facts{plain, instance, steps, kApprovalNow, random}, revision);
+  ASSERT_TRUE(revised.ok()) << revised.status();
+  EXPECT_EQ(revised->material, std::vector<std::string>{"b"});
+  instance.input_json = *revised->change.input_json;
+  steps = ApprovalApply(steps, revised->change);
+  EXPECT_EQ(Json::parse(steps[1].response_json)["revised_by"], Json::array({"alice"}));
+
+  const ApprovalSnapshot current = Snapshot(plain, instance);
+  for (const char* actor : {"alice", "carol"}) {
+    SCOPED_TRACE(actor);
+    // Before the request opens: refused, nothing kept.
+    const Facts pending{plain, instance, steps, kApprovalNow + 1, random};
+    const DecisionOutcome early =
+        DecisionArrived(pending, 1, By(actor, true, 0, current.data_version), current);
+    EXPECT_EQ(early.refusal.code(), absl::StatusCode::kPermissionDenied) << early.refusal;
+    EXPECT_NE(early.refusal.message().find("four eyes"), std::string::npos) << early.refusal;
+    EXPECT_TRUE(early.change.steps.empty());
+    ASSERT_EQ(early.change.audits.size(), 1u);
+    EXPECT_EQ(early.change.audits[0].action, "decision_refused");
+  }
+  // The request opens: the reviser is recorded on it, and neither decides it.
+  const Facts opening{plain, instance, steps, kApprovalNow + 2, random};
+  steps = ApprovalApply(steps, OpenApproval(opening, 1, current));
+  ASSERT_EQ(steps[1].state, S::kWaiting);
+  EXPECT_EQ(Json::parse(steps[1].response_json)["revised_by"], Json::array({"alice"}));
+  const Facts open{plain, instance, steps, kApprovalNow + 3, random};
+  EXPECT_NE(DecisionArrived(open, 1, By("alice", true, 1, current.data_version), current)
+                .refusal.message()
+                .find("revised the data"),
+            std::string::npos);
+  EXPECT_NE(DecisionArrived(open, 1, By("carol", true, 1, current.data_version), current)
+                .refusal.message()
+                .find("started this instance"),
+            std::string::npos);
+  const DecisionOutcome dave =
+      DecisionArrived(open, 1, By("dave", true, 1, current.data_version), current);
+  EXPECT_TRUE(dave.refusal.ok()) << dave.refusal;
+  EXPECT_EQ(ApprovalApply(steps, dave.change)[1].state, S::kCompleted);
+}
+
+// Issue 45, item 11: `requester: "{{input.submitted_by}}"` names bob, but alice started
+// the instance: she is the requester in fact, and is refused too, however early.
+TEST(ApprovalRulesTest, AStarterWhoNamedSomeoneElseAsRequesterStillMayNotDecide) {
+  InstanceRecord instance = Instance(I::kRunning, kInput);  // submitted_by: bob
+  instance.started_by = "alice";
+  const ApprovalSnapshot now = Snapshot(Finance(), instance);
+  std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kPending, S::kPending});
+  steps[1].response_json = Json{{"early_decision", {{"outcome", "approve"}, {"by", "alice"},
+                                                     {"at", kApprovalNow},
+                                                     {"data_version", now.data_version},
+                                                     {"before_request", true}}}}
+                               .dump();
+  SeededRandom random{24};
+  // A decision kept before the starter was known to matter is dropped when it opens.
+  const Change opened = OpenApproval(Facts{Finance(), instance, steps, kApprovalNow, random}, 1, now);
+  ASSERT_EQ(opened.steps.size(), 1u);
+  EXPECT_EQ(opened.steps[0].state, S::kWaiting);
+  ASSERT_EQ(opened.audits.size(), 1u);
+  EXPECT_NE(opened.audits[0].reason.find("started this instance"), std::string::npos);
+  steps = ApprovalApply(steps, opened);
+  const DecisionOutcome own = DecisionArrived(Facts{Finance(), instance, steps, kApprovalNow + 1, random},
+                                              1, By("alice", true, 1, now.data_version), now);
+  EXPECT_EQ(own.refusal.code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST(ApprovalRulesTest, ARefusalChangesNothingButItsAuditEvenWhileTheInstanceWaitsForATarget) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/redact.h"
 #include "definition/loader.h"
 #include "engine/state_machine.h"
 #include "support/records.h"
@@ -175,6 +176,24 @@ struct CallRow {
   int attempts;  // made so far, this one included
   Expect expect;
 };
+
+// Issue 45, item 5: a secret the 500-character limit cut through kept its first part
+// ("Bearer SEKRETdms7Q9z..."): what is kept is redacted first, then cut.
+TEST(TransitionsTest, AMessageIsRedactedBeforeItIsCut) {
+  RegisterSecretValue("SEKRETdms7Q9zTransitions");
+  for (size_t pad : {480u, 490u, 495u, 499u}) {
+    const std::string echoed = std::string(pad, 'x') + "Bearer SEKRETdms7Q9zTransitions tail";
+    const std::string kept = ShortenMessage(echoed);
+    EXPECT_EQ(kept.find("SEKRET"), std::string::npos) << pad << ": " << kept;
+    EXPECT_EQ(kept.find("SEKR"), std::string::npos) << pad << ": " << kept;
+    EXPECT_LE(kept.size(), 503u);
+  }
+  HttpResponse answer;
+  answer.outcome.kind = CallOutcome::Kind::kResponse;
+  answer.outcome.status = 401;
+  answer.body = std::string(497, 'y') + "SEKRETdms7Q9zTransitions";
+  EXPECT_EQ(DescribeResponse(answer).find("SEK"), std::string::npos) << DescribeResponse(answer);
+}
 
 TEST(TransitionsTest, WhatACallsOutcomeDoesToEachKindOfStep) {
   const CallResult ok_id = Answer(201, R"({"id":"ORD-1"})", ErrorClass::kNone);

@@ -68,25 +68,28 @@ class UploadTargetTest : public ::testing::Test {
     ASSERT_TRUE(target_->ok());
     setenv("DMS_URL", target_->base_url().c_str(), 1);
     setenv("DEAD_URL", "http://127.0.0.1:1", 1);  // nothing listens on port 1
-    files_ = dir_.File("files");
+    // Each tenant's files are in a folder named after it: this test's instances are
+    // tenant "default"'s.
+    files_ = dir_.File("files") + "/default";
     std::filesystem::create_directories(files_ + "/invoices");
     auto store = OpenStore({dir_.File("upload.db")});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     http_ = NewCurlHttpClient({});
     EngineOptions options;
-    options.files_dir = files_;
+    options.files_dir = dir_.File("files");
     auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, options);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
   }
 
   // Runs one instance of `yaml` with `input` until it rests.
-  InstanceRecord Run(const std::string& yaml, const Json& input) {
+  InstanceRecord Run(const std::string& yaml, const Json& input,
+                     const std::string& tenant = "default") {
     auto definition = LoadDefinitionText(yaml, "upload.yaml");
     EXPECT_TRUE(definition.ok()) << definition.status();
     if (!definition.ok()) return {};
-    auto started = engine_->StartInstance(*definition, {"default", input.dump()});
+    auto started = engine_->StartInstance(*definition, {tenant, input.dump()});
     EXPECT_TRUE(started.ok()) << started.status();
     if (!started.ok()) return {};
     auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
@@ -295,6 +298,57 @@ steps:
                                                                << step.error_message;
   }
   EXPECT_EQ(Stats()["requests_total"].get<int>(), 0);
+}
+
+// Issue 45, high 2: globex's instance named acme's confidential document and uploaded
+// it to globex's store. Each tenant's paths are resolved in its own folder.
+TEST_F(UploadTargetTest, ATenantSendsOnlyFilesFromItsOwnFolder) {
+  const std::string secret = AwkwardBytes(4'000, 7);
+  std::filesystem::create_directories(dir_.File("files") + "/acme/invoices");
+  std::filesystem::create_directories(dir_.File("files") + "/globex");
+  WriteBytes(dir_.File("files") + "/acme/invoices/INV-1.pdf", secret);
+  const std::string multipart = R"(workflow: upload-path
+key: "{{input.id}}"
+steps:
+  - name: upload
+    request:
+      method: POST
+      url: "{{env.DMS_URL}}/dms/documents"
+      multipart:
+        files:
+          file: { path: "{{input.path}}" }
+    idempotency: { honored: true }
+)";
+  const std::string raw = R"(workflow: put-path
+key: "{{input.id}}"
+steps:
+  - name: raw
+    request:
+      method: PUT
+      url: "{{env.DMS_URL}}/dms/raw/{{input.id}}"
+      body_file: { path: "{{input.path}}" }
+    idempotency: { honored: true }
+)";
+  int n = 0;
+  for (const std::string* yaml : {&multipart, &raw}) {
+    for (const char* path : {"acme/invoices/INV-1.pdf", "./acme/invoices/INV-1.pdf",
+                                    "acme//invoices/INV-1.pdf", "../acme/invoices/INV-1.pdf",
+                                    "invoices/INV-1.pdf"}) {
+      const InstanceRecord instance =
+          Run(*yaml, {{"id", "g" + std::to_string(n++)}, {"path", path}}, "globex");
+      EXPECT_EQ(FirstStep(instance).state, StepState::kFailed) << path;
+      EXPECT_NE(instance.state, InstanceState::kCompleted) << path;
+    }
+  }
+  Json stats = Stats();
+  EXPECT_EQ(stats["requests_total"].get<int>(), 0) << stats.dump();
+  EXPECT_EQ(stats["by_sha256"].value(Sha256Hex(secret), 0), 0) << "acme's file reached globex";
+  // acme's own instance sends it, from acme's folder.
+  const InstanceRecord own =
+      Run(multipart, {{"id", "a1"}, {"path", "invoices/INV-1.pdf"}}, "acme");
+  EXPECT_EQ(own.state, InstanceState::kCompleted) << own.status_reason;
+  stats = Stats();
+  EXPECT_EQ(stats["by_sha256"].value(Sha256Hex(secret), 0), 1) << stats.dump();
 }
 
 // The client's own check on the way: a file whose bytes no longer match their pin

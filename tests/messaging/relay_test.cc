@@ -261,9 +261,10 @@ class RelayTest : public ::testing::Test {
     return events.ok() ? *events : std::vector<EventRecord>{};
   }
 
-  InstanceRecord RunOrder(const std::string& id, const std::string& customer = "C-1") {
+  InstanceRecord RunOrder(const std::string& id, const std::string& customer = "C-1",
+                          const std::string& tenant = "default") {
     auto started = engine_->StartInstance(
-        example_, {"default", Json{{"source", "crm"}, {"order_id", id}, {"customer_id", customer},
+        example_, {tenant, Json{{"source", "crm"}, {"order_id", id}, {"customer_id", customer},
                                    {"amount", 5}}.dump()});
     EXPECT_TRUE(started.ok());
     EXPECT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
@@ -357,6 +358,44 @@ class StallingSink final : public Sink {
   std::mutex mu_;
   std::vector<std::string> ids_;
 };
+
+// Issue 45, item 9: a relay sink received every tenant's events. A sink serves the
+// tenants it lists; with tenants configured, one that lists none is refused.
+TEST_F(RelayTest, ASinkReceivesOnlyTheEventsOfItsTenants) {
+  RunOrder("a1", "C-1", "acme");
+  RunOrder("g1", "C-1", "globex");
+  const std::string yaml = "deployment: test\nsinks:\n"
+                           "  - { name: acme-hooks, type: webhook, url: \"" + hooks_.url() +
+                           "\", secret_env: TEST_WEBHOOK_SECRET, tenants: [acme] }\n"
+                           "  - { name: globex-hooks, type: webhook, url: \"" + ops_.url() +
+                           "\", secret_env: TEST_WEBHOOK_SECRET, tenants: [globex] }\n";
+  auto config = ParseRelayConfig(yaml, "relay.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(CheckSinkTenants(*config, {"acme", "globex"}).ok());
+  auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
+  ASSERT_TRUE(relay.ok()) << relay.status();
+  Drain(**relay);
+  size_t acme = 0, globex = 0;
+  for (const EventRecord& event : AllEvents()) (event.tenant == "acme" ? acme : globex) += 1;
+  ASSERT_GT(acme, 0u);
+  ASSERT_GT(globex, 0u);
+  const auto to_acme = hooks_.received();
+  const auto to_globex = ops_.received();
+  EXPECT_EQ(to_acme.size(), acme);
+  EXPECT_EQ(to_globex.size(), globex);
+  for (const Json& got : to_acme) EXPECT_EQ(got.dump().find("globex"), std::string::npos) << got;
+  for (const Json& got : to_globex) EXPECT_EQ(got.dump().find("acme"), std::string::npos) << got;
+
+  // Without `tenants:` on a sink, a server with tenants refuses the config.
+  auto open = ParseRelayConfig("sinks:\n  - { name: all, type: webhook, url: http://x, "
+                               "secret_env: TEST_WEBHOOK_SECRET }\n", "r.yaml");
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_TRUE(CheckSinkTenants(*open, {}).ok());  // one trust domain: as before
+  const absl::Status refused = CheckSinkTenants(*open, {"acme", "globex"});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("sink 'all' names no 'tenants'"), std::string::npos) << refused;
+  EXPECT_FALSE(CheckSinkTenants(*config, {"acme"}).ok()) << "globex is not configured";
+}
 
 TEST_F(RelayTest, ARoundPastItsLeasesSendsNothingMore) {
   for (int i = 0; i < 4; ++i) RunOrder("s" + std::to_string(i));

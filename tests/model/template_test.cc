@@ -131,7 +131,7 @@ TEST(TemplateTest, UrlValuesArePercentEncodedByTheirPart) {
   ASSERT_TRUE(t.ok());
   auto url = t->RenderUrl(context);
   ASSERT_TRUE(url.ok()) << url.status();
-  EXPECT_EQ(*url, "http://erp:81/api/orders/x%2Fy%3Fz%3D1/crm:A%26B%20%237?ref=crm%3AA%26B%20%237"
+  EXPECT_EQ(*url, "http://erp:81/api/orders/x%2Fy%3Fz%3D1/crm%3AA%26B%20%237?ref=crm%3AA%26B%20%237"
                   "&s=sp%20ace%2Bplus%2525&u=Gr%C3%B6%C3%9Fe&p=x%2Fy%3Fz%3D1");
   // Literal text and the base URL stay as written.
   auto literal = Template::Parse("http://erp/a b?x=1&y={{input.k}}#{{input.p}}");
@@ -164,6 +164,51 @@ TEST(TemplateTest, PlaceholdersInTheHostAreRefusedUnlessFromEnv) {
   auto base = Template::Parse("{{env.ERP_URL}}/x");
   ASSERT_TRUE(base.ok());
   EXPECT_TRUE(base->CheckUrl().ok());
+}
+
+// Issue 45, high 1: the three URLs a probe used to send a request, with its bearer
+// secret, to a port of its choosing.
+TEST(TemplateTest, NoValueFromInputOrAnAnswerChoosesTheHostOrPort) {
+  const Json context = {{"env", {{"DMS_URL", "http://127.0.0.1:8000"},
+                                 {"DMS_BASE", "http://127.0.0.1:8000/dms/"},
+                                 {"DMS_HOST", "http://127.0.0.1"}}},
+                        {"input", {{"path", "@127.0.0.1:9999"}, {"port", "9999"}}},
+                        {"steps", {{"upload", {{"external_id", "@127.0.0.1:9999"}}}}}};
+  for (const char* text : {"{{env.DMS_URL}}{{input.path}}", "{{env.DMS_HOST}}:{{input.port}}/x",
+                           "{{env.DMS_URL}}{{steps.upload.external_id}}",
+                           "{{env.DMS_URL}}?{{input.path}}" /* lint: fine; run: a query */}) {
+    auto t = Template::Parse(text);
+    ASSERT_TRUE(t.ok()) << text;
+    auto url = t->RenderUrl(context);
+    if (url.ok()) {
+      // Only the last one renders, and its value stays in the query.
+      EXPECT_EQ(*url, "http://127.0.0.1:8000?%40127.0.0.1%3A9999") << text;
+      EXPECT_TRUE(t->CheckUrl().ok()) << text;
+      continue;
+    }
+    EXPECT_NE(url.status().message().find("scheme, host or port"), std::string::npos)
+        << text << ": " << url.status();
+    // Lint says so before any value is known.
+    EXPECT_FALSE(t->CheckUrl().ok()) << text;
+  }
+  // With a literal '/' after the base, the same value is a path segment: '@' and ':'
+  // encoded, the host unchanged.
+  auto segment = Template::Parse("{{env.DMS_URL}}/{{input.path}}");
+  ASSERT_TRUE(segment.ok());
+  EXPECT_TRUE(segment->CheckUrl().ok());
+  EXPECT_EQ(*segment->RenderUrl(context), "http://127.0.0.1:8000/%40127.0.0.1%3A9999");
+  // A base whose own path ends the authority renders (lint, not knowing it, refuses).
+  auto based = Template::Parse("{{env.DMS_BASE}}{{input.path}}");
+  ASSERT_TRUE(based.ok());
+  EXPECT_FALSE(based->CheckUrl().ok());
+  EXPECT_EQ(*based->RenderUrl(context), "http://127.0.0.1:8000/dms/%40127.0.0.1%3A9999");
+  // Env values may still build the authority, and a port from env is trusted.
+  auto port = Template::Parse("{{env.DMS_HOST}}:{{env.PORT}}/{{input.port}}");
+  ASSERT_TRUE(port.ok());
+  EXPECT_TRUE(port->CheckUrl().ok());
+  Json with_port = context;
+  with_port["env"]["PORT"] = "8001";
+  EXPECT_EQ(*port->RenderUrl(with_port), "http://127.0.0.1:8001/9999");
 }
 
 TEST(TemplateTest, AnEnvValueWithALineBreakCannotBeAUrlBaseOrHost) {

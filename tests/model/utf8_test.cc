@@ -20,5 +20,22 @@ TEST(Utf8Test, NamesTheFirstBadByte) {
   EXPECT_EQ(FirstInvalidUtf8("ok \xE2\x82"), 3u);            // cut in the middle
 }
 
+// Issue 45, item 8: names a person reads hold no control, bidi or zero-width
+// character, and a terminal is shown them escaped.
+TEST(Utf8Test, InvisibleCharactersAreFoundAndShownEscaped) {
+  EXPECT_FALSE(HasInvisibleCharacter("alice Größe 注文 \xF0\x9F\x93\xA6"));
+  for (std::string_view bad :
+       {std::string_view("backdoor\0", 9), std::string_view("a\x1b[2Jb"), std::string_view("a\tb"),
+        std::string_view("del\x7f"), std::string_view("c1\xC2\x9B"),
+        std::string_view("rlo\xE2\x80\xAEnimda"), std::string_view("zw\xE2\x80\x8Bsp"),
+        std::string_view("lri\xE2\x81\xA6x"), std::string_view("bom\xEF\xBB\xBF")}) {
+    EXPECT_TRUE(HasInvisibleCharacter(bad)) << Printable(bad);
+  }
+  EXPECT_EQ(Printable(std::string_view("back\0door\x1b[2J", 13)), "back\\x00door\\x1b[2J");
+  EXPECT_EQ(Printable("rlo\xE2\x80\xAEx"), "rlo\\xe2\\x80\\xaex");
+  EXPECT_EQ(Printable("bad\xFFutf8"), "bad\\xffutf8");
+  EXPECT_EQ(Printable("Größe"), "Größe");
+}
+
 }  // namespace
 }  // namespace waystone

@@ -151,6 +151,9 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
     ASSERT_TRUE(engine_->Register(*definition).ok());
     viewer_ = *CreateToken(*store_, "viewer1", "t1", Role::kViewer, 1);
     operator_ = *CreateToken(*store_, "op1", "t1", Role::kOperator, 1);
+    // The system that starts approvals' instances and revises them (a CRM): four eyes
+    // keep it from deciding them, so the tests' approvers are others.
+    intake_ = *CreateToken(*store_, "intake", "t1", Role::kOperator, 1);
     operator_t2_ = *CreateToken(*store_, "op2", "t2", Role::kOperator, 1);
     admin_ = *CreateToken(*store_, "root", "*", Role::kAdmin, 1);
     Restart({});
@@ -303,7 +306,7 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
   std::unique_ptr<HttpClient> http_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ApiServer> server_;
-  std::string viewer_, operator_, operator_t2_, admin_;
+  std::string viewer_, operator_, intake_, operator_t2_, admin_;
 };
 
 TEST_P(ApiWriteTest, RetryOfAFailedManualStepIsPreviewedAppliedAndAudited) {
@@ -928,7 +931,8 @@ steps:
   ASSERT_TRUE(approval.ok()) << approval.status();
   ASSERT_TRUE(engine_->Register(*approval).ok());
   for (const char* id : {"a1", "a2", "a3"}) {
-    Post("/v1/instances", {{"workflow", "appr"}, {"input", {{"id", id}, {"amount", 5}}}}, 201);
+    Post("/v1/instances", {{"workflow", "appr"}, {"input", {{"id", id}, {"amount", 5}}}}, 201,
+         intake_);
     ASSERT_EQ(Drive(id), InstanceState::kRunning);
   }
   const Json open = Get("/v1/instances/a1")["approvals"][0];
@@ -996,7 +1000,8 @@ steps:
   ASSERT_TRUE(early.ok()) << early.status();
   ASSERT_TRUE(engine_->Register(*early).ok());
   for (const char* id : {"e1", "e2", "e3"}) {
-    Post("/v1/instances", {{"workflow", "early"}, {"input", {{"id", id}, {"amount", 5}}}}, 201);
+    Post("/v1/instances", {{"workflow", "early"}, {"input", {{"id", id}, {"amount", 5}}}}, 201,
+         intake_);
     ASSERT_EQ(Drive(id), InstanceState::kRunning);
   }
   const Json ahead = Get("/v1/instances/e1")["approvals"][0];
@@ -1063,10 +1068,13 @@ steps:
 )", "appr.yaml");
   ASSERT_TRUE(approval.ok()) << approval.status();
   ASSERT_TRUE(engine_->Register(*approval).ok());
-  Post("/v1/instances", {{"workflow", "appr"}, {"input", {{"id", "ev1"}, {"amount", 5}}}}, 201);
+  Post("/v1/instances", {{"workflow", "appr"}, {"input", {{"id", "ev1"}, {"amount", 5}}}}, 201,
+       intake_);
   ASSERT_EQ(Drive("ev1"), InstanceState::kRunning);
+  // Revisions come from the CRM (intake), decisions from the approval portal (op1).
   auto send = [&](const std::string& type, const std::string& id, const Json& data) {
-    auto response = Send("POST", "/v1/events", operator_, data.dump(),
+    const bool revision = type.ends_with(".revised");
+    auto response = Send("POST", "/v1/events", revision ? intake_ : operator_, data.dump(),
                          {{"ce-specversion", "1.0"}, {"ce-id", id}, {"ce-source", "/crm"},
                           {"ce-type", type}, {"Content-Type", "application/json"}});
     Json body = Json::parse(response.body, nullptr, false);
@@ -1654,8 +1662,9 @@ TEST_P(ApiWriteTest, AdminsListCreateAndRevokeTokensWithinTheirTenant) {
     for (const Json& t : listed["items"]) out.insert(t["name"]);
     return out;
   };
-  EXPECT_EQ(names(admin_), (std::set<std::string>{"admin1", "op1", "op2", "root", "viewer1"}));
-  EXPECT_EQ(names(admin_t1), (std::set<std::string>{"admin1", "op1", "viewer1"}));
+  EXPECT_EQ(names(admin_),
+            (std::set<std::string>{"admin1", "intake", "op1", "op2", "root", "viewer1"}));
+  EXPECT_EQ(names(admin_t1), (std::set<std::string>{"admin1", "intake", "op1", "viewer1"}));
   auto listing = Send("GET", "/v1/tokens", admin_);
   auto stored = store_->ListTokens();
   ASSERT_TRUE(stored.ok()) << stored.status();
@@ -1694,7 +1703,8 @@ TEST_P(ApiWriteTest, AdminsListCreateAndRevokeTokensWithinTheirTenant) {
   Post("/v1/tokens", {{"name", "night-op"}, {"role", "viewer"}}, 409, admin_t1);
   Post("/v1/tokens", {{"name", "x"}, {"role", "viewer"}, {"hash", "h"}}, 400, admin_t1);
   Post("/v1/tokens", {{"name", "all-admin"}, {"role", "admin"}, {"tenant", "*"}}, 201, admin_);
-  EXPECT_EQ(names(admin_t1), (std::set<std::string>{"admin1", "night-op", "op1", "viewer1"}));
+  EXPECT_EQ(names(admin_t1),
+            (std::set<std::string>{"admin1", "intake", "night-op", "op1", "viewer1"}));
 
   // Revoke: a reason is required; another tenant's token is not found.
   Post("/v1/tokens/op2/revoke", {{"reason", "left"}}, 404, admin_t1);

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -189,8 +192,15 @@ TEST_F(HttpFrontTest, CloudEventAttributesMustBeUtf8AndNothingIsCommitted) {
 // HEAD and the connection limit are the served code's own.
 class Socket {
  public:
-  explicit Socket(int port) {
+  // From 127.0.0.1, or from `from` (another loopback address: another client).
+  explicit Socket(int port, const char* from = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (from != nullptr) {
+      sockaddr_in source{};
+      source.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from, &source.sin_addr);
+      ::bind(fd_, reinterpret_cast<sockaddr*>(&source), sizeof(source));
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -202,6 +212,13 @@ class Socket {
   ~Socket() { ::close(fd_); }
   bool connected() const { return connected_; }
   void Send(const std::string& bytes) { ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size())); }
+  // Whether the server closed the connection within `millis` (it sent nothing else).
+  bool ClosedWithin(int millis) {
+    pollfd ready{fd_, POLLIN, 0};
+    if (::poll(&ready, 1, millis) != 1) return false;
+    char byte;
+    return ::recv(fd_, &byte, 1, MSG_DONTWAIT) == 0;
+  }
   // Reads until `needle` arrived `times` times (or the peer closed, or 5 s passed).
   std::string ReadUntil(const std::string& needle, int times = 1) {
     auto count = [&] {
@@ -293,24 +310,87 @@ TEST(HttpFrontConnectionTest, AHandlerKnowsItsConnection) {
   EXPECT_NE(fresh.ReadUntil(";").find("earlier=0 "), std::string::npos);
 }
 
-TEST_F(HttpFrontTest, ConnectionsBeyondTheLimitGetAWhole503) {
+// Connections busy with a request, up to the limit: a new one may still ask /healthz;
+// anything else it asks gets a whole 503 with Retry-After; past the few such, a
+// new connection gets the 503 at once.
+TEST_F(HttpFrontTest, ConnectionsBeyondTheLimitGetAWhole503ButTheHealthCheckIsAnswered) {
   ApiServerOptions api;
   api.listen = "127.0.0.1:0";
   api.max_connections = 2;
   auto small = ApiServer::Start(api, store_.get(), SystemClock::Get(), engine_.get());
   ASSERT_TRUE(small.ok()) << small.status();
-  Socket first((*small)->port());
-  Socket second((*small)->port());
-  first.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
-  second.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  const int port = (*small)->port();
+  // Each: a request, then the head of the next one under way (busy, not idle, from
+  // the moment the first was read).
+  const std::string busy = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n";
+  Socket first(port);
+  Socket second(port);
+  first.Send(busy);
+  second.Send(busy);
   ASSERT_NE(first.ReadUntil("ok\n").find("200"), std::string::npos);
   ASSERT_NE(second.ReadUntil("ok\n").find("200"), std::string::npos);
-  Socket third((*small)->port());
+  Socket third(port);
+  third.Send("GET /v1/me HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token_ + "\r\n\r\n");
   const std::string refused = third.ReadUntil("\"}");
   ASSERT_EQ(refused.find("HTTP/1.1 503"), 0u) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
   const size_t body_at = refused.find("\r\n\r\n") + 4;
   const size_t length_at = refused.find("Content-Length: ") + 16;
   EXPECT_EQ(std::stoul(refused.substr(length_at)), refused.size() - body_at) << refused;
+  Socket health(port);
+  health.Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(health.ReadUntil("ok\n").find("HTTP/1.1 200"), 0u);
+  // 32 connections past the limit that ask nothing yet hold every place there is: the
+  // next is refused before it asks, and they are still answered the health check.
+  std::vector<std::unique_ptr<Socket>> waiting;
+  for (int i = 0; i < 32; ++i) waiting.push_back(std::make_unique<Socket>(port));
+  Socket late(port);
+  EXPECT_EQ(late.ReadUntil("\"}").find("HTTP/1.1 503"), 0u) << "not refused at once";
+  waiting.front()->Send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(waiting.front()->ReadUntil("ok\n").find("HTTP/1.1 200"), 0u);
+}
+
+// Issue 45, high 4: a thousand idle connections from one address made /healthz and
+// /v1/me answer 503. An idle connection (nothing sent of a request) gives its place
+// to a new one; busy connections of one address are capped, and other addresses
+// are not kept out by them.
+TEST_F(HttpFrontTest, IdleConnectionsGiveTheirPlaceAndOneAddressCannotFillTheServer) {
+  ApiServerOptions api;
+  api.listen = "127.0.0.1:0";
+  api.max_connections = 16;
+  api.max_connections_per_client = 4;
+  auto small = ApiServer::Start(api, store_.get(), SystemClock::Get(), engine_.get());
+  ASSERT_TRUE(small.ok()) << small.status();
+  const int port = (*small)->port();
+  std::vector<std::unique_ptr<Socket>> idle;
+  for (int i = 0; i < 40; ++i) idle.push_back(std::make_unique<Socket>(port));
+  const std::string me =
+      "GET /v1/me HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token_ + "\r\n\r\n";
+  Socket fresh(port);
+  fresh.Send(me);
+  EXPECT_EQ(fresh.ReadUntil("\"}").find("HTTP/1.1 200"), 0u);
+  // All but the newest three idle ones (the address's four places: they and `fresh`)
+  // were closed to make room.
+  int closed = 0;
+  for (auto& socket : idle) closed += socket->ClosedWithin(closed < 37 ? 5000 : 0);
+  EXPECT_EQ(closed, 37);
+
+  // Four busy connections fill 127.0.0.1's places; a fifth asks past them, and
+  // 127.0.0.2 is served as if nothing happened.
+  const std::string busy = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n";
+  std::vector<std::unique_ptr<Socket>> working;
+  for (int i = 0; i < 4; ++i) {
+    working.push_back(std::make_unique<Socket>(port));
+    working.back()->Send(busy);
+    ASSERT_NE(working.back()->ReadUntil("ok\n").find("200"), std::string::npos);
+  }
+  Socket fifth(port);
+  fifth.Send(me);
+  EXPECT_EQ(fifth.ReadUntil("\"}").find("HTTP/1.1 503"), 0u);
+  Socket other(port, "127.0.0.2");
+  ASSERT_TRUE(other.connected());
+  other.Send(me);
+  EXPECT_EQ(other.ReadUntil("\"}").find("HTTP/1.1 200"), 0u);
 }
 
 }  // namespace

@@ -78,17 +78,17 @@ class PgStartSql final : public StartSql {
     static const std::string kInsert = absl::StrCat(
         "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
         "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at, "
-        "lease_owner, lease_expires_at, lease_epoch) SELECT $1, $2, $3, $4, $5, $6, ",
+        "lease_owner, lease_expires_at, lease_epoch, started_by) SELECT $1, $2, $3, $4, $5, $6, ",
         SqlValue(InstanceState::kRunning),
         ", $7::bigint, $8, $9, $7::bigint, $7::bigint, $10, $11::bigint, CASE WHEN $10 = '' "
-        "THEN 0 ELSE 1 END WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE tenant = $1 AND "
+        "THEN 0 ELSE 1 END, $12 WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE tenant = $1 AND "
         "business_key = $2) ON CONFLICT (tenant, business_key) DO NOTHING RETURNING ",
         kInstanceColumns);
     WS_ASSIGN_OR_RETURN(
         std::vector<PgResult> r,
         Run({{&kInsert, Params(in.tenant, in.key, in.workflow, in.definition_hash, in.input_json,
                                in.input_hash, in.now, in.trace_id, source_event, in.lease_owner,
-                               in.lease_expires_at)},
+                               in.lease_expires_at, in.started_by)},
              PgTombstoneOfKeyStatement(in.tenant, in.key)}));
     inserted_ = PgFirstRow(r[0], ReadInstance<PgRow>);
     Insertion insertion;

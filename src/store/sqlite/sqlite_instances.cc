@@ -50,9 +50,9 @@ class SqliteStartSql final : public StartSql {
     static const std::string kInsert = absl::StrCat(
         "INSERT INTO instances (tenant, business_key, workflow, definition_hash, input_json, "
         "input_hash, state, next_run_at, trace_id, source_event, created_at, updated_at, "
-        "lease_owner, lease_expires_at, lease_epoch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
+        "lease_owner, lease_expires_at, lease_epoch, started_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ",
         SqlValue(InstanceState::kRunning),
-        ", ?7, ?8, ?9, ?7, ?7, ?10, ?11, CASE WHEN ?10 = '' THEN 0 ELSE 1 END) ON CONFLICT "
+        ", ?7, ?8, ?9, ?7, ?7, ?10, ?11, CASE WHEN ?10 = '' THEN 0 ELSE 1 END, ?12) ON CONFLICT "
         "(tenant, business_key) DO NOTHING");
     Insertion insertion;
     WS_ASSIGN_OR_RETURN(insertion.tombstone, SqliteTombstoneOfKey(db_, in.tenant, in.key));
@@ -61,7 +61,8 @@ class SqliteStartSql final : public StartSql {
     WS_RETURN_IF_ERROR(insert
                            ->BindAll(in.tenant, in.key, in.workflow, in.definition_hash,
                                      in.input_json, in.input_hash, in.now, in.trace_id,
-                                     source_event, in.lease_owner, in.lease_expires_at)
+                                     source_event, in.lease_owner, in.lease_expires_at,
+                                     in.started_by)
                            .Run());
     if (db_.Changes() > 0) insertion.created = db_.LastInsertRowId();
     return insertion;
