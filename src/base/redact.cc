@@ -11,10 +11,18 @@ namespace {
 
 struct Registry {
   Mutex mu;
-  // Replaced whole on every change, so readers copy a pointer, not the list.
+  // Replaced whole on every change, so readers copy a pointer, not the list: the
+  // configured secrets and the recent credentials (each with its forms), longest first.
   std::shared_ptr<const std::vector<std::string>> values ABSL_GUARDED_BY(mu) =
       std::make_shared<const std::vector<std::string>>();
+  std::vector<std::string> configured ABSL_GUARDED_BY(mu);
+  // Credentials the process obtained and sent (OAuth2 access tokens), newest last;
+  // at most kRecentCredentials of them, so that renewing them for months does not
+  // make every redaction slower.
+  std::vector<std::vector<std::string>> recent ABSL_GUARDED_BY(mu);
 };
+
+constexpr size_t kRecentCredentials = 64;
 
 Registry& Secrets() {
   static Registry* registry = new Registry();
@@ -49,20 +57,55 @@ std::vector<std::string> JsonForms(const std::string& value) {
 
 }  // namespace
 
-void RegisterSecretValue(const std::string& value) {
-  if (value.size() < kMinRedactedSecret) return;
-  Registry& registry = Secrets();
-  MutexLock lock(registry.mu);
-  auto values = std::make_shared<std::vector<std::string>>(*registry.values);
+namespace {
+
+std::vector<std::string> FormsOf(const std::string& value) {
   std::vector<std::string> forms = JsonForms(value);
   forms.push_back(value);
-  for (const std::string& form : forms) {
-    if (std::find(values->begin(), values->end(), form) == values->end()) values->push_back(form);
+  return forms;
+}
+
+// Rebuilds the list readers use from the configured and the recent values.
+void Publish(Registry& registry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(registry.mu) {
+  auto values = std::make_shared<std::vector<std::string>>(registry.configured);
+  for (const auto& forms : registry.recent) {
+    for (const std::string& form : forms) {
+      if (std::find(values->begin(), values->end(), form) == values->end()) values->push_back(form);
+    }
   }
   // Longest first: a secret that contains another is replaced whole.
   std::sort(values->begin(), values->end(),
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   registry.values = std::move(values);
+}
+
+}  // namespace
+
+void RegisterSecretValue(const std::string& value) {
+  if (value.size() < kMinRedactedSecret) return;
+  Registry& registry = Secrets();
+  MutexLock lock(registry.mu);
+  bool added = false;
+  for (const std::string& form : FormsOf(value)) {
+    if (std::find(registry.configured.begin(), registry.configured.end(), form) ==
+        registry.configured.end()) {
+      registry.configured.push_back(form);
+      added = true;
+    }
+  }
+  if (added) Publish(registry);
+}
+
+void RegisterSentCredential(const std::string& value) {
+  if (value.size() < kMinRedactedSecret) return;
+  Registry& registry = Secrets();
+  MutexLock lock(registry.mu);
+  for (const auto& forms : registry.recent) {
+    if (forms.back() == value) return;  // known already
+  }
+  registry.recent.push_back(FormsOf(value));
+  if (registry.recent.size() > kRecentCredentials) registry.recent.erase(registry.recent.begin());
+  Publish(registry);
 }
 
 bool HaveSecrets() {

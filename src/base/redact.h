@@ -19,6 +19,13 @@ inline constexpr std::string_view kRedacted = "***";
 inline constexpr size_t kMinRedactedSecret = 8;
 void RegisterSecretValue(const std::string& value);
 
+// Adds a credential this process obtained at run time and sends (an OAuth2 access
+// token), with the same forms: a downstream that echoes it does not get it stored or
+// shown. Only the kRecentCredentials newest such are kept (an expired token matters
+// less than a redaction that slows down as tokens are renewed for months).
+// Thread-safe.
+void RegisterSentCredential(const std::string& value);
+
 // True once any secret is registered (nothing to do before). Thread-safe.
 bool HaveSecrets();
 

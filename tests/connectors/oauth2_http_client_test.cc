@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/redact.h"
 #include "connectors/http/http_client.h"
 
 namespace waystone {
@@ -145,6 +146,25 @@ TEST_F(OAuth2ClientTest, RequestsWaitingForATokenShareOneTokenRequest) {
     EXPECT_EQ(answer->outcome.status, 201);
   }
   EXPECT_EQ(inner_.Waiting("/oauth/token"), 0);
+}
+
+// Issue 45, item 6: an access token a target echoed, and a token endpoint's echo of
+// the Basic header (id:secret), were stored and shown. Every credential the client
+// sends is redacted like a configured secret.
+TEST_F(OAuth2ClientTest, EveryCredentialItSendsIsRedactedWhereverItIsEchoed) {
+  Send(Order("R1"), 1);
+  const HttpRequest asked =
+      inner_.Answer("/oauth/token", 200, Token("echoedAccessToken-9f3a7c", 3600));
+  const std::string basic = HeaderOf(asked, "Authorization").substr(6);
+  inner_.Answer("/orders", 401, "{}");  // refused: renewed once, sent again
+  EXPECT_EQ(RedactSecrets("error: bad token echoedAccessToken-9f3a7c"), "error: bad token ***");
+  EXPECT_EQ(RedactSecrets("{\"got\":\"Basic " + basic + "\"}"), "{\"got\":\"Basic ***\"}");
+  EXPECT_EQ(RedactSecrets("client waystone+worker:s3cr3t%2B%2F%3A%C3%A9"), "client ***");
+  // Renewed for months, only the newest credentials are kept: older ones are
+  // forgotten, so that redaction never slows down.
+  for (int i = 0; i < 70; ++i) RegisterSentCredential("rotated-token-" + std::to_string(i));
+  EXPECT_EQ(RedactSecrets("rotated-token-69"), "***");
+  EXPECT_EQ(RedactSecrets("rotated-token-0"), "rotated-token-0");
 }
 
 TEST_F(OAuth2ClientTest, ATokenIsKeptUntilShortlyBeforeItExpires) {

@@ -15,6 +15,7 @@
 
 #include "base/base64.h"
 #include "base/mutex.h"
+#include "base/redact.h"
 #include "base/sha256.h"
 #include "connectors/http/http_client.h"
 #include "model/template.h"
@@ -123,6 +124,9 @@ TokenResult ReadToken(const OAuth2Client& client, const HttpResponse& answer) {
       return result;
     }
   }
+  // Sent on every call until renewed: a target that echoes it (an error quoting the
+  // request) must not get it stored or shown to viewers.
+  RegisterSentCredential(result.token);
   result.lifetime = kDefaultLifetime;
   if (body.contains("expires_in")) {
     const Json& expires = body["expires_in"];
@@ -235,12 +239,16 @@ class OAuth2HttpClient final : public HttpClient {
     ask.url = client.token_url;
     ask.timeout = timeout;
     ask.tls = client.tls;
+    // RFC 6749 §2.3.1: each part form-encoded, then Basic. Both forms are the client
+    // secret too: a token endpoint that echoes the header must not get it stored.
+    const std::string pair = FormEncode(client.client_id) + ":" + FormEncode(client.client_secret);
+    const std::string basic = Base64Encode(pair);
+    RegisterSecretValue(pair);
+    RegisterSecretValue(basic);
     ask.headers = {
         {"Content-Type", "application/x-www-form-urlencoded"},
         {"Accept", "application/json"},
-        // RFC 6749 §2.3.1: each part form-encoded, then Basic.
-        {"Authorization", "Basic " + Base64Encode(FormEncode(client.client_id) + ":" +
-                                            FormEncode(client.client_secret))},
+        {"Authorization", "Basic " + basic},
     };
     ask.body = "grant_type=client_credentials";
     if (!client.scope.empty()) ask.body += "&scope=" + FormEncode(client.scope);
