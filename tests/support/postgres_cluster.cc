@@ -99,7 +99,7 @@ std::unique_ptr<PostgresCluster> PostgresCluster::Start() {
   }
   auto init = RunProcess(AsServerUser({cluster->bin_ + "/initdb", "-D", cluster->data_, "-U",
                                        "waystone", "--auth=trust", "-E", "UTF8", "--no-sync"}),
-                         {}, "/tmp");
+                         {}, cluster->dir_);
   if (init.exit_code != 0) {
     ADD_FAILURE() << "initdb failed: " << init.out << init.err;
     return nullptr;
@@ -112,7 +112,8 @@ std::unique_ptr<PostgresCluster> PostgresCluster::Start() {
 bool PostgresCluster::PgCtl(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {bin_ + "/pg_ctl", "-D", data_, "-w", "-t", "60"};
   argv.insert(argv.end(), args.begin(), args.end());
-  auto result = RunProcess(AsServerUser(argv), {}, "/tmp");
+  // Its output files in the cluster's folder, removed with it (in /tmp they stayed).
+  auto result = RunProcess(AsServerUser(argv), {}, dir_);
   if (result.exit_code != 0) {
     ADD_FAILURE() << "pg_ctl failed: " << result.out << result.err;
     return false;
@@ -142,7 +143,7 @@ bool PostgresCluster::RestartImmediate() {
 PostgresCluster::~PostgresCluster() {
   if (running_) {
     std::vector<std::string> argv = {bin_ + "/pg_ctl", "-D", data_, "-m", "immediate", "-w", "stop"};
-    RunProcess(AsServerUser(argv), {}, "/tmp");
+    RunProcess(AsServerUser(argv), {}, dir_);
   }
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
