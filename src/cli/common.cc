@@ -54,15 +54,26 @@ absl::StatusOr<std::string> TextOrFile(const std::string& arg, size_t max_bytes)
   return text;
 }
 
+std::string ServerConfigPath(const GlobalOptions& global) {
+  const char* env_config = std::getenv("WAYSTONE_CONFIG");
+  return !global.config.empty() ? global.config : env_config != nullptr ? env_config : "";
+}
+
 absl::StatusOr<std::map<std::string, TenantPolicy>> ConfiguredTenants(const GlobalOptions& global) {
   if (global.tenants) return *global.tenants;
-  const char* env_config = std::getenv("WAYSTONE_CONFIG");
-  const std::string path =
-      !global.config.empty() ? global.config : env_config != nullptr ? env_config : "";
+  const std::string path = ServerConfigPath(global);
   if (path.empty()) return std::map<std::string, TenantPolicy>();
   auto config = LoadServerConfig(path);
   if (!config.ok()) return config.status();
   return config->tenants;
+}
+
+absl::Status CheckRelayTenants(const GlobalOptions& global, const RelayConfig& relay) {
+  auto tenants = ConfiguredTenants(global);
+  if (!tenants.ok()) return tenants.status();
+  std::vector<std::string> names;
+  for (const auto& [name, policy] : *tenants) names.push_back(name);
+  return CheckSinkTenants(relay, names);
 }
 
 int Fail(const absl::Status& status) {

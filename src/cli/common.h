@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "cli/commands.h"
+#include "messaging/relay_config.h"
 #include "store/store.h"
 
 namespace waystone::cli {
@@ -21,9 +22,16 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStoreFor(const GlobalOptions& global)
 absl::StatusOr<std::unique_ptr<Store>> OpenStoreWaiting(const GlobalOptions& global,
                                                         Millis patience);
 
-// The tenants of the server config this command obeys (--config, WAYSTONE_CONFIG;
-// GlobalOptions::tenants once read); empty without one, or without `tenants:`.
+// The server config this command obeys: --config, else WAYSTONE_CONFIG; "" for none.
+std::string ServerConfigPath(const GlobalOptions& global);
+
+// The tenants of that config (GlobalOptions::tenants once read); empty without one,
+// or without `tenants:`.
 absl::StatusOr<std::map<std::string, TenantPolicy>> ConfiguredTenants(const GlobalOptions& global);
+
+// CheckSinkTenants against the configured tenants: with `tenants:`, each sink of
+// `relay` lists its own.
+absl::Status CheckRelayTenants(const GlobalOptions& global, const RelayConfig& relay);
 
 // Returns `arg` itself, or the contents of the file when it starts with '@'.
 absl::StatusOr<std::string> TextOrFile(const std::string& arg, size_t max_bytes);

@@ -52,8 +52,8 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
               std::to_string(s.compensation_attempts);
     }
     std::printf("  %-20s %-20s %8d  %-22s %s\n", s.name.c_str(),
-                std::string(ToString(s.state)).c_str(), s.attempts, Printable(s.external_id).c_str(),
-                Printable(note).c_str());
+                std::string(ToString(s.state)).c_str(), s.attempts,
+                Printable(s.external_id).c_str(), Printable(note).c_str());
   }
   if (!attempts.empty()) {
     // Every request sent: which step and phase, whether it left, on which connection,
@@ -70,7 +70,8 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
       std::printf("  %-20s %3d  %-10s %-4s %-6s %6s  %s\n", step.c_str(), a.seq,
                   std::string(ToString(a.phase)).c_str(), a.sent ? "yes" : "no",
                   std::string(ToString(a.connection)).c_str(),
-                  a.status == 0 ? "-" : std::to_string(a.status).c_str(), Printable(outcome).c_str());
+                  a.status == 0 ? "-" : std::to_string(a.status).c_str(),
+                  Printable(outcome).c_str());
     }
   }
   for (const auto& alert : alerts) {
@@ -83,7 +84,8 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
                 "last error");
     for (const auto& d : deliveries) {
       std::printf("  %-36s %-12s %-10s %8d  %s\n", d.event_type.c_str(), d.sink.c_str(),
-                  std::string(ToString(d.state)).c_str(), d.attempts, Printable(d.last_error).c_str());
+                  std::string(ToString(d.state)).c_str(), d.attempts,
+                  Printable(d.last_error).c_str());
     }
   }
   return absl::OkStatus();

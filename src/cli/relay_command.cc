@@ -16,11 +16,7 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   auto config = LoadRelayConfig(options.config);
   if (!config.ok()) return Fail(config.status());
   // With the server's tenants (--config, WAYSTONE_CONFIG), each sink serves its own.
-  auto tenants = ConfiguredTenants(global);
-  if (!tenants.ok()) return Fail(tenants.status());
-  std::vector<std::string> names;
-  for (const auto& [name, policy] : *tenants) names.push_back(name);
-  if (auto status = CheckSinkTenants(*config, names); !status.ok()) return Fail(status);
+  if (auto status = CheckRelayTenants(global, *config); !status.ok()) return Fail(status);
   auto store = options.enable_sink.empty() ? OpenStoreWaiting(global, 60'000) : OpenStoreFor(global);
   if (!store.ok()) return Fail(store.status());
   if (!options.enable_sink.empty()) {

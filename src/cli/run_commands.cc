@@ -52,9 +52,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
   // A worker or start without serve's config would render every tenant with the
   // process's secrets and skip the allow-list: the same config applies (read
   // before the database is waited for, so a mistake in it is told at once).
-  const char* env_config = std::getenv("WAYSTONE_CONFIG");
-  const std::string config_path =
-      !global.config.empty() ? global.config : env_config != nullptr ? env_config : "";
+  const std::string config_path = ServerConfigPath(global);
   if (!global.tenants && !config_path.empty()) {
     WS_ASSIGN_OR_RETURN(ServerConfig config, LoadServerConfig(config_path));
     options.tenants = config.tenants;
@@ -217,11 +215,7 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     auto loaded = LoadRelayConfig(options.relay_config);
     if (!loaded.ok()) return Fail(loaded.status());
     relay_config = *loaded;
-    auto tenants = ConfiguredTenants(global);
-    if (!tenants.ok()) return Fail(tenants.status());
-    std::vector<std::string> names;
-    for (const auto& [name, policy] : *tenants) names.push_back(name);
-    if (auto status = CheckSinkTenants(*relay_config, names); !status.ok()) return Fail(status);
+    if (auto status = CheckRelayTenants(global, *relay_config); !status.ok()) return Fail(status);
   }
   auto runtime = OpenRuntime(global, options.workers, kStartPatience, options.max_in_flight);
   if (!runtime.ok()) return Fail(runtime.status());
