@@ -1,6 +1,7 @@
 #include "base/sha256.h"
 
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -22,6 +23,14 @@ std::string Hex(const unsigned char* digest, unsigned int length) {
 }
 
 }  // namespace
+
+std::string HmacSha256Hex(std::string_view key, std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest, &length);
+  return Hex(digest, length);
+}
 
 std::string Sha256Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];

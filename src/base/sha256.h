@@ -12,6 +12,9 @@ namespace waystone {
 // Returns the SHA-256 digest of `data` as 64 lowercase hex characters.
 std::string Sha256Hex(std::string_view data);
 
+// Returns HMAC-SHA-256 of `data` under `key` as 64 lowercase hex characters.
+std::string HmacSha256Hex(std::string_view key, std::string_view data);
+
 // The SHA-256 and size of a file's content.
 struct FileDigest {
   std::string sha256;  // 64 lowercase hex characters

@@ -68,6 +68,25 @@ bool HasInvisibleCharacter(std::string_view text) {
   return false;
 }
 
+bool HasLookAlikeMix(std::string_view text) {
+  bool latin = false;
+  bool confusable = false;  // Greek (U+0370-03FF) or Cyrillic (U+0400-052F)
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) latin = true;
+    // Greek and Cyrillic letters lead with 0xCD-0xD4 (U+0340-052F); U+0340-036F are
+    // combining marks, also refused beside Latin letters.
+    if (c >= 0xCD && c <= 0xD4) confusable = true;
+    // Fullwidth forms U+FF01-FF5E: EF BC 81-BF, EF BD 80-9E.
+    if (c == 0xEF && i + 2 < text.size()) {
+      const auto b1 = static_cast<unsigned char>(text[i + 1]);
+      const auto b2 = static_cast<unsigned char>(text[i + 2]);
+      if ((b1 == 0xBC && b2 >= 0x81) || (b1 == 0xBD && b2 <= 0x9E)) return true;
+    }
+  }
+  return latin && confusable;
+}
+
 std::string Printable(std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;

@@ -18,6 +18,12 @@ size_t FirstInvalidUtf8(std::string_view text);
 // "backdoor\0" or a terminal escape would show as something it is not.
 bool HasInvisibleCharacter(std::string_view text);
 
+// True when well-formed UTF-8 `text` could pass for another name of Latin letters:
+// it mixes ASCII letters with Cyrillic or Greek letters ("аlice" with a Cyrillic а),
+// or holds fullwidth ASCII forms (U+FF01-FF5E, "ａlice"). Names in one script
+// (Latin, Cyrillic, Japanese, ...) pass.
+bool HasLookAlikeMix(std::string_view text);
+
 // `text` for a terminal: every byte HasInvisibleCharacter would object to, and every
 // byte that is not well-formed UTF-8, as \xNN; the rest as is.
 std::string Printable(std::string_view text);

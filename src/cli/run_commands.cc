@@ -349,6 +349,8 @@ int Serve(const GlobalOptions& global_flags, const ServeOptions& flags) {
   api.groups = config.groups;
   api.tls_cert_file = options.tls_cert.empty() ? config.tls_cert_file : options.tls_cert;
   api.tls_key_file = options.tls_key.empty() ? config.tls_key_file : options.tls_key;
+  api.hsts_max_age = config.tls_hsts_max_age;
+  api.tenants = config.tenants;
   api.max_connections = config.max_connections;
   api.max_connections_per_client = config.max_connections_per_client;
   api.handler_threads = config.handler_threads;

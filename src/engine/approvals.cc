@@ -365,7 +365,8 @@ Change ApprovalDue(const Facts& facts, int index) {
 }
 
 DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& decision,
-                                const ApprovalSnapshot& current) {
+                                const ApprovalSnapshot& current,
+                                const std::vector<AlertRecord>& open_alerts) {
   const StepDefinition& def = facts.definition.steps[index];
   StepRecord step = facts.steps[index];
   Json record = RecordOf(step);
@@ -377,7 +378,13 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
     refused["refused"] = std::string(status.message());
     out.change.audits.push_back(
         DecisionAudit(facts, "decision_refused", std::string(status.message()), decision, refused));
-    if (standing != nullptr && TextAt(*standing, "outcome") != Outcome(decision.approve)) {
+    const bool alert_open =
+        std::any_of(open_alerts.begin(), open_alerts.end(), [&](const AlertRecord& a) {
+          return a.kind == AlertKind::kContradictingDecision && a.step == step.name &&
+                 a.state != AlertState::kResolved;
+        });
+    if (standing != nullptr && TextAt(*standing, "outcome") != Outcome(decision.approve) &&
+        !alert_open) {
       AddAlert(facts, out.change, AlertKind::kContradictingDecision, step.name,
                "a late decision (" + Outcome(decision.approve) + " by " + decision.actor +
                    ") contradicts the one that stood on step '" + step.name + "' (" +

@@ -90,9 +90,13 @@ Change OpenApproval(const Facts& facts, int index,
 Change ApprovalDue(const Facts& facts, int index);
 
 // A decision for the approval step `index`; `current` is the snapshot rendered now
-// (the request a decision before the request opens is about).
+// (the request a decision before the request opens is about). `open_alerts`: the
+// instance's alerts not yet resolved; a late decision that contradicts the one that
+// stood raises an alert only while none of that kind is open for the step (each is
+// audited: a stream of late decisions is one thing for an operator to act on).
 DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& decision,
-                                const ApprovalSnapshot& current);
+                                const ApprovalSnapshot& current,
+                                const std::vector<AlertRecord>& open_alerts = {});
 
 // A revision of the instance's input, with who made it and why.
 struct Revision {

@@ -1,5 +1,7 @@
 #include "engine/catalog.h"
 
+#include <algorithm>
+
 #include "base/mutex.h"
 #include "definition/loader.h"
 
@@ -46,10 +48,15 @@ absl::StatusOr<std::shared_ptr<const WorkflowDefinition>> DefinitionCatalog::Get
   return shared;
 }
 
-std::map<std::string, TargetSpec> DefinitionCatalog::CurrentTargets() {
+std::map<std::string, TargetSpec> DefinitionCatalog::CurrentTargets(
+    const std::vector<std::string>* workflows) {
   MutexLock lock(mu_);
   std::map<std::string, TargetSpec> targets;
   for (const auto& [name, definition] : current_) {
+    if (workflows != nullptr &&
+        std::find(workflows->begin(), workflows->end(), name) == workflows->end()) {
+      continue;
+    }
     for (const TargetSpec& target : definition->targets) targets.try_emplace(target.name, target);
   }
   return targets;

@@ -36,8 +36,10 @@ class DefinitionCatalog {
   std::shared_ptr<const WorkflowDefinition> Current(const std::string& workflow);
 
   // The targets the current versions declare, by name (where several workflows
-  // declare one name, the first by workflow name).
-  std::map<std::string, TargetSpec> CurrentTargets();
+  // declare one name, the first by workflow name); when `workflows` is not null, only
+  // those of the workflows it names.
+  std::map<std::string, TargetSpec> CurrentTargets(
+      const std::vector<std::string>* workflows = nullptr);
 
  private:
   DefinitionStore* store_;

@@ -419,8 +419,16 @@ class InstanceRunner::Impl {
       std::move(finish->alerts.begin(), finish->alerts.end(), std::back_inserter(stamped.alerts));
       std::move(finish->audits.begin(), finish->audits.end(), std::back_inserter(stamped.audits));
     }
+    // A change that brings the instance to rest itself (a failure with nothing to
+    // compensate, an operator's look), while nothing is due, out or refused: the
+    // lease goes with it. The loop would release it next in a commit of its own, and
+    // a reader between the two (AwaitRest, the API) would see the instance at rest and
+    // still leased, its row about to change.
+    const bool rests = finish.has_value() || (stamped.state && IsTerminal(*stamped.state) &&
+                                              !Busy() && !parked_);
+    if (rests) stamped.lease_expires_at = 0;
     WS_RETURN_IF_ERROR(CommitChange(stamped));
-    finished_ = finish.has_value();
+    finished_ = rests;
     return absl::OkStatus();
   }
 

@@ -416,9 +416,11 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
     // What a decision before the request opens is about: the request as it would open now.
     absl::StatusOr<ApprovalSnapshot> current = RenderApproval(
         spec, instance.input_json, environment_->Build(instance, steps, decision.step, ""));
+    WS_ASSIGN_OR_RETURN(const std::vector<AlertRecord> alerts, store_->ListAlerts(instance.id));
     const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
     DecisionOutcome outcome = DecisionArrived(
-        facts, index, decision, current.ok() ? *current : MaterialOf(spec, instance.input_json));
+        facts, index, decision, current.ok() ? *current : MaterialOf(spec, instance.input_json),
+        alerts);
     DecisionResult result{instance, steps[index], outcome.replayed};
     if (outcome.replayed) {
       released = true;

@@ -16,9 +16,10 @@ std::string WorkflowOf(const EventRecord& event) {
 std::string ToCloudEventJson(const EventRecord& event, const std::string& deployment) {
   nlohmann::json data = nlohmann::json::parse(event.payload_json, nullptr, false);
   if (data.is_discarded()) data = nlohmann::json::object();
-  // An instance.started event is written before its instance has an id (0 in its
-  // payload); the outbox row holds the id.
-  if (data.is_object() && event.instance_id != 0) data["instance_id"] = event.instance_id;
+  // The database's instance id stays inside (the API shows none either): counted across
+  // tenants, it would tell a sink how much work the others have. The instance is its
+  // key (subject, aggregateid) within its tenant.
+  if (data.is_object()) data.erase("instance_id");
   const std::string workflow = data.is_object() ? data.value("workflow", "") : "";
   const std::string key = data.is_object() ? data.value("instance_key", "") : "";
   nlohmann::json doc = {{"specversion", "1.0"},

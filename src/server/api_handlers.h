@@ -48,6 +48,9 @@ struct ApiContext {
   std::string owner;         // names this server on its Idempotency-Key claims
   std::map<std::string, EventRoute> event_routes;  // by event type
   std::optional<PublicIds> ids;                    // alert ids as the API shows them
+  // The server's secret that keys the input hashes shown to a principal who may not
+  // see redacted values (RedactFor).
+  std::string hash_key;
   // The definitions instances are pinned to (the engine's catalog, or the server's
   // own on a read-only server): what the allowed next actions are planned against.
   DefinitionCatalog* definitions = nullptr;
@@ -57,9 +60,9 @@ struct ApiContext {
 };
 
 // The routes that need no token: health, readiness, the OpenAPI document; and
-// /metrics (admin).
-void HandleHealth(const ApiContext& ctx, RouteId route, const ServerRequest& req,
-                  ServerResponse& res);
+// /metrics (an admin of every tenant).
+void HandleHealth(const ApiContext& ctx, const Principal& principal, RouteId route,
+                  const ServerRequest& req, ServerResponse& res);
 
 // Reads the instance list's filters (workflow, state, error_class, alert,
 // created_after, created_before) from `get` (a query parameter or a body field by

@@ -37,6 +37,9 @@ class ApiServer::Impl {
     auto ids = PublicIdsOf(*ctx_.store);
     if (!ids.ok()) return ids.status();
     ctx_.ids = std::move(*ids);
+    auto hash_key = ctx_.store->ServerKey("public_ids");
+    if (!hash_key.ok()) return hash_key.status();
+    ctx_.hash_key = "input_hash/" + *hash_key;  // its own use of the key
     const ApiServerOptions& options = ctx_.options;
     front_options_.listen = options.listen;
     front_options_.max_body_bytes = options.max_body_bytes;
@@ -125,6 +128,14 @@ class ApiServer::Impl {
     // The console's files are tagged by the build and public (no Vary).
     if ((req.method == "GET" || req.method == "HEAD") && match.route->id != RouteId::kConsole) {
       Revalidate(req, res);
+    } else if (req.method != "GET" && req.method != "HEAD") {
+      // An answer to a write (a new token's secret among them, and its replay) is kept by
+      // no cache.
+      res.SetHeader("Cache-Control", "no-store");
+    }
+    if (ctx_.options.hsts_max_age > 0 && !ctx_.options.tls_cert_file.empty()) {
+      res.SetHeader("Strict-Transport-Security",
+                    "max-age=" + std::to_string(ctx_.options.hsts_max_age));
     }
   }
 
@@ -136,7 +147,7 @@ class ApiServer::Impl {
       case RouteId::kReady:
       case RouteId::kMetrics:
       case RouteId::kOpenApi:
-        return HandleHealth(ctx_, match.route->id, req, res);
+        return HandleHealth(ctx_, principal, match.route->id, req, res);
       case RouteId::kListInstances:
         return ListInstances(ctx_, principal, req, res);
       case RouteId::kStart:

@@ -35,6 +35,11 @@ struct ApiServerOptions {
   // HTTPS: PEM certificate (chain) and private key files; both "" = plain HTTP.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // `tenants:` of the server config: a tenant sees only the targets its workflows
+  // declare. Empty: one trust domain.
+  std::map<std::string, TenantPolicy> tenants;
+  // Strict-Transport-Security's max-age on every answer over HTTPS; 0 = no header.
+  int64_t hsts_max_age = 0;
   // What each role may do, per tenant (permissions.h); empty = the defaults.
   std::vector<PermissionRule> permissions;
   // Who is in which group of which tenant: the approvers of approval steps that

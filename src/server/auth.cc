@@ -31,6 +31,12 @@ absl::StatusOr<std::string> CreateToken(AccessStore& store, const std::string& n
         "a token needs a name of 1 to 128 characters, with no control, bidirectional or "
         "zero-width character");
   }
+  if (HasLookAlikeMix(name)) {
+    // A name is who the audit log says acted: "аdmin" with a Cyrillic а reads as admin.
+    return absl::InvalidArgumentError(
+        "a token name may not mix Latin letters with Greek or Cyrillic ones, nor hold "
+        "fullwidth forms: it could pass for another name in the audit log");
+  }
   if (expires_at != 0 && expires_at <= now) {
     return absl::InvalidArgumentError("the token would expire before it is made");
   }

@@ -11,8 +11,8 @@
 
 namespace waystone {
 
-void HandleHealth(const ApiContext& ctx, RouteId route, const ServerRequest& req,
-                  ServerResponse& res) {
+void HandleHealth(const ApiContext& ctx, const Principal& principal, RouteId route,
+                  const ServerRequest& req, ServerResponse& res) {
   switch (route) {
     case RouteId::kReady: {
       // One indexed read (probes come often; the metrics' Summary scans whole tables).
@@ -21,6 +21,15 @@ void HandleHealth(const ApiContext& ctx, RouteId route, const ServerRequest& req
       return res.SetContent("ready\n", "text/plain");
     }
     case RouteId::kMetrics: {
+      // The figures count every tenant's instances, calls and alerts: an admin of one
+      // tenant would read the others' (the metrics listener, metrics.listen, serves
+      // scrapers without a token).
+      if (principal.tenant != "*") {
+        return Send(res,
+                    Forbidden("/metrics covers every tenant; it needs an admin token of "
+                              "tenant '*' (or scrape the metrics listener)"),
+                    req.path);
+      }
       auto text = RenderMetrics(*ctx.store, ctx.clock->NowMillis(),
                                 ctx.engine != nullptr ? &ctx.engine->call_metrics() : nullptr);
       if (!text.ok()) return Send(res, ProblemFromStatus(text.status()), req.path);

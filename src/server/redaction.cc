@@ -1,11 +1,13 @@
 #include "server/redaction.h"
 
 #include <algorithm>
+#include <cctype>
 #include <functional>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
+#include "base/sha256.h"
 #include "engine/catalog.h"
 #include "model/template.h"
 #include "server/api_handlers.h"
@@ -79,6 +81,25 @@ void HideInQuotedBody(const std::vector<Json::json_pointer>& pointers, std::stri
   Json body = Json::parse(text.substr(at, end - at), nullptr, false);
   if (body.is_discarded() || !HidePointers(pointers, body, hidden)) return;
   text = text.substr(0, at) + body.dump() + text.substr(end);
+}
+
+// `value` as JSON encoders write it inside a string: escaping only quotes, backslashes
+// and controls (most), or every non-ASCII character too, as \u00eb (Python's json) or
+// \u00EB. A redacted "Zo\u00eb" in a quoted answer is the value "Zo\u00eb" decoded.
+std::vector<std::string> EscapedForms(const std::string& value) {
+  auto unquoted = [](std::string text) { return text.substr(1, text.size() - 2); };
+  std::vector<std::string> out;
+  out.push_back(unquoted(Json(value).dump(-1, ' ', false, Json::error_handler_t::replace)));
+  std::string ascii = unquoted(Json(value).dump(-1, ' ', true, Json::error_handler_t::replace));
+  std::string upper = ascii;
+  for (size_t at = upper.find("\\u"); at != std::string::npos; at = upper.find("\\u", at + 2)) {
+    for (size_t i = at + 2; i < at + 6 && i < upper.size(); ++i) {
+      upper[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(upper[i])));
+    }
+  }
+  out.push_back(std::move(ascii));
+  out.push_back(std::move(upper));
+  return out;
 }
 
 void ForEachString(Json& value, const std::function<void(Json&)>& visit) {
@@ -162,11 +183,15 @@ void RedactValues(const std::vector<std::string>& pointer_texts, const InstanceR
     HideInQuotedBody(pointers, text, &hidden);
     value = text;
   });
-  // As a URL holds them too (a dry run's rendered_url): percent-encoded.
+  // As a URL holds them too (a dry run's rendered_url): percent-encoded; and as a JSON
+  // text quotes them (a downstream's answer inside a message): escaped.
   const size_t plain = hidden.size();
   for (size_t i = 0; i < plain; ++i) {
     std::string encoded = PercentEncode(hidden[i]);
     if (encoded != hidden[i]) hidden.push_back(std::move(encoded));
+    for (std::string& escaped : EscapedForms(hidden[i])) {
+      if (escaped != hidden[i]) hidden.push_back(std::move(escaped));
+    }
   }
   // The longest first: a value that contains another is hidden whole.
   std::sort(hidden.begin(), hidden.end(),
@@ -206,12 +231,33 @@ std::shared_ptr<const WorkflowDefinition> HidingDefinition(const ApiContext& ctx
   return *definition;
 }
 
+// Where a definition redacts values, the input hashes shown to a principal who may not
+// see them are keyed by the server's secret and the tenant: a plain SHA-256 of the
+// input gives a redacted value of few possibilities (a date of birth) to whoever
+// tries them all. Equal inputs of one tenant still show equal hashes.
+void KeyInputHashes(const ApiContext& ctx, const std::string& tenant, Json& shown) {
+  if (shown.is_array()) {
+    for (Json& item : shown) KeyInputHashes(ctx, tenant, item);
+    return;
+  }
+  if (!shown.is_object()) return;
+  for (auto it = shown.begin(); it != shown.end(); ++it) {
+    if ((it.key() == "input_hash" || it.key() == "previous_input_hash") && it->is_string()) {
+      const std::string hash = it->get<std::string>();
+      *it = hash.empty() ? hash : HmacSha256Hex(ctx.hash_key, tenant + '\n' + hash);
+    } else if (it.key() != "input") {  // the input's own fields are the caller's
+      KeyInputHashes(ctx, tenant, *it);
+    }
+  }
+}
+
 }  // namespace
 
 void RedactFor(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
                const std::vector<StepRecord>& steps, Json& shown) {
   if (auto definition = HidingDefinition(ctx, principal, instance)) {
     RedactValues(definition->redact, instance, steps, shown);
+    KeyInputHashes(ctx, instance.tenant, shown);
   }
 }
 
@@ -222,6 +268,7 @@ absl::Status RedactShownInstance(const ApiContext& ctx, const Principal& princip
   auto steps = ctx.store->GetSteps(instance.id);
   if (!steps.ok()) return steps.status();
   RedactValues(definition->redact, instance, *steps, shown);
+  KeyInputHashes(ctx, instance.tenant, shown);
   return absl::OkStatus();
 }
 

@@ -44,8 +44,16 @@ class ConfigReader : public YamlConfig {
     }
     if (const YAML::Node tls = root["tls"]) {
       if (!tls.IsMap()) return Error(tls, "'tls' is a mapping with 'cert_file' and 'key_file'");
-      if (auto status = CheckFields(tls, {"cert_file", "key_file"}, "tls"); !status.ok()) {
+      if (auto status = CheckFields(tls, {"cert_file", "key_file", "hsts_max_age"}, "tls");
+          !status.ok()) {
         return status;
+      }
+      if (const YAML::Node hsts = tls["hsts_max_age"]) {
+        if (!YAML::convert<int64_t>::decode(hsts, config.tls_hsts_max_age) ||
+            config.tls_hsts_max_age < 0) {
+          return Error(hsts, "'tls.hsts_max_age' must be a whole number of seconds from 0 "
+                             "(0: no Strict-Transport-Security header)");
+        }
       }
       config.tls_cert_file = Path(Text(tls, "cert_file"));
       config.tls_key_file = Path(Text(tls, "key_file"));

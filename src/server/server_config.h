@@ -38,6 +38,8 @@ struct ServerConfig {
   std::string metrics_listen;  // host:port of a token-less /metrics; "" = none
   std::string tls_cert_file;   // `tls: {cert_file, key_file}`: serve HTTPS; "" = HTTP
   std::string tls_key_file;
+  // `tls.hsts_max_age`: seconds of Strict-Transport-Security on every HTTPS answer; 0 = none.
+  int64_t tls_hsts_max_age = 0;
   std::string secrets_file;
   std::string files_dir;     // uploads' files (EngineOptions::files_dir)
   std::string lease;         // duration text, e.g. "30s"

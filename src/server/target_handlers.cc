@@ -58,6 +58,17 @@ Json TargetJson(const std::string& name, const TargetSpec* spec, const TargetCon
   return out;
 }
 
+// With `tenants:` configured, the targets a principal of `tenant` may see and act on
+// are those its workflows declare; the others' names and limits are theirs. Null:
+// every target (one trust domain, or an all-tenant principal listing them all).
+const std::vector<std::string>* WorkflowsOf(const ApiContext& ctx,
+                                            const std::optional<std::string>& tenant) {
+  static const std::vector<std::string> kNone;
+  if (!tenant || ctx.options.tenants.empty()) return nullptr;
+  auto policy = ctx.options.tenants.find(*tenant);
+  return policy == ctx.options.tenants.end() ? &kNone : &policy->second.workflows;
+}
+
 }  // namespace
 
 void ListTargets(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
@@ -66,7 +77,8 @@ void ListTargets(const ApiContext& ctx, const Principal& principal, const Server
   const Millis now = ctx.clock->NowMillis();
   auto controls = ctx.store->ListTargetControls(tenant.value_or(""), now);
   if (!controls.ok()) return Send(res, ProblemFromStatus(controls.status()), req.path);
-  const std::map<std::string, TargetSpec> declared = ctx.definitions->CurrentTargets();
+  const std::map<std::string, TargetSpec> declared =
+      ctx.definitions->CurrentTargets(WorkflowsOf(ctx, tenant));
   Json items = Json::array();
   std::set<std::string> shown;
   for (const TargetControl& control : *controls) {
@@ -106,7 +118,8 @@ void ChangeTarget(const ApiContext& ctx, const Principal& principal, const std::
   if (!Permitted(ctx.options.permissions, principal, *tenant, Permission::kPauseTarget, req, res)) {
     return;
   }
-  const std::map<std::string, TargetSpec> declared = ctx.definitions->CurrentTargets();
+  const std::map<std::string, TargetSpec> declared =
+      ctx.definitions->CurrentTargets(WorkflowsOf(ctx, *tenant));
   auto spec = declared.find(name);
   if (spec == declared.end()) {
     // Not this server's, but on record: the targets of workflows written as C++

@@ -51,12 +51,14 @@ void ListTokens(const ApiContext& ctx, const Principal& principal, const ServerR
                 ServerResponse& res) {
   auto tokens = VisibleTokens(ctx, principal);
   if (!tokens.ok()) return Send(res, ProblemFromStatus(tokens.status()), req.path);
-  // Who revoked each and why: the audit records about no instance.
+  // Who revoked each and why: the audit records about no instance, of the tenants the
+  // principal sees (another tenant's revocations, actors and reasons are its own).
   auto audit = ctx.store->ListAudit(0);
   if (!audit.ok()) return Send(res, ProblemFromStatus(audit.status()), req.path);
   std::map<std::string, const AuditRecord*> revocations;
   for (const AuditRecord& a : *audit) {
     if (a.action != kRevokeAction) continue;
+    if (principal.tenant != "*" && a.tenant != principal.tenant) continue;
     Json detail = Json::parse(a.detail_json, nullptr, false);
     if (detail.is_object() && detail["token"].is_string()) revocations[detail["token"]] = &a;
   }

@@ -295,6 +295,20 @@ TEST(ApprovalRulesTest, TheFirstDecisionWinsALaterOneIsRefusedAndAContradictionA
   EXPECT_EQ(contra.change.alerts[0].kind, AlertKind::kContradictingDecision);
   EXPECT_NE(contra.change.alerts[0].message.find("approve by alice"), std::string::npos);
 
+  // While that alert is open, more contradicting decisions are audited without another
+  // alert; once an operator resolved it, the next one alerts again.
+  std::vector<AlertRecord> open_alerts = contra.change.alerts;
+  const DecisionOutcome more = DecisionArrived(later, 1, By("erin", false, 1, open.version),
+                                               ApprovalSnapshot{}, open_alerts);
+  EXPECT_EQ(more.refusal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(more.change.alerts.empty());
+  EXPECT_TRUE(more.change.events.empty());
+  ASSERT_EQ(more.change.audits.size(), 1u);
+  open_alerts[0].state = AlertState::kResolved;
+  const DecisionOutcome after = DecisionArrived(later, 1, By("erin", false, 1, open.version),
+                                                ApprovalSnapshot{}, open_alerts);
+  ASSERT_EQ(after.change.alerts.size(), 1u);
+
   // The same decision by its own actor again (its answer was lost): replayed, nothing new.
   const DecisionOutcome again =
       DecisionArrived(later, 1, By("alice", true, 1, open.version), ApprovalSnapshot{});

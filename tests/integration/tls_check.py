@@ -90,7 +90,11 @@ def main():
                   bad.returncode != 0 and named in bad.stderr,
                   f"exit {bad.returncode}: {bad.stderr[-400:]}")
 
-        server = subprocess.Popen(serve + ["--tls-cert", cert, "--tls-key", key],
+        # The running server takes its certificate from a config, with HSTS on.
+        config = os.path.join(work, "server.yaml")
+        with open(config, "w") as f:
+            f.write(f"tls:\n  cert_file: {cert}\n  key_file: {key}\n  hsts_max_age: 31536000\n")
+        server = subprocess.Popen(serve + ["--config", config],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             line = server.stdout.readline()
@@ -103,6 +107,7 @@ def main():
                 response = conn.getresponse()
                 body = response.read()
                 conn.close()
+                get.headers = response.headers
                 return response.status, body
 
             deadline = time.time() + 30
@@ -119,8 +124,36 @@ def main():
             me = json.loads(body) if status == 200 else {}
             check("an authenticated /v1/me over TLS", me.get("token") == "tls-viewer",
                   f"{status} {body[:200]!r}")
+            check("Strict-Transport-Security as configured (tls.hsts_max_age)",
+                  get.headers.get("Strict-Transport-Security") == "max-age=31536000",
+                  str(get.headers.get("Strict-Transport-Security")))
             status, _ = get("/v1/me")
             check("no token over TLS is still 401", status == 401, str(status))
+
+            # TLS 1.2 without forward secrecy or with CBC: refused at the handshake.
+            for suite in ("AES128-GCM-SHA256", "AES256-SHA", "ECDHE-RSA-AES128-SHA",
+                          "ECDHE-RSA-AES256-SHA384"):
+                weak = ssl.create_default_context(cafile=os.path.join(work, "ca.pem"))
+                weak.maximum_version = ssl.TLSVersion.TLSv1_2
+                try:
+                    weak.set_ciphers(suite + ":@SECLEVEL=0")
+                except ssl.SSLError:
+                    continue  # this OpenSSL no longer offers it at all
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+                        with weak.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                            accepted = tls.cipher()
+                    check(f"TLS 1.2 with {suite} is refused", False, f"negotiated {accepted}")
+                except ssl.SSLError:
+                    check(f"TLS 1.2 with {suite} is refused", True)
+            strong = ssl.create_default_context(cafile=os.path.join(work, "ca.pem"))
+            strong.maximum_version = ssl.TLSVersion.TLSv1_2
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+                with strong.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                    negotiated = tls.cipher()[0]
+            check("TLS 1.2 negotiates an ECDHE AEAD suite",
+                  negotiated.startswith("ECDHE-") and ("GCM" in negotiated or "CHACHA" in negotiated),
+                  negotiated)
 
             # A client that does not trust the CA refuses the server.
             try:

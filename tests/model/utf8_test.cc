@@ -39,3 +39,21 @@ TEST(Utf8Test, InvisibleCharactersAreFoundAndShownEscaped) {
 
 }  // namespace
 }  // namespace waystone
+
+namespace waystone {
+namespace {
+
+TEST(Utf8Test, NamesThatCouldPassForLatinOnesAreFound) {
+  EXPECT_TRUE(HasLookAlikeMix("\xD0\xB0lice"));          // Cyrillic а + "lice"
+  EXPECT_TRUE(HasLookAlikeMix("adm\xCE\xB9n"));          // Greek ι
+  EXPECT_TRUE(HasLookAlikeMix("\xEF\xBD\x81lice"));      // fullwidth ａ
+  EXPECT_TRUE(HasLookAlikeMix("\xEF\xBC\xA1"));          // fullwidth Ａ alone
+  EXPECT_FALSE(HasLookAlikeMix("alice"));
+  EXPECT_FALSE(HasLookAlikeMix("ci-bot_2.prod@acme"));
+  EXPECT_FALSE(HasLookAlikeMix("\xD0\xB8\xD0\xB2\xD0\xB0\xD0\xBD"));  // иван: one script
+  EXPECT_FALSE(HasLookAlikeMix("\xE7\xB5\x8C\xE7\x90\x86-yamada"));   // 経理-yamada
+  EXPECT_FALSE(HasLookAlikeMix("Zo\xC3\xAB"));                         // Zoë: Latin-1
+}
+
+}  // namespace
+}  // namespace waystone

@@ -43,6 +43,7 @@ class ApiTest : public ::testing::TestWithParam<testing::Backend> {
     viewer_t1_ = *CreateToken(*store_, "v1", "t1", Role::kViewer, 1);
     viewer_t2_ = *CreateToken(*store_, "v2", "t2", Role::kViewer, 1);
     admin_ = *CreateToken(*store_, "root", "*", Role::kAdmin, 1);
+    admin_t1_ = *CreateToken(*store_, "root-t1", "t1", Role::kAdmin, 1);
     ApiServerOptions options;
     options.listen = "127.0.0.1:0";
     auto server = ApiServer::Start(options, store_.get(), SystemClock::Get(), nullptr);
@@ -62,7 +63,7 @@ class ApiTest : public ::testing::TestWithParam<testing::Backend> {
   std::unique_ptr<Store> store_;
   std::unique_ptr<ApiServer> server_;
   std::unique_ptr<HttpClient> http_;
-  std::string viewer_t1_, viewer_t2_, admin_;
+  std::string viewer_t1_, viewer_t2_, admin_, admin_t1_;
 };
 
 struct Case {
@@ -96,10 +97,10 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
       // The console's files are public: they hold no data.
       {"/console/", "none", 200},              {"/console/app.js", "none", 200},
       {"/console/nothing.js", "none", 404},    {"/console/?token=x", "none", 400},
-      // The API's /metrics counts every tenant: admin only (the metrics listener
-      // serves scrapers without a token, without tenant names).
+      // The API's /metrics counts every tenant: an admin of every tenant only (the
+      // metrics listener serves scrapers without a token, without tenant names).
       {"/metrics", "none", 401},               {"/metrics", "viewer_t1", 403},
-      {"/metrics", "admin", 200},
+      {"/metrics", "admin_t1", 403},           {"/metrics", "admin", 200},
       // One reading of the query on every route.
       {"/v1/instances?limit=2&limit=3", "viewer_t1", 400},
       {"/v1/instances?colour=red", "viewer_t1", 400},
@@ -113,6 +114,7 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
                               : c.caller == "viewer_t1" ? viewer_t1_
                               : c.caller == "viewer_t2" ? viewer_t2_
                               : c.caller == "admin"     ? admin_
+                              : c.caller == "admin_t1"  ? admin_t1_
                                                         : "";
     auto response = Get(c.path, token);
     ASSERT_EQ(response.outcome.kind, CallOutcome::Kind::kResponse) << c.path;

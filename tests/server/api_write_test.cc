@@ -1769,9 +1769,18 @@ steps:
   ASSERT_TRUE(order.starts_with("X-")) << admin_view.dump();
   EXPECT_EQ(admin_view["input"]["customer"]["phone"], phone);
 
+  std::set<std::string> keyed_hashes;
   for (const std::string& token : {viewer_, operator_}) {
     const Json view = Get("/v1/instances/r1", token);
     EXPECT_EQ(view["input"]["customer"]["phone"], "[redacted]");
+    // The input's hash is keyed by the server's secret: trying every phone number
+    // against it finds nothing without the key (the admin's is the plain SHA-256).
+    EXPECT_NE(view["input_hash"], admin_view["input_hash"]);
+    EXPECT_EQ(view["input_hash"].get<std::string>().size(), 64u);
+    keyed_hashes.insert(view["input_hash"].get<std::string>());
+    EXPECT_EQ(Send("GET", "/v1/instances?workflow=wfr", token)
+                  .body.find(admin_view["input_hash"].get<std::string>()),
+              std::string::npos);
     EXPECT_EQ(view["input"]["ref"], "r1");
     EXPECT_EQ(view["key"], "r1");
     EXPECT_EQ(view["steps"][0]["external_id"], "[redacted]");
@@ -1829,6 +1838,8 @@ steps:
   auto stored = store_->FindInstance("t1", "r1");
   ASSERT_TRUE(stored.ok());
   EXPECT_NE(stored->input_json.find(phone), std::string::npos);
+  EXPECT_EQ(admin_view["input_hash"], stored->input_hash);
+  EXPECT_EQ(keyed_hashes.size(), 1u);  // one tenant's tokens compare equal inputs
 }
 
 TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
