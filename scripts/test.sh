@@ -9,7 +9,8 @@
 #      which finds every object but the crash-point hook's in ccache and so costs links.
 #      The preset's other test programs run under ASan and are compiled by clang there
 #      (with -Werror), not by gcc too: `--quick` builds every target with gcc;
-#   2. the asan preset (clang; src/ at -O1; ASan+UBSan, -Wthread-safety
+#   2. the asan preset (clang; src/ at -O0, as in 3: at -O1 its compile took 2.3 times as
+#      long, most of this script's CPU; ASan+UBSan, -Wthread-safety
 #      as errors): the unit, integration and postgres labels (the PostgreSQL kill suites
 #      and the C++ saga's among them), then each libFuzzer target for a bounded time,
 #      side by side;
@@ -45,20 +46,36 @@ esac
 # begins. Printed at the end (and on failure, up to the stage that failed).
 stage_names=()
 stage_starts=()
+stage_cpu=()  # "TOTAL IDLE" clock ticks of every core (/proc/stat) at each stage's start
+cpu_ticks() {
+  local _ user nice system idle iowait irq softirq steal rest
+  read -r _ user nice system idle iowait irq softirq steal rest </proc/stat
+  echo "$((user + nice + system + idle + iowait + irq + softirq + steal)) $((idle + iowait))"
+}
 stage() {
   stage_names+=("$*")
   stage_starts+=("$SECONDS")
+  stage_cpu+=("$(cpu_ticks)")
   printf '== [%4ds] %s\n' "$SECONDS" "$*"
 }
+# Each stage's seconds and the share of the machine's CPU time that went unused in it
+# (idle or waiting for the disk): near 0, the stage is bound by the CPU and only less
+# work makes it shorter; high, it waits (on timers, sockets, processes) and work beside
+# it would be free.
 stage_table() {
-  local status="$1" end="$SECONDS" i next
+  local status="$1" end="$SECONDS" i next total idle end_cpu t0 i0 share
+  end_cpu="$(cpu_ticks)"
   echo
-  echo "== stages (seconds)"
+  echo "== stages (seconds, unused CPU)"
   for i in "${!stage_names[@]}"; do
     next="${stage_starts[$((i + 1))]:-$end}"
-    printf '   %5d  %s\n' "$((next - stage_starts[i]))" "${stage_names[$i]}"
+    read -r total idle <<<"${stage_cpu[$((i + 1))]:-$end_cpu}"
+    read -r t0 i0 <<<"${stage_cpu[$i]}"
+    share=0
+    ((total > t0)) && share=$(((idle - i0) * 100 / (total - t0)))
+    printf '   %5d  %3d%%  %s\n' "$((next - stage_starts[i]))" "$share" "${stage_names[$i]}"
   done
-  printf '   %5d  total (%s)\n' "$end" "$status"
+  printf '   %5d        total (%s)\n' "$end" "$status"
   if ((end > 2700)); then
     echo "warning: the test command took ${end}s, more than 2700s: CI's limit is 5400s, and a" \
          "cold machine is slower than a warm one (docs/performance.md#ci)" >&2
@@ -164,7 +181,7 @@ else
 fi
 
 if ((sanitizers)); then
-  stage "ASan + UBSan build, the rest (clang -O1, -Wthread-safety: base/mutex.h's locking as errors)"
+  stage "ASan + UBSan build, the rest (clang -O0, -Wthread-safety: base/mutex.h's locking as errors)"
   wait_background_build
   cmake --preset tsan >/dev/null
   background_build "$PWD/build-tsan.log" cmake --build build-tsan -j "$jobs" --target tests_concurrency

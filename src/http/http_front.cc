@@ -5,9 +5,11 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -46,6 +48,14 @@ absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string&
   context->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
                        net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
                        net::ssl::context::no_tlsv1_1);
+  // TLS 1.2's suites: forward secrecy (ECDHE) and AEAD only, no static RSA key exchange
+  // and no CBC (Mozilla's "intermediate" list without DHE); TLS 1.3's are all AEAD.
+  if (SSL_CTX_set_cipher_list(context->native_handle(),
+                              "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                              "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+                              "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305") != 1) {
+    return absl::InternalError("OpenSSL refused the TLS 1.2 cipher list");
+  }
   error_code ec;
   context->use_certificate_chain_file(cert_file, ec);
   if (ec) {
@@ -67,6 +77,115 @@ absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string&
 
 // Connections past the limits that may still ask the health path, at once.
 constexpr int kMaxOverflow = 32;
+
+// One read's or one write's completion, whatever Beast operation waits for it: the
+// streams below are compiled against this one handler type, not once per operation.
+class IoCompletion {
+ public:
+  template <typename Handler>
+  explicit IoCompletion(Handler handler)
+      : call_(std::make_unique<Holder<Handler>>(std::move(handler))) {}
+
+  void operator()(error_code ec, size_t bytes) {
+    std::unique_ptr<Base> call = std::move(call_);  // called once
+    call->Call(ec, bytes);
+  }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual void Call(error_code ec, size_t bytes) = 0;
+  };
+  template <typename Handler>
+  struct Holder final : Base {
+    explicit Holder(Handler h) : handler(std::move(h)) {}
+    void Call(error_code ec, size_t bytes) override { std::move(handler)(ec, bytes); }
+    Handler handler;
+  };
+  std::unique_ptr<Base> call_;
+};
+
+// A connection's stream, plain TCP or TLS over it, as one type: Beast's composed
+// operations (read a head, read a body, write an answer) are compiled once for it
+// rather than once for each stream, and each stream's own reads and writes once for
+// IoCompletion. That took this file's compile time under a sanitizer from most of
+// the ASan build's src/ to a share like any other. A read fills the first buffer it
+// is given, a write sends up to 16 (a stream may always do less than asked).
+class AnyStream {
+ public:
+  using executor_type = net::any_io_executor;
+
+  explicit AnyStream(beast::tcp_stream plain)
+      : impl_(std::make_unique<Plain>(std::move(plain))) {}
+  explicit AnyStream(TlsStream tls) : impl_(std::make_unique<Tls>(std::move(tls))) {}
+
+  executor_type get_executor() { return impl_->lowest().get_executor(); }
+  beast::tcp_stream& lowest() { return impl_->lowest(); }
+  bool tls() const { return impl_->tls(); }
+
+  // TLS: the server's side of the handshake; plain: nothing to do (never called).
+  void async_handshake(std::function<void(error_code)> done) { impl_->Handshake(std::move(done)); }
+
+  template <typename MutableBuffers, typename Handler>
+  void async_read_some(const MutableBuffers& buffers, Handler&& handler) {
+    net::mutable_buffer first;
+    for (auto it = net::buffer_sequence_begin(buffers); it != net::buffer_sequence_end(buffers);
+         ++it) {
+      first = net::mutable_buffer(*it);
+      if (first.size() > 0) break;
+    }
+    impl_->Read(first, IoCompletion(std::forward<Handler>(handler)));
+  }
+
+  template <typename ConstBuffers, typename Handler>
+  void async_write_some(const ConstBuffers& buffers, Handler&& handler) {
+    std::vector<net::const_buffer> pieces;
+    for (auto it = net::buffer_sequence_begin(buffers);
+         it != net::buffer_sequence_end(buffers) && pieces.size() < 16; ++it) {
+      pieces.emplace_back(*it);
+    }
+    impl_->Write(std::move(pieces), IoCompletion(std::forward<Handler>(handler)));
+  }
+
+ private:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual beast::tcp_stream& lowest() = 0;
+    virtual bool tls() const = 0;
+    virtual void Handshake(std::function<void(error_code)> done) = 0;
+    virtual void Read(net::mutable_buffer buffer, IoCompletion done) = 0;
+    virtual void Write(std::vector<net::const_buffer> buffers, IoCompletion done) = 0;
+  };
+  struct Plain final : Impl {
+    explicit Plain(beast::tcp_stream s) : stream(std::move(s)) {}
+    beast::tcp_stream& lowest() override { return stream; }
+    bool tls() const override { return false; }
+    void Handshake(std::function<void(error_code)> done) override { done({}); }
+    void Read(net::mutable_buffer buffer, IoCompletion done) override {
+      stream.async_read_some(buffer, std::move(done));
+    }
+    void Write(std::vector<net::const_buffer> buffers, IoCompletion done) override {
+      stream.async_write_some(buffers, std::move(done));
+    }
+    beast::tcp_stream stream;
+  };
+  struct Tls final : Impl {
+    explicit Tls(TlsStream s) : stream(std::move(s)) {}
+    beast::tcp_stream& lowest() override { return beast::get_lowest_layer(stream); }
+    bool tls() const override { return true; }
+    void Handshake(std::function<void(error_code)> done) override {
+      stream.async_handshake(net::ssl::stream_base::server, std::move(done));
+    }
+    void Read(net::mutable_buffer buffer, IoCompletion done) override {
+      stream.async_read_some(buffer, std::move(done));
+    }
+    void Write(std::vector<net::const_buffer> buffers, IoCompletion done) override {
+      stream.async_write_some(buffers, std::move(done));
+    }
+    TlsStream stream;
+  };
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace
 
@@ -266,11 +385,10 @@ namespace {
 // One client connection: read a head, screen it, read the body, handle, write,
 // and again while the client keeps the connection alive. All of it on the
 // connection's strand, except the screen and the handler, which run on the pool.
-// `Stream` is a beast::tcp_stream, or a TlsStream whose handshake comes first.
-template <typename Stream>
-class Connection : public std::enable_shared_from_this<Connection<Stream>> {
+// Over TLS, the handshake comes first.
+class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(Stream stream, HttpFront::Impl* front, std::shared_ptr<ConnectionSlot> slot)
+  Connection(AnyStream stream, HttpFront::Impl* front, std::shared_ptr<ConnectionSlot> slot)
       : stream_(std::move(stream)), front_(front), slot_(std::move(slot)) {}
   ~Connection() {
     Busy(false);
@@ -284,24 +402,21 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
         if (auto self = weak.lock()) self->Close();
       });
     };
-    if constexpr (std::is_same_v<Stream, TlsStream>) {
+    if (stream_.tls()) {
       // The handshake is within the first request's deadline; a client that
       // speaks plain HTTP fails it and is closed unanswered.
       Lowest().expires_after(std::chrono::seconds(options().request_deadline_seconds));
-      stream_.async_handshake(net::ssl::stream_base::server,
-                              [self = this->shared_from_this()](error_code ec) {
-                                if (ec) return self->Close();
-                                self->ReadNextHead();
-                              });
+      stream_.async_handshake([self = this->shared_from_this()](error_code ec) {
+        if (ec) return self->Close();
+        self->ReadNextHead();
+      });
     } else {
       ReadNextHead();
     }
   }
 
  private:
-  using std::enable_shared_from_this<Connection<Stream>>::shared_from_this;
-
-  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+  beast::tcp_stream& Lowest() { return stream_.lowest(); }
 
   const HttpFrontOptions& options() const { return front_->options(); }
 
@@ -483,7 +598,7 @@ class Connection : public std::enable_shared_from_this<Connection<Stream>> {
     Lowest().close();
   }
 
-  Stream stream_;
+  AnyStream stream_;
   HttpFront::Impl* front_;
   std::shared_ptr<ConnectionSlot> slot_;
   beast::flat_buffer buffer_;
@@ -546,14 +661,10 @@ void HttpFront::Impl::Admit(tcp::socket socket) {
       socket.close(ignored);
     } else {
       try {
-        if (tls_ != nullptr) {
-          std::make_shared<Connection<TlsStream>>(TlsStream(std::move(socket), *tls_), this, slot)
-              ->Start();
-        } else {
-          std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)),
-                                                          this, slot)
-              ->Start();
-        }
+        AnyStream stream = tls_ != nullptr
+                               ? AnyStream(TlsStream(std::move(socket), *tls_))
+                               : AnyStream(beast::tcp_stream(std::move(socket)));
+        std::make_shared<Connection>(std::move(stream), this, slot)->Start();
       } catch (...) {
         ReleaseSlot(*slot);  // no connection holds it
         throw;
