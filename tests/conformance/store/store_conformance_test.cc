@@ -197,15 +197,19 @@ TEST_P(StoreConformanceTest, SameKeySameInputReturnsExisting) {
   EXPECT_EQ(events->size(), 1u);
 }
 
-TEST_P(StoreConformanceTest, SameKeyDifferentInputIsAConflictNamingBothHashes) {
+TEST_P(StoreConformanceTest, SameKeyDifferentInputIsAConflictThatNamesNoHash) {
   ASSERT_TRUE(store_->StartInstance(Instance("k1", R"({"a":1})")).ok());
   auto conflict = store_->StartInstance(Instance("k1", R"({"a":2})"));
   ASSERT_FALSE(conflict.ok());
   EXPECT_EQ(conflict.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(conflict.status().message().find(Sha256Hex(R"({"a":1})").substr(0, 16)),
-            std::string::npos);
-  EXPECT_NE(conflict.status().message().find(Sha256Hex(R"({"a":2})").substr(0, 16)),
-            std::string::npos);
+  EXPECT_NE(conflict.status().message().find("another input"), std::string::npos)
+      << conflict.status();
+  // The plain hash of an input gives a redacted field away to whoever knows the rest
+  // of it (the answer goes to tokens that may not see redacted values).
+  for (const char* input : {R"({"a":1})", R"({"a":2})"}) {
+    EXPECT_EQ(conflict.status().message().find(Sha256Hex(input).substr(0, 8)), std::string::npos)
+        << conflict.status();
+  }
 }
 
 TEST_P(StoreConformanceTest, StartsInOneBatchAreEachAsIfAlone) {
