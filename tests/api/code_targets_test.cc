@@ -148,9 +148,8 @@ TEST_P(CodeTargetsTest, ARateLimitedTargetReceivesItsRateAndEveryCallOnce) {
   EXPECT_EQ(stats["orders"], 40) << stats.dump();
   const double rate = waystone::testing::ReceivedRate(stats["arrivals"].get<std::vector<double>>());
   // The limit holds (10 % for the measurement); how close to it the calls get is the
-  // machine's, so the floor is half the limit (target_processes_test.cc says why).
+  // machine's (target_processes_test.cc says why).
   EXPECT_LE(rate, 22.0) << stats["arrivals"].dump();
-  EXPECT_GE(rate, 10.0) << stats["arrivals"].dump();
   // Spread, not bunched (without the limit all 40 arrive within a tenth of a second):
   // a second holds its 20 slots and some late ones from the second before, more
   // when the machine is busy running other tests beside this one.
