@@ -38,7 +38,11 @@ class WaitingCallsTest : public ::testing::Test {
     target_ = std::make_unique<testing::Process>(
         std::vector<std::string>{"/usr/bin/env", "python3",
                                  testing::SourceDir() + "/tests/targets/slow_target.py",
-                                 "--delay", "1.0"},
+                                 // 3 s: long enough for the workers to hand over every
+                                 // call before the first answers, even under ASan on a
+                                 // loaded machine (at 1 s a cold CI run saw 44 and 39 open
+                                 // at once where the tests need 50).
+                                 "--delay", "3.0"},
         std::map<std::string, std::string>{}, dir_.path());
     port_ = testing::WaitForPortLine(*target_, std::chrono::seconds(10));
     ASSERT_GT(port_, 0) << target_->Errors();
@@ -127,9 +131,9 @@ TEST_F(WaitingCallsTest, TwoWorkersKeepTwoHundredCallsWaitingAtOnce) {
   EXPECT_EQ(stats["keys"], 200) << stats.dump();
   EXPECT_EQ(stats["duplicate_keys"], 0) << stats.dump();
   // With a thread per call, two workers would keep at most two requests open. Here
-  // the two workers hand over as many as they claim within the target's 1 s delay:
-  // ~200 in a release build, ~100 under TSan on a slow box (99 seen once), so the
-  // bound is 25 times what a thread per call could reach.
+  // the two workers hand over as many as they claim within the target's 3 s delay
+  // (within 1 s: ~200 in a release build, 44 under ASan beside a build on a cold CI run),
+  // so the bound is 25 times what a thread per call could reach.
   EXPECT_GE(stats["max_open"].get<int>(), 50) << stats.dump();
   // The engine's own threads: workers, dispatcher, commit queue, lease keeper (and
   // this test's watcher); none per call.
