@@ -200,12 +200,9 @@ if ((sanitizers)); then
 
   stage "TSan build, the rest (clang -O0: the tests labelled concurrency)"
   wait_background_build
-  # Three at a time, as under ASan: two at a time left 29 % of the CPU unused (the tests
-  # wait on threads, sockets and the database).
   stage "TSan tests: label concurrency"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
-    ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$((jobs + 1))" \
-      -L concurrency
+    ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" -L concurrency
 elif [[ "${WAYSTONE_FUZZ_SECONDS:-20}" != "0" ]]; then
   stage "libFuzzer targets, ${WAYSTONE_FUZZ_SECONDS:-20}s each"
   bash scripts/fuzz.sh "${WAYSTONE_FUZZ_SECONDS:-20}"
