@@ -15,6 +15,22 @@ int WorkflowDefinition::StepIndex(std::string_view step_name) const {
   return -1;
 }
 
+absl::Status CheckTenantScoped(const WorkflowDefinition& definition) {
+  for (const StepDefinition& step : definition.steps) {
+    if (step.kind != StepKind::kSql) continue;
+    for (const auto& [field, spec] :
+         {std::pair<std::string, const SqlSpec*>{"sql", &step.sql},
+          {"compensate.sql", step.compensate_sql ? &*step.compensate_sql : nullptr}}) {
+      if (spec == nullptr || spec->statement.unscoped.empty()) continue;
+      return absl::InvalidArgumentError(
+          definition.source + ":" + std::to_string(step.line) + ": step '" + step.name + "': " +
+          field + ".statement is not scoped to its tenant: " + spec->statement.unscoped +
+          " (with tenants: configured, every sql statement is; docs/definition-reference.md#sql)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 constexpr std::string_view kCodeWorkflowHeader = "# a workflow written as code\ncode-workflow: ";
 }  // namespace

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "base/clock.h"
 #include "model/classify.h"
 #include "model/condition.h"
@@ -308,6 +309,12 @@ struct WorkflowDefinition {
   // Returns the index of the step named `name`, or -1.
   int StepIndex(std::string_view step_name) const;
 };
+
+// OK when every sql statement of `definition` touches only its tenant's rows
+// (SqlStatement::unscoped is empty); else InvalidArgument naming the first that may not:
+// "source:line: step 'x': sql.statement is not scoped to its tenant: ...". A runtime with
+// `tenants:` registers and runs no other.
+absl::Status CheckTenantScoped(const WorkflowDefinition& definition);
 
 // The definition of the code workflow `name` (code set, no steps). Its text, which
 // instances pin, names it; ParseCodeWorkflowText reads it back.

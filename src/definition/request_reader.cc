@@ -194,7 +194,14 @@ void RequestReader::ReadSql(const YAML::Node& node, const std::string& name,
   }
   for (const std::string& wanted : out->statement.names) {
     const YAML::Node value = params ? params[wanted] : params;
-    if (!params || !value) {
+    if (wanted == kTenantParam) {
+      // Bound by Waystone: the instance's tenant, never a value the definition chooses.
+      if (value) {
+        Error(value, name, where + ".params." + wanted + " is bound by Waystone to the "
+                           "instance's tenant; remove it");
+      }
+      out->params.emplace_back(wanted, "{{instance.tenant}}");
+    } else if (!params || !value) {
       Error(params ? params : node, name,
             where + ".params has no value for :" + wanted + " of the statement");
     } else if (value.IsNull()) {

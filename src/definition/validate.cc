@@ -327,6 +327,7 @@ class Validator {
       };
       no_secrets(step.sql, "sql");
       if (step.compensate_sql) no_secrets(*step.compensate_sql, "compensate.sql");
+      WarnUnscoped(step);
       if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kCompensable) {
         Error(step.line, step.name, "a sql step commits with its checkpoint, so it never has an "
                                     "unknown outcome; its recovery is 'repeatable' (or "
@@ -517,6 +518,19 @@ class Validator {
              "match: { \"/ref\": \"{{instance.ref}}\" }");
       }
     }
+  }
+
+  // A server with `tenants:` refuses a statement that could touch another tenant's rows
+  // (model/sql_tenant_scope.h); lint says so wherever the definition is read.
+  void WarnUnscoped(const StepDefinition& step) {
+    auto warn = [&](const std::string& field, const SqlSpec& spec) {
+      if (spec.statement.unscoped.empty()) return;
+      Warn(step.line, step.name,
+           field + ".statement is not scoped to its tenant: " + spec.statement.unscoped +
+               "; a server with tenants: refuses it (docs/definition-reference.md#sql)");
+    };
+    warn("sql", step.sql);
+    if (step.compensate_sql) warn("compensate.sql", *step.compensate_sql);
   }
 
   void Warn(int line, const std::string& step, const std::string& message) {

@@ -277,7 +277,8 @@ class CodeRun final : public CodeContext {
     row.error_class = ErrorClass::kNone;
     row.error_message.clear();
     row.finished_at = now;
-    auto work = std::make_shared<TransactionWork>(row.index, fn, instance_, *d_.random, now);
+    auto work = std::make_shared<TransactionWork>(row.index, fn, instance_, *d_.random, now,
+                                                  d_.tenant_scoped_sql);
     Change change;
     (added ? change.added_steps : change.steps).push_back(row);
     change.events.push_back(MakeEvent("waystone.step.completed", instance_, &row, "",

@@ -23,11 +23,23 @@ class TransactionWork::Session final : public CodeTransaction {
                                           "', one of Waystone's own tables");
       }
     }
+    if (work_.tenant_scoped_ && !parsed->unscoped.empty()) {
+      return absl::InvalidArgumentError("statement is not scoped to its tenant: " +
+                                        parsed->unscoped);
+    }
+    if (params.contains(std::string(kTenantParam))) {
+      return absl::InvalidArgumentError(
+          "':tenant' is bound by Waystone to the instance's tenant; pass no value for it");
+    }
     BusinessStatement statement;
     statement.step_index = work_.index_;
     statement.sqlite = parsed->sqlite;
     statement.postgres = parsed->postgres;
     for (const std::string& name : parsed->names) {
+      if (name == kTenantParam) {
+        statement.values.push_back({SqlParam::Kind::kText, work_.instance_.tenant});
+        continue;
+      }
       auto value = params.find(name);
       if (value == params.end()) {
         return absl::InvalidArgumentError("statement parameter ':" + name + "' has no value");

@@ -20,9 +20,16 @@ namespace waystone {
 class TransactionWork final : public BusinessWork {
  public:
   using Fn = std::function<absl::StatusOr<std::string>(CodeTransaction&)>;
+  // `tenant_scoped`: every statement must touch only the instance's tenant's rows
+  // (model/sql_tenant_scope.h; a runtime with `tenants:`).
   TransactionWork(int index, const Fn& fn, const InstanceRecord& instance, Random& random,
-                  Millis now)
-      : index_(index), fn_(fn), instance_(instance), random_(random), now_(now) {}
+                  Millis now, bool tenant_scoped = false)
+      : index_(index),
+        fn_(fn),
+        instance_(instance),
+        random_(random),
+        now_(now),
+        tenant_scoped_(tenant_scoped) {}
 
   int step_index() const override { return index_; }
 
@@ -42,6 +49,7 @@ class TransactionWork final : public BusinessWork {
   const InstanceRecord instance_;
   Random& random_;
   const Millis now_;
+  const bool tenant_scoped_;
   mutable Mutex mu_;
   mutable std::string last_result_ ABSL_GUARDED_BY(mu_);
 };

@@ -72,9 +72,11 @@ class Engine::Impl {
   }
 
   RunnerDeps Deps() {
-    return RunnerDeps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
-                      options_.lease_duration, options_.idempotency_retention, keeper_.get(),
-                      metrics_, options_.files_dir, &code_};
+    RunnerDeps deps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
+                    options_.lease_duration, options_.idempotency_retention, keeper_.get(),
+                    metrics_, options_.files_dir, &code_};
+    deps.tenant_scoped_sql = !options_.tenants.empty();
+    return deps;
   }
 
   absl::Status AddCodeTargets(const std::vector<TargetSpec>& targets, const std::string& tenant) {
@@ -106,6 +108,7 @@ class Engine::Impl {
   }
 
   absl::Status Register(const WorkflowDefinition& definition) {
+    if (!options_.tenants.empty()) WS_RETURN_IF_ERROR(CheckTenantScoped(definition));
     for (const StepDefinition& step : definition.steps) {
       if (step.kind != StepKind::kHttp) continue;
       Millis longest = step.request.timeout;

@@ -857,6 +857,12 @@ class InstanceRunner::Impl {
 
   // The statement of `spec` with its parameters rendered for step `index`.
   absl::StatusOr<BusinessStatement> Bound(const SqlSpec& spec, int index) const {
+    if (d_.tenant_scoped_sql && !spec.statement.unscoped.empty()) {
+      // Registration refuses such a definition; one stored before tenants were configured
+      // must not run either.
+      return absl::InvalidArgumentError("statement is not scoped to its tenant: " +
+                                        spec.statement.unscoped);
+    }
     const TemplateScope context = Context(index, "");
     BusinessStatement statement;
     statement.sqlite = spec.statement.sqlite;

@@ -37,6 +37,9 @@ struct RunnerDeps {
   CallMetrics* metrics = nullptr;  // counts the calls made; required
   std::string files_dir;  // where uploads' `path` files live; empty: none may be sent
   CodeWorkflows* code = nullptr;  // the code workflows this process runs; may be null
+  // `tenants:` configured: every sql statement must touch only its tenant's rows
+  // (model/sql_tenant_scope.h); one that may not is refused before it runs.
+  bool tenant_scoped_sql = false;
 };
 
 // Where a drive left the instance.

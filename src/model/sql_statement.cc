@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "model/sql_tenant_scope.h"
+
 namespace waystone {
 namespace {
 
@@ -58,6 +60,9 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
     if (std::find(out.identifiers.begin(), out.identifiers.end(), name) == out.identifiers.end()) {
       out.identifiers.push_back(std::move(name));
     }
+  };
+  auto token = [&](SqlToken::Kind kind, std::string text) {
+    out.tokens.push_back({kind, std::move(text)});
   };
   auto copy = [&](std::string_view piece) {
     out.sqlite.append(piece);
@@ -116,6 +121,11 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
       const std::string_view quoted = text.substr(i, end + 1 - i);
       copy(quoted);
       if (c != '\'') note_identifier(Lower(quoted.substr(1, quoted.size() - 2)));
+      if (c == '\'') {
+        token(SqlToken::Kind::kString, std::string(quoted));
+      } else {
+        token(SqlToken::Kind::kQuoted, Lower(quoted.substr(1, quoted.size() - 2)));
+      }
       if (first_word.empty()) first_word.push_back('?');  // not a word: refused below
       previous_word.clear();
       i = end + 1;
@@ -136,6 +146,7 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
     }
     if (c == ':' && i + 1 < text.size() && text[i + 1] == ':') {  // a cast
       copy("::");
+      token(SqlToken::Kind::kSymbol, "::");
       previous_word.clear();
       i += 2;
       continue;
@@ -143,8 +154,9 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
     if (c == ':' && i + 1 < text.size() && IdentStart(text[i + 1])) {
       size_t end = i + 1;
       while (end < text.size() && IdentChar(text[end])) ++end;
-      const std::string number =
-          std::to_string(number_of(std::string(text.substr(i + 1, end - i - 1))));
+      const std::string name(text.substr(i + 1, end - i - 1));
+      const std::string number = std::to_string(number_of(name));
+      token(SqlToken::Kind::kParam, name);
       out.sqlite += "?" + number;
       out.postgres += "$" + number;
       if (first_word.empty()) first_word.push_back('?');  // not a word: refused below
@@ -180,11 +192,13 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
                        "statement (settings, other sessions, files, locks or time)");
       }
       note_identifier(lower);
+      token(SqlToken::Kind::kWord, lower);
       previous_word = std::move(lower);
       i = end;
       continue;
     }
     copy(text.substr(i, 1));
+    token(SqlToken::Kind::kSymbol, std::string(1, c));
     if (first_word.empty()) first_word = std::string(1, c);
     previous_word.clear();
     ++i;
@@ -198,6 +212,7 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
         "' (schema changes, transaction control and settings would act on the transaction the "
         "step's checkpoint commits in)");
   }
+  out.unscoped = TenantScopeProblem(out.tokens);
   return out;
 }
 

@@ -13,6 +13,19 @@
 
 namespace waystone {
 
+// One token of a statement, outside comments: what the tenant check reads.
+struct SqlToken {
+  enum class Kind : uint8_t {
+    kWord = 1,    // a keyword or a bare name, lower case
+    kQuoted = 2,  // a quoted name ("x", `x`, [x]), lower case, unquoted
+    kString = 3,  // a '...' string, as written
+    kParam = 4,   // a :name parameter, its name
+    kSymbol = 5,  // one character of anything else ('(', ',', '=', a digit), or "::"
+  };
+  Kind kind = Kind::kSymbol;
+  std::string text;
+};
+
 // One statement, its named parameters numbered in order of first use.
 struct SqlStatement {
   std::string text;                 // as written
@@ -22,7 +35,14 @@ struct SqlStatement {
   // Every word and quoted identifier outside strings and comments, lower case and
   // unquoted (a table, a column, a keyword, a function): what may name a table.
   std::vector<std::string> identifiers;
+  std::vector<SqlToken> tokens;
+  // Empty when the statement touches only the rows of the tenant bound to :tenant
+  // (model/sql_tenant_scope.h); else why not, for the definition's author.
+  std::string unscoped;
 };
+
+// The parameter Waystone binds to the instance's tenant (a sql step's params may not).
+inline constexpr std::string_view kTenantParam = "tenant";
 
 // Parses `text`: one INSERT, UPDATE, DELETE, SELECT or WITH statement (a trailing
 // `;` allowed); `:name` outside quotes and comments is a parameter (`::` is

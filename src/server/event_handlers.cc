@@ -5,6 +5,7 @@
 #include "engine/operations.h"
 #include "server/api_handlers.h"
 #include "server/cloudevents_in.h"
+#include "server/redaction.h"
 #include "server/request_helpers.h"
 #include "server/wire_json.h"
 
@@ -128,7 +129,11 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
       } else if (started.ok()) {
         result["instance"] = started->instance.key;
         result["outcome"] = StartOutcomeName(started->outcome);
-        if (started->tombstone) result["tombstone"] = wire::Tombstone(*started->tombstone);
+        if (started->tombstone) {
+          Json tombstone = wire::Tombstone(*started->tombstone);
+          KeyTombstoneHashes(ctx, principal, r.tenant, tombstone);
+          result["tombstone"] = std::move(tombstone);
+        }
       } else {
         failed = started.status();
       }

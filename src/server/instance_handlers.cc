@@ -359,6 +359,7 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
     // Removed by gc: answered as existing, from what gc kept; nothing is started.
     out["collected"] = true;
     out["tombstone"] = wire::Tombstone(*started->tombstone);
+    KeyTombstoneHashes(ctx, principal, started->instance.tenant, out);
   } else if (absl::Status hidden = RedactShownInstance(ctx, principal, started->instance, out);
              !hidden.ok()) {
     return Send(res, ProblemFromStatus(hidden), req.path);

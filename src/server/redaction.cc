@@ -253,6 +253,15 @@ void KeyInputHashes(const ApiContext& ctx, const std::string& tenant, Json& show
 
 }  // namespace
 
+void KeyTombstoneHashes(const ApiContext& ctx, const Principal& principal,
+                        const std::string& tenant, Json& shown) {
+  if (PermissionsOf(ctx.options.permissions, principal.role, tenant)
+          .contains(Permission::kSeeRedacted)) {
+    return;
+  }
+  KeyInputHashes(ctx, tenant, shown);
+}
+
 void RedactFor(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
                const std::vector<StepRecord>& steps, Json& shown) {
   if (auto definition = HidingDefinition(ctx, principal, instance)) {

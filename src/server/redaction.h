@@ -36,4 +36,11 @@ void RedactFor(const ApiContext& ctx, const Principal& principal, const Instance
 absl::Status RedactShownInstance(const ApiContext& ctx, const Principal& principal,
                                  const InstanceRecord& instance, nlohmann::json& shown);
 
+// For what gc kept of a collected instance (a tombstone, answered to a start under its
+// key): its definition and steps are gone, so what it redacted is unknown; the input
+// hashes in `shown` are keyed for any principal without see_redacted (as RedactFor keys
+// them where a definition redacts).
+void KeyTombstoneHashes(const ApiContext& ctx, const Principal& principal,
+                        const std::string& tenant, nlohmann::json& shown);
+
 }  // namespace waystone

@@ -1,5 +1,6 @@
 #include "definition/loader.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "support/process.h"
@@ -787,6 +788,9 @@ TEST(LoaderSqlTest, SqlStepMistakesAreNamedWithFileLineAndStep) {
       {"    sql: { statement: \"SELECT :s\", params: { s: \"{{secret.erp_key}}\" } }\n",
        "secret"},
       {"    sql: { statement: \"SELECT 1\", tx: true }\n", "unknown field 'tx'"},
+      {"    sql: { statement: \"DELETE FROM t WHERE tenant = :tenant\", params: { tenant: x } "
+       "}\n",
+       "params.tenant is bound by Waystone to the instance's tenant"},
       {"    sql: { statement: \"SELECT 1\" }\n    recovery: lookup\n", "its recovery is 'repeatable'"},
       {"    sql: { statement: \"SELECT 1\" }\n    recovery: compensable\n", "needs compensate.sql"},
       {"    sql: { statement: \"SELECT 1\" }\n    idempotency: { key: \"x\" }\n",
@@ -812,6 +816,50 @@ TEST(LoaderSqlTest, SqlStepMistakesAreNamedWithFileLineAndStep) {
     EXPECT_NE(definition.status().message().find("'record'"), std::string::npos)
         << definition.status().message();
   }
+}
+
+TEST(LoaderSqlTest, TenantIsBoundByWaystoneAndAStatementThatCouldTouchAnotherTenantIsNamed) {
+  const std::string head = "workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: record\n";
+  auto scoped = LoadDefinitionText(head + R"(    recovery: compensable
+    sql:
+      statement: "UPDATE accounts SET v = :v WHERE tenant = :tenant AND k = :k"
+      params: { k: "{{input.id}}", v: 1 }
+    compensate:
+      sql:
+        statement: "UPDATE accounts SET v = 0 WHERE tenant = :tenant AND k = :k"
+        params: { k: "{{input.id}}" }
+)", "w.yaml");
+  ASSERT_TRUE(scoped.ok()) << scoped.status();
+  const SqlSpec& sql = scoped->steps[0].sql;
+  ASSERT_EQ(sql.params.size(), 3u);
+  EXPECT_EQ(sql.params[1].first, "tenant");  // the statement's order: :v, :tenant, :k
+  EXPECT_EQ(sql.params[1].second, "{{instance.tenant}}");
+  EXPECT_EQ(sql.statement.unscoped, "");
+  EXPECT_TRUE(CheckTenantScoped(*scoped).ok());
+  EXPECT_FALSE(Has(Lint(head + "    sql: { statement: \"DELETE FROM a WHERE tenant = :tenant\" "
+                               "}\n"),
+                   "not scoped"));
+
+  // The probe's statement: globex's UPDATE changed acme's row. It loads (a server without
+  // tenants: runs it), lint warns, and a runtime with tenants: refuses it by name.
+  const std::string unscoped = head + R"(    recovery: compensable
+    sql:
+      statement: "UPDATE accounts SET v = :v WHERE tenant = :tenant AND k = :k"
+      params: { k: "{{input.id}}", v: 1 }
+    compensate:
+      sql:
+        statement: "UPDATE accounts SET v = 0 WHERE k = :k"
+        params: { k: "{{input.id}}" }
+)";
+  auto loaded = LoadDefinitionText(unscoped, "w.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const absl::Status refused = CheckTenantScoped(*loaded);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::AllOf(::testing::HasSubstr("w.yaml:4: step 'record': compensate.sql"),
+                               ::testing::HasSubstr("does not use :tenant")));
+  EXPECT_TRUE(Has(Lint(unscoped), "compensate.sql.statement is not scoped to its tenant", 4))
+      << All(Lint(unscoped));
 }
 
 }  // namespace

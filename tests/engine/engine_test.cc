@@ -423,6 +423,95 @@ TEST_P(EngineTest, WhatAStartCreatedIsWhatTheStoreReadsBack) {
   }
 }
 
+// Two tenants' sql steps on one business table (issue 45, item 10: globex's UPDATE changed
+// acme's row). Each touches its own rows only, counted by the database's own client; a
+// statement that could touch another tenant's is refused where the definition is
+// registered, and an engine with tenants does not run one stored before them.
+TEST_P(EngineTest, SqlStepsOfTwoTenantsTouchOnlyTheirOwnRows) {
+  auto query = [&](const std::string& sql) {
+    return testing::ClientQuery(GetParam(), path_, sql, dir_.path());
+  };
+  query("CREATE TABLE accounts (tenant TEXT NOT NULL, k TEXT NOT NULL, v INTEGER NOT NULL, "
+        "PRIMARY KEY (tenant, k))");
+  query("INSERT INTO accounts VALUES ('acme', 'A1', 1), ('globex', 'A1', 1)");
+  const char* rows = "SELECT tenant, k, v FROM accounts ORDER BY tenant, k";
+  engine_.reset();
+  EngineOptions options;
+  const TenantPolicy policy{{"ledger", "unscoped"}, "", {}};
+  options.tenants = {{"acme", policy}, {"globex", policy}};
+  auto engine = Engine::Create(store_.get(), http_.get(), &clock_, &random_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  engine_ = std::move(*engine);
+  auto run = [&](const WorkflowDefinition& definition, const std::string& tenant,
+                 const std::string& input) {
+    auto started = engine_->StartInstance(definition, {tenant, input});
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return InstanceRecord{};
+    auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return *store_->GetInstance(started->instance.id);
+  };
+
+  auto ledger = LoadDefinitionText(R"yaml(workflow: ledger
+key: "{{input.k}}-{{input.v}}"
+steps:
+  - name: set
+    sql:
+      statement: "UPDATE accounts SET v = :v WHERE tenant = :tenant AND k = :k RETURNING k"
+      params: { k: "{{input.k}}", v: "{{input.v}}" }
+  - name: add
+    sql:
+      statement: "INSERT INTO accounts (tenant, k, v) VALUES (:tenant, :k, :v)"
+      params: { k: "{{input.k}}-new", v: "{{input.v}}" }
+)yaml", "ledger.yaml");
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  ASSERT_TRUE(engine_->Register(*ledger).ok());
+  EXPECT_EQ(run(*ledger, "globex", R"({"k":"A1","v":99})").state, InstanceState::kCompleted);
+  EXPECT_EQ(query(rows), "acme|A1|1\nglobex|A1|99\nglobex|A1-new|99");
+  EXPECT_EQ(run(*ledger, "acme", R"({"k":"A1","v":7})").state, InstanceState::kCompleted);
+  const std::string after = "acme|A1|7\nacme|A1-new|7\nglobex|A1|99\nglobex|A1-new|99";
+  EXPECT_EQ(query(rows), after);
+
+  // The probe's statement.
+  auto unscoped = LoadDefinitionText(R"yaml(workflow: unscoped
+key: "{{input.k}}-{{input.v}}"
+steps:
+  - name: set
+    sql:
+      statement: "UPDATE accounts SET v = :v WHERE k = :k"
+      params: { k: "{{input.k}}", v: "{{input.v}}" }
+)yaml", "unscoped.yaml");
+  ASSERT_TRUE(unscoped.ok()) << unscoped.status();
+  const absl::Status refused = engine_->Register(*unscoped);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find(
+                "unscoped.yaml:4: step 'set': sql.statement is not scoped to its tenant"),
+            std::string::npos)
+      << refused;
+  auto refused_start = engine_->StartInstance(*unscoped, {"globex", R"({"k":"A1","v":4})"});
+  EXPECT_EQ(refused_start.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused_start.status().message().find("step 'set': sql.statement is not scoped"),
+            std::string::npos)
+      << refused_start.status();
+  // One started by a runtime without tenants, before they were configured, does not run.
+  int64_t id = 0;
+  {
+    auto plain = Engine::Create(store_.get(), http_.get(), &clock_, &random_, EngineOptions{});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    auto started = (*plain)->StartInstance(*unscoped, {"globex", R"({"k":"A1","v":5})"});
+    ASSERT_TRUE(started.ok()) << started.status();
+    id = started->instance.id;
+  }
+  clock_.Advance(60'000);  // past any lease the start took
+  auto rest = engine_->RunUntilRest(id, std::stop_token());
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  const InstanceRecord stopped = *store_->GetInstance(id);
+  EXPECT_NE(stopped.state, InstanceState::kCompleted);
+  EXPECT_NE(Step(stopped, "set").error_message.find("not scoped to its tenant"), std::string::npos)
+      << Step(stopped, "set").error_message;
+  EXPECT_EQ(query(rows), after);
+}
+
 TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
   ASSERT_NO_FATAL_FAILURE(UseRealTimeWorkers(8));
   ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.2},

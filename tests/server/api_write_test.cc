@@ -721,6 +721,7 @@ TEST_P(ApiWriteTest, AfterGcARedeliveredStartOrSignalChangesNothing) {
   EXPECT_EQ(Approve("g9", "ap-9")["results"][0]["outcome"], "signalled");
   ASSERT_EQ(Drive("g9"), InstanceState::kCompleted);
   const std::string order = Step("g9", "create")["external_id"];
+  const std::string plain_hash = store_->FindInstance("t1", "g9")->input_hash;
   const int creates = recorder_.Count("/create");
   const int notifies = recorder_.Count("/notify");
 
@@ -743,6 +744,15 @@ TEST_P(ApiWriteTest, AfterGcARedeliveredStartOrSignalChangesNothing) {
   Json started = Post("/v1/instances", {{"workflow", "wf"}, {"input", {{"id", "g9"}}}}, 200);
   EXPECT_EQ(started["collected"], true);
   EXPECT_EQ(started["created"], false);
+  // What gc kept of the input hash is keyed for a token without see_redacted (the
+  // tombstone no longer says what its definition redacted); an admin of all tenants
+  // sees it as stored.
+  EXPECT_EQ(result["tombstone"]["input_hash"].get<std::string>().size(), 64u);
+  EXPECT_NE(result["tombstone"]["input_hash"], plain_hash);
+  EXPECT_EQ(started["tombstone"]["input_hash"], result["tombstone"]["input_hash"]);
+  EXPECT_EQ(Post("/v1/instances", {{"workflow", "wf"}, {"tenant", "t1"}, {"input", {{"id", "g9"}}}},
+                 200, admin_)["tombstone"]["input_hash"],
+            plain_hash);
   // The signal again: a duplicate, not an error, though its instance is gone.
   EXPECT_EQ(Approve("g9", "ap-9")["results"][0]["outcome"], "duplicate");
   EXPECT_TRUE(absl::IsNotFound(store_->FindInstance("t1", "g9").status()));
