@@ -22,8 +22,8 @@ TEST(SqlTenantScopeTest, StatementsOnOneTableThatBeginTheirWhereWithTheTenantAre
       "insert into orders (k, tenant) values (:k, :tenant), (:k2, :tenant)",
       "INSERT OR IGNORE INTO orders (tenant, k) VALUES (:tenant, :k)",
       "INSERT INTO orders (tenant, k) VALUES (:tenant, :k) ON CONFLICT (tenant, k) DO NOTHING",
-      "INSERT INTO orders AS o (tenant, k, v) VALUES (:tenant, :k, :v) ON CONFLICT (tenant, k) "
-      "DO UPDATE SET v = excluded.v WHERE o.tenant = :tenant RETURNING o.id",
+      ("INSERT INTO orders AS o (tenant, k, v) VALUES (:tenant, :k, :v) ON CONFLICT (tenant, k) "
+       "DO UPDATE SET v = excluded.v WHERE o.tenant = :tenant RETURNING o.id"),
       "UPDATE orders SET state = 'cancelled' WHERE tenant = :tenant AND id = :id",
       "UPDATE orders o SET amount = amount + 1 WHERE o.tenant = :tenant AND (k = :a OR k = :b)",
       "UPDATE orders SET state = 'x' WHERE :tenant = tenant",
