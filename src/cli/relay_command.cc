@@ -5,7 +5,7 @@
 #include "cli/common.h"
 #include "cli/signals.h"
 #include "connectors/http/http_client.h"
-#include "engine/lease_reaper.h"
+#include "store/lease_owners.h"
 #include "messaging/relay.h"
 #include "server/metrics_server.h"
 

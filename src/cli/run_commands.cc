@@ -23,7 +23,7 @@
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/operations.h"
-#include "engine/lease_reaper.h"
+#include "store/lease_owners.h"
 #include "messaging/relay.h"
 #include "server/api_server.h"
 #include "server/metrics_server.h"

@@ -19,7 +19,7 @@
 #include "engine/code_transaction.h"
 #include "engine/code_workflow.h"
 #include "engine/context.h"
-#include "engine/events.h"
+#include "store/outbox_events.h"
 #include "engine/lease_keeper.h"
 #include "engine/target_settings.h"
 #include "engine/transitions.h"

@@ -10,7 +10,7 @@
 #include "engine/approvals.h"
 #include "engine/catalog.h"
 #include "engine/context.h"
-#include "engine/events.h"
+#include "store/outbox_events.h"
 #include "engine/redaction.h"
 #include "engine/transitions.h"
 #include "model/json_text.h"

@@ -7,7 +7,7 @@
 #include "base/random.h"
 #include "base/status_macros.h"
 #include "engine/approvals.h"
-#include "engine/events.h"
+#include "store/outbox_events.h"
 #include "engine/state_machine.h"
 #include "engine/transitions.h"
 #include "model/json_text.h"

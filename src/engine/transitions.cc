@@ -4,7 +4,7 @@
 
 #include "base/redact.h"
 #include "engine/context.h"
-#include "engine/events.h"
+#include "store/outbox_events.h"
 #include "engine/state_machine.h"
 #include "engine/transition_parts.h"
 #include "model/target_gate.h"

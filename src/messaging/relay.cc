@@ -11,8 +11,8 @@
 #include "base/log.h"
 #include "base/redact.h"
 #include "base/status_macros.h"
-#include "engine/events.h"
-#include "engine/lease_reaper.h"
+#include "store/outbox_events.h"
+#include "store/lease_owners.h"
 #include "messaging/cloudevent.h"
 
 namespace waystone {

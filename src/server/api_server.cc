@@ -4,7 +4,7 @@
 
 #include "engine/catalog.h"
 #include "engine/engine.h"
-#include "engine/lease_reaper.h"
+#include "store/lease_owners.h"
 #include "server/api_handlers.h"
 #include "http/http_front.h"
 #include "server/idempotency.h"

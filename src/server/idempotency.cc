@@ -2,7 +2,7 @@
 
 #include "base/log.h"
 #include "base/sha256.h"
-#include "engine/lease_reaper.h"
+#include "store/lease_owners.h"
 #include "server/request_helpers.h"
 
 namespace waystone {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/lease_reaper.h"
+#include "store/lease_owners.h"
 #include "store/gc_order.h"
 #include "store/business_statement.h"
 #include "store/claims.h"

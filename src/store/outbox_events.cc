@@ -1,4 +1,4 @@
-#include "engine/events.h"
+#include "store/outbox_events.h"
 
 #include <nlohmann/json.hpp>
 

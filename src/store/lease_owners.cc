@@ -1,4 +1,4 @@
-#include "engine/lease_reaper.h"
+#include "store/lease_owners.h"
 
 #include <cerrno>
 #include <csignal>
