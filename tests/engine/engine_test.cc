@@ -76,9 +76,10 @@ class EngineTest : public ::testing::TestWithParam<testing::Backend> {
     engine_ = std::move(*engine);
   }
 
-  // Starts an instance of `definition` and drives it until it rests.
-  InstanceRecord Run(const WorkflowDefinition& definition, const std::string& input) {
-    auto started = engine_->StartInstance(definition, {"default", input});
+  // Starts an instance of `definition` for `tenant` and drives it until it rests.
+  InstanceRecord Run(const WorkflowDefinition& definition, const std::string& input,
+                     const std::string& tenant = "default") {
+    auto started = engine_->StartInstance(definition, {tenant, input});
     EXPECT_TRUE(started.ok()) << started.status();
     if (!started.ok()) return {};
     auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
@@ -442,15 +443,6 @@ TEST_P(EngineTest, SqlStepsOfTwoTenantsTouchOnlyTheirOwnRows) {
   auto engine = Engine::Create(store_.get(), http_.get(), &clock_, &random_, options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   engine_ = std::move(*engine);
-  auto run = [&](const WorkflowDefinition& definition, const std::string& tenant,
-                 const std::string& input) {
-    auto started = engine_->StartInstance(definition, {tenant, input});
-    EXPECT_TRUE(started.ok()) << started.status();
-    if (!started.ok()) return InstanceRecord{};
-    auto state = engine_->RunUntilRest(started->instance.id, std::stop_token());
-    EXPECT_TRUE(state.ok()) << state.status();
-    return *store_->GetInstance(started->instance.id);
-  };
 
   auto ledger = LoadDefinitionText(R"yaml(workflow: ledger
 key: "{{input.k}}-{{input.v}}"
@@ -466,9 +458,9 @@ steps:
 )yaml", "ledger.yaml");
   ASSERT_TRUE(ledger.ok()) << ledger.status();
   ASSERT_TRUE(engine_->Register(*ledger).ok());
-  EXPECT_EQ(run(*ledger, "globex", R"({"k":"A1","v":99})").state, InstanceState::kCompleted);
+  EXPECT_EQ(Run(*ledger, R"({"k":"A1","v":99})", "globex").state, InstanceState::kCompleted);
   EXPECT_EQ(query(rows), "acme|A1|1\nglobex|A1|99\nglobex|A1-new|99");
-  EXPECT_EQ(run(*ledger, "acme", R"({"k":"A1","v":7})").state, InstanceState::kCompleted);
+  EXPECT_EQ(Run(*ledger, R"({"k":"A1","v":7})", "acme").state, InstanceState::kCompleted);
   const std::string after = "acme|A1|7\nacme|A1-new|7\nglobex|A1|99\nglobex|A1-new|99";
   EXPECT_EQ(query(rows), after);
 
