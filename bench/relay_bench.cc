@@ -57,6 +57,8 @@
 #include "workloads.h"
 
 extern char** environ;
+// The checkout this benchmark was built from (the build folder's source_dir.cc).
+const char* WaystoneSourceDir();
 
 namespace waystone {
 namespace {
@@ -356,7 +358,7 @@ int Run(const std::map<std::string, std::string>& flags) {
 
   if (sinks.find("webhook") != std::string::npos) {
     std::string port;
-    const std::string bench_dir = std::string(WAYSTONE_SOURCE_DIR) + "/bench/";
+    const std::string bench_dir = std::string(WaystoneSourceDir()) + "/bench/";
     Child receiver(receiver_kind == "python"
                        ? std::vector<std::string>{"/usr/bin/python3",
                                                   bench_dir + "loopback_receiver.py"}

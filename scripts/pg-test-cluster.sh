@@ -23,6 +23,11 @@ case "$action" in
     # Immediate: the cluster is deleted next, so its shutdown checkpoint (20 s of fsyncs
     # after a test run) would be written for nothing.
     as_server "$bindir/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null || true
-    rm -rf "$dir"
+    # After a whole test run the folder holds a database per test (gigabytes in ~10^5
+    # files): deleting it took 20-25 s of waiting on the disk at the end of every run.
+    # Renamed at once, so the folder is gone when this returns; deleted in the
+    # background, in a session of its own with no terminal or pipe, at idle priority.
+    trash="$(mktemp -d "${dir%/}.deleting.XXXXXX")"
+    mv "$dir" "$trash/" && setsid nice -n 19 ionice -c 3 rm -rf "$trash" </dev/null >/dev/null 2>&1 &
     ;;
 esac

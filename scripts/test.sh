@@ -29,7 +29,8 @@
 #                              labels unit and integration (no user build, no sanitizers)
 # WAYSTONE_SANITIZERS=0 skips builds 2 and 3 (and with them -Wthread-safety) and runs
 # every label in the release build instead;
-# WAYSTONE_FUZZ_SECONDS (default 20) sets the time per fuzz target, 0 skips them.
+# WAYSTONE_FUZZ_SECONDS (default 10) sets the time per fuzz target, 0 skips them (a
+# regression check of the seed corpus and a short search; scripts/fuzz.sh 900 is the soak).
 # Each stage prints the seconds since the start, and the end prints a table of every
 # stage's seconds, so a slow machine shows where it went.
 set -euo pipefail
@@ -150,7 +151,7 @@ wait_background_build() {
   fi
 }
 
-fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-20}"
+fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-10}"
 fuzz_targets=()
 if [[ "$fuzz_seconds" != "0" ]]; then
   fuzz_targets=(definition_fuzz template_fuzz cloudevents_fuzz api_body_fuzz http_front_fuzz)
@@ -208,8 +209,8 @@ if ((sanitizers)); then
   stage "TSan tests: label concurrency"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" -L concurrency
-elif [[ "${WAYSTONE_FUZZ_SECONDS:-20}" != "0" ]]; then
-  stage "libFuzzer targets, ${WAYSTONE_FUZZ_SECONDS:-20}s each"
-  bash scripts/fuzz.sh "${WAYSTONE_FUZZ_SECONDS:-20}"
+elif [[ "$fuzz_seconds" != "0" ]]; then
+  stage "libFuzzer targets, ${fuzz_seconds}s each"
+  bash scripts/fuzz.sh "$fuzz_seconds"
 fi
 echo "== all tests passed"

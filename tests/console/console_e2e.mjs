@@ -89,13 +89,15 @@ async function until(what, probe, seconds = 30) {
 }
 
 async function check(name, body) {
+  const started = performance.now();
+  const took = () => `(${((performance.now() - started) / 1000).toFixed(1)} s)`;
   try {
     await body();
     passes += 1;
-    console.log(`ok - ${name}`);
+    console.log(`ok - ${name} ${took()}`);
   } catch (error) {
     failures += 1;
-    console.log(`not ok - ${name}\n  ${String(error.stack ?? error).split('\n').join('\n  ')}`);
+    console.log(`not ok - ${name} ${took()}\n  ${String(error.stack ?? error).split('\n').join('\n  ')}`);
   }
 }
 
@@ -632,7 +634,8 @@ try {
   // (Before the last check, which reviews every page of the session.)
   await check('attempts: the instance view pages newest first through "Older attempts", with worker and lease epoch', async () => {
     // 54 refusals, then the answer: 55 attempts of one step, more than a page of 50.
-    await faults({ 'crm.get_customer': { next: Array(54).fill('unavailable') } });
+    // Retry-After: 0, or each refusal would hold the next attempt back a second.
+    await faults({ 'crm.get_customer': { next: Array(54).fill('unavailable'), retry_after_s: 0 } });
     await startOrder('console-retries', { order_id: '60', customer_id: 'C-60' });
     const view = await settles('retries:60', (v) => v.state === 'completed', 60);
     await faults({});

@@ -57,7 +57,7 @@ class CodeSagaTest : public ::testing::TestWithParam<Backend> {
 
   testing::ProcessResult Saga(const std::string& id, int amount, const std::string& to,
                               std::map<std::string, std::string> env = {}) {
-    std::vector<std::string> args = {ORDER_SAGA, db_, target_->base_url(), id,
+    std::vector<std::string> args = {testing::OrderSagaBinary(), db_, target_->base_url(), id,
                                      std::to_string(amount)};
     if (!to.empty()) args.push_back(to);
     return testing::RunProcess(args, env, dir_.path());

@@ -128,7 +128,7 @@ class RelayProcessTest : public ::testing::Test {
 };
 
 TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppliesItOnce) {
-  testing::Process consumer({WAYSTONE_CONSUMER, "--port", "0", "--db", dir_.File("consumer.db"),
+  testing::Process consumer({testing::ExampleConsumerBinary(), "--port", "0", "--db", dir_.File("consumer.db"),
                              "--secret-env", "WEBHOOK_SECRET"},
                             Env(), dir_.path());
   const std::string consumer_url = WaitForLine("consumer listening on ");
@@ -172,7 +172,7 @@ TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppli
 }
 
 TEST_F(RelayProcessTest, TwoRelaysAtOnceNeverDeliverTheSameRowTwice) {
-  testing::Process consumer({WAYSTONE_CONSUMER, "--port", "0", "--db", dir_.File("consumer.db"),
+  testing::Process consumer({testing::ExampleConsumerBinary(), "--port", "0", "--db", dir_.File("consumer.db"),
                              "--secret-env", "WEBHOOK_SECRET"},
                             Env(), dir_.path());
   const std::string consumer_url = WaitForLine("consumer listening on ");

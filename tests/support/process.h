@@ -8,6 +8,8 @@
 
 #include <sys/types.h>
 
+#include "support/test_paths.h"
+
 namespace waystone::testing {
 
 // The result of a finished child process.
@@ -70,8 +72,5 @@ int FreeLoopbackPort();
 std::map<std::string, std::string> SimulatorEnv(const std::string& base_url,
                                                 std::map<std::string, std::string> extra = {});
 
-// The waystone binary under test.
-inline std::string WaystoneBinary() { return WAYSTONE_BINARY; }
-inline std::string SourceDir() { return WAYSTONE_SOURCE_DIR; }
 
 }  // namespace waystone::testing

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "definition/loader.h"
+#include "support/test_paths.h"
 #include "verify/contract.h"
 #include "verify/oracles.h"
 #include "verify/schedules.h"
@@ -15,7 +16,7 @@ namespace {
 
 WorkflowDefinition Example() {
   auto definition =
-      LoadDefinitionFile(std::string(WAYSTONE_SOURCE_DIR) + "/examples/order-to-erp.yaml");
+      LoadDefinitionFile(waystone::testing::SourceDir() + "/examples/order-to-erp.yaml");
   EXPECT_TRUE(definition.ok()) << definition.status();
   return *definition;
 }
@@ -92,7 +93,7 @@ TEST(VerifySchedulesTest, EverySpecReadsBackAsTheSameSchedule) {
 }
 
 TEST(VerifySchedulesTest, AnApprovalStepIsKilledAroundItsDecision) {
-  auto definition = LoadDefinitionFile(std::string(WAYSTONE_SOURCE_DIR) +
+  auto definition = LoadDefinitionFile(waystone::testing::SourceDir() +
                                        "/examples/server/definitions/order-approval.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   auto contract = InferContract(*definition);
