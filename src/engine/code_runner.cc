@@ -21,6 +21,7 @@
 #include "engine/context.h"
 #include "store/outbox_events.h"
 #include "engine/lease_keeper.h"
+#include "engine/rate_slot.h"
 #include "engine/target_settings.h"
 #include "engine/transitions.h"
 #include "model/keys.h"
@@ -498,38 +499,24 @@ class CodeRun final : public CodeContext {
     absl::StatusOr<const TargetSpec*> target = TargetOf(*targets, request.url, TargetContext());
     if (!target.ok() || *target == nullptr) return std::nullopt;
     const Millis now = d_.clock->NowMillis();
-    TargetCallAsk ask = MakeTargetCallAsk(instance_.tenant, **target, now, d_.lease_duration,
-                                          request.timeout, lease_, *d_.random);
-    absl::StatusOr<Admission> admission = d_.store->AdmitTargetCall(ask);
-    if (!admission.ok()) {
+    absl::StatusOr<TargetAnswer> answer = AskTarget(*d_.store, instance_.tenant, **target, now,
+                                                    d_.lease_duration, request.timeout, lease_,
+                                                    *d_.random);
+    if (!answer.ok()) {
       // The store could not answer: nothing goes, and it asks again shortly.
       return CodeWait{now + 1000, std::string(kAwaitingTarget) + (*target)->name +
                                       "': its protections could not be asked: " +
-                                      std::string(admission.status().message())};
+                                      std::string(answer.status().message())};
     }
-    if (!admission->admitted) {
-      return CodeWait{RetryRefusedAt(*admission, now, *d_.random), admission->reason};
-    }
-    Admitted admitted;
-    if ((*target)->limits.Any()) {
-      admitted.permit = TargetCallSettle{instance_.tenant, (*target)->name, (*target)->limits,
-                                         std::move(ask.permit), admission->probe,
-                                         CallHealth::kUntold, 0};
-    }
-    admitted.send_at = admission->send_at;
-    admitted_ = std::move(admitted);
+    if (!answer->admitted) return CodeWait{answer->retry_at, std::move(answer->reason)};
+    admitted_ = std::move(answer->admitted);
     return std::nullopt;
   }
 
   // Returns an admitted call's permit unused (its checkpoint did not commit).
   void DropAdmitted() {
-    if (admitted_ && admitted_->permit) Settle(*admitted_->permit);
+    if (admitted_) ReturnPermit(*d_.store, admitted_->permit, CallHealth::kUntold, d_.clock->NowMillis());
     admitted_.reset();
-  }
-
-  void Settle(TargetCallSettle& permit) {
-    permit.now = d_.clock->NowMillis();
-    SettleTargetPermit(*d_.store, permit);
   }
 
   // Sends `request` with the Idempotency-Key `key` (unless "" or set already), and
@@ -549,7 +536,7 @@ class CodeRun final : public CodeContext {
       if (lower == "idempotency-key") keyed = true;
     }
     if (!keyed) request.headers.emplace_back("Idempotency-Key", key);
-    std::optional<Admitted> admitted;
+    std::optional<AdmittedCall> admitted;
     if (current_phase_ == AttemptPhase::kCall) admitted = std::exchange(admitted_, std::nullopt);
     const std::shared_ptr<const std::vector<TargetSpec>> targets = d_.code->Targets();
     if (!targets->empty()) {
@@ -557,7 +544,9 @@ class CodeRun final : public CodeContext {
       if (!applied.ok()) {
         // A deployment's mistake (a setting that does not render), not the target's
         // answer: the step's call waits for an operator, as for a refused identity.
-        if (admitted && admitted->permit) Settle(*admitted->permit);
+        if (admitted) {
+          ReturnPermit(*d_.store, admitted->permit, CallHealth::kUntold, d_.clock->NowMillis());
+        }
         if (current_phase_ == AttemptPhase::kCall) identity_refused_ = true;
         return Unsent(Unsendable(std::string(applied.message())), errors, error_class);
       }
@@ -570,9 +559,10 @@ class CodeRun final : public CodeContext {
         admitted = std::exchange(admitted_, std::nullopt);
       }
     }
-    if (admitted && admitted->send_at > d_.clock->NowMillis()) {
-      // Its rate slot, within kRateHorizon: sent on time (a stop waits for it too).
-      d_.clock->SleepFor(admitted->send_at - d_.clock->NowMillis(), std::stop_token());
+    if (admitted) {
+      // Its rate slot, within kRateHorizon: sent on time, retaking a slot that passed
+      // (a stop waits for it too).
+      AwaitRateSlot(*d_.store, *d_.clock, admitted->slot);
     }
     AttemptRecord attempt;
     attempt.started_at = d_.clock->NowMillis();
@@ -589,9 +579,9 @@ class CodeRun final : public CodeContext {
     attempt.finished_at = d_.clock->NowMillis();
     attempt.worker = lease_.owner;
     attempt.lease_epoch = lease_.epoch;
-    if (admitted && admitted->permit) {
-      admitted->permit->health = HealthOf(answer.outcome, attempt.error_class);
-      Settle(*admitted->permit);
+    if (admitted) {
+      ReturnPermit(*d_.store, admitted->permit, HealthOf(answer.outcome, attempt.error_class),
+                   d_.clock->NowMillis());
     }
     if (answer.outcome.identity_refused && current_phase_ == AttemptPhase::kCall) {
       identity_refused_ = true;
@@ -1174,11 +1164,7 @@ class CodeRun final : public CodeContext {
   std::optional<CodeWait> waiting_;
   bool identity_refused_ = false;  // the step's call: our identity or its target's settings
   // The call's admission (AdmitCall), taken before its checkpoint, for its Send.
-  struct Admitted {
-    std::optional<TargetCallSettle> permit;  // a limited target's: settled after the answer
-    Millis send_at = 0;                      // its rate slot
-  };
-  std::optional<Admitted> admitted_;
+  std::optional<AdmittedCall> admitted_;
   mutable std::optional<nlohmann::json> target_context_;  // input and instance, for targets
   size_t position_ = 0;              // the next step the function reaches
   std::stop_token stop_token_;

@@ -574,12 +574,20 @@ class Engine::Impl {
     }
   }
 
-  // Sends one of `flight`'s calls (in its rate slot); its answer queues the flight
-  // for a worker unless one holds it already.
+  // Sends one of `flight`'s calls in its rate slot (the pacer holds it until then,
+  // and it retakes a slot that passed before it could go); its answer queues the
+  // flight for a worker unless one holds it already.
   void Send(const std::shared_ptr<Flight>& flight, OutgoingCall call) {
-    const Millis send_at = call.send_at;
-    auto send = [this, flight, id = call.id, request = std::move(call.request)]() mutable {
-      http_->SendAsync(std::move(request), [this, flight, id](HttpResponse response) mutable {
+    const Millis now = clock_->NowMillis();
+    if (const Millis at = NextSendTime(*store_, call.slot, now); at > now) {
+      pacer_.At(at, [this, flight, call = std::move(call)]() mutable {
+        Send(flight, std::move(call));
+      });
+      return;
+    }
+    {
+      const int id = call.id;
+      http_->SendAsync(std::move(call.request), [this, flight, id](HttpResponse response) mutable {
         // Notified under the lock: once it is let go, Stop() may find calling_ at 0 and
         // the engine be gone, so nothing of it is touched after.
         MutexLock lock(mu_);
@@ -608,11 +616,6 @@ class Engine::Impl {
           wake_.notify_one();  // a worker records the answer
         }
       });
-    };
-    if (send_at > clock_->NowMillis()) {
-      pacer_.At(send_at, std::move(send));  // the target's rate limit: its slot
-    } else {
-      send();
     }
   }
 

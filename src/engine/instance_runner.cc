@@ -77,7 +77,7 @@ class InstanceRunner::Impl {
   std::vector<OutgoingCall> TakeRequests() {
     std::vector<OutgoingCall> outgoing;
     for (PendingCall& call : due_) {
-      outgoing.push_back({call.id, std::move(call.request), call.send_at});
+      outgoing.push_back({call.id, std::move(call.request), std::move(call.admitted.slot)});
       const int id = call.id;
       out_.emplace(id, std::move(call));
     }
@@ -104,13 +104,6 @@ class InstanceRunner::Impl {
   // What an outcome leads to once classified: the transition to commit.
   using Then = std::function<absl::Status(const CallResult&)>;
 
-  // An admitted call's hold on its target's concurrency cap and circuit.
-  struct Permit {
-    std::string target;
-    TargetLimits limits;
-    std::string id;
-    bool probe = false;
-  };
   // A request due to be sent (or on its way) and what its outcome leads to.
   struct PendingCall {
     int id;                                           // quoted back with its answer
@@ -123,8 +116,7 @@ class InstanceRunner::Impl {
     Millis started_at;                                // clock time, for the attempt record
     std::chrono::steady_clock::time_point sent_at;    // for the latency metric
     std::shared_ptr<std::atomic<Millis>> left_at;     // set by the client's last check
-    Millis send_at = 0;                               // not before (a target's rate limit)
-    std::optional<Permit> permit;                     // its hold on the target, until answered
+    AdmittedCall admitted;  // its target's permit (until answered) and rate slot
   };
 
   // Why and until when a target refused the calls due (of `steps`), while the
@@ -290,10 +282,9 @@ class InstanceRunner::Impl {
     if (!held_) held_.emplace(d_.keeper, lease_);
     for (OutgoingCall& call : TakeRequests()) {
       // The target's rate limit gave this call a slot (within kRateHorizon). Not cut
-      // short by a stop: the call is admitted and goes, on time.
-      if (const Millis wait = call.send_at - d_.clock->NowMillis(); wait > 0) {
-        d_.clock->SleepFor(wait, std::stop_token());
-      }
+      // short by a stop: the call is admitted and goes, on time (retaking a slot that
+      // passed).
+      AwaitRateSlot(*d_.store, *d_.clock, call.slot);
       d_.http->SendAsync(std::move(call.request),
                          [answers = answers_, id = call.id](HttpResponse response) {
                            answers->Put(id, std::move(response));
@@ -333,14 +324,14 @@ class InstanceRunner::Impl {
   }
 
   absl::StatusOr<DriveResult> Finish(const absl::Status& status, std::optional<Millis> wake_at) {
-    DropPermit(permit_);  // taken for a call that was not made
-    for (PendingCall& call : due_) DropPermit(call.permit);  // nor will these be
+    DropPermit(admitted_.permit);  // taken for a call that was not made
+    for (PendingCall& call : due_) DropPermit(call.admitted.permit);  // nor will these be
     due_.clear();
     if (!status.ok()) {
       // The drive ends with calls out (an error, a lost lease): their answers will not
       // be recorded here, so their permits go back now, and the lease is renewed no
       // longer (the next worker finds their steps running: unknown outcomes).
-      for (auto& [id, call] : out_) DropPermit(call.permit);
+      for (auto& [id, call] : out_) DropPermit(call.admitted.permit);
       held_.reset();
     }
     if (absl::IsAborted(status)) {
@@ -517,24 +508,21 @@ class InstanceRunner::Impl {
   absl::StatusOr<bool> Admitted(int step_index, const HttpRequest& request,
                                 const TemplateScope& context) {
     const std::string& url = request.url;
-    DropPermit(permit_);
+    DropPermit(admitted_.permit);
     WS_ASSIGN_OR_RETURN(const TargetSpec* target, TargetOf(url, context));
     if (target == nullptr) return true;
-    TargetCallAsk ask = MakeTargetCallAsk(instance_.tenant, *target, d_.clock->NowMillis(),
-                                          d_.lease_duration, request.timeout, lease_, *d_.random);
-    WS_ASSIGN_OR_RETURN(Admission admission, d_.store->AdmitTargetCall(ask));
-    if (admission.admitted) {
-      if (target->limits.Any()) {
-        permit_ = Permit{target->name, target->limits, std::move(ask.permit), admission.probe};
-      }
-      send_at_ = admission.send_at;
+    const Millis now = d_.clock->NowMillis();
+    WS_ASSIGN_OR_RETURN(TargetAnswer answer,
+                        AskTarget(*d_.store, instance_.tenant, *target, now, d_.lease_duration,
+                                  request.timeout, lease_, *d_.random));
+    if (answer.admitted) {
+      admitted_ = std::move(*answer.admitted);
       return true;
     }
-    const Millis until = RetryRefusedAt(admission, ask.now, *d_.random);
     if (!parked_) {
-      parked_ = Parked{until, admission.reason, {step_index}, instance_.state};
+      parked_ = Parked{answer.retry_at, std::move(answer.reason), {step_index}, instance_.state};
     } else {  // a branch beside it was refused too: the instance wakes for the first
-      parked_->until = std::min(parked_->until, until);
+      parked_->until = std::min(parked_->until, answer.retry_at);
       parked_->steps.push_back(step_index);
     }
     return false;
@@ -542,13 +530,9 @@ class InstanceRunner::Impl {
 
   // Returns the permit of an admitted call to its target, with what the call said
   // of the target's health (kUntold: not made).
-  void DropPermit(std::optional<Permit>& permit, CallHealth health = CallHealth::kUntold) {
-    if (!permit) return;
-    TargetCallSettle settle{instance_.tenant, permit->target, permit->limits,
-                            std::move(permit->id), permit->probe, health,
-                            d_.clock->NowMillis()};
-    permit.reset();
-    SettleTargetPermit(*d_.store, settle);
+  void DropPermit(std::optional<TargetCallSettle>& permit,
+                  CallHealth health = CallHealth::kUntold) {
+    ReturnPermit(*d_.store, permit, health, d_.clock->NowMillis());
   }
 
   // Returns the values a lookup's `match` pointers must equal, rendered for step `index`.
@@ -595,10 +579,8 @@ class InstanceRunner::Impl {
     };
     due_.push_back(PendingCall{next_call_++, phase, std::move(request), step_index, overrides,
                                body_rules, std::move(then), d_.clock->NowMillis(),
-                               std::chrono::steady_clock::now(), std::move(left_at), send_at_,
-                               std::move(permit_)});
-    permit_.reset();
-    send_at_ = 0;  // a lookup's further pages go when their page is asked for
+                               std::chrono::steady_clock::now(), std::move(left_at), std::move(admitted_)});
+    admitted_ = AdmittedCall();  // a lookup's further pages go when their page is asked for
     return absl::OkStatus();
   }
 
@@ -631,7 +613,7 @@ class InstanceRunner::Impl {
       }
     }
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
-    DropPermit(call.permit, HealthOf(sent.response.outcome, sent.error_class));
+    DropPermit(call.admitted.permit, HealthOf(sent.response.outcome, sent.error_class));
     const HttpResponse& answer = sent.response;
     if (answer.token_renewed) {
       // Sent once before with a token the target refused: on the wire, so recorded,
@@ -976,9 +958,8 @@ class InstanceRunner::Impl {
   std::vector<int> calling_steps_;     // what Now() last gave the transitions as busy
   std::optional<LeaseKeeper::Guard> held_;  // while a call is due or out
   std::vector<AttemptRecord> pending_attempts_;  // sent, not yet committed
-  std::optional<Permit> permit_;   // the call admitted last, until it is made
+  AdmittedCall admitted_;  // the call admitted last (permit, rate slot), until it is made
   std::optional<Parked> parked_;   // set when a target refused the call due
-  Millis send_at_ = 0;             // the admitted call's rate slot
   Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
   bool finished_ = false;   // the last commit finished the instance (FinishAfter)
   Lease lease_;

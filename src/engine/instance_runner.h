@@ -14,6 +14,7 @@
 #include "engine/catalog.h"
 #include "engine/commit_queue.h"
 #include "engine/lease_keeper.h"
+#include "engine/rate_slot.h"
 #include "store/store.h"
 
 namespace waystone {
@@ -60,7 +61,7 @@ struct DriveResult {
 struct OutgoingCall {
   int id = 0;            // quoted with its response to Resume
   HttpRequest request;
-  Millis send_at = 0;    // no earlier than this clock time (a target's rate limit); 0: at once
+  RateSlot slot;         // a target's rate limit: no earlier than slot.send_at; 0: at once
 };
 
 // An instance as the transaction that created it left it: its row and its pending

@@ -121,4 +121,35 @@ void SettleTargetPermit(Store& store, const TargetCallSettle& settle) {
   }
 }
 
+absl::StatusOr<TargetAnswer> AskTarget(Store& store, const std::string& tenant,
+                                       const TargetSpec& target, Millis now,
+                                       Millis lease_duration, Millis timeout, const Lease& lease,
+                                       Random& random) {
+  TargetCallAsk ask =
+      MakeTargetCallAsk(tenant, target, now, lease_duration, timeout, lease, random);
+  WS_ASSIGN_OR_RETURN(Admission admission, store.AdmitTargetCall(ask));
+  TargetAnswer answer;
+  if (!admission.admitted) {
+    answer.retry_at = RetryRefusedAt(admission, now, random);
+    answer.reason = std::move(admission.reason);
+    return answer;
+  }
+  AdmittedCall& call = answer.admitted.emplace();
+  if (target.limits.Any()) {
+    call.permit = TargetCallSettle{tenant, target.name, target.limits, std::move(ask.permit),
+                                   admission.probe, CallHealth::kUntold, 0};
+  }
+  call.slot = RateSlot{admission.send_at, tenant, target.name, target.limits};
+  return answer;
+}
+
+void ReturnPermit(Store& store, std::optional<TargetCallSettle>& permit, CallHealth health,
+                  Millis now) {
+  if (!permit) return;
+  permit->health = health;
+  permit->now = now;
+  SettleTargetPermit(store, *permit);
+  permit.reset();
+}
+
 }  // namespace waystone

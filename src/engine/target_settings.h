@@ -5,6 +5,7 @@
 // the question the store answers for every worker before a call to it goes (a
 // pause, a circuit breaker, a concurrency cap, a rate limit).
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "connectors/http/http_client.h"
 #include "definition/definition.h"
+#include "engine/rate_slot.h"
 #include "model/template.h"
 #include "store/records.h"
 
@@ -60,5 +62,32 @@ Millis RetryRefusedAt(const Admission& refused, Millis now, Random& random);
 // Returns an admitted call's permit (its health into the circuit). A failure is
 // logged: the permit expires by itself, and the circuit misses one outcome.
 void SettleTargetPermit(Store& store, const TargetCallSettle& settle);
+
+// A call its target let go, as either runner holds it from the admission to the send:
+// the permit (a limited target's: returned once the call is answered, or unused) and
+// the rate slot it leaves in (rate_slot.h).
+struct AdmittedCall {
+  std::optional<TargetCallSettle> permit;
+  RateSlot slot;
+};
+
+// The answer of `target`'s protections (operator pause, circuit breaker, concurrency
+// cap, rate limit: the store decides for every worker on the database) to a call of
+// `timeout` from `tenant` by the runner holding `lease`: admitted, or refused and
+// when to ask again (RetryRefusedAt) and why.
+struct TargetAnswer {
+  std::optional<AdmittedCall> admitted;
+  Millis retry_at = 0;
+  std::string reason;
+};
+absl::StatusOr<TargetAnswer> AskTarget(Store& store, const std::string& tenant,
+                                       const TargetSpec& target, Millis now,
+                                       Millis lease_duration, Millis timeout, const Lease& lease,
+                                       Random& random);
+
+// Returns `permit`, when there is one, with what the call said of its target's health
+// (kUntold: the call was not made), and clears it.
+void ReturnPermit(Store& store, std::optional<TargetCallSettle>& permit, CallHealth health,
+                  Millis now);
 
 }  // namespace waystone

@@ -23,7 +23,23 @@ std::string Rate(double rate) {
   return text;
 }
 
+// The time between two rate slots.
+int64_t SlotMicros(const TargetLimits& limits) { return std::llround(1'000'000.0 / limits.rate); }
+
 }  // namespace
+
+Millis LateSlotTolerance(const TargetLimits& limits) {
+  if (limits.rate <= 0) return 0;
+  return std::max<Millis>(50, SlotMicros(limits) / 1000);
+}
+
+Millis RetakeSlot(TargetControl& control, const TargetLimits& limits, Millis now) {
+  if (limits.rate <= 0) return now;
+  const int64_t slot_us = std::max(control.next_slot_us, now * 1000);
+  control.next_slot_us = slot_us + SlotMicros(limits);
+  control.updated_at = now;
+  return (slot_us + 999) / 1000;
+}
 
 std::string PausedReasonPattern(const std::string& target) {
   std::string pattern;
@@ -74,7 +90,7 @@ Admission Admit(TargetControl& control, const TargetLimits& limits, Millis now, 
       refused.reason = Waiting(control, "rate limit of " + Rate(limits.rate) + " calls a second");
       return refused;
     }
-    control.next_slot_us = slot_us + std::llround(1'000'000.0 / limits.rate);
+    control.next_slot_us = slot_us + SlotMicros(limits);
   }
   if (probe) control.probe_until = now + call_lease;
   control.updated_at = now;

@@ -67,6 +67,23 @@ Admission Admit(TargetControl& control, const TargetLimits& limits, Millis now, 
 absl::Status ChangePause(TargetControl& control, bool pause, const std::string& actor,
                          const std::string& reason, Millis at);
 
+// How long after its rate slot a call may still leave: a slot or 50 ms, whichever is
+// longer (a checkpoint's commit sits between the slot and the send). A process that
+// falls further behind (a stall, a loaded machine) retakes a slot for the call
+// instead, so that the calls it held are not sent together: the target then receives
+// at most its rate, plus the calls of this tolerance, in any second.
+Millis LateSlotTolerance(const TargetLimits& limits);
+
+// Whether a call whose slot was `send_at` is too late to leave at `now` on it.
+inline bool SlotPassed(const TargetLimits& limits, Millis send_at, Millis now) {
+  return limits.rate > 0 && now - send_at > LateSlotTolerance(limits);
+}
+
+// Takes the next free rate slot for an admitted call whose slot passed (the call
+// keeps its permit; pause, circuit and cap were asked already): returns when it
+// leaves, now at the earliest.
+Millis RetakeSlot(TargetControl& control, const TargetLimits& limits, Millis now);
+
 // What an admitted call's outcome says about the target's health.
 enum class CallHealth : uint8_t {
   kHealthy,  // it answered (2xx, or a refusal that is not about its health)

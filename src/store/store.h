@@ -361,6 +361,11 @@ class TargetStore {
   // call_lease) are stored.
   virtual absl::StatusOr<Admission> AdmitTargetCall(const TargetCallAsk& ask) = 0;
 
+  // Gives an admitted call whose rate slot passed before it could leave the next free
+  // slot (RetakeSlot), in one transaction with the row locked: when it leaves. Only
+  // ask's tenant, target, limits and now are read; its permit stays as it is.
+  virtual absl::StatusOr<Millis> RetakeRateSlot(const TargetCallAsk& ask) = 0;
+
   // Removes the call's permit and records its health in the circuit (Settle), in
   // one transaction.
   virtual absl::Status SettleTargetCall(const TargetCallSettle& settle) = 0;

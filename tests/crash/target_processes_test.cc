@@ -239,5 +239,44 @@ TEST_F(TargetProcessesTest, APauseAndTheLimitsHoldAcrossTwoWorkerProcesses) {
                                             "target.resume night-ops reindex done"}));
 }
 
+// A worker process stopped (SIGSTOP) while it holds calls for their rate slots: when
+// it goes on (SIGCONT) their slots have passed, and it takes new ones instead of
+// sending them together, so the target still receives its rate.
+TEST_F(TargetProcessesTest, AStoppedWorkerGoesOnAtTheRateNotWithABurstOfTheCallsItHeld) {
+  std::string workflow = kWorkflow;
+  const std::string limits = "limits: { rate: 20, concurrency: 4 }";
+  workflow.replace(workflow.find(limits), limits.size(), "limits: { rate: 10 }");
+  testing::WriteFile(dir_.File("definitions/fragile-order.yaml"), workflow);
+  StartOrders("h", 40);
+  processes_.push_back(std::make_unique<testing::Process>(
+      std::vector<std::string>{testing::WaystoneBinary(), "worker", "--definitions",
+                               dir_.File("definitions"), "--workers", "16"},
+      Env(), dir_.path()));
+  testing::Process& worker = *processes_.back();
+  // A few calls in, the worker holds the next second's slots (kRateHorizon): stopped
+  // for 1.5 s, every one of them has passed when it goes on.
+  ASSERT_TRUE(testing::WaitFor([&] { return Stats()["requests"].get<int>() >= 4; },
+                               std::chrono::seconds(30)))
+      << worker.Errors();
+  worker.Signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const int before = Stats()["requests"].get<int>();
+  worker.Signal(SIGCONT);
+  ASSERT_TRUE(testing::WaitFor([&] { return Completed() == 40; }, std::chrono::seconds(60)))
+      << Stats().dump() << worker.Errors();
+  const Json stats = Stats();
+  EXPECT_EQ(stats["requests"], 40) << stats.dump();
+  EXPECT_EQ(stats["orders"], 40) << stats.dump();
+  const auto times = stats["arrivals"].get<std::vector<double>>();
+  // Sent on the passed slots, the ~10 calls held would arrive at once beside the next
+  // second's 10: 20 in a second. On retaken slots a second holds its 10, one a call
+  // may be late by (LateSlotTolerance: 100 ms at 10 a second) and one for scheduling.
+  EXPECT_LE(stats["max_per_second_1s"].get<int>(), 12)
+      << "stopped after " << before << " calls; arrivals " << stats["arrivals"].dump();
+  EXPECT_LE(testing::ReceivedRate(times), 11.0) << stats["arrivals"].dump();
+  std::printf("stopped after %d calls; the busiest second held %d (limit 10)\n", before,
+              stats["max_per_second_1s"].get<int>());
+}
+
 }  // namespace
 }  // namespace waystone

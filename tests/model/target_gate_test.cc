@@ -54,6 +54,30 @@ TEST(TargetGateTest, TheRateLimitSpacesSlotsAndRefusesBeyondTheHorizon) {
   EXPECT_EQ(Admit(control, limits, 60'000, 1000, 30'000).send_at, 60'250);
 }
 
+TEST(TargetGateTest, ACallTooLateForItsSlotRetakesTheNextFreeOne) {
+  TargetLimits limits;
+  limits.rate = 10;  // a slot every 100 ms: late by more than 100 ms is too late
+  EXPECT_EQ(LateSlotTolerance(limits), 100);
+  EXPECT_FALSE(SlotPassed(limits, 10'000, 10'100));
+  EXPECT_TRUE(SlotPassed(limits, 10'000, 10'101));
+  limits.rate = 1000;  // a slot every millisecond: 50 ms, the time of a commit
+  EXPECT_EQ(LateSlotTolerance(limits), 50);
+  EXPECT_FALSE(SlotPassed(limits, 10'000, 10'050));
+  EXPECT_TRUE(SlotPassed(limits, 10'000, 10'051));
+  EXPECT_FALSE(SlotPassed(TargetLimits(), 10'000, 99'000)) << "no rate limit, no slot";
+
+  TargetControl control = Control();
+  limits.rate = 4;  // every 250 ms
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Admit(control, limits, 10'000, 1000, 30'000).admitted);
+  // Slots 10 000, 10 250, 10 500 given out; a held call wakes at 10 400, too late for
+  // 10 000: it takes 10 750, after every slot given out, and the next admission 11 000.
+  EXPECT_EQ(RetakeSlot(control, limits, 10'400), 10'750);
+  EXPECT_EQ(Admit(control, limits, 10'400, 1000, 30'000).send_at, 11'000);
+  // Woken after all of them: now, and a slot later for the one after.
+  EXPECT_EQ(RetakeSlot(control, limits, 20'000), 20'000);
+  EXPECT_EQ(RetakeSlot(control, limits, 20'000), 20'250);
+}
+
 TEST(TargetGateTest, ARateThatIsNotAWholeNumberOfMillisecondsStaysExact) {
   TargetControl control = Control();
   TargetLimits limits;

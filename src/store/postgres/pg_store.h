@@ -85,6 +85,7 @@ class PostgresStore final : public Store {
   absl::StatusOr<std::vector<StaleUnknown>> StaleUnknownSteps(Millis unknown_before) override;
   // TargetStore
   absl::StatusOr<Admission> AdmitTargetCall(const TargetCallAsk& ask) override;
+  absl::StatusOr<Millis> RetakeRateSlot(const TargetCallAsk& ask) override;
   absl::Status SettleTargetCall(const TargetCallSettle& settle) override;
   absl::StatusOr<TargetControl> PauseTarget(const std::string& tenant, const std::string& target,
                                             bool pause, const AuditRecord& audit) override;

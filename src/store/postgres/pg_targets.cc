@@ -80,6 +80,18 @@ absl::StatusOr<Admission> PostgresStore::AdmitTargetCall(const TargetCallAsk& as
   return admission;
 }
 
+absl::StatusOr<Millis> PostgresStore::RetakeRateSlot(const TargetCallAsk& ask) {
+  Millis send_at = ask.now;
+  absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
+    WS_ASSIGN_OR_RETURN(TargetControl control,
+                        PgLockedControl(c, ask.tenant, ask.target, ask.now));
+    send_at = RetakeSlot(control, ask.limits, ask.now);
+    return PgWriteControl(c, control);
+  });
+  if (!status.ok()) return status;
+  return send_at;
+}
+
 absl::Status PostgresStore::SettleTargetCall(const TargetCallSettle& settle) {
   // The row first, as every writer of a target takes it: no two wait on each other.
   return InTransaction([&](PgConnection& c) -> absl::Status {

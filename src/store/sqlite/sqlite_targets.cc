@@ -79,6 +79,18 @@ absl::StatusOr<Admission> SqliteStore::AdmitTargetCall(const TargetCallAsk& ask)
   });
 }
 
+absl::StatusOr<Millis> SqliteStore::RetakeRateSlot(const TargetCallAsk& ask) {
+  MutexLock lock(mu_);
+  SqliteDb& db = *db_;
+  return InWriteTransactionFor(db, [&]() -> absl::StatusOr<Millis> {
+    WS_ASSIGN_OR_RETURN(TargetControl control,
+                        SqliteLockedControl(db, ask.tenant, ask.target, ask.now));
+    const Millis send_at = RetakeSlot(control, ask.limits, ask.now);
+    WS_RETURN_IF_ERROR(SqliteWriteControl(db, control));
+    return send_at;
+  });
+}
+
 absl::Status SqliteStore::SettleTargetCall(const TargetCallSettle& settle) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;

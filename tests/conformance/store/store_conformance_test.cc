@@ -2617,6 +2617,31 @@ TEST_P(StoreConformanceTest, TwoConnectionsTakeDistinctRateSlots) {
   EXPECT_EQ(all, expected) << "one slot every 100 ms up to the horizon, none shared";
 }
 
+// A call whose slot passed before it could leave takes the next free one: after the
+// slots given out (none of them shared), or now when those have passed too.
+TEST_P(StoreConformanceTest, ALateCallRetakesTheNextFreeRateSlot) {
+  TargetLimits limits;
+  limits.rate = 10;
+  for (int i = 0; i < 3; ++i) {  // slots 0, 100 and 200
+    auto a = store_->AdmitTargetCall(Ask("held-" + std::to_string(i), 0, limits));
+    ASSERT_TRUE(a.ok() && a->admitted) << i;
+  }
+  auto ask = Ask("held-0", 150, limits);
+  auto retaken = store_->RetakeRateSlot(ask);
+  ASSERT_TRUE(retaken.ok()) << retaken.status();
+  EXPECT_EQ(*retaken, 300) << "after the slots given out";
+  EXPECT_EQ(store_->AdmitTargetCall(Ask("next", 150, limits))->send_at, 400);
+  ask.now = 2000;  // all of them passed: now, and the next one a slot later
+  EXPECT_EQ(store_->RetakeRateSlot(ask).value_or(-1), 2000);
+  EXPECT_EQ(store_->AdmitTargetCall(Ask("after", 2000, limits))->send_at, 2100);
+  // The permits are the five admissions' (a retake takes none): a cap of 6 admits a
+  // sixth call, and then no seventh.
+  TargetLimits capped = limits;
+  capped.concurrency = 6;
+  EXPECT_TRUE(store_->AdmitTargetCall(Ask("sixth", 2000, capped))->admitted);
+  EXPECT_FALSE(store_->AdmitTargetCall(Ask("seventh", 2000, capped))->admitted);
+}
+
 TEST_P(StoreConformanceTest, APauseIsAuditedStopsAdmissionsAndIsNotRepeated) {
   AuditRecord pause;
   pause.at = 5000;
