@@ -12,18 +12,17 @@
 #include <vector>
 
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
 
 #include "base/mutex.h"
 #include "base/log.h"
 #include "http/http_message.h"
+#include "http/stream.h"
 
 namespace waystone {
 
@@ -33,159 +32,14 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using beast::error_code;
 using namespace http_message;
-using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+using http_stream::AnyStream;
+using http_stream::TlsContext;
+using http_stream::TlsStream;
 
 namespace {
 
-// The TLS context of `cert_file` and `key_file`: TLS 1.2 and later only. Errors
-// name the file that could not be read or used.
-absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string& cert_file,
-                                                               const std::string& key_file) {
-  if (cert_file.empty() || key_file.empty()) {
-    return absl::InvalidArgumentError("TLS needs both a certificate file and a key file");
-  }
-  auto context = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
-  context->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
-                       net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
-                       net::ssl::context::no_tlsv1_1);
-  // TLS 1.2's suites: forward secrecy (ECDHE) and AEAD only, no static RSA key exchange
-  // and no CBC (Mozilla's "intermediate" list without DHE); TLS 1.3's are all AEAD.
-  if (SSL_CTX_set_cipher_list(context->native_handle(),
-                              "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
-                              "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
-                              "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305") != 1) {
-    return absl::InternalError("OpenSSL refused the TLS 1.2 cipher list");
-  }
-  error_code ec;
-  context->use_certificate_chain_file(cert_file, ec);
-  if (ec) {
-    return absl::InvalidArgumentError("TLS certificate file '" + cert_file +
-                                      "' cannot be used: " + ec.message());
-  }
-  context->use_private_key_file(key_file, net::ssl::context::pem, ec);
-  if (ec) {
-    return absl::InvalidArgumentError("TLS key file '" + key_file + "' cannot be used: " +
-                                      ec.message());
-  }
-  if (SSL_CTX_check_private_key(context->native_handle()) != 1) {
-    return absl::InvalidArgumentError("TLS key file '" + key_file +
-                                      "' does not belong to the certificate in '" + cert_file +
-                                      "'");
-  }
-  return context;
-}
-
 // Connections past the limits that may still ask the health path, at once.
 constexpr int kMaxOverflow = 32;
-
-// One read's or one write's completion, whatever Beast operation waits for it: the
-// streams below are compiled against this one handler type, not once per operation.
-class IoCompletion {
- public:
-  template <typename Handler>
-  explicit IoCompletion(Handler handler)
-      : call_(std::make_unique<Holder<Handler>>(std::move(handler))) {}
-
-  void operator()(error_code ec, size_t bytes) {
-    std::unique_ptr<Base> call = std::move(call_);  // called once
-    call->Call(ec, bytes);
-  }
-
- private:
-  struct Base {
-    virtual ~Base() = default;
-    virtual void Call(error_code ec, size_t bytes) = 0;
-  };
-  template <typename Handler>
-  struct Holder final : Base {
-    explicit Holder(Handler h) : handler(std::move(h)) {}
-    void Call(error_code ec, size_t bytes) override { std::move(handler)(ec, bytes); }
-    Handler handler;
-  };
-  std::unique_ptr<Base> call_;
-};
-
-// A connection's stream, plain TCP or TLS over it, as one type: Beast's composed
-// operations (read a head, read a body, write an answer) are compiled once for it
-// rather than once for each stream, and each stream's own reads and writes once for
-// IoCompletion: this file's compile with gcc -O3 went from 68 to 35 s. A read fills
-// the first buffer it is given, a write sends up to 16 (a stream may always do less
-// than asked).
-class AnyStream {
- public:
-  using executor_type = net::any_io_executor;
-
-  explicit AnyStream(beast::tcp_stream plain)
-      : impl_(std::make_unique<Plain>(std::move(plain))) {}
-  explicit AnyStream(TlsStream tls) : impl_(std::make_unique<Tls>(std::move(tls))) {}
-
-  executor_type get_executor() { return impl_->lowest().get_executor(); }
-  beast::tcp_stream& lowest() { return impl_->lowest(); }
-  bool tls() const { return impl_->tls(); }
-
-  // TLS: the server's side of the handshake; plain: nothing to do (never called).
-  void async_handshake(std::function<void(error_code)> done) { impl_->Handshake(std::move(done)); }
-
-  template <typename MutableBuffers, typename Handler>
-  void async_read_some(const MutableBuffers& buffers, Handler&& handler) {
-    net::mutable_buffer first;
-    for (auto it = net::buffer_sequence_begin(buffers); it != net::buffer_sequence_end(buffers);
-         ++it) {
-      first = net::mutable_buffer(*it);
-      if (first.size() > 0) break;
-    }
-    impl_->Read(first, IoCompletion(std::forward<Handler>(handler)));
-  }
-
-  template <typename ConstBuffers, typename Handler>
-  void async_write_some(const ConstBuffers& buffers, Handler&& handler) {
-    std::vector<net::const_buffer> pieces;
-    for (auto it = net::buffer_sequence_begin(buffers);
-         it != net::buffer_sequence_end(buffers) && pieces.size() < 16; ++it) {
-      pieces.emplace_back(*it);
-    }
-    impl_->Write(std::move(pieces), IoCompletion(std::forward<Handler>(handler)));
-  }
-
- private:
-  struct Impl {
-    virtual ~Impl() = default;
-    virtual beast::tcp_stream& lowest() = 0;
-    virtual bool tls() const = 0;
-    virtual void Handshake(std::function<void(error_code)> done) = 0;
-    virtual void Read(net::mutable_buffer buffer, IoCompletion done) = 0;
-    virtual void Write(std::vector<net::const_buffer> buffers, IoCompletion done) = 0;
-  };
-  struct Plain final : Impl {
-    explicit Plain(beast::tcp_stream s) : stream(std::move(s)) {}
-    beast::tcp_stream& lowest() override { return stream; }
-    bool tls() const override { return false; }
-    void Handshake(std::function<void(error_code)> done) override { done({}); }
-    void Read(net::mutable_buffer buffer, IoCompletion done) override {
-      stream.async_read_some(buffer, std::move(done));
-    }
-    void Write(std::vector<net::const_buffer> buffers, IoCompletion done) override {
-      stream.async_write_some(buffers, std::move(done));
-    }
-    beast::tcp_stream stream;
-  };
-  struct Tls final : Impl {
-    explicit Tls(TlsStream s) : stream(std::move(s)) {}
-    beast::tcp_stream& lowest() override { return beast::get_lowest_layer(stream); }
-    bool tls() const override { return true; }
-    void Handshake(std::function<void(error_code)> done) override {
-      stream.async_handshake(net::ssl::stream_base::server, std::move(done));
-    }
-    void Read(net::mutable_buffer buffer, IoCompletion done) override {
-      stream.async_read_some(buffer, std::move(done));
-    }
-    void Write(std::vector<net::const_buffer> buffers, IoCompletion done) override {
-      stream.async_write_some(buffers, std::move(done));
-    }
-    TlsStream stream;
-  };
-  std::unique_ptr<Impl> impl_;
-};
 
 }  // namespace
 
