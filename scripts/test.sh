@@ -12,8 +12,8 @@
 #   2. the asan preset (clang; src/ at -O0, as in 3: at -O1 its compile took 2.3 times as
 #      long, most of this script's CPU; ASan+UBSan, -Wthread-safety
 #      as errors): the unit, integration and postgres labels (the PostgreSQL kill suites
-#      and the C++ saga's among them), then each libFuzzer target for a bounded time,
-#      side by side;
+#      and the C++ saga's among them), and each libFuzzer target for a bounded time
+#      (beside the TSan tests);
 #   3. the tsan preset (clang; src/ at -O0: its tests wait on threads, sockets and
 #      the database, and took no longer than at -O1, whose build cost twice): the tests labelled
 #      concurrency (tests/CMakeLists.txt: ws_test's CONCURRENCY filter names them beside
@@ -29,8 +29,10 @@
 #                              labels unit and integration (no user build, no sanitizers)
 # WAYSTONE_SANITIZERS=0 skips builds 2 and 3 (and with them -Wthread-safety) and runs
 # every label in the release build instead;
-# WAYSTONE_FUZZ_SECONDS (default 10) sets the time per fuzz target, 0 skips them (a
-# regression check of the seed corpus and a short search; scripts/fuzz.sh 900 is the soak).
+# WAYSTONE_FUZZ_SECONDS (default 30) sets the time per fuzz target, 0 skips them (a
+# regression check of the seed corpus and a short search; scripts/fuzz.sh 900 is the
+# soak). With the sanitizers they run beside the TSan tests at idle priority, on the
+# third of the machine those leave unused: about 10 s of a core each.
 # Each stage prints the seconds since the start, and the end prints a table of every
 # stage's seconds, so a slow machine shows where it went.
 set -euo pipefail
@@ -151,7 +153,7 @@ wait_background_build() {
   fi
 }
 
-fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-10}"
+fuzz_seconds="${WAYSTONE_FUZZ_SECONDS:-30}"
 fuzz_targets=()
 if [[ "$fuzz_seconds" != "0" ]]; then
   fuzz_targets=(definition_fuzz template_fuzz cloudevents_fuzz api_body_fuzz http_front_fuzz)
@@ -197,18 +199,24 @@ if ((sanitizers)); then
     ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$((jobs + 1))" \
       -L 'unit|integration|postgres' -LE release_only
 
-  if [[ "$fuzz_seconds" != "0" ]]; then
-    stage "libFuzzer targets (asan build), ${fuzz_seconds}s each"
-    bash scripts/fuzz.sh "$fuzz_seconds"
-  fi
-
   stage "TSan build, the rest (clang -O0: the tests labelled concurrency)"
   wait_background_build
+  # The fuzzers beside the TSan tests, at idle priority: those tests leave a third of the
+  # machine unused (they wait on threads, sockets and the database), and a fuzzer at
+  # nice 19 takes nothing they ask for. Each target runs ${fuzz_seconds}s on that rest.
+  if [[ "$fuzz_seconds" != "0" ]]; then
+    background_build "$PWD/build-asan/fuzz.log" bash scripts/fuzz.sh "$fuzz_seconds"
+  fi
   # Two at a time: three took 233 s instead of 242, and under that load a rate test's
   # target received bunched calls (docs/performance.md#ci).
-  stage "TSan tests: label concurrency"
+  stage "TSan tests: label concurrency (libFuzzer targets beside them, ${fuzz_seconds}s each)"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" -L concurrency
+  if [[ "$fuzz_seconds" != "0" ]]; then
+    stage "libFuzzer targets (asan build): what they found"
+    wait_background_build
+    cat "$PWD/build-asan/fuzz.log"
+  fi
 elif [[ "$fuzz_seconds" != "0" ]]; then
   stage "libFuzzer targets, ${fuzz_seconds}s each"
   bash scripts/fuzz.sh "$fuzz_seconds"
