@@ -272,29 +272,4 @@ std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definitio
   return owed;
 }
 
-std::string KeptAnswer(const nlohmann::json& answer, const StepDefinition& step) {
-  using Json = nlohmann::json;
-  switch (step.store_response) {
-    case ResponseKeep::kAll:
-      return JsonText(answer);
-    case ResponseKeep::kNone:
-      return "{}";
-    case ResponseKeep::kNeeded:
-    case ResponseKeep::kListed:
-      break;
-  }
-  const auto& pointers = step.kept_pointers;
-  if (std::find(pointers.begin(), pointers.end(), "") != pointers.end()) return JsonText(answer);
-  Json kept = Json::object();
-  for (const std::string& pointer : pointers) {
-    try {
-      const Json::json_pointer at(pointer);
-      if (answer.contains(at)) kept[at] = answer.at(at);
-    } catch (const Json::exception&) {
-      // A pointer the answer's shape does not have: nothing to keep there.
-    }
-  }
-  return JsonText(kept);
-}
-
 }  // namespace waystone

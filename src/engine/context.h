@@ -94,11 +94,6 @@ class InstanceContext {
   std::vector<std::pair<std::string, std::string>> shown_;
 };
 
-// What a step keeps of an answer, as JSON text, by its `store_response`: the
-// pointers its templates read (by default), all, none ("{}"), or a list. Never
-// empty: a kept answer also marks "the target said yes".
-std::string KeptAnswer(const nlohmann::json& answer, const StepDefinition& step);
-
 // Returns the idempotency key of step `index`: the one stored on its first attempt,
 // else its key template rendered now, else "<tenant>:<instance key>:<step>". Empty when the
 // template does not render.

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "engine/transitions.h"
 
 namespace waystone {
@@ -21,6 +23,11 @@ void AddEvent(const Facts& facts, Change& change, std::string_view type, const S
 // Raises an alert; alerts are pushed, not only listed: each leaves through the outbox once.
 void AddAlert(const Facts& facts, Change& change, AlertKind kind, const std::string& step,
               const std::string& message);
+
+// What a step keeps of an answer, as JSON text, by its `store_response`: the
+// pointers its templates read (by default), all, none ("{}"), or a list. Never
+// empty: a kept answer also marks "the target said yes".
+std::string KeptAnswer(const nlohmann::json& answer, const StepDefinition& step);
 
 // Moves the instance to `state` with its event (and releases it to run now).
 void SetInstanceState(const Facts& facts, Change& change, InstanceState state,
