@@ -515,7 +515,9 @@ class CodeRun final : public CodeContext {
 
   // Returns an admitted call's permit unused (its checkpoint did not commit).
   void DropAdmitted() {
-    if (admitted_) ReturnPermit(*d_.store, admitted_->permit, CallHealth::kUntold, d_.clock->NowMillis());
+    if (admitted_) {
+      ReturnPermit(*d_.store, admitted_->permit, CallHealth::kUntold, d_.clock->NowMillis());
+    }
     admitted_.reset();
   }
 

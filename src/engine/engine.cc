@@ -585,38 +585,36 @@ class Engine::Impl {
       });
       return;
     }
-    {
-      const int id = call.id;
-      http_->SendAsync(std::move(call.request), [this, flight, id](HttpResponse response) mutable {
-        // Notified under the lock: once it is let go, Stop() may find calling_ at 0 and
-        // the engine be gone, so nothing of it is touched after.
-        MutexLock lock(mu_);
-        --flight->out;
-        bool resumable = false;  // queued in answered_ for a worker
-        if (flight->broken) {
-          if (flight->out == 0 && flight->parked) {
-            flight->parked = false;
-            held_.erase(flight->runner->instance_id());
-            flight->runner.reset();  // before Stop() may go on and free what it uses
-            --calling_;
-          }
-        } else {
-          flight->answers.emplace_back(id, std::move(response));
-          if (flight->parked) {
-            flight->parked = false;
-            --calling_;
-            answered_.push_back(flight);
-            resumable = true;
-          }
+    http_->SendAsync(std::move(call.request),
+                     [this, flight, id = call.id](HttpResponse response) mutable {
+      // Notified under the lock: once it is let go, Stop() may find calling_ at 0 and
+      // the engine be gone, so nothing of it is touched after.
+      MutexLock lock(mu_);
+      --flight->out;
+      bool resumable = false;  // queued in answered_ for a worker
+      if (flight->broken) {
+        if (flight->out == 0 && flight->parked) {
+          flight->parked = false;
+          held_.erase(flight->runner->instance_id());
+          flight->runner.reset();  // before Stop() may go on and free what it uses
+          --calling_;
         }
-        // (Not parked: the worker driving it takes the answer when its drive ends.)
-        if (stopping_) {
-          wake_.notify_all();  // the last call back lets every worker leave
-        } else if (resumable) {
-          wake_.notify_one();  // a worker records the answer
+      } else {
+        flight->answers.emplace_back(id, std::move(response));
+        if (flight->parked) {
+          flight->parked = false;
+          --calling_;
+          answered_.push_back(flight);
+          resumable = true;
         }
-      });
-    }
+      }
+      // (Not parked: the worker driving it takes the answer when its drive ends.)
+      if (stopping_) {
+        wake_.notify_all();  // the last call back lets every worker leave
+      } else if (resumable) {
+        wake_.notify_one();  // a worker records the answer
+      }
+    });
   }
 
  public:

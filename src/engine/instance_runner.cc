@@ -579,7 +579,8 @@ class InstanceRunner::Impl {
     };
     due_.push_back(PendingCall{next_call_++, phase, std::move(request), step_index, overrides,
                                body_rules, std::move(then), d_.clock->NowMillis(),
-                               std::chrono::steady_clock::now(), std::move(left_at), std::move(admitted_)});
+                               std::chrono::steady_clock::now(), std::move(left_at),
+                               std::move(admitted_)});
     admitted_ = AdmittedCall();  // a lookup's further pages go when their page is asked for
     return absl::OkStatus();
   }

@@ -94,6 +94,12 @@ absl::Status CheckTargetsRender(const std::vector<TargetSpec>& targets,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The store's question before a call of `timeout` to `target` from `tenant`, by the
+// runner holding `lease`: the permit (named after the lease, and unique) outlives
+// the call — its rate slot's wait, its timeout (a token request and one resend may
+// add as much again) and a margin.
 TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& target, Millis now,
                                 Millis lease_duration, Millis timeout, const Lease& lease,
                                 Random& random) {
@@ -109,17 +115,23 @@ TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& tar
   return ask;
 }
 
+// When a call its target refused asks again: the admission's retry_at, spread by up
+// to 250 ms so that those refused together do not all ask again at once.
 Millis RetryRefusedAt(const Admission& refused, Millis now, Random& random) {
   const Millis spread = std::clamp<Millis>(refused.retry_at - now, 1, 250);
   return refused.retry_at + random.UniformInclusive(spread);
 }
 
+// Returns an admitted call's permit (its health into the circuit). A failure is
+// logged: the permit expires by itself, and the circuit misses one outcome.
 void SettleTargetPermit(Store& store, const TargetCallSettle& settle) {
   absl::Status settled = store.SettleTargetCall(settle);
   if (!settled.ok()) {
     Log(LogLevel::kWarning, "target '" + settle.target + "': " + settled.ToString());
   }
 }
+
+}  // namespace
 
 absl::StatusOr<TargetAnswer> AskTarget(Store& store, const std::string& tenant,
                                        const TargetSpec& target, Millis now,

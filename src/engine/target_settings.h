@@ -47,22 +47,6 @@ absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& re
 absl::Status CheckTargetsRender(const std::vector<TargetSpec>& targets,
                                 const TemplateScope& context);
 
-// The store's question before a call of `timeout` to `target` from `tenant`, by the
-// runner holding `lease`: the permit (named after the lease, and unique) outlives
-// the call — its rate slot's wait, its timeout (a token request and one resend may
-// add as much again) and a margin.
-TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& target, Millis now,
-                                Millis lease_duration, Millis timeout, const Lease& lease,
-                                Random& random);
-
-// When a call its target refused asks again: the admission's retry_at, spread by up
-// to 250 ms so that those refused together do not all ask again at once.
-Millis RetryRefusedAt(const Admission& refused, Millis now, Random& random);
-
-// Returns an admitted call's permit (its health into the circuit). A failure is
-// logged: the permit expires by itself, and the circuit misses one outcome.
-void SettleTargetPermit(Store& store, const TargetCallSettle& settle);
-
 // A call its target let go, as either runner holds it from the admission to the send:
 // the permit (a limited target's: returned once the call is answered, or unused) and
 // the rate slot it leaves in (rate_slot.h).

@@ -26,6 +26,18 @@ std::string Rate(double rate) {
 // The time between two rate slots.
 int64_t SlotMicros(const TargetLimits& limits) { return std::llround(1'000'000.0 / limits.rate); }
 
+// The first free rate slot at `now`, in microseconds: the next one not given out, or
+// now (an idle target saves up no slots).
+int64_t FreeSlotMicros(const TargetControl& control, Millis now) {
+  return std::max(control.next_slot_us, now * 1000);
+}
+
+// Gives out the slot at `slot_us` (the next one a slot later): when its call leaves.
+Millis TakeSlot(TargetControl& control, const TargetLimits& limits, int64_t slot_us) {
+  control.next_slot_us = slot_us + SlotMicros(limits);
+  return (slot_us + 999) / 1000;
+}
+
 }  // namespace
 
 Millis LateSlotTolerance(const TargetLimits& limits) {
@@ -35,10 +47,8 @@ Millis LateSlotTolerance(const TargetLimits& limits) {
 
 Millis RetakeSlot(TargetControl& control, const TargetLimits& limits, Millis now) {
   if (limits.rate <= 0) return now;
-  const int64_t slot_us = std::max(control.next_slot_us, now * 1000);
-  control.next_slot_us = slot_us + SlotMicros(limits);
   control.updated_at = now;
-  return (slot_us + 999) / 1000;
+  return TakeSlot(control, limits, FreeSlotMicros(control, now));
 }
 
 std::string PausedReasonPattern(const std::string& target) {
@@ -82,21 +92,21 @@ Admission Admit(TargetControl& control, const TargetLimits& limits, Millis now, 
                                           " calls under way, its concurrency cap");
     return refused;
   }
-  int64_t slot_us = now * 1000;
+  Millis send_at = now;
   if (limits.rate > 0) {
-    slot_us = std::max(control.next_slot_us, slot_us);
+    const int64_t slot_us = FreeSlotMicros(control, now);
     if (slot_us - now * 1000 > horizon * 1000) {
       refused.retry_at = slot_us / 1000 - horizon;
       refused.reason = Waiting(control, "rate limit of " + Rate(limits.rate) + " calls a second");
       return refused;
     }
-    control.next_slot_us = slot_us + SlotMicros(limits);
+    send_at = TakeSlot(control, limits, slot_us);
   }
   if (probe) control.probe_until = now + call_lease;
   control.updated_at = now;
   Admission admitted;
   admitted.admitted = true;
-  admitted.send_at = (slot_us + 999) / 1000;
+  admitted.send_at = send_at;
   admitted.probe = probe;
   return admitted;
 }
