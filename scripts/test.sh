@@ -13,14 +13,19 @@
 #      long, most of this script's CPU; ASan+UBSan, -Wthread-safety
 #      as errors): the unit, integration and postgres labels (the PostgreSQL kill suites
 #      and the C++ saga's among them), and each libFuzzer target for a bounded time
-#      (beside the TSan tests);
+#      (beside the sanitizer tests);
 #   3. the tsan preset (clang; src/ at -O0: its tests wait on threads, sockets and
 #      the database, and took no longer than at -O1, whose build cost twice): the tests labelled
 #      concurrency (tests/CMakeLists.txt: ws_test's CONCURRENCY filter names them beside
 #      their test program).
+# Both sanitizer builds compile in the background while the release tests run, and their
+# tests then run in one ctest, three at a time.
 # Test code is -O0 in every build; src/ keeps the build's optimisation.
 # The crash label runs in the release build alone: under a sanitizer it would take most
-# of CI's time to test the same recovery paths again. verify's own threads are then
+# of CI's time to test the same recovery paths again. It holds the crash programs and the
+# cases a program's CRASH filter names (tests/CMakeLists.txt: the PostgreSQL chaos run,
+# the C++ saga's and the sql step's kills at every boundary on SQLite; their PostgreSQL
+# kills run under ASan). verify's own threads are then
 # checked by no sanitizer; its target, HttpFront, is covered under TSan by HttpFront*Test.
 # Which test runs where, and the seconds of each stage: docs/performance.md#ci.
 #
@@ -31,8 +36,8 @@
 # every label in the release build instead;
 # WAYSTONE_FUZZ_SECONDS (default 30) sets the time per fuzz target, 0 skips them (a
 # regression check of the seed corpus and a short search; scripts/fuzz.sh 900 is the
-# soak). With the sanitizers they run beside the TSan tests at idle priority, on the
-# third of the machine those leave unused: about 10 s of a core each.
+# soak). With the sanitizers they run beside the sanitizer tests at idle priority, on
+# what those leave unused.
 # Each stage prints the seconds since the start, and the end prints a table of every
 # stage's seconds, so a slow machine shows where it went.
 set -euo pipefail
@@ -169,17 +174,20 @@ else
 fi
 
 if ((sanitizers)); then
-  # The ASan build, in the background.
+  # The ASan build and then the TSan build, in the background.
   cmake --preset asan >/dev/null
-  background_build "$PWD/build-asan.log" cmake --build build-asan -j "$jobs" \
-    --target tests_unit tests_integration tests_postgres waystone "${fuzz_targets[@]}"
+  cmake --preset tsan >/dev/null
+  background_build "$PWD/build-sanitizers.log" bash -c '
+    cmake --build build-asan -j "$1" --target tests_unit tests_integration tests_postgres \
+      waystone "${@:2}" && cmake --build build-tsan -j "$1" --target tests_concurrency' \
+    sanitizer-builds "$jobs" "${fuzz_targets[@]}"
 fi
 
 stage "a user's build (Release, no test hooks, warning-clean)"
 bash scripts/check-user-build.sh
 
 if ((sanitizers)); then
-  stage "release tests: labels crash, release_only (the ASan build beside them)"
+  stage "release tests: labels crash, release_only (the sanitizer builds beside them)"
   ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" -L 'crash|release_only'
 else
   stage "release tests: every label"
@@ -187,31 +195,27 @@ else
 fi
 
 if ((sanitizers)); then
-  stage "ASan + UBSan build, the rest (clang -O0, -Wthread-safety: base/mutex.h's locking as errors)"
+  stage "ASan + UBSan and TSan builds, the rest (clang -O0, -Wthread-safety: base/mutex.h's locking as errors)"
   wait_background_build
-  cmake --preset tsan >/dev/null
-  background_build "$PWD/build-tsan.log" cmake --build build-tsan -j "$jobs" --target tests_concurrency
-
-  # Three at a time on two cores: alone, two of them kept 0.9 of a core busy (they wait
-  # on processes, sockets and timers); the TSan build takes what they leave.
-  stage "ASan + UBSan tests: labels unit, integration, postgres (TSan build beside them)"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure --no-tests=error -j "$((jobs + 1))" \
-      -L 'unit|integration|postgres' -LE release_only
-
-  stage "TSan build, the rest (clang -O0: the tests labelled concurrency)"
-  wait_background_build
-  # The fuzzers beside the TSan tests, at idle priority: those tests leave a third of the
-  # machine unused (they wait on threads, sockets and the database), and a fuzzer at
-  # nice 19 takes nothing they ask for. Each target runs ${fuzz_seconds}s on that rest.
+  # The fuzzers beside the sanitizer tests, at idle priority: a fuzzer at nice 19 takes
+  # nothing the tests ask for, only what they leave unused while they wait on
+  # processes, sockets and timers. Each target runs ${fuzz_seconds}s on that rest.
   if [[ "$fuzz_seconds" != "0" ]]; then
     background_build "$PWD/build-asan/fuzz.log" bash scripts/fuzz.sh "$fuzz_seconds"
   fi
-  # Two at a time: three took 233 s instead of 242, and under that load a rate test's
-  # target received bunched calls (docs/performance.md#ci).
-  stage "TSan tests: label concurrency (libFuzzer targets beside them, ${fuzz_seconds}s each)"
+  # Both sanitizer builds' tests in one ctest (build-sanitizers/CTestTestfile.cmake
+  # names the two builds; the TSan build registers only the concurrency label, its tests
+  # named tsan/...), three at a time on two cores: run one build after the other, each
+  # run's last tests left the machine a fifth idle while they finished, and the long
+  # programs of both builds now start first together (their COST).
+  mkdir -p build-sanitizers
+  printf '# Generated by scripts/test.sh: the tests of both sanitizer builds in one ctest.\n%s\n%s\n' \
+    "subdirs(\"$PWD/build-asan\")" "subdirs(\"$PWD/build-tsan\")" >build-sanitizers/CTestTestfile.cmake
+  stage "ASan + UBSan tests (labels unit, integration, postgres) and TSan tests (label concurrency), libFuzzer targets beside them"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
-    ctest --test-dir build-tsan --output-on-failure --no-tests=error -j "$jobs" -L concurrency
+    ctest --test-dir build-sanitizers --output-on-failure --no-tests=error -j "$((jobs + 1))" \
+      -L 'unit|integration|postgres|concurrency' -LE release_only
   if [[ "$fuzz_seconds" != "0" ]]; then
     stage "libFuzzer targets (asan build): what they found"
     wait_background_build
