@@ -4,14 +4,23 @@
 # (tests/fuzz/corpus/<target>). A crash, leak, hang (-timeout=10) or sanitizer report
 # fails the run; the input that caused it is left in build-asan/findings/. Prints each
 # target's final figures. Targets run side by side, one per core.
-#   scripts/fuzz.sh [SECONDS]      e.g. scripts/fuzz.sh 900 for the documented soak
+#   scripts/fuzz.sh [--built] [SECONDS]   e.g. scripts/fuzz.sh 900 for the documented soak
+# --built: the caller has built them (scripts/test.sh, whose tests read build-asan's
+# test list while this runs: no configure then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+built=0
+if [[ "${1:-}" == "--built" ]]; then
+  built=1
+  shift
+fi
 seconds="${1:-20}"
 targets=(definition template cloudevents api_body http_front)
 
-cmake --preset asan >/dev/null
-cmake --build build-asan -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
+if ((!built)); then
+  cmake --preset asan >/dev/null
+  cmake --build build-asan -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
+fi
 
 mkdir -p build-asan/findings
 # Each target is one process on one core: as many run side by side as there are cores.
