@@ -77,11 +77,12 @@ Result Run(const std::string& db_path, int clients, int requests, bool with_key)
       while (true) {
         const int n = next.fetch_add(1);
         if (n >= requests) return;
-        HttpRequest request{"POST", url,
-                            {{"Authorization", "Bearer " + *token},
-                             {"Content-Type", "application/json"}},
-                            "{\"workflow\":\"bench-api\",\"input\":{\"n\":" + std::to_string(n) + "}}",
-                            10'000};
+        HttpRequest request{
+            "POST",
+            url,
+            {{"Authorization", "Bearer " + *token}, {"Content-Type", "application/json"}},
+            "{\"workflow\":\"bench-api\",\"input\":{\"n\":" + std::to_string(n) + "}}",
+            10'000};
         request.reuse = ConnectionReuse::kReuse;  // a client of the API, not an engine call
         if (with_key) request.headers.emplace_back("Idempotency-Key", "k-" + std::to_string(n));
         HttpResponse response = client->Send(request);

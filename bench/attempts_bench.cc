@@ -60,8 +60,17 @@ NewInstance InstanceNamed(const std::string& key) {
 }
 
 AttemptRecord AttemptOf(int step, Millis at, const Lease& lease) {
-  return {step, 0, AttemptPhase::kCall, true, ConnectionUsed::kReused, 503,
-          ErrorClass::kTransient, "HTTP 503 Service Unavailable", at, at + 40, lease.owner,
+  return {step,
+          0,
+          AttemptPhase::kCall,
+          true,
+          ConnectionUsed::kReused,
+          503,
+          ErrorClass::kTransient,
+          "HTTP 503 Service Unavailable",
+          at,
+          at + 40,
+          lease.owner,
           lease.epoch};
 }
 
@@ -71,9 +80,8 @@ double MedianMs(const std::function<void()>& body) {
   for (int i = 0; i < kRepeats; ++i) {
     const auto begin = std::chrono::steady_clock::now();
     body();
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin)
-            .count());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin)
+                     .count());
   }
   std::nth_element(ms.begin(), ms.begin() + kRepeats / 2, ms.end());
   return ms[kRepeats / 2];
@@ -96,7 +104,8 @@ void OpenTheHistory(const std::string& path) {
     change.lease = *lease;
     change.now = at;
     change.lease_expires_at = at + 3'600'000;
-    for (int i = 0; i < kPerCommit; ++i) change.attempts.push_back(AttemptOf((n + i) % kSteps, at++, *lease));
+    for (int i = 0; i < kPerCommit; ++i)
+      change.attempts.push_back(AttemptOf((n + i) % kSteps, at++, *lease));
     auto done = store->Commit({change});
     if (!done.ok()) Die("commit", done.status());
     if (!(*done)[0].ok()) Die("commit", (*done)[0]);
@@ -133,7 +142,8 @@ void OpenTheHistory(const std::string& path) {
     if (!page.ok()) Die("deep", page.status());
   });
   const double one_step = MedianMs([&] {
-    if (!store->ListAttemptPage({id, 3, std::nullopt, 101}).ok()) Die("step", absl::InternalError(""));
+    if (!store->ListAttemptPage({id, 3, std::nullopt, 101}).ok())
+      Die("step", absl::InternalError(""));
   });
   const double every_row = MedianMs([&] {
     auto all = store->ListAttempts(id);
@@ -166,7 +176,8 @@ class CommitLoad {
 
   CommitLoad(const std::string& path, int attempts, int prefill, int bound)
       : store_(OpenWith(path, bound)), attempts_(attempts) {
-    if (auto s = store_->PutDefinition("defhash", "wf", "wf.yaml", "text", 1); !s.ok()) Die("def", s);
+    if (auto s = store_->PutDefinition("defhash", "wf", "wf.yaml", "text", 1); !s.ok())
+      Die("def", s);
     for (int i = 0; i < kBatch; ++i) {
       std::string name = "c";  // appended, not "c" + ...: GCC 12 -O3's false -Wrestrict
       name += std::to_string(i);
@@ -229,8 +240,9 @@ void Commits(const std::function<std::string(const char*)>& fresh) {
     std::nth_element(ms[i].begin(), ms[i].begin() + kRounds / 2, ms[i].end());
     rate[i] = CommitLoad::kBatch / (ms[i][kRounds / 2] / 1000);
   }
-  std::printf("  group commit, batches of 64 changes (one instance each), median of %d, taking turns:\n",
-              kRounds);
+  std::printf(
+      "  group commit, batches of 64 changes (one instance each), median of %d, taking turns:\n",
+      kRounds);
   std::printf("  %-52s %9.0f changes/s (baseline)\n", "without attempts", rate[0]);
   std::printf("  %-52s %9.0f changes/s %5.2fx\n", "one attempt each, step under the bound", rate[1],
               rate[1] / rate[0]);

@@ -106,8 +106,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
     auto opened = api::Engine::Open(embedded_options);
     if (!opened.ok()) return absl::InternalError(opened.status().ToString());
     embedded = std::move(*opened);
-    if (auto registered = embedded->RegisterYaml(kFiveTransforms, "bench.yaml");
-        !registered.ok()) {
+    if (auto registered = embedded->RegisterYaml(kFiveTransforms, "bench.yaml"); !registered.ok()) {
       return absl::InternalError(registered.ToString());
     }
   }
@@ -169,7 +168,8 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
         }
         const std::string input = "{\"n\": " + std::to_string(next_n.fetch_add(1)) + "}";
         if (over_http) {
-          HttpRequest request{"POST", url,
+          HttpRequest request{"POST",
+                              url,
                               {{"Authorization", "Bearer " + token},
                                {"Content-Type", "application/json"},
                                {"Prefer", "wait=30"}},
@@ -190,8 +190,7 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
                                      : api::Result<api::Outcome>(started.status());
           if (!rested.ok() || rested->state != api::InstanceState::kCompleted) {
             std::fprintf(stderr, "instance did not complete: %s\n",
-                         rested.ok() ? rested->reason.c_str()
-                                     : rested.status().ToString().c_str());
+                         rested.ok() ? rested->reason.c_str() : rested.status().ToString().c_str());
             failed = true;
             break;
           }
@@ -204,9 +203,9 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
           }
           auto rested = (*engine)->AwaitRest(started->instance.id, 30'000);
           if (!rested.ok() || rested->state != InstanceState::kCompleted) {
-            std::fprintf(stderr, "instance did not complete: %s\n",
-                         rested.ok() ? rested->status_reason.c_str()
-                                     : rested.status().ToString().c_str());
+            std::fprintf(
+                stderr, "instance did not complete: %s\n",
+                rested.ok() ? rested->status_reason.c_str() : rested.status().ToString().c_str());
             failed = true;
             break;
           }
@@ -235,7 +234,8 @@ absl::StatusOr<Figures> RunClosedLoop(const std::string& path, int callers, doub
   figures.seconds = window_s;
   if (!latencies_ms.empty()) {
     figures.p50_ms = latencies_ms[latencies_ms.size() / 2];
-    figures.p99_ms = latencies_ms[std::min(latencies_ms.size() - 1, latencies_ms.size() * 99 / 100)];
+    figures.p99_ms =
+        latencies_ms[std::min(latencies_ms.size() - 1, latencies_ms.size() * 99 / 100)];
     figures.cpu_ms_per_workflow = cpu * 1000 / static_cast<double>(latencies_ms.size());
     // Counted over the window; workflows that straddle its edges make this approximate.
     const double n = static_cast<double>(latencies_ms.size());
@@ -276,13 +276,20 @@ int main(int argc, char** argv) {
   if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--dir") dir = argv[i + 1];
-    else if (flag == "--postgres") postgres = argv[i + 1];
-    else if (flag == "--seconds") window_s = std::atof(argv[i + 1]);
-    else if (flag == "--warmup") warmup_s = std::atof(argv[i + 1]);
-    else if (flag == "--callers") callers = ParseCallers(argv[i + 1]);
-    else if (flag == "--http") over_http = std::strcmp(argv[i + 1], "0") != 0;
-    else if (flag == "--api") public_api = std::strcmp(argv[i + 1], "0") != 0;
+    if (flag == "--dir")
+      dir = argv[i + 1];
+    else if (flag == "--postgres")
+      postgres = argv[i + 1];
+    else if (flag == "--seconds")
+      window_s = std::atof(argv[i + 1]);
+    else if (flag == "--warmup")
+      warmup_s = std::atof(argv[i + 1]);
+    else if (flag == "--callers")
+      callers = ParseCallers(argv[i + 1]);
+    else if (flag == "--http")
+      over_http = std::strcmp(argv[i + 1], "0") != 0;
+    else if (flag == "--api")
+      public_api = std::strcmp(argv[i + 1], "0") != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -301,12 +308,13 @@ int main(int argc, char** argv) {
     std::printf("PostgreSQL at %s\n", postgres.c_str());
   }
   std::printf("raw single-row commits/s of the same database measured before each row (raw/s)\n");
-  std::printf("closed loop %s: start, wait until completed is durable, repeat; %.0f s warm-up, "
-              "%.0f s window\n\n",
-              over_http    ? "over HTTP (POST /v1/instances, Prefer: wait=30)"
-              : public_api ? "through the public C++ API (api::Engine::Start, Instance::Wait)"
-                           : "in process",
-              warmup_s, window_s);
+  std::printf(
+      "closed loop %s: start, wait until completed is durable, repeat; %.0f s warm-up, "
+      "%.0f s window\n\n",
+      over_http    ? "over HTTP (POST /v1/instances, Prefer: wait=30)"
+      : public_api ? "through the public C++ API (api::Engine::Start, Instance::Wait)"
+                   : "in process",
+      warmup_s, window_s);
   std::printf("%-8s %10s %12s %10s %10s %14s %12s %8s %15s%s\n", "callers", "workflows",
               "workflows/s", "p50 ms", "p99 ms", "CPU ms/wf", "steps/s", "raw/s", "steps/s / raw",
               postgres.empty() ? "" : "  statements/wf  WAL syncs/wf");
@@ -341,8 +349,10 @@ int main(int argc, char** argv) {
     if (!postgres.empty()) {
       for (auto [value, width] : {std::pair{figures->statements_per_workflow, 13},
                                   std::pair{figures->wal_syncs_per_workflow, 12}}) {
-        if (value < 0) std::printf("  %*s", width, "n/a");
-        else std::printf("  %*.2f", width, value);
+        if (value < 0)
+          std::printf("  %*s", width, "n/a");
+        else
+          std::printf("  %*.2f", width, value);
       }
     }
     std::printf("\n");

@@ -6,6 +6,10 @@
 //     (1, 2 and 4 worker processes on one PostgreSQL; bench/run-postgres.sh starts a
 //     private cluster for it)
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -13,10 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 extern char** environ;
 
@@ -63,7 +63,8 @@ Result RunEngine(const std::string& db_path, const std::string& synchronous, int
   auto definition = LoadDefinitionText(kFiveTransforms, "bench.yaml");
   if (!engine.ok() || !definition.ok()) std::exit(1);
   for (int i = 0; i < instances; ++i) {
-    auto started = (*engine)->StartInstance(*definition, {"bench", "{\"n\": " + std::to_string(i) + "}"});
+    auto started =
+        (*engine)->StartInstance(*definition, {"bench", "{\"n\": " + std::to_string(i) + "}"});
     if (!started.ok()) {
       std::fprintf(stderr, "start: %s\n", started.status().ToString().c_str());
       std::exit(1);
@@ -104,7 +105,8 @@ int RunWorkerProcess(const std::string& db, int threads) {
   SeededRandom random;
   EngineOptions engine_options;
   engine_options.workers = threads;
-  auto engine = Engine::Create(store->get(), http.get(), SystemClock::Get(), &random, engine_options);
+  auto engine =
+      Engine::Create(store->get(), http.get(), SystemClock::Get(), &random, engine_options);
   if (!engine.ok()) return 1;
   (*engine)->Start();
   while (true) {
@@ -140,7 +142,9 @@ int RunPostgres(const std::string& self, const std::string& server, int instance
       auto definition = LoadDefinitionText(kFiveTransforms, "bench.yaml");
       if (!engine.ok() || !definition.ok()) return 1;
       for (int i = 0; i < instances; ++i) {
-        if (!(*engine)->StartInstance(*definition, {"bench", "{\"n\": " + std::to_string(i) + "}"}).ok()) {
+        if (!(*engine)
+                 ->StartInstance(*definition, {"bench", "{\"n\": " + std::to_string(i) + "}"})
+                 .ok()) {
           return 1;
         }
       }
@@ -208,9 +212,12 @@ int main(int argc, char** argv) {
   std::string synchronous = "FULL";
   int instances = 2000;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
-    else if (std::strcmp(argv[i], "--instances") == 0) instances = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--synchronous") == 0) synchronous = argv[i + 1];
+    if (std::strcmp(argv[i], "--dir") == 0)
+      dir = argv[i + 1];
+    else if (std::strcmp(argv[i], "--instances") == 0)
+      instances = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--synchronous") == 0)
+      synchronous = argv[i + 1];
   }
   auto raw = waystone::bench::SqliteRawCommitRate(dir, synchronous);
   if (!raw.ok()) {

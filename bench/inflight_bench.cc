@@ -78,13 +78,13 @@ Json TargetStats(HttpClient& http, const std::string& target) {
 struct Figures {
   int instances = 0;
   double seconds = 0;
-  int most_open = 0;         // requests the endpoint held open at once
+  int most_open = 0;  // requests the endpoint held open at once
   long most_threads = 0;
-  long rss_base_kb = 0;      // engine created, instances started, nothing claimed
+  long rss_base_kb = 0;  // engine created, instances started, nothing claimed
   long rss_at_most_open_kb = 0;
-  long heap_base_kb = 0;     // allocated and not freed, at the same two moments
+  long heap_base_kb = 0;  // allocated and not freed, at the same two moments
   long heap_at_most_open_kb = 0;
-  long received = 0;         // requests the endpoint received in this run
+  long received = 0;  // requests the endpoint received in this run
   long duplicate_keys = 0;
   int completed = 0;
 };
@@ -136,7 +136,8 @@ steps:
   for (int t = 0; t < 8; ++t) {
     starters.emplace_back([&] {
       for (int n = next++; n < instances; n = next++) {
-        auto started = (*engine)->StartInstance(*definition, {"default", Json{{"run", run}, {"n", n}}.dump()});
+        auto started =
+            (*engine)->StartInstance(*definition, {"default", Json{{"run", run}, {"n", n}}.dump()});
         if (!started.ok()) {
           std::fprintf(stderr, "start: %s\n", started.status().ToString().c_str());
           std::exit(1);
@@ -195,9 +196,12 @@ double RawSeconds(const std::string& target, int run, int instances) {
   std::atomic<int> answered{0};
   const auto start = std::chrono::steady_clock::now();
   for (int n = 0; n < instances; ++n) {
-    HttpRequest request{"POST", target + "/orders",
-                        {{"Idempotency-Key", "raw:" + std::to_string(run) + ":" + std::to_string(n)}},
-                        "{}", 60'000};
+    HttpRequest request{
+        "POST",
+        target + "/orders",
+        {{"Idempotency-Key", "raw:" + std::to_string(run) + ":" + std::to_string(n)}},
+        "{}",
+        60'000};
     http->SendAsync(std::move(request), [&answered](HttpResponse) { ++answered; });
   }
   while (answered < instances) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -217,11 +221,16 @@ int main(int argc, char** argv) {
   if (!waystone::bench::EveryFlagHasAValue(argc, argv)) return 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--dir") dir = argv[i + 1];
-    else if (flag == "--target") target = argv[i + 1];
-    else if (flag == "--delay") delay_s = std::atof(argv[i + 1]);
-    else if (flag == "--workers") workers = std::atoi(argv[i + 1]);
-    else if (flag == "--instances") counts = ParseList(argv[i + 1]);
+    if (flag == "--dir")
+      dir = argv[i + 1];
+    else if (flag == "--target")
+      target = argv[i + 1];
+    else if (flag == "--delay")
+      delay_s = std::atof(argv[i + 1]);
+    else if (flag == "--workers")
+      workers = std::atoi(argv[i + 1]);
+    else if (flag == "--instances")
+      counts = ParseList(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -260,8 +269,7 @@ int main(int argc, char** argv) {
                 instances, f.seconds, rate, raw, rate / raw, f.most_open, f.most_threads,
                 f.rss_base_kb / 1024, f.rss_at_most_open_kb / 1024,
                 per_flight(f.rss_base_kb, f.rss_at_most_open_kb),
-                per_flight(f.heap_base_kb, f.heap_at_most_open_kb), f.received,
-                f.duplicate_keys);
+                per_flight(f.heap_base_kb, f.heap_at_most_open_kb), f.received, f.duplicate_keys);
     if (f.completed != instances || f.received != instances || f.duplicate_keys != 0) {
       std::fprintf(stderr, "completed %d and received %ld of %d instances\n", f.completed,
                    f.received, instances);

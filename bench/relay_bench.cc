@@ -20,14 +20,13 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <nats/nats.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <nats/nats.h>
 
 #include <chrono>
 #include <cstdio>
@@ -181,8 +180,13 @@ double RawSinkRate(Sink& sink, const std::string& prefix) {
   const auto begin = SteadyClock::now();
   int delivered = 0;
   for (int i = 0; SecondsSince(begin) < 2.0; ++i) {
-    EventRecord event{0, prefix + std::to_string(i), 1, "bench", "waystone.step.completed",
-                      R"({"workflow":"bench-transforms","instance_key":"raw","step":"s1"})", 0};
+    EventRecord event{0,
+                      prefix + std::to_string(i),
+                      1,
+                      "bench",
+                      "waystone.step.completed",
+                      R"({"workflow":"bench-transforms","instance_key":"raw","step":"s1"})",
+                      0};
     const std::string body = R"({"specversion":"1.0","id":")" + event.event_id +
                              R"(","type":"waystone.step.completed","subject":"raw","data":{}})";
     if (sink.Deliver(event, body).result != DeliveryOutcome::Result::kDelivered) {
@@ -205,7 +209,8 @@ double FillOutbox(Store* store, HttpClient* http, int instances) {
   if (!engine.ok() || !definition.ok()) Fail("engine");
   const auto begin = SteadyClock::now();
   for (int i = 0; i < instances; ++i) {
-    if (!(*engine)->StartInstance(*definition, {"bench", "{\"n\": " + std::to_string(i) + "}"})
+    if (!(*engine)
+             ->StartInstance(*definition, {"bench", "{\"n\": " + std::to_string(i) + "}"})
              .ok()) {
       Fail("start");
     }
@@ -255,9 +260,8 @@ struct Drained {
 // the counterpart has not received yet, `arrived`) every 250 ms. The counterpart is
 // asked every 10 ms, which costs the store nothing (its own count scans every delivery
 // kept); once all arrived, the store is asked until it marked the last round.
-Drained Drain(Store* store, HttpClient* http, const std::string& name,
-              const std::string& sink_yaml, const std::string& tuning, int64_t total,
-              const std::function<int64_t()>& arrived) {
+Drained Drain(Store* store, HttpClient* http, const std::string& name, const std::string& sink_yaml,
+              const std::string& tuning, int64_t total, const std::function<int64_t()>& arrived) {
   const std::string yaml = "deployment: bench\n" + tuning + "sinks:\n  - " + sink_yaml + "\n";
   auto config = ParseRelayConfig(yaml, "relay_bench.yaml");
   if (!config.ok()) Fail(config.status().ToString());
@@ -307,7 +311,8 @@ int Run(const std::map<std::string, std::string>& flags) {
   }
   if (instances < 1) Fail("--instances must be a positive whole number");
   for (absl::string_view sink : absl::StrSplit(sinks, ',')) {
-    if (sink != "webhook" && sink != "nats") Fail("--sinks lists webhook and/or nats, not " + std::string(sink));
+    if (sink != "webhook" && sink != "nats")
+      Fail("--sinks lists webhook and/or nats, not " + std::string(sink));
   }
   std::string tuning;
   if (flags.contains("batch")) tuning += "batch: " + flags.at("batch") + "\n";
@@ -352,42 +357,50 @@ int Run(const std::map<std::string, std::string>& flags) {
     int64_t counted = 0;  // what the counterpart received
   };
   std::vector<Row> rows;
-  const std::string tmp = std::filesystem::temp_directory_path() /
-                          ("relay-bench-" + std::to_string(getpid()));
+  const std::string tmp =
+      std::filesystem::temp_directory_path() / ("relay-bench-" + std::to_string(getpid()));
   std::filesystem::create_directories(tmp);
 
   if (sinks.find("webhook") != std::string::npos) {
     std::string port;
     const std::string bench_dir = std::string(WaystoneSourceDir()) + "/bench/";
-    Child receiver(receiver_kind == "python"
-                       ? std::vector<std::string>{"/usr/bin/python3",
-                                                  bench_dir + "loopback_receiver.py"}
-                       : std::vector<std::string>{"/usr/bin/node",
-                                                  bench_dir + "loopback_receiver.mjs"},
-                   &port);
+    Child receiver(
+        receiver_kind == "python"
+            ? std::vector<std::string>{"/usr/bin/python3", bench_dir + "loopback_receiver.py"}
+            : std::vector<std::string>{"/usr/bin/node", bench_dir + "loopback_receiver.mjs"},
+        &port);
     if (port.empty()) Fail("the receiver did not start");
     const std::string base = "http://127.0.0.1:" + port;
-    HttpRequest expect{"POST", base + "/expect", {{"Content-Type", "application/json"}},
-                       CommittedOrder(store->get()).dump(), 30'000, ConnectionReuse::kFresh};
+    HttpRequest expect{"POST",
+                       base + "/expect",
+                       {{"Content-Type", "application/json"}},
+                       CommittedOrder(store->get()).dump(),
+                       30'000,
+                       ConnectionReuse::kFresh};
     if (http->Send(expect).outcome.status != 204) Fail("receiver /expect");
     SinkConfig raw_config;
     raw_config.name = "raw";
     raw_config.url = base + "/raw";
     raw_config.secret = kSecret;
     raw_config.keep_alive = keep_alive;
-    Row row{"webhook", {}, RawSinkRate(*NewWebhookSink(raw_config, http.get(), SystemClock::Get()),
-                                       "raw-"), 0};
+    Row row{"webhook",
+            {},
+            RawSinkRate(*NewWebhookSink(raw_config, http.get(), SystemClock::Get()), "raw-"),
+            0};
     row.drained = Drain(store->get(), http.get(), "hook",
                         "{ name: hook, type: webhook, url: \"" + base +
                             "/hook\", secret_env: RELAY_BENCH_SECRET, keep_alive: " +
                             (keep_alive ? "true" : "false") + " }",
-                        tuning, total, [&] { return ReceiverStats(*http, base, "/count")["unique"].get<int64_t>(); });
+                        tuning, total, [&] {
+                          return ReceiverStats(*http, base, "/count")["unique"].get<int64_t>();
+                        });
     const Json stats = ReceiverStats(*http, base, "/stats");
     row.counted = stats["unique"].get<int64_t>();
-    std::printf("  receiver: %lld requests, %lld distinct events, %lld instances out of order, "
-                "%lld missing\n",
-                stats["hook"].get<long long>(), stats["unique"].get<long long>(),
-                stats["out_of_order"].get<long long>(), stats["missing"].get<long long>());
+    std::printf(
+        "  receiver: %lld requests, %lld distinct events, %lld instances out of order, "
+        "%lld missing\n",
+        stats["hook"].get<long long>(), stats["unique"].get<long long>(),
+        stats["out_of_order"].get<long long>(), stats["missing"].get<long long>());
     if (row.counted != row.drained.delivered || stats["out_of_order"].get<int64_t>() != 0) {
       Fail("the receiver's count or order does not match what the relay marked delivered");
     }
@@ -424,8 +437,8 @@ int Run(const std::map<std::string, std::string>& flags) {
   }
   std::filesystem::remove_all(tmp);
 
-  std::printf("\n%-8s %8s %8s %10s %12s %14s %14s %14s\n", "sink", "events", "seconds",
-              "events/s", "raw sink/s", "/ raw sink", "/ raw commits", "/ engine rate");
+  std::printf("\n%-8s %8s %8s %10s %12s %14s %14s %14s\n", "sink", "events", "seconds", "events/s",
+              "raw sink/s", "/ raw sink", "/ raw commits", "/ engine rate");
   for (const Row& row : rows) {
     const double rate = row.drained.delivered / row.drained.seconds;
     std::printf("%-8s %8lld %8.2f %10.0f %12.0f %14.2f %14.2f %14.2f\n", row.sink.c_str(),

@@ -72,7 +72,9 @@ struct Consumer {
   std::mutex mu;
   long long received = 0, applied = 0, duplicates = 0, rejected = 0;
 
-  bool Exec(const char* sql) { return sqlite3_exec(db, sql, nullptr, nullptr, nullptr) == SQLITE_OK; }
+  bool Exec(const char* sql) {
+    return sqlite3_exec(db, sql, nullptr, nullptr, nullptr) == SQLITE_OK;
+  }
 
   // Claims the event and applies it in one transaction. Returns false on a duplicate.
   bool Apply(const nlohmann::json& event) {
@@ -119,9 +121,12 @@ int main(int argc, char** argv) {
   std::string db_path = "consumer.db";
   std::string secret_env = "WEBHOOK_SECRET";
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--port") == 0) port = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--db") == 0) db_path = argv[i + 1];
-    else if (std::strcmp(argv[i], "--secret-env") == 0) secret_env = argv[i + 1];
+    if (std::strcmp(argv[i], "--port") == 0)
+      port = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--db") == 0)
+      db_path = argv[i + 1];
+    else if (std::strcmp(argv[i], "--secret-env") == 0)
+      secret_env = argv[i + 1];
   }
   const char* secret = std::getenv(secret_env.c_str());
   if (secret == nullptr) {
@@ -131,18 +136,20 @@ int main(int argc, char** argv) {
   Consumer consumer;
   if (sqlite3_open(db_path.c_str(), &consumer.db) != SQLITE_OK) return 1;
   consumer.Exec("PRAGMA journal_mode=WAL");
-  consumer.Exec("CREATE TABLE IF NOT EXISTS inbox (source TEXT NOT NULL, id TEXT NOT NULL, "
-                "PRIMARY KEY (source, id))");
-  consumer.Exec("CREATE TABLE IF NOT EXISTS order_events (seq INTEGER PRIMARY KEY, instance_key "
-                "TEXT, type TEXT, step TEXT, external_id TEXT, event_id TEXT)");
+  consumer.Exec(
+      "CREATE TABLE IF NOT EXISTS inbox (source TEXT NOT NULL, id TEXT NOT NULL, "
+      "PRIMARY KEY (source, id))");
+  consumer.Exec(
+      "CREATE TABLE IF NOT EXISTS order_events (seq INTEGER PRIMARY KEY, instance_key "
+      "TEXT, type TEXT, step TEXT, external_id TEXT, event_id TEXT)");
 
   httplib::Server server;
   server.Post("/events", [&](const httplib::Request& req, httplib::Response& res) {
     std::lock_guard<std::mutex> lock(consumer.mu);
     ++consumer.received;
-    const std::string why =
-        Verify(secret, req.get_header_value("webhook-id"), req.get_header_value("webhook-timestamp"),
-               req.body, req.get_header_value("webhook-signature"));
+    const std::string why = Verify(secret, req.get_header_value("webhook-id"),
+                                   req.get_header_value("webhook-timestamp"), req.body,
+                                   req.get_header_value("webhook-signature"));
     if (!why.empty()) {
       ++consumer.rejected;
       res.status = 401;
@@ -163,16 +170,19 @@ int main(int argc, char** argv) {
   });
   server.Get("/stats", [&](const httplib::Request&, httplib::Response& res) {
     std::lock_guard<std::mutex> lock(consumer.mu);
-    nlohmann::json stats = {{"received", consumer.received}, {"applied", consumer.applied},
-                            {"duplicates", consumer.duplicates}, {"rejected", consumer.rejected}};
+    nlohmann::json stats = {{"received", consumer.received},
+                            {"applied", consumer.applied},
+                            {"duplicates", consumer.duplicates},
+                            {"rejected", consumer.rejected}};
     res.set_content(stats.dump(), "application/json");
   });
   server.Get("/applied", [&](const httplib::Request&, httplib::Response& res) {
     std::lock_guard<std::mutex> lock(consumer.mu);
     nlohmann::json rows = nlohmann::json::array();
     sqlite3_stmt* s = nullptr;
-    sqlite3_prepare_v2(consumer.db, "SELECT instance_key, type, event_id FROM order_events ORDER BY seq",
-                       -1, &s, nullptr);
+    sqlite3_prepare_v2(consumer.db,
+                       "SELECT instance_key, type, event_id FROM order_events ORDER BY seq", -1, &s,
+                       nullptr);
     while (sqlite3_step(s) == SQLITE_ROW) {
       rows.push_back({reinterpret_cast<const char*>(sqlite3_column_text(s, 0)),
                       reinterpret_cast<const char*>(sqlite3_column_text(s, 1)),

@@ -5,11 +5,11 @@
 // instance already started for KEY), waits up to 30 s and prints each step's
 // state and external id. Exit 0 when the instance completed.
 
-#include <waystone/waystone.h>
-
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+
+#include <waystone/waystone.h>
 
 namespace api = waystone::api;
 

@@ -52,8 +52,8 @@ size_t Collect(char* data, size_t size, size_t n, void* into) {
   return size * n;
 }
 
-api::Result<Answer> Http(const std::string& method, const std::string& url,
-                         const std::string& body, const std::string& key) {
+api::Result<Answer> Http(const std::string& method, const std::string& url, const std::string& body,
+                         const std::string& key) {
   CURL* curl = curl_easy_init();
   if (curl == nullptr) return api::Status(api::Status::Code::kUnavailable, "curl_easy_init");
   Answer answer;
@@ -81,8 +81,9 @@ api::Result<Answer> Http(const std::string& method, const std::string& url,
   if (answer.status == 503) return api::Status(api::Status::Code::kUnavailable, answer.body);
   if (answer.status >= 500) return api::Status(api::Status::Code::kDeadlineExceeded, answer.body);
   if (answer.status >= 400) {
-    return api::Status(api::Status::Code::kFailedPrecondition,
-                       method + " " + url + ": " + std::to_string(answer.status) + " " + answer.body);
+    return api::Status(
+        api::Status::Code::kFailedPrecondition,
+        method + " " + url + ": " + std::to_string(answer.status) + " " + answer.body);
   }
   return answer;
 }
@@ -95,92 +96,103 @@ api::Result<Json> Parsed(const api::Result<Answer>& answer) {
 }
 
 api::Workflow<Order, Receipt> OrderSaga(const std::string& erp, int version) {
-  return {"order-saga", [erp, version](api::Context& ctx, const Order& order) -> api::Result<Receipt> {
-    const std::string ref = "shop:" + ctx.key();
+  return {
+      "order-saga", [erp, version](api::Context& ctx, const Order& order) -> api::Result<Receipt> {
+        const std::string ref = "shop:" + ctx.key();
 
-    // The CRM read: a read does nothing, so it may simply run again.
-    auto customer = ctx.Step<api::Json>("read-customer", [&]() -> api::Result<api::Json> {
-      auto found = Parsed(Http("GET", erp + "/erp/orders?ref=crm:" + order.id, "", ""));
-      if (!found.ok()) return found.status();
-      return api::Json{found->dump()};
-    });
-    if (!customer.ok()) return customer.status();
+        // The CRM read: a read does nothing, so it may simply run again.
+        auto customer = ctx.Step<api::Json>("read-customer", [&]() -> api::Result<api::Json> {
+          auto found = Parsed(Http("GET", erp + "/erp/orders?ref=crm:" + order.id, "", ""));
+          if (!found.ok()) return found.status();
+          return api::Json{found->dump()};
+        });
+        if (!customer.ok()) return customer.status();
 
-    // The ERP order: not repeatable (the ERP makes a new order for every request),
-    // so an unknown outcome is looked up by its reference before it is sent again.
-    api::StepOptions<std::string> create;
-    create.input = api::Encode(order);
-    create.repeatable = false;
-    create.retry = {4, std::chrono::milliseconds(50), std::chrono::milliseconds(200)};
-    create.lookup = [&]() -> api::Result<std::optional<std::string>> {
-      auto found = Parsed(Http("GET", erp + "/erp/orders?ref=" + ref, "", ""));
-      if (!found.ok()) return found.status();
-      for (const Json& item : (*found)["items"]) {
-        if (item["ref"] == ref) return std::optional<std::string>(item["id"].get<std::string>());
-      }
-      return std::optional<std::string>();
-    };
-    // It runs after the function returned: it captures by value.
-    create.compensate = [erp](api::Context& later, const std::string& erp_id) -> api::Status {
-      auto cancelled = Http("POST", erp + "/erp/orders/" + erp_id + "/cancel", "{}",
-                            later.idempotency_key());
-      return cancelled.ok() ? api::Status() : cancelled.status();
-    };
-    auto erp_id = ctx.Step<std::string>("create-order", [&]() -> api::Result<std::string> {
-      Json body = {{"ref", ref}, {"amount", order.amount}};
-      auto created = Parsed(Http("POST", erp + "/erp/orders", body.dump(), ctx.idempotency_key()));
-      if (!created.ok()) return created.status();
-      return (*created)["id"].get<std::string>();
-    }, create);
-    if (!erp_id.ok()) return erp_id.status();
+        // The ERP order: not repeatable (the ERP makes a new order for every request),
+        // so an unknown outcome is looked up by its reference before it is sent again.
+        api::StepOptions<std::string> create;
+        create.input = api::Encode(order);
+        create.repeatable = false;
+        create.retry = {4, std::chrono::milliseconds(50), std::chrono::milliseconds(200)};
+        create.lookup = [&]() -> api::Result<std::optional<std::string>> {
+          auto found = Parsed(Http("GET", erp + "/erp/orders?ref=" + ref, "", ""));
+          if (!found.ok()) return found.status();
+          for (const Json& item : (*found)["items"]) {
+            if (item["ref"] == ref)
+              return std::optional<std::string>(item["id"].get<std::string>());
+          }
+          return std::optional<std::string>();
+        };
+        // It runs after the function returned: it captures by value.
+        create.compensate = [erp](api::Context& later, const std::string& erp_id) -> api::Status {
+          auto cancelled = Http("POST", erp + "/erp/orders/" + erp_id + "/cancel", "{}",
+                                later.idempotency_key());
+          return cancelled.ok() ? api::Status() : cancelled.status();
+        };
+        auto erp_id = ctx.Step<std::string>(
+            "create-order",
+            [&]() -> api::Result<std::string> {
+              Json body = {{"ref", ref}, {"amount", order.amount}};
+              auto created =
+                  Parsed(Http("POST", erp + "/erp/orders", body.dump(), ctx.idempotency_key()));
+              if (!created.ok()) return created.status();
+              return (*created)["id"].get<std::string>();
+            },
+            create);
+        if (!erp_id.ok()) return erp_id.status();
 
-    // The program's own row, in the transaction of the step's checkpoint.
-    auto row = ctx.Transaction<int64_t>("record-order", [&](api::Tx& tx) -> api::Result<int64_t> {
-      auto inserted = tx.Execute(
-          "INSERT INTO orders (order_key, erp_id, amount) VALUES (:key, :erp, :amount) "
-          "RETURNING id",
-          {{"key", order.id}, {"erp", *erp_id}, {"amount", order.amount}});
-      if (!inserted.ok()) return inserted.status();
-      const Json rows = Json::parse(*inserted);
-      tx.Emit("shop.order.recorded", Json{{"order", order.id}, {"erp_id", *erp_id}}.dump());
-      return rows["rows"][0]["id"].get<int64_t>();
-    });
-    if (!row.ok()) return row.status();
+        // The program's own row, in the transaction of the step's checkpoint.
+        auto row =
+            ctx.Transaction<int64_t>("record-order", [&](api::Tx& tx) -> api::Result<int64_t> {
+              auto inserted = tx.Execute(
+                  "INSERT INTO orders (order_key, erp_id, amount) VALUES (:key, :erp, :amount) "
+                  "RETURNING id",
+                  {{"key", order.id}, {"erp", *erp_id}, {"amount", order.amount}});
+              if (!inserted.ok()) return inserted.status();
+              const Json rows = Json::parse(*inserted);
+              tx.Emit("shop.order.recorded", Json{{"order", order.id}, {"erp_id", *erp_id}}.dump());
+              return rows["rows"][0]["id"].get<int64_t>();
+            });
+        if (!row.ok()) return row.status();
 
-    // The message: the target keeps one per idempotency key, so it may run again.
-    std::string text = "order " + *erp_id + " is local row " + std::to_string(*row);
-    if (version >= 2) {
-      auto patched = ctx.Patched("message-names-amount");
-      if (!patched.ok()) return patched.status();
-      if (*patched) text += " for " + std::to_string(order.amount);
-    }
-    const Json message = {{"to", order.to}, {"text", text}};
-    api::StepOptions<std::string> notify;
-    notify.input = message.dump();
-    notify.retry = {4, std::chrono::milliseconds(50), std::chrono::milliseconds(200)};
-    auto sent = ctx.Step<std::string>(version == 3 ? "notify-customer" : "notify",
-                                      [&]() -> api::Result<std::string> {
-      auto answer = Parsed(Http("POST", erp + "/notify/messages",
-                                order.to.empty() ? Json{{"text", text}}.dump() : message.dump(),
-                                ctx.idempotency_key()));
-      if (!answer.ok()) return answer.status();
-      return (*answer)["id"].get<std::string>();
-    }, notify);
-    if (!sent.ok()) {
-      if (sent.status().code() == api::Status::Code::kAborted) return sent.status();
-      // The order stands no more: the row says so, in its own transaction, before the
-      // ERP order is cancelled by create-order's compensation.
-      auto undone = ctx.Transaction<int64_t>("cancel-row", [&](api::Tx& tx) -> api::Result<int64_t> {
-        auto updated = tx.Execute("UPDATE orders SET state = 'cancelled' WHERE id = :id",
-                                  {{"id", *row}});
-        if (!updated.ok()) return updated.status();
-        return Json::parse(*updated)["count"].get<int64_t>();
-      });
-      if (!undone.ok()) return undone.status();
-      return sent.status();
-    }
-    return Receipt{*erp_id, *row, *sent};
-  }};
+        // The message: the target keeps one per idempotency key, so it may run again.
+        std::string text = "order " + *erp_id + " is local row " + std::to_string(*row);
+        if (version >= 2) {
+          auto patched = ctx.Patched("message-names-amount");
+          if (!patched.ok()) return patched.status();
+          if (*patched) text += " for " + std::to_string(order.amount);
+        }
+        const Json message = {{"to", order.to}, {"text", text}};
+        api::StepOptions<std::string> notify;
+        notify.input = message.dump();
+        notify.retry = {4, std::chrono::milliseconds(50), std::chrono::milliseconds(200)};
+        auto sent = ctx.Step<std::string>(
+            version == 3 ? "notify-customer" : "notify",
+            [&]() -> api::Result<std::string> {
+              auto answer =
+                  Parsed(Http("POST", erp + "/notify/messages",
+                              order.to.empty() ? Json{{"text", text}}.dump() : message.dump(),
+                              ctx.idempotency_key()));
+              if (!answer.ok()) return answer.status();
+              return (*answer)["id"].get<std::string>();
+            },
+            notify);
+        if (!sent.ok()) {
+          if (sent.status().code() == api::Status::Code::kAborted) return sent.status();
+          // The order stands no more: the row says so, in its own transaction, before the
+          // ERP order is cancelled by create-order's compensation.
+          auto undone =
+              ctx.Transaction<int64_t>("cancel-row", [&](api::Tx& tx) -> api::Result<int64_t> {
+                auto updated = tx.Execute("UPDATE orders SET state = 'cancelled' WHERE id = :id",
+                                          {{"id", *row}});
+                if (!updated.ok()) return updated.status();
+                return Json::parse(*updated)["count"].get<int64_t>();
+              });
+          if (!undone.ok()) return undone.status();
+          return sent.status();
+        }
+        return Receipt{*erp_id, *row, *sent};
+      }};
 }
 
 int main(int argc, char** argv) {
@@ -209,6 +221,7 @@ int main(int argc, char** argv) {
   std::printf("state %s\nreason %s\noutput %s\n", api::ToString(outcome->state),
               outcome->reason.c_str(), outcome->output_json.c_str());
   auto receipt = api::Output<Receipt>(*outcome);
-  if (receipt.ok()) std::printf("erp %s row %lld\n", receipt->erp_id.c_str(), static_cast<long long>(receipt->row));
+  if (receipt.ok())
+    std::printf("erp %s row %lld\n", receipt->erp_id.c_str(), static_cast<long long>(receipt->row));
   return outcome->at_rest ? 0 : 3;
 }

@@ -186,8 +186,8 @@ class WAYSTONE_API Engine {
   // Starts an instance of `workflow` under business key `key` (required) with
   // `input`, or returns the one started before with that key and the same input.
   template <typename In, typename Out>
-  Result<std::unique_ptr<Instance>> Start(const Workflow<In, Out>& workflow,
-                                          const std::string& key, const In& input) {
+  Result<std::unique_ptr<Instance>> Start(const Workflow<In, Out>& workflow, const std::string& key,
+                                          const In& input) {
     return Start(workflow.name(), key, Codec<In>::Encode(input));
   }
   // Delivers an event to the instance of this tenant with business key `key`: a

@@ -28,8 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -92,7 +92,8 @@ struct Codec<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, boo
     errno = 0;
     if constexpr (std::is_signed_v<T>) {
       const long long value = std::strtoll(json.c_str(), &end, 10);
-      if (errno == 0 && !json.empty() && *end == '\0' && value >= static_cast<long long>(std::numeric_limits<T>::min()) &&
+      if (errno == 0 && !json.empty() && *end == '\0' &&
+          value >= static_cast<long long>(std::numeric_limits<T>::min()) &&
           value <= static_cast<long long>(std::numeric_limits<T>::max())) {
         return static_cast<T>(value);
       }
@@ -129,7 +130,7 @@ struct Codec<double> {
 // Each retried class has a Retry of its own (StepOptions::retry, ::unknown): one
 // budget is not spent by the other's failures.
 struct Retry {
-  int max_attempts = 5;  // in all, the first included
+  int max_attempts = 5;                            // in all, the first included
   std::chrono::milliseconds initial_backoff{200};  // ceiling of the first backoff
   std::chrono::milliseconds max_backoff{10'000};   // the ceiling doubles up to this
 };
@@ -248,12 +249,12 @@ struct CallOptions {
 // A statement parameter's value.
 struct SqlValue {
   enum class Kind { kNull, kText, kInteger, kReal };
-  SqlValue() = default;  // NULL
+  SqlValue() = default;        // NULL
   SqlValue(std::nullptr_t) {}  // NOLINT: implicit, as a literal
   SqlValue(std::string value) : kind(Kind::kText), text(std::move(value)) {}  // NOLINT
   SqlValue(const char* value) : kind(Kind::kText), text(value) {}             // NOLINT
   template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
-  SqlValue(T value) : kind(Kind::kInteger), text(std::to_string(value)) {}  // NOLINT
+  SqlValue(T value) : kind(Kind::kInteger), text(std::to_string(value)) {}      // NOLINT
   SqlValue(double value) : kind(Kind::kReal), text(EncodeJsonDouble(value)) {}  // NOLINT
   Kind kind = Kind::kNull;
   std::string text;
@@ -349,8 +350,7 @@ class WAYSTONE_API Context {
                                        const std::function<Result<std::string>()>& fn,
                                        const RawStepOptions& options) = 0;
   virtual Result<std::string> TransactionJson(
-      const std::string& name,
-      const std::function<Result<std::string>(Tx&)>& fn) = 0;
+      const std::string& name, const std::function<Result<std::string>(Tx&)>& fn) = 0;
 
  protected:
   virtual ~Context() = default;
@@ -420,12 +420,11 @@ Result<T> Context::Step(const std::string& name, F&& fn, StepOptions<T> options)
 
 template <typename T, typename F>
 Result<T> Context::Transaction(const std::string& name, F&& fn) {
-  Result<std::string> json =
-      TransactionJson(name, [&fn](Tx& tx) -> Result<std::string> {
-        Result<T> value = fn(tx);
-        if (!value.ok()) return value.status();
-        return Codec<T>::Encode(*value);
-      });
+  Result<std::string> json = TransactionJson(name, [&fn](Tx& tx) -> Result<std::string> {
+    Result<T> value = fn(tx);
+    if (!value.ok()) return value.status();
+    return Codec<T>::Encode(*value);
+  });
   if (!json.ok()) return json.status();
   return Codec<T>::Decode(*json);
 }

@@ -46,7 +46,8 @@ absl::Status ToAbsl(const Status& status) {
 // The engine's status to the function: a stopped run is kAborted, so the function
 // can tell it from a failure.
 Status FromEngine(const absl::Status& status) {
-  if (IsCodeRunStopped(status)) return Status(Status::Code::kAborted, std::string(status.message()));
+  if (IsCodeRunStopped(status))
+    return Status(Status::Code::kAborted, std::string(status.message()));
   return FromAbsl(status);
 }
 
@@ -216,15 +217,15 @@ class ContextImpl final : public Context {
       }
     }
     if (options.classify) {
-      code.classify = [&classify = options.classify](const std::string& answer_json)
-          -> std::optional<waystone::ErrorClass> {
+      code.classify = [&classify = options.classify](
+                          const std::string& answer_json) -> std::optional<waystone::ErrorClass> {
         // One that cannot say (it threw) leaves the answer unknown: looked up, or
         // left to an operator, never taken as a refusal of what may have been done.
         Result<HttpResponse> answer = ParseResponse(answer_json);
         if (!answer.ok()) return waystone::ErrorClass::kUnknown;
-        Result<std::optional<ErrorClass>> said = Guarded(
-            "the call's `classify`",
-            [&]() -> Result<std::optional<ErrorClass>> { return classify(*answer); });
+        Result<std::optional<ErrorClass>> said =
+            Guarded("the call's `classify`",
+                    [&]() -> Result<std::optional<ErrorClass>> { return classify(*answer); });
         if (!said.ok()) return waystone::ErrorClass::kUnknown;
         if (!said->has_value()) return std::nullopt;
         return ToEngine(**said);
@@ -232,13 +233,14 @@ class ContextImpl final : public Context {
     }
     if (options.lookup) code.lookup = ToEngine(*options.lookup);
     if (options.found) {
-      code.found = [&found = options.found](const std::string& answer_json)
-          -> absl::StatusOr<std::optional<std::string>> {
+      code.found =
+          [&found = options.found](
+              const std::string& answer_json) -> absl::StatusOr<std::optional<std::string>> {
         Result<HttpResponse> answer = ParseResponse(answer_json);
         if (!answer.ok()) return ToAbsl(answer.status());
-        Result<std::optional<HttpResponse>> matched = Guarded(
-            "the lookup's `found`",
-            [&]() -> Result<std::optional<HttpResponse>> { return found(*answer); });
+        Result<std::optional<HttpResponse>> matched =
+            Guarded("the lookup's `found`",
+                    [&]() -> Result<std::optional<HttpResponse>> { return found(*answer); });
         if (!matched.ok()) return ToAbsl(matched.status());
         if (!matched->has_value()) return std::optional<std::string>();
         return std::optional<std::string>(ResponseJson(**matched));
@@ -249,9 +251,9 @@ class ContextImpl final : public Context {
           -> absl::StatusOr<std::optional<waystone::HttpRequest>> {
         Result<HttpResponse> page = ParseResponse(page_json);
         if (!page.ok()) return ToAbsl(page.status());
-        Result<std::optional<HttpRequest>> next = Guarded(
-            "the lookup's `next_page`",
-            [&]() -> Result<std::optional<HttpRequest>> { return next_page(*page); });
+        Result<std::optional<HttpRequest>> next =
+            Guarded("the lookup's `next_page`",
+                    [&]() -> Result<std::optional<HttpRequest>> { return next_page(*page); });
         if (!next.ok()) return ToAbsl(next.status());
         if (!next->has_value()) return std::optional<waystone::HttpRequest>();
         return std::optional<waystone::HttpRequest>(ToEngine(**next));
@@ -263,8 +265,9 @@ class ContextImpl final : public Context {
           -> absl::StatusOr<std::optional<waystone::HttpRequest>> {
         Result<HttpResponse> result = ParseResponse(result_json);
         if (!result.ok()) return ToAbsl(result.status());
-        Result<std::optional<HttpRequest>> request = Guarded(
-            "the compensation", [&]() -> Result<std::optional<HttpRequest>> { return undo(*result); });
+        Result<std::optional<HttpRequest>> request =
+            Guarded("the compensation",
+                    [&]() -> Result<std::optional<HttpRequest>> { return undo(*result); });
         if (!request.ok()) return ToAbsl(request.status());
         if (!request->has_value()) return std::optional<waystone::HttpRequest>();
         return std::optional<waystone::HttpRequest>(ToEngine(**request));
@@ -275,8 +278,8 @@ class ContextImpl final : public Context {
     return ParseResponse(*recorded);
   }
 
-  Result<std::string> TransactionJson(
-      const std::string& name, const std::function<Result<std::string>(Tx&)>& fn) override {
+  Result<std::string> TransactionJson(const std::string& name,
+                                      const std::function<Result<std::string>(Tx&)>& fn) override {
     auto result = ctx_.Transaction(name, [&fn](CodeTransaction& tx) {
       TxImpl session(tx);
       return ToAbslOr(Guarded("the transaction", [&] { return fn(session); }));

@@ -1,10 +1,11 @@
 #include "base/crash_point.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <string>
-#include <unistd.h>
 
 #include "base/clock.h"
 

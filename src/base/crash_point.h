@@ -6,15 +6,14 @@
 namespace waystone {
 
 // Kills this process with SIGKILL at a named boundary: "<point>:<step>".
-// Points: before-claim:instance (RunUntilRest, before it claims), before-step (the step is due, nothing recorded for it yet), before-send
-// (every call, lookup and compensation: the lease checked, the request not yet
-// handed to the HTTP client), before-call (the `running` checkpoint committed),
-// after-call (response received, nothing recorded yet), after-checkpoint (the
-// call's outcome committed), before-lookup, after-lookup, before-compensate,
-// after-compensate, after-compensate-checkpoint; before-decide, after-decide (an
-// approval's decision about to commit, committed and not yet answered);
-// batch-applied:<instance key> (a batch's action committed on the instance, its
-// item not yet recorded); before-deliver, after-deliver:<sink> (the relay);
+// Points: before-claim:instance (RunUntilRest, before it claims), before-step (the step is due,
+// nothing recorded for it yet), before-send (every call, lookup and compensation: the lease
+// checked, the request not yet handed to the HTTP client), before-call (the `running` checkpoint
+// committed), after-call (response received, nothing recorded yet), after-checkpoint (the call's
+// outcome committed), before-lookup, after-lookup, before-compensate, after-compensate,
+// after-compensate-checkpoint; before-decide, after-decide (an approval's decision about to commit,
+// committed and not yet answered); batch-applied:<instance key> (a batch's action committed on the
+// instance, its item not yet recorded); before-deliver, after-deliver:<sink> (the relay);
 // during-wait, after-signal (verify's worker, around the event or decision it
 // delivers to a waiting step).
 //

@@ -23,7 +23,9 @@ class ManualClock final : public Clock {
 
 }  // namespace
 
-std::unique_ptr<Clock> MakeManualClock(Millis start) { return std::make_unique<ManualClock>(start); }
+std::unique_ptr<Clock> MakeManualClock(Millis start) {
+  return std::make_unique<ManualClock>(start);
+}
 
 void AdvanceManualClock(const Clock& clock, Millis by) {
   // Only MakeManualClock's clocks come here; their time is the test's to move.

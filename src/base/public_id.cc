@@ -8,11 +8,10 @@
 namespace waystone {
 
 uint32_t PublicIds::Round(int round, uint32_t half) const {
-  unsigned char message[5] = {static_cast<unsigned char>(round),
-                              static_cast<unsigned char>(half >> 24),
-                              static_cast<unsigned char>(half >> 16),
-                              static_cast<unsigned char>(half >> 8),
-                              static_cast<unsigned char>(half)};
+  unsigned char message[5] = {
+      static_cast<unsigned char>(round), static_cast<unsigned char>(half >> 24),
+      static_cast<unsigned char>(half >> 16), static_cast<unsigned char>(half >> 8),
+      static_cast<unsigned char>(half)};
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()), message, sizeof(message), digest,

@@ -1,10 +1,11 @@
 #include "base/redact.h"
-#include "base/mutex.h"
 
 #include <algorithm>
 #include <cctype>
 #include <memory>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace waystone {
 namespace {

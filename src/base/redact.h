@@ -12,10 +12,10 @@ namespace waystone {
 
 inline constexpr std::string_view kRedacted = "***";
 
-// Adds `value` (and the forms JSON encoders escape it to: \" \\ \/ \u00XX) to the values replaced; register the
-// other forms a value travels in (percent-encoded in a URL) as values of their own. Values shorter than kMinRedactedSecret characters are not added (they
-// would blank out ordinary words); TemplateEnvironment refuses such secrets.
-// Thread-safe.
+// Adds `value` (and the forms JSON encoders escape it to: \" \\ \/ \u00XX) to the values replaced;
+// register the other forms a value travels in (percent-encoded in a URL) as values of their own.
+// Values shorter than kMinRedactedSecret characters are not added (they would blank out ordinary
+// words); TemplateEnvironment refuses such secrets. Thread-safe.
 inline constexpr size_t kMinRedactedSecret = 8;
 void RegisterSecretValue(const std::string& value);
 

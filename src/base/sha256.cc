@@ -1,9 +1,8 @@
 #include "base/sha256.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -20,7 +20,8 @@ std::optional<Millis> ParseRfc3339(std::string_view text) {
   const std::string s(text);
   int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0, used = 0;
   if (std::sscanf(s.c_str(), "%4d-%2d-%2d%*1[Tt ]%2d:%2d:%2d%n", &year, &month, &day, &hour,
-                  &minute, &second, &used) != 6 || used != 19) {
+                  &minute, &second, &used) != 6 ||
+      used != 19) {
     return std::nullopt;
   }
   if (month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 60) {

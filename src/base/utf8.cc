@@ -94,8 +94,11 @@ std::string Printable(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     // One character's bytes, when they are well-formed UTF-8.
     const auto c = static_cast<unsigned char>(text[i]);
-    const size_t length = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
-                                    : c >= 0xF0 && c <= 0xF4    ? 4 : 0;
+    const size_t length = c < 0x80                 ? 1
+                          : c >= 0xC2 && c <= 0xDF ? 2
+                          : c >= 0xE0 && c <= 0xEF ? 3
+                          : c >= 0xF0 && c <= 0xF4 ? 4
+                                                   : 0;
     const bool valid = length != 0 && i + length <= text.size() &&
                        FirstInvalidUtf8(text.substr(i, length)) == std::string_view::npos;
     size_t hidden = valid ? InvisibleAt(text, i) : 1;

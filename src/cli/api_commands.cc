@@ -49,8 +49,8 @@ std::optional<Json> Call(const ApiOptions& api, const std::string& method, std::
     path += (path.find('?') == std::string::npos ? "?" : "&") + std::string("tenant=") +
             Encode(api.tenant);
   }
-  HttpRequest request{method, server + path, {{"Authorization", std::string("Bearer ") + token}},
-                      "", 30'000};
+  HttpRequest request{
+      method, server + path, {{"Authorization", std::string("Bearer ") + token}}, "", 30'000};
   if (body != nullptr) {
     request.body = body->dump();
     request.headers.emplace_back("Content-Type", "application/json");
@@ -95,12 +95,12 @@ void PrintPlan(const Json& plan) {
     std::string what = Str(call, "method") + " " + Str(call, "url");
     if (call.contains("event")) what = "event " + Str(call, "event");
     if (Str(call, "phase") == "transform") what = "(computed, no call)";
-    std::printf("  %-20s %-18s %s%s\n", Str(call, "step").c_str(), Str(call, "phase").c_str(),
-                what.c_str(),
-                call.contains("idempotency_key") ? ("  key " + Str(call, "idempotency_key")).c_str()
-                                                 : "");
+    std::printf(
+        "  %-20s %-18s %s%s\n", Str(call, "step").c_str(), Str(call, "phase").c_str(), what.c_str(),
+        call.contains("idempotency_key") ? ("  key " + Str(call, "idempotency_key")).c_str() : "");
   }
-  std::printf("%s:%s\n", applied ? "skips" : "would skip", plan["would_skip"].empty() ? " nothing" : "");
+  std::printf("%s:%s\n", applied ? "skips" : "would skip",
+              plan["would_skip"].empty() ? " nothing" : "");
   for (const Json& skip : plan["would_skip"]) {
     std::printf("  %-20s %s\n", Str(skip, "step").c_str(), Str(skip, "why").c_str());
   }
@@ -114,8 +114,7 @@ int Instances(const ApiOptions& api, const InstancesOptions& options) {
        {std::pair{"state", options.state}, std::pair{"workflow", options.workflow},
         std::pair{"error_class", options.error_class}, std::pair{"alert", options.alert},
         std::pair{"created_after", options.created_after},
-        std::pair{"created_before", options.created_before},
-        std::pair{"cursor", options.cursor}}) {
+        std::pair{"created_before", options.created_before}, std::pair{"cursor", options.cursor}}) {
     if (!value.empty()) path += std::string("&") + name + "=" + Encode(value);
   }
   auto page = Call(api, "GET", path, nullptr);
@@ -156,7 +155,8 @@ int Show(const ApiOptions& api, const ShowOptions& options) {
       note += (note.empty() ? "" : "; ") + (error_class == "none" ? "" : error_class + ": ") +
               Str(s, "error_message").substr(0, 80);
     }
-    if (s.contains("next_attempt_at")) note += (note.empty() ? "" : "; ") + std::string("next ") + Str(s, "next_attempt_at");
+    if (s.contains("next_attempt_at"))
+      note += (note.empty() ? "" : "; ") + std::string("next ") + Str(s, "next_attempt_at");
     std::printf("  %-20s %-20s %8s  %-22s %s\n", Str(s, "name").c_str(), Str(s, "state").c_str(),
                 Str(s, "attempts").c_str(), Str(s, "external_id").c_str(), note.c_str());
   }

@@ -13,12 +13,14 @@ int Main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for every command");
   GlobalOptions global;
   auto add_global = [&](CLI::App* sub) {
-    sub->add_option("--db", global.db, "SQLite database file (default $WAYSTONE_DB or ./waystone.db)");
+    sub->add_option("--db", global.db,
+                    "SQLite database file (default $WAYSTONE_DB or ./waystone.db)");
     sub->add_option("--tenant", global.tenant, "Tenant of the instances")->capture_default_str();
     sub->add_flag("-v,--verbose", global.verbose, "Log what the engine does");
   };
   auto add_engine = [&](CLI::App* sub) {
-    sub->add_option("--secrets", global.secrets_file, "File of NAME=value secrets for {{secret.NAME}}");
+    sub->add_option("--secrets", global.secrets_file,
+                    "File of NAME=value secrets for {{secret.NAME}}");
     sub->add_option("--files", global.files_dir,
                     "Folder whose files uploads may send: each tenant's in DIR/<tenant>/ (a "
                     "request's path: is relative to it)");
@@ -34,8 +36,10 @@ int Main(int argc, char** argv) {
   };
 
   RunOptions run;
-  CLI::App* run_cmd = app.add_subcommand("run", "Start or resume one instance and drive it until it rests");
-  run_cmd->add_option("definition", run.definition, "Workflow definition (YAML or JSON)")->required();
+  CLI::App* run_cmd =
+      app.add_subcommand("run", "Start or resume one instance and drive it until it rests");
+  run_cmd->add_option("definition", run.definition, "Workflow definition (YAML or JSON)")
+      ->required();
   run_cmd->add_option("--input", run.input, "Input JSON object, or @file")->required();
   run_cmd->add_option("--event-source", run.event_source, "Source of the event that starts it");
   run_cmd->add_option("--event-id", run.event_id, "Id of that event (claimed once)");
@@ -48,11 +52,14 @@ int Main(int argc, char** argv) {
   add_tenants(run_cmd);
 
   WorkerOptions worker;
-  CLI::App* worker_cmd = app.add_subcommand("worker", "Run instances until SIGTERM (drains gracefully)");
-  worker_cmd->add_option("--definitions", worker.definitions_dir, "Folder of definitions to register");
+  CLI::App* worker_cmd =
+      app.add_subcommand("worker", "Run instances until SIGTERM (drains gracefully)");
+  worker_cmd->add_option("--definitions", worker.definitions_dir,
+                         "Folder of definitions to register");
   worker_cmd->add_option("--workers", worker.workers, "Worker threads")->capture_default_str();
-  worker_cmd->add_option("--max-in-flight", worker.max_in_flight,
-                         "Most instances held at once, those waiting on a call included")
+  worker_cmd
+      ->add_option("--max-in-flight", worker.max_in_flight,
+                   "Most instances held at once, those waiting on a call included")
       ->capture_default_str()
       ->check(CLI::Range(1, 1'000'000));
   worker_cmd->add_flag("--exit-when-idle", worker.exit_when_idle,
@@ -117,18 +124,23 @@ int Main(int argc, char** argv) {
   serve_cmd->add_option("--config", serve.config, "Server config (YAML; default $WAYSTONE_CONFIG)");
   serve_cmd->add_option("--listen", serve.listen,
                         "host:port of the API (default $WAYSTONE_LISTEN, config, 127.0.0.1:8080)");
-  serve_cmd->add_option("--tls-cert", serve.tls_cert,
-                        "PEM certificate (chain) file: serve HTTPS (with --tls-key; default config tls)");
+  serve_cmd->add_option(
+      "--tls-cert", serve.tls_cert,
+      "PEM certificate (chain) file: serve HTTPS (with --tls-key; default config tls)");
   serve_cmd->add_option("--tls-key", serve.tls_key, "PEM private key file of --tls-cert");
-  auto* api_only = serve_cmd->add_flag("--api-only", serve.api_only, "Serve the API, run no workers");
-  auto* workers_only = serve_cmd->add_flag("--workers-only", serve.workers_only, "Run workers, serve no API");
+  auto* api_only =
+      serve_cmd->add_flag("--api-only", serve.api_only, "Serve the API, run no workers");
+  auto* workers_only =
+      serve_cmd->add_flag("--workers-only", serve.workers_only, "Run workers, serve no API");
   api_only->excludes(workers_only);
-  serve_cmd->add_option("--definitions", serve.worker.definitions_dir, "Folder of definitions to register");
-  auto* serve_workers =
-      serve_cmd->add_option("--workers", serve.worker.workers, "Worker threads")->capture_default_str();
+  serve_cmd->add_option("--definitions", serve.worker.definitions_dir,
+                        "Folder of definitions to register");
+  auto* serve_workers = serve_cmd->add_option("--workers", serve.worker.workers, "Worker threads")
+                            ->capture_default_str();
   auto* serve_in_flight =
-      serve_cmd->add_option("--max-in-flight", serve.worker.max_in_flight,
-                            "Most instances held at once, those waiting on a call included")
+      serve_cmd
+          ->add_option("--max-in-flight", serve.worker.max_in_flight,
+                       "Most instances held at once, those waiting on a call included")
           ->capture_default_str()
           ->check(CLI::Range(1, 1'000'000));
   serve_cmd->add_option("--relay-config", serve.worker.relay_config, "Also deliver outbox events");
@@ -192,8 +204,8 @@ int Main(int argc, char** argv) {
   }
 
   DecideOptions decide;
-  CLI::App* decide_cmd = app.add_subcommand(
-      "decide", "Approve or reject an approval step's request (over the API)");
+  CLI::App* decide_cmd =
+      app.add_subcommand("decide", "Approve or reject an approval step's request (over the API)");
   decide_cmd->add_option("key", decide.key, "Business key")->required();
   decide_cmd->add_option("--step", decide.step, "The approval step")->required();
   auto* approve = decide_cmd->add_flag("--approve", decide.approve, "Approve");
@@ -210,8 +222,7 @@ int Main(int argc, char** argv) {
   add_api(decide_cmd);
 
   ReviseOptions revise;
-  CLI::App* revise_cmd =
-      app.add_subcommand("revise", "Revise an instance's input (over the API)");
+  CLI::App* revise_cmd = app.add_subcommand("revise", "Revise an instance's input (over the API)");
   revise_cmd->add_option("key", revise.key, "Business key")->required();
   revise_cmd->add_option("--input", revise.input, "The new input: JSON, or @FILE")->required();
   revise_cmd->add_option("--reason", revise.reason, "Why (kept in the audit trail)")->required();
@@ -232,12 +243,13 @@ int Main(int argc, char** argv) {
   add_api(ack_cmd);
 
   bool targets_json = false;
-  CLI::App* targets_cmd =
-      app.add_subcommand("targets", "List the targets, their limits, pauses and circuits (over the API)");
+  CLI::App* targets_cmd = app.add_subcommand(
+      "targets", "List the targets, their limits, pauses and circuits (over the API)");
   targets_cmd->add_flag("--json", targets_json, "Print JSON");
   add_api(targets_cmd);
   TargetOptions target;
-  CLI::App* target_cmd = app.add_subcommand("target", "Pause or resume every call to a target (over the API)");
+  CLI::App* target_cmd =
+      app.add_subcommand("target", "Pause or resume every call to a target (over the API)");
   target_cmd->require_subcommand(1);
   std::map<std::string, CLI::App*> target_verbs;
   for (const char* verb : {"pause", "resume"}) {
@@ -291,12 +303,16 @@ int Main(int argc, char** argv) {
 
   VerifyCommandOptions verify;
   CLI::App* verify_cmd = app.add_subcommand(
-      "verify", "Prove a definition recovers: every boundary and outcome against simulated targets");
+      "verify",
+      "Prove a definition recovers: every boundary and outcome against simulated targets");
   verify_cmd->add_option("definition", verify.definition, "Workflow definition")->required();
-  verify_cmd->add_option("--input", verify.input, "Input JSON object, or @file (default: synthesized)");
-  verify_cmd->add_option("--seed", verify.seed, "Seed of the random schedules")->capture_default_str();
-  verify_cmd->add_option("--schedules", verify.schedules,
-                         "Run this many random schedules instead of every boundary and outcome")
+  verify_cmd->add_option("--input", verify.input,
+                         "Input JSON object, or @file (default: synthesized)");
+  verify_cmd->add_option("--seed", verify.seed, "Seed of the random schedules")
+      ->capture_default_str();
+  verify_cmd
+      ->add_option("--schedules", verify.schedules,
+                   "Run this many random schedules instead of every boundary and outcome")
       ->check(CLI::Range(0, 10'000'000));
   verify_cmd->add_option("--replay", verify.replay, "Run exactly this schedule (a failure's spec)");
   verify_cmd->add_flag("--json", verify.json, "Print the report as JSON");
@@ -308,8 +324,9 @@ int Main(int argc, char** argv) {
   verify_cmd->add_option("--against", verify.against,
                          "NAME=URL: send {{env.NAME}}'s requests to this sandbox through a "
                          "fault-injecting proxy (repeatable)");
-  verify_cmd->add_flag("--allow-uncovered", verify.allow_uncovered,
-                       "Exit 0 though some branch or schedule was not reached (listed all the same)");
+  verify_cmd->add_flag(
+      "--allow-uncovered", verify.allow_uncovered,
+      "Exit 0 though some branch or schedule was not reached (listed all the same)");
   verify_cmd->add_option("--contract", verify.contract,
                          "Contract file: what cannot be inferred of the systems (docs/verify.md)");
 

@@ -19,17 +19,17 @@ namespace waystone::cli {
 
 // Exit codes of the `waystone` binary.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;       // bad input, unreachable database, ...
-inline constexpr int kExitUsage = 2;       // bad command line
+inline constexpr int kExitError = 1;         // bad input, unreachable database, ...
+inline constexpr int kExitUsage = 2;         // bad command line
 inline constexpr int kExitNotCompleted = 3;  // `run`: the instance rests, but not completed
 
 // Options every command shares.
 struct GlobalOptions {
-  std::string db;            // --db, WAYSTONE_DB, ./waystone.db
+  std::string db;  // --db, WAYSTONE_DB, ./waystone.db
   std::string tenant = "default";
-  std::string secrets_file;  // --secrets
-  std::string files_dir;     // --files
-  std::string lease = "30s"; // --lease
+  std::string secrets_file;   // --secrets
+  std::string files_dir;      // --files
+  std::string lease = "30s";  // --lease
   // --step-key-retention: how long a step's idempotency key stays pinned to its
   // request (longer than the targets keep their keys); a workflow may set its own.
   std::string step_key_retention = "7d";
@@ -49,7 +49,7 @@ struct GlobalOptions {
 
 struct RunOptions {
   std::string definition;
-  std::string input;         // JSON text or @file
+  std::string input;  // JSON text or @file
   std::string event_source;
   std::string event_id;
 };
@@ -59,21 +59,21 @@ struct WorkerOptions {
   int workers = 16;
   int max_in_flight = 10'000;  // instances held at once, calls under way included
   bool exit_when_idle = false;
-  std::string relay_config;  // also run the outbox relay with this config
+  std::string relay_config;    // also run the outbox relay with this config
   std::string metrics_listen;  // host:port of a token-less /metrics for scrapers; "" = none
 };
 
 struct RelayOptions {
   std::string config;
-  std::string enable_sink;   // re-enable a sink disabled after a 410, then exit
+  std::string enable_sink;     // re-enable a sink disabled after a 410, then exit
   bool until_drained = false;  // exit once nothing is left to deliver now
   std::string metrics_listen;  // serve /metrics on host:port
 };
 
 struct StartOptions {
   std::string definition;
-  std::string input;         // JSON text or @file
-  std::string inputs_file;   // one JSON object per line
+  std::string input;        // JSON text or @file
+  std::string inputs_file;  // one JSON object per line
   std::string event_source;
   std::string event_id;
 };
@@ -81,7 +81,7 @@ struct StartOptions {
 struct StatusOptions {
   std::string key;
   bool json = false;
-  std::string sim_url;       // add the simulator's counts to the summary
+  std::string sim_url;  // add the simulator's counts to the summary
 };
 
 struct ListOptions {
@@ -94,37 +94,37 @@ struct ListOptions {
 // `waystone verify` (docs/verify.md).
 struct VerifyCommandOptions {
   std::string definition;
-  std::string input;        // JSON text or @file; "" = synthesized
+  std::string input;  // JSON text or @file; "" = synthesized
   uint64_t seed = 1;
-  int schedules = 0;        // 0: every boundary and outcome; N: N random ones
+  int schedules = 0;  // 0: every boundary and outcome; N: N random ones
   std::string replay;
   bool json = false;
   int jobs = 16;
-  std::string work_dir;     // "" = a temporary folder
+  std::string work_dir;  // "" = a temporary folder
   bool keep = false;
   std::vector<std::string> against;  // NAME=URL: that env's system is a team's sandbox
-  std::string contract;     // a contract file: what cannot be inferred of the systems
-  bool allow_uncovered = false;  // exit 0 though a branch or schedule was not reached
+  std::string contract;              // a contract file: what cannot be inferred of the systems
+  bool allow_uncovered = false;      // exit 0 though a branch or schedule was not reached
 };
 
 // The worker process `verify` runs for each schedule (not for people).
 struct VerifyWorkerOptions {
   std::string definition;
   std::string input;
-  std::string result;       // where the instance's end goes (JSON)
-  std::string crash_at;     // "<point>:<step>"
+  std::string result;    // where the instance's end goes (JSON)
+  std::string crash_at;  // "<point>:<step>"
   int crash_occurrence = 1;
   std::string event_source;
   std::string event_id;
-  std::string relay_config;  // deliver the outbox with it once the instance rests
-  bool observe_lookups = false;  // report what each step's lookup finds at the end
+  std::string relay_config;          // deliver the outbox with it once the instance rests
+  bool observe_lookups = false;      // report what each step's lookup finds at the end
   bool operator_compensate = false;  // compensate the instance once it completed
 };
 
 struct SimOptions {
   std::string host = "127.0.0.1";
   int port = 8900;
-  std::string faults;        // JSON text or @file
+  std::string faults;  // JSON text or @file
   uint64_t seed = 42;
 };
 
@@ -141,16 +141,16 @@ struct TokenOptions {
 };
 
 struct ServeOptions {
-  std::string config;        // --config, WAYSTONE_CONFIG: settings below the flags
-  std::string listen;        // --listen, WAYSTONE_LISTEN, config, 127.0.0.1:8080
-  std::string tls_cert;      // --tls-cert, config tls.cert_file: serve HTTPS
-  std::string tls_key;       // --tls-key, config tls.key_file
+  std::string config;    // --config, WAYSTONE_CONFIG: settings below the flags
+  std::string listen;    // --listen, WAYSTONE_LISTEN, config, 127.0.0.1:8080
+  std::string tls_cert;  // --tls-cert, config tls.cert_file: serve HTTPS
+  std::string tls_key;   // --tls-key, config tls.key_file
   bool api_only = false;
   bool workers_only = false;
   WorkerOptions worker;
-  bool workers_given = false;  // --workers was on the command line
+  bool workers_given = false;        // --workers was on the command line
   bool max_in_flight_given = false;  // --max-in-flight was on the command line
-  bool lease_given = false;    // --lease was on the command line
+  bool lease_given = false;          // --lease was on the command line
   bool step_key_retention_given = false;
 };
 

@@ -37,8 +37,7 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
   std::printf("state     %s — %s\n", std::string(ToString(instance.state)).c_str(),
               Printable(instance.status_reason).c_str());
   std::printf("trace     %s\n\n", instance.trace_id.c_str());
-  std::printf("  %-20s %-20s %8s  %-22s %s\n", "step", "state", "attempts", "external id",
-              "note");
+  std::printf("  %-20s %-20s %8s  %-22s %s\n", "step", "state", "attempts", "external id", "note");
   for (const auto& s : steps) {
     std::string note;
     if (s.resolution != Resolution::kNone) note = std::string(ToString(s.resolution));
@@ -62,11 +61,12 @@ absl::Status PrintInstance(Store& store, const InstanceRecord& instance, bool js
                 "conn", "status", "outcome");
     for (const auto& a : attempts) {
       const std::string step = a.step_index < static_cast<int>(steps.size())
-                                   ? steps[a.step_index].name : std::to_string(a.step_index);
-      const std::string outcome = a.error_class == ErrorClass::kNone
-                                      ? "ok"
-                                      : std::string(ToString(a.error_class)) + ": " +
-                                            a.detail.substr(0, 60);
+                                   ? steps[a.step_index].name
+                                   : std::to_string(a.step_index);
+      const std::string outcome =
+          a.error_class == ErrorClass::kNone
+              ? "ok"
+              : std::string(ToString(a.error_class)) + ": " + a.detail.substr(0, 60);
       std::printf("  %-20s %3d  %-10s %-4s %-6s %6s  %s\n", step.c_str(), a.seq,
                   std::string(ToString(a.phase)).c_str(), a.sent ? "yes" : "no",
                   std::string(ToString(a.connection)).c_str(),
@@ -107,8 +107,8 @@ int Status(const GlobalOptions& global, const StatusOptions& options) {
     auto http = NewCurlHttpClient({});
     HttpResponse response = http->Send({"GET", options.sim_url + "/_sim/stats", {}, "", 5000});
     if (response.outcome.kind != CallOutcome::Kind::kResponse || response.outcome.status != 200) {
-      return Fail(absl::UnavailableError("simulator at " + options.sim_url + " did not answer: " +
-                                         response.error));
+      return Fail(absl::UnavailableError("simulator at " + options.sim_url +
+                                         " did not answer: " + response.error));
     }
     sim = Json::parse(response.body, nullptr, false);
   }
@@ -136,7 +136,8 @@ int Status(const GlobalOptions& global, const StatusOptions& options) {
         {"delivered", sink.delivered},
         {"parked", sink.parked},
         {"failed_attempts", sink.failed_attempts},
-        {"lag_seconds", sink.oldest_pending_at == 0 ? 0.0 : (now - sink.oldest_pending_at) / 1000.0},
+        {"lag_seconds",
+         sink.oldest_pending_at == 0 ? 0.0 : (now - sink.oldest_pending_at) / 1000.0},
         {"disabled", sink.disabled}};
   }
   if (options.json) {
@@ -258,19 +259,17 @@ int Gc(const GlobalOptions& global, const GcOptions& options) {
   const Millis now = SystemClock::Get()->NowMillis();
   auto report = (*store)->CollectGarbage(now - *age, now, now - *protection, options.dry_run);
   if (!report.ok()) return Fail(report.status());
-  std::printf("%s %lld instances (%lld steps, %lld events, %lld deliveries, %lld alerts) and "
-              "%lld expired idempotency keys; %s %lld tombstones; %s %lld inbox claims and %lld "
-              "tombstones older than %s\n",
-              options.dry_run ? "would remove" : "removed",
-              static_cast<long long>(report->instances), static_cast<long long>(report->steps),
-              static_cast<long long>(report->events), static_cast<long long>(report->deliveries),
-              static_cast<long long>(report->alerts),
-              static_cast<long long>(report->idempotency_keys),
-              options.dry_run ? "would keep" : "kept",
-              static_cast<long long>(report->tombstones_written),
-              options.dry_run ? "would remove" : "removed",
-              static_cast<long long>(report->inbox_claims),
-              static_cast<long long>(report->tombstones), options.keep_protection.c_str());
+  std::printf(
+      "%s %lld instances (%lld steps, %lld events, %lld deliveries, %lld alerts) and "
+      "%lld expired idempotency keys; %s %lld tombstones; %s %lld inbox claims and %lld "
+      "tombstones older than %s\n",
+      options.dry_run ? "would remove" : "removed", static_cast<long long>(report->instances),
+      static_cast<long long>(report->steps), static_cast<long long>(report->events),
+      static_cast<long long>(report->deliveries), static_cast<long long>(report->alerts),
+      static_cast<long long>(report->idempotency_keys), options.dry_run ? "would keep" : "kept",
+      static_cast<long long>(report->tombstones_written),
+      options.dry_run ? "would remove" : "removed", static_cast<long long>(report->inbox_claims),
+      static_cast<long long>(report->tombstones), options.keep_protection.c_str());
   return kExitOk;
 }
 

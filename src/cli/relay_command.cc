@@ -5,9 +5,9 @@
 #include "cli/common.h"
 #include "cli/signals.h"
 #include "connectors/http/http_client.h"
-#include "store/lease_owners.h"
 #include "messaging/relay.h"
 #include "server/metrics_server.h"
+#include "store/lease_owners.h"
 
 namespace waystone::cli {
 
@@ -17,7 +17,8 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   if (!config.ok()) return Fail(config.status());
   // With the server's tenants (--config, WAYSTONE_CONFIG), each sink serves its own.
   if (auto status = CheckRelayTenants(global, *config); !status.ok()) return Fail(status);
-  auto store = options.enable_sink.empty() ? OpenStoreWaiting(global, 60'000) : OpenStoreFor(global);
+  auto store =
+      options.enable_sink.empty() ? OpenStoreWaiting(global, 60'000) : OpenStoreFor(global);
   if (!store.ok()) return Fail(store.status());
   if (!options.enable_sink.empty()) {
     auto status = (*store)->EnableSink(options.enable_sink, SystemClock::Get()->NowMillis());
@@ -32,8 +33,8 @@ int Relay(const GlobalOptions& global, const RelayOptions& options) {
   if (!relay.ok()) return Fail(relay.status());
   std::unique_ptr<MetricsServer> metrics;
   if (!options.metrics_listen.empty()) {
-    auto started = MetricsServer::Start(options.metrics_listen, store->get(), SystemClock::Get(),
-                                        nullptr);
+    auto started =
+        MetricsServer::Start(options.metrics_listen, store->get(), SystemClock::Get(), nullptr);
     if (!started.ok()) return Fail(started.status());
     metrics = std::move(*started);
     std::printf("metrics on http://127.0.0.1:%d/metrics\n", metrics->port());
@@ -57,7 +58,8 @@ absl::Status DrainRelay(waystone::Relay& relay, Store& store, Millis poll_interv
   while (!stop.stop_requested()) {
     auto attempted = relay.RunOnce();
     if (!attempted.ok()) {
-      std::fprintf(stderr, "waystone: relay: %s\n", std::string(attempted.status().message()).c_str());
+      std::fprintf(stderr, "waystone: relay: %s\n",
+                   std::string(attempted.status().message()).c_str());
       SystemClock::Get()->SleepFor(1000, stop);
       continue;
     }

@@ -13,7 +13,6 @@
 #include "base/status_macros.h"
 #include "base/time_format.h"
 #include "base/utf8.h"
-#include "model/json_text.h"
 #include "cli/common.h"
 #include "cli/runtime.h"
 #include "cli/signals.h"
@@ -23,13 +22,14 @@
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/operations.h"
-#include "store/lease_owners.h"
 #include "messaging/relay.h"
-#include "server/api_server.h"
-#include "server/metrics_server.h"
-#include "server/auth.h"
-#include "server/server_config.h"
 #include "model/duration.h"
+#include "model/json_text.h"
+#include "server/api_server.h"
+#include "server/auth.h"
+#include "server/metrics_server.h"
+#include "server/server_config.h"
+#include "store/lease_owners.h"
 
 namespace waystone::cli {
 
@@ -77,20 +77,25 @@ absl::StatusOr<std::unique_ptr<Runtime>> OpenRuntime(const GlobalOptions& global
 }
 
 absl::Status EventConflict(const StartRequest& request, const StartResult& started) {
-  return absl::FailedPreconditionError(
-      InboxConflictMessage(request.event_source, request.event_id, started.stored_data_hash,
-                           EventDataHash(request.input_json)));
+  return absl::FailedPreconditionError(InboxConflictMessage(request.event_source, request.event_id,
+                                                            started.stored_data_hash,
+                                                            EventDataHash(request.input_json)));
 }
 
 namespace {
 
 const char* OutcomeText(StartOutcome outcome) {
   switch (outcome) {
-    case StartOutcome::kCreated: return "started";
-    case StartOutcome::kExisting: return "exists";
-    case StartOutcome::kDuplicateEvent: return "duplicate event";
-    case StartOutcome::kEventConflict: return "conflicting event";
-    case StartOutcome::kCollected: return "collected";
+    case StartOutcome::kCreated:
+      return "started";
+    case StartOutcome::kExisting:
+      return "exists";
+    case StartOutcome::kDuplicateEvent:
+      return "duplicate event";
+    case StartOutcome::kEventConflict:
+      return "conflicting event";
+    case StartOutcome::kCollected:
+      return "collected";
   }
   return "?";
 }
@@ -157,10 +162,11 @@ int Start(const GlobalOptions& global, const StartOptions& options) {
       started = EventConflict(request, *started);
     }
     if (!started.ok()) {
-      const std::string where =
-          options.inputs_file.empty() ? "" : options.inputs_file + ":" + std::to_string(line) + ": ";
-      return Fail(absl::Status(started.status().code(),
-                               where + std::string(started.status().message())));
+      const std::string where = options.inputs_file.empty()
+                                    ? ""
+                                    : options.inputs_file + ":" + std::to_string(line) + ": ";
+      return Fail(
+          absl::Status(started.status().code(), where + std::string(started.status().message())));
     }
     std::printf("%s\t%s\t%s\n", OutcomeText(started->outcome), started->instance.key.c_str(),
                 std::string(ToString(started->instance.state)).c_str());
@@ -190,8 +196,8 @@ void RaiseOpenFileLimit(int max_in_flight) {
 
 // Runs workers (unless `api` only), and the API when `listen` is not empty, until a
 // stop signal; then drains.
-int RunService(const GlobalOptions& global, const WorkerOptions& options,
-               const std::string& listen, bool run_workers, ApiServerOptions api_options = {},
+int RunService(const GlobalOptions& global, const WorkerOptions& options, const std::string& listen,
+               bool run_workers, ApiServerOptions api_options = {},
                const std::string& config_path = "") {
   std::stop_token stop = StopOnSignals();
   std::vector<WorkflowDefinition> definitions;
@@ -222,9 +228,9 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   Engine& engine = *(*runtime)->engine;
   std::unique_ptr<waystone::Relay> relay;
   if (relay_config) {
-    auto created = waystone::Relay::Create((*runtime)->store.get(), (*runtime)->http.get(),
-                                           SystemClock::Get(), &(*runtime)->random, *relay_config,
-                                           engine.owner() + "/relay");
+    auto created =
+        waystone::Relay::Create((*runtime)->store.get(), (*runtime)->http.get(), SystemClock::Get(),
+                                &(*runtime)->random, *relay_config, engine.owner() + "/relay");
     if (!created.ok()) return Fail(created.status());
     relay = std::move(*created);
   }
@@ -242,8 +248,9 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
     }
   }
   if (!listen.empty() && global.tenants.value_or(TenantPolicies()).empty()) {
-    Log(LogLevel::kWarning, "no tenants: in the config: every tenant may start every workflow "
-                            "and renders this process's secrets (docs/operations.md#tenants)");
+    Log(LogLevel::kWarning,
+        "no tenants: in the config: every tenant may start every workflow "
+        "and renders this process's secrets (docs/operations.md#tenants)");
   }
   for (const EventRoute& route : api_options.events) {
     if (!route.start.empty() && engine.catalog().Current(route.start) == nullptr) {
@@ -256,11 +263,12 @@ int RunService(const GlobalOptions& global, const WorkerOptions& options,
   std::unique_ptr<ApiServer> api;
   if (!listen.empty()) {
     api_options.listen = listen;
-    auto started = ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get(), &engine);
+    auto started =
+        ApiServer::Start(api_options, (*runtime)->store.get(), SystemClock::Get(), &engine);
     if (!started.ok()) return Fail(started.status());
     api = std::move(*started);
-    std::printf("api on %s://127.0.0.1:%d\n",
-                api_options.tls_cert_file.empty() ? "http" : "https", api->port());
+    std::printf("api on %s://127.0.0.1:%d\n", api_options.tls_cert_file.empty() ? "http" : "https",
+                api->port());
     std::fflush(stdout);
   }
   std::unique_ptr<MetricsServer> metrics;
@@ -402,10 +410,14 @@ int TokenList(const GlobalOptions& global, bool json) {
   if (json) {
     nlohmann::json out = nlohmann::json::array();
     for (const TokenRecord& t : *tokens) {
-      out.push_back({{"name", t.name}, {"id", t.token_hash.substr(0, 12)},
-                     {"tenant", t.tenant}, {"role", t.role},
-                     {"state", state(t)}, {"created_at", when(t.created_at)},
-                     {"expires_at", when(t.expires_at)}, {"revoked_at", when(t.revoked_at)}});
+      out.push_back({{"name", t.name},
+                     {"id", t.token_hash.substr(0, 12)},
+                     {"tenant", t.tenant},
+                     {"role", t.role},
+                     {"state", state(t)},
+                     {"created_at", when(t.created_at)},
+                     {"expires_at", when(t.expires_at)},
+                     {"revoked_at", when(t.revoked_at)}});
     }
     std::printf("%s\n", JsonText(out, 2).c_str());
     return kExitOk;

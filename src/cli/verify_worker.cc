@@ -8,9 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
 #include "base/status_macros.h"

@@ -23,8 +23,8 @@ absl::Status CheckTenantScoped(const WorkflowDefinition& definition) {
           {"compensate.sql", step.compensate_sql ? &*step.compensate_sql : nullptr}}) {
       if (spec == nullptr || spec->statement.unscoped.empty()) continue;
       return absl::InvalidArgumentError(
-          definition.source + ":" + std::to_string(step.line) + ": step '" + step.name + "': " +
-          field + ".statement is not scoped to its tenant: " + spec->statement.unscoped +
+          definition.source + ":" + std::to_string(step.line) + ": step '" + step.name +
+          "': " + field + ".statement is not scoped to its tenant: " + spec->statement.unscoped +
           " (with tenants: configured, every sql statement is; docs/definition-reference.md#sql)");
     }
   }

@@ -41,8 +41,8 @@ enum class BodyKind : uint8_t {
 
 // An email a request sends (BodyKind::kMail). Every string is a template.
 struct MailSpec {
-  std::string from;        // the sender's address (envelope and From:)
-  std::string to;          // the one recipient's address (envelope and To:)
+  std::string from;  // the sender's address (envelope and From:)
+  std::string to;    // the one recipient's address (envelope and To:)
   std::string subject;
   std::string text;        // plain text, UTF-8
   std::string message_id;  // the Message-ID's left part; its right part is the From domain
@@ -57,8 +57,8 @@ struct RequestSpec {
   std::string url;                                           // template
   std::vector<std::pair<std::string, std::string>> headers;  // name, value template
   BodyKind body_kind = BodyKind::kJson;
-  std::string body_json;                                     // JSON template tree; empty: no body
-  std::string fields_json;   // kForm, kMultipart: JSON object, field name -> template
+  std::string body_json;        // JSON template tree; empty: no body
+  std::string fields_json;      // kForm, kMultipart: JSON object, field name -> template
   std::vector<FileSpec> files;  // kMultipart: its files; kFile: exactly one
   MailSpec mail;                // kMail
   Millis timeout = 10'000;
@@ -103,7 +103,7 @@ enum class BodyVerdict : uint8_t {
 // One rule of a step's `errors.body`: a complete answer (with `status`, when set)
 // whose JSON body holds every `match` value means `verdict`, whatever its status.
 struct BodyErrorRule {
-  int status = 0;  // 0: any status
+  int status = 0;                                          // 0: any status
   std::vector<std::pair<std::string, std::string>> match;  // JSON pointer, value (text)
   BodyVerdict verdict = BodyVerdict::kTransient;
 };
@@ -150,8 +150,8 @@ enum class RejectRoute : uint8_t {
 // (engine/approvals.h); a decision quotes it, so one about other data is refused.
 struct ApprovalSpec {
   std::vector<std::string> material;  // JSON pointers into the input ("/amount")
-  std::string summary;    // template: the text the approver reads ("" = none)
-  std::string requester;  // template: who asked; when set, never the approver
+  std::string summary;                // template: the text the approver reads ("" = none)
+  std::string requester;              // template: who asked; when set, never the approver
   // Who may decide: tokens of this role or above (viewer, operator, admin) ...
   std::string role = "operator";
   // ... or, when set, only the tokens of this group of the instance's tenant
@@ -186,21 +186,21 @@ struct StepDefinition {
   int line = 0;  // where the step starts in its file (1-based)
   StepKind kind = StepKind::kHttp;
   RecoveryClass recovery = RecoveryClass::kRepeatable;
-  RequestSpec request;                 // kind == kHttp
-  std::string transform_json;          // kind == kTransform: JSON template tree
-  std::string wait_event;              // kind == kWait: the CloudEvents type it waits for
-  Millis wait_timeout = 0;             // kind == kWait: fail after this long; 0: wait forever
-  ApprovalSpec approval;               // kind == kApproval
-  SqlSpec sql;                         // kind == kSql
+  RequestSpec request;                    // kind == kHttp
+  std::string transform_json;             // kind == kTransform: JSON template tree
+  std::string wait_event;                 // kind == kWait: the CloudEvents type it waits for
+  Millis wait_timeout = 0;                // kind == kWait: fail after this long; 0: wait forever
+  ApprovalSpec approval;                  // kind == kApproval
+  SqlSpec sql;                            // kind == kSql
   std::optional<SqlSpec> compensate_sql;  // kind == kSql: its compensation (`compensate: { sql }`)
-  std::string result_external_id;      // JSON pointer into the response; empty: none
+  std::string result_external_id;         // JSON pointer into the response; empty: none
   std::optional<LookupSpec> lookup;
   std::optional<CompensationSpec> compensate;
   RetryPolicy retry;
   StatusOverrides errors;
   std::vector<BodyErrorRule> body_errors;  // `errors.body`, first match wins
-  std::string idempotency_key;         // template; empty: "<instance key>:<step name>"
-  bool idempotency_honored = false;    // the target deduplicates on Idempotency-Key
+  std::string idempotency_key;             // template; empty: "<instance key>:<step name>"
+  bool idempotency_honored = false;        // the target deduplicates on Idempotency-Key
   ResponseKeep store_response = ResponseKeep::kNeeded;
   // For kNeeded and kListed: the JSON pointers kept of the answer (kNeeded: derived
   // from the templates by DeriveKeptResponses; "" = the whole answer is read).
@@ -252,8 +252,8 @@ struct StepDefinition {
 struct MessageTemplate {
   std::string name;
   int line = 0;
-  int version = 0;    // >= 1
-  std::string text;   // template: the message's text (LINE, webhook, email)
+  int version = 0;      // >= 1
+  std::string text;     // template: the message's text (LINE, webhook, email)
   std::string subject;  // template: an email's subject ("" = none; email needs one)
 };
 
@@ -263,10 +263,10 @@ struct MessageTemplate {
 struct TargetSpec {
   std::string name;
   int line = 0;
-  std::string url;           // base URL; "https://erp.example.com/api"
-  std::string ca_file;       // PEM bundle of the CAs trusted for this target instead of the system's
-  std::string cert_file;     // PEM client certificate (mTLS)
-  std::string key_file;      // PEM key of the client certificate
+  std::string url;        // base URL; "https://erp.example.com/api"
+  std::string ca_file;    // PEM bundle of the CAs trusted for this target instead of the system's
+  std::string cert_file;  // PEM client certificate (mTLS)
+  std::string key_file;   // PEM key of the client certificate
   std::string key_password;  // passphrase of key_file, when it has one
   // `oauth2:` client credentials (RFC 6749 §4.4); token_url empty: none.
   std::string token_url;
@@ -279,9 +279,9 @@ struct TargetSpec {
 };
 
 struct WorkflowDefinition {
-  std::string name;          // `workflow:`
+  std::string name;  // `workflow:`
   std::string description;
-  std::string key;           // template over input and env: the business key
+  std::string key;  // template over input and env: the business key
   // `retention: { step_keys: 30d }`: how long each step's idempotency key stays
   // pinned to its request; 0 = the engine's default.
   Millis step_key_retention = 0;
@@ -296,11 +296,11 @@ struct WorkflowDefinition {
   std::vector<std::string> revision_reruns;
   int revision_line = 0;
   std::vector<StepDefinition> steps;
-  std::vector<TargetSpec> targets;  // `targets:`, in file order
+  std::vector<TargetSpec> targets;         // `targets:`, in file order
   std::vector<MessageTemplate> templates;  // `templates:`, in file order
-  std::string source;        // file name (or "<inline>") used in messages
-  std::string text;          // the exact text loaded; pinned on instances
-  std::string content_hash;  // SHA-256 of `text`
+  std::string source;                      // file name (or "<inline>") used in messages
+  std::string text;                        // the exact text loaded; pinned on instances
+  std::string content_hash;                // SHA-256 of `text`
   // A workflow written as a C++ function (the embedded API's Workflow): no `steps`
   // and no `key` template; its step rows are appended as the function runs, and the
   // process that registered the function is the one that can run it.

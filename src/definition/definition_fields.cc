@@ -3,8 +3,8 @@
 #include <optional>
 
 #include "base/json_depth.h"
-#include "model/duration.h"
 #include "definition/definition_readers.h"
+#include "model/duration.h"
 
 namespace waystone {
 
@@ -46,8 +46,8 @@ void DefinitionFields::CheckFields(const YAML::Node& map, const std::string& ste
     if (!known) {
       std::string list;
       for (auto name : allowed) list += (list.empty() ? "" : ", ") + std::string(name);
-      Error(entry.first, step, "unknown field '" + key + "' in " + where + " (allowed: " + list +
-                                   ")");
+      Error(entry.first, step,
+            "unknown field '" + key + "' in " + where + " (allowed: " + list + ")");
     }
   }
 }
@@ -83,8 +83,7 @@ Millis DefinitionFields::Duration(const YAML::Node& map, const char* field, Mill
   if (!node) return fallback;
   auto parsed = node.IsScalar() ? ParseDuration(node.Scalar()) : std::nullopt;
   if (!parsed.has_value()) {
-    Error(node, step, std::string("'") + field +
-                          "' must be a duration such as 200ms, 2s or 1m");
+    Error(node, step, std::string("'") + field + "' must be a duration such as 200ms, 2s or 1m");
     return fallback;
   }
   return *parsed;
@@ -133,8 +132,9 @@ int DefinitionFields::WholeNumber(const YAML::Node& map, const char* field, int 
   if (!node) return 0;
   int value = 0;
   if (!YAML::convert<int>::decode(node, value) || value < low || value > high) {
-    Error(node, "", what + " must be a whole number from " + std::to_string(low) + " to " +
-                        std::to_string(high));
+    Error(node, "",
+          what + " must be a whole number from " + std::to_string(low) + " to " +
+              std::to_string(high));
     return 0;
   }
   return value;

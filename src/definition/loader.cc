@@ -29,8 +29,9 @@ class Reader : public RequestReader {
   // A document of `targets:` alone (the targets of C++ workflows).
   void ReadTargetsDocument(const YAML::Node& root, WorkflowDefinition* out) {
     if (!root.IsMap() || !root["targets"]) {
-      Error(root, "", "a targets document is a mapping with 'targets', e.g. targets: { erp: "
-                      "{ url: \"{{env.ERP_URL}}\" } }");
+      Error(root, "",
+            "a targets document is a mapping with 'targets', e.g. targets: { erp: "
+            "{ url: \"{{env.ERP_URL}}\" } }");
       return;
     }
     CheckFields(root, "", {"targets"}, "targets document");
@@ -72,9 +73,10 @@ class Reader : public RequestReader {
       } else {
         for (const YAML::Node& pointer : redact) {
           if (!pointer.IsScalar() || !ValidJsonPointer(pointer.Scalar())) {
-            Error(pointer, "", "'redact' entry '" + (pointer.IsScalar() ? pointer.Scalar() : "?") +
-                                   "' is not a JSON pointer (it starts with '/'; '~' only as ~0 "
-                                   "or ~1)");
+            Error(pointer, "",
+                  "'redact' entry '" + (pointer.IsScalar() ? pointer.Scalar() : "?") +
+                      "' is not a JSON pointer (it starts with '/'; '~' only as ~0 "
+                      "or ~1)");
           } else {
             out->redact.push_back(pointer.Scalar());
           }
@@ -96,8 +98,8 @@ class Reader : public RequestReader {
     out->description = OptionalString(root, "description", "");
     out->key = RequiredString(root, "key", "");
     if (!out->name.empty() && !ValidName(out->name)) {
-      Error(root["workflow"], "", "workflow name '" + out->name +
-                                      "' may only use letters, digits, '-', '_' and '.'");
+      Error(root["workflow"], "",
+            "workflow name '" + out->name + "' may only use letters, digits, '-', '_' and '.'");
     }
     const YAML::Node steps = root["steps"];
     if (!steps) {
@@ -116,8 +118,9 @@ class Reader : public RequestReader {
       } else {
         read = ReadEntry(node, out->templates);
         if (read.size() > 1 && !names.insert(read[0].notify).second) {
-          Error(node, read[0].notify, "duplicate name (a notify step's name is also the name of "
-                                      "its channels' group)");
+          Error(node, read[0].notify,
+                "duplicate name (a notify step's name is also the name of "
+                "its channels' group)");
         }
         if (read.size() > 1) {
           // A notification's channels: a branch each, so one that waits holds no other.
@@ -129,10 +132,10 @@ class Reader : public RequestReader {
       }
       for (StepDefinition& step : read) {
         if (!step.name.empty() && !names.insert(step.name).second) {
-          Error(node, step.name, "duplicate step name" +
-                                     (step.notify.empty() ? std::string()
-                                                          : " (a channel of notify '" +
-                                                                step.notify + "')"));
+          Error(node, step.name,
+                "duplicate step name" + (step.notify.empty()
+                                             ? std::string()
+                                             : " (a channel of notify '" + step.notify + "')"));
         }
         out->steps.push_back(std::move(step));
       }
@@ -154,8 +157,9 @@ class Reader : public RequestReader {
     out->escalate_to = OptionalString(node, "escalate_to", name);
     out->timeout = Duration(node, "timeout", 0, name);
     if ((out->escalate_after > 0) != !out->escalate_to.empty()) {
-      Error(node, name, "'approval.escalate_after' and 'approval.escalate_to' (a group) go "
-                        "together");
+      Error(node, name,
+            "'approval.escalate_after' and 'approval.escalate_to' (a group) go "
+            "together");
     } else if (!out->escalate_to.empty() && !ValidName(out->escalate_to)) {
       Error(node["escalate_to"], name, "'approval.escalate_to' must be a group's name");
     }
@@ -179,9 +183,9 @@ class Reader : public RequestReader {
     } else {
       for (const YAML::Node& pointer : material) {
         if (!pointer.IsScalar() || !ValidJsonPointer(pointer.Scalar())) {
-          Error(pointer, name, "'approval.material' entry '" +
-                                   (pointer.IsScalar() ? pointer.Scalar() : "?") +
-                                   "' is not a JSON pointer such as /amount");
+          Error(pointer, name,
+                "'approval.material' entry '" + (pointer.IsScalar() ? pointer.Scalar() : "?") +
+                    "' is not a JSON pointer such as /amount");
         } else {
           out->material.push_back(pointer.Scalar());
         }
@@ -191,29 +195,36 @@ class Reader : public RequestReader {
     out->requester = OptionalString(node, "requester", name);
     if (const YAML::Node approvers = node["approvers"]) {
       if (!approvers.IsMap() || (approvers["role"] ? 1 : 0) + (approvers["group"] ? 1 : 0) != 1) {
-        Error(approvers, name, "'approval.approvers' names one 'role' (viewer, operator, admin) "
-                               "or one 'group' (of the server config's groups:)");
+        Error(approvers, name,
+              "'approval.approvers' names one 'role' (viewer, operator, admin) "
+              "or one 'group' (of the server config's groups:)");
       } else {
         CheckFields(approvers, name, {"role", "group"}, "approval.approvers");
         out->group = OptionalString(approvers, "group", name);
         if (approvers["role"]) {
           out->role = OptionalString(approvers, "role", name);
           if (out->role != "viewer" && out->role != "operator" && out->role != "admin") {
-            Error(approvers["role"], name, "'approval.approvers.role' must be viewer, operator "
-                                           "or admin");
+            Error(approvers["role"], name,
+                  "'approval.approvers.role' must be viewer, operator "
+                  "or admin");
           }
         } else if (!ValidName(out->group)) {
-          Error(approvers["group"], name, "'approval.approvers.group' must be a name of "
-                                          "letters, digits, '-', '_' and '.'");
+          Error(approvers["group"], name,
+                "'approval.approvers.group' must be a name of "
+                "letters, digits, '-', '_' and '.'");
         }
       }
     }
     if (const YAML::Node route = node["on_reject"]) {
       const std::string text = route.IsScalar() ? route.Scalar() : "";
-      if (text == "compensate") out->on_reject = RejectRoute::kCompensate;
-      else if (text == "close") out->on_reject = RejectRoute::kClose;
-      else if (text == "wait") out->on_reject = RejectRoute::kWait;
-      else Error(route, name, "'approval.on_reject' must be compensate, close or wait");
+      if (text == "compensate")
+        out->on_reject = RejectRoute::kCompensate;
+      else if (text == "close")
+        out->on_reject = RejectRoute::kClose;
+      else if (text == "wait")
+        out->on_reject = RejectRoute::kWait;
+      else
+        Error(route, name, "'approval.on_reject' must be compensate, close or wait");
     }
   }
 
@@ -239,7 +250,8 @@ class Reader : public RequestReader {
     const YAML::Node approval = node["approval"];
     const YAML::Node sql = node["sql"];
     if ((request ? 1 : 0) + (transform ? 1 : 0) + (wait ? 1 : 0) + (approval ? 1 : 0) +
-            (sql ? 1 : 0) > 1) {
+            (sql ? 1 : 0) >
+        1) {
       Error(node, name, "a step has one of 'request', 'transform', 'wait', 'approval' or 'sql'");
     } else if (sql) {
       step->kind = StepKind::kSql;
@@ -263,9 +275,10 @@ class Reader : public RequestReader {
       step->kind = StepKind::kTransform;
       step->transform_json = JsonText(ToJson(transform, name));
     } else {
-      Error(node, name, "a step needs 'request' (an HTTP call), 'transform' (a computed value), "
-                        "'wait' (an event), 'approval' (a decision by people) or 'sql' (a "
-                        "statement committed with the step)");
+      Error(node, name,
+            "a step needs 'request' (an HTTP call), 'transform' (a computed value), "
+            "'wait' (an event), 'approval' (a decision by people) or 'sql' (a "
+            "statement committed with the step)");
     }
 
     if (const YAML::Node recovery = node["recovery"]) {
@@ -278,10 +291,11 @@ class Reader : public RequestReader {
     }
 
     if (const YAML::Node on_failure = node["on_failure"]) {
-      if (!on_failure.IsScalar() || (on_failure.Scalar() != "pause" &&
-                                     on_failure.Scalar() != "default")) {
-        Error(on_failure, name, "'on_failure' must be pause (wait for an operator, nothing "
-                                "undone) or default");
+      if (!on_failure.IsScalar() ||
+          (on_failure.Scalar() != "pause" && on_failure.Scalar() != "default")) {
+        Error(on_failure, name,
+              "'on_failure' must be pause (wait for an operator, nothing "
+              "undone) or default");
       } else {
         step->pause_on_failure = on_failure.Scalar() == "pause";
       }
@@ -302,8 +316,9 @@ class Reader : public RequestReader {
           step->kept_pointers.push_back(pointer.Scalar());
         }
       } else {
-        Error(keep, name, "'store_response' is all, none or a list of JSON pointers such as "
-                          "[/id, /status]");
+        Error(keep, name,
+              "'store_response' is all, none or a list of JSON pointers such as "
+              "[/id, /status]");
       }
     }
 
@@ -333,7 +348,8 @@ class Reader : public RequestReader {
           Error(lookup, name, "lookup needs 'request'");
         }
         if (lookup["found"] && lookup["items"]) {
-          Error(lookup, name, "a lookup has 'found' (one object) or 'items' (candidates), not both");
+          Error(lookup, name,
+                "a lookup has 'found' (one object) or 'items' (candidates), not both");
         } else if (lookup["items"]) {
           spec.items = RequiredString(lookup, "items", name);
           CheckPointer(lookup["items"], name, spec.items);
@@ -343,8 +359,9 @@ class Reader : public RequestReader {
         }
         if (const YAML::Node match = lookup["match"]) {
           if (!match.IsMap() || match.size() == 0) {
-            Error(match, name, "'lookup.match' maps JSON pointers to expected values, e.g. "
-                               "{ \"/ref\": \"{{instance.ref}}\" }");
+            Error(match, name,
+                  "'lookup.match' maps JSON pointers to expected values, e.g. "
+                  "{ \"/ref\": \"{{instance.ref}}\" }");
           } else {
             spec.match = PointerValues(match, name, "lookup.match");
           }
@@ -367,8 +384,9 @@ class Reader : public RequestReader {
           ReadSql(compensate_sql, name, "compensate.sql", &undo);
           step->compensate_sql = std::move(undo);
         } else {
-          Error(compensate, name, "a sql step's compensate needs 'sql' (a statement that undoes "
-                                  "it, committed with the compensation)");
+          Error(compensate, name,
+                "a sql step's compensate needs 'sql' (a statement that undoes "
+                "it, committed with the compensation)");
         }
       } else {
         CheckFields(compensate, name, {"request", "retry"}, "compensate");
@@ -386,7 +404,8 @@ class Reader : public RequestReader {
 
     if (const YAML::Node errors = node["errors"]) {
       if (!errors.IsMap()) {
-        Error(errors, name, "'errors' must map HTTP status codes to transient, rejected or unknown");
+        Error(errors, name,
+              "'errors' must map HTTP status codes to transient, rejected or unknown");
       } else {
         for (const auto& entry : errors) {
           if (entry.first.IsScalar() && entry.first.Scalar() == "body") {
@@ -401,8 +420,9 @@ class Reader : public RequestReader {
           auto parsed =
               entry.second.IsScalar() ? ParseErrorClass(entry.second.Scalar()) : std::nullopt;
           if (!parsed) {
-            Error(entry.second, name, "error class for " + entry.first.Scalar() +
-                                          " must be transient, rejected or unknown");
+            Error(entry.second, name,
+                  "error class for " + entry.first.Scalar() +
+                      " must be transient, rejected or unknown");
             continue;
           }
           step->errors[status] = *parsed;
@@ -460,8 +480,9 @@ class Reader : public RequestReader {
     CheckFields(node, name, {"name", "description", "parallel"}, "parallel group");
     const YAML::Node branches = node["parallel"];
     if (!branches.IsSequence() || branches.size() < 2) {
-      Error(branches, name, "'parallel' is a list of at least two branches, each a step or "
-                            "{ branch: NAME, steps: [...] }");
+      Error(branches, name,
+            "'parallel' is a list of at least two branches, each a step or "
+            "{ branch: NAME, steps: [...] }");
       return {};
     }
     std::vector<StepDefinition> out;
@@ -523,8 +544,9 @@ class Reader : public RequestReader {
       if (!version || !YAML::convert<int>::decode(version, message.version) ||
           message.version < 1) {
         Error(version ? version : spec, "",
-              where + " needs 'version', a whole number from 1: a delivery's identity holds "
-                      "it, so a changed text is a new version");
+              where +
+                  " needs 'version', a whole number from 1: a delivery's identity holds "
+                  "it, so a changed text is a new version");
       }
       message.text = RequiredString(spec, "text", "");
       message.subject = OptionalString(spec, "subject", "");
@@ -546,8 +568,9 @@ class Reader : public RequestReader {
                 "notify step (its channels have their own requests)");
     const YAML::Node notify = node["notify"];
     if (!notify.IsMap()) {
-      Error(notify, name, "'notify' must be a mapping with 'reports', 'template', 'recipient' "
-                          "and 'channels'");
+      Error(notify, name,
+            "'notify' must be a mapping with 'reports', 'template', 'recipient' "
+            "and 'channels'");
       return {};
     }
     CheckFields(notify, name,
@@ -604,12 +627,16 @@ class Reader : public RequestReader {
       auto credential = [&](const char* field, const std::string& value) {
         const auto path = SolePlaceholder(value);
         if (!value.empty() && !path) {
-          Error(settings[field], name, "'" + where + "." + field + "' must be exactly one "
-                                       "{{secret.NAME}} or {{env.NAME}}: a credential is never "
-                                       "written into a definition");
+          Error(settings[field], name,
+                "'" + where + "." + field +
+                    "' must be exactly one "
+                    "{{secret.NAME}} or {{env.NAME}}: a credential is never "
+                    "written into a definition");
         } else if (path && (*path)[0] != "secret" && (*path)[0] != "env") {
-          Error(settings[field], name, "'" + where + "." + field + "' must come from "
-                                       "{{secret.NAME}} or {{env.NAME}}");
+          Error(settings[field], name,
+                "'" + where + "." + field +
+                    "' must come from "
+                    "{{secret.NAME}} or {{env.NAME}}");
         }
       };
       NotifyChannel read;
@@ -636,32 +663,35 @@ class Reader : public RequestReader {
         if (settings["timeout"]) {
           const Millis timeout = Duration(settings, "timeout", -1, name);  // -1: said already
           if (timeout >= 0 && timeout < 1000) {
-            Error(settings["timeout"], name, "'" + where + ".timeout' is at least 1s (default " +
-                                                 std::to_string(kEmailTimeout / 60000) + "m)");
+            Error(settings["timeout"], name,
+                  "'" + where + ".timeout' is at least 1s (default " +
+                      std::to_string(kEmailTimeout / 60000) + "m)");
           }
           read.timeout = std::max<Millis>(timeout, 0);
         }
-        if (!read.url.empty() && !read.url.starts_with("{{") &&
-            !read.url.starts_with("smtp://") && !read.url.starts_with("smtps://")) {
-          Error(settings["url"], name, "'" + where + ".url' is the SMTP server: "
-                                       "smtp://host:port or smtps://host:port");
+        if (!read.url.empty() && !read.url.starts_with("{{") && !read.url.starts_with("smtp://") &&
+            !read.url.starts_with("smtps://")) {
+          Error(settings["url"], name,
+                "'" + where +
+                    ".url' is the SMTP server: "
+                    "smtp://host:port or smtps://host:port");
         }
         if (read.user.empty() != read.password.empty()) {
           Error(settings, name, "'" + where + "': 'user' and 'password' go together (SMTP AUTH)");
         }
         credential("password", read.password);
         if (message != nullptr && message->subject.empty()) {
-          Error(settings, name, "'" + where + "': template '" + message->name +
-                                    "' has no 'subject', which an email needs");
+          Error(settings, name,
+                "'" + where + "': template '" + message->name +
+                    "' has no 'subject', which an email needs");
         }
         if (correction != nullptr && correction->subject.empty()) {
-          Error(notify["correction"], name, "'" + where + "': correction template '" +
-                                                correction->name +
-                                                "' has no 'subject', which an email needs");
+          Error(notify["correction"], name,
+                "'" + where + "': correction template '" + correction->name +
+                    "' has no 'subject', which an email needs");
         }
       } else {
-        Error(entry.first, name,
-              "unknown channel '" + channel + "' (known: line, webhook, email)");
+        Error(entry.first, name, "unknown channel '" + channel + "' (known: line, webhook, email)");
         continue;
       }
       spec.channels.push_back(std::move(read));
@@ -686,9 +716,10 @@ class Reader : public RequestReader {
       if (auto parsed = Template::Parse(out->value); !parsed.ok()) {
         Error(when, step, "when: " + std::string(parsed.status().message()));
       } else if (!SolePlaceholder(out->value)) {
-        Error(when, step, "'when' as a value is exactly one placeholder that renders true or "
-                          "false, such as \"{{input.send_email}}\" (a literal would always or "
-                          "never hold: remove the step or the condition instead)");
+        Error(when, step,
+              "'when' as a value is exactly one placeholder that renders true or "
+              "false, such as \"{{input.send_email}}\" (a literal would always or "
+              "never hold: remove the step or the condition instead)");
       }
       return;
     }
@@ -708,8 +739,10 @@ class Reader : public RequestReader {
       if (auto parsed = Template::Parse(out->value); !parsed.ok()) {
         Error(operand, step, "when." + test + ": " + std::string(parsed.status().message()));
       } else if (!SolePlaceholder(out->value)) {
-        Error(operand, step, "'when." + test + "' is exactly one placeholder such as "
-                             "\"{{input.email}}\", nothing around it");
+        Error(operand, step,
+              "'when." + test +
+                  "' is exactly one placeholder such as "
+                  "\"{{input.email}}\", nothing around it");
       }
       out->shown = test + " " + out->value;
       return;
@@ -717,8 +750,10 @@ class Reader : public RequestReader {
     if (test == "equals" || test == "not_equals") {
       if (!operand.IsSequence() || operand.size() != 2 || !operand[0].IsScalar() ||
           !operand[1].IsScalar()) {
-        Error(operand, step, "'when." + test + "' compares two values: [\"{{input.channel}}\", "
-                             "line]");
+        Error(operand, step,
+              "'when." + test +
+                  "' compares two values: [\"{{input.channel}}\", "
+                  "line]");
         return;
       }
       out->test = test == "equals" ? Test::kEquals : Test::kNotEquals;
@@ -755,16 +790,16 @@ std::vector<Diagnostic> LintDefinitionText(std::string_view text, std::string_vi
   }
   if (const size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
     const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + bad, '\n'));
-    diagnostics.push_back({std::string(source), line, "",
-                           "not valid UTF-8 (byte " + std::to_string(bad) + ")"});
+    diagnostics.push_back(
+        {std::string(source), line, "", "not valid UTF-8 (byte " + std::to_string(bad) + ")"});
     return diagnostics;
   }
   try {
     const YAML::Node root = YAML::Load(std::string(text));
     Reader(source, &diagnostics).Read(root, &definition);
   } catch (const YAML::Exception& e) {
-    diagnostics.push_back(
-        {std::string(source), e.mark.is_null() ? 0 : e.mark.line + 1, "", "malformed YAML/JSON: " + e.msg});
+    diagnostics.push_back({std::string(source), e.mark.is_null() ? 0 : e.mark.line + 1, "",
+                           "malformed YAML/JSON: " + e.msg});
     return diagnostics;
   }
   definition.source = std::string(source);  // before validating: its messages name the file

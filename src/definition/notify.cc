@@ -21,9 +21,9 @@ RequestSpec ChannelRequest(const NotifySpec& spec, const NotifyChannel& channel,
       request.url = channel.url + "/v2/bot/message/push";
       request.headers = {{"Authorization", "Bearer " + channel.token},
                          {"X-Line-Retry-Key", "{{step.key_uuid}}"}};
-      request.body_json = JsonText(
-          Json{{"to", channel.to}, {"messages", Json::array({{{"type", "text"},
-                                                              {"text", message.text}}})}});
+      request.body_json =
+          JsonText(Json{{"to", channel.to},
+                        {"messages", Json::array({{{"type", "text"}, {"text", message.text}}})}});
       break;
     case NotifyChannel::Kind::kWebhook:
       // The receiver deduplicates on Webhook-Id (the identity's UUID); the body says
@@ -63,9 +63,12 @@ RequestSpec ChannelRequest(const NotifySpec& spec, const NotifyChannel& channel,
 
 std::string ChannelName(NotifyChannel::Kind kind) {
   switch (kind) {
-    case NotifyChannel::Kind::kLine: return "line";
-    case NotifyChannel::Kind::kWebhook: return "webhook";
-    case NotifyChannel::Kind::kEmail: return "email";
+    case NotifyChannel::Kind::kLine:
+      return "line";
+    case NotifyChannel::Kind::kWebhook:
+      return "webhook";
+    case NotifyChannel::Kind::kEmail:
+      return "email";
   }
   return "line";
 }

@@ -16,12 +16,12 @@ namespace waystone {
 struct NotifyChannel {
   enum class Kind : uint8_t { kLine = 1, kWebhook = 2, kEmail = 3 };
   Kind kind = Kind::kLine;
-  std::string url;    // LINE: the API's base URL; webhook: the receiver's URL;
-                      // email: the SMTP server (smtp://host:port or smtps://host:port)
-  std::string token;  // LINE: the channel access token ({{secret.NAME}} or {{env.NAME}})
-  std::string to;     // LINE: the user, group or room id; email: the address
-  std::string from;   // email: the sender's address
-  std::string user;   // email: SMTP AUTH user ("" = no AUTH)
+  std::string url;       // LINE: the API's base URL; webhook: the receiver's URL;
+                         // email: the SMTP server (smtp://host:port or smtps://host:port)
+  std::string token;     // LINE: the channel access token ({{secret.NAME}} or {{env.NAME}})
+  std::string to;        // LINE: the user, group or room id; email: the address
+  std::string from;      // email: the sender's address
+  std::string user;      // email: SMTP AUTH user ("" = no AUTH)
   std::string password;  // email: SMTP AUTH password ({{secret.NAME}} or {{env.NAME}})
   Millis timeout = 0;    // email: how long to wait for the server (0 = kEmailTimeout)
 };
@@ -29,10 +29,10 @@ struct NotifyChannel {
 struct NotifySpec {
   std::string name;
   int line = 0;
-  std::string reports;     // the step whose committed outcome it announces
-  std::string recipient;   // template: who the delivery is for (part of its identity)
-  std::string event;       // template: the business event; "" = "{{instance.ref}}/<reports>"
-  bool critical = false;   // false (default): a failed channel alerts, the workflow goes on
+  std::string reports;    // the step whose committed outcome it announces
+  std::string recipient;  // template: who the delivery is for (part of its identity)
+  std::string event;      // template: the business event; "" = "{{instance.ref}}/<reports>"
+  bool critical = false;  // false (default): a failed channel alerts, the workflow goes on
   std::vector<NotifyChannel> channels;
   RetryPolicy retry;
   Condition when;

@@ -55,7 +55,8 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
     if (limits.concurrency > 0) out << "; at most " << limits.concurrency << " calls at once";
     if (limits.breaker_failures > 0) {
       out << "; circuit opens after " << limits.breaker_failures
-          << " consecutive transient failures, one probe after " << FormatDuration(limits.cool_down);
+          << " consecutive transient failures, one probe after "
+          << FormatDuration(limits.cool_down);
     }
     if (limits.Any()) out << " (shared by every worker on the database)";
     out << "; an operator can pause it";
@@ -137,20 +138,21 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
       out << "   sends:      form fields (application/x-www-form-urlencoded)\n";
     }
     for (const FileSpec& file : step.request.files) {
-      out << "   sends:      " << (file.part.empty() ? "the raw bytes of " : "multipart file '" + file.part + "' from ")
+      out << "   sends:      "
+          << (file.part.empty() ? "the raw bytes of " : "multipart file '" + file.part + "' from ")
           << (file.path.empty() ? "base64 " + file.base64 : "the files folder's " + file.path)
           << ", pinned by SHA-256 before the first attempt (changed later: a conflict, never "
              "sent)\n";
     }
     if (side_effecting && step.request.body_kind == BodyKind::kMail) {
-      out << "   idem. key:  " << Key(step) << "  (the email's Message-ID derives from it, the "
+      out << "   idem. key:  " << Key(step)
+          << "  (the email's Message-ID derives from it, the "
              "same on every attempt; an SMTP server keeps no key)\n";
     } else if (side_effecting) {
       out << "   idem. key:  " << Key(step) << "  (sent as Idempotency-Key on every attempt"
           << (step.idempotency_honored ? "; the target honours it" : "") << ")\n";
     }
-    out << "   transient:  " << RetryText(step.retry) << "; when exhausted: "
-        << failed << "\n";
+    out << "   transient:  " << RetryText(step.retry) << "; when exhausted: " << failed << "\n";
     out << "   rejected:   no retry; " << failed << "\n";
     out << "   unknown:    ";
     if (!side_effecting) {
@@ -170,13 +172,13 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
         out << "; every page, following " << lookup.next_pointer << " (same origin, at most "
             << lookup.max_pages << " pages)";
       } else if (!lookup.page_param.empty()) {
-        out << "; every page, counting ?" << lookup.page_param << "= up from "
-            << lookup.first_page << " to an empty page (at most " << lookup.max_pages
-            << " pages)";
+        out << "; every page, counting ?" << lookup.page_param << "= up from " << lookup.first_page
+            << " to an empty page (at most " << lookup.max_pages << " pages)";
       }
       out << ", no earlier than " << step.request.timeout << "ms after the request left";
       out << " -> adopt it";
-      if (!step.lookup->external_id.empty()) out << " (external id " << step.lookup->external_id << ")";
+      if (!step.lookup->external_id.empty())
+        out << " (external id " << step.lookup->external_id << ")";
       out << "; several -> pause (lookup_contradiction); not found -> resubmit with the same "
              "idempotency key\n";
     } else if (step.recovery == RecoveryClass::kManual) {
@@ -203,9 +205,15 @@ std::string RenderPlan(const WorkflowDefinition& definition) {
       }
       out << " -> ";
       switch (rule.verdict) {
-        case BodyVerdict::kTransient: out << "transient"; break;
-        case BodyVerdict::kRejected: out << "rejected"; break;
-        case BodyVerdict::kUnknown: out << "unknown"; break;
+        case BodyVerdict::kTransient:
+          out << "transient";
+          break;
+        case BodyVerdict::kRejected:
+          out << "rejected";
+          break;
+        case BodyVerdict::kUnknown:
+          out << "unknown";
+          break;
         case BodyVerdict::kExists:
           out << "exists: never resent; " << (step.lookup ? "look up and adopt" : "pause");
           break;

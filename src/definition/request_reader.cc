@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <set>
 
+#include "definition/definition_readers.h"
 #include "model/json_text.h"
 #include "model/sql_statement.h"
-#include "definition/definition_readers.h"
 
 namespace waystone {
 
@@ -22,8 +22,8 @@ void RequestReader::ReadRequest(const YAML::Node& node, const std::string& step,
               where);
   out->method = RequiredString(node, "method", step);
   for (auto& c : out->method) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  static const std::set<std::string> kMethods = {"GET",   "HEAD",   "OPTIONS", "POST",
-                                                 "PUT",   "PATCH",  "DELETE"};
+  static const std::set<std::string> kMethods = {"GET", "HEAD",  "OPTIONS", "POST",
+                                                 "PUT", "PATCH", "DELETE"};
   if (!out->method.empty() && !kMethods.contains(out->method)) {
     Error(node["method"], step, "unsupported method '" + out->method + "'");
   }
@@ -86,8 +86,8 @@ void RequestReader::ReadUpload(const YAML::Node& node, const std::string& step,
       return;
     }
     for (const auto& entry : files) {
-      FileSpec file = ReadFileSpec(entry.second, step, "multipart file '" +
-                                                           entry.first.Scalar() + "'");
+      FileSpec file =
+          ReadFileSpec(entry.second, step, "multipart file '" + entry.first.Scalar() + "'");
       file.part = entry.first.Scalar();
       out->files.push_back(std::move(file));
     }
@@ -104,8 +104,9 @@ void RequestReader::ReadUpload(const YAML::Node& node, const std::string& step,
       std::string lower = name;
       for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       if (lower == "content-type") {
-        Error(node["headers"], step, "a multipart request sets its own Content-Type (with the "
-                                     "boundary); remove the 'Content-Type' header");
+        Error(node["headers"], step,
+              "a multipart request sets its own Content-Type (with the "
+              "boundary); remove the 'Content-Type' header");
       }
     }
   }
@@ -124,8 +125,10 @@ FileSpec RequestReader::ReadFileSpec(const YAML::Node& node, const std::string& 
   file.filename = OptionalString(node, "filename", step);
   file.content_type = OptionalString(node, "content_type", step);
   if (file.path.empty() == file.base64.empty()) {
-    Error(node, step, what + " needs exactly one of 'path' (under the files folder) or "
-                             "'base64'");
+    Error(node, step,
+          what +
+              " needs exactly one of 'path' (under the files folder) or "
+              "'base64'");
   }
   return file;
 }
@@ -181,15 +184,18 @@ void RequestReader::ReadSql(const YAML::Node& node, const std::string& name,
   for (const std::string& word : out->statement.identifiers) {
     if (IsWaystoneTable(word)) {
       Error(node["statement"], name,
-            where + ".statement names '" + word + "', one of Waystone's own tables; a sql "
-            "step reads and writes the integration's tables only (rename a column of that "
-            "name)");
+            where + ".statement names '" + word +
+                "', one of Waystone's own tables; a sql "
+                "step reads and writes the integration's tables only (rename a column of that "
+                "name)");
     }
   }
   const YAML::Node params = node["params"];
   if (params && !params.IsMap()) {
-    Error(params, name, "'" + where + ".params' must map each :name of the statement to a "
-                        "template such as \"{{input.order_id}}\"");
+    Error(params, name,
+          "'" + where +
+              ".params' must map each :name of the statement to a "
+              "template such as \"{{input.order_id}}\"");
     return;
   }
   for (const std::string& wanted : out->statement.names) {
@@ -197,8 +203,10 @@ void RequestReader::ReadSql(const YAML::Node& node, const std::string& name,
     if (wanted == kTenantParam) {
       // Bound by Waystone: the instance's tenant, never a value the definition chooses.
       if (value) {
-        Error(value, name, where + ".params." + wanted + " is bound by Waystone to the "
-                           "instance's tenant; remove it");
+        Error(value, name,
+              where + ".params." + wanted +
+                  " is bound by Waystone to the "
+                  "instance's tenant; remove it");
       }
       out->params.emplace_back(wanted, "{{instance.tenant}}");
     } else if (!params || !value) {
@@ -217,8 +225,11 @@ void RequestReader::ReadSql(const YAML::Node& node, const std::string& name,
       const std::string key = entry.first.Scalar();
       if (std::find(out->statement.names.begin(), out->statement.names.end(), key) ==
           out->statement.names.end()) {
-        Error(entry.first, name, where + ".params." + key + " is not used by the statement "
-                                 "(no :" + key + " in it)");
+        Error(entry.first, name,
+              where + ".params." + key +
+                  " is not used by the statement "
+                  "(no :" +
+                  key + " in it)");
       }
     }
   }
@@ -228,26 +239,30 @@ void RequestReader::ReadPages(const YAML::Node& pages, const std::string& name, 
   constexpr int kDefaultMaxPages = 10;
   constexpr int kMostPages = 1000;
   if (!pages.IsMap()) {
-    Error(pages, name, "'lookup.pages' must be a mapping such as { next: /next, max: 10 } or "
-                       "{ param: page, first: 1, max: 10 }");
+    Error(pages, name,
+          "'lookup.pages' must be a mapping such as { next: /next, max: 10 } or "
+          "{ param: page, first: 1, max: 10 }");
     return;
   }
   CheckFields(pages, name, {"next", "param", "first", "max"}, "lookup.pages");
   if (spec->items.empty()) {
-    Error(pages, name, "'lookup.pages' needs 'items': the candidates of every page are judged "
-                       "together");
+    Error(pages, name,
+          "'lookup.pages' needs 'items': the candidates of every page are judged "
+          "together");
   }
   if (pages["next"] && pages["param"]) {
-    Error(pages, name, "'lookup.pages' follows 'next' (a link in each answer) or counts up "
-                       "'param', not both");
+    Error(pages, name,
+          "'lookup.pages' follows 'next' (a link in each answer) or counts up "
+          "'param', not both");
   } else if (pages["next"]) {
     spec->next_pointer = RequiredString(pages, "next", name);
     CheckPointer(pages["next"], name, spec->next_pointer);
   } else if (pages["param"]) {
     spec->page_param = RequiredString(pages, "param", name);
   } else {
-    Error(pages, name, "'lookup.pages' needs 'next' (a JSON pointer to the next page's link) "
-                       "or 'param' (the page number's query parameter)");
+    Error(pages, name,
+          "'lookup.pages' needs 'next' (a JSON pointer to the next page's link) "
+          "or 'param' (the page number's query parameter)");
   }
   if (const YAML::Node first = pages["first"]) {
     if (spec->page_param.empty()) Error(first, name, "'lookup.pages.first' goes with 'param'");
@@ -261,8 +276,8 @@ void RequestReader::ReadPages(const YAML::Node& pages, const std::string& name, 
   if (const YAML::Node max = pages["max"]) {
     if (!YAML::convert<int>::decode(max, spec->max_pages) || spec->max_pages < 1 ||
         spec->max_pages > kMostPages) {
-      Error(max, name, "'lookup.pages.max' must be a whole number from 1 to " +
-                           std::to_string(kMostPages));
+      Error(max, name,
+            "'lookup.pages.max' must be a whole number from 1 to " + std::to_string(kMostPages));
       spec->max_pages = kDefaultMaxPages;
     }
   }
@@ -287,8 +302,9 @@ void RequestReader::ReadBodyRules(const YAML::Node& rules, const std::string& na
     if (const YAML::Node status = node["status"]) {
       if (!YAML::convert<int>::decode(status, rule.status) || rule.status < 100 ||
           rule.status > 599) {
-        Error(status, name, "'" + (status.IsScalar() ? status.Scalar() : std::string("?")) +
-                                "' is not an HTTP status code");
+        Error(status, name,
+              "'" + (status.IsScalar() ? status.Scalar() : std::string("?")) +
+                  "' is not an HTTP status code");
       }
     }
     const YAML::Node match = node["match"];

@@ -32,8 +32,7 @@ void TargetReader::ReadTargets(const YAML::Node& targets, std::vector<TargetSpec
       if (!tls.IsMap()) {
         Error(tls, "", where + ": 'tls' must be a mapping with ca_file, cert_file, key_file");
       } else {
-        CheckFields(tls, "", {"ca_file", "cert_file", "key_file", "key_password"},
-                    where + " tls");
+        CheckFields(tls, "", {"ca_file", "cert_file", "key_file", "key_password"}, where + " tls");
         target.ca_file = OptionalString(tls, "ca_file", "");
         target.cert_file = OptionalString(tls, "cert_file", "");
         target.key_file = OptionalString(tls, "key_file", "");
@@ -48,8 +47,10 @@ void TargetReader::ReadTargets(const YAML::Node& targets, std::vector<TargetSpec
     }
     if (const YAML::Node oauth2 = spec["oauth2"]) {
       if (!oauth2.IsMap()) {
-        Error(oauth2, "", where + ": 'oauth2' must be a mapping with token_url, client_id and "
-                                  "client_secret");
+        Error(oauth2, "",
+              where +
+                  ": 'oauth2' must be a mapping with token_url, client_id and "
+                  "client_secret");
       } else {
         CheckFields(oauth2, "", {"token_url", "client_id", "client_secret", "scope"},
                     where + " oauth2");
@@ -88,20 +89,26 @@ void TargetReader::ReadLimits(const YAML::Node& spec, const std::string& where, 
   }
   if (const YAML::Node breaker = spec["circuit_breaker"]) {
     if (!breaker.IsMap()) {
-      Error(breaker, "", where + ": 'circuit_breaker' must be a mapping such as { failures: 5, "
-                                 "cool_down: 30s }");
+      Error(breaker, "",
+            where +
+                ": 'circuit_breaker' must be a mapping such as { failures: 5, "
+                "cool_down: 30s }");
     } else {
       CheckFields(breaker, "", {"failures", "cool_down"}, where + " circuit_breaker");
       if (!breaker["failures"]) {
-        Error(breaker, "", where + ": 'circuit_breaker' needs 'failures' (consecutive transient "
-                                   "failures that open it)");
+        Error(breaker, "",
+              where +
+                  ": 'circuit_breaker' needs 'failures' (consecutive transient "
+                  "failures that open it)");
       }
       out->breaker_failures =
           WholeNumber(breaker, "failures", 1, 1000, where + ": 'circuit_breaker.failures'");
       out->cool_down = Duration(breaker, "cool_down", out->cool_down, "");
       if (out->cool_down < 100 || out->cool_down > 24 * 3600 * 1000LL) {
-        Error(breaker["cool_down"], "", where + ": 'circuit_breaker.cool_down' must be from 100ms "
-                                                "to 24h");
+        Error(breaker["cool_down"], "",
+              where +
+                  ": 'circuit_breaker.cool_down' must be from 100ms "
+                  "to 24h");
       }
     }
   }

@@ -38,9 +38,14 @@ void ForEachTemplate(const StepDefinition& step, Visit visit) {
     if (r.body_kind == BodyKind::kMail) {
       const MailSpec& mail = r.mail;
       for (const auto& [field, text] :
-           {std::pair<const char*, const std::string&>{"from", mail.from}, {"to", mail.to},
-            {"subject", mail.subject}, {"text", mail.text}, {"message_id", mail.message_id},
-            {"delivery", mail.delivery}, {"user", mail.user}, {"password", mail.password}}) {
+           {std::pair<const char*, const std::string&>{"from", mail.from},
+            {"to", mail.to},
+            {"subject", mail.subject},
+            {"text", mail.text},
+            {"message_id", mail.message_id},
+            {"delivery", mail.delivery},
+            {"user", mail.user},
+            {"password", mail.password}}) {
         visit(where + ".mail." + field, text, false, sees_itself);
       }
     }
@@ -139,19 +144,22 @@ class Validator {
       CheckText(target.key_password, deployment, target.line, "", where + " tls.key_password");
       CheckText(target.token_url, deployment, target.line, "", where + " oauth2.token_url");
       CheckText(target.client_id, deployment, target.line, "", where + " oauth2.client_id");
-      CheckText(target.client_secret, deployment, target.line, "",
-                where + " oauth2.client_secret");
+      CheckText(target.client_secret, deployment, target.line, "", where + " oauth2.client_secret");
       CheckText(target.scope, deployment, target.line, "", where + " oauth2.scope");
       // Exactly one reference, no literal part: nothing of a secret in the definition.
       if (!target.key_password.empty() && !OnlyOneReference(target.key_password, {"secret"})) {
-        Error(target.line, "", where + ": tls.key_password must be a secret "
-                                       "(\"{{secret.NAME}}\"), never a value in the definition");
+        Error(target.line, "",
+              where +
+                  ": tls.key_password must be a secret "
+                  "(\"{{secret.NAME}}\"), never a value in the definition");
       }
       if (!target.client_secret.empty() &&
           !OnlyOneReference(target.client_secret, {"secret", "env"})) {
-        Error(target.line, "", where + ": oauth2.client_secret must come from a secret or the "
-                                       "environment (\"{{secret.NAME}}\" or \"{{env.NAME}}\"), "
-                                       "never a value in the definition");
+        Error(target.line, "",
+              where +
+                  ": oauth2.client_secret must come from a secret or the "
+                  "environment (\"{{secret.NAME}}\" or \"{{env.NAME}}\"), "
+                  "never a value in the definition");
       }
     }
     for (size_t i = 0; i < definition_.steps.size(); ++i) CheckStep(static_cast<int>(i));
@@ -188,8 +196,8 @@ class Validator {
     if (!scope.roots.contains(path[0])) {
       std::string allowed;
       for (const auto& root : scope.roots) allowed += (allowed.empty() ? "" : ", ") + root;
-      Error(line, step, where + ": " + shown + " cannot be used here (allowed roots: " + allowed +
-                            ")");
+      Error(line, step,
+            where + ": " + shown + " cannot be used here (allowed roots: " + allowed + ")");
       return;
     }
     if (path[0] == "instance") {
@@ -197,49 +205,58 @@ class Validator {
       // the database sequence that every tenant shares.
       static const std::set<std::string> kFields = {"key", "ref", "tenant", "id", "trace_id"};
       if (path.size() != 2 || !kFields.contains(path[1])) {
-        Error(line, step, where + ": " + shown + " is not one of instance.key, instance.ref, "
-                                              "instance.tenant, instance.id, instance.trace_id");
+        Error(line, step,
+              where + ": " + shown +
+                  " is not one of instance.key, instance.ref, "
+                  "instance.tenant, instance.id, instance.trace_id");
       }
     } else if (path[0] == "step") {
       static const std::set<std::string> kFields = {"name", "idempotency_key", "key_uuid"};
       if (path.size() != 2 || !kFields.contains(path[1])) {
-        Error(line, step, where + ": " + shown +
-                              " is not one of step.name, step.idempotency_key, step.key_uuid");
+        Error(
+            line, step,
+            where + ": " + shown + " is not one of step.name, step.idempotency_key, step.key_uuid");
       }
     } else if (path[0] == "env" || path[0] == "secret") {
       if (path.size() != 2) Error(line, step, where + ": " + shown + " must name one variable");
     } else if (path[0] == "steps") {
       if (path.size() < 3) {
-        Error(line, step, where + ": " + shown +
-                              " must name a step and a field (response, external_id or output)");
+        Error(line, step,
+              where + ": " + shown +
+                  " must name a step and a field (response, external_id or output)");
         return;
       }
       const int index = definition_.StepIndex(path[1]);
       if (index < 0) {
-        Error(line, step, where + ": " + shown + " refers to step '" + path[1] +
-                              "', which does not exist");
+        Error(line, step,
+              where + ": " + shown + " refers to step '" + path[1] + "', which does not exist");
         return;
       }
       if (index >= scope.visible_steps) {
-        Error(line, step, where + ": " + shown + " refers to step '" + path[1] +
-                              "', which has not run yet at this point");
+        Error(line, step,
+              where + ": " + shown + " refers to step '" + path[1] +
+                  "', which has not run yet at this point");
         return;
       }
       if (scope.from >= 0 && definition_.steps[scope.from].Beside(definition_.steps[index])) {
-        Error(line, step, where + ": " + shown + " refers to step '" + path[1] +
-                              "' in another branch of parallel group '" +
-                              definition_.steps[index].group + "', which may not have run yet");
+        Error(line, step,
+              where + ": " + shown + " refers to step '" + path[1] +
+                  "' in another branch of parallel group '" + definition_.steps[index].group +
+                  "', which may not have run yet");
         return;
       }
       static const std::set<std::string> kFields = {"response", "external_id", "output"};
       if (!kFields.contains(path[2])) {
-        Error(line, step, where + ": " + shown + " must use response, external_id or output of a "
-                                              "step");
+        Error(line, step,
+              where + ": " + shown +
+                  " must use response, external_id or output of a "
+                  "step");
       }
       if ((path[2] == "response" || path[2] == "output") &&
           definition_.steps[index].store_response == ResponseKeep::kNone) {
-        Error(line, step, where + ": " + shown + " reads the answer of step '" + path[1] +
-                              "', which keeps none of it (store_response: none)");
+        Error(line, step,
+              where + ": " + shown + " reads the answer of step '" + path[1] +
+                  "', which keeps none of it (store_response: none)");
       }
     }
   }
@@ -269,8 +286,8 @@ class Validator {
   void CheckStep(int index) {
     const StepDefinition& step = definition_.steps[index];
     const Scope before{{"input", "instance", "steps", "env", "secret", "step"}, index, index};
-    const Scope including_self{{"input", "instance", "steps", "env", "secret", "step"}, index + 1,
-                               index};
+    const Scope including_self{
+        {"input", "instance", "steps", "env", "secret", "step"}, index + 1, index};
     CheckCondition(index);
     CheckReports(index);
     WarnOnMaybeMissing(index);
@@ -295,8 +312,10 @@ class Validator {
       const char* what = step.kind == StepKind::kWait ? "a wait step" : "an approval step";
       if (step.kind == StepKind::kApproval) ForEachTemplate(step, check);
       if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kManual) {
-        Error(step.line, step.name, std::string(what) + " calls nothing; its recovery is "
-                                    "'repeatable' or 'manual'");
+        Error(step.line, step.name,
+              std::string(what) +
+                  " calls nothing; its recovery is "
+                  "'repeatable' or 'manual'");
       }
       if (step.lookup || step.compensate) {
         Error(step.line, step.name,
@@ -306,8 +325,9 @@ class Validator {
         Error(step.line, step.name, "an approval step stands on the main line, not in a branch");
       }
       if (step.optional && step.kind == StepKind::kApproval) {
-        Error(step.line, step.name, "an approval step is never optional: a rejection would be "
-                                    "passed over");
+        Error(step.line, step.name,
+              "an approval step is never optional: a rejection would be "
+              "passed over");
       }
       return;
     }
@@ -319,8 +339,10 @@ class Validator {
           if (!value) continue;
           for (const Path& path : ReferencesIn(*value, false)) {
             if (!path.empty() && path[0] == "secret") {
-              Error(step.line, step.name, where + ".params." + param + " may not bind a secret: "
-                                          "a statement's rows are kept with the step and shown");
+              Error(step.line, step.name,
+                    where + ".params." + param +
+                        " may not bind a secret: "
+                        "a statement's rows are kept with the step and shown");
             }
           }
         }
@@ -328,10 +350,12 @@ class Validator {
       no_secrets(step.sql, "sql");
       if (step.compensate_sql) no_secrets(*step.compensate_sql, "compensate.sql");
       WarnUnscoped(step);
-      if (step.recovery != RecoveryClass::kRepeatable && step.recovery != RecoveryClass::kCompensable) {
-        Error(step.line, step.name, "a sql step commits with its checkpoint, so it never has an "
-                                    "unknown outcome; its recovery is 'repeatable' (or "
-                                    "'compensable' with compensate.sql)");
+      if (step.recovery != RecoveryClass::kRepeatable &&
+          step.recovery != RecoveryClass::kCompensable) {
+        Error(step.line, step.name,
+              "a sql step commits with its checkpoint, so it never has an "
+              "unknown outcome; its recovery is 'repeatable' (or "
+              "'compensable' with compensate.sql)");
       }
       if (step.recovery == RecoveryClass::kCompensable && !step.compensate_sql) {
         Error(step.line, step.name, "recovery 'compensable' needs compensate.sql");
@@ -340,8 +364,9 @@ class Validator {
         Error(step.line, step.name, "a sql step has no unknown outcome to look up");
       }
       if (!step.idempotency_key.empty() || step.idempotency_honored) {
-        Error(step.line, step.name, "a sql step needs no idempotency key: it commits exactly "
-                                    "once, with its checkpoint");
+        Error(step.line, step.name,
+              "a sql step needs no idempotency key: it commits exactly "
+              "once, with its checkpoint");
       }
       if (!step.group.empty()) {
         Error(step.line, step.name, "a sql step stands on the main line, not in a branch");
@@ -351,8 +376,9 @@ class Validator {
     if (step.kind == StepKind::kTransform) {
       ForEachTemplate(step, check);
       if (step.recovery != RecoveryClass::kRepeatable) {
-        Error(step.line, step.name, "a transform step has no side effect; its recovery is "
-                                    "'repeatable'");
+        Error(step.line, step.name,
+              "a transform step has no side effect; its recovery is "
+              "'repeatable'");
       }
       if (step.lookup || step.compensate) {
         Error(step.line, step.name, "a transform step has no side effect to look up or compensate");
@@ -380,7 +406,8 @@ class Validator {
       Error(step.line, step.name, "recovery 'lookup' needs a 'lookup' request");
     }
     if (side_effecting) WarnWithoutTenant(step);
-    if (step.recovery == RecoveryClass::kRepeatable && side_effecting && !step.idempotency_honored) {
+    if (step.recovery == RecoveryClass::kRepeatable && side_effecting &&
+        !step.idempotency_honored) {
       Error(step.line, step.name,
             "recovery 'repeatable' means safe to redo, but " + step.request.method +
                 " changes something and the target does not honour its idempotency key");
@@ -399,8 +426,10 @@ class Validator {
       Error(step.line, step.notify, of + ", which does not exist");
     } else if (reported >= index) {
       Error(step.line, step.notify,
-            of + ", which has not run yet at this point: a notification is sent only after the "
-                 "outcome it announces is committed; move it after '" + step.reports + "'");
+            of +
+                ", which has not run yet at this point: a notification is sent only after the "
+                "outcome it announces is committed; move it after '" +
+                step.reports + "'");
     } else if (definition_.steps[reported].optional) {
       Error(step.line, step.notify,
             of + ", which is optional and may have failed: it would announce what did not "
@@ -482,9 +511,13 @@ class Validator {
                            (earlier.lookup && !earlier.lookup->external_id.empty())));
     if (!records) {
       Warn(step.line, step.name,
-           "when: step '" + earlier.name + "' records no external id (no result.external_id), "
-           "so {{" + JoinPath(path) + "}} is never present; test what the step keeps of its "
-           "answer instead, e.g. {{steps." + earlier.name + ".response.id}}");
+           "when: step '" + earlier.name +
+               "' records no external id (no result.external_id), "
+               "so {{" +
+               JoinPath(path) +
+               "}} is never present; test what the step keeps of its "
+               "answer instead, e.g. {{steps." +
+               earlier.name + ".response.id}}");
     }
   }
 
@@ -565,9 +598,12 @@ std::string PointerOf(const Path& path, size_t from) {
   for (size_t i = from; i < path.size(); ++i) {
     pointer += '/';
     for (char c : path[i]) {
-      if (c == '~') pointer += "~0";
-      else if (c == '/') pointer += "~1";
-      else pointer += c;
+      if (c == '~')
+        pointer += "~0";
+      else if (c == '/')
+        pointer += "~1";
+      else
+        pointer += c;
     }
   }
   return pointer;

@@ -175,16 +175,14 @@ Change Decided(const Facts& facts, StepRecord step, const Json& record) {
     return change;
   }
   std::string message = TextAt(decision, "outcome") == "timeout"
-                            ? "no decision within " +
-                                  FormatDuration(def.approval.timeout)
+                            ? "no decision within " + FormatDuration(def.approval.timeout)
                             : "approval rejected by " + TextAt(decision, "by", "?");
   const bool timed_out = TextAt(decision, "outcome") == "timeout";
-  if (const std::string comment = TextAt(decision, "comment");
-      !comment.empty() && !timed_out) {
+  if (const std::string comment = TextAt(decision, "comment"); !comment.empty() && !timed_out) {
     message += ": " + comment;
   }
-  const RejectRoute route = timed_out && !def.approval.timeout_rejects ? def.approval.on_timeout
-                                                                        : def.approval.on_reject;
+  const RejectRoute route =
+      timed_out && !def.approval.timeout_rejects ? def.approval.on_timeout : def.approval.on_reject;
   if (route == RejectRoute::kCompensate) {
     return FailStep(facts, step, ErrorClass::kRejected, message, std::nullopt);
   }
@@ -205,8 +203,8 @@ Change Decided(const Facts& facts, StepRecord step, const Json& record) {
 
 AuditRecord DecisionAudit(const Facts& facts, const std::string& action, const std::string& reason,
                           const Decision& decision, Json detail) {
-  return {0, facts.now, decision.actor, facts.instance.tenant, facts.instance.id, action, reason,
-          JsonText(detail)};
+  return {0,      facts.now, decision.actor,  facts.instance.tenant, facts.instance.id,
+          action, reason,    JsonText(detail)};
 }
 
 }  // namespace
@@ -261,8 +259,7 @@ Change OpenApproval(const Facts& facts, int index,
     // A definition's mistake, not a decision: nothing is undone for it; an operator
     // fixes the data (a revision) or the definition and retries.
     step.attempts += 1;
-    return FailStepAndWait(facts, step,
-                           "approval: " + std::string(snapshot.status().message()));
+    return FailStepAndWait(facts, step, "approval: " + std::string(snapshot.status().message()));
   }
   const Json before = RecordOf(step);
   step.attempts += 1;  // the request's number
@@ -295,14 +292,13 @@ Change OpenApproval(const Facts& facts, int index,
     }
     // Decided on data that changed before the request opened (or by whom the request
     // now names as its requester): not this request's.
-    dropped.push_back({0, facts.now, by, facts.instance.tenant, facts.instance.id,
-                       "decision_dropped",
-                       own ? "decided before its request opened by '" + by + "', who " +
-                                 OwnInterest(facts, snapshot->requester, record, by)
-                           : "decided on data version " + Short(TextAt(*early, "data_version")) +
-                                 " before its request opened; the request is on " +
-                                 Short(snapshot->data_version),
-                       JsonText(Json{{"step", step.name}, {"decision", *early}})});
+    dropped.push_back(
+        {0, facts.now, by, facts.instance.tenant, facts.instance.id, "decision_dropped",
+         own ? "decided before its request opened by '" + by + "', who " +
+                   OwnInterest(facts, snapshot->requester, record, by)
+             : "decided on data version " + Short(TextAt(*early, "data_version")) +
+                   " before its request opened; the request is on " + Short(snapshot->data_version),
+         JsonText(Json{{"step", step.name}, {"decision", *early}})});
   }
   Change change = At(facts);
   step.state = StepState::kWaiting;
@@ -352,8 +348,8 @@ Change ApprovalDue(const Facts& facts, int index) {
              "escalated to group " + spec.escalate_to);
     AttachToLastEvent(change, record);
     change.audits.push_back({0, facts.now, "waystone", facts.instance.tenant, facts.instance.id,
-                             "approval_escalated", "no decision within " +
-                                 FormatDuration(spec.escalate_after),
+                             "approval_escalated",
+                             "no decision within " + FormatDuration(spec.escalate_after),
                              JsonText(Json{{"step", step.name},
                                            {"request", step.attempts},
                                            {"escalated_to", spec.escalate_to}})});
@@ -405,18 +401,18 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
   // material data (by any route, at any time before the decision) does not decide it.
   if (const std::string why = OwnInterest(facts, requester, record, decision.actor);
       !why.empty() && step.state != StepState::kCompleted && step.state != StepState::kFailed) {
-    return refuse(absl::PermissionDeniedError("'" + decision.actor + "' " + why +
-                                              " and may not decide step '" + step.name +
-                                              "' (four eyes)"),
-                  nullptr);
+    return refuse(
+        absl::PermissionDeniedError("'" + decision.actor + "' " + why +
+                                    " and may not decide step '" + step.name + "' (four eyes)"),
+        nullptr);
   }
   if (step.state == StepState::kPending && !def.approval.requester.empty() &&
       current.requester.empty()) {
     // Who asked is not known yet (its template reads what is not there yet): a
     // decision now could be the requester's own.
-    return refuse(absl::FailedPreconditionError(
-                      "step '" + step.name + "' cannot take a decision before its request "
-                      "opens: its requester is not known yet"),
+    return refuse(absl::FailedPreconditionError("step '" + step.name +
+                                                "' cannot take a decision before its request "
+                                                "opens: its requester is not known yet"),
                   nullptr);
   }
   const Json* standing = nullptr;
@@ -427,9 +423,8 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
     standing = &record["decision"];
   }
   const std::string standing_version =
-      step.state == StepState::kPending
-          ? TextAt(ObjectAt(record, "early_decision"), "data_version")
-          : TextAt(record, "data_version");
+      step.state == StepState::kPending ? TextAt(ObjectAt(record, "early_decision"), "data_version")
+                                        : TextAt(record, "data_version");
   if (standing != nullptr && TextAt(*standing, "by") == decision.actor &&
       TextAt(*standing, "outcome") == Outcome(decision.approve) &&
       standing_version == decision.data_version) {
@@ -438,36 +433,36 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
     return out;
   }
   if (standing != nullptr) {
-    return refuse(absl::FailedPreconditionError(
-                      "step '" + step.name + "' was decided already: " + Describe(*standing) +
-                      " on data version " + Short(standing_version) +
-                      "; the first decision stands"),
+    return refuse(absl::FailedPreconditionError("step '" + step.name +
+                                                "' was decided already: " + Describe(*standing) +
+                                                " on data version " + Short(standing_version) +
+                                                "; the first decision stands"),
                   standing);
   }
   const InstanceState state = facts.instance.state;
   if (state != InstanceState::kRunning && state != InstanceState::kNeedsAttention) {
-    return refuse(absl::FailedPreconditionError(
-                      "instance '" + facts.instance.key + "' is " + std::string(ToString(state)) +
-                      "; step '" + step.name + "' takes no more decisions"),
+    return refuse(absl::FailedPreconditionError("instance '" + facts.instance.key + "' is " +
+                                                std::string(ToString(state)) + "; step '" +
+                                                step.name + "' takes no more decisions"),
                   nullptr);
   }
   const std::string current_version = open ? step.request_hash : current.data_version;
   if (open && decision.request != 0 && decision.request != step.attempts) {
-    return refuse(absl::FailedPreconditionError(
-                      "request " + std::to_string(decision.request) + " of step '" + step.name +
-                      "' is not the open one: the current request is " +
-                      std::to_string(step.attempts) + ", on data version " +
-                      Short(current_version)),
-                  nullptr);
+    return refuse(
+        absl::FailedPreconditionError("request " + std::to_string(decision.request) + " of step '" +
+                                      step.name + "' is not the open one: the current request is " +
+                                      std::to_string(step.attempts) + ", on data version " +
+                                      Short(current_version)),
+        nullptr);
   }
   if (step.state == StepState::kPending && decision.request != 0 &&
       decision.request <= step.attempts) {
-    return refuse(absl::FailedPreconditionError(
-                      "request " + std::to_string(decision.request) + " of step '" + step.name +
-                      "' was cancelled (superseded): the next request is " +
-                      std::to_string(step.attempts + 1) + ", on data version " +
-                      Short(current_version)),
-                  nullptr);
+    return refuse(
+        absl::FailedPreconditionError(
+            "request " + std::to_string(decision.request) + " of step '" + step.name +
+            "' was cancelled (superseded): the next request is " +
+            std::to_string(step.attempts + 1) + ", on data version " + Short(current_version)),
+        nullptr);
   }
   if ((open || step.state == StepState::kPending) && decision.data_version != current_version) {
     return refuse(absl::FailedPreconditionError(
@@ -489,11 +484,11 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
     AttachToLastEvent(out.change, record);
   } else if (step.state == StepState::kPending) {
     if (decision.request != 0 && decision.request != step.attempts + 1) {
-      return refuse(absl::FailedPreconditionError(
-                        "step '" + step.name + "' has no request " +
-                        std::to_string(decision.request) + " yet: its next is " +
-                        std::to_string(step.attempts + 1)),
-                    nullptr);
+      return refuse(
+          absl::FailedPreconditionError("step '" + step.name + "' has no request " +
+                                        std::to_string(decision.request) + " yet: its next is " +
+                                        std::to_string(step.attempts + 1)),
+          nullptr);
     }
     decided["before_request"] = true;
     record["early_decision"] = decided;
@@ -502,10 +497,10 @@ DecisionOutcome DecisionArrived(const Facts& facts, int index, const Decision& d
     AddEvent(facts, out.change, "waystone.approval.decided", &step,
              "decided before its request opened: " + reason);
   } else {
-    return refuse(absl::FailedPreconditionError("step '" + step.name + "' is " +
-                                                std::string(ToString(step.state)) +
-                                                "; it takes no decision"),
-                  nullptr);
+    return refuse(
+        absl::FailedPreconditionError("step '" + step.name + "' is " +
+                                      std::string(ToString(step.state)) + "; it takes no decision"),
+        nullptr);
   }
   Json taken = detail;
   if (!open) taken["before_request"] = true;
@@ -521,8 +516,8 @@ absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revis
                                          std::string(ToString(instance.state)) +
                                          "; its input can no longer be revised");
   }
-  const Json before = Json::parse(instance.input_json.empty() ? "null" : instance.input_json,
-                                  nullptr, false);
+  const Json before =
+      Json::parse(instance.input_json.empty() ? "null" : instance.input_json, nullptr, false);
   const Json after = Json::parse(revision.input_json, nullptr, false);
   if (!after.is_object()) return absl::InvalidArgumentError("the input must be a JSON object");
   RevisionOutcome out;
@@ -590,9 +585,9 @@ absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revis
     } else if (step.state == StepState::kCompleted || step.state == StepState::kFailed) {
       const Json decision = ObjectAt(record, "decision");
       return absl::FailedPreconditionError(
-          "step '" + step.name + "' decided request " + std::to_string(step.attempts) +
-          " (" + (decision.is_object() ? Describe(decision) : std::string("?")) +
-          ") on data version " + Short(step.request_hash) +
+          "step '" + step.name + "' decided request " + std::to_string(step.attempts) + " (" +
+          (decision.is_object() ? Describe(decision) : std::string("?")) + ") on data version " +
+          Short(step.request_hash) +
           "; the revision changes its material fields, which a decision never follows: "
           "close the case and start anew, or revise only what is not material");
     }
@@ -609,8 +604,8 @@ absl::StatusOr<RevisionOutcome> Revise(const Facts& facts, const Revision& revis
   change.steps = std::move(touched);
   change.input_json = JsonText(after);
   Json detail = {{"input_hash", out.input_hash},
-                 {"previous_input_hash", Sha256Hex(before.is_discarded() ? instance.input_json
-                                                                         : JsonText(before))},
+                 {"previous_input_hash",
+                  Sha256Hex(before.is_discarded() ? instance.input_json : JsonText(before))},
                  {"material", out.material},
                  {"cancelled", out.cancelled},
                  {"reopened", out.reopened},

@@ -61,11 +61,14 @@ absl::StatusOr<OperatorRequest> BatchRequest(const BatchRecord& batch) {
 
 InstanceState AimOf(OperatorAction action) {
   switch (action) {
-    case OperatorAction::kCompensate: return InstanceState::kCompensated;
-    case OperatorAction::kClose: return InstanceState::kClosed;
+    case OperatorAction::kCompensate:
+      return InstanceState::kCompensated;
+    case OperatorAction::kClose:
+      return InstanceState::kClosed;
     case OperatorAction::kRetry:
     case OperatorAction::kConfirm:
-    case OperatorAction::kSkip: return InstanceState::kCompleted;
+    case OperatorAction::kSkip:
+      return InstanceState::kCompleted;
   }
   return InstanceState::kCompleted;
 }
@@ -139,7 +142,8 @@ absl::Status BatchRunner::ApplyItem(const BatchItemRecord& item) {
     return absl::IsFailedPrecondition(status) ? absl::OkStatus() : status;
   };
   auto request = BatchRequest(batch);
-  if (!request.ok()) return finish(BatchItemState::kFailed, std::string(request.status().message()));
+  if (!request.ok())
+    return finish(BatchItemState::kFailed, std::string(request.status().message()));
   if (item.tries > 1) {
     // Taken again: its last runner may have applied it and died before saying so.
     WS_ASSIGN_OR_RETURN(bool before, AppliedBefore(batch, item));
@@ -161,7 +165,8 @@ absl::Status BatchRunner::ApplyItem(const BatchItemRecord& item) {
   if (absl::IsAlreadyExists(why)) return finish(BatchItemState::kApplied, "");
   if (absl::IsAborted(why) || absl::IsUnavailable(why)) {
     // A worker holds the instance, or the store is busy: taken again later.
-    if (item.tries < options_.max_tries) return finish(BatchItemState::kPending, std::string(why.message()));
+    if (item.tries < options_.max_tries)
+      return finish(BatchItemState::kPending, std::string(why.message()));
     return finish(BatchItemState::kFailed, std::string(why.message()));
   }
   // A refusal may come from this batch's own action, applied by a runner whose claim
@@ -191,8 +196,8 @@ absl::StatusOr<bool> BatchRunner::Judge(const BatchItemRecord& item) {
     if (!aimed) update.message = instance->status_reason;
   } else if (now - item.applied_at >= options_.settle_patience) {
     update.result_state = std::string(ToString(instance->state));
-    update.message = "not at rest " + std::to_string(options_.settle_patience / 1000) +
-                     " s after the action";
+    update.message =
+        "not at rest " + std::to_string(options_.settle_patience / 1000) + " s after the action";
   } else {
     return false;  // still on its way: judged in a later round
   }

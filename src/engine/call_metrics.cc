@@ -1,4 +1,5 @@
 #include "engine/call_metrics.h"
+
 #include "base/mutex.h"
 
 namespace waystone {

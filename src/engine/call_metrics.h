@@ -12,8 +12,8 @@ namespace waystone {
 // Latency of the external calls this process made, by phase (call, lookup,
 // compensate): a Prometheus histogram kept in memory. Counts start at zero when
 // the process starts, like any Prometheus counter.
-inline constexpr std::array<double, 12> kCallLatencyBuckets = {
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+inline constexpr std::array<double, 12> kCallLatencyBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                               0.5,   1,    2.5,   5,    10,  30};
 
 enum class CallPhase : uint8_t { kCall = 0, kLookup = 1, kCompensate = 2 };
 inline constexpr std::array<std::string_view, 3> kCallPhaseNames = {"call", "lookup", "compensate"};

@@ -8,8 +8,8 @@
 namespace waystone {
 
 absl::Status DefinitionCatalog::Register(const WorkflowDefinition& definition, Millis now) {
-  auto status = store_->PutDefinition(definition.content_hash, definition.name,
-                                      definition.source, definition.text, now);
+  auto status = store_->PutDefinition(definition.content_hash, definition.name, definition.source,
+                                      definition.text, now);
   if (!status.ok()) return status;
   auto shared = std::make_shared<const WorkflowDefinition>(definition);
   MutexLock lock(mu_);

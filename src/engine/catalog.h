@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "base/mutex.h"
 #include "absl/status/statusor.h"
+#include "base/mutex.h"
 #include "definition/definition.h"
 #include "store/store.h"
 

@@ -4,11 +4,11 @@
 #include <atomic>
 #include <cctype>
 #include <mutex>
-
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
 #include "base/log.h"
@@ -19,16 +19,16 @@
 #include "engine/code_transaction.h"
 #include "engine/code_workflow.h"
 #include "engine/context.h"
-#include "store/outbox_events.h"
 #include "engine/lease_keeper.h"
 #include "engine/rate_slot.h"
 #include "engine/target_settings.h"
 #include "engine/transitions.h"
-#include "model/keys.h"
 #include "model/json_text.h"
+#include "model/keys.h"
 #include "model/target_gate.h"
 #include "model/template.h"
 #include "store/business_statement.h"
+#include "store/outbox_events.h"
 
 namespace waystone {
 
@@ -197,8 +197,8 @@ class CodeRun final : public CodeContext {
         for (int page = 1;; ++page) {
           // The first page asks the target (the next follow at once, as a YAML
           // lookup's do); only the first page's 404 says "nothing there".
-          HttpResponse answer = page == 1 ? Send(request, "", answered)
-                                          : Send(request, "", {}, /*admit=*/false);
+          HttpResponse answer =
+              page == 1 ? Send(request, "", answered) : Send(request, "", {}, /*admit=*/false);
           const std::string where = page > 1 ? " (page " + std::to_string(page) + ")" : "";
           if (Classify(answer.outcome, page == 1 ? answered : StatusOverrides{}) !=
               ErrorClass::kNone) {
@@ -229,16 +229,17 @@ class CodeRun final : public CodeContext {
         return Failure(Classify(answer.outcome, errors), answer);
       };
     }
-    return Step(name, RequestHash(request.method, request.url, request.body),
-                [&]() -> absl::StatusOr<std::string> {
-                  ErrorClass error = ErrorClass::kNone;  // classed once, as its history has it
-                  HttpResponse answer =
-                      Send(request, current_key_, errors, true, &options.classify, &error);
-                  if (error == ErrorClass::kNone) return ResultJson(answer);
-                  retry_after_ = answer.outcome.retry_after;  // when the server says to come back
-                  return Failure(error, answer);
-                },
-                step);
+    return Step(
+        name, RequestHash(request.method, request.url, request.body),
+        [&]() -> absl::StatusOr<std::string> {
+          ErrorClass error = ErrorClass::kNone;  // classed once, as its history has it
+          HttpResponse answer =
+              Send(request, current_key_, errors, true, &options.classify, &error);
+          if (error == ErrorClass::kNone) return ResultJson(answer);
+          retry_after_ = answer.outcome.retry_after;  // when the server says to come back
+          return Failure(error, answer);
+        },
+        step);
   }
 
   absl::StatusOr<std::string> Transaction(
@@ -282,8 +283,8 @@ class CodeRun final : public CodeContext {
                                                   d_.tenant_scoped_sql);
     Change change;
     (added ? change.added_steps : change.steps).push_back(row);
-    change.events.push_back(MakeEvent("waystone.step.completed", instance_, &row, "",
-                                      *d_.random, now));
+    change.events.push_back(
+        MakeEvent("waystone.step.completed", instance_, &row, "", *d_.random, now));
     change.work = work;
     absl::Status committed;
     {
@@ -308,16 +309,14 @@ class CodeRun final : public CodeContext {
   }
 
   absl::StatusOr<Millis> Now() override {
-    WS_ASSIGN_OR_RETURN(std::string value, Value(kNow, [&] {
-                          return std::to_string(d_.clock->NowMillis());
-                        }));
+    WS_ASSIGN_OR_RETURN(std::string value,
+                        Value(kNow, [&] { return std::to_string(d_.clock->NowMillis()); }));
     return std::stoll(value);
   }
 
   absl::StatusOr<uint64_t> Random() override {
-    WS_ASSIGN_OR_RETURN(std::string value, Value(kRandom, [&] {
-                          return std::to_string(d_.random->Next());
-                        }));
+    WS_ASSIGN_OR_RETURN(std::string value,
+                        Value(kRandom, [&] { return std::to_string(d_.random->Next()); }));
     return std::stoull(value);
   }
 
@@ -414,8 +413,8 @@ class CodeRun final : public CodeContext {
       change.added_steps.push_back(row);
       change.take = KeptEventTake{event.seq, row.index};
       change.events.push_back(MakeEvent("waystone.step.completed", instance_, &row,
-                                        "event " + event_type + " kept since it came",
-                                        *d_.random, row.finished_at));
+                                        "event " + event_type + " kept since it came", *d_.random,
+                                        row.finished_at));
       if (!Commit(std::move(change))) return Stopped();
       return event.data_json;
     }
@@ -460,8 +459,7 @@ class CodeRun final : public CodeContext {
   class Restricted {
    public:
     Restricted(CodeRun* run, std::string key, int index = -1,
-               AttemptPhase phase = AttemptPhase::kCall, bool keep_lease = true,
-               Millis until = 0)
+               AttemptPhase phase = AttemptPhase::kCall, bool keep_lease = true, Millis until = 0)
         : run_(run), held_(keep_lease ? run->d_.keeper : nullptr, run->lease_, until) {
       run_->current_key_ = std::move(key);
       run_->current_index_ = index;
@@ -499,9 +497,9 @@ class CodeRun final : public CodeContext {
     absl::StatusOr<const TargetSpec*> target = TargetOf(*targets, request.url, TargetContext());
     if (!target.ok() || *target == nullptr) return std::nullopt;
     const Millis now = d_.clock->NowMillis();
-    absl::StatusOr<TargetAnswer> answer = AskTarget(*d_.store, instance_.tenant, **target, now,
-                                                    d_.lease_duration, request.timeout, lease_,
-                                                    *d_.random);
+    absl::StatusOr<TargetAnswer> answer =
+        AskTarget(*d_.store, instance_.tenant, **target, now, d_.lease_duration, request.timeout,
+                  lease_, *d_.random);
     if (!answer.ok()) {
       // The store could not answer: nothing goes, and it asks again shortly.
       return CodeWait{now + 1000, std::string(kAwaitingTarget) + (*target)->name +
@@ -620,13 +618,14 @@ class CodeRun final : public CodeContext {
     const StepRecord& recorded = journal_[position_];
     if (recorded.name != name) {
       (void)Diverge("recorded '" + recorded.name + "' at step " + std::to_string(position_ + 1) +
-              ", this run asks for '" + name + "'");
+                    ", this run asks for '" + name + "'");
       return nullptr;
     }
     if (recorded.request_hash != hash) {
       (void)Diverge("step " + std::to_string(position_ + 1) + " '" + name +
-              "' was recorded with another input (hash " + recorded.request_hash.substr(0, 12) +
-              "), this run gives " + hash.substr(0, 12));
+                    "' was recorded with another input (hash " +
+                    recorded.request_hash.substr(0, 12) + "), this run gives " +
+                    hash.substr(0, 12));
       return nullptr;
     }
     ++position_;
@@ -673,7 +672,8 @@ class CodeRun final : public CodeContext {
 
   // Runs step `index` again: a retry after a transient failure, or a repeat after
   // an unknown outcome of a repeatable step (or a lookup that found nothing).
-  absl::StatusOr<std::string> Attempt(int index, const std::function<absl::StatusOr<std::string>()>& fn,
+  absl::StatusOr<std::string> Attempt(int index,
+                                      const std::function<absl::StatusOr<std::string>()>& fn,
                                       const CodeStepOptions& options) {
     if (stop_token_.stop_requested()) return Rest(d_.clock->NowMillis());
     if (options.admit) {
@@ -705,7 +705,8 @@ class CodeRun final : public CodeContext {
   }
 
   // Runs the step whose `running` checkpoint is committed, and records its outcome.
-  absl::StatusOr<std::string> Call(int index, const std::function<absl::StatusOr<std::string>()>& fn,
+  absl::StatusOr<std::string> Call(int index,
+                                   const std::function<absl::StatusOr<std::string>()>& fn,
                                    const CodeStepOptions& options) {
     const std::string name = journal_[index].name;
     CrashPoint("before-call", name);
@@ -785,7 +786,8 @@ class CodeRun final : public CodeContext {
   // it is looked up, or run again when it is repeatable; a step that can be neither
   // waits for an operator, and so does one whose attempts ran out while its outcome
   // is still unknown.
-  absl::StatusOr<std::string> Recover(int index, const std::function<absl::StatusOr<std::string>()>& fn,
+  absl::StatusOr<std::string> Recover(int index,
+                                      const std::function<absl::StatusOr<std::string>()>& fn,
                                       const CodeStepOptions& options) {
     StepRecord row = journal_[index];
     const Millis now = d_.clock->NowMillis();
@@ -815,7 +817,8 @@ class CodeRun final : public CodeContext {
       Change change;
       change.steps.push_back(row);
       return Park("step '" + row.name + "' may have acted: its outcome was unknown " +
-                      std::to_string(row.unknowns) + " times; an operator finds out what "
+                      std::to_string(row.unknowns) +
+                      " times; an operator finds out what "
                       "happened",
                   std::move(change));
     }
@@ -874,7 +877,8 @@ class CodeRun final : public CodeContext {
       if (options.timeout > 0 && !options.repeatable) {
         Change change;
         change.steps.push_back(row);
-        return Park("step '" + row.name + "': its lookup found nothing, but a run past its "
+        return Park("step '" + row.name +
+                        "': its lookup found nothing, but a run past its "
                         "timeout may still act, and it is not repeatable; an operator "
                         "confirms whether it happened",
                     std::move(change));
@@ -917,8 +921,8 @@ class CodeRun final : public CodeContext {
   // The function returned: its output is the instance's.
   void Finish(const std::string& output) {
     if (position_ < journal_.size()) {
-      (void)Diverge("the function returned before step " + std::to_string(position_ + 1) +
-                    " '" + journal_[position_].name + "', which it recorded");
+      (void)Diverge("the function returned before step " + std::to_string(position_ + 1) + " '" +
+                    journal_[position_].name + "', which it recorded");
       return;
     }
     const Millis now = d_.clock->NowMillis();
@@ -942,8 +946,7 @@ class CodeRun final : public CodeContext {
   // reverse order, each recorded on its step, then the instance rests compensated
   // (failed when there was nothing to undo).
   void Fail(const absl::Status& error) {
-    const std::string reason =
-        error.ok() ? "the function completed" : std::string(error.message());
+    const std::string reason = error.ok() ? "the function completed" : std::string(error.message());
     if (!compensating_) {
       if (compensations_.empty()) {
         Change change;
@@ -972,8 +975,7 @@ class CodeRun final : public CodeContext {
     InstanceRecord after = instance_;
     after.state = InstanceState::kCompensated;
     change.events.push_back(MakeEvent("waystone.instance.compensated", after, nullptr,
-                                      instance_.status_reason, *d_.random,
-                                      d_.clock->NowMillis()));
+                                      instance_.status_reason, *d_.random, d_.clock->NowMillis()));
     Release(std::move(change));
   }
 
@@ -984,7 +986,8 @@ class CodeRun final : public CodeContext {
     StepRecord row = journal_[index];
     if (row.state == StepState::kCompensated) return true;
     if (row.state == StepState::kCompensationFailed) {
-      (void)Park("the compensation of step '" + row.name + "' failed: " + row.error_message, Change());
+      (void)Park("the compensation of step '" + row.name + "' failed: " + row.error_message,
+                 Change());
       return false;
     }
     const Millis now = d_.clock->NowMillis();
@@ -1033,7 +1036,8 @@ class CodeRun final : public CodeContext {
     const ErrorClass error = ClassifyCodeFailure(undone);
     // Nothing happened, or it may have: undone again (a compensation is expected to
     // be repeatable, under its own key), within the attempts.
-    if (error != ErrorClass::kRejected && !kCompensationRetry.Exhausted(row.compensation_attempts)) {
+    if (error != ErrorClass::kRejected &&
+        !kCompensationRetry.Exhausted(row.compensation_attempts)) {
       row.state = StepState::kCompleted;
       row.next_attempt_at =
           now + kCompensationRetry.NextDelay(row.compensation_attempts, std::nullopt, *d_.random);
@@ -1044,7 +1048,7 @@ class CodeRun final : public CodeContext {
     row.state = StepState::kCompensationFailed;
     change.steps.push_back(row);
     (void)Park("the compensation of step '" + row.name + "' failed: " + row.error_message,
-         std::move(change));
+               std::move(change));
     return false;
   }
 
@@ -1160,7 +1164,7 @@ class CodeRun final : public CodeContext {
   const RunnerDeps& d_;
   const Lease lease_;
   InstanceRecord instance_;
-  std::vector<StepRecord> journal_;  // the step rows as committed, by index
+  std::vector<StepRecord> journal_;    // the step rows as committed, by index
   std::optional<Millis> retry_after_;  // the Retry-After of the step's call that just failed
   // Set by Send when a target refused a lookup or a compensation (not sent).
   std::optional<CodeWait> waiting_;
@@ -1168,7 +1172,7 @@ class CodeRun final : public CodeContext {
   // The call's admission (AdmitCall), taken before its checkpoint, for its Send.
   std::optional<AdmittedCall> admitted_;
   mutable std::optional<nlohmann::json> target_context_;  // input and instance, for targets
-  size_t position_ = 0;              // the next step the function reaches
+  size_t position_ = 0;                                   // the next step the function reaches
   std::stop_token stop_token_;
   bool compensating_;
   std::optional<Stop> stop_;
@@ -1195,8 +1199,7 @@ bool IsCodeRunStopped(const absl::Status& status) {
 
 absl::StatusOr<DriveResult> DriveCodeWorkflow(const RunnerDeps& deps, const Lease& lease,
                                               const InstanceRecord& instance,
-                                              std::vector<StepRecord> steps,
-                                              std::stop_token stop) {
+                                              std::vector<StepRecord> steps, std::stop_token stop) {
   std::shared_ptr<const CodeWorkflow> workflow =
       deps.code != nullptr ? deps.code->Find(instance.workflow) : nullptr;
   if (workflow == nullptr) {

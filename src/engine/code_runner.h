@@ -20,7 +20,6 @@ namespace waystone {
 // (never `calling`: the function's own steps wait on this thread).
 absl::StatusOr<DriveResult> DriveCodeWorkflow(const RunnerDeps& deps, const Lease& lease,
                                               const InstanceRecord& instance,
-                                              std::vector<StepRecord> steps,
-                                              std::stop_token stop);
+                                              std::vector<StepRecord> steps, std::stop_token stop);
 
 }  // namespace waystone

@@ -48,8 +48,7 @@ class TransactionWork::Session final : public CodeTransaction {
     }
     if (params.size() != parsed->names.size()) {
       for (const auto& [name, value] : params) {
-        if (std::find(parsed->names.begin(), parsed->names.end(), name) ==
-            parsed->names.end()) {
+        if (std::find(parsed->names.begin(), parsed->names.end(), name) == parsed->names.end()) {
           return absl::InvalidArgumentError("value for ':" + name +
                                             "', which the statement does not use");
         }

@@ -81,8 +81,8 @@ class CodeTransaction {
   // Runs `statement`, with :name parameters bound from `params` (never spliced), on
   // a table of the program's own (Waystone's tables are refused); returns its rows
   // as {"rows": [...], "count": n}.
-  virtual absl::StatusOr<std::string> Execute(
-      const std::string& statement, const std::map<std::string, SqlParam>& params) = 0;
+  virtual absl::StatusOr<std::string> Execute(const std::string& statement,
+                                              const std::map<std::string, SqlParam>& params) = 0;
   // Adds an outbox event, committed with the transaction (the relay delivers it).
   virtual void Emit(const std::string& type, const std::string& payload_json) = 0;
 
@@ -112,8 +112,7 @@ struct CodeCallOptions {
   std::function<absl::StatusOr<std::optional<std::string>>(const std::string& answer_json)> found;
   // Over pages: the request for the page after `page_json` (one `found` found
   // nothing in), nullopt after the last. Up to 100 pages.
-  std::function<absl::StatusOr<std::optional<HttpRequest>>(const std::string& page_json)>
-      next_page;
+  std::function<absl::StatusOr<std::optional<HttpRequest>>(const std::string& page_json)> next_page;
   // The request that undoes the completed call (given its result), sent with the key
   // "<call's key>:compensate"; nullopt: nothing to undo; an error: it cannot be
   // undone (an operator decides).
@@ -132,8 +131,7 @@ class CodeContext {
   // Runs `fn` once for the instance, recorded as step `name` at the next position
   // (an earlier run's result is returned without running it). `input_json` is
   // hashed: another input at the same position is a divergence.
-  virtual absl::StatusOr<std::string> Step(const std::string& name,
-                                           const std::string& input_json,
+  virtual absl::StatusOr<std::string> Step(const std::string& name, const std::string& input_json,
                                            const std::function<absl::StatusOr<std::string>()>& fn,
                                            const CodeStepOptions& options) = 0;
   // Sends `request` once for the instance as step `name` (a step whose function is

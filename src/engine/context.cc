@@ -188,9 +188,9 @@ void InstanceContext::Reset() {
 }
 
 TemplateScope InstanceContext::For(const InstanceRecord& instance,
-                                  const std::vector<StepRecord>& steps,
-                                  const std::string& step_name,
-                                  const std::string& idempotency_key) {
+                                   const std::vector<StepRecord>& steps,
+                                   const std::string& step_name,
+                                   const std::string& idempotency_key) {
   if (!context_) context_ = environment_->BuildOwnPart(instance);
   nlohmann::json& by_name = (*context_)["steps"];
   if (!by_name.is_object() || shown_.size() != steps.size()) {
@@ -247,7 +247,7 @@ std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definitio
                                              Millis retention) {
   std::vector<IdempotencyClaim> owed;
   if (definition.code) return owed;  // a code workflow has no notification channels
-  std::vector<StepRecord> after;  // the steps as `change` leaves them, when needed
+  std::vector<StepRecord> after;     // the steps as `change` leaves them, when needed
   for (const StepRecord& done : change.steps) {
     if (done.state != StepState::kCompleted || steps[done.index].state == StepState::kCompleted) {
       continue;
@@ -263,8 +263,9 @@ std::vector<IdempotencyClaim> OwedDeliveries(const WorkflowDefinition& definitio
       std::string key =
           StepIdempotencyKey(definition, instance, after, static_cast<int>(j), environment);
       if (key.empty()) continue;
-      IdempotencyClaim claim{instance.tenant, std::move(key), "", instance.id, channel.name,
-                             change.now + StepKeyRetention(definition, retention)};
+      IdempotencyClaim claim{
+          instance.tenant, std::move(key), "",
+          instance.id,     channel.name,   change.now + StepKeyRetention(definition, retention)};
       claim.exclusive = true;
       owed.push_back(std::move(claim));
     }

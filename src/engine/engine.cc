@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
-#include "base/mutex.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
 #include "engine/call_metrics.h"
@@ -23,16 +23,16 @@
 #include "engine/code_workflow.h"
 #include "engine/commit_queue.h"
 #include "engine/context.h"
-#include "store/outbox_events.h"
 #include "engine/instance_runner.h"
 #include "engine/lease_keeper.h"
-#include "store/lease_owners.h"
 #include "engine/operations.h"
 #include "engine/pacer.h"
 #include "engine/target_settings.h"
 #include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
+#include "store/lease_owners.h"
+#include "store/outbox_events.h"
 
 namespace waystone {
 
@@ -72,9 +72,19 @@ class Engine::Impl {
   }
 
   RunnerDeps Deps() {
-    RunnerDeps deps{store_, &commits_, http_, clock_, random_, &catalog_, &environment_,
-                    options_.lease_duration, options_.idempotency_retention, keeper_.get(),
-                    metrics_, options_.files_dir, &code_};
+    RunnerDeps deps{store_,
+                    &commits_,
+                    http_,
+                    clock_,
+                    random_,
+                    &catalog_,
+                    &environment_,
+                    options_.lease_duration,
+                    options_.idempotency_retention,
+                    keeper_.get(),
+                    metrics_,
+                    options_.files_dir,
+                    &code_};
     deps.tenant_scoped_sql = !options_.tenants.empty();
     return deps;
   }
@@ -91,7 +101,8 @@ class Engine::Impl {
   absl::StatusOr<WorkflowDefinition> RegisterCode(const std::string& name,
                                                   std::shared_ptr<const CodeWorkflow> workflow) {
     if (name.empty() || name.size() > 128 ||
-        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+        name.find_first_not_of(
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
             std::string::npos) {
       return absl::InvalidArgumentError("workflow name '" + name +
                                         "': 1 to 128 letters, digits, '.', '_' or '-'");
@@ -165,15 +176,16 @@ class Engine::Impl {
       WS_ASSIGN_OR_RETURN(Template key_template, Template::Parse(definition.key));
       key = key_template.RenderText(environment_.ForKey(input, request.tenant));
       if (!key.ok()) {
-        return absl::InvalidArgumentError("business key '" + definition.key +
-                                          "' cannot be built from this input: " +
-                                          std::string(key.status().message()));
+        return absl::InvalidArgumentError(
+            "business key '" + definition.key +
+            "' cannot be built from this input: " + std::string(key.status().message()));
       }
       if (key->empty()) return absl::InvalidArgumentError("business key renders empty");
       if (!request.key.empty() && request.key != *key) {
         return absl::InvalidArgumentError("business key '" + request.key +
-                                          "' was asked for, but '" + definition.key +
-                                          "' gives '" + *key + "' for this input; nothing was "
+                                          "' was asked for, but '" + definition.key + "' gives '" +
+                                          *key +
+                                          "' for this input; nothing was "
                                           "started");
       }
     }
@@ -244,8 +256,7 @@ class Engine::Impl {
       InstanceRecord about = result->instance;
       about.tenant = in.tenant;
       WS_RETURN_IF_ERROR(RaiseInboxConflict(*store_, *random_, about, in.event_source, in.event_id,
-                                            result->stored_data_hash, in.event_data_hash,
-                                            in.now));
+                                            result->stored_data_hash, in.event_data_hash, in.now));
     }
     return result;
   }
@@ -347,12 +358,12 @@ class Engine::Impl {
   // Its fields are guarded by mu_ (the runner only by whoever drives it).
   struct Flight {
     std::unique_ptr<InstanceRunner> runner;
-    int out = 0;                                         // sent, not yet answered
+    int out = 0;  // sent, not yet answered
     // Answered, not yet recorded, oldest first: seldom more than one, and a vector
     // costs nothing while empty (a deque keeps a block for each of thousands waiting).
     std::vector<std::pair<int, HttpResponse>> answers;
-    bool parked = false;   // waits for an answer (counted in calling_)
-    bool broken = false;   // its drive ended with calls out: their answers are dropped
+    bool parked = false;  // waits for an answer (counted in calling_)
+    bool broken = false;  // its drive ended with calls out: their answers are dropped
   };
 
   void DispatchLoop(std::stop_token stop) {
@@ -409,10 +420,9 @@ class Engine::Impl {
         }
       }
       MutexLock lock(mu_);
-      dispatch_.wait_for(lock.native(), stop, std::chrono::milliseconds(options_.poll_interval),
-                     [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                       return slot_freed_ || work_arrived_;
-                     });
+      dispatch_.wait_for(
+          lock.native(), stop, std::chrono::milliseconds(options_.poll_interval),
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slot_freed_ || work_arrived_; });
       slot_freed_ = false;
       work_arrived_ = false;
     }
@@ -580,41 +590,40 @@ class Engine::Impl {
   void Send(const std::shared_ptr<Flight>& flight, OutgoingCall call) {
     const Millis now = clock_->NowMillis();
     if (const Millis at = NextSendTime(*store_, call.slot, now); at > now) {
-      pacer_.At(at, [this, flight, call = std::move(call)]() mutable {
-        Send(flight, std::move(call));
-      });
+      pacer_.At(
+          at, [this, flight, call = std::move(call)]() mutable { Send(flight, std::move(call)); });
       return;
     }
     http_->SendAsync(std::move(call.request),
                      [this, flight, id = call.id](HttpResponse response) mutable {
-      // Notified under the lock: once it is let go, Stop() may find calling_ at 0 and
-      // the engine be gone, so nothing of it is touched after.
-      MutexLock lock(mu_);
-      --flight->out;
-      bool resumable = false;  // queued in answered_ for a worker
-      if (flight->broken) {
-        if (flight->out == 0 && flight->parked) {
-          flight->parked = false;
-          held_.erase(flight->runner->instance_id());
-          flight->runner.reset();  // before Stop() may go on and free what it uses
-          --calling_;
-        }
-      } else {
-        flight->answers.emplace_back(id, std::move(response));
-        if (flight->parked) {
-          flight->parked = false;
-          --calling_;
-          answered_.push_back(flight);
-          resumable = true;
-        }
-      }
-      // (Not parked: the worker driving it takes the answer when its drive ends.)
-      if (stopping_) {
-        wake_.notify_all();  // the last call back lets every worker leave
-      } else if (resumable) {
-        wake_.notify_one();  // a worker records the answer
-      }
-    });
+                       // Notified under the lock: once it is let go, Stop() may find calling_ at 0
+                       // and the engine be gone, so nothing of it is touched after.
+                       MutexLock lock(mu_);
+                       --flight->out;
+                       bool resumable = false;  // queued in answered_ for a worker
+                       if (flight->broken) {
+                         if (flight->out == 0 && flight->parked) {
+                           flight->parked = false;
+                           held_.erase(flight->runner->instance_id());
+                           flight->runner.reset();  // before Stop() may go on and free what it uses
+                           --calling_;
+                         }
+                       } else {
+                         flight->answers.emplace_back(id, std::move(response));
+                         if (flight->parked) {
+                           flight->parked = false;
+                           --calling_;
+                           answered_.push_back(flight);
+                           resumable = true;
+                         }
+                       }
+                       // (Not parked: the worker driving it takes the answer when its drive ends.)
+                       if (stopping_) {
+                         wake_.notify_all();  // the last call back lets every worker leave
+                       } else if (resumable) {
+                         wake_.notify_one();  // a worker records the answer
+                       }
+                     });
   }
 
  public:
@@ -689,12 +698,12 @@ class Engine::Impl {
   std::unique_ptr<Operations> operations_;
 
   Mutex mu_;
-  std::condition_variable_any wake_;      // workers: an instance is ready or answered
-  std::condition_variable_any dispatch_;  // the dispatcher: a slot freed or work arrived
+  std::condition_variable_any wake_;              // workers: an instance is ready or answered
+  std::condition_variable_any dispatch_;          // the dispatcher: a slot freed or work arrived
   std::deque<Ready> ready_ ABSL_GUARDED_BY(mu_);  // not yet driven
   std::deque<std::shared_ptr<Flight>> answered_ ABSL_GUARDED_BY(mu_);  // to resume
-  int busy_ ABSL_GUARDED_BY(mu_) = 0;     // instances a worker drives now
-  int calling_ ABSL_GUARDED_BY(mu_) = 0;  // instances parked while their calls are under way
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;      // instances a worker drives now
+  int calling_ ABSL_GUARDED_BY(mu_) = 0;   // instances parked while their calls are under way
   int reserved_ ABSL_GUARDED_BY(mu_) = 0;  // slots held by starts under way
   // Instances whose lease this engine's workers hold (ready, driven, or waiting for
   // their calls): a local worker announces their rest, so AwaitRest need not read
@@ -716,7 +725,7 @@ class Engine::Impl {
   // coming to rest wakes only those who wait for it (64 callers each waiting for
   // their own instance were all woken by each one's finish).
   struct Awaited {
-    int waiters = 0;    // callers of AwaitRest on this instance
+    int waiters = 0;     // callers of AwaitRest on this instance
     uint64_t rests = 0;  // times a local worker left it at rest since the first came
     std::condition_variable_any rested;  // a local worker left it at rest
     // The row as the worker that last left it at rest committed it (none when that

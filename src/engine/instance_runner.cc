@@ -1,8 +1,8 @@
 #include "engine/instance_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -36,7 +36,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-
 // A lookup answered 404 found nothing: that is an answer, not a failure.
 const StatusOverrides kLookupStatuses = {{404, ErrorClass::kNone}};
 
@@ -47,9 +46,12 @@ bool BreaksHeaderLine(std::string_view value) {
 
 AttemptPhase AttemptPhaseOf(CallPhase phase) {
   switch (phase) {
-    case CallPhase::kCall: return AttemptPhase::kCall;
-    case CallPhase::kLookup: return AttemptPhase::kLookup;
-    case CallPhase::kCompensate: return AttemptPhase::kCompensate;
+    case CallPhase::kCall:
+      return AttemptPhase::kCall;
+    case CallPhase::kLookup:
+      return AttemptPhase::kLookup;
+    case CallPhase::kCompensate:
+      return AttemptPhase::kCompensate;
   }
   return AttemptPhase::kCall;
 }
@@ -106,16 +108,16 @@ class InstanceRunner::Impl {
 
   // A request due to be sent (or on its way) and what its outcome leads to.
   struct PendingCall {
-    int id;                                           // quoted back with its answer
+    int id;  // quoted back with its answer
     CallPhase phase;
     HttpRequest request;
     int step_index;
     StatusOverrides overrides;
     const std::vector<BodyErrorRule>* body_rules;  // the step's errors.body; null: none
     Then then;
-    Millis started_at;                                // clock time, for the attempt record
-    std::chrono::steady_clock::time_point sent_at;    // for the latency metric
-    std::shared_ptr<std::atomic<Millis>> left_at;     // set by the client's last check
+    Millis started_at;                              // clock time, for the attempt record
+    std::chrono::steady_clock::time_point sent_at;  // for the latency metric
+    std::shared_ptr<std::atomic<Millis>> left_at;   // set by the client's last check
     AdmittedCall admitted;  // its target's permit (until answered) and rate slot
   };
 
@@ -191,9 +193,9 @@ class InstanceRunner::Impl {
           return Release(action.wait_until);
         case NextAction::Kind::kAwaitEvent: {
           // Parked until POST /v1/events completes the step (which wakes it) or the deadline.
-          auto result = Release(action.wait_until != 0 ? std::optional<Millis>(action.wait_until)
-                                                       : std::nullopt,
-                                kNoDueTime);
+          auto result = Release(
+              action.wait_until != 0 ? std::optional<Millis>(action.wait_until) : std::nullopt,
+              kNoDueTime);
           if (result.ok()) result->awaiting_event = true;
           return result;
         }
@@ -397,8 +399,8 @@ class InstanceRunner::Impl {
   // the same transaction: one commit less per instance, and the step's outcome is as
   // durable as it was on its own.
   absl::Status Commit(Change change) {
-    change.reservations = OwedDeliveries(*definition_, instance_, steps_, change,
-                                         *d_.environment, d_.idempotency_retention);
+    change.reservations = OwedDeliveries(*definition_, instance_, steps_, change, *d_.environment,
+                                         d_.idempotency_retention);
     std::optional<Change> finish = FinishAfter(change);
     Change stamped = Stamped(std::move(change));
     if (finish) {
@@ -415,8 +417,8 @@ class InstanceRunner::Impl {
     // lease goes with it. The loop would release it next in a commit of its own, and
     // a reader between the two (AwaitRest, the API) would see the instance at rest and
     // still leased, its row about to change.
-    const bool rests = finish.has_value() || (stamped.state && IsTerminal(*stamped.state) &&
-                                              !Busy() && !parked_);
+    const bool rests =
+        finish.has_value() || (stamped.state && IsTerminal(*stamped.state) && !Busy() && !parked_);
     if (rests) stamped.lease_expires_at = 0;
     WS_RETURN_IF_ERROR(CommitChange(stamped));
     finished_ = rests;
@@ -626,8 +628,9 @@ class InstanceRunner::Impl {
       refused.connection = ConnectionUsed::kNew;
       refused.status = 401;
       refused.error_class = ErrorClass::kTransient;
-      refused.detail = "401 to an expired or revoked bearer token: token renewed, request sent "
-                       "again (not a business attempt)";
+      refused.detail =
+          "401 to an expired or revoked bearer token: token renewed, request sent "
+          "again (not a business attempt)";
       refused.started_at = call.started_at;
       refused.finished_at = call.started_at;
       refused.worker = lease_.owner;
@@ -639,8 +642,8 @@ class InstanceRunner::Impl {
     attempt.phase = AttemptPhaseOf(call.phase);
     attempt.sent = answer.outcome.sent;
     attempt.connection = answer.outcome.connection;
-    attempt.status = answer.outcome.kind == CallOutcome::Kind::kResponse ? answer.outcome.status
-                                                                         : 0;
+    attempt.status =
+        answer.outcome.kind == CallOutcome::Kind::kResponse ? answer.outcome.status : 0;
     attempt.error_class = sent.error_class;
     attempt.detail = ShortenMessage(DescribeResponse(answer));
     attempt.started_at = call.started_at;
@@ -740,20 +743,21 @@ class InstanceRunner::Impl {
     }
     if (IsDeliveryOwned(claimed)) {
       // One delivery per identity: another instance owns this one (nothing was sent).
-      return Commit(SkipStep(Now(), index,
-                             std::string(claimed.message()) + "; not sent again from here"));
+      return Commit(
+          SkipStep(Now(), index, std::string(claimed.message()) + "; not sent again from here"));
     }
     WS_RETURN_IF_ERROR(claimed);
 
     CrashPoint("before-call", def.name);
-    return Call(CallPhase::kCall, std::move(*request), index, def.errors,
-                [this, index, name = def.name](const CallResult& sent) {
-                  CrashPoint("after-call", name);
-                  WS_RETURN_IF_ERROR(Commit(RecordCall(Now(), steps_[index], sent)));
-                  CrashPoint("after-checkpoint", name);
-                  return absl::OkStatus();
-                },
-                &def.body_errors);
+    return Call(
+        CallPhase::kCall, std::move(*request), index, def.errors,
+        [this, index, name = def.name](const CallResult& sent) {
+          CrashPoint("after-call", name);
+          WS_RETURN_IF_ERROR(Commit(RecordCall(Now(), steps_[index], sent)));
+          CrashPoint("after-checkpoint", name);
+          return absl::OkStatus();
+        },
+        &def.body_errors);
   }
 
   absl::Status ResolveUnknown(int index) {
@@ -765,8 +769,8 @@ class InstanceRunner::Impl {
     auto request = Render(def.lookup->request, Context(index, step.idempotency_key));
     if (!request.ok()) {
       return Commit(Pause(Now(), step, AlertKind::kNeedsOperator,
-                          "lookup of step '" + step.name + "' cannot be built: " +
-                              std::string(request.status().message())));
+                          "lookup of step '" + step.name +
+                              "' cannot be built: " + std::string(request.status().message())));
     }
     WS_ASSIGN_OR_RETURN(bool admitted, Admitted(index, *request, Context(index, "")));
     if (!admitted) return absl::OkStatus();
@@ -870,9 +874,8 @@ class InstanceRunner::Impl {
     using Kind = SqlParam::Kind;
     if (value.is_null()) return {Kind::kNull, ""};
     if (value.is_boolean()) return {Kind::kBoolean, value.get<bool>() ? "true" : "false"};
-    if (value.is_number_integer() && (value.is_number_unsigned()
-                                          ? value.get<uint64_t>() <= INT64_MAX
-                                          : true)) {
+    if (value.is_number_integer() &&
+        (value.is_number_unsigned() ? value.get<uint64_t>() <= INT64_MAX : true)) {
       return {Kind::kInteger, value.dump()};
     }
     if (value.is_number()) return {Kind::kReal, value.dump()};
@@ -929,10 +932,9 @@ class InstanceRunner::Impl {
     const std::string key = CompensationKeyOf(index);
     auto request = Render(def.compensate->request, Context(index, key));
     if (!request.ok()) {
-      return Commit(CompensationFailed(Now(), steps_[index],
-                                       "compensation request cannot be built: " +
-                                           std::string(request.status().message()),
-                                       key));
+      return Commit(CompensationFailed(
+          Now(), steps_[index],
+          "compensation request cannot be built: " + std::string(request.status().message()), key));
     }
     WS_ASSIGN_OR_RETURN(bool admitted, Admitted(index, *request, Context(index, key)));
     if (!admitted) return absl::OkStatus();
@@ -951,18 +953,18 @@ class InstanceRunner::Impl {
 
   RunnerDeps d_;
   mutable InstanceContext context_{d_.environment};  // Context's, since Load
-  bool async_ = false;                 // Drive returns at each call instead of sending it
-  std::vector<PendingCall> due_;        // checkpointed, to be sent
-  std::map<int, PendingCall> out_;     // sent, by id, until answered
+  bool async_ = false;              // Drive returns at each call instead of sending it
+  std::vector<PendingCall> due_;    // checkpointed, to be sent
+  std::map<int, PendingCall> out_;  // sent, by id, until answered
   int next_call_ = 1;
   std::shared_ptr<Answers> answers_ = std::make_shared<Answers>();  // synchronous drive
-  std::vector<int> calling_steps_;     // what Now() last gave the transitions as busy
-  std::optional<LeaseKeeper::Guard> held_;  // while a call is due or out
+  std::vector<int> calling_steps_;               // what Now() last gave the transitions as busy
+  std::optional<LeaseKeeper::Guard> held_;       // while a call is due or out
   std::vector<AttemptRecord> pending_attempts_;  // sent, not yet committed
-  AdmittedCall admitted_;  // the call admitted last (permit, rate slot), until it is made
-  std::optional<Parked> parked_;   // set when a target refused the call due
-  Millis lease_until_ = 0;  // the lease as of the last commit (0: released)
-  bool finished_ = false;   // the last commit finished the instance (FinishAfter)
+  AdmittedCall admitted_;         // the call admitted last (permit, rate slot), until it is made
+  std::optional<Parked> parked_;  // set when a target refused the call due
+  Millis lease_until_ = 0;        // the lease as of the last commit (0: released)
+  bool finished_ = false;         // the last commit finished the instance (FinishAfter)
   Lease lease_;
   std::unique_ptr<CreatedInstance> created_;  // until the first Load
   InstanceRecord instance_;

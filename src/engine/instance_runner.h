@@ -34,10 +34,10 @@ struct RunnerDeps {
   const TemplateEnvironment* environment = nullptr;
   Millis lease_duration = 30'000;
   Millis idempotency_retention = 7LL * 24 * 3600 * 1000;
-  LeaseKeeper* keeper = nullptr;  // renews the lease during long calls; may be null
+  LeaseKeeper* keeper = nullptr;   // renews the lease during long calls; may be null
   CallMetrics* metrics = nullptr;  // counts the calls made; required
-  std::string files_dir;  // where uploads' `path` files live; empty: none may be sent
-  CodeWorkflows* code = nullptr;  // the code workflows this process runs; may be null
+  std::string files_dir;           // where uploads' `path` files live; empty: none may be sent
+  CodeWorkflows* code = nullptr;   // the code workflows this process runs; may be null
   // `tenants:` configured: every sql statement must touch only its tenant's rows
   // (model/sql_tenant_scope.h); one that may not is refused before it runs.
   bool tenant_scoped_sql = false;
@@ -59,9 +59,9 @@ struct DriveResult {
 
 // A request an asynchronous drive hands out, its checkpoint committed.
 struct OutgoingCall {
-  int id = 0;            // quoted with its response to Resume
+  int id = 0;  // quoted with its response to Resume
   HttpRequest request;
-  RateSlot slot;         // a target's rate limit: no earlier than slot.send_at; 0: at once
+  RateSlot slot;  // a target's rate limit: no earlier than slot.send_at; 0: at once
 };
 
 // An instance as the transaction that created it left it: its row and its pending

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "base/mutex.h"
 #include "base/log.h"
+#include "base/mutex.h"
 
 namespace waystone {
 

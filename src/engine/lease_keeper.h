@@ -3,8 +3,8 @@
 #include <map>
 #include <thread>
 
-#include "base/mutex.h"
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "engine/commit_queue.h"
 #include "store/store.h"
 

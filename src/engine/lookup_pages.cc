@@ -21,9 +21,7 @@ const Json* At(const Json& root, const std::string& pointer) {
   }
 }
 
-std::string WithoutQuery(const std::string& url) {
-  return url.substr(0, url.find_first_of("?#"));
-}
+std::string WithoutQuery(const std::string& url) { return url.substr(0, url.find_first_of("?#")); }
 
 }  // namespace
 
@@ -124,8 +122,7 @@ absl::StatusOr<std::optional<std::string>> LookupPages::Add(const std::string& b
     }
   } else {
     if (items->empty()) return std::nullopt;  // the page after the last holds nothing
-    next = WithQueryParam(url_, spec_.page_param,
-                          std::to_string(spec_.first_page + pages_read_));
+    next = WithQueryParam(url_, spec_.page_param, std::to_string(spec_.first_page + pages_read_));
   }
   if (pages_read_ >= spec_.max_pages) {
     return absl::ResourceExhaustedError("the answer has more than " +

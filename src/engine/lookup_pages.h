@@ -38,7 +38,7 @@ class LookupPages {
 
  private:
   const LookupSpec& spec_;
-  std::string url_;                 // the page last asked for
+  std::string url_;  // the page last asked for
   std::string last_body_;
   std::vector<std::string> items_;  // each candidate's JSON text, in page order
   size_t kept_bytes_ = 0;           // of items_, held to kMostCandidateBytes

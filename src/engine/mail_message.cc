@@ -88,8 +88,8 @@ bool PlainAddress(const std::string& address) {
   }
   for (const char c : address) {
     const auto byte = static_cast<unsigned char>(c);
-    if (byte <= 0x20 || byte >= 0x7F || std::string_view("<>,;:\"()[]\\").find(c) !=
-                                            std::string_view::npos) {
+    if (byte <= 0x20 || byte >= 0x7F ||
+        std::string_view("<>,;:\"()[]\\").find(c) != std::string_view::npos) {
       return false;
     }
   }
@@ -105,10 +105,10 @@ absl::StatusOr<std::string> ComposeMail(const MailFields& fields) {
     return absl::InvalidArgumentError("email to '" + fields.to +
                                       "' is not one plain address (name@domain)");
   }
-  for (const auto& [name, value] : {std::pair<const char*, const std::string&>{"subject",
-                                                                               fields.subject},
-                                    {"message id", fields.message_id},
-                                    {"delivery", fields.delivery}}) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, const std::string&>{"subject", fields.subject},
+        {"message id", fields.message_id},
+        {"delivery", fields.delivery}}) {
     if (BreaksLine(value)) {
       return absl::InvalidArgumentError(std::string("email ") + name +
                                         " would contain a line break or NUL; refused");

@@ -1,7 +1,5 @@
 #include "engine/operations.h"
 
-#include "engine/code_workflow.h"
-
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
@@ -9,12 +7,13 @@
 #include "base/status_macros.h"
 #include "engine/approvals.h"
 #include "engine/catalog.h"
+#include "engine/code_workflow.h"
 #include "engine/context.h"
-#include "store/outbox_events.h"
 #include "engine/redaction.h"
 #include "engine/transitions.h"
 #include "model/json_text.h"
 #include "model/template.h"
+#include "store/outbox_events.h"
 
 namespace waystone {
 namespace {
@@ -94,8 +93,7 @@ void RenderPlannedUrls(const WorkflowDefinition& definition, const InstanceRecor
 
 Operations::Operations(Store* store, DefinitionCatalog* catalog,
                        const TemplateEnvironment* environment, const Clock* clock, Random* random,
-                       std::string owner, Millis lease_duration,
-                       Millis idempotency_retention)
+                       std::string owner, Millis lease_duration, Millis idempotency_retention)
     : store_(store),
       catalog_(catalog),
       environment_(environment),
@@ -112,7 +110,7 @@ absl::StatusOr<Lease> Operations::Claim(int64_t instance_id) {
     if (!absl::IsFailedPrecondition(lease.status())) return lease;
     if (clock_->NowMillis() >= deadline) {
       return absl::AbortedError(std::string(lease.status().message()) +
-                                    "; a worker is on it, try again shortly");
+                                "; a worker is on it, try again shortly");
     }
     clock_->SleepFor(50, {});
   }
@@ -162,9 +160,8 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
     auto step_key = [&](int index) {
       return StepIdempotencyKey(*definition, instance, steps, index, *environment_);
     };
-    WS_ASSIGN_OR_RETURN(
-        ActionPlan plan,
-        PlanOperatorAction(*definition, instance, steps, request, clock_->NowMillis(), step_key));
+    WS_ASSIGN_OR_RETURN(ActionPlan plan, PlanOperatorAction(*definition, instance, steps, request,
+                                                            clock_->NowMillis(), step_key));
     RenderPlannedUrls(*definition, instance, steps, *environment_, plan);
     return plan;
   }();
@@ -176,8 +173,8 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
 
   const ActionPlan& plan = *planned;
   Change change = ActionChange(instance, plan, request, clock_->NowMillis(), *random_);
-  change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
-                                       idempotency_retention_);
+  change.reservations =
+      OwedDeliveries(*definition, instance, steps, change, *environment_, idempotency_retention_);
   change.lease = *lease;
   change.lease_expires_at = 0;
   auto results = store_->Commit({Redacted(change)});
@@ -208,25 +205,31 @@ absl::StatusOr<AlertRecord> Operations::AcknowledgeAlert(const std::string& tena
   }
   if (dry_run) return alert;
   const Json detail = {{"alert", id}, {"kind", ToString(alert.kind)}, {"step", alert.step}};
-  WS_RETURN_IF_ERROR(store_->AcknowledgeAlert(
-      id, {0, clock_->NowMillis(), actor, alert.tenant, alert.instance_id, "acknowledge", reason,
-           JsonText(detail)}));
+  WS_RETURN_IF_ERROR(
+      store_->AcknowledgeAlert(id, {0, clock_->NowMillis(), actor, alert.tenant, alert.instance_id,
+                                    "acknowledge", reason, JsonText(detail)}));
   return store_->GetAlert(id);
 }
 
 std::string InboxConflictMessage(const std::string& source, const std::string& id,
                                  const std::string& stored_hash, const std::string& new_hash) {
-  return "event " + source + " " + id + " came again with other data (received first with data "
-         "hash " + stored_hash.substr(0, 16) + ", now " + new_hash.substr(0, 16) +
-         "); it was not applied";
+  return "event " + source + " " + id +
+         " came again with other data (received first with data "
+         "hash " +
+         stored_hash.substr(0, 16) + ", now " + new_hash.substr(0, 16) + "); it was not applied";
 }
 
 absl::Status RaiseInboxConflict(Store& store, Random& random, const InstanceRecord& instance,
                                 const std::string& source, const std::string& id,
                                 const std::string& stored_hash, const std::string& new_hash,
                                 Millis now) {
-  AlertRecord alert{0, instance.id, instance.tenant, "", AlertKind::kInboxConflict,
-                    AlertState::kOpen, InboxConflictMessage(source, id, stored_hash, new_hash),
+  AlertRecord alert{0,
+                    instance.id,
+                    instance.tenant,
+                    "",
+                    AlertKind::kInboxConflict,
+                    AlertState::kOpen,
+                    InboxConflictMessage(source, id, stored_hash, new_hash),
                     now};
   return store.RaiseAlert(alert, MakeAlertEvent(alert, instance, random, now)).status();
 }
@@ -283,11 +286,13 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     for (const StepRecord& step : steps) {
       if (definition->code && step.name == CodeWaitRowName(signal.event_type)) wait = &step;
     }
-    if (wait != nullptr && ((wait->state == StepState::kWaiting &&
-                             wait->next_attempt_at <= change.now) ||
-                            wait->state == StepState::kFailed)) {
-      return absl::DeadlineExceededError("instance '" + instance.key + "' waited for event "
-                                         "type '" + signal.event_type + "' until its timeout");
+    if (wait != nullptr &&
+        ((wait->state == StepState::kWaiting && wait->next_attempt_at <= change.now) ||
+         wait->state == StepState::kFailed)) {
+      return absl::DeadlineExceededError("instance '" + instance.key +
+                                         "' waited for event "
+                                         "type '" +
+                                         signal.event_type + "' until its timeout");
     }
     if (instance.state != InstanceState::kRunning &&
         instance.state != InstanceState::kNeedsAttention) {
@@ -316,8 +321,8 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
               "instance '" + instance.key + "' keeps " + std::to_string(kept.size()) +
               " events its function has not waited for; it takes no more");
         }
-        change.keep = KeptEvent{0, signal.event_type, signal.source, signal.id,
-                                signal.data_json, change.now};
+        change.keep =
+            KeptEvent{0, signal.event_type, signal.source, signal.id, signal.data_json, change.now};
       }
     } else {
       const StepRecord* waiting = nullptr;
@@ -343,8 +348,8 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
     // A kept event wakes nothing: the instance rests until what it waits for.
     if (instance.state == InstanceState::kRunning && !change.keep) change.next_run_at = change.now;
     change.inbox = InboxClaim{signal.tenant, signal.source, signal.id, data_hash};
-    change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
-                                         idempotency_retention_);
+    change.reservations =
+        OwedDeliveries(*definition, instance, steps, change, *environment_, idempotency_retention_);
     Json detail = {{"type", signal.event_type}, {"source", signal.source}, {"id", signal.id}};
     if (change.keep) {
       detail["kept"] = true;
@@ -388,8 +393,7 @@ absl::StatusOr<DecisionResult> Operations::Received(const InstanceRecord& instan
   return result;
 }
 
-absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
-                                                  const std::string& key,
+absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant, const std::string& key,
                                                   const Decision& decision) {
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
   WS_ASSIGN_OR_RETURN(auto definition, catalog_->Get(instance.definition_hash));
@@ -418,9 +422,9 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
         spec, instance.input_json, environment_->Build(instance, steps, decision.step, ""));
     WS_ASSIGN_OR_RETURN(const std::vector<AlertRecord> alerts, store_->ListAlerts(instance.id));
     const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
-    DecisionOutcome outcome = DecisionArrived(
-        facts, index, decision, current.ok() ? *current : MaterialOf(spec, instance.input_json),
-        alerts);
+    DecisionOutcome outcome =
+        DecisionArrived(facts, index, decision,
+                        current.ok() ? *current : MaterialOf(spec, instance.input_json), alerts);
     DecisionResult result{instance, steps[index], outcome.replayed};
     if (outcome.replayed) {
       released = true;
@@ -431,8 +435,8 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
     change.lease = lease;
     change.lease_expires_at = 0;
     change.inbox = decision.inbox;
-    change.reservations = OwedDeliveries(*definition, instance, steps, change, *environment_,
-                                         idempotency_retention_);
+    change.reservations =
+        OwedDeliveries(*definition, instance, steps, change, *environment_, idempotency_retention_);
     CrashPoint("before-decide", decision.step);
     WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
     if (decision.inbox && absl::IsAlreadyExists(results.front())) {
@@ -454,8 +458,7 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant,
   return committed;
 }
 
-absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant,
-                                                  const std::string& key,
+absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant, const std::string& key,
                                                   const Revision& revision) {
   if (revision.reason.find_first_not_of(" \t\r\n") == std::string::npos) {
     return absl::InvalidArgumentError("a reason is required");

@@ -74,11 +74,11 @@ std::string EventDataHash(const std::string& data_json);
 
 struct Signal {
   std::string tenant;
-  std::string key;          // the business key of the instance
-  std::string event_type;   // matched against the wait steps' `event`
-  std::string source;       // with id: claimed in the inbox with the effect
+  std::string key;         // the business key of the instance
+  std::string event_type;  // matched against the wait steps' `event`
+  std::string source;      // with id: claimed in the inbox with the effect
   std::string id;
-  std::string data_json;    // becomes the step's response
+  std::string data_json;  // becomes the step's response
   std::string actor;
 };
 
@@ -101,8 +101,8 @@ class Operations {
   // Acknowledges alert `id` of `tenant` with an audit record. NotFound when the
   // alert is absent or another tenant's; FailedPrecondition when it is not open.
   absl::StatusOr<AlertRecord> AcknowledgeAlert(const std::string& tenant, int64_t id,
-                                               const std::string& actor,
-                                               const std::string& reason, bool dry_run);
+                                               const std::string& actor, const std::string& reason,
+                                               bool dry_run);
 
   // Completes the step of instance `signal.key` waiting for `signal.event_type`
   // with the event's data, claiming (tenant, source, id) with the data's hash in the

@@ -7,11 +7,11 @@
 #include "base/random.h"
 #include "base/status_macros.h"
 #include "engine/approvals.h"
-#include "store/outbox_events.h"
 #include "engine/state_machine.h"
 #include "engine/transitions.h"
 #include "model/json_text.h"
 #include "model/keys.h"
+#include "store/outbox_events.h"
 
 namespace waystone {
 namespace {
@@ -26,10 +26,10 @@ absl::Status AtFrontier(const WorkflowDefinition& definition, const std::vector<
   }
   std::string at;
   for (const int blocking : frontier) at += (at.empty() ? "" : ", ") + steps[blocking].name;
-  return absl::FailedPreconditionError(
-      "step '" + steps[index].name + "' is " + std::string(ToString(steps[index].state)) +
-      "; only a step the instance stopped at can be " + action +
-      (at.empty() ? "" : " ('" + at + "')"));
+  return absl::FailedPreconditionError("step '" + steps[index].name + "' is " +
+                                       std::string(ToString(steps[index].state)) +
+                                       "; only a step the instance stopped at can be " + action +
+                                       (at.empty() ? "" : " ('" + at + "')"));
 }
 
 absl::Status Refuse(const std::string& why) { return absl::FailedPreconditionError(why); }
@@ -101,9 +101,9 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
       case NextAction::Kind::kAwaitEvent:
         sim.reached[index] = true;
         // An approval is assumed approved, like an awaited event assumed to arrive.
-        plan.would_execute.push_back(
-            {def.name, def.kind == StepKind::kApproval ? "approval" : "wait", "", "", "",
-             def.wait_event});
+        plan.would_execute.push_back({def.name,
+                                      def.kind == StepKind::kApproval ? "approval" : "wait", "", "",
+                                      "", def.wait_event});
         sim.Apply(EventArrived(sim.Now(), index, "null", "", "assumed"));
         break;
       case NextAction::Kind::kRunStep:
@@ -113,8 +113,8 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
                    sim.steps[index].state == StepState::kWaiting) {
           sim.Apply(ApprovalDue(sim.Now(), index));  // a deadline of its request
         } else if (def.kind == StepKind::kApproval) {
-          sim.Apply(OpenApproval(sim.Now(), index,
-                                 MaterialOf(def.approval, sim.instance.input_json)));
+          sim.Apply(
+              OpenApproval(sim.Now(), index, MaterialOf(def.approval, sim.instance.input_json)));
         } else if (def.kind == StepKind::kTransform) {
           sim.reached[index] = true;
           plan.would_execute.push_back({def.name, "transform", "", "", "", ""});
@@ -152,8 +152,8 @@ void Simulate(Simulation& sim, const StepKeyFn& step_key, ActionPlan& plan) {
         }
         if (!def.compensate) return;  // a pinned definition always has it; never guess
         sim.reached[index] = true;
-        plan.would_execute.push_back(Call(def, "compensate", def.compensate->request,
-                                          CompensationKey(step_key(index))));
+        plan.would_execute.push_back(
+            Call(def, "compensate", def.compensate->request, CompensationKey(step_key(index))));
         sim.Apply(BeginCompensation(sim.Now(), index, ""));
         sim.Apply(RecordCompensation(sim.Now(), sim.steps[index], CallResult{}, ""));
         break;
@@ -176,8 +176,7 @@ std::string CompletedWhy(const StepRecord& step) {
 
 // Says why each step the simulation did not reach is left alone, in the order the
 // engine goes (reverse while compensating).
-void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
-                    ActionPlan& plan) {
+void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps, ActionPlan& plan) {
   const bool compensating = plan.state_after == InstanceState::kCompensating;
   std::string stopped;  // why the steps after the one the run stopped at are not reached
   auto explain = [&](const StepRecord& step) {
@@ -190,8 +189,9 @@ void ExplainSkipped(const Simulation& sim, const std::vector<StepRecord>& steps,
     switch (step.state) {
       case StepState::kCompleted:
         plan.would_skip.push_back({step.name, !compensating ? CompletedWhy(step)
-                                              : def.Compensable() ? "completed; not reached"
-                                                               : "completed; it has no compensation"});
+                                              : def.Compensable()
+                                                  ? "completed; not reached"
+                                                  : "completed; it has no compensation"});
         return;
       case StepState::kSkipped:
         plan.would_skip.push_back({step.name, step.resolution == Resolution::kOperator
@@ -280,8 +280,9 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
   if (step.state == StepState::kCompensationFailed || step.state == StepState::kCompensating) {
     if (instance.state != InstanceState::kNeedsAttention &&
         instance.state != InstanceState::kCompensating) {
-      return Refuse(Where(instance) + "; a compensation is retried only while compensating or "
-                                      "needing attention");
+      return Refuse(Where(instance) +
+                    "; a compensation is retried only while compensating or "
+                    "needing attention");
     }
     // Sent again on the operator's word after it failed; one still compensating keeps
     // its mark, so an at-most-once one found under way is not sent blindly.
@@ -292,8 +293,9 @@ absl::Status PlanRetry(const WorkflowDefinition& definition, const InstanceRecor
     return absl::OkStatus();
   }
   if (!ForwardPaused(instance.state)) {
-    return Refuse(Where(instance) + "; a step is retried only while the instance is running, "
-                                    "failed or needs attention");
+    return Refuse(Where(instance) +
+                  "; a step is retried only while the instance is running, "
+                  "failed or needs attention");
   }
   WS_RETURN_IF_ERROR(AtFrontier(definition, steps, index, "retried"));
   if (instance.state == InstanceState::kFailed) {
@@ -345,11 +347,12 @@ absl::Status PlanConfirm(const WorkflowDefinition& definition, const InstanceRec
                        (failed && def.optional && step.unknowns > 0);
   if (!unknown) return Refuse(StepWhere(step) + "; only an unknown outcome can be confirmed");
   if (!ForwardPaused(instance.state)) {
-    return Refuse(Where(instance) + "; outcomes are confirmed while it is running, failed or "
-                                    "needs attention");
+    return Refuse(Where(instance) +
+                  "; outcomes are confirmed while it is running, failed or "
+                  "needs attention");
   }
-  const bool wants_id = !def.result_external_id.empty() ||
-                        (def.lookup && !def.lookup->external_id.empty());
+  const bool wants_id =
+      !def.result_external_id.empty() || (def.lookup && !def.lookup->external_id.empty());
   step.resolution = Resolution::kOperator;
   step.unknown_since = 0;
   step.next_attempt_at = 0;
@@ -376,8 +379,9 @@ absl::Status PlanCompensate(const WorkflowDefinition& definition, const Instance
   if (instance.state != InstanceState::kNeedsAttention &&
       instance.state != InstanceState::kFailed && instance.state != InstanceState::kCompleted &&
       instance.state != InstanceState::kRunning) {
-    return Refuse(Where(instance) + "; compensation starts from running, needs_attention, "
-                                    "failed or completed");
+    return Refuse(Where(instance) +
+                  "; compensation starts from running, needs_attention, "
+                  "failed or completed");
   }
   bool any = false;
   for (const StepRecord& step : steps) {
@@ -391,7 +395,8 @@ absl::Status PlanCompensate(const WorkflowDefinition& definition, const Instance
       any = true;
     }
   }
-  if (!any) return Refuse("no completed step of instance '" + instance.key + "' has a compensation");
+  if (!any)
+    return Refuse("no completed step of instance '" + instance.key + "' has a compensation");
   plan.state_after = InstanceState::kCompensating;
   return absl::OkStatus();
 }
@@ -408,8 +413,9 @@ absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord
                   "; only manual and optional steps can be skipped");
   }
   if (!ForwardPaused(instance.state)) {
-    return Refuse(Where(instance) + "; a step is skipped while it is running, failed or needs "
-                                    "attention");
+    return Refuse(Where(instance) +
+                  "; a step is skipped while it is running, failed or needs "
+                  "attention");
   }
   WS_RETURN_IF_ERROR(AtFrontier(definition, steps, index, "skipped"));
   if (step.state != StepState::kFailed && step.state != StepState::kUnknown &&
@@ -429,11 +435,16 @@ absl::Status PlanSkip(const WorkflowDefinition& definition, const InstanceRecord
 
 std::string_view ToString(OperatorAction action) {
   switch (action) {
-    case OperatorAction::kRetry: return "retry";
-    case OperatorAction::kConfirm: return "confirm";
-    case OperatorAction::kCompensate: return "compensate";
-    case OperatorAction::kSkip: return "skip";
-    case OperatorAction::kClose: return "close";
+    case OperatorAction::kRetry:
+      return "retry";
+    case OperatorAction::kConfirm:
+      return "confirm";
+    case OperatorAction::kCompensate:
+      return "compensate";
+    case OperatorAction::kSkip:
+      return "skip";
+    case OperatorAction::kClose:
+      return "close";
   }
   return "?";
 }
@@ -470,8 +481,8 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
   ActionPlan plan;
   plan.state_before = instance.state;
   const std::string by = " by " + request.actor + ": " + request.reason;
-  const bool at_rest = instance.state == InstanceState::kNeedsAttention ||
-                       instance.state == InstanceState::kFailed;
+  const bool at_rest =
+      instance.state == InstanceState::kNeedsAttention || instance.state == InstanceState::kFailed;
   auto find = [&]() -> absl::StatusOr<StepRecord> {
     // The last step of that name: a function may ask for a name more than once.
     for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
@@ -488,12 +499,14 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
       return plan;
     case OperatorAction::kCompensate:
       if (!at_rest && instance.state != InstanceState::kRunning) {
-        return Refuse(Where(instance) + "; compensation starts from running, failed or "
+        return Refuse(Where(instance) +
+                      "; compensation starts from running, failed or "
                       "needs_attention");
       }
       for (const StepRecord& step : steps) {
         if (step.state == StepState::kUnknown || step.state == StepState::kRunning) {
-          return Refuse(StepWhere(step) + ": it may have acted; confirm whether it happened "
+          return Refuse(StepWhere(step) +
+                        ": it may have acted; confirm whether it happened "
                         "before compensating");
         }
       }
@@ -501,14 +514,16 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
       plan.status_reason = "compensation started" + by;
       return plan;
     case OperatorAction::kSkip:
-      return Refuse("instance '" + instance.key + "' runs a function: its steps cannot be "
+      return Refuse("instance '" + instance.key +
+                    "' runs a function: its steps cannot be "
                     "skipped, only retried, confirmed or compensated");
     case OperatorAction::kRetry:
     case OperatorAction::kConfirm:
       break;
   }
   if (!at_rest) {
-    return Refuse(Where(instance) + "; an operator retries or confirms a step only while it "
+    return Refuse(Where(instance) +
+                  "; an operator retries or confirms a step only while it "
                   "rests (needs_attention or failed)");
   }
   WS_ASSIGN_OR_RETURN(StepRecord step, find());
@@ -520,7 +535,8 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
   });
   if (request.action == OperatorAction::kRetry) {
     if (unknown) {
-      return Refuse(StepWhere(step) + ": it may have acted; confirm whether it happened instead "
+      return Refuse(StepWhere(step) +
+                    ": it may have acted; confirm whether it happened instead "
                     "of retrying");
     }
     if (step.state == StepState::kCompensationFailed) {
@@ -532,7 +548,7 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
       plan.status_reason = "compensation of step '" + request.step + "' retried" + by;
     } else if (step.state == StepState::kFailed) {
       step.error_class = ErrorClass::kTransient;  // runs again when the function reaches it
-      step.attempts = 0;  // with its retries by class afresh
+      step.attempts = 0;                          // with its retries by class afresh
       step.unknowns = 0;
       step.lookups = 0;
       step.next_attempt_at = 0;
@@ -551,7 +567,8 @@ absl::StatusOr<ActionPlan> PlanCodeAction(const InstanceRecord& instance,
   if (*request.happened) {
     if (request.response_json.empty()) {
       return absl::InvalidArgumentError(
-          "confirming that step '" + request.step + "' of a function happened needs its "
+          "confirming that step '" + request.step +
+          "' of a function happened needs its "
           "result (\"response\"): what the step would have returned, as JSON");
     }
     step.state = StepState::kCompleted;
@@ -610,7 +627,8 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
     case OperatorAction::kConfirm: {
       auto index = FindStep(definition, request);
       if (!index.ok()) return index.status();
-      if (auto s = PlanConfirm(definition, instance, after, *index, request, now, plan); !s.ok()) return s;
+      if (auto s = PlanConfirm(definition, instance, after, *index, request, now, plan); !s.ok())
+        return s;
       plan.status_reason = "outcome of step '" + request.step + "' confirmed as " +
                            (*request.happened ? "happened" : "not happened") + by;
       break;
@@ -643,7 +661,8 @@ absl::StatusOr<ActionPlan> PlanOperatorAction(const WorkflowDefinition& definiti
     }
   }
   for (size_t i = 0; i < after.size(); ++i) {
-    if (!(after[i].state == steps[i].state && after[i].next_attempt_at == steps[i].next_attempt_at &&
+    if (!(after[i].state == steps[i].state &&
+          after[i].next_attempt_at == steps[i].next_attempt_at &&
           after[i].resolution == steps[i].resolution && after[i].lookups == steps[i].lookups &&
           after[i].external_id == steps[i].external_id)) {
       plan.changed_steps.push_back(after[i]);
@@ -678,8 +697,9 @@ Change ActionChange(const InstanceRecord& instance, const ActionPlan& plan,
   change.events.push_back(MakeEvent("waystone.operator." + std::string(ToString(request.action)),
                                     instance, about, request.reason, random, now));
   if (plan.state_after != plan.state_before) {
-    change.events.push_back(MakeEvent("waystone.instance." + std::string(ToString(plan.state_after)),
-                                      instance, nullptr, plan.status_reason, random, now));
+    change.events.push_back(
+        MakeEvent("waystone.instance." + std::string(ToString(plan.state_after)), instance, nullptr,
+                  plan.status_reason, random, now));
   }
   return change;
 }

@@ -33,14 +33,14 @@ bool AuditHoldsBatchAction(const std::vector<AuditRecord>& audit, std::string_vi
 
 struct OperatorRequest {
   OperatorAction action = OperatorAction::kClose;
-  std::string step;                 // retry, confirm, skip
-  std::string reason;               // mandatory
-  std::string actor;                // who: the token's name
-  std::optional<bool> happened;     // confirm: required
-  std::string external_id;          // confirm with happened = true
-  std::string response_json;        // confirm with happened = true: the step's result; "{}"
+  std::string step;              // retry, confirm, skip
+  std::string reason;            // mandatory
+  std::string actor;             // who: the token's name
+  std::optional<bool> happened;  // confirm: required
+  std::string external_id;       // confirm with happened = true
+  std::string response_json;     // confirm with happened = true: the step's result; "{}"
   bool dry_run = false;
-  std::string batch;                // the batch's public id when a batch applies it (audited)
+  std::string batch;  // the batch's public id when a batch applies it (audited)
 };
 
 // One external call (or transform) the engine would make after the action.

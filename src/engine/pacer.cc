@@ -30,9 +30,8 @@ void Pacer::Loop(std::stop_token stop) {
       while (!job) {
         if (jobs_.empty()) {
           if (stop.stop_requested()) return;  // only once every job has run
-          changed_.wait(lock.native(), stop, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return !jobs_.empty();
-          });
+          changed_.wait(lock.native(), stop,
+                        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !jobs_.empty(); });
           continue;
         }
         // Real time between looks at the clock, whose time the slot names.

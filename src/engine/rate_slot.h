@@ -15,8 +15,8 @@ namespace waystone {
 class Store;
 
 struct RateSlot {
-  Millis send_at = 0;   // no earlier than this clock time; 0: at once
-  std::string tenant;   // the target whose rate limit gave the slot (limits.rate > 0)
+  Millis send_at = 0;  // no earlier than this clock time; 0: at once
+  std::string tenant;  // the target whose rate limit gave the slot (limits.rate > 0)
   std::string target;
   TargetLimits limits;
 };

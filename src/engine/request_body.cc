@@ -75,8 +75,7 @@ absl::StatusOr<std::string> FileInside(const std::string& files_dir, const std::
   }
   const std::string inside = std::string(root) == "/" ? "/" : std::string(root) + "/";
   if (!std::string_view(file).starts_with(inside)) {
-    return absl::InvalidArgumentError(what + ": '" + relative +
-                                      "' leads out of the files folder");
+    return absl::InvalidArgumentError(what + ": '" + relative + "' leads out of the files folder");
   }
   struct stat info {};
   if (stat(file, &info) != 0 || !S_ISREG(info.st_mode)) {
@@ -101,8 +100,9 @@ absl::StatusOr<Pinned> PinFile(const FileSpec& spec, const TemplateScope& contex
   // Both travel in header lines (the part's, or the request's Content-Type).
   for (const std::string* text : {&pinned.filename, &pinned.content_type}) {
     if (text->find_first_of(std::string_view("\r\n\0\"", 4)) != std::string::npos) {
-      return absl::InvalidArgumentError(what + ": filename and content_type may not contain a "
-                                               "line break, NUL or '\"'");
+      return absl::InvalidArgumentError(what +
+                                        ": filename and content_type may not contain a "
+                                        "line break, NUL or '\"'");
     }
   }
   if (pinned.content_type.empty()) pinned.content_type = "application/octet-stream";
@@ -170,8 +170,8 @@ absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateSc
     case BodyKind::kForm: {
       WS_ASSIGN_OR_RETURN(auto fields, RenderFields(spec.fields_json, context));
       for (const auto& [name, value] : fields) {
-        request.body += (request.body.empty() ? "" : "&") + FormEncode(name) + "=" +
-                        FormEncode(value);
+        request.body +=
+            (request.body.empty() ? "" : "&") + FormEncode(name) + "=" + FormEncode(value);
       }
       if (!HasHeader(request, "content-type")) {
         request.headers.emplace_back("Content-Type", "application/x-www-form-urlencoded");
@@ -189,8 +189,8 @@ absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateSc
         request.multipart.push_back(std::move(part));
       }
       for (const FileSpec& file : spec.files) {
-        WS_ASSIGN_OR_RETURN(Pinned pinned,
-                            PinFile(file, context, files_dir, "multipart file '" + file.part + "'"));
+        WS_ASSIGN_OR_RETURN(
+            Pinned pinned, PinFile(file, context, files_dir, "multipart file '" + file.part + "'"));
         Json described = Identity(pinned);
         described["file"] = file.part;
         identity.push_back(std::move(described));
@@ -224,8 +224,8 @@ absl::StatusOr<std::string> RenderBody(const RequestSpec& spec, const TemplateSc
       return request.body;  // the same on every attempt (the sender adds the Date)
     }
     case BodyKind::kFile: {
-      WS_ASSIGN_OR_RETURN(Pinned pinned, PinFile(spec.files.front(), context, files_dir,
-                                                 "body_file"));
+      WS_ASSIGN_OR_RETURN(Pinned pinned,
+                          PinFile(spec.files.front(), context, files_dir, "body_file"));
       const std::string identity = "file " + JsonText(Identity(pinned));
       if (!HasHeader(request, "content-type")) {
         request.headers.emplace_back("Content-Type", pinned.content_type);

@@ -121,8 +121,7 @@ NextAction DecideCompensation(const WorkflowDefinition& definition,
 }  // namespace
 
 NextAction Decide(const WorkflowDefinition& definition, const InstanceRecord& instance,
-                  const std::vector<StepRecord>& steps, Millis now,
-                  const std::vector<int>& busy) {
+                  const std::vector<StepRecord>& steps, Millis now, const std::vector<int>& busy) {
   switch (instance.state) {
     case InstanceState::kRunning:
       return DecideForward(definition, steps, now, busy);
@@ -175,8 +174,8 @@ InstanceState StateAfterFailure(const WorkflowDefinition& definition,
   for (const StepRecord& step : steps) {
     // A manual step failed (this one, or a branch beside it that failed before): an
     // operator decides.
-    if ((step.index == failed_step || (step.state == StepState::kFailed &&
-                                       step.resolution != Resolution::kPassedOver)) &&
+    if ((step.index == failed_step ||
+         (step.state == StepState::kFailed && step.resolution != Resolution::kPassedOver)) &&
         definition.steps[step.index].recovery == RecoveryClass::kManual) {
       return InstanceState::kNeedsAttention;
     }

@@ -11,16 +11,16 @@ namespace waystone {
 // What to do next for one instance. Produced by Decide; a value type.
 struct NextAction {
   enum class Kind : uint8_t {
-    kRunStep = 1,          // submit step `step` (first attempt or retry)
-    kRecoverRunning = 2,   // step `step` was found running: its outcome is unknown
-    kResolveUnknown = 3,   // step `step` is unknown: look up, resubmit or pause
-    kCompensate = 4,       // run the compensation of step `step`
-    kWait = 5,             // nothing is due before `wait_until`
-    kFinish = 6,           // move the instance to `final_state`
-    kIdle = 7,             // terminal or paused: nothing to do
-    kAwaitEvent = 8,       // step `step` waits for an event until `wait_until` (0: no deadline)
-    kAwaitCalls = 9,       // every step that could go now has a call under way: wait for one
-    kSettleFailure = 10,   // step `step` failed beside branches now at rest: move the instance on
+    kRunStep = 1,         // submit step `step` (first attempt or retry)
+    kRecoverRunning = 2,  // step `step` was found running: its outcome is unknown
+    kResolveUnknown = 3,  // step `step` is unknown: look up, resubmit or pause
+    kCompensate = 4,      // run the compensation of step `step`
+    kWait = 5,            // nothing is due before `wait_until`
+    kFinish = 6,          // move the instance to `final_state`
+    kIdle = 7,            // terminal or paused: nothing to do
+    kAwaitEvent = 8,      // step `step` waits for an event until `wait_until` (0: no deadline)
+    kAwaitCalls = 9,      // every step that could go now has a call under way: wait for one
+    kSettleFailure = 10,  // step `step` failed beside branches now at rest: move the instance on
   };
   Kind kind = Kind::kIdle;
   int step = -1;

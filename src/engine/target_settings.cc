@@ -8,8 +8,8 @@
 #include "base/log.h"
 #include "base/random.h"
 #include "base/status_macros.h"
-#include "store/store.h"
 #include "model/template.h"
+#include "store/store.h"
 
 namespace waystone {
 namespace {
@@ -20,8 +20,8 @@ absl::StatusOr<std::string> RenderSetting(const TargetSpec& target, const std::s
   WS_ASSIGN_OR_RETURN(Template parsed, Template::Parse(text));
   auto rendered = parsed.RenderText(context);
   if (!rendered.ok()) {
-    return absl::InvalidArgumentError("target '" + target.name + "': " +
-                                      std::string(rendered.status().message()));
+    return absl::InvalidArgumentError("target '" + target.name +
+                                      "': " + std::string(rendered.status().message()));
   }
   return rendered;
 }
@@ -34,16 +34,14 @@ absl::StatusOr<TlsIdentity> TlsOf(const TargetSpec* target, const TemplateScope&
   WS_ASSIGN_OR_RETURN(identity.ca_file, RenderSetting(*target, target->ca_file, context));
   WS_ASSIGN_OR_RETURN(identity.cert_file, RenderSetting(*target, target->cert_file, context));
   WS_ASSIGN_OR_RETURN(identity.key_file, RenderSetting(*target, target->key_file, context));
-  WS_ASSIGN_OR_RETURN(identity.key_password,
-                      RenderSetting(*target, target->key_password, context));
+  WS_ASSIGN_OR_RETURN(identity.key_password, RenderSetting(*target, target->key_password, context));
   return identity;
 }
 
 }  // namespace
 
 absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& targets,
-                                           const std::string& url,
-                                           const TemplateScope& context) {
+                                           const std::string& url, const TemplateScope& context) {
   const TargetSpec* found = nullptr;
   size_t matched = 0;
   for (const TargetSpec& target : targets) {
@@ -71,8 +69,7 @@ absl::Status ApplyTarget(const std::vector<TargetSpec>& targets, HttpRequest& re
   client.target = target->name;
   WS_ASSIGN_OR_RETURN(client.token_url, RenderSetting(*target, target->token_url, context));
   WS_ASSIGN_OR_RETURN(client.client_id, RenderSetting(*target, target->client_id, context));
-  WS_ASSIGN_OR_RETURN(client.client_secret,
-                      RenderSetting(*target, target->client_secret, context));
+  WS_ASSIGN_OR_RETURN(client.client_secret, RenderSetting(*target, target->client_secret, context));
   WS_ASSIGN_OR_RETURN(client.scope, RenderSetting(*target, target->scope, context));
   if (client.client_secret.empty()) {
     return absl::InvalidArgumentError("target '" + target->name +
@@ -109,8 +106,8 @@ TargetCallAsk MakeTargetCallAsk(const std::string& tenant, const TargetSpec& tar
   ask.limits = target.limits;
   ask.now = now;
   ask.horizon = std::min<Millis>(kRateHorizon, lease_duration / 4);
-  ask.call_lease = std::max<Millis>(lease_duration,
-                                    ask.horizon + 2 * std::max<Millis>(timeout, 0) + 5000);
+  ask.call_lease =
+      std::max<Millis>(lease_duration, ask.horizon + 2 * std::max<Millis>(timeout, 0) + 5000);
   ask.permit = lease.owner + "/" + std::to_string(lease.instance_id) + "/" + random.Hex(6);
   return ask;
 }
@@ -134,9 +131,8 @@ void SettleTargetPermit(Store& store, const TargetCallSettle& settle) {
 }  // namespace
 
 absl::StatusOr<TargetAnswer> AskTarget(Store& store, const std::string& tenant,
-                                       const TargetSpec& target, Millis now,
-                                       Millis lease_duration, Millis timeout, const Lease& lease,
-                                       Random& random) {
+                                       const TargetSpec& target, Millis now, Millis lease_duration,
+                                       Millis timeout, const Lease& lease, Random& random) {
   TargetCallAsk ask =
       MakeTargetCallAsk(tenant, target, now, lease_duration, timeout, lease, random);
   WS_ASSIGN_OR_RETURN(Admission admission, store.AdmitTargetCall(ask));
@@ -148,8 +144,13 @@ absl::StatusOr<TargetAnswer> AskTarget(Store& store, const std::string& tenant,
   }
   AdmittedCall& call = answer.admitted.emplace();
   if (target.limits.Any()) {
-    call.permit = TargetCallSettle{tenant, target.name, target.limits, std::move(ask.permit),
-                                   admission.probe, CallHealth::kUntold, 0};
+    call.permit = TargetCallSettle{tenant,
+                                   target.name,
+                                   target.limits,
+                                   std::move(ask.permit),
+                                   admission.probe,
+                                   CallHealth::kUntold,
+                                   0};
   }
   call.slot = RateSlot{admission.send_at, tenant, target.name, target.limits};
   return answer;

@@ -31,8 +31,7 @@ inline constexpr Millis kRateHorizon = 1000;
 // env and secret) `url` lies under (the same prefix, then '/', '?', '#' or the
 // end; the longest wins), or null.
 absl::StatusOr<const TargetSpec*> TargetOf(const std::vector<TargetSpec>& targets,
-                                           const std::string& url,
-                                           const TemplateScope& context);
+                                           const std::string& url, const TemplateScope& context);
 
 // Gives `request` the settings of the target its URL lies under: its TLS identity
 // and OAuth2 client (the token endpoint reached with the TLS identity of the target
@@ -65,9 +64,8 @@ struct TargetAnswer {
   std::string reason;
 };
 absl::StatusOr<TargetAnswer> AskTarget(Store& store, const std::string& tenant,
-                                       const TargetSpec& target, Millis now,
-                                       Millis lease_duration, Millis timeout, const Lease& lease,
-                                       Random& random);
+                                       const TargetSpec& target, Millis now, Millis lease_duration,
+                                       Millis timeout, const Lease& lease, Random& random);
 
 // Returns `permit`, when there is one, with what the call said of its target's health
 // (kUntold: the call was not made), and clears it.

@@ -5,13 +5,13 @@
 #include <nlohmann/json.hpp>
 
 #include "base/redact.h"
-#include "store/outbox_events.h"
 #include "engine/state_machine.h"
 #include "engine/transition_parts.h"
-#include "model/target_gate.h"
 #include "model/duration.h"
 #include "model/json_text.h"
 #include "model/keys.h"
+#include "model/target_gate.h"
+#include "store/outbox_events.h"
 
 namespace waystone {
 namespace {
@@ -90,8 +90,9 @@ void AddEvent(const Facts& facts, Change& change, std::string_view type, const S
 
 void AddAlert(const Facts& facts, Change& change, AlertKind kind, const std::string& step,
               const std::string& message) {
-  AlertRecord alert{0, facts.instance.id, facts.instance.tenant, step, kind, AlertState::kOpen,
-                    message, facts.now};
+  AlertRecord alert{
+      0,       facts.instance.id, facts.instance.tenant, step, kind, AlertState::kOpen,
+      message, facts.now};
   change.events.push_back(MakeAlertEvent(alert, facts.instance, facts.random, facts.now));
   change.alerts.push_back(std::move(alert));
 }
@@ -142,8 +143,8 @@ void MarkUnknown(StepRecord& step, const std::string& what, Millis now) {
 // otherwise an operator decides.
 Change ResultMissing(const Facts& facts, StepRecord step, const Json& body, int status) {
   const StepDefinition& def = facts.definition.steps[step.index];
-  const std::string what = "HTTP " + std::to_string(status) + " had no external id at " +
-                           def.result_external_id;
+  const std::string what =
+      "HTTP " + std::to_string(status) + " had no external id at " + def.result_external_id;
   Change change = At(facts);
   MarkUnknown(step, what, facts.now);
   step.response_json = body.is_null() ? "{}" : KeptAnswer(body, def);  // "the target said yes"
@@ -151,8 +152,8 @@ Change ResultMissing(const Facts& facts, StepRecord step, const Json& body, int 
   AddEvent(facts, change, "waystone.step.unknown", &step, what);
   const bool resubmit = def.idempotency_honored && def.recovery != RecoveryClass::kManual;
   if (def.lookup || resubmit) return change;
-  const std::string reason = "step '" + step.name + "': " + what +
-                             "; confirm the outcome with its external reference";
+  const std::string reason =
+      "step '" + step.name + "': " + what + "; confirm the outcome with its external reference";
   AddAlert(facts, change, AlertKind::kResultMissing, step.name, reason);
   SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
   return change;
@@ -193,8 +194,10 @@ Change ResubmitOrStop(const Facts& facts, StepRecord step, const std::string& wh
     // a compensation) until an operator confirms what the target did.
     return Pause(facts, step, AlertKind::kRetriesExhausted,
                  "step '" + step.name + "': retries exhausted after " +
-                     std::to_string(step.attempts) + " attempts; outcome of the last one "
-                     "unknown (" + why + "); confirm what happened");
+                     std::to_string(step.attempts) +
+                     " attempts; outcome of the last one "
+                     "unknown (" +
+                     why + "); confirm what happened");
   }
   Change change = At(facts);
   step.state = StepState::kPending;
@@ -245,8 +248,14 @@ AuditRecord EngineAudit(const Facts& facts, const StepRecord& step, const std::s
                       {"detail", detail}};
   const InstanceRecord& instance = facts.instance;
   const std::string reason = ReasonBeforeWaiting(instance);
-  return {0, 0, "engine", instance.tenant, instance.id, action,
-          reason.empty() ? "compensation" : ShortenMessage(reason), JsonText(about)};
+  return {0,
+          0,
+          "engine",
+          instance.tenant,
+          instance.id,
+          action,
+          reason.empty() ? "compensation" : ShortenMessage(reason),
+          JsonText(about)};
 }
 
 }  // namespace
@@ -290,8 +299,12 @@ Change BeginCall(const Facts& facts, int index, const std::string& key, const st
   step.span_id = span;
   change.steps.push_back(step);
   if (def.request.SideEffecting()) {
-    change.idempotency = IdempotencyClaim{facts.instance.tenant, key, hash, facts.instance.id,
-                                          def.name, facts.now + key_retention,
+    change.idempotency = IdempotencyClaim{facts.instance.tenant,
+                                          key,
+                                          hash,
+                                          facts.instance.id,
+                                          def.name,
+                                          facts.now + key_retention,
                                           /*exclusive=*/!def.notify.empty()};
   }
   return change;
@@ -361,8 +374,10 @@ Change RecordCall(const Facts& facts, StepRecord step, const CallResult& result)
       if (response.outcome.identity_refused) {
         // A certificate or client secret to renew, not a business refusal: nothing is
         // undone for it.
-        return FailStepAndWait(facts, step, detail + "; fix the target's certificate, CA or "
-                                                     "client credentials, then retry the step");
+        return FailStepAndWait(facts, step,
+                               detail +
+                                   "; fix the target's certificate, CA or "
+                                   "client credentials, then retry the step");
       }
       // 409 Conflict for a resubmission under the same key after an unknown outcome:
       // the target has seen this key (or holds what it made), so the earlier attempt
@@ -418,8 +433,8 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
   const bool may_have_acted =
       acted == Acted::kMaybe ||
       (step.unknowns > 0 && def.kind == StepKind::kHttp && def.request.SideEffecting());
-  const bool passed_over = optional && !may_have_acted &&
-                           (!alert || *alert == AlertKind::kRetriesExhausted);
+  const bool passed_over =
+      optional && !may_have_acted && (!alert || *alert == AlertKind::kRetriesExhausted);
   if (optional && !passed_over) forced = InstanceState::kNeedsAttention;
   step.state = StepState::kFailed;
   step.unknown_since = 0;
@@ -441,10 +456,10 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
     return change;
   }
   static const std::vector<int> kNone;
-  const InstanceState next =
-      forced ? *forced
-             : StateAfterFailure(facts.definition, after, step.index,
-                                 facts.busy != nullptr ? *facts.busy : kNone);
+  const InstanceState next = forced
+                                 ? *forced
+                                 : StateAfterFailure(facts.definition, after, step.index,
+                                                     facts.busy != nullptr ? *facts.busy : kNone);
   if (alert) AddAlert(facts, change, *alert, step.name, reason);
   if (next == InstanceState::kRunning) {
     change.next_run_at = facts.now;  // a branch beside it is calling: SettleFailure follows
@@ -463,8 +478,9 @@ Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
              reason + (approved.empty()
                            ? "; on_failure: pause: nothing before it is undone, an operator "
                              "decides"
-                           : "; approval '" + approved + "' stood: nothing is undone, an "
-                             "operator reconciles (retry, confirm, compensate or close)"));
+                           : "; approval '" + approved +
+                                 "' stood: nothing is undone, an "
+                                 "operator reconciles (retry, confirm, compensate or close)"));
   } else if (next == InstanceState::kNeedsAttention && alert != AlertKind::kNeedsOperator) {
     AddAlert(facts, change, AlertKind::kNeedsOperator, step.name,
              reason + (optional ? "; an optional step that may have acted: an operator decides"
@@ -582,10 +598,12 @@ std::optional<Change> BeyondKeyWindow(const Facts& facts, int index) {
   // The request could arrive as late as its timeout from now; the window runs from
   // the first send at the latest (the target accepted it no earlier).
   if (facts.now + def.request.timeout < step.started_at + def.key_window) return std::nullopt;
-  const std::string reason =
-      "step '" + step.name + "': an earlier attempt's outcome is unknown and the target keeps "
-      "its key only " + FormatDuration(def.key_window) + " after the first send, which has "
-      "passed: a resend could deliver twice; confirm what happened";
+  const std::string reason = "step '" + step.name +
+                             "': an earlier attempt's outcome is unknown and the target keeps "
+                             "its key only " +
+                             FormatDuration(def.key_window) +
+                             " after the first send, which has "
+                             "passed: a resend could deliver twice; confirm what happened";
   step.state = StepState::kUnknown;  // not another unknown attempt: nothing was sent
   step.error_class = ErrorClass::kUnknown;
   step.error_message = ShortenMessage(reason);
@@ -610,9 +628,9 @@ std::optional<Change> ResolveWithoutLookup(const Facts& facts, int index) {
   if (def.idempotency_honored && def.recovery != RecoveryClass::kManual) {
     return ResubmitOrStop(facts, step, "the target deduplicates on the idempotency key");
   }
-  return Pause(facts, step, AlertKind::kNeedsOperator,
-               "step '" + step.name +
-                   "' outcome unknown and it has no lookup; confirm what happened");
+  return Pause(
+      facts, step, AlertKind::kNeedsOperator,
+      "step '" + step.name + "' outcome unknown and it has no lookup; confirm what happened");
 }
 
 Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& result,
@@ -623,10 +641,10 @@ Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& resul
   const std::string of = "lookup of step '" + step.name + "'";
   if (result.error_class == ErrorClass::kTransient || result.error_class == ErrorClass::kUnknown) {
     if (def.retry.Exhausted(step.lookups)) {
-      return Pause(facts, step, AlertKind::kRetriesExhausted,
-                   of + " keeps failing: " + response.error +
-                       (response.outcome.status ? " HTTP " + std::to_string(response.outcome.status)
-                                                : ""));
+      return Pause(
+          facts, step, AlertKind::kRetriesExhausted,
+          of + " keeps failing: " + response.error +
+              (response.outcome.status ? " HTTP " + std::to_string(response.outcome.status) : ""));
     }
     return Retry(facts, step, StepState::kUnknown, step.lookups, def.retry,
                  response.outcome.retry_after);
@@ -706,9 +724,9 @@ Change RecordLookup(const Facts& facts, StepRecord step, const CallResult& resul
 }
 
 Change LookupUnproven(const Facts& facts, const StepRecord& step, const std::string& why) {
-  return Pause(facts, step, AlertKind::kNeedsOperator,
-               "lookup of step '" + step.name + "' proves nothing: " + why +
-                   "; confirm what happened");
+  return Pause(
+      facts, step, AlertKind::kNeedsOperator,
+      "lookup of step '" + step.name + "' proves nothing: " + why + "; confirm what happened");
 }
 
 void ApplyBodyRules(const std::vector<BodyErrorRule>& rules, CallResult& result) {
@@ -725,9 +743,15 @@ void ApplyBodyRules(const std::vector<BodyErrorRule>& rules, CallResult& result)
     }
     if (!holds) continue;
     switch (rule.verdict) {
-      case BodyVerdict::kTransient: result.error_class = ErrorClass::kTransient; break;
-      case BodyVerdict::kRejected: result.error_class = ErrorClass::kRejected; break;
-      case BodyVerdict::kUnknown: result.error_class = ErrorClass::kUnknown; break;
+      case BodyVerdict::kTransient:
+        result.error_class = ErrorClass::kTransient;
+        break;
+      case BodyVerdict::kRejected:
+        result.error_class = ErrorClass::kRejected;
+        break;
+      case BodyVerdict::kUnknown:
+        result.error_class = ErrorClass::kUnknown;
+        break;
       case BodyVerdict::kExists:
         result.error_class = ErrorClass::kUnknown;
         result.exists = true;
@@ -793,9 +817,9 @@ Change EventArrived(const Facts& facts, int index, const std::string& data_json,
   Change change = At(facts);
   step.attempts += 1;
   // What the workflow reads of the event's data, like any answer (store_response).
-  step.response_json = KeptAnswer(Json::parse(data_json.empty() ? "null" : data_json, nullptr,
-                                              false),
-                                  facts.definition.steps[index]);
+  step.response_json =
+      KeptAnswer(Json::parse(data_json.empty() ? "null" : data_json, nullptr, false),
+                 facts.definition.steps[index]);
   step.external_id = event_id;
   if (step.started_at == 0) step.started_at = facts.now;
   MarkCompleted(step, facts.now);
@@ -823,9 +847,9 @@ Change BeginCompensation(const Facts& facts, int index, const std::string& key) 
   step.next_attempt_at = 0;
   step.error_class = ErrorClass::kUnknown;  // until its outcome is recorded
   change.steps.push_back(step);
-  change.audits.push_back(EngineAudit(facts, step, key, "compensate",
-                                      "attempt " + std::to_string(step.compensation_attempts) +
-                                          " sent"));
+  change.audits.push_back(
+      EngineAudit(facts, step, key, "compensate",
+                  "attempt " + std::to_string(step.compensation_attempts) + " sent"));
   return change;
 }
 
@@ -873,8 +897,8 @@ Change RecordSqlCompensation(const Facts& facts, int index, BusinessStatement st
   statement.step_index = index;
   statement.records_result = false;
   change.statements.push_back(std::move(statement));
-  change.audits.push_back(EngineAudit(facts, step, "", "compensated",
-                                      "compensate.sql committed with the checkpoint"));
+  change.audits.push_back(
+      EngineAudit(facts, step, "", "compensated", "compensate.sql committed with the checkpoint"));
   AddEvent(facts, change, "waystone.step.compensated", &step);
   return change;
 }
@@ -887,8 +911,7 @@ std::optional<Change> CompensationInFlight(const Facts& facts, int index) {
     return std::nullopt;
   }
   return CompensationFailed(facts, step,
-                            MayHaveArrived("attempt " +
-                                           std::to_string(step.compensation_attempts) +
+                            MayHaveArrived("attempt " + std::to_string(step.compensation_attempts) +
                                            " was under way when its worker stopped"),
                             "");
 }
@@ -905,8 +928,8 @@ Change CompensationFailed(const Facts& facts, StepRecord step, const std::string
                              std::to_string(step.compensation_attempts) +
                              " attempts: " + ShortenMessage(message);
   AddEvent(facts, change, "waystone.step.compensation_failed", &step, message);
-  change.audits.push_back(EngineAudit(facts, step, key, "compensation_failed",
-                                      ShortenMessage(message)));
+  change.audits.push_back(
+      EngineAudit(facts, step, key, "compensation_failed", ShortenMessage(message)));
   AddAlert(facts, change, AlertKind::kCompensationFailed, step.name, reason);
   SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
   return change;
@@ -921,9 +944,9 @@ Change Finish(const Facts& facts, InstanceState final_state) {
   }
   const std::string reason =
       final_state == InstanceState::kCompleted
-          ? (passed_over.empty() ? "all steps completed"
-                                 : "completed without optional step(s) " + passed_over +
-                                       ", which failed")
+          ? (passed_over.empty()
+                 ? "all steps completed"
+                 : "completed without optional step(s) " + passed_over + ", which failed")
           : (final_state == InstanceState::kCompensated ? "completed steps were compensated"
                                                         : facts.instance.status_reason);
   SetInstanceState(facts, change, final_state, reason);

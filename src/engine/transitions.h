@@ -41,8 +41,8 @@ struct Facts {
 struct CallResult {
   HttpResponse response;
   ErrorClass error_class = ErrorClass::kNone;
-  Millis left_at = 0;  // when the client let the request go (its last-moment check; 0: unknown)
-  bool exists = false;        // an `errors.body` rule said the object exists already
+  Millis left_at = 0;   // when the client let the request go (its last-moment check; 0: unknown)
+  bool exists = false;  // an `errors.body` rule said the object exists already
   // The status is one of the step's accepted_statuses: the target accepted this very
   // request before, under its key (LINE's 409); classed kNone.
   bool accepted = false;

@@ -19,8 +19,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "base/mutex.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "http/http_message.h"
 #include "http/stream.h"
 
@@ -111,7 +111,8 @@ class HttpFront::Impl {
     if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
     if (!ec) acceptor_.bind(endpoint, ec);
     if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
-    if (ec) return absl::UnavailableError("cannot listen on " + options_.listen + ": " + ec.message());
+    if (ec)
+      return absl::UnavailableError("cannot listen on " + options_.listen + ": " + ec.message());
     port_ = acceptor_.local_endpoint().port();
     Accept();
     for (int i = 0; i < std::max(1, options_.io_threads); ++i) {
@@ -280,7 +281,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ReadNextHead() {
     parser_.emplace();
     ConfigureParser(*parser_, options());
-    head_only_ = false;  // until this request's method is known
+    head_only_ = false;                                // until this request's method is known
     if (buffer_.size() > 0) return ReadRequestHead();  // sent already, after the last request
     slot_->idle = true;
     Lowest().expires_after(std::chrono::seconds(options().request_deadline_seconds));
@@ -297,13 +298,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // One deadline for the whole request, head and body, from its first byte (time
     // the request waits for a handler thread of ours is added back: it is not the
     // client's).
-    deadline_ = std::chrono::steady_clock::now() +
-                std::chrono::seconds(options().request_deadline_seconds);
+    deadline_ =
+        std::chrono::steady_clock::now() + std::chrono::seconds(options().request_deadline_seconds);
     Lowest().expires_at(deadline_);
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             [self = shared_from_this()](error_code ec, size_t) {
-                               self->OnHead(ec);
-                             });
+    bhttp::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](error_code ec, size_t) { self->OnHead(ec); });
   }
 
   void OnHead(const error_code& ec) {
@@ -322,8 +322,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                    false);
     }
     if (!options().health_path.empty() && request_.path == options().health_path &&
-        (request_.method == "GET" || head_only_) && request_.query.empty() &&
-        parser_->is_done()) {
+        (request_.method == "GET" || head_only_) && request_.query.empty() && parser_->is_done()) {
       // Answered here, on the I/O thread: busy handlers never delay it.
       ServerResponse ok;
       ok.SetContent("ok\n", "text/plain");
@@ -374,8 +373,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (parser_->is_done()) return Dispatch();
     const auto expect = parser_->get()[bhttp::field::expect];
     if (beast::iequals(expect, "100-continue")) {
-      auto go_on = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_,
-                                                                        version_);
+      auto go_on =
+          std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_, version_);
       bhttp::async_write(stream_, *go_on,
                          [self = shared_from_this(), go_on](error_code ec, size_t) {
                            if (ec) return self->Close();
@@ -400,9 +399,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     OnPool([self = shared_from_this(), keep_alive] {
       auto res = std::make_shared<ServerResponse>();
       RunHandler(self->front_->handle(), self->request_, *res);
-      net::post(self->stream_.get_executor(), [self, res, keep_alive] {
-        self->Write(std::move(*res), keep_alive);
-      });
+      net::post(self->stream_.get_executor(),
+                [self, res, keep_alive] { self->Write(std::move(*res), keep_alive); });
     });
   }
 
@@ -499,8 +497,8 @@ void HttpFront::Impl::Admit(tcp::socket socket) {
     std::shared_ptr<ConnectionSlot> slot = TakeSlot(peer.address().to_string());
     if (slot == nullptr) {
       static const std::string kBusy = [] {
-        ServerResponse busy = ProblemResponse(ProblemKind::kUnavailable,
-                                              "too many connections; retry shortly", "");
+        ServerResponse busy =
+            ProblemResponse(ProblemKind::kUnavailable, "too many connections; retry shortly", "");
         busy.SetHeader("Retry-After", "1");
         return WireBytes(std::move(busy), 11, false, false);
       }();
@@ -515,9 +513,8 @@ void HttpFront::Impl::Admit(tcp::socket socket) {
       socket.close(ignored);
     } else {
       try {
-        AnyStream stream = tls_ != nullptr
-                               ? AnyStream(TlsStream(std::move(socket), *tls_))
-                               : AnyStream(beast::tcp_stream(std::move(socket)));
+        AnyStream stream = tls_ != nullptr ? AnyStream(TlsStream(std::move(socket), *tls_))
+                                           : AnyStream(beast::tcp_stream(std::move(socket)));
         std::make_shared<Connection>(std::move(stream), this, slot)->Start();
       } catch (...) {
         ReleaseSlot(*slot);  // no connection holds it
@@ -531,7 +528,7 @@ HttpFront::HttpFront(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpFront::~HttpFront() = default;
 
 absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptions& options,
-                                                           ScreenFn screen, HandleFn handle) {
+                                                            ScreenFn screen, HandleFn handle) {
   auto impl = std::make_unique<Impl>(options, std::move(screen), std::move(handle));
   if (auto status = impl->Listen(); !status.ok()) return status;
   return std::unique_ptr<HttpFront>(new HttpFront(std::move(impl)));

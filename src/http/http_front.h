@@ -105,7 +105,7 @@ using HandleFn = std::function<void(const ServerRequest& req, ServerResponse& re
 class HttpFront {
  public:
   static absl::StatusOr<std::unique_ptr<HttpFront>> Start(const HttpFrontOptions& options,
-                                                         ScreenFn screen, HandleFn handle);
+                                                          ScreenFn screen, HandleFn handle);
   ~HttpFront();
   HttpFront(const HttpFront&) = delete;
   HttpFront& operator=(const HttpFront&) = delete;

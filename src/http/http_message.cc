@@ -109,8 +109,8 @@ std::optional<std::string> SplitTarget(ServerRequest& req) {
     if (part.empty()) continue;
     const size_t eq = part.find('=');
     auto name = Decode(part.substr(0, eq), true);
-    auto value = Decode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1),
-                        true);
+    auto value =
+        Decode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1), true);
     if (!name || !value) return "the query is not percent-encoded UTF-8";
     req.query.emplace_back(std::move(*name), std::move(*value));
   }
@@ -158,9 +158,9 @@ std::optional<ServerResponse> ReadHead(const Parser& parser, const HttpFrontOpti
 }
 
 std::optional<ServerResponse> ReadFailure(const error_code& ec, const HttpFrontOptions& options) {
-  if (ec == bhttp::error::end_of_stream || ec == net::error::eof ||
-      ec == beast::error::timeout || ec == net::error::operation_aborted ||
-      ec == net::error::connection_reset || ec == bhttp::error::partial_message) {
+  if (ec == bhttp::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
+      ec == net::error::operation_aborted || ec == net::error::connection_reset ||
+      ec == bhttp::error::partial_message) {
     return std::nullopt;
   }
   if (ec == bhttp::error::header_limit) {
@@ -171,8 +171,7 @@ std::optional<ServerResponse> ReadFailure(const error_code& ec, const HttpFrontO
   }
   if (ec == bhttp::error::body_limit) {
     return ProblemResponse(ProblemKind::kPayloadTooLarge,
-                           "the body may take " + std::to_string(options.max_body_bytes) +
-                               " bytes",
+                           "the body may take " + std::to_string(options.max_body_bytes) + " bytes",
                            "");
   }
   return ProblemResponse(ProblemKind::kBadRequest,
@@ -216,8 +215,8 @@ BeastResponse ToBeast(ServerResponse&& res, unsigned version, bool keep_alive, b
     if (name.find_first_of("\r\n") != std::string::npos ||
         value.find_first_of("\r\n") != std::string::npos || name.size() > 256 ||
         value.size() > 8192) {
-      Log(LogLevel::kWarning, "response header '" + name.substr(0, 64) +
-                                  "' left out: a line break or too long");
+      Log(LogLevel::kWarning,
+          "response header '" + name.substr(0, 64) + "' left out: a line break or too long");
       continue;
     }
     try {

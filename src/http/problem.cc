@@ -11,7 +11,7 @@ namespace {
 struct KindSpec {
   ProblemKind kind;
   int status;
-  const char* slug;   // urn:waystone:problem:<slug>
+  const char* slug;  // urn:waystone:problem:<slug>
   const char* title;
 };
 
@@ -48,8 +48,11 @@ constexpr KindSpec kKinds[] = {
 }  // namespace
 
 std::string Problem::ToJson(const std::string& instance) const {
-  return JsonText(nlohmann::json{{"type", type}, {"title", title}, {"status", status},
-                                 {"detail", detail}, {"instance", instance}});
+  return JsonText(nlohmann::json{{"type", type},
+                                 {"title", title},
+                                 {"status", status},
+                                 {"detail", detail},
+                                 {"instance", instance}});
 }
 
 Problem MakeProblem(ProblemKind kind, const std::string& detail) {
@@ -64,7 +67,9 @@ Problem MakeProblem(ProblemKind kind, const std::string& detail) {
 Problem Unauthenticated(const std::string& detail) {
   return MakeProblem(ProblemKind::kUnauthenticated, detail);
 }
-Problem Forbidden(const std::string& detail) { return MakeProblem(ProblemKind::kForbidden, detail); }
+Problem Forbidden(const std::string& detail) {
+  return MakeProblem(ProblemKind::kForbidden, detail);
+}
 Problem NotFound(const std::string& detail) { return MakeProblem(ProblemKind::kNotFound, detail); }
 Problem BadRequest(const std::string& detail) {
   return MakeProblem(ProblemKind::kBadRequest, detail);

@@ -3,7 +3,7 @@
 namespace waystone::http_stream {
 
 absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string& cert_file,
-                                                               const std::string& key_file) {
+                                                              const std::string& key_file) {
   if (cert_file.empty() || key_file.empty()) {
     return absl::InvalidArgumentError("TLS needs both a certificate file and a key file");
   }
@@ -27,8 +27,8 @@ absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string&
   }
   context->use_private_key_file(key_file, net::ssl::context::pem, ec);
   if (ec) {
-    return absl::InvalidArgumentError("TLS key file '" + key_file + "' cannot be used: " +
-                                      ec.message());
+    return absl::InvalidArgumentError("TLS key file '" + key_file +
+                                      "' cannot be used: " + ec.message());
   }
   if (SSL_CTX_check_private_key(context->native_handle()) != 1) {
     return absl::InvalidArgumentError("TLS key file '" + key_file +

@@ -25,7 +25,7 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 // The TLS context of `cert_file` and `key_file`: TLS 1.2 and later only. Errors
 // name the file that could not be read or used.
 absl::StatusOr<std::unique_ptr<net::ssl::context>> TlsContext(const std::string& cert_file,
-                                                               const std::string& key_file);
+                                                              const std::string& key_file);
 
 // One read's or one write's completion, whatever Beast operation waits for it: the
 // streams below are compiled against this one handler type, not once per operation.
@@ -64,8 +64,7 @@ class AnyStream {
  public:
   using executor_type = net::any_io_executor;
 
-  explicit AnyStream(beast::tcp_stream plain)
-      : impl_(std::make_unique<Plain>(std::move(plain))) {}
+  explicit AnyStream(beast::tcp_stream plain) : impl_(std::make_unique<Plain>(std::move(plain))) {}
   explicit AnyStream(TlsStream tls) : impl_(std::make_unique<Tls>(std::move(tls))) {}
 
   executor_type get_executor() { return impl_->lowest().get_executor(); }

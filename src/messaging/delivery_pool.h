@@ -35,7 +35,7 @@ class DeliveryPool {
   std::condition_variable work_;  // a batch arrived, or the pool is stopping
   std::condition_variable done_;  // the last task of a batch ended
   std::vector<std::function<void()>>* tasks_ ABSL_GUARDED_BY(mu_) = nullptr;
-  size_t next_ ABSL_GUARDED_BY(mu_) = 0;       // the next task to hand out
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;        // the next task to hand out
   size_t unfinished_ ABSL_GUARDED_BY(mu_) = 0;  // tasks of the batch not yet ended
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::jthread> threads_;

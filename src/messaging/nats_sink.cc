@@ -66,8 +66,8 @@ class NatsSink final : public Sink {
   std::vector<DeliveryOutcome> DeliverBatch(const std::vector<const EventRecord*>& events,
                                             const std::vector<std::string>& bodies,
                                             const MayStart& /*may_start*/) override {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(longest_attempt());
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(longest_attempt());
     std::vector<DeliveryOutcome> outcomes(events.size());
     std::shared_ptr<NatsConnection> connection;
     if (auto error = Connect(connection); !error.empty()) {
@@ -121,9 +121,9 @@ class NatsSink final : public Sink {
         Disconnect(connection);
       }
       const std::string detail = !failed.empty() ? failed
-                                 : left <= 0    ? "publish: no time left in the attempt"
-                                                : std::string("publish: ") +
-                                                      natsStatus_GetText(status);
+                                 : left <= 0
+                                     ? "publish: no time left in the attempt"
+                                     : std::string("publish: ") + natsStatus_GetText(status);
       MutexLock lock(acks_mu_);
       awaited.outcomes[i] = DeliveryOutcome{DeliveryOutcome::Result::kRetry, detail, {}};
     }

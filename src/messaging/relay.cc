@@ -5,15 +5,14 @@
 #include <set>
 
 #include "absl/cleanup/cleanup.h"
-
-#include "base/mutex.h"
 #include "base/crash_point.h"
 #include "base/log.h"
+#include "base/mutex.h"
 #include "base/redact.h"
 #include "base/status_macros.h"
-#include "store/outbox_events.h"
-#include "store/lease_owners.h"
 #include "messaging/cloudevent.h"
+#include "store/lease_owners.h"
+#include "store/outbox_events.h"
 
 namespace waystone {
 namespace {
@@ -260,14 +259,14 @@ absl::Status Relay::Expand() {
     std::vector<std::pair<int64_t, int64_t>> wanted;  // seq, instance id
     for (const EventRecord& row : rows) {
       if (!sink.Serves(row.tenant)) continue;  // another tenant's event
-      const bool wants = IsAlertType(row.type) ? sink.name == config_.alert_sink ||
-                                                     (!sink.events.empty() &&
-                                                      sink.Wants(row.type, WorkflowOf(row)))
-                                               : sink.Wants(row.type, WorkflowOf(row));
+      const bool wants = IsAlertType(row.type)
+                             ? sink.name == config_.alert_sink ||
+                                   (!sink.events.empty() && sink.Wants(row.type, WorkflowOf(row)))
+                             : sink.Wants(row.type, WorkflowOf(row));
       if (wants) wanted.emplace_back(row.seq, row.instance_id);
     }
-    auto status = store_->AddDeliveries(sink.name, cursor, rows.back().seq, wanted,
-                                        clock_->NowMillis());
+    auto status =
+        store_->AddDeliveries(sink.name, cursor, rows.back().seq, wanted, clock_->NowMillis());
     if (absl::IsAborted(status)) continue;  // another relay expanded these rows
     WS_RETURN_IF_ERROR(status);
   }
@@ -289,7 +288,11 @@ absl::Status Relay::RaiseStaleUnknownAlerts() {
   WS_ASSIGN_OR_RETURN(std::vector<StaleUnknown> stale,
                       store_->StaleUnknownSteps(now - config_.unknown_alert_after));
   for (const StaleUnknown& s : stale) {
-    AlertRecord alert{0, s.instance_id, s.tenant, s.step, AlertKind::kUnknownUnresolved,
+    AlertRecord alert{0,
+                      s.instance_id,
+                      s.tenant,
+                      s.step,
+                      AlertKind::kUnknownUnresolved,
                       AlertState::kOpen,
                       "outcome of step '" + s.step + "' unknown since " +
                           std::to_string((now - s.unknown_since) / 1000) + "s ago",
@@ -384,8 +387,7 @@ DeliveryOutcome Relay::Attempt(const DeliveryClaim& claim) {
   return outcome;
 }
 
-DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome,
-                                Millis now) {
+DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outcome, Millis now) {
   DeliveryUpdate update;
   update.now = now;
   update.attempts = claim.attempts + 1;
@@ -398,8 +400,12 @@ DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outc
     case DeliveryOutcome::Result::kRetry:
       if (config_.retry.Exhausted(update.attempts)) {
         update.state = DeliveryState::kParked;
-        AlertRecord alert{0, claim.event.instance_id, claim.event.tenant, "",
-                          AlertKind::kDeliveryParked, AlertState::kOpen,
+        AlertRecord alert{0,
+                          claim.event.instance_id,
+                          claim.event.tenant,
+                          "",
+                          AlertKind::kDeliveryParked,
+                          AlertState::kOpen,
                           "event " + claim.event.event_id + " (" + claim.event.type +
                               ") parked for sink '" + claim.sink + "' after " +
                               std::to_string(update.attempts) + " attempts: " + outcome.detail,
@@ -418,8 +424,12 @@ DeliveryUpdate Relay::UpdateFor(const DeliveryClaim& claim, DeliveryOutcome outc
       update.disable_sink = true;
       // Each carries the alert; the store writes it once per sink (the first disable
       // that commits), so a first one whose lease was lost cannot leave it unsaid.
-      AlertRecord alert{0, claim.event.instance_id, claim.event.tenant, "",
-                        AlertKind::kSinkDisabled, AlertState::kOpen,
+      AlertRecord alert{0,
+                        claim.event.instance_id,
+                        claim.event.tenant,
+                        "",
+                        AlertKind::kSinkDisabled,
+                        AlertState::kOpen,
                         "sink '" + claim.sink + "' answered " + outcome.detail +
                             " (gone); it is disabled and its events wait until it is enabled",
                         now};

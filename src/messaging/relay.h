@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "base/mutex.h"
 #include "absl/status/statusor.h"
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "base/random.h"
 #include "connectors/http/http_client.h"
 #include "messaging/delivery_pool.h"

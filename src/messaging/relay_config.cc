@@ -25,21 +25,25 @@ class ConfigReader : public YamlConfig {
   absl::StatusOr<RelayConfig> Read(const YAML::Node& root) {
     RelayConfig config;
     if (!root.IsMap()) return Error(root, "a relay config is a mapping with 'sinks'");
-    static const std::set<std::string> kFields = {
-        "deployment", "sinks", "alert_sink", "retry", "lease", "unknown_alert_after", "batch",
-        "parallel", "poll_interval"};
+    static const std::set<std::string> kFields = {"deployment", "sinks",    "alert_sink",
+                                                  "retry",      "lease",    "unknown_alert_after",
+                                                  "batch",      "parallel", "poll_interval"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     if (root["deployment"]) config.deployment = root["deployment"].Scalar();
     if (root["alert_sink"]) config.alert_sink = root["alert_sink"].Scalar();
-    if (auto s = Duration(root, "lease", config.lease); !s.ok()) return s.status();
-    else config.lease = *s;
+    if (auto s = Duration(root, "lease", config.lease); !s.ok())
+      return s.status();
+    else
+      config.lease = *s;
     if (auto s = Duration(root, "unknown_alert_after", config.unknown_alert_after); !s.ok()) {
       return s.status();
     } else {
       config.unknown_alert_after = *s;
     }
-    if (auto s = Duration(root, "poll_interval", config.poll_interval); !s.ok()) return s.status();
-    else config.poll_interval = *s;
+    if (auto s = Duration(root, "poll_interval", config.poll_interval); !s.ok())
+      return s.status();
+    else
+      config.poll_interval = *s;
     if (const YAML::Node batch = root["batch"]) {
       if (!YAML::convert<int>::decode(batch, config.batch) || config.batch < 1) {
         return Error(batch, "'batch' must be a positive whole number");
@@ -74,7 +78,8 @@ class ConfigReader : public YamlConfig {
     for (const auto& node : sinks) {
       auto sink = ReadSink(node);
       if (!sink.ok()) return sink.status();
-      if (!names.insert(sink->name).second) return Error(node, "duplicate sink '" + sink->name + "'");
+      if (!names.insert(sink->name).second)
+        return Error(node, "duplicate sink '" + sink->name + "'");
       config.sinks.push_back(std::move(*sink));
     }
     if (!config.alert_sink.empty() && !names.contains(config.alert_sink)) {
@@ -95,9 +100,9 @@ class ConfigReader : public YamlConfig {
   absl::StatusOr<SinkConfig> ReadSink(const YAML::Node& node) {
     SinkConfig sink;
     if (!node.IsMap()) return Error(node, "a sink is a mapping with 'name' and 'type'");
-    static const std::set<std::string> kFields = {"name", "type", "events", "workflows",
-                                                  "tenants", "url", "secret_env", "secret_file",
-                                                  "timeout", "keep_alive", "stream"};
+    static const std::set<std::string> kFields = {
+        "name",       "type",        "events",  "workflows",  "tenants", "url",
+        "secret_env", "secret_file", "timeout", "keep_alive", "stream"};
     if (auto status = CheckFields(node, kFields, "sink"); !status.ok()) return status;
     if (!node["name"]) return Error(node, "sink needs 'name'");
     sink.name = node["name"].Scalar();
@@ -107,8 +112,8 @@ class ConfigReader : public YamlConfig {
     } else if (type == "nats") {
       sink.kind = SinkKind::kNats;
     } else {
-      return Error(node["type"] ? node["type"] : node, "sink '" + sink.name +
-                                                           "': type must be webhook or nats");
+      return Error(node["type"] ? node["type"] : node,
+                   "sink '" + sink.name + "': type must be webhook or nats");
     }
     auto events = List(node["events"]);
     if (!events.ok()) return events.status();
@@ -126,8 +131,8 @@ class ConfigReader : public YamlConfig {
                                                        "keep_alive"};
     for (const auto& field : node) {
       const std::string name = field.first.Scalar();
-      const bool other = sink.kind == SinkKind::kNats ? kWebhookOnly.contains(name)
-                                                      : name == "stream";
+      const bool other =
+          sink.kind == SinkKind::kNats ? kWebhookOnly.contains(name) : name == "stream";
       if (other) {
         return Error(field.first, "sink '" + sink.name + "': '" + name + "' is for " +
                                       (sink.kind == SinkKind::kNats ? "webhook" : "nats") +
@@ -150,8 +155,8 @@ class ConfigReader : public YamlConfig {
     if (const YAML::Node env = node["secret_env"]) {
       const char* value = std::getenv(env.Scalar().c_str());
       if (value == nullptr || *value == '\0') {
-        return Error(env, "sink '" + sink.name + "': environment variable " + env.Scalar() +
-                              " is not set");
+        return Error(
+            env, "sink '" + sink.name + "': environment variable " + env.Scalar() + " is not set");
       }
       sink.secret = value;
       RegisterSecretValue(sink.secret);
@@ -166,9 +171,10 @@ class ConfigReader : public YamlConfig {
       return Error(node, "webhook sink '" + sink.name + "' needs 'secret_env' or 'secret_file'");
     }
     if (sink.secret.size() < kMinRedactedSecret + 6) {
-      return Error(node, "webhook sink '" + sink.name + "': the secret is too short to be told "
-                         "apart when echoed (whsec_ and at least " +
-                         std::to_string(kMinRedactedSecret) + " characters)");
+      return Error(node, "webhook sink '" + sink.name +
+                             "': the secret is too short to be told "
+                             "apart when echoed (whsec_ and at least " +
+                             std::to_string(kMinRedactedSecret) + " characters)");
     }
     if (!sink.secret.starts_with("whsec_")) {
       return Error(node, "webhook sink '" + sink.name + "': the secret must start with whsec_");
@@ -200,7 +206,8 @@ absl::Status CheckSinkTenants(const RelayConfig& config, const std::vector<std::
   for (const SinkConfig& sink : config.sinks) {
     if (sink.tenants.empty()) {
       return absl::InvalidArgumentError(
-          "sink '" + sink.name + "' names no 'tenants': with tenants configured, each sink "
+          "sink '" + sink.name +
+          "' names no 'tenants': with tenants configured, each sink "
           "lists the tenants whose events it receives (it would receive every tenant's)");
     }
     for (const std::string& tenant : sink.tenants) {

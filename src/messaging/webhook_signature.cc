@@ -15,8 +15,9 @@ absl::StatusOr<std::string> SignStandardWebhook(std::string_view secret, std::st
     return absl::InvalidArgumentError("webhook secret must be 'whsec_' followed by base64");
   }
   std::vector<unsigned char> key(secret.size());
-  const int decoded = EVP_DecodeBlock(key.data(), reinterpret_cast<const unsigned char*>(secret.data()),
-                                      static_cast<int>(secret.size()));
+  const int decoded =
+      EVP_DecodeBlock(key.data(), reinterpret_cast<const unsigned char*>(secret.data()),
+                      static_cast<int>(secret.size()));
   if (decoded < 0) return absl::InvalidArgumentError("webhook secret is not valid base64");
   size_t key_size = static_cast<size_t>(decoded);
   // EVP_DecodeBlock counts padding bytes as data; drop them.
@@ -29,7 +30,8 @@ absl::StatusOr<std::string> SignStandardWebhook(std::string_view secret, std::st
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key_size),
        reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &mac_size);
   std::string encoded(4 * ((mac_size + 2) / 3), '\0');
-  EVP_EncodeBlock(reinterpret_cast<unsigned char*>(encoded.data()), mac, static_cast<int>(mac_size));
+  EVP_EncodeBlock(reinterpret_cast<unsigned char*>(encoded.data()), mac,
+                  static_cast<int>(mac_size));
   return "v1," + encoded;
 }
 

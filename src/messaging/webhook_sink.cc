@@ -81,7 +81,10 @@ class Chain : public std::enable_shared_from_this<Chain> {
  public:
   Chain(const WebhookSink& sink, const std::vector<const EventRecord*>& events,
         const std::vector<std::string>& bodies, const Sink::MayStart& may_start)
-      : sink_(sink), events_(events), bodies_(bodies), may_start_(may_start),
+      : sink_(sink),
+        events_(events),
+        bodies_(bodies),
+        may_start_(may_start),
         outcomes_(events.size()) {}
 
   // Sends every event the lease leaves room for; returns their outcomes, in order.
@@ -119,10 +122,9 @@ class Chain : public std::enable_shared_from_this<Chain> {
           handing_over_ = true;
           answered_meanwhile_ = false;
         }
-        sink_.http()->SendAsync(*std::move(request),
-                                [self = shared_from_this(), i](HttpResponse response) {
-                                  self->Answered(i, response);
-                                });
+        sink_.http()->SendAsync(
+            *std::move(request),
+            [self = shared_from_this(), i](HttpResponse response) { self->Answered(i, response); });
         MutexLock lock(mu_);
         handing_over_ = false;
         if (!answered_meanwhile_) return;  // the answer takes the turn when it comes
@@ -155,8 +157,8 @@ class Chain : public std::enable_shared_from_this<Chain> {
     MutexLock lock(mu_);
     if (finished_) return;
     if (thrown && out_) {
-      outcomes_[started_ - 1] = {DeliveryOutcome::Result::kRetry,
-                                 "delivery threw: " + std::string(*thrown), {}};
+      outcomes_[started_ - 1] = {
+          DeliveryOutcome::Result::kRetry, "delivery threw: " + std::string(*thrown), {}};
     }
     finished_ = true;
     finished_changed_.notify_all();

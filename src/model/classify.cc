@@ -35,9 +35,12 @@ ErrorClass DefaultForSmtpReply(int code) {
 
 std::string_view ToString(ConnectionUsed connection) {
   switch (connection) {
-    case ConnectionUsed::kNone: return "none";
-    case ConnectionUsed::kNew: return "new";
-    case ConnectionUsed::kReused: return "reused";
+    case ConnectionUsed::kNone:
+      return "none";
+    case ConnectionUsed::kNew:
+      return "new";
+    case ConnectionUsed::kReused:
+      return "reused";
   }
   return "none";
 }

@@ -28,9 +28,9 @@ struct CallOutcome {
     kInvalid = 4,        // could not be sent as written (malformed URL, unsupported scheme)
   };
   Kind kind = Kind::kResponse;
-  int status = 0;                        // HTTP status when kind == kResponse
-  std::optional<Millis> retry_after;     // parsed Retry-After, when present
-  bool sent = false;                     // some of the request left this process
+  int status = 0;                     // HTTP status when kind == kResponse
+  std::optional<Millis> retry_after;  // parsed Retry-After, when present
+  bool sent = false;                  // some of the request left this process
   // kInvalid: our identity was refused: a certificate (ours or theirs) or the OAuth2
   // client credentials. Not retried, and nothing is undone for it.
   bool identity_refused = false;

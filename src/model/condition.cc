@@ -19,8 +19,7 @@ absl::StatusOr<bool> Holds(const Condition& condition, const TemplateScope& cont
       if (rendered->is_boolean()) return rendered->get<bool>();
       if (*rendered == "true" || *rendered == "false") return *rendered == "true";
       return absl::InvalidArgumentError(condition.value + " is " +
-                                        std::string(rendered->type_name()) +
-                                        ", not true or false");
+                                        std::string(rendered->type_name()) + ", not true or false");
     }
     case Test::kPresent:
     case Test::kAbsent: {

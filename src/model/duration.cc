@@ -19,12 +19,18 @@ std::optional<Millis> ParseDuration(std::string_view text) {
   auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
   if (ec != std::errc() || end != number.data() + number.size()) return std::nullopt;
   double scale = 0;
-  if (unit.empty() || unit == "ms") scale = 1;
-  else if (unit == "s") scale = 1000;
-  else if (unit == "m") scale = 60'000;
-  else if (unit == "h") scale = 3'600'000;
-  else if (unit == "d") scale = 86'400'000;
-  else return std::nullopt;
+  if (unit.empty() || unit == "ms")
+    scale = 1;
+  else if (unit == "s")
+    scale = 1000;
+  else if (unit == "m")
+    scale = 60'000;
+  else if (unit == "h")
+    scale = 3'600'000;
+  else if (unit == "d")
+    scale = 86'400'000;
+  else
+    return std::nullopt;
   const double ms = value * scale;
   if (!std::isfinite(ms) || ms < 0 || ms > 1e15) return std::nullopt;
   return static_cast<Millis>(std::llround(ms));
@@ -35,7 +41,8 @@ std::string FormatDuration(Millis duration) {
     Millis size;
     const char* suffix;
   };
-  static constexpr Unit kUnits[] = {{86'400'000, "d"}, {3'600'000, "h"}, {60'000, "m"}, {1000, "s"}};
+  static constexpr Unit kUnits[] = {
+      {86'400'000, "d"}, {3'600'000, "h"}, {60'000, "m"}, {1000, "s"}};
   for (const Unit& unit : kUnits) {
     if (duration != 0 && duration % unit.size == 0) {
       return std::to_string(duration / unit.size) + unit.suffix;

@@ -64,7 +64,8 @@ inline absl::StatusOr<nlohmann::json> ParseBoundedJson(std::string_view text,
                                       std::to_string(kMaxJsonDepth) + " levels");
   }
   nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return absl::InvalidArgumentError(std::string(what) + " is not valid JSON");
+  if (parsed.is_discarded())
+    return absl::InvalidArgumentError(std::string(what) + " is not valid JSON");
   return parsed;
 }
 

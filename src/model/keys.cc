@@ -38,7 +38,7 @@ std::string KeyUuid(std::string_view tenant, std::string_view key) {
   material.push_back('\n');
   material.append(key);
   std::string hex = Sha256Hex(material).substr(0, 32);
-  hex[12] = '8';  // version 8: custom
+  hex[12] = '8';                              // version 8: custom
   static constexpr char kVariant[] = "89ab";  // variant 10xx
   const int nibble = hex[16] >= 'a' ? hex[16] - 'a' + 10 : hex[16] - '0';
   hex[16] = kVariant[nibble & 3];

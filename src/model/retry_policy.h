@@ -11,10 +11,10 @@ class Random;
 
 // Exponential backoff with full jitter and a firm attempt limit. A value type.
 struct RetryPolicy {
-  int max_attempts = 5;             // attempts in all, the first included
-  Millis initial_interval = 200;    // ceiling of the first delay
-  Millis max_interval = 10'000;     // the ceiling never grows past this
-  double multiplier = 2.0;          // ceiling growth per attempt
+  int max_attempts = 5;                // attempts in all, the first included
+  Millis initial_interval = 200;       // ceiling of the first delay
+  Millis max_interval = 10'000;        // the ceiling never grows past this
+  double multiplier = 2.0;             // ceiling growth per attempt
   Millis max_retry_after = 3'600'000;  // a server's Retry-After is honoured up to this
 
   bool operator==(const RetryPolicy&) const = default;

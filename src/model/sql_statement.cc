@@ -17,19 +17,15 @@ std::string Lower(std::string_view text) {
   return out;
 }
 
-absl::Status Refused(std::string message) {
-  return absl::InvalidArgumentError(std::move(message));
-}
+absl::Status Refused(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
 
 // Functions a statement may not call: they act beyond the statement (the session's
 // settings, other sessions, files, the server) or stall the transaction it shares.
 constexpr std::string_view kRefusedFunctions[] = {
-    "set_config",   "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
-    "pg_sleep",     "pg_sleep_for",         "pg_sleep_until",    "pg_read_file",
-    "pg_read_binary_file", "pg_ls_dir",     "pg_stat_file",      "lo_import",
-    "lo_export",    "dblink",               "dblink_exec",       "pg_advisory_lock",
-    "pg_advisory_xact_lock", "load_extension", "writefile",      "readfile",
-    "edit",         "fts3_tokenizer",
+    "set_config", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf", "pg_sleep",
+    "pg_sleep_for", "pg_sleep_until", "pg_read_file", "pg_read_binary_file", "pg_ls_dir",
+    "pg_stat_file", "lo_import", "lo_export", "dblink", "dblink_exec", "pg_advisory_lock",
+    "pg_advisory_xact_lock", "load_extension", "writefile", "readfile", "edit", "fts3_tokenizer",
     // They run SQL given as a string, where no check of the statement's text sees it.
     "query_to_xml", "query_to_xml_and_xmlschema", "query_to_xmlschema", "table_to_xml",
     "table_to_xml_and_xmlschema", "table_to_xmlschema", "cursor_to_xml", "schema_to_xml",
@@ -89,8 +85,9 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
       const size_t close = text.find("*/", i + 2);
       if (close == std::string_view::npos) return Refused("a '/*' comment is not closed");
       if (text.substr(i + 2, close - i - 2).find("/*") != std::string_view::npos) {
-        return Refused("a comment inside a comment is not allowed (PostgreSQL nests them, "
-                       "SQLite does not)");
+        return Refused(
+            "a comment inside a comment is not allowed (PostgreSQL nests them, "
+            "SQLite does not)");
       }
       copy(text.substr(i, close + 2 - i));
       i = close + 2;
@@ -173,8 +170,9 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
         // E'..' (backslash escapes), U&'..' / U&"..." (escaped code points): the same
         // text would read differently to SQLite and to this check. B'', X'', N'' are plain.
         if (lower == "e" || lower == "u") {
-          return Refused("escape strings (E'...', U&'...') are not allowed; write a standard "
-                         "string or bind the value as a parameter");
+          return Refused(
+              "escape strings (E'...', U&'...') are not allowed; write a standard "
+              "string or bind the value as a parameter");
         }
       }
       if (end < text.size() && text[end] == '$') {
@@ -183,12 +181,14 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
       copy(word);
       if (first_word.empty()) first_word = lower;
       if (previous_word == "or" && lower == "rollback") {
-        return Refused("OR ROLLBACK is not allowed: it would roll back the transaction the "
-                       "step's checkpoint commits in");
+        return Refused(
+            "OR ROLLBACK is not allowed: it would roll back the transaction the "
+            "step's checkpoint commits in");
       }
       if (std::find(std::begin(kRefusedFunctions), std::end(kRefusedFunctions), lower) !=
           std::end(kRefusedFunctions)) {
-        return Refused("'" + lower + "' is not allowed in a sql step: it acts beyond the "
+        return Refused("'" + lower +
+                       "' is not allowed in a sql step: it acts beyond the "
                        "statement (settings, other sessions, files, locks or time)");
       }
       note_identifier(lower);
@@ -207,8 +207,7 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text) {
   if (first_word.empty()) return Refused("the statement is empty");
   if (std::find(std::begin(kKinds), std::end(kKinds), first_word) == std::end(kKinds)) {
     return Refused(
-        "a sql step runs one INSERT, UPDATE, DELETE, SELECT or WITH statement, not '" +
-        first_word +
+        "a sql step runs one INSERT, UPDATE, DELETE, SELECT or WITH statement, not '" + first_word +
         "' (schema changes, transaction control and settings would act on the transaction the "
         "step's checkpoint commits in)");
   }

@@ -28,10 +28,10 @@ struct SqlToken {
 
 // One statement, its named parameters numbered in order of first use.
 struct SqlStatement {
-  std::string text;                 // as written
-  std::vector<std::string> names;   // distinct parameter names; `names[i]` is number i + 1
-  std::string sqlite;               // `:name` replaced by `?N`
-  std::string postgres;             // `:name` replaced by `$N`
+  std::string text;                // as written
+  std::vector<std::string> names;  // distinct parameter names; `names[i]` is number i + 1
+  std::string sqlite;              // `:name` replaced by `?N`
+  std::string postgres;            // `:name` replaced by `$N`
   // Every word and quoted identifier outside strings and comments, lower case and
   // unquoted (a table, a column, a keyword, a function): what may name a table.
   std::vector<std::string> identifiers;
@@ -62,12 +62,12 @@ absl::StatusOr<SqlStatement> ParseSqlStatement(std::string_view text);
 // checks): a sql step may not name them, since its statement commits with the
 // checkpoint and would change what the engine relies on.
 inline constexpr std::string_view kWaystoneTables[] = {
-    "alerts",          "api_requests",   "api_tokens",   "attempts",        "audit_log",
-    "batch_items",     "batches",        "counters",     "definitions",     "deliveries",
-    "idempotency_keys", "inbox",         "inbox_v",      "instances",       "kept_events",
-    "outbox",
-    "relay_cursors",   "relay_sinks",    "schema_migrations", "server_keys", "steps",
-    "target_calls",    "target_controls", "tombstones"};
+    "alerts",        "api_requests", "api_tokens",        "attempts",
+    "audit_log",     "batch_items",  "batches",           "counters",
+    "definitions",   "deliveries",   "idempotency_keys",  "inbox",
+    "inbox_v",       "instances",    "kept_events",       "outbox",
+    "relay_cursors", "relay_sinks",  "schema_migrations", "server_keys",
+    "steps",         "target_calls", "target_controls",   "tombstones"};
 
 // Whether `name` (in lower case) is one of kWaystoneTables.
 inline bool IsWaystoneTable(std::string_view name) {

@@ -10,7 +10,7 @@ namespace {
 using Kind = SqlToken::Kind;
 
 // Words that end a WHERE clause at the top level (what may follow it).
-constexpr std::string_view kAfterWhere[] = {"returning", "group", "having", "window", "order",
+constexpr std::string_view kAfterWhere[] = {"returning", "group",  "having", "window", "order",
                                             "limit",     "offset", "fetch",  "for"};
 
 // Reads one statement's tokens; each method returns "" or the problem.
@@ -136,9 +136,9 @@ class ScopeCheck {
       }
     }
     size_t next = 0;
-    if (size_t column = TenantColumn(begin);
-        column > 0 && Symbol(begin + column, "=") && begin + column + 1 < end &&
-        IsTenantParam(t_[begin + column + 1])) {
+    if (size_t column = TenantColumn(begin); column > 0 && Symbol(begin + column, "=") &&
+                                             begin + column + 1 < end &&
+                                             IsTenantParam(t_[begin + column + 1])) {
       next = begin + column + 2;
     } else if (begin + 2 < end && IsTenantParam(t_[begin]) && Symbol(begin + 1, "=") &&
                TenantColumn(begin + 2) > 0) {
@@ -147,8 +147,8 @@ class ScopeCheck {
       return "its WHERE must begin with tenant = :tenant (then AND the rest)";
     }
     if (next < end && !Word(next, "and")) {
-      return "tenant = :tenant must be followed by AND or end the WHERE (found '" +
-             t_[next].text + "')";
+      return "tenant = :tenant must be followed by AND or end the WHERE (found '" + t_[next].text +
+             "')";
     }
     return "";
   }
@@ -228,7 +228,8 @@ class ScopeCheck {
                  "with may be another tenant's";
         }
         for (size_t j = action + 3; j < where; ++j) {
-          if (NamesTenant(j)) return "its SET names tenant: no statement moves a row to another tenant";
+          if (NamesTenant(j))
+            return "its SET names tenant: no statement moves a row to another tenant";
         }
         const size_t end = FindTop(where + 1, {"returning"});
         if (std::string problem = Where(where + 1, end); !problem.empty()) return problem;
@@ -278,8 +279,8 @@ class ScopeCheck {
     size_t i = Table(FindTop(1, {"from"}) + 1);
     if (i == 0) return "expected a table after FROM";
     if (Symbol(i, "(")) return "it selects from a function, which the tenant check cannot see into";
-    i = Alias(i, {"where", "group", "order", "limit", "natural", "left", "right", "inner",
-                  "cross", "full"});
+    i = Alias(i, {"where", "group", "order", "limit", "natural", "left", "right", "inner", "cross",
+                  "full"});
     if (Symbol(i, ",")) return "it reads a second table (a comma in FROM)";
     if (!Word(i, "where")) return "a SELECT from a table needs WHERE tenant = :tenant";
     return Where(i + 1, FindTop(i + 1, kAfterWhere));

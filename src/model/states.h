@@ -49,10 +49,10 @@ enum class RecoveryClass : uint8_t {
 // How an `unknown` outcome was settled; recorded on the step.
 enum class Resolution : uint8_t {
   kNone = 0,
-  kLookupFound = 1,      // the lookup found the object; its id was adopted
-  kResubmitted = 2,      // the lookup (or its absence) allowed resubmission
-  kOperator = 3,         // an operator confirmed the outcome
-  kPassedOver = 4,       // an optional step failed without having acted; the run went on
+  kLookupFound = 1,  // the lookup found the object; its id was adopted
+  kResubmitted = 2,  // the lookup (or its absence) allowed resubmission
+  kOperator = 3,     // an operator confirmed the outcome
+  kPassedOver = 4,   // an optional step failed without having acted; the run went on
 };
 
 std::string_view ToString(StepState state);
@@ -79,15 +79,15 @@ enum class AlertKind : uint8_t {
   kLookupContradiction = 2,
   kCompensationFailed = 3,
   kIdempotencyConflict = 4,
-  kNeedsOperator = 5,  // an unknown outcome on a manual step, or a failure that needs a decision
-  kDeliveryParked = 6,     // an outbox event kept failing to reach a sink
-  kSinkDisabled = 7,       // a sink answered 410; its events wait
-  kUnknownUnresolved = 8,  // an unknown outcome stayed unresolved past the threshold
-  kInboxConflict = 9,      // an event id came again with different data
-  kResultMissing = 10,     // a 2xx answer lacked the external id the step records
-  kOptionalStepFailed = 11,  // an optional step failed; the workflow went on without it
-  kContradictingDecision = 12,  // a late approval decision contradicts the one that stood
-  kApprovalRejected = 13,       // an approval was rejected; the step says an operator decides
+  kNeedsOperator = 5,   // an unknown outcome on a manual step, or a failure that needs a decision
+  kDeliveryParked = 6,  // an outbox event kept failing to reach a sink
+  kSinkDisabled = 7,    // a sink answered 410; its events wait
+  kUnknownUnresolved = 8,            // an unknown outcome stayed unresolved past the threshold
+  kInboxConflict = 9,                // an event id came again with different data
+  kResultMissing = 10,               // a 2xx answer lacked the external id the step records
+  kOptionalStepFailed = 11,          // an optional step failed; the workflow went on without it
+  kContradictingDecision = 12,       // a late approval decision contradicts the one that stood
+  kApprovalRejected = 13,            // an approval was rejected; the step says an operator decides
   kInconsistencyAfterApproval = 14,  // a step after an approval failed; nothing undone
 };
 

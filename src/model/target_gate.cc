@@ -65,9 +65,9 @@ Admission Admit(TargetControl& control, const TargetLimits& limits, Millis now, 
   Admission refused;
   if (control.paused) {
     refused.retry_at = now + 1000;  // a resume also wakes the waiting at once
-    refused.reason = Waiting(control, "paused by " + control.paused_by + " at " +
-                                          FormatRfc3339(control.paused_at) + ": " +
-                                          control.pause_reason);
+    refused.reason =
+        Waiting(control, "paused by " + control.paused_by + " at " +
+                             FormatRfc3339(control.paused_at) + ": " + control.pause_reason);
     return refused;
   }
   bool probe = false;
@@ -88,8 +88,8 @@ Admission Admit(TargetControl& control, const TargetLimits& limits, Millis now, 
   }
   if (limits.concurrency > 0 && control.calls >= limits.concurrency) {
     refused.retry_at = now + 200;
-    refused.reason = Waiting(control, std::to_string(control.calls) +
-                                          " calls under way, its concurrency cap");
+    refused.reason =
+        Waiting(control, std::to_string(control.calls) + " calls under way, its concurrency cap");
     return refused;
   }
   Millis send_at = now;
@@ -126,8 +126,7 @@ absl::Status ChangePause(TargetControl& control, bool pause, const std::string& 
 }
 
 CallHealth HealthOf(const CallOutcome& outcome, ErrorClass error_class) {
-  if (outcome.kind == CallOutcome::Kind::kInvalid || outcome.content_changed ||
-      outcome.withdrawn) {
+  if (outcome.kind == CallOutcome::Kind::kInvalid || outcome.content_changed || outcome.withdrawn) {
     return CallHealth::kUntold;
   }
   if (error_class == ErrorClass::kTransient || error_class == ErrorClass::kUnknown) {

@@ -87,7 +87,8 @@ absl::StatusOr<Template> Template::Parse(std::string_view text) {
     size_t start = 0;
     for (size_t i = 0; i <= inner.size(); ++i) {
       if (i < inner.size() && !IsPathChar(inner[i])) {
-        return absl::InvalidArgumentError("'{{" + inner + "}}' is not a path (letters, digits, "
+        return absl::InvalidArgumentError("'{{" + inner +
+                                          "}}' is not a path (letters, digits, "
                                           "'_', '-' separated by '.')");
       }
       if (i == inner.size() || inner[i] == '.') {
@@ -229,9 +230,12 @@ std::string_view SchemeAndAuthority(std::string_view url) {
 bool IsEnv(const std::vector<std::string>& path) { return path[0] == "env"; }
 
 std::string AuthorityError(const std::vector<std::string>& path) {
-  return "{{" + JoinPath(path) + "}} would be written into the scheme, host or port of the URL, "
+  return "{{" + JoinPath(path) +
+         "}} would be written into the scheme, host or port of the URL, "
          "which only the definition and env values may choose: put a literal '/' between the "
-         "base URL and it (\"{{env.BASE_URL}}/{{" + JoinPath(path) + "}}\"), so that it is a "
+         "base URL and it (\"{{env.BASE_URL}}/{{" +
+         JoinPath(path) +
+         "}}\"), so that it is a "
          "path segment";
 }
 
@@ -255,10 +259,10 @@ absl::StatusOr<std::string> Template::RenderUrl(const TemplateScope& context) co
     if (state == UrlState::kStart || state == UrlState::kAuthority) {
       // Only the deployment's env may choose scheme, host and port; its value goes in as
       // written, and a control character would split the request line.
-      if (!IsEnv(piece.path)) return absl::InvalidArgumentError("template " + AuthorityError(piece.path));
-      if (std::any_of(text->begin(), text->end(), [](char c) {
-            return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-          })) {
+      if (!IsEnv(piece.path))
+        return absl::InvalidArgumentError("template " + AuthorityError(piece.path));
+      if (std::any_of(text->begin(), text->end(),
+                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
         return absl::InvalidArgumentError("template {{" + where +
                                           "}} holds a control character; a URL cannot carry it");
       }
@@ -277,8 +281,9 @@ absl::StatusOr<std::string> Template::RenderUrl(const TemplateScope& context) co
     }
   }
   if (fixed && SchemeAndAuthority(out) != *fixed) {
-    return absl::InvalidArgumentError("the rendered URL's host is not the one its definition "
-                                      "and env fixed; nothing was sent");
+    return absl::InvalidArgumentError(
+        "the rendered URL's host is not the one its definition "
+        "and env fixed; nothing was sent");
   }
   return out;
 }

@@ -75,16 +75,15 @@ class Template {
 
  private:
   struct Piece {
-    std::string literal;                // used when path is empty
-    std::vector<std::string> path;      // a placeholder when not empty
+    std::string literal;            // used when path is empty
+    std::vector<std::string> path;  // a placeholder when not empty
   };
   std::vector<Piece> pieces_;
   std::vector<std::vector<std::string>> references_;
 };
 
 // Renders every string inside a JSON tree (a request body, say) as a Template.
-absl::StatusOr<nlohmann::json> RenderTree(const nlohmann::json& tree,
-                                          const TemplateScope& context);
+absl::StatusOr<nlohmann::json> RenderTree(const nlohmann::json& tree, const TemplateScope& context);
 
 // Collects the placeholder paths of every string inside a JSON tree; returns the
 // first parse error.

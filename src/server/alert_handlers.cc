@@ -51,8 +51,7 @@ void ListAlerts(const ApiContext& ctx, const Principal& principal, const ServerR
 }
 
 void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
-                      const std::string& public_id, const ServerRequest& req,
-                      ServerResponse& res) {
+                      const std::string& public_id, const ServerRequest& req, ServerResponse& res) {
   auto body = JsonBody(req, res, ParseReasonBody);
   if (!body) return;
   const std::optional<int64_t> decoded = ctx.ids->Decode(public_id);
@@ -73,8 +72,8 @@ void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
   }
   const std::string& reason = *body;
   const bool dry = DryRun(req).value_or(false);
-  auto alert = ctx.engine->operations().AcknowledgeAlert(principal.tenant, id,
-                                                      principal.token_name, reason, dry);
+  auto alert = ctx.engine->operations().AcknowledgeAlert(principal.tenant, id, principal.token_name,
+                                                         reason, dry);
   if (absl::IsNotFound(alert.status())) {
     return Send(res, NotFound("no alert " + public_id), req.path);  // not the database id
   }

@@ -26,9 +26,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "base/public_id.h"
+#include "http/http_front.h"
 #include "server/api_server.h"
 #include "server/auth.h"
-#include "http/http_front.h"
 #include "server/routes.h"
 
 namespace waystone {
@@ -109,8 +109,7 @@ void ChangeTarget(const ApiContext& ctx, const Principal& principal, const std::
 void ListAlerts(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                 ServerResponse& res);
 void AcknowledgeAlert(const ApiContext& ctx, const Principal& principal,
-                      const std::string& public_id, const ServerRequest& req,
-                      ServerResponse& res);
+                      const std::string& public_id, const ServerRequest& req, ServerResponse& res);
 
 void ShowMe(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
             ServerResponse& res);
@@ -120,8 +119,7 @@ void ShowTriage(const ApiContext& ctx, const Principal& principal, const ServerR
 // operator actions its state allows next and `principal` may take, as GET
 // /v1/triage and /v1/instances/{key} show them.
 nlohmann::json StopJson(const ApiContext& ctx, const Principal& principal,
-                        const InstanceRecord& instance,
-                        const std::vector<StepRecord>& steps,
+                        const InstanceRecord& instance, const std::vector<StepRecord>& steps,
                         const std::vector<AlertRecord>& alerts, const TriageOptions& options);
 
 void PreviewOrCreateBatch(const ApiContext& ctx, const Principal& principal,

@@ -4,13 +4,13 @@
 
 #include "engine/catalog.h"
 #include "engine/engine.h"
-#include "store/lease_owners.h"
-#include "server/api_handlers.h"
 #include "http/http_front.h"
+#include "server/api_handlers.h"
 #include "server/idempotency.h"
 #include "server/request_helpers.h"
 #include "server/routes.h"
 #include "server/wire.h"
+#include "store/lease_owners.h"
 
 namespace waystone {
 
@@ -79,18 +79,19 @@ class ApiServer::Impl {
     }
     // HEAD is GET without the body (the front drops it).
     const std::string method = head.method == "HEAD" ? "GET" : head.method;
-    auto match = std::find_if(matches.begin(), matches.end(), [&](const Screened& m) {
-      return method == m.route->method;
-    });
+    auto match = std::find_if(matches.begin(), matches.end(),
+                              [&](const Screened& m) { return method == m.route->method; });
     if (match == matches.end()) {
       std::string allow;
       for (const Screened& m : matches) {
         const std::string route_method = m.route->method;
-        allow += (allow.empty() ? "" : ", ") + route_method + (route_method == "GET" ? ", HEAD" : "");
+        allow +=
+            (allow.empty() ? "" : ", ") + route_method + (route_method == "GET" ? ", HEAD" : "");
       }
       res.SetHeader("Allow", allow);
-      Send(res, MakeProblem(ProblemKind::kMethodNotAllowed,
-                            head.method + " " + head.path + " is not served; use " + allow),
+      Send(res,
+           MakeProblem(ProblemKind::kMethodNotAllowed,
+                       head.method + " " + head.path + " is not served; use " + allow),
            head.path);
       return true;
     }
@@ -100,8 +101,8 @@ class ApiServer::Impl {
     }
     if (!match->route->open) {
       const std::string* authorization = head.Header("authorization");
-      auto principal = Authenticate(*ctx_.store, authorization ? *authorization : "",
-                                    ctx_.clock->NowMillis());
+      auto principal =
+          Authenticate(*ctx_.store, authorization ? *authorization : "", ctx_.clock->NowMillis());
       if (!principal.ok()) {
         Send(res, ProblemFromStatus(principal.status()), head.path);
         return true;
@@ -221,8 +222,8 @@ ApiServer::ApiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ApiServer::~ApiServer() = default;
 
 absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(const ApiServerOptions& options,
-                                                           Store* store, const Clock* clock,
-                                                           Engine* engine) {
+                                                            Store* store, const Clock* clock,
+                                                            Engine* engine) {
   auto impl = std::make_unique<Impl>(options, store, clock, engine);
   if (auto status = impl->Listen(); !status.ok()) return status;
   return std::unique_ptr<ApiServer>(new ApiServer(std::move(impl)));

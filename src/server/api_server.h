@@ -58,8 +58,8 @@ class ApiServer {
   // `engine` starts instances and applies actions; when null the server answers
   // the write routes with 503 (a read-only API).
   static absl::StatusOr<std::unique_ptr<ApiServer>> Start(const ApiServerOptions& options,
-                                                         Store* store, const Clock* clock,
-                                                         Engine* engine);
+                                                          Store* store, const Clock* clock,
+                                                          Engine* engine);
   ~ApiServer();
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;

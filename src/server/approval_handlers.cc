@@ -2,11 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/status_macros.h"
 #include "engine/approvals.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/operations.h"
-#include "base/status_macros.h"
 #include "model/json_text.h"
 #include "server/api_handlers.h"
 #include "server/redaction.h"
@@ -33,8 +33,8 @@ Json ApprovalsJson(const ApiContext& ctx, const InstanceRecord& instance,
     if (step.index >= static_cast<int>((*definition)->steps.size())) continue;
     const StepDefinition& def = (*definition)->steps[step.index];
     if (def.kind != StepKind::kApproval) continue;
-    Json record = Json::parse(step.response_json.empty() ? "{}" : step.response_json, nullptr,
-                              false);
+    Json record =
+        Json::parse(step.response_json.empty() ? "{}" : step.response_json, nullptr, false);
     if (!record.is_object()) record = Json::object();
     Json item = {{"step", step.name}, {"state", ToString(step.state)}};
     item["approvers"] = def.approval.group.empty() ? Json{{"role", def.approval.role}}
@@ -155,9 +155,9 @@ absl::StatusOr<std::string> ActOnEvent(const ApiContext& ctx, const Principal& p
                         ctx.engine->operations().Revise(tenant, key, revision));
     return result.duplicate ? "duplicate" : result.unchanged ? "unchanged" : "revised";
   }
-  WS_ASSIGN_OR_RETURN(DecisionBody parsed, ParseDecisionBody(fields(
-                                               {"step", "request", "data_version", "decision",
-                                                "comment"})));
+  WS_ASSIGN_OR_RETURN(
+      DecisionBody parsed,
+      ParseDecisionBody(fields({"step", "request", "data_version", "decision", "comment"})));
   Decision decision;
   decision.step = parsed.step;
   decision.request = parsed.request;

@@ -18,12 +18,14 @@ absl::StatusOr<std::string> CreateToken(AccessStore& store, const std::string& n
                                         const std::string& tenant, Role role, Millis now,
                                         Millis expires_at) {
   if (tenant != "*" && !ValidTenantName(tenant)) {
-    return absl::InvalidArgumentError("a token needs a tenant (1 to 64 letters, digits, '.', '_' "
-                                      "or '-') or '*'");
+    return absl::InvalidArgumentError(
+        "a token needs a tenant (1 to 64 letters, digits, '.', '_' "
+        "or '-') or '*'");
   }
   if (tenant == "*" && role != Role::kAdmin) {
-    return absl::InvalidArgumentError("only an admin token may be for every tenant ('*'); give a "
-                                      "viewer or operator token one tenant");
+    return absl::InvalidArgumentError(
+        "only an admin token may be for every tenant ('*'); give a "
+        "viewer or operator token one tenant");
   }
   if (name.empty() || name.size() > 128 || FirstInvalidUtf8(name) != std::string::npos ||
       HasInvisibleCharacter(name)) {
@@ -43,8 +45,9 @@ absl::StatusOr<std::string> CreateToken(AccessStore& store, const std::string& n
   const std::string secret = SecureRandomHex(32);
   if (secret.empty()) return absl::InternalError("no randomness for a token");
   const std::string token = "wst_" + secret;
-  const char* role_name = role == Role::kAdmin ? "admin" : role == Role::kOperator ? "operator"
-                                                                                  : "viewer";
+  const char* role_name = role == Role::kAdmin      ? "admin"
+                          : role == Role::kOperator ? "operator"
+                                                    : "viewer";
   auto status = store.PutToken({Sha256Hex(token), name, tenant, role_name, now, 0, expires_at});
   if (!status.ok()) return status;
   return token;
@@ -67,7 +70,8 @@ absl::StatusOr<Principal> Authenticate(AccessStore& store, const std::string& au
   if (!role) return absl::UnauthenticatedError("token has an unknown role");
   if (token->tenant == "*" && *role != Role::kAdmin) {
     // Made before only admins could span tenants: no longer honoured.
-    return absl::UnauthenticatedError("a " + token->role + " token for every tenant is no longer "
+    return absl::UnauthenticatedError("a " + token->role +
+                                      " token for every tenant is no longer "
                                       "accepted; create one per tenant");
   }
   return Principal{token->name, token->tenant, *role};

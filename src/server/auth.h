@@ -31,6 +31,7 @@ absl::StatusOr<std::string> CreateToken(AccessStore& store, const std::string& n
 
 // Returns the principal of an "Authorization: Bearer <token>" header value at
 // `now`; Unauthenticated for a missing, unknown, revoked or expired token.
-absl::StatusOr<Principal> Authenticate(AccessStore& store, const std::string& authorization, Millis now);
+absl::StatusOr<Principal> Authenticate(AccessStore& store, const std::string& authorization,
+                                       Millis now);
 
 }  // namespace waystone

@@ -40,9 +40,9 @@ constexpr size_t kPreviewKeys = 20;
 
 // The filter fields a batch takes: the instance list's, and the step it stopped at.
 const char* const kFilterFields[] = {
-    "workflow",       "state",      "error_class", "alert", "created_after",
-    "created_before", "updated_after", "updated_before", "definition", "step",
-    "step_state",     "http_status", "key_prefix",  "external_id", "stopped_at"};
+    "workflow",       "state",         "error_class",    "alert",       "created_after",
+    "created_before", "updated_after", "updated_before", "definition",  "step",
+    "step_state",     "http_status",   "key_prefix",     "external_id", "stopped_at"};
 
 // A step the instance has stopped at: neither ahead of it (pending) nor behind it.
 bool StoppedAt(const StepRecord& step) {
@@ -141,7 +141,9 @@ Json BatchJson(const BatchRecord& b) {
 }
 
 Json ItemJson(const BatchItemRecord& i) {
-  Json out = {{"key", i.instance_key}, {"state", ToString(i.state)}, {"tries", i.tries},
+  Json out = {{"key", i.instance_key},
+              {"state", ToString(i.state)},
+              {"tries", i.tries},
               {"updated_at", Rfc3339(i.updated_at)}};
   if (!i.result_state.empty()) out["result_state"] = i.result_state;
   if (!i.message.empty()) out["message"] = i.message;
@@ -223,14 +225,15 @@ void PreviewOrCreateBatch(const ApiContext& ctx, const Principal& principal,
       }
       samples.push_back(std::move(sample));
     }
-    return SendJson(res, 200, {{"dry_run", true},
-                               {"action", action},
-                               {"tenant", *tenant},
-                               {"filter", FilterJson(body->filter)},
-                               {"count", instances.size()},
-                               {"max_items", kMaxBatchItems},
-                               {"keys", keys},
-                               {"dry_runs", samples}});
+    return SendJson(res, 200,
+                    {{"dry_run", true},
+                     {"action", action},
+                     {"tenant", *tenant},
+                     {"filter", FilterJson(body->filter)},
+                     {"count", instances.size()},
+                     {"max_items", kMaxBatchItems},
+                     {"keys", keys},
+                     {"dry_runs", samples}});
   }
   if (instances.empty()) {
     return Send(res, MakeProblem(ProblemKind::kStateConflict, "the filter matches no instance"),
@@ -326,8 +329,8 @@ void ChangeBatch(const ApiContext& ctx, const Principal& principal, const std::s
   if (!batch) return;
   // Pausing, resuming or cancelling a batch needs what its action needs there.
   if (auto action = ParseOperatorAction(batch->action);
-      action && !Permitted(ctx.options.permissions, principal, batch->tenant,
-                           PermissionOf(*action), req, res)) {
+      action && !Permitted(ctx.options.permissions, principal, batch->tenant, PermissionOf(*action),
+                           req, res)) {
     return;
   }
   std::vector<BatchState> from;
@@ -343,8 +346,9 @@ void ChangeBatch(const ApiContext& ctx, const Principal& principal, const std::s
   }
   auto changed = ctx.store->ChangeBatchState(batch->id, from, to, ctx.clock->NowMillis());
   if (absl::IsFailedPrecondition(changed)) {
-    return Send(res, MakeProblem(ProblemKind::kStateConflict,
-                                 std::string(changed.message()) + "; it cannot " + verb),
+    return Send(res,
+                MakeProblem(ProblemKind::kStateConflict,
+                            std::string(changed.message()) + "; it cannot " + verb),
                 req.path);
   }
   if (!changed.ok()) return Send(res, ProblemFromStatus(changed), req.path);

@@ -38,7 +38,8 @@ absl::StatusOr<IncomingEvent> FromStructured(const Json& object, const std::stri
   event.id = object["id"];
   event.source = object["source"];
   event.type = object["type"];
-  if (object.contains("subject") && object["subject"].is_string()) event.subject = object["subject"];
+  if (object.contains("subject") && object["subject"].is_string())
+    event.subject = object["subject"];
   if (object.contains("tenant")) {
     if (!object["tenant"].is_string()) {
       return absl::InvalidArgumentError(where + "attribute 'tenant' must be a string");

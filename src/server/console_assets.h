@@ -12,7 +12,7 @@ struct ConsoleAsset {
   std::string_view name;          // file name, e.g. "app.js"
   std::string_view content_type;  // with charset for text
   std::string_view body;
-  std::string_view etag;          // strong, quoted: from the file's SHA-256
+  std::string_view etag;  // strong, quoted: from the file's SHA-256
 };
 
 // Every asset, sorted by name.

@@ -21,11 +21,16 @@ using Json = nlohmann::json;
 
 std::string StartOutcomeName(StartOutcome outcome) {
   switch (outcome) {
-    case StartOutcome::kCreated: return "started";
-    case StartOutcome::kExisting: return "existing";
-    case StartOutcome::kCollected: return "existing";  // with its tombstone
-    case StartOutcome::kDuplicateEvent: return "duplicate";
-    case StartOutcome::kEventConflict: return "conflict";
+    case StartOutcome::kCreated:
+      return "started";
+    case StartOutcome::kExisting:
+      return "existing";
+    case StartOutcome::kCollected:
+      return "existing";  // with its tombstone
+    case StartOutcome::kDuplicateEvent:
+      return "duplicate";
+    case StartOutcome::kEventConflict:
+      return "conflict";
   }
   return "unknown";
 }
@@ -47,23 +52,25 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
   const std::string content_type = type_header != nullptr ? *type_header : "";
   auto events = ParseCloudEvents(content_type, req.headers, req.body);
   if (!events.ok()) return Send(res, ProblemFromStatus(events.status()), req.path);
-  const bool batch = events->size() > 1 ||
-                     content_type.starts_with("application/cloudevents-batch+json");
+  const bool batch =
+      events->size() > 1 || content_type.starts_with("application/cloudevents-batch+json");
   std::vector<Routed> routed;
   for (size_t i = 0; i < events->size(); ++i) {
     IncomingEvent& event = (*events)[i];
     const std::string where = batch ? "event " + std::to_string(i) + ": " : "";
     auto found = ctx.event_routes.find(event.type);
     if (found == ctx.event_routes.end()) {
-      return Send(res, MakeProblem(ProblemKind::kUnroutedEvent,
-                                   where + "no route for event type '" + event.type + "'"),
+      return Send(res,
+                  MakeProblem(ProblemKind::kUnroutedEvent,
+                              where + "no route for event type '" + event.type + "'"),
                   req.path);
     }
     Routed r{event, &found->second, "", nullptr, ""};
     if (principal.tenant == "*") {
       if (event.tenant.empty()) {
-        return Send(res, BadRequest(where + "missing attribute 'tenant' (an all-tenants "
-                                            "token names the tenant in each event)"),
+        return Send(res,
+                    BadRequest(where + "missing attribute 'tenant' (an all-tenants "
+                                       "token names the tenant in each event)"),
                     req.path);
       }
       r.tenant = event.tenant;
@@ -78,21 +85,24 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
     if (!r.route->start.empty()) {
       r.definition = ctx.engine->catalog().Current(r.route->start);
       if (r.definition == nullptr) {
-        return Send(res, MakeProblem(ProblemKind::kUnknownWorkflow,
-                                     where + "event type '" + event.type + "' starts '" +
-                                         r.route->start + "', which is not registered"),
+        return Send(res,
+                    MakeProblem(ProblemKind::kUnknownWorkflow, where + "event type '" + event.type +
+                                                                   "' starts '" + r.route->start +
+                                                                   "', which is not registered"),
                     req.path);
       }
       if (!data.is_object()) {
-        return Send(res, BadRequest(where + "data must be a JSON object: it is the input of '" +
-                                    r.route->start + "'"),
+        return Send(res,
+                    BadRequest(where + "data must be a JSON object: it is the input of '" +
+                               r.route->start + "'"),
                     req.path);
       }
     } else {
       const Json::json_pointer pointer(r.route->signal_key);
       if (!data.is_object() || !data.contains(pointer) || !data.at(pointer).is_string()) {
-        return Send(res, BadRequest(where + "data has no string at " + r.route->signal_key +
-                                    " (the business key of the instance to signal)"),
+        return Send(res,
+                    BadRequest(where + "data has no string at " + r.route->signal_key +
+                               " (the business key of the instance to signal)"),
                     req.path);
       }
       r.key = data.at(pointer).get<std::string>();
@@ -106,8 +116,10 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
   auto stop_at = [&](size_t i, Json result, const char* outcome, const std::string& error,
                      const Problem& problem) {
     for (size_t j = i + 1; j < routed.size(); ++j) {
-      results.push_back({{"id", routed[j].event.id}, {"source", routed[j].event.source},
-                         {"type", routed[j].event.type}, {"outcome", "not_processed"}});
+      results.push_back({{"id", routed[j].event.id},
+                         {"source", routed[j].event.source},
+                         {"type", routed[j].event.type},
+                         {"outcome", "not_processed"}});
     }
     result["outcome"] = outcome;
     result["error"] = error;
@@ -139,8 +151,8 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
       }
     } else if (r.route->act != "signal") {
       // An approval's decision, or a revision, carried by an event (approval_handlers.cc).
-      auto acted = ActOnEvent(ctx, principal, r.tenant, r.key, *r.route, r.event.source,
-                              r.event.id, r.event.data_json);
+      auto acted = ActOnEvent(ctx, principal, r.tenant, r.key, *r.route, r.event.source, r.event.id,
+                              r.event.data_json);
       result["instance"] = r.key;
       if (acted.ok()) {
         result["outcome"] = *acted;
@@ -148,8 +160,13 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
         failed = acted.status();
       }
     } else {
-      Signal signal{r.tenant, r.key, r.event.type, r.event.source, r.event.id,
-                    r.event.data_json, principal.token_name};
+      Signal signal{r.tenant,
+                    r.key,
+                    r.event.type,
+                    r.event.source,
+                    r.event.id,
+                    r.event.data_json,
+                    principal.token_name};
       auto delivered = ctx.engine->operations().Deliver(signal);
       result["instance"] = r.key;
       if (delivered.ok() && delivered->outcome == SignalOutcome::kConflict) {
@@ -171,9 +188,8 @@ void ReceiveEvents(const ApiContext& ctx, const Principal& principal, const Serv
     }
     if (!failed.ok()) {
       // A busy instance is worth redelivering.
-      const absl::Status shown = absl::IsAborted(failed)
-                                     ? absl::UnavailableError(failed.message())
-                                     : failed;
+      const absl::Status shown =
+          absl::IsAborted(failed) ? absl::UnavailableError(failed.message()) : failed;
       Problem problem = ProblemFromStatus(shown);
       if (problem.status != 503 && problem.status != 500) {
         problem.detail = (batch ? "event " + std::to_string(i) + ": " : "") + problem.detail;

@@ -1,8 +1,8 @@
 #include "engine/call_metrics.h"
 #include "engine/engine.h"
+#include "http/problem.h"
 #include "server/api_handlers.h"
 #include "server/metrics.h"
-#include "http/problem.h"
 #include "server/request_helpers.h"
 
 // The routes for load balancers, scrapers and clients' tooling: /healthz (also

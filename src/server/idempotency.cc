@@ -2,8 +2,8 @@
 
 #include "base/log.h"
 #include "base/sha256.h"
-#include "store/lease_owners.h"
 #include "server/request_helpers.h"
+#include "store/lease_owners.h"
 
 namespace waystone {
 
@@ -30,9 +30,9 @@ void RunIdempotent(const ApiContext& ctx, const Principal& principal, const Serv
   record.key = key;
   // The token is part of the request: a stored answer is what its token may see and
   // do (its role, permissions, redaction), never replayed to another token.
-  record.request_hash = Sha256Hex(req.method + " " + req.path + " dry_run=" +
-                                  Param(req, "dry_run") + " tenant=" + Param(req, "tenant") +
-                                  " token=" + principal.token_name + "\n" + req.body);
+  record.request_hash =
+      Sha256Hex(req.method + " " + req.path + " dry_run=" + Param(req, "dry_run") + " tenant=" +
+                Param(req, "tenant") + " token=" + principal.token_name + "\n" + req.body);
   record.created_at = now;
   record.expires_at = now + ctx.options.idempotency_retention;
   record.owner = ctx.owner;
@@ -42,7 +42,7 @@ void RunIdempotent(const ApiContext& ctx, const Principal& principal, const Serv
     // Its server was killed mid-request: this request takes over (the work it
     // did is idempotent under the business key or the event id).
     claim = ctx.store->BeginApiRequest(record, now - ctx.options.idempotency_stale_after,
-                                    claim->stored.owner);
+                                       claim->stored.owner);
   }
   if (!claim.ok()) return Send(res, ProblemFromStatus(claim.status()), req.path);
   switch (claim->outcome) {
@@ -51,9 +51,11 @@ void RunIdempotent(const ApiContext& ctx, const Principal& principal, const Serv
       return Send(res, MakeProblem(ProblemKind::kIdempotencyKeyInFlight, "retry after it finished"),
                   req.path);
     case ApiRequestOutcome::kMismatch:
-      return Send(res, MakeProblem(ProblemKind::kIdempotencyKeyReused,
-                                   "key '" + key + "' was first used with a different request; "
-                                   "use a new key for a new request"),
+      return Send(res,
+                  MakeProblem(ProblemKind::kIdempotencyKeyReused,
+                              "key '" + key +
+                                  "' was first used with a different request; "
+                                  "use a new key for a new request"),
                   req.path);
     case ApiRequestOutcome::kReplay:
       res.status = claim->stored.status;

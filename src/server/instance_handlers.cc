@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/crash_point.h"
@@ -16,8 +16,8 @@
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "server/api_handlers.h"
-#include "server/request_bodies.h"
 #include "server/redaction.h"
+#include "server/request_bodies.h"
 #include "server/request_helpers.h"
 #include "server/triage.h"
 #include "server/wire.h"
@@ -106,7 +106,8 @@ std::optional<std::string> ReadInstanceFilter(
   if (has("step_state")) {
     auto state = ParseStepState(param("step_state"));
     if (!state) {
-      return "step_state '" + param("step_state") + "' is not a step state such as unknown or "
+      return "step_state '" + param("step_state") +
+             "' is not a step state such as unknown or "
              "compensation_failed";
     }
     filter.step_state = *state;
@@ -206,14 +207,16 @@ void ShowInstance(const ApiContext& ctx, const Principal& principal, const std::
 void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const ServerRequest& req,
                     ServerResponse& res) {
   const std::string key = Param(req, "key");
-  if (key.empty()) return Send(res, BadRequest("key (the instance's business key) is required"), req.path);
+  if (key.empty())
+    return Send(res, BadRequest("key (the instance's business key) is required"), req.path);
   auto tenant = TenantOf(principal, req);
   if (!tenant) return Send(res, BadRequest("an all-tenants token must name ?tenant="), req.path);
   AttemptQuery query;
   if (!WholeNumberParam(req, res, "limit", 1, 1000, &query.limit)) return;
   if (req.Query("cursor") != nullptr) {
     query.after = AttemptCursorOf(Param(req, "cursor"));
-    if (!query.after) return Send(res, BadRequest("cursor is not one this server returned"), req.path);
+    if (!query.after)
+      return Send(res, BadRequest("cursor is not one this server returned"), req.path);
   }
   auto instance = ctx.store->FindInstance(*tenant, key);
   if (!instance.ok()) return Send(res, ProblemFromStatus(instance.status()), req.path);
@@ -224,7 +227,8 @@ void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const Ser
       if (s.name == Param(req, "step")) query.step_index = s.index;
     }
     if (!query.step_index) {
-      return Send(res, BadRequest("instance '" + key + "' has no step '" + Param(req, "step") + "'"),
+      return Send(res,
+                  BadRequest("instance '" + key + "' has no step '" + Param(req, "step") + "'"),
                   req.path);
     }
   }
@@ -256,8 +260,8 @@ void ListAttemptsOf(const ApiContext& ctx, const Principal& principal, const Ser
     items.push_back(std::move(item));
   }
   RedactFor(ctx, principal, *instance, *steps, items);
-  SendJson(res, 200, {{"items", items}, {"total", total}, {"dropped", total - kept},
-                      {"next_cursor", next}});
+  SendJson(res, 200,
+           {{"items", items}, {"total", total}, {"dropped", total - kept}, {"next_cursor", next}});
 }
 
 namespace {
@@ -278,8 +282,7 @@ int PreferredWait(const ServerRequest& req) {
   }
   for (absl::string_view item : absl::StrSplit(prefer, ',')) {
     // A preference's `;` parameters are not preferences themselves.
-    const absl::string_view preference =
-        absl::StripAsciiWhitespace(item.substr(0, item.find(';')));
+    const absl::string_view preference = absl::StripAsciiWhitespace(item.substr(0, item.find(';')));
     const size_t equals = preference.find('=');
     if (equals == absl::string_view::npos) continue;
     if (!absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(preference.substr(0, equals)), "wait")) {
@@ -307,8 +310,9 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
   if (!tenant) return;
   auto definition = ctx.engine->catalog().Current(workflow);
   if (definition == nullptr) {
-    return Send(res, MakeProblem(ProblemKind::kUnknownWorkflow,
-                                 "no workflow '" + workflow + "' is registered on this server"),
+    return Send(res,
+                MakeProblem(ProblemKind::kUnknownWorkflow,
+                            "no workflow '" + workflow + "' is registered on this server"),
                 req.path);
   }
   CrashPoint("api-start", workflow);
@@ -322,9 +326,10 @@ void StartInstance(const ApiContext& ctx, const Principal& principal, const Serv
       return Send(res, Forbidden(std::string(started.status().message())), req.path);
     }
     if (absl::IsFailedPrecondition(started.status())) {
-      return Send(res, MakeProblem(ProblemKind::kBusinessKeyConflict,
-                                   std::string(started.status().message())),
-                  req.path);
+      return Send(
+          res,
+          MakeProblem(ProblemKind::kBusinessKeyConflict, std::string(started.status().message())),
+          req.path);
     }
     return Send(res, ProblemFromStatus(started.status()), req.path);
   }

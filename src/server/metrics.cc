@@ -67,8 +67,9 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now, const CallMe
   Header(out, "waystone_step_outcomes", "gauge",
          "Steps whose last failed attempt had this error class (transient, rejected, unknown).");
   CountsByEnum(out, "waystone_step_outcomes", "class", 1, 3, summary.steps_by_error_class);
-  Header(out, "waystone_unknown_resolutions_total", "counter",
-         "Unknown outcomes settled, by how: found by lookup, resubmitted, confirmed by an operator.");
+  Header(
+      out, "waystone_unknown_resolutions_total", "counter",
+      "Unknown outcomes settled, by how: found by lookup, resubmitted, confirmed by an operator.");
   out << "waystone_unknown_resolutions_total{how=\"lookup_found\"} " << summary.resolved_by_lookup
       << "\n";
   out << "waystone_unknown_resolutions_total{how=\"resubmitted\"} "
@@ -119,7 +120,8 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now, const CallMe
 
   Header(out, "waystone_relay_delivered_total", "counter", "Events delivered, by sink.");
   for (const auto& s : sinks) {
-    out << "waystone_relay_delivered_total{sink=\"" << Label(s.sink) << "\"} " << s.delivered << "\n";
+    out << "waystone_relay_delivered_total{sink=\"" << Label(s.sink) << "\"} " << s.delivered
+        << "\n";
   }
   Header(out, "waystone_relay_failed_attempts_total", "counter",
          "Delivery attempts that were not acknowledged, by sink.");
@@ -127,14 +129,17 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now, const CallMe
     out << "waystone_relay_failed_attempts_total{sink=\"" << Label(s.sink) << "\"} "
         << s.failed_attempts << "\n";
   }
-  Header(out, "waystone_relay_pending_deliveries", "gauge", "Events waiting for delivery, by sink.");
+  Header(out, "waystone_relay_pending_deliveries", "gauge",
+         "Events waiting for delivery, by sink.");
   for (const auto& s : sinks) {
-    out << "waystone_relay_pending_deliveries{sink=\"" << Label(s.sink) << "\"} " << s.pending << "\n";
+    out << "waystone_relay_pending_deliveries{sink=\"" << Label(s.sink) << "\"} " << s.pending
+        << "\n";
   }
   Header(out, "waystone_relay_parked_deliveries", "gauge",
          "Events parked after too many failed attempts, by sink.");
   for (const auto& s : sinks) {
-    out << "waystone_relay_parked_deliveries{sink=\"" << Label(s.sink) << "\"} " << s.parked << "\n";
+    out << "waystone_relay_parked_deliveries{sink=\"" << Label(s.sink) << "\"} " << s.parked
+        << "\n";
   }
   Header(out, "waystone_relay_lag_seconds", "gauge",
          "Age of the oldest event waiting for delivery, by sink.");
@@ -144,7 +149,8 @@ absl::StatusOr<std::string> RenderMetrics(Store& store, Millis now, const CallMe
     std::snprintf(text, sizeof(text), "%.3f", lag < 0 ? 0.0 : lag);
     out << "waystone_relay_lag_seconds{sink=\"" << Label(s.sink) << "\"} " << text << "\n";
   }
-  Header(out, "waystone_relay_sink_disabled", "gauge", "1 when a sink was disabled after HTTP 410.");
+  Header(out, "waystone_relay_sink_disabled", "gauge",
+         "1 when a sink was disabled after HTTP 410.");
   for (const auto& s : sinks) {
     out << "waystone_relay_sink_disabled{sink=\"" << Label(s.sink) << "\"} " << (s.disabled ? 1 : 0)
         << "\n";

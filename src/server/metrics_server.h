@@ -18,8 +18,8 @@ class CallMetrics;
 class MetricsServer {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
-                                                             Store* store, const Clock* clock,
-                                                             const CallMetrics* calls);
+                                                              Store* store, const Clock* clock,
+                                                              const CallMetrics* calls);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

@@ -4,25 +4,33 @@ namespace waystone {
 namespace {
 
 // see_redacted last: operators have every one but it.
-constexpr Permission kAll[] = {Permission::kRetry,   Permission::kConfirm,
-                               Permission::kCompensate, Permission::kSkip,
-                               Permission::kClose,   Permission::kAcknowledge,
-                               Permission::kPauseTarget, Permission::kRevise,
-                               Permission::kSeeRedacted};
+constexpr Permission kAll[] = {
+    Permission::kRetry,       Permission::kConfirm, Permission::kCompensate,
+    Permission::kSkip,        Permission::kClose,   Permission::kAcknowledge,
+    Permission::kPauseTarget, Permission::kRevise,  Permission::kSeeRedacted};
 
 }  // namespace
 
 std::string_view ToString(Permission permission) {
   switch (permission) {
-    case Permission::kRetry: return "retry";
-    case Permission::kConfirm: return "confirm";
-    case Permission::kCompensate: return "compensate";
-    case Permission::kSkip: return "skip";
-    case Permission::kClose: return "close";
-    case Permission::kAcknowledge: return "acknowledge";
-    case Permission::kSeeRedacted: return "see_redacted";
-    case Permission::kPauseTarget: return "pause_target";
-    case Permission::kRevise: return "revise";
+    case Permission::kRetry:
+      return "retry";
+    case Permission::kConfirm:
+      return "confirm";
+    case Permission::kCompensate:
+      return "compensate";
+    case Permission::kSkip:
+      return "skip";
+    case Permission::kClose:
+      return "close";
+    case Permission::kAcknowledge:
+      return "acknowledge";
+    case Permission::kSeeRedacted:
+      return "see_redacted";
+    case Permission::kPauseTarget:
+      return "pause_target";
+    case Permission::kRevise:
+      return "revise";
   }
   return "?";
 }
@@ -36,11 +44,16 @@ std::optional<Permission> ParsePermission(std::string_view text) {
 
 Permission PermissionOf(OperatorAction action) {
   switch (action) {
-    case OperatorAction::kRetry: return Permission::kRetry;
-    case OperatorAction::kConfirm: return Permission::kConfirm;
-    case OperatorAction::kCompensate: return Permission::kCompensate;
-    case OperatorAction::kSkip: return Permission::kSkip;
-    case OperatorAction::kClose: return Permission::kClose;
+    case OperatorAction::kRetry:
+      return Permission::kRetry;
+    case OperatorAction::kConfirm:
+      return Permission::kConfirm;
+    case OperatorAction::kCompensate:
+      return Permission::kCompensate;
+    case OperatorAction::kSkip:
+      return Permission::kSkip;
+    case OperatorAction::kClose:
+      return Permission::kClose;
   }
   return Permission::kClose;
 }
@@ -55,9 +68,12 @@ std::set<Permission> PermissionsOf(const std::vector<PermissionRule>& rules, Rol
   }
   if (every_tenant != nullptr) return every_tenant->allowed;
   switch (role) {
-    case Role::kViewer: return {};
-    case Role::kOperator: return {std::begin(kAll), std::end(kAll) - 1};  // all but see_redacted
-    case Role::kAdmin: return {std::begin(kAll), std::end(kAll)};
+    case Role::kViewer:
+      return {};
+    case Role::kOperator:
+      return {std::begin(kAll), std::end(kAll) - 1};  // all but see_redacted
+    case Role::kAdmin:
+      return {std::begin(kAll), std::end(kAll)};
   }
   return {};
 }

@@ -47,7 +47,8 @@ absl::StatusOr<StartBody> ParseStartBody(const std::string& text) {
   WS_RETURN_IF_ERROR(StringField(body, "tenant", &out.tenant));
   if (out.workflow.empty()) return absl::InvalidArgumentError("'workflow' is required");
   if (!body.contains("input")) return absl::InvalidArgumentError("'input' is required");
-  if (!body["input"].is_object()) return absl::InvalidArgumentError("'input' must be a JSON object");
+  if (!body["input"].is_object())
+    return absl::InvalidArgumentError("'input' must be a JSON object");
   WS_RETURN_IF_ERROR(OnlyFields(body, {"workflow", "input", "tenant"}));
   out.input_json = JsonText(body["input"]);
   return out;

@@ -9,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/auth.h"
-#include "server/permissions.h"
 #include "http/http_front.h"
 #include "http/problem.h"
+#include "server/auth.h"
+#include "server/permissions.h"
 
 namespace waystone {
 

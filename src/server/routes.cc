@@ -10,7 +10,11 @@ const RouteSpec kRoutes[] = {
     {RouteId::kReady, "GET", Role::kViewer, true, false, {}},
     {RouteId::kMetrics, "GET", Role::kAdmin, false, false, {}},
     {RouteId::kOpenApi, "GET", Role::kViewer, true, false, {}},
-    {RouteId::kListInstances, "GET", Role::kViewer, false, false,
+    {RouteId::kListInstances,
+     "GET",
+     Role::kViewer,
+     false,
+     false,
      {"tenant", "workflow", "state", "error_class", "alert", "created_after", "created_before",
       "limit", "cursor", "key_prefix", "external_id", "updated_after", "updated_before",
       "definition", "step", "step_state", "http_status"}},
@@ -24,9 +28,17 @@ const RouteSpec kRoutes[] = {
     {RouteId::kAcknowledge, "POST", Role::kOperator, false, true, {"tenant", "dry_run"}},
     {RouteId::kEvents, "POST", Role::kOperator, false, true, {}},
     {RouteId::kMe, "GET", Role::kViewer, false, false, {}},
-    {RouteId::kAttempts, "GET", Role::kViewer, false, false,
+    {RouteId::kAttempts,
+     "GET",
+     Role::kViewer,
+     false,
+     false,
      {"tenant", "key", "step", "limit", "cursor"}},
-    {RouteId::kTriage, "GET", Role::kViewer, false, false,
+    {RouteId::kTriage,
+     "GET",
+     Role::kViewer,
+     false,
+     false,
      {"tenant", "workflow", "stuck_after", "limit"}},
     // A batch needs the role its action needs on one instance (kAct's).
     {RouteId::kCreateBatch, "POST", Role::kOperator, false, true, {"dry_run"}},
@@ -59,16 +71,25 @@ std::vector<Screened> MatchPath(const std::string& path) {
   auto add = [&out](RouteId id, std::string key = "", std::string action = "") {
     out.push_back({&Spec(id), std::move(key), std::move(action), {}});
   };
-  if (path == "/healthz") add(RouteId::kHealth);
-  else if (path == "/readyz") add(RouteId::kReady);
-  else if (path == "/metrics") add(RouteId::kMetrics);
-  else if (path == "/v1/openapi.json") add(RouteId::kOpenApi);
-  else if (path == "/v1/me") add(RouteId::kMe);
-  else if (path == "/v1/triage") add(RouteId::kTriage);
+  if (path == "/healthz")
+    add(RouteId::kHealth);
+  else if (path == "/readyz")
+    add(RouteId::kReady);
+  else if (path == "/metrics")
+    add(RouteId::kMetrics);
+  else if (path == "/v1/openapi.json")
+    add(RouteId::kOpenApi);
+  else if (path == "/v1/me")
+    add(RouteId::kMe);
+  else if (path == "/v1/triage")
+    add(RouteId::kTriage);
   // A resource of its own, not /v1/instances/{key}/attempts: a key may end in "/attempts".
-  else if (path == "/v1/attempts") add(RouteId::kAttempts);
-  else if (path == "/console") add(RouteId::kConsole);
-  else if (path.starts_with("/console/")) add(RouteId::kConsole, path.substr(9));
+  else if (path == "/v1/attempts")
+    add(RouteId::kAttempts);
+  else if (path == "/console")
+    add(RouteId::kConsole);
+  else if (path.starts_with("/console/"))
+    add(RouteId::kConsole, path.substr(9));
   else if (path == "/v1/instances") {
     add(RouteId::kListInstances);
     add(RouteId::kStart);
@@ -102,8 +123,7 @@ std::vector<Screened> MatchPath(const std::string& path) {
   } else if (path == "/v1/tokens") {
     add(RouteId::kListTokens);
     add(RouteId::kCreateToken);
-  } else if (path.starts_with("/v1/tokens/") && path.ends_with("/revoke") &&
-             path.size() > 11 + 7) {
+  } else if (path.starts_with("/v1/tokens/") && path.ends_with("/revoke") && path.size() > 11 + 7) {
     add(RouteId::kRevokeToken, path.substr(11, path.size() - 11 - 7));
   } else if (path == "/v1/events") {
     add(RouteId::kEvents);

@@ -11,16 +11,38 @@
 #include <string_view>
 #include <vector>
 
-#include "server/auth.h"
 #include "http/http_front.h"
+#include "server/auth.h"
 
 namespace waystone {
 
 enum class RouteId {
-  kHealth, kReady, kMetrics, kOpenApi, kListInstances, kStart, kShow, kAct, kListAlerts,
-  kAcknowledge, kEvents, kMe, kTriage, kConsole, kAttempts, kCreateBatch, kListBatches,
-  kShowBatch, kChangeBatch, kListTokens, kCreateToken, kRevokeToken, kListTargets,
-  kChangeTarget, kDecide, kRevise,
+  kHealth,
+  kReady,
+  kMetrics,
+  kOpenApi,
+  kListInstances,
+  kStart,
+  kShow,
+  kAct,
+  kListAlerts,
+  kAcknowledge,
+  kEvents,
+  kMe,
+  kTriage,
+  kConsole,
+  kAttempts,
+  kCreateBatch,
+  kListBatches,
+  kShowBatch,
+  kChangeBatch,
+  kListTokens,
+  kCreateToken,
+  kRevokeToken,
+  kListTargets,
+  kChangeTarget,
+  kDecide,
+  kRevise,
 };
 
 struct RouteSpec {

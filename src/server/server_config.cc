@@ -18,10 +18,10 @@ class ConfigReader : public YamlConfig {
     ServerConfig config;
     if (!root.IsMap()) return Error(root, "a server config is a mapping");
     static const std::set<std::string> kFields = {
-        "database", "listen", "workers", "max_in_flight", "definitions", "relay_config", "secrets_file", "files_dir", "lease",
-        "step_key_retention",
-        "api", "events", "tenants", "metrics_listen", "permissions", "tls",
-        "groups"};
+        "database",     "listen",       "workers",   "max_in_flight",  "definitions",
+        "relay_config", "secrets_file", "files_dir", "lease",          "step_key_retention",
+        "api",          "events",       "tenants",   "metrics_listen", "permissions",
+        "tls",          "groups"};
     if (auto status = CheckFields(root, kFields); !status.ok()) return status;
     config.database = Text(root, "database");
     config.listen = Text(root, "listen");
@@ -51,8 +51,9 @@ class ConfigReader : public YamlConfig {
       if (const YAML::Node hsts = tls["hsts_max_age"]) {
         if (!YAML::convert<int64_t>::decode(hsts, config.tls_hsts_max_age) ||
             config.tls_hsts_max_age < 0) {
-          return Error(hsts, "'tls.hsts_max_age' must be a whole number of seconds from 0 "
-                             "(0: no Strict-Transport-Security header)");
+          return Error(hsts,
+                       "'tls.hsts_max_age' must be a whole number of seconds from 0 "
+                       "(0: no Strict-Transport-Security header)");
         }
       }
       config.tls_cert_file = Path(Text(tls, "cert_file"));
@@ -74,8 +75,10 @@ class ConfigReader : public YamlConfig {
     }
     if (const YAML::Node api = root["api"]) {
       if (!api.IsMap()) return Error(api, "'api' is a mapping");
-      static const std::set<std::string> kApiFields = {"max_body_bytes", "read_timeout",
-                                                       "idempotency_retention", "max_connections",
+      static const std::set<std::string> kApiFields = {"max_body_bytes",
+                                                       "read_timeout",
+                                                       "idempotency_retention",
+                                                       "max_connections",
                                                        "max_connections_per_client",
                                                        "handler_threads"};
       if (auto status = CheckFields(api, kApiFields, "api"); !status.ok()) return status;
@@ -94,8 +97,7 @@ class ConfigReader : public YamlConfig {
       }
       for (const auto& [field, out, low, high] :
            {std::tuple{"max_connections", &config.max_connections, 8, 100000},
-            std::tuple{"max_connections_per_client", &config.max_connections_per_client, 1,
-                       100000},
+            std::tuple{"max_connections_per_client", &config.max_connections_per_client, 1, 100000},
             std::tuple{"handler_threads", &config.handler_threads, 1, 256}}) {
         if (const YAML::Node value = api[field]) {
           if (!YAML::convert<int>::decode(value, *out) || *out < low || *out > high) {
@@ -145,7 +147,8 @@ class ConfigReader : public YamlConfig {
         for (const PermissionRule& other : config.permissions) {
           if (other.role == rule->role && other.tenant == rule->tenant) {
             return Error(node, "role '" + Text(node, "role") + "' has permissions for " +
-                                   (rule->tenant.empty() ? "every tenant" : "tenant '" + rule->tenant + "'") +
+                                   (rule->tenant.empty() ? "every tenant"
+                                                         : "tenant '" + rule->tenant + "'") +
                                    " already, at line " + std::to_string(other.line));
           }
         }
@@ -179,8 +182,9 @@ class ConfigReader : public YamlConfig {
     for (const auto& entry : node) {
       const std::string field = entry.first.Scalar();
       if (field != "tenant" && field != "name" && field != "tokens") {
-        return Error(entry.first, "unknown field '" + field + "' in a group (allowed: tenant, "
-                                  "name, tokens)");
+        return Error(entry.first, "unknown field '" + field +
+                                      "' in a group (allowed: tenant, "
+                                      "name, tokens)");
       }
     }
     group.tenant = Text(node, "tenant");
@@ -189,8 +193,9 @@ class ConfigReader : public YamlConfig {
     if (group.name.empty()) return Error(node, "a group needs a 'name'");
     const YAML::Node tokens = node["tokens"];
     if (!tokens || !tokens.IsSequence() || tokens.size() == 0) {
-      return Error(tokens ? tokens : node, "group '" + group.name + "' lists its members' token "
-                                           "names in 'tokens', such as [alice, bob]");
+      return Error(tokens ? tokens : node, "group '" + group.name +
+                                               "' lists its members' token "
+                                               "names in 'tokens', such as [alice, bob]");
     }
     for (const auto& token : tokens) {
       if (!token.IsScalar() || token.Scalar().empty()) {
@@ -214,8 +219,10 @@ class ConfigReader : public YamlConfig {
     rule.role = *role;
     rule.tenant = Text(node, "tenant");
     if (node["tenant"] && !ValidTenantName(rule.tenant)) {
-      return Error(node["tenant"], "'" + rule.tenant + "' is not a tenant name (1 to 64 letters, "
-                                   "digits, '.', '_' or '-'); leave 'tenant' out for every tenant");
+      return Error(node["tenant"],
+                   "'" + rule.tenant +
+                       "' is not a tenant name (1 to 64 letters, "
+                       "digits, '.', '_' or '-'); leave 'tenant' out for every tenant");
     }
     const YAML::Node actions = node["actions"];
     if (!actions || !actions.IsSequence()) {
@@ -242,12 +249,13 @@ class ConfigReader : public YamlConfig {
   absl::StatusOr<TenantPolicy> ReadTenant(const YAML::Node& name, const YAML::Node& node) {
     const std::string tenant = name.Scalar();
     if (!ValidTenantName(tenant)) {
-      return Error(name, "'" + tenant + "' is not a tenant name (1 to 64 letters, digits, '.', "
-                         "'_' or '-')");
+      return Error(name, "'" + tenant +
+                             "' is not a tenant name (1 to 64 letters, digits, '.', "
+                             "'_' or '-')");
     }
     if (!node.IsMap()) return Error(node, "tenant '" + tenant + "' is a mapping with 'workflows'");
-    if (auto status = CheckFields(node, {"workflows", "secrets_file", "env"},
-                                  "tenant '" + tenant + "'");
+    if (auto status =
+            CheckFields(node, {"workflows", "secrets_file", "env"}, "tenant '" + tenant + "'");
         !status.ok()) {
       return status;
     }
@@ -276,8 +284,8 @@ class ConfigReader : public YamlConfig {
     EventRoute route;
     route.line = node.Mark().line + 1;
     if (!node.IsMap()) return Error(node, "an event route is a mapping with 'type'");
-    if (auto status = CheckFields(node, {"type", "start", "signal", "decide", "revise"},
-                                  "event route");
+    if (auto status =
+            CheckFields(node, {"type", "start", "signal", "decide", "revise"}, "event route");
         !status.ok()) {
       return status;
     }
@@ -290,8 +298,8 @@ class ConfigReader : public YamlConfig {
       if (!signal) continue;
       ++acts;
       if (!signal.IsMap() || !signal["key"] || !signal["key"].IsScalar()) {
-        return Error(signal, "'" + std::string(act) +
-                                 "' must be a mapping such as { key: /order_ref }");
+        return Error(signal,
+                     "'" + std::string(act) + "' must be a mapping such as { key: /order_ref }");
       }
       route.act = act;
       route.signal_key = signal["key"].Scalar();

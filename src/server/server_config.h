@@ -29,20 +29,20 @@ struct EventRoute {
 // from WAYSTONE_DB or libpq's own PGPASSWORD/.pgpass, step secrets from
 // WAYSTONE_SECRET_* or --secrets. A value type.
 struct ServerConfig {
-  std::string database;      // SQLite path or postgresql:// URI; "" = not set
-  std::string listen;        // host:port; "" = not set
-  int workers = 0;           // 0 = not set
-  int max_in_flight = 0;     // instances held at once, calls under way included; 0 = not set
-  std::string definitions;   // folder of workflow definitions
-  std::string relay_config;  // relay config file: deliver outbox events too
+  std::string database;        // SQLite path or postgresql:// URI; "" = not set
+  std::string listen;          // host:port; "" = not set
+  int workers = 0;             // 0 = not set
+  int max_in_flight = 0;       // instances held at once, calls under way included; 0 = not set
+  std::string definitions;     // folder of workflow definitions
+  std::string relay_config;    // relay config file: deliver outbox events too
   std::string metrics_listen;  // host:port of a token-less /metrics; "" = none
   std::string tls_cert_file;   // `tls: {cert_file, key_file}`: serve HTTPS; "" = HTTP
   std::string tls_key_file;
   // `tls.hsts_max_age`: seconds of Strict-Transport-Security on every HTTPS answer; 0 = none.
   int64_t tls_hsts_max_age = 0;
   std::string secrets_file;
-  std::string files_dir;     // uploads' files (EngineOptions::files_dir)
-  std::string lease;         // duration text, e.g. "30s"
+  std::string files_dir;           // uploads' files (EngineOptions::files_dir)
+  std::string lease;               // duration text, e.g. "30s"
   std::string step_key_retention;  // duration text; "" = not set
   size_t max_body_bytes = 1 << 20;
   int read_timeout_seconds = 10;

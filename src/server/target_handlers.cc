@@ -83,8 +83,8 @@ void ListTargets(const ApiContext& ctx, const Principal& principal, const Server
   std::set<std::string> shown;
   for (const TargetControl& control : *controls) {
     auto spec = declared.find(control.target);
-    items.push_back(TargetJson(control.target, spec == declared.end() ? nullptr : &spec->second,
-                               control, now));
+    items.push_back(
+        TargetJson(control.target, spec == declared.end() ? nullptr : &spec->second, control, now));
     shown.insert(control.target);
   }
   for (const auto& [name, spec] : declared) {
@@ -150,8 +150,8 @@ void ChangeTarget(const ApiContext& ctx, const Principal& principal, const std::
   audit.detail_json = Json{{"target", name}}.dump();
   auto control = ctx.store->PauseTarget(*tenant, name, pause, audit);
   if (!control.ok()) return Send(res, ProblemFromStatus(control.status()), req.path);
-  SendJson(res, 200, TargetJson(name, spec == declared.end() ? nullptr : &spec->second, *control,
-                                audit.at));
+  SendJson(res, 200,
+           TargetJson(name, spec == declared.end() ? nullptr : &spec->second, *control, audit.at));
 }
 
 }  // namespace waystone

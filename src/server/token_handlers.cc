@@ -21,9 +21,9 @@ constexpr char kRevokeAction[] = "revoke_token";
 
 Json TokenJson(const TokenRecord& t, Millis now) {
   auto when = [](Millis at) { return at == 0 ? Json(nullptr) : Json(Rfc3339(at)); };
-  const char* state = t.revoked_at != 0                              ? "revoked"
+  const char* state = t.revoked_at != 0                          ? "revoked"
                       : t.expires_at != 0 && t.expires_at <= now ? "expired"
-                                                                    : "active";
+                                                                 : "active";
   return {{"name", t.name},
           {"tenant", t.tenant},
           {"role", t.role},
@@ -81,8 +81,9 @@ void CreateTokenOf(const ApiContext& ctx, const Principal& principal, const Serv
   if (!body) return;
   const std::string tenant = body->tenant.empty() ? principal.tenant : body->tenant;
   if (principal.tenant != "*" && tenant != principal.tenant) {
-    return Send(res, Forbidden("an admin of tenant '" + principal.tenant +
-                               "' creates tokens for that tenant only"),
+    return Send(res,
+                Forbidden("an admin of tenant '" + principal.tenant +
+                          "' creates tokens for that tenant only"),
                 req.path);
   }
   auto role = ParseRole(body->role);
@@ -99,8 +100,9 @@ void CreateTokenOf(const ApiContext& ctx, const Principal& principal, const Serv
   }
   auto token = CreateToken(*ctx.store, body->name, tenant, *role, now, expires_at);
   if (absl::IsAlreadyExists(token.status())) {
-    return Send(res, ProblemFromStatus(absl::AlreadyExistsError("a token named '" + body->name +
-                                                                "' exists already")),
+    return Send(res,
+                ProblemFromStatus(
+                    absl::AlreadyExistsError("a token named '" + body->name + "' exists already")),
                 req.path);
   }
   if (!token.ok()) return Send(res, ProblemFromStatus(token.status()), req.path);

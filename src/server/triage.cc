@@ -62,26 +62,37 @@ std::string Attempts(int n) { return std::to_string(n) + (n == 1 ? " attempt" : 
 
 std::string_view ToString(StopReason reason) {
   switch (reason) {
-    case StopReason::kCompensationFailed: return "compensation_failed";
-    case StopReason::kConflict: return "conflict";
-    case StopReason::kOutcomeUnknown: return "outcome_unknown";
-    case StopReason::kRetriesExhausted: return "retries_exhausted";
-    case StopReason::kNeedsOperator: return "needs_operator";
-    case StopReason::kWaitingForEvent: return "waiting_for_event";
-    case StopReason::kRetrying: return "retrying";
-    case StopReason::kStuck: return "stuck";
-    case StopReason::kInProgress: return "in_progress";
-    case StopReason::kFinished: return "finished";
+    case StopReason::kCompensationFailed:
+      return "compensation_failed";
+    case StopReason::kConflict:
+      return "conflict";
+    case StopReason::kOutcomeUnknown:
+      return "outcome_unknown";
+    case StopReason::kRetriesExhausted:
+      return "retries_exhausted";
+    case StopReason::kNeedsOperator:
+      return "needs_operator";
+    case StopReason::kWaitingForEvent:
+      return "waiting_for_event";
+    case StopReason::kRetrying:
+      return "retrying";
+    case StopReason::kStuck:
+      return "stuck";
+    case StopReason::kInProgress:
+      return "in_progress";
+    case StopReason::kFinished:
+      return "finished";
   }
   return "?";
 }
 
 const std::vector<StopReason>& AllStopReasons() {
   static const std::vector<StopReason> kAll = {
-      StopReason::kCompensationFailed, StopReason::kConflict,        StopReason::kOutcomeUnknown,
-      StopReason::kRetriesExhausted,   StopReason::kNeedsOperator,   StopReason::kWaitingForEvent,
-      StopReason::kRetrying,           StopReason::kStuck,           StopReason::kInProgress,
-      StopReason::kFinished};
+      StopReason::kCompensationFailed, StopReason::kConflict,
+      StopReason::kOutcomeUnknown,     StopReason::kRetriesExhausted,
+      StopReason::kNeedsOperator,      StopReason::kWaitingForEvent,
+      StopReason::kRetrying,           StopReason::kStuck,
+      StopReason::kInProgress,         StopReason::kFinished};
   return kAll;
 }
 
@@ -97,9 +108,8 @@ StopExplanation ExplainStop(const InstanceRecord& instance, const std::vector<St
     return out;
   }
   out.step = StandingStep(instance, steps);
-  const StepRecord* step = out.step >= 0 && out.step < static_cast<int>(steps.size())
-                               ? &steps[out.step]
-                               : nullptr;
+  const StepRecord* step =
+      out.step >= 0 && out.step < static_cast<int>(steps.size()) ? &steps[out.step] : nullptr;
   const std::string name = step != nullptr ? "Step '" + step->name + "'" : "The instance";
   if (step != nullptr) {
     out.attempt = step->attempts;
@@ -124,14 +134,16 @@ StopExplanation ExplainStop(const InstanceRecord& instance, const std::vector<St
                 conflict->message;
     return out;
   }
-  const bool unknown = step != nullptr &&
-                       (step->state == StepState::kUnknown ||
-                        (step->state == StepState::kFailed && step->error_class == ErrorClass::kUnknown));
+  const bool unknown =
+      step != nullptr &&
+      (step->state == StepState::kUnknown ||
+       (step->state == StepState::kFailed && step->error_class == ErrorClass::kUnknown));
   if (unknown) {
     out.reason = StopReason::kOutcomeUnknown;
     out.words = name + " sent its request and got no usable answer" + LastError(*step) +
                 ": whether the other side acted is not known.";
-    if (step->unknown_since > 0) out.words += " Unknown since " + FormatRfc3339(step->unknown_since) + ".";
+    if (step->unknown_since > 0)
+      out.words += " Unknown since " + FormatRfc3339(step->unknown_since) + ".";
     out.words += instance.state == InstanceState::kRunning && step->next_attempt_at > 0
                      ? " A lookup runs again at " + FormatRfc3339(step->next_attempt_at) + "."
                      : " Confirm whether it happened (with the external id) or not.";
@@ -150,31 +162,32 @@ StopExplanation ExplainStop(const InstanceRecord& instance, const std::vector<St
     // An approval step's open request (engine/approvals.h): its record names it.
     const nlohmann::json request = nlohmann::json::parse(step->response_json, nullptr, false);
     if (request.is_object() && request.contains("data_version") && request.contains("snapshot")) {
-      out.words = name + " waits for a decision on request " +
-                  std::to_string(step->attempts) + " (data version " +
-                  step->request_hash.substr(0, 16) + ")" +
+      out.words = name + " waits for a decision on request " + std::to_string(step->attempts) +
+                  " (data version " + step->request_hash.substr(0, 16) + ")" +
                   (step->next_attempt_at > 0
                        ? "; its next deadline is " + FormatRfc3339(step->next_attempt_at)
                        : std::string()) +
                   ". An approver decides it (POST .../decide, waystone decide or the console).";
       return out;
     }
-    out.words = name + " is waiting for an event" +
-                (step->next_attempt_at > 0
-                     ? std::string(out.overdue ? "; it was due by " : " until ") +
-                           FormatRfc3339(step->next_attempt_at)
-                     : std::string(" with no deadline")) +
-                ".";
+    out.words =
+        name + " is waiting for an event" +
+        (step->next_attempt_at > 0 ? std::string(out.overdue ? "; it was due by " : " until ") +
+                                         FormatRfc3339(step->next_attempt_at)
+                                   : std::string(" with no deadline")) +
+        ".";
     return out;
   }
-  if (instance.state == InstanceState::kNeedsAttention || instance.state == InstanceState::kFailed ||
+  if (instance.state == InstanceState::kNeedsAttention ||
+      instance.state == InstanceState::kFailed ||
       HasOpen(alerts, {AlertKind::kNeedsOperator, AlertKind::kLookupContradiction,
                        AlertKind::kResultMissing, AlertKind::kUnknownUnresolved})) {
     out.reason = StopReason::kNeedsOperator;
-    const AlertRecord* alert = FirstOpen(
-        alerts, {AlertKind::kNeedsOperator, AlertKind::kLookupContradiction,
-                 AlertKind::kResultMissing, AlertKind::kUnknownUnresolved});
-    out.words = name + (instance.state == InstanceState::kFailed ? " failed" : " needs an operator") +
+    const AlertRecord* alert =
+        FirstOpen(alerts, {AlertKind::kNeedsOperator, AlertKind::kLookupContradiction,
+                           AlertKind::kResultMissing, AlertKind::kUnknownUnresolved});
+    out.words = name +
+                (instance.state == InstanceState::kFailed ? " failed" : " needs an operator") +
                 (step != nullptr ? LastError(*step) : "") + ": " +
                 (alert != nullptr ? alert->message : instance.status_reason) + ".";
     return out;
@@ -184,9 +197,9 @@ StopExplanation ExplainStop(const InstanceRecord& instance, const std::vector<St
        step->state == StepState::kCompensating)) {
     out.reason = StopReason::kRetrying;
     out.words = name + (step->state == StepState::kCompensating ? " (its compensation)" : "") +
-                " failed on attempt " + std::to_string(step->state == StepState::kCompensating
-                                                           ? step->compensation_attempts
-                                                           : step->attempts) +
+                " failed on attempt " +
+                std::to_string(step->state == StepState::kCompensating ? step->compensation_attempts
+                                                                       : step->attempts) +
                 LastError(*step) + "; it runs again at its next attempt.";
     return out;
   }
@@ -203,8 +216,8 @@ StopExplanation ExplainStop(const InstanceRecord& instance, const std::vector<St
     return out;
   }
   out.reason = StopReason::kInProgress;
-  out.words = step != nullptr ? name + " is " + std::string(ToString(step->state)) + "."
-                              : "Running.";
+  out.words =
+      step != nullptr ? name + " is " + std::string(ToString(step->state)) + "." : "Running.";
   return out;
 }
 

@@ -32,9 +32,9 @@ const std::vector<StopReason>& AllStopReasons();
 
 struct StopExplanation {
   StopReason reason = StopReason::kInProgress;
-  std::string words;  // one or two sentences naming the step and what happened
-  int step = -1;      // index of the step it stopped at; -1 when none
-  int attempt = 0;    // that step's attempts so far
+  std::string words;           // one or two sentences naming the step and what happened
+  int step = -1;               // index of the step it stopped at; -1 when none
+  int attempt = 0;             // that step's attempts so far
   Millis next_attempt_at = 0;  // retrying: when; waiting: the wait's deadline
   bool overdue = false;        // waiting past its deadline
 };

@@ -77,8 +77,7 @@ Json NextActionsJson(const ApiContext& ctx, const Principal& principal,
 Json StopJson(const ApiContext& ctx, const Principal& principal, const InstanceRecord& instance,
               const std::vector<StepRecord>& steps, const std::vector<AlertRecord>& alerts,
               const TriageOptions& options) {
-  const StopExplanation why =
-      ExplainStop(instance, steps, alerts, ctx.clock->NowMillis(), options);
+  const StopExplanation why = ExplainStop(instance, steps, alerts, ctx.clock->NowMillis(), options);
   Json out = {{"reason", std::string(ToString(why.reason))}, {"words", why.words}};
   if (why.step >= 0 && why.step < static_cast<int>(steps.size())) {
     out["step"] = steps[why.step].name;

@@ -25,32 +25,27 @@ nlohmann::json InstanceSummary(const InstanceRecord& r) {
           {"updated_at", Rfc3339(r.updated_at)}};
 }
 
-nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key,
-                     const PublicIds& ids) {
-  return {{"id", ids.Encode(a.id)},
-          {"instance", instance_key},
-          {"tenant", a.tenant},
-          {"step", a.step},
-          {"kind", ToString(a.kind)},
-          {"state", ToString(a.state)},
-          {"message", a.message},
-          {"created_at", Rfc3339(a.created_at)}};
+nlohmann::json Alert(const AlertRecord& a, const std::string& instance_key, const PublicIds& ids) {
+  return {{"id", ids.Encode(a.id)},   {"instance", instance_key},
+          {"tenant", a.tenant},       {"step", a.step},
+          {"kind", ToString(a.kind)}, {"state", ToString(a.state)},
+          {"message", a.message},     {"created_at", Rfc3339(a.created_at)}};
 }
 
 nlohmann::json Attempt(const AttemptRecord& a) {
-  nlohmann::json out = {{"seq", a.seq},
-                        {"phase", ToString(a.phase)},
-                        {"sent", a.sent},
-                        {"connection", ToString(a.connection)},
-                        {"status", a.status},
-                        {"error_class", ToString(a.error_class)},
-                        {"detail", a.detail},
-                        {"started_at", Rfc3339(a.started_at)},
-                        {"finished_at", Rfc3339(a.finished_at)},
-                        // null when not known: a call a stopped worker left running
-                        {"worker", a.worker.empty() ? nlohmann::json() : nlohmann::json(a.worker)},
-                        {"lease_epoch",
-                         a.lease_epoch == 0 ? nlohmann::json() : nlohmann::json(a.lease_epoch)}};
+  nlohmann::json out = {
+      {"seq", a.seq},
+      {"phase", ToString(a.phase)},
+      {"sent", a.sent},
+      {"connection", ToString(a.connection)},
+      {"status", a.status},
+      {"error_class", ToString(a.error_class)},
+      {"detail", a.detail},
+      {"started_at", Rfc3339(a.started_at)},
+      {"finished_at", Rfc3339(a.finished_at)},
+      // null when not known: a call a stopped worker left running
+      {"worker", a.worker.empty() ? nlohmann::json() : nlohmann::json(a.worker)},
+      {"lease_epoch", a.lease_epoch == 0 ? nlohmann::json() : nlohmann::json(a.lease_epoch)}};
   if (a.started_at > 0 && a.finished_at >= a.started_at) {
     out["latency_ms"] = a.finished_at - a.started_at;
   }
@@ -124,8 +119,9 @@ absl::StatusOr<std::string> InstanceViewJson(Store& store, const InstanceRecord&
       if (c.step_index != s.index) continue;
       step["requests_total"] = c.recorded;
       step["requests_dropped"] = c.recorded - c.kept;
-      WS_ASSIGN_OR_RETURN(std::vector<AttemptRecord> newest,
-                          store.ListAttemptPage({instance.id, s.index, std::nullopt, kViewRequests}));
+      WS_ASSIGN_OR_RETURN(
+          std::vector<AttemptRecord> newest,
+          store.ListAttemptPage({instance.id, s.index, std::nullopt, kViewRequests}));
       for (auto a = newest.rbegin(); a != newest.rend(); ++a) {
         step["requests"].push_back(wire::Attempt(*a));
       }

@@ -7,22 +7,35 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr FaultKind kAllFaults[] = {
-    FaultKind::kDropResponse, FaultKind::kDelay, FaultKind::kUnavailable, FaultKind::kRateLimit,
-    FaultKind::kFail, FaultKind::kError, FaultKind::kCloseBeforeBytes,
-    FaultKind::kCloseBeforeBytesReused, FaultKind::kReset, FaultKind::kPartialStatus,
-    FaultKind::kPartialHeaders, FaultKind::kStatus500, FaultKind::kStatus502,
-    FaultKind::kStatus504, FaultKind::kNone};
+constexpr FaultKind kAllFaults[] = {FaultKind::kDropResponse,
+                                    FaultKind::kDelay,
+                                    FaultKind::kUnavailable,
+                                    FaultKind::kRateLimit,
+                                    FaultKind::kFail,
+                                    FaultKind::kError,
+                                    FaultKind::kCloseBeforeBytes,
+                                    FaultKind::kCloseBeforeBytesReused,
+                                    FaultKind::kReset,
+                                    FaultKind::kPartialStatus,
+                                    FaultKind::kPartialHeaders,
+                                    FaultKind::kStatus500,
+                                    FaultKind::kStatus502,
+                                    FaultKind::kStatus504,
+                                    FaultKind::kNone};
 
 }  // namespace
 
 std::optional<LostResponse> LossOf(FaultKind kind) {
   switch (kind) {
     case FaultKind::kCloseBeforeBytes:
-    case FaultKind::kCloseBeforeBytesReused: return LostResponse::kCloseBeforeBytes;
-    case FaultKind::kReset: return LostResponse::kReset;
-    case FaultKind::kPartialStatus: return LostResponse::kPartialStatus;
-    case FaultKind::kPartialHeaders: return LostResponse::kPartialHeaders;
+    case FaultKind::kCloseBeforeBytesReused:
+      return LostResponse::kCloseBeforeBytes;
+    case FaultKind::kReset:
+      return LostResponse::kReset;
+    case FaultKind::kPartialStatus:
+      return LostResponse::kPartialStatus;
+    case FaultKind::kPartialHeaders:
+      return LostResponse::kPartialHeaders;
     case FaultKind::kNone:
     case FaultKind::kDropResponse:
     case FaultKind::kDelay:
@@ -47,21 +60,36 @@ std::optional<int> StatusAfterCommit(FaultKind kind) {
 
 std::string_view FaultName(FaultKind kind) {
   switch (kind) {
-    case FaultKind::kNone: return "none";
-    case FaultKind::kDropResponse: return "drop_response";
-    case FaultKind::kDelay: return "delay";
-    case FaultKind::kUnavailable: return "unavailable";
-    case FaultKind::kRateLimit: return "rate_limit";
-    case FaultKind::kFail: return "fail";
-    case FaultKind::kError: return "error";
-    case FaultKind::kCloseBeforeBytes: return "close_before_bytes";
-    case FaultKind::kCloseBeforeBytesReused: return "close_before_bytes_reused";
-    case FaultKind::kReset: return "reset";
-    case FaultKind::kPartialStatus: return "partial_status";
-    case FaultKind::kPartialHeaders: return "partial_headers";
-    case FaultKind::kStatus500: return "status_500";
-    case FaultKind::kStatus502: return "status_502";
-    case FaultKind::kStatus504: return "status_504";
+    case FaultKind::kNone:
+      return "none";
+    case FaultKind::kDropResponse:
+      return "drop_response";
+    case FaultKind::kDelay:
+      return "delay";
+    case FaultKind::kUnavailable:
+      return "unavailable";
+    case FaultKind::kRateLimit:
+      return "rate_limit";
+    case FaultKind::kFail:
+      return "fail";
+    case FaultKind::kError:
+      return "error";
+    case FaultKind::kCloseBeforeBytes:
+      return "close_before_bytes";
+    case FaultKind::kCloseBeforeBytesReused:
+      return "close_before_bytes_reused";
+    case FaultKind::kReset:
+      return "reset";
+    case FaultKind::kPartialStatus:
+      return "partial_status";
+    case FaultKind::kPartialHeaders:
+      return "partial_headers";
+    case FaultKind::kStatus500:
+      return "status_500";
+    case FaultKind::kStatus502:
+      return "status_502";
+    case FaultKind::kStatus504:
+      return "status_504";
   }
   return "none";
 }
@@ -102,14 +130,22 @@ absl::StatusOr<std::map<std::string, Fault>> ParseFaults(const std::string& text
         return absl::InvalidArgumentError(it.key() + "." + name + " must be a number");
       }
       const double value = knob->get<double>();
-      if (name == "drop_response") fault.drop_response = value;
-      else if (name == "delay") fault.delay = value;
-      else if (name == "unavailable") fault.unavailable = value;
-      else if (name == "rate_limit") fault.rate_limit = value;
-      else if (name == "fail") fault.fail = value;
-      else if (name == "error") fault.error = value;
-      else if (name == "delay_ms") fault.delay_ms = static_cast<int>(value);
-      else if (name == "retry_after_s") fault.retry_after_s = static_cast<int>(value);
+      if (name == "drop_response")
+        fault.drop_response = value;
+      else if (name == "delay")
+        fault.delay = value;
+      else if (name == "unavailable")
+        fault.unavailable = value;
+      else if (name == "rate_limit")
+        fault.rate_limit = value;
+      else if (name == "fail")
+        fault.fail = value;
+      else if (name == "error")
+        fault.error = value;
+      else if (name == "delay_ms")
+        fault.delay_ms = static_cast<int>(value);
+      else if (name == "retry_after_s")
+        fault.retry_after_s = static_cast<int>(value);
       else {
         bool shape = false;
         for (FaultKind f : kAllFaults) {
@@ -118,7 +154,8 @@ absl::StatusOr<std::map<std::string, Fault>> ParseFaults(const std::string& text
             shape = true;
           }
         }
-        if (!shape) return absl::InvalidArgumentError("unknown knob '" + name + "' for " + it.key());
+        if (!shape)
+          return absl::InvalidArgumentError("unknown knob '" + name + "' for " + it.key());
       }
     }
     faults[it.key()] = std::move(fault);
@@ -136,13 +173,12 @@ FaultKind DrawFault(Fault& fault, std::mt19937_64& random, bool reused_connectio
     fault.next.pop_front();
   } else {
     std::uniform_real_distribution<double> roll(0.0, 1.0);
-    const std::pair<double, FaultKind> table[] = {
-        {fault.drop_response, FaultKind::kDropResponse},
-        {fault.delay, FaultKind::kDelay},
-        {fault.unavailable, FaultKind::kUnavailable},
-        {fault.rate_limit, FaultKind::kRateLimit},
-        {fault.fail, FaultKind::kFail},
-        {fault.error, FaultKind::kError}};
+    const std::pair<double, FaultKind> table[] = {{fault.drop_response, FaultKind::kDropResponse},
+                                                  {fault.delay, FaultKind::kDelay},
+                                                  {fault.unavailable, FaultKind::kUnavailable},
+                                                  {fault.rate_limit, FaultKind::kRateLimit},
+                                                  {fault.fail, FaultKind::kFail},
+                                                  {fault.error, FaultKind::kError}};
     for (const auto& [p, k] : table) {
       if (p > 0 && roll(random) < p) {
         kind = k;

@@ -18,10 +18,22 @@
 namespace waystone {
 
 enum class FaultKind {
-  kNone, kDropResponse, kDelay, kUnavailable, kRateLimit, kFail, kError,
+  kNone,
+  kDropResponse,
+  kDelay,
+  kUnavailable,
+  kRateLimit,
+  kFail,
+  kError,
   // After the commit, as real servers and proxies lose answers (lost_response.h):
-  kCloseBeforeBytes, kCloseBeforeBytesReused, kReset, kPartialStatus, kPartialHeaders,
-  kStatus500, kStatus502, kStatus504,
+  kCloseBeforeBytes,
+  kCloseBeforeBytesReused,
+  kReset,
+  kPartialStatus,
+  kPartialHeaders,
+  kStatus500,
+  kStatus502,
+  kStatus504,
 };
 
 // The name of a fault in knobs, `next` and the stats ("drop_response").

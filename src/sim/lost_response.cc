@@ -42,10 +42,14 @@ void Finish(int connection) {
 
 const char* Reason(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    default: return "Unknown";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    default:
+      return "Unknown";
   }
 }
 

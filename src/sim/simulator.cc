@@ -65,7 +65,8 @@ class Simulator::Impl {
       (order["status"] == "cancelled" ? cancelled : open) += 1;
     }
     int64_t duplicate_orders = 0;
-    for (const auto& [ref, ids] : orders_by_ref_) duplicate_orders += static_cast<int64_t>(ids.size()) - 1;
+    for (const auto& [ref, ids] : orders_by_ref_)
+      duplicate_orders += static_cast<int64_t>(ids.size()) - 1;
     stats["orders"] = orders_.size();
     stats["orders_open"] = open;
     stats["orders_cancelled"] = cancelled;
@@ -88,8 +89,8 @@ class Simulator::Impl {
 
  private:
   static inline const std::set<std::string> kRoutes = {
-      "crm.get_customer", "crm.writeback",   "erp.create_order", "erp.find_orders",
-      "erp.cancel_order", "erp.create_shipment", "line.push",    "email.send"};
+      "crm.get_customer", "crm.writeback",       "erp.create_order", "erp.find_orders",
+      "erp.cancel_order", "erp.create_shipment", "line.push",        "email.send"};
 
   static int64_t CountValues(const std::map<std::string, int64_t>& m) {
     int64_t total = 0;
@@ -178,7 +179,8 @@ class Simulator::Impl {
     }
     // Headers go out, then the connection closes before the body: the client
     // sent its request, the effect is committed, the response is lost.
-    if (d.kind == FaultKind::kDropResponse && d.fd >= 0 && CutBody(d.fd, status, body.size() + 64)) {
+    if (d.kind == FaultKind::kDropResponse && d.fd >= 0 &&
+        CutBody(d.fd, status, body.size() + 64)) {
       return;
     }
     res.SetContent(body, "application/json");
@@ -268,7 +270,8 @@ class Simulator::Impl {
     Json customer = {{"id", id},
                      {"name", "Customer " + id},
                      {"email", id + "@example.test"},
-                     {"line_user_id", std::string("U").append(std::to_string(std::hash<std::string>{}(id) % 1000000))},
+                     {"line_user_id", std::string("U").append(
+                                          std::to_string(std::hash<std::string>{}(id) % 1000000))},
                      {"address_ok", !id.starts_with("C-BLOCKED")}};
     Respond(d, res, 200, customer.dump());
   }
@@ -293,7 +296,8 @@ class Simulator::Impl {
     if (!ok) return;
     const std::string ref = body.value("ref", "");
     if (ref.empty()) return Error(res, 422, "ref is required");
-    if (body.contains("amount") && body["amount"].is_number() && body["amount"].get<double>() <= 0) {
+    if (body.contains("amount") && body["amount"].is_number() &&
+        body["amount"].get<double>() <= 0) {
       return Error(res, 422, "amount must be positive");
     }
     Drawn d;
@@ -304,8 +308,11 @@ class Simulator::Impl {
       if (RefuseBeforeCommit(d, res)) return;
       // This ERP does not deduplicate: a second POST creates a second order.
       const std::string id = "SO-" + std::to_string(100000 + ++order_seq_);
-      order = {{"id", id}, {"ref", ref}, {"customer", body.value("customer", "")},
-               {"amount", body.value("amount", Json(0))}, {"status", "open"}};
+      order = {{"id", id},
+               {"ref", ref},
+               {"customer", body.value("customer", "")},
+               {"amount", body.value("amount", Json(0))},
+               {"status", "open"}};
       orders_[id] = order;
       orders_by_ref_[ref].push_back(id);
     }
@@ -358,8 +365,7 @@ class Simulator::Impl {
     KeyedCreate(req, res, "erp.create_shipment", shipments_by_key_, 201, [&] {
       const std::string order_id = body.value("order_id", "");
       shipments_by_order_[order_id] += 1;
-      return Json{{"id", "SH-" + std::to_string(500000 + ++shipment_seq_)},
-                  {"order_id", order_id}};
+      return Json{{"id", "SH-" + std::to_string(500000 + ++shipment_seq_)}, {"order_id", order_id}};
     });
   }
 
@@ -369,8 +375,7 @@ class Simulator::Impl {
     if (!ok) return;
     KeyedCreate(req, res, "line.push", line_by_key_, 200, [&] {
       line_by_content_[body.value("to", "") + "|" + body["messages"].dump()] += 1;
-      return Json{
-          {"sentMessages", Json::array({{{"id", std::to_string(700000 + ++line_seq_)}}})}};
+      return Json{{"sentMessages", Json::array({{{"id", std::to_string(700000 + ++line_seq_)}}})}};
     });
   }
 
@@ -380,9 +385,9 @@ class Simulator::Impl {
     if (!ok) return;
     KeyedCreate(req, res, "email.send", email_by_key_, 202, [&] {
       email_by_content_[body.value("to", "") + "|" + body.value("subject", "")] += 1;
-      return Json{{"message_id", std::string("<")
-                                     .append(std::to_string(900000 + ++email_seq_))
-                                     .append("@sim.test>")}};
+      return Json{
+          {"message_id",
+           std::string("<").append(std::to_string(900000 + ++email_seq_)).append("@sim.test>")}};
     });
   }
 
@@ -395,7 +400,7 @@ class Simulator::Impl {
   Json requests_ ABSL_GUARDED_BY(mu_) = Json::object();
   Json faults_injected_ ABSL_GUARDED_BY(mu_) = Json::object();
   int64_t order_seq_ = 0, shipment_seq_ = 0, line_seq_ = 0, email_seq_ = 0;
-  std::map<std::string, Json> orders_;                       // by order id
+  std::map<std::string, Json> orders_;  // by order id
   std::map<std::string, std::vector<std::string>> orders_by_ref_;
   int64_t cancel_requests_ = 0;
   std::map<std::string, int64_t> shipments_by_order_;

@@ -10,10 +10,10 @@ namespace waystone {
 
 struct SimulatorOptions {
   std::string host = "127.0.0.1";
-  int port = 0;                 // 0: pick a free port
-  uint64_t seed = 42;           // for probabilistic faults
-  std::string faults_json;      // initial fault knobs (see docs/simulator.md)
-  int threads = 64;             // delayed responses hold a thread each
+  int port = 0;             // 0: pick a free port
+  uint64_t seed = 42;       // for probabilistic faults
+  std::string faults_json;  // initial fault knobs (see docs/simulator.md)
+  int threads = 64;         // delayed responses hold a thread each
   // What a delay fault and the start-up wait sleep on; outlives the simulator.
   const Clock* clock = SystemClock::Get();
 };

@@ -7,7 +7,8 @@
 // inbox claim, a kept event kept or taken, the revised input, alert resolution,
 // idempotency key, sql steps' statements, added steps, a code workflow's
 // transaction work, steps, attempts (then the oldest of their steps beyond the
-// bound go), events, alerts and audit records. A dialect supplies only the SQL of each step (ChangeSql).
+// bound go), events, alerts and audit records. A dialect supplies only the SQL of each step
+// (ChangeSql).
 
 #include <cstdint>
 #include <optional>
@@ -46,7 +47,6 @@ struct StoredIdempotencyKey {
 // used by the one thread that holds the transaction.
 class ChangeSql : public SavepointSql {
  public:
-
   // Applies the instance columns of `change` where its lease still holds; returns
   // false (nothing written) when it does not.
   virtual absl::StatusOr<bool> Fence(const Change& change) = 0;

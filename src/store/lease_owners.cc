@@ -1,8 +1,9 @@
 #include "store/lease_owners.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <csignal>
-#include <unistd.h>
 
 #include "base/log.h"
 

@@ -5,8 +5,8 @@
 
 namespace waystone {
 
-absl::StatusOr<std::vector<const Migration*>> PendingMigrations(
-    const std::vector<Migration>& known, const std::vector<int>& applied) {
+absl::StatusOr<std::vector<const Migration*>> PendingMigrations(const std::vector<Migration>& known,
+                                                                const std::vector<int>& applied) {
   auto is_known = [&](int version) {
     return std::any_of(known.begin(), known.end(),
                        [&](const Migration& m) { return m.version == version; });

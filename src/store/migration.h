@@ -22,7 +22,7 @@ const std::vector<Migration>& postgres_migrations();
 // made on branches land in any order, so a lower number may arrive after a higher
 // one was applied. FailedPrecondition when `applied` holds a version this build
 // does not know (the database is newer).
-absl::StatusOr<std::vector<const Migration*>> PendingMigrations(
-    const std::vector<Migration>& known, const std::vector<int>& applied);
+absl::StatusOr<std::vector<const Migration*>> PendingMigrations(const std::vector<Migration>& known,
+                                                                const std::vector<int>& applied);
 
 }  // namespace waystone

@@ -6,9 +6,8 @@
 
 namespace waystone {
 
-EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
-                      const StepRecord* step, std::string_view message, Random& random,
-                      Millis now) {
+EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance, const StepRecord* step,
+                      std::string_view message, Random& random, Millis now) {
   nlohmann::json data = {{"instance_key", instance.key},
                          {"instance_id", instance.id},
                          {"tenant", instance.tenant},
@@ -37,8 +36,8 @@ EventRecord MakeEvent(std::string_view type, const InstanceRecord& instance,
   return event;
 }
 
-EventRecord MakeAlertEvent(const AlertRecord& alert, const InstanceRecord& instance,
-                           Random& random, Millis now) {
+EventRecord MakeAlertEvent(const AlertRecord& alert, const InstanceRecord& instance, Random& random,
+                           Millis now) {
   StepRecord step;
   step.name = alert.step;
   return MakeEvent("waystone.alert." + std::string(ToString(alert.kind)), instance,

@@ -24,20 +24,20 @@ inline constexpr Millis kNoDueTime = 4'000'000'000'000'000;
 struct InstanceRecord {
   int64_t id = 0;
   std::string tenant;
-  std::string key;              // business key, unique per tenant
+  std::string key;  // business key, unique per tenant
   std::string workflow;
   std::string definition_hash;  // pinned: a resume uses this definition, never a newer one
   std::string input_json;
   std::string input_hash;
   InstanceState state = InstanceState::kRunning;
-  std::string status_reason;    // why it stopped where it did, for operators
+  std::string status_reason;  // why it stopped where it did, for operators
   Millis next_run_at = 0;
   std::string lease_owner;
   Millis lease_expires_at = 0;
   int64_t lease_epoch = 0;
   std::string trace_id;
-  std::string source_event;     // "source id" of the event that started it, if any
-  std::string started_by;       // the token that started it; empty from the CLI or code
+  std::string source_event;  // "source id" of the event that started it, if any
+  std::string started_by;    // the token that started it; empty from the CLI or code
   Millis created_at = 0;
   Millis updated_at = 0;
   bool operator==(const InstanceRecord&) const = default;
@@ -49,22 +49,22 @@ struct StepRecord {
   int index = 0;
   std::string name;
   StepState state = StepState::kPending;
-  int attempts = 0;                 // submissions of the step's request
+  int attempts = 0;                            // submissions of the step's request
   ErrorClass error_class = ErrorClass::kNone;  // of the last failed attempt
   std::string error_message;
-  std::string external_id;          // order number, object location, message id
-  std::string response_json;        // the response body (or a transform's output)
+  std::string external_id;    // order number, object location, message id
+  std::string response_json;  // the response body (or a transform's output)
   std::string idempotency_key;
   std::string request_hash;
   Resolution resolution = Resolution::kNone;
-  int unknowns = 0;                 // times an attempt ended with an unknown outcome
-  int lookups = 0;                  // lookups made
+  int unknowns = 0;  // times an attempt ended with an unknown outcome
+  int lookups = 0;   // lookups made
   int compensation_attempts = 0;
   Millis next_attempt_at = 0;
   Millis started_at = 0;
   Millis finished_at = 0;
-  std::string span_id;              // W3C trace-context parent id of the last call
-  Millis unknown_since = 0;         // when the outcome became unknown; 0 when it is not
+  std::string span_id;       // W3C trace-context parent id of the last call
+  Millis unknown_since = 0;  // when the outcome became unknown; 0 when it is not
   bool operator==(const StepRecord&) const = default;
 };
 
@@ -101,8 +101,8 @@ struct AttemptCursor {
 // steps by start time, then step, then seq.
 struct AttemptQuery {
   int64_t instance_id = 0;
-  std::optional<int> step_index;         // one step's attempts; all steps when absent
-  std::optional<AttemptCursor> after;    // only attempts older than this one
+  std::optional<int> step_index;       // one step's attempts; all steps when absent
+  std::optional<AttemptCursor> after;  // only attempts older than this one
   int limit = 100;
 };
 
@@ -169,7 +169,7 @@ struct EventRecord {
   std::string event_id;
   int64_t instance_id = 0;
   std::string tenant;
-  std::string type;         // e.g. waystone.step.completed
+  std::string type;  // e.g. waystone.step.completed
   std::string payload_json;
   Millis created_at = 0;
 };
@@ -225,8 +225,8 @@ struct Lease {
 // checkpoint and events or not at all. Its rows become the step's result.
 struct BusinessStatement {
   int step_index = -1;
-  std::string sqlite;    // ?N placeholders
-  std::string postgres;  // $N placeholders
+  std::string sqlite;            // ?N placeholders
+  std::string postgres;          // $N placeholders
   std::vector<SqlParam> values;  // values[N - 1]
   // The step's result (its response_json) becomes {"rows": [...], "count": n}; false
   // for a compensation, which leaves the step's result as it was.
@@ -297,7 +297,7 @@ struct DeliveryUpdate {
   int attempts = 0;
   Millis next_attempt_at = 0;
   std::string error;
-  std::optional<AlertRecord> alert;        // raised with its event in the same transaction
+  std::optional<AlertRecord> alert;  // raised with its event in the same transaction
   std::optional<EventRecord> alert_event;
   bool disable_sink = false;
 };
@@ -429,27 +429,27 @@ struct InstanceFilter {
   std::optional<std::string> workflow;
   std::optional<InstanceState> state;
   int limit = 100;
-  std::optional<ErrorClass> error_class;  // some step's last error has this class
-  bool with_alert = false;                // has an open or acknowledged alert ...
-  std::optional<AlertKind> alert_kind;    // ... of this kind (implies with_alert)
-  Millis created_from = 0;                // created_at >= created_from
-  Millis created_to = 0;                  // created_at < created_to; 0: no bound
-  Millis updated_from = 0;                // updated_at >= updated_from
-  Millis updated_to = 0;                  // updated_at < updated_to; 0: no bound
+  std::optional<ErrorClass> error_class;         // some step's last error has this class
+  bool with_alert = false;                       // has an open or acknowledged alert ...
+  std::optional<AlertKind> alert_kind;           // ... of this kind (implies with_alert)
+  Millis created_from = 0;                       // created_at >= created_from
+  Millis created_to = 0;                         // created_at < created_to; 0: no bound
+  Millis updated_from = 0;                       // updated_at >= updated_from
+  Millis updated_to = 0;                         // updated_at < updated_to; 0: no bound
   std::optional<std::string> definition_prefix;  // definition_hash starts with it
-  std::optional<std::string> step;        // has a step of this name ...
-  std::optional<StepState> step_state;    // ... in this state (either alone too)
-  int http_status = 0;                    // some request (of `step`, if given) got this; 0: any
-  std::optional<std::string> external_id; // some step's external id is exactly this
-  std::optional<std::string> key_prefix;  // the business key starts with it
-  int64_t after_id = 0;                   // cursor: only ids above this, in id order
+  std::optional<std::string> step;               // has a step of this name ...
+  std::optional<StepState> step_state;           // ... in this state (either alone too)
+  int http_status = 0;                     // some request (of `step`, if given) got this; 0: any
+  std::optional<std::string> external_id;  // some step's external id is exactly this
+  std::optional<std::string> key_prefix;   // the business key starts with it
+  int64_t after_id = 0;                    // cursor: only ids above this, in id order
 };
 
 // A batch: one operator action, with its reason, over the instances a filter
 // matched when it was created (its items; the set never grows).
 struct BatchRecord {
   int64_t id = 0;
-  std::string public_id;    // what the API shows; random, unique
+  std::string public_id;  // what the API shows; random, unique
   std::string tenant;
   std::string actor;
   std::string reason;
@@ -475,7 +475,7 @@ struct BatchItemRecord {
   std::string message;       // why refused or failed; the instance's reason when stopped
   std::string owner;         // the runner holding a kApplying claim
   Millis claim_expires_at = 0;
-  int tries = 0;             // times taken (a worker held the instance: taken again)
+  int tries = 0;  // times taken (a worker held the instance: taken again)
   Millis applied_at = 0;
   Millis finished_at = 0;
   Millis updated_at = 0;
@@ -538,21 +538,21 @@ inline constexpr char kCounterInboxDuplicates[] = "inbox_duplicates";
 
 struct StoreSummary {
   std::vector<std::pair<InstanceState, int64_t>> instances_by_state;
-  int64_t retries = 0;                 // attempts beyond the first, over all steps
+  int64_t retries = 0;  // attempts beyond the first, over all steps
   int64_t unknown_outcomes = 0;
   int64_t resolved_by_lookup = 0;
   int64_t resubmitted_after_lookup = 0;
-  int64_t compensations = 0;           // steps compensated
+  int64_t compensations = 0;  // steps compensated
   int64_t open_alerts = 0;
   int64_t outbox_events = 0;
-  int64_t attempts = 0;                // step submissions, over all steps
+  int64_t attempts = 0;  // step submissions, over all steps
   int64_t resolved_by_operator = 0;
   int64_t compensation_attempts = 0;
-  int64_t compensation_failures = 0;   // steps whose compensation failed
+  int64_t compensation_failures = 0;  // steps whose compensation failed
   std::vector<std::pair<ErrorClass, int64_t>> steps_by_error_class;  // last error of each step
   std::vector<std::pair<StepState, int64_t>> steps_by_state;
-  int64_t lease_takeovers = 0;         // expired leases taken over by another owner
-  int64_t inbox_duplicates = 0;        // events received again and not applied
+  int64_t lease_takeovers = 0;   // expired leases taken over by another owner
+  int64_t inbox_duplicates = 0;  // events received again and not applied
 };
 
 }  // namespace waystone

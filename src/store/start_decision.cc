@@ -18,7 +18,8 @@ absl::Status CheckStartAgainst(const std::string& held_by_workflow,
     // Not the hashes themselves: the answer goes to callers who may not see a redacted
     // value, and the plain hash of an input whose other fields they know gives it away.
     return absl::FailedPreconditionError(
-        held + " '" + start.key + "' already exists with another input (its input hash "
+        held + " '" + start.key +
+        "' already exists with another input (its input hash "
         "differs from this start's: same business key, different input)");
   }
   return absl::OkStatus();

@@ -33,7 +33,6 @@ InstanceRecord InstanceFromTombstone(const TombstoneRecord& tombstone);
 // Each start of a batch runs under its own savepoint (SavepointSql).
 class StartSql : public SavepointSql {
  public:
-
   // Claims the start's event in the inbox (no instance yet); false when it was
   // claimed before.
   virtual absl::StatusOr<bool> ClaimStartEvent(const NewInstance& start) = 0;

@@ -135,8 +135,7 @@ class InstanceStore {
 
   // Returns up to `query.limit` attempts of an instance (or of one step), newest
   // first, older than `query.after`; read through an index, never every row.
-  virtual absl::StatusOr<std::vector<AttemptRecord>> ListAttemptPage(
-      const AttemptQuery& query) = 0;
+  virtual absl::StatusOr<std::vector<AttemptRecord>> ListAttemptPage(const AttemptQuery& query) = 0;
 
   // Returns, for each step of an instance that recorded a request, how many it
   // recorded and how many are kept, in step order.
@@ -191,8 +190,7 @@ class RelayStore {
 
   // Records an attempt's outcome and releases the claim; Aborted when the lease
   // was lost (another relay owns the delivery now).
-  virtual absl::Status FinishDelivery(const DeliveryClaim& claim,
-                                      const DeliveryUpdate& update) = 0;
+  virtual absl::Status FinishDelivery(const DeliveryClaim& claim, const DeliveryUpdate& update) = 0;
 
   // Records several attempts' outcomes in one transaction, each as FinishDelivery
   // would; returns one status per attempt, in order: OK, or Aborted where that
@@ -334,8 +332,10 @@ class BatchStore {
   // Claims up to `limit` items for `owner` until now + claim_duration: pending items
   // of running batches, and applying items whose claim expired; oldest batch first.
   // Each claim counts a try. Concurrent claimers never get the same item.
-  virtual absl::StatusOr<std::vector<BatchItemRecord>> ClaimBatchItems(
-      const std::string& owner, Millis now, Millis claim_duration, int limit) = 0;
+  virtual absl::StatusOr<std::vector<BatchItemRecord>> ClaimBatchItems(const std::string& owner,
+                                                                       Millis now,
+                                                                       Millis claim_duration,
+                                                                       int limit) = 0;
 
   // Returns up to `limit` applied items (of any batch), oldest applied first.
   virtual absl::StatusOr<std::vector<BatchItemRecord>> AppliedBatchItems(int limit) = 0;

@@ -1,9 +1,10 @@
 #include "verify/contract.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "base/status_macros.h"
 
@@ -169,7 +170,8 @@ absl::StatusOr<Contract> InferContract(const WorkflowDefinition& definition) {
       // Its statement needs the integration's own tables, which verify's fresh
       // database does not have: every run would fail there, and prove nothing.
       return absl::UnimplementedError(
-          "step '" + step.name + "' is a sql step; verify does not explore sql steps yet (its "
+          "step '" + step.name +
+          "' is a sql step; verify does not explore sql steps yet (its "
           "fresh database lacks the integration's tables, so every run would fail there and "
           "prove nothing); docs/definition-reference.md#sql");
     }

@@ -10,10 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "base/mutex.h"
 #include "connectors/http/http_client.h"

@@ -283,17 +283,18 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
     const std::string what =
         definition.steps[index].kind == StepKind::kApproval ? "decision" : "event";
     for (std::string_view point : kWaitPoints) {
-      Schedule row = ScheduleRow(name, what,
-                         point == kWaitPoints[0] ? "kill during the wait"
-                                                 : "kill after the " + what + " was delivered");
+      Schedule row =
+          ScheduleRow(name, what,
+                      point == kWaitPoints[0] ? "kill during the wait"
+                                              : "kill after the " + what + " was delivered");
       row.crash_at = std::string(point) + ":" + name;
       all.push_back(row);
     }
   }
   for (std::string_view point : kRelayPoints) {
     for (int occurrence : {1, 2}) {
-      Schedule row =
-          ScheduleRow("*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
+      Schedule row = ScheduleRow(
+          "*", "events", "kill at " + std::string(point) + " #" + std::to_string(occurrence));
       row.crash_at = std::string(point) + ":" + std::string(kEventSink);
       row.crash_occurrence = occurrence;
       all.push_back(row);
@@ -380,8 +381,8 @@ std::vector<Schedule> AllSchedules(const WorkflowDefinition& definition, const C
           row.operator_compensates = true;
           return row;
         }
-        Schedule row =
-            ScheduleRow(name, "compensate", std::move(injected) + " (" + later->step + " rejected)");
+        Schedule row = ScheduleRow(name, "compensate",
+                                   std::move(injected) + " (" + later->step + " rejected)");
         row.faults.push_back(Fault{later->step, Role::kCall, 0, Outcome::kReject});
         return row;
       };

@@ -13,11 +13,12 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 extern char** environ;
 

@@ -6,19 +6,18 @@
 // tests/targets/oauth_erp_target.py (a token endpoint and order API written from
 // RFC 6749 and 6750), on SQLite and PostgreSQL.
 
-#include <gtest/gtest.h>
-#include <waystone/waystone.h>
-
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <thread>
 
-#include "support/backends.h"
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <waystone/waystone.h>
+
 #include "support/arrivals.h"
+#include "support/backends.h"
 #include "support/database_client.h"
 #include "support/erp_target.h"
 #include "support/process.h"
@@ -37,25 +36,30 @@ using waystone::testing::Backend;
 // up by reference; transient failures are retried for long (the target's
 // protections, not the retries, are what these tests look at).
 api::Workflow<std::string, std::string> OrderCall(const std::string& base) {
-  return {"target-order", [base](api::Context& ctx, const std::string& ref) -> api::Result<std::string> {
-            api::CallOptions create;
-            create.retry = {200, std::chrono::milliseconds(20), std::chrono::milliseconds(50)};
-            create.lookup = api::HttpRequest{"GET", base + "/erp/orders?ref=" + ref, {}, "",
-                                             std::chrono::seconds(5)};
-            create.found = [ref](const api::HttpResponse& answer) -> std::optional<api::HttpResponse> {
-              const Json items = Json::parse(answer.body)["items"];
-              for (const Json& item : items) {
-                if (item["ref"] == ref) return api::HttpResponse{201, {}, item.dump()};
-              }
-              return std::nullopt;
-            };
-            auto made = ctx.Call("create-order",
-                                 {"POST", base + "/erp/orders", {{"Content-Type", "application/json"}},
-                                  Json{{"ref", ref}}.dump(), std::chrono::seconds(5)},
-                                 create);
-            if (!made.ok()) return made.status();
-            return std::string(Json::parse(made->body)["id"]);
-          }};
+  return {
+      "target-order",
+      [base](api::Context& ctx, const std::string& ref) -> api::Result<std::string> {
+        api::CallOptions create;
+        create.retry = {200, std::chrono::milliseconds(20), std::chrono::milliseconds(50)};
+        create.lookup = api::HttpRequest{
+            "GET", base + "/erp/orders?ref=" + ref, {}, "", std::chrono::seconds(5)};
+        create.found = [ref](const api::HttpResponse& answer) -> std::optional<api::HttpResponse> {
+          const Json items = Json::parse(answer.body)["items"];
+          for (const Json& item : items) {
+            if (item["ref"] == ref) return api::HttpResponse{201, {}, item.dump()};
+          }
+          return std::nullopt;
+        };
+        auto made = ctx.Call("create-order",
+                             {"POST",
+                              base + "/erp/orders",
+                              {{"Content-Type", "application/json"}},
+                              Json{{"ref", ref}}.dump(),
+                              std::chrono::seconds(5)},
+                             create);
+        if (!made.ok()) return made.status();
+        return std::string(Json::parse(made->body)["id"]);
+      }};
 }
 
 class CodeTargetsTest : public ::testing::TestWithParam<Backend> {
@@ -89,8 +93,8 @@ class CodeTargetsTest : public ::testing::TestWithParam<Backend> {
   // Starts `count` orders (prefix-0, ...) on an engine without workers, so that all
   // are due when `runner`'s workers start; returns their handles.
   std::vector<std::unique_ptr<api::Instance>> StartMany(const std::string& targets,
-                                                         const std::string& base,
-                                                         const std::string& prefix, int count) {
+                                                        const std::string& base,
+                                                        const std::string& prefix, int count) {
     auto starter = Open(0, targets, base);
     std::vector<std::unique_ptr<api::Instance>> started;
     if (starter == nullptr) return started;
@@ -186,7 +190,8 @@ TEST_P(CodeTargetsTest, TheCircuitOpensLetsOneProbeThroughPerCoolDownAndCloses) 
       [&] {
         for (auto& instance : instances) {
           auto now = instance->Get();
-          if (now.ok() && now->reason.starts_with("waiting for target 'erp': circuit open after ")) {
+          if (now.ok() &&
+              now->reason.starts_with("waiting for target 'erp': circuit open after ")) {
             return true;
           }
         }
@@ -309,7 +314,8 @@ TEST_P(CodeTargetsTest, AnOperatorPausesTheProgramsTargetOverTheApi) {
       {"WAYSTONE_TOKEN", token.out.substr(0, token.out.find('\n'))}};
   std::filesystem::create_directories(dir_.File("defs"));
   waystone::testing::WriteFile(dir_.File("server.yaml"), "definitions: defs\nworkers: 1\n");
-  const std::string url = "http://127.0.0.1:" + std::to_string(waystone::testing::FreeLoopbackPort());
+  const std::string url =
+      "http://127.0.0.1:" + std::to_string(waystone::testing::FreeLoopbackPort());
   waystone::testing::Process server({waystone::testing::WaystoneBinary(), "serve", "--config",
                                      dir_.File("server.yaml"), "--listen", url.substr(7)},
                                     db, dir_.path());
@@ -321,8 +327,8 @@ TEST_P(CodeTargetsTest, AnOperatorPausesTheProgramsTargetOverTheApi) {
   ASSERT_TRUE(waystone::testing::WaitFor(
       [&] {  // the server answers (its target list) before the one pause is sent
         return waystone::testing::RunProcess(
-                   {waystone::testing::WaystoneBinary(), "targets", "--server", url},
-                   operator_env, dir_.path())
+                   {waystone::testing::WaystoneBinary(), "targets", "--server", url}, operator_env,
+                   dir_.path())
                    .exit_code == 0;
       },
       std::chrono::seconds(30)))
@@ -384,7 +390,8 @@ TEST_P(CodeTargetsTest, ATargetThatDoesNotRenderIsRefusedAtRegistration) {
                              "/crm\"\n    oauth2:\n      token_url: \"" + base +
                              "/token\"\n      client_id: me\n"
                              "      client_secret: \"{{secret.no_such_secret}}\"\n";
-  EXPECT_EQ(engine->RegisterTargets(secret, "crm.yaml").code(), api::Status::Code::kInvalidArgument);
+  EXPECT_EQ(engine->RegisterTargets(secret, "crm.yaml").code(),
+            api::Status::Code::kInvalidArgument);
   // The erp registered first is unchanged (no concurrency cap of 1): four orders
   // held 150 ms each are under way together.
   Configure({{"service_ms", 150}});

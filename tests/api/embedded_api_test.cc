@@ -3,16 +3,15 @@
 // target (tests/targets/erp_target.py), on SQLite and PostgreSQL. What the target
 // received is counted from its own stats.
 
-#include <gtest/gtest.h>
-#include <waystone/waystone.h>
-
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <stdexcept>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <waystone/waystone.h>
 
 #include "support/backends.h"
 #include "support/database_client.h"
@@ -113,8 +112,11 @@ waystone::api::Result<std::string> CreatePagedOrder(waystone::api::Context& ctx,
                                                     const std::string& base, const Json& payload,
                                                     const waystone::api::CallOptions& options) {
   auto made = ctx.Call("create-order",
-                       {"POST", base + "/api/orders", {{"Content-Type", "application/json"}},
-                        payload.dump(), std::chrono::seconds(5)},
+                       {"POST",
+                        base + "/api/orders",
+                        {{"Content-Type", "application/json"}},
+                        payload.dump(),
+                        std::chrono::seconds(5)},
                        options);
   if (!made.ok()) return made.status();
   return std::string(Json::parse(made->body)["data"]["order_no"]);
@@ -240,35 +242,40 @@ TEST_P(EmbeddedApiTest, AnEngineWithoutWorkersStartsAndAnotherRunsIt) {
 // once and replayed; a durable timer lets the instance rest and run again from the
 // top, where each recorded step returns its result (the step's effect happens once).
 // A new function that gives a recorded step another input parks the instance.
-waystone::api::Workflow<int64_t, std::string> Timed(std::atomic<int>* runs, std::atomic<int>* effects,
+waystone::api::Workflow<int64_t, std::string> Timed(std::atomic<int>* runs,
+                                                    std::atomic<int>* effects,
                                                     const std::string& version) {
   namespace api = waystone::api;
-  return {"timed", [runs, effects, version](api::Context& ctx,
-                                            const int64_t& n) -> api::Result<std::string> {
-    ++*runs;
-    auto before = ctx.Now();
-    if (!before.ok()) return before.status();
-    auto id = ctx.Uuid();
-    if (!id.ok()) return id.status();
-    auto dice = ctx.Random();
-    if (!dice.ok()) return dice.status();
-    api::StepOptions<int64_t> options;
-    options.input = version;
-    auto doubled = ctx.Step<int64_t>("double", [&]() -> api::Result<int64_t> {
-      ++*effects;
-      return n * 2;
-    }, options);
-    if (!doubled.ok()) return doubled.status();
-    // (Input 5 sleeps long enough to be caught asleep.)
-    const std::chrono::milliseconds nap(n == 5 ? 3000 : 400);
-    if (api::Status slept = ctx.Sleep(nap); !slept.ok()) return slept;
-    auto after = ctx.Now();
-    if (!after.ok()) return after.status();
-    const auto waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(*after - *before).count();
-    return *id + " " + std::to_string(*doubled) + " " + std::to_string(*dice) + " " +
-           (waited >= 400 ? "slept" : "did not sleep " + std::to_string(waited));
-  }};
+  return {
+      "timed",
+      [runs, effects, version](api::Context& ctx, const int64_t& n) -> api::Result<std::string> {
+        ++*runs;
+        auto before = ctx.Now();
+        if (!before.ok()) return before.status();
+        auto id = ctx.Uuid();
+        if (!id.ok()) return id.status();
+        auto dice = ctx.Random();
+        if (!dice.ok()) return dice.status();
+        api::StepOptions<int64_t> options;
+        options.input = version;
+        auto doubled = ctx.Step<int64_t>(
+            "double",
+            [&]() -> api::Result<int64_t> {
+              ++*effects;
+              return n * 2;
+            },
+            options);
+        if (!doubled.ok()) return doubled.status();
+        // (Input 5 sleeps long enough to be caught asleep.)
+        const std::chrono::milliseconds nap(n == 5 ? 3000 : 400);
+        if (api::Status slept = ctx.Sleep(nap); !slept.ok()) return slept;
+        auto after = ctx.Now();
+        if (!after.ok()) return after.status();
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(*after - *before).count();
+        return *id + " " + std::to_string(*doubled) + " " + std::to_string(*dice) + " " +
+               (waited >= 400 ? "slept" : "did not sleep " + std::to_string(waited));
+      }};
 }
 
 TEST_P(EmbeddedApiTest, AFunctionsClockRandomnessAndTimerAreRecordedAndReplayed) {
@@ -292,12 +299,12 @@ TEST_P(EmbeddedApiTest, AFunctionsClockRandomnessAndTimerAreRecordedAndReplayed)
     EXPECT_NE(output.find(" 42 "), std::string::npos) << output;
     EXPECT_NE(output.find("slept"), std::string::npos) << output;
     EXPECT_EQ(output[14], '4') << output;  // a version 4 UUID
-    EXPECT_GE(runs.load(), 2);  // the timer: it rested, and ran again from the top
+    EXPECT_GE(runs.load(), 2);             // the timer: it rested, and ran again from the top
     EXPECT_EQ(effects.load(), 1);
     std::vector<std::string> names;
     for (const auto& step : outcome->steps) names.push_back(step.name);
     EXPECT_EQ(names, (std::vector<std::string>{"$now", "$uuid", "$random", "double", "$sleep",
-                                                "$now", "$return"}));
+                                               "$now", "$return"}));
     // Started again: the same instance, the same output; nothing runs.
     auto again = engine->Start(timed, "T-1", int64_t{21});
     ASSERT_TRUE(again.ok());
@@ -371,42 +378,50 @@ TEST_P(EmbeddedApiTest, AThrowingStepOrOneThatCallsTheContextFailsItsInstanceNot
 // counted is checked.
 waystone::api::Workflow<std::string, std::string> CalledOrder(const std::string& erp) {
   namespace api = waystone::api;
-  return {"called-order", [erp](api::Context& ctx, const std::string& to) -> api::Result<std::string> {
-    const std::string ref = "call:" + ctx.key();
-    api::CallOptions create;
-    create.retry = {4, std::chrono::milliseconds(20), std::chrono::milliseconds(100)};
-    create.lookup = api::HttpRequest{"GET", erp + "/erp/orders?ref=" + ref, {}, "",
+  return {
+      "called-order", [erp](api::Context& ctx, const std::string& to) -> api::Result<std::string> {
+        const std::string ref = "call:" + ctx.key();
+        api::CallOptions create;
+        create.retry = {4, std::chrono::milliseconds(20), std::chrono::milliseconds(100)};
+        create.lookup = api::HttpRequest{
+            "GET", erp + "/erp/orders?ref=" + ref, {}, "", std::chrono::seconds(5)};
+        create.found = [ref](const api::HttpResponse& answer) -> std::optional<api::HttpResponse> {
+          const Json items =
+              Json::parse(answer.body)["items"];  // (a temporary's part would dangle)
+          for (const Json& item : items) {
+            if (item["ref"] == ref) return api::HttpResponse{201, {}, item.dump()};
+          }
+          return std::nullopt;
+        };
+        create.compensate =
+            [erp](const api::HttpResponse& made) -> std::optional<api::HttpRequest> {
+          const std::string id = Json::parse(made.body)["id"];
+          return api::HttpRequest{
+              "POST", erp + "/erp/orders/" + id + "/cancel", {}, "{}", std::chrono::seconds(5)};
+        };
+        const api::HttpRequest order{"POST",
+                                     erp + "/erp/orders",
+                                     {{"Content-Type", "application/json"}},
+                                     Json{{"ref", ref}, {"amount", 3}}.dump(),
                                      std::chrono::seconds(5)};
-    create.found = [ref](const api::HttpResponse& answer) -> std::optional<api::HttpResponse> {
-      const Json items = Json::parse(answer.body)["items"];  // (a temporary's part would dangle)
-      for (const Json& item : items) {
-        if (item["ref"] == ref) return api::HttpResponse{201, {}, item.dump()};
-      }
-      return std::nullopt;
-    };
-    create.compensate = [erp](const api::HttpResponse& made) -> std::optional<api::HttpRequest> {
-      const std::string id = Json::parse(made.body)["id"];
-      return api::HttpRequest{"POST", erp + "/erp/orders/" + id + "/cancel", {}, "{}",
-                              std::chrono::seconds(5)};
-    };
-    const api::HttpRequest order{"POST", erp + "/erp/orders",
-                                 {{"Content-Type", "application/json"}},
-                                 Json{{"ref", ref}, {"amount", 3}}.dump(), std::chrono::seconds(5)};
-    auto made = ctx.Call("create-order", order, create);
-    if (!made.ok()) return made.status();
-    const std::string id = Json::parse(made->body)["id"];
-    api::CallOptions notify;
-    notify.repeatable = true;  // the target keeps one message per Idempotency-Key
-    notify.retry = create.retry;
-    Json message = {{"text", "order " + id}};
-    if (!to.empty()) message["to"] = to;
-    auto sent = ctx.Call("notify",
-                         {"POST", erp + "/notify/messages", {{"Content-Type", "application/json"}},
-                          message.dump(), std::chrono::seconds(5)},
-                         notify);
-    if (!sent.ok()) return sent.status();
-    return id;
-  }};
+        auto made = ctx.Call("create-order", order, create);
+        if (!made.ok()) return made.status();
+        const std::string id = Json::parse(made->body)["id"];
+        api::CallOptions notify;
+        notify.repeatable = true;  // the target keeps one message per Idempotency-Key
+        notify.retry = create.retry;
+        Json message = {{"text", "order " + id}};
+        if (!to.empty()) message["to"] = to;
+        auto sent = ctx.Call("notify",
+                             {"POST",
+                              erp + "/notify/messages",
+                              {{"Content-Type", "application/json"}},
+                              message.dump(),
+                              std::chrono::seconds(5)},
+                             notify);
+        if (!sent.ok()) return sent.status();
+        return id;
+      }};
 }
 
 TEST_P(EmbeddedApiTest, ACallIsLookedUpOrSentAgainUnderItsKeyAndUndoneOnFailure) {
@@ -460,27 +475,30 @@ TEST_P(EmbeddedApiTest, ALookupReadsPagesUntilItFindsTheCall) {
   ASSERT_TRUE(erp.ok());
   const std::string base = erp.base_url();
   ASSERT_NE(erp.Call("POST", "/_target/seed", R"({"orders": [{"ref": "pg-10"}, {"ref": "pg-11"},
-      {"ref": "pg-12"}, {"ref": "pg-13"}, {"ref": "pg-14"}, {"ref": "pg-15"}]})"), "");
+      {"ref": "pg-12"}, {"ref": "pg-13"}, {"ref": "pg-14"}, {"ref": "pg-15"}]})"),
+            "");
   ASSERT_NE(erp.Call("POST", "/_target/settings", R"({"create_faults": ["lost"]})"), "");
   api::Workflow<std::string, std::string> paged(
       "paged-order", [base](api::Context& ctx, const std::string& ref) -> api::Result<std::string> {
         api::CallOptions create;
         create.retry = {4, std::chrono::milliseconds(20), std::chrono::milliseconds(100)};
         create.unknown = create.retry;
-        create.lookup = api::HttpRequest{"GET", base + "/api/orders?q=" + ref + "&per_page=2", {},
-                                         "", std::chrono::seconds(5)};
+        create.lookup = api::HttpRequest{
+            "GET", base + "/api/orders?q=" + ref + "&per_page=2", {}, "", std::chrono::seconds(5)};
         create.found = [ref](const api::HttpResponse& page) -> std::optional<api::HttpResponse> {
           const Json data = Json::parse(page.body)["data"];
           for (const Json& order : data) {
-            if (order["ref"] == ref) return api::HttpResponse{200, {}, Json{{"data", order}}.dump()};
+            if (order["ref"] == ref)
+              return api::HttpResponse{200, {}, Json{{"data", order}}.dump()};
           }
           return std::nullopt;
         };
-        create.next_page = [base](const api::HttpResponse& page) -> std::optional<api::HttpRequest> {
+        create.next_page =
+            [base](const api::HttpResponse& page) -> std::optional<api::HttpRequest> {
           const Json next = Json::parse(page.body)["next"];
           if (next.is_null()) return std::nullopt;
-          return api::HttpRequest{"GET", base + next.get<std::string>(), {}, "",
-                                  std::chrono::seconds(5)};
+          return api::HttpRequest{
+              "GET", base + next.get<std::string>(), {}, "", std::chrono::seconds(5)};
         };
         return CreatePagedOrder(ctx, base, Json{{"ref", ref}}, create);
       });
@@ -514,7 +532,8 @@ TEST_P(EmbeddedApiTest, ACallsBodyCanSayItFailed) {
   const std::string base = erp.base_url();
   ASSERT_NE(erp.Call("POST", "/_target/settings", R"({"create_faults": ["rate_limit"]})"), "");
   api::Workflow<std::string, std::string> order(
-      "body-classified", [base](api::Context& ctx, const std::string& ref) -> api::Result<std::string> {
+      "body-classified",
+      [base](api::Context& ctx, const std::string& ref) -> api::Result<std::string> {
         api::CallOptions create;
         create.retry = {4, std::chrono::milliseconds(20), std::chrono::milliseconds(100)};
         create.classify = [](const api::HttpResponse& answer) -> std::optional<api::ErrorClass> {
@@ -563,7 +582,8 @@ TEST_P(EmbeddedApiTest, ACallHonoursTheServersRetryAfter) {
   ASSERT_NE(engine, nullptr);
   const auto called = CalledOrder(target_->base_url());
   ASSERT_TRUE(engine->Register(called).ok());
-  ASSERT_TRUE(target_->Faults(R"({"send_message": {"next": ["refuse_503"], "retry_after_s": 120}})"));
+  ASSERT_TRUE(
+      target_->Faults(R"({"send_message": {"next": ["refuse_503"], "retry_after_s": 120}})"));
   auto started = engine->Start(called, "LATER-1", std::string("U-1"));
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   ASSERT_TRUE(waystone::testing::WaitFor([&] { return Stats()["by_route"]["send_message"] == 1; },
@@ -573,7 +593,8 @@ TEST_P(EmbeddedApiTest, ACallHonoursTheServersRetryAfter) {
   // (moved before, the wait would start from the moved time).
   const int64_t asked_until =
       std::chrono::duration_cast<std::chrono::milliseconds>(kClockStart.time_since_epoch())
-          .count() + 120'000;
+          .count() +
+      120'000;
   ASSERT_TRUE(waystone::testing::WaitFor(
       [&] {
         return Query("SELECT CASE WHEN next_run_at >= " + std::to_string(asked_until) +
@@ -604,15 +625,18 @@ TEST_P(EmbeddedApiTest, EachErrorClassIsRetriedWithinItsOwnBudget) {
   namespace api = waystone::api;
   const std::string erp = target_->base_url();
   api::Workflow<std::string, std::string> message(
-      "budgeted-message", [erp](api::Context& ctx, const std::string& text) -> api::Result<std::string> {
+      "budgeted-message",
+      [erp](api::Context& ctx, const std::string& text) -> api::Result<std::string> {
         api::CallOptions notify;
         notify.repeatable = true;  // the target keeps one message per Idempotency-Key
         notify.retry = {2, std::chrono::milliseconds(10), std::chrono::milliseconds(40)};
         notify.unknown = {3, std::chrono::milliseconds(10), std::chrono::milliseconds(40)};
         auto sent = ctx.Call("notify",
-                             {"POST", erp + "/notify/messages",
+                             {"POST",
+                              erp + "/notify/messages",
                               {{"Content-Type", "application/json"}},
-                              Json{{"to", "sales"}, {"text", text}}.dump(), std::chrono::seconds(5)},
+                              Json{{"to", "sales"}, {"text", text}}.dump(),
+                              std::chrono::seconds(5)},
                              notify);
         if (!sent.ok()) return sent.status();
         return std::string(Json::parse(sent->body)["id"]);
@@ -676,7 +700,8 @@ TEST_P(EmbeddedApiTest, AStepPastItsTimeoutIsRecoveredWhileItsLateRunIsRefused) 
   };
   auto gate = std::make_shared<Gate>();
   api::Workflow<bool, std::string> slow(
-      "slow-reserve", [gate](api::Context& ctx, const bool& repeatable) -> api::Result<std::string> {
+      "slow-reserve",
+      [gate](api::Context& ctx, const bool& repeatable) -> api::Result<std::string> {
         api::StepOptions<std::string> options;
         options.repeatable = repeatable;
         options.timeout = std::chrono::milliseconds(300);
@@ -793,13 +818,15 @@ TEST_P(EmbeddedApiTest, AFunctionWaitsForItsEventOrItsTimeout) {
   EXPECT_TRUE(engine->Signal("AP-1", "com.example.other", "crm", "e-1", "{}").ok());
   EXPECT_EQ(engine->Signal("AP-1", "com.example.approved", "crm", "e-2", "{not json").code(),
             Status::Code::kInvalidArgument);
-  Status delivered = engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})");
+  Status delivered =
+      engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})");
   ASSERT_TRUE(delivered.ok()) << delivered.ToString();
   auto outcome = (*waiting)->Wait(std::chrono::seconds(30));
   ASSERT_TRUE(outcome.ok());
   ASSERT_EQ(outcome->state, InstanceState::kCompleted) << outcome->reason;
   EXPECT_EQ(*waystone::api::Output<std::string>(*outcome), R"(approved {"by":"alice"})");
-  EXPECT_TRUE(engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})").ok());
+  EXPECT_TRUE(
+      engine->Signal("AP-1", "com.example.approved", "crm", "e-2", R"({"by":"alice"})").ok());
   EXPECT_EQ(Query("SELECT event_type, event_id, taken_by IS NULL FROM kept_events"),
             Query("SELECT 'com.example.other', 'e-1', 1 = 1"));
 
@@ -815,15 +842,16 @@ TEST_P(EmbeddedApiTest, AFunctionWaitsForItsEventOrItsTimeout) {
 // when the test advances the clock, not before, and the recorded times say an hour.
 TEST_P(EmbeddedApiTest, AManualClockMovesAFunctionsTimers) {
   namespace api = waystone::api;
-  api::Workflow<int64_t, int64_t> nap("nap", [](api::Context& ctx, const int64_t&) -> api::Result<int64_t> {
-    auto before = ctx.Now();
-    if (!before.ok()) return before.status();
-    if (api::Status slept = ctx.Sleep(std::chrono::hours(1)); !slept.ok()) return slept;
-    auto after = ctx.Now();
-    if (!after.ok()) return after.status();
-    return static_cast<int64_t>(
-        std::chrono::duration_cast<std::chrono::minutes>(*after - *before).count());
-  });
+  api::Workflow<int64_t, int64_t> nap(
+      "nap", [](api::Context& ctx, const int64_t&) -> api::Result<int64_t> {
+        auto before = ctx.Now();
+        if (!before.ok()) return before.status();
+        if (api::Status slept = ctx.Sleep(std::chrono::hours(1)); !slept.ok()) return slept;
+        auto after = ctx.Now();
+        if (!after.ok()) return after.status();
+        return static_cast<int64_t>(
+            std::chrono::duration_cast<std::chrono::minutes>(*after - *before).count());
+      });
   auto clock = api::ManualClock::Create(kClockStart);
   auto engine = OpenBare(2, clock);
   ASSERT_NE(engine, nullptr);
@@ -927,8 +955,8 @@ TEST_P(EmbeddedApiTest, AnEventBeforeItsWaitIsKeptAndTakenInOrder) {
   EXPECT_EQ(engine->Signal("PAY-7", "com.example.paid", "bank", "p-1", R"({"n":9})").code(),
             Status::Code::kFailedPrecondition);
   for (int i = 0; i < 98; ++i) {
-    Status kept = engine->Signal("PAY-7", "com.example.noise", "bank", "n-" + std::to_string(i),
-                                 "{}");
+    Status kept =
+        engine->Signal("PAY-7", "com.example.noise", "bank", "n-" + std::to_string(i), "{}");
     ASSERT_TRUE(kept.ok()) << i << ": " << kept.ToString();
   }
   Status full = engine->Signal("PAY-7", "com.example.noise", "bank", "n-98", "{}");

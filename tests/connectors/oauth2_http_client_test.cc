@@ -92,10 +92,13 @@ class OAuth2ClientTest : public ::testing::Test {
  protected:
   // A business request to the ERP under target "erp".
   HttpRequest Order(const std::string& ref) {
-    HttpRequest request{"POST", "https://erp.test/orders", {{"Idempotency-Key", ref}},
-                        R"({"ref":")" + ref + "\"}", 5000};
-    request.oauth2 = {"erp", "https://login.test/oauth/token", "waystone worker", kSecret,
-                      "orders.write", {}};
+    HttpRequest request{"POST",
+                        "https://erp.test/orders",
+                        {{"Idempotency-Key", ref}},
+                        R"({"ref":")" + ref + "\"}",
+                        5000};
+    request.oauth2 = {
+        "erp", "https://login.test/oauth/token", "waystone worker", kSecret, "orders.write", {}};
     return request;
   }
 

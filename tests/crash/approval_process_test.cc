@@ -67,8 +67,9 @@ class ApprovalProcessTest : public ::testing::Test {
                                  dir_.File("server.yaml"), "--listen",
                                  "127.0.0.1:" + std::to_string(port_)},
         env, dir_.path());
-    EXPECT_TRUE(testing::WaitFor([&] { return Send("GET", "/readyz", "", "").outcome.status == 200; },
-                                 std::chrono::seconds(30)))
+    EXPECT_TRUE(
+        testing::WaitFor([&] { return Send("GET", "/readyz", "", "").outcome.status == 200; },
+                         std::chrono::seconds(30)))
         << server->Errors();
     return server;
   }
@@ -84,12 +85,15 @@ class ApprovalProcessTest : public ::testing::Test {
   std::string Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
   void StartOrder() {
-    const Json input = {{"source", "crm"},  {"order_id", "o-1"}, {"customer_id", "C-1"},
-                        {"amount", 4200},   {"lines", Json::array({{{"sku", "A-1"}, {"qty", 3}}})},
+    const Json input = {{"source", "crm"},
+                        {"order_id", "o-1"},
+                        {"customer_id", "C-1"},
+                        {"amount", 4200},
+                        {"lines", Json::array({{{"sku", "A-1"}, {"qty", 3}}})},
                         {"submitted_by", "bob"}};
-    const HttpResponse started = Send(
-        "POST", "/v1/instances", "ops",
-        Json{{"workflow", "order-approval"}, {"input", input}}.dump());
+    const HttpResponse started =
+        Send("POST", "/v1/instances", "ops",
+             Json{{"workflow", "order-approval"}, {"input", input}}.dump());
     ASSERT_TRUE(started.outcome.status == 201 || started.outcome.status == 200) << started.body;
   }
 
@@ -176,17 +180,19 @@ TEST_F(ApprovalProcessTest, TheRequesterAndANonMemberAreRefusedAndTwoApproversAt
   // other data.
   Json stale = Json::parse(Body(approval, "approve", "ok"));
   stale["data_version"] = std::string(64, '0');
-  const Json refused = Approvers({{"bob", Body(approval, "approve", "mine")},
-                                  {"erin", Body(approval, "approve", "sure")}});
+  const Json refused = Approvers(
+      {{"bob", Body(approval, "approve", "mine")}, {"erin", Body(approval, "approve", "sure")}});
   ASSERT_TRUE(refused.is_array()) << refused;
   for (const Json& r : refused) {
     EXPECT_EQ(r["status"], 403) << r;
     EXPECT_EQ(r["content_type"], "application/problem+json") << r;
   }
   EXPECT_NE(refused[0]["body"]["detail"].get<std::string>().find("requested the approval"),
-            std::string::npos) << refused[0];
+            std::string::npos)
+      << refused[0];
   EXPECT_NE(refused[1]["body"]["detail"].get<std::string>().find("group 'finance'"),
-            std::string::npos) << refused[1];
+            std::string::npos)
+      << refused[1];
   const Json other = Approvers({{"alice", stale.dump()}});
   EXPECT_EQ(other[0]["status"], 409) << other;
   EXPECT_EQ(OpenRequest()["state"], "waiting");  // nothing changed
@@ -254,9 +260,8 @@ TEST_F(ApprovalProcessTest, ARevisionDuringApprovalSupersedesTheRequestAndTheOrd
 
   // A change beside the material fields: request 2 stands.
   input["delivery_note"] = "ring twice";
-  const HttpResponse noted =
-      Send("POST", std::string("/v1/instances/") + kKey + "/revise", "ops",
-           Json{{"input", input}, {"reason", "delivery note"}}.dump());
+  const HttpResponse noted = Send("POST", std::string("/v1/instances/") + kKey + "/revise", "ops",
+                                  Json{{"input", input}, {"reason", "delivery note"}}.dump());
   ASSERT_EQ(noted.outcome.status, 200) << noted.body;
   EXPECT_EQ(Json::parse(noted.body)["material"], Json::array()) << noted.body;
   EXPECT_EQ(OpenRequest()["request"], 2);
@@ -341,8 +346,7 @@ TEST_P(ApprovalCrashTest, KilledAroundTheDecisionsCommitOneDecisionOneOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AroundTheCommit, ApprovalCrashTest,
-                         ::testing::Values("before-decide", "after-decide"),
-                         [](const auto& info) {
+                         ::testing::Values("before-decide", "after-decide"), [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;

@@ -51,8 +51,10 @@ class CodeSagaTest : public ::testing::TestWithParam<Backend> {
 
   // The state of step `step` of order `id`'s instance, as its checkpoint says.
   std::string StepState(const std::string& id, const std::string& step) {
-    return Query("SELECT s.state FROM steps s JOIN instances i ON i.id = s.instance_id WHERE "
-                 "i.business_key = '" + id + "' AND s.name = '" + step + "'");
+    return Query(
+        "SELECT s.state FROM steps s JOIN instances i ON i.id = s.instance_id WHERE "
+        "i.business_key = '" +
+        id + "' AND s.name = '" + step + "'");
   }
 
   testing::ProcessResult Saga(const std::string& id, int amount, const std::string& to,
@@ -91,7 +93,8 @@ TEST_P(CodeSagaTest, TheFunctionRunsEachStepOnceAndReturnsItsOutput) {
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   ASSERT_TRUE(Says(run, "state completed")) << run.out;
   EXPECT_TRUE(Says(run, "erp ORD-1 row 1")) << run.out;
-  EXPECT_EQ(Query("SELECT id, order_key, erp_id, amount, state FROM orders"), "1|o-1|ORD-1|50|open");
+  EXPECT_EQ(Query("SELECT id, order_key, erp_id, amount, state FROM orders"),
+            "1|o-1|ORD-1|50|open");
   const Json stats = Stats();
   EXPECT_EQ(stats["orders"], 1) << stats.dump();
   ASSERT_EQ(stats["messages_by_content"].size(), 1u) << stats.dump();
@@ -122,17 +125,23 @@ struct Boundary {
 // there is no point between them to kill at.
 TEST_P(CodeSagaTest, KilledAtEveryBoundaryOneOrderOneRowOneMessage) {
   const Boundary boundaries[] = {
-      {"before-call", "read-customer"},  {"after-call", "read-customer"},
-      {"before-call", "create-order"},   {"after-call", "create-order"},
-      {"after-checkpoint", "create-order"}, {"before-step", "record-order"},
-      {"after-checkpoint", "record-order"}, {"before-call", "notify"},
-      {"after-call", "notify"},          {"after-checkpoint", "notify"},
+      {"before-call", "read-customer"},
+      {"after-call", "read-customer"},
+      {"before-call", "create-order"},
+      {"after-call", "create-order"},
+      {"after-checkpoint", "create-order"},
+      {"before-step", "record-order"},
+      {"after-checkpoint", "record-order"},
+      {"before-call", "notify"},
+      {"after-call", "notify"},
+      {"after-checkpoint", "notify"},
   };
   int n = 0;
   for (const Boundary& b : boundaries) {
     const std::string id = "k-" + std::to_string(++n);
     SCOPED_TRACE(std::string(b.point) + ":" + b.step);
-    auto killed = Saga(id, 10 + n, "U-1", {{"WAYSTONE_CRASH_AT", std::string(b.point) + ":" + b.step}});
+    auto killed =
+        Saga(id, 10 + n, "U-1", {{"WAYSTONE_CRASH_AT", std::string(b.point) + ":" + b.step}});
     ASSERT_EQ(killed.signal, SIGKILL) << killed.out << killed.err;
 
     const std::string rows = Query("SELECT COUNT(*) FROM orders WHERE order_key = '" + id + "'");
@@ -202,8 +211,9 @@ TEST_P(CodeSagaTest, AChangedFunctionDivergesUnlessPatched) {
   auto renamed = Saga("d-1", 7, "U-1", {{"SAGA_VERSION", "3"}});
   ASSERT_EQ(renamed.exit_code, 0) << renamed.out << renamed.err;
   EXPECT_TRUE(Says(renamed, "state needs_attention")) << renamed.out;
-  EXPECT_TRUE(Says(renamed, "reason definition_diverged: recorded 'notify' at step 4, this run "
-                            "asks for 'notify-customer'"))
+  EXPECT_TRUE(Says(renamed,
+                   "reason definition_diverged: recorded 'notify' at step 4, this run "
+                   "asks for 'notify-customer'"))
       << renamed.out;
   EXPECT_EQ(Stats()["messages"], 0);
 
@@ -219,8 +229,8 @@ TEST_P(CodeSagaTest, AChangedFunctionDivergesUnlessPatched) {
   for (const Json& message : stats["messages_by_content"]) texts.push_back(message["text"]);
   std::sort(texts.begin(), texts.end());
   // d-1 made ORD-1; p-1 ORD-2 (row 2); p-2 ORD-3 (row 3).
-  EXPECT_EQ(texts[0], "order ORD-2 is local row 2");          // the old path, finished
-  EXPECT_EQ(texts[1], "order ORD-3 is local row 3 for 9");    // the patched path
+  EXPECT_EQ(texts[0], "order ORD-2 is local row 2");        // the old path, finished
+  EXPECT_EQ(texts[1], "order ORD-3 is local row 3 for 9");  // the patched path
 }
 
 // An operator acts on a function's instances over the HTTP API of `waystone serve` (which
@@ -228,9 +238,9 @@ TEST_P(CodeSagaTest, AChangedFunctionDivergesUnlessPatched) {
 // An unknown outcome is confirmed, not retried; a parked instance is compensated; one is
 // closed; a viewer may do none of it.
 TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
-  const std::pair<const char*, const char*> parked[] = {
-      {"d-1", "before-call:notify"}, {"d-2", "after-checkpoint:notify"},
-      {"d-3", "before-call:notify"}};
+  const std::pair<const char*, const char*> parked[] = {{"d-1", "before-call:notify"},
+                                                        {"d-2", "after-checkpoint:notify"},
+                                                        {"d-3", "before-call:notify"}};
   for (const auto& [id, at] : parked) {
     auto killed = Saga(id, 7, "U-1", {{"WAYSTONE_CRASH_AT", at}});
     ASSERT_EQ(killed.signal, SIGKILL) << killed.out << killed.err;
@@ -255,12 +265,13 @@ TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
     return http->Send(request);
   };
   {
-    testing::Process server({testing::WaystoneBinary(), "serve", "--config",
-                             dir_.File("server.yaml"), "--listen",
-                             "127.0.0.1:" + std::to_string(port)},
-                            {{"WAYSTONE_DB", db_}}, dir_.path());
-    ASSERT_TRUE(testing::WaitFor([&] { return send("GET", "/readyz", "", "").outcome.status == 200; },
-                                 std::chrono::seconds(30)))
+    testing::Process server(
+        {testing::WaystoneBinary(), "serve", "--config", dir_.File("server.yaml"), "--listen",
+         "127.0.0.1:" + std::to_string(port)},
+        {{"WAYSTONE_DB", db_}}, dir_.path());
+    ASSERT_TRUE(
+        testing::WaitFor([&] { return send("GET", "/readyz", "", "").outcome.status == 200; },
+                         std::chrono::seconds(30)))
         << server.Errors();
 
     const HttpResponse shown = send("GET", "/v1/instances/d-1", ops, "");
@@ -276,12 +287,13 @@ TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
     }
 
     // An event its function does not wait for is kept (and listed), once.
-    HttpRequest note{"POST", url + "/v1/events",
-                     {{"Authorization", "Bearer " + ops},
-                      {"Content-Type", "application/cloudevents+json"}},
-                     R"({"specversion":"1.0","id":"n-1","source":"/desk","type":"com.example.note",)"
-                     R"("data":{"order":"d-1","text":"call back"}})",
-                     10'000};
+    HttpRequest note{
+        "POST",
+        url + "/v1/events",
+        {{"Authorization", "Bearer " + ops}, {"Content-Type", "application/cloudevents+json"}},
+        R"({"specversion":"1.0","id":"n-1","source":"/desk","type":"com.example.note",)"
+        R"("data":{"order":"d-1","text":"call back"}})",
+        10'000};
     for (const char* outcome : {"kept", "duplicate"}) {
       const HttpResponse noted = http->Send(note);
       ASSERT_EQ(noted.outcome.status, 200) << noted.body;
@@ -290,8 +302,9 @@ TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
     const Json with_note = Json::parse(send("GET", "/v1/instances/d-1", ops, "").body);
     ASSERT_EQ(with_note["kept_events"].size(), 1u) << with_note.dump();
     EXPECT_EQ(with_note["kept_events"][0]["data"]["text"], "call back");
-    auto cli_shown = testing::RunProcess({testing::WaystoneBinary(), "show", "d-1", "--server", url},
-                                         {{"WAYSTONE_TOKEN", ops}}, dir_.path());
+    auto cli_shown =
+        testing::RunProcess({testing::WaystoneBinary(), "show", "d-1", "--server", url},
+                            {{"WAYSTONE_TOKEN", ops}}, dir_.path());
     EXPECT_NE(cli_shown.out.find("kept event com.example.note (/desk n-1"), std::string::npos)
         << cli_shown.out << cli_shown.err;
 
@@ -300,8 +313,8 @@ TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
                                       R"({"step": "notify", "reason": "program fixed"})");
     EXPECT_EQ(retried.outcome.status, 409) << retried.body;
     EXPECT_NE(retried.body.find("confirm"), std::string::npos) << retried.body;
-    const HttpResponse denied = send("POST", "/v1/instances/d-3/close", viewer,
-                                     R"({"reason": "not mine to close"})");
+    const HttpResponse denied =
+        send("POST", "/v1/instances/d-3/close", viewer, R"({"reason": "not mine to close"})");
     EXPECT_EQ(denied.outcome.status, 403) << denied.body;
     const HttpResponse confirmed =
         send("POST", "/v1/instances/d-1/confirm", ops,
@@ -310,8 +323,8 @@ TEST_P(CodeSagaTest, AnOperatorConfirmsCompensatesAndClosesOverTheApi) {
     const HttpResponse compensated = send("POST", "/v1/instances/d-2/compensate", ops,
                                           R"({"reason": "the customer cancelled"})");
     EXPECT_EQ(compensated.outcome.status, 200) << compensated.body;
-    const HttpResponse closed = send("POST", "/v1/instances/d-3/close", ops,
-                                     R"({"reason": "a duplicate ticket"})");
+    const HttpResponse closed =
+        send("POST", "/v1/instances/d-3/close", ops, R"({"reason": "a duplicate ticket"})");
     EXPECT_EQ(closed.outcome.status, 200) << closed.body;
   }
 

@@ -134,21 +134,17 @@ TEST_P(CrashPointTest, KilledAtThePointRestartedOneOfEverything) {
 
 INSTANTIATE_TEST_SUITE_P(
     EveryStep, CrashPointTest,
-    ::testing::Values(CrashCase{"before-call", "fetch-customer"},
-                      CrashCase{"after-call", "fetch-customer"},
-                      CrashCase{"before-call", "create-order"},
-                      CrashCase{"after-call", "create-order"},
-                      CrashCase{"before-call", "reserve-shipment"},
-                      CrashCase{"after-call", "reserve-shipment"},
-                      CrashCase{"before-call", "notify-line"},
-                      CrashCase{"after-call", "notify-line"},
-                      CrashCase{"before-call", "send-email"},
-                      CrashCase{"after-call", "send-email"},
-                      CrashCase{"before-call", "link-in-crm"},
-                      CrashCase{"after-call", "link-in-crm"}),
+    ::testing::Values(
+        CrashCase{"before-call", "fetch-customer"}, CrashCase{"after-call", "fetch-customer"},
+        CrashCase{"before-call", "create-order"}, CrashCase{"after-call", "create-order"},
+        CrashCase{"before-call", "reserve-shipment"}, CrashCase{"after-call", "reserve-shipment"},
+        CrashCase{"before-call", "notify-line"}, CrashCase{"after-call", "notify-line"},
+        CrashCase{"before-call", "send-email"}, CrashCase{"after-call", "send-email"},
+        CrashCase{"before-call", "link-in-crm"}, CrashCase{"after-call", "link-in-crm"}),
     CaseName);
 
-class CompensationCrashTest : public CrashTest, public ::testing::WithParamInterface<std::string> {};
+class CompensationCrashTest : public CrashTest,
+                              public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(CompensationCrashTest, KilledDuringCompensationCancelsOnce) {
   const std::string input = Order("c2", "C-BLOCKED-2");
@@ -186,7 +182,8 @@ TEST_F(CrashTest, LostResponseThroughTheCliIsAdoptedByLookup) {
 std::string WriteInputs(const testing::TempDir& dir, int count, const std::string& prefix) {
   std::string lines;
   for (int i = 0; i < count; ++i) {
-    lines += Json{{"source", "crm"}, {"order_id", prefix + std::to_string(i)},
+    lines += Json{{"source", "crm"},
+                  {"order_id", prefix + std::to_string(i)},
                   {"customer_id", (i % 10 == 9 ? "C-BLOCKED-" : "C-") + std::to_string(i)},
                   {"amount", 10 + i}}
                  .dump() +
@@ -198,9 +195,12 @@ std::string WriteInputs(const testing::TempDir& dir, int count, const std::strin
 }
 
 TEST_F(CrashTest, TwoWorkerProcessesOnOneFileRunEachInstanceOnce) {
-  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.15, "unavailable": 0.1, "retry_after_s": 0},
+  ASSERT_TRUE(
+      sim_->SetFaults(
+              R"({"erp.create_order": {"drop_response": 0.15, "unavailable": 0.1, "retry_after_s": 0},
                                   "line.push": {"delay": 0.1, "delay_ms": 2200},
-                                  "email.send": {"rate_limit": 0.1, "retry_after_s": 0}})").ok());
+                                  "email.send": {"rate_limit": 0.1, "retry_after_s": 0}})")
+          .ok());
   const std::string inputs = WriteInputs(dir_, 40, "two-");
   auto started = RunWaystone({"start", Example(), "--inputs", inputs}, Env());
   ASSERT_EQ(started.exit_code, 0) << started.err;
@@ -232,7 +232,8 @@ TEST_F(CrashTest, TwoWorkerProcessesOnOneFileRunEachInstanceOnce) {
 
 TEST_F(CrashTest, WorkerKilledMidBatchAndRestartedFinishesEverything) {
   ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.2},
-                                  "erp.create_shipment": {"delay": 0.1, "delay_ms": 300}})").ok());
+                                  "erp.create_shipment": {"delay": 0.1, "delay_ms": 300}})")
+                  .ok());
   const std::string inputs = WriteInputs(dir_, 40, "kill-");
   ASSERT_EQ(RunWaystone({"start", Example(), "--inputs", inputs}, Env()).exit_code, 0);
   {
@@ -262,10 +263,10 @@ TEST_F(CrashTest, WorkerKilledMidBatchAndRestartedFinishesEverything) {
 TEST_F(CrashTest, WorkerThatOutlivesItsLeaseCommitsNothing) {
   ASSERT_EQ(RunWaystone({"start", Example(), "--input", Order("z1", "C-1")}, Env()).exit_code, 0);
   // A pauses right after the ERP call, past its 3s lease.
-  testing::Process a({testing::WaystoneBinary(), "worker", "--lease", "3s", "--exit-when-idle"},
-                     Env({{"WAYSTONE_PAUSE_AT", "after-call:create-order=7000"},
-                          {"WAYSTONE_LOG", "info"}}),
-                     dir_.path());
+  testing::Process a(
+      {testing::WaystoneBinary(), "worker", "--lease", "3s", "--exit-when-idle"},
+      Env({{"WAYSTONE_PAUSE_AT", "after-call:create-order=7000"}, {"WAYSTONE_LOG", "info"}}),
+      dir_.path());
   ASSERT_TRUE(testing::WaitFor([&] { return Stats()["orders"].get<int>() == 1; },
                                std::chrono::seconds(30)));
   // B takes over once A's lease has expired and finishes the instance.
@@ -295,16 +296,17 @@ steps:
   - name: read
     request: { method: GET, url: "{{env.CRM_URL}}/crm/customers/{{input.id}}", timeout: 8s }
 )");
-  ASSERT_TRUE(sim_->SetFaults(R"({"crm.get_customer": {"next": ["delay"], "delay_ms": 4500}})").ok());
+  ASSERT_TRUE(
+      sim_->SetFaults(R"({"crm.get_customer": {"next": ["delay"], "delay_ms": 4500}})").ok());
   ASSERT_EQ(RunWaystone({"start", dir_.File("slow.yaml"), "--input", R"({"id": "C-1"})"}, Env())
                 .exit_code,
             0);
   std::vector<std::string> worker = {testing::WaystoneBinary(), "worker", "--lease", "2s",
                                      "--exit-when-idle"};
   testing::Process a(worker, Env({{"WAYSTONE_LOG", "info"}}), dir_.path());
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return Stats()["requests"].value("crm.get_customer", 0) == 1; },
-      std::chrono::seconds(20)));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return Stats()["requests"].value("crm.get_customer", 0) == 1; },
+                       std::chrono::seconds(20)));
   // B polls throughout the 4.5 s call; the 2 s lease is renewed, so B finds nothing.
   testing::Process b(worker, Env(), dir_.path());
   auto ra = a.Wait();

@@ -48,8 +48,8 @@ class IndependentChaosTest : public ::testing::Test {
   }
 
   std::vector<std::string> Worker(bool exit_when_idle) {
-    std::vector<std::string> argv = {testing::WaystoneBinary(), "worker", "--workers", "4",
-                                     "--lease", "2s"};
+    std::vector<std::string> argv = {
+        testing::WaystoneBinary(), "worker", "--workers", "4", "--lease", "2s"};
     if (exit_when_idle) argv.push_back("--exit-when-idle");
     return argv;
   }
@@ -57,14 +57,17 @@ class IndependentChaosTest : public ::testing::Test {
   void StartOrders(int count) {
     std::string lines;
     for (int i = 0; i < count; ++i) {
-      lines += Json{{"order_id", std::to_string(i)}, {"customer", "U-" + std::to_string(i)},
-                    {"amount", i + 1}}.dump() + "\n";
+      lines += Json{{"order_id", std::to_string(i)},
+                    {"customer", "U-" + std::to_string(i)},
+                    {"amount", i + 1}}
+                   .dump() +
+               "\n";
     }
     testing::WriteFile(dir_.File("orders.jsonl"), lines);
-    auto started = testing::RunProcess(
-        {testing::WaystoneBinary(), "start", testing::SourceDir() + "/tests/fixtures/target-order.yaml",
-         "--inputs", dir_.File("orders.jsonl")},
-        Env(), dir_.path());
+    auto started = testing::RunProcess({testing::WaystoneBinary(), "start",
+                                        testing::SourceDir() + "/tests/fixtures/target-order.yaml",
+                                        "--inputs", dir_.File("orders.jsonl")},
+                                       Env(), dir_.path());
     ASSERT_EQ(started.exit_code, 0) << started.err;
   }
 
@@ -122,7 +125,8 @@ class IndependentChaosTest : public ::testing::Test {
     std::map<InstanceState, int64_t> by_state(summary->instances_by_state.begin(),
                                               summary->instances_by_state.end());
     EXPECT_EQ(by_state[InstanceState::kCompleted], instances);
-    auto resting = store_->ListInstances({std::nullopt, std::nullopt, InstanceState::kNeedsAttention});
+    auto resting =
+        store_->ListInstances({std::nullopt, std::nullopt, InstanceState::kNeedsAttention});
     if (resting.ok()) {
       for (const auto& r : *resting) ADD_FAILURE() << r.key << ": " << r.status_reason;
     }
@@ -197,16 +201,16 @@ TEST_F(IndependentChaosTest, AWorkerStalledBetweenItsLeaseCheckAndTheSendSendsNo
   auto env = Env();
   env["WAYSTONE_PAUSE_AT"] = "before-send:create-order=6000";
   env["WAYSTONE_LOG"] = "info";
-  testing::Process a({testing::WaystoneBinary(), "worker", "--workers", "1", "--lease", "2s",
-                      "--exit-when-idle"},
-                     env, dir_.path());
+  testing::Process a(
+      {testing::WaystoneBinary(), "worker", "--workers", "1", "--lease", "2s", "--exit-when-idle"},
+      env, dir_.path());
   ASSERT_TRUE(testing::WaitFor([&] { return create_order_state() == StepState::kRunning; },
                                std::chrono::seconds(30)))
       << a.Errors();
   EXPECT_EQ(Stats()["by_route"].value("create_order", 0), 0) << "A's request left before its stall";
-  auto b = testing::RunProcess({testing::WaystoneBinary(), "worker", "--lease", "2s",
-                                "--exit-when-idle"},
-                               Env(), dir_.path());
+  auto b = testing::RunProcess(
+      {testing::WaystoneBinary(), "worker", "--lease", "2s", "--exit-when-idle"}, Env(),
+      dir_.path());
   ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_EQ(create_order_state(), StepState::kCompleted);
   EXPECT_EQ(Stats()["orders"], 1) << "B sent the order after finding nothing";
@@ -246,7 +250,8 @@ TEST_F(IndependentChaosTest, ThreePostgresWorkersKilledAndOneFrozenPastItsLease)
       frozen = true;
       frozen_at = std::chrono::steady_clock::now();
     }
-    if (frozen && !thawed && std::chrono::steady_clock::now() - frozen_at > std::chrono::seconds(3)) {
+    if (frozen && !thawed &&
+        std::chrono::steady_clock::now() - frozen_at > std::chrono::seconds(3)) {
       workers[0]->Signal(SIGCONT);
       thawed = true;
     }

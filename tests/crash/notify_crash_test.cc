@@ -33,8 +33,8 @@ void PrintTo(const KillCase& c, std::ostream* os) {
 class NotifyCrashTest : public ::testing::TestWithParam<KillCase> {
  protected:
   void SetUp() override {
-    line_ = std::make_unique<testing::TargetProcess>(dir_.path(), "line_target.py",
-                                                     std::vector<std::string>{"--token", "line-token-0"});
+    line_ = std::make_unique<testing::TargetProcess>(
+        dir_.path(), "line_target.py", std::vector<std::string>{"--token", "line-token-0"});
     hook_ = std::make_unique<testing::TargetProcess>(dir_.path(), "webhook_receiver.py",
                                                      std::vector<std::string>{});
     ASSERT_TRUE(line_->ok() && hook_->ok());
@@ -46,10 +46,10 @@ class NotifyCrashTest : public ::testing::TestWithParam<KillCase> {
     env.emplace("LINE_URL", line_->base_url());
     env.emplace("HOOK_URL", hook_->base_url());
     env.emplace("WAYSTONE_SECRET_LINE_TOKEN", "line-token-0");
-    return testing::RunProcess({testing::WaystoneBinary(), "run",
-                                testing::SourceDir() + "/tests/fixtures/notify-order.yaml",
-                                "--input", input},
-                               env, dir_.path());
+    return testing::RunProcess(
+        {testing::WaystoneBinary(), "run",
+         testing::SourceDir() + "/tests/fixtures/notify-order.yaml", "--input", input},
+        env, dir_.path());
   }
 
   // The texts the LINE simulator delivered to `to`, in order.
@@ -79,15 +79,16 @@ class NotifyCrashTest : public ::testing::TestWithParam<KillCase> {
 
 TEST_P(NotifyCrashTest, KilledAtThePointRestartedEachMessageOnce) {
   const KillCase& c = GetParam();
-  const std::string input = Json{{"id", "o-1"}, {"customer", "c-7"}, {"line_id", "U1"},
-                                 {"ship", c.undo ? "fail" : "no"}}.dump();
+  const std::string input =
+      Json{{"id", "o-1"}, {"customer", "c-7"}, {"line_id", "U1"}, {"ship", c.undo ? "fail" : "no"}}
+          .dump();
   auto crashed = Run(input, {{"WAYSTONE_CRASH_AT", c.point + ":" + c.step}});
   ASSERT_EQ(crashed.signal, SIGKILL) << "exit " << crashed.exit_code << "\n" << crashed.err;
 
   auto resumed = Run(input);
   const std::string state = c.undo ? "compensated" : "completed";
-  EXPECT_NE(resumed.out.find("state     " + state), std::string::npos) << resumed.out
-                                                                        << resumed.err;
+  EXPECT_NE(resumed.out.find("state     " + state), std::string::npos)
+      << resumed.out << resumed.err;
   const std::string confirmed = "Order ORD-o-1 is confirmed";
   const std::string cancelled = "Order ORD-o-1 is cancelled";
   using Texts = std::vector<std::string>;
@@ -106,17 +107,16 @@ TEST_F(NotifyCrashTest, PastTheLineKeyWindowAKilledPushIsNotSentAgain) {
   auto crashed = Run(input, {{"WAYSTONE_CRASH_AT", "after-call:confirm-line"}});
   ASSERT_EQ(crashed.signal, SIGKILL) << crashed.err;
   constexpr long long kHours25 = 25LL * 3600 * 1000;
-  auto moved = testing::RunProcess(
-      {"/usr/bin/env", "sqlite3", dir_.File("notify.db"),
-       "UPDATE steps SET started_at = started_at - " + std::to_string(kHours25) +
-           " WHERE name = 'confirm-line'"},
-      {}, dir_.path());
+  auto moved = testing::RunProcess({"/usr/bin/env", "sqlite3", dir_.File("notify.db"),
+                                    "UPDATE steps SET started_at = started_at - " +
+                                        std::to_string(kHours25) + " WHERE name = 'confirm-line'"},
+                                   {}, dir_.path());
   ASSERT_EQ(moved.exit_code, 0) << moved.err;
   line_->Call("POST", "/_target/clock", R"({"advance_seconds": 90000})");
 
   auto resumed = Run(input);
-  EXPECT_NE(resumed.out.find("state     needs_attention"), std::string::npos) << resumed.out
-                                                                          << resumed.err;
+  EXPECT_NE(resumed.out.find("state     needs_attention"), std::string::npos)
+      << resumed.out << resumed.err;
   EXPECT_NE(resumed.out.find("keeps its key only 1d after the first send"), std::string::npos)
       << resumed.out;
   const Json line = Json::parse(line_->StatsJson());
@@ -177,10 +177,10 @@ class NotifyEmailCrashTest : public ::testing::TestWithParam<EmailKillCase> {
     env.emplace("LINE_URL", line_->base_url());
     env.emplace("SMTP_URL", smtp_->smtp_url());
     env.emplace("WAYSTONE_SECRET_LINE_TOKEN", "line-token-0");
-    return testing::RunProcess({testing::WaystoneBinary(), "run",
-                                testing::SourceDir() + "/tests/fixtures/notify-email.yaml",
-                                "--input", input},
-                               env, dir_.path());
+    return testing::RunProcess(
+        {testing::WaystoneBinary(), "run",
+         testing::SourceDir() + "/tests/fixtures/notify-email.yaml", "--input", input},
+        env, dir_.path());
   }
 
   testing::TempDir dir_;
@@ -190,8 +190,12 @@ class NotifyEmailCrashTest : public ::testing::TestWithParam<EmailKillCase> {
 
 TEST_P(NotifyEmailCrashTest, KilledAtThePointRestartedEachMessageAtMostOnce) {
   const EmailKillCase& c = GetParam();
-  const std::string input = Json{{"id", "o-1"}, {"customer", "c-7"}, {"line_id", "U1"},
-                                 {"email", "kim@customer.example"}, {"ship", "yes"}}.dump();
+  const std::string input = Json{
+      {"id", "o-1"},
+      {"customer", "c-7"},
+      {"line_id", "U1"},
+      {"email", "kim@customer.example"},
+      {"ship", "yes"}}.dump();
   if (c.slow_smtp) {
     smtp_->Call("POST", "/_target/faults", R"({"next":["accept_then_wait"],"stall_ms":1500})");
   }
@@ -199,8 +203,8 @@ TEST_P(NotifyEmailCrashTest, KilledAtThePointRestartedEachMessageAtMostOnce) {
   ASSERT_EQ(crashed.signal, SIGKILL) << "exit " << crashed.exit_code << "\n" << crashed.err;
 
   auto resumed = Run(input);
-  EXPECT_NE(resumed.out.find("state     " + c.state), std::string::npos) << resumed.out
-                                                                         << resumed.err;
+  EXPECT_NE(resumed.out.find("state     " + c.state), std::string::npos)
+      << resumed.out << resumed.err;
   const Json smtp = Json::parse(smtp_->StatsJson());
   if (c.emails >= 0) {
     EXPECT_EQ(smtp["messages_received"], c.emails) << smtp.dump();
@@ -237,13 +241,17 @@ class NotifyEmailCorrectionCrashTest : public NotifyEmailCrashTest {};
 
 TEST_P(NotifyEmailCorrectionCrashTest, AnEmailCorrectionKilledOnItsWayIsNeverSentAgain) {
   const EmailKillCase& c = GetParam();
-  const std::string input = Json{{"id", "o-2"}, {"customer", "c-8"}, {"line_id", "U2"},
-                                 {"email", "lee@customer.example"}, {"ship", "fail"}}.dump();
+  const std::string input = Json{
+      {"id", "o-2"},
+      {"customer", "c-8"},
+      {"line_id", "U2"},
+      {"email", "lee@customer.example"},
+      {"ship", "fail"}}.dump();
   auto crashed = Run(input, {{"WAYSTONE_CRASH_AT", c.point + ":" + c.step}});
   ASSERT_EQ(crashed.signal, SIGKILL) << "exit " << crashed.exit_code << "\n" << crashed.err;
   auto resumed = Run(input);
-  EXPECT_NE(resumed.out.find("state     needs_attention"), std::string::npos) << resumed.out
-                                                                          << resumed.err;
+  EXPECT_NE(resumed.out.find("state     needs_attention"), std::string::npos)
+      << resumed.out << resumed.err;
   EXPECT_NE(resumed.out.find("it is not sent again"), std::string::npos) << resumed.out;
   auto again = Run(input);  // resumed once more: still nothing sent
   EXPECT_NE(again.out.find("state     needs_attention"), std::string::npos) << again.out;
@@ -275,16 +283,14 @@ TEST(NotifyExampleTest, TheTourRunsAsWritten) {
   ASSERT_TRUE(sim.ok()) << sim.status();
   testing::SmtpTarget smtp(dir.path());
   ASSERT_TRUE(smtp.ok());
-  auto env = testing::SimulatorEnv((*sim)->base_url(),
-                                   {{"WAYSTONE_DB", dir.File("tour.db")},
-                                    {"SMTP_URL", smtp.smtp_url()}});
+  auto env = testing::SimulatorEnv(
+      (*sim)->base_url(), {{"WAYSTONE_DB", dir.File("tour.db")}, {"SMTP_URL", smtp.smtp_url()}});
   auto run = [&](const std::string& order) {
-    return testing::RunProcess(
-        {testing::WaystoneBinary(), "run", testing::SourceDir() + "/examples/order-notify.yaml",
-         "--input",
-         R"({"source":"crm","order_id":")" + order + R"(","customer_id":"C-)" + order +
-             R"(","amount":80})"},
-        env, dir.path());
+    return testing::RunProcess({testing::WaystoneBinary(), "run",
+                                testing::SourceDir() + "/examples/order-notify.yaml", "--input",
+                                R"({"source":"crm","order_id":")" + order +
+                                    R"(","customer_id":"C-)" + order + R"(","amount":80})"},
+                               env, dir.path());
   };
   auto first = run("20");
   EXPECT_EQ(first.exit_code, 0) << first.out << first.err;

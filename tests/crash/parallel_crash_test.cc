@@ -25,8 +25,8 @@ class ParallelCrashTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     hook_ = std::make_unique<testing::TargetProcess>(dir_.path(), "webhook_receiver.py",
                                                      std::vector<std::string>{});
-    slow_ = std::make_unique<testing::TargetProcess>(
-        dir_.path(), "slow_target.py", std::vector<std::string>{"--delay", "0.5"});
+    slow_ = std::make_unique<testing::TargetProcess>(dir_.path(), "slow_target.py",
+                                                     std::vector<std::string>{"--delay", "0.5"});
     ASSERT_TRUE(hook_->ok() && slow_->ok());
   }
 
@@ -50,8 +50,8 @@ TEST_P(ParallelCrashTest, ABranchCheckpointedBeforeTheKillIsNotSentAgain) {
   auto crashed = Run({{"WAYSTONE_CRASH_AT", "after-call:" + killed}});
   ASSERT_EQ(crashed.signal, SIGKILL) << "exit " << crashed.exit_code << "\n" << crashed.err;
   auto resumed = Run();
-  EXPECT_NE(resumed.out.find("state     completed"), std::string::npos) << resumed.out
-                                                                        << resumed.err;
+  EXPECT_NE(resumed.out.find("state     completed"), std::string::npos)
+      << resumed.out << resumed.err;
   const Json hook = Json::parse(hook_->StatsJson());
   std::map<std::string, int> delivered;  // path -> deliveries
   std::map<std::string, std::string> id_of;

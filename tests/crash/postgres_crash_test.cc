@@ -41,8 +41,8 @@ class PostgresCrashTest : public ::testing::Test {
   }
 
   std::vector<std::string> Worker(const std::string& lease, bool exit_when_idle) {
-    std::vector<std::string> argv = {testing::WaystoneBinary(), "worker", "--workers", "8",
-                                     "--lease", lease};
+    std::vector<std::string> argv = {
+        testing::WaystoneBinary(), "worker", "--workers", "8", "--lease", lease};
     if (exit_when_idle) argv.push_back("--exit-when-idle");
     return argv;
   }
@@ -88,15 +88,17 @@ class PostgresCrashTest : public ::testing::Test {
                    const std::string& definition = Example()) {
     std::string lines;
     for (int i = 0; i < count; ++i) {
-      lines += Json{{"source", "crm"}, {"order_id", prefix + std::to_string(i)},
+      lines += Json{{"source", "crm"},
+                    {"order_id", prefix + std::to_string(i)},
                     {"customer_id", (i % 10 == 9 ? "C-BLOCKED-" : "C-") + std::to_string(i)},
-                    {"amount", 1 + i}}.dump() + "\n";
+                    {"amount", 1 + i}}
+                   .dump() +
+               "\n";
     }
     testing::WriteFile(dir_.File(prefix + ".jsonl"), lines);
-    auto started = testing::RunProcess({testing::WaystoneBinary(), "start",
-                                        definition,
-                                        "--inputs", dir_.File(prefix + ".jsonl")},
-                                       Env(), dir_.path());
+    auto started = testing::RunProcess(
+        {testing::WaystoneBinary(), "start", definition, "--inputs", dir_.File(prefix + ".jsonl")},
+        Env(), dir_.path());
     ASSERT_EQ(started.exit_code, 0) << started.err;
   }
 
@@ -176,9 +178,12 @@ class PostgresCrashTest : public ::testing::Test {
 
 TEST_F(PostgresCrashTest, FourWorkersFiveHundredInstancesRandomKills) {
   UseDatabase(testing::FreshPostgresDatabase());
-  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.1, "unavailable": 0.05, "retry_after_s": 0},
+  ASSERT_TRUE(
+      sim_->SetFaults(
+              R"({"erp.create_order": {"drop_response": 0.1, "unavailable": 0.05, "retry_after_s": 0},
                                   "line.push": {"drop_response": 0.05, "rate_limit": 0.05, "retry_after_s": 0},
-                                  "email.send": {"error": 0.05}})").ok());
+                                  "email.send": {"error": 0.05}})")
+          .ok());
   StartOrders(500, "p", PatientExample());
   std::vector<std::unique_ptr<testing::Process>> workers;
   for (int i = 0; i < 4; ++i) {
@@ -190,8 +195,8 @@ TEST_F(PostgresCrashTest, FourWorkersFiveHundredInstancesRandomKills) {
   while (!AllAtRest() && std::chrono::steady_clock::now() < deadline) {
     // The first kills come quickly: on a fast machine 500 instances finish in a few
     // seconds, and the run must have been broken a few times to prove anything.
-    const int pause = kills < 3 ? 200 + static_cast<int>(random() % 200)
-                                : 700 + static_cast<int>(random() % 800);
+    const int pause =
+        kills < 3 ? 200 + static_cast<int>(random() % 200) : 700 + static_cast<int>(random() % 800);
     // Deliberate: the chaos is paced in time (let the workers get somewhere, then kill).
     std::this_thread::sleep_for(std::chrono::milliseconds(pause));
     const size_t victim = random() % workers.size();
@@ -215,11 +220,13 @@ TEST_F(PostgresCrashTest, FourWorkersFiveHundredInstancesRandomKills) {
 
 TEST_F(PostgresCrashTest, ZombieWorkerStoppedPastItsLeaseWritesNothing) {
   UseDatabase(testing::FreshPostgresDatabase());
-  ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"next": ["delay"], "delay_ms": 1500}})").ok());
+  ASSERT_TRUE(
+      sim_->SetFaults(R"({"erp.create_order": {"next": ["delay"], "delay_ms": 1500}})").ok());
   StartOrders(1, "z");
   testing::Process a(Worker("3s", true), Env({{"WAYSTONE_LOG", "info"}}), dir_.path());
-  ASSERT_TRUE(testing::WaitFor([&] { return Stats()["requests"].value("erp.create_order", 0) == 1; },
-                               std::chrono::seconds(30)));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return Stats()["requests"].value("erp.create_order", 0) == 1; },
+                       std::chrono::seconds(30)));
   a.Signal(SIGSTOP);  // mid-call, holding the lease
   auto b = testing::RunProcess(Worker("3s", true), Env(), dir_.path());
   ASSERT_EQ(b.exit_code, 0) << b.err;
@@ -249,9 +256,9 @@ TEST_F(PostgresCrashTest, DatabaseRestartedImmediatelySeveralTimes) {
   // The restarts are to come while instances run, not while a worker opens its store
   // (slow under a sanitizer): each worker has said it runs first.
   for (auto& w : workers) {
-    ASSERT_TRUE(testing::WaitFor(
-        [&] { return w->Errors().find("running with") != std::string::npos; },
-        std::chrono::seconds(60)))
+    ASSERT_TRUE(
+        testing::WaitFor([&] { return w->Errors().find("running with") != std::string::npos; },
+                         std::chrono::seconds(60)))
         << w->Errors();
   }
   for (int restart = 0; restart < 3; ++restart) {

@@ -51,7 +51,9 @@ class SqlStepTest : public ::testing::TestWithParam<Backend> {
     return extra;
   }
 
-  static std::string Definition() { return testing::SourceDir() + "/tests/fixtures/sql-order.yaml"; }
+  static std::string Definition() {
+    return testing::SourceDir() + "/tests/fixtures/sql-order.yaml";
+  }
 
   testing::ProcessResult Run(const std::string& input,
                              std::map<std::string, std::string> extra = {}) {
@@ -61,8 +63,8 @@ class SqlStepTest : public ::testing::TestWithParam<Backend> {
 
   // What `waystone status` says of the instance, as JSON.
   Json Show(const std::string& id) {
-    auto shown = testing::RunProcess(
-        {testing::WaystoneBinary(), "status", "order:" + id, "--json"}, Env(), dir_.path());
+    auto shown = testing::RunProcess({testing::WaystoneBinary(), "status", "order:" + id, "--json"},
+                                     Env(), dir_.path());
     EXPECT_EQ(shown.exit_code, 0) << shown.err;
     return Json::parse(shown.out, nullptr, false);
   }
@@ -113,17 +115,20 @@ struct Boundary {
 // with the checkpoint (looked at right after the kill, before anything repairs it).
 TEST_P(SqlStepTest, KilledAtEveryBoundaryOneOrderOneRowOneMessage) {
   const Boundary boundaries[] = {
-      {"before-call", "create-order"},  {"after-call", "create-order"},
-      {"after-checkpoint", "create-order"}, {"before-step", "record-order"},
-      {"after-checkpoint", "record-order"}, {"before-call", "notify"},
+      {"before-call", "create-order"},
+      {"after-call", "create-order"},
+      {"after-checkpoint", "create-order"},
+      {"before-step", "record-order"},
+      {"after-checkpoint", "record-order"},
+      {"before-call", "notify"},
       {"after-call", "notify"},
   };
   int n = 0;
   for (const Boundary& b : boundaries) {
     const std::string id = "k-" + std::to_string(++n);
     SCOPED_TRACE(std::string(b.point) + ":" + b.step);
-    auto killed = Run(Input(id, 10 + n),
-                      {{"WAYSTONE_CRASH_AT", std::string(b.point) + ":" + b.step}});
+    auto killed =
+        Run(Input(id, 10 + n), {{"WAYSTONE_CRASH_AT", std::string(b.point) + ":" + b.step}});
     ASSERT_EQ(killed.signal, SIGKILL) << killed.out << killed.err;
 
     // Right after the kill: the row exists exactly when the step's checkpoint does.
@@ -164,7 +169,8 @@ TEST_P(SqlStepTest, ALaterFailureCompensatesTheRowAndTheOrderOnce) {
     const std::string id = "c-" + std::to_string(++n);
     SCOPED_TRACE(std::string(b.point) + ":" + b.step);
     // No `to`: the target refuses the message (422), so the saga is undone.
-    auto killed = Run(Input(id, 5, ""), {{"WAYSTONE_CRASH_AT", std::string(b.point) + ":" + b.step}});
+    auto killed =
+        Run(Input(id, 5, ""), {{"WAYSTONE_CRASH_AT", std::string(b.point) + ":" + b.step}});
     ASSERT_EQ(killed.signal, SIGKILL) << killed.out << killed.err;
     auto resumed = Run(Input(id, 5, ""));
     EXPECT_NE(resumed.out.find("state     compensated"), std::string::npos)

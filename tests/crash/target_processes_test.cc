@@ -6,9 +6,9 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <algorithm>
 #include <set>
 #include <thread>
 
@@ -68,8 +68,8 @@ class TargetProcessesTest : public ::testing::Test {
     auto store = OpenStore({db_});
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
-    auto token = Waystone({"token", "create", "--tenant", "default", "--role", "operator",
-                           "--name", "night-ops"});
+    auto token = Waystone(
+        {"token", "create", "--tenant", "default", "--role", "operator", "--name", "night-ops"});
     ASSERT_EQ(token.exit_code, 0) << token.err;
     token_ = token.out.substr(0, token.out.find('\n'));
   }
@@ -82,8 +82,10 @@ class TargetProcessesTest : public ::testing::Test {
   }
 
   std::map<std::string, std::string> Env() {
-    return {{"WAYSTONE_DB", db_}, {"FRAGILE_URL", target_->base_url()},
-            {"WAYSTONE_TOKEN", token_}, {"WAYSTONE_SERVER", api_}};
+    return {{"WAYSTONE_DB", db_},
+            {"FRAGILE_URL", target_->base_url()},
+            {"WAYSTONE_TOKEN", token_},
+            {"WAYSTONE_SERVER", api_}};
   }
 
   testing::ProcessResult Waystone(std::vector<std::string> args) {
@@ -113,9 +115,9 @@ class TargetProcessesTest : public ::testing::Test {
                                  dir_.File("definitions"), "--workers", "4"},
         Env(), dir_.path()));
     testing::Process& worker = *processes_.back();
-    ASSERT_TRUE(testing::WaitFor(
-        [&] { return worker.Errors().find("running with") != std::string::npos; },
-        std::chrono::seconds(30)))
+    ASSERT_TRUE(
+        testing::WaitFor([&] { return worker.Errors().find("running with") != std::string::npos; },
+                         std::chrono::seconds(30)))
         << worker.Errors();
   }
 
@@ -166,8 +168,9 @@ TEST_F(TargetProcessesTest, APauseAndTheLimitsHoldAcrossTwoWorkerProcesses) {
       [&] {
         int said = 0;
         for (const InstanceRecord& i : Instances()) {
-          said += i.status_reason.starts_with("waiting for target 'erp': paused by night-ops at ") &&
-                  i.status_reason.ends_with(": ERP reindexing, CHG-42");
+          said +=
+              i.status_reason.starts_with("waiting for target 'erp': paused by night-ops at ") &&
+              i.status_reason.ends_with(": ERP reindexing, CHG-42");
         }
         return said == 60;
       },

@@ -59,8 +59,8 @@ class TwoHostsTest : public ::testing::Test {
       ASSERT_TRUE(Ip({"link", "set", peer, "netns", ns_db_}));
       ASSERT_TRUE(Ip({"-n", ns_db_, "link", "set", peer, "master", "br0"}));
       ASSERT_TRUE(Ip({"-n", ns_db_, "link", "set", peer, "up"}));
-      ASSERT_TRUE(Ip({"-n", ns, "addr", "add", "10.231.0." + std::to_string(host++) + "/24",
-                      "dev", link}));
+      ASSERT_TRUE(
+          Ip({"-n", ns, "addr", "add", "10.231.0." + std::to_string(host++) + "/24", "dev", link}));
       ASSERT_TRUE(Ip({"-n", ns, "link", "set", link, "up"}));
       ASSERT_TRUE(Ip({"-n", ns, "link", "set", "lo", "up"}));
     }
@@ -113,17 +113,15 @@ class TwoHostsTest : public ::testing::Test {
     auto start = testing::RunProcess(
         In(ns_db_, {"/usr/sbin/runuser", "-u", "postgres", "--", bin + "/pg_ctl", "-D", pg_data_,
                     "-w", "-l", pg_dir_ + "/log", "-o",
-                    "-p 5432 -k " + pg_dir_ + " -c listen_addresses=" + kDbAddress +
-                        " -c fsync=on",
+                    "-p 5432 -k " + pg_dir_ + " -c listen_addresses=" + kDbAddress + " -c fsync=on",
                     "start"}),
         {}, dir_.path());
     ASSERT_EQ(start.exit_code, 0) << start.err << start.out;
     // The test itself reaches the server through its Unix socket (a file, visible
     // from every namespace); the workers through their links.
-    auto created = testing::RunProcess(
-        {"/usr/bin/psql", "-h", pg_dir_, "-p", "5432", "-U", "waystone", "-d", "postgres", "-c",
-         "CREATE DATABASE two"},
-        {}, dir_.path());
+    auto created = testing::RunProcess({"/usr/bin/psql", "-h", pg_dir_, "-p", "5432", "-U",
+                                        "waystone", "-d", "postgres", "-c", "CREATE DATABASE two"},
+                                       {}, dir_.path());
     ASSERT_EQ(created.exit_code, 0) << created.err;
     local_db_ = "postgresql://waystone@/two?host=" + pg_dir_ + "&port=5432";
   }
@@ -140,8 +138,8 @@ class TwoHostsTest : public ::testing::Test {
   }
 
   Json SimStats() {
-    auto r = testing::RunProcess(In(ns_db_, {"/usr/bin/curl", "-s", "http://127.0.0.1:8900/_sim/stats"}),
-                                 {}, dir_.path());
+    auto r = testing::RunProcess(
+        In(ns_db_, {"/usr/bin/curl", "-s", "http://127.0.0.1:8900/_sim/stats"}), {}, dir_.path());
     return Json::parse(r.out, nullptr, false);
   }
 
@@ -161,24 +159,29 @@ TEST_F(TwoHostsTest, CutLinkWorkersInstancesAreTakenOverAfterTheirLeasesExpire) 
 
   std::string lines;
   for (int i = 0; i < 60; ++i) {
-    lines += Json{{"source", "crm"}, {"order_id", "h" + std::to_string(i)},
+    lines += Json{{"source", "crm"},
+                  {"order_id", "h" + std::to_string(i)},
                   {"customer_id", (i % 10 == 9 ? "C-BLOCKED-" : "C-") + std::to_string(i)},
-                  {"amount", 5}}.dump() + "\n";
+                  {"amount", 5}}
+                 .dump() +
+             "\n";
   }
   testing::WriteFile(dir_.File("orders.jsonl"), lines);
   auto env = WorkerEnv();
   env["WAYSTONE_DB"] = local_db_;
-  auto started = testing::RunProcess({testing::WaystoneBinary(), "start",
-                                      testing::SourceDir() + "/examples/order-to-erp.yaml",
-                                      "--inputs", dir_.File("orders.jsonl")},
-                                     env, dir_.path());
+  auto started = testing::RunProcess(
+      {testing::WaystoneBinary(), "start", testing::SourceDir() + "/examples/order-to-erp.yaml",
+       "--inputs", dir_.File("orders.jsonl")},
+      env, dir_.path());
   ASSERT_EQ(started.exit_code, 0) << started.err;
 
-  std::vector<std::string> worker = {testing::WaystoneBinary(), "worker", "--workers", "4",
-                                     "--lease", "3s"};
-  processes_.push_back(std::make_unique<testing::Process>(In(ns_a_, worker), WorkerEnv(), dir_.path()));
+  std::vector<std::string> worker = {
+      testing::WaystoneBinary(), "worker", "--workers", "4", "--lease", "3s"};
+  processes_.push_back(
+      std::make_unique<testing::Process>(In(ns_a_, worker), WorkerEnv(), dir_.path()));
   testing::Process* a = processes_.back().get();
-  processes_.push_back(std::make_unique<testing::Process>(In(ns_b_, worker), WorkerEnv(), dir_.path()));
+  processes_.push_back(
+      std::make_unique<testing::Process>(In(ns_b_, worker), WorkerEnv(), dir_.path()));
 
   auto store = OpenStore({local_db_});
   ASSERT_TRUE(store.ok()) << store.status();

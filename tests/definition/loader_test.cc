@@ -69,8 +69,7 @@ TEST(LoaderTest, ValidDefinitionLoads) {
 }
 
 TEST(LoaderTest, ExampleDefinitionsLoad) {
-  auto definition =
-      LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
+  auto definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-erp.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   EXPECT_EQ(definition->steps.size(), 6u);
   definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-paged-erp.yaml");
@@ -113,8 +112,10 @@ TEST(LoaderTest, UnknownFieldsAreRefusedWithLineAndStep) {
 }
 
 TEST(LoaderTest, ATargetsLimitsAndCircuitBreakerAreReadAndBadOnesNamed) {
-  const std::string head = "workflow: x\nkey: \"{{input.id}}\"\ntargets:\n  erp:\n    url: http://erp\n";
-  const std::string steps = "steps:\n  - name: read\n    request: { method: GET, url: http://erp/a }\n";
+  const std::string head =
+      "workflow: x\nkey: \"{{input.id}}\"\ntargets:\n  erp:\n    url: http://erp\n";
+  const std::string steps =
+      "steps:\n  - name: read\n    request: { method: GET, url: http://erp/a }\n";
   auto loaded = LoadDefinitionText(head +
                                        "    limits: { rate: 2.5, concurrency: 4 }\n"
                                        "    circuit_breaker: { failures: 5, cool_down: 45s }\n" +
@@ -271,7 +272,8 @@ steps:
   - name: a
     request: { method: POST, url: "http://x" }
     colour: blue
-)", "w.yaml");
+)",
+                                       "w.yaml");
   ASSERT_FALSE(definition.ok());
   EXPECT_EQ(definition.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(definition.status().message().find("w.yaml:6: step 'a': unknown field 'colour'"),
@@ -293,7 +295,8 @@ steps:
     wait: { event: com.acme.approved, timeout: 2d }
   - name: use
     transform: { by: "{{steps.approval.response.approver}}" }
-)", "w.yaml");
+)",
+                                 "w.yaml");
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(good->steps[0].kind, StepKind::kWait);
   EXPECT_EQ(good->steps[0].wait_event, "com.acme.approved");
@@ -308,7 +311,8 @@ steps:
       {"    wait: { event: e, soon: 1 }\n", "unknown field 'soon'"},
       {"    wait: { event: e }\n    request: { method: GET, url: \"http://x\" }\n",
        "one of 'request', 'transform', 'wait', 'approval' or 'sql'"},
-      {"    wait: { event: e }\n    recovery: lookup\n    lookup: { request: { method: GET, url: \"http://x\" }, found: /a }\n",
+      {"    wait: { event: e }\n    recovery: lookup\n    lookup: { request: { method: GET, url: "
+       "\"http://x\" }, found: /a }\n",
        "wait step"},
       {"    wait: { event: e, timeout: later }\n", "timeout"},
   };
@@ -336,7 +340,8 @@ steps:
       on_reject: close
   - name: use
     transform: { by: "{{steps.approve.response.decision.by}}" }
-)", "w.yaml");
+)",
+                                 "w.yaml");
   ASSERT_TRUE(good.ok()) << good.status();
   const StepDefinition& step = good->steps[0];
   EXPECT_EQ(step.kind, StepKind::kApproval);
@@ -364,10 +369,10 @@ steps:
       {"    approval: { material: [/a] }\n    optional: true\n", "never optional"},
   };
   for (const Bad& c : cases) {
-    auto definition = LoadDefinitionText(
-        "workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: approve\n" + c.step +
-            "  - name: later\n    transform: { x: 1 }\n",
-        "w.yaml");
+    auto definition =
+        LoadDefinitionText("workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: approve\n" +
+                               c.step + "  - name: later\n    transform: { x: 1 }\n",
+                           "w.yaml");
     ASSERT_FALSE(definition.ok()) << c.step;
     EXPECT_NE(definition.status().message().find(c.says), std::string::npos)
         << definition.status().message();
@@ -410,7 +415,8 @@ TEST(LoaderTest, AWorkflowMayKeepItsStepKeysLonger) {
 TEST(LoaderTest, UrlsAndLookupsAreCheckedForTenantsAndSafety) {
   std::string host = kValid;
   host.replace(host.find("\"{{env.URL}}/orders\""), 20, "\"http://{{input.host}}/orders\"");
-  EXPECT_TRUE(Has(Lint(host), "would be written into the scheme, host or port", 0, "write")) << host;
+  EXPECT_TRUE(Has(Lint(host), "would be written into the scheme, host or port", 0, "write"))
+      << host;
   // A lookup that neither asks for nor matches the tenant's reference: a warning.
   auto diagnostics = Lint(kValid);
   ASSERT_FALSE(diagnostics.empty());
@@ -429,7 +435,8 @@ TEST(LoaderTest, UrlsAndLookupsAreCheckedForTenantsAndSafety) {
 
 TEST(LoaderTest, InvalidUtf8IsRefusedNamingTheLine) {
   // Found by the fuzzer: a byte that is not UTF-8 inside a transform used to throw.
-  auto diagnostics = Lint("workflow: w\nkey: k\nsteps:\n  - name: t\n    transform: { a: \"\xff\" }\n");
+  auto diagnostics =
+      Lint("workflow: w\nkey: k\nsteps:\n  - name: t\n    transform: { a: \"\xff\" }\n");
   EXPECT_TRUE(Has(diagnostics, "flow.yaml:5: not valid UTF-8")) << diagnostics[0].ToString();
 }
 
@@ -465,9 +472,8 @@ TEST(LoaderTest, BodyErrorRulesAndLookupPagesLoad) {
   ASSERT_EQ(create.body_errors.size(), 2u);
   EXPECT_EQ(create.body_errors[0].status, 0);
   EXPECT_EQ(create.body_errors[0].verdict, BodyVerdict::kTransient);
-  EXPECT_EQ(create.body_errors[0].match,
-            (std::vector<std::pair<std::string, std::string>>{{"/status", "ERROR"},
-                                                              {"/code", "RATE_LIMIT"}}));
+  EXPECT_EQ(create.body_errors[0].match, (std::vector<std::pair<std::string, std::string>>{
+                                             {"/status", "ERROR"}, {"/code", "RATE_LIMIT"}}));
   EXPECT_EQ(create.body_errors[1].status, 409);
   EXPECT_EQ(create.body_errors[1].verdict, BodyVerdict::kExists);
   ASSERT_TRUE(create.lookup.has_value());
@@ -499,10 +505,11 @@ TEST(LoaderTest, MistakesInBodyRulesAndPagesAreNamedWithTheirLine) {
   d = with("match: { /code: DUPLICATE }", "when: { /code: DUPLICATE }");
   EXPECT_TRUE(Has(d, "unknown field 'when' in an errors.body rule", 14, "create")) << All(d);
   EXPECT_TRUE(Has(d, "needs 'match'", 0, "create")) << All(d);
-  d = with("      body:\n        - match: { /status: ERROR, /code: RATE_LIMIT }\n"
-           "          class: transient\n        - status: 409\n"
-           "          match: { /code: DUPLICATE }\n          class: exists\n",
-           "      body: RATE_LIMIT\n");
+  d = with(
+      "      body:\n        - match: { /status: ERROR, /code: RATE_LIMIT }\n"
+      "          class: transient\n        - status: 409\n"
+      "          match: { /code: DUPLICATE }\n          class: exists\n",
+      "      body: RATE_LIMIT\n");
   EXPECT_TRUE(Has(d, "'errors.body' is a list of rules", 10, "create")) << All(d);
   d = with("{ next: /next, max: 20 }", "{ next: /next, param: page }");
   EXPECT_TRUE(Has(d, "not both", 21, "create")) << All(d);
@@ -598,7 +605,8 @@ steps:
 )";
 
 TEST(LoaderTest, WhenAndOptionalAreReadInEachForm) {
-  auto definition = LoadDefinitionText(std::string(kNotifyHead) + R"(    when: { present: "{{input.line_id}}" }
+  auto definition =
+      LoadDefinitionText(std::string(kNotifyHead) + R"(    when: { present: "{{input.line_id}}" }
     optional: true
     request: { method: GET, url: "http://x/line" }
   - name: email
@@ -613,7 +621,8 @@ TEST(LoaderTest, WhenAndOptionalAreReadInEachForm) {
   - name: audit
     when: { absent: "{{input.quiet}}" }
     request: { method: GET, url: "http://x/audit" }
-)", "notify.yaml");
+)",
+                         "notify.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const auto& steps = definition->steps;
   ASSERT_EQ(steps.size(), 6u);
@@ -646,8 +655,8 @@ TEST(LoaderTest, ABadConditionIsNamedWithItsLineAndStep) {
       {"    when: { equals: [\"{{input.a}}\"] }\n", "'when.equals' compares two values", 7},
       {"    when: { equals: \"{{input.a}}\" }\n", "'when.equals' compares two values", 7},
       {"    when: yes\n", "'when' as a value is exactly one placeholder", 7},
-      {"    when: \"{{input.a}} and {{input.b}}\"\n", "'when' as a value is exactly one placeholder",
-       7},
+      {"    when: \"{{input.a}} and {{input.b}}\"\n",
+       "'when' as a value is exactly one placeholder", 7},
       {"    when: \"{{secret.TOKEN}}\"\n", "when: {{secret.TOKEN}} cannot be used here", 6},
       {"    when: \"{{steps.later.output}}\"\n", "which has not run yet at this point", 6},
       {"    when: { equals: [\"{{input.a}}\", \"{{secret.B}}\"] }\n", "{{secret.B}} cannot be used",
@@ -682,21 +691,27 @@ TEST(LoaderTest, ReadingAStepThatMayBeSkippedOrPassedOverIsWarnedUnlessCondition
   EXPECT_TRUE(Has(d, "step 'line' may be skipped (when: present {{input.line_id}})", 0, "report"))
       << All(d);
   EXPECT_TRUE(Has(d, "step 'mail' is optional", 0, "report")) << All(d);
-  EXPECT_TRUE(Has(d, "guard it with when: { present: \"{{steps.line.external_id}}\" }", 0,
-                  "report"))
+  EXPECT_TRUE(
+      Has(d, "guard it with when: { present: \"{{steps.line.external_id}}\" }", 0, "report"))
       << All(d);
   // Reading a step that may be skipped is a warning; a required step reading an
   // optional one's result is refused (its failure would undo the business).
   EXPECT_TRUE(LoadDefinitionText(head + R"(  - name: report
     request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
-)", "flow.yaml").ok());
+)",
+                                 "flow.yaml")
+                  .ok());
   EXPECT_FALSE(LoadDefinitionText(head + R"(  - name: report
     request: { method: GET, url: "http://x/r?m={{steps.mail.response.id}}" }
-)", "flow.yaml").ok());
+)",
+                                  "flow.yaml")
+                   .ok());
   EXPECT_TRUE(LoadDefinitionText(head + R"(  - name: report
     optional: true
     request: { method: GET, url: "http://x/r?m={{steps.mail.response.id}}" }
-)", "flow.yaml").ok());
+)",
+                                 "flow.yaml")
+                  .ok());
   auto guarded = Lint(head + R"(  - name: report
     when: { present: "{{steps.line.external_id}}" }
     request: { method: GET, url: "http://x/r?line={{steps.line.external_id}}" }
@@ -723,7 +738,8 @@ TEST(LoaderTest, APresenceTestOnAnExternalIdNeverRecordedIsWarned) {
     request: { method: GET, url: "http://x/after" }
 )");
   EXPECT_TRUE(Has(d, "step 'line' records no external id", 0, "after")) << All(d);
-  auto recorded = Lint(std::string(kNotifyHead) + R"(    request: { method: GET, url: "http://x/line" }
+  auto recorded =
+      Lint(std::string(kNotifyHead) + R"(    request: { method: GET, url: "http://x/line" }
     result: { external_id: /id }
   - name: after
     when: { present: "{{steps.line.external_id}}" }
@@ -752,7 +768,8 @@ steps:
         params: { id: "{{steps.record.output.rows.0.id}}" }
   - name: use
     transform: { row: "{{steps.record.output.rows.0.id}}" }
-)", "w.yaml");
+)",
+                                 "w.yaml");
   ASSERT_TRUE(good.ok()) << good.status();
   const StepDefinition& step = good->steps[0];
   EXPECT_EQ(step.kind, StepKind::kSql);
@@ -779,19 +796,21 @@ TEST(LoaderSqlTest, SqlStepMistakesAreNamedWithFileLineAndStep) {
        "params.b is not used"},
       {"    sql: { statement: \"DELETE FROM t; DROP TABLE t\" }\n", "exactly one statement"},
       {"    sql: { statement: \"DROP TABLE t\" }\n", "not 'drop'"},
-      {"    sql: { statement: \"UPDATE steps SET state = 1\" }\n", "'steps', one of Waystone's own"},
+      {"    sql: { statement: \"UPDATE steps SET state = 1\" }\n",
+       "'steps', one of Waystone's own"},
       {"    sql: { statement: \"SELECT * FROM public.instances\" }\n", "'instances', one of"},
-      {"    sql: { statement: \"INSERT INTO \\\"main\\\".api_tokens VALUES (:h)\", params: { h: x } }\n",
+      {"    sql: { statement: \"INSERT INTO \\\"main\\\".api_tokens VALUES (:h)\", params: { h: x "
+       "} }\n",
        "'api_tokens', one of"},
       {"    sql: { statement: \"SELECT * FROM orders, server_keys\" }\n", "'server_keys', one of"},
       {"    sql: { statement: \"UPDATE [STEPS] SET a = 1\" }\n", "'steps', one of"},
-      {"    sql: { statement: \"SELECT :s\", params: { s: \"{{secret.erp_key}}\" } }\n",
-       "secret"},
+      {"    sql: { statement: \"SELECT :s\", params: { s: \"{{secret.erp_key}}\" } }\n", "secret"},
       {"    sql: { statement: \"SELECT 1\", tx: true }\n", "unknown field 'tx'"},
       {"    sql: { statement: \"DELETE FROM t WHERE tenant = :tenant\", params: { tenant: x } "
        "}\n",
        "params.tenant is bound by Waystone to the instance's tenant"},
-      {"    sql: { statement: \"SELECT 1\" }\n    recovery: lookup\n", "its recovery is 'repeatable'"},
+      {"    sql: { statement: \"SELECT 1\" }\n    recovery: lookup\n",
+       "its recovery is 'repeatable'"},
       {"    sql: { statement: \"SELECT 1\" }\n    recovery: compensable\n", "needs compensate.sql"},
       {"    sql: { statement: \"SELECT 1\" }\n    idempotency: { key: \"x\" }\n",
        "needs no idempotency key"},
@@ -804,10 +823,11 @@ TEST(LoaderSqlTest, SqlStepMistakesAreNamedWithFileLineAndStep) {
        "a step has one of"},
   };
   for (const Bad& c : cases) {
-    auto definition = LoadDefinitionText("workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: "
-                                         "record\n" + c.step +
-                                             "  - name: later\n    transform: { a: 1 }\n",
-                                         "w.yaml");
+    auto definition = LoadDefinitionText(
+        "workflow: w\nkey: \"{{input.id}}\"\nsteps:\n  - name: "
+        "record\n" +
+            c.step + "  - name: later\n    transform: { a: 1 }\n",
+        "w.yaml");
     ASSERT_FALSE(definition.ok()) << c.step;
     EXPECT_NE(definition.status().message().find(c.says), std::string::npos)
         << c.step << " => " << definition.status().message();
@@ -828,7 +848,8 @@ TEST(LoaderSqlTest, TenantIsBoundByWaystoneAndAStatementThatCouldTouchAnotherTen
       sql:
         statement: "UPDATE accounts SET v = 0 WHERE tenant = :tenant AND k = :k"
         params: { k: "{{input.id}}" }
-)", "w.yaml");
+)",
+                                   "w.yaml");
   ASSERT_TRUE(scoped.ok()) << scoped.status();
   const SqlSpec& sql = scoped->steps[0].sql;
   ASSERT_EQ(sql.params.size(), 3u);

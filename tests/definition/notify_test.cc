@@ -4,9 +4,9 @@
 
 #include "definition/notify.h"
 
-#include <gtest/gtest.h>
-
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "definition/loader.h"
 
@@ -103,7 +103,8 @@ TEST(NotifyTest, ACriticalNotificationWithoutCorrectionAndItsOwnEvent) {
       event: "order-confirmed/{{input.order}}"
       channels:
         line: { to: "{{input.line_id}}", token: "{{env.LINE_TOKEN}}" }
-)", "n.yaml");
+)",
+                                       "n.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const StepDefinition& line = definition->steps[1];
   EXPECT_FALSE(line.optional);
@@ -140,7 +141,8 @@ steps:
           to: "{{input.email}}"
           user: "{{env.SMTP_USER}}"
           password: "{{secret.SMTP_PASSWORD}}"
-)"), "n.yaml");
+)"),
+                                       "n.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const StepDefinition& email = definition->steps[1];
   EXPECT_EQ(email.name, "confirm-email");
@@ -177,8 +179,11 @@ steps:
       template: t
       recipient: r
       channels: { email: { url: "smtp://m:25", from: a@b.example, to: "{{steps.later.external_id}}" } }
-)").find("request.mail.to: {{steps.later.external_id}} refers to step 'later', which does not exist"),
-            std::string::npos) << "the validator reads an email's templates too";
+)")
+                .find("request.mail.to: {{steps.later.external_id}} refers to step 'later', which "
+                      "does not exist"),
+            std::string::npos)
+      << "the validator reads an email's templates too";
 }
 
 TEST(NotifyTest, AnEmailsCorrectionIsSentAtMostOnce) {
@@ -201,7 +206,8 @@ steps:
       channels:
         email: { url: "smtp://mail.example:25", from: orders@shop.example, to: "{{input.email}}",
                  timeout: 20s }
-)"), "n.yaml");
+)"),
+                                       "n.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const StepDefinition& email = definition->steps[1];
   EXPECT_EQ(email.request.timeout, 20'000) << "a relay on the LAN answers sooner";
@@ -229,8 +235,9 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
     return text;
   };
   const Row rows[] = {
-      {"a later step", replace("reports: create", "reports: later") +
-                           "  - name: later\n    request: { method: GET, url: \"http://x\" }\n",
+      {"a later step",
+       replace("reports: create", "reports: later") +
+           "  - name: later\n    request: { method: GET, url: \"http://x\" }\n",
        "n.yaml:11: step 'confirm': notify 'confirm' reports step 'later', which has not run yet"},
       {"no such step", replace("reports: create", "reports: nothing"),
        "step 'confirm': notify 'confirm' reports step 'nothing', which does not exist"},
@@ -259,12 +266,14 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
                "password: hunter22 }"),
        "'notify.channels.email.password' must be exactly one {{secret.NAME}} or {{env.NAME}}"},
       {"an email timeout under a second",
-       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
-               "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: 500ms }"),
+       replace(
+           "webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+           "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: 500ms }"),
        "'notify.channels.email.timeout' is at least 1s (default 2m)"},
       {"an email timeout that is not a duration",
-       replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
-               "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: soon }"),
+       replace(
+           "webhook: { url: \"{{env.HOOK}}/deliveries\" }",
+           "email: { url: \"smtp://m:25\", from: a@b.example, to: x@y.example, timeout: soon }"),
        "'timeout' must be a duration such as 200ms, 2s or 1m"},
       {"a user without password",
        replace("webhook: { url: \"{{env.HOOK}}/deliveries\" }",
@@ -272,9 +281,10 @@ TEST(NotifyTest, WhatWouldAnnounceTooEarlyOrLeakIsRefusedWithLineAndStep) {
        "'user' and 'password' go together"},
       {"an unknown channel", replace("webhook:", "fax:"), "unknown channel 'fax'"},
       {"no version", replace("version: 3, ", ""), "template 'order-confirmed' needs 'version'"},
-      {"a name clash", head + notify +
-                           "  - name: confirm-line\n    request: { method: GET, url: \"http://x\" "
-                           "}\n",
+      {"a name clash",
+       head + notify +
+           "  - name: confirm-line\n    request: { method: GET, url: \"http://x\" "
+           "}\n",
        "step 'confirm-line': duplicate step name"},
       {"an unknown field", replace("channels:", "channel: {}\n      channels:"),
        "unknown field 'channel' in notify"},
@@ -361,22 +371,28 @@ TEST(ParallelTest, WhatABranchCannotKnowIsRefused) {
     const char* expected;
   };
   const Row rows[] = {
-      {"a sibling's result", replace("http://wms/reservations", "http://wms/{{steps.link.external_id}}"),
+      {"a sibling's result",
+       replace("http://wms/reservations", "http://wms/{{steps.link.external_id}}"),
        "refers to step 'link' in another branch of parallel group 'downstream', which may not have "
        "run yet"},
-      {"one branch", replace("      - name: reserve\n        idempotency: { honored: true }\n"
-                             "        request: { method: POST, url: \"http://wms/reservations\" }\n",
-                             ""),
+      {"one branch",
+       replace("      - name: reserve\n        idempotency: { honored: true }\n"
+               "        request: { method: POST, url: \"http://wms/reservations\" }\n",
+               ""),
        "'parallel' is a list of at least two branches"},
-      {"a group in a group", replace("      - name: reserve", "      - name: inner\n        parallel: []\n      - name: reserve2"),
+      {"a group in a group",
+       replace("      - name: reserve",
+               "      - name: inner\n        parallel: []\n      - name: reserve2"),
        "a parallel group cannot hold another one"},
       {"a name clash", replace("name: reserve", "name: downstream"), "duplicate"},
       {"a notify reporting a sibling",
        "templates:\n  t: { version: 1, text: x }\n" +
-           replace("      - name: reserve\n",
-                   "      - name: tell\n        notify:\n          reports: link\n          template: t\n"
-                   "          recipient: r\n          channels: { webhook: { url: \"http://h\" } }\n"
-                   "      - name: reserve\n"),
+           replace(
+               "      - name: reserve\n",
+               "      - name: tell\n        notify:\n          reports: link\n          template: "
+               "t\n"
+               "          recipient: r\n          channels: { webhook: { url: \"http://h\" } }\n"
+               "      - name: reserve\n"),
        "notify 'tell' reports step 'link', which is in another branch of parallel group "
        "'downstream'"},
   };

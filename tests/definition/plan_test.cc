@@ -24,19 +24,20 @@ TEST(PlanTest, NamesEveryStepWithItsRecovery) {
 }
 
 TEST(PlanTest, SaysHowALookupReadsPagesAndWhatBodyRulesMean) {
-  auto definition =
-      LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-paged-erp.yaml");
+  auto definition = LoadDefinitionFile(testing::SourceDir() + "/examples/order-to-paged-erp.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const std::string plan = RenderPlan(*definition);
   EXPECT_NE(plan.find("every page, following /next (same origin, at most 20 pages)"),
-            std::string::npos) << plan;
-  EXPECT_NE(plan.find("no earlier than 5000ms after the request left"), std::string::npos)
+            std::string::npos)
       << plan;
+  EXPECT_NE(plan.find("no earlier than 5000ms after the request left"), std::string::npos) << plan;
   EXPECT_NE(plan.find("body rule:  /status = ERROR and /code = RATE_LIMIT -> transient"),
-            std::string::npos) << plan;
+            std::string::npos)
+      << plan;
   EXPECT_NE(plan.find("body rule:  /status = ERROR and /code = DUPLICATE -> exists: never "
                       "resent; look up and adopt"),
-            std::string::npos) << plan;
+            std::string::npos)
+      << plan;
 }
 
 }  // namespace
@@ -46,10 +47,12 @@ TEST(PlanTest, SaysWhatAnUploadSendsAndHowATargetAuthorises) {
   const std::string plan = RenderPlan(*definition);
   EXPECT_NE(plan.find("target erp: {{env.ERP_URL}}/erp; OAuth2 client credentials from "
                       "{{env.ERP_TOKEN_URL}}"),
-            std::string::npos) << plan;
+            std::string::npos)
+      << plan;
   EXPECT_NE(plan.find("sends:      multipart file 'file' from the files folder's {{input.pdf}}, "
                       "pinned by SHA-256"),
-            std::string::npos) << plan;
+            std::string::npos)
+      << plan;
   EXPECT_NE(plan.find("sends:      form fields"), std::string::npos) << plan;
 }
 
@@ -70,7 +73,8 @@ steps:
   - name: order
     idempotency: { honored: true }
     request: { method: POST, url: "http://x/order" }
-)", "notify.yaml");
+)",
+                                       "notify.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const std::string plan = RenderPlan(*definition);
   EXPECT_NE(plan.find("1. line  [repeatable]  optional\n"), std::string::npos) << plan;
@@ -78,8 +82,7 @@ steps:
       << plan;
   EXPECT_NE(plan.find("rejected:   no retry; alert and go on without it"), std::string::npos)
       << plan;
-  EXPECT_NE(plan.find("rejected:   no retry; fail the instance and compensate"),
-            std::string::npos)
+  EXPECT_NE(plan.find("rejected:   no retry; fail the instance and compensate"), std::string::npos)
       << plan;
 }
 

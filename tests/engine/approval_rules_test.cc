@@ -4,11 +4,10 @@
 // decisions refused and audited, a decision before the request kept for it, and
 // where a rejection goes.
 
-#include <gtest/gtest.h>
-
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "definition/loader.h"
@@ -40,7 +39,8 @@ steps:
   - name: c
     idempotency: { honored: true }
     request: { method: POST, url: "http://x/c" }
-)", "w.yaml");
+)",
+                                   "w.yaml");
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   return loaded.ok() ? *loaded : WorkflowDefinition{};
 }
@@ -84,8 +84,7 @@ struct Open {
 };
 
 Open OpenRequest(const WorkflowDefinition& definition, I state = I::kRunning) {
-  Open open{Instance(state, kInput), testing::Steps({S::kCompleted, S::kPending, S::kPending}),
-            ""};
+  Open open{Instance(state, kInput), testing::Steps({S::kCompleted, S::kPending, S::kPending}), ""};
   SeededRandom random{1};
   const Facts facts{definition, open.instance, open.steps, kApprovalNow, random};
   const Change change = OpenApproval(facts, 1, Snapshot(definition, open.instance));
@@ -196,10 +195,13 @@ TEST(ApprovalRulesTest, ARejectionGoesWhereTheStepSays) {
   };
   const std::vector<Row> table = {
       // a completed and has a compensation: it is undone.
-      {"compensate", I::kCompensating,
-       {"waystone.step.failed", "waystone.instance.compensating"}, {}},
+      {"compensate",
+       I::kCompensating,
+       {"waystone.step.failed", "waystone.instance.compensating"},
+       {}},
       {"close", I::kClosed, {"waystone.step.failed", "waystone.instance.closed"}, {}},
-      {"wait", I::kNeedsAttention,
+      {"wait",
+       I::kNeedsAttention,
        {"waystone.alert.approval_rejected", "waystone.instance.needs_attention"},
        {AlertKind::kApprovalRejected}},
   };
@@ -367,8 +369,8 @@ TEST(ApprovalRulesTest, ADecisionBeforeTheRequestIsKeptForThatRequestOnly) {
   const DecisionOutcome refused = DecisionArrived(facts, 1, wrong, now);
   EXPECT_EQ(refused.refusal.code(), absl::StatusCode::kFailedPrecondition);
 
-  const DecisionOutcome kept = DecisionArrived(facts, 1, By("alice", true, 0, now.data_version),
-                                               now);
+  const DecisionOutcome kept =
+      DecisionArrived(facts, 1, By("alice", true, 0, now.data_version), now);
   ASSERT_TRUE(kept.refusal.ok()) << kept.refusal;
   ASSERT_EQ(kept.change.steps.size(), 1u);
   EXPECT_EQ(kept.change.steps[0].state, S::kPending);  // nothing runs earlier
@@ -416,9 +418,8 @@ TEST(ApprovalRulesTest, ARoleDecidesAtItsRankOrAbove) {
   const WorkflowDefinition definition =
       ApprovalDefinition("{ material: [/amount], approvers: { role: admin } }");
   const Open open = OpenRequest(definition);
-  for (const auto& [role, allowed] :
-       std::vector<std::pair<std::string, bool>>{{"viewer", false}, {"operator", false},
-                                                 {"admin", true}}) {
+  for (const auto& [role, allowed] : std::vector<std::pair<std::string, bool>>{
+           {"viewer", false}, {"operator", false}, {"admin", true}}) {
     SCOPED_TRACE(role);
     SeededRandom random{8};
     const Facts facts{definition, open.instance, open.steps, kApprovalNow, random};
@@ -431,8 +432,8 @@ TEST(ApprovalRulesTest, ARoleDecidesAtItsRankOrAbove) {
 }
 
 TEST(ApprovalRulesTest, ASummaryThatDoesNotRenderFailsTheStepNamingTheField) {
-  const WorkflowDefinition definition = ApprovalDefinition(
-      R"({ material: [/amount], summary: "{{input.customer.name}}" })");
+  const WorkflowDefinition definition =
+      ApprovalDefinition(R"({ material: [/amount], summary: "{{input.customer.name}}" })");
   const InstanceRecord instance = Instance(I::kRunning, kInput);
   const Json context = {{"input", Json::parse(kInput)}};
   const auto snapshot = RenderApproval(definition.steps[1].approval, kInput, context);
@@ -506,8 +507,7 @@ TEST(ApprovalRulesTest, AMaterialRevisionCancelsTheOpenRequestAndAsksAgainOnTheN
   // ... and before request 2 opened, too.
   const Facts between{Finance(), revised, after, kApprovalNow + 1, random};
   const DecisionOutcome early =
-      DecisionArrived(between, 1, By("alice", true, 1, open.version),
-                      Snapshot(Finance(), revised));
+      DecisionArrived(between, 1, By("alice", true, 1, open.version), Snapshot(Finance(), revised));
   EXPECT_NE(early.refusal.message().find("request 1 of step 'b' was cancelled (superseded)"),
             std::string::npos)
       << early.refusal;
@@ -588,7 +588,8 @@ steps:
     request: { method: POST, url: "http://x/reserve" }
   - name: approve
     approval: { material: [/amount] }
-)", "w.yaml");
+)",
+                                   "w.yaml");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const InstanceRecord instance = Instance(I::kRunning, kInput);
   std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted, S::kPending});
@@ -618,10 +619,12 @@ steps:
   - name: reserve
     idempotency: { honored: true }
     request: { method: POST, url: "http://x/reserve" }
-)", "w.yaml");
+)",
+                                "w.yaml");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("a step that changed something is never redone"),
-            std::string::npos) << bad.status();
+            std::string::npos)
+      << bad.status();
   EXPECT_NE(bad.status().message().find("no step 'nope'"), std::string::npos) << bad.status();
 }
 
@@ -629,8 +632,8 @@ TEST(ApprovalRulesTest, AFinishedInstanceTakesNoRevision) {
   for (I state : {I::kCompleted, I::kClosed, I::kCompensating, I::kFailed}) {
     SCOPED_TRACE(ToString(state));
     const InstanceRecord instance = Instance(state, kInput);
-    const std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted,
-                                                          S::kCompleted});
+    const std::vector<StepRecord> steps =
+        testing::Steps({S::kCompleted, S::kCompleted, S::kCompleted});
     SeededRandom random{14};
     const Facts facts{Finance(), instance, steps, kApprovalNow, random};
     const auto out = Revise(facts, Revised("note", "late"));
@@ -656,7 +659,8 @@ steps:
   - name: c
     idempotency: { honored: true }
     request: { method: POST, url: "http://x/c" }
-)") + (pause ? "    on_failure: pause\n" : ""), "w.yaml");
+)") + (pause ? "    on_failure: pause\n" : ""),
+                                     "w.yaml");
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     const InstanceRecord instance = Instance(I::kRunning, kInput);
     std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kCompleted, S::kRunning});
@@ -690,7 +694,8 @@ TEST(ApprovalRulesTest, ARequestIsRemindedThenEscalatedThenTimesOutAsDeclared) {
   constexpr Millis kHour = 3'600'000;
   const Open open = OpenRequest(definition);
   std::vector<StepRecord> steps = open.steps;
-  EXPECT_EQ(steps[1].next_attempt_at, kApprovalNow + kHour);  // the durable timer: its first deadline
+  EXPECT_EQ(steps[1].next_attempt_at,
+            kApprovalNow + kHour);  // the durable timer: its first deadline
   SeededRandom random{16};
   NextAction next = Decide(definition, open.instance, steps, kApprovalNow + kHour / 2);
   EXPECT_EQ(next.kind, NextAction::Kind::kAwaitEvent);
@@ -723,13 +728,15 @@ TEST(ApprovalRulesTest, ARequestIsRemindedThenEscalatedThenTimesOutAsDeclared) {
   std::vector<StepRecord> after_escalation = ApprovalApply(steps, escalated);
   EXPECT_EQ(after_escalation[1].next_attempt_at, kApprovalNow + 3 * kHour);
   {
-    const Facts later{definition, open.instance, after_escalation, kApprovalNow + 2 * kHour + 1, random};
+    const Facts later{definition, open.instance, after_escalation, kApprovalNow + 2 * kHour + 1,
+                      random};
     const DecisionOutcome by_lead = DecisionArrived(later, 1, lead, ApprovalSnapshot{});
     EXPECT_TRUE(by_lead.refusal.ok()) << by_lead.refusal;
   }
 
   // Three hours without a decision: it times out, and closes as declared.
-  const Facts timing_out{definition, open.instance, after_escalation, kApprovalNow + 3 * kHour, random};
+  const Facts timing_out{definition, open.instance, after_escalation, kApprovalNow + 3 * kHour,
+                         random};
   const Change timed_out = ApprovalDue(timing_out, 1);
   EXPECT_EQ(timed_out.state, I::kClosed);
   ASSERT_FALSE(timed_out.steps.empty());
@@ -750,13 +757,13 @@ TEST(ApprovalRulesTest, ATimeoutGoesWhereOnTimeoutSays) {
   for (const Row& row : {Row{"reject", I::kCompensating}, Row{"wait", I::kNeedsAttention},
                          Row{"close", I::kClosed}}) {
     SCOPED_TRACE(row.on_timeout);
-    const WorkflowDefinition definition =
-        ApprovalDefinition(std::string("{ material: [/amount], timeout: 2d, on_timeout: ") +
-                   row.on_timeout + " }");
+    const WorkflowDefinition definition = ApprovalDefinition(
+        std::string("{ material: [/amount], timeout: 2d, on_timeout: ") + row.on_timeout + " }");
     const Open open = OpenRequest(definition);
     EXPECT_EQ(open.steps[1].next_attempt_at, kApprovalNow + 2 * 86'400'000LL);
     SeededRandom random{17};
-    const Facts facts{definition, open.instance, open.steps, kApprovalNow + 2 * 86'400'000LL, random};
+    const Facts facts{definition, open.instance, open.steps, kApprovalNow + 2 * 86'400'000LL,
+                      random};
     EXPECT_EQ(ApprovalDue(facts, 1).state, row.state);
   }
 }
@@ -769,9 +776,12 @@ TEST(ApprovalRulesTest, ADecisionKeptFromTheRequesterIsDroppedWhenItsRequestOpen
   const InstanceRecord instance = Instance(I::kRunning, kInput);  // submitted_by: bob
   std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kPending, S::kPending});
   const ApprovalSnapshot now = Snapshot(Finance(), instance);
-  steps[1].response_json = Json{{"early_decision", {{"outcome", "approve"}, {"by", "bob"},
-                                                     {"at", kApprovalNow}, {"data_version", now.data_version},
-                                                     {"before_request", true}}}}
+  steps[1].response_json = Json{{"early_decision",
+                                 {{"outcome", "approve"},
+                                  {"by", "bob"},
+                                  {"at", kApprovalNow},
+                                  {"data_version", now.data_version},
+                                  {"before_request", true}}}}
                                .dump();
   SeededRandom random{18};
   const Facts facts{Finance(), instance, steps, kApprovalNow, random};
@@ -877,21 +887,25 @@ TEST(ApprovalRulesTest, AStarterWhoNamedSomeoneElseAsRequesterStillMayNotDecide)
   instance.started_by = "alice";
   const ApprovalSnapshot now = Snapshot(Finance(), instance);
   std::vector<StepRecord> steps = testing::Steps({S::kCompleted, S::kPending, S::kPending});
-  steps[1].response_json = Json{{"early_decision", {{"outcome", "approve"}, {"by", "alice"},
-                                                     {"at", kApprovalNow},
-                                                     {"data_version", now.data_version},
-                                                     {"before_request", true}}}}
+  steps[1].response_json = Json{{"early_decision",
+                                 {{"outcome", "approve"},
+                                  {"by", "alice"},
+                                  {"at", kApprovalNow},
+                                  {"data_version", now.data_version},
+                                  {"before_request", true}}}}
                                .dump();
   SeededRandom random{24};
   // A decision kept before the starter was known to matter is dropped when it opens.
-  const Change opened = OpenApproval(Facts{Finance(), instance, steps, kApprovalNow, random}, 1, now);
+  const Change opened =
+      OpenApproval(Facts{Finance(), instance, steps, kApprovalNow, random}, 1, now);
   ASSERT_EQ(opened.steps.size(), 1u);
   EXPECT_EQ(opened.steps[0].state, S::kWaiting);
   ASSERT_EQ(opened.audits.size(), 1u);
   EXPECT_NE(opened.audits[0].reason.find("started this instance"), std::string::npos);
   steps = ApprovalApply(steps, opened);
-  const DecisionOutcome own = DecisionArrived(Facts{Finance(), instance, steps, kApprovalNow + 1, random},
-                                              1, By("alice", true, 1, now.data_version), now);
+  const DecisionOutcome own =
+      DecisionArrived(Facts{Finance(), instance, steps, kApprovalNow + 1, random}, 1,
+                      By("alice", true, 1, now.data_version), now);
   EXPECT_EQ(own.refusal.code(), absl::StatusCode::kPermissionDenied);
 }
 

@@ -25,9 +25,7 @@ absl::StatusOr<BusinessWorkResult> RunOne(RecordingRunner& runner, bool tenant_s
   SeededRandom random(1);
   const TransactionWork work(
       0,
-      [&](CodeTransaction& tx) -> absl::StatusOr<std::string> {
-        return tx.Execute(text, params);
-      },
+      [&](CodeTransaction& tx) -> absl::StatusOr<std::string> { return tx.Execute(text, params); },
       instance, random, 1'000, tenant_scoped);
   return work.Run(runner);
 }
@@ -35,9 +33,9 @@ absl::StatusOr<BusinessWorkResult> RunOne(RecordingRunner& runner, bool tenant_s
 TEST(CodeTransactionTest, TenantIsBoundToTheInstancesTenantAndNoCallerMayChooseIt) {
   RecordingRunner runner;
   const SqlParam k{SqlParam::Kind::kText, "A1"};
-  ASSERT_TRUE(RunOne(runner, true, "UPDATE a SET v = 1 WHERE tenant = :tenant AND k = :k",
-                     {{"k", k}})
-                  .ok());
+  ASSERT_TRUE(
+      RunOne(runner, true, "UPDATE a SET v = 1 WHERE tenant = :tenant AND k = :k", {{"k", k}})
+          .ok());
   ASSERT_EQ(runner.statements.size(), 1u);
   ASSERT_EQ(runner.statements[0].values.size(), 2u);
   EXPECT_EQ(runner.statements[0].values[0].text, "acme");

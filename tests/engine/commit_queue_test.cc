@@ -24,7 +24,7 @@ class FailingBatchStore final : public InstanceStore {
   explicit FailingBatchStore(InstanceStore* real) : real_(real) {}
   std::atomic<int> batches{0};
   std::atomic<int> alone{0};
-  std::atomic<int> commits{0};  // transactions with changes
+  std::atomic<int> commits{0};          // transactions with changes
   std::atomic<bool> throw_next{false};  // the next change transaction throws
   // The change transactions let through: the next waits until this grows.
   std::atomic<int> allowed{std::numeric_limits<int>::max()};
@@ -44,7 +44,7 @@ class FailingBatchStore final : public InstanceStore {
   // which fails as a whole when fail_together is set.
   bool one_writer = false;
   std::atomic<bool> fail_together{false};
-  std::atomic<int> together{0};  // shared transactions of starts and changes
+  std::atomic<int> together{0};        // shared transactions of starts and changes
   std::vector<size_t> together_sizes;  // starts + changes in each
 
   absl::StatusOr<std::vector<absl::Status>> Commit(const std::vector<Change>& c) override {
@@ -67,7 +67,9 @@ class FailingBatchStore final : public InstanceStore {
   absl::StatusOr<InstanceRecord> FindInstance(const std::string& t, const std::string& k) override {
     return real_->FindInstance(t, k);
   }
-  absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t id) override { return real_->GetSteps(id); }
+  absl::StatusOr<std::vector<StepRecord>> GetSteps(int64_t id) override {
+    return real_->GetSteps(id);
+  }
   absl::StatusOr<std::vector<KeptEvent>> GetKeptEvents(int64_t id) override {
     return real_->GetKeptEvents(id);
   }
@@ -80,7 +82,8 @@ class FailingBatchStore final : public InstanceStore {
   absl::StatusOr<std::vector<StepAttemptCounts>> CountAttempts(int64_t id) override {
     return real_->CountAttempts(id);
   }
-  absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& t, const std::string& k) override {
+  absl::StatusOr<TombstoneRecord> FindTombstone(const std::string& t,
+                                                const std::string& k) override {
     return real_->FindTombstone(t, k);
   }
   absl::StatusOr<std::vector<InstanceRecord>> ListInstances(const InstanceFilter& f) override {
@@ -92,8 +95,8 @@ class FailingBatchStore final : public InstanceStore {
   absl::StatusOr<std::vector<AuditRecord>> ListAudit(int64_t id) override {
     return real_->ListAudit(id);
   }
-  absl::StatusOr<std::optional<IdempotencyClaim>> GetIdempotencyClaim(const std::string& t,
-                                                                      const std::string& k) override {
+  absl::StatusOr<std::optional<IdempotencyClaim>> GetIdempotencyClaim(
+      const std::string& t, const std::string& k) override {
     return real_->GetIdempotencyClaim(t, k);
   }
   absl::StatusOr<std::optional<InboxEntry>> LookupInbox(const std::string& t, const std::string& s,
@@ -143,8 +146,8 @@ class CommitQueueTest : public testing::StoreWithInstances {
     QueuedBehind answered;
     store.allowed = 0;
     std::thread a([&] { answered.first = queue.Commit(Finish(first, 2000)); });
-    EXPECT_TRUE(testing::WaitFor([&] { return store.commits.load() == 1; },
-                                 std::chrono::seconds(10)));
+    EXPECT_TRUE(
+        testing::WaitFor([&] { return store.commits.load() == 1; }, std::chrono::seconds(10)));
     std::thread b([&] { answered.second = queue.Commit(Finish(second, 2000)); });
     std::thread c([&] { answered.started = queue.Start(StartOf("new")); });
     EXPECT_TRUE(testing::WaitFor([&] { return queue.Queued() == 2; }, std::chrono::seconds(10)))
@@ -192,8 +195,8 @@ TEST_F(CommitQueueTest, AChangeQueuedBehindACommitIsCommittedNextAndStopWaitsFor
   absl::Status second_result = absl::UnknownError("not run");
   std::thread::id second_thread;
   std::thread a([&] { first_result = queue.Commit(Finish(first, 2000)); });
-  ASSERT_TRUE(testing::WaitFor([&] { return store.commits.load() == 1; },
-                               std::chrono::seconds(10)));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return store.commits.load() == 1; }, std::chrono::seconds(10)));
   std::thread b([&] {
     second_thread = std::this_thread::get_id();
     second_result = queue.Commit(Finish(second, 2000));
@@ -207,8 +210,8 @@ TEST_F(CommitQueueTest, AChangeQueuedBehindACommitIsCommittedNextAndStopWaitsFor
   // a's transaction goes through; b's is taken next and held.
   store.allowed = 1;
   a.join();
-  EXPECT_TRUE(testing::WaitFor([&] { return store.commits.load() == 2; },
-                               std::chrono::seconds(10)));
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return store.commits.load() == 2; }, std::chrono::seconds(10)));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_FALSE(stopped.load()) << "Stop() returned with a queued change not yet committed";
   store.allowed = 2;
@@ -245,7 +248,7 @@ TEST_F(CommitQueueTest, AStaleLeaseIsAbortedAndTheOthersStillCommit) {
     leases.push_back(StartAndClaim("k" + std::to_string(i), 1000, 30'000));
   }
   Lease stale = leases[3];
-  stale.epoch += 1;  // another worker's claim since
+  stale.epoch += 1;                      // another worker's claim since
   CommitQueue queue(store_.get(), {2});  // several batches, each under savepoints
   queue.Start();
   std::vector<absl::Status> results(leases.size());
@@ -337,7 +340,8 @@ TEST_F(CommitQueueTest, ConcurrentStartsOfOneKeyMakeOneInstanceAndTheOthersFindI
 
 TEST_F(CommitQueueTest, CommitAllSharesTransactionsAndAnswersEachChangeInOrder) {
   std::vector<Lease> leases;
-  for (int i = 0; i < 40; ++i) leases.push_back(StartAndClaim("r" + std::to_string(i), 1000, 30'000));
+  for (int i = 0; i < 40; ++i)
+    leases.push_back(StartAndClaim("r" + std::to_string(i), 1000, 30'000));
   leases[7].epoch += 1;  // another worker's claim since
   FailingBatchStore counting(store_.get());
   CommitQueue queue(&counting, {16});

@@ -2,9 +2,9 @@
 // and Decide: a skipped step and a failed optional step are passed over; neither is
 // compensated; a failed optional step raises its own alert and moves no instance.
 
-#include <gtest/gtest.h>
-
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "definition/loader.h"
 #include "engine/operator_plan.h"
@@ -49,7 +49,8 @@ steps:
     idempotency: { honored: true }
     request: { method: POST, url: "http://x/d" }
     compensate: { request: { method: POST, url: "http://x/d/undo" } }
-)", "w.yaml");
+)",
+                                     "w.yaml");
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     return *loaded;
   }();
@@ -116,9 +117,9 @@ TEST(ConditionalRulesTest, AFailedOptionalStepAlertsAndTheRunGoesOnToTheNextStep
     ASSERT_EQ(change.alerts.size(), 1u);
     EXPECT_EQ(change.alerts[0].kind, AlertKind::kOptionalStepFailed);
     EXPECT_NE(change.alerts[0].message.find("went on without it"), std::string::npos);
-    EXPECT_EQ(ConditionalEventTypes(change), (std::vector<std::string>{
-                                      "waystone.step.failed",
-                                      "waystone.alert.optional_step_failed"}));
+    EXPECT_EQ(
+        ConditionalEventTypes(change),
+        (std::vector<std::string>{"waystone.step.failed", "waystone.alert.optional_step_failed"}));
     EXPECT_EQ(change.next_run_at, kConditionalNow);
     const std::vector<StepRecord> after = Apply(steps, change);
     EXPECT_TRUE(StepDone(ConditionalDefinition(), after[1]));
@@ -179,8 +180,8 @@ TEST(ConditionalRulesTest, AnOperatorRetriesTheStepTheRunStoppedAtNotAPassedOver
       testing::Steps({S::kCompleted, S::kFailed, S::kSkipped, S::kFailed});
   steps[1].resolution = Resolution::kPassedOver;
   const OperatorRequest request = Request(OperatorAction::kRetry, "b", "ticket 7");
-  auto refused = PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention), steps, request,
-                                    kConditionalNow, ConditionalKey);
+  auto refused = PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention),
+                                    steps, request, kConditionalNow, ConditionalKey);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("('d')"), std::string::npos) << refused.status();
 }
@@ -206,7 +207,8 @@ TEST(ConditionalRulesTest, AnOperatorSkipsOrConfirmsAnOptionalStepThatMayHaveAct
   const std::vector<StepRecord> waiting = Apply(steps, failed);
   const InstanceRecord paused = testing::Instance(I::kNeedsAttention);
   OperatorRequest skip = Request(OperatorAction::kSkip, "b", "checked: the message arrived");
-  auto skipped = PlanOperatorAction(ConditionalDefinition(), paused, waiting, skip, kConditionalNow, ConditionalKey);
+  auto skipped = PlanOperatorAction(ConditionalDefinition(), paused, waiting, skip, kConditionalNow,
+                                    ConditionalKey);
   ASSERT_TRUE(skipped.ok()) << skipped.status();
   EXPECT_EQ(skipped->state_after, I::kRunning);
   ASSERT_EQ(skipped->changed_steps.size(), 1u);
@@ -214,13 +216,17 @@ TEST(ConditionalRulesTest, AnOperatorSkipsOrConfirmsAnOptionalStepThatMayHaveAct
   OperatorRequest confirm = skip;
   confirm.action = OperatorAction::kConfirm;
   confirm.happened = true;
-  auto confirmed = PlanOperatorAction(ConditionalDefinition(), paused, waiting, confirm, kConditionalNow, ConditionalKey);
+  auto confirmed = PlanOperatorAction(ConditionalDefinition(), paused, waiting, confirm,
+                                      kConditionalNow, ConditionalKey);
   ASSERT_TRUE(confirmed.ok()) << confirmed.status();
   EXPECT_EQ(confirmed->changed_steps[0].state, S::kCompleted);
   // A required step is not skipped that way.
-  std::vector<StepRecord> at_d = testing::Steps({S::kCompleted, S::kCompleted, S::kSkipped, S::kFailed});
+  std::vector<StepRecord> at_d =
+      testing::Steps({S::kCompleted, S::kCompleted, S::kSkipped, S::kFailed});
   skip.step = "d";
-  EXPECT_FALSE(PlanOperatorAction(ConditionalDefinition(), paused, at_d, skip, kConditionalNow, ConditionalKey).ok());
+  EXPECT_FALSE(PlanOperatorAction(ConditionalDefinition(), paused, at_d, skip, kConditionalNow,
+                                  ConditionalKey)
+                   .ok());
 }
 
 TEST(ConditionalRulesTest, ASuccessItCouldNotReadIsNotPassedOver) {
@@ -276,13 +282,13 @@ TEST(ConditionalRulesTest, AnOptionalStepThatMayHaveActedIsNotPassedOver) {
   EXPECT_FALSE(StepDone(ConditionalDefinition(), waiting[1]));
   // The operator retries b, the step it stopped at, not the one after it.
   OperatorRequest request = Request(OperatorAction::kRetry, "c", "certificate renewed");
-  auto refused = PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention), waiting,
-                                    request, kConditionalNow, ConditionalKey);
+  auto refused = PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention),
+                                    waiting, request, kConditionalNow, ConditionalKey);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("('b')"), std::string::npos) << refused.status();
   request.step = "b";
-  EXPECT_TRUE(PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention), waiting,
-                                 request, kConditionalNow, ConditionalKey)
+  EXPECT_TRUE(PlanOperatorAction(ConditionalDefinition(), testing::Instance(I::kNeedsAttention),
+                                 waiting, request, kConditionalNow, ConditionalKey)
                   .ok());
 }
 

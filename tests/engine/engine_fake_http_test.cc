@@ -70,10 +70,12 @@ class EngineFakeHttpTest : public ::testing::TestWithParam<testing::Backend> {
 
   // Every route of the example answers as a healthy downstream would.
   void AnswerTheExample() {
-    http_.Always(kCustomer,
-                 FakeReply::Answer(200, Json{{"id", "C-1"}, {"name", "Aiko"}, {"email", "a@x"},
-                                             {"line_user_id", "U1"}, {"address_ok", true}}
-                                            .dump()));
+    http_.Always(kCustomer, FakeReply::Answer(200, Json{{"id", "C-1"},
+                                                        {"name", "Aiko"},
+                                                        {"email", "a@x"},
+                                                        {"line_user_id", "U1"},
+                                                        {"address_ok", true}}
+                                                       .dump()));
     http_.Always(kCreateOrder, FakeReply::Answer(201, R"({"id": "SO-1"})"));
     http_.Always(kFindOrders, FakeReply::Answer(200, R"({"items": []})"));
     http_.Always(kCancelOrder, FakeReply::Answer(200, R"({"status": "cancelled"})"));
@@ -159,7 +161,8 @@ steps:
       event: "confirmed/{{input.customer_id}}"
       channels:
         line: { to: U1, token: "{{secret.LINE_TOKEN}}", url: "{{env.LINE_URL}}" }
-)", "owed.yaml");
+)",
+                                       "owed.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const std::string identity = "notify:C-1:confirmed@1:confirmed/C-1:line";
   const InstanceRecord first = Run(*definition, Order("o-1"));
@@ -199,7 +202,8 @@ steps:
       recipient: "{{input.customer_id}}"
       channels:
         line: { to: U1, token: "{{secret.LINE_TOKEN}}", url: "{{env.LINE_URL}}" }
-)", "by-hand.yaml");
+)",
+                                       "by-hand.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const InstanceRecord paused = Run(*definition, Order("o-7"));
   ASSERT_EQ(paused.state, InstanceState::kNeedsAttention) << paused.status_reason;
@@ -246,7 +250,8 @@ steps:
         result: { external_id: "/id" }
         compensate:
           request: { method: POST, url: "{{env.ERP_URL}}/erp/orders/{{steps.create-order.external_id}}/cancel" }
-)", "side.yaml");
+)",
+                                       "side.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const InstanceRecord instance = Run(*definition, Order("o-9"));
   EXPECT_EQ(instance.state, InstanceState::kCompensated) << instance.status_reason;
@@ -311,8 +316,7 @@ TEST_P(EngineFakeHttpTest, TheRowAwaitRestTakesFromItsWorkerIsRedactedAsStored) 
   auto stored = store_->GetInstance(started->instance.id);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_NE(stored->status_reason.find("***"), std::string::npos) << stored->status_reason;
-  EXPECT_EQ(rested->status_reason.find("erp-secret"), std::string::npos)
-      << rested->status_reason;
+  EXPECT_EQ(rested->status_reason.find("erp-secret"), std::string::npos) << rested->status_reason;
   EXPECT_EQ(*rested, *stored) << rested->status_reason;
 }
 
@@ -397,7 +401,8 @@ steps:
       url: "{{env.LINE_URL}}/line/push"
       body: { to: "U1", messages: [ { type: text, text: "hello {{input.id}}" } ] }
       timeout: 1s
-)", "manual.yaml");
+)",
+                                       "manual.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   http_.Next(kLinePush, FakeReply::Timeout());  // sent; no answer within the 1 s timeout
   const Millis before = clock_.NowMillis();
@@ -421,7 +426,8 @@ steps:
       method: POST
       url: "{{env.LINE_URL}}/line/push"
       body: { to: "{{input.customer}}", messages: [ { type: text, text: "{{input.id}}" } ] }
-)", "shared.yaml");
+)",
+                                       "shared.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   http_.Always(kLinePush, FakeReply::Answer(200, R"({"sentMessages": [{"id": "L-1"}]})"));
   InstanceRecord first = Run(*definition, R"({"id": "a", "customer": "U9"})");
@@ -438,10 +444,10 @@ steps:
 }
 
 TEST_P(EngineFakeHttpTest, BadInputIsRefusedAndWritesNothing) {
-  const std::string big = Json{{"source", "crm"}, {"order_id", "x"},
-                               {"pad", std::string(kMaxInputBytes, 'x')}}.dump();
-  for (const std::string& input : {std::string("not json"), std::string("[1,2]"),
-                                   std::string(R"({"source": "crm"})"), big}) {
+  const std::string big =
+      Json{{"source", "crm"}, {"order_id", "x"}, {"pad", std::string(kMaxInputBytes, 'x')}}.dump();
+  for (const std::string& input :
+       {std::string("not json"), std::string("[1,2]"), std::string(R"({"source": "crm"})"), big}) {
     auto started = engine_->StartInstance(example_, {"default", input});
     ASSERT_FALSE(started.ok()) << input.substr(0, 40);
     EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
@@ -454,7 +460,9 @@ TEST_P(EngineFakeHttpTest, SameStartTwiceAndConcurrentStartsMakeOneInstance) {
   std::vector<std::thread> threads;
   std::vector<absl::StatusOr<StartResult>> results(8, absl::UnknownError("not run"));
   for (int i = 0; i < 8; ++i) {
-    threads.emplace_back([&, i] { results[i] = engine_->StartInstance(example_, {"default", Order("10")}); });
+    threads.emplace_back([&, i] {
+      results[i] = engine_->StartInstance(example_, {"default", Order("10")});
+    });
   }
   for (auto& t : threads) t.join();
   int created = 0;
@@ -481,8 +489,8 @@ TEST_P(EngineFakeHttpTest, AnOperatorActionGivesUpOnAHeldLeaseAfterItsPatience) 
   AnswerTheExample();
   auto started = Start(example_, Order("12"));
   ASSERT_TRUE(started.ok()) << started.status();
-  auto held = store_->ClaimInstance(started->instance.id, "another-worker", clock_.NowMillis(),
-                                    60'000);
+  auto held =
+      store_->ClaimInstance(started->instance.id, "another-worker", clock_.NowMillis(), 60'000);
   ASSERT_TRUE(held.ok()) << held.status();
   const Millis before = clock_.NowMillis();
   OperatorRequest close;
@@ -508,7 +516,8 @@ steps:
       url: "{{env.LINE_URL}}/line/push"
       body: { to: "U1", messages: [ { type: text, text: "hello {{input.id}}" } ] }
       timeout: 1s
-)", "manual.yaml");
+)",
+                                       "manual.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   http_.Next(kLinePush, FakeReply::Timeout());
   http_.Always(kLinePush, FakeReply::Answer(200, R"({"sentMessages": [{"id": "L-9"}]})"));
@@ -523,7 +532,8 @@ steps:
   auto retried = engine_->operations().Apply("default", instance.key, resend);
   ASSERT_TRUE(retried.ok()) << retried.status();
   // The first worker claims it again and stops without a word: its lease runs out.
-  ASSERT_TRUE(store_->ClaimInstance(instance.id, engine_->owner(), clock_.NowMillis(), 30'000).ok());
+  ASSERT_TRUE(
+      store_->ClaimInstance(instance.id, engine_->owner(), clock_.NowMillis(), 30'000).ok());
   clock_.Advance(31'000);
   EngineOptions options;
   options.owner = "worker-b";

@@ -218,8 +218,10 @@ TEST_P(EngineTest, UnknownWithNothingFoundResubmitsUnderTheSameKey) {
 }
 
 TEST_P(EngineTest, TransientErrorsAreRetriedHonouringRetryAfter) {
-  ASSERT_TRUE(sim_->SetFaults(
-      R"({"line.push": {"next": ["unavailable", "rate_limit"], "retry_after_s": 3}})").ok());
+  ASSERT_TRUE(
+      sim_->SetFaults(
+              R"({"line.push": {"next": ["unavailable", "rate_limit"], "retry_after_s": 3}})")
+          .ok());
   const Millis before = clock_.NowMillis();
   InstanceRecord instance = Run(example_, Order("5"));
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
@@ -360,8 +362,8 @@ TEST_P(EngineTest, AStartWithAWorkerFreeIsCreatedLeasedToItAndNeedsNoClaim) {
   auto again = engine_->StartInstance(example_, {"default", Order("9")});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->outcome, StartOutcome::kExisting);
-  EXPECT_TRUE(testing::WaitFor([&] { return engine_->Idle().value_or(false); },
-                               std::chrono::seconds(10)));
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return engine_->Idle().value_or(false); }, std::chrono::seconds(10)));
 
   engine_->Stop();
   auto queued = engine_->StartInstance(example_, {"default", Order("10", "C-2")});
@@ -432,8 +434,9 @@ TEST_P(EngineTest, SqlStepsOfTwoTenantsTouchOnlyTheirOwnRows) {
   auto query = [&](const std::string& sql) {
     return testing::ClientQuery(GetParam(), path_, sql, dir_.path());
   };
-  query("CREATE TABLE accounts (tenant TEXT NOT NULL, k TEXT NOT NULL, v INTEGER NOT NULL, "
-        "PRIMARY KEY (tenant, k))");
+  query(
+      "CREATE TABLE accounts (tenant TEXT NOT NULL, k TEXT NOT NULL, v INTEGER NOT NULL, "
+      "PRIMARY KEY (tenant, k))");
   query("INSERT INTO accounts VALUES ('acme', 'A1', 1), ('globex', 'A1', 1)");
   const char* rows = "SELECT tenant, k, v FROM accounts ORDER BY tenant, k";
   engine_.reset();
@@ -455,7 +458,8 @@ steps:
     sql:
       statement: "INSERT INTO accounts (tenant, k, v) VALUES (:tenant, :k, :v)"
       params: { k: "{{input.k}}-new", v: "{{input.v}}" }
-)yaml", "ledger.yaml");
+)yaml",
+                                   "ledger.yaml");
   ASSERT_TRUE(ledger.ok()) << ledger.status();
   ASSERT_TRUE(engine_->Register(*ledger).ok());
   EXPECT_EQ(Run(*ledger, R"({"k":"A1","v":99})", "globex").state, InstanceState::kCompleted);
@@ -472,7 +476,8 @@ steps:
     sql:
       statement: "UPDATE accounts SET v = :v WHERE k = :k"
       params: { k: "{{input.k}}", v: "{{input.v}}" }
-)yaml", "unscoped.yaml");
+)yaml",
+                                     "unscoped.yaml");
   ASSERT_TRUE(unscoped.ok()) << unscoped.status();
   const absl::Status refused = engine_->Register(*unscoped);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
@@ -507,9 +512,13 @@ steps:
 TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
   ASSERT_NO_FATAL_FAILURE(UseRealTimeWorkers(8));
   ASSERT_TRUE(sim_->SetFaults(R"({"erp.create_order": {"drop_response": 0.2},
-                                  "line.push": {"unavailable": 0.2, "retry_after_s": 0}})").ok());
+                                  "line.push": {"unavailable": 0.2, "retry_after_s": 0}})")
+                  .ok());
   for (int i = 0; i < 30; ++i) {
-    ASSERT_TRUE(engine_->StartInstance(example_, {"default", Order("p" + std::to_string(i), "C-" + std::to_string(i))}).ok());
+    ASSERT_TRUE(engine_
+                    ->StartInstance(example_, {"default", Order("p" + std::to_string(i),
+                                                                "C-" + std::to_string(i))})
+                    .ok());
   }
   engine_->Start();
   ASSERT_TRUE(testing::WaitFor(
@@ -519,7 +528,8 @@ TEST_P(EngineTest, WorkerPoolRunsManyInstancesConcurrently) {
       },
       std::chrono::seconds(60)));
   engine_->Stop();
-  auto completed = store_->ListInstances({std::nullopt, std::nullopt, InstanceState::kCompleted, 100});
+  auto completed =
+      store_->ListInstances({std::nullopt, std::nullopt, InstanceState::kCompleted, 100});
   EXPECT_EQ(completed->size(), 30u);
   Json stats = Stats();
   EXPECT_EQ(stats["orders"], 30) << stats.dump();
@@ -562,20 +572,22 @@ TEST_P(SimulatorShapeTest, EveryLostResponseShapeEndsWithOneOfEverything) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, SimulatorShapeTest,
-                         ::testing::Values(testing::Backend::kSqlite), testing::BackendName);
+INSTANTIATE_TEST_SUITE_P(Backends, SimulatorShapeTest, ::testing::Values(testing::Backend::kSqlite),
+                         testing::BackendName);
 
 // The reused-connection shape hits only a request on a kept-alive connection: what
 // libcurl then does by itself (send it again) is why the engine never reuses one.
 TEST(SimulatorTest, TheReusedConnectionShapeOnlyHitsReusedConnections) {
   auto sim = Simulator::Start({});
   ASSERT_TRUE(sim.ok());
-  ASSERT_TRUE((*sim)->SetFaults(R"({"erp.create_order": {"next": ["close_before_bytes_reused"]}})").ok());
+  ASSERT_TRUE(
+      (*sim)->SetFaults(R"({"erp.create_order": {"next": ["close_before_bytes_reused"]}})").ok());
   auto client = NewCurlHttpClient({});
   const std::string url = (*sim)->base_url() + "/erp/orders";
   for (ConnectionReuse reuse : {ConnectionReuse::kFresh, ConnectionReuse::kReuse}) {
     for (int i = 0; i < 2; ++i) {
-      HttpRequest create{"POST", url, {}, Json{{"ref", "r"}, {"customer", "C-1"}}.dump(), 2000, reuse};
+      HttpRequest create{"POST", url,  {}, Json{{"ref", "r"}, {"customer", "C-1"}}.dump(),
+                         2000,   reuse};
       EXPECT_EQ(client->Send(create).outcome.status, 201);
     }
   }

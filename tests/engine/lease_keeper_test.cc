@@ -60,9 +60,7 @@ TEST_F(LeaseKeeperTest, AReleasedLeaseIsLeftToRunOut) {
   const Lease released = StartAndClaim("released", kStart, kLease);
   const Lease witness = StartAndClaim("witness", kStart, kLease);
   ASSERT_LT(released.instance_id, witness.instance_id);
-  {
-    LeaseKeeper::Guard guard(keeper_.get(), released);
-  }
+  { LeaseKeeper::Guard guard(keeper_.get(), released); }
   keeper_->Hold(witness);
   ASSERT_TRUE(RenewedPast(witness.instance_id, kStart + kLease));
   EXPECT_EQ(Get(released.instance_id).lease_expires_at, kStart + kLease);

@@ -3,11 +3,11 @@
 
 #include "engine/lookup_pages.h"
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace waystone {
 namespace {
@@ -56,8 +56,8 @@ TEST(LookupPagesTest, FollowsPathQueryAndSameOriginLinksUntilNone) {
 TEST(LookupPagesTest, ALinkToAnotherOriginIsNotFollowed) {
   const LookupSpec spec = NextLinks();
   for (const std::string link : {"https://evil.example/api/orders", "http://erp.example:8443/x",
-                                 "https://erp.example:8443.evil.example/x",
-                                 "//evil.example/x", "relative/path", "javascript:alert(1)"}) {
+                                 "https://erp.example:8443.evil.example/x", "//evil.example/x",
+                                 "relative/path", "javascript:alert(1)"}) {
     LookupPages pages(spec, "https://erp.example:8443/api/orders?q=a");
     auto next = pages.Add(Page(Json::array({1}), link));
     EXPECT_TRUE(absl::IsInvalidArgument(next.status())) << link;
@@ -68,8 +68,7 @@ TEST(LookupPagesTest, ALinkToAnotherOriginIsNotFollowed) {
 
 TEST(LookupPagesTest, AnAnswerWithoutItsItemsArrayIsRefused) {
   const LookupSpec spec = NextLinks();
-  const std::vector<std::string> bodies = {R"({"data": {"id": 1}})", R"({"items": []})",
-                                           "not json",
+  const std::vector<std::string> bodies = {R"({"data": {"id": 1}})", R"({"items": []})", "not json",
                                            std::string(200, '[') + std::string(200, ']')};
   for (const std::string& body : bodies) {
     LookupPages pages(spec, "http://erp/api/orders");

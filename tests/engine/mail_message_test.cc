@@ -104,8 +104,7 @@ TEST(MailMessageTest, WhatWouldSplitAHeaderIsRefused) {
     row.change(fields);
     auto message = ComposeMail(fields);
     ASSERT_FALSE(message.ok());
-    EXPECT_NE(message.status().message().find(row.expected), std::string::npos)
-        << message.status();
+    EXPECT_NE(message.status().message().find(row.expected), std::string::npos) << message.status();
   }
 }
 

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "definition/loader.h"
-#include "support/records.h"
 #include "engine/state_machine.h"
+#include "support/records.h"
 
 namespace waystone {
 namespace {
@@ -35,7 +35,8 @@ steps:
   - name: e
     idempotency: { honored: true }
     request: { method: POST, url: "http://x/e" }
-)", "w.yaml");
+)",
+                                       "w.yaml");
   EXPECT_TRUE(definition.ok()) << definition.status();
   return *definition;
 }
@@ -65,9 +66,9 @@ absl::StatusOr<ActionPlan> Plan(InstanceState state, const std::vector<StepRecor
 TEST(OperatorPlanTest, ReasonIsMandatory) {
   auto request = Request(OperatorAction::kClose);
   request.reason = "  ";
-  auto plan = Plan(I::kNeedsAttention, Steps({S::kCompleted, S::kFailed, S::kPending, S::kPending,
-                                              S::kPending}),
-                   request);
+  auto plan =
+      Plan(I::kNeedsAttention,
+           Steps({S::kCompleted, S::kFailed, S::kPending, S::kPending, S::kPending}), request);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -98,14 +99,15 @@ TEST(OperatorPlanTest, RetryIsRefusedOutsideTheStepTheInstanceStoppedAt) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Plan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "a")).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Plan(I::kCompleted, Steps({S::kCompleted, S::kCompleted, S::kCompleted, S::kCompleted,
-                                       S::kCompleted}),
+  EXPECT_EQ(Plan(I::kCompleted,
+                 Steps({S::kCompleted, S::kCompleted, S::kCompleted, S::kCompleted, S::kCompleted}),
                  Request(OperatorAction::kRetry, "a"))
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Plan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "nope")).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Plan(I::kNeedsAttention, steps, Request(OperatorAction::kRetry, "nope")).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(OperatorPlanTest, RetryOfAnUnknownStepWithLookupLooksItUpAgain) {
@@ -260,24 +262,24 @@ steps:
       - name: c
         idempotency: { honored: true }
         request: { method: POST, url: "http://x/c" }
-)", "g.yaml");
+)",
+                                       "g.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   const auto steps = Steps({S::kCompleted, S::kUnknown, S::kFailed});
   auto confirm = Request(OperatorAction::kConfirm, "b");
   confirm.happened = true;
   confirm.response_json = "{}";
-  auto happened = PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps, confirm,
-                                     1000, PlanKey);
+  auto happened =
+      PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps, confirm, 1000, PlanKey);
   ASSERT_TRUE(happened.ok()) << happened.status();
   EXPECT_EQ(happened->state_after, I::kCompensating) << "b happened: it is undone";
   EXPECT_NE(happened->status_reason.find("step 'c' had failed"), std::string::npos);
   confirm.happened = false;
-  auto not_happened = PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps,
-                                         confirm, 1000, PlanKey);
+  auto not_happened =
+      PlanOperatorAction(*definition, Instance(I::kNeedsAttention), steps, confirm, 1000, PlanKey);
   ASSERT_TRUE(not_happened.ok()) << not_happened.status();
   EXPECT_EQ(not_happened->state_after, I::kFailed) << "nothing to undo";
 }
-
 
 // A code workflow's instance: its rows are its function's steps.
 std::vector<StepRecord> CodeSteps(std::vector<std::pair<std::string, StepState>> rows) {

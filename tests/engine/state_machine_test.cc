@@ -27,7 +27,8 @@ steps:
   - name: d
     recovery: manual
     request: { method: POST, url: "http://x" }
-)", "w.yaml");
+)",
+                                       "w.yaml");
   EXPECT_TRUE(definition.ok()) << definition.status();
   return *definition;
 }
@@ -96,9 +97,8 @@ TEST(StateMachineTest, FailedCompensationStops) {
 TEST(StateMachineTest, TerminalAndPausedInstancesAreIdle) {
   auto d = Definition();
   auto steps = Steps({S::kPending, S::kPending, S::kPending, S::kPending});
-  for (auto state : {InstanceState::kCompleted, InstanceState::kCompensated,
-                     InstanceState::kFailed, InstanceState::kNeedsAttention,
-                     InstanceState::kClosed}) {
+  for (auto state : {InstanceState::kCompleted, InstanceState::kCompensated, InstanceState::kFailed,
+                     InstanceState::kNeedsAttention, InstanceState::kClosed}) {
     EXPECT_EQ(Decide(d, Instance(state), steps, 100).kind, K::kIdle);
   }
 }
@@ -112,8 +112,9 @@ TEST(StateMachineTest, StateAfterFailure) {
   EXPECT_EQ(StateAfterFailure(d, Steps({S::kCompleted, S::kCompleted, S::kFailed, S::kPending}), 2),
             InstanceState::kCompensating);
   // A manual step failing: an operator decides.
-  EXPECT_EQ(StateAfterFailure(d, Steps({S::kCompleted, S::kCompleted, S::kCompleted, S::kFailed}), 3),
-            InstanceState::kNeedsAttention);
+  EXPECT_EQ(
+      StateAfterFailure(d, Steps({S::kCompleted, S::kCompleted, S::kCompleted, S::kFailed}), 3),
+      InstanceState::kNeedsAttention);
 }
 
 // a; then a group: branch 0 is b0 (compensable) then b1, branch 1 is w (waits for an
@@ -142,7 +143,8 @@ steps:
         request: { method: POST, url: "http://x" }
   - name: z
     request: { method: GET, url: "http://x" }
-)", "g.yaml");
+)",
+                                       "g.yaml");
   EXPECT_TRUE(definition.ok()) << definition.status();
   return *definition;
 }
@@ -155,7 +157,8 @@ TEST(StateMachineTest, AGroupsBranchesStandSideBySide) {
   EXPECT_EQ(d.steps[3].branch, 1);
   EXPECT_EQ(d.steps[4].branch, 2);
   EXPECT_TRUE(d.steps[5].group.empty());
-  auto steps = Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
+  auto steps =
+      Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
   EXPECT_EQ(Frontier(d, steps), (std::vector<int>{1, 3, 4}));
   steps[1].state = S::kCompleted;
   EXPECT_EQ(Frontier(d, steps), (std::vector<int>{2, 3, 4})) << "b1 follows b0 in its branch";
@@ -166,7 +169,8 @@ TEST(StateMachineTest, AGroupsBranchesStandSideBySide) {
 TEST(StateMachineTest, ABranchThatWaitsHoldsNoOther) {
   auto d = Grouped();
   const auto running = Instance(InstanceState::kRunning);
-  auto steps = Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
+  auto steps =
+      Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
   steps[1].next_attempt_at = 500;  // b0 backs off
   steps[3].state = S::kWaiting;    // w waits for its event, no deadline
   EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kRunStep, 4})) << "c goes ahead";
@@ -184,10 +188,12 @@ TEST(StateMachineTest, ABranchThatWaitsHoldsNoOther) {
 TEST(StateMachineTest, AFailureInABranchUndoesTheCompletedBranchesOrWaitsForTheUnknown) {
   auto d = Grouped();
   // b0 completed (with a compensation), c fails: b0 is undone though it is earlier.
-  auto steps = Steps({S::kCompleted, S::kCompleted, S::kPending, S::kPending, S::kFailed, S::kPending});
+  auto steps =
+      Steps({S::kCompleted, S::kCompleted, S::kPending, S::kPending, S::kFailed, S::kPending});
   EXPECT_EQ(StateAfterFailure(d, steps, 4), InstanceState::kCompensating);
   // c completed after b0 failed: still undone in reverse (c has none; b0 failed).
-  steps = Steps({S::kCompleted, S::kFailed, S::kPending, S::kCompleted, S::kCompleted, S::kPending});
+  steps =
+      Steps({S::kCompleted, S::kFailed, S::kPending, S::kCompleted, S::kCompleted, S::kPending});
   EXPECT_EQ(StateAfterFailure(d, steps, 1), InstanceState::kFailed);
   // A branch beside it has an unknown outcome: an operator settles it first.
   steps = Steps({S::kCompleted, S::kUnknown, S::kPending, S::kPending, S::kFailed, S::kPending});
@@ -201,7 +207,8 @@ TEST(StateMachineTest, AFailureInABranchUndoesTheCompletedBranchesOrWaitsForTheU
 TEST(StateMachineTest, BranchesWithACallUnderWayArePassedOver) {
   auto d = Grouped();
   const auto running = Instance(InstanceState::kRunning);
-  auto steps = Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
+  auto steps =
+      Steps({S::kCompleted, S::kPending, S::kPending, S::kPending, S::kPending, S::kPending});
   steps[3].state = S::kCompleted;  // w got its event
   EXPECT_EQ(Decide(d, running, steps, 100), (NextAction{K::kRunStep, 1}));
   steps[1].state = S::kRunning;  // b0's call is under way in this drive: c goes beside it
@@ -219,7 +226,8 @@ TEST(StateMachineTest, AFailureBesideACallUnderWayWaitsForItsOutcome) {
   auto d = Grouped();
   const auto running = Instance(InstanceState::kRunning);
   // b0 (compensable) is calling; c is refused for good meanwhile.
-  auto steps = Steps({S::kCompleted, S::kRunning, S::kPending, S::kCompleted, S::kRunning, S::kPending});
+  auto steps =
+      Steps({S::kCompleted, S::kRunning, S::kPending, S::kCompleted, S::kRunning, S::kPending});
   steps[4].attempts = 1;
   SeededRandom random(1);
   const std::vector<int> busy = {1};
@@ -262,7 +270,8 @@ steps:
         idempotency: { honored: true }
         request: { method: POST, url: "http://x" }
         compensate: { request: { method: POST, url: "http://x/undo" } }
-)", "m.yaml");
+)",
+                                     "m.yaml");
     ASSERT_TRUE(manual.ok()) << manual.status();
     auto three = Steps({S::kFailed, S::kRunning, S::kCompleted});
     EXPECT_EQ(StateAfterFailure(*manual, three, 1), InstanceState::kNeedsAttention);
@@ -279,8 +288,8 @@ steps:
     three[0].state = S::kPending;
     ASSERT_EQ(StateAfterFailure(*manual, three, 1), InstanceState::kCompensating);
     const Facts paused_at{*manual, paused, three, 300, random};
-    const Change kept = FailStep(paused_at, three[1], ErrorClass::kRejected, "HTTP 400",
-                                 std::nullopt);
+    const Change kept =
+        FailStep(paused_at, three[1], ErrorClass::kRejected, "HTTP 400", std::nullopt);
     EXPECT_FALSE(kept.state.has_value()) << "it stays needs_attention; nothing is undone";
   }
 

@@ -5,12 +5,12 @@
 
 #include "engine/transitions.h"
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "base/redact.h"
 #include "definition/loader.h"
@@ -27,13 +27,13 @@ using testing::Instance;
 using testing::Steps;
 
 // One step of each kind the rules tell apart, in the order a workflow would have them.
-constexpr int kRead = 0;        // GET: repeatable, safe to repeat
-constexpr int kUndoable = 1;    // POST, compensable, honoured key, with a compensation
-constexpr int kLooked = 2;      // POST, recovery lookup, records an external id
-constexpr int kHonoured = 3;    // POST, repeatable: the target deduplicates on the key
-constexpr int kManual = 4;      // POST, manual, no lookup
-constexpr int kMissingId = 5;   // POST, manual, records an external id, no lookup
-constexpr int kWait = 6;        // waits for an event, 1 s deadline
+constexpr int kRead = 0;       // GET: repeatable, safe to repeat
+constexpr int kUndoable = 1;   // POST, compensable, honoured key, with a compensation
+constexpr int kLooked = 2;     // POST, recovery lookup, records an external id
+constexpr int kHonoured = 3;   // POST, repeatable: the target deduplicates on the key
+constexpr int kManual = 4;     // POST, manual, no lookup
+constexpr int kMissingId = 5;  // POST, manual, records an external id, no lookup
+constexpr int kWait = 6;       // waits for an event, 1 s deadline
 
 const WorkflowDefinition& TransitionsDefinition() {
   static const WorkflowDefinition definition = [] {
@@ -74,7 +74,8 @@ steps:
     result: { external_id: "/id" }
   - name: g
     wait: { event: com.example.approved, timeout: 1s }
-)", "w.yaml");
+)",
+                                     "w.yaml");
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     return *loaded;
   }();
@@ -207,28 +208,49 @@ TEST(TransitionsTest, WhatACallsOutcomeDoesToEachKindOfStep) {
       {"read 2xx", kRead, ok_bare, 1, {S::kCompleted, std::nullopt, {}}},
       {"lookup step 2xx with id", kLooked, ok_id, 1, {S::kCompleted, std::nullopt, {}}},
       {"lookup step 2xx without id", kLooked, ok_bare, 1, {S::kUnknown, std::nullopt, {}}},
-      {"manual step 2xx without id", kMissingId, ok_bare, 1,
+      {"manual step 2xx without id",
+       kMissingId,
+       ok_bare,
+       1,
        {S::kUnknown, I::kNeedsAttention, {A::kResultMissing}}},
       {"manual step 2xx (records no id)", kManual, ok_bare, 1, {S::kCompleted, std::nullopt, {}}},
       // transient: retried after a backoff until max_attempts; then failed.
       {"read 503", kRead, busy, 1, {S::kPending, std::nullopt, {}, true}},
       {"honoured 503", kHonoured, busy, 2, {S::kPending, std::nullopt, {}, true}},
-      {"read 503 exhausted, nothing to undo before it", kRead, busy, 3,
+      {"read 503 exhausted, nothing to undo before it",
+       kRead,
+       busy,
+       3,
        {S::kFailed, I::kFailed, {A::kRetriesExhausted}}},
-      {"honoured 503 exhausted, a completed step to undo", kHonoured, busy, 3,
+      {"honoured 503 exhausted, a completed step to undo",
+       kHonoured,
+       busy,
+       3,
        {S::kFailed, I::kCompensating, {A::kRetriesExhausted}}},
       // rejected: failed at once; a manual step pauses for an operator instead.
       {"read 422", kRead, refused, 1, {S::kFailed, I::kFailed, {}}},
-      {"lookup step 422 after a compensable step", kLooked, refused, 1,
+      {"lookup step 422 after a compensable step",
+       kLooked,
+       refused,
+       1,
        {S::kFailed, I::kCompensating, {}}},
-      {"manual step 422", kManual, refused, 1,
+      {"manual step 422",
+       kManual,
+       refused,
+       1,
        {S::kFailed, I::kNeedsAttention, {A::kNeedsOperator}}},
       // unknown (a gateway answered, or the answer was lost): unknown, settled next.
       {"read 502", kRead, gateway, 1, {S::kUnknown, std::nullopt, {}}},
-      {"lookup step lost: looked up after the request's timeout", kLooked, Lost(), 1,
+      {"lookup step lost: looked up after the request's timeout",
+       kLooked,
+       Lost(),
+       1,
        {S::kUnknown, std::nullopt, {}, true}},
       {"manual step lost", kManual, Lost(), 1, {S::kUnknown, std::nullopt, {}}},
-      {"honoured lost, retries exhausted: still unknown", kHonoured, Lost(), 3,
+      {"honoured lost, retries exhausted: still unknown",
+       kHonoured,
+       Lost(),
+       3,
        {S::kUnknown, std::nullopt, {}}},
   };
   for (const CallRow& row : table) {
@@ -255,16 +277,17 @@ TEST(TransitionsTest, BodyRulesClassifyAnswersByWhatTheySay) {
     bool exists = false;
   };
   const std::vector<Row> table = {
-      {"200 RATE_LIMIT", Answer(200, R"({"status":"ERROR","code":"RATE_LIMIT"})", ErrorClass::kNone),
+      {"200 RATE_LIMIT",
+       Answer(200, R"({"status":"ERROR","code":"RATE_LIMIT"})", ErrorClass::kNone),
        ErrorClass::kTransient},
-      {"200 RATE_LIMIT without status ERROR: no rule", Answer(200, R"({"code":"RATE_LIMIT"})",
-       ErrorClass::kNone), ErrorClass::kNone},
+      {"200 RATE_LIMIT without status ERROR: no rule",
+       Answer(200, R"({"code":"RATE_LIMIT"})", ErrorClass::kNone), ErrorClass::kNone},
       {"409 DUPLICATE: exists", Answer(409, R"({"code":"DUPLICATE"})", ErrorClass::kRejected),
        ErrorClass::kUnknown, true},
       {"400 VALIDATION", Answer(400, R"({"code":"VALIDATION"})", ErrorClass::kRejected),
        ErrorClass::kRejected},
-      {"200 VALIDATION: the rule wants 400", Answer(200, R"({"code":"VALIDATION"})",
-       ErrorClass::kNone), ErrorClass::kNone},
+      {"200 VALIDATION: the rule wants 400",
+       Answer(200, R"({"code":"VALIDATION"})", ErrorClass::kNone), ErrorClass::kNone},
       {"bool and number values compare as their JSON text",
        Answer(200, R"({"retryable":true,"n":7})", ErrorClass::kNone), ErrorClass::kUnknown},
       {"not JSON: by status", Answer(502, "<html>bad gateway</html>", ErrorClass::kUnknown),
@@ -322,7 +345,8 @@ steps:
       template: hello
       recipient: "{{input.id}}"
       channels: { line: { to: U1, token: "{{secret.T}}", url: "http://line" } }
-)", "w.yaml");
+)",
+                                   "w.yaml");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const WorkflowDefinition& definition = *loaded;
   const InstanceRecord instance = Instance(I::kRunning);
@@ -357,8 +381,8 @@ steps:
 
   // 409 with the accepted request's id: completed, that id its external id.
   steps[1].state = S::kRunning;
-  CallResult conflict = Answer(409, R"({"message":"The retry key is already accepted"})",
-                               ErrorClass::kNone);
+  CallResult conflict =
+      Answer(409, R"({"message":"The retry key is already accepted"})", ErrorClass::kNone);
   conflict.accepted = true;
   conflict.response.headers = {{"x-line-request-id", "req-2"},
                                {"x-line-accepted-request-id", "req-1"}};
@@ -398,16 +422,19 @@ TEST(TransitionsTest, ACertificateRefusedWaitsForAnOperatorInsteadOfCompensating
 // the order was compensated while the first request's effect stayed at the target.
 TEST(TransitionsTest, ARefusedResubmissionAfterAnUnknownOutcomeWaitsForAnOperator) {
   World world(kHonoured);
-  const CallResult duplicate = Answer(409, R"({"detail":"key used before"})", ErrorClass::kRejected);
+  const CallResult duplicate =
+      Answer(409, R"({"detail":"key used before"})", ErrorClass::kRejected);
   Change first = RecordCall(world.Now(), world.steps[kHonoured], duplicate);
-  Check(first, kHonoured, {S::kFailed, I::kCompensating, {}}, "a first refusal proves nothing happened");
+  Check(first, kHonoured, {S::kFailed, I::kCompensating, {}},
+        "a first refusal proves nothing happened");
 
   world.steps[kHonoured].unknowns = 1;  // an earlier attempt's outcome was not known ...
   world.steps[kHonoured].attempts = 2;  // ... and it was sent again under the same key
   world.steps[kHonoured].resolution = Resolution::kResubmitted;
   Change again = RecordCall(world.Now(), world.steps[kHonoured], duplicate);
   Check(again, kHonoured, {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}, "after unknown");
-  EXPECT_NE(again.status_reason->find("the earlier attempt may have taken effect"), std::string::npos)
+  EXPECT_NE(again.status_reason->find("the earlier attempt may have taken effect"),
+            std::string::npos)
       << *again.status_reason;
   EXPECT_EQ(EventTypes(again).front(), "waystone.step.unknown");  // never step.failed
   EXPECT_EQ(again.steps.front().unknowns, 1);  // the refusal itself was no unknown outcome
@@ -562,8 +589,8 @@ TEST(TransitionsTest, WhatAnUnknownOutcomeBecomesWithoutALookup) {
       {"read: repeated after a backoff", kRead, 1, Expect{S::kPending, std::nullopt, {}, true}},
       {"read, retries exhausted: failed", kRead, 3,
        Expect{S::kFailed, I::kFailed, {A::kRetriesExhausted}}},
-      {"honoured key: resubmitted under it", kHonoured, 1,
-       Expect{S::kPending, std::nullopt, {}}, Resolution::kResubmitted},
+      {"honoured key: resubmitted under it", kHonoured, 1, Expect{S::kPending, std::nullopt, {}},
+       Resolution::kResubmitted},
       {"honoured key, retries exhausted: stays unknown, paused", kHonoured, 3,
        Expect{S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}}},
       {"compensable with honoured key: resubmitted", kUndoable, 1,
@@ -587,8 +614,8 @@ struct LookupRow {
   const char* name;
   CallResult answer;
   Expect expect;
-  std::string recorded_id;           // the step's external id before the lookup
-  bool answered_yes = false;         // a 2xx without id answered this step before
+  std::string recorded_id;    // the step's external id before the lookup
+  bool answered_yes = false;  // a 2xx without id answered this step before
   int lookups = 1;
   Resolution resolution = Resolution::kNone;
   std::string adopted_id;
@@ -599,38 +626,81 @@ TEST(TransitionsTest, WhatALookupsAnswerDoesToAnUnknownStep) {
   const std::string ours = R"({"id":"ORD-7","ref":"t:k"})";
   const std::string theirs = R"({"id":"ORD-8","ref":"t:other"})";
   const std::vector<LookupRow> table = {
-      {"exactly one of ours: adopted", items(R"({"items":[)" + ours + "," + theirs + "]}"),
-       {S::kCompleted, std::nullopt, {}}, "", false, 1, Resolution::kLookupFound, "ORD-7"},
-      {"none: resubmitted under the same key", items(R"({"items":[)" + theirs + "]}"),
-       {S::kPending, std::nullopt, {}}, "", false, 1, Resolution::kResubmitted},
-      {"404 is none", Answer(404, "", ErrorClass::kNone), {S::kPending, std::nullopt, {}}, "",
-       false, 1, Resolution::kResubmitted},
+      {"exactly one of ours: adopted",
+       items(R"({"items":[)" + ours + "," + theirs + "]}"),
+       {S::kCompleted, std::nullopt, {}},
+       "",
+       false,
+       1,
+       Resolution::kLookupFound,
+       "ORD-7"},
+      {"none: resubmitted under the same key",
+       items(R"({"items":[)" + theirs + "]}"),
+       {S::kPending, std::nullopt, {}},
+       "",
+       false,
+       1,
+       Resolution::kResubmitted},
+      {"404 is none",
+       Answer(404, "", ErrorClass::kNone),
+       {S::kPending, std::nullopt, {}},
+       "",
+       false,
+       1,
+       Resolution::kResubmitted},
       {"none although the target said yes: asked again later (a search may lag)",
-       items(R"({"items":[]})"), {S::kUnknown, std::nullopt, {}, true}, "", true},
+       items(R"({"items":[]})"),
+       {S::kUnknown, std::nullopt, {}, true},
+       "",
+       true},
       {"none although the target said yes, lookups exhausted: contradiction",
-       items(R"({"items":[]})"), {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}, "",
-       true, 3},
-      {"two of ours: an operator picks", items(R"({"items":[)" + ours + "," + ours + "]}"),
+       items(R"({"items":[]})"),
+       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}},
+       "",
+       true,
+       3},
+      {"two of ours: an operator picks",
+       items(R"({"items":[)" + ours + "," + ours + "]}"),
        {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
-      {"another id than recorded: contradiction", items(R"({"items":[)" + ours + "]}"),
-       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}, "ORD-1"},
-      {"no items array: contradiction", items(R"({"found":[]})"),
+      {"another id than recorded: contradiction",
+       items(R"({"items":[)" + ours + "]}"),
+       {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}},
+       "ORD-1"},
+      {"no items array: contradiction",
+       items(R"({"found":[]})"),
        {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
-      {"ours without an id: contradiction", items(R"({"items":[{"ref":"t:k"}]})"),
+      {"ours without an id: contradiction",
+       items(R"({"items":[{"ref":"t:k"}]})"),
        {S::kUnknown, I::kNeedsAttention, {A::kLookupContradiction}}},
       // Found by `waystone verify`: an answer cut after its head reads as a 2xx
       // without a body, and used to count as "none", so the order was sent again.
       {"a 2xx without a body proves nothing: looked up again later",
-       Answer(201, "", ErrorClass::kNone), {S::kUnknown, std::nullopt, {}, true}},
-      {"a 2xx without a body, lookups exhausted: paused", Answer(200, "", ErrorClass::kNone),
-       {S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}}, "", false, 3},
-      {"204 No Content is none", Answer(204, "", ErrorClass::kNone), {S::kPending, std::nullopt, {}},
-       "", false, 1, Resolution::kResubmitted},
-      {"lookup busy: looked up again later", Answer(503, "", ErrorClass::kTransient),
+       Answer(201, "", ErrorClass::kNone),
        {S::kUnknown, std::nullopt, {}, true}},
-      {"lookup lost, lookups exhausted: paused", Lost(),
-       {S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}}, "", false, 3},
-      {"lookup refused: paused", Answer(403, "", ErrorClass::kRejected),
+      {"a 2xx without a body, lookups exhausted: paused",
+       Answer(200, "", ErrorClass::kNone),
+       {S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}},
+       "",
+       false,
+       3},
+      {"204 No Content is none",
+       Answer(204, "", ErrorClass::kNone),
+       {S::kPending, std::nullopt, {}},
+       "",
+       false,
+       1,
+       Resolution::kResubmitted},
+      {"lookup busy: looked up again later",
+       Answer(503, "", ErrorClass::kTransient),
+       {S::kUnknown, std::nullopt, {}, true}},
+      {"lookup lost, lookups exhausted: paused",
+       Lost(),
+       {S::kUnknown, I::kNeedsAttention, {A::kRetriesExhausted}},
+       "",
+       false,
+       3},
+      {"lookup refused: paused",
+       Answer(403, "", ErrorClass::kRejected),
        {S::kUnknown, I::kNeedsAttention, {A::kNeedsOperator}}},
   };
   const MatchValues ref = std::vector<std::pair<std::string, std::string>>{{"/ref", "t:k"}};
@@ -670,16 +740,29 @@ struct CompensationRow {
 
 TEST(TransitionsTest, WhatACompensationsOutcomeDoes) {
   const std::vector<CompensationRow> table = {
-      {"2xx: compensated", Answer(200, "", ErrorClass::kNone), 1,
-       {S::kCompensated, std::nullopt, {}}, {"compensated"}},
-      {"503: retried", Answer(503, "", ErrorClass::kTransient), 1,
-       {S::kCompensating, std::nullopt, {}, true}, {}},
-      {"lost: retried (the key makes it safe)", Lost(), 1,
-       {S::kCompensating, std::nullopt, {}, true}, {}},
-      {"503, exhausted: failed for good", Answer(503, "", ErrorClass::kTransient), 2,
+      {"2xx: compensated",
+       Answer(200, "", ErrorClass::kNone),
+       1,
+       {S::kCompensated, std::nullopt, {}},
+       {"compensated"}},
+      {"503: retried",
+       Answer(503, "", ErrorClass::kTransient),
+       1,
+       {S::kCompensating, std::nullopt, {}, true},
+       {}},
+      {"lost: retried (the key makes it safe)",
+       Lost(),
+       1,
+       {S::kCompensating, std::nullopt, {}, true},
+       {}},
+      {"503, exhausted: failed for good",
+       Answer(503, "", ErrorClass::kTransient),
+       2,
        {S::kCompensationFailed, I::kNeedsAttention, {A::kCompensationFailed}},
        {"compensation_failed"}},
-      {"422: failed for good", Answer(422, "", ErrorClass::kRejected), 1,
+      {"422: failed for good",
+       Answer(422, "", ErrorClass::kRejected),
+       1,
        {S::kCompensationFailed, I::kNeedsAttention, {A::kCompensationFailed}},
        {"compensation_failed"}},
   };
@@ -728,7 +811,8 @@ steps:
       correction: sorry
       recipient: r
       channels: { email: { url: "smtp://m:25", from: a@b.example, to: c@d.example } }
-)", "w.yaml");
+)",
+                                       "w.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   auto steps = Steps({S::kCompleted, S::kCompleted});
   steps[1].name = "tell-email";
@@ -756,8 +840,8 @@ steps:
   EXPECT_EQ(lost.alerts[0].kind, A::kCompensationFailed);
   // Refused before it was handed over (451, or the connection lost before DATA): retried,
   // and no longer taken for one under way.
-  const Change later = RecordCompensation(facts(200), steps[1],
-                                          Answer(451, "", ErrorClass::kTransient), "k");
+  const Change later =
+      RecordCompensation(facts(200), steps[1], Answer(451, "", ErrorClass::kTransient), "k");
   EXPECT_EQ(later.steps.front().state, S::kCompensating);
   EXPECT_GT(later.steps.front().next_attempt_at, 200);
   steps[1] = later.steps.front();
@@ -824,8 +908,8 @@ TEST(TransitionsTest, AFailedStepMovesTheInstanceByWhatItCanUndo) {
   };
   for (const Row& row : table) {
     World world(row.index);
-    const Change change = FailStep(world.Now(), world.steps[row.index], ErrorClass::kRejected,
-                                   "no", std::nullopt);
+    const Change change =
+        FailStep(world.Now(), world.steps[row.index], ErrorClass::kRejected, "no", std::nullopt);
     EXPECT_EQ(change.state, row.expected) << row.name;
     EXPECT_EQ(change.steps.front().finished_at, kNow) << row.name;
   }
@@ -834,8 +918,10 @@ TEST(TransitionsTest, AFailedStepMovesTheInstanceByWhatItCanUndo) {
 TEST(TransitionsTest, ATransitionIsAFunctionOfItsFacts) {
   // The same facts and the same seed give the same change: nothing else is read.
   World one(kHonoured), two(kHonoured);
-  const Change a = RecordCall(one.Now(), one.steps[kHonoured], Answer(503, "", ErrorClass::kTransient));
-  const Change b = RecordCall(two.Now(), two.steps[kHonoured], Answer(503, "", ErrorClass::kTransient));
+  const Change a =
+      RecordCall(one.Now(), one.steps[kHonoured], Answer(503, "", ErrorClass::kTransient));
+  const Change b =
+      RecordCall(two.Now(), two.steps[kHonoured], Answer(503, "", ErrorClass::kTransient));
   EXPECT_EQ(a.steps.front().next_attempt_at, b.steps.front().next_attempt_at);
   ASSERT_EQ(one.steps[kHonoured].state, S::kRunning);  // the facts are not changed
 }
@@ -875,8 +961,8 @@ TEST(TransitionsTest, AWaitForATargetSaysSoChangesNoStepAndGivesTheReasonBackAft
   EXPECT_EQ(*call.status_reason, "");
   // Any other reason is left alone by a transition.
   fresh.instance.status_reason = "step 'd' retried by alice: fixed";
-  EXPECT_FALSE(BeginCall(fresh.Now(), kHonoured, "t:k:d", "hash", "span", 1000)
-                   .status_reason.has_value());
+  EXPECT_FALSE(
+      BeginCall(fresh.Now(), kHonoured, "t:k:d", "hash", "span", 1000).status_reason.has_value());
 }
 
 }  // namespace

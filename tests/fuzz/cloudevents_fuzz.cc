@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   std::map<std::string, std::string> headers;
   std::string body = rest;
-  std::string content_type = mode == 0 ? "application/cloudevents+json"
+  std::string content_type = mode == 0   ? "application/cloudevents+json"
                              : mode == 1 ? "application/cloudevents-batch+json"
                                          : "application/json";
   if (mode == 2) {
@@ -25,12 +25,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     size_t at = 0;
     while (at < head.size()) {
       const size_t eol = head.find('\n', at);
-      const std::string line = head.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
+      const std::string line =
+          head.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
       const size_t colon = line.find(':');
       if (colon != std::string::npos) {
         std::string name = line.substr(0, colon);
         for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        headers[name] = line.substr(colon + 1 + (colon + 1 < line.size() && line[colon + 1] == ' '));
+        headers[name] =
+            line.substr(colon + 1 + (colon + 1 < line.size() && line[colon + 1] == ' '));
       }
       if (eol == std::string::npos) break;
       at = eol + 1;

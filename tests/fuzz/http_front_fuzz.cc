@@ -4,13 +4,13 @@
 // the input becomes a valid operator token, so inputs reach the routes behind it.
 // Every answer must be a whole HTTP response; nothing may crash.
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
-
-#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/random.h"
@@ -68,7 +68,8 @@ World* Make() {
                                            world->engine.get());
   if (!server.ok()) std::abort();
   world->server = std::move(*server);
-  auto token = waystone::CreateToken(*world->store, "fuzz", "default", waystone::Role::kOperator, 1);
+  auto token =
+      waystone::CreateToken(*world->store, "fuzz", "default", waystone::Role::kOperator, 1);
   if (!token.ok()) std::abort();
   world->token = *token;
   return world;

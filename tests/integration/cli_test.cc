@@ -29,9 +29,12 @@ class CliTest : public ::testing::Test {
   }
 
   std::map<std::string, std::string> Env() {
-    return {{"CRM_URL", sim_->base_url()},      {"ERP_URL", sim_->base_url()},
-            {"LINE_URL", sim_->base_url()},     {"EMAIL_URL", sim_->base_url()},
-            {"WAYSTONE_SECRET_ERP_TOKEN", "t"}, {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
+    return {{"CRM_URL", sim_->base_url()},
+            {"ERP_URL", sim_->base_url()},
+            {"LINE_URL", sim_->base_url()},
+            {"EMAIL_URL", sim_->base_url()},
+            {"WAYSTONE_SECRET_ERP_TOKEN", "t"},
+            {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
             {"WAYSTONE_DB", db_}};
   }
 
@@ -111,8 +114,9 @@ steps:
 }
 
 TEST_F(CliTest, OversizedOrMalformedInputIsRefusedAndWritesNothing) {
-  const std::string big = Write("big.json", Json{{"source", "crm"}, {"order_id", "1"},
-                                                 {"pad", std::string(300 * 1024, 'x')}}.dump());
+  const std::string big = Write(
+      "big.json",
+      Json{{"source", "crm"}, {"order_id", "1"}, {"pad", std::string(300 * 1024, 'x')}}.dump());
   ExpectOneLineError(Waystone({"run", Example(), "--input", "@" + big}), "the limit is 262144");
   ExpectOneLineError(Waystone({"run", Example(), "--input", "{not json"}), "not valid JSON");
   ExpectOneLineError(Waystone({"run", Example(), "--input", R"({"source": "crm"})"}),
@@ -135,8 +139,10 @@ TEST_F(CliTest, SameKeyWithAnotherInputIsAConflictNamingBothHashes) {
 
 TEST_F(CliTest, SameEventTwiceStartsOnce) {
   const std::string a = R"({"source":"crm","order_id":"10","customer_id":"C-1","amount":1})";
-  auto first = Waystone({"start", Example(), "--input", a, "--event-source", "crm", "--event-id", "e1"});
-  auto second = Waystone({"start", Example(), "--input", a, "--event-source", "crm", "--event-id", "e1"});
+  auto first =
+      Waystone({"start", Example(), "--input", a, "--event-source", "crm", "--event-id", "e1"});
+  auto second =
+      Waystone({"start", Example(), "--input", a, "--event-source", "crm", "--event-id", "e1"});
   EXPECT_NE(first.out.find("started"), std::string::npos);
   EXPECT_NE(second.out.find("duplicate event"), std::string::npos) << second.out;
   EXPECT_EQ(InstanceCount(), 1u);
@@ -146,8 +152,9 @@ TEST_F(CliTest, RunStatusListAndExitCodes) {
   auto ok = Waystone({"run", Example(), "--input",
                       R"({"source":"crm","order_id":"1","customer_id":"C-1","amount":5})"});
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
-  auto compensated = Waystone({"run", Example(), "--input",
-                               R"({"source":"crm","order_id":"2","customer_id":"C-BLOCKED","amount":5})"});
+  auto compensated =
+      Waystone({"run", Example(), "--input",
+                R"({"source":"crm","order_id":"2","customer_id":"C-BLOCKED","amount":5})"});
   EXPECT_EQ(compensated.exit_code, 3) << compensated.err;
   auto status = Waystone({"status", "crm:2", "--json"});
   ASSERT_EQ(status.exit_code, 0) << status.err;
@@ -189,12 +196,12 @@ TEST_F(CliTest, WorkerAndSimulatorStopOnSigterm) {
   testing::Process worker({testing::WaystoneBinary(), "worker"}, Env(), dir_.path());
   testing::Process sim({testing::WaystoneBinary(), "sim", "--port", "0"}, Env(), dir_.path());
   // Wait until both say they run (their signal handlers are in place by then).
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return worker.Errors().find("running with") != std::string::npos; },
-      std::chrono::seconds(30)));
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return sim.Output().find("listening on") != std::string::npos; },
-      std::chrono::seconds(30)));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return worker.Errors().find("running with") != std::string::npos; },
+                       std::chrono::seconds(30)));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return sim.Output().find("listening on") != std::string::npos; },
+                       std::chrono::seconds(30)));
   worker.Signal(SIGTERM);
   sim.Signal(SIGTERM);
   auto w = worker.Wait(std::chrono::seconds(20));
@@ -219,9 +226,9 @@ TEST_F(CliTest, ServeAnswersWithATokenCreatedOnTheCommandLine) {
                 .exit_code,
             1);
 
-  testing::Process serve({testing::WaystoneBinary(), "serve", "--api-only", "--listen",
-                          "127.0.0.1:0"},
-                         Env(), dir_.path());
+  testing::Process serve(
+      {testing::WaystoneBinary(), "serve", "--api-only", "--listen", "127.0.0.1:0"}, Env(),
+      dir_.path());
   std::string url;
   ASSERT_TRUE(testing::WaitFor(
       [&] {
@@ -232,16 +239,16 @@ TEST_F(CliTest, ServeAnswersWithATokenCreatedOnTheCommandLine) {
         return true;
       },
       std::chrono::seconds(30)));
-  auto listed = testing::RunProcess({"/usr/bin/curl", "-s", "-H", "Authorization: Bearer " + token,
-                                     url + "/v1/instances"},
-                                    {}, dir_.path());
+  auto listed = testing::RunProcess(
+      {"/usr/bin/curl", "-s", "-H", "Authorization: Bearer " + token, url + "/v1/instances"}, {},
+      dir_.path());
   Json items = Json::parse(listed.out, nullptr, false);
   ASSERT_TRUE(items.is_object()) << listed.out;
   EXPECT_EQ(items["items"].size(), 1u);
   EXPECT_EQ(items["items"][0]["key"], "crm:s1");
-  auto refused = testing::RunProcess({"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                                      url + "/v1/instances"},
-                                     {}, dir_.path());
+  auto refused = testing::RunProcess(
+      {"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url + "/v1/instances"}, {},
+      dir_.path());
   EXPECT_EQ(refused.out, "401");
   serve.Signal(SIGTERM);
   EXPECT_EQ(serve.Wait(std::chrono::seconds(30)).exit_code, 0);

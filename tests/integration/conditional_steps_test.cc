@@ -157,7 +157,8 @@ TEST_F(ConditionalStepsTest, AFailedOptionalStepAlertsAndTheOrderStandsWithItsOt
   const InstanceRecord instance =
       Run({{"id", "o-2"}, {"line_id", "U2"}, {"email", "a@example.com"}, {"check", "yes"}});
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
-  EXPECT_EQ(instance.status_reason, "completed without optional step(s) 'notify-line', which failed");
+  EXPECT_EQ(instance.status_reason,
+            "completed without optional step(s) 'notify-line', which failed");
   const std::vector<StepRecord> steps = Steps(instance);
   ASSERT_EQ(steps.size(), 5u);
   EXPECT_EQ(steps[1].state, StepState::kFailed);

@@ -25,9 +25,9 @@ using Json = nlohmann::json;
 // {{instance.ref}} with match, compensation), notify (honoured key).
 std::string WorkflowText() {
   std::string text;
-  EXPECT_TRUE(ReadFileText(testing::SourceDir() + "/tests/fixtures/target-order.yaml", 1 << 20,
-                           &text)
-                  .ok());
+  EXPECT_TRUE(
+      ReadFileText(testing::SourceDir() + "/tests/fixtures/target-order.yaml", 1 << 20, &text)
+          .ok());
   return text;
 }
 
@@ -126,7 +126,8 @@ TEST_F(IndependentTargetTest, OnlyAFreshConnectionSendsARequestExactlyOnce) {
   auto client = NewCurlHttpClient({});
   const std::string orders = target_->base_url() + "/erp/orders";
   for (ConnectionReuse reuse : {ConnectionReuse::kReuse, ConnectionReuse::kFresh}) {
-    ASSERT_TRUE(target_->Faults(R"({"reset": true, "create_order": {"next": ["close_before_bytes"]}})"));
+    ASSERT_TRUE(
+        target_->Faults(R"({"reset": true, "create_order": {"next": ["close_before_bytes"]}})"));
     const int before = Received(Stats(), "create_order");
     HttpRequest warm{"GET", orders + "?ref=warm", {}, "", 2000, reuse};
     ASSERT_EQ(client->Send(warm).outcome.status, 200);
@@ -189,8 +190,7 @@ class LostResponseTest : public IndependentTargetTest,
 TEST_P(LostResponseTest, OneBusinessObjectAndAttemptsEqualRequestsReceived) {
   const auto& [route, shape, driver] = GetParam();
   if (driver == "pool") UsePool();
-  ASSERT_TRUE(target_->Faults(
-      Json{{route, {{"next", {shape}}, {"delay_ms", 1500}}}}.dump()));
+  ASSERT_TRUE(target_->Faults(Json{{route, {{"next", {shape}}, {"delay_ms", 1500}}}}.dump()));
   InstanceRecord instance = Run(definition_, Order("1"));
   ASSERT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
   const Json stats = Stats();
@@ -211,9 +211,9 @@ TEST_P(LostResponseTest, OneBusinessObjectAndAttemptsEqualRequestsReceived) {
   // One attempt record per request received, each on a connection of its own.
   auto attempts = store_->ListAttempts(instance.id);
   ASSERT_TRUE(attempts.ok());
-  EXPECT_EQ(static_cast<int>(attempts->size()),
-            Received(stats, "create_order") + Received(stats, "find_orders") +
-                Received(stats, "send_message"));
+  EXPECT_EQ(static_cast<int>(attempts->size()), Received(stats, "create_order") +
+                                                    Received(stats, "find_orders") +
+                                                    Received(stats, "send_message"));
   for (const AttemptRecord& a : *attempts) {
     EXPECT_TRUE(a.sent) << a.detail;
     EXPECT_EQ(a.connection, ConnectionUsed::kNew) << a.detail;

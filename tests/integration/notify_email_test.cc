@@ -352,8 +352,11 @@ TEST_F(NotifyEmailTest, ASecondInstanceOfTheSameDeliverySendsNothing) {
   for (const char* id : {"s-1", "s-2"}) {
     auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
     ASSERT_TRUE(engine.ok());
-    const Json input = {{"id", id}, {"order", "O-9"}, {"customer", "c-9"},
-                        {"line_id", "U-9"}, {"email", "kim@customer.example"}};
+    const Json input = {{"id", id},
+                        {"order", "O-9"},
+                        {"customer", "c-9"},
+                        {"line_id", "U-9"},
+                        {"email", "kim@customer.example"}};
     auto started = (*engine)->StartInstance(definition_, {"default", input.dump()});
     ASSERT_TRUE(started.ok()) << started.status();
     ASSERT_TRUE((*engine)->RunUntilRest(started->instance.id, std::stop_token()).ok());
@@ -377,11 +380,15 @@ TEST_F(NotifyEmailTest, ASecondInstanceOfTheSameDeliverySendsNothing) {
   // email for good (550), so nothing of it arrived and the delivery passes on.
   smtp_->Call("POST", "/_target/faults", R"({"next": ["reject_550"]})");
   InstanceRecord third, fourth;
-  for (auto [id, out] : {std::pair<const char*, InstanceRecord*>{"s-3", &third}, {"s-4", &fourth}}) {
+  for (auto [id, out] :
+       {std::pair<const char*, InstanceRecord*>{"s-3", &third}, {"s-4", &fourth}}) {
     auto engine = Engine::Create(store_.get(), http_.get(), SystemClock::Get(), &random_, {});
     ASSERT_TRUE(engine.ok());
-    const Json input = {{"id", id}, {"order", "O-10"}, {"customer", "c-10"},
-                        {"line_id", "U-10"}, {"email", "lee@customer.example"}};
+    const Json input = {{"id", id},
+                        {"order", "O-10"},
+                        {"customer", "c-10"},
+                        {"line_id", "U-10"},
+                        {"email", "lee@customer.example"}};
     auto started = (*engine)->StartInstance(definition_, {"default", input.dump()});
     ASSERT_TRUE(started.ok()) << started.status();
     ASSERT_TRUE((*engine)->RunUntilRest(started->instance.id, std::stop_token()).ok());
@@ -398,10 +405,13 @@ TEST_F(NotifyEmailTest, ASecondInstanceOfTheSameDeliverySendsNothing) {
 TEST_F(NotifyEmailTest, TheClientSaysWhetherTheMessageCouldHaveArrived) {
   HttpRequest request;
   request.url = smtp_->smtp_url();
-  request.mail = {.from = "a@shop.example", .to = {"b@customer.example"}, .user = "u",
+  request.mail = {.from = "a@shop.example",
+                  .to = {"b@customer.example"},
+                  .user = "u",
                   .password = "smtp-pass-0"};
-  request.body = "From: a@shop.example\r\nTo: b@customer.example\r\nSubject: s\r\n"
-                 "Message-ID: <m-1@shop.example>\r\n\r\nhello\r\n";
+  request.body =
+      "From: a@shop.example\r\nTo: b@customer.example\r\nSubject: s\r\n"
+      "Message-ID: <m-1@shop.example>\r\n\r\nhello\r\n";
   request.may_send = [] { return false; };
   HttpResponse withdrawn = http_->Send(request);
   EXPECT_EQ(withdrawn.outcome.kind, CallOutcome::Kind::kNotSent) << withdrawn.error;

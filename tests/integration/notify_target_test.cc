@@ -50,8 +50,8 @@ steps:
 class NotifyTargetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    line_ = std::make_unique<testing::TargetProcess>(dir_.path(), "line_target.py",
-                                                     std::vector<std::string>{"--token", "line-token-0"});
+    line_ = std::make_unique<testing::TargetProcess>(
+        dir_.path(), "line_target.py", std::vector<std::string>{"--token", "line-token-0"});
     hook_ = std::make_unique<testing::TargetProcess>(dir_.path(), "webhook_receiver.py",
                                                      std::vector<std::string>{});
     ASSERT_TRUE(line_->ok() && hook_->ok());
@@ -146,8 +146,7 @@ TEST_F(NotifyTargetTest, AnswersLostAfterDeliveryNeverDeliverTwice) {
   EXPECT_EQ(first["retry_key"], line["requests"][1]["retry_key"]);
   const StepRecord confirm_line = Step(instance, "confirm-line");
   EXPECT_EQ(confirm_line.attempts, 2);
-  EXPECT_EQ(confirm_line.idempotency_key,
-            "notify:c-7:confirmed@2:default:o-1/create-order:line");
+  EXPECT_EQ(confirm_line.idempotency_key, "notify:c-7:confirmed@2:default:o-1/create-order:line");
   EXPECT_EQ(first["retry_key"], KeyUuid("default", confirm_line.idempotency_key));
   EXPECT_EQ(confirm_line.external_id, first["request_id"])
       << "the accepted request's id, from X-Line-Accepted-Request-Id";

@@ -31,8 +31,8 @@ class OAuthTargetTest : public ::testing::Test {
   void SetUp() override { StartTarget({}); }
 
   void StartTarget(std::vector<std::string> extra) {
-    std::vector<std::string> args = {"--client-id", "waystone-worker", "--client-secret",
-                                     kSecret, "--token-delay-ms", "200"};
+    std::vector<std::string> args = {"--client-id", "waystone-worker",  "--client-secret",
+                                     kSecret,       "--token-delay-ms", "200"};
     args.insert(args.end(), extra.begin(), extra.end());
     target_ = std::make_unique<testing::TargetProcess>(dir_.path(), "oauth_erp_target.py", args);
     ASSERT_TRUE(target_->ok());
@@ -140,8 +140,8 @@ steps:
 void ExpectEachOrderOnce(const Json& stats, const std::vector<InstanceRecord>& instances) {
   EXPECT_EQ(stats["orders"].get<int>(), static_cast<int>(instances.size())) << stats.dump();
   for (const InstanceRecord& instance : instances) {
-    EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.key << ": "
-                                                         << instance.status_reason;
+    EXPECT_EQ(instance.state, InstanceState::kCompleted)
+        << instance.key << ": " << instance.status_reason;
     EXPECT_EQ(stats["orders_by_ref"].value(instance.key, 0), 1) << instance.key;
   }
 }
@@ -176,8 +176,8 @@ TEST_F(OAuthTargetTest, AnExpiringTokenIsRenewedOncePerLifetimeAndNeverSentStale
     const auto instances = RunMany("wave" + std::to_string(wave), 12);
     all.insert(all.end(), instances.begin(), instances.end());
   }
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                       started).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const Json stats = Stats();
   ExpectEachOrderOnce(stats, all);
   // Each wave came after the last token's life: at least one each; never two at once,
@@ -268,26 +268,27 @@ targets:
 steps:
   - name: read
     request: { method: GET, url: "{{env.ERP_URL}}/x" }
-)", "t.yaml", nullptr)) {
+)",
+                                                  "t.yaml", nullptr)) {
       all += d.ToString() + "\n";
     }
     return all;
   };
-  const std::string good =
-      "      token_url: \"{{env.TOKEN_URL}}\"\n      client_id: worker\n";
+  const std::string good = "      token_url: \"{{env.TOKEN_URL}}\"\n      client_id: worker\n";
   EXPECT_EQ(lint(good + "      client_secret: \"{{secret.erp}}\""), "");
   EXPECT_EQ(lint(good + "      client_secret: \"{{env.ERP_SECRET}}\"\n      scope: orders"), "");
   std::string d = lint(good + "      client_secret: hunter2");
   EXPECT_NE(d.find("t.yaml:4: target 'erp': oauth2.client_secret must come from a secret or the "
                    "environment"),
-            std::string::npos) << d;
+            std::string::npos)
+      << d;
   d = lint(good + "      client_secret: \"{{secret.erp}}x}}\"");
   EXPECT_NE(d.find("oauth2.client_secret must come from a secret"), std::string::npos) << d;
   d = lint(good + "      client_secret: \"x{{secret.erp}}\"");
   EXPECT_NE(d.find("oauth2.client_secret must come from a secret"), std::string::npos) << d;
   d = lint(good + "      client_secret: \"{{input.secret}}\"");
-  EXPECT_NE(d.find("oauth2.client_secret: {{input.secret}} cannot be used here"),
-            std::string::npos) << d;
+  EXPECT_NE(d.find("oauth2.client_secret: {{input.secret}} cannot be used here"), std::string::npos)
+      << d;
   d = lint("      client_id: worker\n      client_secret: \"{{secret.erp}}\"");
   EXPECT_NE(d.find("missing field 'token_url'"), std::string::npos) << d;
   d = lint(good + "      client_secret: \"{{secret.erp}}\"\n      audience: x");

@@ -23,7 +23,8 @@ using Json = nlohmann::json;
 
 // One create with body-level error rules and a lookup over pages; `lookup` and
 // `body` are spliced in so each test says which shape it uses.
-std::string Workflow(const std::string& lookup, const std::string& body = R"({ ref: "{{instance.ref}}", amount: 5 })") {
+std::string Workflow(const std::string& lookup,
+                     const std::string& body = R"({ ref: "{{instance.ref}}", amount: 5 })") {
   return R"(workflow: paged-order
 key: "{{input.id}}"
 steps:
@@ -32,7 +33,8 @@ steps:
     request:
       method: POST
       url: "{{env.PAGED_URL}}/api/orders"
-      body: )" + body + R"(
+      body: )" +
+         body + R"(
       timeout: 300ms
     result: { external_id: /data/order_no }
     errors:
@@ -50,7 +52,8 @@ steps:
 }
 
 // The v1 search: 2 a page, each answer linking the next.
-constexpr char kNextLinks[] = R"(      request: { method: GET, url: "{{env.PAGED_URL}}/api/orders?q={{instance.ref}}&per_page=2" }
+constexpr char kNextLinks[] =
+    R"(      request: { method: GET, url: "{{env.PAGED_URL}}/api/orders?q={{instance.ref}}&per_page=2" }
       items: /data
       match: { /ref: "{{instance.ref}}" }
       external_id: /order_no
@@ -148,8 +151,7 @@ TEST_F(PagedTargetTest, AValidationErrorInsideA200IsRejectedNotRetried) {
 
 // The lost create's order is the sixth match of the loose search: page 3 of 2 each.
 TEST_F(PagedTargetTest, ALookupFollowsNextLinksToTheOrderOnALaterPage) {
-  SeedNeighbours({"default:o-10", "default:o-11", "default:o-12", "default:o-13",
-                  "default:o-14"});
+  SeedNeighbours({"default:o-10", "default:o-11", "default:o-12", "default:o-13", "default:o-14"});
   ASSERT_TRUE(target_->Settings(R"({"create_faults": ["lost"]})"));
   InstanceRecord instance = Run(Workflow(kNextLinks));
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
@@ -172,7 +174,8 @@ TEST_F(PagedTargetTest, ALookupFollowsNextLinksToTheOrderOnALaterPage) {
 TEST_F(PagedTargetTest, ALookupCountingPagesReadsUntilAnEmptyPage) {
   SeedNeighbours({"default:o-10", "default:o-11", "default:o-12", "default:o-13"});
   ASSERT_TRUE(target_->Settings(R"({"create_faults": ["lost"]})"));
-  InstanceRecord instance = Run(Workflow(R"(      request: { method: GET, url: "{{env.PAGED_URL}}/api/v2/orders?q={{instance.ref}}" }
+  InstanceRecord instance = Run(Workflow(
+      R"(      request: { method: GET, url: "{{env.PAGED_URL}}/api/v2/orders?q={{instance.ref}}" }
       items: /items
       match: { /ref: "{{instance.ref}}" }
       external_id: /order_no
@@ -223,8 +226,8 @@ TEST_F(PagedTargetTest, TwoMatchesOnDifferentPagesAreAContradiction) {
 // answers DUPLICATE (class exists): never sent a third time, looked up again with
 // backoff until the index shows the order, which is adopted.
 TEST_F(PagedTargetTest, ADuplicateAnswerIsAdoptedOnceTheSearchShowsTheOrder) {
-  ASSERT_TRUE(target_->Settings(
-      R"({"dedupe": true, "search_lag_ms": 800, "create_faults": ["lost"]})"));
+  ASSERT_TRUE(
+      target_->Settings(R"({"dedupe": true, "search_lag_ms": 800, "create_faults": ["lost"]})"));
   InstanceRecord instance = Run(Workflow(kNextLinks));
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
   const StepRecord create = CreateStep(instance);

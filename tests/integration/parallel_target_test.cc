@@ -166,8 +166,8 @@ TEST_F(ParallelTargetTest, AFailureAfterTheGroupUndoesItsBranchesInReverse) {
 class ParallelCallsTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    slow_ = std::make_unique<testing::TargetProcess>(
-        dir_.path(), "slow_target.py", std::vector<std::string>{"--delay", "0.6"});
+    slow_ = std::make_unique<testing::TargetProcess>(dir_.path(), "slow_target.py",
+                                                     std::vector<std::string>{"--delay", "0.6"});
     ASSERT_TRUE(slow_->ok());
     auto store = OpenStore({dir_.File("calls.db")});
     ASSERT_TRUE(store.ok()) << store.status();
@@ -182,7 +182,8 @@ steps:
     for (const char* name : {"erp", "crm", "wms"}) {
       text += std::string("      - name: to-") + name + R"(
         idempotency: { honored: true }
-        request: { method: POST, url: ")" + slow_->base_url() + "/" + name +
+        request: { method: POST, url: ")" +
+              slow_->base_url() + "/" + name +
               R"(", body: { order: "{{input.id}}" }, timeout: 10s }
 )";
     }

@@ -31,8 +31,8 @@ using Json = nlohmann::json;
 class TargetProtectionTest : public ::testing::Test {
  public:
   void SetUp() override {
-    target_ = std::make_unique<testing::TargetProcess>(dir_.path(), "fragile_target.py",
-                                                       std::vector<std::string>{"--service-ms", "10"});
+    target_ = std::make_unique<testing::TargetProcess>(
+        dir_.path(), "fragile_target.py", std::vector<std::string>{"--service-ms", "10"});
     ASSERT_TRUE(target_->ok());
     setenv("FRAGILE_URL", target_->base_url().c_str(), 1);
     auto store = OpenStore({dir_.File("fragile.db")});
@@ -135,8 +135,8 @@ steps:
 // Every instance completed, and the target holds exactly one order per instance.
 void ExpectOneOrderEach(const Json& stats, const std::vector<InstanceRecord>& instances) {
   for (const InstanceRecord& instance : instances) {
-    EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.key << ": "
-                                                         << instance.status_reason;
+    EXPECT_EQ(instance.state, InstanceState::kCompleted)
+        << instance.key << ": " << instance.status_reason;
     EXPECT_FALSE(instance.status_reason.starts_with("waiting for target")) << instance.key;
   }
   EXPECT_EQ(stats["orders"], instances.size()) << stats.dump();

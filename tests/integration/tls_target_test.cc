@@ -40,9 +40,19 @@ void MakePki(const std::string& dir) {
                    const std::string& ext) {
     OpenSsl(dir, {"req", "-newkey", "rsa:2048", "-nodes", "-keyout", at(name + ".key"), "-out",
                   at(name + ".csr"), "-subj", "/CN=" + cn});
-    std::vector<std::string> sign = {"x509", "-req", "-in", at(name + ".csr"), "-CA",
-                                     at(ca + ".pem"), "-CAkey", at(ca + ".key"),
-                                     "-CAcreateserial", "-out", at(name + ".pem"), "-days", "2"};
+    std::vector<std::string> sign = {"x509",
+                                     "-req",
+                                     "-in",
+                                     at(name + ".csr"),
+                                     "-CA",
+                                     at(ca + ".pem"),
+                                     "-CAkey",
+                                     at(ca + ".key"),
+                                     "-CAcreateserial",
+                                     "-out",
+                                     at(name + ".pem"),
+                                     "-days",
+                                     "2"};
     if (!ext.empty()) {
       testing::WriteFile(at(name + ".ext"), ext);
       sign.insert(sign.end(), {"-extfile", at(name + ".ext")});
@@ -66,8 +76,8 @@ class TlsTargetTest : public ::testing::Test {
         std::vector<std::string>{"--cert", dir_.File("server.pem"), "--key",
                                  dir_.File("server.key"), "--client-ca", dir_.File("ca.pem")});
     ASSERT_TRUE(target_->ok());
-    control_port_ = testing::WaitForPrefixedNumber(target_->process(), "CONTROL ",
-                                                   std::chrono::seconds(10));
+    control_port_ =
+        testing::WaitForPrefixedNumber(target_->process(), "CONTROL ", std::chrono::seconds(10));
     ASSERT_GT(control_port_, 0);
     setenv("ERP_URL", ("https://127.0.0.1:" + std::to_string(target_->port())).c_str(), 1);
     setenv("ERP_CA_FILE", dir_.File("ca.pem").c_str(), 1);
@@ -137,8 +147,11 @@ steps:
 
   Json Stats() {
     static const std::unique_ptr<HttpClient> plain = NewCurlHttpClient({});
-    HttpRequest request{"GET", "http://127.0.0.1:" + std::to_string(control_port_) +
-                                   "/_target/stats", {}, "", 5000};
+    HttpRequest request{"GET",
+                        "http://127.0.0.1:" + std::to_string(control_port_) + "/_target/stats",
+                        {},
+                        "",
+                        5000};
     return Json::parse(plain->Send(request).body);
   }
 
@@ -183,7 +196,8 @@ void ExpectRefusedAtTls(TlsTargetTest& test, const InstanceRecord& instance) {
         << instance.status_reason;
     EXPECT_EQ(create.error_class, ErrorClass::kRejected) << create.error_message;
   } else {
-    EXPECT_EQ(create.attempts, 3) << "only a lost alert is retried: " << test.AttemptsText(instance);
+    EXPECT_EQ(create.attempts, 3) << "only a lost alert is retried: "
+                                  << test.AttemptsText(instance);
     EXPECT_NE(create.error_message.find("retries exhausted"), std::string::npos)
         << create.error_message;
   }
@@ -222,8 +236,8 @@ TEST_F(TlsTargetTest, AnEncryptedKeyIsOpenedWithItsSecretPassphrase) {
                         "pass:s3cret-pass", "-out", dir_.File("client-enc.key")});
   setenv("ERP_KEY_FILE", dir_.File("client-enc.key").c_str(), 1);
   setenv("WAYSTONE_SECRET_ERP_KEY_PASSWORD", "s3cret-pass", 1);
-  const std::string identity = std::string(kFullIdentity) +
-                               "\n      key_password: \"{{secret.ERP_KEY_PASSWORD}}\"";
+  const std::string identity =
+      std::string(kFullIdentity) + "\n      key_password: \"{{secret.ERP_KEY_PASSWORD}}\"";
   InstanceRecord instance = Run(Workflow(identity), "o-6");
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
   EXPECT_EQ(Stats()["client_cns"], Json::array({"waystone-worker"}));
@@ -257,7 +271,8 @@ targets:
 steps:
   - name: read
     request: { method: GET, url: "{{env.ERP_URL}}/x" }
-)", "t.yaml", nullptr);
+)",
+                              "t.yaml", nullptr);
   };
   auto text = [](const std::vector<Diagnostic>& d) {
     std::string all;
@@ -267,11 +282,13 @@ steps:
   EXPECT_TRUE(load("      ca_file: \"{{env.CA}}\"").empty());
   auto d = load("      ca_file: \"{{input.ca}}\"");
   EXPECT_NE(text(d).find("t.yaml:4: target 'erp' tls.ca_file: {{input.ca}} cannot be used here"),
-            std::string::npos) << text(d);
+            std::string::npos)
+      << text(d);
   d = load("      cert_file: \"{{env.C}}\"");
   EXPECT_NE(text(d).find("needs both 'cert_file' and 'key_file'"), std::string::npos) << text(d);
-  d = load("      cert_file: \"{{env.C}}\"\n      key_file: \"{{env.K}}\"\n"
-           "      key_password: hunter2");
+  d = load(
+      "      cert_file: \"{{env.C}}\"\n      key_file: \"{{env.K}}\"\n"
+      "      key_password: hunter2");
   EXPECT_NE(text(d).find("tls.key_password must be a secret"), std::string::npos) << text(d);
   d = load("      ca: x");
   EXPECT_NE(text(d).find("unknown field 'ca'"), std::string::npos) << text(d);

@@ -113,8 +113,7 @@ class UploadTargetTest : public ::testing::Test {
   }
 
   // A multipart upload of invoices/<id>.pdf with the field ref, found again by ref.
-  static std::string UploadWorkflow(const std::string& retry,
-                                    const std::string& timeout = "2s") {
+  static std::string UploadWorkflow(const std::string& retry, const std::string& timeout = "2s") {
     return R"(workflow: upload-invoice
 key: "{{input.id}}"
 steps:
@@ -127,14 +126,16 @@ steps:
         fields: { ref: "{{input.id}}", title: "Invoice {{input.id}}" }
         files:
           file: { path: "invoices/{{input.id}}.pdf", content_type: application/pdf }
-      timeout: )" + timeout + R"(
+      timeout: )" +
+           timeout + R"(
     result: { external_id: /location }
     lookup:
       request: { method: GET, url: "{{env.DMS_URL}}/dms/documents?ref={{input.id}}" }
       items: /items
       match: { /fields/ref: "{{input.id}}" }
       external_id: /location
-    retry: )" + retry + "\n";
+    retry: )" +
+           retry + "\n";
   }
 
   testing::TempDir dir_;
@@ -149,10 +150,10 @@ steps:
 TEST_F(UploadTargetTest, AnUploadWhoseAnswerIsLostIsFoundNotSentAgain) {
   const std::string pdf = AwkwardBytes(300'000, 1);
   WriteBytes(files_ + "/invoices/INV-1.pdf", pdf);
-  ASSERT_NE(target_->Call("POST", "/_target/faults",
-                          R"({"upload": {"next": ["close_before_bytes"]}})")
-                .find("upload"),
-            std::string::npos);
+  ASSERT_NE(
+      target_->Call("POST", "/_target/faults", R"({"upload": {"next": ["close_before_bytes"]}})")
+          .find("upload"),
+      std::string::npos);
   const InstanceRecord instance =
       Run(UploadWorkflow("{ max_attempts: 3, initial_interval: 10ms }"), {{"id", "INV-1"}});
   EXPECT_EQ(instance.state, InstanceState::kCompleted) << instance.status_reason;
@@ -231,8 +232,8 @@ steps:
   EXPECT_EQ(stored["size"].get<int>(), 48 << 20);
   EXPECT_EQ(stored["content_type"], "image/tiff");
   ASSERT_GT(before, 0);
-  EXPECT_LT(peak - before, 24 * 1024) << "a 48 MiB upload raised the peak by " << (peak - before)
-                                      << " KiB: it was held in memory";
+  EXPECT_LT(peak - before, 24 * 1024)
+      << "a 48 MiB upload raised the peak by " << (peak - before) << " KiB: it was held in memory";
 }
 
 TEST_F(UploadTargetTest, BytesFromTheInputAndFormFieldsArriveAsSent) {
@@ -285,8 +286,7 @@ steps:
           file: { path: "{{input.path}}" }
     idempotency: { honored: true }
 )";
-  for (const auto& [id, path, why] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{
+  for (const auto& [id, path, why] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"up", "../outside.txt", "may not contain '..'"},
            {"link", "invoices/link.pdf", "leads out of the files folder"},
            {"abs", dir_.File("outside.txt"), "must be a path relative to the files folder"},
@@ -294,8 +294,7 @@ steps:
     const InstanceRecord instance = Run(yaml, {{"id", id}, {"path", path}});
     const StepRecord step = FirstStep(instance);
     EXPECT_EQ(step.state, StepState::kFailed) << id;
-    EXPECT_NE(step.error_message.find(why), std::string::npos) << id << ": "
-                                                               << step.error_message;
+    EXPECT_NE(step.error_message.find(why), std::string::npos) << id << ": " << step.error_message;
   }
   EXPECT_EQ(Stats()["requests_total"].get<int>(), 0);
 }
@@ -331,9 +330,9 @@ steps:
 )";
   int n = 0;
   for (const std::string* yaml : {&multipart, &raw}) {
-    for (const char* path : {"acme/invoices/INV-1.pdf", "./acme/invoices/INV-1.pdf",
-                                    "acme//invoices/INV-1.pdf", "../acme/invoices/INV-1.pdf",
-                                    "invoices/INV-1.pdf"}) {
+    for (const char* path :
+         {"acme/invoices/INV-1.pdf", "./acme/invoices/INV-1.pdf", "acme//invoices/INV-1.pdf",
+          "../acme/invoices/INV-1.pdf", "invoices/INV-1.pdf"}) {
       const InstanceRecord instance =
           Run(*yaml, {{"id", "g" + std::to_string(n++)}, {"path", path}}, "globex");
       EXPECT_EQ(FirstStep(instance).state, StepState::kFailed) << path;
@@ -344,8 +343,7 @@ steps:
   EXPECT_EQ(stats["requests_total"].get<int>(), 0) << stats.dump();
   EXPECT_EQ(stats["by_sha256"].value(Sha256Hex(secret), 0), 0) << "acme's file reached globex";
   // acme's own instance sends it, from acme's folder.
-  const InstanceRecord own =
-      Run(multipart, {{"id", "a1"}, {"path", "invoices/INV-1.pdf"}}, "acme");
+  const InstanceRecord own = Run(multipart, {{"id", "a1"}, {"path", "invoices/INV-1.pdf"}}, "acme");
   EXPECT_EQ(own.state, InstanceState::kCompleted) << own.status_reason;
   stats = Stats();
   EXPECT_EQ(stats["by_sha256"].value(Sha256Hex(secret), 0), 1) << stats.dump();
@@ -419,8 +417,7 @@ steps:
                                       {{"id", "x"}});
   const StepRecord step = FirstStep(instance);
   EXPECT_EQ(step.state, StepState::kFailed);
-  EXPECT_NE(step.error_message.find("target 'archive': "), std::string::npos)
-      << step.error_message;
+  EXPECT_NE(step.error_message.find("target 'archive': "), std::string::npos) << step.error_message;
 }
 
 TEST(UploadLoadTest, EachRequestHasOneBodyAndEachFileOneSource) {
@@ -443,14 +440,15 @@ steps:
   EXPECT_EQ(lint("      multipart: { files: { file: { path: a.pdf } } }\n"), "");
   EXPECT_EQ(lint("      body_file: { base64: \"{{input.pdf}}\" }\n"), "");
   std::string d = lint("      body: { a: 1 }\n      form: { b: c }\n");
-  EXPECT_NE(d.find("more than one of 'body', 'form', 'multipart', 'body_file'"),
-            std::string::npos) << d;
+  EXPECT_NE(d.find("more than one of 'body', 'form', 'multipart', 'body_file'"), std::string::npos)
+      << d;
   d = lint("      multipart: { files: { file: { path: a.pdf, base64: QQ== } } }\n");
   EXPECT_NE(d.find("multipart file 'file' needs exactly one of 'path'"), std::string::npos) << d;
   d = lint("      multipart: { fields: { a: b } }\n");
   EXPECT_NE(d.find("'multipart.files' must map part names to files"), std::string::npos) << d;
-  d = lint("      headers: { Content-Type: multipart/form-data }\n"
-           "      multipart: { files: { file: { path: a.pdf } } }\n");
+  d = lint(
+      "      headers: { Content-Type: multipart/form-data }\n"
+      "      multipart: { files: { file: { path: a.pdf } } }\n");
   EXPECT_NE(d.find("sets its own Content-Type"), std::string::npos) << d;
   d = lint("      body_file: { path: \"{{steps.nope.response.x}}\" }\n");
   EXPECT_NE(d.find("request.file.path"), std::string::npos) << d;

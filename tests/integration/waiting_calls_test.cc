@@ -59,7 +59,8 @@ steps:
     idempotency: { honored: true }
     request:
       method: POST
-      url: "http://127.0.0.1:)" + std::to_string(port_) + R"(/orders"
+      url: "http://127.0.0.1:)" +
+                             std::to_string(port_) + R"(/orders"
       body: { n: "{{input.n}}" }
       timeout: 10s
     result: { external_id: "/id" }
@@ -88,8 +89,8 @@ steps:
   }
 
   Json Stats() {
-    HttpRequest request{"GET", "http://127.0.0.1:" + std::to_string(port_) + "/_stats", {}, "",
-                        5000};
+    HttpRequest request{
+        "GET", "http://127.0.0.1:" + std::to_string(port_) + "/_stats", {}, "", 5000};
     HttpResponse response = http_->Send(request);
     return Json::parse(response.body, nullptr, /*allow_exceptions=*/false);
   }
@@ -137,8 +138,8 @@ TEST_F(WaitingCallsTest, TwoWorkersKeepTwoHundredCallsWaitingAtOnce) {
   EXPECT_GE(stats["max_open"].get<int>(), 50) << stats.dump();
   // The engine's own threads: workers, dispatcher, commit queue, lease keeper (and
   // this test's watcher); none per call.
-  EXPECT_LE(most_threads - before, 12) << "threads before " << before << ", at most "
-                                       << most_threads;
+  EXPECT_LE(most_threads - before, 12)
+      << "threads before " << before << ", at most " << most_threads;
   for (int64_t id : ids) {
     auto steps = store_->GetSteps(id);
     ASSERT_TRUE(steps.ok());
@@ -183,8 +184,11 @@ TEST_F(WaitingCallsTest, AClientDestroyedMidCallAnswersEachRequestAsSentAndUnkno
   std::mutex mu;
   std::vector<HttpResponse> answers;
   for (int i = 0; i < 5; ++i) {
-    HttpRequest request{"POST", "http://127.0.0.1:" + std::to_string(port_) + "/orders",
-                        {{"Idempotency-Key", "shutdown-" + std::to_string(i)}}, "{}", 10'000};
+    HttpRequest request{"POST",
+                        "http://127.0.0.1:" + std::to_string(port_) + "/orders",
+                        {{"Idempotency-Key", "shutdown-" + std::to_string(i)}},
+                        "{}",
+                        10'000};
     client->SendAsync(std::move(request), [&](HttpResponse response) {
       std::lock_guard<std::mutex> lock(mu);
       answers.push_back(std::move(response));

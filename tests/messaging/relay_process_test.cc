@@ -29,7 +29,6 @@ using Json = nlohmann::json;
 
 constexpr char kSecret[] = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-
 bool PortOpen(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -78,12 +77,18 @@ class RelayProcessTest : public ::testing::Test {
   void RunOrders(int count, const std::string& prefix) {
     std::string lines;
     for (int i = 0; i < count; ++i) {
-      lines += Json{{"source", "crm"}, {"order_id", prefix + std::to_string(i)},
-                    {"customer_id", "C-" + std::to_string(i)}, {"amount", 3}}.dump() + "\n";
+      lines += Json{{"source", "crm"},
+                    {"order_id", prefix + std::to_string(i)},
+                    {"customer_id", "C-" + std::to_string(i)},
+                    {"amount", 3}}
+                   .dump() +
+               "\n";
     }
     testing::WriteFile(dir_.File(prefix + ".jsonl"), lines);
     ASSERT_EQ(Waystone({"start", testing::SourceDir() + "/examples/order-to-erp.yaml", "--inputs",
-                        dir_.File(prefix + ".jsonl")}).exit_code, 0);
+                        dir_.File(prefix + ".jsonl")})
+                  .exit_code,
+              0);
     auto worker = Waystone({"worker", "--exit-when-idle"});
     ASSERT_EQ(worker.exit_code, 0) << worker.err;
   }
@@ -128,15 +133,16 @@ class RelayProcessTest : public ::testing::Test {
 };
 
 TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppliesItOnce) {
-  testing::Process consumer({testing::ExampleConsumerBinary(), "--port", "0", "--db", dir_.File("consumer.db"),
-                             "--secret-env", "WEBHOOK_SECRET"},
+  testing::Process consumer({testing::ExampleConsumerBinary(), "--port", "0", "--db",
+                             dir_.File("consumer.db"), "--secret-env", "WEBHOOK_SECRET"},
                             Env(), dir_.path());
   const std::string consumer_url = WaitForLine("consumer listening on ");
   ASSERT_FALSE(consumer_url.empty());
-  testing::WriteFile(dir_.File("relay.yaml"),
-                     "deployment: crash-test\nretry: { initial_interval: 50ms, max_interval: 200ms }\n"
-                     "sinks:\n  - { name: consumer, type: webhook, url: \"" + consumer_url +
-                         "/events\", secret_env: WEBHOOK_SECRET }\n");
+  testing::WriteFile(
+      dir_.File("relay.yaml"),
+      "deployment: crash-test\nretry: { initial_interval: 50ms, max_interval: 200ms }\n"
+      "sinks:\n  - { name: consumer, type: webhook, url: \"" +
+          consumer_url + "/events\", secret_env: WEBHOOK_SECRET }\n");
   RunOrders(2, "k");
   const auto committed = Committed();
   ASSERT_EQ(committed.size(), 16u);
@@ -154,7 +160,7 @@ TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppli
   EXPECT_GE(stats["duplicates"], 1) << stats.dump();
   EXPECT_LE(stats["duplicates"], 2) << stats.dump();
   EXPECT_EQ(stats["received"], 16 + stats["duplicates"].get<int>()) << stats.dump();
-  EXPECT_EQ(stats["applied"], 16) << stats.dump();     // once each
+  EXPECT_EQ(stats["applied"], 16) << stats.dump();  // once each
   EXPECT_EQ(stats["rejected"], 0) << stats.dump();
   // Applied in commit order per instance, across the restart.
   Json applied = Get(consumer_url + "/applied");
@@ -172,8 +178,8 @@ TEST_F(RelayProcessTest, KilledAfterTheAckRedeliversTheSameIdAndTheConsumerAppli
 }
 
 TEST_F(RelayProcessTest, TwoRelaysAtOnceNeverDeliverTheSameRowTwice) {
-  testing::Process consumer({testing::ExampleConsumerBinary(), "--port", "0", "--db", dir_.File("consumer.db"),
-                             "--secret-env", "WEBHOOK_SECRET"},
+  testing::Process consumer({testing::ExampleConsumerBinary(), "--port", "0", "--db",
+                             dir_.File("consumer.db"), "--secret-env", "WEBHOOK_SECRET"},
                             Env(), dir_.path());
   const std::string consumer_url = WaitForLine("consumer listening on ");
   ASSERT_FALSE(consumer_url.empty());
@@ -223,9 +229,9 @@ TEST_F(RelayProcessTest, MetricsShowLagAndFailuresAndPassPromtool) {
       << "lag should be above zero while events wait";
   testing::WriteFile(dir_.File("metrics.txt"), metrics);
   // promtool reads the exposition from standard input.
-  auto check = testing::RunProcess({"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < \"$0\"",
-                                    dir_.File("metrics.txt")},
-                                   {}, dir_.path());
+  auto check = testing::RunProcess(
+      {"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < \"$0\"", dir_.File("metrics.txt")},
+      {}, dir_.path());
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
   relay.Signal(SIGTERM);
   EXPECT_EQ(relay.Wait().exit_code, 0);
@@ -404,8 +410,7 @@ TEST_F(RelayProcessTest, NatsBatchToAStoppedServerRetriesInTimeAndLandsOnce) {
                          [&](const DeliveryOutcome& o) { return o.result == result; });
   };
   const TestBatch first("up-", 5);
-  ASSERT_EQ(count(first.SentTo(*sink),
-                  DeliveryOutcome::Result::kDelivered),
+  ASSERT_EQ(count(first.SentTo(*sink), DeliveryOutcome::Result::kDelivered),
             5);  // connected, the stream made
 
   server->Signal(SIGSTOP);
@@ -417,9 +422,7 @@ TEST_F(RelayProcessTest, NatsBatchToAStoppedServerRetriesInTimeAndLandsOnce) {
   EXPECT_EQ(count(stalled, DeliveryOutcome::Result::kRetry), 5);
   EXPECT_LE(took, std::chrono::milliseconds(sink->longest_attempt() + 500));
 
-  EXPECT_EQ(count(halted.SentTo(*sink),
-                  DeliveryOutcome::Result::kDelivered),
-            5);
+  EXPECT_EQ(count(halted.SentTo(*sink), DeliveryOutcome::Result::kDelivered), 5);
   const std::vector<std::string> ids = StreamIds(port, "HALTED");
   EXPECT_EQ(ids.size(), 10u);
   EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), 10u);

@@ -4,12 +4,11 @@
 
 #include "messaging/relay.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,8 +36,8 @@ using Json = nlohmann::json;
 constexpr char kSecret[] = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 // Verifies a Standard Webhooks signature: "v1,<base64 HMAC-SHA256(key, id.ts.body)>".
-bool IndependentVerify(const std::string& id, const std::string& timestamp,
-                       const std::string& body, const std::string& header, long long now_s) {
+bool IndependentVerify(const std::string& id, const std::string& timestamp, const std::string& body,
+                       const std::string& header, long long now_s) {
   if (std::llabs(now_s - std::atoll(timestamp.c_str())) > 300) return false;
   const std::string b64 = std::string(kSecret).substr(6);
   std::vector<unsigned char> key(b64.size());
@@ -157,7 +156,7 @@ class Receiver {
   std::vector<Json> received_;
   std::set<std::string> in_flight_;  // subjects of the requests being handled
   int max_in_flight_ = 0;
-  int overlaps_ = 0;  // requests that arrived while one of the same subject was in flight
+  int overlaps_ = 0;           // requests that arrived while one of the same subject was in flight
   std::set<int> connections_;  // client ports seen
 };
 
@@ -192,15 +191,20 @@ class RelayTest : public ::testing::Test {
   }
 
   std::unique_ptr<Relay> MakeRelay(int max_attempts = 10, Millis unknown_alert_after = 60'000) {
-    const std::string yaml = "deployment: test\nalert_sink: ops\n"
-                             "retry: { max_attempts: " + std::to_string(max_attempts) +
-                             ", initial_interval: 100ms, max_interval: 1s }\n"
-                             "unknown_alert_after: " + std::to_string(unknown_alert_after) + "ms\n"
-                             "sinks:\n"
-                             "  - { name: hooks, type: webhook, url: \"" + hooks_.url() +
-                             "\", secret_env: TEST_WEBHOOK_SECRET }\n"
-                             "  - { name: ops, type: webhook, url: \"" + ops_.url() +
-                             "\", secret_env: TEST_WEBHOOK_SECRET, events: [\"waystone.alert.*\"] }\n";
+    const std::string yaml =
+        "deployment: test\nalert_sink: ops\n"
+        "retry: { max_attempts: " +
+        std::to_string(max_attempts) +
+        ", initial_interval: 100ms, max_interval: 1s }\n"
+        "unknown_alert_after: " +
+        std::to_string(unknown_alert_after) +
+        "ms\n"
+        "sinks:\n"
+        "  - { name: hooks, type: webhook, url: \"" +
+        hooks_.url() +
+        "\", secret_env: TEST_WEBHOOK_SECRET }\n"
+        "  - { name: ops, type: webhook, url: \"" +
+        ops_.url() + "\", secret_env: TEST_WEBHOOK_SECRET, events: [\"waystone.alert.*\"] }\n";
     auto config = ParseRelayConfig(yaml, "relay.yaml");
     EXPECT_TRUE(config.ok()) << config.status();
     auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
@@ -264,8 +268,9 @@ class RelayTest : public ::testing::Test {
   InstanceRecord RunOrder(const std::string& id, const std::string& customer = "C-1",
                           const std::string& tenant = "default") {
     auto started = engine_->StartInstance(
-        example_, {tenant, Json{{"source", "crm"}, {"order_id", id}, {"customer_id", customer},
-                                   {"amount", 5}}.dump()});
+        example_,
+        {tenant, Json{{"source", "crm"}, {"order_id", id}, {"customer_id", customer}, {"amount", 5}}
+                     .dump()});
     EXPECT_TRUE(started.ok());
     EXPECT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
     return *store_->GetInstance(started->instance.id);
@@ -363,11 +368,13 @@ class StallingSink final : public Sink {
 TEST_F(RelayTest, ASinkReceivesOnlyTheEventsOfItsTenants) {
   RunOrder("a1", "C-1", "acme");
   RunOrder("g1", "C-1", "globex");
-  const std::string yaml = "deployment: test\nsinks:\n"
-                           "  - { name: acme-hooks, type: webhook, url: \"" + hooks_.url() +
-                           "\", secret_env: TEST_WEBHOOK_SECRET, tenants: [acme] }\n"
-                           "  - { name: globex-hooks, type: webhook, url: \"" + ops_.url() +
-                           "\", secret_env: TEST_WEBHOOK_SECRET, tenants: [globex] }\n";
+  const std::string yaml =
+      "deployment: test\nsinks:\n"
+      "  - { name: acme-hooks, type: webhook, url: \"" +
+      hooks_.url() +
+      "\", secret_env: TEST_WEBHOOK_SECRET, tenants: [acme] }\n"
+      "  - { name: globex-hooks, type: webhook, url: \"" +
+      ops_.url() + "\", secret_env: TEST_WEBHOOK_SECRET, tenants: [globex] }\n";
   auto config = ParseRelayConfig(yaml, "relay.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(CheckSinkTenants(*config, {"acme", "globex"}).ok());
@@ -386,8 +393,10 @@ TEST_F(RelayTest, ASinkReceivesOnlyTheEventsOfItsTenants) {
   for (const Json& got : to_globex) EXPECT_EQ(got.dump().find("acme"), std::string::npos) << got;
 
   // Without `tenants:` on a sink, a server with tenants refuses the config.
-  auto open = ParseRelayConfig("sinks:\n  - { name: all, type: webhook, url: http://x, "
-                               "secret_env: TEST_WEBHOOK_SECRET }\n", "r.yaml");
+  auto open = ParseRelayConfig(
+      "sinks:\n  - { name: all, type: webhook, url: http://x, "
+      "secret_env: TEST_WEBHOOK_SECRET }\n",
+      "r.yaml");
   ASSERT_TRUE(open.ok()) << open.status();
   EXPECT_TRUE(CheckSinkTenants(*open, {}).ok());  // one trust domain: as before
   const absl::Status refused = CheckSinkTenants(*open, {"acme", "globex"});
@@ -502,7 +511,8 @@ steps:
   - name: push
     recovery: manual
     request: { method: POST, url: "{{env.LINE_URL}}/line/push", body: { to: "U1", messages: [] }, timeout: 1s }
-)", "manual.yaml");
+)",
+                                       "manual.yaml");
   ASSERT_TRUE(definition.ok());
   ASSERT_TRUE(sim_->SetFaults(R"({"line.push": {"next": ["drop_response"]}})").ok());
   auto started = engine_->StartInstance(*definition, {"default", R"({"id": "u1"})"});
@@ -582,7 +592,8 @@ TEST_F(RelayTest, AChangeThatRollsBackProducesNoEvent) {
   change.lease = stale[0];
   change.now = clock_.NowMillis();
   change.lease_expires_at = change.now + 5000;
-  change.events.push_back({0, "rolled-back-event", id, "default", "waystone.step.completed", "{}", 0});
+  change.events.push_back(
+      {0, "rolled-back-event", id, "default", "waystone.step.completed", "{}", 0});
   auto results = store_->Commit({change});
   ASSERT_TRUE(results.ok());
   EXPECT_TRUE(absl::IsAborted((*results)[0]));
@@ -607,7 +618,8 @@ TEST_F(RelayTest, ConcurrentDeliveryKeepsTheOrderOfEachInstanceThroughFailures) 
   auto definition = LoadDefinitionText(kTransforms, "transforms.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   for (int i = 0; i < 24; ++i) {
-    auto started = engine_->StartInstance(*definition, {"default", "{\"n\": " + std::to_string(i) + "}"});
+    auto started =
+        engine_->StartInstance(*definition, {"default", "{\"n\": " + std::to_string(i) + "}"});
     ASSERT_TRUE(started.ok());
     ASSERT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
   }
@@ -637,7 +649,8 @@ TEST_F(RelayTest, ARoundMarksDeliveredExactlyWhatTheEndpointAcknowledged) {
   auto definition = LoadDefinitionText(kTransforms, "transforms.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   for (int i = 0; i < 20; ++i) {
-    auto started = engine_->StartInstance(*definition, {"default", "{\"n\": " + std::to_string(i) + "}"});
+    auto started =
+        engine_->StartInstance(*definition, {"default", "{\"n\": " + std::to_string(i) + "}"});
     ASSERT_TRUE(started.ok());
     ASSERT_TRUE(engine_->RunUntilRest(started->instance.id, std::stop_token()).ok());
   }
@@ -704,9 +717,10 @@ class LeaseWatchingSink final : public Sink {
 
   // Pending deliveries whose lease `owner` holds now.
   int Leased() {
-    return Count("SELECT count(*) FROM deliveries WHERE lease_owner = ?1 AND state = ?2 "
-                 "AND lease_expires_at > ?3",
-                 DeliveryState::kPending);
+    return Count(
+        "SELECT count(*) FROM deliveries WHERE lease_owner = ?1 AND state = ?2 "
+        "AND lease_expires_at > ?3",
+        DeliveryState::kPending);
   }
   // Deliveries the store marks delivered.
   int Marked() {
@@ -743,8 +757,7 @@ class LeaseWatchingSink final : public Sink {
     sqlite3_bind_text(statement, 1, owner_.c_str(), -1, SQLITE_TRANSIENT);
     sqlite3_bind_int(statement, 2, static_cast<int>(state));
     sqlite3_bind_int64(statement, 3, SystemClock::Get()->NowMillis());
-    const int count = sqlite3_step(statement) == SQLITE_ROW ? sqlite3_column_int(statement, 0)
-                                                            : -1;
+    const int count = sqlite3_step(statement) == SQLITE_ROW ? sqlite3_column_int(statement, 0) : -1;
     sqlite3_finalize(statement);
     return count;
   }
@@ -766,13 +779,13 @@ class LeaseWatchingSink final : public Sink {
 
 // A relay on the system clock delivering to `sink` in rounds of `batch`, one at a time.
 std::unique_ptr<Relay> MakeRoundRelay(Store* store, HttpClient* http, Random* random,
-                                      const std::string& url, int batch,
-                                      std::unique_ptr<Sink> sink,
+                                      const std::string& url, int batch, std::unique_ptr<Sink> sink,
                                       const std::string& poll_interval = "10ms") {
   const std::string yaml = "deployment: test\nparallel: 1\nbatch: " + std::to_string(batch) +
-                           "\nlease: 30s\npoll_interval: " + poll_interval + "\n"
-                           "sinks:\n  - { name: hooks, type: webhook, url: \"" + url +
-                           "\", secret_env: TEST_WEBHOOK_SECRET }\n";
+                           "\nlease: 30s\npoll_interval: " + poll_interval +
+                           "\n"
+                           "sinks:\n  - { name: hooks, type: webhook, url: \"" +
+                           url + "\", secret_env: TEST_WEBHOOK_SECRET }\n";
   auto config = ParseRelayConfig(yaml, "relay.yaml");
   EXPECT_TRUE(config.ok()) << config.status();
   auto relay = Relay::Create(store, http, SystemClock::Get(), random, *config, "relay-run");
@@ -788,12 +801,12 @@ TEST_F(RelayTest, RunClaimsTheNextRoundWhileTheSinksTakeThisOne) {
   auto sink = std::make_unique<LeaseWatchingSink>(dir_.File("relay.db"), "relay-run",
                                                   LeaseWatchingSink::Options{.wait_for_leased = 4});
   LeaseWatchingSink* watching = sink.get();
-  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
-                              std::move(sink));
+  auto relay =
+      MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2, std::move(sink));
   const int total = static_cast<int>(AllEvents().size());
   relay->Start();
-  EXPECT_TRUE(testing::WaitFor([&] { return watching->count() >= total; },
-                               std::chrono::seconds(30)));
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return watching->count() >= total; }, std::chrono::seconds(30)));
   relay->Stop();
   EXPECT_EQ(watching->leased_at_first(), 4)
       << "the next round was not claimed while the first was being delivered";
@@ -823,11 +836,10 @@ TEST_F(RelayTest, RunMovesAnInstancesEventsAtTheSinksPaceNotThePollInterval) {
   auto sink = std::make_unique<LeaseWatchingSink>(dir_.File("relay.db"), "relay-run",
                                                   LeaseWatchingSink::Options{});
   LeaseWatchingSink* watching = sink.get();
-  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
-                              std::move(sink), "5s");
+  auto relay =
+      MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2, std::move(sink), "5s");
   relay->Start();
-  EXPECT_TRUE(testing::WaitFor([&] { return watching->count() >= total; },
-                               std::chrono::seconds(4)))
+  EXPECT_TRUE(testing::WaitFor([&] { return watching->count() >= total; }, std::chrono::seconds(4)))
       << watching->count() << " of " << total << " events in 4 s";
   relay->Stop();
   EXPECT_EQ(watching->count(), total);
@@ -840,16 +852,15 @@ TEST_F(RelayTest, StoppedRunDeliversAndRecordsWhatItClaimedAhead) {
   auto sink = std::make_unique<LeaseWatchingSink>(dir_.File("relay.db"), "relay-run",
                                                   LeaseWatchingSink::Options{.hold_at = 3});
   LeaseWatchingSink* watching = sink.get();
-  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
-                              std::move(sink));
+  auto relay =
+      MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2, std::move(sink));
   std::stop_source stop;
   std::thread running([&] { relay->Run(stop.get_token()); });
   ASSERT_TRUE(watching->WaitUntilHeld());
   // The first round recorded (its two no longer leased), the second out: four leased
   // means the third claimed ahead.
   const bool ahead = testing::WaitFor(
-      [&] { return watching->Marked() == 2 && watching->Leased() == 4; },
-      std::chrono::seconds(5));
+      [&] { return watching->Marked() == 2 && watching->Leased() == 4; }, std::chrono::seconds(5));
   stop.request_stop();
   watching->Release();
   running.join();
@@ -879,8 +890,8 @@ TEST_F(RelayTest, RunDisablesAGoneSinkOnceAndSendsItNoMore) {
       dir_.File("relay.db"), "relay-run",
       LeaseWatchingSink::Options{.wait_for_leased = 4, .gone = true});
   LeaseWatchingSink* watching = sink.get();
-  auto relay = MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2,
-                              std::move(sink));
+  auto relay =
+      MakeRoundRelay(store_.get(), http_.get(), &random_, hooks_.url(), 2, std::move(sink));
   relay->Start();
   EXPECT_TRUE(testing::WaitFor(
       [&] {
@@ -943,7 +954,7 @@ TEST_F(RelayTest, ASinkThatTakesBatchesGetsTheRoundSplitOverThePoolAndEachOutcom
   auto relay = MakeRelayWith("parallel: 4\nbatch: 64\n", std::move(sink));
   auto attempted = relay->RunOnce();
   ASSERT_TRUE(attempted.ok()) << attempted.status();
-  ASSERT_EQ(*attempted, 12);  // the first event of each instance
+  ASSERT_EQ(*attempted, 12);                                     // the first event of each instance
   EXPECT_EQ(batching->sizes(), (std::vector<int>{3, 3, 3, 3}));  // 12 over 4 threads
   for (const InstanceRecord& order : orders) {
     auto deliveries = store_->ListDeliveries(order.id);
@@ -965,11 +976,11 @@ TEST_F(RelayTest, AWebhookSinkReusesConnectionsOnlyWithKeepAlive) {
   for (int i = 0; i < 3; ++i) RunOrder("k" + std::to_string(i));
   for (const bool keep_alive : {false, true}) {
     Receiver receiver;
-    const std::string yaml = std::string("deployment: test\nparallel: 1\n") +
-                             "sinks:\n  - { name: r" + (keep_alive ? "1" : "0") +
-                             ", type: webhook, url: \"" + receiver.url() +
-                             "\", secret_env: TEST_WEBHOOK_SECRET, keep_alive: " +
-                             (keep_alive ? "true" : "false") + " }\n";
+    const std::string yaml =
+        std::string("deployment: test\nparallel: 1\n") + "sinks:\n  - { name: r" +
+        (keep_alive ? "1" : "0") + ", type: webhook, url: \"" + receiver.url() +
+        "\", secret_env: TEST_WEBHOOK_SECRET, keep_alive: " + (keep_alive ? "true" : "false") +
+        " }\n";
     auto config = ParseRelayConfig(yaml, "relay.yaml");
     ASSERT_TRUE(config.ok()) << config.status();
     auto relay = Relay::Create(store_.get(), http_.get(), &clock_, &random_, *config, "relay-1");
@@ -1109,8 +1120,9 @@ TEST(WebhookSignatureTest, MatchesAnIndependentImplementationAndCatchesTampering
   auto stale = SignStandardWebhook(kSecret, "ev1", now - 3600, body);
   EXPECT_FALSE(IndependentVerify("ev1", std::to_string(now - 3600), body, *stale, now));
   // The published test vector of the Standard Webhooks specification.
-  auto vector = SignStandardWebhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek",
-                                    1614265330, R"({"test": 2432232314})");
+  auto vector =
+      SignStandardWebhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                          1614265330, R"({"test": 2432232314})");
   ASSERT_TRUE(vector.ok());
   EXPECT_EQ(*vector, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
   EXPECT_FALSE(SignStandardWebhook("whsec_***", "id", 1, "x").ok());
@@ -1137,16 +1149,14 @@ TEST(RelayConfigTest, ErrorsNameTheLine) {
   EXPECT_NE(keep_alive.find("keep_alive is true or false, not 'yes'"), std::string::npos)
       << keep_alive;
   // A field of the other kind of sink would mean nothing: an error, not ignored.
-  const std::string nats_timeout = error_of(
-      "sinks:\n  - name: bus\n    type: nats\n    url: nats://x\n    timeout: 5s\n");
+  const std::string nats_timeout =
+      error_of("sinks:\n  - name: bus\n    type: nats\n    url: nats://x\n    timeout: 5s\n");
   EXPECT_NE(nats_timeout.find("r.yaml:5"), std::string::npos) << nats_timeout;
-  EXPECT_NE(nats_timeout.find("'timeout' is for webhook sinks"), std::string::npos)
-      << nats_timeout;
+  EXPECT_NE(nats_timeout.find("'timeout' is for webhook sinks"), std::string::npos) << nats_timeout;
   const std::string webhook_stream = error_of(
       "sinks:\n  - { name: a, type: webhook, url: http://x, secret_env: TEST_WEBHOOK_SECRET,\n"
       "      stream: S }\n");
-  EXPECT_NE(webhook_stream.find("'stream' is for nats sinks"), std::string::npos)
-      << webhook_stream;
+  EXPECT_NE(webhook_stream.find("'stream' is for nats sinks"), std::string::npos) << webhook_stream;
 }
 
 }  // namespace

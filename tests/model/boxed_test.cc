@@ -22,9 +22,7 @@ TEST(BoxedTest, AnEmptyBoxReadsAsADefaultValue) {
   EXPECT_EQ(*box, Identity{});
 }
 
-TEST(BoxedTest, AnEmptyBoxIsOnlyAPointer) {
-  EXPECT_EQ(sizeof(Boxed<Identity>), sizeof(void*));
-}
+TEST(BoxedTest, AnEmptyBoxIsOnlyAPointer) { EXPECT_EQ(sizeof(Boxed<Identity>), sizeof(void*)); }
 
 TEST(BoxedTest, CopiesAreDeepAndChangeApart) {
   Boxed<Identity> original = Identity{"erp", {"ca.pem"}};

@@ -1,11 +1,11 @@
 #include "base/random.h"
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 namespace waystone {
 namespace {

@@ -112,7 +112,9 @@ TEST(TemplateTest, ObjectsCannotBeEmbeddedInText) {
 }
 
 TEST(TemplateTest, RenderTreeRendersEveryString) {
-  Json tree = {{"ref", "{{input.order_id}}"}, {"n", "{{input.amount}}"}, {"fixed", 3},
+  Json tree = {{"ref", "{{input.order_id}}"},
+               {"n", "{{input.amount}}"},
+               {"fixed", 3},
                {"list", {"{{env.ERP_URL}}/x"}}};
   auto out = RenderTree(tree, Context());
   ASSERT_TRUE(out.ok());
@@ -123,16 +125,18 @@ TEST(TemplateTest, RenderTreeRendersEveryString) {
 }
 
 TEST(TemplateTest, UrlValuesArePercentEncodedByTheirPart) {
-  const Json context = {{"env", {{"ERP_URL", "http://erp:81/api"}}},
-                        {"input", {{"k", "crm:A&B #7"}, {"p", "x/y?z=1"}, {"s", "sp ace+plus%25"},
-                                   {"u", "Größe"}}}};
-  auto t = Template::Parse("{{env.ERP_URL}}/orders/{{input.p}}/{{input.k}}?ref={{input.k}}"
-                           "&s={{input.s}}&u={{input.u}}&p={{input.p}}");
+  const Json context = {
+      {"env", {{"ERP_URL", "http://erp:81/api"}}},
+      {"input", {{"k", "crm:A&B #7"}, {"p", "x/y?z=1"}, {"s", "sp ace+plus%25"}, {"u", "Größe"}}}};
+  auto t = Template::Parse(
+      "{{env.ERP_URL}}/orders/{{input.p}}/{{input.k}}?ref={{input.k}}"
+      "&s={{input.s}}&u={{input.u}}&p={{input.p}}");
   ASSERT_TRUE(t.ok());
   auto url = t->RenderUrl(context);
   ASSERT_TRUE(url.ok()) << url.status();
-  EXPECT_EQ(*url, "http://erp:81/api/orders/x%2Fy%3Fz%3D1/crm%3AA%26B%20%237?ref=crm%3AA%26B%20%237"
-                  "&s=sp%20ace%2Bplus%2525&u=Gr%C3%B6%C3%9Fe&p=x%2Fy%3Fz%3D1");
+  EXPECT_EQ(*url,
+            "http://erp:81/api/orders/x%2Fy%3Fz%3D1/crm%3AA%26B%20%237?ref=crm%3AA%26B%20%237"
+            "&s=sp%20ace%2Bplus%2525&u=Gr%C3%B6%C3%9Fe&p=x%2Fy%3Fz%3D1");
   // Literal text and the base URL stay as written.
   auto literal = Template::Parse("http://erp/a b?x=1&y={{input.k}}#{{input.p}}");
   ASSERT_TRUE(literal.ok());
@@ -169,9 +173,10 @@ TEST(TemplateTest, PlaceholdersInTheHostAreRefusedUnlessFromEnv) {
 // Issue 45, high 1: the three URLs a probe used to send a request, with its bearer
 // secret, to a port of its choosing.
 TEST(TemplateTest, NoValueFromInputOrAnAnswerChoosesTheHostOrPort) {
-  const Json context = {{"env", {{"DMS_URL", "http://127.0.0.1:8000"},
-                                 {"DMS_BASE", "http://127.0.0.1:8000/dms/"},
-                                 {"DMS_HOST", "http://127.0.0.1"}}},
+  const Json context = {{"env",
+                         {{"DMS_URL", "http://127.0.0.1:8000"},
+                          {"DMS_BASE", "http://127.0.0.1:8000/dms/"},
+                          {"DMS_HOST", "http://127.0.0.1"}}},
                         {"input", {{"path", "@127.0.0.1:9999"}, {"port", "9999"}}},
                         {"steps", {{"upload", {{"external_id", "@127.0.0.1:9999"}}}}}};
   for (const char* text : {"{{env.DMS_URL}}{{input.path}}", "{{env.DMS_HOST}}:{{input.port}}/x",

@@ -12,12 +12,14 @@ TEST(Utf8Test, AcceptsWellFormedText) {
 }
 
 TEST(Utf8Test, NamesTheFirstBadByte) {
-  EXPECT_EQ(FirstInvalidUtf8("ab\xFF" "cd"), 2u);
-  EXPECT_EQ(FirstInvalidUtf8("\xC3"), 0u);                   // truncated
-  EXPECT_EQ(FirstInvalidUtf8("x\xC0\xAF"), 1u);              // overlong '/'
-  EXPECT_EQ(FirstInvalidUtf8("\xED\xA0\x80"), 0u);           // a surrogate
-  EXPECT_EQ(FirstInvalidUtf8("\xF4\x90\x80\x80"), 0u);       // above U+10FFFF
-  EXPECT_EQ(FirstInvalidUtf8("ok \xE2\x82"), 3u);            // cut in the middle
+  EXPECT_EQ(FirstInvalidUtf8("ab\xFF"
+                             "cd"),
+            2u);
+  EXPECT_EQ(FirstInvalidUtf8("\xC3"), 0u);              // truncated
+  EXPECT_EQ(FirstInvalidUtf8("x\xC0\xAF"), 1u);         // overlong '/'
+  EXPECT_EQ(FirstInvalidUtf8("\xED\xA0\x80"), 0u);      // a surrogate
+  EXPECT_EQ(FirstInvalidUtf8("\xF4\x90\x80\x80"), 0u);  // above U+10FFFF
+  EXPECT_EQ(FirstInvalidUtf8("ok \xE2\x82"), 3u);       // cut in the middle
 }
 
 // Issue 45, item 8: names a person reads hold no control, bidi or zero-width
@@ -44,15 +46,15 @@ namespace waystone {
 namespace {
 
 TEST(Utf8Test, NamesThatCouldPassForLatinOnesAreFound) {
-  EXPECT_TRUE(HasLookAlikeMix("\xD0\xB0lice"));          // Cyrillic а + "lice"
-  EXPECT_TRUE(HasLookAlikeMix("adm\xCE\xB9n"));          // Greek ι
-  EXPECT_TRUE(HasLookAlikeMix("\xEF\xBD\x81lice"));      // fullwidth ａ
-  EXPECT_TRUE(HasLookAlikeMix("\xEF\xBC\xA1"));          // fullwidth Ａ alone
+  EXPECT_TRUE(HasLookAlikeMix("\xD0\xB0lice"));      // Cyrillic а + "lice"
+  EXPECT_TRUE(HasLookAlikeMix("adm\xCE\xB9n"));      // Greek ι
+  EXPECT_TRUE(HasLookAlikeMix("\xEF\xBD\x81lice"));  // fullwidth ａ
+  EXPECT_TRUE(HasLookAlikeMix("\xEF\xBC\xA1"));      // fullwidth Ａ alone
   EXPECT_FALSE(HasLookAlikeMix("alice"));
   EXPECT_FALSE(HasLookAlikeMix("ci-bot_2.prod@acme"));
   EXPECT_FALSE(HasLookAlikeMix("\xD0\xB8\xD0\xB2\xD0\xB0\xD0\xBD"));  // иван: one script
   EXPECT_FALSE(HasLookAlikeMix("\xE7\xB5\x8C\xE7\x90\x86-yamada"));   // 経理-yamada
-  EXPECT_FALSE(HasLookAlikeMix("Zo\xC3\xAB"));                         // Zoë: Latin-1
+  EXPECT_FALSE(HasLookAlikeMix("Zo\xC3\xAB"));                        // Zoë: Latin-1
 }
 
 }  // namespace

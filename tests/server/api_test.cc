@@ -2,13 +2,12 @@
 // caller (no token, bad token, viewer of the tenant, viewer of another tenant,
 // all-tenants admin), problem+json errors, and tokens stored only as hashes.
 
-#include "server/api_server.h"
-
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "base/sha256.h"
 #include "connectors/http/http_client.h"
+#include "server/api_server.h"
 #include "server/auth.h"
 #include "support/backends.h"
 
@@ -36,7 +35,8 @@ class ApiTest : public ::testing::TestWithParam<testing::Backend> {
       in.input_hash = Sha256Hex("{}");
       in.trace_id = "trace";
       in.step_names = {"one"};
-      in.started_event = {0, std::string("ev-") + key, 0, tenant, "waystone.instance.started", "{}", 0};
+      in.started_event = {0, std::string("ev-") + key, 0, tenant, "waystone.instance.started", "{}",
+                          0};
       in.now = 1000;
       ASSERT_TRUE(store_->StartInstance(in).ok());
     }
@@ -53,8 +53,8 @@ class ApiTest : public ::testing::TestWithParam<testing::Backend> {
   }
 
   HttpResponse Get(const std::string& path, const std::string& token) {
-    HttpRequest request{"GET", "http://127.0.0.1:" + std::to_string(server_->port()) + path, {}, "",
-                        5000};
+    HttpRequest request{
+        "GET", "http://127.0.0.1:" + std::to_string(server_->port()) + path, {}, "", 5000};
     if (!token.empty()) request.headers.emplace_back("Authorization", "Bearer " + token);
     return http_->Send(request);
   }
@@ -74,33 +74,51 @@ struct Case {
 
 TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
   const std::vector<Case> cases = {
-      {"/v1/instances", "none", 401},          {"/v1/instances", "bad", 401},
-      {"/v1/instances", "viewer_t1", 200},     {"/v1/instances", "viewer_t2", 200},
-      {"/v1/instances", "admin", 200},         {"/v1/instances/k1", "none", 401},
-      {"/v1/instances/k1", "bad", 401},        {"/v1/instances/k1", "viewer_t1", 200},
-      {"/v1/instances/k1", "viewer_t2", 404},  {"/v1/instances/k1", "admin", 400},
+      {"/v1/instances", "none", 401},
+      {"/v1/instances", "bad", 401},
+      {"/v1/instances", "viewer_t1", 200},
+      {"/v1/instances", "viewer_t2", 200},
+      {"/v1/instances", "admin", 200},
+      {"/v1/instances/k1", "none", 401},
+      {"/v1/instances/k1", "bad", 401},
+      {"/v1/instances/k1", "viewer_t1", 200},
+      {"/v1/instances/k1", "viewer_t2", 404},
+      {"/v1/instances/k1", "admin", 400},
       {"/v1/instances/k1?tenant=t1", "admin", 200},
-      {"/v1/alerts", "none", 401},             {"/v1/alerts", "bad", 401},
-      {"/v1/alerts", "viewer_t1", 200},        {"/v1/alerts", "admin", 200},
-      {"/healthz", "none", 200},               {"/readyz", "none", 200},
-      {"/v1/me", "none", 401},                 {"/v1/me", "bad", 401},
-      {"/v1/me", "viewer_t1", 200},            {"/v1/me", "admin", 200},
-      {"/v1/triage", "none", 401},             {"/v1/triage", "bad", 401},
-      {"/v1/triage", "viewer_t1", 200},        {"/v1/triage", "admin", 200},
+      {"/v1/alerts", "none", 401},
+      {"/v1/alerts", "bad", 401},
+      {"/v1/alerts", "viewer_t1", 200},
+      {"/v1/alerts", "admin", 200},
+      {"/healthz", "none", 200},
+      {"/readyz", "none", 200},
+      {"/v1/me", "none", 401},
+      {"/v1/me", "bad", 401},
+      {"/v1/me", "viewer_t1", 200},
+      {"/v1/me", "admin", 200},
+      {"/v1/triage", "none", 401},
+      {"/v1/triage", "bad", 401},
+      {"/v1/triage", "viewer_t1", 200},
+      {"/v1/triage", "admin", 200},
       {"/v1/triage?tenant=t1", "admin", 200},
       {"/v1/triage?stuck_after=0", "viewer_t1", 400},
       {"/v1/triage?limit=501", "viewer_t1", 400},
       {"/v1/me?x=1", "viewer_t1", 400},
-      {"/v1/tokens", "none", 401},             {"/v1/tokens", "bad", 401},
-      {"/v1/tokens", "viewer_t1", 403},        {"/v1/tokens", "admin", 200},
+      {"/v1/tokens", "none", 401},
+      {"/v1/tokens", "bad", 401},
+      {"/v1/tokens", "viewer_t1", 403},
+      {"/v1/tokens", "admin", 200},
       {"/v1/tokens?tenant=t1", "admin", 400},
       // The console's files are public: they hold no data.
-      {"/console/", "none", 200},              {"/console/app.js", "none", 200},
-      {"/console/nothing.js", "none", 404},    {"/console/?token=x", "none", 400},
+      {"/console/", "none", 200},
+      {"/console/app.js", "none", 200},
+      {"/console/nothing.js", "none", 404},
+      {"/console/?token=x", "none", 400},
       // The API's /metrics counts every tenant: an admin of every tenant only (the
       // metrics listener serves scrapers without a token, without tenant names).
-      {"/metrics", "none", 401},               {"/metrics", "viewer_t1", 403},
-      {"/metrics", "admin_t1", 403},           {"/metrics", "admin", 200},
+      {"/metrics", "none", 401},
+      {"/metrics", "viewer_t1", 403},
+      {"/metrics", "admin_t1", 403},
+      {"/metrics", "admin", 200},
       // One reading of the query on every route.
       {"/v1/instances?limit=2&limit=3", "viewer_t1", 400},
       {"/v1/instances?colour=red", "viewer_t1", 400},
@@ -118,8 +136,8 @@ TEST_P(ApiTest, EveryReadRouteForEveryCaller) {
                                                         : "";
     auto response = Get(c.path, token);
     ASSERT_EQ(response.outcome.kind, CallOutcome::Kind::kResponse) << c.path;
-    EXPECT_EQ(response.outcome.status, c.status) << c.path << " as " << c.caller << ": "
-                                                 << response.body;
+    EXPECT_EQ(response.outcome.status, c.status)
+        << c.path << " as " << c.caller << ": " << response.body;
     if (c.status >= 400) {
       Json problem = Json::parse(response.body, nullptr, false);
       ASSERT_TRUE(problem.is_object()) << response.body;
@@ -160,14 +178,15 @@ TEST_P(ApiTest, TheInstanceViewListsKeptEvents) {
 
 TEST_P(ApiTest, RevokedExpiredAndAllTenantNonAdminTokensAre401) {
   // Stored as older versions made them, or as time made them.
-  ASSERT_TRUE(store_->PutToken({Sha256Hex("wst_old-star-operator"), "old-op", "*", "operator", 1,
-                                0, 0})
-                  .ok());
+  ASSERT_TRUE(
+      store_->PutToken({Sha256Hex("wst_old-star-operator"), "old-op", "*", "operator", 1, 0, 0})
+          .ok());
   ASSERT_TRUE(store_->PutToken({Sha256Hex("wst_expired"), "gone", "t1", "viewer", 1, 0, 2}).ok());
   EXPECT_EQ(Get("/v1/instances", "wst_old-star-operator").outcome.status, 401);
   EXPECT_EQ(Get("/v1/instances", "wst_expired").outcome.status, 401);
   EXPECT_EQ(Get("/v1/instances", viewer_t1_).outcome.status, 200);
-  ASSERT_TRUE(store_->RevokeToken("v1", {0, 5, "root", "t1", 0, "revoke_token", "test", "{}"}).ok());
+  ASSERT_TRUE(
+      store_->RevokeToken("v1", {0, 5, "root", "t1", 0, "revoke_token", "test", "{}"}).ok());
   EXPECT_EQ(Get("/v1/instances", viewer_t1_).outcome.status, 401);
   EXPECT_FALSE(CreateToken(*store_, "star-viewer", "*", Role::kViewer, 1).ok());
   EXPECT_FALSE(CreateToken(*store_, "star-op", "*", Role::kOperator, 1).ok());
@@ -199,22 +218,28 @@ TEST_P(ApiTest, BadQueriesAreProblemsAndUnknownRoutesToo) {
   auto unknown = Get("/v2/everything", viewer_t1_);
   EXPECT_EQ(unknown.outcome.status, 404);
   EXPECT_TRUE(Json::parse(unknown.body, nullptr, false).is_object()) << unknown.body;
-  HttpRequest big{"POST", "http://127.0.0.1:" + std::to_string(server_->port()) + "/v1/instances",
-                  {{"Authorization", "Bearer " + viewer_t1_}}, std::string(2 << 20, 'x'), 5000};
+  HttpRequest big{"POST",
+                  "http://127.0.0.1:" + std::to_string(server_->port()) + "/v1/instances",
+                  {{"Authorization", "Bearer " + viewer_t1_}},
+                  std::string(2 << 20, 'x'),
+                  5000};
   auto too_large = http_->Send(big);
   EXPECT_EQ(too_large.outcome.status, 413);
 }
 
 TEST_P(ApiTest, MeNamesTheTokensNameTenantAndRole) {
   Json me = Json::parse(Get("/v1/me", viewer_t1_).body);
-  EXPECT_EQ(me, (Json{{"token", "v1"}, {"tenant", "t1"}, {"role", "viewer"},
-                      {"actions", Json::array()}}));
+  EXPECT_EQ(
+      me,
+      (Json{{"token", "v1"}, {"tenant", "t1"}, {"role", "viewer"}, {"actions", Json::array()}}));
   Json root = Json::parse(Get("/v1/me", admin_).body);
   // Without a permissions section an admin may do everything, in every tenant.
-  EXPECT_EQ(root, (Json{{"token", "root"}, {"tenant", "*"}, {"role", "admin"},
-                        {"actions", {"retry", "confirm", "compensate", "skip", "close",
-                                     "acknowledge", "see_redacted", "pause_target",
-                                     "revise"}},
+  EXPECT_EQ(root, (Json{{"token", "root"},
+                        {"tenant", "*"},
+                        {"role", "admin"},
+                        {"actions",
+                         {"retry", "confirm", "compensate", "skip", "close", "acknowledge",
+                          "see_redacted", "pause_target", "revise"}},
                         {"actions_by_tenant", Json::object()}}));
 }
 
@@ -271,10 +296,12 @@ TEST_P(ApiTest, ConsoleFilesComeWithTypeETagAndRevalidation) {
   ASSERT_NE(at, std::string::npos);
   const std::string etag = index.substr(at + 6, index.find("\r\n", at) - at - 6);
   EXPECT_EQ(etag.size(), 18u) << etag;  // 16 hex digits, quoted
-  const std::string again = serve("GET /console/index.html HTTP/1.1\r\nIf-None-Match: " + etag + "\r\n");
+  const std::string again =
+      serve("GET /console/index.html HTTP/1.1\r\nIf-None-Match: " + etag + "\r\n");
   EXPECT_TRUE(again.starts_with("HTTP/1.1 304")) << again;
   EXPECT_EQ(again.find("<!doctype"), std::string::npos);
-  const std::string stale = serve("GET /console/ HTTP/1.1\r\nIf-None-Match: \"0000000000000000\"\r\n");
+  const std::string stale =
+      serve("GET /console/ HTTP/1.1\r\nIf-None-Match: \"0000000000000000\"\r\n");
   EXPECT_TRUE(stale.starts_with("HTTP/1.1 200")) << stale.substr(0, 200);
   const std::string script = serve("GET /console/app.js HTTP/1.1\r\n");
   EXPECT_NE(script.find("Content-Type: text/javascript; charset=utf-8\r\n"), std::string::npos);

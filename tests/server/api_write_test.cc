@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -75,7 +75,8 @@ class Recorder {
   // Calls made since `from` (an earlier Calls().size()).
   std::vector<Call> Since(size_t from) {
     auto all = Calls();
-    return std::vector<Call>(all.begin() + static_cast<long>(std::min(from, all.size())), all.end());
+    return std::vector<Call>(all.begin() + static_cast<long>(std::min(from, all.size())),
+                             all.end());
   }
   int Count(const std::string& prefix) {
     int n = 0;
@@ -247,8 +248,10 @@ class ApiWriteTest : public ::testing::TestWithParam<testing::Backend> {
   // Sends the approval event for `key` in binary mode.
   Json Approve(const std::string& key, const std::string& event_id, int want = 200) {
     auto response = Send("POST", "/v1/events", operator_, Json{{"order", key}}.dump(),
-                         {{"ce-specversion", "1.0"}, {"ce-id", event_id},
-                          {"ce-source", "/approvals"}, {"ce-type", "com.acme.approved"},
+                         {{"ce-specversion", "1.0"},
+                          {"ce-id", event_id},
+                          {"ce-source", "/approvals"},
+                          {"ce-type", "com.acme.approved"},
                           {"Content-Type", "application/json"}});
     EXPECT_EQ(response.outcome.status, want) << response.body;
     return Json::parse(response.body, nullptr, false);
@@ -360,7 +363,9 @@ TEST_P(ApiWriteTest, ConfirmingThatAnUnknownCallHappenedResumesWithoutCallingAga
 
   // The step records an external id: confirming it happened needs one.
   Post("/v1/instances/o2/confirm", {{"step", "charge"}, {"happened", true}, {"reason", "r"}}, 400);
-  const Json confirm = {{"step", "charge"}, {"happened", true}, {"external_id", "CH-9"},
+  const Json confirm = {{"step", "charge"},
+                        {"happened", true},
+                        {"external_id", "CH-9"},
                         {"reason", "payment provider shows CH-9"}};
   Json dry = Post("/v1/instances/o2/confirm?dry_run=true", confirm, 200);
   ASSERT_EQ(dry["would_execute"].size(), 2u) << dry.dump();
@@ -411,7 +416,8 @@ TEST_P(ApiWriteTest, CompensateUndoesTheCreatedObjectWithItsOwnKey) {
   recorder_.Answer("/charge", 422);
   ASSERT_EQ(StartAndDrive("o4"), InstanceState::kNeedsAttention);
   const std::string order = Step("o4", "create")["external_id"];
-  Json dry = Post("/v1/instances/o4/compensate?dry_run=true", {{"reason", "customer cancelled"}}, 200);
+  Json dry =
+      Post("/v1/instances/o4/compensate?dry_run=true", {{"reason", "customer cancelled"}}, 200);
   ASSERT_EQ(dry["would_execute"].size(), 1u) << dry.dump();
   EXPECT_EQ(dry["would_execute"][0]["idempotency_key"], "t1:o4:create:compensate");
   EXPECT_EQ(dry["would_execute"][0]["rendered_url"], recorder_.url() + "/cancel/" + order);
@@ -528,19 +534,20 @@ TEST_P(ApiWriteTest, MalformedActionsAreProblemsAndChangeNothing) {
     int status;
   };
   const std::vector<Bad> cases = {
-      {"/v1/instances/o7/retry", R"({"step":"charge"})", 400},                 // no reason
-      {"/v1/instances/o7/retry", R"({"step":"charge","reason":7})", 400},      // wrong type
+      {"/v1/instances/o7/retry", R"({"step":"charge"})", 400},                     // no reason
+      {"/v1/instances/o7/retry", R"({"step":"charge","reason":7})", 400},          // wrong type
       {"/v1/instances/o7/retry", R"({"step":"charge","reason":"r","x":1})", 400},  // unknown field
-      {"/v1/instances/o7/retry", R"({"step":"nope","reason":"r"})", 400},      // unknown step
-      {"/v1/instances/o7/retry", R"({"step":"charge","reason":)", 400},        // malformed
-      {"/v1/instances/o7/retry", R"([1,2])", 400},                             // not an object
+      {"/v1/instances/o7/retry", R"({"step":"nope","reason":"r"})", 400},          // unknown step
+      {"/v1/instances/o7/retry", R"({"step":"charge","reason":)", 400},            // malformed
+      {"/v1/instances/o7/retry", R"([1,2])", 400},                                 // not an object
       {"/v1/instances/o7/confirm", R"({"step":"charge","reason":"r","happened":"yes"})", 400},
-      {"/v1/instances/zz/retry", R"({"step":"charge","reason":"r"})", 404},    // no instance
+      {"/v1/instances/zz/retry", R"({"step":"charge","reason":"r"})", 404},  // no instance
       {"/v1/instances/o7/retry?dry_run=maybe", R"({"step":"charge","reason":"r"})", 400},
   };
   for (const Bad& c : cases) {
     auto response = Send("POST", c.path, operator_, c.body);
-    EXPECT_EQ(response.outcome.status, c.status) << c.path << " " << c.body << ": " << response.body;
+    EXPECT_EQ(response.outcome.status, c.status)
+        << c.path << " " << c.body << ": " << response.body;
     Json problem = Json::parse(response.body, nullptr, false);
     ASSERT_TRUE(problem.is_object()) << response.body;
     EXPECT_TRUE(problem["type"].get<std::string>().starts_with("urn:waystone:problem:"));
@@ -579,7 +586,8 @@ TEST_P(ApiWriteTest, IdempotencyKeyReplaysRefusesChangedPayloadsAndExpires) {
   const std::string unknown = Json{{"workflow", "nope"}, {"input", Json::object()}}.dump();
   auto error = Send("POST", "/v1/instances", operator_, unknown, {{"Idempotency-Key", "key-2"}});
   EXPECT_EQ(error.outcome.status, 422);
-  auto error_again = Send("POST", "/v1/instances", operator_, unknown, {{"Idempotency-Key", "key-2"}});
+  auto error_again =
+      Send("POST", "/v1/instances", operator_, unknown, {{"Idempotency-Key", "key-2"}});
   EXPECT_EQ(error_again.outcome.status, 422);
   EXPECT_EQ(error_again.body, error.body);
 
@@ -595,8 +603,11 @@ TEST_P(ApiWriteTest, IdempotencyKeyReplaysRefusesChangedPayloadsAndExpires) {
 
 TEST_P(ApiWriteTest, CloudEventsStartAndSignalOnceInEveryMode) {
   auto event = [](const std::string& id, const std::string& order) {
-    return Json{{"specversion", "1.0"}, {"id", id}, {"source", "/shop"},
-                {"type", "com.acme.order.received"}, {"data", {{"id", order}}}};
+    return Json{{"specversion", "1.0"},
+                {"id", id},
+                {"source", "/shop"},
+                {"type", "com.acme.order.received"},
+                {"data", {{"id", order}}}};
   };
   auto structured = [&](const Json& e) {
     return Send("POST", "/v1/events", operator_, e.dump(),
@@ -633,8 +644,11 @@ TEST_P(ApiWriteTest, CloudEventsStartAndSignalOnceInEveryMode) {
 
 TEST_P(ApiWriteTest, TheInboxIsPerTenantAndTheSameIdWithOtherDataIsAConflict) {
   auto send = [&](const std::string& token, const std::string& id, const Json& data) {
-    const Json event = {{"specversion", "1.0"}, {"id", id}, {"source", "/shop"},
-                        {"type", "com.acme.order.received"}, {"data", data}};
+    const Json event = {{"specversion", "1.0"},
+                        {"id", id},
+                        {"source", "/shop"},
+                        {"type", "com.acme.order.received"},
+                        {"data", data}};
     return Send("POST", "/v1/events", token, event.dump(),
                 {{"Content-Type", "application/cloudevents+json"}});
   };
@@ -663,8 +677,11 @@ TEST_P(ApiWriteTest, TheInboxIsPerTenantAndTheSameIdWithOtherDataIsAConflict) {
   ASSERT_EQ(Drive("n7"), InstanceState::kRunning);
   EXPECT_EQ(Approve("n7", "ap-7")["results"][0]["outcome"], "signalled");
   auto signal = Send("POST", "/v1/events", operator_, Json{{"order", "n7"}, {"note", "x"}}.dump(),
-                     {{"ce-specversion", "1.0"}, {"ce-id", "ap-7"}, {"ce-source", "/approvals"},
-                      {"ce-type", "com.acme.approved"}, {"Content-Type", "application/json"}});
+                     {{"ce-specversion", "1.0"},
+                      {"ce-id", "ap-7"},
+                      {"ce-source", "/approvals"},
+                      {"ce-type", "com.acme.approved"},
+                      {"Content-Type", "application/json"}});
   EXPECT_EQ(signal.outcome.status, 409) << signal.body;
 }
 
@@ -679,7 +696,8 @@ steps:
     wait: { event: com.acme.approved }
   - name: after
     transform: { ok: true }
-)", "gate.yaml");
+)",
+                                       "gate.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   ASSERT_TRUE(engine_->Register(*definition).ok());
   constexpr int kInstances = 12;
@@ -701,8 +719,8 @@ steps:
     }
     for (std::thread& t : senders) t.join();
     std::sort(outcomes.begin(), outcomes.end());
-    EXPECT_EQ(outcomes, (std::vector<std::string>{"duplicate", "duplicate", "duplicate",
-                                                  "signalled"}))
+    EXPECT_EQ(outcomes,
+              (std::vector<std::string>{"duplicate", "duplicate", "duplicate", "signalled"}))
         << id;
     EXPECT_EQ(Drive(id), InstanceState::kCompleted) << id;
     EXPECT_EQ(Step(id, "approval")["external_id"], "ap-" + id);
@@ -710,8 +728,11 @@ steps:
 }
 
 TEST_P(ApiWriteTest, AfterGcARedeliveredStartOrSignalChangesNothing) {
-  auto start_event = Json{{"specversion", "1.0"}, {"id", "e-9"}, {"source", "/shop"},
-                          {"type", "com.acme.order.received"}, {"data", {{"id", "g9"}}}};
+  auto start_event = Json{{"specversion", "1.0"},
+                          {"id", "e-9"},
+                          {"source", "/shop"},
+                          {"type", "com.acme.order.received"},
+                          {"data", {{"id", "g9"}}}};
   auto send_start = [&] {
     return Send("POST", "/v1/events", operator_, start_event.dump(),
                 {{"Content-Type", "application/cloudevents+json"}});
@@ -776,27 +797,48 @@ TEST_P(ApiWriteTest, MalformedEventsAreRefusedNamingTheProblem) {
   const std::string ce = "application/cloudevents+json";
   const std::vector<Bad> cases = {
       {R"({"specversion":"1.0","id":"x","type":"com.acme.order.received","data":{"id":"m"}})",
-       {{"Content-Type", ce}}, 400, "'source'"},
+       {{"Content-Type", ce}},
+       400,
+       "'source'"},
       {R"({"specversion":"0.3","id":"x","source":"/s","type":"com.acme.order.received"})",
-       {{"Content-Type", ce}}, 400, "specversion"},
+       {{"Content-Type", ce}},
+       400,
+       "specversion"},
       {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.order.received",)",
-       {{"Content-Type", ce}}, 400, "JSON"},
+       {{"Content-Type", ce}},
+       400,
+       "JSON"},
       {R"({"id":"m"})",
-       {{"Content-Type", "application/json"}, {"ce-specversion", "1.0"}, {"ce-id", "x"},
+       {{"Content-Type", "application/json"},
+        {"ce-specversion", "1.0"},
+        {"ce-id", "x"},
         {"ce-source", "/s"}},
-       400, "'type'"},
+       400,
+       "'type'"},
       {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.unknown"})",
-       {{"Content-Type", ce}}, 422, "no route"},
+       {{"Content-Type", ce}},
+       422,
+       "no route"},
       {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.order.received","data":[1]})",
-       {{"Content-Type", ce}}, 400, "data must be a JSON object"},
+       {{"Content-Type", ce}},
+       400,
+       "data must be a JSON object"},
       {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.approved","data":{}})",
-       {{"Content-Type", ce}}, 400, "/order"},
+       {{"Content-Type", ce}},
+       400,
+       "/order"},
       {R"({"specversion":"1.0","id":"x","source":"/s","type":"com.acme.approved","data":{"order":"zz"}})",
-       {{"Content-Type", ce}}, 404, "zz"},
-      {R"({"not":"a batch"})", {{"Content-Type", "application/cloudevents-batch+json"}}, 400,
+       {{"Content-Type", ce}},
+       404,
+       "zz"},
+      {R"({"not":"a batch"})",
+       {{"Content-Type", "application/cloudevents-batch+json"}},
+       400,
        "array"},
       {R"([{"specversion":"1.0","id":"y","source":"/s","type":"com.acme.order.received","data":{"id":"n"}},{"specversion":"1.0","id":"z"}])",
-       {{"Content-Type", "application/cloudevents-batch+json"}}, 400, "event 1"},
+       {{"Content-Type", "application/cloudevents-batch+json"}},
+       400,
+       "event 1"},
   };
   for (const Bad& c : cases) {
     auto response = Send("POST", "/v1/events", operator_, c.body, c.headers);
@@ -815,13 +857,13 @@ TEST_P(ApiWriteTest, BadStartsAreProblemsAndStartNothing) {
     int status;
   };
   const std::vector<Bad> cases = {
-      {R"({"workflow":"wf","input":{"id":"b1"})", 400},            // malformed
-      {R"({"workflow":"wf"})", 400},                               // no input
-      {R"({"workflow":"wf","input":[1]})", 400},                   // input not an object
-      {R"({"workflow":7,"input":{"id":"b1"}})", 400},              // wrong type
-      {R"({"workflow":"nope","input":{"id":"b1"}})", 422},         // unknown definition
-      {R"({"workflow":"wf","input":{"id":"b1"},"extra":1})", 400}, // unknown field
-      {R"({"workflow":"wf","input":{"other":"b1"}})", 400},        // business key cannot be built
+      {R"({"workflow":"wf","input":{"id":"b1"})", 400},             // malformed
+      {R"({"workflow":"wf"})", 400},                                // no input
+      {R"({"workflow":"wf","input":[1]})", 400},                    // input not an object
+      {R"({"workflow":7,"input":{"id":"b1"}})", 400},               // wrong type
+      {R"({"workflow":"nope","input":{"id":"b1"}})", 422},          // unknown definition
+      {R"({"workflow":"wf","input":{"id":"b1"},"extra":1})", 400},  // unknown field
+      {R"({"workflow":"wf","input":{"other":"b1"}})", 400},         // business key cannot be built
       {R"({"workflow":"wf","input":{"id":"b1"},"tenant":"t2"})", 403},  // another tenant
   };
   for (const Bad& c : cases) {
@@ -829,10 +871,12 @@ TEST_P(ApiWriteTest, BadStartsAreProblemsAndStartNothing) {
     EXPECT_EQ(response.outcome.status, c.status) << c.body << ": " << response.body;
     EXPECT_TRUE(Json::parse(response.body, nullptr, false).contains("type")) << response.body;
   }
-  auto large = Send("POST", "/v1/instances", operator_,
-                    Json{{"workflow", "wf"}, {"input", {{"id", std::string(100 * 1024, 'x')}}}}.dump());
+  auto large =
+      Send("POST", "/v1/instances", operator_,
+           Json{{"workflow", "wf"}, {"input", {{"id", std::string(100 * 1024, 'x')}}}}.dump());
   EXPECT_EQ(large.outcome.status, 413);
-  auto text = Send("POST", "/v1/instances", operator_, "workflow=wf", {{"Content-Type", "text/plain"}});
+  auto text =
+      Send("POST", "/v1/instances", operator_, "workflow=wf", {{"Content-Type", "text/plain"}});
   EXPECT_EQ(text.outcome.status, 415);
   EXPECT_TRUE(Get("/v1/instances?tenant=t1", admin_)["items"].empty());
   EXPECT_TRUE(Get("/v1/instances?tenant=t2", admin_)["items"].empty());
@@ -844,9 +888,12 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
   const std::string alert = Get("/v1/alerts?state=open")["items"][0]["id"];
   const std::string start = Json{{"workflow", "wf"}, {"input", {{"id", "w2"}}}}.dump();
   const std::string close = Json{{"reason", "r"}}.dump();
-  const std::string event = Json{{"specversion", "1.0"}, {"id", "ev"}, {"source", "/s"},
-                                 {"type", "com.acme.order.received"}, {"data", {{"id", "w3"}}}}
-                                .dump();
+  const std::string event = Json{
+      {"specversion", "1.0"},
+      {"id", "ev"},
+      {"source", "/s"},
+      {"type", "com.acme.order.received"},
+      {"data", {{"id", "w3"}}}}.dump();
   struct Case {
     std::string path;
     std::string body;
@@ -854,7 +901,8 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
     int status;
   };
   const std::string ack = "/v1/alerts/" + alert + "/acknowledge?dry_run=true";
-  const Json batch = {{"action", "close"}, {"reason", "r"}, {"filter", {{"state", "needs_attention"}}}};
+  const Json batch = {
+      {"action", "close"}, {"reason", "r"}, {"filter", {{"state", "needs_attention"}}}};
   Json batch_in_t1 = batch;
   batch_in_t1["tenant"] = "t1";
   const std::string preview = "/v1/batches?dry_run=true";
@@ -909,12 +957,14 @@ TEST_P(ApiWriteTest, EveryWriteRouteForEveryCaller) {
   for (const Case& c : cases) {
     const std::string token = TokenOf(c.caller);
     const bool is_event = c.path == "/v1/events";
-    auto response = Send("POST", c.path, token, c.body,
-                         is_event ? std::vector<std::pair<std::string, std::string>>{
-                                        {"Content-Type", "application/cloudevents+json"}}
-                                  : std::vector<std::pair<std::string, std::string>>{});
-    EXPECT_EQ(response.outcome.status, c.status) << c.path << " as " << c.caller << ": "
-                                                 << response.body;
+    auto response = Send(
+        "POST", c.path, token, c.body,
+        is_event
+            ? std::vector<std::pair<std::string, std::string>>{{"Content-Type",
+                                                                "application/cloudevents+json"}}
+            : std::vector<std::pair<std::string, std::string>>{});
+    EXPECT_EQ(response.outcome.status, c.status)
+        << c.path << " as " << c.caller << ": " << response.body;
     if (c.status >= 400) {
       EXPECT_EQ(Json::parse(response.body, nullptr, false)["status"], c.status) << response.body;
     }
@@ -937,7 +987,8 @@ key: "{{input.id}}"
 steps:
   - name: approve
     approval: { material: [/amount], approvers: { role: operator } }
-)", "appr.yaml");
+)",
+                                     "appr.yaml");
   ASSERT_TRUE(approval.ok()) << approval.status();
   ASSERT_TRUE(engine_->Register(*approval).ok());
   for (const char* id : {"a1", "a2", "a3"}) {
@@ -948,7 +999,9 @@ steps:
   const Json open = Get("/v1/instances/a1")["approvals"][0];
   ASSERT_EQ(open["state"], "waiting") << open.dump();
   auto decide = [&](const char* decision) {
-    return Json{{"step", "approve"}, {"request", 1}, {"data_version", open["data_version"]},
+    return Json{{"step", "approve"},
+                {"request", 1},
+                {"data_version", open["data_version"]},
                 {"decision", decision}}
         .dump();
   };
@@ -968,21 +1021,21 @@ steps:
       {"/v1/instances/a1/decide", decide("approve"), "admin", 400},        // must name a tenant
       {"/v1/instances/a1/decide", "{\"step\": \"approve\"}", "operator", 400},
       {"/v1/instances/a1/decide", decide("approve"), "operator", 200},
-      {"/v1/instances/a1/decide", decide("reject"), "operator", 409},      // decided already
+      {"/v1/instances/a1/decide", decide("reject"), "operator", 409},  // decided already
       {"/v1/instances/a2/decide?tenant=t1", decide("reject"), "admin", 200},
       {"/v1/instances/a3/revise", revise, "none", 401},
       {"/v1/instances/a3/revise", revise, "viewer", 403},
       {"/v1/instances/a3/revise", revise, "operator_t2", 404},
       {"/v1/instances/a3/revise", revise, "admin", 400},
-      {"/v1/instances/a3/revise", "{\"input\": {}}", "operator", 400},   // no reason
+      {"/v1/instances/a3/revise", "{\"input\": {}}", "operator", 400},  // no reason
       {"/v1/instances/a3/revise", revise, "operator", 200},
       {"/v1/instances/a1/revise", revise, "operator", 409},  // approved on the old amount
   };
   for (const Case& c : cases) {
     const std::string token = TokenOf(c.caller);
     auto response = Send("POST", c.path, token, c.body);
-    EXPECT_EQ(response.outcome.status, c.status) << c.path << " as " << c.caller << ": "
-                                                 << response.body;
+    EXPECT_EQ(response.outcome.status, c.status)
+        << c.path << " as " << c.caller << ": " << response.body;
     if (c.status >= 400) {
       EXPECT_EQ(Json::parse(response.body, nullptr, false)["status"], c.status) << response.body;
     }
@@ -1006,7 +1059,8 @@ steps:
     wait: { event: com.acme.stock }
   - name: approve
     approval: { material: [/amount], approvers: { role: operator } }
-)", "early.yaml");
+)",
+                                  "early.yaml");
   ASSERT_TRUE(early.ok()) << early.status();
   ASSERT_TRUE(engine_->Register(*early).ok());
   for (const char* id : {"e1", "e2", "e3"}) {
@@ -1020,8 +1074,10 @@ steps:
   // e1 and e2 have the same amount, so the same data version: the decision still
   // belongs to e1 alone.
   EXPECT_EQ(Get("/v1/instances/e2")["approvals"][0]["data_version"], ahead["data_version"]);
-  const Json early_body = {{"step", "approve"}, {"data_version", ahead["data_version"]},
-                           {"decision", "approve"}, {"comment", "pre-approved"}};
+  const Json early_body = {{"step", "approve"},
+                           {"data_version", ahead["data_version"]},
+                           {"decision", "approve"},
+                           {"comment", "pre-approved"}};
   Post("/v1/instances/e1/decide", early_body, 200);
   EXPECT_EQ(Get("/v1/instances/e1")["approvals"][0]["early_decision"]["by"], "op1");
   for (const char* id : {"e1", "e2"}) {
@@ -1040,11 +1096,11 @@ steps:
   std::vector<std::thread> approvers;
   for (int i = 0; i < 2; ++i) {
     approvers.emplace_back([&, i] {
-      const Json body = {{"step", "approve"}, {"request", open["request"]},
+      const Json body = {{"step", "approve"},
+                         {"request", open["request"]},
                          {"data_version", open["data_version"]},
                          {"decision", i == 0 ? "approve" : "reject"}};
-      statuses[i] = Send("POST", "/v1/instances/e2/decide", i == 0 ? operator_ : op_b,
-                         body.dump())
+      statuses[i] = Send("POST", "/v1/instances/e2/decide", i == 0 ? operator_ : op_b, body.dump())
                         .outcome.status;
     });
   }
@@ -1075,7 +1131,8 @@ key: "{{input.id}}"
 steps:
   - name: approve
     approval: { material: [/amount], approvers: { role: operator } }
-)", "appr.yaml");
+)",
+                                     "appr.yaml");
   ASSERT_TRUE(approval.ok()) << approval.status();
   ASSERT_TRUE(engine_->Register(*approval).ok());
   Post("/v1/instances", {{"workflow", "appr"}, {"input", {{"id", "ev1"}, {"amount", 5}}}}, 201,
@@ -1085,12 +1142,16 @@ steps:
   auto send = [&](const std::string& type, const std::string& id, const Json& data) {
     const bool revision = type.ends_with(".revised");
     auto response = Send("POST", "/v1/events", revision ? intake_ : operator_, data.dump(),
-                         {{"ce-specversion", "1.0"}, {"ce-id", id}, {"ce-source", "/crm"},
-                          {"ce-type", type}, {"Content-Type", "application/json"}});
+                         {{"ce-specversion", "1.0"},
+                          {"ce-id", id},
+                          {"ce-source", "/crm"},
+                          {"ce-type", type},
+                          {"Content-Type", "application/json"}});
     Json body = Json::parse(response.body, nullptr, false);
     return std::make_pair(response.outcome.status, body);
   };
-  const Json revision = {{"order", "ev1"}, {"input", {{"id", "ev1"}, {"amount", 8}}},
+  const Json revision = {{"order", "ev1"},
+                         {"input", {{"id", "ev1"}, {"amount", 8}}},
                          {"reason", "amount corrected in the CRM"}};
   auto [revised_status, revised] = send("com.acme.order.revised", "r-1", revision);
   ASSERT_EQ(revised_status, 200) << revised.dump();
@@ -1103,9 +1164,9 @@ steps:
   ASSERT_EQ(open["request"], 2) << open.dump();
   EXPECT_EQ(open["snapshot"]["fields"]["/amount"], 8);
 
-  const Json decision = {{"order", "ev1"}, {"step", "approve"}, {"request", 2},
-                         {"data_version", open["data_version"]}, {"decision", "approve"},
-                         {"comment", "from the approval portal"}};
+  const Json decision = {{"order", "ev1"},        {"step", "approve"},
+                         {"request", 2},          {"data_version", open["data_version"]},
+                         {"decision", "approve"}, {"comment", "from the approval portal"}};
   auto [decided_status, decided] = send("com.acme.order.decided", "d-1", decision);
   ASSERT_EQ(decided_status, 200) << decided.dump();
   EXPECT_EQ(decided["results"][0]["outcome"], "decided");
@@ -1152,10 +1213,13 @@ redact: [/customer/phone, /salary]
 steps:
   - name: approve
     approval: { material: [/customer, /salary, /amount] }
-)", "apprx.yaml");
+)",
+                                     "apprx.yaml");
   ASSERT_TRUE(approval.ok()) << approval.status();
   ASSERT_TRUE(engine_->Register(*approval).ok());
-  const Json input = {{"id", "x1"}, {"amount", 5}, {"salary", 91000},
+  const Json input = {{"id", "x1"},
+                      {"amount", 5},
+                      {"salary", 91000},
                       {"customer", {{"name", "Aiko"}, {"phone", "+81-90-1234-5678"}}}};
   Post("/v1/instances", {{"workflow", "apprx"}, {"input", input}}, 201);
   ASSERT_EQ(Drive("x1"), InstanceState::kRunning);
@@ -1183,7 +1247,8 @@ steps:
 
 TEST_P(ApiWriteTest, ListsArePagedAndFiltered) {
   recorder_.Answer("/charge", 422);
-  for (const char* id : {"p1", "p2", "p3"}) ASSERT_EQ(StartAndDrive(id), InstanceState::kNeedsAttention);
+  for (const char* id : {"p1", "p2", "p3"})
+    ASSERT_EQ(StartAndDrive(id), InstanceState::kNeedsAttention);
   recorder_.Answer("/charge", 200);
   for (const char* id : {"p4", "p5"}) ASSERT_EQ(StartAndDrive(id), InstanceState::kRunning);
   std::vector<std::string> seen;
@@ -1215,17 +1280,18 @@ TEST_P(ApiWriteTest, MetricsPassPromtool) {
   EXPECT_EQ(Send("GET", "/metrics", "").outcome.status, 401);
   auto metrics = Send("GET", "/metrics", admin_);
   ASSERT_EQ(metrics.outcome.status, 200);
-  for (const char* series : {"waystone_step_attempts_total", "waystone_step_outcomes",
-                             "waystone_step_calls_total{phase=\"call\",class=\"unknown\"}",
-                             "waystone_unknown_resolutions_total", "waystone_lease_takeovers_total",
-                             "waystone_inbox_duplicates_total", "waystone_step_duration_seconds_bucket",
-                             "waystone_compensations_total", "waystone_open_alerts"}) {
+  for (const char* series :
+       {"waystone_step_attempts_total", "waystone_step_outcomes",
+        "waystone_step_calls_total{phase=\"call\",class=\"unknown\"}",
+        "waystone_unknown_resolutions_total", "waystone_lease_takeovers_total",
+        "waystone_inbox_duplicates_total", "waystone_step_duration_seconds_bucket",
+        "waystone_compensations_total", "waystone_open_alerts"}) {
     EXPECT_NE(metrics.body.find(series), std::string::npos) << series;
   }
   testing::WriteFile(dir_.File("metrics.txt"), metrics.body);
-  auto check = testing::RunProcess({"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < \"$0\"",
-                                    dir_.File("metrics.txt")},
-                                   {}, dir_.path());
+  auto check = testing::RunProcess(
+      {"/bin/sh", "-c", "exec /usr/bin/promtool check metrics < \"$0\"", dir_.File("metrics.txt")},
+      {}, dir_.path());
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
 }
 
@@ -1235,16 +1301,18 @@ key: "{{input.id}}"
 steps:
   - name: approval
     wait: { event: com.acme.approved, timeout: 1s }
-)", "short.yaml");
+)",
+                                       "short.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   ASSERT_TRUE(engine_->Register(*definition).ok());
   Post("/v1/instances", {{"workflow", "short"}, {"input", {{"id", "d1"}}}}, 201);
   EXPECT_EQ(Drive("d1"), InstanceState::kFailed);
   Json approval = Step("d1", "approval");
   EXPECT_EQ(approval["state"], "failed");
-  EXPECT_NE(approval["error_message"].get<std::string>().find("no event of type "
-                                                              "'com.acme.approved' arrived within 1s"),
-            std::string::npos)
+  EXPECT_NE(
+      approval["error_message"].get<std::string>().find("no event of type "
+                                                        "'com.acme.approved' arrived within 1s"),
+      std::string::npos)
       << approval.dump();
   // A late event changes nothing.
   Approve("d1", "late-1", 409);
@@ -1258,7 +1326,8 @@ steps:
     wait: { event: com.acme.approved, timeout: 60s }
   - name: after
     transform: { by: "{{steps.approval.response.by}}" }
-)", "long.yaml");
+)",
+                                       "long.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   ASSERT_TRUE(engine_->Register(*definition).ok());
   Post("/v1/instances", {{"workflow", "long"}, {"input", {{"id", "e1"}}}}, 201);
@@ -1272,10 +1341,13 @@ steps:
           return steps.ok() && steps->size() == 2 && (*steps)[0].state == StepState::kWaiting;
         },
         std::chrono::seconds(15)));
-    auto response = Send("POST", "/v1/events", operator_,
-                         Json{{"order", "e1"}, {"by", "mika"}}.dump(),
-                         {{"ce-specversion", "1.0"}, {"ce-id", "early-1"}, {"ce-source", "/a"},
-                          {"ce-type", "com.acme.approved"}, {"Content-Type", "application/json"}});
+    auto response =
+        Send("POST", "/v1/events", operator_, Json{{"order", "e1"}, {"by", "mika"}}.dump(),
+             {{"ce-specversion", "1.0"},
+              {"ce-id", "early-1"},
+              {"ce-source", "/a"},
+              {"ce-type", "com.acme.approved"},
+              {"Content-Type", "application/json"}});
     EXPECT_EQ(response.outcome.status, 200) << response.body;
   });
   EXPECT_EQ(Drive("e1"), InstanceState::kCompleted);
@@ -1303,7 +1375,8 @@ TEST_P(ApiWriteTest, SearchByExternalIdAndKeyPrefixPagesOnTheServer) {
   std::string cursor;
   int pages = 0;
   do {
-    Json page = Get("/v1/instances?key_prefix=ord-&limit=1" + (cursor.empty() ? "" : "&cursor=" + cursor));
+    Json page =
+        Get("/v1/instances?key_prefix=ord-&limit=1" + (cursor.empty() ? "" : "&cursor=" + cursor));
     for (const Json& item : page["items"]) seen.push_back(item["key"]);
     cursor = page["next_cursor"].is_null() ? "" : page["next_cursor"].get<std::string>();
     ++pages;
@@ -1340,8 +1413,7 @@ TEST_P(ApiWriteTest, ListFiltersByStepStateHttpStatusUpdatedAndDefinitionAndRefu
             (Keys{"flt-1", "flt-2"}));
   EXPECT_EQ(keys("updated_before=2000-01-01T00:00:00Z"), Keys{});
   for (const char* bad : {"step_state=sleeping", "http_status=99", "http_status=5x",
-                          "definition=xyz", "definition=abc", "updated_after=yesterday",
-                          "step="}) {
+                          "definition=xyz", "definition=abc", "updated_after=yesterday", "step="}) {
     auto response = Send("GET", std::string("/v1/instances?") + bad, viewer_);
     EXPECT_EQ(response.outcome.status, 400) << bad << ": " << response.body;
     EXPECT_NE(response.body.find("\"detail\""), std::string::npos) << response.body;
@@ -1368,7 +1440,8 @@ steps:
   - name: credential-base
     recovery: manual
     request: { method: POST, url: "{{env.CRED_URL}}/d/{{instance.key}}", timeout: 2s }
-)", "shown.yaml");
+)",
+                                       "shown.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   ASSERT_TRUE(engine_->Register(*definition).ok());
   recorder_.Answer("/charge", 422);
@@ -1391,8 +1464,8 @@ steps:
 TEST_P(ApiWriteTest, ViewsCarryAnETagAndAnUnchangedOneIsA304WithoutBody) {
   ASSERT_EQ(StartAndDrive("tag-1"), InstanceState::kRunning);  // waits for approval
   auto get = [&](const std::string& path, const std::string& etag) {
-    std::string raw = "GET " + path + " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
-                      viewer_ + "\r\nConnection: close\r\n";
+    std::string raw = "GET " + path + " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " + viewer_ +
+                      "\r\nConnection: close\r\n";
     if (!etag.empty()) raw += "If-None-Match: " + etag + "\r\n";
     return server_->ServeBytesForTest(raw + "\r\n");
   };
@@ -1482,10 +1555,10 @@ TEST_P(ApiWriteTest, AttemptsArePagedNewestFirstPerInstanceAndStep) {
   EXPECT_EQ(Send("GET", "/v1/attempts", viewer_).outcome.status, 400);
   // A cursor or limit this server did not make is a problem+json 400 that names it.
   const std::string other_cursor = HexOf("1\n2");  // an older server's (step, seq) form
-  for (const std::string& bad : {std::string("cursor=zz"), "cursor=" + other_cursor,
-                                 "cursor=" + HexOf("1\n2\n3\n4"), "cursor=" + HexOf("x\n0\n1"),
-                                 std::string("limit=0"), std::string("limit=1001"),
-                                 std::string("limit=ten")}) {
+  for (const std::string& bad :
+       {std::string("cursor=zz"), "cursor=" + other_cursor, "cursor=" + HexOf("1\n2\n3\n4"),
+        "cursor=" + HexOf("x\n0\n1"), std::string("limit=0"), std::string("limit=1001"),
+        std::string("limit=ten")}) {
     auto refused = Send("GET", "/v1/attempts?key=att-1&" + bad, viewer_);
     EXPECT_EQ(refused.outcome.status, 400) << bad;
     Json problem = Json::parse(refused.body, nullptr, false);
@@ -1554,8 +1627,8 @@ TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
   const std::string alert_t2 = open_t2[0]["id"];
   ASSERT_NE(alert_t1, alert_t2);
 
-  const std::vector<std::string> actions = {"retry", "confirm", "compensate", "skip", "close",
-                                            "acknowledge"};
+  const std::vector<std::string> actions = {"retry", "confirm", "compensate",
+                                            "skip",  "close",   "acknowledge"};
   struct Row {
     std::string caller;
     std::string key;        // also the tenant: m1 in t1, m2 in t2
@@ -1570,17 +1643,19 @@ TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
   };
   const size_t calls_before = recorder_.Calls().size();
   for (const Row& row : rows) {
-    const std::string token = row.caller == "op1" ? operator_ : row.caller == "op2" ? operator_t2_
-                                                                                   : admin_;
+    const std::string token = row.caller == "op1"   ? operator_
+                              : row.caller == "op2" ? operator_t2_
+                                                    : admin_;
     const std::string tenant = row.key == "m1" ? "t1" : "t2";
     for (size_t i = 0; i < actions.size(); ++i) {
       const std::string& action = actions[i];
       Json body = {{"reason", "matrix"}};
       if (action == "retry" || action == "confirm" || action == "skip") body["step"] = "charge";
       if (action == "confirm") body["happened"] = false;
-      std::string path = action == "acknowledge"
-                             ? "/v1/alerts/" + (tenant == "t1" ? alert_t1 : alert_t2) + "/acknowledge"
-                             : "/v1/instances/" + row.key + "/" + action;
+      std::string path =
+          action == "acknowledge"
+              ? "/v1/alerts/" + (tenant == "t1" ? alert_t1 : alert_t2) + "/acknowledge"
+              : "/v1/instances/" + row.key + "/" + action;
       path += "?dry_run=true";
       if (row.caller == "admin" && action != "acknowledge") path += "&tenant=" + tenant;
       auto response = Send("POST", path, token, body.dump());
@@ -1591,20 +1666,24 @@ TEST_P(ApiWriteTest, PermissionsNarrowEachRolePerTenantAndAction) {
         EXPECT_EQ(problem["action"], action) << response.body;
         EXPECT_EQ(problem["role"], row.caller == "admin" ? "admin" : "operator");
         EXPECT_EQ(problem["tenant"], tenant);
-        EXPECT_NE(problem["detail"].get<std::string>().find("may not " + action),
-                  std::string::npos)
+        EXPECT_NE(problem["detail"].get<std::string>().find("may not " + action), std::string::npos)
             << response.body;
       }
     }
   }
   // Another tenant's instance is still not found when the action is permitted.
   EXPECT_EQ(Send("POST", "/v1/instances/m2/retry?dry_run=true", operator_,
-                 Json{{"reason", "x"}, {"step", "charge"}}.dump()).outcome.status, 404);
+                 Json{{"reason", "x"}, {"step", "charge"}}.dump())
+                .outcome.status,
+            404);
   EXPECT_EQ(Send("POST", "/v1/instances/m1/close?dry_run=true", operator_t2_,
-                 Json{{"reason", "x"}}.dump()).outcome.status, 404);
+                 Json{{"reason", "x"}}.dump())
+                .outcome.status,
+            404);
   // Refused for real: nothing changes, nothing is called.
   EXPECT_EQ(Send("POST", "/v1/instances/m1/close", operator_, Json{{"reason", "x"}}.dump())
-                .outcome.status, 403);
+                .outcome.status,
+            403);
   Json view = Get("/v1/instances/m1");
   EXPECT_EQ(view["state"], "needs_attention");
   EXPECT_TRUE(view["audit"].empty());
@@ -1686,9 +1765,13 @@ TEST_P(ApiWriteTest, AdminsListCreateAndRevokeTokensWithinTheirTenant) {
   for (const Json& t : listed["items"]) {
     if (t["name"] == "op1") op1 = t;
   }
-  EXPECT_EQ(op1, (Json{{"name", "op1"}, {"tenant", "t1"}, {"role", "operator"},
-                       {"state", "active"}, {"created_at", "1970-01-01T00:00:00.001Z"},
-                       {"expires_at", nullptr}, {"revoked_at", nullptr}}));
+  EXPECT_EQ(op1, (Json{{"name", "op1"},
+                       {"tenant", "t1"},
+                       {"role", "operator"},
+                       {"state", "active"},
+                       {"created_at", "1970-01-01T00:00:00.001Z"},
+                       {"expires_at", nullptr},
+                       {"revoked_at", nullptr}}));
 
   // Create: within the admin's tenant only; only '*' admins make '*' tokens.
   Json made = Post("/v1/tokens", {{"name", "night-op"}, {"role", "operator"}, {"expires", "1h"}},
@@ -1759,7 +1842,8 @@ steps:
     recovery: manual
     request: { method: POST, url: "{{env.REC_URL}}/charge?phone={{input.customer.phone}}", timeout: 2s }
     retry: { max_attempts: 1 }
-)", "wfr.yaml");
+)",
+                                       "wfr.yaml");
   ASSERT_TRUE(definition.ok()) << definition.status();
   ASSERT_TRUE(engine_->Register(*definition).ok());
   Restart({{Role::kViewer, "t2", {Permission::kSeeRedacted}, 1}});
@@ -1807,12 +1891,15 @@ steps:
   // The list's and the alerts' reason quote the refused charge's body: its id hidden.
   for (const char* path : {"/v1/instances?workflow=wfr", "/v1/alerts"}) {
     auto raw = Send("GET", path, operator_);
-    EXPECT_NE(raw.body.find(R"({\"id\":\"[redacted]\"})"), std::string::npos) << path << ": " << raw.body;
+    EXPECT_NE(raw.body.find(R"({\"id\":\"[redacted]\"})"), std::string::npos)
+        << path << ": " << raw.body;
     EXPECT_EQ(raw.body.find(R"({\"id\":\"X-)"), std::string::npos) << path << ": " << raw.body;
   }
   // A start of the same instance again answers with it: redacted too.
-  auto restart = Send("POST", "/v1/instances", operator_,
-                      Json{{"workflow", "wfr"}, {"input", {{"ref", "r1"}, {"customer", {{"phone", phone}}}}}}.dump());
+  auto restart =
+      Send("POST", "/v1/instances", operator_,
+           Json{{"workflow", "wfr"}, {"input", {{"ref", "r1"}, {"customer", {{"phone", phone}}}}}}
+               .dump());
   EXPECT_EQ(restart.outcome.status, 200) << restart.body;
   EXPECT_EQ(restart.body.find(R"({\"id\":\"X-)"), std::string::npos) << restart.body;
   EXPECT_NE(restart.body.find("[redacted]"), std::string::npos) << restart.body;
@@ -1830,8 +1917,11 @@ steps:
   EXPECT_NE(planned[0]["rendered_url"].get<std::string>().find("[redacted]"), std::string::npos)
       << dry.body;
   auto preview = Send("POST", "/v1/batches?dry_run=true", operator_,
-                      Json{{"action", "retry"}, {"step", "charge"}, {"reason", "dry"},
-                           {"filter", {{"workflow", "wfr"}}}}.dump());
+                      Json{{"action", "retry"},
+                           {"step", "charge"},
+                           {"reason", "dry"},
+                           {"filter", {{"workflow", "wfr"}}}}
+                          .dump());
   ASSERT_EQ(preview.outcome.status, 200) << preview.body;
   EXPECT_EQ(Json::parse(preview.body)["count"], 1);
   EXPECT_EQ(preview.body.find("5555-0101"), std::string::npos) << preview.body;
@@ -1859,18 +1949,37 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   ASSERT_TRUE(doc.is_object());
   EXPECT_EQ(doc["openapi"].get<std::string>().substr(0, 2), "3.");
   const std::vector<std::pair<std::string, std::string>> routes = {
-      {"/healthz", "get"}, {"/readyz", "get"}, {"/metrics", "get"}, {"/v1/openapi.json", "get"},
-      {"/v1/instances", "get"}, {"/v1/instances", "post"}, {"/v1/instances/{key}", "get"},
-      {"/v1/instances/{key}/retry", "post"}, {"/v1/instances/{key}/confirm", "post"},
-      {"/v1/instances/{key}/compensate", "post"}, {"/v1/instances/{key}/skip", "post"},
-      {"/v1/instances/{key}/close", "post"}, {"/v1/alerts", "get"},
-      {"/v1/alerts/{id}/acknowledge", "post"}, {"/v1/events", "post"}, {"/v1/me", "get"},
-      {"/v1/triage", "get"}, {"/v1/attempts", "get"}, {"/v1/batches", "get"},
-      {"/v1/batches", "post"}, {"/v1/batches/{id}", "get"}, {"/v1/batches/{id}/pause", "post"},
-      {"/v1/batches/{id}/resume", "post"}, {"/v1/batches/{id}/cancel", "post"},
-      {"/v1/tokens", "get"}, {"/v1/tokens", "post"}, {"/v1/tokens/{name}/revoke", "post"},
-      {"/v1/targets", "get"}, {"/v1/targets/{name}/pause", "post"},
-      {"/v1/targets/{name}/resume", "post"}, {"/v1/instances/{key}/decide", "post"},
+      {"/healthz", "get"},
+      {"/readyz", "get"},
+      {"/metrics", "get"},
+      {"/v1/openapi.json", "get"},
+      {"/v1/instances", "get"},
+      {"/v1/instances", "post"},
+      {"/v1/instances/{key}", "get"},
+      {"/v1/instances/{key}/retry", "post"},
+      {"/v1/instances/{key}/confirm", "post"},
+      {"/v1/instances/{key}/compensate", "post"},
+      {"/v1/instances/{key}/skip", "post"},
+      {"/v1/instances/{key}/close", "post"},
+      {"/v1/alerts", "get"},
+      {"/v1/alerts/{id}/acknowledge", "post"},
+      {"/v1/events", "post"},
+      {"/v1/me", "get"},
+      {"/v1/triage", "get"},
+      {"/v1/attempts", "get"},
+      {"/v1/batches", "get"},
+      {"/v1/batches", "post"},
+      {"/v1/batches/{id}", "get"},
+      {"/v1/batches/{id}/pause", "post"},
+      {"/v1/batches/{id}/resume", "post"},
+      {"/v1/batches/{id}/cancel", "post"},
+      {"/v1/tokens", "get"},
+      {"/v1/tokens", "post"},
+      {"/v1/tokens/{name}/revoke", "post"},
+      {"/v1/targets", "get"},
+      {"/v1/targets/{name}/pause", "post"},
+      {"/v1/targets/{name}/resume", "post"},
+      {"/v1/instances/{key}/decide", "post"},
       {"/v1/instances/{key}/revise", "post"}};
   for (const auto& [path, method] : routes) {
     EXPECT_TRUE(doc["paths"].contains(path) && doc["paths"][path].contains(method))
@@ -1880,7 +1989,8 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
   for (auto it = doc["paths"].begin(); it != doc["paths"].end(); ++it) {
     std::string path = it.key();
     for (const auto& [from, to] : {std::pair<std::string, std::string>{"{key}", "nobody"},
-                                   {"{id}", "999"}, {"{name}", "nobody"}}) {
+                                   {"{id}", "999"},
+                                   {"{name}", "nobody"}}) {
       if (auto at = path.find(from); at != std::string::npos) path.replace(at, from.size(), to);
     }
     for (auto m = it.value().begin(); m != it.value().end(); ++m) {
@@ -1895,10 +2005,11 @@ TEST_P(ApiWriteTest, TheOpenApiDocumentDescribesEveryRoute) {
 
 TEST_P(ApiWriteTest, ABatchIsPreviewedCreatedOnceAppliedAndJudgedByWhereEachInstanceRests) {
   recorder_.Answer("/charge", 422);
-  for (const char* id : {"b1", "b2", "b3"}) ASSERT_EQ(StartAndDrive(id), InstanceState::kNeedsAttention);
+  for (const char* id : {"b1", "b2", "b3"})
+    ASSERT_EQ(StartAndDrive(id), InstanceState::kNeedsAttention);
   recorder_.Answer("/charge", 200);
   ASSERT_EQ(StartAndDrive("b4"), InstanceState::kRunning);  // waiting for its approval
-  recorder_.Answer("/charge", 422);  // still refused: a retry stops again
+  recorder_.Answer("/charge", 422);                         // still refused: a retry stops again
   const Json body = {{"action", "retry"},
                      {"step", "charge"},
                      {"reason", "card limits raised, INC-7"},
@@ -1923,7 +2034,8 @@ TEST_P(ApiWriteTest, ABatchIsPreviewedCreatedOnceAppliedAndJudgedByWhereEachInst
   EXPECT_EQ(batch["counts"]["pending"], 3);
   EXPECT_EQ(batch["actor"], "op1");
   EXPECT_EQ(batch["state"], "running");
-  auto replayed = Send("POST", "/v1/batches", operator_, body.dump(), {{"Idempotency-Key", "bk-1"}});
+  auto replayed =
+      Send("POST", "/v1/batches", operator_, body.dump(), {{"Idempotency-Key", "bk-1"}});
   EXPECT_EQ(Json::parse(replayed.body)["id"], batch["id"]);
   ASSERT_EQ(Get("/v1/batches")["items"].size(), 1u);  // one batch, not two
 
@@ -1948,16 +2060,18 @@ TEST_P(ApiWriteTest, ABatchIsPreviewedCreatedOnceAppliedAndJudgedByWhereEachInst
   // Items are paged; a finished batch is not paused.
   Json first = Get("/v1/batches/" + batch["id"].get<std::string>() + "?limit=2");
   ASSERT_EQ(first["items"].size(), 2u);
-  Json second = Get("/v1/batches/" + batch["id"].get<std::string>() + "?limit=2&cursor=" +
-                    first["next_cursor"].get<std::string>());
+  Json second = Get("/v1/batches/" + batch["id"].get<std::string>() +
+                    "?limit=2&cursor=" + first["next_cursor"].get<std::string>());
   ASSERT_EQ(second["items"].size(), 1u);
   EXPECT_EQ(second["items"][0]["key"], "b3");
-  EXPECT_EQ(Post("/v1/batches/" + batch["id"].get<std::string>() + "/pause", Json::object(), 409)["type"],
-            "urn:waystone:problem:state-conflict");
+  EXPECT_EQ(
+      Post("/v1/batches/" + batch["id"].get<std::string>() + "/pause", Json::object(), 409)["type"],
+      "urn:waystone:problem:state-conflict");
 
   // This time the card goes through: closed batches of one, paused, resumed, cancelled.
   recorder_.Answer("/charge", 200);
-  const Json close = {{"action", "close"}, {"reason", "duplicate order"}, {"filter", {{"key_prefix", "b1"}}}};
+  const Json close = {
+      {"action", "close"}, {"reason", "duplicate order"}, {"filter", {{"key_prefix", "b1"}}}};
   Json second_batch = Post("/v1/batches", close, 201);
   const std::string path = "/v1/batches/" + second_batch["id"].get<std::string>();
   EXPECT_EQ(Post(path + "/pause", Json::object(), 200)["state"], "paused");
@@ -2019,10 +2133,13 @@ TEST_P(ApiWriteTest, BadBatchesAreProblemsAndCreateNothing) {
       {{{"action", "explode"}, {"reason", "r"}, {"filter", filter}}, "'action' must be"},
       {{{"action", "close"}, {"reason", "r"}}, "'filter' is required"},
       {{{"action", "close"}, {"reason", "r"}, {"filter", Json::object()}}, "'filter' is required"},
-      {{{"action", "close"}, {"reason", "r"}, {"filter", {{"colour", "red"}}}}, "unknown filter 'colour'"},
-      {{{"action", "close"}, {"reason", "r"}, {"filter", {{"state", "sleepy"}}}}, "not an instance state"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", {{"colour", "red"}}}},
+       "unknown filter 'colour'"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", {{"state", "sleepy"}}}},
+       "not an instance state"},
       {{{"action", "close"}, {"reason", "r"}, {"filter", {{"state", 3}}}}, "must be a string"},
-      {{{"action", "close"}, {"reason", "r"}, {"filter", filter}, {"colour", "red"}}, "unknown field 'colour'"},
+      {{{"action", "close"}, {"reason", "r"}, {"filter", filter}, {"colour", "red"}},
+       "unknown field 'colour'"},
   };
   for (const auto& [body, says] : bad) {
     for (const char* path : {"/v1/batches", "/v1/batches?dry_run=true"}) {
@@ -2030,7 +2147,8 @@ TEST_P(ApiWriteTest, BadBatchesAreProblemsAndCreateNothing) {
       EXPECT_NE(problem.value("detail", "").find(says), std::string::npos) << problem.dump();
     }
   }
-  Json none = Post("/v1/batches", {{"action", "close"}, {"reason", "r"}, {"filter", {{"key_prefix", "zz"}}}}, 409);
+  Json none = Post("/v1/batches",
+                   {{"action", "close"}, {"reason", "r"}, {"filter", {{"key_prefix", "zz"}}}}, 409);
   EXPECT_NE(none.value("detail", "").find("matches no instance"), std::string::npos);
   EXPECT_EQ(Post("/v1/batches?dry_run=maybe", {{"action", "close"}}, 400)["status"], 400);
   auto wrong_type = Send("POST", "/v1/batches", operator_, "{}", {{"Content-Type", "text/plain"}});
@@ -2051,7 +2169,8 @@ TEST_P(ApiWriteTest, ABatchOverMoreThanAThousandInstancesIsRefusedAskingToNarrow
     start.input_json = Json{{"id", "many-" + std::to_string(i)}}.dump();
     ASSERT_TRUE(engine_->StartInstance(*definition, start).ok());
   }
-  const Json body = {{"action", "close"}, {"reason", "too many"}, {"filter", {{"state", "running"}}}};
+  const Json body = {
+      {"action", "close"}, {"reason", "too many"}, {"filter", {{"state", "running"}}}};
   for (const char* path : {"/v1/batches", "/v1/batches?dry_run=true"}) {
     Json problem = Post(path, body, 422);
     EXPECT_EQ(problem["type"], "urn:waystone:problem:filter-too-broad");
@@ -2141,8 +2260,9 @@ TEST_P(ApiWriteTest, AnOperatorPausesAndResumesATargetWithAReasonAudited) {
   TargetCallAsk crm{"t1", "crm", {}, clock_.NowMillis(), 1000, 30'000, "permit-3"};
   crm.limits.concurrency = 1;
   ASSERT_TRUE(store_->AdmitTargetCall(crm)->admitted);
-  ASSERT_TRUE(store_->SettleTargetCall({"t1", "crm", crm.limits, "permit-3", false,
-                                        CallHealth::kHealthy, clock_.NowMillis()})
+  ASSERT_TRUE(store_
+                  ->SettleTargetCall({"t1", "crm", crm.limits, "permit-3", false,
+                                      CallHealth::kHealthy, clock_.NowMillis()})
                   .ok());
   EXPECT_EQ(Send("POST", "/v1/targets/crm/pause", viewer_, why.dump()).outcome.status, 403);
   Json crm_paused = Post("/v1/targets/crm/pause", why, 200);

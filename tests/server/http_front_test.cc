@@ -3,7 +3,13 @@
 // real SQLite store. The hostile-client suite (tests/hostile) attacks a real
 // `waystone serve` over sockets; this pins each refusal to its cause.
 
-#include <gtest/gtest.h>
+#include "http/http_front.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -11,11 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <gtest/gtest.h>
 
 #include "base/clock.h"
 #include "base/json_depth.h"
@@ -25,7 +27,6 @@
 #include "engine/engine.h"
 #include "server/api_server.h"
 #include "server/auth.h"
-#include "http/http_front.h"
 #include "store/store.h"
 #include "support/temp_dir.h"
 
@@ -132,8 +133,7 @@ TEST_F(HttpFrontTest, OneStrictReadingOfTheQuery) {
     EXPECT_EQ(StatusOf(Post(std::string("/v1/instances/a/retry?") + query, R"({"reason":"r"})")),
               400)
         << query;
-    EXPECT_EQ(StatusOf(Post(std::string("/v1/alerts/1/acknowledge?") + query,
-                            R"({"reason":"r"})")),
+    EXPECT_EQ(StatusOf(Post(std::string("/v1/alerts/1/acknowledge?") + query, R"({"reason":"r"})")),
               400)
         << query;
   }
@@ -152,9 +152,9 @@ TEST_F(HttpFrontTest, DeepJsonIsRefusedEverywhereAndChangesNothing) {
   const std::string deep_input = R"({"workflow":"wf","input":{"ref":"d","x":)" + deep + "}}";
   // Each body is otherwise valid: only its depth can refuse it.
   EXPECT_EQ(StatusOf(Post("/v1/instances", deep_input)), 400);
-  EXPECT_EQ(StatusOf(Post("/v1/instances/nobody/confirm?dry_run=true",
-                          R"({"reason":"r","step":"create","happened":true,"response":{"x":)" +
-                              deep + "}}")),
+  EXPECT_EQ(StatusOf(Post(
+                "/v1/instances/nobody/confirm?dry_run=true",
+                R"({"reason":"r","step":"create","happened":true,"response":{"x":)" + deep + "}}")),
             400);
   const std::string event = R"({"specversion":"1.0","id":"1","source":"s",)"
                             R"("type":"com.example.order","data":{"ref":"d","x":)";
@@ -211,7 +211,9 @@ class Socket {
   }
   ~Socket() { ::close(fd_); }
   bool connected() const { return connected_; }
-  void Send(const std::string& bytes) { ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size())); }
+  void Send(const std::string& bytes) {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  }
   // Whether the server closed the connection within `millis` (it sent nothing else).
   bool ClosedWithin(int millis) {
     pollfd ready{fd_, POLLIN, 0};
@@ -223,7 +225,8 @@ class Socket {
   std::string ReadUntil(const std::string& needle, int times = 1) {
     auto count = [&] {
       int n = 0;
-      for (size_t at = got_.find(needle); at != std::string::npos; at = got_.find(needle, at + 1)) ++n;
+      for (size_t at = got_.find(needle); at != std::string::npos; at = got_.find(needle, at + 1))
+        ++n;
       return n;
     };
     while (count() < times) {
@@ -270,7 +273,8 @@ TEST_F(HttpFrontTest, AServedConnectionKeepsAliveContinuesAndAnswersHead) {
   Socket expecting(server_->port());
   expecting.Send("POST /v1/instances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token_ +
                  "\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
-                 "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+                 "Content-Length: " +
+                 std::to_string(body.size()) + "\r\n\r\n");
   EXPECT_NE(expecting.ReadUntil("100 Continue\r\n\r\n").find("HTTP/1.1 100 Continue"),
             std::string::npos);
   expecting.Send(body);
@@ -288,9 +292,9 @@ TEST(HttpFrontConnectionTest, AHandlerKnowsItsConnection) {
       [](const ServerRequest& req, ServerResponse& res) {
         sockaddr_in peer{};
         socklen_t length = sizeof(peer);
-        const bool socket = req.socket_fd >= 0 &&
-                            ::getpeername(req.socket_fd, reinterpret_cast<sockaddr*>(&peer),
-                                          &length) == 0;
+        const bool socket =
+            req.socket_fd >= 0 &&
+            ::getpeername(req.socket_fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0;
         res.SetContent("earlier=" + std::to_string(req.earlier_requests) +
                            " peer=" + (socket ? std::to_string(ntohs(peer.sin_port)) : "-") + ";",
                        "text/plain");

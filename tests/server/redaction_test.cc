@@ -4,7 +4,6 @@
 #include "server/redaction.h"
 
 #include <gtest/gtest.h>
-
 #include <nlohmann/json.hpp>
 
 namespace waystone {

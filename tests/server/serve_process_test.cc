@@ -3,14 +3,15 @@
 // requests and workers are in flight (no accepted request lost, no event applied
 // twice), and an operator working from the command line over the API.
 
-#include <map>
+#include <sqlite3.h>
+
 #include <csignal>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sqlite3.h>
 
 #include "connectors/http/http_client.h"
 #include "sim/simulator.h"
@@ -45,16 +46,21 @@ class ServeProcessTest : public ::testing::Test {
 
   std::unique_ptr<testing::Process> Serve(std::vector<std::string> extra = {},
                                           std::map<std::string, std::string> env = {}) {
-    std::vector<std::string> argv = {testing::WaystoneBinary(), "serve", "--config",
+    std::vector<std::string> argv = {testing::WaystoneBinary(),
+                                     "serve",
+                                     "--config",
                                      testing::SourceDir() + "/examples/server/waystone.yaml",
-                                     "--listen", "127.0.0.1:" + std::to_string(port_),
-                                     "--workers", "4"};
+                                     "--listen",
+                                     "127.0.0.1:" + std::to_string(port_),
+                                     "--workers",
+                                     "4"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto merged = env_;
     for (auto& [k, v] : env) merged[k] = v;
     auto server = std::make_unique<testing::Process>(argv, merged, dir_.path());
-    EXPECT_TRUE(testing::WaitFor([&] { return Send("GET", "/readyz", "", "").outcome.status == 200; },
-                                 std::chrono::seconds(30)))
+    EXPECT_TRUE(
+        testing::WaitFor([&] { return Send("GET", "/readyz", "", "").outcome.status == 200; },
+                         std::chrono::seconds(30)))
         << server->Errors();
     return server;
   }
@@ -104,7 +110,9 @@ class ServeProcessTest : public ::testing::Test {
   }
 
   static std::string Order(const std::string& source, int i, const std::string& customer) {
-    return Json{{"source", source}, {"order_id", std::to_string(i)}, {"customer_id", customer},
+    return Json{{"source", source},
+                {"order_id", std::to_string(i)},
+                {"customer_id", customer},
                 {"amount", 10}}
         .dump();
   }
@@ -177,9 +185,9 @@ TEST_F(ServeProcessTest, PreferWaitAnswersWithTheOutcomeOrWith202AndHowFarItGot)
   ASSERT_EQ(asked_again.outcome.status, 202) << asked_again.body;
   EXPECT_EQ(Json::parse(asked_again.body)["created"], false) << "a stored 202 was replayed";
   // `wait` as a parameter of another preference is not a preference: answered at once.
-  auto not_waited = Send("POST", "/v1/instances", operator_, approval,
-                         {{"Prefer", "return=minimal; wait=5"},
-                          {"Content-Type", "application/json"}});
+  auto not_waited =
+      Send("POST", "/v1/instances", operator_, approval,
+           {{"Prefer", "return=minimal; wait=5"}, {"Content-Type", "application/json"}});
   EXPECT_EQ(not_waited.outcome.status, 200) << not_waited.body;
   EXPECT_FALSE(Json::parse(not_waited.body).contains("steps"));
   server->Signal(SIGTERM);
@@ -214,14 +222,17 @@ TEST_F(ServeProcessTest, AKilledServerLosesNoAcceptedRequestAndAppliesNoEventTwi
   auto request = [&](int i) {
     if (i % 2 == 0) {
       const std::string body =
-          Json{{"workflow", "order-to-erp"}, {"input", Json::parse(Order("api", i, "C-" + std::to_string(i)))}}
+          Json{{"workflow", "order-to-erp"},
+               {"input", Json::parse(Order("api", i, "C-" + std::to_string(i)))}}
               .dump();
-      return Send("POST", "/v1/instances", operator_, body,
-                  {{"Idempotency-Key", "req-" + std::to_string(i)},
-                   {"Content-Type", "application/json"}});
+      return Send(
+          "POST", "/v1/instances", operator_, body,
+          {{"Idempotency-Key", "req-" + std::to_string(i)}, {"Content-Type", "application/json"}});
     }
-    const Json event = {{"specversion", "1.0"}, {"id", "ev-" + std::to_string(i)},
-                        {"source", "/shop"}, {"type", "com.acme.order.received"},
+    const Json event = {{"specversion", "1.0"},
+                        {"id", "ev-" + std::to_string(i)},
+                        {"source", "/shop"},
+                        {"type", "com.acme.order.received"},
                         {"data", Json::parse(Order("ev", i, "C-" + std::to_string(i)))}};
     return Send("POST", "/v1/events", operator_, event.dump(),
                 {{"Content-Type", "application/cloudevents+json"}});
@@ -256,7 +267,8 @@ TEST_F(ServeProcessTest, AKilledServerLosesNoAcceptedRequestAndAppliesNoEventTwi
   server->Signal(SIGKILL);
   server->Wait();
   for (auto& t : clients) t.join();
-  const int accepted_before_kill = static_cast<int>(std::count(accepted.begin(), accepted.end(), true));
+  const int accepted_before_kill =
+      static_cast<int>(std::count(accepted.begin(), accepted.end(), true));
   ASSERT_GE(accepted_before_kill, 20);
   ASSERT_LT(accepted_before_kill, kRequests) << "the kill came too late to test anything";
 
@@ -304,7 +316,9 @@ TEST_F(ServeProcessTest, AServerKilledMidBatchFinishesItAfterTheRestartApplyingE
     const Json body = {{"workflow", "order-to-erp"},
                        {"input", Json::parse(Order("bt", i, "C-" + std::to_string(i)))}};
     ASSERT_EQ(Send("POST", "/v1/instances", operator_, body.dump(),
-                   {{"Content-Type", "application/json"}}).outcome.status, 201);
+                   {{"Content-Type", "application/json"}})
+                  .outcome.status,
+              201);
   }
   for (int i = 1; i <= kOrders; ++i) {
     // Retries exhausted: stopped at create-order (failed, nothing to compensate).
@@ -313,13 +327,17 @@ TEST_F(ServeProcessTest, AServerKilledMidBatchFinishesItAfterTheRestartApplyingE
         << "bt:" << i << " is " << State("bt:" + std::to_string(i));
   }
   ASSERT_TRUE(sim_->SetFaults("").ok());  // the ERP came back
-  const Json batch = {{"action", "retry"}, {"step", "create-order"}, {"reason", "ERP back, INC-9"},
+  const Json batch = {{"action", "retry"},
+                      {"step", "create-order"},
+                      {"reason", "ERP back, INC-9"},
                       {"filter", {{"workflow", "order-to-erp"}, {"stopped_at", "create-order"}}}};
-  auto created = Send("POST", "/v1/batches", operator_, batch.dump(), {{"Content-Type", "application/json"}});
+  auto created =
+      Send("POST", "/v1/batches", operator_, batch.dump(), {{"Content-Type", "application/json"}});
   ASSERT_EQ(created.outcome.status, 201) << created.body;
   const std::string id = Json::parse(created.body)["id"];
   EXPECT_EQ(Json::parse(created.body)["total"], kOrders);
-  ASSERT_EQ(server->Wait(std::chrono::seconds(60)).signal, SIGKILL) << "the crash point did not fire";
+  ASSERT_EQ(server->Wait(std::chrono::seconds(60)).signal, SIGKILL)
+      << "the crash point did not fire";
 
   server = Serve();
   Json done;
@@ -380,7 +398,9 @@ TEST_F(ServeProcessTest, AServerKilledMidBatchFinishesItAfterTheRestartApplyingE
 TEST_F(ServeProcessTest, AnOperatorWorksFromTheCommandLine) {
   auto server = Serve();
   // An order that waits for its approval, which arrives as an event.
-  const Json requested = {{"specversion", "1.0"}, {"id", "req-a1"}, {"source", "/shop"},
+  const Json requested = {{"specversion", "1.0"},
+                          {"id", "req-a1"},
+                          {"source", "/shop"},
                           {"type", "com.acme.order.approval-requested"},
                           {"data", Json::parse(Order("crm", 1, "C-1"))}};
   ASSERT_EQ(Send("POST", "/v1/events", operator_, requested.dump(),
@@ -395,17 +415,19 @@ TEST_F(ServeProcessTest, AnOperatorWorksFromTheCommandLine) {
       std::chrono::seconds(30)));
   auto approved = Send("POST", "/v1/events", operator_,
                        Json{{"order_ref", "crm:1"}, {"approver", "mika"}}.dump(),
-                       {{"ce-specversion", "1.0"}, {"ce-id", "appr-1"}, {"ce-source", "/approvals"},
+                       {{"ce-specversion", "1.0"},
+                        {"ce-id", "appr-1"},
+                        {"ce-source", "/approvals"},
                         {"ce-type", "com.acme.order.approved"},
                         {"Content-Type", "application/json"}});
   ASSERT_EQ(approved.outcome.status, 200) << approved.body;
-  ASSERT_TRUE(testing::WaitFor([&] { return State("crm:1") == "completed"; },
-                               std::chrono::seconds(30)));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return State("crm:1") == "completed"; }, std::chrono::seconds(30)));
 
   // An order whose shipment is refused and whose cancellation fails: an operator decides.
-  const std::string start =
-      Json{{"workflow", "order-to-erp"}, {"input", Json::parse(Order("crm", 2, "C-BLOCKED-STUCK-2"))}}
-          .dump();
+  const std::string start = Json{{"workflow", "order-to-erp"},
+                                 {"input", Json::parse(Order("crm", 2, "C-BLOCKED-STUCK-2"))}}
+                                .dump();
   ASSERT_EQ(Send("POST", "/v1/instances", operator_, start, {{"Content-Type", "application/json"}})
                 .outcome.status,
             201);
@@ -421,8 +443,7 @@ TEST_F(ServeProcessTest, AnOperatorWorksFromTheCommandLine) {
   auto dry = Cli({"retry", "crm:2", "--step", "create-order", "--reason", "ERP back", "--dry-run"},
                  operator_);
   EXPECT_EQ(dry.exit_code, 0) << dry.err;
-  EXPECT_NE(dry.out.find("DRY RUN retry crm:2: needs_attention -> compensating"),
-            std::string::npos)
+  EXPECT_NE(dry.out.find("DRY RUN retry crm:2: needs_attention -> compensating"), std::string::npos)
       << dry.out;
   EXPECT_NE(dry.out.find("crm:2:create-order:compensate"), std::string::npos) << dry.out;
 

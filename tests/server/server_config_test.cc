@@ -1,10 +1,11 @@
 // The serve config file and the CloudEvents parser: accepted forms and errors
 // that name the file and line, or the event and attribute.
 
+#include "server/server_config.h"
+
 #include <gtest/gtest.h>
 
 #include "server/cloudevents_in.h"
-#include "server/server_config.h"
 
 namespace waystone {
 namespace {
@@ -27,7 +28,8 @@ events:
     decide: { key: /ref }
 groups:
   - { tenant: acme, name: finance, tokens: [alice, bob] }
-)", "/etc/waystone/serve.yaml");
+)",
+                                  "/etc/waystone/serve.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->listen, "0.0.0.0:9000");
   EXPECT_EQ(config->workers, 4);
@@ -65,23 +67,30 @@ TEST(ServerConfigTest, ErrorsNameTheFileAndLine) {
   };
   const std::vector<Bad> cases = {
       {"listen: x\nport: 1\n", "c.yaml:2: unknown field 'port'"},
-      {"listen: x\nstep_key_retention: soon\n", "c.yaml:2: 'step_key_retention' must be a duration"},
+      {"listen: x\nstep_key_retention: soon\n",
+       "c.yaml:2: 'step_key_retention' must be a duration"},
       {"workers: many\n", "c.yaml:1: 'workers'"},
       {"max_in_flight: 0\n", "c.yaml:1: 'max_in_flight' must be a whole number from 1"},
       {"groups:\n  - { tenant: a, name: g }\n", "c.yaml:2: group 'g' lists its members"},
-      {"groups:\n  - { tenant: a, name: g, tokens: [x] }\n  - { tenant: a, name: g, tokens: [y] }\n",
+      {"groups:\n  - { tenant: a, name: g, tokens: [x] }\n  - { tenant: a, name: g, tokens: [y] "
+       "}\n",
        "c.yaml:3: group 'g' of tenant 'a' is named already, at line 2"},
-      {"events:\n  - type: t\n", "c.yaml:2: event route 't' needs one of 'start', 'signal', 'decide' or 'revise'"},
-      {"events:\n  - type: t\n    start: w\n    signal: { key: /k }\n", "needs one of 'start', 'signal'"},
-      {"events:\n  - type: t\n    signal: { key: k }\n", "c.yaml:3: 'signal.key' is a JSON pointer"},
-      {"events:\n  - {type: t, start: a}\n  - {type: t, start: b}\n", "c.yaml:3: event type 't' is routed twice"},
+      {"events:\n  - type: t\n",
+       "c.yaml:2: event route 't' needs one of 'start', 'signal', 'decide' or 'revise'"},
+      {"events:\n  - type: t\n    start: w\n    signal: { key: /k }\n",
+       "needs one of 'start', 'signal'"},
+      {"events:\n  - type: t\n    signal: { key: k }\n",
+       "c.yaml:3: 'signal.key' is a JSON pointer"},
+      {"events:\n  - {type: t, start: a}\n  - {type: t, start: b}\n",
+       "c.yaml:3: event type 't' is routed twice"},
       {"api: { idempotency_retention: soon }\n", "idempotency_retention"},
       {"listen: [\n", "c.yaml:2: malformed YAML"},
       {"lease: forever\n", "'lease'"},
       {"permissions: { role: operator }\n", "c.yaml:1: 'permissions' is a list"},
       {"tls: { cert_file: c.pem }\n", "c.yaml:1: 'tls' needs both 'cert_file' and 'key_file'"},
       {"tls: { cert_file: c.pem, key_file: k.pem, ca: x }\n", "unknown field 'ca'"},
-      {"permissions:\n  - { role: god, actions: [retry] }\n", "c.yaml:2: a permission needs 'role'"},
+      {"permissions:\n  - { role: god, actions: [retry] }\n",
+       "c.yaml:2: a permission needs 'role'"},
       {"permissions:\n  - { role: operator }\n", "c.yaml:2: a permission needs 'actions'"},
       {"permissions:\n  - role: operator\n    actions: [retry, delete]\n",
        "c.yaml:3: 'delete' is not one of retry"},
@@ -110,7 +119,8 @@ TEST(ServerConfigTest, PermissionsNarrowARolePerTenantAndDefaultToTodays) {
   - role: viewer
     tenant: acme
     actions: [see_redacted]
-)", "c.yaml");
+)",
+                                  "c.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
   ASSERT_EQ(config->permissions.size(), 3u);
   EXPECT_EQ(config->permissions[0].line, 2);
@@ -170,10 +180,9 @@ TEST(CloudEventsInTest, MissingOrMalformedAttributesAreNamed) {
   auto empty_type = ParseCloudEvents("application/cloudevents+json", Headers({}),
                                      R"({"specversion":"1.0","id":"1","source":"/s","type":""})");
   EXPECT_NE(empty_type.status().message().find("'type'"), std::string::npos);
-  auto binary = ParseCloudEvents("application/json",
-                                 Headers({{"ce-specversion", "1.0"}, {"ce-type", "t"},
-                                          {"ce-source", "/s"}}),
-                                 "{}");
+  auto binary = ParseCloudEvents(
+      "application/json",
+      Headers({{"ce-specversion", "1.0"}, {"ce-type", "t"}, {"ce-source", "/s"}}), "{}");
   EXPECT_NE(binary.status().message().find("header ce-id"), std::string::npos);
   auto bad_data = ParseCloudEvents(
       "application/json",

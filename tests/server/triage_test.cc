@@ -61,8 +61,8 @@ TEST(TriageTest, AnUnknownOutcomeNamesItsStepAndError) {
 }
 
 TEST(TriageTest, ACompensationFailureWinsOverEverythingElse) {
-  Case c = Make(InstanceState::kNeedsAttention,
-                {StepState::kCompensationFailed, StepState::kUnknown});
+  Case c =
+      Make(InstanceState::kNeedsAttention, {StepState::kCompensationFailed, StepState::kUnknown});
   c.steps[0].compensation_attempts = 4;
   c.alerts.push_back(Alert(AlertKind::kIdempotencyConflict));
   const StopExplanation why = Explain(c);

@@ -1,10 +1,10 @@
 // PgConnection::Pipeline against a real PostgreSQL: what the server holds after a
 // pipeline, not what we sent.
 
-#include <gtest/gtest.h>
-
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "store/postgres/pg_connection.h"
 #include "support/postgres_cluster.h"

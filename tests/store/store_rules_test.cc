@@ -3,20 +3,19 @@
 // and a component that takes one slice of Store.
 
 #include <algorithm>
-
-#include <gtest/gtest.h>
-
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "store/lease_owners.h"
-#include "store/gc_order.h"
+#include <gtest/gtest.h>
+
 #include "store/business_statement.h"
 #include "store/claims.h"
+#include "store/gc_order.h"
 #include "store/group_commit.h"
 #include "store/lease_claims.h"
+#include "store/lease_owners.h"
 #include "store/relay_rules.h"
 #include "store/sql_values.h"
 #include "store/start_decision.h"
@@ -118,7 +117,7 @@ TEST(StoreRulesTest, ALostLeaseUndoesOnlyItsOwnChange) {
   EXPECT_TRUE(absl::IsAborted((*results)[1]));
   EXPECT_TRUE((*results)[2].ok());
   // A checkpoint can fail alone only at its fence, before writing: no savepoints.
-  const std::vector<std::string> expected = {"fence 1", "step 0",  "event", "fence 2",
+  const std::vector<std::string> expected = {"fence 1", "step 0", "event", "fence 2",
                                              "fence 3", "step 0", "event"};
   EXPECT_EQ(sql.log, expected);
 }
@@ -158,9 +157,11 @@ TEST(StoreRulesTest, ASqlStepsStatementRunsAfterTheFenceAndItsRowsAreTheStepsRes
   EXPECT_TRUE(IsStatementFailure((*results)[1])) << (*results)[1];
   EXPECT_TRUE((*results)[2].ok());
   const std::vector<std::string> expected = {
-      "savepoint", "fence 1", "statement insert", "step 0 {\"rows\":[],\"count\":1}", "event",
-      "release", "savepoint", "fence 2", "statement bad", "rollback", "release",
-      "savepoint", "fence 3", "statement delete", "step 0", "event", "release"};
+      "savepoint",     "fence 1",          "statement insert", "step 0 {\"rows\":[],\"count\":1}",
+      "event",         "release",          "savepoint",        "fence 2",
+      "statement bad", "rollback",         "release",          "savepoint",
+      "fence 3",       "statement delete", "step 0",           "event",
+      "release"};
   EXPECT_EQ(sql.log, expected);
 
   // The database's own trouble is not the statement's, and never a lost lease (which
@@ -202,9 +203,9 @@ TEST(StoreRulesTest, TheFenceComesFirstAndAReleaseToRunNowWakesWorkers) {
   c.audits.push_back(AuditRecord{});
   ASSERT_TRUE(ApplyChange(sql, c, 7).ok());
   const std::vector<std::string> expected = {
-      "fence 1", "signal",   "inbox",    "keep",     "take",    "resolve",  "read key",
-      "put key", "step 0",   "attempt",  "attempt", "attempt",  "drop 2 7", "drop 0 7",
-      "event",   "alert",    "audit"};
+      "fence 1",  "signal",   "inbox",  "keep",    "take",    "resolve",
+      "read key", "put key",  "step 0", "attempt", "attempt", "attempt",
+      "drop 2 7", "drop 0 7", "event",  "alert",   "audit"};
   EXPECT_EQ(sql.log, expected);
 }
 

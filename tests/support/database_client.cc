@@ -42,10 +42,9 @@ std::string RowsNamedByMessage(Backend backend, const std::string& database,
                                const std::string& text, const std::string& dir) {
   const std::string erp = text.substr(6, text.find(' ', 6) - 6);
   const std::string local = text.substr(text.rfind(' ') + 1);
-  return ClientQuery(backend, database,
-                     "SELECT COUNT(*) FROM orders WHERE id = " + local + " AND erp_id = '" + erp +
-                         "'",
-                     dir);
+  return ClientQuery(
+      backend, database,
+      "SELECT COUNT(*) FROM orders WHERE id = " + local + " AND erp_id = '" + erp + "'", dir);
 }
 
 }  // namespace waystone::testing

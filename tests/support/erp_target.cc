@@ -11,9 +11,9 @@ TargetProcess::TargetProcess(const std::string& output_dir, const std::string& s
                              const std::vector<std::string>& args) {
   // Python standard-library targets, or a Node one (.mjs) with its packages beside it.
   const char* interpreter = script.ends_with(".mjs") ? "node" : "python3";
-  std::vector<std::string> argv = {"/usr/bin/env", interpreter,
-                                   SourceDir() + "/tests/targets/" + script, "--host",
-                                   "127.0.0.1", "--port", "0"};
+  std::vector<std::string> argv = {
+      "/usr/bin/env", interpreter, SourceDir() + "/tests/targets/" + script, "--host", "127.0.0.1",
+      "--port",       "0"};
   argv.insert(argv.end(), args.begin(), args.end());
   process_ = std::make_unique<Process>(argv, std::map<std::string, std::string>{}, output_dir);
   port_ = WaitForPortLine(*process_, std::chrono::seconds(10));
@@ -25,8 +25,8 @@ TargetProcess::~TargetProcess() = default;
 std::string TargetProcess::Call(const std::string& method, const std::string& path,
                                 const std::string& body) {
   static const std::unique_ptr<HttpClient> http = NewCurlHttpClient({});
-  HttpRequest request{method, base_url() + path, {{"Content-Type", "application/json"}}, body,
-                      10'000};
+  HttpRequest request{
+      method, base_url() + path, {{"Content-Type", "application/json"}}, body, 10'000};
   HttpResponse response = http->Send(request);
   return response.body;
 }
@@ -52,8 +52,7 @@ PagedErpTarget::PagedErpTarget(const std::string& output_dir)
     : TargetProcess(output_dir, "paged_erp_target.py", {}) {}
 
 bool PagedErpTarget::Settings(const std::string& settings_json) {
-  return Call("POST", "/_target/settings", settings_json).find("\"dedupe\"") !=
-         std::string::npos;
+  return Call("POST", "/_target/settings", settings_json).find("\"dedupe\"") != std::string::npos;
 }
 
 bool PagedErpTarget::Seed(const std::string& seed_json) {

@@ -65,9 +65,9 @@ class FakeHttpClient final : public HttpClient {
  private:
   const Clock* clock_;
   mutable std::mutex mu_;
-  std::map<std::string, FakeReply> always_;               // guarded by mu_
-  std::map<std::string, std::deque<FakeReply>> next_;     // guarded by mu_
-  std::vector<HttpRequest> requests_;                     // guarded by mu_
+  std::map<std::string, FakeReply> always_;            // guarded by mu_
+  std::map<std::string, std::deque<FakeReply>> next_;  // guarded by mu_
+  std::vector<HttpRequest> requests_;                  // guarded by mu_
 };
 
 }  // namespace waystone::testing

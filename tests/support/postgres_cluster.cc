@@ -37,18 +37,19 @@ std::string FindBinDir() {
   }
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/usr/lib/postgresql", ec)) {
-    if (std::filesystem::exists(entry.path() / "bin/initdb")) return (entry.path() / "bin").string();
+    if (std::filesystem::exists(entry.path() / "bin/initdb"))
+      return (entry.path() / "bin").string();
   }
   return "";
 }
 
-
 // Returns a database name no other test process uses: the pid alone is reused
 // across runs against a long-lived cluster, so the start time goes in too.
 std::string UniqueDatabaseName(int counter) {
-  static const long long started =
-      std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::system_clock::now().time_since_epoch()).count() % 1'000'000'000'000LL;
+  static const long long started = std::chrono::duration_cast<std::chrono::microseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count() %
+                                   1'000'000'000'000LL;
   return "t" + std::to_string(getpid()) + "_" + std::to_string(started) + "_" +
          std::to_string(counter);
 }
@@ -142,7 +143,8 @@ bool PostgresCluster::RestartImmediate() {
 
 PostgresCluster::~PostgresCluster() {
   if (running_) {
-    std::vector<std::string> argv = {bin_ + "/pg_ctl", "-D", data_, "-m", "immediate", "-w", "stop"};
+    std::vector<std::string> argv = {bin_ + "/pg_ctl", "-D", data_, "-m",
+                                     "immediate",      "-w", "stop"};
     RunProcess(AsServerUser(argv), {}, dir_);
   }
   std::error_code ec;

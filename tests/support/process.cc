@@ -1,12 +1,11 @@
 #include "support/process.h"
-#include "support/temp_dir.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +13,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <thread>
+
+#include "support/temp_dir.h"
 
 extern char** environ;
 
@@ -121,11 +122,14 @@ int FreeLoopbackPort() {
 
 std::map<std::string, std::string> SimulatorEnv(const std::string& base_url,
                                                 std::map<std::string, std::string> extra) {
-  std::map<std::string, std::string> env = {
-      {"CRM_URL", base_url},       {"ERP_URL", base_url},
-      {"LINE_URL", base_url},      {"EMAIL_URL", base_url},
-      {"WAYSTONE_SECRET_ERP_TOKEN", "t"}, {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
-      {"WAYSTONE_CRASH_AT", ""},   {"WAYSTONE_PAUSE_AT", ""}};
+  std::map<std::string, std::string> env = {{"CRM_URL", base_url},
+                                            {"ERP_URL", base_url},
+                                            {"LINE_URL", base_url},
+                                            {"EMAIL_URL", base_url},
+                                            {"WAYSTONE_SECRET_ERP_TOKEN", "t"},
+                                            {"WAYSTONE_SECRET_LINE_TOKEN", "t"},
+                                            {"WAYSTONE_CRASH_AT", ""},
+                                            {"WAYSTONE_PAUSE_AT", ""}};
   for (auto& [k, v] : extra) env[k] = v;
   return env;
 }

@@ -1,12 +1,12 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <sys/types.h>
 
 #include "support/test_paths.h"
 
@@ -14,10 +14,10 @@ namespace waystone::testing {
 
 // The result of a finished child process.
 struct ProcessResult {
-  int exit_code = -1;    // when it exited
-  int signal = 0;        // when a signal ended it
-  std::string out;       // stdout
-  std::string err;       // stderr
+  int exit_code = -1;  // when it exited
+  int signal = 0;      // when a signal ended it
+  std::string out;     // stdout
+  std::string err;     // stderr
 };
 
 // A child process started with posix_spawn (no shell), stdout and stderr going
@@ -71,6 +71,5 @@ int FreeLoopbackPort();
 // CRM/ERP/LINE/EMAIL URLs and the secrets it needs, plus `extra`.
 std::map<std::string, std::string> SimulatorEnv(const std::string& base_url,
                                                 std::map<std::string, std::string> extra = {});
-
 
 }  // namespace waystone::testing

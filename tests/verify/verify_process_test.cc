@@ -5,7 +5,6 @@
 // `running` checkpoint — with a replay line that reproduces the failure.
 
 #include <gtest/gtest.h>
-
 #include <nlohmann/json.hpp>
 
 #include "support/erp_target.h"

@@ -1,9 +1,9 @@
 // The pure parts of `waystone verify`: the contract it infers of a definition's
 // targets, its schedules and their specs, and the invariants it judges by.
 
-#include <gtest/gtest.h>
-
 #include <set>
+
+#include <gtest/gtest.h>
 
 #include "definition/loader.h"
 #include "support/test_paths.h"

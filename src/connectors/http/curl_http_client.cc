@@ -71,9 +71,8 @@ class CurlHttpClient final : public HttpClient {
     }
     std::promise<HttpResponse> answered;
     std::future<HttpResponse> answer = answered.get_future();
-    SendAsync(request, [&answered](HttpResponse response) {
-      answered.set_value(std::move(response));
-    });
+    SendAsync(request,
+              [&answered](HttpResponse response) { answered.set_value(std::move(response)); });
     return answer.get();
   }
 
@@ -172,8 +171,7 @@ class CurlHttpClient final : public HttpClient {
             *timer_due_ - std::chrono::steady_clock::now());
         wait_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, kIdleMillis));
       }
-      const int ready = epoll_wait(epoll_, events.data(), static_cast<int>(events.size()),
-                                   wait_ms);
+      const int ready = epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), wait_ms);
       for (int i = 0; i < ready; ++i) {
         if (events[i].data.fd == wakeup_) {
           uint64_t count = 0;
@@ -206,9 +204,9 @@ class CurlHttpClient final : public HttpClient {
 
   HttpClientOptions options_;
   int epoll_ = -1;
-  int wakeup_ = -1;          // eventfd: SendAsync and the destructor wake the loop
-  CURLM* multi_ = nullptr;   // the loop thread's alone once it runs
-  bool ready_ = false;       // epoll, eventfd and multi handle exist
+  int wakeup_ = -1;         // eventfd: SendAsync and the destructor wake the loop
+  CURLM* multi_ = nullptr;  // the loop thread's alone once it runs
+  bool ready_ = false;      // epoll, eventfd and multi handle exist
   std::optional<std::chrono::steady_clock::time_point> timer_due_;  // loop thread only
   Mutex mu_;
   std::vector<std::unique_ptr<Transfer>> incoming_ ABSL_GUARDED_BY(mu_);

@@ -65,7 +65,8 @@ std::string DateNow() {
 void Configure(CURL* curl, const HttpRequest& request, MailTransfer& mail) {
   // The date the message left (RFC 5322 §3.6.1); the rest of it is the same on every
   // attempt, its Message-ID above all.
-  mail.message = HasDate(request.body) ? request.body : "Date: " + DateNow() + "\r\n" + request.body;
+  mail.message =
+      HasDate(request.body) ? request.body : "Date: " + DateNow() + "\r\n" + request.body;
   for (const std::string& to : request.mail->to) {
     mail.recipients = curl_slist_append(mail.recipients, ("<" + to + ">").c_str());
   }
@@ -110,8 +111,8 @@ void Conclude(CURL* curl, CURLcode rc, const MailTransfer& mail, const std::stri
     return;
   }
   // The server cannot take a message before DATA's final <CRLF>.<CRLF>.
-  response.outcome.kind = mail.handed_over ? CallOutcome::Kind::kLostAfterSend
-                                           : CallOutcome::Kind::kNotSent;
+  response.outcome.kind =
+      mail.handed_over ? CallOutcome::Kind::kLostAfterSend : CallOutcome::Kind::kNotSent;
   if (mail.handed_over) response.error += " (after the whole message was sent)";
 }
 

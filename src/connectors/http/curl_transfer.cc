@@ -83,14 +83,14 @@ size_t ReadStream(char* buffer, size_t size, size_t count, void* user) {
   }
   const int64_t left = stream->content->size - stream->delivered;
   if (left <= 0) return 0;
-  const size_t want = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(size * count),
-                                                            left));
+  const size_t want =
+      static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(size * count), left));
   const size_t got = std::fread(buffer, 1, want, stream->file);
   stream->hash.Add(std::string_view(buffer, got));
   stream->delivered += static_cast<int64_t>(got);
   const bool last = stream->delivered == stream->content->size;
-  if (got < want ||
-      (last && (std::fgetc(stream->file) != EOF || stream->hash.Finish() != stream->content->sha256))) {
+  if (got < want || (last && (std::fgetc(stream->file) != EOF ||
+                              stream->hash.Finish() != stream->content->sha256))) {
     stream->changed = true;
     return CURL_READFUNC_ABORT;
   }
@@ -153,8 +153,8 @@ void ConfigureHttp(Transfer& transfer) {
       if (file.path.empty()) {
         curl_mime_data(part, file.bytes.data(), file.bytes.size());
       } else {
-        curl_mime_data_cb(part, static_cast<curl_off_t>(file.size), ReadStream, SeekStream,
-                          nullptr, stream_of(file));
+        curl_mime_data_cb(part, static_cast<curl_off_t>(file.size), ReadStream, SeekStream, nullptr,
+                          stream_of(file));
       }
     }
     curl_easy_setopt(curl, CURLOPT_MIMEPOST, transfer.mime);
@@ -273,7 +273,7 @@ void Conclude(Transfer& transfer, CURLcode rc) {
   long connected_port = 0;
   curl_easy_getinfo(curl, CURLINFO_PRIMARY_PORT, &connected_port);
   response.outcome.sent = request_size > 0 && !transfer.held_back;
-  response.outcome.connection = new_connections > 0 ? ConnectionUsed::kNew
+  response.outcome.connection = new_connections > 0  ? ConnectionUsed::kNew
                                 : connected_port > 0 ? ConnectionUsed::kReused
                                                      : ConnectionUsed::kNone;
   if (rc == CURLE_OK && transfer.request.IsMail()) {
@@ -316,8 +316,8 @@ void Conclude(Transfer& transfer, CURLcode rc) {
     response.outcome.identity_refused = true;
     response.outcome.sent = false;
     const std::string& target = transfer.request.tls->target;
-    response.error = "TLS with " + (target.empty() ? std::string("the server")
-                                                    : "target '" + target + "'") +
+    response.error = "TLS with " +
+                     (target.empty() ? std::string("the server") : "target '" + target + "'") +
                      " failed: " + detail;
     response.body.clear();
     return;

@@ -58,9 +58,9 @@ struct Transfer {
   curl_slist* headers = nullptr;
   HeaderState header_state;
   HttpResponse response;
-  bool held_back = false;  // request.may_send said no: nothing left
-  char error_detail[CURL_ERROR_SIZE] = {};  // libcurl's own words on a failure
-  curl_mime* mime = nullptr;                     // a multipart body
+  bool held_back = false;                            // request.may_send said no: nothing left
+  char error_detail[CURL_ERROR_SIZE] = {};           // libcurl's own words on a failure
+  curl_mime* mime = nullptr;                         // a multipart body
   std::vector<std::unique_ptr<FileStream>> streams;  // files sent from disk
   curl_mail::MailTransfer mail;                      // an email's message and replies
 

@@ -40,12 +40,12 @@ struct TlsIdentity {
 // target (token_url empty: none). The client in NewOAuth2HttpClient gets the token;
 // the secret lives in memory only.
 struct OAuth2Client {
-  std::string target;         // the target's name, for messages
-  std::string token_url;      // the authorisation server's token endpoint
+  std::string target;     // the target's name, for messages
+  std::string token_url;  // the authorisation server's token endpoint
   std::string client_id;
   std::string client_secret;
-  std::string scope;          // space-separated; empty: the server's default
-  TlsIdentity tls;            // how the token endpoint is reached
+  std::string scope;  // space-separated; empty: the server's default
+  TlsIdentity tls;    // how the token endpoint is reached
 
   bool operator==(const OAuth2Client&) const = default;
 };
@@ -71,7 +71,7 @@ struct FileContent {
 // One part of a multipart/form-data body (RFC 7578): a text field, or a file.
 struct FormPart {
   std::string name;
-  std::string value;         // a field's text
+  std::string value;  // a field's text
   bool is_file = false;
   std::string filename;      // a file's name, as the receiver sees it
   std::string content_type;  // a file's type
@@ -160,9 +160,7 @@ class HttpClient {
   // request refused before it left; this default, which sends with Send): it must be
   // quick, and must not Send or wait for another request on the same client (it may
   // SendAsync one). A waiting request holds no thread of the caller's.
-  virtual void SendAsync(HttpRequest request, HttpDone done) {
-    std::move(done)(Send(request));
-  }
+  virtual void SendAsync(HttpRequest request, HttpDone done) { std::move(done)(Send(request)); }
 };
 
 struct HttpClientOptions {

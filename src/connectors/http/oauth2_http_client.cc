@@ -115,11 +115,12 @@ TokenResult ReadToken(const OAuth2Client& client, const HttpResponse& answer) {
   result.token = body["access_token"].get<std::string>();
   // RFC 6750 §2.1 b64token: nothing that could end or extend a header line.
   for (const unsigned char c : result.token) {
-    if (std::isalnum(c) == 0 && std::string_view("-._~+/=").find(static_cast<char>(c)) ==
-                                    std::string_view::npos) {
+    if (std::isalnum(c) == 0 &&
+        std::string_view("-._~+/=").find(static_cast<char>(c)) == std::string_view::npos) {
       result.token.clear();
-      result.failure = NotSent(who + " answered an access_token with characters a bearer token "
-                                     "may not have",
+      result.failure = NotSent(who +
+                                   " answered an access_token with characters a bearer token "
+                                   "may not have",
                                true);
       return result;
     }
@@ -149,9 +150,8 @@ class OAuth2HttpClient final : public HttpClient {
     if (request.oauth2->token_url.empty()) return inner_->Send(request);
     std::promise<HttpResponse> answered;
     std::future<HttpResponse> answer = answered.get_future();
-    SendAsync(request, [&answered](HttpResponse response) {
-      answered.set_value(std::move(response));
-    });
+    SendAsync(request,
+              [&answered](HttpResponse response) { answered.set_value(std::move(response)); });
     return answer.get();
   }
 
@@ -175,13 +175,14 @@ class OAuth2HttpClient final : public HttpClient {
                done = std::move(done)](const TokenResult& result) mutable {
                 if (result.token.empty()) return std::move(done)(result.failure);
                 HttpRequest sent = request;
-                std::erase_if(sent.headers,
-                              [](const auto& header) { return IEquals(header.first, "authorization"); });
+                std::erase_if(sent.headers, [](const auto& header) {
+                  return IEquals(header.first, "authorization");
+                });
                 sent.headers.emplace_back("Authorization", "Bearer " + result.token);
                 inner_->SendAsync(
-                    std::move(sent), [this, slot, again, token = result.token,
-                                      request = std::move(request),
-                                      done = std::move(done)](HttpResponse response) mutable {
+                    std::move(sent),
+                    [this, slot, again, token = result.token, request = std::move(request),
+                     done = std::move(done)](HttpResponse response) mutable {
                       const bool expired = response.outcome.kind == CallOutcome::Kind::kResponse &&
                                            response.outcome.status == 401;
                       response.token_renewed = again;
@@ -215,8 +216,8 @@ class OAuth2HttpClient final : public HttpClient {
 
   // Calls `waiter` with the slot's token: at once when it has a fresh one, otherwise
   // when the token request under way (started here if none is) is answered.
-  void WithToken(const std::shared_ptr<TokenSlot>& slot, const OAuth2Client& client,
-                 Millis timeout, Waiter waiter) {
+  void WithToken(const std::shared_ptr<TokenSlot>& slot, const OAuth2Client& client, Millis timeout,
+                 Waiter waiter) {
     TokenResult ready;
     bool fetch = false;
     {

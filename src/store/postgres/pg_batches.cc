@@ -12,9 +12,9 @@ namespace {
 // `where` compares one column with $1 (fixed text, never input).
 absl::StatusOr<std::optional<BatchRecord>> BatchWhere(PgConnection& c, const char* where,
                                                       const PgParams& params) {
-  WS_ASSIGN_OR_RETURN(PgResult r, c.Query(absl::StrCat("SELECT ", kBatchColumns,
-                                                       " FROM batches WHERE ", where),
-                                          params));
+  WS_ASSIGN_OR_RETURN(
+      PgResult r,
+      c.Query(absl::StrCat("SELECT ", kBatchColumns, " FROM batches WHERE ", where), params));
   std::optional<BatchRecord> batch = PgFirstRow(r, ReadBatch<PgRow>);
   if (!batch) return batch;
   WS_ASSIGN_OR_RETURN(PgResult counts,
@@ -46,23 +46,25 @@ absl::StatusOr<BatchRecord> PostgresStore::CreateBatch(const NewBatch& in) {
         "INSERT INTO batches (public_id, tenant, actor, reason, action, action_json, "
         "filter_json, state, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, ",
         SqlValue(BatchState::kRunning), ", $8::bigint, $8::bigint) RETURNING id");
-    WS_ASSIGN_OR_RETURN(PgResult r, c.Query(kInsert, Params(b.public_id, b.tenant, b.actor,
-                                                            b.reason, b.action, b.action_json,
-                                                            b.filter_json, in.now)));
+    WS_ASSIGN_OR_RETURN(PgResult r,
+                        c.Query(kInsert, Params(b.public_id, b.tenant, b.actor, b.reason, b.action,
+                                                b.action_json, b.filter_json, in.now)));
     const int64_t id = r.Int(0, 0);
     // One statement for every item: arrays of ids and keys, unnested in order.
     static const std::string kItems = absl::StrCat(
         "INSERT INTO batch_items (batch_id, instance_id, instance_key, state, updated_at) "
-        "SELECT $1::bigint, u.instance_id, u.instance_key, ", SqlValue(BatchItemState::kPending),
+        "SELECT $1::bigint, u.instance_id, u.instance_key, ",
+        SqlValue(BatchItemState::kPending),
         ", $2::bigint FROM unnest($3::bigint[], $4::text[]) AS u (instance_id, instance_key)");
     std::vector<std::string> ids, keys;
     for (const auto& [instance_id, key] : in.items) {
       ids.push_back(std::to_string(instance_id));
       keys.push_back(key);
     }
-    WS_RETURN_IF_ERROR(c.Query(kItems, Params(id, in.now, absl::StrCat("{", absl::StrJoin(ids, ","), "}"),
-                                              absl::StrCat("{", QuoteEach(keys), "}")))
-                           .status());
+    WS_RETURN_IF_ERROR(
+        c.Query(kItems, Params(id, in.now, absl::StrCat("{", absl::StrJoin(ids, ","), "}"),
+                               absl::StrCat("{", QuoteEach(keys), "}")))
+            .status());
     WS_ASSIGN_OR_RETURN(created, BatchWhere(c, "id = $1::bigint", Params(id)));
     return absl::OkStatus();
   }));
@@ -116,7 +118,8 @@ absl::StatusOr<std::vector<BatchItemRecord>> PostgresStore::ListBatchItems(int64
 absl::Status PostgresStore::ChangeBatchState(int64_t id, const std::vector<BatchState>& from,
                                              BatchState to, Millis now) {
   std::string states;
-  for (BatchState state : from) absl::StrAppend(&states, states.empty() ? "" : ", ", SqlValue(state));
+  for (BatchState state : from)
+    absl::StrAppend(&states, states.empty() ? "" : ", ", SqlValue(state));
   const std::string change =
       absl::StrCat("UPDATE batches SET state = ", SqlValue(to),
                    ", updated_at = $1::bigint WHERE id = $2::bigint AND state IN (", states, ")");
@@ -146,13 +149,15 @@ absl::StatusOr<std::vector<BatchItemRecord>> PostgresStore::ClaimBatchItems(
   // SKIP LOCKED: two runners claiming at once take different items.
   static const std::string kClaim = absl::StrCat(
       "WITH picked AS (SELECT i.id AS picked_id FROM batch_items i JOIN batches b ON b.id = "
-      "i.batch_id WHERE (i.state = ", SqlValue(BatchItemState::kPending), " AND b.state = ",
-      SqlValue(BatchState::kRunning), ") OR (i.state = ", SqlValue(BatchItemState::kApplying),
+      "i.batch_id WHERE (i.state = ",
+      SqlValue(BatchItemState::kPending), " AND b.state = ", SqlValue(BatchState::kRunning),
+      ") OR (i.state = ", SqlValue(BatchItemState::kApplying),
       " AND i.claim_expires_at <= $2::bigint) ORDER BY i.batch_id, i.id LIMIT $4::integer FOR "
       "UPDATE OF i SKIP LOCKED) UPDATE batch_items SET state = ",
       SqlValue(BatchItemState::kApplying),
       ", owner = $1, claim_expires_at = $2::bigint + $3::bigint, tries = tries + 1, updated_at "
-      "= $2::bigint FROM picked WHERE id = picked.picked_id RETURNING ", kBatchItemColumns);
+      "= $2::bigint FROM picked WHERE id = picked.picked_id RETURNING ",
+      kBatchItemColumns);
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kClaim, Params(owner, now, claim_duration, limit)));
   std::vector<BatchItemRecord> items = PgRows(r, ReadBatchItem<PgRow>);
@@ -162,9 +167,10 @@ absl::StatusOr<std::vector<BatchItemRecord>> PostgresStore::ClaimBatchItems(
 }
 
 absl::StatusOr<std::vector<BatchItemRecord>> PostgresStore::AppliedBatchItems(int limit) {
-  static const std::string kApplied = absl::StrCat(
-      "SELECT ", kBatchItemColumns, " FROM batch_items WHERE state = ",
-      SqlValue(BatchItemState::kApplied), " ORDER BY applied_at, id LIMIT $1::integer");
+  static const std::string kApplied =
+      absl::StrCat("SELECT ", kBatchItemColumns,
+                   " FROM batch_items WHERE state = ", SqlValue(BatchItemState::kApplied),
+                   " ORDER BY applied_at, id LIMIT $1::integer");
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(PgResult r, c->Query(kApplied, Params(limit)));
   return PgRows(r, ReadBatchItem<PgRow>);
@@ -186,11 +192,10 @@ absl::Status PostgresStore::UpdateBatchItem(const BatchItemUpdate& u) {
       "$1::bigint) FOR UPDATE";
   return InTransaction([&](PgConnection& c) -> absl::Status {
     WS_RETURN_IF_ERROR(c.Query(kLockBatch, Params(u.item_id)).status());
-    WS_ASSIGN_OR_RETURN(
-        PgResult r,
-        c.Query(kUpdate, Params(static_cast<int>(u.to), u.result_state, u.message, u.now,
-                                IsFinalItemState(u.to) ? u.now : Millis{0}, u.item_id,
-                                static_cast<int>(u.from), u.owner)));
+    WS_ASSIGN_OR_RETURN(PgResult r,
+                        c.Query(kUpdate, Params(static_cast<int>(u.to), u.result_state, u.message,
+                                                u.now, IsFinalItemState(u.to) ? u.now : Millis{0},
+                                                u.item_id, static_cast<int>(u.from), u.owner)));
     if (r.rows() != 1) {
       return absl::FailedPreconditionError("the batch item moved on (another runner took it)");
     }

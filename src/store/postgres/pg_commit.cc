@@ -35,8 +35,7 @@ PgStatement ClaimInboxStatement(const InboxClaim& claim, int64_t instance_id, Mi
   static const std::string kClaim =
       "INSERT INTO inbox (tenant, source, event_id, data_hash, received_at, instance_id) VALUES "
       "($1, $2, $3, $4, $5::bigint, $6::bigint) ON CONFLICT DO NOTHING";
-  return {&kClaim,
-          Params(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id)};
+  return {&kClaim, Params(claim.tenant, claim.source, claim.id, claim.data_hash, now, instance_id)};
 }
 
 // Change::reservations: inserted where free, expired or given up; else left alone.
@@ -60,8 +59,7 @@ PgStatement ResolveAlertsStatement(int64_t instance_id, Millis now) {
 }
 
 PgStatement ReviseInputStatement(int64_t instance_id, const std::string& input_json) {
-  static const std::string kRevise =
-      "UPDATE instances SET input_json = $1 WHERE id = $2::bigint";
+  static const std::string kRevise = "UPDATE instances SET input_json = $1 WHERE id = $2::bigint";
   return {&kRevise, Params(input_json, instance_id)};
 }
 
@@ -77,9 +75,8 @@ PgStatement InsertStepStatement(int64_t instance_id, const StepRecord& s) {
           Params(instance_id, s.index, s.name, static_cast<int64_t>(s.state), s.attempts,
                  static_cast<int64_t>(s.error_class), s.error_message, s.external_id,
                  s.response_json, s.idempotency_key, s.request_hash,
-                 static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
-                 s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
-                 s.span_id, s.unknown_since)};
+                 static_cast<int64_t>(s.resolution), s.unknowns, s.lookups, s.compensation_attempts,
+                 s.next_attempt_at, s.started_at, s.finished_at, s.span_id, s.unknown_since)};
 }
 
 PgStatement UpdateStepStatement(int64_t instance_id, const StepRecord& s) {
@@ -93,10 +90,10 @@ PgStatement UpdateStepStatement(int64_t instance_id, const StepRecord& s) {
       "$18::bigint AND step_index = $19::integer";
   return {&kUpdate,
           Params(static_cast<int64_t>(s.state), s.attempts, static_cast<int64_t>(s.error_class),
-                 s.error_message, s.external_id, s.response_json, s.idempotency_key,
-                 s.request_hash, static_cast<int64_t>(s.resolution), s.unknowns, s.lookups,
-                 s.compensation_attempts, s.next_attempt_at, s.started_at, s.finished_at,
-                 s.span_id, s.unknown_since, instance_id, s.index)};
+                 s.error_message, s.external_id, s.response_json, s.idempotency_key, s.request_hash,
+                 static_cast<int64_t>(s.resolution), s.unknowns, s.lookups, s.compensation_attempts,
+                 s.next_attempt_at, s.started_at, s.finished_at, s.span_id, s.unknown_since,
+                 instance_id, s.index)};
 }
 
 // Numbered after the step's last attempt in the same statement, so that attempts
@@ -108,11 +105,10 @@ PgStatement InsertAttemptStatement(int64_t instance_id, const AttemptRecord& a) 
       "$2::integer, COALESCE(MAX(seq), 0) + 1, $3::smallint, $4::boolean, $5::smallint, "
       "$6::integer, $7::smallint, $8, $9::bigint, $10::bigint, $11, $12::bigint FROM attempts "
       "WHERE instance_id = $1::bigint AND step_index = $2::integer";
-  return {&kInsert,
-          Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
-                 a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
-                 static_cast<int64_t>(a.error_class), a.detail, a.started_at, a.finished_at,
-                 a.worker, a.lease_epoch)};
+  return {&kInsert, Params(instance_id, a.step_index, static_cast<int64_t>(a.phase),
+                           a.sent ? "true" : "false", static_cast<int64_t>(a.connection), a.status,
+                           static_cast<int64_t>(a.error_class), a.detail, a.started_at,
+                           a.finished_at, a.worker, a.lease_epoch)};
 }
 
 PgStatement DropOldAttemptsStatement(int64_t instance_id, int step_index, int keep) {
@@ -149,8 +145,7 @@ absl::Status Classified(const absl::Status& status) {
   const auto state = status.GetPayload(kPgSqlState);
   const std::string code = state ? std::string(*state) : "";
   const std::string cls = code.substr(0, 2);
-  if (cls == "22" || cls == "23" || cls == "42" || cls == "44" || cls == "P0" ||
-      code == "57014") {
+  if (cls == "22" || cls == "23" || cls == "42" || cls == "44" || cls == "P0" || code == "57014") {
     return StatementFailure(std::string(status.message()));
   }
   return StatementTrouble(status);
@@ -187,12 +182,12 @@ class PgChangeSql final : public ChangeSql {
   // FOR UPDATE: a concurrent claim of the same key waits for this transaction.
   absl::StatusOr<std::optional<StoredIdempotencyKey>> ReadIdempotencyKey(
       const std::string& tenant, const std::string& key) override {
-    WS_ASSIGN_OR_RETURN(PgResult r,
-                        c_.Query("SELECT request_hash, expires_at, instance_id, step_name, EXISTS " +
-                                     std::string(kOwnerGaveUp) +
-                                     " FROM idempotency_keys WHERE tenant = $1 AND key = $2 FOR "
-                                     "UPDATE OF idempotency_keys",
-                                 Params(tenant, key)));
+    WS_ASSIGN_OR_RETURN(
+        PgResult r, c_.Query("SELECT request_hash, expires_at, instance_id, step_name, EXISTS " +
+                                 std::string(kOwnerGaveUp) +
+                                 " FROM idempotency_keys WHERE tenant = $1 AND key = $2 FOR "
+                                 "UPDATE OF idempotency_keys",
+                             Params(tenant, key)));
     return PgFirstRow(r, [](const PgRow& row) {
       return StoredIdempotencyKey{row.Text(0), row.Int(1), row.Int(2), row.Text(3),
                                   row.Text(4) == "t"};
@@ -210,7 +205,8 @@ class PgChangeSql final : public ChangeSql {
                  "excluded.instance_id, step_name = excluded.step_name WHERE NOT $8::boolean "
                  "OR idempotency_keys.expires_at <= $6::bigint OR "
                  "(idempotency_keys.instance_id = $4::bigint AND idempotency_keys.step_name = $5) "
-                 "OR EXISTS " + std::string(kOwnerGaveUp),
+                 "OR EXISTS " +
+                     std::string(kOwnerGaveUp),
                  Params(claim.tenant, claim.key, claim.request_hash, claim.instance_id, claim.step,
                         now, claim.expires_at, claim.exclusive ? "true" : "false")));
     if (r.affected() == 0) {
@@ -226,12 +222,13 @@ class PgChangeSql final : public ChangeSql {
   }
   // Only the lease holder keeps events for an instance, so MAX + 1 does not race.
   absl::Status KeepEvent(int64_t instance_id, const KeptEvent& e) override {
-    return c_.Query("INSERT INTO kept_events (instance_id, seq, event_type, source, event_id, "
-                    "data_json, received_at) VALUES ($1::bigint, (SELECT COALESCE(MAX(seq), 0) "
-                    "+ 1 FROM kept_events WHERE instance_id = $1::bigint), $2, $3, $4, $5, "
-                    "$6::bigint)",
-                    Params(instance_id, e.event_type, e.source, e.event_id, e.data_json,
-                           e.received_at))
+    return c_
+        .Query(
+            "INSERT INTO kept_events (instance_id, seq, event_type, source, event_id, "
+            "data_json, received_at) VALUES ($1::bigint, (SELECT COALESCE(MAX(seq), 0) "
+            "+ 1 FROM kept_events WHERE instance_id = $1::bigint), $2, $3, $4, $5, "
+            "$6::bigint)",
+            Params(instance_id, e.event_type, e.source, e.event_id, e.data_json, e.received_at))
         .status();
   }
   absl::StatusOr<bool> TakeKeptEvent(int64_t instance_id, const KeptEventTake& take,
@@ -275,26 +272,43 @@ class PgChangeSql final : public ChangeSql {
     // Bounded: a lock held on the integration's table must not stall the commit of
     // every instance behind it. SET LOCAL ends with the savepoint of the change or the
     // transaction; it is set back for what follows in the same transaction.
-    WS_RETURN_IF_ERROR(Trouble(c_.Exec("SET LOCAL lock_timeout = '5s'; "
-                                       "SET LOCAL statement_timeout = '30s'")));
+    WS_RETURN_IF_ERROR(
+        Trouble(c_.Exec("SET LOCAL lock_timeout = '5s'; "
+                        "SET LOCAL statement_timeout = '30s'")));
     // Unprepared: the integration migrates its tables, and a plan kept on the
     // connection would outlive them.
     auto result = c_.QueryUnprepared(statement.postgres, params);
     if (!result.ok()) return Classified(result.status());
-    WS_RETURN_IF_ERROR(Trouble(c_.Exec("SET LOCAL lock_timeout TO DEFAULT; "
-                                       "SET LOCAL statement_timeout TO DEFAULT")));
+    WS_RETURN_IF_ERROR(
+        Trouble(c_.Exec("SET LOCAL lock_timeout TO DEFAULT; "
+                        "SET LOCAL statement_timeout TO DEFAULT")));
     StatementRows rows;
     for (int r = 0; r < result->rows(); ++r) {
       WS_RETURN_IF_ERROR(rows.StartRow());
       for (int col = 0; col < result->columns(); ++col) {
         StatementRows::Type type = StatementRows::Type::kText;
         switch (result->ColumnType(col)) {
-          case 20: case 21: case 23: type = StatementRows::Type::kInteger; break;  // int8, int2, int4
-          case 700: case 701: type = StatementRows::Type::kReal; break;  // float4, float8
-          case 1700: type = StatementRows::Type::kDecimal; break;  // numeric: exact
-          case 16: type = StatementRows::Type::kBoolean; break;
-          case 114: case 3802: type = StatementRows::Type::kJson; break;  // json, jsonb
-          default: break;
+          case 20:
+          case 21:
+          case 23:
+            type = StatementRows::Type::kInteger;
+            break;  // int8, int2, int4
+          case 700:
+          case 701:
+            type = StatementRows::Type::kReal;
+            break;  // float4, float8
+          case 1700:
+            type = StatementRows::Type::kDecimal;
+            break;  // numeric: exact
+          case 16:
+            type = StatementRows::Type::kBoolean;
+            break;
+          case 114:
+          case 3802:
+            type = StatementRows::Type::kJson;
+            break;  // json, jsonb
+          default:
+            break;
         }
         if (result->IsNull(r, col)) type = StatementRows::Type::kNull;
         rows.Add(result->ColumnName(col), type, result->Text(r, col));
@@ -542,8 +556,8 @@ absl::StatusOr<std::vector<absl::Status>> PostgresStore::Commit(
   // its change's alone, and its rows are the step's result. Nor are added step rows
   // or kept events (a code workflow's), whose statements the batch does not hold.
   const bool queueable = std::none_of(changes.begin(), changes.end(), [](const Change& c) {
-    return c.idempotency.has_value() || !c.statements.empty() || c.work ||
-           !c.added_steps.empty() || c.keep || c.take;
+    return c.idempotency.has_value() || !c.statements.empty() || c.work || !c.added_steps.empty() ||
+           c.keep || c.take;
   });
   if (queueable && !changes.empty()) {
     PgQueuedChangeSql queued;

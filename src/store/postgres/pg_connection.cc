@@ -1,10 +1,10 @@
 #include "store/postgres/pg_connection.h"
 
-#include "absl/strings/cord.h"
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+
+#include "absl/strings/cord.h"
 
 namespace waystone {
 
@@ -73,16 +73,16 @@ absl::Status PgStatus(PGconn* conn, PGresult* result, std::string_view what) {
   return status;
 }
 
-
 absl::StatusOr<std::unique_ptr<PgConnection>> PgConnection::Connect(const std::string& conninfo) {
   // Keepalives let both sides notice a peer that vanished without closing.
-  const char* keys[] = {"dbname", "keepalives", "keepalives_idle", "keepalives_interval",
-                        "keepalives_count", "connect_timeout", nullptr};
+  const char* keys[] = {
+      "dbname",          "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+      "connect_timeout", nullptr};
   const char* values[] = {conninfo.c_str(), "1", "5", "2", "3", "10", nullptr};
   PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (PQstatus(conn) != CONNECTION_OK) {
-    absl::Status status = absl::UnavailableError(std::string("connect to PostgreSQL: ") +
-                                                 PQerrorMessage(conn));
+    absl::Status status =
+        absl::UnavailableError(std::string("connect to PostgreSQL: ") + PQerrorMessage(conn));
     PQfinish(conn);
     return status;
   }
@@ -147,16 +147,18 @@ absl::StatusOr<PgResult> PgConnection::Query(const std::string& sql, const PgPar
   auto name = Prepared(sql);
   if (!name.ok()) return name.status();
   const std::vector<const char*> values = Values(params);
-  return Finished(conn_, PQexecPrepared(conn_, (*name)->c_str(), static_cast<int>(values.size()),
-                                        values.data(), nullptr, nullptr, 0),
+  return Finished(conn_,
+                  PQexecPrepared(conn_, (*name)->c_str(), static_cast<int>(values.size()),
+                                 values.data(), nullptr, nullptr, 0),
                   "query");
 }
 
 absl::StatusOr<PgResult> PgConnection::QueryUnprepared(const std::string& sql,
-                                                        const PgParams& params) {
+                                                       const PgParams& params) {
   const std::vector<const char*> values = Values(params);
-  return Finished(conn_, PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()),
-                                      nullptr, values.data(), nullptr, nullptr, 0),
+  return Finished(conn_,
+                  PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr,
+                               values.data(), nullptr, nullptr, 0),
                   "query");
 }
 
@@ -193,12 +195,11 @@ absl::Status PgConnection::PipelineRound(const PgStatement* begin, const PgState
   for (const PgStatement* s = begin; s != end; ++s) {
     const std::vector<const char*> values = Values(s->params);
     const int count = static_cast<int>(values.size());
-    const int sent =
-        s->planned_each_time
-            ? PQsendQueryParams(conn_, s->sql->c_str(), count, nullptr, values.data(), nullptr,
-                                nullptr, 0)
-            : PQsendQueryPrepared(conn_, prepared_.find(*s->sql)->second.c_str(), count,
-                                  values.data(), nullptr, nullptr, 0);
+    const int sent = s->planned_each_time
+                         ? PQsendQueryParams(conn_, s->sql->c_str(), count, nullptr, values.data(),
+                                             nullptr, nullptr, 0)
+                         : PQsendQueryPrepared(conn_, prepared_.find(*s->sql)->second.c_str(),
+                                               count, values.data(), nullptr, nullptr, 0);
     if (sent != 1) return PgStatus(conn_, nullptr, "pipeline send");
   }
   if (PQpipelineSync(conn_) != 1) return PgStatus(conn_, nullptr, "pipeline sync");
@@ -210,8 +211,10 @@ absl::Status PgConnection::PipelineRound(const PgStatement* begin, const PgState
     if (result == nullptr) return PgStatus(conn_, nullptr, "pipeline result missing");
     const ExecStatusType status = PQresultStatus(result);
     if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) {
-      if (first_error.ok()) results.emplace_back(result);
-      else PQclear(result);
+      if (first_error.ok())
+        results.emplace_back(result);
+      else
+        PQclear(result);
     } else {
       if (first_error.ok()) {
         first_error = status == PGRES_PIPELINE_ABORTED

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <libpq-fe.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -7,8 +9,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <libpq-fe.h>
 
 #include "absl/status/statusor.h"
 

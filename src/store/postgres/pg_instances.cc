@@ -268,11 +268,10 @@ absl::StatusOr<std::vector<AttemptRecord>> PostgresStore::ListAttemptPage(const 
   const AttemptCursor after = q.after.value_or(kNewestAttempt);
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(
-      PgResult r,
-      q.step_index
-          ? c->Query(kOfStep, Params(q.instance_id, *q.step_index, after.seq, q.limit))
-          : c->Query(kOfAll, Params(q.instance_id, after.started_at, after.step_index, after.seq,
-                                    q.limit)));
+      PgResult r, q.step_index
+                      ? c->Query(kOfStep, Params(q.instance_id, *q.step_index, after.seq, q.limit))
+                      : c->Query(kOfAll, Params(q.instance_id, after.started_at, after.step_index,
+                                                after.seq, q.limit)));
   return PgRows(r, ReadAttempt<PgRow>);
 }
 
@@ -308,25 +307,26 @@ absl::StatusOr<std::vector<InstanceRecord>> PostgresStore::ListInstances(
       "OR s.name = $14) AND ($15::smallint IS NULL OR s.state = $15))) AND ($16::integer = 0 OR "
       "EXISTS (SELECT 1 FROM attempts t WHERE t.instance_id = i.id AND t.status = "
       "$16::integer AND ($14::text IS NULL OR t.step_index IN (SELECT s.step_index FROM steps s "
-      "WHERE s.instance_id = i.id AND s.name = $14)))) AND ($17::text IS NULL OR i.id IN (SELECT instance_id FROM steps WHERE "
+      "WHERE s.instance_id = i.id AND s.name = $14)))) AND ($17::text IS NULL OR i.id IN (SELECT "
+      "instance_id FROM steps WHERE "
       "external_id = $17 AND external_id <> '')) AND ($18::text IS NULL OR left(business_key, "
       "length($18)) = $18) ORDER BY id LIMIT $4::integer");
   auto number = [](auto value) { return std::optional<int64_t>(static_cast<int64_t>(value)); };
   WS_ASSIGN_OR_RETURN(Lent c, Acquire());
   WS_ASSIGN_OR_RETURN(
       PgResult r,
-      c->Query(kList,
-               Params(filter.tenant, filter.workflow,
-                      filter.state ? number(*filter.state) : std::nullopt, filter.limit,
-                      filter.after_id, filter.created_from, filter.created_to,
-                      filter.error_class ? number(*filter.error_class) : std::nullopt,
-                      static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0),
-                      static_cast<int64_t>(
-                          filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind) : 0),
-                      filter.updated_from, filter.updated_to, filter.definition_prefix,
-                      filter.step, filter.step_state ? number(*filter.step_state) : std::nullopt,
-                      static_cast<int64_t>(filter.http_status), filter.external_id,
-                      filter.key_prefix)));
+      c->Query(
+          kList,
+          Params(filter.tenant, filter.workflow,
+                 filter.state ? number(*filter.state) : std::nullopt, filter.limit, filter.after_id,
+                 filter.created_from, filter.created_to,
+                 filter.error_class ? number(*filter.error_class) : std::nullopt,
+                 static_cast<int64_t>(filter.with_alert || filter.alert_kind ? 1 : 0),
+                 static_cast<int64_t>(filter.alert_kind ? static_cast<int64_t>(*filter.alert_kind)
+                                                        : 0),
+                 filter.updated_from, filter.updated_to, filter.definition_prefix, filter.step,
+                 filter.step_state ? number(*filter.step_state) : std::nullopt,
+                 static_cast<int64_t>(filter.http_status), filter.external_id, filter.key_prefix)));
   return PgRows(r, ReadInstance<PgRow>);
 }
 

@@ -111,8 +111,7 @@ absl::Status PgSignalWork(PgConnection& c) { return c.Query(PgSignalWorkStatemen
 absl::StatusOr<std::vector<std::string>> PgLeaseOwners(PgConnection& c, const char* table,
                                                        const std::vector<std::string>& rows,
                                                        Millis now) {
-  WS_ASSIGN_OR_RETURN(PgResult r,
-                      c.Query(SqlLeaseOwners(table, rows, "$1::bigint"), Params(now)));
+  WS_ASSIGN_OR_RETURN(PgResult r, c.Query(SqlLeaseOwners(table, rows, "$1::bigint"), Params(now)));
   return PgRows(r, ReadText0<PgRow>);
 }
 

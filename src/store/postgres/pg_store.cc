@@ -69,11 +69,10 @@ absl::Status PostgresStore::Migrate() {
         c->Exec("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER "
                 "PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"));
     WS_ASSIGN_OR_RETURN(PgResult r, c->Query("SELECT version FROM schema_migrations"));
-    WS_ASSIGN_OR_RETURN(
-        std::vector<const Migration*> pending,
-        PendingMigrations(postgres_migrations(), PgRows(r, [](const PgRow& row) {
-                            return static_cast<int>(row.Int(0));
-                          })));
+    WS_ASSIGN_OR_RETURN(std::vector<const Migration*> pending,
+                        PendingMigrations(postgres_migrations(), PgRows(r, [](const PgRow& row) {
+                                            return static_cast<int>(row.Int(0));
+                                          })));
     for (const Migration* migration : pending) {
       WS_RETURN_IF_ERROR(c->Exec("BEGIN"));
       absl::Status applied = c->Exec(std::string(migration->sql));

@@ -40,12 +40,13 @@ absl::StatusOr<TargetControl> PgLockedControl(PgConnection& c, const std::string
 
 absl::Status PgWriteControl(PgConnection& c, const TargetControl& t) {
   return c
-      .Query("UPDATE target_controls SET paused = $3::integer, paused_by = $4, pause_reason = $5, "
-             "paused_at = $6::bigint, next_slot_us = $7::bigint, failures = $8::integer, "
-             "open_until = $9::bigint, probe_until = $10::bigint, updated_at = $11::bigint "
-             "WHERE tenant = $1 AND target = $2",
-             Params(t.tenant, t.target, t.paused ? 1 : 0, t.paused_by, t.pause_reason, t.paused_at,
-                    t.next_slot_us, t.failures, t.open_until, t.probe_until, t.updated_at))
+      .Query(
+          "UPDATE target_controls SET paused = $3::integer, paused_by = $4, pause_reason = $5, "
+          "paused_at = $6::bigint, next_slot_us = $7::bigint, failures = $8::integer, "
+          "open_until = $9::bigint, probe_until = $10::bigint, updated_at = $11::bigint "
+          "WHERE tenant = $1 AND target = $2",
+          Params(t.tenant, t.target, t.paused ? 1 : 0, t.paused_by, t.pause_reason, t.paused_at,
+                 t.next_slot_us, t.failures, t.open_until, t.probe_until, t.updated_at))
       .status();
 }
 
@@ -65,15 +66,15 @@ absl::StatusOr<Admission> PostgresStore::AdmitTargetCall(const TargetCallAsk& as
   }
   Admission admission;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
-    WS_ASSIGN_OR_RETURN(TargetControl control,
-                        PgLockedControl(c, ask.tenant, ask.target, ask.now));
+    WS_ASSIGN_OR_RETURN(TargetControl control, PgLockedControl(c, ask.tenant, ask.target, ask.now));
     admission = Admit(control, ask.limits, ask.now, ask.horizon, ask.call_lease);
     if (!admission.admitted) return absl::OkStatus();
     WS_RETURN_IF_ERROR(PgWriteControl(c, control));
     return c
-        .Query("INSERT INTO target_calls (tenant, target, permit, expires_at) VALUES ($1, $2, "
-               "$3, $4::bigint)",
-               Params(ask.tenant, ask.target, ask.permit, ask.now + ask.call_lease))
+        .Query(
+            "INSERT INTO target_calls (tenant, target, permit, expires_at) VALUES ($1, $2, "
+            "$3, $4::bigint)",
+            Params(ask.tenant, ask.target, ask.permit, ask.now + ask.call_lease))
         .status();
   });
   if (!status.ok()) return status;
@@ -83,8 +84,7 @@ absl::StatusOr<Admission> PostgresStore::AdmitTargetCall(const TargetCallAsk& as
 absl::StatusOr<Millis> PostgresStore::RetakeRateSlot(const TargetCallAsk& ask) {
   Millis send_at = ask.now;
   absl::Status status = InTransaction([&](PgConnection& c) -> absl::Status {
-    WS_ASSIGN_OR_RETURN(TargetControl control,
-                        PgLockedControl(c, ask.tenant, ask.target, ask.now));
+    WS_ASSIGN_OR_RETURN(TargetControl control, PgLockedControl(c, ask.tenant, ask.target, ask.now));
     send_at = RetakeSlot(control, ask.limits, ask.now);
     return PgWriteControl(c, control);
   });
@@ -118,10 +118,10 @@ absl::StatusOr<TargetControl> PostgresStore::PauseTarget(const std::string& tena
     WS_RETURN_IF_ERROR(PgInsertAudit(c, audit, 0, audit.at));
     if (pause) return absl::OkStatus();
     // Those waiting for it go on now, not at their next look.
-    static const std::string kWake = absl::StrCat(
-        "UPDATE instances SET next_run_at = $1::bigint WHERE tenant = $2 AND state = ",
-        SqlValue(InstanceState::kRunning),
-        " AND next_run_at > $1::bigint AND status_reason LIKE $3 ESCAPE '\\'");
+    static const std::string kWake =
+        absl::StrCat("UPDATE instances SET next_run_at = $1::bigint WHERE tenant = $2 AND state = ",
+                     SqlValue(InstanceState::kRunning),
+                     " AND next_run_at > $1::bigint AND status_reason LIKE $3 ESCAPE '\\'");
     return c.Query(kWake, Params(audit.at, tenant, PausedReasonPattern(target))).status();
   });
   if (!status.ok()) return status;

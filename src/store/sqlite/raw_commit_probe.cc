@@ -8,8 +8,7 @@
 namespace waystone {
 
 absl::StatusOr<double> MeasureSqliteRawCommitRate(const std::string& path,
-                                                  const std::string& synchronous,
-                                                  Millis duration) {
+                                                  const std::string& synchronous, Millis duration) {
   WS_ASSIGN_OR_RETURN(auto db, SqliteDb::Open(path, 10'000));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA journal_mode=WAL"));
   WS_RETURN_IF_ERROR(db->Exec("PRAGMA synchronous=" + synchronous));

@@ -11,7 +11,6 @@ namespace waystone {
 // single-row INSERT transactions per second SQLite commits on a fresh file at
 // `path` (WAL, the given synchronous mode), for about `duration`.
 absl::StatusOr<double> MeasureSqliteRawCommitRate(const std::string& path,
-                                                  const std::string& synchronous,
-                                                  Millis duration);
+                                                  const std::string& synchronous, Millis duration);
 
 }  // namespace waystone

@@ -81,8 +81,8 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
   absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
     WS_ASSIGN_OR_RETURN(SqliteStatement * get,
                         db.Prepare("SELECT request_hash, done, status, content_type, body, "
-                                     "created_at, expires_at, owner FROM api_requests WHERE "
-                                     "tenant = ? AND key = ?"));
+                                   "created_at, expires_at, owner FROM api_requests WHERE "
+                                   "tenant = ? AND key = ?"));
     get->BindAll(request.tenant, request.key);
     WS_ASSIGN_OR_RETURN(
         std::optional<ApiRequestRecord> stored, FirstRow(get, [&](const SqliteStatement& r) {
@@ -94,8 +94,8 @@ absl::StatusOr<ApiRequestClaim> SqliteStore::BeginApiRequest(const ApiRequestRec
     if (claim.outcome != ApiRequestOutcome::kNew) return absl::OkStatus();
     WS_ASSIGN_OR_RETURN(SqliteStatement * put,
                         db.Prepare("INSERT OR REPLACE INTO api_requests (tenant, key, "
-                                     "request_hash, created_at, expires_at, owner) VALUES (?, ?, "
-                                     "?, ?, ?, ?)"));
+                                   "request_hash, created_at, expires_at, owner) VALUES (?, ?, "
+                                   "?, ?, ?, ?)"));
     return put
         ->BindAll(request.tenant, request.key, request.request_hash, request.created_at,
                   request.expires_at, request.owner)

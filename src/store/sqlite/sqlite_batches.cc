@@ -12,9 +12,9 @@ namespace {
 
 absl::StatusOr<std::optional<BatchRecord>> BatchWhere(SqliteDb& db, const char* column,
                                                       const auto& value) {
-  WS_ASSIGN_OR_RETURN(SqliteStatement * s,
-                      db.Prepare(absl::StrCat("SELECT ", kBatchColumns, " FROM batches WHERE ",
-                                              column, " = ?")));
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * s,
+      db.Prepare(absl::StrCat("SELECT ", kBatchColumns, " FROM batches WHERE ", column, " = ?")));
   s->BindAll(value);
   WS_ASSIGN_OR_RETURN(std::optional<BatchRecord> batch, FirstRow(s, ReadBatch<SqliteStatement>));
   if (!batch) return batch;
@@ -29,11 +29,11 @@ absl::StatusOr<std::optional<BatchRecord>> BatchWhere(SqliteDb& db, const char* 
 
 // Finishes batch `batch_id` when it is running and no item is open.
 absl::Status FinishIfDone(SqliteDb& db, int64_t batch_id, Millis now) {
-  static const std::string kFinish = absl::StrCat(
-      "UPDATE batches SET state = ", SqlValue(BatchState::kFinished),
-      ", updated_at = ?1 WHERE id = ?2 AND state = ", SqlValue(BatchState::kRunning),
-      " AND NOT EXISTS (SELECT 1 FROM batch_items WHERE batch_id = ?2 AND state IN ",
-      SqlOpenItemStates(), ")");
+  static const std::string kFinish =
+      absl::StrCat("UPDATE batches SET state = ", SqlValue(BatchState::kFinished),
+                   ", updated_at = ?1 WHERE id = ?2 AND state = ", SqlValue(BatchState::kRunning),
+                   " AND NOT EXISTS (SELECT 1 FROM batch_items WHERE batch_id = ?2 AND state IN ",
+                   SqlOpenItemStates(), ")");
   WS_ASSIGN_OR_RETURN(SqliteStatement * finish, db.Prepare(kFinish));
   return finish->BindAll(now, batch_id).Run();
 }
@@ -58,7 +58,8 @@ absl::StatusOr<BatchRecord> SqliteStore::CreateBatch(const NewBatch& in) {
     const int64_t id = db.LastInsertRowId();
     static const std::string kItem = absl::StrCat(
         "INSERT INTO batch_items (batch_id, instance_id, instance_key, state, updated_at) VALUES "
-        "(?, ?, ?, ", SqlValue(BatchItemState::kPending), ", ?)");
+        "(?, ?, ?, ",
+        SqlValue(BatchItemState::kPending), ", ?)");
     for (const auto& [instance_id, key] : in.items) {
       WS_ASSIGN_OR_RETURN(SqliteStatement * item, db.Prepare(kItem));  // reset for each
       WS_RETURN_IF_ERROR(item->BindAll(id, instance_id, key, in.now).Run());
@@ -114,7 +115,8 @@ absl::StatusOr<std::vector<BatchItemRecord>> SqliteStore::ListBatchItems(int64_t
 absl::Status SqliteStore::ChangeBatchState(int64_t id, const std::vector<BatchState>& from,
                                            BatchState to, Millis now) {
   std::string states;
-  for (BatchState state : from) absl::StrAppend(&states, states.empty() ? "" : ", ", SqlValue(state));
+  for (BatchState state : from)
+    absl::StrAppend(&states, states.empty() ? "" : ", ", SqlValue(state));
   const std::string change =
       absl::StrCat("UPDATE batches SET state = ", SqlValue(to),
                    ", updated_at = ? WHERE id = ? AND state IN (", states, ")");
@@ -129,10 +131,10 @@ absl::Status SqliteStore::ChangeBatchState(int64_t id, const std::vector<BatchSt
       return absl::FailedPreconditionError("the batch is " + std::string(ToString(batch->state)));
     }
     if (to == BatchState::kCancelled) {
-      static const std::string kCancel = absl::StrCat(
-          "UPDATE batch_items SET state = ", SqlValue(BatchItemState::kCancelled),
-          ", finished_at = ?1, updated_at = ?1 WHERE batch_id = ?2 AND state = ",
-          SqlValue(BatchItemState::kPending));
+      static const std::string kCancel =
+          absl::StrCat("UPDATE batch_items SET state = ", SqlValue(BatchItemState::kCancelled),
+                       ", finished_at = ?1, updated_at = ?1 WHERE batch_id = ?2 AND state = ",
+                       SqlValue(BatchItemState::kPending));
       WS_ASSIGN_OR_RETURN(SqliteStatement * cancel, db.Prepare(kCancel));
       WS_RETURN_IF_ERROR(cancel->BindAll(now, id).Run());
     }
@@ -141,8 +143,10 @@ absl::Status SqliteStore::ChangeBatchState(int64_t id, const std::vector<BatchSt
   });
 }
 
-absl::StatusOr<std::vector<BatchItemRecord>> SqliteStore::ClaimBatchItems(
-    const std::string& owner, Millis now, Millis claim_duration, int limit) {
+absl::StatusOr<std::vector<BatchItemRecord>> SqliteStore::ClaimBatchItems(const std::string& owner,
+                                                                          Millis now,
+                                                                          Millis claim_duration,
+                                                                          int limit) {
   static const std::string kPick = absl::StrCat(
       "SELECT i.id FROM batch_items i JOIN batches b ON b.id = i.batch_id WHERE (i.state = ",
       SqlValue(BatchItemState::kPending), " AND b.state = ", SqlValue(BatchState::kRunning),
@@ -176,8 +180,9 @@ absl::StatusOr<std::vector<BatchItemRecord>> SqliteStore::ClaimBatchItems(
 
 absl::StatusOr<std::vector<BatchItemRecord>> SqliteStore::AppliedBatchItems(int limit) {
   static const std::string kApplied =
-      absl::StrCat("SELECT ", kBatchItemColumns, " FROM batch_items WHERE state = ",
-                   SqlValue(BatchItemState::kApplied), " ORDER BY applied_at, id LIMIT ?");
+      absl::StrCat("SELECT ", kBatchItemColumns,
+                   " FROM batch_items WHERE state = ", SqlValue(BatchItemState::kApplied),
+                   " ORDER BY applied_at, id LIMIT ?");
   MutexLock lock(mu_);
   WS_ASSIGN_OR_RETURN(SqliteStatement * s, db_->Prepare(kApplied));
   s->BindAll(limit);
@@ -187,9 +192,11 @@ absl::StatusOr<std::vector<BatchItemRecord>> SqliteStore::AppliedBatchItems(int 
 absl::Status SqliteStore::UpdateBatchItem(const BatchItemUpdate& u) {
   static const std::string kUpdate = absl::StrCat(
       "UPDATE batch_items SET state = ?1, result_state = ?2, message = ?3, owner = '', "
-      "claim_expires_at = 0, applied_at = CASE WHEN ?1 = ", SqlValue(BatchItemState::kApplied),
+      "claim_expires_at = 0, applied_at = CASE WHEN ?1 = ",
+      SqlValue(BatchItemState::kApplied),
       " THEN ?4 ELSE applied_at END, finished_at = ?5, updated_at = ?4 WHERE id = ?6 AND state "
-      "= ?7 AND (?7 <> ", SqlValue(BatchItemState::kApplying), " OR owner = ?8)");
+      "= ?7 AND (?7 <> ",
+      SqlValue(BatchItemState::kApplying), " OR owner = ?8)");
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
   return InWriteTransaction(db, [&]() -> absl::Status {

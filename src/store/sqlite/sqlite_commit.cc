@@ -2,8 +2,8 @@
 // a change are CommitChanges'; this file holds their SQL.
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 
@@ -120,8 +120,9 @@ class SqliteChangeSql final : public ChangeSql {
         db_.Prepare("INSERT INTO kept_events (instance_id, seq, event_type, source, event_id, "
                     "data_json, received_at) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM "
                     "kept_events WHERE instance_id = ?1), ?2, ?3, ?4, ?5, ?6)"));
-    return s->BindAll(instance_id, e.event_type, e.source, e.event_id,
-                      std::string_view(e.data_json), e.received_at)
+    return s
+        ->BindAll(instance_id, e.event_type, e.source, e.event_id, std::string_view(e.data_json),
+                  e.received_at)
         .Run();
   }
   absl::StatusOr<bool> TakeKeptEvent(int64_t instance_id, const KeptEventTake& take,
@@ -148,7 +149,8 @@ class SqliteChangeSql final : public ChangeSql {
       const std::string& tenant, const std::string& key) override {
     WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                         db_.Prepare("SELECT request_hash, expires_at, instance_id, step_name, "
-                                    "EXISTS " + std::string(kOwnerGaveUp) +
+                                    "EXISTS " +
+                                    std::string(kOwnerGaveUp) +
                                     " FROM idempotency_keys WHERE tenant = ? AND key = ?"));
     s->BindAll(tenant, key);
     return FirstRow(s, [](const SqliteStatement& r) {
@@ -166,7 +168,8 @@ class SqliteChangeSql final : public ChangeSql {
                     "instance_id = excluded.instance_id, step_name = excluded.step_name "
                     "WHERE ?8 = 0 OR idempotency_keys.expires_at <= ?6 OR "
                     "(idempotency_keys.instance_id = ?4 AND idempotency_keys.step_name = ?5) OR "
-                    "EXISTS " + std::string(kOwnerGaveUp)));
+                    "EXISTS " +
+                    std::string(kOwnerGaveUp)));
     WS_RETURN_IF_ERROR(s->BindAll(claim.tenant, claim.key, claim.request_hash, claim.instance_id,
                                   claim.step, now, claim.expires_at,
                                   static_cast<int64_t>(claim.exclusive))
@@ -183,9 +186,9 @@ class SqliteChangeSql final : public ChangeSql {
                     "ON CONFLICT (tenant, key) DO UPDATE SET request_hash = '', expires_at = "
                     "excluded.expires_at, instance_id = excluded.instance_id, step_name = "
                     "excluded.step_name WHERE idempotency_keys.expires_at <= ?5 OR "
-                    "EXISTS " + std::string(kOwnerGaveUp)));
-    return s->BindAll(claim.tenant, claim.key, claim.instance_id, claim.step, now,
-                      claim.expires_at)
+                    "EXISTS " +
+                    std::string(kOwnerGaveUp)));
+    return s->BindAll(claim.tenant, claim.key, claim.instance_id, claim.step, now, claim.expires_at)
         .Run();
   }
   absl::Status InsertStep(int64_t instance_id, const StepRecord& s) override {
@@ -311,7 +314,8 @@ class SqliteChangeSql final : public ChangeSql {
         if (sqlite3_get_autocommit(db) != 0) {
           return absl::UnavailableError(
               std::string("the statement ended the transaction (a table's ON CONFLICT "
-                          "ROLLBACK?): ") + sqlite3_errmsg(db));
+                          "ROLLBACK?): ") +
+              sqlite3_errmsg(db));
         }
         return Classified(step, db, "sql step");
       }
@@ -321,16 +325,23 @@ class SqliteChangeSql final : public ChangeSql {
         const char* name = sqlite3_column_name(raw, c);
         StatementRows::Type type = StatementRows::Type::kText;
         switch (sqlite3_column_type(raw, c)) {
-          case SQLITE_NULL: type = StatementRows::Type::kNull; break;
-          case SQLITE_INTEGER: type = StatementRows::Type::kInteger; break;
-          case SQLITE_FLOAT: type = StatementRows::Type::kReal; break;
-          default: break;  // text; a blob is shown as its bytes
+          case SQLITE_NULL:
+            type = StatementRows::Type::kNull;
+            break;
+          case SQLITE_INTEGER:
+            type = StatementRows::Type::kInteger;
+            break;
+          case SQLITE_FLOAT:
+            type = StatementRows::Type::kReal;
+            break;
+          default:
+            break;  // text; a blob is shown as its bytes
         }
         const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(raw, c));
         rows.Add(name != nullptr ? name : "", type,
-                 text != nullptr ? std::string_view(text, static_cast<size_t>(
-                                                              sqlite3_column_bytes(raw, c)))
-                                 : std::string_view());
+                 text != nullptr
+                     ? std::string_view(text, static_cast<size_t>(sqlite3_column_bytes(raw, c)))
+                     : std::string_view());
       }
     }
     const int64_t count = sqlite3_stmt_readonly(raw) != 0 ? returned : db_.Changes();
@@ -364,8 +375,8 @@ absl::StatusOr<std::vector<absl::Status>> SqliteApplyChanges(SqliteDb& db,
 absl::StatusOr<std::vector<absl::Status>> SqliteStore::Commit(const std::vector<Change>& changes) {
   MutexLock lock(mu_);
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
-  return InWriteTransactionFor(
-      db, [&] { return SqliteApplyChanges(db, changes, attempts_per_step_); });
+  return InWriteTransactionFor(db,
+                               [&] { return SqliteApplyChanges(db, changes, attempts_per_step_); });
 }
 
 absl::StatusOr<InstanceStore::Committed> SqliteStore::StartAndCommit(

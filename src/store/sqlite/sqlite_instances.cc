@@ -148,16 +148,15 @@ absl::StatusOr<InstanceRecord> SqliteStore::GetInstance(int64_t id) {
 
 absl::StatusOr<InstanceRecord> SqliteStore::FindInstance(const std::string& tenant,
                                                          const std::string& key) {
-  WS_ASSIGN_OR_RETURN(
-      std::optional<InstanceRecord> instance,
-      Reading([&](SqliteDb& db) { return SqliteInstanceByKey(db, tenant, key); }));
+  WS_ASSIGN_OR_RETURN(std::optional<InstanceRecord> instance,
+                      Reading([&](SqliteDb& db) { return SqliteInstanceByKey(db, tenant, key); }));
   if (!instance) return absl::NotFoundError("no instance '" + key + "' in tenant '" + tenant + "'");
   return *instance;
 }
 
 absl::StatusOr<std::vector<StepRecord>> SqliteStore::GetSteps(int64_t instance_id) {
-  static const std::string kSteps =
-      absl::StrCat("SELECT ", kStepColumns, " FROM steps WHERE instance_id = ? ORDER BY step_index");
+  static const std::string kSteps = absl::StrCat(
+      "SELECT ", kStepColumns, " FROM steps WHERE instance_id = ? ORDER BY step_index");
   return Reading([&](SqliteDb& db) -> absl::StatusOr<std::vector<StepRecord>> {
     WS_ASSIGN_OR_RETURN(SqliteStatement * s, db.Prepare(kSteps));
     s->BindAll(instance_id);
@@ -300,7 +299,7 @@ absl::StatusOr<std::optional<IdempotencyClaim>> SqliteStore::GetIdempotencyClaim
   SqliteDb& db = *db_;  // the lambdas below run with the lock held
   WS_ASSIGN_OR_RETURN(SqliteStatement * s,
                       db.Prepare("SELECT request_hash, instance_id, step_name, expires_at FROM "
-                                   "idempotency_keys WHERE tenant = ? AND key = ?"));
+                                 "idempotency_keys WHERE tenant = ? AND key = ?"));
   s->BindAll(tenant, key);
   return FirstRow(s, [&](const SqliteStatement& r) {
     return IdempotencyClaim{tenant, key, r.Text(0), r.Int(1), r.Text(2), r.Int(3)};

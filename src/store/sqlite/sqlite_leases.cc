@@ -65,7 +65,7 @@ absl::StatusOr<Lease> SqliteStore::ClaimInstance(int64_t instance_id, const std:
   absl::Status status = InWriteTransaction(db, [&]() -> absl::Status {
     WS_ASSIGN_OR_RETURN(SqliteStatement * pick,
                         db.Prepare("SELECT id, lease_owner FROM instances WHERE id = ?1 AND "
-                                     "lease_expires_at <= ?2"));
+                                   "lease_expires_at <= ?2"));
     pick->BindAll(instance_id, now);
     WS_ASSIGN_OR_RETURN(auto picked, CollectRows(pick, ReadPicked));
     WS_ASSIGN_OR_RETURN(std::vector<ClaimedRow> rows,

@@ -113,7 +113,7 @@ absl::Status SqliteStore::AddDeliveries(const std::string& sink, int64_t expecte
     }
     WS_ASSIGN_OR_RETURN(SqliteStatement * move,
                         db.Prepare("INSERT INTO relay_cursors VALUES (?, ?) ON CONFLICT (sink) "
-                                     "DO UPDATE SET last_seq = excluded.last_seq"));
+                                   "DO UPDATE SET last_seq = excluded.last_seq"));
     return move->BindAll(sink, new_cursor).Run();
   });
 }

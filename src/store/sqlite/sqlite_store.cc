@@ -19,8 +19,7 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const StoreOption
   // Where every commit syncs the WAL, the writes of a commit's frames are gathered
   // into one (wal_gather_vfs.h).
   const bool syncs_each_commit = options.synchronous == "FULL" || options.synchronous == "EXTRA";
-  const char* vfs =
-      syncs_each_commit && RegisterWalGatherVfs() ? kWalGatherVfs : nullptr;
+  const char* vfs = syncs_each_commit && RegisterWalGatherVfs() ? kWalGatherVfs : nullptr;
   WS_ASSIGN_OR_RETURN(auto db,
                       SqliteDb::Open(options.path, static_cast<int>(options.busy_timeout), vfs));
   WS_RETURN_IF_ERROR(db->EnterWal(static_cast<int>(options.busy_timeout)));

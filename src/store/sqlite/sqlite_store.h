@@ -116,8 +116,8 @@ class SqliteStore final : public Store {
                                                               int limit) override;
   absl::Status ChangeBatchState(int64_t id, const std::vector<BatchState>& from, BatchState to,
                                 Millis now) override;
-  absl::StatusOr<std::vector<BatchItemRecord>> ClaimBatchItems(const std::string& owner,
-                                                               Millis now, Millis claim_duration,
+  absl::StatusOr<std::vector<BatchItemRecord>> ClaimBatchItems(const std::string& owner, Millis now,
+                                                               Millis claim_duration,
                                                                int limit) override;
   absl::StatusOr<std::vector<BatchItemRecord>> AppliedBatchItems(int limit) override;
   absl::Status UpdateBatchItem(const BatchItemUpdate& update) override;

@@ -24,11 +24,12 @@ absl::StatusOr<TargetControl> SqliteLockedControl(SqliteDb& db, const std::strin
                       db.Prepare("DELETE FROM target_calls WHERE tenant = ?1 AND target = ?2 "
                                  "AND expires_at <= ?3"));
   WS_RETURN_IF_ERROR(expire->BindAll(tenant, target, now).Run());
-  WS_ASSIGN_OR_RETURN(SqliteStatement * read,
-                      db.Prepare(absl::StrCat("SELECT ", kTargetControlColumns,
-                                              ", (SELECT count(*) FROM target_calls c WHERE "
-                                              "c.tenant = t.tenant AND c.target = t.target) FROM "
-                                              "target_controls t WHERE tenant = ?1 AND target = ?2")));
+  WS_ASSIGN_OR_RETURN(
+      SqliteStatement * read,
+      db.Prepare(absl::StrCat("SELECT ", kTargetControlColumns,
+                              ", (SELECT count(*) FROM target_calls c WHERE "
+                              "c.tenant = t.tenant AND c.target = t.target) FROM "
+                              "target_controls t WHERE tenant = ?1 AND target = ?2")));
   read->BindAll(tenant, target);
   WS_ASSIGN_OR_RETURN(std::optional<TargetControl> control,
                       FirstRow(read, ReadCountedTargetControl<SqliteStatement>));
@@ -52,7 +53,7 @@ absl::Status SqliteWriteControl(SqliteDb& db, const TargetControl& c) {
 
 absl::StatusOr<Admission> SqliteStore::AdmitTargetCall(const TargetCallAsk& ask) {
   MutexLock lock(mu_);
-  SqliteDb& db = *db_;  // the lambdas below run with the lock held
+  SqliteDb& db = *db_;      // the lambdas below run with the lock held
   if (!ask.limits.Any()) {  // only a pause can stop it: a read, no permit
     WS_ASSIGN_OR_RETURN(SqliteStatement * read,
                         db.Prepare(absl::StrCat("SELECT ", kTargetControlColumns,
@@ -118,10 +119,10 @@ absl::StatusOr<TargetControl> SqliteStore::PauseTarget(const std::string& tenant
     WS_RETURN_IF_ERROR(SqliteWriteControl(db, control));
     WS_RETURN_IF_ERROR(SqliteInsertAudit(db, audit, 0, audit.at));
     if (!pause) {  // those waiting for it go on now, not at their next look
-      static const std::string kWake = absl::StrCat(
-          "UPDATE instances SET next_run_at = ?1 WHERE tenant = ?2 AND state = ",
-          SqlValue(InstanceState::kRunning),
-          " AND next_run_at > ?1 AND status_reason LIKE ?3 ESCAPE '\\'");
+      static const std::string kWake =
+          absl::StrCat("UPDATE instances SET next_run_at = ?1 WHERE tenant = ?2 AND state = ",
+                       SqlValue(InstanceState::kRunning),
+                       " AND next_run_at > ?1 AND status_reason LIKE ?3 ESCAPE '\\'");
       WS_ASSIGN_OR_RETURN(SqliteStatement * wake, db.Prepare(kWake));
       WS_RETURN_IF_ERROR(wake->BindAll(audit.at, tenant, PausedReasonPattern(target)).Run());
     }

@@ -3,20 +3,20 @@
 
 #include <libpq-fe.h>
 #include <sqlite3.h>
-
-#include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
-#include <sys/resource.h>
-#include <filesystem>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 #include <tuple>
+
+#include <gtest/gtest.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "base/sha256.h"
@@ -217,8 +217,8 @@ TEST_P(StoreConformanceTest, StartsInOneBatchAreEachAsIfAlone) {
   // input, and another new key. Each answers as StartInstance would, in order.
   NewInstance other = Instance("k2");
   other.started_event.event_id = "ev-k2";
-  auto batch = store_->StartInstances(
-      {Instance("k1"), Instance("k1"), Instance("k1", R"({"a":2})"), other});
+  auto batch =
+      store_->StartInstances({Instance("k1"), Instance("k1"), Instance("k1", R"({"a":2})"), other});
   ASSERT_TRUE(batch.ok()) << batch.status();
   ASSERT_EQ(batch->size(), 4u);
   ASSERT_TRUE((*batch)[0].ok()) << (*batch)[0].status();
@@ -476,8 +476,11 @@ TEST_P(StoreConformanceTest, ASqlStepsStatementCommitsWithItsCheckpointOrNotAtAl
       "RETURNING id, order_key, amount, note");
   ASSERT_TRUE(statement.ok()) << statement.status();
   auto insert = [&](const std::string& key, const std::string& amount) {
-    return BusinessStatement{0, statement->sqlite, statement->postgres,
-                             {{SqlParam::Kind::kText, key}, {SqlParam::Kind::kReal, amount},
+    return BusinessStatement{0,
+                             statement->sqlite,
+                             statement->postgres,
+                             {{SqlParam::Kind::kText, key},
+                              {SqlParam::Kind::kReal, amount},
                               {SqlParam::Kind::kNull, ""}},
                              true};
   };
@@ -531,8 +534,8 @@ TEST_P(StoreConformanceTest, ASqlStepsStatementCommitsWithItsCheckpointOrNotAtAl
   auto missing = ParseSqlStatement("UPDATE no_such_table SET a = :a");
   ASSERT_TRUE(missing.ok());
   Change again = changes[1];
-  again.statements = {BusinessStatement{0, missing->sqlite, missing->postgres,
-                                        {{SqlParam::Kind::kInteger, "1"}}, true}};
+  again.statements = {BusinessStatement{
+      0, missing->sqlite, missing->postgres, {{SqlParam::Kind::kInteger, "1"}}, true}};
   auto missing_result = store_->Commit({again});
   ASSERT_TRUE(missing_result.ok()) << missing_result.status();
   EXPECT_TRUE(IsStatementFailure((*missing_result)[0])) << (*missing_result)[0];
@@ -553,16 +556,20 @@ class InsertWork final : public BusinessWork {
     auto insert = ParseSqlStatement(
         "INSERT INTO orders (order_key, amount) VALUES (:key, :amount) RETURNING order_key");
     if (!insert.ok()) return insert.status();
-    auto rows = sql.Run(BusinessStatement{0, insert->sqlite, insert->postgres,
-                                          {{SqlParam::Kind::kText, key_},
-                                           {SqlParam::Kind::kReal, amount_}},
-                                          true});
+    auto rows =
+        sql.Run(BusinessStatement{0,
+                                  insert->sqlite,
+                                  insert->postgres,
+                                  {{SqlParam::Kind::kText, key_}, {SqlParam::Kind::kReal, amount_}},
+                                  true});
     // A refused statement is ignored here: the store fails the work all the same, and
     // the statement after it does not run.
-    auto second = sql.Run(BusinessStatement{0, insert->sqlite, insert->postgres,
-                                            {{SqlParam::Kind::kText, key_ + "-2"},
-                                             {SqlParam::Kind::kReal, "1"}},
-                                            true});
+    auto second = sql.Run(
+        BusinessStatement{0,
+                          insert->sqlite,
+                          insert->postgres,
+                          {{SqlParam::Kind::kText, key_ + "-2"}, {SqlParam::Kind::kReal, "1"}},
+                          true});
     if (fail_after_) return absl::FailedPreconditionError("the program says no");
     BusinessWorkResult done;
     done.result_json = rows.ok() ? *rows : "{}";
@@ -589,8 +596,8 @@ TEST_P(StoreConformanceTest, ACodeWorkflowsTransactionCommitsWithTheStepRowItAdd
   auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
   ASSERT_EQ(leases.size(), 3u);
   std::vector<Change> changes;
-  const std::pair<const char*, const char*> works[] = {{"good", "5"}, {"refused", "-1"},
-                                                       {"said-no", "2"}};
+  const std::pair<const char*, const char*> works[] = {
+      {"good", "5"}, {"refused", "-1"}, {"said-no", "2"}};
   for (size_t i = 0; i < leases.size(); ++i) {
     Change change;
     change.lease = leases[i];
@@ -640,7 +647,8 @@ TEST_P(StoreConformanceTest, ASqlStepsRowGoesWithItsWholeChangeAndAFailedPrepare
   auto insert = ParseSqlStatement("INSERT INTO orders (k) VALUES (:k)");
   auto missing = ParseSqlStatement("INSERT INTO no_such_table (k) VALUES (:k)");
   ASSERT_TRUE(insert.ok() && missing.ok());
-  for (const std::string key : {"a", "b", "c"}) ASSERT_TRUE(store_->StartInstance(Instance(key)).ok());
+  for (const std::string key : {"a", "b", "c"})
+    ASSERT_TRUE(store_->StartInstance(Instance(key)).ok());
   auto leases = *store_->ClaimRunnable("w", 2000, 5000, 10);
   ASSERT_EQ(leases.size(), 3u);
   auto change_of = [&](const Lease& lease, const SqlStatement& statement, const std::string& k) {
@@ -651,8 +659,8 @@ TEST_P(StoreConformanceTest, ASqlStepsRowGoesWithItsWholeChangeAndAFailedPrepare
     StepRecord step = (*store_->GetSteps(lease.instance_id))[0];
     step.state = StepState::kCompleted;
     change.steps = {step};
-    change.statements = {BusinessStatement{0, statement.sqlite, statement.postgres,
-                                           {{SqlParam::Kind::kText, k}}, true}};
+    change.statements = {BusinessStatement{
+        0, statement.sqlite, statement.postgres, {{SqlParam::Kind::kText, k}}, true}};
     return change;
   };
   Change broken = change_of(leases[0], *insert, "lost");
@@ -661,8 +669,8 @@ TEST_P(StoreConformanceTest, ASqlStepsRowGoesWithItsWholeChangeAndAFailedPrepare
   EXPECT_FALSE(whole.ok() && (*whole)[0].ok());
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM orders"), 0);
 
-  auto results = store_->Commit({change_of(leases[1], *missing, "x"),
-                                 change_of(leases[2], *insert, "kept")});
+  auto results =
+      store_->Commit({change_of(leases[1], *missing, "x"), change_of(leases[2], *insert, "kept")});
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_TRUE(IsStatementFailure((*results)[0])) << (*results)[0];
   EXPECT_TRUE((*results)[1].ok()) << (*results)[1];
@@ -769,20 +777,23 @@ TEST_P(StoreConformanceTest, OnSqliteARolledBackSpillNeverLandsOnTheNextWritersF
     return db;
   };
   sqlite3* gathering = open(kWalGatherVfs);
-  ExecOn(gathering, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=4; "
-                  "CREATE TABLE spilled (id INTEGER PRIMARY KEY, v BLOB); "
-                  "CREATE TABLE kept (id INTEGER PRIMARY KEY, v TEXT)");
+  ExecOn(gathering,
+         "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=4; "
+         "CREATE TABLE spilled (id INTEGER PRIMARY KEY, v BLOB); "
+         "CREATE TABLE kept (id INTEGER PRIMARY KEY, v TEXT)");
   sqlite3* plain = open(nullptr);
   ExecOn(plain, "PRAGMA synchronous=FULL");
   for (int round = 0; round < 3; ++round) {
     // From an empty WAL, so that the rollback reads no page back from it (a read would
     // write what was gathered while the write lock is still held).
     ExecOn(plain, "PRAGMA wal_checkpoint(TRUNCATE)");
-    ExecOn(gathering, "BEGIN; WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 "
-                    "FROM n WHERE value < 25) INSERT INTO spilled (v) SELECT randomblob(3000) "
-                    "FROM n; ROLLBACK");
-    ExecOn(plain, "WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM n "
-                "WHERE value < 60) INSERT INTO kept (v) SELECT printf('%0900d', value) FROM n");
+    ExecOn(gathering,
+           "BEGIN; WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 "
+           "FROM n WHERE value < 25) INSERT INTO spilled (v) SELECT randomblob(3000) "
+           "FROM n; ROLLBACK");
+    ExecOn(plain,
+           "WITH RECURSIVE n(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM n "
+           "WHERE value < 60) INSERT INTO kept (v) SELECT printf('%0900d', value) FROM n");
     ExecOn(gathering, "INSERT INTO spilled VALUES (NULL, x'00')");
   }
   sqlite3* reader = open(nullptr);
@@ -832,8 +843,8 @@ TEST_P(StoreConformanceTest, OnSqliteACommitThatCannotBeWrittenFailsAndLeavesNot
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances WHERE business_key LIKE 'refused-%'"), 0);
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM instances"), 40);
   EXPECT_EQ(RawCount("SELECT COUNT(*) FROM steps"), 80);
-  EXPECT_EQ(
-      RawCount("SELECT COUNT(*) FROM pragma_integrity_check WHERE integrity_check = 'ok'"), 1);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM pragma_integrity_check WHERE integrity_check = 'ok'"),
+            1);
   auto after = store_->StartInstances(batch("after-"));
   ASSERT_TRUE(after.ok()) << after.status();
   for (const auto& one : *after) EXPECT_TRUE(one.ok()) << one.status();
@@ -861,8 +872,8 @@ TEST_P(StoreConformanceTest, OnSqliteADatabaseWithoutSharedMemoryWorksThroughThe
                               SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI, vfs),
               SQLITE_OK);
     std::string answers;
-    for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA locking_mode=EXCLUSIVE",
-                               "PRAGMA journal_mode=WAL"}) {
+    for (const char* pragma :
+         {"PRAGMA journal_mode=WAL", "PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL"}) {
       answers += FirstText(db, pragma) + " ";
     }
     ExecOn(db, "CREATE TABLE IF NOT EXISTS t (v TEXT); INSERT INTO t VALUES ('x')");
@@ -886,8 +897,8 @@ TEST_P(StoreConformanceTest, OnSqliteTheDatabaseItselfRefusesWaystonesTablesToAS
   for (const std::string sql :
        {"UPDATE steps SET state = 0", "SELECT token_hash FROM \"main\".api_tokens",
         "SELECT * FROM sqlite_master", "INSERT OR ROLLBACK INTO counters VALUES (1, 2)",
-        "PRAGMA journal_mode = DELETE", "ATTACH DATABASE ':memory:' AS other",
-        "SAVEPOINT x", "COMMIT", "CREATE TABLE t (a)"}) {
+        "PRAGMA journal_mode = DELETE", "ATTACH DATABASE ':memory:' AS other", "SAVEPOINT x",
+        "COMMIT", "CREATE TABLE t (a)"}) {
     Change change;
     change.lease = lease;
     change.now = 2001;
@@ -991,9 +1002,10 @@ TEST_P(StoreConformanceTest, OnSqliteReportsReadWhileTheWriterWaits) {
 TEST_P(StoreConformanceTest, SqlStepStatementsMayNotNameWaystonesOwnTables) {
   // Every table the migrations create is in the list a definition is checked against.
   std::vector<std::string> tables;
-  const std::string query = GetParam() == Backend::kSqlite
-      ? "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-      : "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()";
+  const std::string query =
+      GetParam() == Backend::kSqlite
+          ? "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+          : "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()";
   if (GetParam() == Backend::kSqlite) {
     sqlite3* db = nullptr;
     ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
@@ -1150,8 +1162,7 @@ TEST_P(StoreConformanceTest, AReservedDeliveryStaysWithItsOwnerUntilItSends) {
   EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->request_hash, "h")
       << "a reservation never erases what was sent";
   ASSERT_TRUE(commit(leases[1], 60'000, true, "").ok());
-  EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->instance_id,
-            leases[1].instance_id)
+  EXPECT_EQ((*store_->GetIdempotencyClaim("t1", "notify:owed"))->instance_id, leases[1].instance_id)
       << "once it expired";
 
   // Reserved by an instance that then ended without sending it (failed, compensated or
@@ -1231,8 +1242,7 @@ TEST_P(StoreConformanceTest, LeaseOwnersAreThoseOfTheInstancesWorkersHold) {
   failed.lease_expires_at = 0;
   failed.state = InstanceState::kFailed;
   auto committed = store_->Commit({attention, failed});
-  ASSERT_TRUE(committed.ok() && (*committed)[0].ok() && (*committed)[1].ok())
-      << committed.status();
+  ASSERT_TRUE(committed.ok() && (*committed)[0].ok() && (*committed)[1].ok()) << committed.status();
   ASSERT_TRUE(store_->ClaimInstance(failed_started->instance.id, "operator", 2002, 60'000).ok());
   ASSERT_TRUE(store_->StartInstance(Instance("driven")).ok());
   ASSERT_TRUE(store_->StartInstance(Instance("driven too")).ok());
@@ -1272,13 +1282,15 @@ TEST(SqliteOpenTest, FirstOpensOfANewFileAtOnceAllSucceed) {
       threads.emplace_back([&, i] { results[i] = OpenStore({fresh}).status(); });
     }
     for (auto& t : threads) t.join();
-    for (const auto& status : results) ASSERT_TRUE(status.ok()) << "round " << round << ": " << status;
+    for (const auto& status : results)
+      ASSERT_TRUE(status.ok()) << "round " << round << ": " << status;
   }
 }
 
 TEST_P(StoreConformanceTest, FinishingABatchRecordsEachOutcomeAndRefusesOnlyTheLostLease) {
   std::vector<int64_t> ids;
-  for (const char* key : {"k1", "k2", "k3"}) ids.push_back(store_->StartInstance(Instance(key))->instance.id);
+  for (const char* key : {"k1", "k2", "k3"})
+    ids.push_back(store_->StartInstance(Instance(key))->instance.id);
   absl::StatusOr<std::vector<EventRecord>> rows;
   testing::WaitFor(
       [&] {
@@ -1386,8 +1398,10 @@ TEST_P(StoreConformanceTest, DeliveriesAreClaimedHeadOfLineAndFenced) {
   parked.now = 5004;
   parked.state = DeliveryState::kParked;
   parked.attempts = 10;
-  parked.alert = AlertRecord{0, id, "t1", "", AlertKind::kDeliveryParked, AlertState::kOpen, "p", 5004};
-  parked.alert_event = EventRecord{0, "alert-1", id, "t1", "waystone.alert.delivery_parked", "{}", 0};
+  parked.alert =
+      AlertRecord{0, id, "t1", "", AlertKind::kDeliveryParked, AlertState::kOpen, "p", 5004};
+  parked.alert_event =
+      EventRecord{0, "alert-1", id, "t1", "waystone.alert.delivery_parked", "{}", 0};
   ASSERT_TRUE(store_->FinishDelivery(next[0], parked).ok());
   auto third = *store_->ClaimDeliveries("relay-b", 5005, 1000, 10, {"s"});
   ASSERT_EQ(third.size(), 1u);
@@ -1418,8 +1432,11 @@ TEST_P(StoreConformanceTest, DisabledSinksAndStaleUnknownSteps) {
   auto stale = *store_->StaleUnknownSteps(3000);
   ASSERT_EQ(stale.size(), 1u);
   EXPECT_EQ(stale[0].step, "one");
-  AlertRecord alert{0, id, "t1", "one", AlertKind::kUnknownUnresolved, AlertState::kOpen, "x", 3000};
-  ASSERT_TRUE(store_->RaiseAlert(alert, {0, "a1", id, "t1", "waystone.alert.unknown_unresolved", "{}", 0}).ok());
+  AlertRecord alert{0,   id,  "t1", "one", AlertKind::kUnknownUnresolved, AlertState::kOpen,
+                    "x", 3000};
+  ASSERT_TRUE(
+      store_->RaiseAlert(alert, {0, "a1", id, "t1", "waystone.alert.unknown_unresolved", "{}", 0})
+          .ok());
   EXPECT_TRUE(store_->StaleUnknownSteps(4000)->empty());
   EXPECT_TRUE(store_->DisabledSinks()->empty());
 }
@@ -1556,8 +1573,10 @@ TEST_P(StoreConformanceTest, AStartThatWaitedForAGcBuryingItsKeyAnswersTheTombst
     return ok;
   };
   bool open = exec("BEGIN") &&
-              exec("INSERT INTO tombstones SELECT tenant, business_key, workflow, input_hash, "
-                   "state, '{}', id, updated_at, 5000 FROM instances WHERE id = " + id) &&
+              exec(
+                  "INSERT INTO tombstones SELECT tenant, business_key, workflow, input_hash, "
+                  "state, '{}', id, updated_at, 5000 FROM instances WHERE id = " +
+                  id) &&
               exec("DELETE FROM outbox WHERE instance_id = " + id) &&
               exec("DELETE FROM steps WHERE instance_id = " + id) &&
               exec("DELETE FROM instances WHERE id = " + id);
@@ -1569,8 +1588,9 @@ TEST_P(StoreConformanceTest, AStartThatWaitedForAGcBuryingItsKeyAnswersTheTombst
     // The start's insert waits for the row the gc deleted; then the gc commits.
     waited = testing::WaitFor(
         [&] {
-          return RawCount("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
-                          "current_database() AND wait_event_type = 'Lock'") == 1;
+          return RawCount(
+                     "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
+                     "current_database() AND wait_event_type = 'Lock'") == 1;
         },
         std::chrono::seconds(10));
     exec("COMMIT");
@@ -1676,8 +1696,7 @@ TEST_P(StoreConformanceTest, KeptEventsAreNumberedListedAndTakenOnce) {
   // Taken before: refused, and its step row is not written.
   EXPECT_FALSE(take(1, 1).ok());
   EXPECT_EQ(store_->GetSteps(id)->size(), 1u);
-  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM kept_events WHERE taken_by = 0 AND taken_at = 2010"),
-            1);
+  EXPECT_EQ(RawCount("SELECT COUNT(*) FROM kept_events WHERE taken_by = 0 AND taken_at = 2010"), 1);
   // A lost lease keeps nothing.
   Change stale;
   stale.lease = lease;
@@ -1700,10 +1719,12 @@ TEST_P(StoreConformanceTest, AChangeClaimsItsInboxEventOnceAndResolvesAlerts) {
   pause.alerts = {{0, id, "t1", "a", AlertKind::kNeedsOperator, AlertState::kOpen, "look", 0}};
   ASSERT_TRUE((*store_->Commit({pause}))[0].ok());
   const int64_t alert = (*store_->ListAlerts(id))[0].id;
-  ASSERT_TRUE(store_->AcknowledgeAlert(alert, {0, 2002, "op", "t1", id, "acknowledge", "r", ""}).ok());
+  ASSERT_TRUE(
+      store_->AcknowledgeAlert(alert, {0, 2002, "op", "t1", id, "acknowledge", "r", ""}).ok());
   EXPECT_EQ(store_->GetAlert(alert)->state, AlertState::kAcknowledged);
-  EXPECT_EQ(store_->AcknowledgeAlert(alert, {0, 2003, "op", "t1", id, "acknowledge", "r", ""}).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      store_->AcknowledgeAlert(alert, {0, 2003, "op", "t1", id, "acknowledge", "r", ""}).code(),
+      absl::StatusCode::kFailedPrecondition);
 
   Change signal;
   signal.lease = lease;
@@ -1928,7 +1949,8 @@ TEST_P(StoreConformanceTest, ListsFilterByErrorClassAlertAndTimeAndPageById) {
   step.state = StepState::kUnknown;
   step.error_class = ErrorClass::kUnknown;
   change.steps = {step};
-  change.alerts = {{0, lease.instance_id, "t1", "a", AlertKind::kNeedsOperator, AlertState::kOpen, "m", 0}};
+  change.alerts = {
+      {0, lease.instance_id, "t1", "a", AlertKind::kNeedsOperator, AlertState::kOpen, "m", 0}};
   ASSERT_TRUE((*store_->Commit({change}))[0].ok());
 
   InstanceFilter filter;
@@ -2130,11 +2152,10 @@ TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
   change.lease = lease;
   change.now = 2001;
   change.lease_expires_at = 7000;
-  change.attempts = {
-      {1, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 0, ErrorClass::kUnknown,
-       "Server returned nothing", 2000, 2001},
-      {1, 2, AttemptPhase::kLookup, true, ConnectionUsed::kNew, 200, ErrorClass::kNone, "HTTP 200",
-       2001, 2001}};
+  change.attempts = {{1, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 0,
+                      ErrorClass::kUnknown, "Server returned nothing", 2000, 2001},
+                     {1, 2, AttemptPhase::kLookup, true, ConnectionUsed::kNew, 200,
+                      ErrorClass::kNone, "HTTP 200", 2001, 2001}};
   ASSERT_TRUE((*store_->Commit({change}))[0].ok());
   auto attempts = store_->ListAttempts(started->instance.id);
   ASSERT_TRUE(attempts.ok()) << attempts.status();
@@ -2149,8 +2170,8 @@ TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
   // The store numbers them: a later change never overwrites an earlier request.
   Change later = change;
   later.now = 2002;
-  later.attempts = {{1, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201,
-                     ErrorClass::kNone, "again", 2002, 2002}};
+  later.attempts = {{1, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201, ErrorClass::kNone,
+                     "again", 2002, 2002}};
   ASSERT_TRUE((*store_->Commit({later}))[0].ok());
   attempts = store_->ListAttempts(started->instance.id);
   ASSERT_EQ(attempts->size(), 3u);
@@ -2161,8 +2182,8 @@ TEST_P(StoreConformanceTest, AttemptsAreRecordedWithTheirChange) {
   // A change whose lease is lost records nothing.
   Change stale = change;
   stale.lease.epoch += 10;
-  stale.attempts = {{0, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201,
-                     ErrorClass::kNone, "", 2002, 2002}};
+  stale.attempts = {{0, 1, AttemptPhase::kCall, true, ConnectionUsed::kNew, 201, ErrorClass::kNone,
+                     "", 2002, 2002}};
   EXPECT_TRUE(absl::IsAborted((*store_->Commit({stale}))[0]));
   EXPECT_EQ(store_->ListAttempts(started->instance.id)->size(), 3u);
 }
@@ -2210,7 +2231,8 @@ TEST_P(StoreConformanceTest, AttemptsArePagedNewestFirstWithoutGapsOrRepeats) {
   std::vector<AttemptRecord> expected = *store_->ListAttempts(id);
   ASSERT_EQ(expected.size(), 11u);
   std::sort(expected.begin(), expected.end(), [](const AttemptRecord& a, const AttemptRecord& b) {
-    return std::tie(a.started_at, a.step_index, a.seq) > std::tie(b.started_at, b.step_index, b.seq);
+    return std::tie(a.started_at, a.step_index, a.seq) >
+           std::tie(b.started_at, b.step_index, b.seq);
   });
   auto key = [](const std::vector<AttemptRecord>& rows) {
     std::vector<std::pair<int, int>> keys;
@@ -2220,7 +2242,8 @@ TEST_P(StoreConformanceTest, AttemptsArePagedNewestFirstWithoutGapsOrRepeats) {
   // Every step, pages of 3, 4 and 11: the same order, each attempt once.
   for (int limit : {3, 4, 11}) {
     int pages = 0;
-    std::vector<AttemptRecord> paged = AllPages(*store_, {id, std::nullopt, std::nullopt, limit}, &pages);
+    std::vector<AttemptRecord> paged =
+        AllPages(*store_, {id, std::nullopt, std::nullopt, limit}, &pages);
     EXPECT_EQ(key(paged), key(expected)) << "limit " << limit;
     EXPECT_EQ(pages, (11 + limit - 1) / limit);
   }
@@ -2234,15 +2257,14 @@ TEST_P(StoreConformanceTest, AttemptsArePagedNewestFirstWithoutGapsOrRepeats) {
       EXPECT_EQ(a.step_index, step);
       seqs.push_back(a.seq);
     }
-    const std::vector<int> want = step == 0 ? std::vector<int>{6, 5, 4, 3, 2, 1}
-                                            : std::vector<int>{5, 4, 3, 2, 1};
+    const std::vector<int> want =
+        step == 0 ? std::vector<int>{6, 5, 4, 3, 2, 1} : std::vector<int>{5, 4, 3, 2, 1};
     EXPECT_EQ(seqs, want) << "step " << step;
   }
   // A page of another instance, and a cursor past the oldest, are empty.
   EXPECT_TRUE(store_->ListAttemptPage({id + 1000, std::nullopt, std::nullopt, 10})->empty());
   EXPECT_TRUE(store_->ListAttemptPage({id, std::nullopt, AttemptCursor{3000, 0, 1}, 10})->empty());
-  EXPECT_EQ(*store_->CountAttempts(id),
-            (std::vector<StepAttemptCounts>{{0, 6, 6}, {1, 5, 5}}));
+  EXPECT_EQ(*store_->CountAttempts(id), (std::vector<StepAttemptCounts>{{0, 6, 6}, {1, 5, 5}}));
 }
 
 TEST_P(StoreConformanceTest, EachStepKeepsItsNewestAttemptsAndTheCounts) {
@@ -2262,8 +2284,8 @@ TEST_P(StoreConformanceTest, EachStepKeepsItsNewestAttemptsAndTheCounts) {
     std::vector<AttemptRecord> rows;
     for (int i = 0; i < count; ++i) {
       rows.push_back({step, 0, AttemptPhase::kCall, true, ConnectionUsed::kNew, 503,
-                      ErrorClass::kTransient, "n" + std::to_string(from + i), from + i,
-                      from + i, "w", 1});
+                      ErrorClass::kTransient, "n" + std::to_string(from + i), from + i, from + i,
+                      "w", 1});
     }
     return rows;
   };
@@ -2368,7 +2390,8 @@ TEST_P(StoreConformanceTest, TokensHaveUniqueNamesExpireAndAreRevokedByName) {
   EXPECT_EQ((*tokens)[0].name, "alice");
   EXPECT_EQ((*tokens)[1].expires_at, 5000);
   auto revocation = [](Millis at, const std::string& name) {
-    return AuditRecord{0, at, "root", "t1", 0, "revoke_token", "left", "{\"token\":\"" + name + "\"}"};
+    return AuditRecord{
+        0, at, "root", "t1", 0, "revoke_token", "left", "{\"token\":\"" + name + "\"}"};
   };
   ASSERT_TRUE(store_->RevokeToken("alice", revocation(99, "alice")).ok());
   EXPECT_EQ(store_->FindToken("h1")->revoked_at, 99);
@@ -2454,12 +2477,15 @@ TEST_P(StoreConformanceTest, ABatchKeepsItsItemsAndMovesThroughItsStates) {
   EXPECT_EQ(rest->front().instance_key, "b1-key-2");
 
   // Paused: nothing of it is taken; resumed: its items are.
-  ASSERT_TRUE(store_->ChangeBatchState(first.id, {BatchState::kRunning}, BatchState::kPaused, 1100).ok());
-  ASSERT_TRUE(store_->ChangeBatchState(other.id, {BatchState::kRunning}, BatchState::kPaused, 1100).ok());
+  ASSERT_TRUE(
+      store_->ChangeBatchState(first.id, {BatchState::kRunning}, BatchState::kPaused, 1100).ok());
+  ASSERT_TRUE(
+      store_->ChangeBatchState(other.id, {BatchState::kRunning}, BatchState::kPaused, 1100).ok());
   EXPECT_TRUE(store_->ClaimBatchItems("r", 1200, 1000, 10)->empty());
   EXPECT_TRUE(absl::IsFailedPrecondition(
       store_->ChangeBatchState(first.id, {BatchState::kRunning}, BatchState::kPaused, 1200)));
-  ASSERT_TRUE(store_->ChangeBatchState(first.id, {BatchState::kPaused}, BatchState::kRunning, 1300).ok());
+  ASSERT_TRUE(
+      store_->ChangeBatchState(first.id, {BatchState::kPaused}, BatchState::kRunning, 1300).ok());
   auto claimed = store_->ClaimBatchItems("r", 1400, 1000, 2);
   ASSERT_TRUE(claimed.ok()) << claimed.status();
   ASSERT_EQ(claimed->size(), 2u);
@@ -2468,23 +2494,40 @@ TEST_P(StoreConformanceTest, ABatchKeepsItsItemsAndMovesThroughItsStates) {
   EXPECT_EQ((*claimed)[0].tries, 1);
 
   // Applied, then judged; the third item stays pending until the cancel.
-  BatchItemUpdate applied{(*claimed)[0].id, BatchItemState::kApplying, "r", BatchItemState::kApplied,
-                          "running", "", 1500};
+  BatchItemUpdate applied{(*claimed)[0].id,
+                          BatchItemState::kApplying,
+                          "r",
+                          BatchItemState::kApplied,
+                          "running",
+                          "",
+                          1500};
   ASSERT_TRUE(store_->UpdateBatchItem(applied).ok());
   auto waiting = store_->AppliedBatchItems(10);
   ASSERT_EQ(waiting->size(), 1u);
   EXPECT_EQ(waiting->front().applied_at, 1500);
-  BatchItemUpdate judged{(*claimed)[0].id, BatchItemState::kApplied, "", BatchItemState::kSucceeded,
-                         "completed", "", 1600};
+  BatchItemUpdate judged{(*claimed)[0].id,
+                         BatchItemState::kApplied,
+                         "",
+                         BatchItemState::kSucceeded,
+                         "completed",
+                         "",
+                         1600};
   ASSERT_TRUE(store_->UpdateBatchItem(judged).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(store_->UpdateBatchItem(judged)));  // moved on
-  BatchItemUpdate refused{(*claimed)[1].id, BatchItemState::kApplying, "r", BatchItemState::kRefused,
-                          "", "instance 'x' is completed", 1600};
+  BatchItemUpdate refused{(*claimed)[1].id,
+                          BatchItemState::kApplying,
+                          "r",
+                          BatchItemState::kRefused,
+                          "",
+                          "instance 'x' is completed",
+                          1600};
   ASSERT_TRUE(store_->UpdateBatchItem(refused).ok());
   EXPECT_EQ(store_->GetBatch(first.id)->state, BatchState::kRunning);  // one is pending
 
-  ASSERT_TRUE(store_->ChangeBatchState(first.id, {BatchState::kRunning, BatchState::kPaused},
-                                       BatchState::kCancelled, 1700).ok());
+  ASSERT_TRUE(store_
+                  ->ChangeBatchState(first.id, {BatchState::kRunning, BatchState::kPaused},
+                                     BatchState::kCancelled, 1700)
+                  .ok());
   auto cancelled = store_->GetBatch(first.id);
   EXPECT_EQ(cancelled->state, BatchState::kCancelled);
   EXPECT_EQ(CountOf(*cancelled, BatchItemState::kSucceeded), 1);
@@ -2496,8 +2539,8 @@ TEST_P(StoreConformanceTest, ABatchKeepsItsItemsAndMovesThroughItsStates) {
   EXPECT_EQ((*items)[0].finished_at, 1600);
   EXPECT_EQ((*items)[1].message, "instance 'x' is completed");
   EXPECT_EQ((*items)[2].finished_at, 1700);
-  EXPECT_TRUE(absl::IsFailedPrecondition(store_->ChangeBatchState(
-      first.id, {BatchState::kPaused}, BatchState::kRunning, 1800)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      store_->ChangeBatchState(first.id, {BatchState::kPaused}, BatchState::kRunning, 1800)));
   EXPECT_TRUE(store_->ClaimBatchItems("r", 1900, 1000, 10)->empty());
 }
 
@@ -2510,8 +2553,8 @@ TEST_P(StoreConformanceTest, AnExpiredBatchClaimIsTakenAgainAndTheLastItemFinish
   ASSERT_EQ(b->size(), 1u);
   EXPECT_EQ(b->front().tries, 2);
   EXPECT_EQ(b->front().owner, "runner-b");
-  BatchItemUpdate late{a->front().id, BatchItemState::kApplying, "runner-a",
-                       BatchItemState::kApplied, "", "", 2150};
+  BatchItemUpdate late{
+      a->front().id, BatchItemState::kApplying, "runner-a", BatchItemState::kApplied, "", "", 2150};
   EXPECT_TRUE(absl::IsFailedPrecondition(store_->UpdateBatchItem(late)));  // not a's any more
   late.owner = "runner-b";
   late.to = BatchItemState::kStopped;
@@ -2519,8 +2562,8 @@ TEST_P(StoreConformanceTest, AnExpiredBatchClaimIsTakenAgainAndTheLastItemFinish
   auto finished = store_->GetBatch(batch.id);
   EXPECT_EQ(finished->state, BatchState::kFinished);
   EXPECT_EQ(CountOf(*finished, BatchItemState::kStopped), 1);
-  EXPECT_TRUE(absl::IsFailedPrecondition(store_->ChangeBatchState(
-      batch.id, {BatchState::kRunning}, BatchState::kPaused, 2200)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      store_->ChangeBatchState(batch.id, {BatchState::kRunning}, BatchState::kPaused, 2200)));
 }
 
 TEST_P(StoreConformanceTest, TwoRunnersClaimingAtOnceNeverTakeTheSameBatchItem) {
@@ -2582,9 +2625,9 @@ TEST_P(StoreConformanceTest, TwoConnectionsShareOneConcurrencyCapAndPermitsExpir
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ((*listed)[0].calls, 3);
   // Settling one frees its place, and only its own.
-  ASSERT_TRUE(other->SettleTargetCall({"t1", "erp", limits, admitted[0], false,
-                                       CallHealth::kHealthy, 1100})
-                  .ok());
+  ASSERT_TRUE(
+      other->SettleTargetCall({"t1", "erp", limits, admitted[0], false, CallHealth::kHealthy, 1100})
+          .ok());
   EXPECT_EQ(store_->ListTargetControls("t1", 1100)->at(0).calls, 2);
   EXPECT_TRUE(store_->AdmitTargetCall(Ask("c1", 1200, limits))->admitted);
   EXPECT_FALSE(store_->AdmitTargetCall(Ask("c2", 1200, limits))->admitted);
@@ -2600,7 +2643,8 @@ TEST_P(StoreConformanceTest, TwoConnectionsTakeDistinctRateSlots) {
   std::vector<Millis> slots[2];
   auto admit_many = [&](Store* store, int who) {
     for (int i = 0; i < 20; ++i) {
-      auto a = store->AdmitTargetCall(Ask(std::to_string(who) + "-" + std::to_string(i), 0, limits));
+      auto a =
+          store->AdmitTargetCall(Ask(std::to_string(who) + "-" + std::to_string(i), 0, limits));
       ASSERT_TRUE(a.ok()) << a.status();
       if (a->admitted) slots[who].push_back(a->send_at);
     }
@@ -2674,7 +2718,8 @@ TEST_P(StoreConformanceTest, APauseIsAuditedStopsAdmissionsAndIsNotRepeated) {
   auto audit = store_->ListAudit(0);
   ASSERT_TRUE(audit.ok());
   std::vector<std::string> actions;
-  for (const AuditRecord& a : *audit) actions.push_back(a.action + " by " + a.actor + ": " + a.reason);
+  for (const AuditRecord& a : *audit)
+    actions.push_back(a.action + " by " + a.actor + ": " + a.reason);
   EXPECT_EQ(actions, (std::vector<std::string>{"target.pause by alice: ERP maintenance",
                                                "target.resume by alice: back"}));
 }
@@ -2688,8 +2733,10 @@ TEST_P(StoreConformanceTest, SettledFailuresOpenTheSharedCircuit) {
     auto a = store->AdmitTargetCall(Ask(store == other.get() ? "o" : "s", 100, limits));
     ASSERT_TRUE(a.ok() && a->admitted);
   }
-  ASSERT_TRUE(store_->SettleTargetCall({"t1", "erp", limits, "s", false, CallHealth::kFailing, 200}).ok());
-  ASSERT_TRUE(other->SettleTargetCall({"t1", "erp", limits, "o", false, CallHealth::kFailing, 300}).ok());
+  ASSERT_TRUE(
+      store_->SettleTargetCall({"t1", "erp", limits, "s", false, CallHealth::kFailing, 200}).ok());
+  ASSERT_TRUE(
+      other->SettleTargetCall({"t1", "erp", limits, "o", false, CallHealth::kFailing, 300}).ok());
   auto open = store_->AdmitTargetCall(Ask("x", 400, limits));
   ASSERT_TRUE(open.ok());
   EXPECT_FALSE(open->admitted);
