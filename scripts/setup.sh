@@ -9,7 +9,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev curl
   libnats-dev nats-server prometheus libpq-dev postgresql
-  python3 clang libclang-rt-14-dev libboost1.81-dev chromium
+  python3 clang clang-format libclang-rt-14-dev libboost1.81-dev chromium
 )
 
 missing=()
