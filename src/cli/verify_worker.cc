@@ -20,11 +20,11 @@
 #include "cli/runtime.h"
 #include "cli/signals.h"
 #include "definition/loader.h"
-#include "engine/approvals.h"
 #include "engine/context.h"
 #include "engine/operations.h"
 #include "messaging/relay.h"
 #include "model/template.h"
+#include "rules/approvals.h"
 
 namespace waystone::cli {
 

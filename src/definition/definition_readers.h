@@ -14,8 +14,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include "base/clock.h"
-#include "definition/definition.h"
 #include "definition/loader.h"
+#include "model/definition.h"
 
 namespace waystone {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "definition/definition.h"
+#include "model/definition.h"
 
 namespace waystone {
 

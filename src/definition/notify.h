@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "definition/definition.h"
+#include "model/definition.h"
 
 namespace waystone {
 

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "definition/definition.h"
+#include "model/definition.h"
 
 namespace waystone {
 

@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "definition/definition.h"
 #include "definition/loader.h"
+#include "model/definition.h"
 
 namespace waystone {
 

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/mutex.h"
-#include "definition/definition.h"
+#include "model/definition.h"
 #include "store/store.h"
 
 namespace waystone {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/json_text.h"
+#include "rules/transitions.h"
 
 namespace waystone::code_call {
 
@@ -14,11 +15,11 @@ ErrorClass ClassOf(const HttpResponse& answer, const StatusOverrides& errors,
       answer.outcome.status >= 200 && answer.outcome.status < 300) {
     if (std::optional<ErrorClass> said = (*classify)(ResultJson(answer))) return *said;
   }
-  return Classify(answer.outcome, errors);
+  return ClassifyAnswer(answer, {&errors}).error_class;
 }
 
 HttpResponse Unsent(HttpResponse answer, const StatusOverrides& errors, ErrorClass* error_class) {
-  if (error_class != nullptr) *error_class = Classify(answer.outcome, errors);
+  if (error_class != nullptr) *error_class = ClassifyAnswer(answer, {&errors}).error_class;
   return answer;
 }
 

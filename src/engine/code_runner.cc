@@ -22,13 +22,13 @@
 #include "engine/lease_keeper.h"
 #include "engine/rate_slot.h"
 #include "engine/target_settings.h"
-#include "engine/transitions.h"
 #include "model/json_text.h"
 #include "model/keys.h"
+#include "model/outbox_events.h"
 #include "model/target_gate.h"
 #include "model/template.h"
+#include "rules/transitions.h"
 #include "store/business_statement.h"
-#include "store/outbox_events.h"
 
 namespace waystone {
 
@@ -200,7 +200,7 @@ class CodeRun final : public CodeContext {
           HttpResponse answer =
               page == 1 ? Send(request, "", answered) : Send(request, "", {}, /*admit=*/false);
           const std::string where = page > 1 ? " (page " + std::to_string(page) + ")" : "";
-          if (Classify(answer.outcome, page == 1 ? answered : StatusOverrides{}) !=
+          if (ClassifyAnswer(answer, {page == 1 ? &answered : nullptr}).error_class !=
               ErrorClass::kNone) {
             return absl::UnavailableError("the lookup got " + Described(answer) + where);
           }
@@ -226,7 +226,7 @@ class CodeRun final : public CodeContext {
         if (!request.ok()) return absl::FailedPreconditionError(request.status().message());
         if (!request->has_value()) return absl::OkStatus();  // nothing to undo
         HttpResponse answer = Send(**request, current_key_, errors);
-        return Failure(Classify(answer.outcome, errors), answer);
+        return Failure(ClassifyAnswer(answer, {&errors}).error_class, answer);
       };
     }
     return Step(

@@ -12,8 +12,8 @@
 #include "base/mutex.h"
 #include "base/random.h"
 #include "engine/code_workflow.h"
+#include "model/records.h"
 #include "store/business_work.h"
-#include "store/records.h"
 
 namespace waystone {
 

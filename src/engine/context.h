@@ -11,8 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "base/public_id.h"
-#include "definition/definition.h"
 #include "engine/tenant_policy.h"
+#include "model/definition.h"
 #include "model/template.h"
 #include "store/store.h"
 

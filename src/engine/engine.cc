@@ -30,9 +30,9 @@
 #include "engine/target_settings.h"
 #include "model/json_text.h"
 #include "model/keys.h"
+#include "model/outbox_events.h"
 #include "model/template.h"
 #include "store/lease_owners.h"
-#include "store/outbox_events.h"
 
 namespace waystone {
 

@@ -9,8 +9,8 @@
 #include "base/clock.h"
 #include "base/random.h"
 #include "connectors/http/http_client.h"
-#include "definition/definition.h"
 #include "engine/tenant_policy.h"
+#include "model/definition.h"
 #include "store/store.h"
 
 namespace waystone {

@@ -14,20 +14,20 @@
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
-#include "engine/approvals.h"
 #include "engine/call_metrics.h"
 #include "engine/code_runner.h"
 #include "engine/context.h"
 #include "engine/lookup_pages.h"
 #include "engine/redaction.h"
 #include "engine/request_body.h"
-#include "engine/state_machine.h"
 #include "engine/target_settings.h"
-#include "engine/transitions.h"
 #include "model/condition.h"
 #include "model/json_text.h"
 #include "model/keys.h"
 #include "model/template.h"
+#include "rules/approvals.h"
+#include "rules/state_machine.h"
+#include "rules/transitions.h"
 #include "store/business_statement.h"
 #include "store/claims.h"
 
@@ -604,17 +604,14 @@ class InstanceRunner::Impl {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - call.sent_at).count());
     CallResult sent{std::move(response)};
     sent.left_at = call.left_at->load();
-    sent.error_class = Classify(sent.response.outcome, call.overrides);
-    if (call.body_rules != nullptr) ApplyBodyRules(*call.body_rules, sent);
-    if (call.phase == CallPhase::kCall || call.phase == CallPhase::kCompensate) {
-      const std::vector<int>& accepted = definition_->steps[call.step_index].accepted_statuses;
-      if (sent.response.outcome.kind == CallOutcome::Kind::kResponse &&
-          std::find(accepted.begin(), accepted.end(), sent.response.outcome.status) !=
-              accepted.end()) {
-        sent.error_class = ErrorClass::kNone;
-        sent.accepted = true;
-      }
-    }
+    const bool request = call.phase == CallPhase::kCall || call.phase == CallPhase::kCompensate;
+    const AnswerClass read = ClassifyAnswer(
+        sent.response,
+        {&call.overrides, call.body_rules,
+         request ? &definition_->steps[call.step_index].accepted_statuses : nullptr});
+    sent.error_class = read.error_class;
+    sent.exists = read.exists;
+    sent.accepted = read.accepted;
     d_.metrics->RecordOutcome(call.phase, sent.error_class);
     DropPermit(call.admitted.permit, HealthOf(sent.response.outcome, sent.error_class));
     const HttpResponse& answer = sent.response;

@@ -10,11 +10,11 @@
 #include "base/clock.h"
 #include "base/random.h"
 #include "connectors/http/http_client.h"
-#include "definition/definition.h"
 #include "engine/catalog.h"
 #include "engine/commit_queue.h"
 #include "engine/lease_keeper.h"
 #include "engine/rate_slot.h"
+#include "model/definition.h"
 #include "store/store.h"
 
 namespace waystone {

@@ -5,15 +5,15 @@
 #include "base/crash_point.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
-#include "engine/approvals.h"
 #include "engine/catalog.h"
 #include "engine/code_workflow.h"
 #include "engine/context.h"
 #include "engine/redaction.h"
-#include "engine/transitions.h"
 #include "model/json_text.h"
+#include "model/outbox_events.h"
 #include "model/template.h"
-#include "store/outbox_events.h"
+#include "rules/approvals.h"
+#include "rules/transitions.h"
 
 namespace waystone {
 namespace {

@@ -15,8 +15,8 @@ namespace waystone {
 
 class DefinitionCatalog;
 class TemplateEnvironment;
-struct Decision;  // engine/approvals.h
-struct Revision;  // engine/approvals.h
+struct Decision;  // rules/approvals.h
+struct Revision;  // rules/approvals.h
 
 // What an applied (or previewed) operator action did.
 struct ActionResult {
@@ -48,7 +48,7 @@ struct DecisionResult {
   bool duplicate = false;   // its event was received before: nothing done
 };
 
-// What a revision did (engine/approvals.h, Revise).
+// What a revision did (rules/approvals.h, Revise).
 struct RevisionResult {
   InstanceRecord instance;  // after it
   bool unchanged = false;   // the input was this already: nothing done

@@ -6,12 +6,12 @@
 
 #include "base/random.h"
 #include "base/status_macros.h"
-#include "engine/approvals.h"
-#include "engine/state_machine.h"
-#include "engine/transitions.h"
 #include "model/json_text.h"
 #include "model/keys.h"
-#include "store/outbox_events.h"
+#include "model/outbox_events.h"
+#include "rules/approvals.h"
+#include "rules/state_machine.h"
+#include "rules/transitions.h"
 
 namespace waystone {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/random.h"
-#include "definition/definition.h"
+#include "model/definition.h"
 #include "store/store.h"
 
 namespace waystone {

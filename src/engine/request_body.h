@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "connectors/http/http_client.h"
-#include "definition/definition.h"
+#include "model/definition.h"
 #include "model/template.h"
 
 namespace waystone {

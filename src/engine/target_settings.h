@@ -13,10 +13,10 @@
 
 #include "absl/status/statusor.h"
 #include "connectors/http/http_client.h"
-#include "definition/definition.h"
 #include "engine/rate_slot.h"
+#include "model/definition.h"
+#include "model/records.h"
 #include "model/template.h"
-#include "store/records.h"
 
 namespace waystone {
 

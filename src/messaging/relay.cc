@@ -11,8 +11,8 @@
 #include "base/redact.h"
 #include "base/status_macros.h"
 #include "messaging/cloudevent.h"
+#include "model/outbox_events.h"
 #include "store/lease_owners.h"
-#include "store/outbox_events.h"
 
 namespace waystone {
 namespace {

@@ -3,11 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status_macros.h"
-#include "engine/approvals.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
 #include "engine/operations.h"
 #include "model/json_text.h"
+#include "rules/approvals.h"
 #include "server/api_handlers.h"
 #include "server/redaction.h"
 #include "server/request_bodies.h"

@@ -9,7 +9,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/status.h"
-#include "store/records.h"
+#include "model/records.h"
 
 namespace waystone {
 

@@ -159,7 +159,7 @@ StopExplanation ExplainStop(const InstanceRecord& instance, const std::vector<St
   if (step != nullptr && step->state == StepState::kWaiting) {
     out.reason = StopReason::kWaitingForEvent;
     out.overdue = step->next_attempt_at > 0 && now > step->next_attempt_at;
-    // An approval step's open request (engine/approvals.h): its record names it.
+    // An approval step's open request (rules/approvals.h): its record names it.
     const nlohmann::json request = nlohmann::json::parse(step->response_json, nullptr, false);
     if (request.is_object() && request.contains("data_version") && request.contains("snapshot")) {
       out.words = name + " waits for a decision on request " + std::to_string(step->attempts) +

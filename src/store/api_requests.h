@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "store/records.h"
+#include "model/records.h"
 
 namespace waystone {
 

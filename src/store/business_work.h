@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "store/records.h"
+#include "model/records.h"
 
 namespace waystone {
 

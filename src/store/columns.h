@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "store/records.h"
+#include "model/records.h"
 
 namespace waystone {
 

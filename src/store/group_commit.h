@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "store/records.h"
+#include "model/records.h"
 #include "store/savepoints.h"
 
 namespace waystone {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "store/records.h"
+#include "model/records.h"
 
 namespace waystone {
 

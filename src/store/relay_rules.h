@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "store/records.h"
+#include "model/records.h"
 
 namespace waystone {
 

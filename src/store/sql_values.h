@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "store/records.h"
+#include "model/records.h"
 
 namespace waystone {
 

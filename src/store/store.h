@@ -8,8 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/records.h"
 #include "store/business_work.h"
-#include "store/records.h"
 
 namespace waystone {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "definition/definition.h"
+#include "model/definition.h"
 
 namespace waystone::verify {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "definition/definition.h"
+#include "model/definition.h"
 #include "verify/contract.h"
 #include "verify/generic_target.h"
 #include "verify/oracles.h"

@@ -1,5 +1,5 @@
 // The rules of an `approval` step, as tables over its pure transitions
-// (engine/approvals.h) and Decide: a request bound to the data version of its
+// (rules/approvals.h) and Decide: a request bound to the data version of its
 // material fields, who may decide it, the first decision winning, late and foreign
 // decisions refused and audited, a decision before the request kept for it, and
 // where a rejection goes.
@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "definition/loader.h"
-#include "engine/approvals.h"
-#include "engine/state_machine.h"
+#include "rules/approvals.h"
+#include "rules/state_machine.h"
 #include "support/records.h"
 
 namespace waystone {

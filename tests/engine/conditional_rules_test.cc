@@ -8,8 +8,8 @@
 
 #include "definition/loader.h"
 #include "engine/operator_plan.h"
-#include "engine/state_machine.h"
-#include "engine/transitions.h"
+#include "rules/state_machine.h"
+#include "rules/transitions.h"
 #include "support/records.h"
 
 namespace waystone {

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "definition/loader.h"
-#include "engine/state_machine.h"
+#include "rules/state_machine.h"
 #include "support/records.h"
 
 namespace waystone {

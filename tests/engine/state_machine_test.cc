@@ -1,10 +1,10 @@
-#include "engine/state_machine.h"
+#include "rules/state_machine.h"
 
 #include <gtest/gtest.h>
 
 #include "base/random.h"
 #include "definition/loader.h"
-#include "engine/transitions.h"
+#include "rules/transitions.h"
 #include "support/records.h"
 
 namespace waystone {

@@ -1,9 +1,9 @@
 // The rules of recovery, as tables: what each outcome (a call's answer, a lookup's,
 // a compensation's, a crash, an event) does to a step of each recovery class, and to
 // its instance. Pure: no store, no sockets, no clock but `now`. This is the place to
-// learn the rules; engine/transitions.h says where each lives.
+// learn the rules; rules/transitions.h says where each lives.
 
-#include "engine/transitions.h"
+#include "rules/transitions.h"
 
 #include <algorithm>
 #include <optional>
@@ -14,7 +14,7 @@
 
 #include "base/redact.h"
 #include "definition/loader.h"
-#include "engine/state_machine.h"
+#include "rules/state_machine.h"
 #include "support/records.h"
 
 namespace waystone {
@@ -295,10 +295,73 @@ TEST(TransitionsTest, BodyRulesClassifyAnswersByWhatTheySay) {
       {"lost: no body to read", Lost(), ErrorClass::kUnknown},
   };
   for (const Row& row : table) {
-    CallResult result = row.answer;
-    ApplyBodyRules(rules, result);
-    EXPECT_EQ(result.error_class, row.expected) << row.name;
-    EXPECT_EQ(result.exists, row.exists) << row.name;
+    const AnswerClass read = ClassifyAnswer(row.answer.response, {nullptr, &rules});
+    EXPECT_EQ(read.error_class, row.expected) << row.name;
+    EXPECT_EQ(read.exists, row.exists) << row.name;
+    EXPECT_FALSE(read.accepted) << row.name;
+    // Without rules, each answer keeps the class its status gives it.
+    EXPECT_EQ(ClassifyAnswer(row.answer.response, {}).error_class, row.answer.error_class)
+        << row.name;
+  }
+}
+
+// One function reads an answer for both drivers: the status class after the step's
+// overrides, then its body rules, then its accepted statuses (LINE's 409: this very
+// request was accepted before under its key), which win over both.
+TEST(TransitionsTest, AnAnswerIsClassifiedByOverridesThenBodyRulesThenAcceptedStatuses) {
+  const StatusOverrides overrides = {{409, ErrorClass::kTransient}, {503, ErrorClass::kRejected}};
+  const std::vector<BodyErrorRule> body = {{0, {{"/code", "BUSY"}}, BodyVerdict::kTransient}};
+  const std::vector<int> accepted = {409};
+  struct Row {
+    const char* name;
+    CallResult answer;
+    AnswerRules rules;
+    ErrorClass expected;
+    bool accepted = false;
+  };
+  const std::vector<Row> table = {
+      {"503 overridden to rejected", Answer(503, "", {}), {&overrides}, ErrorClass::kRejected},
+      {"409 overridden to transient", Answer(409, "", {}), {&overrides}, ErrorClass::kTransient},
+      {"an override does not apply to a lost request",
+       [] {
+         CallResult lost = Lost();
+         lost.response.outcome.status = 503;
+         return lost;
+       }(),
+       {&overrides},
+       ErrorClass::kUnknown},
+      {"a body rule over the override",
+       Answer(503, R"({"code":"BUSY"})", {}),
+       {&overrides, &body},
+       ErrorClass::kTransient},
+      {"409 accepted before: no error",
+       Answer(409, "", {}),
+       {&overrides, &body, &accepted},
+       ErrorClass::kNone,
+       true},
+      {"accepted wins over a body rule",
+       Answer(409, R"({"code":"BUSY"})", {}),
+       {nullptr, &body, &accepted},
+       ErrorClass::kNone,
+       true},
+      {"another status is not accepted",
+       Answer(503, "", {}),
+       {nullptr, nullptr, &accepted},
+       ErrorClass::kTransient},
+      {"a lost request with that status is not an answer, so not accepted",
+       [] {
+         CallResult lost = Lost();
+         lost.response.outcome.status = 409;
+         return lost;
+       }(),
+       {nullptr, nullptr, &accepted},
+       ErrorClass::kUnknown},
+  };
+  for (const Row& row : table) {
+    const AnswerClass read = ClassifyAnswer(row.answer.response, row.rules);
+    EXPECT_EQ(read.error_class, row.expected) << row.name;
+    EXPECT_EQ(read.accepted, row.accepted) << row.name;
+    EXPECT_FALSE(read.exists) << row.name;
   }
 }
 

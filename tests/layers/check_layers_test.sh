@@ -41,13 +41,23 @@ fresh_copy
 expect pass "the tree as checked in"
 
 fresh_copy
-inject engine/transitions.cc '#include "engine/context.h"'
-line="$(grep -n 'engine/context.h' "$work/tree/src/engine/transitions.cc" | cut -d: -f1)"
-expect fail "a pure rule including the engine's I/O" "src/engine/transitions.cc:$line: a pure rule includes engine/context.h"
+inject rules/transitions.cc '#include "engine/context.h"'
+line="$(grep -n 'engine/context.h' "$work/tree/src/rules/transitions.cc" | cut -d: -f1)"
+expect fail "a pure rule including the engine's I/O" "src/rules/transitions.cc:$line: rules includes engine/"
 
 fresh_copy
-inject engine/approvals.cc '#include "store/sqlite/sqlite_store.h"'
-expect fail "a pure rule including a store implementation" "src/engine/approvals.cc"
+inject rules/approvals.cc '#include "store/sqlite/sqlite_store.h"'
+line="$(grep -n 'store/sqlite' "$work/tree/src/rules/approvals.cc" | cut -d: -f1)"
+expect fail "a pure rule including a store implementation" "src/rules/approvals.cc:$line: rules includes store/"
+
+fresh_copy
+inject rules/state_machine.h '#include "connectors/http/http_client.h"'
+line="$(grep -n 'connectors/http' "$work/tree/src/rules/state_machine.h" | cut -d: -f1)"
+expect fail "a pure rule including the HTTP client" "src/rules/state_machine.h:$line: rules includes connectors/"
+
+fresh_copy
+sed -i 's/PUBLIC ws_model/PUBLIC ws_model ws_store/' "$work/tree/src/rules/CMakeLists.txt"
+expect fail "the rules linking the store" "ws_rules links ws_store, a layer not below it"
 
 fresh_copy
 inject store/store.h '#include "engine/engine.h"'

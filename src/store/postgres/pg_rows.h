@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "model/records.h"
 #include "store/columns.h"
 #include "store/postgres/pg_connection.h"
 #include "store/postgres/pg_store.h"
-#include "store/records.h"
 
 namespace waystone {
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "base/status_macros.h"
+#include "model/records.h"
 #include "store/columns.h"
-#include "store/records.h"
 #include "store/sqlite/sqlite_db.h"
 
 namespace waystone {

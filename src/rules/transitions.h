@@ -17,9 +17,9 @@
 
 #include "absl/status/statusor.h"
 #include "base/random.h"
-#include "connectors/http/http_client.h"
-#include "definition/definition.h"
-#include "store/store.h"
+#include "model/definition.h"
+#include "model/http_response.h"
+#include "model/records.h"
 
 namespace waystone {
 
@@ -48,10 +48,28 @@ struct CallResult {
   bool accepted = false;
 };
 
-// Applies a step's `errors.body` rules to a complete answer: the first rule whose
-// status (when set) and every match value hold gives `result` its class (and for
-// `exists`, the flag); without a match `result` keeps the class by status.
-void ApplyBodyRules(const std::vector<BodyErrorRule>& rules, CallResult& result);
+// How a step reads an answer: its `errors:` status overrides, its `errors.body` rules
+// and the statuses that mean "accepted before under this key". Null: none.
+struct AnswerRules {
+  const StatusOverrides* overrides = nullptr;
+  const std::vector<BodyErrorRule>* body = nullptr;
+  const std::vector<int>* accepted = nullptr;
+};
+
+// What an answer means, as CallResult carries it.
+struct AnswerClass {
+  ErrorClass error_class = ErrorClass::kNone;
+  bool exists = false;
+  bool accepted = false;
+};
+
+// The one place an answer is classified; both drivers call it and the transitions
+// receive what it returns. The class by status (Classify, after the overrides); then
+// the first `errors.body` rule whose status (when set) and every match value hold on
+// a complete answer gives the class (and for `exists`, the flag); then a status among
+// the accepted ones means the target accepted this very request before (kNone,
+// `accepted`).
+AnswerClass ClassifyAnswer(const HttpResponse& response, const AnswerRules& rules);
 
 // The values a lookup's `match` pointers must equal, rendered by the runner (or why
 // they could not be).

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "engine/transitions.h"
+#include "rules/transitions.h"
 
 namespace waystone {
 

@@ -1,13 +1,13 @@
-#include "engine/approvals.h"
+#include "rules/approvals.h"
 
 #include <algorithm>
 #include <tuple>
 
 #include "base/sha256.h"
-#include "engine/transition_parts.h"
 #include "model/duration.h"
 #include "model/json_text.h"
 #include "model/template.h"
+#include "rules/transition_parts.h"
 
 namespace waystone {
 namespace {

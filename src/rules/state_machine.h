@@ -3,8 +3,8 @@
 #include <string>
 #include <vector>
 
-#include "definition/definition.h"
-#include "store/store.h"
+#include "model/definition.h"
+#include "model/records.h"
 
 namespace waystone {
 

@@ -1,4 +1,4 @@
-#include "store/outbox_events.h"
+#include "model/outbox_events.h"
 
 #include <nlohmann/json.hpp>
 

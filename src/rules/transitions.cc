@@ -1,17 +1,17 @@
-#include "engine/transitions.h"
+#include "rules/transitions.h"
 
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
 
 #include "base/redact.h"
-#include "engine/state_machine.h"
-#include "engine/transition_parts.h"
 #include "model/duration.h"
 #include "model/json_text.h"
 #include "model/keys.h"
+#include "model/outbox_events.h"
 #include "model/target_gate.h"
-#include "store/outbox_events.h"
+#include "rules/state_machine.h"
+#include "rules/transition_parts.h"
 
 namespace waystone {
 namespace {
@@ -67,6 +67,34 @@ std::string EventTypeFor(InstanceState state) {
 // The instance's reason, or while it waits for a target the one it had before.
 std::string ReasonBeforeWaiting(const InstanceRecord& instance) {
   return waystone::ReasonBeforeWaiting(instance.status_reason);
+}
+
+// The first `errors.body` rule whose status (when set) and every match value hold on
+// `response`'s JSON body; nullopt when none does (or the body is not a JSON object).
+std::optional<AnswerClass> ByBodyRules(const std::vector<BodyErrorRule>& rules,
+                                       const HttpResponse& response) {
+  auto body = ParseBody(response.body);
+  if (!body.ok() || !body->is_object()) return std::nullopt;
+  for (const BodyErrorRule& rule : rules) {
+    if (rule.status != 0 && rule.status != response.outcome.status) continue;
+    bool holds = true;
+    for (const auto& [pointer, expected] : rule.match) {
+      const Json* value = AtPointer(*body, pointer);
+      holds = holds && value != nullptr && IdText(*value) == expected;
+    }
+    if (!holds) continue;
+    switch (rule.verdict) {
+      case BodyVerdict::kTransient:
+        return AnswerClass{ErrorClass::kTransient};
+      case BodyVerdict::kRejected:
+        return AnswerClass{ErrorClass::kRejected};
+      case BodyVerdict::kUnknown:
+        return AnswerClass{ErrorClass::kUnknown};
+      case BodyVerdict::kExists:
+        return AnswerClass{ErrorClass::kUnknown, /*exists=*/true};
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -729,36 +757,21 @@ Change LookupUnproven(const Facts& facts, const StepRecord& step, const std::str
       "lookup of step '" + step.name + "' proves nothing: " + why + "; confirm what happened");
 }
 
-void ApplyBodyRules(const std::vector<BodyErrorRule>& rules, CallResult& result) {
-  const HttpResponse& response = result.response;
-  if (rules.empty() || response.outcome.kind != CallOutcome::Kind::kResponse) return;
-  auto body = ParseBody(response.body);
-  if (!body.ok() || !body->is_object()) return;
-  for (const BodyErrorRule& rule : rules) {
-    if (rule.status != 0 && rule.status != response.outcome.status) continue;
-    bool holds = true;
-    for (const auto& [pointer, expected] : rule.match) {
-      const Json* value = AtPointer(*body, pointer);
-      holds = holds && value != nullptr && IdText(*value) == expected;
-    }
-    if (!holds) continue;
-    switch (rule.verdict) {
-      case BodyVerdict::kTransient:
-        result.error_class = ErrorClass::kTransient;
-        break;
-      case BodyVerdict::kRejected:
-        result.error_class = ErrorClass::kRejected;
-        break;
-      case BodyVerdict::kUnknown:
-        result.error_class = ErrorClass::kUnknown;
-        break;
-      case BodyVerdict::kExists:
-        result.error_class = ErrorClass::kUnknown;
-        result.exists = true;
-        break;
-    }
-    return;
+AnswerClass ClassifyAnswer(const HttpResponse& response, const AnswerRules& rules) {
+  static const StatusOverrides kNoOverrides;
+  AnswerClass read;
+  read.error_class =
+      Classify(response.outcome, rules.overrides != nullptr ? *rules.overrides : kNoOverrides);
+  if (response.outcome.kind != CallOutcome::Kind::kResponse) return read;
+  if (rules.body != nullptr && !rules.body->empty()) {
+    if (std::optional<AnswerClass> said = ByBodyRules(*rules.body, response)) read = *said;
   }
+  if (rules.accepted != nullptr && std::find(rules.accepted->begin(), rules.accepted->end(),
+                                             response.outcome.status) != rules.accepted->end()) {
+    read.error_class = ErrorClass::kNone;
+    read.accepted = true;
+  }
+  return read;
 }
 
 Change RecordTransform(const Facts& facts, int index, const absl::StatusOr<std::string>& output,

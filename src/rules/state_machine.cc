@@ -1,4 +1,4 @@
-#include "engine/state_machine.h"
+#include "rules/state_machine.h"
 
 #include <algorithm>
 

@@ -147,7 +147,7 @@ enum class RejectRoute : uint8_t {
 
 // An `approval` step: a request bound to the version of the data the approver saw.
 // The data version is the SHA-256 of the `material` fields of the instance's input
-// (engine/approvals.h); a decision quotes it, so one about other data is refused.
+// (rules/approvals.h); a decision quotes it, so one about other data is refused.
 struct ApprovalSpec {
   std::vector<std::string> material;  // JSON pointers into the input ("/amount")
   std::string summary;                // template: the text the approver reads ("" = none)

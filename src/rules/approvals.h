@@ -24,8 +24,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/transitions.h"
 #include "model/template.h"
+#include "rules/transitions.h"
 
 namespace waystone {
 

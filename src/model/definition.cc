@@ -1,4 +1,4 @@
-#include "definition/definition.h"
+#include "model/definition.h"
 
 #include "base/sha256.h"
 

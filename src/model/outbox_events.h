@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "base/random.h"
-#include "store/store.h"
+#include "model/records.h"
 
 namespace waystone {
 
