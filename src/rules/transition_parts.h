@@ -1,13 +1,17 @@
 #pragma once
 
-// Engine-internal: the pieces every transition (transitions.cc, approvals.cc) builds
+// Rules-internal: the pieces every transition (transitions.cc, the step kinds' files
+// call.cc, compensation.cc, sql.cc, transform.cc, wait.cc, and approvals.cc) builds
 // its Change with. Pure like the transitions.
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "absl/status/statusor.h"
 #include "rules/transitions.h"
 
 namespace waystone {
@@ -32,5 +36,51 @@ std::string KeptAnswer(const nlohmann::json& answer, const StepDefinition& step)
 // Moves the instance to `state` with its event (and releases it to run now).
 void SetInstanceState(const Facts& facts, Change& change, InstanceState state,
                       const std::string& reason);
+
+// --- Answers -------------------------------------------------------------------
+
+// Parses a response body; a body that is not JSON is kept as a JSON string. JSON
+// nested deeper than kMaxJsonDepth is refused: what a step keeps is rendered,
+// stored and serialized again, and must stay bounded.
+absl::StatusOr<nlohmann::json> ParseBody(const std::string& body);
+
+// Returns the value at a JSON pointer, or nullptr when absent or malformed.
+const nlohmann::json* AtPointer(const nlohmann::json& root, const std::string& pointer);
+
+// A value as an id or a `match` compares it: a string as itself, null as "", any
+// other value as its JSON text.
+std::string IdText(const nlohmann::json& value);
+
+// Returns true when a JSON value is a usable external id (not absent, null or "").
+bool HasId(const nlohmann::json* value);
+
+// --- Steps and the instance ------------------------------------------------------
+
+// The instance's reason, or while it waits for a target the one it had before.
+std::string ReasonBeforeWaiting(const InstanceRecord& instance);
+
+// Schedules the step's next attempt (or lookup) after a backoff.
+Change Retry(const Facts& facts, StepRecord step, StepState state, int attempts_made,
+             const RetryPolicy& policy, std::optional<Millis> retry_after);
+
+// Marks `step` unknown (`what` happened), keeping when it first became so.
+void MarkUnknown(StepRecord& step, const std::string& what, Millis now);
+
+// An audit record of a compensation the engine ran by itself, with its cause.
+AuditRecord EngineAudit(const Facts& facts, const StepRecord& step, const std::string& key,
+                        const std::string& action, const std::string& detail);
+
+// Whether a failure could follow an effect on the other side: kMaybe after a 2xx
+// the step cannot use. Decides whether an optional step may be passed over.
+enum class Acted : uint8_t { kNo = 0, kMaybe = 1 };
+
+// Fails `step`; `forced` overrides the instance's next state. FailStep's body.
+Change FailStepTo(const Facts& facts, StepRecord step, ErrorClass error_class,
+                  const std::string& message, std::optional<AlertKind> alert,
+                  std::optional<InstanceState> forced, Acted acted = Acted::kNo);
+
+// A 409 for a resubmission after an unknown outcome: the step stays unknown and an
+// operator confirms it (transitions.cc says why).
+Change RejectedAfterUnknown(const Facts& facts, StepRecord step, const std::string& detail);
 
 }  // namespace waystone
