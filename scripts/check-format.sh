@@ -3,7 +3,8 @@
 # scripts/setup.sh) writes them with the project's .clang-format. Exits 1 and names
 # each file and line that differs; `scripts/check-format.sh --fix` rewrites them.
 # With file arguments it checks those files (tests/layers/check_format_test.sh uses
-# this); without, every tracked *.cc and *.h. Run by ctest as the test CheckFormat.
+# this); without, every *.cc and *.h git tracks or would add (a new file too). Run
+# by ctest as the test CheckFormat.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -31,7 +32,7 @@ if (($#)); then
 else
   cd "$root"
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    list=(git ls-files '*.cc' '*.h')
+    list=(git ls-files --cached --others --exclude-standard '*.cc' '*.h')  # new files too
   else  # an unpacked source tree without .git
     list=(find apps src include tests bench examples -name '*.cc' -o -name '*.h')
   fi

@@ -57,7 +57,6 @@ std::optional<AnswerClass> ByBodyRules(const std::vector<BodyErrorRule>& rules,
   return std::nullopt;
 }
 
-
 // Returns when the lookup of an unknown step may run, given that its request may
 // have left as late as `sent_by`: the target has the request's whole timeout to act
 // on it, as it has after a timeout of our own, so a lookup that finds nothing then
@@ -66,7 +65,6 @@ Millis LookupNotBefore(const StepDefinition& def, Millis sent_by) {
   if (!def.lookup || !def.request.SideEffecting()) return 0;
   return sent_by + def.request.timeout;
 }
-
 
 // A 2xx without the external id the step records: something happened, but not
 // what the definition expects (a truncated answer reads this way too). Later URLs
@@ -170,7 +168,6 @@ absl::StatusOr<std::vector<const Json*>> Candidates(const LookupSpec& lookup, co
   }
   return matching;
 }
-
 
 }  // namespace
 
@@ -452,6 +449,5 @@ AnswerClass ClassifyAnswer(const HttpResponse& response, const AnswerRules& rule
   }
   return read;
 }
-
 
 }  // namespace waystone

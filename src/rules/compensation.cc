@@ -24,14 +24,12 @@ namespace {
 
 using Json = nlohmann::json;
 
-
 // Why an at-most-once compensation (an email's correction) is not sent again.
 std::string MayHaveArrived(const std::string& detail) {
   return "outcome unknown (" + detail +
          "): it may have arrived, and the server keeps no key, so it is not sent again; an "
          "operator checks the recipient's mailbox, then retries it or closes the case";
 }
-
 
 }  // namespace
 
@@ -81,7 +79,6 @@ Change RecordCompensation(const Facts& facts, StepRecord step, const CallResult&
   return CompensationFailed(facts, step, "unhandled error class", key);
 }
 
-
 std::optional<Change> CompensationInFlight(const Facts& facts, int index) {
   const StepRecord& step = facts.steps[index];
   const std::optional<CompensationSpec>& spec = facts.definition.steps[index].compensate;
@@ -113,6 +110,5 @@ Change CompensationFailed(const Facts& facts, StepRecord step, const std::string
   SetInstanceState(facts, change, InstanceState::kNeedsAttention, reason);
   return change;
 }
-
 
 }  // namespace waystone

@@ -38,7 +38,6 @@ Change RecordSql(const Facts& facts, int index, BusinessStatement statement, Mil
   return change;
 }
 
-
 Change RecordSqlCompensation(const Facts& facts, int index, BusinessStatement statement) {
   StepRecord step = facts.steps[index];
   Change change = At(facts);
@@ -56,6 +55,5 @@ Change RecordSqlCompensation(const Facts& facts, int index, BusinessStatement st
   AddEvent(facts, change, "waystone.step.compensated", &step);
   return change;
 }
-
 
 }  // namespace waystone

@@ -40,5 +40,4 @@ Change RecordTransform(const Facts& facts, int index, const absl::StatusOr<std::
   return change;
 }
 
-
 }  // namespace waystone

@@ -59,5 +59,4 @@ Change EventArrived(const Facts& facts, int index, const std::string& data_json,
   return change;
 }
 
-
 }  // namespace waystone
