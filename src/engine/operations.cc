@@ -1,5 +1,8 @@
 #include "engine/operations.h"
 
+#include <optional>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
@@ -103,11 +106,50 @@ Operations::Operations(Store* store, DefinitionCatalog* catalog,
       lease_duration_(lease_duration),
       idempotency_retention_(idempotency_retention) {}
 
-absl::StatusOr<Lease> Operations::Claim(int64_t instance_id) {
+// Committed through Commit, the change carries the lease, which the commit releases,
+// and is redacted; destroyed without a commit that took, it releases the lease, so an
+// instance is never left locked until the lease runs out.
+class Operations::Held {
+ public:
+  Held(Operations* operations, Lease lease) : operations_(operations), lease_(std::move(lease)) {}
+  Held(Held&& other) noexcept
+      : operations_(std::exchange(other.operations_, nullptr)), lease_(std::move(other.lease_)) {}
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+  Held& operator=(Held&&) = delete;
+  ~Held() {
+    if (operations_ != nullptr) (void)operations_->Release(lease_);
+  }
+
+  // Lets the instance go with nothing committed.
+  absl::Status Release() {
+    Operations* operations = std::exchange(operations_, nullptr);
+    return operations == nullptr ? absl::OkStatus() : operations->Release(lease_);
+  }
+
+  // Commits `change` under the lease and returns the store's verdict on it (say
+  // AlreadyExists for an inbox claim a concurrent delivery made first). A change the
+  // store refused leaves the lease held, for Release or the destructor.
+  absl::StatusOr<absl::Status> Commit(Change change) {
+    change.lease = lease_;
+    change.lease_expires_at = 0;
+    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results,
+                        operations_->store_->Commit({Redacted(change)}));
+    if (results.front().ok()) operations_ = nullptr;  // the commit released it
+    return results.front();
+  }
+
+ private:
+  Operations* operations_;  // null once released
+  Lease lease_;
+};
+
+absl::StatusOr<Operations::Held> Operations::Hold(int64_t instance_id) {
   const Millis deadline = clock_->NowMillis() + kClaimPatience;
   while (true) {
     auto lease = store_->ClaimInstance(instance_id, owner_, clock_->NowMillis(), lease_duration_);
-    if (!absl::IsFailedPrecondition(lease.status())) return lease;
+    if (lease.ok()) return Held(this, *std::move(lease));
+    if (!absl::IsFailedPrecondition(lease.status())) return lease.status();
     if (clock_->NowMillis() >= deadline) {
       return absl::AbortedError(std::string(lease.status().message()) +
                                 "; a worker is on it, try again shortly");
@@ -128,24 +170,19 @@ absl::Status Operations::Release(const Lease& lease) {
 absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const std::string& key,
                                                const OperatorRequest& request) {
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(tenant, key));
-  std::optional<Lease> lease;
+  std::optional<Held> held;
   if (!request.dry_run) {
-    WS_ASSIGN_OR_RETURN(lease, Claim(instance.id));
+    absl::StatusOr<Held> hold = Hold(instance.id);
+    if (!hold.ok()) return hold.status();
+    held.emplace(*std::move(hold));
     // Read again under the lease: no worker changes it from here on.
-    auto fresh = store_->GetInstance(instance.id);
-    if (!fresh.ok()) {
-      (void)Release(*lease);
-      return fresh.status();
-    }
-    instance = *fresh;
+    WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     // A batch's runner whose claim on the item expired while it applied this
     // action may have been followed by another runner: under the lease, the audit
     // trail says whether this batch's action is already in.
     if (!request.batch.empty()) {
-      auto audit = store_->ListAudit(instance.id);
-      if (!audit.ok() || AuditHoldsBatchAction(*audit, ToString(request.action), request.batch)) {
-        (void)Release(*lease);
-        if (!audit.ok()) return audit.status();
+      WS_ASSIGN_OR_RETURN(const std::vector<AuditRecord> audit, store_->ListAudit(instance.id));
+      if (AuditHoldsBatchAction(audit, ToString(request.action), request.batch)) {
         return absl::AlreadyExistsError("batch " + request.batch + " applied its " +
                                         std::string(ToString(request.action)) +
                                         " to this instance already");
@@ -153,37 +190,22 @@ absl::StatusOr<ActionResult> Operations::Apply(const std::string& tenant, const 
     }
   }
   std::vector<StepRecord> steps;
-  std::shared_ptr<const WorkflowDefinition> definition;
-  auto planned = [&]() -> absl::StatusOr<ActionPlan> {
-    WS_ASSIGN_OR_RETURN(steps, store_->GetSteps(instance.id));
-    WS_ASSIGN_OR_RETURN(definition, catalog_->Get(instance.definition_hash));
-    auto step_key = [&](int index) {
-      return StepIdempotencyKey(*definition, instance, steps, index, *environment_);
-    };
-    WS_ASSIGN_OR_RETURN(ActionPlan plan, PlanOperatorAction(*definition, instance, steps, request,
-                                                            clock_->NowMillis(), step_key));
-    RenderPlannedUrls(*definition, instance, steps, *environment_, plan);
-    return plan;
-  }();
-  if (!planned.ok() || request.dry_run) {
-    if (lease) (void)Release(*lease);
-    if (!planned.ok()) return planned.status();
-    return ActionResult{*planned, instance, false};
-  }
+  WS_ASSIGN_OR_RETURN(steps, store_->GetSteps(instance.id));
+  WS_ASSIGN_OR_RETURN(std::shared_ptr<const WorkflowDefinition> definition,
+                      catalog_->Get(instance.definition_hash));
+  auto step_key = [&](int index) {
+    return StepIdempotencyKey(*definition, instance, steps, index, *environment_);
+  };
+  WS_ASSIGN_OR_RETURN(ActionPlan plan, PlanOperatorAction(*definition, instance, steps, request,
+                                                          clock_->NowMillis(), step_key));
+  RenderPlannedUrls(*definition, instance, steps, *environment_, plan);
+  if (request.dry_run) return ActionResult{plan, instance, false};
 
-  const ActionPlan& plan = *planned;
   Change change = ActionChange(instance, plan, request, clock_->NowMillis(), *random_);
   change.reservations =
       OwedDeliveries(*definition, instance, steps, change, *environment_, idempotency_retention_);
-  change.lease = *lease;
-  change.lease_expires_at = 0;
-  auto results = store_->Commit({Redacted(change)});
-  const absl::Status committed = results.ok() ? results->front() : results.status();
-  if (!committed.ok()) {
-    // Nothing changed: the instance must not stay locked until the lease runs out.
-    (void)Release(*lease);
-    return committed;
-  }
+  WS_ASSIGN_OR_RETURN(const absl::Status committed, held->Commit(std::move(change)));
+  WS_RETURN_IF_ERROR(committed);
   WS_ASSIGN_OR_RETURN(InstanceRecord after, store_->GetInstance(instance.id));
   return ActionResult{plan, after, true};
 }
@@ -266,12 +288,12 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
   auto seen = SeenBefore(signal, data_hash);
   if (seen.ok() || !absl::IsNotFound(seen.status())) return seen;
   WS_ASSIGN_OR_RETURN(InstanceRecord instance, store_->FindInstance(signal.tenant, signal.key));
-  WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
-  auto committed = [&]() -> absl::StatusOr<SignalResult> {
+  WS_ASSIGN_OR_RETURN(Held held, Hold(instance.id));
+  {
     // Under the lease, the inbox again: a concurrent delivery of the same event may
     // have committed while this one waited for the lease, and moved its step on.
     if (auto now_seen = SeenBefore(signal, data_hash); !absl::IsNotFound(now_seen.status())) {
-      if (now_seen.ok()) WS_RETURN_IF_ERROR(Release(lease));
+      if (now_seen.ok()) WS_RETURN_IF_ERROR(held.Release());
       return now_seen;
     }
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
@@ -343,8 +365,6 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
       change = EventArrived(facts, waiting->index, signal.data_json, signal.id,
                             "event " + signal.event_type + " from " + signal.source);
     }
-    change.lease = lease;
-    change.lease_expires_at = 0;
     // A kept event wakes nothing: the instance rests until what it waits for.
     if (instance.state == InstanceState::kRunning && !change.keep) change.next_run_at = change.now;
     change.inbox = InboxClaim{signal.tenant, signal.source, signal.id, data_hash};
@@ -360,18 +380,16 @@ absl::StatusOr<SignalResult> Operations::Deliver(const Signal& signal) {
                              "event " + signal.event_type +
                                  (change.keep ? ", kept until the function waits for it" : ""),
                              JsonText(detail)});
-    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
-    if (absl::IsAlreadyExists(results.front())) {
+    const SignalOutcome outcome = change.keep ? SignalOutcome::kKept : SignalOutcome::kApplied;
+    WS_ASSIGN_OR_RETURN(const absl::Status committed, held.Commit(std::move(change)));
+    if (absl::IsAlreadyExists(committed)) {
       // Claimed by a concurrent delivery of the same event between the check and now.
-      WS_RETURN_IF_ERROR(Release(lease));
+      WS_RETURN_IF_ERROR(held.Release());
       return SeenBefore(signal, data_hash);
     }
-    WS_RETURN_IF_ERROR(results.front());
-    return SignalResult{change.keep ? SignalOutcome::kKept : SignalOutcome::kApplied, data_hash,
-                        ""};
-  }();
-  if (!committed.ok()) (void)Release(lease);
-  return committed;
+    WS_RETURN_IF_ERROR(committed);
+    return SignalResult{outcome, data_hash, ""};
+  }
 }
 
 absl::StatusOr<bool> Operations::ReceivedBefore(const std::optional<InboxClaim>& event,
@@ -404,14 +422,12 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant, con
   }
   WS_ASSIGN_OR_RETURN(const bool received, ReceivedBefore(decision.inbox, instance));
   if (received) return Received(instance, index);
-  WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
-  bool released = false;  // a commit releases the lease (lease_expires_at 0)
-  auto committed = [&]() -> absl::StatusOr<DecisionResult> {
+  WS_ASSIGN_OR_RETURN(Held held, Hold(instance.id));
+  {
     // Under the lease, the inbox again: a concurrent copy may have committed meanwhile.
     WS_ASSIGN_OR_RETURN(const bool received_meanwhile, ReceivedBefore(decision.inbox, instance));
     if (received_meanwhile) {
-      released = true;
-      WS_RETURN_IF_ERROR(Release(lease));
+      WS_RETURN_IF_ERROR(held.Release());
       return Received(instance, index);
     }
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
@@ -427,35 +443,28 @@ absl::StatusOr<DecisionResult> Operations::Decide(const std::string& tenant, con
                         current.ok() ? *current : MaterialOf(spec, instance.input_json), alerts);
     DecisionResult result{instance, steps[index], outcome.replayed};
     if (outcome.replayed) {
-      released = true;
-      WS_RETURN_IF_ERROR(Release(lease));
+      WS_RETURN_IF_ERROR(held.Release());
       return result;
     }
     Change change = std::move(outcome.change);
-    change.lease = lease;
-    change.lease_expires_at = 0;
     change.inbox = decision.inbox;
     change.reservations =
         OwedDeliveries(*definition, instance, steps, change, *environment_, idempotency_retention_);
     CrashPoint("before-decide", decision.step);
-    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
-    if (decision.inbox && absl::IsAlreadyExists(results.front())) {
+    WS_ASSIGN_OR_RETURN(const absl::Status committed, held.Commit(std::move(change)));
+    if (decision.inbox && absl::IsAlreadyExists(committed)) {
       // Its event was received by another delivery between the check and now.
-      released = true;
-      WS_RETURN_IF_ERROR(Release(lease));
+      WS_RETURN_IF_ERROR(held.Release());
       return Received(instance, index);
     }
-    WS_RETURN_IF_ERROR(results.front());
-    released = true;
+    WS_RETURN_IF_ERROR(committed);
     CrashPoint("after-decide", decision.step);
     WS_RETURN_IF_ERROR(outcome.refusal);
     WS_ASSIGN_OR_RETURN(result.instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(steps, store_->GetSteps(instance.id));
     result.step = steps[index];
     return result;
-  }();
-  if (!committed.ok() && !released) (void)Release(lease);
-  return committed;
+  }
 }
 
 absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant, const std::string& key,
@@ -476,9 +485,8 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant, con
     duplicate.duplicate = true;
     return duplicate;
   }
-  WS_ASSIGN_OR_RETURN(Lease lease, Claim(instance.id));
-  bool released = false;
-  auto committed = [&]() -> absl::StatusOr<RevisionResult> {
+  WS_ASSIGN_OR_RETURN(Held held, Hold(instance.id));
+  {
     WS_ASSIGN_OR_RETURN(instance, store_->GetInstance(instance.id));
     WS_ASSIGN_OR_RETURN(std::vector<StepRecord> steps, store_->GetSteps(instance.id));
     const Facts facts{*definition, instance, steps, clock_->NowMillis(), *random_};
@@ -492,28 +500,21 @@ absl::StatusOr<RevisionResult> Operations::Revise(const std::string& tenant, con
     result.reruns = outcome.reruns;
     result.input_hash = outcome.input_hash;
     if (outcome.unchanged) {
-      released = true;
-      WS_RETURN_IF_ERROR(Release(lease));
+      WS_RETURN_IF_ERROR(held.Release());
       return result;
     }
     Change change = std::move(outcome.change);
-    change.lease = lease;
-    change.lease_expires_at = 0;
     change.inbox = revision.inbox;
-    WS_ASSIGN_OR_RETURN(std::vector<absl::Status> results, store_->Commit({Redacted(change)}));
-    if (revision.inbox && absl::IsAlreadyExists(results.front())) {
-      released = true;
-      WS_RETURN_IF_ERROR(Release(lease));
+    WS_ASSIGN_OR_RETURN(const absl::Status committed, held.Commit(std::move(change)));
+    if (revision.inbox && absl::IsAlreadyExists(committed)) {
+      WS_RETURN_IF_ERROR(held.Release());
       result.duplicate = true;
       return result;
     }
-    WS_RETURN_IF_ERROR(results.front());
-    released = true;
+    WS_RETURN_IF_ERROR(committed);
     WS_ASSIGN_OR_RETURN(result.instance, store_->GetInstance(instance.id));
     return result;
-  }();
-  if (!committed.ok() && !released) (void)Release(lease);
-  return committed;
+  }
 }
 
 }  // namespace waystone

@@ -127,10 +127,15 @@ class Operations {
                                         const Revision& revision);
 
  private:
-  absl::StatusOr<Lease> Claim(int64_t instance_id);
+  // An instance held under this engine's lease for one action, decision, revision or
+  // event: the one way they commit, and the lease released on every other way out.
+  class Held;
+  // Takes the instance's lease, waiting a moment for a worker to let it go.
+  absl::StatusOr<Held> Hold(int64_t instance_id);
   // Returns kDuplicate or kConflict (raising its alert) when the inbox holds the
   // signal's event; NotFound when it does not.
   absl::StatusOr<SignalResult> SeenBefore(const Signal& signal, const std::string& data_hash);
+  // Releases a lease with nothing else committed.
   absl::Status Release(const Lease& lease);
   // Whether the event that carries a decision or revision (none: false) is in the
   // inbox with the same data; with other data it raises inbox_conflict and returns

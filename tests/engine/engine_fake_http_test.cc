@@ -503,6 +503,66 @@ TEST_P(EngineFakeHttpTest, AnOperatorActionGivesUpOnAHeldLeaseAfterItsPatience) 
   EXPECT_EQ(store_->GetInstance(started->instance.id)->state, InstanceState::kRunning);
 }
 
+// Operations holds an instance under its lease for one action or event, and lets it
+// go on every way out: refused by the plan, a dry run, no step waiting for an event,
+// and a change committed. Another worker can take the instance at once after each.
+TEST_P(EngineFakeHttpTest, EveryWayOutOfAnOperatorActionOrEventLetsTheInstanceGo) {
+  AnswerTheExample();
+  auto started = Start(example_, Order("13"));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const int64_t id = started->instance.id;
+  auto free_for_another = [&](const char* after) {
+    const InstanceRecord instance = *store_->GetInstance(id);
+    EXPECT_EQ(instance.lease_expires_at, 0) << after << ": still held by " << instance.lease_owner;
+    auto taken = store_->ClaimInstance(id, "another-worker", clock_.NowMillis(), 60'000);
+    ASSERT_TRUE(taken.ok()) << after << ": " << taken.status();
+    Change release;
+    release.lease = *taken;
+    release.now = clock_.NowMillis();
+    release.lease_expires_at = 0;
+    ASSERT_TRUE(store_->Commit({release}).ok());
+  };
+  free_for_another("the start");
+
+  OperatorRequest confirm;  // no step is unknown: the plan refuses it
+  confirm.action = OperatorAction::kConfirm;
+  confirm.step = "create-order";
+  confirm.happened = true;
+  confirm.reason = "test";
+  confirm.actor = "op";
+  auto refused = engine_->operations().Apply("default", started->instance.key, confirm);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  free_for_another("a refused action");
+
+  Signal nobody_waits;
+  nobody_waits.tenant = "default";
+  nobody_waits.key = started->instance.key;
+  nobody_waits.event_type = "order.paid";
+  nobody_waits.source = "test";
+  nobody_waits.id = "evt-1";
+  nobody_waits.data_json = "{}";
+  nobody_waits.actor = "op";
+  auto delivered = engine_->operations().Deliver(nobody_waits);
+  EXPECT_EQ(delivered.status().code(), absl::StatusCode::kFailedPrecondition) << delivered.status();
+  free_for_another("an event no step waits for");
+
+  OperatorRequest close;
+  close.action = OperatorAction::kClose;
+  close.reason = "test";
+  close.actor = "op";
+  close.dry_run = true;
+  auto previewed = engine_->operations().Apply("default", started->instance.key, close);
+  ASSERT_TRUE(previewed.ok()) << previewed.status();
+  EXPECT_FALSE(previewed->applied);
+  free_for_another("a dry run");
+
+  close.dry_run = false;
+  auto closed = engine_->operations().Apply("default", started->instance.key, close);
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_TRUE(closed->applied);
+  free_for_another("a committed action");
+}
+
 // Each attempt names the worker and lease epoch it was sent under: after a second
 // worker takes over an expired lease, its attempt shows it and a newer epoch.
 TEST_P(EngineFakeHttpTest, AnAttemptAfterATakeoverShowsTheNewWorkerAndANewerEpoch) {
