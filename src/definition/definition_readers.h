@@ -2,7 +2,7 @@
 
 // How the definition loader reads YAML: every problem recorded with its line (and
 // step) instead of thrown. Includes yaml-cpp and nlohmann/json: for the loader's .cc
-// files only (loader.cc, definition_fields.cc, request_reader.cc, target_reader.cc).
+// files only (loader.cc, definition_fields.cc and the *_reader.cc files).
 
 #include <initializer_list>
 #include <string>
@@ -102,6 +102,31 @@ class TargetReader : public DefinitionFields {
   // Reads a target's `limits: { rate, concurrency }` and `circuit_breaker: {
   // failures, cool_down }`.
   void ReadLimits(const YAML::Node& spec, const std::string& where, TargetLimits* out);
+};
+
+// An `approval` step's `approval:` block: approval_reader.cc.
+class ApprovalReader : public DefinitionFields {
+ public:
+  explicit ApprovalReader(const DefinitionFields& fields) : DefinitionFields(fields) {}
+  void ReadApproval(const YAML::Node& node, const std::string& name, ApprovalSpec* out);
+};
+
+// A step's `when:` (a template that renders true or false, or a comparison):
+// condition_reader.cc.
+class ConditionReader : public DefinitionFields {
+ public:
+  explicit ConditionReader(const DefinitionFields& fields) : DefinitionFields(fields) {}
+  void ReadCondition(const YAML::Node& when, const std::string& step, Condition* out);
+};
+
+// The message `templates:` and a `notify:` step, which runs as one step per channel
+// (notify.h): notify_reader.cc.
+class NotifyReader : public RequestReader {
+ public:
+  explicit NotifyReader(const DefinitionFields& fields) : RequestReader(fields) {}
+  void ReadTemplates(const YAML::Node& templates, std::vector<MessageTemplate>* out);
+  std::vector<StepDefinition> ReadNotify(const YAML::Node& node,
+                                         const std::vector<MessageTemplate>& templates);
 };
 
 }  // namespace waystone

@@ -66,7 +66,8 @@ class Reader : public RequestReader {
     if (const YAML::Node targets = root["targets"]) {
       TargetReader(*this).ReadTargets(targets, &out->targets);
     }
-    if (const YAML::Node templates = root["templates"]) ReadTemplates(templates, &out->templates);
+    if (const YAML::Node templates = root["templates"])
+      NotifyReader(*this).ReadTemplates(templates, &out->templates);
     if (const YAML::Node redact = root["redact"]) {
       if (!redact.IsSequence()) {
         Error(redact, "", "'redact' must be a list of JSON pointers such as [/customer/phone]");
@@ -143,91 +144,6 @@ class Reader : public RequestReader {
   }
 
  private:
-  void ReadApproval(const YAML::Node& node, const std::string& name, ApprovalSpec* out) {
-    if (!node.IsMap()) {
-      Error(node, name, "'approval' must be a mapping such as { material: [/amount] }");
-      return;
-    }
-    CheckFields(node, name,
-                {"material", "summary", "requester", "approvers", "on_reject", "remind_after",
-                 "escalate_after", "escalate_to", "timeout", "on_timeout"},
-                "approval");
-    out->remind_after = Duration(node, "remind_after", 0, name);
-    out->escalate_after = Duration(node, "escalate_after", 0, name);
-    out->escalate_to = OptionalString(node, "escalate_to", name);
-    out->timeout = Duration(node, "timeout", 0, name);
-    if ((out->escalate_after > 0) != !out->escalate_to.empty()) {
-      Error(node, name,
-            "'approval.escalate_after' and 'approval.escalate_to' (a group) go "
-            "together");
-    } else if (!out->escalate_to.empty() && !ValidName(out->escalate_to)) {
-      Error(node["escalate_to"], name, "'approval.escalate_to' must be a group's name");
-    }
-    if (const YAML::Node outcome = node["on_timeout"]) {
-      const std::string text = outcome.IsScalar() ? outcome.Scalar() : "";
-      if (!node["timeout"]) {
-        Error(outcome, name, "'approval.on_timeout' needs 'approval.timeout'");
-      } else if (text == "reject") {
-        out->timeout_rejects = true;
-      } else if (text == "close") {
-        out->on_timeout = RejectRoute::kClose;
-      } else if (text != "wait") {
-        Error(outcome, name, "'approval.on_timeout' must be reject, close or wait");
-      }
-    }
-    const YAML::Node material = node["material"];
-    if (!material || !material.IsSequence() || material.size() == 0) {
-      Error(material ? material : node, name,
-            "'approval.material' must list the input's JSON pointers an approval is about, "
-            "such as [/amount, /lines]");
-    } else {
-      for (const YAML::Node& pointer : material) {
-        if (!pointer.IsScalar() || !ValidJsonPointer(pointer.Scalar())) {
-          Error(pointer, name,
-                "'approval.material' entry '" + (pointer.IsScalar() ? pointer.Scalar() : "?") +
-                    "' is not a JSON pointer such as /amount");
-        } else {
-          out->material.push_back(pointer.Scalar());
-        }
-      }
-    }
-    out->summary = OptionalString(node, "summary", name);
-    out->requester = OptionalString(node, "requester", name);
-    if (const YAML::Node approvers = node["approvers"]) {
-      if (!approvers.IsMap() || (approvers["role"] ? 1 : 0) + (approvers["group"] ? 1 : 0) != 1) {
-        Error(approvers, name,
-              "'approval.approvers' names one 'role' (viewer, operator, admin) "
-              "or one 'group' (of the server config's groups:)");
-      } else {
-        CheckFields(approvers, name, {"role", "group"}, "approval.approvers");
-        out->group = OptionalString(approvers, "group", name);
-        if (approvers["role"]) {
-          out->role = OptionalString(approvers, "role", name);
-          if (out->role != "viewer" && out->role != "operator" && out->role != "admin") {
-            Error(approvers["role"], name,
-                  "'approval.approvers.role' must be viewer, operator "
-                  "or admin");
-          }
-        } else if (!ValidName(out->group)) {
-          Error(approvers["group"], name,
-                "'approval.approvers.group' must be a name of "
-                "letters, digits, '-', '_' and '.'");
-        }
-      }
-    }
-    if (const YAML::Node route = node["on_reject"]) {
-      const std::string text = route.IsScalar() ? route.Scalar() : "";
-      if (text == "compensate")
-        out->on_reject = RejectRoute::kCompensate;
-      else if (text == "close")
-        out->on_reject = RejectRoute::kClose;
-      else if (text == "wait")
-        out->on_reject = RejectRoute::kWait;
-      else
-        Error(route, name, "'approval.on_reject' must be compensate, close or wait");
-    }
-  }
-
   void ReadStep(const YAML::Node& node, StepDefinition* step) {
     step->line = node.Mark().line + 1;
     if (!node.IsMap()) {
@@ -258,7 +174,7 @@ class Reader : public RequestReader {
       ReadSql(sql, name, "sql", &step->sql);
     } else if (approval) {
       step->kind = StepKind::kApproval;
-      ReadApproval(approval, name, &step->approval);
+      ApprovalReader(*this).ReadApproval(approval, name, &step->approval);
     } else if (wait) {
       step->kind = StepKind::kWait;
       if (!wait.IsMap()) {
@@ -446,7 +362,9 @@ class Reader : public RequestReader {
       }
     }
 
-    if (const YAML::Node when = node["when"]) ReadCondition(when, name, &step->when);
+    if (const YAML::Node when = node["when"]) {
+      ConditionReader(*this).ReadCondition(when, name, &step->when);
+    }
     if (const YAML::Node optional = node["optional"]) {
       bool value = false;
       if (!YAML::convert<bool>::decode(optional, value)) {
@@ -459,7 +377,7 @@ class Reader : public RequestReader {
   // Reads one entry of `steps:` (or of a branch): a step, or a notify step's channels.
   std::vector<StepDefinition> ReadEntry(const YAML::Node& node,
                                         const std::vector<MessageTemplate>& templates) {
-    if (node.IsMap() && node["notify"]) return ReadNotify(node, templates);
+    if (node.IsMap() && node["notify"]) return NotifyReader(*this).ReadNotify(node, templates);
     std::vector<StepDefinition> read;
     ReadStep(node, &read.emplace_back());
     return read;
@@ -518,251 +436,6 @@ class Reader : public RequestReader {
       ++branch;
     }
     return out;
-  }
-
-  // Reads `templates:`: name -> { version: N, text: "..." }.
-  void ReadTemplates(const YAML::Node& templates, std::vector<MessageTemplate>* out) {
-    if (!templates.IsMap()) {
-      Error(templates, "", "'templates' maps template names to { version: 1, text: \"...\" }");
-      return;
-    }
-    for (const auto& entry : templates) {
-      MessageTemplate message;
-      message.name = entry.first.Scalar();
-      message.line = entry.first.Mark().line + 1;
-      const std::string where = "template '" + message.name + "'";
-      if (!ValidName(message.name)) {
-        Error(entry.first, "", where + ": names may only use letters, digits, '-', '_' and '.'");
-      }
-      const YAML::Node& spec = entry.second;
-      if (!spec.IsMap()) {
-        Error(spec, "", where + " must be a mapping such as { version: 1, text: \"...\" }");
-        continue;
-      }
-      CheckFields(spec, "", {"version", "text", "subject"}, where);
-      const YAML::Node version = spec["version"];
-      if (!version || !YAML::convert<int>::decode(version, message.version) ||
-          message.version < 1) {
-        Error(version ? version : spec, "",
-              where +
-                  " needs 'version', a whole number from 1: a delivery's identity holds "
-                  "it, so a changed text is a new version");
-      }
-      message.text = RequiredString(spec, "text", "");
-      message.subject = OptionalString(spec, "subject", "");
-      out->push_back(std::move(message));
-    }
-  }
-
-  // Reads a `notify:` step into the steps it runs as (notify.h), one per channel.
-  std::vector<StepDefinition> ReadNotify(const YAML::Node& node,
-                                         const std::vector<MessageTemplate>& templates) {
-    NotifySpec spec;
-    spec.line = node.Mark().line + 1;
-    spec.name = RequiredString(node, "name", "");
-    const std::string& name = spec.name;
-    if (!name.empty() && !ValidName(name)) {
-      Error(node["name"], name, "step names may only use letters, digits, '-', '_' and '.'");
-    }
-    CheckFields(node, name, {"name", "description", "notify", "when", "retry", "critical"},
-                "notify step (its channels have their own requests)");
-    const YAML::Node notify = node["notify"];
-    if (!notify.IsMap()) {
-      Error(notify, name,
-            "'notify' must be a mapping with 'reports', 'template', 'recipient' "
-            "and 'channels'");
-      return {};
-    }
-    CheckFields(notify, name,
-                {"reports", "template", "correction", "recipient", "event", "channels"}, "notify");
-    spec.reports = RequiredString(notify, "reports", name);
-    spec.recipient = RequiredString(notify, "recipient", name);
-    spec.event = OptionalString(notify, "event", name);
-    if (spec.event.empty() && !spec.reports.empty()) {
-      spec.event = "{{instance.ref}}/" + spec.reports;
-    }
-    auto find = [&](const char* field) -> const MessageTemplate* {
-      const YAML::Node at = notify[field];
-      if (!at) return nullptr;
-      const std::string wanted = at.IsScalar() ? at.Scalar() : "";
-      for (const MessageTemplate& message : templates) {
-        if (message.name == wanted) return &message;
-      }
-      std::string text = "'";
-      text.append(field).append("': no template '").append(wanted).append("' under 'templates:'");
-      if (templates.empty()) text.append(" (there are none)");
-      for (size_t i = 0; i < templates.size(); ++i) {
-        text.append(i == 0 ? " (known: " : ", ").append(templates[i].name);
-      }
-      if (!templates.empty()) text.append(")");
-      Error(at, name, text);
-      return nullptr;
-    };
-    const MessageTemplate* message = find("template");
-    if (!notify["template"]) Error(notify, name, "missing field 'template'");
-    const MessageTemplate* correction = find("correction");
-    if (const YAML::Node critical = node["critical"]) {
-      if (!YAML::convert<bool>::decode(critical, spec.critical)) {
-        Error(critical, name, "'critical' must be true or false");
-      }
-    }
-    ReadRetry(node["retry"], name, &spec.retry);
-    if (const YAML::Node when = node["when"]) ReadCondition(when, name, &spec.when);
-    const YAML::Node channels = notify["channels"];
-    if (!channels || !channels.IsMap() || channels.size() == 0) {
-      Error(channels ? channels : notify, name,
-            "'notify.channels' maps channels to their settings, e.g. { line: { to: ..., token: "
-            "\"{{secret.LINE_TOKEN}}\" }, webhook: { url: ... } }");
-      return {};
-    }
-    for (const auto& entry : channels) {
-      const std::string channel = entry.first.Scalar();
-      const YAML::Node& settings = entry.second;
-      const std::string where = "notify.channels." + channel;
-      if (!settings.IsMap()) {
-        Error(settings, name, "'" + where + "' must be a mapping");
-        continue;
-      }
-      // A credential is never written into a definition: exactly one placeholder.
-      auto credential = [&](const char* field, const std::string& value) {
-        const auto path = SolePlaceholder(value);
-        if (!value.empty() && !path) {
-          Error(settings[field], name,
-                "'" + where + "." + field +
-                    "' must be exactly one "
-                    "{{secret.NAME}} or {{env.NAME}}: a credential is never "
-                    "written into a definition");
-        } else if (path && (*path)[0] != "secret" && (*path)[0] != "env") {
-          Error(settings[field], name,
-                "'" + where + "." + field +
-                    "' must come from "
-                    "{{secret.NAME}} or {{env.NAME}}");
-        }
-      };
-      NotifyChannel read;
-      if (channel == "line") {
-        read.kind = NotifyChannel::Kind::kLine;
-        CheckFields(settings, name, {"to", "token", "url"}, where);
-        read.to = RequiredString(settings, "to", name);
-        read.token = RequiredString(settings, "token", name);
-        read.url = settings["url"] ? RequiredString(settings, "url", name)
-                                   : std::string("https://api.line.me");
-        credential("token", read.token);
-      } else if (channel == "webhook") {
-        read.kind = NotifyChannel::Kind::kWebhook;
-        CheckFields(settings, name, {"url"}, where);
-        read.url = RequiredString(settings, "url", name);
-      } else if (channel == "email") {
-        read.kind = NotifyChannel::Kind::kEmail;
-        CheckFields(settings, name, {"url", "from", "to", "user", "password", "timeout"}, where);
-        read.url = RequiredString(settings, "url", name);
-        read.from = RequiredString(settings, "from", name);
-        read.to = RequiredString(settings, "to", name);
-        read.user = OptionalString(settings, "user", name);
-        read.password = OptionalString(settings, "password", name);
-        if (settings["timeout"]) {
-          const Millis timeout = Duration(settings, "timeout", -1, name);  // -1: said already
-          if (timeout >= 0 && timeout < 1000) {
-            Error(settings["timeout"], name,
-                  "'" + where + ".timeout' is at least 1s (default " +
-                      std::to_string(kEmailTimeout / 60000) + "m)");
-          }
-          read.timeout = std::max<Millis>(timeout, 0);
-        }
-        if (!read.url.empty() && !read.url.starts_with("{{") && !read.url.starts_with("smtp://") &&
-            !read.url.starts_with("smtps://")) {
-          Error(settings["url"], name,
-                "'" + where +
-                    ".url' is the SMTP server: "
-                    "smtp://host:port or smtps://host:port");
-        }
-        if (read.user.empty() != read.password.empty()) {
-          Error(settings, name, "'" + where + "': 'user' and 'password' go together (SMTP AUTH)");
-        }
-        credential("password", read.password);
-        if (message != nullptr && message->subject.empty()) {
-          Error(settings, name,
-                "'" + where + "': template '" + message->name +
-                    "' has no 'subject', which an email needs");
-        }
-        if (correction != nullptr && correction->subject.empty()) {
-          Error(notify["correction"], name,
-                "'" + where + "': correction template '" + correction->name +
-                    "' has no 'subject', which an email needs");
-        }
-      } else {
-        Error(entry.first, name, "unknown channel '" + channel + "' (known: line, webhook, email)");
-        continue;
-      }
-      spec.channels.push_back(std::move(read));
-    }
-    if (message == nullptr) return {};
-    return ExpandNotify(spec, *message, correction);
-  }
-
-  // Reads `when:`: a template that renders true or false, or exactly one of
-  // { present: "{{path}}" }, { absent: "{{path}}" }, { equals: [a, b] },
-  // { not_equals: [a, b] }.
-  void ReadCondition(const YAML::Node& when, const std::string& step, Condition* out) {
-    static constexpr char kForms[] =
-        "'when' is a template that renders true or false (\"{{input.send_email}}\") or one of "
-        "{ present: \"{{input.email}}\" }, { absent: ... }, { equals: [\"{{input.channel}}\", "
-        "line] }, { not_equals: [...] }";
-    using Test = Condition::Test;
-    if (when.IsScalar()) {
-      out->test = Test::kTrue;
-      out->value = when.Scalar();
-      out->shown = out->value;
-      if (auto parsed = Template::Parse(out->value); !parsed.ok()) {
-        Error(when, step, "when: " + std::string(parsed.status().message()));
-      } else if (!SolePlaceholder(out->value)) {
-        Error(when, step,
-              "'when' as a value is exactly one placeholder that renders true or "
-              "false, such as \"{{input.send_email}}\" (a literal would always or "
-              "never hold: remove the step or the condition instead)");
-      }
-      return;
-    }
-    if (!when.IsMap() || when.size() != 1) {
-      Error(when, step, kForms);
-      return;
-    }
-    const std::string test = when.begin()->first.Scalar();
-    const YAML::Node operand = when.begin()->second;
-    if (test == "present" || test == "absent") {
-      if (!operand.IsScalar()) {
-        Error(operand, step, "'when." + test + "' names one value, e.g. \"{{input.email}}\"");
-        return;
-      }
-      out->test = test == "present" ? Test::kPresent : Test::kAbsent;
-      out->value = operand.Scalar();
-      if (auto parsed = Template::Parse(out->value); !parsed.ok()) {
-        Error(operand, step, "when." + test + ": " + std::string(parsed.status().message()));
-      } else if (!SolePlaceholder(out->value)) {
-        Error(operand, step,
-              "'when." + test +
-                  "' is exactly one placeholder such as "
-                  "\"{{input.email}}\", nothing around it");
-      }
-      out->shown = test + " " + out->value;
-      return;
-    }
-    if (test == "equals" || test == "not_equals") {
-      if (!operand.IsSequence() || operand.size() != 2 || !operand[0].IsScalar() ||
-          !operand[1].IsScalar()) {
-        Error(operand, step,
-              "'when." + test +
-                  "' compares two values: [\"{{input.channel}}\", "
-                  "line]");
-        return;
-      }
-      out->test = test == "equals" ? Test::kEquals : Test::kNotEquals;
-      out->value = operand[0].Scalar();
-      out->other = operand[1].Scalar();
-      out->shown = out->value + (test == "equals" ? " == " : " != ") + out->other;
-      return;
-    }
-    Error(when.begin()->first, step, kForms);
   }
 };
 
