@@ -1,7 +1,7 @@
 #pragma once
 
 // Engine-internal: includes nlohmann/json. The rules of an `approval` step, as pure
-// transitions like those of transitions.h (tests/engine/approval_rules_test.cc is
+// transitions like those of transitions.h (tests/rules/approval_rules_test.cc is
 // their table).
 //
 // An approval step asks people to approve the instance's material data. Its

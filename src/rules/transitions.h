@@ -8,7 +8,7 @@
 // nothing else. The runner renders requests, sends them, and commits what these
 // return (adding its lease and the attempt records); signals and operator actions
 // commit what the same builders return. Decide (state_machine.h) says which
-// transition is due; tests/engine/transitions_test.cc is the table of every rule.
+// transition is due; tests/rules/transitions_test.cc is the table of every rule.
 
 #include <optional>
 #include <string>
