@@ -18,7 +18,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "model/keys.h"
 #include "model/states.h"
 #include "store/store.h"

@@ -21,7 +21,7 @@
 #include "cli/signals.h"
 #include "definition/loader.h"
 #include "engine/context.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "messaging/relay.h"
 #include "model/template.h"
 #include "rules/approvals.h"

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "server/api_handlers.h"
 #include "server/redaction.h"
 #include "server/request_bodies.h"

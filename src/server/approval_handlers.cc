@@ -5,7 +5,7 @@
 #include "base/status_macros.h"
 #include "engine/catalog.h"
 #include "engine/engine.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "model/json_text.h"
 #include "rules/approvals.h"
 #include "server/api_handlers.h"

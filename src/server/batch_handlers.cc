@@ -7,9 +7,9 @@
 #include "base/secure_token.h"
 #include "base/status_macros.h"
 #include "base/time_format.h"
-#include "engine/batch_runner.h"
 #include "engine/engine.h"
-#include "engine/operations.h"
+#include "engine/operate/batch_runner.h"
+#include "engine/operate/operations.h"
 #include "model/json_text.h"
 #include "server/api_handlers.h"
 #include "server/permissions.h"
@@ -21,7 +21,7 @@
 
 // /v1/batches: one operator action over the instances a filter matches — its
 // preview (the count and a sample of dry runs), the batch the serve processes'
-// runners apply (engine/batch_runner.h), its items, and pause, resume, cancel.
+// runners apply (engine/operate/batch_runner.h), its items, and pause, resume, cancel.
 
 namespace waystone {
 namespace {

@@ -2,7 +2,7 @@
 
 #include "engine/catalog.h"
 #include "engine/engine.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "server/api_handlers.h"
 #include "server/cloudevents_in.h"
 #include "server/redaction.h"

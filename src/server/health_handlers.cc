@@ -1,4 +1,4 @@
-#include "engine/call_metrics.h"
+#include "engine/drive/call_metrics.h"
 #include "engine/engine.h"
 #include "http/problem.h"
 #include "server/api_handlers.h"

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "base/status_macros.h"
-#include "engine/call_metrics.h"
+#include "engine/drive/call_metrics.h"
 
 namespace waystone {
 namespace {

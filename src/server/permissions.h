@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 #include "server/auth.h"
 
 namespace waystone {

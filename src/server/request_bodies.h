@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 
 namespace waystone {
 

@@ -1,6 +1,6 @@
 #include "server/routes.h"
 
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 
 namespace waystone {
 namespace {

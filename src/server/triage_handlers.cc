@@ -5,7 +5,7 @@
 
 #include "base/time_format.h"
 #include "engine/catalog.h"
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 #include "server/api_handlers.h"
 #include "server/permissions.h"
 #include "server/redaction.h"

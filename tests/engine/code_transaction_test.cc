@@ -1,4 +1,4 @@
-#include "engine/code_transaction.h"
+#include "engine/drive/code_transaction.h"
 
 #include <gtest/gtest.h>
 

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "definition/loader.h"
-#include "engine/call_metrics.h"
+#include "engine/drive/call_metrics.h"
 #include "engine/engine.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "model/keys.h"
 #include "store/store.h"
 #include "support/backends.h"

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "definition/loader.h"
-#include "engine/instance_runner.h"
+#include "engine/drive/instance_runner.h"
 #include "sim/simulator.h"
 #include "store/store.h"
 #include "support/backends.h"

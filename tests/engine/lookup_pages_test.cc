@@ -1,7 +1,7 @@
-// Paginated lookups (engine/lookup_pages.h): which URL is asked next, when the
+// Paginated lookups (engine/drive/lookup_pages.h): which URL is asked next, when the
 // reading stops, what is refused, and the one answer RecordLookup then judges.
 
-#include "engine/lookup_pages.h"
+#include "engine/drive/lookup_pages.h"
 
 #include <string>
 #include <vector>

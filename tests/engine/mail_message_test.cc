@@ -1,7 +1,7 @@
 // The email a notify step sends, as bytes: headers that cannot be split by what a
 // template renders, an RFC 2047 subject, a 7bit or base64 body.
 
-#include "engine/mail_message.h"
+#include "engine/drive/mail_message.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Operator actions as pure plans: which states allow each action, what changes,
 // and the preview of what the engine does next.
 
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 
 #include <gtest/gtest.h>
 

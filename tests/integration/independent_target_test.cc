@@ -11,7 +11,7 @@
 #include "connectors/http/http_client.h"
 #include "definition/loader.h"
 #include "engine/engine.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "store/store.h"
 #include "support/erp_target.h"
 #include "support/temp_dir.h"

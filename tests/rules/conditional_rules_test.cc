@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "definition/loader.h"
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 #include "rules/state_machine.h"
 #include "rules/transitions.h"
 #include "support/records.h"

@@ -5,7 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/clock.h"
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 #include "store/store.h"
 
 namespace waystone {

@@ -1,4 +1,4 @@
-#include "engine/lookup_pages.h"
+#include "engine/drive/lookup_pages.h"
 
 #include <algorithm>
 #include <cctype>

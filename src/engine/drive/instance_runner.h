@@ -12,8 +12,8 @@
 #include "connectors/http/http_client.h"
 #include "engine/catalog.h"
 #include "engine/commit_queue.h"
+#include "engine/drive/rate_slot.h"
 #include "engine/lease_keeper.h"
-#include "engine/rate_slot.h"
 #include "model/definition.h"
 #include "store/store.h"
 

@@ -1,4 +1,4 @@
-#include "engine/target_settings.h"
+#include "engine/drive/target_settings.h"
 
 #include <algorithm>
 #include <string_view>

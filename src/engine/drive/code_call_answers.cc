@@ -1,4 +1,4 @@
-#include "engine/code_call_answers.h"
+#include "engine/drive/code_call_answers.h"
 
 #include <optional>
 

@@ -1,4 +1,4 @@
-#include "engine/rate_slot.h"
+#include "engine/drive/rate_slot.h"
 
 #include <stop_token>
 

@@ -1,4 +1,4 @@
-#include "engine/code_runner.h"
+#include "engine/drive/code_runner.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,13 +15,13 @@
 #include "base/mutex.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
-#include "engine/code_call_answers.h"
-#include "engine/code_transaction.h"
 #include "engine/code_workflow.h"
 #include "engine/context.h"
+#include "engine/drive/code_call_answers.h"
+#include "engine/drive/code_transaction.h"
+#include "engine/drive/rate_slot.h"
+#include "engine/drive/target_settings.h"
 #include "engine/lease_keeper.h"
-#include "engine/rate_slot.h"
-#include "engine/target_settings.h"
 #include "model/json_text.h"
 #include "model/keys.h"
 #include "model/outbox_events.h"

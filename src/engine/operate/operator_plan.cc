@@ -1,4 +1,4 @@
-#include "engine/operator_plan.h"
+#include "engine/operate/operator_plan.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "engine/mail_message.h"
+#include "engine/drive/mail_message.h"
 
 #include <string_view>
 

@@ -1,4 +1,4 @@
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 
 #include <optional>
 #include <utility>

@@ -1,11 +1,11 @@
-#include "engine/batch_runner.h"
+#include "engine/operate/batch_runner.h"
 
 #include <nlohmann/json.hpp>
 
 #include "base/crash_point.h"
 #include "base/log.h"
 #include "base/status_macros.h"
-#include "engine/operations.h"
+#include "engine/operate/operations.h"
 #include "model/json_text.h"
 
 namespace waystone {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/instance_runner.h"
+#include "engine/drive/instance_runner.h"
 #include "store/store.h"
 
 namespace waystone {

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "connectors/http/http_client.h"
-#include "engine/rate_slot.h"
+#include "engine/drive/rate_slot.h"
 #include "model/definition.h"
 #include "model/records.h"
 #include "model/template.h"

@@ -1,4 +1,4 @@
-#include "engine/instance_runner.h"
+#include "engine/drive/instance_runner.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,13 +14,13 @@
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
-#include "engine/call_metrics.h"
-#include "engine/code_runner.h"
 #include "engine/context.h"
-#include "engine/lookup_pages.h"
+#include "engine/drive/call_metrics.h"
+#include "engine/drive/code_runner.h"
+#include "engine/drive/lookup_pages.h"
+#include "engine/drive/request_body.h"
+#include "engine/drive/target_settings.h"
 #include "engine/redaction.h"
-#include "engine/request_body.h"
-#include "engine/target_settings.h"
 #include "model/condition.h"
 #include "model/json_text.h"
 #include "model/keys.h"

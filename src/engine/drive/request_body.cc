@@ -1,4 +1,4 @@
-#include "engine/request_body.h"
+#include "engine/drive/request_body.h"
 
 #include <sys/stat.h>
 
@@ -10,7 +10,7 @@
 #include "base/base64.h"
 #include "base/sha256.h"
 #include "base/status_macros.h"
-#include "engine/mail_message.h"
+#include "engine/drive/mail_message.h"
 #include "model/json_text.h"
 #include "model/template.h"
 
