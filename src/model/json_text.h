@@ -54,6 +54,17 @@ inline std::string RedactJsonText(const std::string& text) {
   return JsonText(value);
 }
 
+// Returns the value at JSON pointer `pointer` in `root`, or nullptr when it is absent
+// or the pointer is malformed or does not fit (an index into an object).
+inline const nlohmann::json* AtPointer(const nlohmann::json& root, const std::string& pointer) {
+  try {
+    const nlohmann::json::json_pointer at(pointer);
+    return root.contains(at) ? &root.at(at) : nullptr;
+  } catch (const nlohmann::json::exception&) {
+    return nullptr;
+  }
+}
+
 // Parses JSON that came from outside: refused, with `what` named, when it is not
 // JSON (nlohmann also refuses ill-formed UTF-8 in strings) or nests deeper than
 // kMaxJsonDepth. Never throws; bounded whatever the input.

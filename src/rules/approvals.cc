@@ -220,14 +220,9 @@ ApprovalSnapshot MaterialOf(const ApprovalSpec& spec, const std::string& input_j
   const Json input = Json::parse(input_json.empty() ? "null" : input_json, nullptr, false);
   ApprovalSnapshot out;
   for (const std::string& pointer : spec.material) {
-    Json value = nullptr;
-    try {
-      const Json::json_pointer at(pointer);
-      if (input.contains(at)) value = input.at(at);
-    } catch (const Json::exception&) {
-      // A pointer that does not fit the input (an index into an object): absent.
-    }
-    out.fields[pointer] = std::move(value);
+    // A pointer that does not fit the input (an index into an object): absent.
+    const Json* value = AtPointer(input, pointer);
+    out.fields[pointer] = value != nullptr ? *value : Json(nullptr);
   }
   out.data_version = Sha256Hex(JsonText(out.fields));
   return out;

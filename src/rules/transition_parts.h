@@ -44,9 +44,6 @@ void SetInstanceState(const Facts& facts, Change& change, InstanceState state,
 // stored and serialized again, and must stay bounded.
 absl::StatusOr<nlohmann::json> ParseBody(const std::string& body);
 
-// Returns the value at a JSON pointer, or nullptr when absent or malformed.
-const nlohmann::json* AtPointer(const nlohmann::json& root, const std::string& pointer);
-
 // A value as an id or a `match` compares it: a string as itself, null as "", any
 // other value as its JSON text.
 std::string IdText(const nlohmann::json& value);
@@ -55,9 +52,6 @@ std::string IdText(const nlohmann::json& value);
 bool HasId(const nlohmann::json* value);
 
 // --- Steps and the instance ------------------------------------------------------
-
-// The instance's reason, or while it waits for a target the one it had before.
-std::string ReasonBeforeWaiting(const InstanceRecord& instance);
 
 // Schedules the step's next attempt (or lookup) after a backoff.
 Change Retry(const Facts& facts, StepRecord step, StepState state, int attempts_made,

@@ -24,6 +24,11 @@ std::string EventTypeFor(InstanceState state) {
   return "waystone.instance." + std::string(ToString(state));
 }
 
+// The instance's reason, or while it waits for a target the one it had before.
+std::string ReasonBeforeWaiting(const InstanceRecord& instance) {
+  return waystone::ReasonBeforeWaiting(instance.status_reason);
+}
+
 }  // namespace
 
 // transition_parts.h: what the step kinds' rules share.
@@ -42,17 +47,6 @@ absl::StatusOr<Json> ParseBody(const std::string& body) {
   return parsed;
 }
 
-// Returns the value at a JSON pointer, or nullptr when absent or malformed.
-const Json* AtPointer(const Json& root, const std::string& pointer) {
-  try {
-    const Json::json_pointer p(pointer);
-    if (!root.contains(p)) return nullptr;
-    return &root.at(p);
-  } catch (const Json::exception&) {
-    return nullptr;
-  }
-}
-
 std::string IdText(const Json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_null()) return "";
@@ -62,10 +56,6 @@ std::string IdText(const Json& value) {
 // Returns true when a JSON value is a usable external id (not absent, null or "").
 bool HasId(const Json* value) {
   return value != nullptr && !value->is_null() && !(value->is_string() && value->empty());
-}
-
-std::string ReasonBeforeWaiting(const InstanceRecord& instance) {
-  return waystone::ReasonBeforeWaiting(instance.status_reason);
 }
 
 // transition_parts.h: the pieces every transition builds with.

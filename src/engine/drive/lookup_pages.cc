@@ -12,15 +12,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-const Json* At(const Json& root, const std::string& pointer) {
-  try {
-    const Json::json_pointer p(pointer);
-    return root.contains(p) ? &root.at(p) : nullptr;
-  } catch (const Json::exception&) {
-    return nullptr;
-  }
-}
-
 std::string WithoutQuery(const std::string& url) { return url.substr(0, url.find_first_of("?#")); }
 
 }  // namespace
@@ -73,7 +64,7 @@ absl::StatusOr<std::optional<std::string>> LookupPages::Add(const std::string& b
                                       std::to_string(kMaxJsonDepth) + " levels");
   }
   const Json page = Json::parse(body, nullptr, false);
-  const Json* items = page.is_discarded() ? nullptr : At(page, spec_.items);
+  const Json* items = page.is_discarded() ? nullptr : AtPointer(page, spec_.items);
   if (items == nullptr || !items->is_array()) {
     return absl::InvalidArgumentError("page " + std::to_string(pages_read_) +
                                       " of the answer has no array at " + spec_.items);
@@ -91,9 +82,9 @@ absl::StatusOr<std::optional<std::string>> LookupPages::Add(const std::string& b
 
   std::string next;
   if (!spec_.next_pointer.empty()) {
-    const Json* link = At(page, spec_.next_pointer);
+    const Json* link = AtPointer(page, spec_.next_pointer);
     const std::string parent = spec_.next_pointer.substr(0, spec_.next_pointer.rfind('/'));
-    if (link == nullptr && !parent.empty() && At(page, parent) == nullptr) {
+    if (link == nullptr && !parent.empty() && AtPointer(page, parent) == nullptr) {
       // "/links/next" without any "/links": more likely a wrong pointer than a last page.
       return absl::InvalidArgumentError("the answer has nothing at " + parent +
                                         ", where lookup.pages.next " + spec_.next_pointer +
