@@ -1,16 +1,9 @@
 // A step's `when:`: a template that renders true or false, or a comparison.
 // Declared in definition_readers.h.
 
-#include <algorithm>
-#include <set>
 #include <string>
-#include <vector>
 
 #include "definition/definition_readers.h"
-#include "definition/notify.h"
-#include "model/duration.h"
-#include "model/json_text.h"
-#include "model/template.h"
 
 namespace waystone {
 namespace {

@@ -2,15 +2,11 @@
 // (one per channel, notify.h). Declared in definition_readers.h.
 
 #include <algorithm>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "definition/definition_readers.h"
 #include "definition/notify.h"
-#include "model/duration.h"
-#include "model/json_text.h"
-#include "model/template.h"
 
 namespace waystone {
 namespace {

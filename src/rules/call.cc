@@ -12,10 +12,6 @@
 
 #include "model/duration.h"
 #include "model/json_text.h"
-#include "model/keys.h"
-#include "model/outbox_events.h"
-#include "model/target_gate.h"
-#include "rules/state_machine.h"
 #include "rules/transition_parts.h"
 #include "rules/transitions.h"
 

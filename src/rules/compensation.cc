@@ -2,19 +2,11 @@
 // answer settles it (or it retries, or waits for an operator), and a restart finds
 // what was under way. Declared in transitions.h.
 
-#include <algorithm>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "model/duration.h"
-#include "model/json_text.h"
-#include "model/keys.h"
-#include "model/outbox_events.h"
-#include "model/target_gate.h"
-#include "rules/state_machine.h"
 #include "rules/transition_parts.h"
 #include "rules/transitions.h"
 
